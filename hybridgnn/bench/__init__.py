@@ -1,0 +1,1 @@
+"""Open-loop load generation and reports."""

@@ -1,0 +1,42 @@
+"""What this process can use, detected once at import (CUDA, uvloop, numba)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+HAS_CUDA: bool = torch.cuda.is_available()
+HAS_UVLOOP: bool = importlib.util.find_spec("uvloop") is not None
+HAS_NUMBA: bool = importlib.util.find_spec("numba") is not None
+CPU_COUNT: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def describe() -> dict:
+    """A small, JSON-friendly description of the machine for benchmark and profile reports."""
+    import platform
+
+    info = {
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": CPU_COUNT,
+        "torch": torch.__version__,
+        "cuda": HAS_CUDA,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if HAS_CUDA:
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def describe_line() -> str:
+    d = describe()
+    gpus = ", ".join(d.get("gpus", [])) or "no GPU"
+    return f"{d['cpu']} ({d['cpu_count']} cores), {gpus}, torch {d['torch']}"

@@ -1,0 +1,1 @@
+"""Command line: `hybridgnn <command>`; one module per command with add_parser and run."""

@@ -1,0 +1,41 @@
+"""`hybridgnn bench`: open-loop (Poisson) load against a running server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="open-loop load generator against a server URL",
+                       description="Sends requests at Poisson arrival times and reports achieved throughput and "
+                                   "latency percentiles measured from the scheduled arrival (no coordinated "
+                                   "omission). With --slo-ms, searches for the highest rate within that p99.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default="hybridgnn")
+    p.add_argument("--rate", type=float, default=200.0, help="offered requests per second")
+    p.add_argument("--duration-s", type=float, default=10.0)
+    p.add_argument("--nodes-per-request", type=int, default=1)
+    p.add_argument("--json-body", action="store_true", help="send JSON instead of the binary tensor extension")
+    p.add_argument("--slo-ms", type=float, default=None, help="find the highest rate with p99 within this")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from hybridgnn.bench.loadgen import find_max_rate, run_load
+
+    if args.slo_ms is not None:
+        rate, res = asyncio.run(find_max_rate(args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
+                                              nodes_per_request=args.nodes_per_request, start_rate=args.rate,
+                                              binary=not args.json_body))
+        print(json.dumps({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
+                          "result": res.to_dict() if res else None}, indent=2))
+        return 0
+    res = asyncio.run(run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
+                               nodes_per_request=args.nodes_per_request, binary=not args.json_body,
+                               seed=args.seed))
+    print(json.dumps(res.to_dict(), indent=2))
+    return 0

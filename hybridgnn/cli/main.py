@@ -1,0 +1,40 @@
+"""Entry point of the `hybridgnn` console script."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hybridgnn import __version__
+from hybridgnn.cli import bench, dataset, serve, train, workload
+
+COMMANDS = (serve, dataset, workload, train, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hybridgnn", description="Workload-aware GPU/CPU hybrid GNN inference serving.")
+    parser.add_argument("--version", action="version", version=f"hybridgnn {__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:  # bad flags, datasets or models: one clear line
+        print(f"hybridgnn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

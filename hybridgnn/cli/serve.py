@@ -1,0 +1,80 @@
+"""`hybridgnn serve`: run the inference server (the demo graph and model by default)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.config import (
+    BatcherConfig,
+    PipelineConfig,
+    RouterConfig,
+    SamplingConfig,
+    ServeConfig,
+    ServerConfig,
+    env_default,
+    parse_fanouts,
+)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve GNN inference over HTTP (KServe v2)",
+                       description="Serve a model over HTTP (KServe v2). With no --dataset/--model, the demo graph "
+                                   "and model are generated and trained into the cache directory on first run. "
+                                   "Every flag can also be set as HYBRIDGNN_<FLAG> (e.g. HYBRIDGNN_PORT=9000).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", type=Path, default=env_default("DATASET", None, Path), help="dataset directory")
+    p.add_argument("--model", type=Path, default=env_default("MODEL", None, Path), help="model directory")
+    p.add_argument("--model-name", default=env_default("MODEL_NAME", "hybridgnn"), help="name in /v2/models/{name}")
+    p.add_argument("--fanouts", default=env_default("FANOUTS", None),
+                   help="comma-separated fanouts, hop 1 first (default: the model's training fanouts)")
+    p.add_argument("--host", default=env_default("HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=env_default("PORT", 8000, int))
+    p.add_argument("--workers", type=int, default=env_default("WORKERS", CPU_COUNT, int), help="CPU pipeline workers")
+    p.add_argument("--max-batch-seeds", type=int, default=env_default("MAX_BATCH_SEEDS", 1024, int))
+    p.add_argument("--max-batch-requests", type=int, default=env_default("MAX_BATCH_REQUESTS", 256, int))
+    p.add_argument("--max-wait-ms", type=float, default=env_default("MAX_WAIT_MS", 2.0, float),
+                   help="longest a request waits for its batch to fill")
+    p.add_argument("--max-pending", type=int, default=env_default("MAX_PENDING", 2048, int),
+                   help="requests in flight before new ones get 429")
+    p.add_argument("--max-request-nodes", type=int, default=env_default("MAX_REQUEST_NODES", 8192, int))
+    p.add_argument("--psgs-threshold", type=float, default=env_default("PSGS_THRESHOLD", float("inf"), float),
+                   help="batches with PSGS below go to CPU (only CPU exists in this build)")
+    p.add_argument("--drain-timeout-s", type=float, default=env_default("DRAIN_TIMEOUT_S", 30.0, float))
+    p.add_argument("--seed", type=int, default=env_default("SEED", 0, int), help="sampling seed")
+    p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
+    p.set_defaults(run=run)
+
+
+def build_config(args) -> ServeConfig:
+    from hybridgnn.models.checkpoint import load_checkpoint
+
+    if (args.dataset is None) != (args.model is None):
+        raise ValueError("give both --dataset and --model, or neither (to serve the demo)")
+    if args.dataset is None:
+        from hybridgnn.demo import ensure_demo
+
+        args.dataset, args.model = ensure_demo(args.cache_dir)
+    if args.fanouts:
+        fanouts = parse_fanouts(args.fanouts)
+    else:
+        _, model_cfg = load_checkpoint(args.model)
+        fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"])
+    return ServeConfig(
+        dataset_dir=args.dataset,
+        model_dir=args.model,
+        sampling=SamplingConfig(fanouts=fanouts, seed=args.seed),
+        batcher=BatcherConfig(max_batch_seeds=args.max_batch_seeds, max_batch_requests=args.max_batch_requests,
+                              max_wait_s=args.max_wait_ms / 1000.0, max_pending_requests=args.max_pending),
+        cpu_pipeline=PipelineConfig(name="cpu", device="cpu", workers=args.workers),
+        router=RouterConfig(psgs_threshold=args.psgs_threshold),
+        server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
+                            max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s),
+    )
+
+
+def run(args) -> int:
+    from hybridgnn.serving.lifecycle import run as run_server
+
+    return run_server(build_config(args))

@@ -1,0 +1,156 @@
+"""Frozen configuration dataclasses, one per component.
+
+Each checks its values in __post_init__ and quotes the bad value in the error, so a
+wrong flag fails at start-up with a message rather than deep inside a worker.
+Units are in the names (_s seconds, _bytes bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "HYBRIDGNN_"
+
+
+def env_default(name: str, default, cast=str):
+    """Value of HYBRIDGNN_<NAME> cast with `cast`, or `default` when unset."""
+    raw = os.environ.get(ENV_PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {cast.__name__}") from exc
+
+
+def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """'15,10,5' -> (15, 10, 5); hop 1 (neighbours of the seeds) comes first."""
+    if isinstance(text, (tuple, list)):
+        values = tuple(int(v) for v in text)
+    else:
+        try:
+            values = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)
+        except ValueError as exc:
+            raise ValueError(f"fanouts must be comma-separated positive integers, got {text!r}") from exc
+    SamplingConfig(fanouts=values)  # validates
+    return values
+
+
+def default_cache_dir() -> Path:
+    base = env_default("CACHE_DIR", None)
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridgnn"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """K-hop uniform sampling without replacement; fanouts[0] applies to the seeds' neighbours."""
+
+    fanouts: tuple[int, ...] = (10, 5)
+    seed: int = 0
+
+    def __post_init__(self):
+        if len(self.fanouts) == 0:
+            raise ValueError("fanouts must name at least one hop, got ()")
+        for f in self.fanouts:
+            if not isinstance(f, int) or f <= 0:
+                raise ValueError(f"every fanout must be a positive integer, got {self.fanouts!r}")
+
+    @property
+    def num_hops(self) -> int:
+        return len(self.fanouts)
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    """Micro-batching: a batch closes at max_batch_seeds seeds, max_batch_requests requests,
+    or max_wait_s after its first request, whichever comes first."""
+
+    max_batch_seeds: int = 1024
+    max_batch_requests: int = 256
+    max_wait_s: float = 0.002
+    # Requests admitted but not yet answered; beyond this new requests get 429.
+    max_pending_requests: int = 2048
+
+    def __post_init__(self):
+        if self.max_batch_seeds < 1:
+            raise ValueError(f"max_batch_seeds must be >= 1, got {self.max_batch_seeds}")
+        if self.max_batch_requests < 1:
+            raise ValueError(f"max_batch_requests must be >= 1, got {self.max_batch_requests}")
+        if not (0.0 <= self.max_wait_s <= 10.0):
+            raise ValueError(f"max_wait_s must be within [0, 10] seconds, got {self.max_wait_s}")
+        if self.max_pending_requests < 1:
+            raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One sample→gather→compute pipeline: `workers` threads share one queue."""
+
+    name: str = "cpu"
+    device: str = "cpu"
+    workers: int = 2
+    # torch intra-op threads per worker; workers × threads should not exceed the cores.
+    torch_threads: int = 1
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Batches with PSGS below the threshold go to the CPU pipeline, the rest to the GPU one.
+    Without a GPU pipeline the threshold is +inf."""
+
+    psgs_threshold: float = math.inf
+    # A queue holding at least this many batches per worker counts as saturated.
+    saturation_batches_per_worker: float = 2.0
+
+    def __post_init__(self):
+        if not (self.psgs_threshold >= 0):
+            raise ValueError(f"psgs_threshold must be >= 0, got {self.psgs_threshold}")
+        if self.saturation_batches_per_worker <= 0:
+            raise ValueError(
+                f"saturation_batches_per_worker must be > 0, got {self.saturation_batches_per_worker}"
+            )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "hybridgnn"
+    max_request_nodes: int = 8192
+    max_body_bytes: int = 16 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+    retry_after_s: int = 1
+
+    def __post_init__(self):
+        if not (0 <= self.port <= 65535):
+            raise ValueError(f"port must be within [0, 65535], got {self.port}")
+        if self.max_request_nodes < 1:
+            raise ValueError(f"max_request_nodes must be >= 1, got {self.max_request_nodes}")
+        if not self.model_name or "/" in self.model_name:
+            raise ValueError(f"model_name must be non-empty without '/', got {self.model_name!r}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything `hybridgnn serve` needs; CLI flags map onto these fields."""
+
+    dataset_dir: Path
+    model_dir: Path
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    cpu_pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)

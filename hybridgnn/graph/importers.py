@@ -1,0 +1,103 @@
+"""Import graphs from a PyG `Data` file (loaded with weights_only) or an edge list / .npz."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hybridgnn.graph.csr import coo_to_csr
+from hybridgnn.graph.store import MASK_NAMES, DatasetError, write_dataset
+
+
+def _safe_pyg_globals() -> list:
+    """Classes a pickled PyG Data needs; allow-listed for weights_only loading only."""
+    from torch_geometric.data import data as data_mod
+    from torch_geometric.data import storage as storage_mod
+
+    names = [(data_mod, "Data"), (data_mod, "DataEdgeAttr"), (data_mod, "DataTensorAttr"),
+             (storage_mod, "GlobalStorage"), (storage_mod, "NodeStorage"), (storage_mod, "EdgeStorage")]
+    return [getattr(m, n) for m, n in names if hasattr(m, n)]
+
+
+def _load_pyg(path: Path) -> dict:
+    try:
+        with torch.serialization.safe_globals(_safe_pyg_globals()):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError / RuntimeError variants
+        raise DatasetError(f"cannot load {path} as a PyG Data file with weights_only=True: {exc}") from exc
+    if isinstance(obj, (tuple, list)) and obj and isinstance(obj[0], dict):
+        obj = obj[0]  # InMemoryDataset.save writes (data_dict, slices)
+    if hasattr(obj, "to_dict"):
+        obj = obj.to_dict()
+    if not isinstance(obj, dict):
+        raise DatasetError(f"{path} holds {type(obj).__name__}, expected a PyG Data or a dict of tensors")
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in obj.items()}
+
+
+def _load_edge_file(path: Path) -> dict:
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            out = {k: z[k] for k in z.files}
+        if "edge_index" not in out and {"src", "dst"} <= out.keys():
+            out["edge_index"] = np.stack([out.pop("src"), out.pop("dst")])
+        return out
+    try:
+        edges = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
+    except ValueError as exc:
+        raise DatasetError(f"{path}: an edge list needs two integer columns 'src dst' per line: {exc}") from exc
+    if edges.shape[1] < 2:
+        raise DatasetError(f"{path}: an edge list needs two columns 'src dst', found {edges.shape[1]}")
+    return {"edge_index": edges[:, :2].T.copy()}
+
+
+def import_graph(
+    source: str | Path,
+    out: str | Path,
+    *,
+    undirected: bool = False,
+    feature_dim: int = 64,
+    seed: int = 0,
+    name: str | None = None,
+) -> Path:
+    """Convert `source` (.pt/.pth PyG Data, .npz with edge_index [and x, y, masks], or a text
+    edge list) into a dataset directory. Edges (s, t) mean t aggregates from s, as in PyG.
+    Without features, random Gaussian features of `feature_dim` are made (and recorded)."""
+    src = Path(source)
+    if not src.is_file():
+        raise DatasetError(f"{src} does not exist")
+    data = _load_pyg(src) if src.suffix in (".pt", ".pth") else _load_edge_file(src)
+    ei = data.get("edge_index")
+    if ei is None:
+        raise DatasetError(f"{src} has no edge_index")
+    ei = np.asarray(ei)
+    if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
+        raise DatasetError(f"edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
+    x = data.get("x")
+    num_nodes = int(data.get("num_nodes") or 0) or (
+        x.shape[0] if x is not None else (int(ei.max()) + 1 if ei.size else 0)
+    )
+    if ei.size and (ei.min() < 0 or ei.max() >= num_nodes):
+        raise DatasetError(f"edge_index ids must lie in [0, {num_nodes}), found [{ei.min()}, {ei.max()}]")
+    s, t = ei[0].astype(np.int64), ei[1].astype(np.int64)
+    rows, cols = [t], [s]  # row t lists the sources t aggregates from
+    if undirected:
+        rows.append(s)
+        cols.append(t)
+    indptr, indices = coo_to_csr(rows, cols, num_nodes, dedup=True)
+    extra = {"source": str(src), "undirected": undirected}
+    if x is None:
+        x = np.random.default_rng(seed).standard_normal((num_nodes, feature_dim), dtype=np.float32)
+        extra["random_features"] = True
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[0] != num_nodes:
+        raise DatasetError(f"x must be [num_nodes={num_nodes}, F], got {x.shape}")
+    labels = data.get("y")
+    if labels is not None:
+        labels = np.asarray(labels).reshape(-1)
+        if labels.shape[0] != num_nodes:
+            raise DatasetError(f"y must have num_nodes={num_nodes} entries, got {labels.shape[0]}")
+    masks = {k: np.asarray(data[k], dtype=bool) for k in MASK_NAMES if data.get(k) is not None}
+    return write_dataset(out, indptr=indptr, indices=indices, features=x, labels=labels, masks=masks,
+                         name=name or Path(out).name, extra=extra)

@@ -1,0 +1,212 @@
+"""The on-disk dataset: a directory of .npy arrays plus meta.json, opened with mmap.
+
+Layout (all arrays little-endian .npy):
+    meta.json        name, num_nodes, num_edges, feature_dim, num_classes, fingerprint, ...
+    indptr.npy       int64 [N+1]   CSR row pointers; row i lists the neighbours i aggregates from
+    indices.npy      int32 [E]     (int64 when N >= 2^31) neighbour ids, sorted and unique per row
+    features.npy     float32 [N, F]
+    labels.npy       int64 [N]     optional (-1 = unlabelled)
+    {train,val,test}_mask.npy  bool [N]  optional
+    workload/        PSGS and FAP tables (hybridgnn.workload)
+
+Opening maps the arrays read-only, so every process and thread that opens the same
+directory shares one copy in the page cache; nothing is copied per worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MASK_NAMES = ("train_mask", "val_mask", "test_mask")
+
+
+class DatasetError(ValueError):
+    """A dataset directory is missing, incomplete or inconsistent."""
+
+
+def _fingerprint(indptr: np.ndarray, indices: np.ndarray, feature_dim: int) -> str:
+    h = hashlib.sha256()
+    h.update(np.int64([indptr.shape[0] - 1, indices.shape[0], feature_dim]).tobytes())
+    h.update(np.ascontiguousarray(indptr[:: max(1, indptr.shape[0] // 65536)]).tobytes())
+    h.update(np.ascontiguousarray(indices[:: max(1, indices.shape[0] // 65536)]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def write_dataset(
+    path: str | Path,
+    *,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    features: np.ndarray | None,
+    labels: np.ndarray | None = None,
+    masks: dict[str, np.ndarray] | None = None,
+    name: str | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """Write a dataset directory. `features=None` means features.npy is already in place
+    (generators stream large feature matrices straight to disk)."""
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    np.save(root / "indptr.npy", np.ascontiguousarray(indptr, dtype=np.int64))
+    np.save(root / "indices.npy", np.ascontiguousarray(indices))
+    if features is not None:
+        np.save(root / "features.npy", np.ascontiguousarray(features, dtype=np.float32))
+    feats = np.load(root / "features.npy", mmap_mode="r")
+    num_classes = 0
+    if labels is not None:
+        labels = np.ascontiguousarray(labels, dtype=np.int64)
+        np.save(root / "labels.npy", labels)
+        num_classes = int(labels.max()) + 1 if labels.size else 0
+    for key, mask in (masks or {}).items():
+        if key not in MASK_NAMES:
+            raise DatasetError(f"unknown mask {key!r}; expected one of {MASK_NAMES}")
+        np.save(root / f"{key}.npy", np.ascontiguousarray(mask, dtype=bool))
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "name": name or root.name,
+        "num_nodes": int(indptr.shape[0] - 1),
+        "num_edges": int(indices.shape[0]),
+        "feature_dim": int(feats.shape[1]),
+        "num_classes": num_classes,
+        "index_dtype": str(indices.dtype),
+        "fingerprint": _fingerprint(indptr, indices, int(feats.shape[1])),
+        "created_unix_s": time.time(),
+    }
+    meta.update(extra or {})
+    (root / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return root
+
+
+@dataclass
+class GraphStore:
+    """A dataset opened read-only with mmap; one instance is shared by all workers."""
+
+    root: Path
+    meta: dict
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray | None
+    masks: dict[str, np.ndarray]
+
+    @classmethod
+    def open(cls, path: str | Path, *, validate: str = "quick") -> "GraphStore":
+        """Open a dataset directory. validate: 'none', 'quick' (shapes, dtypes, endpoints)
+        or 'full' (also every index in range and indptr monotone)."""
+        root = Path(path)
+        meta_path = root / "meta.json"
+        if not meta_path.is_file():
+            raise DatasetError(f"{root} is not a hybridgnn dataset: {meta_path} is missing")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
+
+        def load(name: str, required: bool = True):
+            p = root / f"{name}.npy"
+            if not p.is_file():
+                if required:
+                    raise DatasetError(f"dataset {root} lacks {p.name}")
+                return None
+            try:
+                return np.load(p, mmap_mode="r", allow_pickle=False)
+            except ValueError as exc:
+                raise DatasetError(f"{p} is not a readable .npy array: {exc}") from exc
+
+        store = cls(
+            root=root,
+            meta=meta,
+            indptr=load("indptr"),
+            indices=load("indices"),
+            features=load("features"),
+            labels=load("labels", required=False),
+            masks={k: m for k in MASK_NAMES if (m := load(k, required=False)) is not None},
+        )
+        if validate != "none":
+            store.validate(full=(validate == "full"))
+        return store
+
+    def validate(self, *, full: bool = False) -> None:
+        n = self.indptr.shape[0] - 1
+        if self.indptr.ndim != 1 or n < 0:
+            raise DatasetError(f"indptr must be 1-D of length num_nodes+1, got shape {self.indptr.shape}")
+        if self.indptr.dtype.kind not in "iu" or self.indices.dtype.kind not in "iu":
+            raise DatasetError(
+                f"indptr and indices must be integer arrays, got {self.indptr.dtype} and {self.indices.dtype}"
+            )
+        if self.indices.ndim != 1:
+            raise DatasetError(f"indices must be 1-D, got shape {self.indices.shape}")
+        if n > 0 and (int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.shape[0]):
+            raise DatasetError(
+                f"indptr must start at 0 and end at len(indices)={self.indices.shape[0]}, "
+                f"got {int(self.indptr[0])}..{int(self.indptr[-1])}"
+            )
+        if self.features.ndim != 2 or self.features.shape[0] != n:
+            raise DatasetError(f"features must be [num_nodes={n}, F], got shape {self.features.shape}")
+        if self.features.dtype != np.float32:
+            raise DatasetError(f"features must be float32, got {self.features.dtype}")
+        if self.labels is not None and self.labels.shape != (n,):
+            raise DatasetError(f"labels must be [num_nodes={n}], got shape {self.labels.shape}")
+        for key, mask in self.masks.items():
+            if mask.shape != (n,) or mask.dtype != bool:
+                raise DatasetError(f"{key} must be bool [num_nodes={n}], got {mask.dtype} {mask.shape}")
+        for key, expected in (("num_nodes", n), ("num_edges", self.indices.shape[0])):
+            if key in self.meta and int(self.meta[key]) != expected:
+                raise DatasetError(f"meta.json says {key}={self.meta[key]} but the arrays hold {expected}")
+        if full and self.indices.shape[0]:
+            if np.any(np.diff(self.indptr) < 0):
+                raise DatasetError("indptr must be non-decreasing")
+            lo, hi = int(self.indices.min()), int(self.indices.max())
+            if lo < 0 or hi >= n:
+                raise DatasetError(f"indices must lie in [0, {n}), found [{lo}, {hi}]")
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.meta.get("num_classes", 0))
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.meta.get("fingerprint", ""))
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name", self.root.name))
+
+    def degrees(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+    def describe(self) -> dict:
+        deg = self.degrees()
+        return {
+            "path": str(self.root),
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "num_edges": self.num_edges,
+            "feature_dim": self.feature_dim,
+            "num_classes": self.num_classes,
+            "labelled": self.labels is not None,
+            "masks": sorted(self.masks),
+            "degree_mean": float(deg.mean()) if deg.size else 0.0,
+            "degree_max": int(deg.max()) if deg.size else 0,
+            "isolated_nodes": int((deg == 0).sum()),
+            "fingerprint": self.fingerprint,
+        }

@@ -1,0 +1,109 @@
+"""GraphSAGE, GCN and GAT as a stack of PyG message-passing layers with per-node
+operations (activation, dropout) between them.
+
+forward() takes a sampled subgraph in PyG's hop order and trims it per layer: layer i
+(of L) only needs targets within L-i-1 hops of the seeds and the edges into them, which
+are prefixes of the node and edge arrays. The layer stack is exposed (`layer`) so
+layer-wise inference can run one layer over all nodes at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+
+MODEL_KINDS = ("sage", "gcn", "gat")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture; out_dim is the number of classes (the last layer's width)."""
+
+    kind: str
+    in_dim: int
+    hidden_dim: int
+    out_dim: int
+    num_layers: int = 2
+    heads: int = 4
+    dropout: float = 0.5
+
+    def __post_init__(self):
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        for name in ("in_dim", "hidden_dim", "out_dim", "num_layers", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kind == "gat" and self.hidden_dim % self.heads:
+            raise ValueError(f"GAT hidden_dim ({self.hidden_dim}) must be divisible by heads ({self.heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be within [0, 1), got {self.dropout}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _conv(spec: ModelSpec, in_dim: int, out_dim: int, last: bool) -> nn.Module:
+    if spec.kind == "sage":
+        return SAGEConv(in_dim, out_dim)
+    if spec.kind == "gcn":
+        return GCNConv(in_dim, out_dim)
+    heads = 1 if last else spec.heads
+    return GATConv(in_dim, out_dim // heads, heads=heads, concat=True, add_self_loops=True)
+
+
+class GNN(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        dims = [spec.in_dim] + [spec.hidden_dim] * (spec.num_layers - 1) + [spec.out_dim]
+        self.convs = nn.ModuleList(
+            _conv(spec, dims[i], dims[i + 1], last=(i == spec.num_layers - 1)) for i in range(spec.num_layers)
+        )
+        # GCNConv cannot take a (source, target) pair, so it computes every input row.
+        self._bipartite = spec.kind in ("sage", "gat")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.convs)
+
+    def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int) -> torch.Tensor:
+        """Layer i on a graph whose first num_targets source rows are the targets; returns the
+        targets' outputs, activation and dropout included (none after the last layer)."""
+        conv = self.convs[i]
+        if self._bipartite:
+            out = conv((x_src, x_src[:num_targets]), edge_index, size=(x_src.shape[0], num_targets))
+        else:
+            out = conv(x_src, edge_index)[:num_targets]
+        if i < self.num_layers - 1:
+            out = F.relu(out)
+            out = F.dropout(out, p=self.spec.dropout, training=self.training)
+        return out
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None, num_sampled_edges=None):
+        """x rows follow the sample's node order; without per-hop counts every layer runs on
+        the whole graph (full-graph inference)."""
+        if num_sampled_nodes is None:
+            for i in range(self.num_layers):
+                x = self.layer(i, x, edge_index, x.shape[0])
+            return x
+        nodes = [int(v) for v in num_sampled_nodes]
+        edges = [int(v) for v in num_sampled_edges]
+        hops = len(edges)
+        if hops < self.num_layers:
+            raise ValueError(f"sample has {hops} hops but the model has {self.num_layers} layers")
+        cum_nodes = [sum(nodes[: k + 1]) for k in range(len(nodes))]
+        cum_edges = [sum(edges[:k]) for k in range(len(edges) + 1)]
+        depth = self.num_layers
+        x = x[: cum_nodes[depth]]
+        for i in range(self.num_layers):
+            remaining = depth - i  # this layer's targets lie within remaining-1 hops
+            x = self.layer(i, x, edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1])
+        return x
+
+
+def build_model(spec: ModelSpec) -> GNN:
+    return GNN(spec)

@@ -1,0 +1,86 @@
+"""A pipeline: N worker threads, each with its own BatchExecutor, sharing one queue.
+
+Workers release the GIL in the compiled sampler and in torch ops, so threads overlap on
+multiple cores while reading the one shared graph. Every submitted batch reaches
+`on_done` exactly once, with a result or the exception that stopped it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+from hybridgnn.config import PipelineConfig
+from hybridgnn.pipelines.executor import BatchExecutor
+from hybridgnn.types import Batch, BatchResult, QueueLoad, RoutePlan, StageTimings
+
+log = logging.getLogger(__name__)
+
+DoneCallback = Callable[[Batch, RoutePlan, "BatchResult | None", "BaseException | None"], None]
+
+
+class Pipeline:
+    def __init__(self, cfg: PipelineConfig, make_executor: Callable[[int], BatchExecutor], on_done: DoneCallback):
+        self.cfg = cfg
+        self.name = cfg.name
+        self._make_executor = make_executor
+        self._on_done = on_done
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._stopped = False
+
+    def start(self) -> None:
+        executors = [self._make_executor(i) for i in range(self.cfg.workers)]  # built here so errors surface at start
+        for i, ex in enumerate(executors):
+            th = threading.Thread(target=self._work, args=(ex,), name=f"{self.name}-worker-{i}", daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def load(self) -> QueueLoad:
+        return QueueLoad(depth=self._depth, workers=self.cfg.workers)
+
+    def submit(self, batch: Batch, plan: RoutePlan) -> None:
+        if self._stopped:
+            raise RuntimeError(f"pipeline {self.name} is stopped")
+        with self._lock:
+            self._depth += 1
+        batch.submitted_s = time.perf_counter()
+        self._queue.put((batch, plan))
+
+    def _work(self, executor: BatchExecutor) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch, plan = item
+            timings = StageTimings(queue_wait_s=time.perf_counter() - batch.submitted_s)
+            result, error = None, None
+            try:
+                result = executor.run(batch.seeds, timings)
+            except BaseException as exc:  # surfaced to the requests; the worker lives on
+                log.exception("batch of %d seeds failed in pipeline %s", batch.num_seeds, self.name)
+                error = exc
+            with self._lock:
+                self._depth -= 1
+            try:
+                self._on_done(batch, plan, result, error)
+            except Exception:
+                log.exception("completion callback failed in pipeline %s", self.name)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Finish what is queued, then end the workers."""
+        self._stopped = True
+        for _ in self._threads:
+            self._queue.put(None)
+        deadline = time.monotonic() + timeout_s
+        for th in self._threads:
+            th.join(max(0.0, deadline - time.monotonic()))

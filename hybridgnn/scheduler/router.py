@@ -1,0 +1,50 @@
+"""Quiver's hybrid rule plus load awareness (DESIGN §4).
+
+A batch whose PSGS is below the threshold goes to the CPU pipeline, otherwise to the GPU
+pipeline. When the chosen pipeline is saturated and the other has slack, the batch
+spills to the other one. With a single pipeline every batch goes there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hybridgnn.config import RouterConfig
+from hybridgnn.types import QueueLoad, RoutePlan
+
+CPU, GPU = "cpu", "gpu"
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig, pipelines: tuple[str, ...]):
+        if not pipelines:
+            raise ValueError("the router needs at least one pipeline")
+        unknown = set(pipelines) - {CPU, GPU}
+        if unknown:
+            raise ValueError(f"unknown pipeline names {sorted(unknown)}; expected {CPU!r} and/or {GPU!r}")
+        self.cfg = cfg
+        self.pipelines = tuple(pipelines)
+        self.threshold = cfg.psgs_threshold if len(pipelines) > 1 else float("inf")
+
+    def set_threshold(self, value: float) -> None:
+        if not value >= 0:
+            raise ValueError(f"psgs threshold must be >= 0, got {value}")
+        self.threshold = value
+
+    def saturated(self, load: QueueLoad) -> bool:
+        return load.depth >= self.cfg.saturation_batches_per_worker * load.workers
+
+    def route(self, batch_psgs: float, loads: Mapping[str, QueueLoad]) -> RoutePlan:
+        if len(self.pipelines) == 1:
+            return RoutePlan(self.pipelines[0], batch_psgs, "only")
+        chosen = CPU if batch_psgs < self.threshold else GPU
+        other = GPU if chosen == CPU else CPU
+        if self.saturated(loads[chosen]) and not self.saturated(loads[other]):
+            return RoutePlan(other, batch_psgs, "spill")
+        return RoutePlan(chosen, batch_psgs, "threshold")
+
+    def fallback(self, plan: RoutePlan) -> RoutePlan:
+        """Where a batch goes after its pipeline failed on it (a CUDA error, say)."""
+        if plan.pipeline == GPU and CPU in self.pipelines:
+            return RoutePlan(CPU, plan.batch_psgs, "fallback")
+        raise LookupError(f"no fallback pipeline for {plan.pipeline!r}")

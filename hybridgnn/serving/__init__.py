@@ -1,0 +1,1 @@
+"""HTTP serving: KServe v2 codec and validation, micro-batcher, engine, lifecycle."""

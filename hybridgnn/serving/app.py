@@ -1,0 +1,163 @@
+"""aiohttp application: KServe v2 REST endpoints, /metrics, JSON errors everywhere."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from aiohttp import web
+
+from hybridgnn import __version__
+from hybridgnn.serving.codec import (
+    HEADER_LENGTH,
+    INPUT_NAME,
+    RequestError,
+    decode_infer_request,
+    encode_infer_response,
+)
+from hybridgnn.serving.engine import BatchFailed, Draining, Engine, Overloaded
+
+log = logging.getLogger(__name__)
+ENGINE_KEY = web.AppKey("engine", Engine)
+
+
+def json_error(status: int, message: str, headers: dict | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler):
+    """No client input escapes as a traceback or an HTML page: everything is {"error": ...}."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = exc.reason
+        if exc.status == 413:
+            reason = f"request body too large (limit {request.app[ENGINE_KEY].cfg.server.max_body_bytes} bytes)"
+        elif exc.status == 404:
+            reason = f"no such endpoint: {request.method} {request.path}"
+        elif exc.status == 405:
+            reason = f"method {request.method} not allowed on {request.path}"
+        return json_error(exc.status, reason, headers={k: v for k, v in exc.headers.items() if k == "Allow"})
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_error(500, "internal server error")
+
+
+def _model(request: web.Request) -> Engine:
+    engine = request.app[ENGINE_KEY]
+    name = request.match_info["model"]
+    if name != engine.cfg.server.model_name:
+        raise RequestError(f"unknown model {name!r}; this server serves {engine.cfg.server.model_name!r}", 404)
+    return engine
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response({"ready": engine.ready}, status=200 if engine.ready else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response({"name": "hybridgnn", "version": __version__, "extensions": ["binary_tensor_data"]})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response({"models": [{"name": engine.cfg.server.model_name, "versions": ["1"],
+                                          "ready": engine.ready}]})
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    try:
+        engine = _model(request)
+    except RequestError as exc:
+        return json_error(exc.status, str(exc))
+    emb_dim = engine.model.spec.out_dim
+    return web.json_response({
+        "name": engine.cfg.server.model_name,
+        "versions": ["1"],
+        "platform": "pytorch_geometric",
+        "inputs": [{"name": INPUT_NAME, "datatype": "INT64", "shape": [-1]}],
+        "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, emb_dim]},
+                    {"name": "predictions", "datatype": "INT64", "shape": [-1]}],
+        "parameters": engine.metadata(),
+    })
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    try:
+        engine = _model(request)
+    except RequestError as exc:
+        return json_error(exc.status, str(exc))
+    return web.json_response({"name": engine.cfg.server.model_name, "ready": engine.ready},
+                             status=200 if engine.ready else 503)
+
+
+async def infer(request: web.Request) -> web.Response:
+    started = time.perf_counter()
+    engine = request.app[ENGINE_KEY]
+    tel = engine.telemetry
+    retry = {"Retry-After": str(engine.cfg.server.retry_after_s)}
+    try:
+        _model(request)
+        body = await request.read()
+        req = decode_infer_request(body, request.headers.get(HEADER_LENGTH),
+                                   max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.graph.num_nodes)
+        future = engine.submit(req.node_ids)
+    except RequestError as exc:
+        tel.count_request(exc.status)
+        return json_error(exc.status, str(exc))
+    except Overloaded as exc:
+        tel.count_request(429)
+        tel.rejected.labels("overload").inc()
+        return json_error(429, f"server overloaded: {exc}; retry later", headers=retry)
+    except Draining as exc:
+        tel.count_request(503)
+        tel.rejected.labels("draining").inc()
+        return json_error(503, f"not accepting requests: {exc}", headers=retry)
+    try:
+        result = await future
+    except BatchFailed as exc:
+        tel.count_request(500)
+        return json_error(500, f"inference failed: {exc}")
+    t0 = time.perf_counter()
+    body, headers = encode_infer_response(
+        engine.cfg.server.model_name, req.request_id,
+        {"embeddings": result.embeddings, "predictions": result.predictions}, req.outputs)
+    done = time.perf_counter()
+    tel.observe_stage("respond", result.pipeline, done - t0)
+    tel.observe_stage("total", result.pipeline, done - started)
+    tel.count_request(200, int(req.node_ids.shape[0]))
+    return web.Response(body=body, headers=headers)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    tel = request.app[ENGINE_KEY].telemetry
+    return web.Response(body=tel.exposition(), headers={"Content-Type": tel.content_type})
+
+
+def build_app(engine: Engine) -> web.Application:
+    app = web.Application(middlewares=[errors_as_json], client_max_size=engine.cfg.server.max_body_bytes)
+    app[ENGINE_KEY] = engine
+    r = app.router
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", server_metadata)
+    r.add_get("/v2/models", list_models)
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        r.add_get(prefix, model_metadata)
+        r.add_get(prefix + "/ready", model_ready)
+        r.add_post(prefix + "/infer", infer)
+    r.add_get("/metrics", metrics)
+    return app
+
+
+def dumps_pretty(obj) -> str:
+    return json.dumps(obj, indent=2)

@@ -1,0 +1,189 @@
+"""KServe v2 / Open Inference Protocol codec, JSON and binary-tensor extension.
+
+Binary extension (as Triton and tritonclient speak it): the body starts with a JSON
+header of Inference-Header-Content-Length bytes; each input with
+parameters.binary_data_size has that many raw little-endian bytes after the header, in
+input order. Responses are binary when the request sets parameters.binary_data_output
+or an output's parameters.binary_data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+try:  # optional fast path; the stdlib encoder is the fallback
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+DTYPES = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4"), "UINT64": np.dtype("<u8")}
+ID_DATATYPES = ("INT64", "INT32")
+OUTPUT_NAMES = ("embeddings", "predictions")
+INPUT_NAME = "node_ids"
+
+
+class RequestError(Exception):
+    """A client error: status is the HTTP code, str(self) the message for {"error": ...}."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class InferRequest:
+    node_ids: np.ndarray
+    request_id: str | None = None
+    outputs: dict[str, bool] = field(default_factory=dict)  # name -> binary
+    parameters: dict = field(default_factory=dict)
+
+
+def _loads(data: bytes):
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from exc
+
+
+def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: int, num_nodes: int) -> InferRequest:
+    if header_length is not None:
+        try:
+            hlen = int(header_length)
+        except ValueError:
+            raise RequestError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 < hlen <= len(body):
+            raise RequestError(f"{HEADER_LENGTH}={hlen} does not fit a body of {len(body)} bytes")
+        header, binary = _loads(body[:hlen]), memoryview(body)[hlen:]
+    else:
+        if not body:
+            raise RequestError("request body is empty; expected a KServe v2 inference request")
+        header, binary = _loads(body), memoryview(b"")
+    if not isinstance(header, dict):
+        raise RequestError("inference request must be a JSON object")
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("inference request needs a non-empty 'inputs' list")
+    params = header.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError("'parameters' must be an object")
+
+    node_ids = None
+    offset = 0
+    for inp in inputs:
+        if not isinstance(inp, dict):
+            raise RequestError("each input must be an object with name, shape, datatype and data")
+        name = inp.get("name")
+        arr, used = _decode_tensor(inp, binary[offset:])
+        offset += used
+        if name != INPUT_NAME:
+            raise RequestError(f"unknown input {name!r}; this model takes {INPUT_NAME!r} (INT64 [n])")
+        node_ids = arr
+    if offset != len(binary):
+        raise RequestError(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
+    if node_ids is None:
+        raise RequestError(f"input {INPUT_NAME!r} is missing")
+    node_ids = validate_node_ids(node_ids, max_nodes=max_nodes, num_nodes=num_nodes)
+
+    outputs: dict[str, bool] = {}
+    default_binary = bool(params.get("binary_data_output", False))
+    requested = header.get("outputs")
+    if requested is None:
+        outputs = {n: default_binary for n in OUTPUT_NAMES}
+    else:
+        if not isinstance(requested, list):
+            raise RequestError("'outputs' must be a list")
+        for out in requested:
+            name = out.get("name") if isinstance(out, dict) else None
+            if name not in OUTPUT_NAMES:
+                raise RequestError(f"unknown output {name!r}; available: {list(OUTPUT_NAMES)}")
+            oparams = out.get("parameters") or {}
+            outputs[name] = bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict) else default_binary
+    rid = header.get("id")
+    return InferRequest(node_ids=node_ids, request_id=str(rid) if rid is not None else None, outputs=outputs,
+                        parameters=params)
+
+
+def _decode_tensor(inp: dict, binary: memoryview) -> tuple[np.ndarray, int]:
+    name = inp.get("name")
+    datatype = inp.get("datatype")
+    shape = inp.get("shape")
+    if datatype not in ID_DATATYPES:
+        raise RequestError(f"input {name!r} must have datatype INT64 (or INT32), got {datatype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise RequestError(f"input {name!r} needs 'shape' as a list of non-negative integers, got {shape!r}")
+    count = int(np.prod(shape)) if shape else 1
+    if len(shape) > 2 or (len(shape) == 2 and 1 not in shape):
+        raise RequestError(f"input {name!r} must be 1-D [n] (or [1, n] / [n, 1]), got shape {shape}")
+    iparams = inp.get("parameters") or {}
+    bsize = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
+    dtype = DTYPES[datatype]
+    if bsize is not None:
+        if not isinstance(bsize, int) or bsize < 0 or bsize > len(binary):
+            raise RequestError(f"input {name!r}: binary_data_size={bsize!r} exceeds the {len(binary)} bytes sent")
+        if bsize != count * dtype.itemsize:
+            raise RequestError(f"input {name!r}: shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
+                               f"binary_data_size says {bsize}")
+        return np.frombuffer(binary[:bsize], dtype=dtype).astype(np.int64), bsize
+    if "data" not in inp:
+        raise RequestError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+    data = inp["data"]
+    if not isinstance(data, list):
+        raise RequestError(f"input {name!r}: 'data' must be a list of integers")
+    try:
+        arr = np.asarray(data)
+    except (ValueError, OverflowError) as exc:
+        raise RequestError(f"input {name!r}: 'data' must be a (nested) list of integers: {exc}") from exc
+    if arr.size and arr.dtype.kind not in "iu":
+        raise RequestError(f"input {name!r}: 'data' must hold integers only, found {arr.dtype.name} values")
+    arr = arr.reshape(-1)
+    if arr.size != count:
+        raise RequestError(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
+    return arr.astype(np.int64), 0
+
+
+def validate_node_ids(ids: np.ndarray, *, max_nodes: int, num_nodes: int) -> np.ndarray:
+    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size == 0:
+        raise RequestError("node_ids is empty; send at least one node id")
+    if ids.size > max_nodes:
+        raise RequestError(f"node_ids holds {ids.size} ids; at most {max_nodes} per request")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0:
+        raise RequestError(f"node ids must be >= 0, got {lo}")
+    if hi >= num_nodes:
+        raise RequestError(f"node id {hi} is out of range; the graph has {num_nodes} nodes (ids 0..{num_nodes - 1})")
+    return ids
+
+
+def _dumps(obj) -> bytes:
+    if _orjson is not None:
+        return _orjson.dumps(obj)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def encode_infer_response(model_name: str, request_id: str | None, tensors: dict[str, np.ndarray],
+                          outputs: dict[str, bool]) -> tuple[bytes, dict[str, str]]:
+    """Returns (body, headers). Binary outputs follow the JSON header in output order."""
+    entries, blobs = [], []
+    for name, binary in outputs.items():
+        arr = tensors[name]
+        datatype = "FP32" if arr.dtype == np.float32 else "INT64"
+        entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        if binary:
+            raw = np.ascontiguousarray(arr, dtype=DTYPES[datatype]).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = arr.reshape(-1).tolist()
+        entries.append(entry)
+    header = {"model_name": model_name, "outputs": entries}
+    if request_id is not None:
+        header["id"] = request_id
+    head = _dumps(header)
+    if not blobs:
+        return head, {"Content-Type": "application/json"}
+    return head + b"".join(blobs), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}

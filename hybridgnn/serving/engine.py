@@ -1,0 +1,225 @@
+"""The serving engine: admission, batching, routing, pipelines and completion.
+
+Runs in the event loop thread except Pipeline workers; results cross back with
+loop.call_soon_threadsafe. Invariant: every admitted request's future is resolved
+exactly once (result or error), including during drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hybridgnn.config import ServeConfig
+from hybridgnn.features.store import HostFeatureStore
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.checkpoint import load_checkpoint
+from hybridgnn.pipelines.executor import BatchExecutor
+from hybridgnn.pipelines.pool import Pipeline
+from hybridgnn.sampling.cpu import CPUSampler
+from hybridgnn.scheduler.router import Router
+from hybridgnn.serving.batcher import MicroBatcher
+from hybridgnn.telemetry.metrics import Telemetry
+from hybridgnn.types import Batch, BatchResult, InferenceRequest, RoutePlan, StageTimings
+from hybridgnn.workload.tables import WorkloadTables
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(Exception):
+    """Too many requests in flight; the client should retry after a while."""
+
+
+class Draining(Exception):
+    """The server is shutting down and takes no new work."""
+
+
+class BatchFailed(Exception):
+    """The pipeline could not execute the batch holding this request."""
+
+
+class ConfigError(ValueError):
+    """The dataset, model and flags do not fit together."""
+
+
+@dataclass
+class RequestResult:
+    embeddings: np.ndarray
+    predictions: np.ndarray
+    pipeline: str
+    timings: StageTimings
+
+
+class Engine:
+    def __init__(self, cfg: ServeConfig, telemetry: Telemetry | None = None):
+        self.cfg = cfg
+        self.telemetry = telemetry or Telemetry(model=cfg.server.model_name)
+        self.graph = GraphStore.open(cfg.dataset_dir)
+        self.model, self.model_config = load_checkpoint(cfg.model_dir)
+        spec = self.model.spec
+        if spec.in_dim != self.graph.feature_dim:
+            raise ConfigError(
+                f"model {cfg.model_dir} expects {spec.in_dim}-dim features but dataset {cfg.dataset_dir} "
+                f"has {self.graph.feature_dim}")
+        if len(cfg.sampling.fanouts) < spec.num_layers:
+            raise ConfigError(
+                f"fanouts {cfg.sampling.fanouts} give {len(cfg.sampling.fanouts)} hops but the model has "
+                f"{spec.num_layers} layers; give one fanout per layer")
+        trained_on = self.model_config.get("dataset_fingerprint")
+        if trained_on and trained_on != self.graph.fingerprint:
+            log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
+        self.tables = WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts)
+        self.features = HostFeatureStore(self.graph.features)
+        self.pipelines: dict[str, Pipeline] = {
+            cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
+        }
+        self.router = Router(cfg.router, tuple(self.pipelines))
+        self.telemetry.psgs_threshold.set(self.router.threshold)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batcher: MicroBatcher | None = None
+        self._batcher_task: asyncio.Task | None = None
+        self._pending = 0
+        self._idle = asyncio.Event()
+        self.draining = False
+        self.ready = False
+        self.started_unix_s = time.time()
+
+    # --- lifecycle -------------------------------------------------------------------
+    def _make_cpu_executor(self, worker: int) -> BatchExecutor:
+        sampler = CPUSampler(self.graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
+        return BatchExecutor(sampler, self.features, self.model, device=self.cfg.cpu_pipeline.device)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        torch.set_num_threads(self.cfg.cpu_pipeline.torch_threads)
+        self._idle.set()
+        for p in self.pipelines.values():
+            p.start()
+        self._warm_up()
+        self._batcher = MicroBatcher(self.cfg.batcher, self._dispatch, self._has_capacity)
+        self._batcher_task = asyncio.create_task(self._batcher.run(), name="batcher")
+        self.ready = True
+
+    def _warm_up(self) -> None:
+        """Compile the sampler and touch the model once so the first request is not slow."""
+        ex = self._make_cpu_executor(0)
+        ex.run(np.arange(min(4, self.graph.num_nodes), dtype=np.int64))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop admitting; wait until every admitted request has its answer."""
+        self.draining = True
+        self.ready = False
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            log.error("drain timed out with %d requests pending", self._pending)
+            return False
+
+    async def stop(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
+        if self._batcher_task is not None:
+            await asyncio.gather(self._batcher_task, return_exceptions=True)
+        for p in self.pipelines.values():
+            await asyncio.to_thread(p.stop)
+
+    # --- request path ----------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def submit(self, node_ids: np.ndarray) -> asyncio.Future:
+        """Admit one request (ids already validated) or raise Overloaded / Draining."""
+        if self.draining or not self.ready:
+            raise Draining("server is shutting down" if self.draining else "server is starting")
+        if self._pending >= self.cfg.batcher.max_pending_requests:
+            raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")
+        fut = self._loop.create_future()
+        self._pending += 1
+        self._idle.clear()
+        self.telemetry.pending.set(self._pending)
+        self._batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter()))
+        return fut
+
+    def _has_capacity(self) -> bool:
+        return any(p.depth <= p.cfg.workers for p in self.pipelines.values())
+
+    def _dispatch(self, batch: Batch) -> None:
+        batch.psgs = self.tables.batch_psgs(batch.seeds)
+        plan = self.router.route(batch.psgs, {n: p.load() for n, p in self.pipelines.items()})
+        self._submit_to(batch, plan)
+
+    def _submit_to(self, batch: Batch, plan: RoutePlan) -> None:
+        self.telemetry.routing.labels(plan.pipeline, plan.reason).inc()
+        pipeline = self.pipelines[plan.pipeline]
+        pipeline.submit(batch, plan)
+        self.telemetry.queue_depth.labels(plan.pipeline).set(pipeline.depth)
+
+    def _on_batch_done(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None):
+        # Called on a worker thread; the loop owns the futures.
+        self._loop.call_soon_threadsafe(self._complete, batch, plan, result, error)
+
+    def _complete(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None):
+        t = self.telemetry
+        t.queue_depth.labels(plan.pipeline).set(self.pipelines[plan.pipeline].depth)
+        if self._batcher is not None:
+            self._batcher.capacity_freed()
+        if error is not None:
+            t.batch_errors.labels(plan.pipeline).inc()
+            try:
+                retry = self.router.fallback(plan)
+            except LookupError:
+                retry = None
+            if retry is not None:
+                self._submit_to(batch, retry)
+                return
+            failure = BatchFailed(f"{type(error).__name__}: {error}")
+            for req in batch.requests:
+                self._resolve(req, exception=failure)
+            return
+        t.observe_batch(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,
+                        result.sampled_edges)
+        offs = batch.offsets
+        for i, req in enumerate(batch.requests):
+            t.observe_stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)
+            lo, hi = offs[i], offs[i + 1]
+            self._resolve(req, RequestResult(result.embeddings[lo:hi], result.predictions[lo:hi],
+                                             plan.pipeline, result.timings))
+
+    def _resolve(self, req: InferenceRequest, result: RequestResult | None = None, exception=None) -> None:
+        if not req.future.done():
+            if exception is not None:
+                req.future.set_exception(exception)
+            else:
+                req.future.set_result(result)
+        self._pending -= 1
+        self.telemetry.pending.set(self._pending)
+        if self._pending == 0:
+            self._idle.set()
+
+    # --- description -----------------------------------------------------------------
+    def metadata(self) -> dict:
+        spec = self.model.spec
+        thr = self.router.threshold
+        return {
+            "num_nodes": self.graph.num_nodes,
+            "num_edges": self.graph.num_edges,
+            "feature_dim": self.graph.feature_dim,
+            "num_classes": spec.out_dim,
+            "embedding_dim": spec.out_dim,
+            "fanouts": list(self.cfg.sampling.fanouts),
+            "model_kind": spec.kind,
+            "num_layers": spec.num_layers,
+            "dataset": self.graph.name,
+            "dataset_fingerprint": self.graph.fingerprint,
+            "pipelines": list(self.pipelines),
+            "psgs_threshold": "inf" if math.isinf(thr) else thr,
+            "max_request_nodes": self.cfg.server.max_request_nodes,
+        }

@@ -1,0 +1,55 @@
+"""Process lifecycle: start the engine and HTTP server, drain on SIGTERM/SIGINT, exit 0.
+
+On a stop signal the server keeps listening so the load balancer sees ready=503 while
+admitted requests finish; new requests get 503 with Retry-After. Once drained (or after
+drain_timeout_s) the listener closes and the workers end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from hybridgnn.capabilities import HAS_UVLOOP
+from hybridgnn.config import ServeConfig
+from hybridgnn.serving.app import build_app
+from hybridgnn.serving.engine import Engine
+
+log = logging.getLogger("hybridgnn.serve")
+
+
+async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
+    engine = Engine(cfg)
+    await engine.start()
+    app = build_app(engine)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    addr = f"http://{cfg.server.host}:{cfg.server.port}"
+    log.info("serving model %r on %s (%d nodes, fanouts %s, %d CPU workers)", cfg.server.model_name, addr,
+             engine.graph.num_nodes, list(cfg.sampling.fanouts), cfg.cpu_pipeline.workers)
+    if on_ready is not None:
+        on_ready(engine)
+    await stop.wait()
+    log.info("stop signal: draining %d pending requests", engine.pending)
+    drained = await engine.drain(cfg.server.drain_timeout_s)
+    await runner.cleanup()
+    await engine.stop()
+    log.info("stopped (%s)", "drained" if drained else "drain timed out")
+    return 0 if drained else 1
+
+
+def run(cfg: ServeConfig) -> int:
+    if HAS_UVLOOP:
+        import uvloop
+
+        return uvloop.run(serve(cfg))
+    return asyncio.run(serve(cfg))

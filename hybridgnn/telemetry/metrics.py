@@ -1,0 +1,81 @@
+"""Metric definitions (prefix hybridgnn_, base units, histograms so replicas aggregate).
+
+The registry is injected so tests and several servers in one process never collide.
+Labels are small fixed sets (stage, pipeline, model, code, reason), never node ids.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from hybridgnn.types import StageTimings
+
+STAGES = ("queue_wait", "batching", "sample", "gather", "compute", "respond", "total")
+# 50 µs .. 10 s: fine steps where serving latencies live (sub-ms to tens of ms).
+LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
+    0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PSGS_BUCKETS = tuple(float(10**e * m) for e in range(0, 8) for m in (1, 3))
+
+
+class Telemetry:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None, model: str = "hybridgnn"):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.model = model
+        r = self.registry
+        self.stage_seconds = Histogram(
+            "hybridgnn_stage_seconds", "Time spent per serving stage", ["stage", "pipeline"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "hybridgnn_requests", "Inference requests answered, by HTTP status code", ["model", "code"], registry=r)
+        self.seeds = Counter("hybridgnn_seeds", "Seed nodes answered", ["model"], registry=r)
+        self.batch_size = Histogram(
+            "hybridgnn_batch_size_seeds", "Seeds per executed batch", ["pipeline"], buckets=SIZE_BUCKETS, registry=r)
+        self.batch_requests = Histogram(
+            "hybridgnn_batch_requests", "Requests per executed batch", ["pipeline"], buckets=SIZE_BUCKETS, registry=r)
+        self.batch_psgs = Histogram(
+            "hybridgnn_batch_psgs", "Batch PSGS (sum of the seeds' expected sampled subgraph sizes)",
+            ["pipeline"], buckets=PSGS_BUCKETS, registry=r)
+        self.sampled_edges = Counter(
+            "hybridgnn_sampled_edges", "Edges sampled", ["pipeline"], registry=r)
+        self.queue_depth = Gauge(
+            "hybridgnn_queue_depth_batches", "Batches queued or running in a pipeline", ["pipeline"], registry=r)
+        self.pending = Gauge(
+            "hybridgnn_pending_requests", "Requests admitted and not yet answered", registry=r)
+        self.routing = Counter(
+            "hybridgnn_routing_decisions", "Batches routed, by pipeline and reason", ["pipeline", "reason"],
+            registry=r)
+        self.batch_errors = Counter(
+            "hybridgnn_batch_errors", "Batches that failed in a pipeline", ["pipeline"], registry=r)
+        self.rejected = Counter(
+            "hybridgnn_rejected_requests", "Requests refused before admission", ["reason"], registry=r)
+        self.psgs_threshold = Gauge(
+            "hybridgnn_psgs_threshold", "PSGS threshold in force (+Inf: all batches on CPU)", registry=r)
+
+    def observe_batch(self, pipeline: str, t: StageTimings, num_seeds: int, num_requests: int,
+                      psgs: float, sampled_edges: int) -> None:
+        h = self.stage_seconds
+        h.labels("queue_wait", pipeline).observe(t.queue_wait_s)
+        h.labels("sample", pipeline).observe(t.sample_s)
+        h.labels("gather", pipeline).observe(t.gather_s)
+        h.labels("compute", pipeline).observe(t.compute_s)
+        self.batch_size.labels(pipeline).observe(num_seeds)
+        self.batch_requests.labels(pipeline).observe(num_requests)
+        self.batch_psgs.labels(pipeline).observe(psgs)
+        self.sampled_edges.labels(pipeline).inc(sampled_edges)
+
+    def observe_stage(self, stage: str, pipeline: str, seconds: float) -> None:
+        self.stage_seconds.labels(stage, pipeline).observe(seconds)
+
+    def count_request(self, code: int, seeds: int = 0) -> None:
+        self.requests.labels(self.model, str(code)).inc()
+        if seeds:
+            self.seeds.labels(self.model).inc(seeds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

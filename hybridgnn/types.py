@@ -1,0 +1,103 @@
+"""Contracts passed between stages.
+
+Plain dataclasses of numpy arrays / tensors; no stage reaches into another's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class SampledSubgraph:
+    """A K-hop sample around a set of seeds, in PyG's layout.
+
+    node_ids holds unique global ids, the (deduplicated) seeds first, then the nodes first
+    reached at hop 1, hop 2, ... ; num_sampled_nodes[k] counts the nodes of hop k (k=0: seeds).
+    edge_index is local: edge_index[0] = source (the sampled neighbour), edge_index[1] =
+    target (the node that aggregates), ordered by hop; num_sampled_edges[k-1] counts hop k's.
+    seed_index maps each requested seed (duplicates allowed) to its local row.
+    """
+
+    node_ids: np.ndarray
+    edge_index: np.ndarray
+    num_sampled_nodes: np.ndarray
+    num_sampled_edges: np.ndarray
+    seed_index: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_ids.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_index.shape[1])
+
+    def edge_index_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
+        return torch.from_numpy(self.edge_index).to(device, non_blocking=True)
+
+
+@dataclass
+class StageTimings:
+    """Seconds one batch spent in each pipeline stage."""
+
+    queue_wait_s: float = 0.0
+    sample_s: float = 0.0
+    gather_s: float = 0.0
+    compute_s: float = 0.0
+
+
+@dataclass
+class InferenceRequest:
+    """One admitted request: its seeds and the future its handler awaits."""
+
+    node_ids: np.ndarray
+    future: asyncio.Future
+    arrival_s: float
+
+
+@dataclass
+class Batch:
+    """Requests merged by the batcher; seeds are their node ids concatenated in order."""
+
+    requests: list[InferenceRequest]
+    seeds: np.ndarray
+    offsets: np.ndarray  # request r owns seeds[offsets[r]:offsets[r+1]]
+    psgs: float
+    closed_s: float
+    submitted_s: float = 0.0
+
+    @property
+    def num_seeds(self) -> int:
+        return int(self.seeds.shape[0])
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """The router's decision for one batch; pipelines execute it, the router never runs it."""
+
+    pipeline: str
+    batch_psgs: float
+    reason: str  # "threshold" | "only" | "spill" | "fallback"
+
+
+@dataclass
+class BatchResult:
+    """Per-seed outputs of one batch, row-aligned with Batch.seeds."""
+
+    embeddings: np.ndarray  # float32 [n, d]
+    predictions: np.ndarray  # int64 [n]
+    timings: StageTimings = field(default_factory=StageTimings)
+    sampled_edges: int = 0
+
+
+@dataclass(frozen=True)
+class QueueLoad:
+    """A pipeline's load as the router sees it."""
+
+    depth: int  # batches queued or running
+    workers: int

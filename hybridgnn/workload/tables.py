@@ -1,0 +1,146 @@
+"""PSGS and FAP by sparse matrix–vector chains (DESIGN §3).
+
+With A the 0/1 sampling adjacency (row i = candidates of i), deg = A·1 and
+r_k = min(deg, l_k)/deg (0 where deg = 0), E_k = diag(r_k)·A:
+
+    PSGS: w = 1; for k = K..1: w = 1 + E_k·w                  (expected sampled nodes with
+                                                               multiplicity, per seed)
+    FAP:  x = a = p0; for k = 1..K: x = E_kᵀ·x; a += x        (expected feature reads of each
+                                                               node per request)
+K SpMVs each, O(K·|E|). Tables are float32 .npy files in <dataset>/workload/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from hybridgnn.graph.store import GraphStore
+
+SEED_KINDS = ("uniform", "degree")
+
+
+def fanout_key(fanouts) -> str:
+    return "-".join(str(int(f)) for f in fanouts)
+
+
+def sampling_matrix(graph: GraphStore) -> sp.csr_matrix:
+    """A as a scipy CSR over the store's own index arrays (no copy of the indices when the
+    edge count fits int32)."""
+    indptr = np.asarray(graph.indptr)
+    indices = np.asarray(graph.indices)
+    if graph.num_edges < 2**31 - 1 and indices.dtype == np.int32:
+        indptr = indptr.astype(np.int32)
+    data = np.ones(graph.num_edges, dtype=np.float32)
+    return sp.csr_matrix((data, indices, indptr), shape=(graph.num_nodes, graph.num_nodes), copy=False)
+
+
+def hop_ratios(degrees: np.ndarray, fanouts) -> list[np.ndarray]:
+    """r_k = min(deg, l_k) / deg per hop, 0 for isolated nodes."""
+    deg = degrees.astype(np.float64)
+    safe = np.where(deg > 0, deg, 1.0)
+    return [np.where(deg > 0, np.minimum(deg, float(l)) / safe, 0.0) for l in fanouts]
+
+
+def compute_psgs(graph: GraphStore, fanouts, *, matrix: sp.csr_matrix | None = None) -> np.ndarray:
+    a = sampling_matrix(graph) if matrix is None else matrix
+    ratios = hop_ratios(graph.degrees(), fanouts)
+    w = np.ones(graph.num_nodes, dtype=np.float64)
+    for r in reversed(ratios):
+        w = 1.0 + r * (a @ w)
+    return w.astype(np.float32)
+
+
+def compute_fap(graph: GraphStore, fanouts, p0: np.ndarray, *, matrix: sp.csr_matrix | None = None) -> np.ndarray:
+    a = sampling_matrix(graph) if matrix is None else matrix
+    at = a.T  # CSC view; no copy
+    ratios = hop_ratios(graph.degrees(), fanouts)
+    x = np.asarray(p0, dtype=np.float64)
+    acc = x.copy()
+    for r in ratios:
+        x = at @ (r * x)
+        acc += x
+    return acc.astype(np.float32)
+
+
+def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, str]:
+    """p0 over nodes and the key it is stored under: 'uniform', 'degree', or a request log
+    (a .npy of node ids, or a text file of whitespace-separated ids) counted per node."""
+    n = graph.num_nodes
+    if kind == "uniform":
+        return np.full(n, 1.0 / n), "uniform"
+    if kind == "degree":
+        deg = graph.degrees().astype(np.float64)
+        total = deg.sum()
+        return (deg / total if total > 0 else np.full(n, 1.0 / n)), "degree"
+    path = Path(kind)
+    if not path.is_file():
+        raise ValueError(f"seed distribution must be one of {SEED_KINDS} or a request-log file; {kind!r} is neither")
+    ids = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.loadtxt(path, dtype=np.int64, ndmin=1)
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size == 0:
+        raise ValueError(f"request log {path} holds no node ids")
+    if ids.min() < 0 or ids.max() >= n:
+        raise ValueError(f"request log {path} has ids outside [0, {n}): [{ids.min()}, {ids.max()}]")
+    counts = np.bincount(ids, minlength=n).astype(np.float64)
+    digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
+    return counts / counts.sum(), f"log-{digest}"
+
+
+@dataclass
+class WorkloadTables:
+    """PSGS and FAP for one dataset, fanouts and seed distribution."""
+
+    fanouts: tuple[int, ...]
+    seed_key: str
+    psgs: np.ndarray
+    fap: np.ndarray
+    build_s: float = 0.0
+
+    def batch_psgs(self, node_ids: np.ndarray) -> float:
+        """A batch's PSGS: the sum over its seeds (O(1) per seed, vectorised)."""
+        return float(self.psgs[node_ids].sum(dtype=np.float64))
+
+    @staticmethod
+    def paths(root: Path, fanouts, seed_key: str) -> tuple[Path, Path]:
+        d = Path(root) / "workload"
+        return d / f"psgs_{fanout_key(fanouts)}.npy", d / f"fap_{fanout_key(fanouts)}_{seed_key}.npy"
+
+    def save(self, root: Path) -> tuple[Path, Path]:
+        psgs_path, fap_path = self.paths(root, self.fanouts, self.seed_key)
+        psgs_path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(psgs_path, self.psgs)
+        np.save(fap_path, self.fap)
+        return psgs_path, fap_path
+
+    @classmethod
+    def build(cls, graph: GraphStore, fanouts, seed: str | Path = "uniform") -> "WorkloadTables":
+        t0 = time.perf_counter()
+        p0, key = seed_distribution(graph, seed)
+        a = sampling_matrix(graph)
+        psgs = compute_psgs(graph, fanouts, matrix=a)
+        fap = compute_fap(graph, fanouts, p0, matrix=a)
+        return cls(tuple(fanouts), key, psgs, fap, time.perf_counter() - t0)
+
+    @classmethod
+    def load_or_build(cls, graph: GraphStore, fanouts, seed: str | Path = "uniform", *, save: bool = True) -> "WorkloadTables":
+        """Load the tables stored beside the dataset, building (and saving) them when absent."""
+        _, key = seed_distribution(graph, seed) if seed not in SEED_KINDS else (None, str(seed))
+        psgs_path, fap_path = cls.paths(graph.root, fanouts, key)
+        if psgs_path.is_file() and fap_path.is_file():
+            psgs = np.load(psgs_path, mmap_mode="r")
+            fap = np.load(fap_path, mmap_mode="r")
+            if psgs.shape == (graph.num_nodes,) and fap.shape == (graph.num_nodes,):
+                return cls(tuple(fanouts), key, psgs, fap)
+        tables = cls.build(graph, fanouts, seed)
+        if save:
+            try:
+                tables.save(graph.root)
+            except OSError:
+                pass  # a read-only dataset directory still serves, just without the cache
+        return tables
