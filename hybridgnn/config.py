@@ -130,6 +130,7 @@ class ServerConfig:
     max_request_nodes: int = 8192
     max_body_bytes: int = 16 * 1024 * 1024
     drain_timeout_s: float = 30.0
+    shutdown_grace_s: float = 0.5
     retry_after_s: int = 1
 
     def __post_init__(self):
@@ -141,6 +142,8 @@ class ServerConfig:
             raise ValueError(f"model_name must be non-empty without '/', got {self.model_name!r}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if not 0 <= self.shutdown_grace_s <= 60:
+            raise ValueError(f"shutdown_grace_s must be within [0, 60], got {self.shutdown_grace_s}")
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--psgs-threshold", type=float, default=env_default("PSGS_THRESHOLD", float("inf"), float),
                    help="batches with PSGS below go to CPU (only CPU exists in this build)")
     p.add_argument("--drain-timeout-s", type=float, default=env_default("DRAIN_TIMEOUT_S", 30.0, float))
+    p.add_argument("--shutdown-grace-s", type=float, default=env_default("SHUTDOWN_GRACE_S", 0.5, float),
+                   help="after draining, keep answering 503 this long before closing the listener")
     p.add_argument("--seed", type=int, default=env_default("SEED", 0, int), help="sampling seed")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     p.set_defaults(run=run)
@@ -70,7 +72,8 @@ def build_config(args) -> ServeConfig:
         cpu_pipeline=PipelineConfig(name="cpu", device="cpu", workers=args.workers),
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
-                            max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s),
+                            max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,
+                            shutdown_grace_s=args.shutdown_grace_s),
     )
 
 

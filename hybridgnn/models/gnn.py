@@ -3,7 +3,8 @@ operations (activation, dropout) between them.
 
 forward() takes a sampled subgraph in PyG's hop order and trims it per layer: layer i
 (of L) only needs targets within L-i-1 hops of the seeds and the edges into them, which
-are prefixes of the node and edge arrays. The layer stack is exposed (`layer`) so
+are prefixes of the node and edge arrays (SAGE, GAT; GCN's degree normalisation needs
+the whole sample, so it is not trimmed). The layer stack is exposed (`layer`) so
 layer-wise inference can run one layer over all nodes at a time.
 """
 
@@ -99,6 +100,13 @@ class GNN(nn.Module):
         cum_edges = [sum(edges[:k]) for k in range(len(edges) + 1)]
         depth = self.num_layers
         x = x[: cum_nodes[depth]]
+        if not self._bipartite:
+            # GCN normalises by in-subgraph degree; dropping outer edges would change the
+            # degrees of inner nodes, so it runs every layer on the whole sample.
+            edge_index = edge_index[:, : cum_edges[depth]]
+            for i in range(self.num_layers):
+                x = self.layer(i, x, edge_index, x.shape[0])
+            return x[: cum_nodes[0]]
         for i in range(self.num_layers):
             remaining = depth - i  # this layer's targets lie within remaining-1 hops
             x = self.layer(i, x, edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1])

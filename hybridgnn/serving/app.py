@@ -143,9 +143,15 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=tel.exposition(), headers={"Content-Type": tel.content_type})
 
 
+async def _close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+    if request.app[ENGINE_KEY].draining:
+        response.force_close()  # sends "Connection: close": the next request opens a new connection
+
+
 def build_app(engine: Engine) -> web.Application:
     app = web.Application(middlewares=[errors_as_json], client_max_size=engine.cfg.server.max_body_bytes)
     app[ENGINE_KEY] = engine
+    app.on_response_prepare.append(_close_when_draining)
     r = app.router
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)

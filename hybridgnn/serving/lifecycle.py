@@ -1,8 +1,9 @@
 """Process lifecycle: start the engine and HTTP server, drain on SIGTERM/SIGINT, exit 0.
 
 On a stop signal the server keeps listening so the load balancer sees ready=503 while
-admitted requests finish; new requests get 503 with Retry-After. Once drained (or after
-drain_timeout_s) the listener closes and the workers end.
+admitted requests finish; new requests get 503 with Retry-After and every response
+carries "Connection: close". Once drained (or after drain_timeout_s) and a short grace
+(shutdown_grace_s), the listener closes and the workers end.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     engine = Engine(cfg)
     await engine.start()
     app = build_app(engine)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # Idle keep-alive connections must not hold the process after the drain.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=cfg.server.shutdown_grace_s + 1)
     await runner.setup()
     site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True)
     await site.start()
@@ -41,6 +43,9 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     await stop.wait()
     log.info("stop signal: draining %d pending requests", engine.pending)
     drained = await engine.drain(cfg.server.drain_timeout_s)
+    # Keep listening a moment: clients on keep-alive connections get a 503 with
+    # "Connection: close" instead of a reset, and the balancer sees ready=503.
+    await asyncio.sleep(cfg.server.shutdown_grace_s)
     await runner.cleanup()
     await engine.stop()
     log.info("stopped (%s)", "drained" if drained else "drain timed out")

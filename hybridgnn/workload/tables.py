@@ -81,8 +81,16 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     path = Path(kind)
     if not path.is_file():
         raise ValueError(f"seed distribution must be one of {SEED_KINDS} or a request-log file; {kind!r} is neither")
-    ids = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.loadtxt(path, dtype=np.int64, ndmin=1)
-    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if path.suffix == ".npy":
+        ids = np.asarray(np.load(path, allow_pickle=False)).reshape(-1)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ValueError(f"request log {path} must hold integer node ids, got {ids.dtype}")
+    else:
+        try:
+            ids = np.array(path.read_text().split(), dtype=np.int64)
+        except ValueError as exc:
+            raise ValueError(f"request log {path} must hold whitespace-separated integer node ids: {exc}") from exc
+    ids = ids.astype(np.int64, copy=False)
     if ids.size == 0:
         raise ValueError(f"request log {path} holds no node ids")
     if ids.min() < 0 or ids.max() >= n:

@@ -1,0 +1,52 @@
+"""Start `hybridgnn serve` as a real subprocess and wait (by polling) until it is ready."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from tests.conftest import free_port
+
+
+class ServerProcess:
+    def __init__(self, dataset, model, *extra: str, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve",
+               "--dataset", str(dataset), "--model", str(model), "--port", str(self.port), *extra]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> "ServerProcess":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)  # poll interval, bounded by the deadline above
+        self.stop()
+        raise TimeoutError(f"server not ready within {timeout_s}s:\n{self.output()}")
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

@@ -1,0 +1,212 @@
+"""The real server as a subprocess on 127.0.0.1, driven by plain HTTP and by tritonclient."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from hybridgnn.graph.store import GraphStore
+from tests.integration.server import ServerProcess
+
+MODEL = "hybridgnn"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dataset, tiny_model):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--workers", "2", "--max-request-nodes", "512").wait_ready()
+    yield srv
+    assert srv.stop() == 0
+
+
+def infer_json(url, ids, **kw):
+    body = {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": list(ids)}], **kw}
+    return requests.post(f"{url}/v2/models/{MODEL}/infer", json=body, timeout=30)
+
+
+def test_health_and_metadata(server, tiny_dataset):
+    graph = GraphStore.open(tiny_dataset)
+    assert requests.get(server.url + "/v2/health/live").json() == {"live": True}
+    assert requests.get(server.url + "/v2/health/ready").status_code == 200
+    assert requests.get(server.url + "/v2").json()["name"] == "hybridgnn"
+    models = requests.get(server.url + "/v2/models").json()["models"]
+    assert models == [{"name": MODEL, "versions": ["1"], "ready": True}]
+    meta = requests.get(f"{server.url}/v2/models/{MODEL}").json()
+    params = meta["parameters"]
+    assert params["num_nodes"] == graph.num_nodes and params["feature_dim"] == graph.feature_dim
+    assert params["fanouts"] == [5, 3] and params["model_kind"] == "sage"
+    assert requests.get(f"{server.url}/v2/models/{MODEL}/ready").status_code == 200
+    assert requests.get(f"{server.url}/v2/models/{MODEL}/versions/1/ready").status_code == 200
+
+
+def test_json_inference(server, tiny_dataset):
+    r = infer_json(server.url, [0, 5, 5, 17], id="req-1")
+    assert r.status_code == 200, r.text
+    out = {o["name"]: o for o in r.json()["outputs"]}
+    assert r.json()["id"] == "req-1"
+    assert out["embeddings"]["shape"] == [4, 4] and out["embeddings"]["datatype"] == "FP32"
+    emb = np.array(out["embeddings"]["data"]).reshape(4, 4)
+    assert out["predictions"]["data"] == emb.argmax(1).tolist()
+
+
+def test_predictions_are_accurate(server, tiny_dataset, tiny_model):
+    graph = GraphStore.open(tiny_dataset)
+    trained = json.loads((tiny_model / "config.json").read_text())["metrics"]["test_acc"]
+    test_ids = np.flatnonzero(np.asarray(graph.masks["test_mask"]))[:400]
+    r = infer_json(server.url, test_ids.tolist())
+    pred = np.array({o["name"]: o for o in r.json()["outputs"]}["predictions"]["data"])
+    served = (pred == np.asarray(graph.labels)[test_ids]).mean()
+    assert served > 0.6 and served > trained - 0.08  # 4 classes: chance is 0.25
+
+
+def test_tritonclient_binary_and_json(server):
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    meta = client.get_model_metadata(MODEL)
+    assert meta["inputs"][0]["name"] == "node_ids"
+    ids = np.array([1, 2, 3, 4, 5, 6], dtype=np.int64)
+    for binary in (True, False):
+        inp = httpclient.InferInput("node_ids", [len(ids)], "INT64")
+        inp.set_data_from_numpy(ids, binary_data=binary)
+        outs = [httpclient.InferRequestedOutput("embeddings", binary_data=binary),
+                httpclient.InferRequestedOutput("predictions", binary_data=binary)]
+        res = client.infer(MODEL, [inp], outputs=outs)
+        emb, pred = res.as_numpy("embeddings"), res.as_numpy("predictions")
+        assert emb.shape == (6, 4) and emb.dtype == np.float32
+        assert pred.tolist() == emb.argmax(1).tolist()
+    res = client.infer(MODEL, [inp])  # no outputs named: all outputs, binary
+    assert res.as_numpy("predictions").shape == (6,)
+    with pytest.raises(Exception, match="unknown model"):
+        client.infer("nope", [inp])
+
+
+@pytest.mark.parametrize("send, status, match", [
+    (lambda u: requests.post(f"{u}/v2/models/{MODEL}/infer", data=b"{oops", timeout=10), 400, "not valid JSON"),
+    (lambda u: requests.post(f"{u}/v2/models/other/infer", json={}, timeout=10), 404, "unknown model"),
+    (lambda u: requests.get(f"{u}/v2/models/other", timeout=10), 404, "unknown model"),
+    (lambda u: requests.post(f"{u}/v2/models/{MODEL}/infer", json={"inputs": [
+        {"name": "node_ids", "shape": [1], "datatype": "FP32", "data": [1.0]}]}, timeout=10), 400, "datatype"),
+    (lambda u: requests.post(f"{u}/v2/models/{MODEL}/infer", json={"inputs": [
+        {"name": "node_ids", "shape": [3], "datatype": "INT64", "data": [1]}]}, timeout=10), 400, "shape"),
+    (lambda u: infer_json(u, [-3]), 400, ">= 0"),
+    (lambda u: infer_json(u, [10**9]), 400, "out of range"),
+    (lambda u: infer_json(u, []), 400, "empty"),
+    (lambda u: infer_json(u, list(range(513))), 400, "at most 512"),
+    (lambda u: requests.get(f"{u}/v2/nothing", timeout=10), 404, "no such endpoint"),
+    (lambda u: requests.get(f"{u}/v2/models/{MODEL}/infer", timeout=10), 405, "not allowed"),
+    (lambda u: requests.post(f"{u}/v2/models/{MODEL}/infer", data=b"x" * (17 * 2**20), timeout=30), 413, "too large"),
+])
+def test_bad_input_gets_json_error(server, send, status, match):
+    r = send(server.url)
+    assert r.status_code == status, r.text
+    assert match in r.json()["error"]
+    assert infer_json(server.url, [1]).status_code == 200  # still serving
+
+
+def test_metrics_exposition(server):
+    for _ in range(5):
+        infer_json(server.url, [1, 2, 3])
+    text = requests.get(server.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    stages = {s.labels["stage"] for s in families["hybridgnn_stage_seconds"].samples if "stage" in s.labels}
+    assert {"queue_wait", "batching", "sample", "gather", "compute", "respond", "total"} <= stages
+    codes = {s.labels["code"]: s.value for s in families["hybridgnn_requests"].samples
+             if s.name == "hybridgnn_requests_total"}
+    assert codes["200"] >= 5
+    for name in ("hybridgnn_batch_size_seeds", "hybridgnn_batch_psgs", "hybridgnn_queue_depth_batches",
+                 "hybridgnn_routing_decisions", "hybridgnn_pending_requests"):
+        assert name in families, name
+    routed = [s for s in families["hybridgnn_routing_decisions"].samples if s.name.endswith("_total")]
+    assert routed and routed[0].labels == {"pipeline": "cpu", "reason": "only"}
+
+
+def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
+    # One request in flight at most and a long batching window: of several simultaneous
+    # requests, those beyond the first are refused with 429, and every admitted one answered.
+    srv = ServerProcess(tiny_dataset, tiny_model, "--max-pending", "1", "--max-wait-ms", "400",
+                        "--max-batch-seeds", "100000").wait_ready()
+    try:
+        barrier = threading.Barrier(6)
+        responses, lock = [], threading.Lock()
+
+        def one(i):
+            barrier.wait()
+            r = infer_json(srv.url, [i])
+            with lock:
+                responses.append(r)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        statuses = sorted(r.status_code for r in responses)
+        assert len(statuses) == 6 and set(statuses) <= {200, 429}, statuses
+        assert statuses.count(200) >= 1 and statuses.count(429) >= 1, statuses
+        refused = next(r for r in responses if r.status_code == 429)
+        assert int(refused.headers["Retry-After"]) >= 1 and "overloaded" in refused.json()["error"]
+    finally:
+        assert srv.stop() == 0
+
+
+def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20").wait_ready()
+    outcomes, lock = [], threading.Lock()
+    stop_clients = threading.Event()
+
+    def client(seed):
+        rng = np.random.default_rng(seed)
+        session = requests.Session()
+        while not stop_clients.is_set():
+            ids = rng.integers(0, 3000, size=8).tolist()
+            try:
+                r = infer_json_session(session, srv.url, ids)
+                outcome = (r.status_code, r.json())
+            except requests.ConnectionError as exc:
+                outcome = ("conn", str(exc))
+            except requests.Timeout as exc:
+                outcome = ("timeout", f"{time.monotonic() - t_start:.2f}s after start, sigterm at {sigterm_at}: {exc}")
+            with lock:
+                outcomes.append(outcome)
+            if outcome[0] in ("conn", "timeout"):
+                return
+
+    t_start = time.monotonic()
+    sigterm_at = []
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(outcomes) < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sigterm_at.append(time.monotonic() - t_start)
+    srv.proc.send_signal(signal.SIGTERM)
+    code = srv.proc.wait(60)
+    stop_clients.set()
+    for t in threads:
+        t.join(30)
+    assert code == 0, srv.output()
+    statuses = [o[0] for o in outcomes]
+    assert statuses.count(200) >= 50
+    # Every answer is a success or a clean "shutting down" refusal; the only transport
+    # errors are refused connections after the listener closed (never a reset mid-request).
+    for status, payload in outcomes:
+        if status == 200:
+            assert len(payload["outputs"][1]["data"]) == 8
+        elif status == 503:
+            assert "shutting down" in payload["error"]
+        else:
+            assert status == "conn" and ("refused" in payload.lower() or "Connection aborted" in payload), payload
+
+
+def infer_json_session(session, url, ids):
+    body = {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]}
+    return session.post(f"{url}/v2/models/{MODEL}/infer", data=json.dumps(body), timeout=30)

@@ -1,0 +1,75 @@
+import asyncio
+import time
+
+import numpy as np
+
+from hybridgnn.config import BatcherConfig
+from hybridgnn.serving.batcher import MicroBatcher
+from hybridgnn.types import InferenceRequest
+
+
+def make_request(n, loop):
+    return InferenceRequest(node_ids=np.arange(n, dtype=np.int64), future=loop.create_future(),
+                            arrival_s=time.perf_counter())
+
+
+async def collect(cfg, sizes, capacity=lambda: True, settle_s=0.05):
+    batches = []
+    b = MicroBatcher(cfg, batches.append, capacity)
+    task = asyncio.create_task(b.run())
+    loop = asyncio.get_running_loop()
+    for n in sizes:
+        b.add(make_request(n, loop))
+    deadline = time.perf_counter() + 2
+    while sum(len(x.requests) for x in batches) < len(sizes) and time.perf_counter() < deadline:
+        await asyncio.sleep(settle_s / 10)
+    b.close()
+    await task
+    return batches
+
+
+def test_batches_respect_seed_and_request_limits():
+    cfg = BatcherConfig(max_batch_seeds=10, max_batch_requests=3, max_wait_s=0.01)
+    batches = asyncio.run(collect(cfg, [4, 4, 4, 1, 1, 1, 1, 20]))
+    assert [len(b.requests) for b in batches] == [2, 3, 2, 1]
+    for b in batches:
+        assert b.offsets[-1] == b.num_seeds == sum(len(r.node_ids) for r in b.requests)
+        assert b.num_seeds <= 10 or len(b.requests) == 1  # an oversized request goes alone
+
+
+def test_waits_at_most_max_wait():
+    cfg = BatcherConfig(max_batch_seeds=1000, max_wait_s=0.02)
+
+    async def run():
+        t0 = time.perf_counter()
+        batches = await collect(cfg, [1])
+        return batches, batches[0].closed_s - t0
+
+    batches, waited = asyncio.run(run())
+    assert len(batches) == 1 and 0.015 <= waited < 0.5
+
+
+def test_holds_batches_until_capacity_and_grows_them():
+    cfg = BatcherConfig(max_batch_seeds=100, max_wait_s=0.0)
+
+    async def run():
+        batches = []
+        free = {"ok": False}
+        b = MicroBatcher(cfg, batches.append, lambda: free["ok"])
+        task = asyncio.create_task(b.run())
+        loop = asyncio.get_running_loop()
+        for _ in range(5):
+            b.add(make_request(2, loop))
+            await asyncio.sleep(0.005)
+        assert batches == []  # no capacity: nothing dispatched, requests accumulate
+        free["ok"] = True
+        b.capacity_freed()
+        deadline = time.perf_counter() + 2
+        while not batches and time.perf_counter() < deadline:
+            await asyncio.sleep(0.001)
+        b.close()
+        await task
+        return batches
+
+    batches = asyncio.run(run())
+    assert len(batches[0].requests) == 5

@@ -1,0 +1,45 @@
+import json
+
+import numpy as np
+import pytest
+
+from hybridgnn.cli.main import build_parser, main
+
+
+def test_every_command_has_help(capsys):
+    for cmd in (["serve"], ["dataset", "generate", "powerlaw"], ["dataset", "generate", "csbm"],
+                ["dataset", "import"], ["dataset", "info"], ["workload", "build"], ["train"], ["bench"]):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args(cmd + ["--help"])
+        assert info.value.code == 0
+        assert "usage: hybridgnn" in capsys.readouterr().out
+
+
+def test_generate_build_train_info(tmp_path, capsys):
+    data = tmp_path / "g"
+    assert main(["dataset", "generate", "csbm", "--out", str(data), "--num-nodes", "600", "--num-classes", "3",
+                 "--feature-dim", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_nodes"] == 600
+    assert main(["workload", "build", "--dataset", str(data), "--fanouts", "4,2", "--seeds", "degree"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fap"].endswith("fap_4-2_degree.npy") and out["psgs_mean"] > 1
+    assert main(["train", "--dataset", str(data), "--out", str(tmp_path / "m"), "--epochs", "1",
+                 "--fanouts", "4,2", "--hidden-dim", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == str(tmp_path / "m")
+    assert main(["dataset", "info", str(data), "--full"]) == 0
+    assert json.loads(capsys.readouterr().out)["labelled"] is True
+
+
+def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    assert main(["dataset", "info", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "not a hybridgnn dataset" in err
+    assert main(["workload", "build", "--dataset", str(tmp_path), "--fanouts", "0"]) == 2
+    assert main(["serve", "--dataset", str(tmp_path)]) == 2
+    assert "give both --dataset and --model" in capsys.readouterr().err
+
+
+def test_import_command(tmp_path, capsys):
+    np.savez(tmp_path / "e.npz", edge_index=np.array([[0, 1, 2], [1, 2, 0]]))
+    assert main(["dataset", "import", str(tmp_path / "e.npz"), "--out", str(tmp_path / "d"), "--undirected"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_edges"] == 6

@@ -1,0 +1,85 @@
+import json
+
+import numpy as np
+import pytest
+
+from hybridgnn.serving.codec import HEADER_LENGTH, RequestError, decode_infer_request, encode_infer_response
+
+
+def decode(obj, header=None, body=None, max_nodes=100, num_nodes=50):
+    raw = body if body is not None else json.dumps(obj).encode()
+    return decode_infer_request(raw, header, max_nodes=max_nodes, num_nodes=num_nodes)
+
+
+def req(data, shape=None, datatype="INT64", **extra):
+    return {"inputs": [{"name": "node_ids", "shape": shape if shape is not None else [len(data)],
+                        "datatype": datatype, "data": data}], **extra}
+
+
+def test_json_request():
+    r = decode(req([1, 2, 3], id="abc"))
+    assert r.node_ids.tolist() == [1, 2, 3] and r.node_ids.dtype == np.int64
+    assert r.request_id == "abc" and r.outputs == {"embeddings": False, "predictions": False}
+    assert decode(req([[4, 5]], shape=[1, 2])).node_ids.tolist() == [4, 5]
+
+
+def test_binary_request_and_outputs():
+    ids = np.array([3, 4, 49], dtype="<i8")
+    header = json.dumps({"inputs": [{"name": "node_ids", "shape": [3], "datatype": "INT64",
+                                     "parameters": {"binary_data_size": 24}}],
+                         "outputs": [{"name": "predictions", "parameters": {"binary_data": True}}]}).encode()
+    r = decode(None, header=str(len(header)), body=header + ids.tobytes())
+    assert r.node_ids.tolist() == [3, 4, 49] and r.outputs == {"predictions": True}
+
+
+@pytest.mark.parametrize("body, match", [
+    (b"{not json", "not valid JSON"),
+    (b"", "empty"),
+    (b"[1]", "JSON object"),
+    (json.dumps({"inputs": []}).encode(), "non-empty 'inputs'"),
+    (json.dumps(req([1], datatype="FP32")).encode(), "datatype INT64"),
+    (json.dumps(req([1.5], datatype="INT64")).encode(), "integers only"),
+    (json.dumps(req([1, 2], shape=[3])).encode(), "holds 2"),
+    (json.dumps(req([1, 2], shape=[2, 2])).encode(), "1-D"),
+    (json.dumps(req([1], shape="x")).encode(), "shape"),
+    (json.dumps(req([-1])).encode(), ">= 0"),
+    (json.dumps(req([50])).encode(), "out of range"),
+    (json.dumps(req([])).encode(), "empty"),
+    (json.dumps(req(list(range(101)))).encode(), "at most 100"),
+    (json.dumps(req(["a"])).encode(), "integers only"),
+    (json.dumps(req([2**70])).encode(), "integers"),
+    (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}]}).encode(), "unknown input"),
+    (json.dumps({**req([1]), "outputs": [{"name": "logits"}]}).encode(), "unknown output"),
+    (json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64"}]}).encode(), "neither 'data'"),
+])
+def test_bad_requests(body, match):
+    with pytest.raises(RequestError, match=match) as info:
+        decode(None, body=body)
+    assert info.value.status == 400
+
+
+def test_bad_binary_sizes():
+    header = json.dumps({"inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64",
+                                     "parameters": {"binary_data_size": 8}}]}).encode()
+    with pytest.raises(RequestError, match="needs 16 bytes"):
+        decode(None, header=str(len(header)), body=header + b"\0" * 8)
+    with pytest.raises(RequestError, match="does not fit"):
+        decode(None, header="99999", body=header)
+    with pytest.raises(RequestError, match="integer"):
+        decode(None, header="x", body=header)
+
+
+def test_encode_json_and_binary():
+    emb = np.arange(6, dtype=np.float32).reshape(3, 2)
+    pred = np.array([1, 0, 1], dtype=np.int64)
+    body, headers = encode_infer_response("m", "7", {"embeddings": emb, "predictions": pred},
+                                          {"embeddings": False, "predictions": False})
+    out = json.loads(body)
+    assert out["id"] == "7" and out["outputs"][0]["shape"] == [3, 2]
+    assert out["outputs"][0]["data"] == emb.reshape(-1).tolist()
+    body, headers = encode_infer_response("m", None, {"embeddings": emb, "predictions": pred},
+                                          {"embeddings": True, "predictions": False})
+    hlen = int(headers[HEADER_LENGTH])
+    head = json.loads(body[:hlen])
+    assert head["outputs"][0]["parameters"]["binary_data_size"] == 24
+    assert np.array_equal(np.frombuffer(body[hlen:], dtype="<f4").reshape(3, 2), emb)

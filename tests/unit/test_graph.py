@@ -1,0 +1,150 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.graph.csr import coo_to_csr
+from hybridgnn.graph.generate import generate_csbm, generate_powerlaw
+from hybridgnn.graph.importers import import_graph
+from hybridgnn.graph.store import DatasetError, GraphStore, write_dataset
+
+
+def test_coo_to_csr_dedups_sorts_and_counts():
+    rows = np.array([0, 0, 0, 2, 2, 1, 1], dtype=np.int64)
+    cols = np.array([2, 1, 2, 0, 2, 1, 0], dtype=np.int64)
+    indptr, indices = coo_to_csr([rows], [cols], 3, dedup=True, drop_self_loops=True)
+    assert indptr.tolist() == [0, 2, 3, 4]
+    assert indices.tolist() == [1, 2, 0, 0]
+    assert indices.dtype == np.int32
+    indptr, indices = coo_to_csr([rows[:3], rows[3:]], [cols[:3], cols[3:]], 3, dedup=False)
+    assert indptr[-1] == 7
+
+
+def test_coo_to_csr_rejects_out_of_range():
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        coo_to_csr([np.array([0, 5])], [np.array([1, 1])], 3)
+
+
+def test_roundtrip_and_mmap(tmp_path):
+    indptr = np.array([0, 1, 3, 3])
+    indices = np.array([1, 0, 2], dtype=np.int32)
+    feats = np.arange(6, dtype=np.float32).reshape(3, 2)
+    write_dataset(tmp_path / "d", indptr=indptr, indices=indices, features=feats, labels=np.array([0, 1, 1]),
+                  masks={"train_mask": np.array([True, False, True])})
+    g = GraphStore.open(tmp_path / "d", validate="full")
+    assert isinstance(g.features, np.memmap)
+    assert (g.num_nodes, g.num_edges, g.feature_dim, g.num_classes) == (3, 3, 2, 2)
+    assert g.degrees().tolist() == [1, 2, 0]
+    assert g.describe()["isolated_nodes"] == 1
+    assert len(g.fingerprint) == 16
+
+
+def _write_bad(tmp_path, **override):
+    arrays = dict(indptr=np.array([0, 1, 2]), indices=np.array([1, 0], dtype=np.int32),
+                  features=np.zeros((2, 3), np.float32))
+    root = tmp_path / "bad"
+    write_dataset(root, **arrays)
+    for name, value in override.items():
+        np.save(root / f"{name}.npy", value)
+    return root
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"features": np.zeros((3, 3), np.float32)}, "features must be"),
+    ({"features": np.zeros((2, 3), np.float64)}, "float32"),
+    ({"indptr": np.array([0, 1, 5])}, "end at len"),
+    ({"labels": np.zeros(5, np.int64)}, "labels must be"),
+    ({"train_mask": np.zeros(2, np.int64)}, "train_mask must be bool"),
+])
+def test_validation_errors_are_clear(tmp_path, override, match):
+    root = _write_bad(tmp_path, **override)
+    with pytest.raises(DatasetError, match=match):
+        GraphStore.open(root)
+
+
+def test_full_validation_catches_bad_indices(tmp_path):
+    root = _write_bad(tmp_path, indices=np.array([1, 7], dtype=np.int32))
+    GraphStore.open(root)  # quick validation does not read every index
+    with pytest.raises(DatasetError, match=r"indices must lie in \[0, 2\)"):
+        GraphStore.open(root, validate="full")
+
+
+def test_missing_dataset(tmp_path):
+    with pytest.raises(DatasetError, match="not a hybridgnn dataset"):
+        GraphStore.open(tmp_path / "nope")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "meta.json").write_text("{not json")
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        GraphStore.open(tmp_path / "x")
+
+
+def test_powerlaw_is_skewed_symmetric_and_deduplicated(tmp_path):
+    generate_powerlaw(tmp_path / "pl", num_nodes=5000, avg_degree=20, feature_dim=8, seed=3)
+    g = GraphStore.open(tmp_path / "pl", validate="full")
+    deg = g.degrees()
+    assert 15 < deg.mean() <= 20
+    assert deg.max() > 10 * deg.mean()  # heavy tail
+    indptr, indices = np.asarray(g.indptr), np.asarray(g.indices)
+    rows = np.repeat(np.arange(g.num_nodes), deg)
+    assert not np.any(rows == indices)  # no self-loops
+    pairs = set(zip(rows.tolist(), indices.tolist()))
+    assert len(pairs) == g.num_edges  # no duplicates
+    assert all((c, r) in pairs for r, c in list(pairs)[:2000])  # symmetric
+    assert g.features.shape == (5000, 8) and g.features.dtype == np.float32
+
+
+def test_csbm_is_labelled_and_homophilous(tmp_path):
+    generate_csbm(tmp_path / "c", num_nodes=4000, num_classes=4, feature_dim=8, homophily=0.8, seed=2)
+    g = GraphStore.open(tmp_path / "c", validate="full")
+    labels = np.asarray(g.labels)
+    rows = np.repeat(np.arange(g.num_nodes), g.degrees())
+    same = (labels[rows] == labels[np.asarray(g.indices)]).mean()
+    assert same > 0.7  # far above the 0.25 of a random graph
+    masks = g.masks
+    total = masks["train_mask"].astype(int) + masks["val_mask"] + masks["test_mask"]
+    assert np.all(total == 1)
+    # Features carry the class: class means differ more than noise allows by chance.
+    means = np.stack([np.asarray(g.features)[labels == c].mean(0) for c in range(4)])
+    assert np.linalg.norm(means[0] - means[1]) > 0.2
+
+
+def test_import_pyg_data(tmp_path):
+    from torch_geometric.data import Data
+
+    data = Data(x=torch.randn(4, 3), edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]), y=torch.tensor([0, 1, 0, 1]))
+    torch.save(data, tmp_path / "g.pt")
+    import_graph(tmp_path / "g.pt", tmp_path / "out")
+    g = GraphStore.open(tmp_path / "out", validate="full")
+    # PyG edge (s, t): t aggregates from s, so row t lists s.
+    assert np.asarray(g.indices)[g.indptr[1]:g.indptr[2]].tolist() == [0]
+    assert np.asarray(g.labels).tolist() == [0, 1, 0, 1]
+    assert np.allclose(g.features, data.x.numpy())
+
+
+def test_import_refuses_code_in_pickles(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    (tmp_path / "evil.pt").write_bytes(pickle.dumps({"edge_index": Evil()}))
+    with pytest.raises(DatasetError, match="weights_only"):
+        import_graph(tmp_path / "evil.pt", tmp_path / "out")
+
+
+def test_import_npz_and_edge_list(tmp_path):
+    np.savez(tmp_path / "g.npz", src=np.array([0, 1]), dst=np.array([1, 2]))
+    import_graph(tmp_path / "g.npz", tmp_path / "a", undirected=True, feature_dim=5)
+    g = GraphStore.open(tmp_path / "a", validate="full")
+    assert g.num_nodes == 3 and g.num_edges == 4 and g.feature_dim == 5
+    (tmp_path / "e.txt").write_text("# src dst\n0 1\n1 2\n2 0\n")
+    import_graph(tmp_path / "e.txt", tmp_path / "b")
+    assert GraphStore.open(tmp_path / "b").num_edges == 3
+    (tmp_path / "bad.txt").write_text("0 x\n")
+    with pytest.raises(DatasetError, match="two integer columns"):
+        import_graph(tmp_path / "bad.txt", tmp_path / "c")
+    np.savez(tmp_path / "neg.npz", edge_index=np.array([[0, -1], [1, 0]]))
+    with pytest.raises(DatasetError, match="must lie in"):
+        import_graph(tmp_path / "neg.npz", tmp_path / "d")

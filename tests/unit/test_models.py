@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from hybridgnn.models.gnn import GNN, ModelSpec
+from hybridgnn.models.train import TrainConfig, accuracy, train
+from hybridgnn.sampling.cpu import CPUSampler
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+def test_trimmed_forward_equals_full_forward_on_seeds(skewed_graph, kind):
+    torch.manual_seed(0)
+    model = GNN(ModelSpec(kind, skewed_graph.feature_dim, 8, 3, num_layers=2, heads=2)).eval()
+    sub = CPUSampler(skewed_graph, (4, 3), seed=3).sample(np.array([0, 1, 7, 30]))
+    x = torch.from_numpy(np.asarray(skewed_graph.features)[sub.node_ids])
+    ei = torch.from_numpy(sub.edge_index)
+    seeds = torch.from_numpy(sub.seed_index)
+    with torch.inference_mode():
+        trimmed = model(x, ei, sub.num_sampled_nodes, sub.num_sampled_edges)
+        full = model(x, ei)
+    assert trimmed.shape[0] == sub.num_sampled_nodes[0]
+    torch.testing.assert_close(trimmed[seeds], full[seeds], rtol=1e-4, atol=1e-5)
+
+
+def test_forward_needs_enough_hops(skewed_graph):
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3, num_layers=3)).eval()
+    sub = CPUSampler(skewed_graph, (4, 3)).sample(np.array([0]))
+    with pytest.raises(ValueError, match="2 hops but the model has 3 layers"):
+        model(torch.zeros(sub.num_nodes, skewed_graph.feature_dim), torch.from_numpy(sub.edge_index),
+              sub.num_sampled_nodes, sub.num_sampled_edges)
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match="kind"):
+        ModelSpec("mlp", 4, 8, 2)
+    with pytest.raises(ValueError, match="divisible"):
+        ModelSpec("gat", 4, 6, 2, heads=4)
+
+
+def test_checkpoint_roundtrip_and_errors(tmp_path):
+    model = GNN(ModelSpec("gat", 5, 8, 3, heads=2)).eval()
+    save_checkpoint(model, tmp_path / "m", extra={"fanouts": [3, 2]})
+    loaded, cfg = load_checkpoint(tmp_path / "m")
+    assert cfg["fanouts"] == [3, 2] and loaded.spec == model.spec
+    for a, b in zip(model.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(CheckpointError, match="lacks"):
+        load_checkpoint(tmp_path / "missing")
+    (tmp_path / "m" / "config.json").write_text('{"spec": {"kind": "sage"}}')
+    with pytest.raises(CheckpointError, match="does not describe"):
+        load_checkpoint(tmp_path / "m")
+
+
+def test_weights_only_refuses_pickled_code(tmp_path):
+    import pickle
+
+    model = GNN(ModelSpec("sage", 5, 8, 3))
+    save_checkpoint(model, tmp_path / "m")
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    (tmp_path / "m" / "model.pt").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(CheckpointError, match="cannot load weights"):
+        load_checkpoint(tmp_path / "m")
+
+
+def test_training_learns(tiny_dataset):
+    graph = GraphStore.open(tiny_dataset)
+    model, metrics = train(graph, TrainConfig(kind="gcn", hidden_dim=16, fanouts=(5, 3), epochs=3, batch_size=128), progress=False)
+    chance = 1 / graph.num_classes
+    assert metrics["test_acc"] > chance + 0.3
+    assert accuracy(model, graph, CPUSampler(graph, (5, 3)), "val_mask") > chance + 0.3
+
+
+def test_training_needs_labels(skewed_graph):
+    with pytest.raises(ValueError, match="labelled"):
+        train(skewed_graph, TrainConfig(epochs=1), progress=False)

@@ -1,0 +1,41 @@
+import pytest
+
+from hybridgnn.config import RouterConfig
+from hybridgnn.scheduler.router import Router
+from hybridgnn.types import QueueLoad
+
+IDLE = QueueLoad(depth=0, workers=2)
+BUSY = QueueLoad(depth=10, workers=2)
+
+
+def test_single_pipeline_takes_everything():
+    r = Router(RouterConfig(psgs_threshold=5), ("cpu",))
+    assert r.threshold == float("inf")
+    plan = r.route(1e9, {"cpu": BUSY})
+    assert (plan.pipeline, plan.reason, plan.batch_psgs) == ("cpu", "only", 1e9)
+
+
+def test_threshold_splits_cpu_and_gpu():
+    r = Router(RouterConfig(psgs_threshold=100), ("cpu", "gpu"))
+    assert r.route(99.9, {"cpu": IDLE, "gpu": IDLE}).pipeline == "cpu"
+    assert r.route(100, {"cpu": IDLE, "gpu": IDLE}).pipeline == "gpu"
+
+
+def test_spill_only_when_other_has_slack():
+    r = Router(RouterConfig(psgs_threshold=100), ("cpu", "gpu"))
+    plan = r.route(10, {"cpu": BUSY, "gpu": IDLE})
+    assert (plan.pipeline, plan.reason) == ("gpu", "spill")
+    plan = r.route(10, {"cpu": BUSY, "gpu": BUSY})
+    assert (plan.pipeline, plan.reason) == ("cpu", "threshold")
+
+
+def test_fallback_and_errors():
+    r = Router(RouterConfig(psgs_threshold=1), ("cpu", "gpu"))
+    plan = r.route(5, {"cpu": IDLE, "gpu": IDLE})
+    assert r.fallback(plan).pipeline == "cpu" and r.fallback(plan).reason == "fallback"
+    with pytest.raises(LookupError):
+        r.fallback(r.route(0, {"cpu": IDLE, "gpu": IDLE}))
+    with pytest.raises(ValueError, match="unknown pipeline"):
+        Router(RouterConfig(), ("tpu",))
+    with pytest.raises(ValueError):
+        r.set_threshold(-1)

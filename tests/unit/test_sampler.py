@@ -1,0 +1,89 @@
+import numpy as np
+import pytest
+import torch
+from torch_geometric.nn import SAGEConv
+
+from hybridgnn.sampling.cpu import CPUSampler
+from tests.conftest import make_graph
+
+
+def neighbours(graph, u):
+    return set(np.asarray(graph.indices)[graph.indptr[u]:graph.indptr[u + 1]].tolist())
+
+
+def test_structure_fanouts_and_no_repeats(skewed_graph):
+    sampler = CPUSampler(skewed_graph, (4, 3), seed=1)
+    seeds = np.array([0, 5, 5, 59, 12])
+    for _ in range(50):
+        sub = sampler.sample(seeds)
+        ids, (src, dst) = sub.node_ids, sub.edge_index
+        assert len(set(ids.tolist())) == len(ids)  # unique
+        assert sub.num_sampled_nodes.sum() == len(ids) and sub.num_sampled_edges.sum() == src.size
+        assert ids[sub.seed_index].tolist() == seeds.tolist()
+        assert sub.num_sampled_nodes[0] == 4  # duplicated seed counted once
+        hop_of_edge = np.repeat(np.arange(2), sub.num_sampled_edges)
+        for hop, fanout in enumerate((4, 3)):
+            sel = hop_of_edge == hop
+            targets, counts = np.unique(dst[sel], return_counts=True)
+            lo = sub.num_sampled_nodes[:hop].sum()
+            assert np.all((targets >= lo) & (targets < lo + sub.num_sampled_nodes[hop]))
+            for t, c in zip(targets, counts):
+                u = ids[t]
+                got = ids[src[sel][dst[sel] == t]]
+                assert c == min(len(neighbours(skewed_graph, u)), fanout)
+                assert len(set(got.tolist())) == c  # never repeats a neighbour
+                assert set(got.tolist()) <= neighbours(skewed_graph, u)
+
+
+def test_uniform_inclusion_probabilities(tmp_path):
+    graph = make_graph(tmp_path / "star", [(0, j) for j in range(1, 21)], 21)
+    sampler = CPUSampler(graph, (5,), seed=7)
+    trials = 20000
+    counts = np.zeros(21)
+    for _ in range(trials):
+        sub = sampler.sample(np.array([0]))
+        counts[sub.node_ids[1:]] += 1
+    expected = trials * 5 / 20
+    sd = np.sqrt(trials * 0.25 * 0.75)
+    assert np.all(np.abs(counts[1:] - expected) < 5 * sd)
+    chi2 = (((counts[1:] - expected) ** 2) / expected).sum()
+    assert chi2 < 60  # 19 dof: p < 1e-5 beyond this
+
+
+def test_reproducible_with_seed(skewed_graph):
+    a, b = CPUSampler(skewed_graph, (3, 2), seed=11), CPUSampler(skewed_graph, (3, 2), seed=11)
+    c = CPUSampler(skewed_graph, (3, 2), seed=12)
+    seeds = np.arange(20)
+    sa, sb, sc = a.sample(seeds), b.sample(seeds), c.sample(seeds)
+    assert np.array_equal(sa.node_ids, sb.node_ids) and np.array_equal(sa.edge_index, sb.edge_index)
+    assert not (np.array_equal(sa.node_ids, sc.node_ids) and np.array_equal(sa.edge_index, sc.edge_index))
+
+
+def test_isolated_seed_and_errors(skewed_graph):
+    sampler = CPUSampler(skewed_graph, (3, 2))
+    sub = sampler.sample(np.array([59]))
+    assert sub.node_ids.tolist() == [59] and sub.num_edges == 0
+    with pytest.raises(ValueError, match="lie in"):
+        sampler.sample(np.array([60]))
+    with pytest.raises(ValueError, match="1-D"):
+        sampler.sample(np.zeros((2, 2), dtype=np.int64))
+
+
+def test_pyg_conv_consumes_the_sample(skewed_graph):
+    sub = CPUSampler(skewed_graph, (4, 3)).sample(np.array([0, 1, 2]))
+    x = torch.from_numpy(np.asarray(skewed_graph.features)[sub.node_ids])
+    out = SAGEConv(x.shape[1], 8)(x, torch.from_numpy(sub.edge_index))
+    assert out.shape == (sub.num_nodes, 8)
+
+
+def test_threads_sample_in_parallel_safely(skewed_graph):
+    from concurrent.futures import ThreadPoolExecutor
+
+    samplers = [CPUSampler(skewed_graph, (4, 3), seed=i) for i in range(4)]
+
+    def work(s):
+        return [s.sample(np.arange(30)).num_nodes for _ in range(200)]
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(work, samplers))
+    assert all(len(r) == 200 for r in results)

@@ -1,0 +1,85 @@
+"""PSGS and FAP against Monte-Carlo tree sampling (with multiplicity, as DESIGN §3 defines)."""
+
+import numpy as np
+import pytest
+
+from hybridgnn.workload.tables import WorkloadTables, compute_fap, compute_psgs, seed_distribution
+
+FANOUTS = (4, 3)
+
+
+def monte_carlo(graph, seeds, fanouts, rng):
+    """Expand every sampled node again at the next hop (no dedup): returns the tree size per
+    seed and the feature reads per node, both summed over all seeds."""
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices).astype(np.int64)
+    frontier, owner = seeds.copy(), np.arange(len(seeds))
+    size = np.ones(len(seeds))
+    reads = np.bincount(seeds, minlength=graph.num_nodes).astype(np.float64)
+    for fanout in fanouts:
+        deg = indptr[frontier + 1] - indptr[frontier]
+        total = int(deg.sum())
+        group = np.repeat(np.arange(len(frontier)), deg)
+        starts = np.repeat(np.cumsum(deg) - deg, deg)
+        cand = indices[np.repeat(indptr[frontier], deg) + np.arange(total) - starts]
+        order = np.lexsort((rng.random(total), group))  # random order inside each frontier entry
+        rank = np.arange(total) - starts
+        keep = order[rank < np.repeat(np.minimum(deg, fanout), deg)]
+        frontier, owner = cand[keep], owner[group[keep]]
+        size += np.bincount(owner, minlength=len(seeds))
+        reads += np.bincount(frontier, minlength=graph.num_nodes)
+    return size, reads
+
+
+def test_psgs_matches_monte_carlo(skewed_graph):
+    rng = np.random.default_rng(0)
+    trials = 1500
+    seeds = np.repeat(np.arange(skewed_graph.num_nodes), trials)
+    size, _ = monte_carlo(skewed_graph, seeds, FANOUTS, rng)
+    mc = size.reshape(skewed_graph.num_nodes, trials).mean(1)
+    psgs = compute_psgs(skewed_graph, FANOUTS)
+    assert np.all(psgs[-3:] == 1.0)  # isolated nodes sample nothing
+    np.testing.assert_allclose(psgs, mc, rtol=0.03)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "degree"])
+def test_fap_matches_monte_carlo(skewed_graph, kind):
+    rng = np.random.default_rng(1)
+    p0, key = seed_distribution(skewed_graph, kind)
+    assert key == kind and abs(p0.sum() - 1) < 1e-9
+    requests = 90_000
+    seeds = rng.choice(skewed_graph.num_nodes, size=requests, p=p0)
+    _, reads = monte_carlo(skewed_graph, seeds, FANOUTS, rng)
+    fap = compute_fap(skewed_graph, FANOUTS, p0)
+    mc = reads / requests
+    hot = fap > 0.05
+    np.testing.assert_allclose(fap[hot], mc[hot], rtol=0.03)
+    assert abs(fap.sum() - mc.sum()) / fap.sum() < 0.03
+    # Expected reads per request = expected PSGS of a seed drawn from p0.
+    assert abs(fap.sum() - (p0 * compute_psgs(skewed_graph, FANOUTS)).sum()) < 1e-3
+
+
+def test_seed_distribution_from_request_log(skewed_graph, tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("1 1 2\n3\n")
+    p0, key = seed_distribution(skewed_graph, str(log))
+    assert key.startswith("log-")
+    assert p0[1] == pytest.approx(0.5) and p0[2] == pytest.approx(0.25) and p0[0] == 0
+    np.save(tmp_path / "log.npy", np.array([5, 5]))
+    p0, _ = seed_distribution(skewed_graph, str(tmp_path / "log.npy"))
+    assert p0[5] == 1.0
+    (tmp_path / "bad.txt").write_text("1000\n")
+    with pytest.raises(ValueError, match="outside"):
+        seed_distribution(skewed_graph, str(tmp_path / "bad.txt"))
+    with pytest.raises(ValueError, match="neither"):
+        seed_distribution(skewed_graph, "zipf")
+
+
+def test_tables_save_load_and_batch_lookup(skewed_graph):
+    built = WorkloadTables.load_or_build(skewed_graph, FANOUTS)
+    psgs_path, fap_path = WorkloadTables.paths(skewed_graph.root, FANOUTS, "uniform")
+    assert psgs_path.is_file() and fap_path.is_file()
+    loaded = WorkloadTables.load_or_build(skewed_graph, FANOUTS)
+    assert isinstance(loaded.psgs, np.memmap)
+    np.testing.assert_array_equal(built.psgs, loaded.psgs)
+    ids = np.array([0, 1, 1, 59])
+    assert loaded.batch_psgs(ids) == pytest.approx(float(np.asarray(built.psgs, np.float64)[ids].sum()))
