@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
                          formatter_class=fmt)
     pl.add_argument("--out", type=Path, required=True)
     pl.add_argument("--num-nodes", type=int, default=100_000)
-    pl.add_argument("--avg-degree", type=float, default=20.0, help="directed edges per node before dedup")
+    pl.add_argument("--avg-degree", type=float, default=20.0, help="directed edges per node (after dedup)")
     pl.add_argument("--exponent", type=float, default=2.1, help="degree power-law exponent")
     pl.add_argument("--max-degree", type=int, default=None)
     pl.add_argument("--feature-dim", type=int, default=100)

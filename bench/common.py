@@ -1,0 +1,33 @@
+"""Helpers shared by the benchmark scripts: the machine line and the products-scale graph."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hybridgnn.capabilities import describe_line
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("HYBRIDGNN_BENCH_DATA", ROOT / "data"))
+PRODUCTS = DATA / "products-powerlaw"
+PRODUCTS_ARGS = ["--num-nodes", "2400000", "--avg-degree", "51.5", "--feature-dim", "100", "--seed", "0"]
+
+
+def machine() -> str:
+    return describe_line()
+
+
+def ensure_products(path: Path = PRODUCTS) -> dict:
+    """Generate the ogbn-products-scale power-law graph (once) in a child process and return
+    its wall time and peak RSS; reuse an existing one (times then None)."""
+    if (path / "meta.json").is_file():
+        return {"generate_s": None, "peak_rss_gib": None}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "dataset", "generate",
+                    "powerlaw", "--out", str(path), *PRODUCTS_ARGS], check=True)
+    rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"generate_s": time.perf_counter() - t0, "peak_rss_gib": rss_kib / 2**20}
