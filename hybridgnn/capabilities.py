@@ -13,6 +13,32 @@ HAS_NUMBA: bool = importlib.util.find_spec("numba") is not None
 CPU_COUNT: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def raise_open_file_limit() -> int:
+    """Lift the soft open-files limit to the hard one: a server (or load generator) holds a
+    socket per connection, and 1024 runs out under overload. Returns the limit in force."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        return soft
+    except (ImportError, ValueError, OSError):
+        return -1
+
+
+def run_async(coro):
+    """Run a coroutine to completion on uvloop when present (cheaper per request), else asyncio."""
+    if HAS_UVLOOP:
+        import uvloop
+
+        return uvloop.run(coro)
+    import asyncio
+
+    return asyncio.run(coro)
+
+
 def describe() -> dict:
     """A small, JSON-friendly description of the machine for benchmark and profile reports."""
     import platform

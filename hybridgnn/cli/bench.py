@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 
 
@@ -26,15 +25,18 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from hybridgnn.bench.loadgen import find_max_rate, run_load
+    from hybridgnn.capabilities import raise_open_file_limit, run_async
+
+    raise_open_file_limit()
 
     if args.slo_ms is not None:
-        rate, res = asyncio.run(find_max_rate(args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
+        rate, res = run_async(find_max_rate(args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
                                               nodes_per_request=args.nodes_per_request, start_rate=args.rate,
                                               binary=not args.json_body))
         print(json.dumps({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
                           "result": res.to_dict() if res else None}, indent=2))
         return 0
-    res = asyncio.run(run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
+    res = run_async(run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
                                nodes_per_request=args.nodes_per_request, binary=not args.json_body,
                                seed=args.seed))
     print(json.dumps(res.to_dict(), indent=2))

@@ -14,7 +14,7 @@ import signal
 
 from aiohttp import web
 
-from hybridgnn.capabilities import HAS_UVLOOP
+from hybridgnn.capabilities import raise_open_file_limit, run_async
 from hybridgnn.config import ServeConfig
 from hybridgnn.serving.app import build_app
 from hybridgnn.serving.engine import Engine
@@ -53,8 +53,5 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
 
 
 def run(cfg: ServeConfig) -> int:
-    if HAS_UVLOOP:
-        import uvloop
-
-        return uvloop.run(serve(cfg))
-    return asyncio.run(serve(cfg))
+    raise_open_file_limit()
+    return run_async(serve(cfg))

@@ -57,25 +57,35 @@ class Telemetry:
         self.psgs_threshold = Gauge(
             "hybridgnn_psgs_threshold", "PSGS threshold in force (+Inf: all batches on CPU)", registry=r)
 
+        # labels() hashes and locks on every call; the request path reuses the children.
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels):
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def observe_batch(self, pipeline: str, t: StageTimings, num_seeds: int, num_requests: int,
                       psgs: float, sampled_edges: int) -> None:
-        h = self.stage_seconds
-        h.labels("queue_wait", pipeline).observe(t.queue_wait_s)
-        h.labels("sample", pipeline).observe(t.sample_s)
-        h.labels("gather", pipeline).observe(t.gather_s)
-        h.labels("compute", pipeline).observe(t.compute_s)
-        self.batch_size.labels(pipeline).observe(num_seeds)
-        self.batch_requests.labels(pipeline).observe(num_requests)
-        self.batch_psgs.labels(pipeline).observe(psgs)
-        self.sampled_edges.labels(pipeline).inc(sampled_edges)
+        h, c = self.stage_seconds, self._child
+        c(h, "queue_wait", pipeline).observe(t.queue_wait_s)
+        c(h, "sample", pipeline).observe(t.sample_s)
+        c(h, "gather", pipeline).observe(t.gather_s)
+        c(h, "compute", pipeline).observe(t.compute_s)
+        c(self.batch_size, pipeline).observe(num_seeds)
+        c(self.batch_requests, pipeline).observe(num_requests)
+        c(self.batch_psgs, pipeline).observe(psgs)
+        c(self.sampled_edges, pipeline).inc(sampled_edges)
 
     def observe_stage(self, stage: str, pipeline: str, seconds: float) -> None:
-        self.stage_seconds.labels(stage, pipeline).observe(seconds)
+        self._child(self.stage_seconds, stage, pipeline).observe(seconds)
 
     def count_request(self, code: int, seeds: int = 0) -> None:
-        self.requests.labels(self.model, str(code)).inc()
+        self._child(self.requests, self.model, str(code)).inc()
         if seeds:
-            self.seeds.labels(self.model).inc(seeds)
+            self._child(self.seeds, self.model).inc(seeds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

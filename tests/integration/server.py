@@ -13,11 +13,14 @@ from tests.conftest import free_port
 
 
 class ServerProcess:
-    def __init__(self, dataset, model, *extra: str, port: int | None = None):
+    """`hybridgnn serve --dataset D --model M --port P *extra`; `command` replaces the
+    program (it still gets the same flags), e.g. the naive baseline server in bench/."""
+
+    def __init__(self, dataset, model, *extra: str, port: int | None = None, command: list[str] | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve",
-               "--dataset", str(dataset), "--model", str(model), "--port", str(self.port), *extra]
+        program = command or [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve"]
+        cmd = [*program, "--dataset", str(dataset), "--model", str(model), "--port", str(self.port), *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
 

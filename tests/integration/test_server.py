@@ -210,3 +210,17 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model)
 def infer_json_session(session, url, ids):
     body = {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]}
     return session.post(f"{url}/v2/models/{MODEL}/infer", data=json.dumps(body), timeout=30)
+
+
+def test_bench_command_drives_the_server(server):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "bench", "--url",
+                          server.url, "--rate", "100", "--duration-s", "1", "--nodes-per-request", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["sent"] > 50 and report["ok"] == report["sent"] and report["errors"] == 0
+    assert report["seeds_per_s"] == pytest.approx(3 * report["achieved_rps"])
+    assert 0 < report["p50_ms"] <= report["p99_ms"] <= report["max_ms"]

@@ -83,3 +83,30 @@ def test_encode_json_and_binary():
     head = json.loads(body[:hlen])
     assert head["outputs"][0]["parameters"]["binary_data_size"] == 24
     assert np.array_equal(np.frombuffer(body[hlen:], dtype="<f4").reshape(3, 2), emb)
+
+
+def test_fuzzed_bodies_only_ever_raise_request_error():
+    rng = np.random.default_rng(0)
+    pieces = [None, 1, -1, 2**65, 1.5, "x", [], {}, [1, 2], {"a": 1}, True, "INT64", [[1]], [-1]]
+    for _ in range(2000):
+        if rng.random() < 0.3:
+            body, header = rng.bytes(int(rng.integers(0, 64))), None
+            if rng.random() < 0.3:
+                header = str(int(rng.integers(-5, 80)))
+        else:
+            inp = {k: pieces[int(rng.integers(len(pieces)))] for k in ("name", "shape", "datatype", "data", "parameters")
+                   if rng.random() < 0.8}
+            if rng.random() < 0.5:
+                inp["name"] = "node_ids"
+            doc = {"inputs": [inp] if rng.random() < 0.9 else pieces[int(rng.integers(len(pieces)))]}
+            if rng.random() < 0.3:
+                doc["outputs"] = pieces[int(rng.integers(len(pieces)))]
+            if rng.random() < 0.3:
+                doc["parameters"] = pieces[int(rng.integers(len(pieces)))]
+            body, header = json.dumps(doc).encode(), None
+        try:
+            r = decode_infer_request(body, header, max_nodes=100, num_nodes=50)
+            assert r.node_ids.dtype == np.int64 and 0 < r.node_ids.size <= 100
+            assert r.node_ids.min() >= 0 and r.node_ids.max() < 50
+        except RequestError:
+            pass
