@@ -1,0 +1,86 @@
+"""The engine and app in-process (aiohttp test server): failure paths that are awkward to
+provoke in a subprocess."""
+
+import asyncio
+
+import numpy as np
+from aiohttp.test_utils import TestClient, TestServer
+
+from hybridgnn.config import BatcherConfig, SamplingConfig, ServeConfig
+from hybridgnn.pipelines.executor import BatchExecutor
+from hybridgnn.serving.app import build_app
+from hybridgnn.serving.engine import Engine
+
+
+def body(ids):
+    return {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]}
+
+
+async def with_client(cfg, fn):
+    engine = Engine(cfg)
+    await engine.start()
+    client = TestClient(TestServer(build_app(engine)))
+    await client.start_server()
+    try:
+        return await fn(engine, client)
+    finally:
+        await client.close()
+        await engine.stop()
+
+
+def test_a_failing_batch_answers_500_and_the_server_lives_on(tiny_dataset, tiny_model, monkeypatch):
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
+    real_run = BatchExecutor.run
+    calls = {"n": 0}
+
+    def flaky(self, seeds, timings=None):
+        calls["n"] += 1
+        if seeds.size == 3:  # the poisoned request
+            raise RuntimeError("simulated kernel failure")
+        return real_run(self, seeds, timings)
+
+    async def scenario(engine, client):
+        monkeypatch.setattr(BatchExecutor, "run", flaky)
+        bad = await client.post("/v2/models/hybridgnn/infer", json=body([1, 2, 3]))
+        assert bad.status == 500
+        assert "simulated kernel failure" in (await bad.json())["error"]
+        good = await client.post("/v2/models/hybridgnn/infer", json=body([1, 2]))
+        assert good.status == 200
+        assert engine.pending == 0
+        metrics = await (await client.get("/metrics")).text()
+        assert 'hybridgnn_batch_errors_total{pipeline="cpu"} 1.0' in metrics
+
+    asyncio.run(with_client(cfg, scenario))
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(tiny_dataset, tiny_model):
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
+                      batcher=BatcherConfig(max_wait_s=0.02))
+
+    async def scenario(engine, client):
+        rng = np.random.default_rng(0)
+        requests = [rng.integers(0, 3000, size=int(rng.integers(1, 6))).tolist() for _ in range(40)]
+        responses = await asyncio.gather(*(client.post("/v2/models/hybridgnn/infer", json=body(r))
+                                           for r in requests))
+        for ids, resp in zip(requests, responses):
+            assert resp.status == 200
+            out = {o["name"]: o for o in (await resp.json())["outputs"]}
+            assert out["predictions"]["shape"] == [len(ids)]
+        metrics = await (await client.get("/metrics")).text()
+        count = [line for line in metrics.splitlines() if line.startswith("hybridgnn_batch_requests_count")]
+        assert float(count[0].split()[-1]) < 40  # fewer batches than requests: they were merged
+
+    asyncio.run(with_client(cfg, scenario))
+
+
+def test_mismatched_model_and_dataset_are_refused(tiny_dataset, tiny_model, tmp_path):
+    import pytest
+
+    from hybridgnn.graph.generate import generate_csbm
+    from hybridgnn.serving.engine import ConfigError
+
+    generate_csbm(tmp_path / "other", num_nodes=200, feature_dim=7, seed=0)
+    with pytest.raises(ConfigError, match="expects 16-dim features"):
+        Engine(ServeConfig(dataset_dir=tmp_path / "other", model_dir=tiny_model))
+    with pytest.raises(ConfigError, match="one fanout per layer"):
+        Engine(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5,))))
