@@ -71,14 +71,29 @@ class GNN(nn.Module):
     def num_layers(self) -> int:
         return len(self.convs)
 
-    def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int) -> torch.Tensor:
+    def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
+              gcn_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Layer i on a graph whose first num_targets source rows are the targets; returns the
-        targets' outputs, activation and dropout included (none after the last layer)."""
+        targets' outputs, activation and dropout included (none after the last layer).
+
+        gcn_weight (GCN only): normalised edge weights, self-loops included in edge_index,
+        computed from whole-graph degrees; the layer then skips PyG's in-subgraph
+        normalisation, so a 1-hop block gives exactly the whole-graph result."""
         conv = self.convs[i]
-        if self._bipartite:
+        if gcn_weight is not None:
+            if self.spec.kind != "gcn":
+                raise ValueError("gcn_weight applies to GCN layers only")
+            out = conv.propagate(edge_index, x=conv.lin(x_src), edge_weight=gcn_weight)[:num_targets]
+            if conv.bias is not None:
+                out = out + conv.bias
+        elif self._bipartite:
             out = conv((x_src, x_src[:num_targets]), edge_index, size=(x_src.shape[0], num_targets))
         else:
             out = conv(x_src, edge_index)[:num_targets]
+        return self.between_layers(i, out)
+
+    def between_layers(self, i: int, out: torch.Tensor) -> torch.Tensor:
+        """The per-node operations after layer i (none after the last)."""
         if i < self.num_layers - 1:
             out = F.relu(out)
             out = F.dropout(out, p=self.spec.dropout, training=self.training)

@@ -1,0 +1,191 @@
+"""Layer-wise full-graph inference (DGI): layer by layer, all nodes in large batches, each
+batch needing only its targets' 1-hop inputs and the previous layer's outputs.
+
+Equals node-wise inference over full neighbourhoods: SAGE and GAT layers take the
+(source, target) block directly; GCN gets its normalisation from whole-graph degrees
+(PyG's gcn_norm: deg = in-degree + 1) instead of the block's. Outputs go to memory-mapped
+arrays; progress is checkpointed after each batch, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir, mark_complete, write_state
+from hybridgnn.features.store import host_tensor
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.gnn import GNN
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": np.float32, "float16": np.float16}
+ORDERS = ("natural", "rcm")
+
+
+@dataclass(frozen=True)
+class PrecomputeConfig:
+    batch_size: int = 16384  # targets per batch to start with; adapts
+    max_batch_size: int = 1 << 20
+    dtype: str = "float32"
+    device: str = "cpu"
+    order: str = "natural"  # "rcm": reverse Cuthill-McKee, so a batch's targets share inputs
+    memory_budget_bytes: int = 0  # 0: a quarter of available memory (host) or of free GPU memory
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.max_batch_size < self.batch_size:
+            raise ValueError(f"need 1 <= batch_size <= max_batch_size, got {self.batch_size}, {self.max_batch_size}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+
+
+def block_inputs(graph: GraphStore, targets: np.ndarray, scratch: np.ndarray):
+    """The 1-hop block of `targets`: (sources, edge_index) with sources[:T] == targets and
+    edge_index local (row 0 source, row 1 target). `scratch` is an all -1 int64 [N] array,
+    restored before returning."""
+    indptr = np.asarray(graph.indptr)
+    indices = np.asarray(graph.indices)
+    starts, degs = indptr[targets], indptr[targets + 1] - indptr[targets]
+    total = int(degs.sum())
+    offsets = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(total)
+    cols = indices[offsets].astype(np.int64)
+    t = len(targets)
+    scratch[targets] = np.arange(t)
+    uniq = np.unique(cols)
+    extra = uniq[scratch[uniq] < 0]
+    scratch[extra] = t + np.arange(len(extra))
+    src_local = scratch[cols]
+    dst_local = np.repeat(np.arange(t), degs)
+    scratch[targets] = -1
+    scratch[extra] = -1
+    return np.concatenate([targets, extra]), np.stack([src_local, dst_local])
+
+
+def gcn_degrees(graph: GraphStore) -> tuple[np.ndarray, np.ndarray]:
+    """(normalising degree, has self-loop) per node as PyG's gcn_norm sees the whole graph:
+    add_remaining_self_loops gives every node exactly one self-loop."""
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    rows = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
+    has_loop = np.zeros(graph.num_nodes, dtype=bool)
+    has_loop[rows[indices == rows]] = True
+    return np.diff(indptr) + (~has_loop), has_loop
+
+
+def _gcn_block(edge_index, sources, num_targets, norm_degree, has_loop):
+    """The block plus self-loops for targets that lack one, weighted by gcn_norm."""
+    loops = np.flatnonzero(~has_loop[sources[:num_targets]])
+    ei = np.concatenate([edge_index, np.stack([loops, loops])], axis=1)
+    inv_sqrt = 1.0 / np.sqrt(norm_degree[sources].astype(np.float64))
+    w = inv_sqrt[ei[0]] * inv_sqrt[ei[1]]
+    return ei, w.astype(np.float32)
+
+
+def _memory_budget(cfg: PrecomputeConfig) -> int:
+    if cfg.memory_budget_bytes:
+        return cfg.memory_budget_bytes
+    if cfg.device.startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
+        return free // 4
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError):
+        return 2 << 30
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(exc).lower()
+
+
+def node_order(graph: GraphStore, order: str) -> np.ndarray:
+    if order == "natural":
+        return np.arange(graph.num_nodes, dtype=np.int64)
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    from hybridgnn.workload.tables import sampling_matrix
+
+    return reverse_cuthill_mckee(sampling_matrix(graph), symmetric_mode=False).astype(np.int64)
+
+
+def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeConfig = PrecomputeConfig(),
+               *, progress: bool = True) -> EmbeddingStore:
+    """Run every layer over every node; resume from state.json when a previous run stopped."""
+    model.eval()
+    device = torch.device(cfg.device)
+    model.to(device)
+    root = embeddings_dir(model_dir, graph.fingerprint)
+    root.mkdir(parents=True, exist_ok=True)
+    dims = [conv.out_channels * (conv.heads if getattr(conv, "concat", False) else 1) for conv in model.convs]
+    fresh = {"num_layers": model.num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
+             "layer": 0, "done": 0, "complete": False}
+    state_path = root / "state.json"
+    state = fresh
+    if state_path.is_file():
+        old = json.loads(state_path.read_text())
+        if all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order")):
+            state = old
+            if old.get("complete"):
+                return EmbeddingStore.open(model_dir, graph.fingerprint)
+            log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])
+    order = node_order(graph, cfg.order)
+    norm_degree, has_loop = gcn_degrees(graph) if model.spec.kind == "gcn" else (None, None)
+    scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
+    budget = _memory_budget(cfg)
+    batch = cfg.batch_size
+    ceiling = cfg.max_batch_size  # lowered below any batch size that ran out of memory
+    n = graph.num_nodes
+    t_start = time.perf_counter()
+    for layer in range(state["layer"], model.num_layers):
+        path = root / f"layer_{layer + 1}.npy"
+        mode = "r+" if (path.is_file() and state["done"] > 0) else "w+"
+        out = np.lib.format.open_memmap(path, mode=mode, dtype=DTYPES[cfg.dtype], shape=(n, dims[layer]))
+        prev_arr = graph.features if layer == 0 else np.load(root / f"layer_{layer}.npy", mmap_mode="r")
+        prev = host_tensor(prev_arr if prev_arr.dtype == np.float32 else np.asarray(prev_arr, dtype=np.float32))
+        in_dim = prev.shape[1]
+        done = state["done"]
+        with tqdm(total=n, initial=done, desc=f"precompute layer {layer + 1}/{model.num_layers}", unit="node",
+                  unit_scale=True, disable=not progress) as bar:
+            while done < n:
+                targets = order[done:done + batch]
+                try:
+                    sources, ei = block_inputs(graph, targets, scratch)
+                    x = prev[torch.from_numpy(sources)].to(device)
+                    with torch.inference_mode():
+                        if model.spec.kind == "gcn":
+                            ei, w = _gcn_block(ei, sources, len(targets), norm_degree, has_loop)
+                            y = model.layer(layer, x, torch.from_numpy(ei).to(device), len(targets),
+                                            gcn_weight=torch.from_numpy(w).to(device))
+                        else:
+                            y = model.layer(layer, x, torch.from_numpy(ei).to(device), len(targets))
+                    out[targets] = y.float().cpu().numpy().astype(out.dtype, copy=False)
+                except Exception as exc:
+                    if not _is_oom(exc) or batch == 1:
+                        raise
+                    batch = max(1, batch // 2)
+                    ceiling = batch
+                    log.warning("out of memory at layer %d; batch size now %d", layer + 1, batch)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    continue
+                done += len(targets)
+                bar.update(len(targets))
+                state = {**state, "layer": layer, "done": done}
+                write_state(root, state)
+                # DGI: grow while the batch's working set stays well within the budget.
+                used = (len(sources) * in_dim + len(targets) * dims[layer]) * 4 + ei.shape[1] * 16
+                if used * 4 < budget and batch < ceiling:
+                    batch = min(ceiling, batch * 2)
+        out.flush()
+        del out
+        state = {**state, "layer": layer + 1, "done": 0}
+        write_state(root, state)
+    state = mark_complete(root, {**state, "precompute_s": time.perf_counter() - t_start})
+    return EmbeddingStore.open(model_dir, graph.fingerprint)

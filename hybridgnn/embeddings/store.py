@@ -1,0 +1,63 @@
+"""Per-layer embedding arrays beside a checkpoint, memory-mapped.
+
+Layout: <model_dir>/embeddings/<dataset fingerprint>/
+    layer_1.npy .. layer_L.npy   [N, d_i] float32 or float16 (layer_L = the model's output)
+    state.json                   progress (for resuming) and, when complete, computed_unix_s
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def embeddings_dir(model_dir: Path, dataset_fingerprint: str) -> Path:
+    return Path(model_dir) / "embeddings" / dataset_fingerprint
+
+
+@dataclass
+class EmbeddingStore:
+    root: Path
+    layers: list[np.ndarray]  # layers[i] = output of layer i+1
+    state: dict
+
+    @property
+    def final(self) -> np.ndarray:
+        return self.layers[-1]
+
+    @property
+    def computed_unix_s(self) -> float:
+        return float(self.state["computed_unix_s"])
+
+    @classmethod
+    def open(cls, model_dir: Path, dataset_fingerprint: str) -> "EmbeddingStore | None":
+        """The complete store for this model and dataset, or None when absent or unfinished."""
+        root = embeddings_dir(model_dir, dataset_fingerprint)
+        state_path = root / "state.json"
+        if not state_path.is_file():
+            return None
+        state = json.loads(state_path.read_text())
+        if not state.get("complete"):
+            return None
+        layers = [np.load(root / f"layer_{i + 1}.npy", mmap_mode="r") for i in range(state["num_layers"])]
+        return cls(root=root, layers=layers, state=state)
+
+    def lookup(self, node_ids: np.ndarray) -> np.ndarray:
+        """Final-layer rows as float32 (constant time per id)."""
+        return np.asarray(self.final[node_ids], dtype=np.float32)
+
+
+def write_state(root: Path, state: dict) -> None:
+    tmp = root / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(root / "state.json")  # atomic: a crash leaves the old or the new state
+
+
+def mark_complete(root: Path, state: dict) -> dict:
+    state = {**state, "complete": True, "computed_unix_s": time.time()}
+    write_state(root, state)
+    return state

@@ -1,0 +1,90 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.embeddings.precompute import PrecomputeConfig, block_inputs, precompute
+from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir
+from hybridgnn.models.gnn import GNN, ModelSpec
+
+
+def full_graph_forward(graph, model):
+    """Node-wise full-neighbourhood inference, done as one whole-graph forward."""
+    deg = graph.degrees()
+    dst = np.repeat(np.arange(graph.num_nodes), deg)
+    ei = torch.from_numpy(np.stack([np.asarray(graph.indices, dtype=np.int64), dst]))
+    with torch.inference_mode():
+        return model(torch.from_numpy(np.asarray(graph.features)), ei).numpy()
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+@pytest.mark.parametrize("order", ["natural", "rcm"])
+def test_layerwise_precompute_equals_full_neighbourhood_inference(skewed_graph, tmp_path, kind, order):
+    torch.manual_seed(0)
+    model = GNN(ModelSpec(kind, skewed_graph.feature_dim, 8, 3, num_layers=3, heads=2)).eval()
+    store = precompute(skewed_graph, model, tmp_path / "m", PrecomputeConfig(batch_size=7, order=order),
+                       progress=False)
+    expected = full_graph_forward(skewed_graph, model)
+    got = store.final
+    rel = np.abs(got - expected).max() / np.abs(expected).max()
+    assert rel <= 1e-4, rel
+    assert [layer.shape[1] for layer in store.layers] == [8, 8, 3]
+    assert store.computed_unix_s > 0
+
+
+def test_block_inputs_lists_targets_first_and_every_in_edge(skewed_graph):
+    scratch = np.full(skewed_graph.num_nodes, -1, dtype=np.int64)
+    targets = np.array([5, 0, 59])
+    sources, ei = block_inputs(skewed_graph, targets, scratch)
+    assert sources[:3].tolist() == [5, 0, 59] and len(set(sources.tolist())) == len(sources)
+    assert np.all(scratch == -1)
+    for t_local, t in enumerate(targets):
+        got = sorted(sources[ei[0][ei[1] == t_local]].tolist())
+        expect = sorted(np.asarray(skewed_graph.indices)[skewed_graph.indptr[t]:skewed_graph.indptr[t + 1]].tolist())
+        assert got == expect
+
+
+def test_resume_after_interruption(skewed_graph, tmp_path, monkeypatch):
+    torch.manual_seed(1)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3, num_layers=2)).eval()
+    cfg = PrecomputeConfig(batch_size=8, max_batch_size=8)
+    calls = {"n": 0}
+    real = GNN.layer
+
+    def dies_on_fifth(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(GNN, "layer", dies_on_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        precompute(skewed_graph, model, tmp_path / "m", cfg, progress=False)
+    state = json.loads((embeddings_dir(tmp_path / "m", skewed_graph.fingerprint) / "state.json").read_text())
+    assert state["done"] == 32 and not state["complete"]
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is None
+    monkeypatch.setattr(GNN, "layer", real)
+    calls["n"] = 0
+    store = precompute(skewed_graph, model, tmp_path / "m", cfg, progress=False)
+    np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
+
+
+def test_float16_and_oom_halving(skewed_graph, tmp_path, monkeypatch):
+    model = GNN(ModelSpec("gcn", skewed_graph.feature_dim, 8, 3)).eval()
+    real = GNN.layer
+    seen = []
+
+    def oom_when_big(self, i, x, ei, t, **kw):
+        seen.append(t)
+        if t > 16:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(self, i, x, ei, t, **kw)
+
+    monkeypatch.setattr(GNN, "layer", oom_when_big)
+    store = precompute(skewed_graph, model, tmp_path / "m", PrecomputeConfig(batch_size=64, dtype="float16"),
+                       progress=False)
+    assert store.final.dtype == np.float16 and max(t for t in seen[-3:]) <= 16
+    monkeypatch.setattr(GNN, "layer", real)
+    np.testing.assert_allclose(store.final.astype(np.float32), full_graph_forward(skewed_graph, model),
+                               rtol=2e-2, atol=2e-2)
