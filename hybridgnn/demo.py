@@ -1,5 +1,5 @@
-"""The embedded default: a generated CSBM demo graph and a GraphSAGE model trained on it,
-built once into the cache directory and reused afterwards."""
+"""The embedded default: a generated CSBM demo graph, a GraphSAGE model trained on it and
+its precomputed embeddings, built once into the cache directory and reused afterwards."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import shutil
 from pathlib import Path
 
 from hybridgnn.config import default_cache_dir
+from hybridgnn.embeddings.precompute import precompute
+from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.graph.generate import generate_csbm
 from hybridgnn.graph.store import GraphStore
-from hybridgnn.models.checkpoint import save_checkpoint
+from hybridgnn.models.checkpoint import load_checkpoint, save_checkpoint
 from hybridgnn.models.train import TrainConfig, train
 from hybridgnn.workload.tables import WorkloadTables
 
@@ -45,4 +47,7 @@ def ensure_demo(cache_dir: Path | None = None) -> tuple[Path, Path]:
         tmp.rename(model_dir)
         log.info("demo model: val accuracy %.3f, test accuracy %.3f", metrics["val_acc"], metrics["test_acc"])
     WorkloadTables.load_or_build(graph, DEMO_FANOUTS)
+    if EmbeddingStore.open(model_dir, graph.fingerprint) is None:
+        log.info("first run: precomputing the demo model's embeddings of every node")
+        precompute(graph, load_checkpoint(model_dir)[0], model_dir)
     return data_dir, model_dir

@@ -71,6 +71,20 @@ def tiny_model(tiny_dataset, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_model_pe(tiny_dataset, tiny_model, tmp_path_factory) -> Path:
+    """The tiny model, copied, with precomputed embeddings."""
+    import shutil
+
+    from hybridgnn.embeddings.precompute import precompute
+    from hybridgnn.models.checkpoint import load_checkpoint
+
+    out = tmp_path_factory.mktemp("model_pe") / "sage"
+    shutil.copytree(tiny_model, out)
+    precompute(GraphStore.open(tiny_dataset), load_checkpoint(out)[0], out, progress=False)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

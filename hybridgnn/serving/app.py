@@ -110,7 +110,19 @@ async def infer(request: web.Request) -> web.Response:
         body = await request.read()
         req = decode_infer_request(body, request.headers.get(HEADER_LENGTH),
                                    max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.graph.num_nodes)
-        future = engine.submit(req.node_ids)
+        mode = req.parameters.get("mode", "sampled")
+        if mode == "precomputed":
+            if engine.draining:
+                raise Draining("server is shutting down")
+            try:
+                result = engine.lookup_precomputed(req.node_ids)
+            except LookupError as exc:
+                raise RequestError(str(exc), 409) from None
+            future = None
+        elif mode == "sampled":
+            future = engine.submit(req.node_ids)
+        else:
+            raise RequestError(f"unknown mode {mode!r}; this server offers {engine.metadata()['modes']}")
     except RequestError as exc:
         tel.count_request(exc.status)
         return json_error(exc.status, str(exc))
@@ -123,7 +135,8 @@ async def infer(request: web.Request) -> web.Response:
         tel.rejected.labels("draining").inc()
         return json_error(503, f"not accepting requests: {exc}", headers=retry)
     try:
-        result = await future
+        if future is not None:
+            result = await future
     except BatchFailed as exc:
         tel.count_request(500)
         return json_error(500, f"inference failed: {exc}")

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hybridgnn.config import ServeConfig
+from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.features.store import HostFeatureStore
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint
@@ -75,6 +76,7 @@ class Engine:
         if trained_on and trained_on != self.graph.fingerprint:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
         self.tables = WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts)
+        self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint)
         self.features = HostFeatureStore(self.graph.features)
         self.pipelines: dict[str, Pipeline] = {
             cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
@@ -204,6 +206,13 @@ class Engine:
         if self._pending == 0:
             self._idle.set()
 
+    def lookup_precomputed(self, node_ids: np.ndarray) -> RequestResult:
+        """Answer from the stored final layer: no sampling, constant time per id."""
+        if self.embeddings is None:
+            raise LookupError("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
+        emb = self.embeddings.lookup(node_ids)
+        return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
+
     # --- description -----------------------------------------------------------------
     def metadata(self) -> dict:
         spec = self.model.spec
@@ -222,4 +231,6 @@ class Engine:
             "pipelines": list(self.pipelines),
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "max_request_nodes": self.cfg.server.max_request_nodes,
+            "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),
+            "pe_computed_unix_s": self.embeddings.computed_unix_s if self.embeddings is not None else None,
         }

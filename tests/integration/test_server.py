@@ -19,8 +19,8 @@ MODEL = "hybridgnn"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dataset, tiny_model):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--workers", "2", "--max-request-nodes", "512").wait_ready()
+def server(tiny_dataset, tiny_model_pe):
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "2", "--max-request-nodes", "512").wait_ready()
     yield srv
     assert srv.stop() == 0
 
@@ -53,6 +53,25 @@ def test_json_inference(server, tiny_dataset):
     assert out["embeddings"]["shape"] == [4, 4] and out["embeddings"]["datatype"] == "FP32"
     emb = np.array(out["embeddings"]["data"]).reshape(4, 4)
     assert out["predictions"]["data"] == emb.argmax(1).tolist()
+
+
+def test_precomputed_mode_answers_from_stored_embeddings(server, tiny_dataset, tiny_model_pe):
+    from hybridgnn.embeddings.store import EmbeddingStore
+
+    graph = GraphStore.open(tiny_dataset)
+    store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
+    meta = requests.get(f"{server.url}/v2/models/{MODEL}").json()["parameters"]
+    assert meta["modes"] == ["sampled", "precomputed"]
+    assert meta["pe_computed_unix_s"] == pytest.approx(store.computed_unix_s)
+    ids = [0, 7, 7, 2999]
+    r = infer_json(server.url, ids, parameters={"mode": "precomputed"})
+    assert r.status_code == 200, r.text
+    out = {o["name"]: o for o in r.json()["outputs"]}
+    emb = np.array(out["embeddings"]["data"], dtype=np.float32).reshape(4, -1)
+    np.testing.assert_allclose(emb, np.asarray(store.final)[ids], rtol=1e-6)
+    assert out["predictions"]["data"] == emb.argmax(1).tolist()
+    bad = infer_json(server.url, [1], parameters={"mode": "telepathy"})
+    assert bad.status_code == 400 and "unknown mode" in bad.json()["error"]
 
 
 def test_predictions_are_accurate(server, tiny_dataset, tiny_model):

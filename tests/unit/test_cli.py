@@ -8,7 +8,8 @@ from hybridgnn.cli.main import build_parser, main
 
 def test_every_command_has_help(capsys):
     for cmd in (["serve"], ["dataset", "generate", "powerlaw"], ["dataset", "generate", "csbm"],
-                ["dataset", "import"], ["dataset", "info"], ["workload", "build"], ["train"], ["bench"]):
+                ["dataset", "import"], ["dataset", "info"], ["workload", "build"], ["train"], ["precompute"],
+                ["bench"]):
         with pytest.raises(SystemExit) as info:
             build_parser().parse_args(cmd + ["--help"])
         assert info.value.code == 0
@@ -26,6 +27,9 @@ def test_generate_build_train_info(tmp_path, capsys):
     assert main(["train", "--dataset", str(data), "--out", str(tmp_path / "m"), "--epochs", "1",
                  "--fanouts", "4,2", "--hidden-dim", "8"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == str(tmp_path / "m")
+    assert main(["precompute", "--dataset", str(data), "--model", str(tmp_path / "m"), "--order", "rcm"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layers"] == [[600, 8], [600, 3]] and out["computed_unix_s"] > 0
     assert main(["dataset", "info", str(data), "--full"]) == 0
     assert json.loads(capsys.readouterr().out)["labelled"] is True
 

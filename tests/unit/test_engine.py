@@ -84,3 +84,14 @@ def test_mismatched_model_and_dataset_are_refused(tiny_dataset, tiny_model, tmp_
         Engine(ServeConfig(dataset_dir=tmp_path / "other", model_dir=tiny_model))
     with pytest.raises(ConfigError, match="one fanout per layer"):
         Engine(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5,))))
+
+
+def test_precomputed_mode_without_embeddings_is_a_clear_4xx(tiny_dataset, tiny_model):
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
+
+    async def scenario(engine, client):
+        r = await client.post("/v2/models/hybridgnn/infer", json={**body([1]), "parameters": {"mode": "precomputed"}})
+        assert r.status == 409
+        assert "hybridgnn precompute" in (await r.json())["error"]
+
+    asyncio.run(with_client(cfg, scenario))
