@@ -1,0 +1,190 @@
+"""Embeddings of new (query) nodes from precomputed embeddings, with selective
+recomputation (SRPE, Reforge §V).
+
+A request brings q query nodes (ids num_nodes .. num_nodes+q-1) with features and edges
+to existing nodes and to each other. Every mode is one evaluation with a different set
+R_l of nodes whose layer-l embedding is computed; every other node's input is its PE:
+
+    pe    (γ = 0)  R_l = Q
+    srpe  (γ)      R_l = Q ∪ S for l < K, S = the top ⌈γ·|D|⌉ direct neighbours D of Q by
+                   query-edge ratio |N_Q(u)| / (|N(u)| + |N_Q(u)|) (same order as
+                   |N_Q(u)|/|N(u)|, defined at degree 0); R_K = Q
+    full           R_l = {u : dist(Q, u) <= min(l, K - l)}: exactly the embeddings the
+                   query edges change and later layers read, so the result is exact
+                   (GCN: min(l + 1, K - l), as new degrees reweight one hop further)
+
+Direct neighbours are the existing nodes a query edge points into; their layer-l inputs
+add the query nodes. GCN weights use whole-graph degrees plus the query edges; GAT reads
+the computed target embedding, so attention is exact wherever R says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hybridgnn.embeddings.precompute import gcn_degrees
+from hybridgnn.embeddings.store import EmbeddingStore
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.gnn import GNN
+
+MODES = ("full", "pe", "srpe")
+POLICIES = ("ratio", "random", "degree")
+
+
+@dataclass
+class NewNodeResult:
+    embeddings: np.ndarray  # [q, d] float32
+    recomputed: int  # existing nodes recomputed (|S| or the full set)
+
+
+class NewNodeEvaluator:
+    def __init__(self, graph: GraphStore, model: GNN, store: EmbeddingStore):
+        if len(store.layers) != model.num_layers:
+            raise ValueError(f"stored embeddings have {len(store.layers)} layers, the model {model.num_layers}")
+        self.graph, self.model, self.store = graph, model, store
+        self.indptr = np.asarray(graph.indptr)
+        self.indices = np.asarray(graph.indices)
+        self.degrees = graph.degrees()
+        self.gcn = gcn_degrees(graph) if model.spec.kind == "gcn" else None
+
+    def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
+              undirected: bool = True, policy: str = "ratio", seed: int = 0) -> NewNodeResult:
+        n, q = self.graph.num_nodes, features.shape[0]
+        ei = np.asarray(edge_index, dtype=np.int64)
+        if undirected and ei.size:
+            ei = np.concatenate([ei, ei[::-1]], axis=1)
+        if ei.size:
+            ei = np.unique(ei[:, ei[0] != ei[1]], axis=1)  # a query self-edge is the self-loop layers add
+        src, dst = ei[0], ei[1]
+        order = np.argsort(dst, kind="stable")
+        qsrc, qdst = src[order], dst[order]  # query edges grouped by target
+        direct = np.unique(qdst[(qsrc >= n) & (qdst < n)])
+        queries = np.arange(n, n + q)
+        K = self.model.num_layers
+        if mode == "pe":
+            keep = np.empty(0, dtype=np.int64)
+        elif mode == "srpe":
+            keep = self._select(direct, qsrc, qdst, gamma, policy, seed)
+        elif mode == "full":
+            keep = direct
+        else:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        sets = []
+        for layer in range(1, K + 1):
+            if layer == K:
+                sets.append(queries)
+            elif mode == "full":
+                # GCN: a direct neighbour's new degree also reweights its messages, so the
+                # change reaches one hop further at every layer.
+                reach = layer + (1 if self.gcn is not None else 0)
+                sets.append(np.concatenate([queries, self._within(direct, min(reach, K - layer))]))
+            else:
+                sets.append(np.concatenate([queries, keep]))
+        computed: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        for layer in range(1, K + 1):
+            targets = sets[layer - 1]
+            sources, block = self._block(targets, qsrc, qdst)
+            x = self._inputs(layer - 1, sources, features, computed.get(layer - 1))
+            with torch.inference_mode():
+                if self.gcn is not None:
+                    block, w = self._gcn_weights(block, sources, len(targets), qdst)
+                    y = self.model.layer(layer - 1, x, torch.from_numpy(block), len(targets),
+                                         gcn_weight=torch.from_numpy(w))
+                else:
+                    y = self.model.layer(layer - 1, x, torch.from_numpy(block), len(targets))
+            computed[layer] = (targets, y)
+        recomputed = len(np.setdiff1d(np.concatenate(sets[:-1]), queries)) if K > 1 else 0
+        return NewNodeResult(computed[K][1].float().numpy(), recomputed)
+
+    def _select(self, direct, qsrc, qdst, gamma, policy, seed) -> np.ndarray:
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be within [0, 1], got {gamma}")
+        k = math.ceil(gamma * len(direct))
+        if k == 0:
+            return np.empty(0, dtype=np.int64)
+        n = self.graph.num_nodes
+        if policy == "ratio":
+            from_query = qsrc >= n
+            nq = np.bincount(np.searchsorted(direct, qdst[from_query & (qdst < n)]), minlength=len(direct))
+            score = nq / (self.degrees[direct] + nq)
+        elif policy == "degree":  # importance: the best-connected neighbours
+            score = self.degrees[direct].astype(np.float64)
+        elif policy == "random":
+            score = np.random.default_rng(seed).random(len(direct))
+        else:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        top = np.argsort(-score, kind="stable")[:k]
+        return direct[np.sort(top)]
+
+    def _within(self, direct: np.ndarray, hops: int) -> np.ndarray:
+        """Existing nodes within `hops` of Q: the direct neighbours, then their neighbours
+        (the stored graph is read as symmetric here)."""
+        if hops <= 0:
+            return np.empty(0, dtype=np.int64)
+        seen = direct
+        frontier = direct
+        for _ in range(hops - 1):
+            starts, degs = self.indptr[frontier], self.degrees[frontier]
+            offs = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(int(degs.sum()))
+            frontier = np.setdiff1d(self.indices[offs].astype(np.int64), seen)
+            seen = np.union1d(seen, frontier)
+        return seen
+
+    def _block(self, targets, qsrc, qdst):
+        """In-neighbours of targets in the graph plus the query edges, targets first."""
+        n = self.graph.num_nodes
+        existing = targets < n
+        t_exist = np.where(existing, targets, 0)
+        starts = self.indptr[t_exist]
+        degs = np.where(existing, self.indptr[t_exist + 1] - starts, 0)
+        offs = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(int(degs.sum()))
+        base_src = self.indices[offs].astype(np.int64)
+        base_dst = np.repeat(np.arange(len(targets)), degs)
+        lo, hi = np.searchsorted(qdst, targets, "left"), np.searchsorted(qdst, targets, "right")
+        qcount = hi - lo
+        qoffs = np.repeat(lo - np.cumsum(qcount) + qcount, qcount) + np.arange(int(qcount.sum()))
+        q_src = qsrc[qoffs]
+        q_dst = np.repeat(np.arange(len(targets)), qcount)
+        all_src = np.concatenate([base_src, q_src])
+        others = np.setdiff1d(np.unique(all_src), targets)
+        sources = np.concatenate([targets, others])
+        sorter = np.argsort(sources, kind="stable")
+        local = sorter[np.searchsorted(sources, all_src, sorter=sorter)]
+        return sources, np.stack([local, np.concatenate([base_dst, q_dst])])
+
+    def _inputs(self, layer, sources, features, computed) -> torch.Tensor:
+        n = self.graph.num_nodes
+        table = self.graph.features if layer == 0 else self.store.layers[layer - 1]
+        x = np.empty((len(sources), table.shape[1]), dtype=np.float32)
+        existing = sources < n
+        x[existing] = table[sources[existing]]
+        if layer == 0:
+            x[~existing] = features[sources[~existing] - n]
+        out = torch.from_numpy(x)
+        if computed is not None:
+            ids, values = computed
+            pos = np.searchsorted(sources, ids, sorter=np.argsort(sources, kind="stable"))
+            rows = np.argsort(sources, kind="stable")[pos]
+            present = sources[rows] == ids
+            out[torch.from_numpy(rows[present])] = values[torch.from_numpy(np.flatnonzero(present))]
+        elif layer > 0 and not np.all(existing):
+            raise RuntimeError("query nodes need computed inputs above layer 0")
+        return out
+
+    def _gcn_weights(self, block, sources, num_targets, qdst):
+        """gcn_norm over the graph plus query edges: degree = in-degree (+1 self-loop unless
+        the node already has one), counting query in-edges; query nodes get a self-loop."""
+        n = self.graph.num_nodes
+        norm_deg, has_loop = self.gcn
+        existing = sources < n
+        clipped = np.where(existing, sources, 0)
+        query_in = np.searchsorted(qdst, sources, "right") - np.searchsorted(qdst, sources, "left")
+        deg = np.where(existing, norm_deg[clipped], 1).astype(np.float64) + query_in
+        loops = np.flatnonzero(~(has_loop[clipped[:num_targets]] & existing[:num_targets]))
+        block = np.concatenate([block, np.stack([loops, loops])], axis=1)
+        inv = 1.0 / np.sqrt(deg)
+        return block, (inv[block[0]] * inv[block[1]]).astype(np.float32)

@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.embeddings.newnodes import NewNodeEvaluator
+from hybridgnn.embeddings.precompute import precompute
+from hybridgnn.graph.csr import coo_to_csr
+from hybridgnn.graph.store import GraphStore, write_dataset
+from hybridgnn.models.gnn import GNN, ModelSpec
+from tests.conftest import make_graph, skewed_edges
+from tests.unit.test_precompute import full_graph_forward
+
+N, Q = 60, 4
+
+
+def query(seed=0):
+    rng = np.random.default_rng(seed)
+    feats = rng.standard_normal((Q, 4), dtype=np.float32)
+    edges = [(N + i, int(j)) for i in range(Q) for j in rng.choice(N - 3, size=3, replace=False)]
+    edges += [(N, N + 1), (N + 2, N + 3)]
+    return feats, np.array(edges, dtype=np.int64).T
+
+
+def augmented(tmp_path, base: GraphStore, feats, ei):
+    """The graph with the query nodes and edges (both directions) added for real."""
+    indptr, indices = np.asarray(base.indptr), np.asarray(base.indices)
+    rows = np.repeat(np.arange(base.num_nodes), np.diff(indptr))
+    r = np.concatenate([rows, ei[1], ei[0]])
+    c = np.concatenate([indices, ei[0], ei[1]])
+    ip, ix = coo_to_csr([r], [c], base.num_nodes + len(feats), dedup=True)
+    write_dataset(tmp_path / "aug", indptr=ip, indices=ix,
+                  features=np.concatenate([np.asarray(base.features), feats]))
+    return GraphStore.open(tmp_path / "aug")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    def make(kind, layers):
+        torch.manual_seed(0)
+        graph = make_graph(tmp_path / "g", skewed_edges(N, seed=3), N)
+        model = GNN(ModelSpec(kind, 4, 8, 3, num_layers=layers, heads=2)).eval()
+        store = precompute(graph, model, tmp_path / f"m-{kind}-{layers}", progress=False)
+        feats, ei = query()
+        exact = full_graph_forward(augmented(tmp_path, graph, feats, ei), model)[N:]
+        return NewNodeEvaluator(graph, model, store), feats, ei, exact
+
+    return make
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat", "gcn"])
+@pytest.mark.parametrize("layers", [2, 3])
+def test_full_mode_equals_adding_the_query_nodes_to_the_graph(setup, kind, layers):
+    ev, feats, ei, exact = setup(kind, layers)
+    got = ev.infer(feats, ei, mode="full").embeddings
+    assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-4
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat"])
+@pytest.mark.parametrize("layers", [2, 3])
+def test_srpe_with_gamma_one_equals_full(setup, kind, layers):
+    ev, feats, ei, exact = setup(kind, layers)
+    res = ev.infer(feats, ei, mode="srpe", gamma=1.0)
+    assert np.abs(res.embeddings - exact).max() / np.abs(exact).max() <= 1e-4
+    pe = ev.infer(feats, ei, mode="pe")
+    assert pe.recomputed == 0 and res.recomputed > 0
+    assert not np.allclose(pe.embeddings, exact, rtol=1e-3)  # stale PEs miss the query edges
+
+
+def test_gcn_srpe_residual_is_small_but_not_zero(setup):
+    # GCN: query edges also change the degrees of the neighbours' own neighbours; SRPE at
+    # γ=1 recomputes the neighbours but reads their neighbours' stale PEs.
+    ev, feats, ei, exact = setup("gcn", 3)
+    got = ev.infer(feats, ei, mode="srpe", gamma=1.0).embeddings
+    residual = np.abs(got - exact).max() / np.abs(exact).max()
+    assert residual < 0.5
+
+
+def test_ratio_policy_picks_neighbours_with_most_query_edges(tmp_path):
+    # Node 0 has 1 old neighbour and gets 2 query edges (ratio 2/3); node 1 has 4 old
+    # neighbours and gets 1 (1/5); node 2 has 2 and gets 1 (1/3).
+    edges = [(0, 5), (1, 2), (1, 3), (1, 4), (1, 5), (2, 3), (2, 4)]
+    edges += [(b, a) for a, b in edges]
+    graph = make_graph(tmp_path / "g", edges, 6, feature_dim=4)
+    model = GNN(ModelSpec("sage", 4, 8, 3)).eval()
+    ev = NewNodeEvaluator(graph, model, precompute(graph, model, tmp_path / "m", progress=False))
+    feats = np.zeros((2, 4), dtype=np.float32)
+    ei = np.array([[6, 7, 6, 6], [0, 0, 1, 2]])
+    direct = np.array([0, 1, 2])
+    qsrc, qdst = np.concatenate([ei[0], ei[1]]), np.concatenate([ei[1], ei[0]])
+    order = np.argsort(qdst, kind="stable")
+    pick = lambda g, p="ratio": ev._select(direct, qsrc[order], qdst[order], g, p, 0).tolist()  # noqa: E731
+    assert pick(0.34) == [0, 2]  # ceil(0.34·3) = 2: ratios 2/3 and 1/3 beat 1/5
+    assert pick(0.3) == [0]
+    assert pick(0.3, "degree") == [1]
+    assert pick(0.0) == [] and pick(1.0) == [0, 1, 2]
+    with pytest.raises(ValueError, match="gamma"):
+        pick(1.5)
