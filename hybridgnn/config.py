@@ -147,6 +147,24 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class NewNodeConfig:
+    """New-node requests: the mode used when a request names none, and SRPE's default
+    recompute budget γ (share of the query nodes' direct neighbours recomputed)."""
+
+    default_mode: str = "srpe"
+    gamma: float = 0.1
+    policy: str = "ratio"
+
+    def __post_init__(self):
+        if self.default_mode not in ("full", "pe", "srpe"):
+            raise ValueError(f"default_mode must be full, pe or srpe, got {self.default_mode!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be within [0, 1], got {self.gamma}")
+        if self.policy not in ("ratio", "random", "degree"):
+            raise ValueError(f"policy must be ratio, random or degree, got {self.policy!r}")
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """Everything `hybridgnn serve` needs; CLI flags map onto these fields."""
 
@@ -157,3 +175,4 @@ class ServeConfig:
     cpu_pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    new_nodes: NewNodeConfig = field(default_factory=NewNodeConfig)

@@ -8,6 +8,7 @@ from pathlib import Path
 from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.config import (
     BatcherConfig,
+    NewNodeConfig,
     PipelineConfig,
     RouterConfig,
     SamplingConfig,
@@ -44,6 +45,10 @@ def add_parser(sub) -> None:
     p.add_argument("--drain-timeout-s", type=float, default=env_default("DRAIN_TIMEOUT_S", 30.0, float))
     p.add_argument("--shutdown-grace-s", type=float, default=env_default("SHUTDOWN_GRACE_S", 0.5, float),
                    help="after draining, keep answering 503 this long before closing the listener")
+    p.add_argument("--new-node-mode", choices=["full", "pe", "srpe"], default=env_default("NEW_NODE_MODE", "srpe"),
+                   help="mode of new-node requests that name none")
+    p.add_argument("--srpe-gamma", type=float, default=env_default("SRPE_GAMMA", 0.1, float),
+                   help="default share of the query nodes' direct neighbours that SRPE recomputes")
     p.add_argument("--seed", type=int, default=env_default("SEED", 0, int), help="sampling seed")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     p.set_defaults(run=run)
@@ -64,6 +69,7 @@ def build_config(args) -> ServeConfig:
         _, model_cfg = load_checkpoint(args.model)
         fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"])
     return ServeConfig(
+        new_nodes=NewNodeConfig(default_mode=args.new_node_mode, gamma=args.srpe_gamma),
         dataset_dir=args.dataset,
         model_dir=args.model,
         sampling=SamplingConfig(fanouts=fanouts, seed=args.seed),

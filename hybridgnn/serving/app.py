@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -100,6 +99,19 @@ async def model_ready(request: web.Request) -> web.Response:
                              status=200 if engine.ready else 503)
 
 
+def _dispatch(engine: Engine, req):
+    """The awaitable that answers a decoded request, by kind and mode; raises RequestError
+    for a mode the server does not offer."""
+    if req.is_new_nodes:
+        return _new_node_call(engine, req)
+    mode = req.parameters.get("mode", "sampled")
+    if mode == "sampled":
+        return engine.submit(req.node_ids)
+    if mode == "precomputed":
+        return engine.lookup_precomputed(req.node_ids)
+    raise RequestError(f"unknown mode {mode!r}; this server offers {engine.metadata()['modes']}")
+
+
 async def infer(request: web.Request) -> web.Response:
     started = time.perf_counter()
     engine = request.app[ENGINE_KEY]
@@ -109,23 +121,15 @@ async def infer(request: web.Request) -> web.Response:
         _model(request)
         body = await request.read()
         req = decode_infer_request(body, request.headers.get(HEADER_LENGTH),
-                                   max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.graph.num_nodes)
-        mode = req.parameters.get("mode", "sampled")
-        if mode == "precomputed":
-            if engine.draining:
-                raise Draining("server is shutting down")
-            try:
-                result = engine.lookup_precomputed(req.node_ids)
-            except LookupError as exc:
-                raise RequestError(str(exc), 409) from None
-            future = None
-        elif mode == "sampled":
-            future = engine.submit(req.node_ids)
-        else:
-            raise RequestError(f"unknown mode {mode!r}; this server offers {engine.metadata()['modes']}")
+                                   max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.graph.num_nodes,
+                                   feature_dim=engine.graph.feature_dim)
+        result = await _dispatch(engine, req)
     except RequestError as exc:
         tel.count_request(exc.status)
         return json_error(exc.status, str(exc))
+    except LookupError as exc:  # a mode whose artifacts (precomputed embeddings) are missing
+        tel.count_request(409)
+        return json_error(409, str(exc))
     except Overloaded as exc:
         tel.count_request(429)
         tel.rejected.labels("overload").inc()
@@ -134,9 +138,6 @@ async def infer(request: web.Request) -> web.Response:
         tel.count_request(503)
         tel.rejected.labels("draining").inc()
         return json_error(503, f"not accepting requests: {exc}", headers=retry)
-    try:
-        if future is not None:
-            result = await future
     except BatchFailed as exc:
         tel.count_request(500)
         return json_error(500, f"inference failed: {exc}")
@@ -147,13 +148,29 @@ async def infer(request: web.Request) -> web.Response:
     done = time.perf_counter()
     tel.observe_stage("respond", result.pipeline, done - t0)
     tel.observe_stage("total", result.pipeline, done - started)
-    tel.count_request(200, int(req.node_ids.shape[0]))
+    tel.count_request(200, req.num_outputs)
     return web.Response(body=body, headers=headers)
 
 
 async def metrics(request: web.Request) -> web.Response:
     tel = request.app[ENGINE_KEY].telemetry
     return web.Response(body=tel.exposition(), headers={"Content-Type": tel.content_type})
+
+
+def _new_node_call(engine: Engine, req):
+    """Validate a new-node request's parameters and return the coroutine that answers it."""
+    nn = engine.cfg.new_nodes
+    mode = req.parameters.get("mode", nn.default_mode)
+    if mode not in ("full", "pe", "srpe"):
+        hint = " (sampling over query edges is not offered yet)" if mode == "sampled" else ""
+        raise RequestError(f"new-node requests take mode full, pe or srpe, got {mode!r}{hint}")
+    gamma = req.parameters.get("gamma", nn.gamma)
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+        raise RequestError(f"gamma must be a number within [0, 1], got {gamma!r}")
+    policy = req.parameters.get("policy", nn.policy)
+    if policy not in ("ratio", "random", "degree"):
+        raise RequestError(f"policy must be ratio, random or degree, got {policy!r}")
+    return engine.infer_new_nodes(req.features, req.edge_index, mode=mode, gamma=float(gamma), policy=policy)
 
 
 async def _close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
@@ -177,6 +194,3 @@ def build_app(engine: Engine) -> web.Application:
     r.add_get("/metrics", metrics)
     return app
 
-
-def dumps_pretty(obj) -> str:
-    return json.dumps(obj, indent=2)

@@ -36,10 +36,30 @@ class RequestError(Exception):
 
 @dataclass
 class InferRequest:
-    node_ids: np.ndarray
+    """node_ids for existing nodes, or features + edge_index for new (query) nodes."""
+
+    node_ids: np.ndarray | None = None
+    features: np.ndarray | None = None  # float32 [q, F]
+    edge_index: np.ndarray | None = None  # int64 [2, m]; query node i is num_nodes + i
     request_id: str | None = None
     outputs: dict[str, bool] = field(default_factory=dict)  # name -> binary
     parameters: dict = field(default_factory=dict)
+
+    @property
+    def is_new_nodes(self) -> bool:
+        return self.features is not None
+
+    @property
+    def num_outputs(self) -> int:
+        return int(self.features.shape[0] if self.features is not None else self.node_ids.shape[0])
+
+
+# name -> (accepted datatypes, layout): "ids" 1-D [n]; "matrix" [q, F]; "edges" [2, m]
+INPUTS = {
+    INPUT_NAME: (ID_DATATYPES, "ids"),
+    "features": (("FP32",), "matrix"),
+    "edge_index": (ID_DATATYPES, "edges"),
+}
 
 
 def _loads(data: bytes):
@@ -49,7 +69,8 @@ def _loads(data: bytes):
         raise RequestError(f"request body is not valid JSON: {exc}") from exc
 
 
-def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: int, num_nodes: int) -> InferRequest:
+def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: int, num_nodes: int,
+                         feature_dim: int | None = None, max_edges: int | None = None) -> InferRequest:
     if header_length is not None:
         try:
             hlen = int(header_length)
@@ -71,28 +92,41 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
     if not isinstance(params, dict):
         raise RequestError("'parameters' must be an object")
 
-    node_ids = None
+    tensors: dict[str, np.ndarray] = {}
     offset = 0
     for inp in inputs:
         if not isinstance(inp, dict):
             raise RequestError("each input must be an object with name, shape, datatype and data")
         name = inp.get("name")
-        arr, used = _decode_tensor(inp, binary[offset:])
+        if not isinstance(name, str) or name not in INPUTS:
+            raise RequestError(f"unknown input {name!r}; this model takes {INPUT_NAME!r} (INT64 [n]) for existing "
+                               "nodes, or 'features' (FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes")
+        if name in tensors:
+            raise RequestError(f"input {name!r} appears twice")
+        arr, used = _decode_tensor(inp, binary[offset:], *INPUTS[name])
         offset += used
-        if name != INPUT_NAME:
-            raise RequestError(f"unknown input {name!r}; this model takes {INPUT_NAME!r} (INT64 [n])")
-        node_ids = arr
+        tensors[name] = arr
     if offset != len(binary):
         raise RequestError(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
-    if node_ids is None:
+    req = InferRequest(parameters=params)
+    if "features" in tensors or "edge_index" in tensors:
+        if INPUT_NAME in tensors:
+            raise RequestError(f"send either {INPUT_NAME!r} (existing nodes) or 'features' + 'edge_index' "
+                               "(new nodes), not both")
+        if not {"features", "edge_index"} <= tensors.keys():
+            raise RequestError("a new-node request needs both 'features' (FP32 [q, F]) and 'edge_index' (INT64 [2, m])")
+        req.features, req.edge_index = validate_new_nodes(
+            tensors["features"], tensors["edge_index"], max_nodes=max_nodes, num_nodes=num_nodes,
+            feature_dim=feature_dim, max_edges=max_edges if max_edges is not None else 64 * max_nodes)
+    elif INPUT_NAME in tensors:
+        req.node_ids = validate_node_ids(tensors[INPUT_NAME], max_nodes=max_nodes, num_nodes=num_nodes)
+    else:
         raise RequestError(f"input {INPUT_NAME!r} is missing")
-    node_ids = validate_node_ids(node_ids, max_nodes=max_nodes, num_nodes=num_nodes)
 
-    outputs: dict[str, bool] = {}
     default_binary = bool(params.get("binary_data_output", False))
     requested = header.get("outputs")
     if requested is None:
-        outputs = {n: default_binary for n in OUTPUT_NAMES}
+        req.outputs = {n: default_binary for n in OUTPUT_NAMES}
     else:
         if not isinstance(requested, list):
             raise RequestError("'outputs' must be a list")
@@ -101,23 +135,35 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
             if name not in OUTPUT_NAMES:
                 raise RequestError(f"unknown output {name!r}; available: {list(OUTPUT_NAMES)}")
             oparams = out.get("parameters") or {}
-            outputs[name] = bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict) else default_binary
+            req.outputs[name] = (bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict)
+                                 else default_binary)
     rid = header.get("id")
-    return InferRequest(node_ids=node_ids, request_id=str(rid) if rid is not None else None, outputs=outputs,
-                        parameters=params)
+    req.request_id = str(rid) if rid is not None else None
+    return req
 
 
-def _decode_tensor(inp: dict, binary: memoryview) -> tuple[np.ndarray, int]:
+def _check_shape(name, shape, layout):
+    if layout == "ids":
+        if len(shape) > 2 or (len(shape) == 2 and 1 not in shape):
+            raise RequestError(f"input {name!r} must be 1-D [n] (or [1, n] / [n, 1]), got shape {shape}")
+    elif layout == "matrix":
+        if len(shape) != 2:
+            raise RequestError(f"input {name!r} must be 2-D [q, F], got shape {shape}")
+    elif len(shape) != 2 or shape[0] != 2:
+        raise RequestError(f"input {name!r} must be [2, m] (sources, targets), got shape {shape}")
+
+
+def _decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], layout: str) -> tuple[np.ndarray, int]:
     name = inp.get("name")
     datatype = inp.get("datatype")
     shape = inp.get("shape")
-    if datatype not in ID_DATATYPES:
-        raise RequestError(f"input {name!r} must have datatype INT64 (or INT32), got {datatype!r}")
+    if datatype not in datatypes:
+        raise RequestError(f"input {name!r} must have datatype {' or '.join(datatypes)}, got {datatype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise RequestError(f"input {name!r} needs 'shape' as a list of non-negative integers, got {shape!r}")
+    _check_shape(name, shape, layout)
     count = int(np.prod(shape)) if shape else 1
-    if len(shape) > 2 or (len(shape) == 2 and 1 not in shape):
-        raise RequestError(f"input {name!r} must be 1-D [n] (or [1, n] / [n, 1]), got shape {shape}")
+    out_dtype = np.float32 if datatype == "FP32" else np.int64
     iparams = inp.get("parameters") or {}
     bsize = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
     dtype = DTYPES[datatype]
@@ -127,22 +173,25 @@ def _decode_tensor(inp: dict, binary: memoryview) -> tuple[np.ndarray, int]:
         if bsize != count * dtype.itemsize:
             raise RequestError(f"input {name!r}: shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
                                f"binary_data_size says {bsize}")
-        return np.frombuffer(binary[:bsize], dtype=dtype).astype(np.int64), bsize
+        arr = np.frombuffer(binary[:bsize], dtype=dtype).astype(out_dtype)
+        return (arr.reshape(shape) if layout != "ids" else arr), bsize
     if "data" not in inp:
         raise RequestError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
     data = inp["data"]
+    kind = "numbers" if datatype == "FP32" else "integers"
     if not isinstance(data, list):
-        raise RequestError(f"input {name!r}: 'data' must be a list of integers")
+        raise RequestError(f"input {name!r}: 'data' must be a list of {kind}")
     try:
         arr = np.asarray(data)
     except (ValueError, OverflowError) as exc:
-        raise RequestError(f"input {name!r}: 'data' must be a (nested) list of integers: {exc}") from exc
-    if arr.size and arr.dtype.kind not in "iu":
-        raise RequestError(f"input {name!r}: 'data' must hold integers only, found {arr.dtype.name} values")
-    arr = arr.reshape(-1)
+        raise RequestError(f"input {name!r}: 'data' must be a (nested) list of {kind}: {exc}") from exc
+    allowed = "iuf" if datatype == "FP32" else "iu"
+    if arr.size and arr.dtype.kind not in allowed:
+        raise RequestError(f"input {name!r}: 'data' must hold {kind} only, found {arr.dtype.name} values")
     if arr.size != count:
         raise RequestError(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
-    return arr.astype(np.int64), 0
+    arr = arr.astype(out_dtype).reshape(-1)
+    return (arr.reshape(shape) if layout != "ids" else arr), 0
 
 
 def validate_node_ids(ids: np.ndarray, *, max_nodes: int, num_nodes: int) -> np.ndarray:
@@ -157,6 +206,32 @@ def validate_node_ids(ids: np.ndarray, *, max_nodes: int, num_nodes: int) -> np.
     if hi >= num_nodes:
         raise RequestError(f"node id {hi} is out of range; the graph has {num_nodes} nodes (ids 0..{num_nodes - 1})")
     return ids
+
+
+def validate_new_nodes(features: np.ndarray, edge_index: np.ndarray, *, max_nodes: int, num_nodes: int,
+                       feature_dim: int | None, max_edges: int) -> tuple[np.ndarray, np.ndarray]:
+    q = features.shape[0]
+    if q == 0:
+        raise RequestError("features has no rows; send at least one query node")
+    if q > max_nodes:
+        raise RequestError(f"features has {q} query nodes; at most {max_nodes} per request")
+    if feature_dim is not None and features.shape[1] != feature_dim:
+        raise RequestError(f"features must have {feature_dim} columns (the graph's feature width), got {features.shape[1]}")
+    if not np.all(np.isfinite(features)):
+        raise RequestError("features must be finite (no NaN or infinity)")
+    m = edge_index.shape[1]
+    if m > max_edges:
+        raise RequestError(f"edge_index has {m} edges; at most {max_edges} per request")
+    if m:
+        lo, hi = int(edge_index.min()), int(edge_index.max())
+        if lo < 0 or hi >= num_nodes + q:
+            raise RequestError(f"edge_index ids must lie in [0, {num_nodes + q}) (existing nodes, then query nodes "
+                               f"{num_nodes}..{num_nodes + q - 1}); found [{lo}, {hi}]")
+        touches_query = (edge_index >= num_nodes).any(axis=0)
+        if not touches_query.all():
+            bad = int(np.flatnonzero(~touches_query)[0])
+            raise RequestError(f"edge {bad} joins two existing nodes; query edges must touch a query node")
+    return np.ascontiguousarray(features, dtype=np.float32), np.ascontiguousarray(edge_index, dtype=np.int64)
 
 
 def _dumps(obj) -> bytes:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hybridgnn.config import ServeConfig
+from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.features.store import HostFeatureStore
 from hybridgnn.graph.store import GraphStore
@@ -77,6 +78,8 @@ class Engine:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
         self.tables = WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts)
         self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint)
+        self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
+                          if self.embeddings is not None else None)
         self.features = HostFeatureStore(self.graph.features)
         self.pipelines: dict[str, Pipeline] = {
             cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
@@ -206,12 +209,38 @@ class Engine:
         if self._pending == 0:
             self._idle.set()
 
-    def lookup_precomputed(self, node_ids: np.ndarray) -> RequestResult:
+    async def lookup_precomputed(self, node_ids: np.ndarray) -> RequestResult:
         """Answer from the stored final layer: no sampling, constant time per id."""
+        if self.draining:
+            raise Draining("server is shutting down")
         if self.embeddings is None:
             raise LookupError("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
         emb = self.embeddings.lookup(node_ids)
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
+
+    async def infer_new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,
+                              policy: str) -> RequestResult:
+        """Embeddings of query nodes from PEs (full / pe / srpe), computed off the event loop.
+        Counted as pending, so a drain waits for it."""
+        if self.new_nodes is None:
+            raise LookupError("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
+        if self.draining or not self.ready:
+            raise Draining("server is shutting down" if self.draining else "server is starting")
+        if self._pending >= self.cfg.batcher.max_pending_requests:
+            raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")
+        self._pending += 1
+        self._idle.clear()
+        t0 = time.perf_counter()
+        try:
+            res = await asyncio.to_thread(self.new_nodes.infer, features, edge_index, mode=mode, gamma=gamma,
+                                          policy=policy)
+        finally:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.set()
+        emb = res.embeddings
+        return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), f"newnodes_{mode}",
+                             StageTimings(compute_s=time.perf_counter() - t0))
 
     # --- description -----------------------------------------------------------------
     def metadata(self) -> dict:
@@ -232,5 +261,7 @@ class Engine:
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),
+            "new_node_modes": ["full", "pe", "srpe"] if self.embeddings is not None else [],
+            "srpe_gamma": self.cfg.new_nodes.gamma,
             "pe_computed_unix_s": self.embeddings.computed_unix_s if self.embeddings is not None else None,
         }

@@ -74,6 +74,45 @@ def test_precomputed_mode_answers_from_stored_embeddings(server, tiny_dataset, t
     assert bad.status_code == 400 and "unknown mode" in bad.json()["error"]
 
 
+def new_node_body(feats, edges, **params):
+    return {"inputs": [{"name": "features", "shape": list(feats.shape), "datatype": "FP32",
+                        "data": feats.reshape(-1).tolist()},
+                       {"name": "edge_index", "shape": list(edges.shape), "datatype": "INT64",
+                        "data": edges.reshape(-1).tolist()}],
+            "parameters": params}
+
+
+def test_new_node_requests(server, tiny_dataset, tiny_model_pe):
+    from hybridgnn.embeddings.newnodes import NewNodeEvaluator
+    from hybridgnn.embeddings.store import EmbeddingStore
+    from hybridgnn.models.checkpoint import load_checkpoint
+
+    graph = GraphStore.open(tiny_dataset)
+    n = graph.num_nodes
+    rng = np.random.default_rng(5)
+    feats = rng.standard_normal((3, graph.feature_dim)).astype(np.float32)
+    edges = np.array([[n, n, n + 1, n + 2, n], [10, 20, 30, 40, n + 1]], dtype=np.int64)
+    ev = NewNodeEvaluator(graph, load_checkpoint(tiny_model_pe)[0], EmbeddingStore.open(tiny_model_pe, graph.fingerprint))
+    url = f"{server.url}/v2/models/{MODEL}/infer"
+    for mode in ("full", "pe", "srpe"):
+        r = requests.post(url, json=new_node_body(feats, edges, mode=mode, gamma=0.5), timeout=30)
+        assert r.status_code == 200, r.text
+        out = {o["name"]: o for o in r.json()["outputs"]}
+        emb = np.array(out["embeddings"]["data"], dtype=np.float32).reshape(3, -1)
+        expect = ev.infer(feats, edges, mode=mode, gamma=0.5).embeddings
+        np.testing.assert_allclose(emb, expect, rtol=1e-5, atol=1e-6)
+        assert out["predictions"]["data"] == emb.argmax(1).tolist()
+    assert requests.post(url, json=new_node_body(feats, edges), timeout=30).status_code == 200  # default srpe
+    for params, match in [({"gamma": 1.5}, "gamma"), ({"mode": "sampled"}, "not offered yet"),
+                          ({"policy": "psychic"}, "policy")]:
+        r = requests.post(url, json=new_node_body(feats, edges, **params), timeout=30)
+        assert r.status_code == 400 and match in r.json()["error"], r.text
+    r = requests.post(url, json=new_node_body(feats[:, :3], edges), timeout=30)
+    assert r.status_code == 400 and "columns" in r.json()["error"]
+    r = requests.post(url, json=new_node_body(feats, edges + 1000), timeout=30)
+    assert r.status_code == 400 and "must lie in" in r.json()["error"]
+
+
 def test_predictions_are_accurate(server, tiny_dataset, tiny_model):
     graph = GraphStore.open(tiny_dataset)
     trained = json.loads((tiny_model / "config.json").read_text())["metrics"]["test_acc"]

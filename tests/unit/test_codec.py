@@ -6,9 +6,9 @@ import pytest
 from hybridgnn.serving.codec import HEADER_LENGTH, RequestError, decode_infer_request, encode_infer_response
 
 
-def decode(obj, header=None, body=None, max_nodes=100, num_nodes=50):
+def decode(obj, header=None, body=None, max_nodes=100, num_nodes=50, feature_dim=None):
     raw = body if body is not None else json.dumps(obj).encode()
-    return decode_infer_request(raw, header, max_nodes=max_nodes, num_nodes=num_nodes)
+    return decode_infer_request(raw, header, max_nodes=max_nodes, num_nodes=num_nodes, feature_dim=feature_dim)
 
 
 def req(data, shape=None, datatype="INT64", **extra):
@@ -87,7 +87,8 @@ def test_encode_json_and_binary():
 
 def test_fuzzed_bodies_only_ever_raise_request_error():
     rng = np.random.default_rng(0)
-    pieces = [None, 1, -1, 2**65, 1.5, "x", [], {}, [1, 2], {"a": 1}, True, "INT64", [[1]], [-1]]
+    pieces = [None, 1, -1, 2**65, 1.5, "x", [], {}, [1, 2], {"a": 1}, True, "INT64", "FP32", [[1]], [-1],
+              [2, 1], [1, 4], [[0.5, 1, 2, 3]], [[50], [3]], [float("nan")] * 4]
     for _ in range(2000):
         if rng.random() < 0.3:
             body, header = rng.bytes(int(rng.integers(0, 64))), None
@@ -96,17 +97,49 @@ def test_fuzzed_bodies_only_ever_raise_request_error():
         else:
             inp = {k: pieces[int(rng.integers(len(pieces)))] for k in ("name", "shape", "datatype", "data", "parameters")
                    if rng.random() < 0.8}
-            if rng.random() < 0.5:
-                inp["name"] = "node_ids"
+            if rng.random() < 0.6:
+                inp["name"] = ["node_ids", "features", "edge_index"][int(rng.integers(3))]
             doc = {"inputs": [inp] if rng.random() < 0.9 else pieces[int(rng.integers(len(pieces)))]}
             if rng.random() < 0.3:
                 doc["outputs"] = pieces[int(rng.integers(len(pieces)))]
             if rng.random() < 0.3:
                 doc["parameters"] = pieces[int(rng.integers(len(pieces)))]
+            if rng.random() < 0.3:
+                doc["inputs"] = [inp, {**inp, "name": "edge_index", "datatype": "INT64"}]
             body, header = json.dumps(doc).encode(), None
         try:
-            r = decode_infer_request(body, header, max_nodes=100, num_nodes=50)
-            assert r.node_ids.dtype == np.int64 and 0 < r.node_ids.size <= 100
-            assert r.node_ids.min() >= 0 and r.node_ids.max() < 50
+            r = decode_infer_request(body, header, max_nodes=100, num_nodes=50, feature_dim=4)
+            if r.is_new_nodes:
+                assert r.features.shape[1] == 4 and np.isfinite(r.features).all()
+                assert r.edge_index.shape[0] == 2
+            else:
+                assert r.node_ids.dtype == np.int64 and 0 < r.node_ids.size <= 100
+                assert r.node_ids.min() >= 0 and r.node_ids.max() < 50
         except RequestError:
             pass
+
+
+def test_new_node_requests():
+    feats = [[0.0, 1.0], [2.0, 3.0]]
+    doc = {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": feats},
+                      {"name": "edge_index", "shape": [2, 3], "datatype": "INT64", "data": [[50, 51, 50], [3, 4, 51]]}],
+           "parameters": {"mode": "srpe", "gamma": 0.2}}
+    r = decode(doc, feature_dim=2)
+    assert r.is_new_nodes and r.num_outputs == 2 and r.features.dtype == np.float32
+    assert r.edge_index.tolist() == [[50, 51, 50], [3, 4, 51]]
+    bad = [
+        ({**doc, "inputs": doc["inputs"][:1]}, "needs both"),
+        ({**doc, "inputs": doc["inputs"] + [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}]},
+         "not both"),
+        ({**doc, "inputs": [{**doc["inputs"][0], "shape": [1, 4], "data": [[1, 2, 3, 4]]}, doc["inputs"][1]]},
+         "2 columns"),
+        ({**doc, "inputs": [doc["inputs"][0], {**doc["inputs"][1], "data": [[50, 60, 50], [3, 4, 51]]}]},
+         "must lie in"),
+        ({**doc, "inputs": [doc["inputs"][0], {**doc["inputs"][1], "data": [[1, 51, 50], [3, 4, 51]]}]},
+         "joins two existing"),
+        ({**doc, "inputs": [doc["inputs"][0], {**doc["inputs"][1], "shape": [3, 2]}]}, "[2, m]"),
+        ({**doc, "inputs": [{**doc["inputs"][0], "datatype": "INT64"}, doc["inputs"][1]]}, "FP32"),
+    ]
+    for body_doc, match in bad:
+        with pytest.raises(RequestError, match=match.replace("[", r"\[").replace("]", r"\]")):
+            decode(body_doc, feature_dim=2)

@@ -93,5 +93,10 @@ def test_precomputed_mode_without_embeddings_is_a_clear_4xx(tiny_dataset, tiny_m
         r = await client.post("/v2/models/hybridgnn/infer", json={**body([1]), "parameters": {"mode": "precomputed"}})
         assert r.status == 409
         assert "hybridgnn precompute" in (await r.json())["error"]
+        new = {"inputs": [{"name": "features", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16},
+                          {"name": "edge_index", "shape": [2, 1], "datatype": "INT64", "data": [3000, 1]}]}
+        r = await client.post("/v2/models/hybridgnn/infer", json=new)
+        assert r.status == 409 and "precomputed embeddings" in (await r.json())["error"]
+        assert engine.pending == 0
 
     asyncio.run(with_client(cfg, scenario))
