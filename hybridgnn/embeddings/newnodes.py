@@ -57,11 +57,11 @@ class NewNodeEvaluator:
         ei = np.asarray(edge_index, dtype=np.int64)
         if undirected and ei.size:
             ei = np.concatenate([ei, ei[::-1]], axis=1)
-        if ei.size:
-            ei = np.unique(ei[:, ei[0] != ei[1]], axis=1)  # a query self-edge is the self-loop layers add
-        src, dst = ei[0], ei[1]
-        order = np.argsort(dst, kind="stable")
-        qsrc, qdst = src[order], dst[order]  # query edges grouped by target
+        ei = ei[:, ei[0] != ei[1]]  # a query self-edge is the self-loop layers add anyway
+        # One sorted key per edge, target-major: deduplicates and groups by target at once.
+        size = n + q
+        key = np.unique(ei[1] * size + ei[0])
+        qdst, qsrc = key // size, key % size
         direct = np.unique(qdst[(qsrc >= n) & (qdst < n)])
         queries = np.arange(n, n + q)
         K = self.model.num_layers
