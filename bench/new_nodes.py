@@ -5,7 +5,7 @@ full K-hop expansion from raw features (Reforge's baseline), `full` (exact, from
 sampled (15,10,5), pe, and srpe at several γ, and SRPE's query-edge-ratio policy
 against random and degree-importance selection at equal γ.
 
-    .venv/bin/python bench/new_nodes.py [--num-nodes 20000] [--epochs 4]
+    .venv/bin/python bench/new_nodes.py [--num-nodes 44000] [--epochs 4] [--requests 2]
 
 Latency is the evaluation itself, in process, one thread (no HTTP); `sampled` runs the
 CPU sampler on the graph with the request's query nodes added (built outside the timing).
@@ -61,7 +61,7 @@ def build(path: Path, num_nodes: int, rows, cols, feats, labels, masks) -> Graph
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--num-nodes", type=int, default=20_000)
+    ap.add_argument("--num-nodes", type=int, default=44_000)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--request-size", type=int, default=1024)
     ap.add_argument("--requests", type=int, default=2)
@@ -102,6 +102,9 @@ def main() -> None:
                     np.concatenate([feats_all[:b], feats_all[lo:hi]]), None, {})
         requests.append({"features": feats_all[lo:hi], "edges": q_edges, "labels": labels_all[lo:hi], "aug": aug})
 
+    if not requests:
+        raise SystemExit(f"only {len(held)} held-out nodes: too few for a request of {args.request_size}; "
+                         "raise --num-nodes")
     report = {"machine": machine(), "graph": full.describe(), "held_out": int(len(held)),
               "request_size": args.request_size, "requests": len(requests), "models": []}
     for kind, layers in MODELS:
