@@ -28,10 +28,31 @@ import torch
 
 from hybridgnn.embeddings.precompute import gcn_degrees
 from hybridgnn.embeddings.store import EmbeddingStore
+from hybridgnn.features.store import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.gnn import GNN
 
 MODES = ("full", "pe", "srpe")
+
+
+def unique_ints(x: np.ndarray) -> np.ndarray:
+    """Sorted unique integers by sort + diff (numpy's hash-based unique is slower here)."""
+    if x.size == 0:
+        return x.astype(np.int64, copy=False)
+    a = np.sort(x)
+    keep = np.empty(a.shape[0], dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
+def minus(a_sorted: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elements of sorted unique a that are not in b."""
+    b_sorted = unique_ints(b)
+    if b_sorted.size == 0:
+        return a_sorted
+    pos = np.minimum(np.searchsorted(b_sorted, a_sorted), b_sorted.size - 1)
+    return a_sorted[b_sorted[pos] != a_sorted]
 POLICIES = ("ratio", "random", "degree")
 
 
@@ -49,6 +70,9 @@ class NewNodeEvaluator:
         self.indptr = np.asarray(graph.indptr)
         self.indices = np.asarray(graph.indices)
         self.degrees = graph.degrees()
+        self._features = host_tensor(graph.features)
+        self._layers = [host_tensor(a) if a.dtype == np.float32 else torch.from_numpy(np.asarray(a, np.float32))
+                        for a in store.layers]
         self.gcn = gcn_degrees(graph) if model.spec.kind == "gcn" else None
 
     def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
@@ -60,9 +84,9 @@ class NewNodeEvaluator:
         ei = ei[:, ei[0] != ei[1]]  # a query self-edge is the self-loop layers add anyway
         # One sorted key per edge, target-major: deduplicates and groups by target at once.
         size = n + q
-        key = np.unique(ei[1] * size + ei[0])
+        key = unique_ints(ei[1] * size + ei[0])
         qdst, qsrc = key // size, key % size
-        direct = np.unique(qdst[(qsrc >= n) & (qdst < n)])
+        direct = unique_ints(qdst[(qsrc >= n) & (qdst < n)])
         queries = np.arange(n, n + q)
         K = self.model.num_layers
         if mode == "pe":
@@ -97,7 +121,7 @@ class NewNodeEvaluator:
                 else:
                     y = self.model.layer(layer - 1, x, torch.from_numpy(block), len(targets))
             computed[layer] = (targets, y)
-        recomputed = len(np.setdiff1d(np.concatenate(sets[:-1]), queries)) if K > 1 else 0
+        recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), queries)) if K > 1 else 0
         return NewNodeResult(computed[K][1].float().numpy(), recomputed)
 
     def _select(self, direct, qsrc, qdst, gamma, policy, seed) -> np.ndarray:
@@ -130,8 +154,8 @@ class NewNodeEvaluator:
         for _ in range(hops - 1):
             starts, degs = self.indptr[frontier], self.degrees[frontier]
             offs = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(int(degs.sum()))
-            frontier = np.setdiff1d(self.indices[offs].astype(np.int64), seen)
-            seen = np.union1d(seen, frontier)
+            frontier = minus(unique_ints(self.indices[offs].astype(np.int64)), seen)
+            seen = unique_ints(np.concatenate([seen, frontier]))
         return seen
 
     def _block(self, targets, qsrc, qdst):
@@ -150,27 +174,34 @@ class NewNodeEvaluator:
         q_src = qsrc[qoffs]
         q_dst = np.repeat(np.arange(len(targets)), qcount)
         all_src = np.concatenate([base_src, q_src])
-        others = np.setdiff1d(np.unique(all_src), targets)
+        others = minus(unique_ints(all_src), targets)
         sources = np.concatenate([targets, others])
-        sorter = np.argsort(sources, kind="stable")
-        local = sorter[np.searchsorted(sources, all_src, sorter=sorter)]
-        return sources, np.stack([local, np.concatenate([base_dst, q_dst])])
+        return sources, np.stack([self._positions(sources, all_src), np.concatenate([base_dst, q_dst])])
+
+    def _positions(self, sources: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Row of each id in `sources` (ids must all occur). An uninitialised id-sized array
+        costs only the pages touched, unlike a search per id."""
+        where = np.empty(int(max(sources.max(), ids.max())) + 1, dtype=np.int64)
+        where[sources] = np.arange(len(sources))
+        return where[ids]
 
     def _inputs(self, layer, sources, features, computed) -> torch.Tensor:
+        """Layer-`layer` inputs of `sources`: computed where R says so, else stored (features
+        at layer 0, PEs above); query nodes' features come from the request."""
         n = self.graph.num_nodes
-        table = self.graph.features if layer == 0 else self.store.layers[layer - 1]
-        x = np.empty((len(sources), table.shape[1]), dtype=np.float32)
+        table = self._features if layer == 0 else self._layers[layer - 1]
         existing = sources < n
-        x[existing] = table[sources[existing]]
+        out = torch.empty((len(sources), table.shape[1]), dtype=torch.float32)
+        rows = torch.from_numpy(np.flatnonzero(existing))
+        out[rows] = torch.index_select(table, 0, torch.from_numpy(sources[existing])).float()
         if layer == 0:
-            x[~existing] = features[sources[~existing] - n]
-        out = torch.from_numpy(x)
+            out[torch.from_numpy(np.flatnonzero(~existing))] = torch.from_numpy(features[sources[~existing] - n])
         if computed is not None:
             ids, values = computed
-            pos = np.searchsorted(sources, ids, sorter=np.argsort(sources, kind="stable"))
-            rows = np.argsort(sources, kind="stable")[pos]
-            present = sources[rows] == ids
-            out[torch.from_numpy(rows[present])] = values[torch.from_numpy(np.flatnonzero(present))]
+            # Computed rows a later layer does not read are simply not among the sources.
+            present = np.isin(ids, sources, assume_unique=True)
+            pos = self._positions(sources, ids[present])
+            out[torch.from_numpy(pos)] = values[torch.from_numpy(np.flatnonzero(present))]
         elif layer > 0 and not np.all(existing):
             raise RuntimeError("query nodes need computed inputs above layer 0")
         return out
