@@ -9,6 +9,7 @@ R_l of nodes whose layer-l embedding is computed; every other node's input is it
     srpe  (γ)      R_l = Q ∪ S for l < K, S = the top ⌈γ·|D|⌉ direct neighbours D of Q by
                    query-edge ratio |N_Q(u)| / (|N(u)| + |N_Q(u)|) (same order as
                    |N_Q(u)|/|N(u)|, defined at degree 0); R_K = Q
+    sampled        no PEs: K-hop neighbour sampling over the graph plus the query edges
     full           R_l = {u : dist(Q, u) <= min(l, K - l)}: exactly the embeddings the
                    query edges change and later layers read, so the result is exact
                    (GCN: min(l + 1, K - l), as new degrees reweight one hop further)
@@ -21,6 +22,7 @@ the computed target embedding, so attention is exact wherever R says so.
 from __future__ import annotations
 
 import math
+import queue
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,8 +33,9 @@ from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.features.store import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.gnn import GNN
+from hybridgnn.sampling.cpu import CPUSampler
 
-MODES = ("full", "pe", "srpe")
+MODES = ("full", "pe", "srpe", "sampled")
 
 
 def unique_ints(x: np.ndarray) -> np.ndarray:
@@ -63,20 +66,23 @@ class NewNodeResult:
 
 
 class NewNodeEvaluator:
-    def __init__(self, graph: GraphStore, model: GNN, store: EmbeddingStore):
-        if len(store.layers) != model.num_layers:
+    def __init__(self, graph: GraphStore, model: GNN, store: EmbeddingStore | None):
+        """store=None serves only mode `sampled`."""
+        if store is not None and len(store.layers) != model.num_layers:
             raise ValueError(f"stored embeddings have {len(store.layers)} layers, the model {model.num_layers}")
         self.graph, self.model, self.store = graph, model, store
         self.indptr = np.asarray(graph.indptr)
         self.indices = np.asarray(graph.indices)
         self.degrees = graph.degrees()
         self._features = host_tensor(graph.features)
+        self._samplers: queue.SimpleQueue = queue.SimpleQueue()  # one per concurrent request
         self._layers = [host_tensor(a) if a.dtype == np.float32 else torch.from_numpy(np.asarray(a, np.float32))
-                        for a in store.layers]
+                        for a in (store.layers if store is not None else [])]
         self.gcn = gcn_degrees(graph) if model.spec.kind == "gcn" else None
 
     def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
-              undirected: bool = True, policy: str = "ratio", seed: int = 0) -> NewNodeResult:
+              undirected: bool = True, policy: str = "ratio", seed: int = 0,
+              fanouts: tuple[int, ...] | None = None) -> NewNodeResult:
         n, q = self.graph.num_nodes, features.shape[0]
         ei = np.asarray(edge_index, dtype=np.int64)
         if undirected and ei.size:
@@ -88,6 +94,10 @@ class NewNodeEvaluator:
         qdst, qsrc = key // size, key % size
         direct = unique_ints(qdst[(qsrc >= n) & (qdst < n)])
         queries = np.arange(n, n + q)
+        if mode == "sampled":
+            return self._sampled(features, queries, qsrc, qdst, fanouts)
+        if self.store is None:
+            raise LookupError(f"mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute`")
         K = self.model.num_layers
         if mode == "pe":
             keep = np.empty(0, dtype=np.int64)
@@ -123,6 +133,33 @@ class NewNodeEvaluator:
             computed[layer] = (targets, y)
         recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), queries)) if K > 1 else 0
         return NewNodeResult(computed[K][1].float().numpy(), recomputed)
+
+    def _sampled(self, features, queries, qsrc, qdst, fanouts) -> NewNodeResult:
+        """Neighbour sampling over the stored graph plus the query edges (an overlay the
+        sampler reads beside the CSR); no precomputed embeddings involved."""
+        if not fanouts:
+            raise ValueError("mode 'sampled' needs fanouts")
+        n = self.graph.num_nodes
+        targets, counts = np.unique(qdst, return_counts=True)
+        ov_indptr = np.zeros(len(targets) + 1, dtype=np.int64)
+        np.cumsum(counts, out=ov_indptr[1:])
+        try:
+            sampler = self._samplers.get_nowait()
+        except queue.Empty:
+            sampler = CPUSampler(self.graph, fanouts)
+        try:
+            sub = sampler.sample(queries, overlay=(targets, ov_indptr, qsrc), num_extra_nodes=len(queries))
+        finally:
+            self._samplers.put(sampler)
+        ids = sub.node_ids
+        existing = ids < n
+        x = torch.empty((len(ids), self.graph.feature_dim), dtype=torch.float32)
+        x[torch.from_numpy(np.flatnonzero(existing))] = torch.index_select(
+            self._features, 0, torch.from_numpy(ids[existing]))
+        x[torch.from_numpy(np.flatnonzero(~existing))] = torch.from_numpy(features[ids[~existing] - n])
+        with torch.inference_mode():
+            out = self.model(x, torch.from_numpy(sub.edge_index), sub.num_sampled_nodes, sub.num_sampled_edges)
+        return NewNodeResult(out[torch.from_numpy(sub.seed_index)].float().numpy(), 0)
 
     def _select(self, direct, qsrc, qdst, gamma, policy, seed) -> np.ndarray:
         if not 0.0 <= gamma <= 1.0:

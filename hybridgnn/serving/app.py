@@ -161,9 +161,8 @@ def _new_node_call(engine: Engine, req):
     """Validate a new-node request's parameters and return the coroutine that answers it."""
     nn = engine.cfg.new_nodes
     mode = req.parameters.get("mode", nn.default_mode)
-    if mode not in ("full", "pe", "srpe"):
-        hint = " (sampling over query edges is not offered yet)" if mode == "sampled" else ""
-        raise RequestError(f"new-node requests take mode full, pe or srpe, got {mode!r}{hint}")
+    if mode not in ("full", "pe", "srpe", "sampled"):
+        raise RequestError(f"new-node requests take mode full, pe, srpe or sampled, got {mode!r}")
     gamma = req.parameters.get("gamma", nn.gamma)
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
         raise RequestError(f"gamma must be a number within [0, 1], got {gamma!r}")

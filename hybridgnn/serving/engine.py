@@ -80,6 +80,7 @@ class Engine:
         self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint)
         self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
                           if self.embeddings is not None else None)
+        self._sampling_only: NewNodeEvaluator | None = None
         self.features = HostFeatureStore(self.graph.features)
         self.pipelines: dict[str, Pipeline] = {
             cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
@@ -220,9 +221,9 @@ class Engine:
 
     async def infer_new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,
                               policy: str) -> RequestResult:
-        """Embeddings of query nodes from PEs (full / pe / srpe), computed off the event loop.
-        Counted as pending, so a drain waits for it."""
-        if self.new_nodes is None:
+        """Embeddings of query nodes (full / pe / srpe from PEs, or sampled), computed off the
+        event loop. Counted as pending, so a drain waits for it."""
+        if self.new_nodes is None and mode != "sampled":
             raise LookupError("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
         if self.draining or not self.ready:
             raise Draining("server is shutting down" if self.draining else "server is starting")
@@ -232,8 +233,8 @@ class Engine:
         self._idle.clear()
         t0 = time.perf_counter()
         try:
-            res = await asyncio.to_thread(self.new_nodes.infer, features, edge_index, mode=mode, gamma=gamma,
-                                          policy=policy)
+            res = await asyncio.to_thread(self._new_node_evaluator(mode).infer, features, edge_index, mode=mode,
+                                          gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
         finally:
             self._pending -= 1
             if self._pending == 0:
@@ -241,6 +242,14 @@ class Engine:
         emb = res.embeddings
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), f"newnodes_{mode}",
                              StageTimings(compute_s=time.perf_counter() - t0))
+
+    def _new_node_evaluator(self, mode: str) -> NewNodeEvaluator:
+        if self.new_nodes is not None:
+            return self.new_nodes
+        # `sampled` needs no stored embeddings; an evaluator without them serves only it.
+        if self._sampling_only is None:
+            self._sampling_only = NewNodeEvaluator(self.graph, self.model, None)
+        return self._sampling_only
 
     # --- description -----------------------------------------------------------------
     def metadata(self) -> dict:
@@ -261,7 +270,7 @@ class Engine:
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),
-            "new_node_modes": ["full", "pe", "srpe"] if self.embeddings is not None else [],
+            "new_node_modes": (["full", "pe", "srpe"] if self.embeddings is not None else []) + ["sampled"],
             "srpe_gamma": self.cfg.new_nodes.gamma,
             "pe_computed_unix_s": self.embeddings.computed_unix_s if self.embeddings is not None else None,
         }

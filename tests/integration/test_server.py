@@ -103,7 +103,9 @@ def test_new_node_requests(server, tiny_dataset, tiny_model_pe):
         np.testing.assert_allclose(emb, expect, rtol=1e-5, atol=1e-6)
         assert out["predictions"]["data"] == emb.argmax(1).tolist()
     assert requests.post(url, json=new_node_body(feats, edges), timeout=30).status_code == 200  # default srpe
-    for params, match in [({"gamma": 1.5}, "gamma"), ({"mode": "sampled"}, "not offered yet"),
+    r = requests.post(url, json=new_node_body(feats, edges, mode="sampled"), timeout=30)
+    assert r.status_code == 200 and len(r.json()["outputs"][1]["data"]) == 3
+    for params, match in [({"gamma": 1.5}, "gamma"), ({"mode": "telepathy"}, "take mode"),
                           ({"policy": "psychic"}, "policy")]:
         r = requests.post(url, json=new_node_body(feats, edges, **params), timeout=30)
         assert r.status_code == 400 and match in r.json()["error"], r.text

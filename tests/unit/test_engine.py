@@ -97,6 +97,8 @@ def test_precomputed_mode_without_embeddings_is_a_clear_4xx(tiny_dataset, tiny_m
                           {"name": "edge_index", "shape": [2, 1], "datatype": "INT64", "data": [3000, 1]}]}
         r = await client.post("/v2/models/hybridgnn/infer", json=new)
         assert r.status == 409 and "precomputed embeddings" in (await r.json())["error"]
+        r = await client.post("/v2/models/hybridgnn/infer", json={**new, "parameters": {"mode": "sampled"}})
+        assert r.status == 200  # sampling needs no stored embeddings
         assert engine.pending == 0
 
     asyncio.run(with_client(cfg, scenario))

@@ -95,3 +95,19 @@ def test_ratio_policy_picks_neighbours_with_most_query_edges(tmp_path):
     assert pick(0.0) == [] and pick(1.0) == [0, 1, 2]
     with pytest.raises(ValueError, match="gamma"):
         pick(1.5)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat"])
+def test_sampled_mode_with_unbounded_fanouts_equals_expanding_the_augmented_graph(setup, tmp_path, kind):
+    from hybridgnn.features.store import HostFeatureStore
+    from hybridgnn.pipelines.executor import BatchExecutor
+    from hybridgnn.sampling.cpu import CPUSampler
+
+    ev, feats, ei, _ = setup(kind, 2)
+    everything = (1 << 30, 1 << 30)
+    got = ev.infer(feats, ei, mode="sampled", fanouts=everything).embeddings
+    aug = augmented(tmp_path / "again", ev.graph, feats, ei)
+    ref = BatchExecutor(CPUSampler(aug, everything), HostFeatureStore(aug.features), ev.model)
+    np.testing.assert_allclose(got, ref.run(np.arange(N, N + Q)).embeddings, rtol=1e-4, atol=1e-5)
+    small = ev.infer(feats, ei, mode="sampled", fanouts=(2, 2)).embeddings
+    assert small.shape == got.shape and np.isfinite(small).all()

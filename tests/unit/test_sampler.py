@@ -87,3 +87,24 @@ def test_threads_sample_in_parallel_safely(skewed_graph):
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(work, samplers))
     assert all(len(r) == 200 for r in results)
+
+
+def test_overlay_candidates_are_drawn_uniformly_with_stored_ones(tmp_path):
+    # Node 0 has stored neighbours 1..10; the overlay gives it new nodes 11..20 (ids past the
+    # stored graph) and gives new node 11 one neighbour, 3.
+    graph = make_graph(tmp_path / "star", [(0, j) for j in range(1, 11)], 11)
+    overlay = (np.array([0, 11]), np.array([0, 10, 11]), np.concatenate([np.arange(11, 21), [3]]))
+    sampler = CPUSampler(graph, (5, 1), seed=3)
+    counts = np.zeros(21)
+    trials = 8000
+    for _ in range(trials):
+        sub = sampler.sample(np.array([0]), overlay=overlay, num_extra_nodes=10)
+        first_hop = sub.node_ids[1:1 + sub.num_sampled_nodes[1]]
+        counts[first_hop] += 1
+        assert len(set(first_hop.tolist())) == 5
+    sd = np.sqrt(trials * 0.25 * 0.75)
+    assert np.all(np.abs(counts[1:] - trials * 0.25) < 5 * sd)
+    sub = sampler.sample(np.array([11]), overlay=overlay, num_extra_nodes=10)
+    assert sub.node_ids.tolist() == [11, 3]
+    with pytest.raises(ValueError, match="lie in"):
+        sampler.sample(np.array([21]), overlay=overlay, num_extra_nodes=10)
