@@ -119,13 +119,14 @@ class NewNodeEvaluator:
             else:
                 sets.append(np.concatenate([queries, keep]))
         computed: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        runs = self._runs(qdst)
         for layer in range(1, K + 1):
             targets = sets[layer - 1]
-            sources, block = self._block(targets, qsrc, qdst)
+            sources, block = self._block(targets, qsrc, runs)
             x = self._inputs(layer - 1, sources, features, computed.get(layer - 1))
             with torch.inference_mode():
                 if self.gcn is not None:
-                    block, w = self._gcn_weights(block, sources, len(targets), qdst)
+                    block, w = self._gcn_weights(block, sources, len(targets), runs)
                     y = self.model.layer(layer - 1, x, torch.from_numpy(block), len(targets),
                                          gcn_weight=torch.from_numpy(w))
                 else:
@@ -140,9 +141,8 @@ class NewNodeEvaluator:
         if not fanouts:
             raise ValueError("mode 'sampled' needs fanouts")
         n = self.graph.num_nodes
-        targets, counts = np.unique(qdst, return_counts=True)
-        ov_indptr = np.zeros(len(targets) + 1, dtype=np.int64)
-        np.cumsum(counts, out=ov_indptr[1:])
+        targets, starts, _ = self._runs(qdst)
+        ov_indptr = np.append(starts, qdst.size).astype(np.int64)
         try:
             sampler = self._samplers.get_nowait()
         except queue.Empty:
@@ -195,7 +195,27 @@ class NewNodeEvaluator:
             seen = unique_ints(np.concatenate([seen, frontier]))
         return seen
 
-    def _block(self, targets, qsrc, qdst):
+    @staticmethod
+    def _runs(qdst: np.ndarray):
+        """(nodes with query in-edges, first edge of each, count) from target-sorted edges."""
+        if qdst.size == 0:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty, empty
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(qdst)) + 1])
+        return qdst[starts], starts, np.diff(np.append(starts, qdst.size))
+
+    @staticmethod
+    def _lookup(runs, ids: np.ndarray):
+        """(first query in-edge, count) of each id; count 0 where it has none."""
+        nodes, starts, counts = runs
+        if nodes.size == 0:
+            zero = np.zeros(ids.shape[0], dtype=np.int64)
+            return zero, zero
+        pos = np.minimum(np.searchsorted(nodes, ids), nodes.size - 1)
+        hit = nodes[pos] == ids
+        return np.where(hit, starts[pos], 0), np.where(hit, counts[pos], 0)
+
+    def _block(self, targets, qsrc, runs):
         """In-neighbours of targets in the graph plus the query edges, targets first."""
         n = self.graph.num_nodes
         existing = targets < n
@@ -205,8 +225,7 @@ class NewNodeEvaluator:
         offs = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(int(degs.sum()))
         base_src = self.indices[offs].astype(np.int64)
         base_dst = np.repeat(np.arange(len(targets)), degs)
-        lo, hi = np.searchsorted(qdst, targets, "left"), np.searchsorted(qdst, targets, "right")
-        qcount = hi - lo
+        lo, qcount = self._lookup(runs, targets)
         qoffs = np.repeat(lo - np.cumsum(qcount) + qcount, qcount) + np.arange(int(qcount.sum()))
         q_src = qsrc[qoffs]
         q_dst = np.repeat(np.arange(len(targets)), qcount)
@@ -243,14 +262,14 @@ class NewNodeEvaluator:
             raise RuntimeError("query nodes need computed inputs above layer 0")
         return out
 
-    def _gcn_weights(self, block, sources, num_targets, qdst):
+    def _gcn_weights(self, block, sources, num_targets, runs):
         """gcn_norm over the graph plus query edges: degree = in-degree (+1 self-loop unless
         the node already has one), counting query in-edges; query nodes get a self-loop."""
         n = self.graph.num_nodes
         norm_deg, has_loop = self.gcn
         existing = sources < n
         clipped = np.where(existing, sources, 0)
-        query_in = np.searchsorted(qdst, sources, "right") - np.searchsorted(qdst, sources, "left")
+        query_in = self._lookup(runs, sources)[1]
         deg = np.where(existing, norm_deg[clipped], 1).astype(np.float64) + query_in
         loops = np.flatnonzero(~(has_loop[clipped[:num_targets]] & existing[:num_targets]))
         block = np.concatenate([block, np.stack([loops, loops])], axis=1)
