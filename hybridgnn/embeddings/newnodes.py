@@ -32,6 +32,7 @@ from hybridgnn.embeddings.precompute import gcn_degrees
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.features.store import host_tensor
 from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.decompose import decompose
 from hybridgnn.models.gnn import GNN
 from hybridgnn.sampling.cpu import CPUSampler
 
@@ -68,6 +69,7 @@ class NewNodeResult:
 class NewNodeEvaluator:
     def __init__(self, graph: GraphStore, model: GNN, store: EmbeddingStore | None):
         """store=None serves only mode `sampled`."""
+        model = decompose(model)
         if store is not None and len(store.layers) != model.num_layers:
             raise ValueError(f"stored embeddings have {len(store.layers)} layers, the model {model.num_layers}")
         self.graph, self.model, self.store = graph, model, store
@@ -78,7 +80,7 @@ class NewNodeEvaluator:
         self._samplers: queue.SimpleQueue = queue.SimpleQueue()  # one per concurrent request
         self._layers = [host_tensor(a) if a.dtype == np.float32 else torch.from_numpy(np.asarray(a, np.float32))
                         for a in (store.layers if store is not None else [])]
-        self.gcn = gcn_degrees(graph) if model.spec.kind == "gcn" else None
+        self.gcn = gcn_degrees(graph) if model.gcn_normalised else None
 
     def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
               undirected: bool = True, policy: str = "ratio", seed: int = 0,

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir, mark_complete, write_state
 from hybridgnn.features.store import host_tensor
 from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.decompose import decompose
 from hybridgnn.models.gnn import GNN
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,17 @@ def _gcn_block(edge_index, sources, num_targets, norm_degree, has_loop):
     return ei, w.astype(np.float32)
 
 
+def layer_dims(model, in_dim: int) -> list[int]:
+    """Each layer's output width, by running the stack once on a single edgeless node."""
+    dims, x = [], torch.zeros(1, in_dim)
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    with torch.inference_mode():
+        for i in range(model.num_layers):
+            x = model.layer(i, x, empty, 1)
+            dims.append(int(x.shape[1]))
+    return dims
+
+
 def _memory_budget(cfg: PrecomputeConfig) -> int:
     if cfg.memory_budget_bytes:
         return cfg.memory_budget_bytes
@@ -117,13 +129,15 @@ def node_order(graph: GraphStore, order: str) -> np.ndarray:
 
 def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeConfig = PrecomputeConfig(),
                *, progress: bool = True) -> EmbeddingStore:
-    """Run every layer over every node; resume from state.json when a previous run stopped."""
+    """Run every layer over every node; resume from state.json when a previous run stopped.
+    `model` is a GNN or anything hybridgnn.models.decompose accepts (e.g. a PyG BasicGNN)."""
+    model = decompose(model)
     model.eval()
     device = torch.device(cfg.device)
     model.to(device)
     root = embeddings_dir(model_dir, graph.fingerprint)
     root.mkdir(parents=True, exist_ok=True)
-    dims = [conv.out_channels * (conv.heads if getattr(conv, "concat", False) else 1) for conv in model.convs]
+    dims = layer_dims(model, graph.feature_dim)
     fresh = {"num_layers": model.num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
              "layer": 0, "done": 0, "complete": False}
     state_path = root / "state.json"
@@ -136,7 +150,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
                 return EmbeddingStore.open(model_dir, graph.fingerprint)
             log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])
     order = node_order(graph, cfg.order)
-    norm_degree, has_loop = gcn_degrees(graph) if model.spec.kind == "gcn" else (None, None)
+    norm_degree, has_loop = gcn_degrees(graph) if model.gcn_normalised else (None, None)
     scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
     budget = _memory_budget(cfg)
     batch = cfg.batch_size
@@ -159,7 +173,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
                     sources, ei = block_inputs(graph, targets, scratch)
                     x = prev[torch.from_numpy(sources)].to(device)
                     with torch.inference_mode():
-                        if model.spec.kind == "gcn":
+                        if model.gcn_normalised:
                             ei, w = _gcn_block(ei, sources, len(targets), norm_degree, has_loop)
                             y = model.layer(layer, x, torch.from_numpy(ei).to(device), len(targets),
                                             gcn_weight=torch.from_numpy(w).to(device))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, SAGEConv
 
 MODEL_KINDS = ("sage", "gcn", "gat")
 
@@ -47,6 +47,24 @@ class ModelSpec:
         return asdict(self)
 
 
+# Convolutions that take a (source, target) pair, so a layer computes only its targets.
+BIPARTITE_CONVS = (SAGEConv, GATConv, GATv2Conv, GINConv, GraphConv)
+
+
+def apply_conv(conv: nn.Module, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
+               gcn_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """One message-passing layer on a block whose first num_targets sources are the targets;
+    returns the targets' rows. gcn_weight: see GNN.layer."""
+    if gcn_weight is not None:
+        if not isinstance(conv, GCNConv):
+            raise ValueError("gcn_weight applies to GCN layers only")
+        out = conv.propagate(edge_index, x=conv.lin(x_src), edge_weight=gcn_weight)[:num_targets]
+        return out + conv.bias if conv.bias is not None else out
+    if isinstance(conv, BIPARTITE_CONVS):
+        return conv((x_src, x_src[:num_targets]), edge_index, size=(x_src.shape[0], num_targets))
+    return conv(x_src, edge_index)[:num_targets]
+
+
 def _conv(spec: ModelSpec, in_dim: int, out_dim: int, last: bool) -> nn.Module:
     if spec.kind == "sage":
         return SAGEConv(in_dim, out_dim)
@@ -71,6 +89,11 @@ class GNN(nn.Module):
     def num_layers(self) -> int:
         return len(self.convs)
 
+    @property
+    def gcn_normalised(self) -> bool:
+        """Whether layers normalise by degree (GCN): whole-graph blocks then pass gcn_weight."""
+        return self.spec.kind == "gcn"
+
     def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
               gcn_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Layer i on a graph whose first num_targets source rows are the targets; returns the
@@ -79,18 +102,7 @@ class GNN(nn.Module):
         gcn_weight (GCN only): normalised edge weights, self-loops included in edge_index,
         computed from whole-graph degrees; the layer then skips PyG's in-subgraph
         normalisation, so a 1-hop block gives exactly the whole-graph result."""
-        conv = self.convs[i]
-        if gcn_weight is not None:
-            if self.spec.kind != "gcn":
-                raise ValueError("gcn_weight applies to GCN layers only")
-            out = conv.propagate(edge_index, x=conv.lin(x_src), edge_weight=gcn_weight)[:num_targets]
-            if conv.bias is not None:
-                out = out + conv.bias
-        elif self._bipartite:
-            out = conv((x_src, x_src[:num_targets]), edge_index, size=(x_src.shape[0], num_targets))
-        else:
-            out = conv(x_src, edge_index)[:num_targets]
-        return self.between_layers(i, out)
+        return self.between_layers(i, apply_conv(self.convs[i], x_src, edge_index, num_targets, gcn_weight))
 
     def between_layers(self, i: int, out: torch.Tensor) -> torch.Tensor:
         """The per-node operations after layer i (none after the last)."""

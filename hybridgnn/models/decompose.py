@@ -1,0 +1,70 @@
+"""Layer decomposition: expose a model as a stack of message-passing layers with per-node
+operations between them (`layer(i, ...)`), which layer-wise precompute and new-node
+evaluation need. hybridgnn's own GNN already is one; PyG's BasicGNN models (GraphSAGE,
+GCN, GAT, GIN, ... from torch_geometric.nn.models) are wrapped without copying weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch_geometric.nn import GCNConv
+
+from hybridgnn.models.gnn import GNN, apply_conv
+
+
+class LayerStack(nn.Module):
+    """A PyG BasicGNN seen layer by layer: conv i, then (before the last layer) its norm,
+    activation and dropout exactly as BasicGNN.forward applies them."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        if getattr(model, "jk_mode", None) is not None:
+            raise ValueError("models with jumping knowledge (jk) mix all layers' outputs; "
+                             "layer-wise inference needs a plain stack")
+        self.model = model
+        self.convs = model.convs
+        kinds = {isinstance(c, GCNConv) for c in self.convs}
+        if len(kinds) > 1:
+            raise ValueError("mixing GCNConv with other convolutions is not supported")
+        self._gcn = kinds == {True}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.convs)
+
+    @property
+    def gcn_normalised(self) -> bool:
+        return self._gcn
+
+    def between_layers(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        if i == self.num_layers - 1:
+            return m.lin(x) if hasattr(m, "lin") and m.lin is not None else x
+        if m.act is not None and m.act_first:
+            x = m.act(x)
+        x = m.norms[i](x)
+        if m.act is not None and not m.act_first:
+            x = m.act(x)
+        return m.dropout(x)
+
+    def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
+              gcn_weight: torch.Tensor | None = None) -> torch.Tensor:
+        return self.between_layers(i, apply_conv(self.convs[i], x_src, edge_index, num_targets, gcn_weight))
+
+    def forward(self, x, edge_index, num_sampled_nodes=None, num_sampled_edges=None):
+        if num_sampled_nodes is None:
+            return self.model(x, edge_index)
+        out = self.model(x, edge_index, num_sampled_nodes_per_hop=list(map(int, num_sampled_nodes)),
+                         num_sampled_edges_per_hop=list(map(int, num_sampled_edges)))
+        return out[: int(num_sampled_nodes[0])]
+
+
+def decompose(model: nn.Module):
+    """The layer-by-layer view of a model, or a clear error when it has none."""
+    if isinstance(model, (GNN, LayerStack)):
+        return model
+    if hasattr(model, "convs") and hasattr(model, "norms") and hasattr(model, "act"):
+        return LayerStack(model)
+    raise ValueError(f"{type(model).__name__} is not a stack of message-passing layers hybridgnn can decompose; "
+                     "use hybridgnn.models.GNN or a torch_geometric.nn.models BasicGNN")
