@@ -90,10 +90,10 @@ def _gcn_block(edge_index, sources, num_targets, norm_degree, has_loop):
     return ei, w.astype(np.float32)
 
 
-def layer_dims(model, in_dim: int) -> list[int]:
+def layer_dims(model, in_dim: int, device: torch.device | str = "cpu") -> list[int]:
     """Each layer's output width, by running the stack once on a single edgeless node."""
-    dims, x = [], torch.zeros(1, in_dim)
-    empty = torch.zeros(2, 0, dtype=torch.long)
+    dims, x = [], torch.zeros(1, in_dim, device=device)
+    empty = torch.zeros(2, 0, dtype=torch.long, device=device)
     with torch.inference_mode():
         for i in range(model.num_layers):
             x = model.layer(i, x, empty, 1)
@@ -137,7 +137,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     model.to(device)
     root = embeddings_dir(model_dir, graph.fingerprint)
     root.mkdir(parents=True, exist_ok=True)
-    dims = layer_dims(model, graph.feature_dim)
+    dims = layer_dims(model, graph.feature_dim, device)
     fresh = {"num_layers": model.num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
              "layer": 0, "done": 0, "complete": False}
     state_path = root / "state.json"
