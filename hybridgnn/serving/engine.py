@@ -141,16 +141,26 @@ class Engine:
     def pending(self) -> int:
         return self._pending
 
-    def submit(self, node_ids: np.ndarray) -> asyncio.Future:
-        """Admit one request (ids already validated) or raise Overloaded / Draining."""
+    def _admit(self) -> None:
+        """Count one more request in flight, or raise Draining / Overloaded."""
         if self.draining or not self.ready:
             raise Draining("server is shutting down" if self.draining else "server is starting")
         if self._pending >= self.cfg.batcher.max_pending_requests:
             raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")
-        fut = self._loop.create_future()
         self._pending += 1
         self._idle.clear()
         self.telemetry.pending.set(self._pending)
+
+    def _release(self) -> None:
+        self._pending -= 1
+        self.telemetry.pending.set(self._pending)
+        if self._pending == 0:
+            self._idle.set()
+
+    def submit(self, node_ids: np.ndarray) -> asyncio.Future:
+        """Admit one request (ids already validated) or raise Overloaded / Draining."""
+        self._admit()
+        fut = self._loop.create_future()
         self._batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter()))
         return fut
 
@@ -205,10 +215,7 @@ class Engine:
                 req.future.set_exception(exception)
             else:
                 req.future.set_result(result)
-        self._pending -= 1
-        self.telemetry.pending.set(self._pending)
-        if self._pending == 0:
-            self._idle.set()
+        self._release()
 
     async def lookup_precomputed(self, node_ids: np.ndarray) -> RequestResult:
         """Answer from the stored final layer: no sampling, constant time per id."""
@@ -225,20 +232,13 @@ class Engine:
         event loop. Counted as pending, so a drain waits for it."""
         if self.new_nodes is None and mode != "sampled":
             raise LookupError("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
-        if self.draining or not self.ready:
-            raise Draining("server is shutting down" if self.draining else "server is starting")
-        if self._pending >= self.cfg.batcher.max_pending_requests:
-            raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")
-        self._pending += 1
-        self._idle.clear()
+        self._admit()
         t0 = time.perf_counter()
         try:
             res = await asyncio.to_thread(self._new_node_evaluator(mode).infer, features, edge_index, mode=mode,
                                           gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
         finally:
-            self._pending -= 1
-            if self._pending == 0:
-                self._idle.set()
+            self._release()
         emb = res.embeddings
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), f"newnodes_{mode}",
                              StageTimings(compute_s=time.perf_counter() - t0))
