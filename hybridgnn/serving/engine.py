@@ -113,9 +113,12 @@ class Engine:
         self.ready = True
 
     def _warm_up(self) -> None:
-        """Compile the sampler and touch the model once so the first request is not slow."""
+        """Compile the samplers (plain and with a query-edge overlay) and touch the model once,
+        so the first request of either kind is not slow."""
         ex = self._make_cpu_executor(0)
         ex.run(np.arange(min(4, self.graph.num_nodes), dtype=np.int64))
+        n = self.graph.num_nodes
+        ex.sampler.sample(np.array([n]), overlay=(np.array([n]), np.array([0, 1]), np.array([0])), num_extra_nodes=1)
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting; wait until every admitted request has its answer."""
