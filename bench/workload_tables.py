@@ -42,7 +42,7 @@ def main() -> None:
     sampler.sample(subset[:10])  # compile outside the timing
     t0 = time.perf_counter()
     sizes = np.empty(len(subset))
-    for i, node in enumerate(subset):
+    for i in range(len(subset)):
         sizes[i] = sampler.sample(subset[i:i + 1]).num_edges + 1
     per_node_s = (time.perf_counter() - t0) / len(subset)
     sampling_total_s = per_node_s * graph.num_nodes

@@ -94,7 +94,6 @@ class Engine:
         self._idle = asyncio.Event()
         self.draining = False
         self.ready = False
-        self.started_unix_s = time.time()
 
     # --- lifecycle -------------------------------------------------------------------
     def _make_cpu_executor(self, worker: int) -> BatchExecutor:

@@ -219,7 +219,7 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
 
 def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model):
     srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20").wait_ready()
-    outcomes, lock = [], threading.Lock()
+    outcomes, lock = [], threading.Condition()
     stop_clients = threading.Event()
 
     def client(seed):
@@ -236,6 +236,7 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model)
                 outcome = ("timeout", f"{time.monotonic() - t_start:.2f}s after start, sigterm at {sigterm_at}: {exc}")
             with lock:
                 outcomes.append(outcome)
+                lock.notify_all()
             if outcome[0] in ("conn", "timeout"):
                 return
 
@@ -244,9 +245,8 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model)
     threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while len(outcomes) < 50 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    with lock:
+        assert lock.wait_for(lambda: len(outcomes) >= 50, timeout=30), "clients made no progress"
     sigterm_at.append(time.monotonic() - t_start)
     srv.proc.send_signal(signal.SIGTERM)
     code = srv.proc.wait(60)

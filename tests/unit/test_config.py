@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -42,7 +43,7 @@ def test_bad_values_are_quoted(make, match):
 def test_defaults_are_valid_and_frozen():
     cfg = RouterConfig()
     assert math.isinf(cfg.psgs_threshold)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.psgs_threshold = 3  # frozen
 
 

@@ -1,5 +1,3 @@
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -85,7 +83,7 @@ def test_powerlaw_is_skewed_symmetric_and_deduplicated(tmp_path):
     deg = g.degrees()
     assert 15 < deg.mean() <= 20
     assert deg.max() > 10 * deg.mean()  # heavy tail
-    indptr, indices = np.asarray(g.indptr), np.asarray(g.indices)
+    indices = np.asarray(g.indices)
     rows = np.repeat(np.arange(g.num_nodes), deg)
     assert not np.any(rows == indices)  # no self-loops
     pairs = set(zip(rows.tolist(), indices.tolist()))

@@ -83,7 +83,6 @@ def test_ratio_policy_picks_neighbours_with_most_query_edges(tmp_path):
     graph = make_graph(tmp_path / "g", edges, 6, feature_dim=4)
     model = GNN(ModelSpec("sage", 4, 8, 3)).eval()
     ev = NewNodeEvaluator(graph, model, precompute(graph, model, tmp_path / "m", progress=False))
-    feats = np.zeros((2, 4), dtype=np.float32)
     ei = np.array([[6, 7, 6, 6], [0, 0, 1, 2]])
     direct = np.array([0, 1, 2])
     qsrc, qdst = np.concatenate([ei[0], ei[1]]), np.concatenate([ei[1], ei[0]])
