@@ -93,6 +93,7 @@ class BatchResult:
     predictions: np.ndarray  # int64 [n]
     timings: StageTimings = field(default_factory=StageTimings)
     sampled_edges: int = 0
+    gathered_rows: dict[str, int] = field(default_factory=dict)  # feature tier -> rows read from it
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,6 @@ fi
 # Re-install only when pyproject.toml changed since the last install.
 stamp="$VENV/.hybridgnn-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  "$VENV/bin/pip" install -q -e ".[test]"
+  "$VENV/bin/pip" install -q -e ".[test,ops]"
   touch "$stamp"
 fi

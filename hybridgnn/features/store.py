@@ -22,6 +22,10 @@ class FeatureStore(Protocol):
 
     def gather(self, node_ids: np.ndarray) -> torch.Tensor: ...
 
+    def rows_by_tier(self, node_ids: np.ndarray) -> dict[str, int]:
+        """How many of these rows each tier serves (for the cache-hit metrics)."""
+        ...
+
 
 class HostFeatureStore:
     """Rows read from the dataset's feature matrix in host memory (mmap'd, shared by all
@@ -34,6 +38,9 @@ class HostFeatureStore:
     @property
     def table(self) -> torch.Tensor:
         return self._table
+
+    def rows_by_tier(self, node_ids: np.ndarray) -> dict[str, int]:
+        return {"host": int(len(node_ids))}
 
     def gather(self, node_ids: np.ndarray) -> torch.Tensor:
         return torch.index_select(self._table, 0, torch.from_numpy(np.ascontiguousarray(node_ids, dtype=np.int64)))

@@ -38,4 +38,4 @@ class BatchExecutor:
         t3 = time.perf_counter()
         t.sample_s, t.gather_s, t.compute_s = t1 - t0, t2 - t1, t3 - t2
         return BatchResult(embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
-                           sampled_edges=sub.num_edges)
+                           sampled_edges=sub.num_edges, gathered_rows=self.features.rows_by_tier(sub.node_ids))

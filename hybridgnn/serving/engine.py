@@ -87,6 +87,9 @@ class Engine:
         }
         self.router = Router(cfg.router, tuple(self.pipelines))
         self.telemetry.psgs_threshold.set(self.router.threshold)
+        self.telemetry.pending_capacity.set(cfg.batcher.max_pending_requests)
+        self.telemetry.declare(tuple(self.pipelines))
+        self.telemetry.ready.set(0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batcher: MicroBatcher | None = None
         self._batcher_task: asyncio.Task | None = None
@@ -110,6 +113,7 @@ class Engine:
         self._batcher = MicroBatcher(self.cfg.batcher, self._dispatch, self._has_capacity)
         self._batcher_task = asyncio.create_task(self._batcher.run(), name="batcher")
         self.ready = True
+        self.telemetry.ready.set(1)
 
     def _warm_up(self) -> None:
         """Compile the samplers (plain and with a query-edge overlay) and touch the model once,
@@ -123,6 +127,7 @@ class Engine:
         """Stop admitting; wait until every admitted request has its answer."""
         self.draining = True
         self.ready = False
+        self.telemetry.ready.set(0)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
             return True
@@ -203,7 +208,7 @@ class Engine:
                 self._resolve(req, exception=failure)
             return
         t.observe_batch(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,
-                        result.sampled_edges)
+                        result.sampled_edges, result.gathered_rows)
         offs = batch.offsets
         for i, req in enumerate(batch.requests):
             t.observe_stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)

@@ -17,6 +17,11 @@ LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
     0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
+ROUTING_REASONS = ("threshold", "only", "spill", "fallback")
+PIPELINES = ("cpu", "gpu")
+FEATURE_TIERS = ("gpu", "host")
+# Codes the dashboards and alert rules select on; created at zero so ratios exist before the first error.
+PREDECLARED_CODES = ("200", "400", "404", "409", "413", "429", "500", "503")
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PSGS_BUCKETS = tuple(float(10**e * m) for e in range(0, 8) for m in (1, 3))
 
@@ -56,9 +61,39 @@ class Telemetry:
             "hybridgnn_rejected_requests", "Requests refused before admission", ["reason"], registry=r)
         self.psgs_threshold = Gauge(
             "hybridgnn_psgs_threshold", "PSGS threshold in force (+Inf: all batches on CPU)", registry=r)
+        self.gathered_rows = Counter(
+            "hybridgnn_gathered_rows", "Feature rows gathered, by the tier that served them (gpu: device cache)",
+            ["pipeline", "tier"], registry=r)
+        self.ready = Gauge(
+            "hybridgnn_ready", "1 while the replica accepts requests, 0 while starting or draining", registry=r)
+        self.pending_capacity = Gauge(
+            "hybridgnn_pending_capacity_requests", "Requests in flight allowed before new ones get 429", registry=r)
 
         # labels() hashes and locks on every call; the request path reuses the children.
         self._children: dict[tuple, object] = {}
+
+    def declare(self, pipelines: tuple[str, ...]) -> None:
+        """Create the label sets dashboards and rules select on at zero, so every panel and
+        rule has a series from the first scrape rather than after the first such event."""
+        c = self._child
+        for code in PREDECLARED_CODES:
+            c(self.requests, self.model, code)
+        c(self.seeds, self.model)
+        for reason in ("overload", "draining"):
+            c(self.rejected, reason)
+        for name in PIPELINES:
+            for reason in ROUTING_REASONS:
+                c(self.routing, name, reason)
+            c(self.batch_errors, name)
+            for tier in FEATURE_TIERS:
+                c(self.gathered_rows, name, tier)
+        for name in pipelines:
+            c(self.queue_depth, name)
+            c(self.sampled_edges, name)
+            for stage in STAGES:
+                c(self.stage_seconds, stage, name)
+            for h in (self.batch_size, self.batch_requests, self.batch_psgs):
+                c(h, name)
 
     def _child(self, metric, *labels):
         key = (id(metric), labels)
@@ -68,7 +103,7 @@ class Telemetry:
         return child
 
     def observe_batch(self, pipeline: str, t: StageTimings, num_seeds: int, num_requests: int,
-                      psgs: float, sampled_edges: int) -> None:
+                      psgs: float, sampled_edges: int, gathered_rows: dict[str, int] | None = None) -> None:
         h, c = self.stage_seconds, self._child
         c(h, "queue_wait", pipeline).observe(t.queue_wait_s)
         c(h, "sample", pipeline).observe(t.sample_s)
@@ -78,6 +113,8 @@ class Telemetry:
         c(self.batch_requests, pipeline).observe(num_requests)
         c(self.batch_psgs, pipeline).observe(psgs)
         c(self.sampled_edges, pipeline).inc(sampled_edges)
+        for tier, rows in (gathered_rows or {}).items():
+            c(self.gathered_rows, pipeline, tier).inc(rows)
 
     def observe_stage(self, stage: str, pipeline: str, seconds: float) -> None:
         self._child(self.stage_seconds, stage, pipeline).observe(seconds)

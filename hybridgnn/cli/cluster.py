@@ -1,0 +1,50 @@
+"""`hybridgnn cluster`: N replicas of `hybridgnn serve` behind HAProxy or nginx on one machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hybridgnn.config import env_default
+from hybridgnn.serving.balancer import BALANCERS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "cluster", help="run N serve replicas behind a load balancer on this machine",
+        description="Start N replicas of `hybridgnn serve` (ports base-port..base-port+N-1) and HAProxy or nginx "
+                    "on --port, wait until all are ready, and supervise until Ctrl-C/SIGTERM, which drains the "
+                    "replicas and stops the balancer. Arguments after `--` go to every `hybridgnn serve`. "
+                    "The run directory holds the balancer config, logs, and replica-<i>.pid/.exit files.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--replicas", type=int, default=env_default("REPLICAS", 3, int))
+    p.add_argument("--balancer", choices=BALANCERS, default=env_default("BALANCER", "haproxy"))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="the balancer's port")
+    p.add_argument("--base-port", type=int, default=8001, help="port of the first replica")
+    p.add_argument("--run-dir", type=Path, default=Path("run/cluster"))
+    p.add_argument("--ready-timeout-s", type=float, default=300.0,
+                   help="how long replicas may take to start (the demo trains its model on first run)")
+    p.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then flags for `hybridgnn serve`")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from hybridgnn.serving.cluster import ClusterConfig, LocalCluster
+
+    serve_args = list(args.serve_args)
+    if serve_args[:1] == ["--"]:
+        serve_args = serve_args[1:]
+    if not any(a == "--dataset" or a.startswith("--dataset=") for a in serve_args):
+        # Build the demo once here, not in N replicas racing on the same cache directory.
+        from hybridgnn.demo import ensure_demo
+
+        dataset, model = ensure_demo(None)
+        serve_args += ["--dataset", str(dataset), "--model", str(model)]
+    cfg = ClusterConfig(replicas=args.replicas, balancer=args.balancer, host=args.host, port=args.port,
+                        base_port=args.base_port, run_dir=args.run_dir, serve_args=tuple(serve_args),
+                        ready_timeout_s=args.ready_timeout_s)
+    try:
+        return LocalCluster(cfg).run_until_signal()
+    except (RuntimeError, TimeoutError) as exc:  # a replica or the balancer failed to start
+        raise ValueError(f"{exc} (logs in {cfg.run_dir})") from exc

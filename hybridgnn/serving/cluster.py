@@ -1,0 +1,202 @@
+"""N replicas of `hybridgnn serve` and a load balancer on one machine (`hybridgnn cluster`).
+
+Everything lives in a run directory: the balancer config, one log per process, and
+replica-<i>.pid / replica-<i>.exit files, so an operator (or a test) can signal one
+replica and see how it ended. The balancer stays up while replicas come and go; a stop
+signal drains the replicas (SIGTERM), then stops the balancer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybridgnn.serving.balancer import (
+    READY_PATH,
+    balancer_command,
+    check_command,
+    render,
+)
+
+log = logging.getLogger("hybridgnn.cluster")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    replicas: int = 3
+    balancer: str = "haproxy"
+    host: str = "127.0.0.1"
+    port: int = 8000  # the balancer's
+    base_port: int = 8001  # replica i listens on base_port + i
+    run_dir: Path = Path("run/cluster")
+    serve_args: tuple[str, ...] = ()
+    ready_timeout_s: float = 300.0
+    drain_timeout_s: float = 60.0
+
+    def __post_init__(self):
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if not 0 < self.port < 65536 or not 0 < self.base_port <= 65536 - self.replicas:
+            raise ValueError(f"ports out of range: port {self.port}, base_port {self.base_port}")
+        if self.port in range(self.base_port, self.base_port + self.replicas):
+            raise ValueError(f"balancer port {self.port} collides with replica ports "
+                             f"{self.base_port}..{self.base_port + self.replicas - 1}")
+        for flag in ("--port", "--host"):
+            if flag in self.serve_args:
+                raise ValueError(f"{flag} is set per replica by the cluster; leave it out of the serve arguments")
+
+    @property
+    def backends(self) -> list[str]:
+        return [f"{self.host}:{self.base_port + i}" for i in range(self.replicas)]
+
+
+def http_ready(url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url + READY_PATH, timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+@dataclass
+class LocalCluster:
+    cfg: ClusterConfig
+    replicas: list[subprocess.Popen] = field(default_factory=list)
+    balancer: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.port}"
+
+    def replica_url(self, i: int) -> str:
+        return f"http://{self.cfg.backends[i]}"
+
+    def write_balancer_config(self) -> Path:
+        """Render the balancer config into the run directory and have the balancer check it."""
+        cfg = self.cfg
+        if shutil.which(cfg.balancer) is None:
+            raise FileNotFoundError(f"{cfg.balancer} is not installed (Debian: apt-get install "
+                                    f"{'haproxy' if cfg.balancer == 'haproxy' else 'nginx-light'})")
+        state = (cfg.run_dir / cfg.balancer).resolve()
+        state.mkdir(parents=True, exist_ok=True)
+        path = state / ("haproxy.cfg" if cfg.balancer == "haproxy" else "nginx.conf")
+        path.write_text(render(cfg.balancer, f"{cfg.host}:{cfg.port}", cfg.backends, state))
+        check = subprocess.run(check_command(cfg.balancer, path), capture_output=True, text=True, check=False)
+        if check.returncode != 0:
+            raise RuntimeError(f"{cfg.balancer} rejected {path}:\n{check.stdout}{check.stderr}")
+        return path
+
+    def start(self) -> None:
+        cfg = self.cfg
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in cfg.run_dir.glob("replica-*.*"):
+            stale.unlink()
+        config = self.write_balancer_config()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for i in range(cfg.replicas):
+            cmd = [sys.executable, "-m", "hybridgnn.cli.main", "serve", *cfg.serve_args,
+                   "--host", cfg.host, "--port", str(cfg.base_port + i)]
+            with open(cfg.run_dir / f"replica-{i}.log", "wb") as logf:  # the child keeps its own descriptor
+                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+            (cfg.run_dir / f"replica-{i}.pid").write_text(str(proc.pid))
+            self.replicas.append(proc)
+        self._wait_replicas_ready()
+        with open(cfg.run_dir / f"{cfg.balancer}.log", "wb") as logf:
+            self.balancer = subprocess.Popen(balancer_command(cfg.balancer, config), stdout=logf,
+                                             stderr=subprocess.STDOUT)
+        self._wait(lambda: http_ready(self.url), "the balancer to route to a ready replica", self.balancer)
+        (cfg.run_dir / "ready").write_text(self.url + "\n")
+        log.info("cluster ready: %s -> %s (%s)", self.url, ", ".join(cfg.backends), cfg.balancer)
+
+    def _wait_replicas_ready(self) -> None:
+        pending = set(range(self.cfg.replicas))
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        while pending:
+            for i in sorted(pending):
+                if self.replicas[i].poll() is not None:
+                    raise RuntimeError(f"replica {i} exited with {self.replicas[i].returncode} while starting; "
+                                       f"see {self.cfg.run_dir / f'replica-{i}.log'}")
+                if http_ready(self.replica_url(i)):
+                    pending.discard(i)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"replicas {sorted(pending)} not ready within {self.cfg.ready_timeout_s}s")
+            time.sleep(0.1)  # poll interval; the deadline above bounds the wait
+
+    def _wait(self, ok, what: str, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        while not ok():
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited with {proc.returncode} while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def reap(self, stopping: bool = False) -> None:
+        """Record how replicas that have ended exited (replica-<i>.exit), once each."""
+        for i, proc in enumerate(self.replicas):
+            marker = self.cfg.run_dir / f"replica-{i}.exit"
+            if proc.poll() is not None and not marker.exists():
+                code = proc.returncode
+                marker.write_text(str(code))
+                how = f"signal {-code}" if code < 0 else f"code {code}"
+                if stopping:
+                    log.info("replica %d (pid %d) stopped with %s", i, proc.pid, how)
+                else:
+                    log.warning("replica %d (pid %d) ended with %s; the balancer routes around it", i, proc.pid, how)
+
+    def stop(self) -> None:
+        """Drain every replica (SIGTERM, wait), then stop the balancer."""
+        for proc in self.replicas:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        for proc in self.replicas:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.reap(stopping=True)
+        if self.balancer is not None and self.balancer.poll() is None:
+            # haproxy -db and nginx (daemon off) both stop gracefully on SIGTERM/SIGQUIT.
+            self.balancer.send_signal(signal.SIGTERM)
+            try:
+                self.balancer.wait(10)
+            except subprocess.TimeoutExpired:
+                self.balancer.kill()
+                self.balancer.wait()
+        (self.cfg.run_dir / "ready").unlink(missing_ok=True)
+
+    def run_until_signal(self) -> int:
+        """Start, then supervise until SIGTERM/SIGINT or the balancer dies; returns an exit code."""
+        stop = False
+
+        def _stop(signum, frame):
+            nonlocal stop
+            stop = True
+
+        old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            print(f"cluster ready on {self.url} ({self.cfg.replicas} replicas behind {self.cfg.balancer}); "
+                  f"Ctrl-C stops it", flush=True)
+            while not stop:
+                self.reap()
+                if self.balancer is not None and self.balancer.poll() is not None:
+                    log.error("%s exited with %s", self.cfg.balancer, self.balancer.returncode)
+                    return 1
+                time.sleep(0.2)  # supervision tick
+            return 0
+        finally:
+            self.stop()
+            for s, h in old.items():
+                signal.signal(s, h)

@@ -1,0 +1,37 @@
+"""Shared helpers of the ops tests: where things are, and skipping (or failing, in CI)
+when a real tool is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARDS = ROOT / "dashboards"
+DEPLOY = ROOT / "deploy"
+VENV_BIN = Path(sys.executable).parent
+
+
+def require_tool(name: str) -> str:
+    """Path of `name` on PATH or in this venv. Missing: skip, or fail when
+    HYBRIDGNN_REQUIRE_OPS_TOOLS=1 (CI sets it, so these tests can never silently not run there)."""
+    path = shutil.which(name) or shutil.which(name, path=str(VENV_BIN))
+    if path is None:
+        message = f"{name} is not installed (Debian: apt-get install haproxy nginx-light prometheus)"
+        if os.environ.get("HYBRIDGNN_REQUIRE_OPS_TOOLS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def run_tool(*cmd: str, cwd: Path | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
