@@ -131,6 +131,9 @@ class ServerConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     drain_timeout_s: float = 30.0
     shutdown_grace_s: float = 0.5
+    # After a stop signal, report not-ready but keep serving this long, so balancers that
+    # poll readiness stop routing here before requests are refused (0: refuse at once).
+    unready_delay_s: float = 0.0
     retry_after_s: int = 1
 
     def __post_init__(self):
@@ -144,6 +147,8 @@ class ServerConfig:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         if not 0 <= self.shutdown_grace_s <= 60:
             raise ValueError(f"shutdown_grace_s must be within [0, 60], got {self.shutdown_grace_s}")
+        if not 0 <= self.unready_delay_s <= 300:
+            raise ValueError(f"unready_delay_s must be within [0, 300], got {self.unready_delay_s}")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--drain-timeout-s", type=float, default=env_default("DRAIN_TIMEOUT_S", 30.0, float))
     p.add_argument("--shutdown-grace-s", type=float, default=env_default("SHUTDOWN_GRACE_S", 0.5, float),
                    help="after draining, keep answering 503 this long before closing the listener")
+    p.add_argument("--unready-delay-s", type=float, default=env_default("UNREADY_DELAY_S", 0.0, float),
+                   help="on SIGTERM, report not-ready but keep serving this long before draining "
+                        "(longer than the balancer's health-check interval)")
     p.add_argument("--new-node-mode", choices=["full", "pe", "srpe"], default=env_default("NEW_NODE_MODE", "srpe"),
                    help="mode of new-node requests that name none")
     p.add_argument("--srpe-gamma", type=float, default=env_default("SRPE_GAMMA", 0.1, float),
@@ -79,7 +82,7 @@ def build_config(args) -> ServeConfig:
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
                             max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,
-                            shutdown_grace_s=args.shutdown_grace_s),
+                            shutdown_grace_s=args.shutdown_grace_s, unready_delay_s=args.unready_delay_s),
     )
 
 

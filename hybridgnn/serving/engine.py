@@ -95,8 +95,8 @@ class Engine:
         self._batcher_task: asyncio.Task | None = None
         self._pending = 0
         self._idle = asyncio.Event()
-        self.draining = False
-        self.ready = False
+        self.draining = False  # refusing new requests (503) until admitted ones finish
+        self.ready = False  # what /v2/health/ready reports; turns False before draining starts
 
     # --- lifecycle -------------------------------------------------------------------
     def _make_cpu_executor(self, worker: int) -> BatchExecutor:
@@ -122,6 +122,11 @@ class Engine:
         ex.run(np.arange(min(4, self.graph.num_nodes), dtype=np.int64))
         n = self.graph.num_nodes
         ex.sampler.sample(np.array([n]), overlay=(np.array([n]), np.array([0, 1]), np.array([0])), num_extra_nodes=1)
+
+    def mark_unready(self) -> None:
+        """Report not-ready (balancers stop routing here) while still serving what arrives."""
+        self.ready = False
+        self.telemetry.ready.set(0)
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting; wait until every admitted request has its answer."""
@@ -150,7 +155,7 @@ class Engine:
 
     def _admit(self) -> None:
         """Count one more request in flight, or raise Draining / Overloaded."""
-        if self.draining or not self.ready:
+        if self.draining or self._batcher is None:
             raise Draining("server is shutting down" if self.draining else "server is starting")
         if self._pending >= self.cfg.batcher.max_pending_requests:
             raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")

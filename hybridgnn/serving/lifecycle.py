@@ -1,7 +1,8 @@
 """Process lifecycle: start the engine and HTTP server, drain on SIGTERM/SIGINT, exit 0.
 
-On a stop signal the server keeps listening so the load balancer sees ready=503 while
-admitted requests finish; new requests get 503 with Retry-After and every response
+On a stop signal the server first reports ready=503 (and, for unready_delay_s, still
+serves, so balancers polling readiness move away before anything is refused); then it
+keeps listening while admitted requests finish; new requests get 503 with Retry-After and every response
 carries "Connection: close". Once drained (or after drain_timeout_s) and a short grace
 (shutdown_grace_s), the listener closes and the workers end.
 """
@@ -41,7 +42,11 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     if on_ready is not None:
         on_ready(engine)
     await stop.wait()
-    log.info("stop signal: draining %d pending requests", engine.pending)
+    engine.mark_unready()
+    if cfg.server.unready_delay_s > 0:
+        log.info("stop signal: not ready; serving %.1fs more before draining", cfg.server.unready_delay_s)
+        await asyncio.sleep(cfg.server.unready_delay_s)
+    log.info("draining %d pending requests", engine.pending)
     drained = await engine.drain(cfg.server.drain_timeout_s)
     # Keep listening a moment: clients on keep-alive connections get a 503 with
     # "Connection: close" instead of a reset, and the balancer sees ready=503.

@@ -184,8 +184,13 @@ def test_metrics_exposition(server):
     for name in ("hybridgnn_batch_size_seeds", "hybridgnn_batch_psgs", "hybridgnn_queue_depth_batches",
                  "hybridgnn_routing_decisions", "hybridgnn_pending_requests"):
         assert name in families, name
-    routed = [s for s in families["hybridgnn_routing_decisions"].samples if s.name.endswith("_total")]
-    assert routed and routed[0].labels == {"pipeline": "cpu", "reason": "only"}
+    routed = {(s.labels["pipeline"], s.labels["reason"]): s.value
+              for s in families["hybridgnn_routing_decisions"].samples if s.name.endswith("_total")}
+    # Label sets dashboards select on exist at zero; only the single CPU pipeline got batches.
+    assert routed[("cpu", "only")] >= 1 and routed[("gpu", "spill")] == 0
+    assert sum(routed.values()) == routed[("cpu", "only")]
+    assert ("cpu", "host") in {(s.labels["pipeline"], s.labels["tier"]) for s in families["hybridgnn_gathered_rows"].samples}
+    assert "hybridgnn_ready 1.0" in text and "hybridgnn_pending_capacity_requests" in text
 
 
 def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
@@ -265,6 +270,23 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model)
             assert "shutting down" in payload["error"]
         else:
             assert status == "conn" and ("refused" in payload.lower() or "Connection aborted" in payload), payload
+
+
+def test_sigterm_reports_unready_first_and_keeps_serving_for_the_delay(tiny_dataset, tiny_model):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--unready-delay-s", "3").wait_ready()
+    session = requests.Session()
+    assert infer_json_session(session, srv.url, [1, 2]).status_code == 200
+    srv.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 2.5
+    while session.get(srv.url + "/v2/health/ready", timeout=5).status_code != 503:
+        assert time.monotonic() < deadline, "ready did not turn 503 after SIGTERM"
+        time.sleep(0.02)  # poll interval
+    # Not ready, yet still serving: balancers move away before anything is refused.
+    r = infer_json_session(session, srv.url, [3, 4])
+    assert r.status_code == 200, r.text
+    metrics = session.get(srv.url + "/metrics", timeout=5).text
+    assert "hybridgnn_ready 0.0" in metrics
+    assert srv.proc.wait(60) == 0, srv.output()
 
 
 def infer_json_session(session, url, ids):
