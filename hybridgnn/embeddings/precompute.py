@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir, mark_complete, write_state
 from hybridgnn.features.store import host_tensor
+from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
 from hybridgnn.models.gnn import GNN
@@ -53,12 +54,13 @@ def block_inputs(graph: GraphStore, targets: np.ndarray, scratch: np.ndarray):
     """The 1-hop block of `targets`: (sources, edge_index) with sources[:T] == targets and
     edge_index local (row 0 source, row 1 target). `scratch` is an all -1 int64 [N] array,
     restored before returning."""
-    indptr = np.asarray(graph.indptr)
-    indices = np.asarray(graph.indices)
-    starts, degs = indptr[targets], indptr[targets + 1] - indptr[targets]
-    total = int(degs.sum())
-    offsets = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(total)
-    cols = indices[offsets].astype(np.int64)
+    degs, cols = gather_rows(np.asarray(graph.indptr), np.asarray(graph.indices), targets)
+    return block_from_rows(targets, degs, cols, scratch)
+
+
+def block_from_rows(targets: np.ndarray, degs: np.ndarray, cols: np.ndarray, scratch: np.ndarray):
+    """block_inputs given the targets' rows (lengths and concatenated neighbour ids)."""
+    cols = cols.astype(np.int64, copy=False)
     t = len(targets)
     scratch[targets] = np.arange(t)
     uniq = np.unique(cols)

@@ -108,3 +108,14 @@ def _check_ids(ids: np.ndarray, num_nodes: int, what: str) -> None:
             f"edge {what} ids must lie in [0, {num_nodes}), found range "
             f"[{int(ids.min())}, {int(ids.max())}]"
         )
+
+
+def gather_rows(indptr, indices, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, concatenated row contents) of CSR rows, vectorised."""
+    starts = indptr[rows]
+    lens = indptr[rows + 1] - starts
+    total = int(lens.sum())
+    if total == 0:
+        return lens, np.empty(0, dtype=indices.dtype)
+    offsets = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(total)
+    return lens, indices[offsets]
