@@ -47,9 +47,54 @@ def _grow(arr, need):
 
 
 @numba.njit(nogil=True, cache=True)
-def sample_khop(indptr, indices, seeds, fanouts, local, state):
+def _patched_row(indptr, indices, slot, row_start, row_len, pool, u):
+    """(array, start, length) of u's row when graph updates may have rewritten it: the
+    patch pool's row if so, else the base CSR's; ids past the base have none unpatched."""
+    sl = slot[u]
+    if sl >= 0:
+        return pool, row_start[sl], row_len[sl]
+    if u + 1 < indptr.shape[0]:
+        return indices, indptr[u], indptr[u + 1] - indptr[u]
+    return indices, np.int64(0), np.int64(0)
+
+
+@numba.njit(nogil=True, cache=True)
+def _expand_patched(row, start, deg, fanout, j, nodes, n, src, dst, e, local, state, chosen):
+    """The kernel's per-node step for a row read through the patch table (the rare path,
+    kept out of line so the base path's loop stays as tight as before). Returns (n, e)."""
+    m = 0
+    if deg <= fanout:
+        for t in range(deg):
+            chosen[m] = t
+            m += 1
+    else:
+        for t in range(deg - fanout, deg):
+            r = _below(state, t + 1)
+            for q in range(m):
+                if chosen[q] == r:
+                    r = t
+                    break
+            chosen[m] = r
+            m += 1
+    for q in range(m):
+        v = np.int64(row[start + chosen[q]])
+        if local[v] < 0:
+            local[v] = n
+            nodes[n] = v
+            n += 1
+        src[e] = local[v]
+        dst[e] = j
+        e += 1
+    return n, e
+
+
+@numba.njit(nogil=True, cache=True)
+def sample_khop(indptr, indices, seeds, fanouts, local, state, slot, row_start, row_len, pool):
     """Returns (node_ids, src, dst, nodes_per_hop, edges_per_hop, seed_index); `local` must be
-    all -1 on entry and is all -1 again on exit."""
+    all -1 on entry and is all -1 again on exit. slot/row_start/row_len/pool describe rows
+    rewritten by graph updates (empty slot: the base CSR alone)."""
+    patched = slot.shape[0] > 0
+    num_base = indptr.shape[0] - 1
     num_seeds = seeds.shape[0]
     num_hops = fanouts.shape[0]
     nodes = np.empty(max(16, 2 * num_seeds), np.int64)
@@ -79,13 +124,21 @@ def sample_khop(indptr, indices, seeds, fanouts, local, state):
         bound = 0
         for j in range(lo, hi):
             u = nodes[j]
-            bound += min(indptr[u + 1] - indptr[u], fanout)
+            if patched:
+                _, _, deg = _patched_row(indptr, indices, slot, row_start, row_len, pool, u)
+            else:
+                deg = indptr[u + 1] - indptr[u]
+            bound += min(deg, fanout)
         src = _grow(src, e + bound)
         dst = _grow(dst, e + bound)
         nodes = _grow(nodes, n + bound)
         e_start = e
         for j in range(lo, hi):
             u = nodes[j]
+            if patched and (u >= num_base or slot[u] >= 0):
+                row, start, deg = _patched_row(indptr, indices, slot, row_start, row_len, pool, u)
+                n, e = _expand_patched(row, start, deg, fanout, j, nodes, n, src, dst, e, local, state, chosen)
+                continue
             start = indptr[u]
             deg = indptr[u + 1] - start
             if deg <= fanout:
@@ -243,21 +296,42 @@ def _mix_seed(seed: int) -> np.ndarray:
     return np.array([(int(seed) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**64], dtype=np.uint64)
 
 
-class CPUSampler:
-    """Sampler over a shared GraphStore; one instance per worker thread (it owns scratch
-    state: the id map and the RNG). Same seed and same call sequence give the same samples."""
+_NO_PATCH = np.empty(0, dtype=np.int64)
 
-    def __init__(self, graph: GraphStore, fanouts, seed: int = 0):
+
+class CPUSampler:
+    """Sampler over a shared graph; one instance per worker thread (it owns scratch state:
+    the id map and the RNG). Same seed and same call sequence give the same samples.
+
+    `graph` is a GraphStore or a hybridgnn.graph.dynamic.DynamicGraph; over a dynamic graph
+    it samples the graph as it is at the call, and the caller holds `graph.lock.read()`
+    around the call (and whatever else must see the same version, e.g. the gather)."""
+
+    def __init__(self, graph, fanouts, seed: int = 0):
         self.fanouts = tuple(int(f) for f in fanouts)
         self._fanouts = np.asarray(self.fanouts, dtype=np.int64)
-        self._indptr = np.asarray(graph.indptr)
-        self._indices = np.asarray(graph.indices)
-        self._num_nodes = graph.num_nodes
-        self._local = np.full(self._num_nodes, -1, dtype=np.int64)
+        self._dynamic = hasattr(graph, "fwd")
+        self._graph = graph
+        if not self._dynamic:
+            self._indptr = np.asarray(graph.indptr)
+            self._indices = np.asarray(graph.indices)
+        self._local = np.full(graph.num_nodes, -1, dtype=np.int64)
         self._state = _mix_seed(seed)
+
+    @property
+    def _num_nodes(self) -> int:
+        return self._graph.num_nodes
 
     def reseed(self, seed: int) -> None:
         self._state = _mix_seed(seed)
+
+    def _arrays(self):
+        if not self._dynamic:
+            return self._indptr, self._indices, _NO_PATCH, _NO_PATCH, _NO_PATCH, self._indices[:0]
+        fwd = self._graph.fwd
+        if fwd.num_slots == 0 and fwd.num_nodes == fwd.num_base:
+            return fwd.base_indptr, fwd.base_indices, _NO_PATCH, _NO_PATCH, _NO_PATCH, fwd.base_indices[:0]
+        return fwd.base_indptr, fwd.base_indices, fwd.slot, fwd.row_start, fwd.row_len, fwd.pool
 
     def sample(self, seeds: np.ndarray, overlay: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                num_extra_nodes: int = 0) -> SampledSubgraph:
@@ -274,8 +348,10 @@ class CPUSampler:
             self._local = np.concatenate([self._local, np.full(limit - self._local.shape[0], -1, np.int64)])
         if overlay is None:
             nodes, src, dst, nph, eph, seed_index = sample_khop(
-                self._indptr, self._indices, seeds, self._fanouts, self._local, self._state)
+                *self._arrays()[:2], seeds, self._fanouts, self._local, self._state, *self._arrays()[2:])
         else:
+            if self._dynamic:
+                raise ValueError("query-edge overlays sample the stored graph only; compact the dynamic graph first")
             ov = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in overlay)
             nodes, src, dst, nph, eph, seed_index = sample_khop_overlay(
                 self._indptr, self._indices, seeds, self._fanouts, self._local, self._state, *ov)

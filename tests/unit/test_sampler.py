@@ -108,3 +108,33 @@ def test_overlay_candidates_are_drawn_uniformly_with_stored_ones(tmp_path):
     assert sub.node_ids.tolist() == [11, 3]
     with pytest.raises(ValueError, match="lie in"):
         sampler.sample(np.array([21]), overlay=overlay, num_extra_nodes=10)
+
+
+def test_dynamic_graph_is_sampled_as_it_is_now(tmp_path):
+    from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
+
+    graph = make_graph(tmp_path / "star", [(0, j) for j in range(1, 21)] + [(1, 2)], 25)
+    dyn = DynamicGraph(graph)
+    sampler = CPUSampler(dyn, (5, 3), seed=3)
+    # Node 0 (reads 1..20) loses 1..10 and gains 21..24 and a new node 25, which reads 2.
+    with dyn.lock.write():
+        dyn.apply(UpdateBatch(remove_edges=np.array([[j, 0] for j in range(1, 11)]),
+                              add_edges=np.array([[j, 0] for j in range(21, 25)] + [[25, 0], [2, 25]]),
+                              add_node_features=np.zeros((1, graph.feature_dim), np.float32)))
+    now = set(range(11, 26))
+    counts = np.zeros(26)
+    trials = 6000
+    for _ in range(trials):
+        with dyn.lock.read():
+            sub = sampler.sample(np.array([0]))
+        hop1 = sub.node_ids[1:1 + sub.num_sampled_nodes[1]]
+        assert len(hop1) == 5 and set(hop1.tolist()) <= now
+        counts[hop1] += 1
+        if 25 in hop1:  # the new node's own (patched) row is sampled at hop 2
+            hop2 = sub.node_ids[sub.num_sampled_nodes[:2].sum():]
+            assert 2 in hop2.tolist() or 2 in hop1.tolist()
+    expected = trials * 5 / 15
+    chi2 = (((counts[sorted(now)] - expected) ** 2) / expected).sum()
+    assert chi2 < 50  # 14 dof: uniform over the current neighbours
+    with dyn.lock.read():
+        assert sampler.sample(np.array([25])).node_ids.tolist()[:2] == [25, 2]
