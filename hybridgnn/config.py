@@ -170,6 +170,32 @@ class NewNodeConfig:
 
 
 @dataclass(frozen=True)
+class UpdateConfig:
+    """Graph updates over HTTP (POST /v2/models/{m}/graph). Disabled unless a token is set;
+    requests must carry "Authorization: Bearer <token>"."""
+
+    token: str | None = None
+    max_batch_updates: int = 1000  # queued requests merged into one application up to this many updates
+    max_request_updates: int = 100_000
+    compact_patched_entries: int = 1_000_000  # fold patches into the base CSR beyond this many
+    propagation: str = "auto"  # "recompute": recompute every affected node (the RIPPLE++ baseline)
+
+    def __post_init__(self):
+        if self.token is not None and len(self.token) < 8:
+            raise ValueError("the update token must be at least 8 characters")
+        if self.max_batch_updates < 1 or self.max_request_updates < 1:
+            raise ValueError(f"update limits must be >= 1, got {self.max_batch_updates}, {self.max_request_updates}")
+        if self.compact_patched_entries < 1:
+            raise ValueError(f"compact_patched_entries must be >= 1, got {self.compact_patched_entries}")
+        if self.propagation not in ("auto", "recompute"):
+            raise ValueError(f"propagation must be auto or recompute, got {self.propagation!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.token is not None
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """Everything `hybridgnn serve` needs; CLI flags map onto these fields."""
 
@@ -181,3 +207,4 @@ class ServeConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     new_nodes: NewNodeConfig = field(default_factory=NewNodeConfig)
+    updates: UpdateConfig = field(default_factory=UpdateConfig)

@@ -14,6 +14,7 @@ from hybridgnn.config import (
     SamplingConfig,
     ServeConfig,
     ServerConfig,
+    UpdateConfig,
     env_default,
     parse_fanouts,
 )
@@ -52,6 +53,15 @@ def add_parser(sub) -> None:
                    help="mode of new-node requests that name none")
     p.add_argument("--srpe-gamma", type=float, default=env_default("SRPE_GAMMA", 0.1, float),
                    help="default share of the query nodes' direct neighbours that SRPE recomputes")
+    p.add_argument("--update-token", default=env_default("UPDATE_TOKEN", None),
+                   help="enable POST /v2/models/{m}/graph for clients sending 'Authorization: Bearer <token>' "
+                        "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
+    p.add_argument("--update-batch", type=int, default=env_default("UPDATE_BATCH", 1000, int),
+                   help="queued update requests are merged and applied together up to this many updates")
+    p.add_argument("--update-propagation", choices=["auto", "recompute"],
+                   default=env_default("UPDATE_PROPAGATION", "auto"),
+                   help="auto: deltas for sum/mean/GCN/GIN layers, recompute for max/attention; "
+                        "recompute: recompute every affected node (slower)")
     p.add_argument("--seed", type=int, default=env_default("SEED", 0, int), help="sampling seed")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     p.set_defaults(run=run)
@@ -73,6 +83,8 @@ def build_config(args) -> ServeConfig:
         fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"])
     return ServeConfig(
         new_nodes=NewNodeConfig(default_mode=args.new_node_mode, gamma=args.srpe_gamma),
+        updates=UpdateConfig(token=args.update_token, max_batch_updates=args.update_batch,
+                             propagation=args.update_propagation),
         dataset_dir=args.dataset,
         model_dir=args.model,
         sampling=SamplingConfig(fanouts=fanouts, seed=args.seed),

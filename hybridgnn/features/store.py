@@ -44,3 +44,18 @@ class HostFeatureStore:
 
     def gather(self, node_ids: np.ndarray) -> torch.Tensor:
         return torch.index_select(self._table, 0, torch.from_numpy(np.ascontiguousarray(node_ids, dtype=np.int64)))
+
+
+class DynamicFeatureStore:
+    """Rows of a hybridgnn.graph.dynamic.DynamicGraph: the base matrix with updated and new
+    nodes' rows patched in. The caller holds the graph's read lock."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.feature_dim = graph.feature_dim
+
+    def rows_by_tier(self, node_ids: np.ndarray) -> dict[str, int]:
+        return {"host": int(len(node_ids))}
+
+    def gather(self, node_ids: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.graph.features(node_ids))

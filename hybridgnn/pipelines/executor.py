@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -16,19 +17,23 @@ from hybridgnn.types import BatchResult, StageTimings
 class BatchExecutor:
     """Owns a sampler (per-worker scratch); shares the feature store and model."""
 
-    def __init__(self, sampler: Sampler, features: FeatureStore, model: GNN, device: str = "cpu"):
+    def __init__(self, sampler: Sampler, features: FeatureStore, model: GNN, device: str = "cpu",
+                 read_lock=contextlib.nullcontext):
         self.sampler = sampler
         self.features = features
         self.model = model
         self.device = torch.device(device)
+        # Sample and gather see one version of a changing graph (DynamicGraph.lock.read).
+        self.read_lock = read_lock
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         t = timings if timings is not None else StageTimings()
-        t0 = time.perf_counter()
-        sub = self.sampler.sample(seeds)
-        t1 = time.perf_counter()
-        x = self.features.gather(sub.node_ids).to(self.device, non_blocking=True)
-        t2 = time.perf_counter()
+        with self.read_lock():
+            t0 = time.perf_counter()
+            sub = self.sampler.sample(seeds)
+            t1 = time.perf_counter()
+            x = self.features.gather(sub.node_ids).to(self.device, non_blocking=True)
+            t2 = time.perf_counter()
         with torch.inference_mode():
             out = self.model(x, sub.edge_index_tensor(self.device), sub.num_sampled_nodes, sub.num_sampled_edges)
             out = out[torch.from_numpy(sub.seed_index).to(self.device)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 
@@ -15,7 +16,9 @@ from hybridgnn.serving.codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from hybridgnn.serving.engine import BatchFailed, Draining, Engine, Overloaded
+from hybridgnn.graph.dynamic import UpdateError
+from hybridgnn.serving.engine import BatchFailed, Draining, Engine, Overloaded, RemovedNode
+from hybridgnn.serving.updates import decode_update_request
 
 log = logging.getLogger(__name__)
 ENGINE_KEY = web.AppKey("engine", Engine)
@@ -103,7 +106,11 @@ def _dispatch(engine: Engine, req):
     """The awaitable that answers a decoded request, by kind and mode; raises RequestError
     for a mode the server does not offer."""
     if req.is_new_nodes:
+        if engine.num_nodes != engine.graph.num_nodes:
+            raise RequestError("new-node requests are evaluated on the stored graph, which graph updates have "
+                               "grown since; add the nodes with POST /v2/models/{m}/graph instead", 409)
         return _new_node_call(engine, req)
+    engine.check_alive(req.node_ids)
     mode = req.parameters.get("mode", "sampled")
     if mode == "sampled":
         return engine.submit(req.node_ids)
@@ -121,12 +128,15 @@ async def infer(request: web.Request) -> web.Response:
         _model(request)
         body = await request.read()
         req = decode_infer_request(body, request.headers.get(HEADER_LENGTH),
-                                   max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.graph.num_nodes,
+                                   max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                    feature_dim=engine.graph.feature_dim)
         result = await _dispatch(engine, req)
     except RequestError as exc:
         tel.count_request(exc.status)
         return json_error(exc.status, str(exc))
+    except RemovedNode as exc:
+        tel.count_request(404)
+        return json_error(404, str(exc))
     except LookupError as exc:  # a mode whose artifacts (precomputed embeddings) are missing
         tel.count_request(409)
         return json_error(409, str(exc))
@@ -177,6 +187,35 @@ async def _close_when_draining(request: web.Request, response: web.StreamRespons
         response.force_close()  # sends "Connection: close": the next request opens a new connection
 
 
+async def update_graph(request: web.Request) -> web.Response:
+    """POST /v2/models/{m}/graph: apply a batch of graph updates (see serving/updates.py);
+    answers once the graph and every layer's embeddings reflect it."""
+    engine = request.app[ENGINE_KEY]
+    retry = {"Retry-After": str(engine.cfg.server.retry_after_s)}
+    try:
+        _model(request)
+        token = engine.cfg.updates.token
+        if token is None:
+            raise RequestError("graph updates are disabled on this server (start it with --update-token)", 403)
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise RequestError("graph updates need 'Authorization: Bearer <token>' with the server's update token",
+                               401)
+        body = await request.read()
+        req = decode_update_request(body, request.headers.get(HEADER_LENGTH), feature_dim=engine.graph.feature_dim,
+                                    max_updates=engine.cfg.updates.max_request_updates)
+        result = await engine.apply_update(req)
+    except RequestError as exc:
+        return json_error(exc.status, str(exc))
+    except UpdateError as exc:
+        return json_error(400, f"update rejected, nothing applied: {exc}")
+    except Overloaded as exc:
+        return json_error(429, f"server overloaded: {exc}; retry later", headers=retry)
+    except Draining as exc:
+        return json_error(503, f"not accepting updates: {exc}", headers=retry)
+    return web.json_response(result)
+
+
 def build_app(engine: Engine) -> web.Application:
     app = web.Application(middlewares=[errors_as_json], client_max_size=engine.cfg.server.max_body_bytes)
     app[ENGINE_KEY] = engine
@@ -190,6 +229,7 @@ def build_app(engine: Engine) -> web.Application:
         r.add_get(prefix, model_metadata)
         r.add_get(prefix + "/ready", model_ready)
         r.add_post(prefix + "/infer", infer)
+        r.add_post(prefix + "/graph", update_graph)
     r.add_get("/metrics", metrics)
     return app
 

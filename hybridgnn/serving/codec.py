@@ -69,8 +69,8 @@ def _loads(data: bytes):
         raise RequestError(f"request body is not valid JSON: {exc}") from exc
 
 
-def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: int, num_nodes: int,
-                         feature_dim: int | None = None, max_edges: int | None = None) -> InferRequest:
+def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
+    """(JSON header, binary tail) of a KServe v2 body, plain JSON or binary-extension."""
     if header_length is not None:
         try:
             hlen = int(header_length)
@@ -84,7 +84,13 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
             raise RequestError("request body is empty; expected a KServe v2 inference request")
         header, binary = _loads(body), memoryview(b"")
     if not isinstance(header, dict):
-        raise RequestError("inference request must be a JSON object")
+        raise RequestError("request must be a JSON object")
+    return header, binary
+
+
+def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: int, num_nodes: int,
+                         feature_dim: int | None = None, max_edges: int | None = None) -> InferRequest:
+    header, binary = split_body(body, header_length)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise RequestError("inference request needs a non-empty 'inputs' list")
@@ -103,7 +109,7 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
                                "nodes, or 'features' (FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes")
         if name in tensors:
             raise RequestError(f"input {name!r} appears twice")
-        arr, used = _decode_tensor(inp, binary[offset:], *INPUTS[name])
+        arr, used = decode_tensor(inp, binary[offset:], *INPUTS[name])
         offset += used
         tensors[name] = arr
     if offset != len(binary):
@@ -149,11 +155,14 @@ def _check_shape(name, shape, layout):
     elif layout == "matrix":
         if len(shape) != 2:
             raise RequestError(f"input {name!r} must be 2-D [q, F], got shape {shape}")
+    elif layout == "pairs":
+        if len(shape) != 2 or shape[1] != 2:
+            raise RequestError(f"input {name!r} must be [m, 2] (source, target) pairs, got shape {shape}")
     elif len(shape) != 2 or shape[0] != 2:
         raise RequestError(f"input {name!r} must be [2, m] (sources, targets), got shape {shape}")
 
 
-def _decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], layout: str) -> tuple[np.ndarray, int]:
+def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], layout: str) -> tuple[np.ndarray, int]:
     name = inp.get("name")
     datatype = inp.get("datatype")
     shape = inp.get("shape")

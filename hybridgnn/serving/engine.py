@@ -8,6 +8,7 @@ exactly once (result or error), including during drain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -17,9 +18,11 @@ import numpy as np
 import torch
 
 from hybridgnn.config import ServeConfig
+from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
-from hybridgnn.features.store import HostFeatureStore
+from hybridgnn.features.store import DynamicFeatureStore, HostFeatureStore
+from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
@@ -27,6 +30,7 @@ from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
+from hybridgnn.serving.updates import UpdateApplier
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.types import Batch, BatchResult, InferenceRequest, RoutePlan, StageTimings
 from hybridgnn.workload.tables import WorkloadTables
@@ -44,6 +48,10 @@ class Draining(Exception):
 
 class BatchFailed(Exception):
     """The pipeline could not execute the batch holding this request."""
+
+
+class RemovedNode(LookupError):
+    """A request names a node that a graph update removed."""
 
 
 class ConfigError(ValueError):
@@ -81,7 +89,18 @@ class Engine:
         self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
                           if self.embeddings is not None else None)
         self._sampling_only: NewNodeEvaluator | None = None
-        self.features = HostFeatureStore(self.graph.features)
+        # Graph updates (off unless a token is configured): one DynamicGraph read by every
+        # sampler and gather, and the embeddings kept fresh as it changes.
+        self.dynamic = DynamicGraph(self.graph) if cfg.updates.enabled else None
+        self.incremental = None
+        if self.dynamic is not None and self.embeddings is not None:
+            self.incremental = IncrementalEmbeddings(self.dynamic, self.model, self.embeddings.layers,
+                                                     IncrementalConfig(mode=cfg.updates.propagation))
+            log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
+                     self.incremental.init_s, ", ".join(self.incremental.kinds))
+        self.updates: UpdateApplier | None = None
+        self.features = (DynamicFeatureStore(self.dynamic) if self.dynamic is not None
+                         else HostFeatureStore(self.graph.features))
         self.pipelines: dict[str, Pipeline] = {
             cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
         }
@@ -100,8 +119,11 @@ class Engine:
 
     # --- lifecycle -------------------------------------------------------------------
     def _make_cpu_executor(self, worker: int) -> BatchExecutor:
-        sampler = CPUSampler(self.graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
-        return BatchExecutor(sampler, self.features, self.model, device=self.cfg.cpu_pipeline.device)
+        graph = self.dynamic if self.dynamic is not None else self.graph
+        sampler = CPUSampler(graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
+        lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
+        return BatchExecutor(sampler, self.features, self.model, device=self.cfg.cpu_pipeline.device,
+                             read_lock=lock)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -112,6 +134,9 @@ class Engine:
         self._warm_up()
         self._batcher = MicroBatcher(self.cfg.batcher, self._dispatch, self._has_capacity)
         self._batcher_task = asyncio.create_task(self._batcher.run(), name="batcher")
+        if self.dynamic is not None:
+            self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.telemetry)
+            self.updates.start()
         self.ready = True
         self.telemetry.ready.set(1)
 
@@ -121,7 +146,8 @@ class Engine:
         ex = self._make_cpu_executor(0)
         ex.run(np.arange(min(4, self.graph.num_nodes), dtype=np.int64))
         n = self.graph.num_nodes
-        ex.sampler.sample(np.array([n]), overlay=(np.array([n]), np.array([0, 1]), np.array([0])), num_extra_nodes=1)
+        base = CPUSampler(self.graph, self.cfg.sampling.fanouts)  # new-node requests sample the stored graph
+        base.sample(np.array([n]), overlay=(np.array([n]), np.array([0, 1]), np.array([0])), num_extra_nodes=1)
 
     def mark_unready(self) -> None:
         """Report not-ready (balancers stop routing here) while still serving what arrives."""
@@ -141,6 +167,8 @@ class Engine:
             return False
 
     async def stop(self) -> None:
+        if self.updates is not None:
+            await self.updates.stop()
         if self._batcher is not None:
             self._batcher.close()
         if self._batcher_task is not None:
@@ -180,9 +208,15 @@ class Engine:
         return any(p.depth <= p.cfg.workers for p in self.pipelines.values())
 
     def _dispatch(self, batch: Batch) -> None:
-        batch.psgs = self.tables.batch_psgs(batch.seeds)
-        plan = self.router.route(batch.psgs, {n: p.load() for n, p in self.pipelines.items()})
-        self._submit_to(batch, plan)
+        try:
+            batch.psgs = self.tables.batch_psgs(batch.seeds)
+            plan = self.router.route(batch.psgs, {n: p.load() for n, p in self.pipelines.items()})
+            self._submit_to(batch, plan)
+        except Exception as exc:  # noqa: BLE001 - the batcher must survive; these requests get a 500
+            log.exception("could not dispatch a batch of %d requests", len(batch.requests))
+            failure = BatchFailed(f"{type(exc).__name__}: {exc}")
+            for req in batch.requests:
+                self._resolve(req, exception=failure)
 
     def _submit_to(self, batch: Batch, plan: RoutePlan) -> None:
         self.telemetry.routing.labels(plan.pipeline, plan.reason).inc()
@@ -235,7 +269,7 @@ class Engine:
             raise Draining("server is shutting down")
         if self.embeddings is None:
             raise LookupError("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
-        emb = self.embeddings.lookup(node_ids)
+        emb = self.incremental.lookup(node_ids) if self.incremental is not None else self.embeddings.lookup(node_ids)
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
 
     async def infer_new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,
@@ -263,13 +297,37 @@ class Engine:
             self._sampling_only = NewNodeEvaluator(self.graph, self.model, None)
         return self._sampling_only
 
+    @property
+    def num_nodes(self) -> int:
+        """Node ids requests may name now (grows with graph updates)."""
+        return self.dynamic.num_nodes if self.dynamic is not None else self.graph.num_nodes
+
+    def check_alive(self, node_ids: np.ndarray) -> None:
+        """Raise RemovedNode when a request names a node that a graph update removed."""
+        if self.dynamic is not None:
+            dead = node_ids[~self.dynamic.alive[node_ids]]
+            if len(dead):
+                raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
+
+    async def apply_update(self, req) -> dict:
+        """Queue a decoded graph update; resolves once the graph and embeddings reflect it."""
+        if self.updates is None:
+            raise LookupError("graph updates are disabled; start the server with --update-token")
+        if self.draining:
+            raise Draining("server is shutting down")
+        self._admit()
+        try:
+            return await self.updates.submit(req)
+        finally:
+            self._release()
+
     # --- description -----------------------------------------------------------------
     def metadata(self) -> dict:
         spec = self.model.spec
         thr = self.router.threshold
         return {
-            "num_nodes": self.graph.num_nodes,
-            "num_edges": self.graph.num_edges,
+            "num_nodes": self.num_nodes,
+            "num_edges": self.graph.num_edges if self.dynamic is None else self.dynamic.num_edges,
             "feature_dim": self.graph.feature_dim,
             "num_classes": spec.out_dim,
             "embedding_dim": spec.out_dim,
@@ -285,4 +343,7 @@ class Engine:
             "new_node_modes": (["full", "pe", "srpe"] if self.embeddings is not None else []) + ["sampled"],
             "srpe_gamma": self.cfg.new_nodes.gamma,
             "pe_computed_unix_s": self.embeddings.computed_unix_s if self.embeddings is not None else None,
+            "updates_enabled": self.dynamic is not None,
+            "graph_version": self.dynamic.version if self.dynamic is not None else 0,
+            "pe_updated_unix_s": (self.incremental.last_update_unix_s if self.incremental is not None else None),
         }

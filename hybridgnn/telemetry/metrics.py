@@ -69,6 +69,30 @@ class Telemetry:
         self.pending_capacity = Gauge(
             "hybridgnn_pending_capacity_requests", "Requests in flight allowed before new ones get 429", registry=r)
 
+        # Graph updates and embedding freshness.
+        self.updates_applied = Counter(
+            "hybridgnn_graph_updates", "Graph updates applied, by kind", ["kind"], registry=r)
+        self.update_batches = Counter(
+            "hybridgnn_graph_update_batches", "Update batches, by outcome (applied, rejected)", ["outcome"],
+            registry=r)
+        self.update_affected_nodes = Histogram(
+            "hybridgnn_graph_update_affected_nodes", "Embedding rows recomputed per update batch (all layers)",
+            buckets=SIZE_BUCKETS + (65536, 262144, 1048576), registry=r)
+        self.update_propagation_seconds = Histogram(
+            "hybridgnn_graph_update_propagation_seconds", "Time to bring every layer's embeddings up to date",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.update_batch_seconds = Histogram(
+            "hybridgnn_graph_update_batch_seconds", "Time to apply one update batch (graph and embeddings)",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.update_staleness = Gauge(
+            "hybridgnn_embedding_staleness_seconds",
+            "Age of the oldest accepted update not yet reflected in served embeddings (0: fresh)", registry=r)
+        self.graph_version = Gauge("hybridgnn_graph_version", "Update batches applied since start", registry=r)
+        self.graph_patched_entries = Gauge(
+            "hybridgnn_graph_patched_entries", "Adjacency entries in update patches, not yet compacted", registry=r)
+        self.compactions = Counter("hybridgnn_graph_compactions", "Patch compactions into the base CSR",
+                                   registry=r)
+
         # labels() hashes and locks on every call; the request path reuses the children.
         self._children: dict[tuple, object] = {}
 
@@ -87,6 +111,8 @@ class Telemetry:
             c(self.batch_errors, name)
             for tier in FEATURE_TIERS:
                 c(self.gathered_rows, name, tier)
+        for outcome in ("applied", "rejected"):
+            c(self.update_batches, outcome)
         for name in pipelines:
             c(self.queue_depth, name)
             c(self.sampled_edges, name)

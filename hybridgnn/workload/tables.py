@@ -111,7 +111,13 @@ class WorkloadTables:
     build_s: float = 0.0
 
     def batch_psgs(self, node_ids: np.ndarray) -> float:
-        """A batch's PSGS: the sum over its seeds (O(1) per seed, vectorised)."""
+        """A batch's PSGS: the sum over its seeds (O(1) per seed, vectorised). Ids past the
+        table (nodes added by graph updates) count as the largest single-seed PSGS."""
+        n = self.psgs.shape[0]
+        if node_ids.size and node_ids.max() >= n:
+            inside = node_ids[node_ids < n]
+            extra = node_ids.size - inside.size
+            return float(self.psgs[inside].sum(dtype=np.float64) + extra * float(self.psgs.max(initial=0.0)))
         return float(self.psgs[node_ids].sum(dtype=np.float64))
 
     @staticmethod

@@ -1,0 +1,273 @@
+"""Graph updates over HTTP: decoding, and an applier that merges queued requests into
+batches and brings the graph and the precomputed embeddings up to date.
+
+Body: KServe v2 style `inputs` (JSON data, or the binary tensor extension with
+Inference-Header-Content-Length, as for /infer), any of
+    add_edges INT64 [m, 2]  (source, target): target aggregates from source
+    remove_edges INT64 [k, 2]
+    add_node_features FP32 [a, F]   new nodes, in order
+    remove_nodes INT64 [r]
+    update_ids INT64 [u] with update_features FP32 [u, F]
+Ids -1 .. -a in add_edges / update_ids name this request's new nodes (-1 the first), so a
+request never needs to know which ids the server will assign; the answer lists them.
+
+Each request applies entirely or not at all. Queued requests are merged into one batch
+(up to max_batch_updates) and applied together; if the merged batch is rejected, each
+request is applied alone, so one bad request never takes others down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridgnn.config import UpdateConfig
+from hybridgnn.graph.dynamic import UpdateBatch, UpdateError
+from hybridgnn.serving.codec import RequestError, decode_tensor, split_body
+
+log = logging.getLogger("hybridgnn.updates")
+
+UPDATE_INPUTS = {
+    "add_edges": (("INT64", "INT32"), "pairs"),
+    "remove_edges": (("INT64", "INT32"), "pairs"),
+    "add_node_features": (("FP32",), "matrix"),
+    "remove_nodes": (("INT64", "INT32"), "ids"),
+    "update_ids": (("INT64", "INT32"), "ids"),
+    "update_features": (("FP32",), "matrix"),
+}
+
+
+@dataclass
+class UpdateRequest:
+    """One client's batch; negative ids are its own new nodes (-1 = first)."""
+
+    add_edges: np.ndarray
+    remove_edges: np.ndarray
+    add_node_features: np.ndarray
+    remove_nodes: np.ndarray
+    update_ids: np.ndarray
+    update_features: np.ndarray
+    received_s: float = 0.0
+
+    @property
+    def num_new(self) -> int:
+        return int(self.add_node_features.shape[0])
+
+    @property
+    def num_updates(self) -> int:
+        return (len(self.add_edges) + len(self.remove_edges) + self.num_new + len(self.remove_nodes)
+                + len(self.update_ids))
+
+
+def decode_update_request(body: bytes, header_length: str | None, *, feature_dim: int,
+                          max_updates: int) -> UpdateRequest:
+    header, binary = split_body(body, header_length)
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("a graph update needs a non-empty 'inputs' list naming any of "
+                           f"{', '.join(UPDATE_INPUTS)}")
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for inp in inputs:
+        name = inp.get("name") if isinstance(inp, dict) else None
+        if name not in UPDATE_INPUTS:
+            raise RequestError(f"unknown update input {name!r}; expected any of {', '.join(UPDATE_INPUTS)}")
+        if name in tensors:
+            raise RequestError(f"input {name!r} appears twice")
+        arr, used = decode_tensor(inp, binary[offset:], *UPDATE_INPUTS[name])
+        offset += used
+        tensors[name] = arr
+    if offset != len(binary):
+        raise RequestError(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
+    empty_pairs, empty_ids = np.empty((0, 2), np.int64), np.empty(0, np.int64)
+    empty_rows = np.empty((0, feature_dim), np.float32)
+    req = UpdateRequest(add_edges=tensors.get("add_edges", empty_pairs),
+                        remove_edges=tensors.get("remove_edges", empty_pairs),
+                        add_node_features=tensors.get("add_node_features", empty_rows),
+                        remove_nodes=tensors.get("remove_nodes", empty_ids),
+                        update_ids=tensors.get("update_ids", empty_ids),
+                        update_features=tensors.get("update_features", empty_rows),
+                        received_s=time.monotonic())
+    for name in ("add_node_features", "update_features"):
+        got = getattr(req, name)
+        if got.shape[1] != feature_dim:
+            raise RequestError(f"{name} must be [count, {feature_dim}] (the graph's feature width), "
+                               f"got {list(got.shape)}")
+        if not np.isfinite(got).all():
+            raise RequestError(f"{name} holds NaN or infinite values")
+    if len(req.update_ids) != len(req.update_features):
+        raise RequestError(f"update_ids names {len(req.update_ids)} nodes but update_features has "
+                           f"{len(req.update_features)} rows")
+    for name in ("add_edges", "update_ids"):  # own new nodes: -1 .. -num_new
+        arr = getattr(req, name)
+        if len(arr) and (arr < -req.num_new).any():
+            raise RequestError(f"{name}: negative ids name this request's new nodes (-1 .. -{req.num_new}); "
+                               f"found {int(arr.min())}")
+    for name in ("remove_edges", "remove_nodes"):
+        if len(getattr(req, name)) and (getattr(req, name) < 0).any():
+            raise RequestError(f"{name}: ids must be >= 0")
+    if req.num_updates == 0:
+        raise RequestError("the update is empty")
+    if req.num_updates > max_updates:
+        raise RequestError(f"{req.num_updates} updates in one request; the limit is {max_updates}", status=413)
+    return req
+
+
+def to_batch(requests: list[UpdateRequest], num_nodes: int) -> tuple[UpdateBatch, list[np.ndarray]]:
+    """Merge requests into one UpdateBatch against a graph of num_nodes nodes; also returns
+    each request's assigned new-node ids."""
+    parts = {k: [] for k in ("add", "rm", "feat", "rmn", "uid", "uf")}
+    assigned, next_id = [], num_nodes
+    for r in requests:
+        own = np.arange(next_id, next_id + r.num_new, dtype=np.int64)
+        assigned.append(own)
+
+        def resolve(ids: np.ndarray, own=own) -> np.ndarray:
+            ids = ids.astype(np.int64, copy=True)
+            neg = ids < 0
+            ids[neg] = own[-ids[neg] - 1]
+            return ids
+
+        next_id += r.num_new
+        parts["add"].append(resolve(r.add_edges))
+        parts["rm"].append(r.remove_edges.astype(np.int64))
+        parts["feat"].append(r.add_node_features)
+        parts["rmn"].append(r.remove_nodes.astype(np.int64))
+        parts["uid"].append(resolve(r.update_ids))
+        parts["uf"].append(r.update_features)
+    feats = np.concatenate(parts["feat"]).astype(np.float32)
+    uf = np.concatenate(parts["uf"]).astype(np.float32)
+    batch = UpdateBatch(add_edges=np.concatenate(parts["add"]).reshape(-1, 2),
+                        remove_edges=np.concatenate(parts["rm"]).reshape(-1, 2),
+                        add_node_features=feats if len(feats) else None,
+                        remove_nodes=np.concatenate(parts["rmn"]),
+                        update_ids=np.concatenate(parts["uid"]), update_features=uf if len(uf) else None)
+    return batch, assigned
+
+
+@dataclass
+class _Pending:
+    request: UpdateRequest
+    future: asyncio.Future
+
+
+class UpdateApplier:
+    """Serialises updates: a single task drains the queue, merging requests into batches,
+    and applies each batch on a worker thread (the event loop keeps serving)."""
+
+    def __init__(self, cfg: UpdateConfig, incremental, graph, telemetry):
+        self.cfg = cfg
+        self.incremental = incremental  # IncrementalEmbeddings, or None (graph only)
+        self.graph = graph  # DynamicGraph
+        self.telemetry = telemetry
+        self._queue: list[_Pending] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._compacting: asyncio.Task | None = None
+        telemetry.update_staleness.set_function(self.staleness_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="graph-updates")
+
+    async def stop(self) -> None:
+        for t in (self._task, self._compacting):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def staleness_s(self) -> float:
+        """Age of the oldest update accepted but not yet visible (0 when none waits)."""
+        return time.monotonic() - self._queue[0].request.received_s if self._queue else 0.0
+
+    def submit(self, req: UpdateRequest) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(req, fut))
+        self._wake.set()
+        return fut
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                take, total = [], 0
+                while self._queue and (not take or total + self._queue[0].request.num_updates
+                                       <= self.cfg.max_batch_updates):
+                    p = self._queue.pop(0)
+                    take.append(p)
+                    total += p.request.num_updates
+                await self._apply_group(take)
+                self._maybe_compact()
+
+    async def _apply_group(self, group: list[_Pending]) -> None:
+        try:
+            results = await asyncio.to_thread(self._apply, [p.request for p in group])
+            for p, res in zip(group, results):
+                if not p.future.done():
+                    p.future.set_result(res)
+        except UpdateError as exc:
+            if len(group) == 1:
+                self.telemetry.update_batches.labels("rejected").inc()
+                if not group[0].future.done():
+                    group[0].future.set_exception(exc)
+                return
+            for p in group:  # one of them is bad: apply each alone, entirely or not at all
+                await self._apply_group([p])
+        except Exception as exc:  # noqa: BLE001 - a failed batch must answer its clients, not kill the applier
+            log.exception("graph update failed")
+            for p in group:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+
+    def _apply(self, requests: list[UpdateRequest]) -> list[dict]:
+        tel = self.telemetry
+        with self.graph.lock.read():
+            n = self.graph.num_nodes
+        batch, assigned = to_batch(requests, n)
+        t0 = time.perf_counter()
+        if self.incremental is not None:
+            report = self.incremental.apply(batch)
+            affected, version = report.affected_nodes, report.version
+            tel.update_propagation_seconds.observe(report.propagate_s)
+        else:
+            with self.graph.lock.write():
+                self.graph.apply(batch)
+                version = self.graph.version
+            affected = 0
+        tel.update_batch_seconds.observe(time.perf_counter() - t0)
+        tel.update_affected_nodes.observe(affected)
+        for kind, count in (("add_edges", len(batch.add_edges)), ("remove_edges", len(batch.remove_edges)),
+                            ("add_nodes", sum(len(a) for a in assigned)),
+                            ("remove_nodes", len(batch.remove_nodes)), ("update_features", len(batch.update_ids))):
+            if count:
+                tel.updates_applied.labels(kind).inc(count)
+        tel.update_batches.labels("applied").inc()
+        tel.graph_version.set(version)
+        tel.graph_patched_entries.set(self.graph.patched_entries)
+        return [{"graph_version": version, "new_node_ids": ids.tolist(), "updates": r.num_updates,
+                 "batch_updates": batch.num_updates, "affected_nodes": affected}
+                for r, ids in zip(requests, assigned)]
+
+    def _maybe_compact(self) -> None:
+        if self.graph.patched_entries < self.cfg.compact_patched_entries:
+            return
+        if self._compacting is not None and not self._compacting.done():
+            return
+
+        async def compact() -> None:
+            t0 = time.perf_counter()
+            done = await asyncio.to_thread(self.graph.compact)
+            if done:
+                self.telemetry.compactions.inc()
+                self.telemetry.graph_patched_entries.set(self.graph.patched_entries)
+                log.info("compacted the graph's patches in %.2fs", time.perf_counter() - t0)
+
+        self._compacting = asyncio.create_task(compact(), name="graph-compaction")

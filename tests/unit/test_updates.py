@@ -1,0 +1,85 @@
+"""Update requests: decoding, id resolution, and the applier's merge-then-fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from hybridgnn.config import UpdateConfig
+from hybridgnn.embeddings.incremental import IncrementalEmbeddings
+from hybridgnn.embeddings.precompute import precompute
+from hybridgnn.graph.dynamic import DynamicGraph, UpdateError
+from hybridgnn.models.gnn import GNN, ModelSpec
+from hybridgnn.serving.codec import RequestError
+from hybridgnn.serving.updates import UpdateApplier, decode_update_request, to_batch
+from hybridgnn.telemetry.metrics import Telemetry
+from tests.conftest import make_graph, skewed_edges
+
+
+def body(*inputs) -> bytes:
+    return json.dumps({"inputs": list(inputs)}).encode()
+
+
+def t(name, arr, dt):
+    arr = np.asarray(arr)
+    return {"name": name, "datatype": dt, "shape": list(arr.shape), "data": arr.reshape(-1).tolist()}
+
+
+def test_decode_and_resolve_own_new_nodes():
+    req = decode_update_request(body(t("add_node_features", np.ones((2, 3)), "FP32"),
+                                     t("add_edges", [[-1, 4], [-2, -1]], "INT64"),
+                                     t("update_ids", [-2], "INT64"), t("update_features", np.zeros((1, 3)), "FP32")),
+                                None, feature_dim=3, max_updates=100)
+    assert req.num_new == 2 and req.num_updates == 5
+    other = decode_update_request(body(t("add_node_features", np.ones((1, 3)), "FP32"),
+                                       t("add_edges", [[0, -1]], "INT64")), None, feature_dim=3, max_updates=100)
+    batch, assigned = to_batch([req, other], num_nodes=10)
+    assert [a.tolist() for a in assigned] == [[10, 11], [12]]
+    assert batch.add_edges.tolist() == [[10, 4], [11, 10], [0, 12]]
+    assert batch.update_ids.tolist() == [11] and batch.add_node_features.shape == (3, 3)
+
+
+@pytest.mark.parametrize("inputs, match, status", [
+    ([t("add_edges", [[1, 2, 3]], "INT64")], r"\[m, 2\]", 400),
+    ([t("add_edges", [[-1, 2]], "INT64")], "new nodes", 400),
+    ([t("remove_nodes", [-3], "INT64")], ">= 0", 400),
+    ([t("update_ids", [1, 2], "INT64"), t("update_features", np.zeros((1, 3)), "FP32")], "rows", 400),
+    ([t("add_node_features", [[np.nan, 0, 0]], "FP32")], "NaN", 400),
+    ([t("add_node_features", np.zeros((1, 4)), "FP32")], "feature width", 400),
+    ([t("remove_nodes", list(range(11)), "INT64")], "limit is 10", 413),
+    ([t("add_edges", [[1, 2]], "FP32")], "datatype", 400),
+])
+def test_decode_errors(inputs, match, status):
+    with pytest.raises(RequestError, match=match) as err:
+        decode_update_request(body(*inputs), None, feature_dim=3, max_updates=10)
+    assert err.value.status == status
+
+
+def test_applier_merges_and_falls_back_per_request(tmp_path):
+    graph = make_graph(tmp_path / "g", skewed_edges(), 60, feature_dim=4)
+    model = GNN(ModelSpec("sage", 4, 8, 3, num_layers=2)).eval()
+    store = precompute(graph, model, tmp_path / "m", progress=False)
+    dyn = DynamicGraph(graph)
+    inc = IncrementalEmbeddings(dyn, model, store.layers)
+    tel = Telemetry()
+    dec = lambda *i: decode_update_request(body(*i), None, feature_dim=4, max_updates=100)  # noqa: E731
+    good1 = dec(t("update_ids", [1], "INT64"), t("update_features", np.ones((1, 4)), "FP32"))
+    bad = dec(t("add_edges", [[0, 59]], "INT64"), t("remove_edges", [[0, 59]], "INT64"))
+    good2 = dec(t("add_node_features", np.ones((1, 4)), "FP32"), t("add_edges", [[-1, 3]], "INT64"))
+
+    async def scenario():
+        applier = UpdateApplier(UpdateConfig(token="12345678", max_batch_updates=100), inc, dyn, tel)
+        futs = [applier.submit(r) for r in (good1, bad, good2)]  # queued before the applier runs: one group
+        assert applier.staleness_s() >= 0
+        applier.start()
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        await applier.stop()
+        return results
+
+    r1, r2, r3 = asyncio.run(scenario())
+    assert isinstance(r2, UpdateError)
+    assert r1["graph_version"] >= 1 and r3["new_node_ids"] == [60]
+    assert dyn.version == 2 and (dyn.features(np.array([1])) == 1).all()
