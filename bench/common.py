@@ -24,10 +24,15 @@ def machine() -> str:
 def ensure_products(path: Path = PRODUCTS) -> dict:
     """Generate the ogbn-products-scale power-law graph (once) in a child process and return
     its wall time and peak RSS; reuse an existing one (times then None)."""
+    return ensure_graph(path, PRODUCTS_ARGS)
+
+
+def ensure_graph(path: Path, generate_args: list[str]) -> dict:
+    """Generate a power-law graph with these `dataset generate powerlaw` flags (once)."""
     if (path / "meta.json").is_file():
         return {"generate_s": None, "peak_rss_gib": None}
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "dataset", "generate",
-                    "powerlaw", "--out", str(path), *PRODUCTS_ARGS], check=True)
+                    "powerlaw", "--out", str(path), *generate_args], check=True)
     rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"generate_s": time.perf_counter() - t0, "peak_rss_gib": rss_kib / 2**20}

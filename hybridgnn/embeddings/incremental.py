@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, GINConv, SAGEConv
@@ -123,7 +124,7 @@ class IncrementalEmbeddings:
         return self.graph.features(nodes) if i == 0 else self.layers[i - 1][nodes]
 
     def _has_loop(self, nodes: np.ndarray) -> np.ndarray:
-        return self.graph.has_edges(nodes, nodes)
+        return self.graph.self_loop[nodes]
 
     def _gcn_degree(self, i: int, nodes: np.ndarray) -> np.ndarray:
         """PyG gcn_norm's degree: in-degree plus the fill weight of an added self-loop."""
@@ -150,8 +151,6 @@ class IncrementalEmbeddings:
         lens, cols = self.graph.in_neighbours(nodes)
         indptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens, out=indptr[1:])
-        import scipy.sparse as sp
-
         adj = sp.csr_matrix((np.ones(len(cols), dtype=m.dtype), cols, indptr), shape=(n, n))
         return np.ascontiguousarray(adj @ m, dtype=self._agg_dtype)
 
@@ -307,7 +306,14 @@ class IncrementalEmbeddings:
         lens, outs = self.graph.out_neighbours(movers)
         outs = outs.astype(np.int64)
         if len(outs):
-            agg.index_add_(0, torch.from_numpy(outs), torch.repeat_interleave(m_new - m_old, torch.from_numpy(lens), 0))
+            # sum over movers u of (m_new - m_old)[u] into each out-neighbour, as a sparse
+            # product over the touched rows only (no [edges, dim] intermediate).
+            uniq, local = np.unique(outs, return_inverse=True)
+            indptr = np.zeros(len(movers) + 1, dtype=np.int64)
+            np.cumsum(lens, out=indptr[1:])
+            spread = sp.csr_matrix((np.ones(len(outs), dtype=self._agg_dtype), local, indptr),
+                                   shape=(len(movers), len(uniq)))
+            agg[torch.from_numpy(uniq)] += torch.from_numpy(np.asarray(spread.T @ (m_new - m_old).numpy()))
         # Edge changes carry the source's old message (a mover's change is in the term above).
         for edges, sign in ((up.added, 1.0), (up.removed, -1.0)):
             if len(edges) == 0:

@@ -212,6 +212,11 @@ class DynamicGraph:
         # Column j of the CSC lists the rows (readers) of j: the reverse adjacency.
         self.rev = PatchedAdjacency(rev.indptr.astype(np.int64), rev.indices.astype(base.indices.dtype), n)
         self.alive = np.ones(max(n, 16), dtype=bool)
+        # Which nodes read themselves (GCN's normalisation depends on it), kept per batch.
+        ip, ix = np.asarray(base.indptr), np.asarray(base.indices)
+        self.self_loop = np.zeros(max(n, 16), dtype=bool)
+        rows = np.repeat(np.arange(n), np.diff(ip))
+        self.self_loop[rows[ix == rows]] = True
         self.feat_slot = np.full(max(n, 16), -1, dtype=np.int64)
         self.feat_pool = np.empty((16, base.feature_dim), dtype=np.float32)
         self.feat_used = 0
@@ -344,12 +349,16 @@ class DynamicGraph:
             self.fwd.add_nodes(a)
             self.rev.add_nodes(a)
             self.alive = _grow(self.alive, self.num_nodes, fill=True)
+            self.self_loop = _grow(self.self_loop, self.num_nodes, fill=False)
             self.feat_slot = _grow(self.feat_slot, self.num_nodes, fill=-1)
         touched_dst = np.unique(np.concatenate([added[:, 1], removed[:, 1]]))
         old_deg = self.fwd.degree(touched_dst)
         self._rewrite(self.fwd, added[:, 0], added[:, 1], removed[:, 0], removed[:, 1])
         self._rewrite(self.rev, added[:, 1], added[:, 0], removed[:, 1], removed[:, 0])
         self.alive[rn] = False
+        for edges, present in ((removed, False), (added, True)):
+            loops = edges[edges[:, 0] == edges[:, 1], 0]
+            self.self_loop[loops] = present
         feat_nodes = np.concatenate([batch.update_ids.astype(np.int64), new_nodes])
         old_feats = np.zeros((len(feat_nodes), self.feature_dim), dtype=np.float32)
         k = len(batch.update_ids)
@@ -408,7 +417,7 @@ class DynamicGraph:
         with self.lock.write():
             if self.version != version:
                 return False
-            self.fwd = PatchedAdjacency(fwd[0], fwd[1], n)
+            self.fwd = PatchedAdjacency(fwd[0], fwd[1], n)  # same rows, so self_loop stays right
             self.rev = PatchedAdjacency(rev[0], rev[1], n)
             self.compactions += 1
         return True
