@@ -270,8 +270,8 @@ class IncrementalEmbeddings:
             diff |= np.isin(targets, up.new_nodes)
             self.layers[i][targets] = out
             changed, old_rows = targets[diff], old[diff]
-            affected_counts.append(int(len(targets)))
-            changed_counts.append(int(len(changed)))
+            affected_counts.append(len(targets))
+            changed_counts.append(len(changed))
         for a in self.layers:
             a[dead] = 0.0
         for a in self.aggregates:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hybridgnn.graph.store import GraphStore
 from hybridgnn.types import SampledSubgraph
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -9,6 +9,7 @@ import time
 from aiohttp import web
 
 from hybridgnn import __version__
+from hybridgnn.graph.dynamic import UpdateError
 from hybridgnn.serving.codec import (
     HEADER_LENGTH,
     INPUT_NAME,
@@ -16,8 +17,13 @@ from hybridgnn.serving.codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from hybridgnn.graph.dynamic import UpdateError
-from hybridgnn.serving.engine import BatchFailed, Draining, Engine, Overloaded, RemovedNode
+from hybridgnn.serving.engine import (
+    BatchFailed,
+    Draining,
+    Engine,
+    Overloaded,
+    RemovedNode,
+)
 from hybridgnn.serving.updates import decode_update_request
 
 log = logging.getLogger(__name__)
@@ -106,9 +112,10 @@ def _dispatch(engine: Engine, req):
     """The awaitable that answers a decoded request, by kind and mode; raises RequestError
     for a mode the server does not offer."""
     if req.is_new_nodes:
-        if engine.num_nodes != engine.graph.num_nodes:
-            raise RequestError("new-node requests are evaluated on the stored graph, which graph updates have "
-                               "grown since; add the nodes with POST /v2/models/{m}/graph instead", 409)
+        if engine.dynamic is not None and engine.dynamic.version > 0:
+            raise RequestError("new-node requests are evaluated on the stored graph and embeddings, which graph "
+                               "updates have changed since; add the nodes with POST /v2/models/{m}/graph and read "
+                               "their fresh embeddings with mode=precomputed", 409)
         return _new_node_call(engine, req)
     engine.check_alive(req.node_ids)
     mode = req.parameters.get("mode", "sampled")

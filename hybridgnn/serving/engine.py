@@ -32,7 +32,13 @@ from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
 from hybridgnn.serving.updates import UpdateApplier
 from hybridgnn.telemetry.metrics import Telemetry
-from hybridgnn.types import Batch, BatchResult, InferenceRequest, RoutePlan, StageTimings
+from hybridgnn.types import (
+    Batch,
+    BatchResult,
+    InferenceRequest,
+    RoutePlan,
+    StageTimings,
+)
 from hybridgnn.workload.tables import WorkloadTables
 
 log = logging.getLogger(__name__)
@@ -212,7 +218,7 @@ class Engine:
             batch.psgs = self.tables.batch_psgs(batch.seeds)
             plan = self.router.route(batch.psgs, {n: p.load() for n, p in self.pipelines.items()})
             self._submit_to(batch, plan)
-        except Exception as exc:  # noqa: BLE001 - the batcher must survive; these requests get a 500
+        except Exception as exc:
             log.exception("could not dispatch a batch of %d requests", len(batch.requests))
             failure = BatchFailed(f"{type(exc).__name__}: {exc}")
             for req in batch.requests:
@@ -269,7 +275,11 @@ class Engine:
             raise Draining("server is shutting down")
         if self.embeddings is None:
             raise LookupError("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
-        emb = self.incremental.lookup(node_ids) if self.incremental is not None else self.embeddings.lookup(node_ids)
+        if self.incremental is not None:
+            # Off the loop: the lookup waits while an update batch holds the graph's writer lock.
+            emb = await asyncio.to_thread(self.incremental.lookup, node_ids)
+        else:
+            emb = self.embeddings.lookup(node_ids)
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
 
     async def infer_new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,

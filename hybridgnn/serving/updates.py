@@ -221,7 +221,7 @@ class UpdateApplier:
                 return
             for p in group:  # one of them is bad: apply each alone, entirely or not at all
                 await self._apply_group([p])
-        except Exception as exc:  # noqa: BLE001 - a failed batch must answer its clients, not kill the applier
+        except Exception as exc:
             log.exception("graph update failed")
             for p in group:
                 if not p.future.done():

@@ -104,6 +104,10 @@ def test_update_is_visible_to_the_next_read(server, tiny_dataset, tiny_model_pe,
     assert r.status_code == 200, r.text
     meta = requests.get(f"{server.url}/v2/models/{MODEL}", timeout=10).json()["parameters"]
     assert meta["num_nodes"] == n + 1 and meta["updates_enabled"] and meta["pe_updated_unix_s"]
+    # New-node requests would read the stored graph and embeddings, now stale: refused.
+    q = {"inputs": [tensor("features", np.zeros((1, f)), "FP32"), tensor("edge_index", [[n + 1], [3]], "INT64")]}
+    r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json=q, timeout=30)
+    assert r.status_code == 409 and "precomputed" in r.json()["error"]
 
 
 @pytest.mark.parametrize("inputs, status, match", [

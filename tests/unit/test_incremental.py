@@ -7,7 +7,11 @@ import pytest
 import torch
 from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
-from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings, layer_kind
+from hybridgnn.embeddings.incremental import (
+    IncrementalConfig,
+    IncrementalEmbeddings,
+    layer_kind,
+)
 from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch, UpdateError
 from hybridgnn.graph.store import GraphStore, write_dataset
@@ -99,7 +103,7 @@ def _assert_matches_full(dyn, model, inc, tmp_path, tag):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_layer_kinds(name):
-    assert [layer_kind(c) for c in _model(name).convs][0] == EXPECTED_KINDS[name]
+    assert layer_kind(_model(name).convs[0]) == EXPECTED_KINDS[name]
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -173,7 +177,7 @@ def _snapshot(dyn, inc):
     (UpdateBatch(remove_nodes=np.array([2]), add_edges=np.array([[2, 3]])), "removes"),
 ])
 def test_rejected_batches_leave_everything_byte_identical(bad, match, tmp_path):
-    dyn, model, inc = _setup("sage-mean", tmp_path)
+    dyn, _, inc = _setup("sage-mean", tmp_path)
     inc.apply(UpdateBatch(update_ids=np.array([4]), update_features=np.ones((1, F_DIM), np.float32)))
     before = _snapshot(dyn, inc)
     with pytest.raises(UpdateError, match=match):
@@ -182,7 +186,7 @@ def test_rejected_batches_leave_everything_byte_identical(bad, match, tmp_path):
 
 
 def test_duplicate_of_existing_edge_is_rejected(tmp_path):
-    dyn, model, inc = _setup("gcn", tmp_path)
+    dyn, _, inc = _setup("gcn", tmp_path)
     before = _snapshot(dyn, inc)
     with pytest.raises(UpdateError, match="already in the graph"):
         inc.apply(UpdateBatch(add_edges=np.array(_some_edge(dyn))))

@@ -65,7 +65,7 @@ def test_applier_merges_and_falls_back_per_request(tmp_path):
     dyn = DynamicGraph(graph)
     inc = IncrementalEmbeddings(dyn, model, store.layers)
     tel = Telemetry()
-    dec = lambda *i: decode_update_request(body(*i), None, feature_dim=4, max_updates=100)  # noqa: E731
+    dec = lambda *i: decode_update_request(body(*i), None, feature_dim=4, max_updates=100)
     good1 = dec(t("update_ids", [1], "INT64"), t("update_features", np.ones((1, 4)), "FP32"))
     bad = dec(t("add_edges", [[0, 59]], "INT64"), t("remove_edges", [[0, 59]], "INT64"))
     good2 = dec(t("add_node_features", np.ones((1, 4)), "FP32"), t("add_edges", [[-1, 3]], "INT64"))
