@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
                    help="mode of new-node requests that name none")
     p.add_argument("--srpe-gamma", type=float, default=env_default("SRPE_GAMMA", 0.1, float),
                    help="default share of the query nodes' direct neighbours that SRPE recomputes")
-    p.add_argument("--update-token", default=env_default("UPDATE_TOKEN", None),
+    p.add_argument("--update-token", default=None,  # env read in build_config, so --help never prints it
                    help="enable POST /v2/models/{m}/graph for clients sending 'Authorization: Bearer <token>' "
                         "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
     p.add_argument("--update-batch", type=int, default=env_default("UPDATE_BATCH", 1000, int),
@@ -83,7 +83,7 @@ def build_config(args) -> ServeConfig:
         fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"])
     return ServeConfig(
         new_nodes=NewNodeConfig(default_mode=args.new_node_mode, gamma=args.srpe_gamma),
-        updates=UpdateConfig(token=args.update_token, max_batch_updates=args.update_batch,
+        updates=UpdateConfig(token=args.update_token or env_default("UPDATE_TOKEN", None), max_batch_updates=args.update_batch,
                              propagation=args.update_propagation),
         dataset_dir=args.dataset,
         model_dir=args.model,
