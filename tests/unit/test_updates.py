@@ -83,3 +83,28 @@ def test_applier_merges_and_falls_back_per_request(tmp_path):
     assert isinstance(r2, UpdateError)
     assert r1["graph_version"] >= 1 and r3["new_node_ids"] == [60]
     assert dyn.version == 2 and (dyn.features(np.array([1])) == 1).all()
+
+
+def test_applier_compacts_in_the_background(tmp_path):
+    graph = make_graph(tmp_path / "g", skewed_edges(), 60, feature_dim=4)
+    model = GNN(ModelSpec("sage", 4, 8, 3, num_layers=2)).eval()
+    store = precompute(graph, model, tmp_path / "m", progress=False)
+    dyn = DynamicGraph(graph)
+    inc = IncrementalEmbeddings(dyn, model, store.layers)
+    tel = Telemetry()
+    req = decode_update_request(body(t("add_edges", [[0, 59], [59, 0]], "INT64")), None, feature_dim=4,
+                                max_updates=100)
+
+    async def scenario():
+        applier = UpdateApplier(UpdateConfig(token="12345678", compact_patched_entries=1), inc, dyn, tel)
+        applier.start()
+        await applier.submit(req)
+        await applier._compacting  # started once the patches passed the threshold
+        await applier.stop()
+
+    before = inc.lookup(np.arange(60))
+    asyncio.run(scenario())
+    assert dyn.compactions == 1 and dyn.patched_entries == 0
+    assert dyn.has_edges(np.array([0, 59]), np.array([59, 0])).all()
+    assert not np.array_equal(inc.lookup(np.arange(60)), before)  # the update itself is still there
+    assert tel.compactions._value.get() == 1
