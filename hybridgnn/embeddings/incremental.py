@@ -43,10 +43,13 @@ class IncrementalConfig:
     mode: str = "auto"  # "recompute": every layer recomputes its affected region (the baseline)
     aggregate_dtype: str = "float64"  # aggregates absorb many deltas; float64 keeps the drift far below 1e-6
     prune: bool = True  # stop where a node's new row equals its old row
+    max_block_edges: int = 2_000_000  # recompute layers run in chunks of at most this many edges
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.max_block_edges < 1:
+            raise ValueError(f"max_block_edges must be >= 1, got {self.max_block_edges}")
         if self.aggregate_dtype not in ("float32", "float64"):
             raise ValueError(f"aggregate_dtype must be float32 or float64, got {self.aggregate_dtype!r}")
 
@@ -183,7 +186,22 @@ class IncrementalEmbeddings:
         return out.float().numpy()
 
     def _recompute(self, i: int, nodes: np.ndarray) -> np.ndarray:
-        """Layer i for `nodes` from their current 1-hop blocks (exact for any layer)."""
+        """Layer i for `nodes` from their current 1-hop blocks (exact for any layer), in
+        chunks of at most cfg.max_block_edges edges so hubs cannot exhaust memory."""
+        degs = self.graph.in_degree(nodes)
+        ends = np.cumsum(degs)
+        if len(nodes) == 0 or ends[-1] <= self.cfg.max_block_edges:
+            return self._recompute_block(i, nodes)
+        out, lo = [], 0
+        while lo < len(nodes):
+            # at least one node per chunk, even a hub beyond the budget on its own
+            hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + self.cfg.max_block_edges,
+                                                 side="right")))
+            out.append(self._recompute_block(i, nodes[lo:hi]))
+            lo = hi
+        return np.concatenate(out)
+
+    def _recompute_block(self, i: int, nodes: np.ndarray) -> np.ndarray:
         lens, cols = self.graph.in_neighbours(nodes)
         if self._scratch.shape[0] < self.graph.num_nodes:
             self._scratch = np.full(self.graph.num_nodes, -1, dtype=np.int64)
