@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,8 +155,14 @@ class IncrementalEmbeddings:
         lens, cols = self.graph.in_neighbours(nodes)
         indptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens, out=indptr[1:])
-        adj = sp.csr_matrix((np.ones(len(cols), dtype=m.dtype), cols, indptr), shape=(n, n))
-        return np.ascontiguousarray(adj @ m, dtype=self._agg_dtype)
+        # torch's CSR product runs on all cores (scipy's on one); ~2x faster here.
+        with warnings.catch_warnings():  # "sparse CSR is beta": the product used here is long stable
+            warnings.simplefilter("ignore", UserWarning)
+            adj = torch.sparse_csr_tensor(torch.from_numpy(indptr), torch.from_numpy(cols.astype(np.int64)),
+                                          torch.ones(len(cols), dtype=torch.from_numpy(m[:0]).dtype), size=(n, n),
+                                          check_invariants=False)
+        with torch.inference_mode():
+            return np.ascontiguousarray((adj @ torch.from_numpy(m)).numpy(), dtype=self._agg_dtype)
 
     def _combine(self, i: int, nodes: np.ndarray) -> np.ndarray:
         """Layer i's output rows for `nodes` from their aggregates and own inputs."""
