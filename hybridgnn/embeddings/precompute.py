@@ -196,7 +196,10 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
                 state = {**state, "layer": layer, "done": done}
                 write_state(root, state)
                 # DGI: grow while the batch's working set stays well within the budget.
-                used = (len(sources) * in_dim + len(targets) * dims[layer]) * 4 + ei.shape[1] * 16
+                # Message passing materialises one message per edge (x_j gathered, and for
+                # attention a transformed copy too), so edges weigh in_dim + out_dim floats each.
+                used = ((len(sources) * in_dim + len(targets) * dims[layer]) * 4
+                        + ei.shape[1] * (16 + 4 * (in_dim + dims[layer])))
                 if used * 4 < budget and batch < ceiling:
                     batch = min(ceiling, batch * 2)
         out.flush()
