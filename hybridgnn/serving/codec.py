@@ -98,22 +98,9 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
     if not isinstance(params, dict):
         raise RequestError("'parameters' must be an object")
 
-    tensors: dict[str, np.ndarray] = {}
-    offset = 0
-    for inp in inputs:
-        if not isinstance(inp, dict):
-            raise RequestError("each input must be an object with name, shape, datatype and data")
-        name = inp.get("name")
-        if not isinstance(name, str) or name not in INPUTS:
-            raise RequestError(f"unknown input {name!r}; this model takes {INPUT_NAME!r} (INT64 [n]) for existing "
-                               "nodes, or 'features' (FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes")
-        if name in tensors:
-            raise RequestError(f"input {name!r} appears twice")
-        arr, used = decode_tensor(inp, binary[offset:], *INPUTS[name])
-        offset += used
-        tensors[name] = arr
-    if offset != len(binary):
-        raise RequestError(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
+    tensors = decode_inputs(inputs, binary, INPUTS,
+                            f"this model takes {INPUT_NAME!r} (INT64 [n]) for existing nodes, or 'features' "
+                            "(FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes")
     req = InferRequest(parameters=params)
     if "features" in tensors or "edge_index" in tensors:
         if INPUT_NAME in tensors:
@@ -146,6 +133,27 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
     rid = header.get("id")
     req.request_id = str(rid) if rid is not None else None
     return req
+
+
+def decode_inputs(inputs: list, binary: memoryview, specs: dict, accepted: str) -> dict[str, np.ndarray]:
+    """Named tensors of a request's `inputs`, each checked against specs[name] =
+    (datatypes, layout); binary inputs consume the tail in order, which must be used up."""
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for inp in inputs:
+        if not isinstance(inp, dict):
+            raise RequestError("each input must be an object with name, shape, datatype and data")
+        name = inp.get("name")
+        if not isinstance(name, str) or name not in specs:
+            raise RequestError(f"unknown input {name!r}; {accepted}")
+        if name in tensors:
+            raise RequestError(f"input {name!r} appears twice")
+        arr, used = decode_tensor(inp, binary[offset:], *specs[name])
+        offset += used
+        tensors[name] = arr
+    if offset != len(binary):
+        raise RequestError(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
+    return tensors
 
 
 def _check_shape(name, shape, layout):

@@ -27,7 +27,7 @@ import numpy as np
 
 from hybridgnn.config import UpdateConfig
 from hybridgnn.graph.dynamic import UpdateBatch, UpdateError
-from hybridgnn.serving.codec import RequestError, decode_tensor, split_body
+from hybridgnn.serving.codec import RequestError, decode_inputs, split_body
 
 log = logging.getLogger("hybridgnn.updates")
 
@@ -70,19 +70,7 @@ def decode_update_request(body: bytes, header_length: str | None, *, feature_dim
     if not isinstance(inputs, list) or not inputs:
         raise RequestError("a graph update needs a non-empty 'inputs' list naming any of "
                            f"{', '.join(UPDATE_INPUTS)}")
-    tensors: dict[str, np.ndarray] = {}
-    offset = 0
-    for inp in inputs:
-        name = inp.get("name") if isinstance(inp, dict) else None
-        if name not in UPDATE_INPUTS:
-            raise RequestError(f"unknown update input {name!r}; expected any of {', '.join(UPDATE_INPUTS)}")
-        if name in tensors:
-            raise RequestError(f"input {name!r} appears twice")
-        arr, used = decode_tensor(inp, binary[offset:], *UPDATE_INPUTS[name])
-        offset += used
-        tensors[name] = arr
-    if offset != len(binary):
-        raise RequestError(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
+    tensors = decode_inputs(inputs, binary, UPDATE_INPUTS, f"a graph update takes any of {', '.join(UPDATE_INPUTS)}")
     empty_pairs, empty_ids = np.empty((0, 2), np.int64), np.empty(0, np.int64)
     empty_rows = np.empty((0, feature_dim), np.float32)
     req = UpdateRequest(add_edges=tensors.get("add_edges", empty_pairs),

@@ -115,7 +115,7 @@ def test_update_is_visible_to_the_next_read(server, tiny_dataset, tiny_model_pe,
     ([tensor("update_ids", [1], "INT64"), tensor("update_features", np.zeros((1, 3)), "FP32")], 400, "feature width"),
     ([tensor("add_edges", [[-2, 1]], "INT64"), tensor("add_node_features", np.zeros((1, 16)), "FP32")], 400,
      "new nodes"),
-    ([tensor("bogus", [1], "INT64")], 400, "unknown update input"),
+    ([tensor("bogus", [1], "INT64")], 400, "unknown input"),
     ([], 400, "non-empty"),
 ])
 def test_bad_updates_change_nothing(server, inputs, status, match):

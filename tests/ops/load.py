@@ -111,7 +111,7 @@ class Cluster:
         while not path.exists():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"replica {i} still running after {timeout_s}s")
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval; bounded by the deadline
         return int(path.read_text())
 
     def launcher_log(self) -> str:

@@ -58,13 +58,17 @@ def test_decode_errors(inputs, match, status):
     assert err.value.status == status
 
 
-def test_applier_merges_and_falls_back_per_request(tmp_path):
+def _parts(tmp_path):
+    """A 60-node graph, its DynamicGraph, fresh IncrementalEmbeddings and a Telemetry."""
     graph = make_graph(tmp_path / "g", skewed_edges(), 60, feature_dim=4)
     model = GNN(ModelSpec("sage", 4, 8, 3, num_layers=2)).eval()
     store = precompute(graph, model, tmp_path / "m", progress=False)
     dyn = DynamicGraph(graph)
-    inc = IncrementalEmbeddings(dyn, model, store.layers)
-    tel = Telemetry()
+    return dyn, IncrementalEmbeddings(dyn, model, store.layers), Telemetry()
+
+
+def test_applier_merges_and_falls_back_per_request(tmp_path):
+    dyn, inc, tel = _parts(tmp_path)
     dec = lambda *i: decode_update_request(body(*i), None, feature_dim=4, max_updates=100)
     good1 = dec(t("update_ids", [1], "INT64"), t("update_features", np.ones((1, 4)), "FP32"))
     bad = dec(t("add_edges", [[0, 59]], "INT64"), t("remove_edges", [[0, 59]], "INT64"))
@@ -86,12 +90,7 @@ def test_applier_merges_and_falls_back_per_request(tmp_path):
 
 
 def test_applier_compacts_in_the_background(tmp_path):
-    graph = make_graph(tmp_path / "g", skewed_edges(), 60, feature_dim=4)
-    model = GNN(ModelSpec("sage", 4, 8, 3, num_layers=2)).eval()
-    store = precompute(graph, model, tmp_path / "m", progress=False)
-    dyn = DynamicGraph(graph)
-    inc = IncrementalEmbeddings(dyn, model, store.layers)
-    tel = Telemetry()
+    dyn, inc, tel = _parts(tmp_path)
     req = decode_update_request(body(t("add_edges", [[0, 59], [59, 0]], "INT64")), None, feature_dim=4,
                                 max_updates=100)
 
