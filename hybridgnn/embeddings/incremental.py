@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,7 +65,6 @@ class UpdateReport:
     layer_kinds: list[str]
     apply_s: float
     propagate_s: float
-    extra: dict = field(default_factory=dict)
 
     @property
     def affected_nodes(self) -> int:
@@ -113,7 +112,6 @@ class IncrementalEmbeddings:
         self._agg_dtype = np.dtype(self.cfg.aggregate_dtype)
         self.aggregates: list[np.ndarray | None] = [None] * model.num_layers
         self._scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
-        self.version = 0
         self.last_update_unix_s: float | None = None
         t0 = time.perf_counter()
         with graph.lock.read():
@@ -247,7 +245,6 @@ class IncrementalEmbeddings:
             t1 = time.perf_counter()
             self._grow(self.graph.num_nodes)
             affected, changed_counts = self._propagate(up)
-            self.version += 1
             self.last_update_unix_s = time.time()
         t2 = time.perf_counter()
         return UpdateReport(version=self.graph.version, num_updates=batch.num_updates,
