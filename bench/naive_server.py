@@ -19,6 +19,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from hybridgnn.capabilities import freeze_startup_heap  # noqa: E402
 from hybridgnn.features.store import HostFeatureStore  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
 from hybridgnn.models.checkpoint import load_checkpoint  # noqa: E402
@@ -59,6 +60,11 @@ def main() -> None:
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2/models/hybridgnn", metadata)
     app.router.add_post("/v2/models/hybridgnn/infer", infer)
+
+    async def freeze(app):  # the same start-up treatment as `hybridgnn serve`
+        freeze_startup_heap()
+
+    app.on_startup.append(freeze)
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
 

@@ -28,6 +28,17 @@ def raise_open_file_limit() -> int:
         return -1
 
 
+def freeze_startup_heap() -> None:
+    """Move every object alive now (imported modules, torch, the model, the graph's
+    wrappers) out of the garbage collector's reach. Call once, when start-up is done:
+    otherwise each full collection walks those millions of objects and stalls the event
+    loop for 100+ ms, which shows up directly as p99 latency."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def run_async(coro):
     """Run a coroutine to completion on uvloop when present (cheaper per request), else asyncio."""
     if HAS_UVLOOP:

@@ -15,7 +15,7 @@ import signal
 
 from aiohttp import web
 
-from hybridgnn.capabilities import raise_open_file_limit, run_async
+from hybridgnn.capabilities import freeze_startup_heap, raise_open_file_limit, run_async
 from hybridgnn.config import ServeConfig
 from hybridgnn.serving.app import build_app
 from hybridgnn.serving.engine import Engine
@@ -32,6 +32,7 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     await runner.setup()
     site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True)
     await site.start()
+    freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
