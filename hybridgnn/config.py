@@ -104,17 +104,53 @@ class PipelineConfig:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
 
 
+def parse_bytes(text: str | int) -> int:
+    """'512M', '4G', '1.5GiB' or a plain number of bytes -> bytes (binary units)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        raw = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(raw[-1:], 1)
+        try:
+            value = int(float(raw[:-1] if scale > 1 else raw) * scale)
+        except ValueError as exc:
+            raise ValueError(f"expected a byte count such as 512M or 4G, got {text!r}") from exc
+    if value < 0:
+        raise ValueError(f"a byte count must be >= 0, got {text!r}")
+    return value
+
+
+GRAPH_PLACEMENTS = ("uva", "gpu")
+
+
+@dataclass(frozen=True)
+class DeviceMemoryConfig:
+    """What the GPU pipeline keeps where: the hottest feature rows by FAP fill cache_bytes
+    of device memory; the topology is read zero-copy from pinned host memory (uva) or
+    copied to the device (gpu)."""
+
+    cache_bytes: int = 1 << 30
+    graph_placement: str = "uva"
+
+    def __post_init__(self):
+        if self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+        if self.graph_placement not in GRAPH_PLACEMENTS:
+            raise ValueError(f"graph_placement must be one of {GRAPH_PLACEMENTS}, got {self.graph_placement!r}")
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """Batches with PSGS below the threshold go to the CPU pipeline, the rest to the GPU one.
     Without a GPU pipeline the threshold is +inf."""
 
-    psgs_threshold: float = math.inf
+    # None: a hybrid server picks a default (see serving/engine.py); inf: CPU unless spilled.
+    psgs_threshold: float | None = math.inf
     # A queue holding at least this many batches per worker counts as saturated.
     saturation_batches_per_worker: float = 2.0
 
     def __post_init__(self):
-        if not (self.psgs_threshold >= 0):
+        if self.psgs_threshold is not None and not (self.psgs_threshold >= 0):
             raise ValueError(f"psgs_threshold must be >= 0, got {self.psgs_threshold}")
         if self.saturation_batches_per_worker <= 0:
             raise ValueError(
@@ -204,7 +240,24 @@ class ServeConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     cpu_pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # None: CPU only. Otherwise a second pipeline, named "gpu", on device "cuda"/"cuda:N",
+    # or "cpu": the GPU pipeline's code on CPU tensors, a stand-in second device for tests
+    # and profiling where no GPU exists.
+    gpu_pipeline: PipelineConfig | None = None
+    gpu_memory: DeviceMemoryConfig = field(default_factory=DeviceMemoryConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     new_nodes: NewNodeConfig = field(default_factory=NewNodeConfig)
     updates: UpdateConfig = field(default_factory=UpdateConfig)
+
+    def __post_init__(self):
+        for pipe, expected in ((self.cpu_pipeline, "cpu"), (self.gpu_pipeline, "gpu")):
+            if pipe is None:
+                continue
+            if pipe.name != expected:
+                raise ValueError(f"the {expected} pipeline must be named {expected!r}, got {pipe.name!r}")
+            if not (pipe.device == "cpu" or pipe.device == "cuda" or pipe.device.startswith("cuda:")):
+                raise ValueError(f"pipeline device must be cpu, cuda or cuda:N, got {pipe.device!r}")
+        if self.gpu_pipeline is not None and self.updates.enabled:
+            raise ValueError("graph updates run on the CPU pipeline only; drop the GPU pipeline (--device cpu) "
+                             "or the update token")

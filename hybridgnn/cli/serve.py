@@ -7,7 +7,9 @@ from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.config import (
+    GRAPH_PLACEMENTS,
     BatcherConfig,
+    DeviceMemoryConfig,
     NewNodeConfig,
     PipelineConfig,
     RouterConfig,
@@ -16,6 +18,7 @@ from hybridgnn.config import (
     ServerConfig,
     UpdateConfig,
     env_default,
+    parse_bytes,
     parse_fanouts,
 )
 
@@ -41,8 +44,23 @@ def add_parser(sub) -> None:
     p.add_argument("--max-pending", type=int, default=env_default("MAX_PENDING", 2048, int),
                    help="requests in flight before new ones get 429")
     p.add_argument("--max-request-nodes", type=int, default=env_default("MAX_REQUEST_NODES", 8192, int))
-    p.add_argument("--psgs-threshold", type=float, default=env_default("PSGS_THRESHOLD", float("inf"), float),
-                   help="batches with PSGS below go to CPU (only CPU exists in this build)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default=env_default("DEVICE", "auto"),
+                   help="pipelines to run: cpu (CPU only), cuda (CPU and GPU pipelines, hybrid routing), auto "
+                        "(cuda when a GPU is visible), emulate (the GPU pipeline's code on CPU tensors, for "
+                        "testing and profiling without a GPU)")
+    p.add_argument("--psgs-threshold", type=float, default=env_default("PSGS_THRESHOLD", None, float),
+                   help="batches with PSGS below go to the CPU pipeline, the rest to the GPU one (default with "
+                        "two pipelines: the PSGS of 64 average seeds; inf: CPU unless spilled)")
+    p.add_argument("--gpu-workers", type=int, default=env_default("GPU_WORKERS", 2, int),
+                   help="GPU pipeline workers, each with its own CUDA stream")
+    p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=env_default("GPU_CACHE_BYTES", "1G", parse_bytes),
+                   help="device memory for the hottest feature rows by FAP (e.g. 512M, 4G)")
+    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default=env_default("GRAPH_PLACEMENT", "uva"),
+                   help="GPU sampler reads the topology from pinned host memory over UVA, or from a copy in "
+                        "device memory")
+    p.add_argument("--cpu-compute-device", default=env_default("CPU_COMPUTE_DEVICE", "cpu"),
+                   help="where the CPU pipeline gathers features and runs the model (cpu, or cuda: only sampling "
+                        "stays on the CPU, as in Quiver)")
     p.add_argument("--drain-timeout-s", type=float, default=env_default("DRAIN_TIMEOUT_S", 30.0, float))
     p.add_argument("--shutdown-grace-s", type=float, default=env_default("SHUTDOWN_GRACE_S", 0.5, float),
                    help="after draining, keep answering 503 this long before closing the listener")
@@ -65,6 +83,19 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=env_default("SEED", 0, int), help="sampling seed")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     p.set_defaults(run=run)
+
+
+def gpu_pipeline_config(device: str, workers: int) -> PipelineConfig | None:
+    """--device → the GPU pipeline's config, or None for a CPU-only server."""
+    from hybridgnn.capabilities import HAS_CUDA
+
+    if device == "auto":
+        device = "cuda" if HAS_CUDA else "cpu"
+    if device == "cpu":
+        return None
+    if device == "cuda" and not HAS_CUDA:
+        raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    return PipelineConfig(name="gpu", device="cuda" if device == "cuda" else "cpu", workers=workers)
 
 
 def build_config(args) -> ServeConfig:
@@ -90,7 +121,9 @@ def build_config(args) -> ServeConfig:
         sampling=SamplingConfig(fanouts=fanouts, seed=args.seed),
         batcher=BatcherConfig(max_batch_seeds=args.max_batch_seeds, max_batch_requests=args.max_batch_requests,
                               max_wait_s=args.max_wait_ms / 1000.0, max_pending_requests=args.max_pending),
-        cpu_pipeline=PipelineConfig(name="cpu", device="cpu", workers=args.workers),
+        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers),
+        gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
+        gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement),
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
                             max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,

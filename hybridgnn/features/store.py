@@ -59,3 +59,58 @@ class DynamicFeatureStore:
 
     def gather(self, node_ids: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.graph.features(node_ids))
+
+
+def hottest_first(fap: np.ndarray) -> np.ndarray:
+    """Node ids by descending feature access probability (ties by id, so plans are stable)."""
+    return np.argsort(-np.asarray(fap, dtype=np.float64), kind="stable")
+
+
+class CachedFeatureStore:
+    """Feature rows for a pipeline on `device`: the hottest rows (FAP order) copied into
+    device memory up to cache_bytes, the rest read from `host_table` (on CUDA a UVA view
+    of pinned host memory, so the GPU reads them itself; on CPU the host matrix). Misses
+    are read in sorted id order for locality. Output: one [n, F] tensor on `device`."""
+
+    def __init__(self, features: np.ndarray, device: str | torch.device, cache_bytes: int,
+                 order: np.ndarray | None = None, host_table: torch.Tensor | None = None):
+        if cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+        self.device = torch.device(device)
+        host = host_tensor(features)
+        self.host = host_table if host_table is not None else host
+        self.feature_dim = int(host.shape[1])
+        num_nodes = int(host.shape[0])
+        row_bytes = max(1, self.feature_dim * host.element_size())
+        self.cached_rows = int(min(num_nodes, cache_bytes // row_bytes))
+        hot = np.arange(self.cached_rows) if order is None else np.asarray(order[:self.cached_rows], np.int64)
+        hot_t = torch.from_numpy(np.ascontiguousarray(hot, dtype=np.int64))
+        # node -> its row in the cache, -1 where it is not cached
+        self.slot = torch.full((num_nodes,), -1, dtype=torch.int32)
+        self.slot[hot_t] = torch.arange(self.cached_rows, dtype=torch.int32)
+        self.slot = self.slot.to(self.device)
+        self.cache = torch.index_select(host, 0, hot_t).to(self.device)
+        self.cache_bytes = int(self.cache.numel() * self.cache.element_size())
+
+    def gather_counted(self, node_ids) -> tuple[torch.Tensor, dict[str, int]]:
+        ids = torch.as_tensor(node_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        slot = self.slot[ids]
+        hit = slot >= 0
+        out = torch.empty((ids.shape[0], self.feature_dim), dtype=self.cache.dtype, device=self.device)
+        hit_pos = torch.nonzero(hit).squeeze(1)
+        miss_pos = torch.nonzero(~hit).squeeze(1)
+        if hit_pos.numel():
+            out[hit_pos] = torch.index_select(self.cache, 0, slot[hit_pos].to(torch.int64))
+        if miss_pos.numel():
+            miss_ids, order = torch.sort(ids[miss_pos])
+            rows = torch.index_select(self.host, 0, miss_ids.to(self.host.device))
+            out[miss_pos[order]] = rows.to(self.device, non_blocking=True)
+        return out, {"gpu": int(hit_pos.numel()), "host": int(miss_pos.numel())}
+
+    def gather(self, node_ids) -> torch.Tensor:
+        return self.gather_counted(node_ids)[0]
+
+    def rows_by_tier(self, node_ids) -> dict[str, int]:
+        ids = torch.as_tensor(node_ids, dtype=torch.int64).to(self.device)
+        hits = int((self.slot[ids] >= 0).sum())
+        return {"gpu": hits, "host": int(ids.shape[0]) - hits}

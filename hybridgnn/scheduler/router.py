@@ -24,7 +24,8 @@ class Router:
             raise ValueError(f"unknown pipeline names {sorted(unknown)}; expected {CPU!r} and/or {GPU!r}")
         self.cfg = cfg
         self.pipelines = tuple(pipelines)
-        self.threshold = cfg.psgs_threshold if len(pipelines) > 1 else float("inf")
+        given = cfg.psgs_threshold if cfg.psgs_threshold is not None else float("inf")
+        self.threshold = given if len(pipelines) > 1 else float("inf")
 
     def set_threshold(self, value: float) -> None:
         if not value >= 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import math
 import time
@@ -21,13 +22,17 @@ from hybridgnn.config import ServeConfig
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
-from hybridgnn.features.store import DynamicFeatureStore, HostFeatureStore
+from hybridgnn.capabilities import HAS_CUDA
+from hybridgnn.features.store import CachedFeatureStore, DynamicFeatureStore, HostFeatureStore, hottest_first
 from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.graph.store import GraphStore
+from hybridgnn.graph.uva import DeviceGraph
 from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
+from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.sampling.cpu import CPUSampler
+from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
 from hybridgnn.serving.updates import UpdateApplier
@@ -42,6 +47,10 @@ from hybridgnn.types import (
 from hybridgnn.workload.tables import WorkloadTables
 
 log = logging.getLogger(__name__)
+
+# Without a profile, a hybrid server sends a batch to the GPU once its PSGS exceeds that
+# of this many average seeds (a stand-in until `hybridgnn profile` measures the crossover).
+DEFAULT_GPU_BATCH_SEEDS = 64
 
 
 class Overloaded(Exception):
@@ -107,10 +116,21 @@ class Engine:
         self.updates: UpdateApplier | None = None
         self.features = (DynamicFeatureStore(self.dynamic) if self.dynamic is not None
                          else HostFeatureStore(self.graph.features))
+        self._models = {"cpu": self.model}  # one copy of the weights per device
+        self.device_graph: DeviceGraph | None = None
+        self.gpu_features: CachedFeatureStore | None = None
         self.pipelines: dict[str, Pipeline] = {
             cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
         }
+        if cfg.gpu_pipeline is not None:
+            self._setup_gpu()
+            self.pipelines[cfg.gpu_pipeline.name] = Pipeline(cfg.gpu_pipeline, self._make_gpu_executor,
+                                                             self._on_batch_done)
         self.router = Router(cfg.router, tuple(self.pipelines))
+        if len(self.pipelines) > 1 and cfg.router.psgs_threshold is None:
+            self.router.set_threshold(float(DEFAULT_GPU_BATCH_SEEDS * np.mean(self.tables.psgs)))
+            log.info("no PSGS threshold given: batches above %.0f (%d average seeds) go to the GPU pipeline",
+                     self.router.threshold, DEFAULT_GPU_BATCH_SEEDS)
         self.telemetry.psgs_threshold.set(self.router.threshold)
         self.telemetry.pending_capacity.set(cfg.batcher.max_pending_requests)
         self.telemetry.declare(tuple(self.pipelines))
@@ -124,12 +144,41 @@ class Engine:
         self.ready = False  # what /v2/health/ready reports; turns False before draining starts
 
     # --- lifecycle -------------------------------------------------------------------
+    def model_on(self, device: str) -> torch.nn.Module:
+        if device not in self._models:
+            self._models[device] = copy.deepcopy(self.model).to(device).eval()
+        return self._models[device]
+
+    def _setup_gpu(self) -> None:
+        """The GPU pipeline's shared state: the topology as device-readable tensors (pinned
+        host memory over UVA, or device memory), the FAP-ordered feature cache, the model."""
+        pipe, mem = self.cfg.gpu_pipeline, self.cfg.gpu_memory
+        device = torch.device(pipe.device)
+        if device.type == "cuda" and not HAS_CUDA:
+            raise ConfigError(f"the GPU pipeline is set to {pipe.device} but no CUDA device is visible; "
+                              "use --device cpu (or --device auto)")
+        if self.dynamic is not None:
+            raise ConfigError("graph updates run on the CPU pipeline only; serve without the GPU pipeline")
+        self.device_graph = DeviceGraph(self.graph, device, mem.graph_placement)
+        host_table = (self.device_graph.host_visible(np.asarray(self.graph.features))
+                      if device.type == "cuda" else None)
+        self.gpu_features = CachedFeatureStore(self.graph.features, device, mem.cache_bytes,
+                                               order=hottest_first(self.tables.fap), host_table=host_table)
+        self.model_on(pipe.device)
+        log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
+                 mem.graph_placement, self.gpu_features.cached_rows, self.gpu_features.cache_bytes / 2**20)
+
     def _make_cpu_executor(self, worker: int) -> BatchExecutor:
         graph = self.dynamic if self.dynamic is not None else self.graph
         sampler = CPUSampler(graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
         lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
-        return BatchExecutor(sampler, self.features, self.model, device=self.cfg.cpu_pipeline.device,
-                             read_lock=lock)
+        device = self.cfg.cpu_pipeline.device
+        return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock)
+
+    def _make_gpu_executor(self, worker: int) -> DeviceExecutor:
+        sampler = TorchSampler(self.device_graph.indptr, self.device_graph.indices, self.cfg.sampling.fanouts,
+                               seed=self.cfg.sampling.seed + 1000 + worker)
+        return DeviceExecutor(sampler, self.gpu_features, self.model_on(self.cfg.gpu_pipeline.device))
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -149,8 +198,10 @@ class Engine:
     def _warm_up(self) -> None:
         """Compile the samplers (plain and with a query-edge overlay) and touch the model once,
         so the first request of either kind is not slow."""
-        ex = self._make_cpu_executor(0)
-        ex.run(np.arange(min(4, self.graph.num_nodes), dtype=np.int64))
+        seeds = np.arange(min(4, self.graph.num_nodes), dtype=np.int64)
+        self._make_cpu_executor(0).run(seeds)
+        if self.gpu_features is not None:
+            self._make_gpu_executor(0).run(seeds)
         n = self.graph.num_nodes
         base = CPUSampler(self.graph, self.cfg.sampling.fanouts)  # new-node requests sample the stored graph
         base.sample(np.array([n]), overlay=(np.array([n]), np.array([0, 1]), np.array([0])), num_extra_nodes=1)
@@ -181,6 +232,8 @@ class Engine:
             await asyncio.gather(self._batcher_task, return_exceptions=True)
         for p in self.pipelines.values():
             await asyncio.to_thread(p.stop)
+        if self.device_graph is not None:
+            self.device_graph.close()
 
     # --- request path ----------------------------------------------------------------
     @property
@@ -347,6 +400,8 @@ class Engine:
             "dataset": self.graph.name,
             "dataset_fingerprint": self.graph.fingerprint,
             "pipelines": list(self.pipelines),
+            "devices": {name: p.cfg.device for name, p in self.pipelines.items()},
+            "gpu_cache_rows": self.gpu_features.cached_rows if self.gpu_features is not None else 0,
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),

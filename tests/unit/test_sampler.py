@@ -4,15 +4,30 @@ import torch
 from torch_geometric.nn import SAGEConv
 
 from hybridgnn.sampling.cpu import CPUSampler
+from hybridgnn.sampling.gpu import TorchSampler
 from tests.conftest import make_graph
+
+
+class TorchOnCPU:
+    """The GPU sampler's code on CPU tensors, returning the numpy contract."""
+
+    def __init__(self, graph, fanouts, seed=0):
+        self.inner = TorchSampler.from_graph(graph, fanouts, seed=seed)
+
+    def sample(self, seeds):
+        return self.inner.sample(seeds).to_numpy()
+
+
+SAMPLERS = pytest.mark.parametrize("make_sampler", [CPUSampler, TorchOnCPU], ids=["numba", "torch"])
 
 
 def neighbours(graph, u):
     return set(np.asarray(graph.indices)[graph.indptr[u]:graph.indptr[u + 1]].tolist())
 
 
-def test_structure_fanouts_and_no_repeats(skewed_graph):
-    sampler = CPUSampler(skewed_graph, (4, 3), seed=1)
+@SAMPLERS
+def test_structure_fanouts_and_no_repeats(make_sampler, skewed_graph):
+    sampler = make_sampler(skewed_graph, (4, 3), seed=1)
     seeds = np.array([0, 5, 5, 59, 12])
     for _ in range(50):
         sub = sampler.sample(seeds)
@@ -35,10 +50,11 @@ def test_structure_fanouts_and_no_repeats(skewed_graph):
                 assert set(got.tolist()) <= neighbours(skewed_graph, u)
 
 
-def test_uniform_inclusion_probabilities(tmp_path):
+@SAMPLERS
+def test_uniform_inclusion_probabilities(make_sampler, tmp_path):
     graph = make_graph(tmp_path / "star", [(0, j) for j in range(1, 21)], 21)
-    sampler = CPUSampler(graph, (5,), seed=7)
-    trials = 20000
+    sampler = make_sampler(graph, (5,), seed=7)
+    trials = 20000 if make_sampler is CPUSampler else 5000  # the torch one is slower per call on CPU
     counts = np.zeros(21)
     for _ in range(trials):
         sub = sampler.sample(np.array([0]))
@@ -50,17 +66,19 @@ def test_uniform_inclusion_probabilities(tmp_path):
     assert chi2 < 60  # 19 dof: p < 1e-5 beyond this
 
 
-def test_reproducible_with_seed(skewed_graph):
-    a, b = CPUSampler(skewed_graph, (3, 2), seed=11), CPUSampler(skewed_graph, (3, 2), seed=11)
-    c = CPUSampler(skewed_graph, (3, 2), seed=12)
+@SAMPLERS
+def test_reproducible_with_seed(make_sampler, skewed_graph):
+    a, b = make_sampler(skewed_graph, (3, 2), seed=11), make_sampler(skewed_graph, (3, 2), seed=11)
+    c = make_sampler(skewed_graph, (3, 2), seed=12)
     seeds = np.arange(20)
     sa, sb, sc = a.sample(seeds), b.sample(seeds), c.sample(seeds)
     assert np.array_equal(sa.node_ids, sb.node_ids) and np.array_equal(sa.edge_index, sb.edge_index)
     assert not (np.array_equal(sa.node_ids, sc.node_ids) and np.array_equal(sa.edge_index, sc.edge_index))
 
 
-def test_isolated_seed_and_errors(skewed_graph):
-    sampler = CPUSampler(skewed_graph, (3, 2))
+@SAMPLERS
+def test_isolated_seed_and_errors(make_sampler, skewed_graph):
+    sampler = make_sampler(skewed_graph, (3, 2))
     sub = sampler.sample(np.array([59]))
     assert sub.node_ids.tolist() == [59] and sub.num_edges == 0
     with pytest.raises(ValueError, match="lie in"):
@@ -69,17 +87,19 @@ def test_isolated_seed_and_errors(skewed_graph):
         sampler.sample(np.zeros((2, 2), dtype=np.int64))
 
 
-def test_pyg_conv_consumes_the_sample(skewed_graph):
-    sub = CPUSampler(skewed_graph, (4, 3)).sample(np.array([0, 1, 2]))
+@SAMPLERS
+def test_pyg_conv_consumes_the_sample(make_sampler, skewed_graph):
+    sub = make_sampler(skewed_graph, (4, 3)).sample(np.array([0, 1, 2]))
     x = torch.from_numpy(np.asarray(skewed_graph.features)[sub.node_ids])
     out = SAGEConv(x.shape[1], 8)(x, torch.from_numpy(sub.edge_index))
     assert out.shape == (sub.num_nodes, 8)
 
 
-def test_threads_sample_in_parallel_safely(skewed_graph):
+@SAMPLERS
+def test_threads_sample_in_parallel_safely(make_sampler, skewed_graph):
     from concurrent.futures import ThreadPoolExecutor
 
-    samplers = [CPUSampler(skewed_graph, (4, 3), seed=i) for i in range(4)]
+    samplers = [make_sampler(skewed_graph, (4, 3), seed=i) for i in range(4)]
 
     def work(s):
         return [s.sample(np.arange(30)).num_nodes for _ in range(200)]
@@ -138,3 +158,36 @@ def test_dynamic_graph_is_sampled_as_it_is_now(tmp_path):
     assert chi2 < 50  # 14 dof: uniform over the current neighbours
     with dyn.lock.read():
         assert sampler.sample(np.array([25])).node_ids.tolist()[:2] == [25, 2]
+
+
+def test_torch_sampler_matches_the_compiled_sampler_in_distribution(tmp_path):
+    # Node 0 reads 1..30 and every node reads a few of the rest: per-neighbour inclusion
+    # frequencies at both hops must agree between the two samplers.
+    rng = np.random.default_rng(5)
+    edges = [(0, j) for j in range(1, 31)] + [(i, int(j)) for i in range(1, 31) for j in rng.choice(31, 6, replace=False)]
+    graph = make_graph(tmp_path / "g", edges, 31)
+    trials = 4000
+    freq = {}
+    for name, sampler in (("numba", CPUSampler(graph, (7, 3), seed=1)), ("torch", TorchOnCPU(graph, (7, 3), seed=1))):
+        counts = np.zeros((2, 31))
+        for _ in range(trials):
+            sub = sampler.sample(np.array([0]))
+            hop = np.repeat([0, 1], sub.num_sampled_edges)
+            np.add.at(counts, (hop, sub.node_ids[sub.edge_index[0]]), 1)
+        freq[name] = counts / trials
+    assert np.abs(freq["numba"][0] - 7 / 30)[1:].max() < 0.05
+    # Two independent estimates of the same probabilities: differences stay within noise.
+    sd = np.sqrt(2 * np.maximum(freq["numba"], 1e-3) / trials)
+    assert np.all(np.abs(freq["numba"] - freq["torch"]) < 5 * sd + 1e-9)
+
+
+def test_floyd_positions_are_distinct_and_in_range():
+    from hybridgnn.sampling.gpu import floyd_positions
+
+    g = torch.Generator().manual_seed(0)
+    degrees = torch.tensor([5, 6, 50, 1_000_000, 2**40])
+    pos = floyd_positions(degrees, 5, g)
+    assert pos.shape == (5, 5)
+    assert all(len(set(row.tolist())) == 5 for row in pos)
+    assert bool((pos >= 0).all()) and bool((pos < degrees.unsqueeze(1)).all())
+    assert sorted(pos[0].tolist()) == [0, 1, 2, 3, 4]  # degree == fanout takes everything

@@ -1,0 +1,154 @@
+"""Batched K-hop uniform sampling without replacement in torch ops (Quiver §4.3).
+
+The same code runs wherever the topology tensors live: CUDA tensors in device memory,
+CUDA views of pinned host memory read zero-copy over UVA (graph/uva.py), or plain CPU
+tensors (how CI exercises it). Per hop, every frontier node draws min(deg, fanout)
+distinct neighbours at once: rows with deg <= fanout take all, the others run Robert
+Floyd's algorithm vectorised across rows (fanout steps, each a handful of element-wise
+ops on an [m, fanout] tile), which yields every fanout-subset with equal probability.
+New nodes are found through a dense global→local map owned by the sampler, so no
+per-node Python runs and no hash table is needed.
+
+The output contract is SampledSubgraph's (seeds first, then nodes by the hop that first
+reached them; local edge_index ordered by hop), held as tensors on the sampler's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hybridgnn.sampling.cpu import _mix_seed
+from hybridgnn.types import SampledSubgraph
+
+
+@dataclass
+class TensorSubgraph:
+    """SampledSubgraph's fields as tensors on one device (counts stay on the host: the
+    model's per-layer trimming needs them as Python ints)."""
+
+    node_ids: torch.Tensor
+    edge_index: torch.Tensor
+    num_sampled_nodes: list[int]
+    num_sampled_edges: list[int]
+    seed_index: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_ids.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_index.shape[1])
+
+    def edge_index_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
+        return self.edge_index.to(device, non_blocking=True)
+
+    def to_numpy(self) -> SampledSubgraph:
+        return SampledSubgraph(
+            node_ids=self.node_ids.cpu().numpy(), edge_index=self.edge_index.cpu().numpy(),
+            num_sampled_nodes=np.asarray(self.num_sampled_nodes, dtype=np.int64),
+            num_sampled_edges=np.asarray(self.num_sampled_edges, dtype=np.int64),
+            seed_index=self.seed_index.cpu().numpy())
+
+
+def floyd_positions(degrees: torch.Tensor, fanout: int, generator: torch.Generator) -> torch.Tensor:
+    """[m, fanout] distinct positions in [0, degree) per row, each fanout-subset equally
+    likely (rows must have degree >= fanout). Floyd: for j = d-k .. d-1 draw t in [0, j];
+    keep t unless already taken, else take j."""
+    m = degrees.shape[0]
+    out = torch.empty((m, fanout), dtype=torch.int64, device=degrees.device)
+    if m == 0:
+        return out
+    # float64 draws: exact enough for any degree below 2**52 (float32 would bias large rows)
+    draws = torch.rand((fanout, m), dtype=torch.float64, device=degrees.device, generator=generator)
+    for j in range(fanout):
+        upper = degrees - (fanout - j)  # inclusive bound of this step's draw
+        t = torch.minimum((draws[j] * (upper + 1).to(torch.float64)).to(torch.int64), upper)
+        if j:
+            taken = (out[:, :j] == t.unsqueeze(1)).any(dim=1)
+            t = torch.where(taken, upper, t)
+        out[:, j] = t
+    return out
+
+
+class TorchSampler:
+    """Sampler over CSR tensors on one device. One instance per worker (it owns the id
+    map and the generator); the topology tensors are shared. Same seed and same call
+    sequence give the same samples on the same device."""
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts, *, seed: int = 0):
+        if indptr.device != indices.device:
+            raise ValueError(f"indptr is on {indptr.device} but indices on {indices.device}")
+        self.fanouts = tuple(int(f) for f in fanouts)
+        if not self.fanouts or min(self.fanouts) < 1:
+            raise ValueError(f"fanouts must be positive integers, got {fanouts!r}")
+        self.device = indptr.device
+        self.indptr = indptr
+        self.indices = indices
+        self.num_nodes = int(indptr.shape[0]) - 1
+        self._local = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=self.device)
+        self._generator = torch.Generator(device=self.device)
+        self.reseed(seed)
+
+    @classmethod
+    def from_graph(cls, graph, fanouts, *, device: str | torch.device = "cpu", seed: int = 0) -> TorchSampler:
+        """Over a GraphStore's arrays: zero-copy for CPU; copied to device memory otherwise
+        (the UVA path builds its views with graph/uva.py and uses the constructor)."""
+        from hybridgnn.features.store import host_tensor
+
+        indptr, indices = host_tensor(graph.indptr), host_tensor(graph.indices)
+        return cls(indptr.to(device), indices.to(device), fanouts, seed=seed)
+
+    def reseed(self, seed: int) -> None:
+        self._generator.manual_seed(int(_mix_seed(seed)[0]) & 0x7FFF_FFFF_FFFF_FFFF)
+
+    def sample(self, seeds) -> TensorSubgraph:
+        seeds = torch.as_tensor(seeds, dtype=torch.int64).to(self.device, non_blocking=True)
+        if seeds.ndim != 1:
+            raise ValueError(f"seeds must be 1-D, got shape {tuple(seeds.shape)}")
+        if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= self.num_nodes):
+            raise ValueError(f"seed ids must lie in [0, {self.num_nodes})")
+        unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
+        nodes = [unique_seeds]
+        count = unique_seeds.shape[0]
+        self._local[unique_seeds] = torch.arange(count, device=self.device)
+        frontier, frontier_local = unique_seeds, torch.arange(count, device=self.device)
+        src_parts, dst_parts, edges_per_hop = [], [], []
+        try:
+            for fanout in self.fanouts:
+                src_global, dst_local = self._hop(frontier, frontier_local, fanout)
+                known = self._local[src_global]
+                new = torch.unique(src_global[known < 0])
+                new_local = torch.arange(count, count + new.shape[0], device=self.device)
+                self._local[new] = new_local
+                count += new.shape[0]
+                src_parts.append(self._local[src_global])
+                dst_parts.append(dst_local)
+                edges_per_hop.append(int(src_global.shape[0]))
+                nodes.append(new)
+                frontier, frontier_local = new, new_local
+        finally:
+            node_ids = torch.cat(nodes)
+            self._local[node_ids] = -1  # leave the map clean for the next batch
+        edge_index = torch.stack([torch.cat(src_parts), torch.cat(dst_parts)])
+        return TensorSubgraph(node_ids=node_ids, edge_index=edge_index,
+                              num_sampled_nodes=[int(n.shape[0]) for n in nodes],
+                              num_sampled_edges=edges_per_hop, seed_index=seed_index)
+
+    def _hop(self, frontier: torch.Tensor, frontier_local: torch.Tensor, fanout: int):
+        """(sampled neighbours' global ids, their targets' local ids) for one hop."""
+        start = self.indptr[frontier]
+        degree = self.indptr[frontier + 1] - start
+        m = frontier.shape[0]
+        column = torch.arange(fanout, device=self.device)
+        positions = column.expand(m, fanout).clone()
+        big = torch.nonzero(degree > fanout).squeeze(1)
+        if big.numel():
+            positions[big] = floyd_positions(degree[big], fanout, self._generator)
+        valid = column.unsqueeze(0) < degree.unsqueeze(1)
+        flat = (start.unsqueeze(1) + positions)[valid]
+        targets = frontier_local.unsqueeze(1).expand(m, fanout)[valid]
+        return self.indices[flat].to(torch.int64), targets
