@@ -143,12 +143,14 @@ class TorchSampler:
         start = self.indptr[frontier]
         degree = self.indptr[frontier + 1] - start
         m = frontier.shape[0]
-        column = torch.arange(fanout, device=self.device)
-        positions = column.expand(m, fanout).clone()
+        # A tile no wider than the largest degree: "take every neighbour" fanouts stay cheap.
+        width = min(fanout, int(degree.max())) if m else 0
+        column = torch.arange(width, device=self.device)
+        positions = column.expand(m, width).clone()
         big = torch.nonzero(degree > fanout).squeeze(1)
         if big.numel():
             positions[big] = floyd_positions(degree[big], fanout, self._generator)
         valid = column.unsqueeze(0) < degree.unsqueeze(1)
         flat = (start.unsqueeze(1) + positions)[valid]
-        targets = frontier_local.unsqueeze(1).expand(m, fanout)[valid]
+        targets = frontier_local.unsqueeze(1).expand(m, width)[valid]
         return self.indices[flat].to(torch.int64), targets

@@ -1,0 +1,165 @@
+"""GPU sampler against the CPU sampler, and feature-gather bandwidth per tier (issue 3).
+
+Sampler: sampled edges/s of the device sampler (TorchSampler over the UVA-pinned graph
+and over a device-memory copy) against the compiled CPU sampler on one thread and on all
+cores, for batch sizes 1 .. 4096 and fanouts 15,10,5 and 25,10 on the products-scale
+graph, with the crossover batch size (the smallest batch where the device beats all
+CPU cores). Gather: GB/s of device-cache index_select, zero-copy reads of pinned host
+memory over UVA, and, as the references they are compared with, a pinned host→device
+memcpy and a device→device copy of the same bytes.
+
+Without CUDA the device rows run the same code on CPU tensors and say so; the ratios
+then compare two CPU implementations, not a GPU.
+
+    .venv/bin/python bench/gpu_sampler.py [--seconds 1.5] [--batch-sizes 1,8,64,256,1024,4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import PRODUCTS, ensure_products, machine  # noqa: E402
+from hybridgnn.capabilities import CPU_COUNT, HAS_CUDA  # noqa: E402
+from hybridgnn.features.store import CachedFeatureStore  # noqa: E402
+from hybridgnn.graph.store import GraphStore  # noqa: E402
+from hybridgnn.graph.uva import DeviceGraph  # noqa: E402
+from hybridgnn.sampling.cpu import CPUSampler  # noqa: E402
+from hybridgnn.sampling.gpu import TorchSampler  # noqa: E402
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rate(run, seconds: float) -> float:
+    """Edges (or bytes) per second of `run()` (returns that count), repeated for ~seconds."""
+    run()  # warm: compiled kernels, caches
+    total, t0 = 0, time.perf_counter()
+    while True:
+        total += run()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return total / elapsed
+
+
+def cpu_rate(graph, fanouts, batch, threads, seconds, rng) -> float:
+    samplers = [CPUSampler(graph, fanouts, seed=i) for i in range(threads)]
+    work = [rng.integers(0, graph.num_nodes, size=batch) for _ in range(64)]
+
+    def one(k):
+        return sum(samplers[k].sample(s).num_edges for s in work[k::threads])
+
+    if threads == 1:
+        return rate(lambda: one(0), seconds)
+    pool = ThreadPoolExecutor(threads)
+    try:
+        return rate(lambda: sum(pool.map(one, range(threads))), seconds)
+    finally:
+        pool.shutdown()
+
+
+def device_rate(dg: DeviceGraph, fanouts, batch, seconds, rng) -> float:
+    sampler = TorchSampler(dg.indptr, dg.indices, fanouts)
+    work = [torch.from_numpy(rng.integers(0, dg.indptr.shape[0] - 1, size=batch)).to(dg.device) for _ in range(16)]
+
+    def run():
+        edges = sum(sampler.sample(s).num_edges for s in work)
+        sync(dg.device)
+        return edges
+
+    return rate(run, seconds)
+
+
+def gather_bandwidth(graph, dg: DeviceGraph, seconds: float) -> dict:
+    feats = np.asarray(graph.features)
+    device = dg.device
+    row_bytes = feats.shape[1] * feats.itemsize
+    n = 200_000
+    ids = torch.from_numpy(np.sort(np.random.default_rng(0).integers(0, graph.num_nodes, n))).to(device)
+    out = {}
+    cache = CachedFeatureStore(feats, device, n * row_bytes * 2)  # every id below is cached
+    hot = torch.arange(n, device=device)
+
+    def timed(fn, nbytes):
+        def run():
+            fn()
+            sync(device)
+            return nbytes
+        return rate(run, seconds) / 1e9
+
+    out["device_cache_gather_GBps"] = timed(lambda: torch.index_select(cache.cache, 0, hot), n * row_bytes)
+    host = dg.host_visible(feats) if device.type == "cuda" else torch.from_numpy(feats)
+    out["zero_copy_gather_GBps"] = timed(lambda: torch.index_select(host, 0, ids), n * row_bytes)
+    block = torch.from_numpy(feats[:n].copy())
+    if device.type == "cuda":
+        pinned = block.pin_memory()
+        dst = torch.empty_like(pinned, device=device)
+        out["pinned_memcpy_GBps"] = timed(lambda: dst.copy_(pinned, non_blocking=True), n * row_bytes)
+        src = pinned.to(device)
+        out["device_copy_GBps"] = timed(lambda: dst.copy_(src), n * row_bytes)
+        out["zero_copy_vs_pinned_memcpy"] = out["zero_copy_gather_GBps"] / out["pinned_memcpy_GBps"]
+        out["cache_gather_vs_device_copy"] = out["device_cache_gather_GBps"] / out["device_copy_GBps"]
+    else:
+        dst = torch.empty_like(block)
+        out["host_memcpy_GBps"] = timed(lambda: dst.copy_(block), n * row_bytes)
+        out["zero_copy_vs_pinned_memcpy"] = out["zero_copy_gather_GBps"] / out["host_memcpy_GBps"]
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dataset", type=Path, default=PRODUCTS)
+    ap.add_argument("--seconds", type=float, default=1.5, help="timing window per measurement")
+    ap.add_argument("--batch-sizes", default="1,8,64,256,1024,4096")
+    ap.add_argument("--device", default="cuda" if HAS_CUDA else "cpu")
+    args = ap.parse_args()
+    if args.dataset == PRODUCTS:
+        ensure_products(args.dataset)
+    graph = GraphStore.open(args.dataset)
+    device = torch.device(args.device)
+    torch.set_num_threads(1 if device.type == "cpu" else CPU_COUNT)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    placements = {"uva": DeviceGraph(graph, device, "uva")}
+    if device.type == "cuda":
+        placements["gpu"] = DeviceGraph(graph, device, "gpu")
+    report = {"machine": machine(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+              else "cpu (the GPU sampler's code on CPU tensors; no GPU in this run)",
+              "graph": {"nodes": graph.num_nodes, "edges": graph.num_edges}, "sampler": []}
+    rng = np.random.default_rng(0)
+    for fanouts in ((15, 10, 5), (25, 10)):
+        crossover = None
+        for b in batches:
+            row = {"fanouts": list(fanouts), "batch": b,
+                   "cpu_1_thread": cpu_rate(graph, fanouts, b, 1, args.seconds, rng),
+                   f"cpu_{CPU_COUNT}_threads": cpu_rate(graph, fanouts, b, CPU_COUNT, args.seconds, rng)}
+            for name, dg in placements.items():
+                row[f"device_{name}"] = device_rate(dg, fanouts, b, args.seconds, rng)
+            best = max(row[f"device_{n}"] for n in placements)
+            row["device_vs_cpu_1_thread"] = round(best / row["cpu_1_thread"], 2)
+            row["device_vs_cpu_all"] = round(best / row[f"cpu_{CPU_COUNT}_threads"], 2)
+            if crossover is None and row["device_vs_cpu_all"] > 1:
+                crossover = b
+            row = {k: (round(v / 1e6, 3) if isinstance(v, float) and not k.startswith("device_vs") else v)
+                   for k, v in row.items()}  # rates in M sampled edges/s
+            print(json.dumps(row), flush=True)
+            report["sampler"].append(row)
+        report[f"crossover_batch_{'-'.join(map(str, fanouts))}"] = crossover
+    report["gather"] = gather_bandwidth(graph, placements["uva"], args.seconds)
+    for dg in placements.values():
+        dg.close()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""CUDA-only checks of the GPU pipeline (marker gpu; skipped without CUDA): pinning and
+UVA views, both graph placements, the device sampler's distribution, the device feature
+cache, per-worker streams, and the hybrid engine on a real GPU."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.features.store import CachedFeatureStore, HostFeatureStore
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.graph.uva import DeviceGraph
+from hybridgnn.models.checkpoint import load_checkpoint
+from hybridgnn.pipelines.executor import BatchExecutor
+from hybridgnn.pipelines.gpu import DeviceExecutor
+from hybridgnn.sampling.cpu import CPUSampler
+from hybridgnn.sampling.gpu import TorchSampler
+from tests.conftest import make_graph
+
+pytestmark = pytest.mark.gpu
+EVERYTHING = (1 << 30, 1 << 30)
+
+
+def test_uva_view_reads_host_memory_without_a_copy(skewed_graph):
+    dg = DeviceGraph(skewed_graph, "cuda", "uva")
+    host = np.arange(1000, dtype=np.int64)
+    view = dg.host_visible(host)
+    assert view.is_cuda and torch.equal(view.cpu(), torch.from_numpy(host))
+    host[7] = -5  # the device reads the same physical memory
+    assert int(view[7]) == -5
+    assert dg.indices.is_cuda and torch.equal(dg.indices.cpu(), torch.from_numpy(np.asarray(skewed_graph.indices)))
+    assert len(dg.registration.pointers) >= 1
+    dg.close()
+    assert dg.registration.pointers == []
+
+
+def test_uva_and_device_placements_sample_identically(skewed_graph):
+    uva, gpu = DeviceGraph(skewed_graph, "cuda", "uva"), DeviceGraph(skewed_graph, "cuda", "gpu")
+    assert not gpu.indices.data_ptr() == uva.indices.data_ptr()
+    a = TorchSampler(uva.indptr, uva.indices, (4, 3), seed=5).sample(np.arange(30))
+    b = TorchSampler(gpu.indptr, gpu.indices, (4, 3), seed=5).sample(np.arange(30))
+    assert torch.equal(a.node_ids, b.node_ids) and torch.equal(a.edge_index, b.edge_index)
+    uva.close()
+
+
+def test_cuda_sampler_draws_neighbours_uniformly(tmp_path):
+    graph = make_graph(tmp_path / "star", [(0, j) for j in range(1, 41)], 41)
+    dg = DeviceGraph(graph, "cuda", "uva")
+    sampler = TorchSampler(dg.indptr, dg.indices, (10,), seed=1)
+    trials = 4000
+    counts = np.zeros(41)
+    for _ in range(trials):
+        sub = sampler.sample(np.array([0]))
+        ids = sub.node_ids.cpu().numpy()
+        assert len(set(ids.tolist())) == 11
+        counts[ids[1:]] += 1
+    expected = trials * 10 / 40
+    assert (((counts[1:] - expected) ** 2) / expected).sum() < 90  # 39 dof
+    dg.close()
+
+
+@pytest.mark.parametrize("cache_fraction", [0.0, 0.2, 1.0])
+def test_device_cache_gathers_exact_rows(skewed_graph, cache_fraction):
+    feats = np.asarray(skewed_graph.features)
+    dg = DeviceGraph(skewed_graph, "cuda", "uva")
+    store = CachedFeatureStore(feats, "cuda", int(cache_fraction * feats.nbytes), order=np.arange(60)[::-1].copy(),
+                               host_table=dg.host_visible(feats))
+    ids = np.random.default_rng(0).integers(0, 60, 500)
+    rows, tiers = store.gather_counted(ids)
+    assert rows.is_cuda and torch.equal(rows.cpu(), torch.from_numpy(feats[ids]))
+    assert tiers["gpu"] + tiers["host"] == 500
+    dg.close()
+
+
+def test_device_executor_matches_cpu_and_workers_use_their_own_streams(tiny_dataset, tiny_model):
+    graph = GraphStore.open(tiny_dataset)
+    model, _ = load_checkpoint(tiny_model)
+    seeds = np.array([3, 17, 17, 400, 2999])
+    want = BatchExecutor(CPUSampler(graph, EVERYTHING), HostFeatureStore(graph.features), model).run(seeds)
+    dg = DeviceGraph(graph, "cuda", "uva")
+    store = CachedFeatureStore(graph.features, "cuda", 1 << 16, host_table=dg.host_visible(np.asarray(graph.features)))
+    gpu_model = load_checkpoint(tiny_model)[0].to("cuda")
+    executors = [DeviceExecutor(TorchSampler(dg.indptr, dg.indices, EVERYTHING, seed=i), store, gpu_model)
+                 for i in range(3)]
+    assert len({ex.stream.cuda_stream for ex in executors}) == 3
+    results = [None] * 3
+
+    def work(i):
+        results[i] = [executors[i].run(seeds) for _ in range(20)][-1]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for res in results:
+        np.testing.assert_allclose(res.embeddings, want.embeddings, rtol=1e-4, atol=1e-4)
+    dg.close()
+
+
+def test_hybrid_engine_on_cuda(tiny_dataset, tiny_model):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from hybridgnn.config import PipelineConfig, RouterConfig, SamplingConfig, ServeConfig
+    from hybridgnn.serving.app import build_app
+    from hybridgnn.serving.engine import Engine
+
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
+                      gpu_pipeline=PipelineConfig(name="gpu", device="cuda"), router=RouterConfig(0.0))
+
+    async def scenario():
+        engine = Engine(cfg)
+        await engine.start()
+        client = TestClient(TestServer(build_app(engine)))
+        await client.start_server()
+        try:
+            r = await client.post("/v2/models/hybridgnn/infer", json={"inputs": [
+                {"name": "node_ids", "shape": [3], "datatype": "INT64", "data": [1, 2, 3]}]})
+            assert r.status == 200
+            metrics = await (await client.get("/metrics")).text()
+            assert 'hybridgnn_routing_decisions_total{pipeline="gpu",reason="threshold"} 1.0' in metrics
+        finally:
+            await client.close()
+            await engine.stop()
+
+    asyncio.run(scenario())
