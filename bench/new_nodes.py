@@ -14,6 +14,7 @@ expansion runs on the graph with the request's query nodes added (built outside 
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from hybridgnn.sampling.cpu import CPUSampler  # noqa: E402
 
 GAMMAS = (0.01, 0.03, 0.07, 0.10, 0.20)
 EVERY_NEIGHBOUR = 1 << 30
-MODELS = (("gcn", 2), ("sage", 3), ("gat", 3))
+MODELS = tuple((k, l) for k, l in (("gcn", 2), ("sage", 3), ("gat", 3)) if k in os.environ.get("NEWNODES_MODELS", "gcn,sage,gat").split(","))
 
 
 def split(graph: GraphStore, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +143,15 @@ def main() -> None:
         measure("sampled " + ",".join(map(str, fanouts)),
                 lambda r: ev.infer(r["features"], r["edges"], mode="sampled", fanouts=fanouts).embeddings)
         measure("pe", lambda r: ev.infer(r["features"], r["edges"], mode="pe").embeddings)
+        if os.environ.get("NEWNODES_PROFILE"):
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(5):
+                ev.infer(requests[0]["features"], requests[0]["edges"], mode="srpe", gamma=0.1)
+            prof.disable()
+            pstats.Stats(prof).sort_stats(os.environ["NEWNODES_PROFILE"]).print_stats(40)
         for g in GAMMAS:
             for policy in ("ratio", "random", "degree"):
                 measure(f"srpe γ={g:.0%} {policy}",

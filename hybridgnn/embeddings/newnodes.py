@@ -249,11 +249,12 @@ class NewNodeEvaluator:
         n = self.graph.num_nodes
         table = self._features if layer == 0 else self._layers[layer - 1]
         existing = sources < n
-        out = torch.empty((len(sources), table.shape[1]), dtype=torch.float32)
-        rows = torch.from_numpy(np.flatnonzero(existing))
-        out[rows] = torch.index_select(table, 0, torch.from_numpy(sources[existing])).float()
-        if layer == 0:
-            out[torch.from_numpy(np.flatnonzero(~existing))] = torch.from_numpy(features[sources[~existing] - n])
+        queries = np.flatnonzero(~existing)
+        # One gather for every row (query rows read row 0 and are overwritten below): cheaper
+        # than masking the existing rows out first.
+        out = torch.index_select(table, 0, torch.from_numpy(np.where(existing, sources, 0))).float()
+        if layer == 0 and queries.size:
+            out[torch.from_numpy(queries)] = torch.from_numpy(features[sources[queries] - n])
         if computed is not None:
             ids, values = computed
             # Computed rows a later layer does not read are simply not among the sources.

@@ -10,8 +10,10 @@ layer-wise inference can run one layer over all nodes at a time.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,6 +49,9 @@ class ModelSpec:
         return asdict(self)
 
 
+# Sparse CSR products are stable for what is used here (CSR times dense, CPU and CUDA).
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+
 # Convolutions that take a (source, target) pair, so a layer computes only its targets.
 BIPARTITE_CONVS = (SAGEConv, GATConv, GATv2Conv, GINConv, GraphConv)
 
@@ -58,11 +63,38 @@ def apply_conv(conv: nn.Module, x_src: torch.Tensor, edge_index: torch.Tensor, n
     if gcn_weight is not None:
         if not isinstance(conv, GCNConv):
             raise ValueError("gcn_weight applies to GCN layers only")
-        out = conv.propagate(edge_index, x=conv.lin(x_src), edge_weight=gcn_weight)[:num_targets]
+        out = _weighted_sum_then_linear(conv, x_src, edge_index, num_targets, gcn_weight)
         return out + conv.bias if conv.bias is not None else out
     if isinstance(conv, BIPARTITE_CONVS):
         return conv((x_src, x_src[:num_targets]), edge_index, size=(x_src.shape[0], num_targets))
     return conv(x_src, edge_index)[:num_targets]
+
+
+def _weighted_sum_then_linear(conv: GCNConv, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
+                              weight: torch.Tensor) -> torch.Tensor:
+    """Σ_j w_ij · (x_j W) over a block, in the cheaper order: the linear map commutes with
+    the weighted sum, so aggregate the inputs into the targets first and transform only
+    the targets when that costs fewer multiply-adds (many sources, few targets: a request's
+    block), else transform every source first (PyG's order)."""
+    num_src, f_in = x_src.shape
+    f_out = conv.lin.weight.shape[0]
+    edges = edge_index.shape[1]
+    aggregate_first = edges * f_in + num_targets * f_in * f_out < num_src * f_in * f_out + edges * f_out
+    src, dst = edge_index[0], edge_index[1]
+    if aggregate_first and (edges == 0 or int(dst.max()) < num_targets):
+        # A CSR matrix times the inputs (one fused sparse-dense product, several times faster
+        # than gather, scale and index_add); blocks arrive as a few sorted runs of targets,
+        # which a stable sort orders almost for free.
+        if dst.device.type == "cpu":
+            order = torch.from_numpy(np.argsort(dst.numpy(), kind="stable"))
+        else:
+            order = torch.argsort(dst, stable=True)
+        crow = torch.zeros(num_targets + 1, dtype=torch.int64, device=dst.device)
+        torch.cumsum(torch.bincount(dst, minlength=num_targets), 0, out=crow[1:])
+        adj = torch.sparse_csr_tensor(crow, src[order], weight[order].to(x_src.dtype), (num_targets, num_src),
+                                      check_invariants=False)
+        return conv.lin(adj @ x_src)
+    return conv.propagate(edge_index, x=conv.lin(x_src), edge_weight=weight)[:num_targets]
 
 
 def _conv(spec: ModelSpec, in_dim: int, out_dim: int, last: bool) -> nn.Module:
