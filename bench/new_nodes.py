@@ -6,6 +6,7 @@ sampled (15,10,5), pe, and srpe at several γ, and SRPE's query-edge-ratio polic
 against random and degree-importance selection at equal γ.
 
     .venv/bin/python bench/new_nodes.py [--num-nodes 44000] [--epochs 4] [--requests 2]
+    NEWNODES_MODELS=gcn .venv/bin/python bench/new_nodes.py    # a subset of gcn,sage,gat
 
 Latency is the evaluation itself, in process, one thread (no HTTP). The full K-hop
 expansion runs on the graph with the request's query nodes added (built outside the timing).
@@ -143,15 +144,6 @@ def main() -> None:
         measure("sampled " + ",".join(map(str, fanouts)),
                 lambda r: ev.infer(r["features"], r["edges"], mode="sampled", fanouts=fanouts).embeddings)
         measure("pe", lambda r: ev.infer(r["features"], r["edges"], mode="pe").embeddings)
-        if os.environ.get("NEWNODES_PROFILE"):
-            import cProfile
-            import pstats
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(5):
-                ev.infer(requests[0]["features"], requests[0]["edges"], mode="srpe", gamma=0.1)
-            prof.disable()
-            pstats.Stats(prof).sort_stats(os.environ["NEWNODES_PROFILE"]).print_stats(40)
         for g in GAMMAS:
             for policy in ("ratio", "random", "degree"):
                 measure(f"srpe γ={g:.0%} {policy}",
