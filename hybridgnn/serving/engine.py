@@ -168,6 +168,10 @@ class Engine:
         log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
                  mem.graph_placement, self.gpu_features.cached_rows, self.gpu_features.cache_bytes / 2**20)
 
+    def make_executor(self, pipeline: str, worker: int):
+        """A fresh executor of the named pipeline, as its workers get (profiling uses it)."""
+        return self._make_gpu_executor(worker) if pipeline == "gpu" else self._make_cpu_executor(worker)
+
     def _make_cpu_executor(self, worker: int) -> BatchExecutor:
         graph = self.dynamic if self.dynamic is not None else self.graph
         sampler = CPUSampler(graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)

@@ -1,0 +1,77 @@
+"""`hybridgnn profile`: PSGS–latency curves per pipeline, the four operating points, a plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.config import GRAPH_PLACEMENTS, env_default, parse_bytes
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure latency against batch PSGS per pipeline; write a profile + plot",
+                       description="Drives each pipeline of the server you would run (same flags as serve) closed "
+                                   "loop, with batches spanning the PSGS range, until every PSGS bin has enough "
+                                   "samples for a stable p99 or the time budget is spent. Fits monotone mean and "
+                                   "p99 curves, finds the four operating points, and writes a JSON profile plus a "
+                                   "PNG and SVG plot. Serve with it: hybridgnn serve --profile P --policy ...",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", type=Path, default=None, help="dataset directory (default: the demo)")
+    p.add_argument("--model", type=Path, default=None, help="model directory (default: the demo)")
+    p.add_argument("--fanouts", default=None, help="per-hop fanouts (default: the model's)")
+    p.add_argument("--out", type=Path, default=None, help="profile path (default profiles/<dataset>-<model>.json)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default="auto",
+                   help="pipelines to profile, as for serve (emulate: the GPU pipeline's code on CPU tensors)")
+    p.add_argument("--workers", type=int, default=CPU_COUNT, help="CPU pipeline workers")
+    p.add_argument("--gpu-workers", type=int, default=2)
+    p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"))
+    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva")
+    p.add_argument("--cpu-compute-device", default="cpu")
+    p.add_argument("--bins", type=int, default=12, help="log-spaced PSGS bins")
+    p.add_argument("--min-samples", type=int, default=100, help="batches per bin (for a stable p99)")
+    p.add_argument("--max-batch", type=int, default=1024, help="largest batch (seeds)")
+    p.add_argument("--budget-s", type=float, default=300.0, help="time limit per pipeline")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from hybridgnn.cli.serve import gpu_pipeline_config
+    from hybridgnn.config import DeviceMemoryConfig, PipelineConfig, SamplingConfig, ServeConfig, parse_fanouts
+    from hybridgnn.models.checkpoint import load_checkpoint
+    from hybridgnn.profiling.profile import Profile, build_profile
+    from hybridgnn.profiling.runner import ProfileConfig
+
+    if (args.dataset is None) != (args.model is None):
+        raise ValueError("give both --dataset and --model, or neither (to profile the demo)")
+    if args.dataset is None:
+        from hybridgnn.demo import ensure_demo
+
+        args.dataset, args.model = ensure_demo(args.cache_dir)
+    _, model_cfg = load_checkpoint(args.model)
+    fanouts = (parse_fanouts(args.fanouts) if args.fanouts
+               else tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"]))
+    serve_cfg = ServeConfig(
+        dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
+        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers),
+        gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
+        gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement))
+    cfg = ProfileConfig(bins=args.bins, min_samples=args.min_samples, max_batch=args.max_batch,
+                        budget_s=args.budget_s)
+    profile = Profile(build_profile(serve_cfg, cfg))
+    out = args.out or Path("profiles") / f"{profile.data['dataset']['name']}-{profile.data['model']['kind']}.json"
+    profile.save(out)
+    written = [str(out)]
+    if not args.no_plot:
+        from hybridgnn.profiling.plot import plot_profile
+
+        written += [str(p) for p in plot_profile(profile, out.with_suffix(""))]
+    summary = {"written": written, "pipelines": {
+        n: {k: p[k] for k in ("device", "workers", "samples", "complete")} for n, p in profile.data["pipelines"].items()}}
+    if "points" in profile.data:
+        summary["points"] = profile.data["points"]
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,205 @@
+"""Latency-vs-PSGS curves, their crossing points, and SLO-bound operating points
+(Quiver §4.2, DESIGN §4).
+
+A Curve is piecewise linear in log(PSGS) through per-bin statistics made monotone
+non-decreasing by pool-adjacent-violators (weighted by samples per bin): a bigger batch
+never predicts a lower latency. Beyond the measured range latency grows in proportion
+to PSGS from the last knot (sampling cost tracks PSGS), and below it stays at the first.
+
+The four points compare two devices' curves (CPU first):
+    cpu_preferred         CPU tail = GPU mean
+    gpu_preferred         CPU mean = GPU tail
+    latency_preferred     CPU tail = GPU tail
+    throughput_preferred  CPU mean = GPU mean
+Each is the PSGS threshold where the two sides meet: batches below go to the CPU.
+Where the curves do not cross in the measured range, one device dominates and the
+threshold is +inf (CPU always at least as good) or 0 (GPU always better).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+POINTS = {
+    "cpu_preferred": ("tail", "mean"),
+    "gpu_preferred": ("mean", "tail"),
+    "latency_preferred": ("tail", "tail"),
+    "throughput_preferred": ("mean", "mean"),
+}
+
+
+def isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    means, sizes, counts = [], [], []
+    for v, w in zip(np.asarray(values, float), np.asarray(weights, float)):
+        means.append(v)
+        sizes.append(w)
+        counts.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            w2 = sizes[-2] + sizes[-1]
+            means[-2] = (means[-2] * sizes[-2] + means[-1] * sizes[-1]) / w2 if w2 > 0 else means[-1]
+            sizes[-2] = w2
+            counts[-2] += counts[-1]
+            del means[-1], sizes[-1], counts[-1]
+    return np.repeat(means, counts)
+
+
+@dataclass
+class Curve:
+    """Latency (seconds) against batch PSGS for one device and one statistic."""
+
+    psgs: list[float]  # knots, increasing
+    seconds: list[float]
+
+    def __post_init__(self):
+        if len(self.psgs) == 0 or len(self.psgs) != len(self.seconds):
+            raise ValueError("a curve needs as many latencies as PSGS knots, and at least one")
+        if any(b <= a for a, b in zip(self.psgs, self.psgs[1:])):
+            raise ValueError("curve knots must increase")
+
+    def __call__(self, psgs) -> np.ndarray:
+        x = np.maximum(np.asarray(psgs, dtype=float), 1e-9)
+        kx, ky = np.log(np.asarray(self.psgs)), np.asarray(self.seconds)
+        y = np.interp(np.log(x), kx, ky)
+        beyond = x > self.psgs[-1]
+        return np.where(beyond, ky[-1] * x / self.psgs[-1], y)
+
+    def max_psgs_within(self, seconds: float) -> float:
+        """Largest PSGS whose predicted latency is within `seconds` (0 if none is)."""
+        ky = np.asarray(self.seconds)
+        if ky[0] > seconds:
+            return 0.0
+        if ky[-1] <= seconds:
+            return self.psgs[-1] * seconds / ky[-1]  # proportional growth beyond the range
+        i = int(np.searchsorted(ky, seconds, side="right"))  # first knot above
+        lo, hi = math.log(self.psgs[i - 1]), math.log(self.psgs[i])
+        if ky[i] == ky[i - 1]:
+            return self.psgs[i - 1]
+        frac = (seconds - ky[i - 1]) / (ky[i] - ky[i - 1])
+        return float(math.exp(lo + frac * (hi - lo)))
+
+    @classmethod
+    def fit(cls, bin_psgs, bin_seconds, bin_counts) -> Curve:
+        keep = np.asarray(bin_counts) > 0
+        x = np.asarray(bin_psgs, float)[keep]
+        y = isotonic(np.asarray(bin_seconds, float)[keep], np.asarray(bin_counts, float)[keep])
+        return cls([float(v) for v in x], [float(v) for v in y])
+
+
+@dataclass
+class DeviceCurves:
+    mean: Curve
+    tail: Curve
+    workers: int
+
+    def get(self, which: str) -> Curve:
+        return self.mean if which == "mean" else self.tail
+
+
+@dataclass
+class OperatingPoint:
+    name: str
+    psgs_threshold: float  # +inf: all on CPU; 0: all on GPU
+    crossing: str  # "crossed", "cpu_dominates" or "gpu_dominates"
+    predicted_seeds_per_s: float
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["psgs_threshold"] = "inf" if math.isinf(self.psgs_threshold) else self.psgs_threshold
+        return d
+
+
+def crossing(cpu: Curve, gpu: Curve, lo: float, hi: float, grid: int = 400) -> tuple[float, str]:
+    """Where cpu(x) - gpu(x) turns from <= 0 to > 0 over [lo, hi] (log grid, then
+    bisection): the PSGS above which the GPU side is lower. No sign change: the device
+    lower over the whole range dominates."""
+    xs = np.exp(np.linspace(math.log(lo), math.log(hi), grid))
+    diff = cpu(xs) - gpu(xs)
+    above = diff > 0
+    if not above.any():
+        return math.inf, "cpu_dominates"
+    first = int(np.argmax(above))
+    if first == 0:
+        return 0.0, "gpu_dominates"
+    a, b = xs[first - 1], xs[first]
+    for _ in range(60):
+        mid = math.sqrt(a * b)
+        if float(cpu(mid) - gpu(mid)) > 0:
+            b = mid
+        else:
+            a = mid
+    return float(b), "crossed"
+
+
+def capacity(curves: DeviceCurves, psgs: float, mean_seed_psgs: float) -> float:
+    """Seeds/s one device sustains when all its workers run batches of this PSGS."""
+    if psgs <= 0 or not math.isfinite(psgs):
+        return 0.0
+    return curves.workers * (psgs / mean_seed_psgs) / max(float(curves.mean(psgs)), 1e-9)
+
+
+def operating_points(cpu: DeviceCurves, gpu: DeviceCurves, lo: float, hi: float,
+                     mean_seed_psgs: float) -> dict[str, OperatingPoint]:
+    """The four points, each with the throughput predicted when both devices run batches
+    at the threshold's PSGS (the batch size a saturated server reaches there); a
+    dominating device is credited alone at the largest measured PSGS."""
+    out = {}
+    for name, (cpu_stat, gpu_stat) in POINTS.items():
+        thr, kind = crossing(cpu.get(cpu_stat), gpu.get(gpu_stat), lo, hi)
+        if kind == "crossed":
+            seeds = capacity(cpu, thr, mean_seed_psgs) + capacity(gpu, thr, mean_seed_psgs)
+        else:
+            seeds = capacity(cpu if kind == "cpu_dominates" else gpu, hi, mean_seed_psgs)
+        out[name] = OperatingPoint(name, thr, kind, seeds)
+    return out
+
+
+@dataclass
+class SLOChoice:
+    """What slo:<ms> sets: the routing threshold, the largest batch PSGS the batcher forms,
+    and which devices may take a batch of that size within the SLO."""
+
+    slo_s: float
+    psgs_threshold: float
+    max_batch_psgs: float
+    pipeline_limits: dict[str, float]  # largest batch PSGS each pipeline finishes within the SLO
+    predicted_seeds_per_s: float
+    predicted_p99_s: float
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["psgs_threshold"] = "inf" if math.isinf(self.psgs_threshold) else self.psgs_threshold
+        return d
+
+
+def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, mean_seed_psgs: float, *,
+                   batching_wait_s: float = 0.0, lo: float = 1.0, hi: float = 1e7,
+                   tail: bool = True) -> SLOChoice:
+    """Per device, the largest batch PSGS whose predicted p99 (tail=True; the mean curve
+    with tail=False, Quiver's "PSGS-loose") plus the batching wait stays within the SLO;
+    the batcher may form batches up to the largest of these, the CPU takes batches up to
+    the latency-preferred crossing (or its own limit, if lower), the GPU the rest."""
+    budget = slo_s - batching_wait_s
+    if budget <= 0:
+        raise ValueError(f"an SLO of {slo_s * 1e3:.1f} ms leaves nothing after {batching_wait_s * 1e3:.1f} ms "
+                         "of batching wait")
+    stat = "tail" if tail else "mean"
+    limits = {name: d.get(stat).max_psgs_within(budget) for name, d in devices.items()}
+    if max(limits.values()) <= 0:
+        fastest = min(devices, key=lambda n: float(devices[n].get(stat)(lo)))
+        raise ValueError(f"no batch meets a p99 of {slo_s * 1e3:.1f} ms on any device (the smallest measured "
+                         f"batch takes {float(devices[fastest].get(stat)(lo)) * 1e3:.1f} ms on {fastest})")
+    max_batch = max(limits.values())
+    if set(devices) == {"cpu", "gpu"}:
+        cross, kind = crossing(devices["cpu"].tail, devices["gpu"].tail, lo, hi)
+        threshold = min(cross, limits["cpu"]) if limits["cpu"] > 0 else 0.0
+        if limits["gpu"] <= 0:
+            threshold = math.inf
+    else:
+        threshold = math.inf if "cpu" in devices else 0.0
+    seeds = sum(capacity(d, limits[n], mean_seed_psgs) for n, d in devices.items() if limits[n] > 0)
+    p99 = max(float(d.tail(limits[n])) for n, d in devices.items() if limits[n] > 0) + batching_wait_s
+    return SLOChoice(slo_s, threshold, max_batch, limits, seeds, p99)

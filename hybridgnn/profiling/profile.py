@@ -1,0 +1,184 @@
+"""Build, save, load and check a profile: PSGS–latency curves per pipeline, the four
+operating points, and what the hardware, dataset, model and fanouts were.
+
+The pipelines profiled are the serving engine's own executors (built from the same
+ServeConfig as `hybridgnn serve`), so a profile measures exactly what will serve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hybridgnn.capabilities import describe
+from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, operating_points
+from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+POLICIES = ("latency", "throughput", "cpu", "gpu")  # plus slo:<ms>
+
+
+class ProfileMismatch(ValueError):
+    """A profile made for another dataset, model or fanouts."""
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """SHA-256 prefix of the checkpoint's weights file."""
+    h = hashlib.sha256()
+    with open(Path(model_dir) / "model.pt", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> dict:
+    """Profile every pipeline of a server built from serve_cfg (engine not started)."""
+    from tqdm import tqdm
+
+    from hybridgnn.serving.engine import Engine
+
+    engine = Engine(serve_cfg)
+    psgs = np.asarray(engine.tables.psgs, dtype=np.float64)
+    gen = BatchGenerator(psgs, cfg)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "created_unix_s": time.time(),
+        "hardware": describe(),
+        "dataset": {"name": engine.graph.name, "fingerprint": engine.graph.fingerprint,
+                    "num_nodes": engine.graph.num_nodes, "num_edges": engine.graph.num_edges},
+        "model": {"kind": engine.model.spec.kind, "num_layers": engine.model.spec.num_layers,
+                  "fingerprint": model_fingerprint(serve_cfg.model_dir)},
+        "fanouts": list(serve_cfg.sampling.fanouts),
+        "mean_seed_psgs": float(psgs.mean()),
+        "config": {"bins": cfg.bins, "min_samples": cfg.min_samples, "max_batch": cfg.max_batch,
+                   "buckets": cfg.buckets, "budget_s": cfg.budget_s},
+        "bin_edges": [float(e) for e in gen.edges],
+        "pipelines": {},
+    }
+    try:
+        for name, pipeline in engine.pipelines.items():
+            executors = [engine.make_executor(name, w) for w in range(pipeline.cfg.workers)]
+            executors[0].run(np.arange(4, dtype=np.int64))  # compile and warm outside the samples
+            bar = tqdm(desc=f"profile {name}", unit="batch", disable=not progress)
+            t0 = time.perf_counter()
+            samples, complete = run_closed_loop(lambda w, seeds: executors[w].run(seeds), pipeline.cfg.workers,
+                                                gen, cfg, progress=bar.update)
+            bar.close()
+            if not complete:
+                log.warning("profile of %s stopped at the %.0f s budget before every PSGS bin had %d samples",
+                            name, cfg.budget_s, cfg.min_samples)
+            stats = bin_statistics(samples, gen.edges)
+            result["pipelines"][name] = {
+                "device": pipeline.cfg.device, "workers": pipeline.cfg.workers, "samples": len(samples.psgs),
+                "complete": complete, "seconds": time.perf_counter() - t0, "bins": stats,
+                "curves": {"mean": _curve_dict(Curve.fit(stats["psgs"], stats["mean_s"], stats["count"])),
+                           "tail": _curve_dict(Curve.fit(stats["psgs"], stats["tail_s"], stats["count"]))},
+                "raw": {"psgs": [round(v, 2) for v in samples.psgs],
+                        "seconds": [round(v, 7) for v in samples.seconds]},
+            }
+    finally:
+        if engine.device_graph is not None:
+            engine.device_graph.close()
+    loaded = Profile(result)
+    if set(loaded.devices) == {"cpu", "gpu"}:
+        result["points"] = {k: p.to_dict() for k, p in loaded.points().items()}
+    return result
+
+
+def _curve_dict(c: Curve) -> dict:
+    return {"psgs": c.psgs, "seconds": c.seconds}
+
+
+@dataclass
+class Policy:
+    """What a profile and a policy set on a server."""
+
+    name: str
+    psgs_threshold: float
+    max_batch_psgs: float
+    pipeline_limits: dict[str, float]
+    predicted_seeds_per_s: float | None
+    predicted_p99_s: float | None
+
+
+class Profile:
+    def __init__(self, data: dict):
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"profile schema_version {data.get('schema_version')!r}; this build reads "
+                             f"{SCHEMA_VERSION}")
+        self.data = data
+        self.devices = {name: DeviceCurves(Curve(**p["curves"]["mean"]), Curve(**p["curves"]["tail"]), p["workers"])
+                        for name, p in data["pipelines"].items()}
+        self.mean_seed_psgs = float(data["mean_seed_psgs"])
+        edges = data["bin_edges"]
+        self.lo, self.hi = float(edges[0]), float(edges[-1])
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no profile at {path}; make one with `hybridgnn profile`") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"profile {path} is not valid JSON: {exc}") from exc
+        try:
+            return cls(data)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"profile {path} lacks a field this build needs: {exc}") from exc
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.data, indent=1) + "\n")
+        return path
+
+    def check_matches(self, dataset_fingerprint: str, model_dir: Path, fanouts) -> None:
+        """Refuse a profile made for another dataset, model or fanouts."""
+        want = self.data
+        problems = []
+        if want["dataset"]["fingerprint"] != dataset_fingerprint:
+            problems.append(f"dataset {want['dataset']['name']} ({want['dataset']['fingerprint']}), "
+                            f"serving {dataset_fingerprint}")
+        if want["model"]["fingerprint"] != model_fingerprint(model_dir):
+            problems.append(f"model weights {want['model']['fingerprint']}, serving {model_fingerprint(model_dir)}")
+        if list(want["fanouts"]) != list(fanouts):
+            problems.append(f"fanouts {want['fanouts']}, serving {list(fanouts)}")
+        if problems:
+            raise ProfileMismatch("the profile was made for " + "; ".join(problems) +
+                                  ". Profile this combination with `hybridgnn profile`")
+
+    def points(self):
+        return operating_points(self.devices["cpu"], self.devices["gpu"], self.lo, self.hi, self.mean_seed_psgs)
+
+    def policy(self, spec: str, *, batching_wait_s: float = 0.0) -> Policy:
+        """latency | throughput | cpu | gpu (an operating point; cpu/gpu are the CPU- and
+        GPU-preferred points) or slo:<ms>."""
+        if spec.startswith("slo:"):
+            try:
+                slo_ms = float(spec[4:])
+            except ValueError:
+                raise ValueError(f"policy {spec!r}: expected slo:<milliseconds>, e.g. slo:20") from None
+            if not slo_ms > 0:
+                raise ValueError(f"policy {spec!r}: the SLO must be positive")
+            c = choose_for_slo(self.devices, slo_ms / 1e3, self.mean_seed_psgs, batching_wait_s=batching_wait_s,
+                               lo=self.lo, hi=self.hi)
+            return Policy(spec, c.psgs_threshold, c.max_batch_psgs, c.pipeline_limits, c.predicted_seeds_per_s,
+                          c.predicted_p99_s)
+        if spec not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)} or slo:<ms>, got {spec!r}")
+        if set(self.devices) != {"cpu", "gpu"}:
+            raise ValueError(f"policy {spec!r} needs a profile of both pipelines; this one has "
+                             f"{sorted(self.devices)} (use slo:<ms>)")
+        key = {"latency": "latency_preferred", "throughput": "throughput_preferred",
+               "cpu": "cpu_preferred", "gpu": "gpu_preferred"}[spec]
+        p = self.points()[key]
+        return Policy(spec, p.psgs_threshold, math.inf, {}, p.predicted_seeds_per_s, None)

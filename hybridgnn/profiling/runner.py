@@ -1,0 +1,156 @@
+"""The offline workload generator and closed-loop runner behind `hybridgnn profile`.
+
+Batches span the PSGS range: seeds are split into PSGS quantile buckets; each batch aims
+at a log-spaced PSGS bin (mostly the one with the fewest samples so far, so rare corners
+of the range fill as fast as common ones), takes its seeds from a bucket that can reach
+that bin within 1..max_batch seeds, and sizes itself to land there. Each pipeline runs closed loop with concurrency equal to its
+workers (each worker thread runs its next batch as soon as the last one ends): the
+pipeline is fully used, yet nothing queues, so a latency is the batch's own service time.
+Samples land in log-spaced PSGS bins; the run ends when every reachable bin holds
+`min_samples` (enough for a stable p99) or the time budget is spent.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    bins: int = 12
+    min_samples: int = 100  # per bin: a p99 from fewer than ~100 samples is its maximum
+    max_batch: int = 1024
+    buckets: int = 8  # PSGS quantile buckets seeds are drawn from
+    budget_s: float = 300.0  # per pipeline
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.bins < 2 or self.min_samples < 1 or self.max_batch < 1 or self.buckets < 1:
+            raise ValueError(f"bins >= 2, min_samples >= 1, max_batch >= 1 and buckets >= 1 needed, got {self}")
+        if self.budget_s <= 0:
+            raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
+
+
+class BatchGenerator:
+    """Thread-safe stream of (seeds, batch PSGS) spanning the PSGS range."""
+
+    def __init__(self, psgs: np.ndarray, cfg: ProfileConfig):
+        psgs = np.asarray(psgs, dtype=np.float64)
+        order = np.argsort(psgs, kind="stable")
+        self.buckets = [b for b in np.array_split(order, cfg.buckets) if b.size]
+        self.bucket_mean = np.array([max(float(psgs[b].mean()), 1e-9) for b in self.buckets])
+        self.psgs = psgs
+        self.max_batch = cfg.max_batch
+        self._rng = np.random.default_rng(cfg.seed)
+        self._lock = threading.Lock()
+        low = float(self.bucket_mean.min())
+        high = float(self.bucket_mean.max()) * cfg.max_batch
+        self.edges = np.exp(np.linspace(math.log(max(low, 1.0)), math.log(max(high, 2.0)), cfg.bins + 1))
+        self.counts = np.zeros(cfg.bins, dtype=np.int64)
+
+    def next(self) -> tuple[np.ndarray, float]:
+        with self._lock:
+            rng = self._rng
+            if rng.random() < 0.75:  # mostly the emptiest bin, else any: every bin keeps getting some
+                target = int(rng.choice(np.flatnonzero(self.counts == self.counts.min())))
+            else:
+                target = int(rng.integers(len(self.counts)))
+            goal = math.exp(rng.uniform(math.log(self.edges[target]), math.log(self.edges[target + 1])))
+            sizes = goal / self.bucket_mean
+            feasible = np.flatnonzero((sizes >= 1) & (sizes <= self.max_batch))
+            b = int(rng.choice(feasible)) if feasible.size else int(np.argmin(np.abs(np.log(sizes))))
+            size = int(np.clip(round(sizes[b]), 1, self.max_batch))
+            bucket = self.buckets[b]
+            seeds = bucket[rng.integers(0, bucket.size, size=size)]
+        return seeds.astype(np.int64), float(self.psgs[seeds].sum())
+
+    def record(self, batch_psgs: float) -> None:
+        with self._lock:
+            self.counts[self.bin_of(batch_psgs)] += 1
+
+    def bin_of(self, batch_psgs: float) -> int:
+        return int(np.clip(np.searchsorted(self.edges, batch_psgs, side="right") - 1, 0, len(self.edges) - 2))
+
+
+@dataclass
+class Samples:
+    psgs: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+
+    def add(self, psgs: float, seconds: float, seeds: int) -> None:
+        self.psgs.append(psgs)
+        self.seconds.append(seconds)
+        self.seeds.append(seeds)
+
+
+def run_closed_loop(run_batch: Callable[[int, np.ndarray], None], workers: int, gen: BatchGenerator,
+                    cfg: ProfileConfig, *, progress: Callable[[int], None] | None = None) -> tuple[Samples, bool]:
+    """Drive `run_batch(worker, seeds)` from `workers` threads until every bin a batch can
+    reach has min_samples, or the budget is spent. Returns (samples, complete)."""
+    samples = Samples()
+    counts = np.zeros(len(gen.edges) - 1, dtype=np.int64)
+    lock = threading.Lock()
+    stop = threading.Event()
+    deadline = time.monotonic() + cfg.budget_s
+    errors: list[BaseException] = []
+    # A bin counts as full once it has min_samples; bins no batch has reached after a
+    # while (the extreme corners of the range) do not hold the run open.
+    warmup = max(200, 20 * len(counts))
+
+    def done() -> bool:
+        seen = int(counts.sum())
+        reached = counts > 0
+        if seen < warmup:
+            return False
+        return bool(np.all(counts[reached] >= cfg.min_samples))
+
+    def work(worker: int) -> None:
+        try:
+            while not stop.is_set():
+                seeds, psgs = gen.next()
+                t0 = time.perf_counter()
+                run_batch(worker, seeds)
+                dt = time.perf_counter() - t0
+                gen.record(psgs)
+                with lock:
+                    samples.add(psgs, dt, int(seeds.size))
+                    counts[gen.bin_of(psgs)] += 1
+                    if progress is not None:
+                        progress(1)
+                    if done() or time.monotonic() > deadline:
+                        stop.set()
+        except BaseException as exc:  # surfaced after the threads end
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=(w,), name=f"profile-{w}", daemon=True) for w in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return samples, done()
+
+
+def bin_statistics(samples: Samples, edges: np.ndarray, quantile: float = 0.99) -> dict:
+    """Per bin: geometric-centre PSGS, count, mean and tail latency (seconds)."""
+    x, y = np.asarray(samples.psgs), np.asarray(samples.seconds)
+    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)
+    out = {"psgs": [], "count": [], "mean_s": [], "tail_s": []}
+    for b in range(len(edges) - 1):
+        sel = which == b
+        if not sel.any():
+            continue
+        out["psgs"].append(float(np.exp(np.mean(np.log(np.maximum(x[sel], 1e-9))))))
+        out["count"].append(int(sel.sum()))
+        out["mean_s"].append(float(y[sel].mean()))
+        out["tail_s"].append(float(np.quantile(y[sel], quantile)))
+    return out
