@@ -1,0 +1,139 @@
+"""Curve fitting, crossing points and SLO choice on synthetic curves; the workload
+generator and closed-loop runner; profile save/load/mismatch checks."""
+
+import math
+
+import numpy as np
+import pytest
+
+from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, crossing, isotonic, operating_points
+from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
+
+X = np.exp(np.linspace(math.log(10), math.log(1e5), 30))
+
+
+def curve(fn) -> Curve:
+    return Curve([float(x) for x in X], [float(fn(x)) for x in X])
+
+
+def test_isotonic_pools_violators_by_weight():
+    assert isotonic(np.array([1.0, 3.0, 2.0, 4.0]), np.array([1, 1, 1, 1])).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic(np.array([5.0, 1.0]), np.array([3, 1])).tolist() == [4.0, 4.0]
+
+
+def test_curve_interpolates_in_log_space_and_grows_proportionally_beyond():
+    c = Curve([10.0, 1000.0], [1.0, 3.0])
+    assert float(c(100.0)) == pytest.approx(2.0)
+    assert float(c(5.0)) == 1.0 and float(c(2000.0)) == pytest.approx(6.0)
+    assert c.max_psgs_within(2.0) == pytest.approx(100.0)
+    assert c.max_psgs_within(0.5) == 0.0 and c.max_psgs_within(6.0) == pytest.approx(2000.0)
+
+
+def test_noisy_bins_fit_a_monotone_curve():
+    rng = np.random.default_rng(0)
+    truth = 1e-3 + 2e-7 * X
+    noisy = truth * (1 + 0.3 * rng.standard_normal(X.size))
+    c = Curve.fit(X, noisy, np.full(X.size, 50))
+    assert np.all(np.diff(c.seconds) >= 0)
+    assert np.median(np.abs(np.asarray(c.seconds) / truth - 1)) < 0.25
+
+
+def test_crossing_found_where_the_curves_meet():
+    cpu = curve(lambda x: 1e-6 * x)  # grows fast with PSGS
+    gpu = curve(lambda x: 2e-3 + 1e-8 * x)  # fixed launch cost, cheap per node
+    thr, kind = crossing(cpu, gpu, 10, 1e5)
+    want = 2e-3 / (1e-6 - 1e-8)
+    assert kind == "crossed" and thr == pytest.approx(want, rel=0.02)
+
+
+def test_non_crossing_curves_name_the_dominant_device():
+    fast, slow = curve(lambda x: 1e-4 * math.log(x)), curve(lambda x: 1e-2 + 1e-4 * math.log(x))
+    assert crossing(fast, slow, 10, 1e5) == (math.inf, "cpu_dominates")
+    assert crossing(slow, fast, 10, 1e5) == (0.0, "gpu_dominates")
+
+
+def test_four_points_are_ordered_as_quiver_describes():
+    # CPU: mean 1e-6 x, tail 2e-6 x. GPU: mean 2e-3 + 1e-8 x, tail 4e-3 + 2e-8 x.
+    cpu = DeviceCurves(curve(lambda x: 1e-6 * x), curve(lambda x: 2e-6 * x), 2)
+    gpu = DeviceCurves(curve(lambda x: 2e-3 + 1e-8 * x), curve(lambda x: 4e-3 + 2e-8 * x), 2)
+    pts = operating_points(cpu, gpu, 10, 1e5, mean_seed_psgs=10.0)
+    thr = {k: p.psgs_threshold for k, p in pts.items()}
+    assert all(p.crossing == "crossed" for p in pts.values())
+    # CPU tail = GPU mean comes first, CPU mean = GPU tail last
+    assert thr["cpu_preferred"] < thr["latency_preferred"] < thr["gpu_preferred"]
+    assert thr["cpu_preferred"] < thr["throughput_preferred"] < thr["gpu_preferred"]
+    assert thr["latency_preferred"] == pytest.approx(4e-3 / (2e-6 - 2e-8), rel=0.02)
+    assert all(p.predicted_seeds_per_s > 0 for p in pts.values())
+
+
+def test_slo_choice_keeps_each_device_within_its_limit():
+    cpu = DeviceCurves(curve(lambda x: 1e-6 * x), curve(lambda x: 2e-6 * x), 2)
+    gpu = DeviceCurves(curve(lambda x: 2e-3 + 1e-8 * x), curve(lambda x: 4e-3 + 2e-8 * x), 2)
+    c = choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.010, 10.0, batching_wait_s=0.002, lo=10, hi=1e5)
+    assert c.pipeline_limits["cpu"] == pytest.approx(0.008 / 2e-6, rel=0.02)
+    # beyond the measured range (1e5) latency grows in proportion from the last knot
+    assert c.pipeline_limits["gpu"] == pytest.approx(1e5 * 0.008 / (4e-3 + 2e-3), rel=0.02)
+    assert c.max_batch_psgs == pytest.approx(c.pipeline_limits["gpu"])
+    assert c.psgs_threshold <= c.pipeline_limits["cpu"]
+    assert c.predicted_p99_s <= 0.010 + 1e-9
+    loose = choose_for_slo({"cpu": cpu}, 0.010, 10.0, lo=10, hi=1e5, tail=False)
+    assert loose.max_batch_psgs > choose_for_slo({"cpu": cpu}, 0.010, 10.0, lo=10, hi=1e5).max_batch_psgs
+    assert math.isinf(loose.psgs_threshold)
+    with pytest.raises(ValueError, match="no batch meets"):
+        choose_for_slo({"gpu": gpu}, 0.003, 10.0, lo=10, hi=1e5)
+
+
+def test_generator_spans_the_psgs_range_and_runner_fills_every_bin():
+    psgs = np.random.default_rng(0).pareto(1.5, 5000) * 10 + 1
+    cfg = ProfileConfig(bins=8, min_samples=20, max_batch=256, budget_s=30)
+    gen = BatchGenerator(psgs, cfg)
+    seen = []
+
+    def fake(worker, seeds):
+        seen.append(worker)
+
+    samples, complete = run_closed_loop(fake, 2, gen, cfg)
+    assert complete and set(seen) <= {0, 1}
+    stats = bin_statistics(samples, gen.edges)
+    assert len(stats["count"]) == 8 and min(stats["count"]) >= 20
+    assert max(samples.psgs) / min(samples.psgs) > 100  # several decades
+
+
+def test_runner_surfaces_a_pipeline_error():
+    gen = BatchGenerator(np.ones(100), ProfileConfig(bins=2, min_samples=1, max_batch=4))
+
+    def broken(worker, seeds):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_closed_loop(broken, 2, gen, ProfileConfig(bins=2, min_samples=1, max_batch=4))
+
+
+def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path):
+    from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig
+    from hybridgnn.profiling.profile import Profile, ProfileMismatch, build_profile
+
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
+                      gpu_pipeline=PipelineConfig(name="gpu", device="cpu"))
+    data = build_profile(cfg, ProfileConfig(bins=4, min_samples=5, max_batch=64, budget_s=20), progress=False)
+    prof = Profile(data)
+    path = prof.save(tmp_path / "p.json")
+    again = Profile.load(path)
+    assert set(again.devices) == {"cpu", "gpu"} and set(again.data["points"]) == {
+        "cpu_preferred", "gpu_preferred", "latency_preferred", "throughput_preferred"}
+    again.check_matches(again.data["dataset"]["fingerprint"], tiny_model, (5, 3))
+    with pytest.raises(ProfileMismatch, match="fanouts"):
+        again.check_matches(again.data["dataset"]["fingerprint"], tiny_model, (10, 5))
+    with pytest.raises(ProfileMismatch, match="dataset"):
+        again.check_matches("0000", tiny_model, (5, 3))
+    pol = again.policy("slo:500")
+    assert pol.max_batch_psgs > 0 and pol.predicted_p99_s <= 0.5
+    assert again.policy("latency").psgs_threshold >= 0
+    with pytest.raises(ValueError, match="policy must be"):
+        again.policy("fastest")
+    with pytest.raises(ValueError, match="slo:<milliseconds>"):
+        again.policy("slo:soon")
+    from hybridgnn.profiling.plot import plot_profile
+
+    pngs = plot_profile(again, tmp_path / "p")
+    assert all(p.stat().st_size > 1000 for p in pngs)
