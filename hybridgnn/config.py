@@ -75,6 +75,9 @@ class BatcherConfig:
     max_wait_s: float = 0.002
     # Requests admitted but not yet answered; beyond this new requests get 429.
     max_pending_requests: int = 2048
+    # A batch also closes before its summed PSGS would pass this (Quiver's PSGS-bounded
+    # batching; a profile's slo:<ms> policy sets it). A request is never split.
+    max_batch_psgs: float = math.inf
 
     def __post_init__(self):
         if self.max_batch_seeds < 1:
@@ -85,6 +88,8 @@ class BatcherConfig:
             raise ValueError(f"max_wait_s must be within [0, 10] seconds, got {self.max_wait_s}")
         if self.max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
+        if not self.max_batch_psgs > 0:
+            raise ValueError(f"max_batch_psgs must be > 0, got {self.max_batch_psgs}")
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,9 @@ class RouterConfig:
     psgs_threshold: float | None = math.inf
     # A queue holding at least this many batches per worker counts as saturated.
     saturation_batches_per_worker: float = 2.0
+    # Largest batch PSGS each pipeline may take by spilling (a profile's SLO policy sets
+    # them, so a spill never sends a batch where it would miss the SLO).
+    spill_limits: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if self.psgs_threshold is not None and not (self.psgs_threshold >= 0):
@@ -232,6 +240,30 @@ class UpdateConfig:
 
 
 @dataclass(frozen=True)
+class PolicyConfig:
+    """Serving from a profile (`hybridgnn profile`): the policy picks the PSGS threshold
+    (latency | throughput | cpu | gpu operating points) or, with slo:<ms>, the threshold
+    and the largest batch PSGS that maximise predicted throughput within that p99.
+    adapt: re-fit the curves from live batches every adapt_interval_s and move the
+    threshold by at most a factor of adapt_max_step each time."""
+
+    profile: Path | None = None
+    policy: str = "latency"
+    adapt: bool = False
+    adapt_interval_s: float = 10.0
+    adapt_min_batches: int = 200
+    adapt_max_step: float = 2.0
+
+    def __post_init__(self):
+        if not (self.policy in ("latency", "throughput", "cpu", "gpu") or self.policy.startswith("slo:")):
+            raise ValueError(f"policy must be latency, throughput, cpu, gpu or slo:<ms>, got {self.policy!r}")
+        if self.adapt and self.profile is None:
+            raise ValueError("--adapt needs a --profile to start from")
+        if self.adapt_interval_s <= 0 or self.adapt_min_batches < 1 or self.adapt_max_step <= 1:
+            raise ValueError("adapt_interval_s > 0, adapt_min_batches >= 1 and adapt_max_step > 1 needed")
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """Everything `hybridgnn serve` needs; CLI flags map onto these fields."""
 
@@ -249,6 +281,7 @@ class ServeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     new_nodes: NewNodeConfig = field(default_factory=NewNodeConfig)
     updates: UpdateConfig = field(default_factory=UpdateConfig)
+    policy: PolicyConfig = field(default_factory=lambda: PolicyConfig())
 
     def __post_init__(self):
         for pipe, expected in ((self.cpu_pipeline, "cpu"), (self.gpu_pipeline, "gpu")):

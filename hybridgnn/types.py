@@ -58,6 +58,7 @@ class InferenceRequest:
     node_ids: np.ndarray
     future: asyncio.Future
     arrival_s: float
+    psgs: float = 0.0  # summed PSGS of its seeds (filled when the batcher bounds batch PSGS)
 
 
 @dataclass

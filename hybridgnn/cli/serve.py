@@ -12,6 +12,7 @@ from hybridgnn.config import (
     DeviceMemoryConfig,
     NewNodeConfig,
     PipelineConfig,
+    PolicyConfig,
     RouterConfig,
     SamplingConfig,
     ServeConfig,
@@ -51,6 +52,15 @@ def add_parser(sub) -> None:
     p.add_argument("--psgs-threshold", type=float, default=env_default("PSGS_THRESHOLD", None, float),
                    help="batches with PSGS below go to the CPU pipeline, the rest to the GPU one (default with "
                         "two pipelines: the PSGS of 64 average seeds; inf: CPU unless spilled)")
+    p.add_argument("--profile", type=Path, default=env_default("PROFILE", None, Path),
+                   help="a profile from `hybridgnn profile` for this dataset, model and fanouts; its policy sets "
+                        "the PSGS threshold (and, for slo:<ms>, the batch PSGS bound)")
+    p.add_argument("--policy", default=env_default("POLICY", "latency"),
+                   help="with --profile: latency | throughput | cpu | gpu (operating points) or slo:<ms> (most "
+                        "predicted throughput with predicted p99 within <ms>)")
+    p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, lambda v: v not in ("0", "")),
+                   help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
+                        "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
     p.add_argument("--gpu-workers", type=int, default=env_default("GPU_WORKERS", 2, int),
                    help="GPU pipeline workers, each with its own CUDA stream")
     p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=env_default("GPU_CACHE_BYTES", "1G", parse_bytes),
@@ -125,6 +135,7 @@ def build_config(args) -> ServeConfig:
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement),
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
+        policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
                             max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,
                             shutdown_grace_s=args.shutdown_grace_s, unready_delay_s=args.unready_delay_s),

@@ -156,6 +156,42 @@ class Profile:
             raise ProfileMismatch("the profile was made for " + "; ".join(problems) +
                                   ". Profile this combination with `hybridgnn profile`")
 
+    def refit(self, live: dict[str, tuple[np.ndarray, np.ndarray]], min_bin_samples: int = 20) -> Profile:
+        """A copy whose curves use live (batch PSGS, seconds) samples in every bin that has
+        at least min_bin_samples of them, and the profiled statistics elsewhere."""
+        data = dict(self.data)
+        data["pipelines"] = {}
+        edges = np.asarray(self.data["bin_edges"])
+        for name, pipe in self.data["pipelines"].items():
+            bins = {k: list(v) for k, v in pipe["bins"].items()}
+            if name in live and len(live[name][0]):
+                from hybridgnn.profiling.runner import Samples
+
+                x, y = live[name]
+                stats = bin_statistics(Samples(list(x), list(y), [0] * len(x)), edges)
+                for i, c in enumerate(stats["count"]):
+                    if c < min_bin_samples:
+                        continue
+                    # replace the profiled bin with the same centre bin, or add it
+                    which = int(np.clip(np.searchsorted(edges, stats["psgs"][i], side="right") - 1, 0, len(edges) - 2))
+                    known = [int(np.clip(np.searchsorted(edges, p, side="right") - 1, 0, len(edges) - 2))
+                             for p in bins["psgs"]]
+                    j = known.index(which) if which in known else None
+                    row = {k: stats[k][i] for k in ("psgs", "count", "mean_s", "tail_s")}
+                    if j is None:
+                        j = int(np.searchsorted(bins["psgs"], row["psgs"]))
+                        for k in row:
+                            bins[k].insert(j, row[k])
+                    else:
+                        for k in row:
+                            bins[k][j] = row[k]
+            data["pipelines"][name] = dict(pipe, bins=bins, curves={
+                "mean": _curve_dict(Curve.fit(bins["psgs"], bins["mean_s"], bins["count"])),
+                "tail": _curve_dict(Curve.fit(bins["psgs"], bins["tail_s"], bins["count"]))})
+        out = Profile(data)
+        out.devices = {n: d for n, d in out.devices.items() if n in self.devices}
+        return out
+
     def points(self):
         return operating_points(self.devices["cpu"], self.devices["gpu"], self.lo, self.hi, self.mean_seed_psgs)
 
@@ -176,8 +212,8 @@ class Profile:
         if spec not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)} or slo:<ms>, got {spec!r}")
         if set(self.devices) != {"cpu", "gpu"}:
-            raise ValueError(f"policy {spec!r} needs a profile of both pipelines; this one has "
-                             f"{sorted(self.devices)} (use slo:<ms>)")
+            raise ValueError(f"policy {spec!r} picks a point between the CPU and GPU pipelines, but only "
+                             f"{sorted(self.devices)} is served (use slo:<ms>)")
         key = {"latency": "latency_preferred", "throughput": "throughput_preferred",
                "cpu": "cpu_preferred", "gpu": "gpu_preferred"}[spec]
         p = self.points()[key]

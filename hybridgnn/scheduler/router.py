@@ -2,7 +2,8 @@
 
 A batch whose PSGS is below the threshold goes to the CPU pipeline, otherwise to the GPU
 pipeline. When the chosen pipeline is saturated and the other has slack, the batch
-spills to the other one. With a single pipeline every batch goes there.
+spills to the other one, unless it is larger than the other may take (spill_limits,
+set by an SLO policy so that a spill never misses the SLO). With a single pipeline every batch goes there.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Router:
         self.pipelines = tuple(pipelines)
         given = cfg.psgs_threshold if cfg.psgs_threshold is not None else float("inf")
         self.threshold = given if len(pipelines) > 1 else float("inf")
+        self.spill_limits = dict(cfg.spill_limits)
 
     def set_threshold(self, value: float) -> None:
         if not value >= 0:
@@ -40,7 +42,8 @@ class Router:
             return RoutePlan(self.pipelines[0], batch_psgs, "only")
         chosen = CPU if batch_psgs < self.threshold else GPU
         other = GPU if chosen == CPU else CPU
-        if self.saturated(loads[chosen]) and not self.saturated(loads[other]):
+        if (self.saturated(loads[chosen]) and not self.saturated(loads[other])
+                and batch_psgs <= self.spill_limits.get(other, float("inf"))):
             return RoutePlan(other, batch_psgs, "spill")
         return RoutePlan(chosen, batch_psgs, "threshold")
 

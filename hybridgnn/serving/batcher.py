@@ -1,7 +1,7 @@
 """Asyncio micro-batcher.
 
-A batch closes when it holds max_batch_seeds seeds or max_batch_requests requests, or
-max_wait_s after its first request arrived. It is then held back until a pipeline has an
+A batch closes when it holds max_batch_seeds seeds, max_batch_requests requests or
+max_batch_psgs summed PSGS, or max_wait_s after its first request arrived. It is then held back until a pipeline has an
 idle worker, so under load batches grow (better throughput) instead of queueing (worse
 latency). Requests are taken in arrival order; a request is never split.
 """
@@ -26,6 +26,7 @@ class MicroBatcher:
         self._has_capacity = has_capacity
         self._pending: deque[InferenceRequest] = deque()
         self._pending_seeds = 0
+        self._pending_psgs = 0.0
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
         self._closed = False
@@ -36,6 +37,7 @@ class MicroBatcher:
     def add(self, request: InferenceRequest) -> None:
         self._pending.append(request)
         self._pending_seeds += int(request.node_ids.shape[0])
+        self._pending_psgs += request.psgs
         if len(self._pending) == 1 or self._full():
             self._wake.set()
 
@@ -48,7 +50,8 @@ class MicroBatcher:
         self._capacity.set()
 
     def _full(self) -> bool:
-        return self._pending_seeds >= self.cfg.max_batch_seeds or len(self._pending) >= self.cfg.max_batch_requests
+        return (self._pending_seeds >= self.cfg.max_batch_seeds or len(self._pending) >= self.cfg.max_batch_requests
+                or self._pending_psgs >= self.cfg.max_batch_psgs)
 
     async def run(self) -> None:
         while not self._closed:
@@ -75,13 +78,16 @@ class MicroBatcher:
     def _take(self) -> Batch:
         requests = [self._pending.popleft()]
         seeds = int(requests[0].node_ids.shape[0])
+        psgs = requests[0].psgs
         while self._pending and len(requests) < self.cfg.max_batch_requests:
-            nxt = int(self._pending[0].node_ids.shape[0])
-            if seeds + nxt > self.cfg.max_batch_seeds:
+            nxt = self._pending[0]
+            if seeds + nxt.node_ids.shape[0] > self.cfg.max_batch_seeds or psgs + nxt.psgs > self.cfg.max_batch_psgs:
                 break
             requests.append(self._pending.popleft())
-            seeds += nxt
+            seeds += int(nxt.node_ids.shape[0])
+            psgs += nxt.psgs
         self._pending_seeds -= seeds
+        self._pending_psgs = max(0.0, self._pending_psgs - psgs) if self._pending else 0.0
         sizes = np.fromiter((r.node_ids.shape[0] for r in requests), dtype=np.int64, count=len(requests))
         offsets = np.zeros(len(requests) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])

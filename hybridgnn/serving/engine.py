@@ -8,8 +8,10 @@ exactly once (result or error), including during drain.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -31,6 +33,7 @@ from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.pool import Pipeline
+from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.scheduler.router import Router
@@ -131,13 +134,23 @@ class Engine:
             self.router.set_threshold(float(DEFAULT_GPU_BATCH_SEEDS * np.mean(self.tables.psgs)))
             log.info("no PSGS threshold given: batches above %.0f (%d average seeds) go to the GPU pipeline",
                      self.router.threshold, DEFAULT_GPU_BATCH_SEEDS)
+        self.batcher_cfg = cfg.batcher
+        self._batcher: MicroBatcher | None = None
+        self.profile: Profile | None = None
+        self.policy: Policy | None = None
+        # (batch PSGS, service seconds) of recent batches per pipeline, for --adapt
+        self.recent: dict[str, collections.deque] = {n: collections.deque(maxlen=5000) for n in self.pipelines}
+        if cfg.policy.profile is not None:
+            self._load_profile()
         self.telemetry.psgs_threshold.set(self.router.threshold)
+        self.telemetry.max_batch_psgs.set(self.batcher_cfg.max_batch_psgs)
+        self.telemetry.policy.labels(self.policy.name if self.policy else "none").set(1)
         self.telemetry.pending_capacity.set(cfg.batcher.max_pending_requests)
         self.telemetry.declare(tuple(self.pipelines))
         self.telemetry.ready.set(0)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._batcher: MicroBatcher | None = None
         self._batcher_task: asyncio.Task | None = None
+        self._adapt_task: asyncio.Task | None = None
         self._pending = 0
         self._idle = asyncio.Event()
         self.draining = False  # refusing new requests (503) until admitted ones finish
@@ -168,6 +181,87 @@ class Engine:
         log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
                  mem.graph_placement, self.gpu_features.cached_rows, self.gpu_features.cache_bytes / 2**20)
 
+    def _load_profile(self) -> None:
+        """Check the profile fits what is served, then put its policy in force."""
+        pc = self.cfg.policy
+        try:
+            prof = Profile.load(pc.profile)
+            prof.check_matches(self.graph.fingerprint, self.cfg.model_dir, self.cfg.sampling.fanouts)
+        except (ProfileMismatch, ValueError, FileNotFoundError) as exc:
+            raise ConfigError(f"profile {pc.profile}: {exc}") from exc
+        missing = sorted(set(self.pipelines) - set(prof.devices))
+        if missing:
+            raise ConfigError(f"profile {pc.profile} has no curves for the {', '.join(missing)} pipeline; profile "
+                              "with the same --device as you serve with")
+        prof.devices = {n: d for n, d in prof.devices.items() if n in self.pipelines}
+        try:
+            policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s)
+        except ValueError as exc:
+            raise ConfigError(f"policy {pc.policy!r} with profile {pc.profile}: {exc}") from exc
+        self.profile = prof
+        self.set_policy(policy)
+        log.info("policy %s from %s: PSGS threshold %s, batch PSGS up to %s, predicted %s seeds/s", policy.name,
+                 pc.profile, policy.psgs_threshold, policy.max_batch_psgs,
+                 f"{policy.predicted_seeds_per_s:.0f}" if policy.predicted_seeds_per_s else "?")
+
+    def adapt_once(self) -> bool:
+        """Re-fit the profile's curves with recent batches and move the policy towards the
+        new choice, by at most a factor of adapt_max_step; True if anything changed."""
+        pc = self.cfg.policy
+        live = {n: (np.array([p for p, _ in d]), np.array([s for _, s in d]))
+                for n, d in self.recent.items() if len(d) >= pc.adapt_min_batches}
+        if not live or self.profile is None:
+            return False
+        try:
+            target = self.profile.refit(live).policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s)
+        except ValueError as exc:
+            log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)
+            return False
+        old = self.policy
+
+        def bounded(new: float, cur: float) -> float:
+            if not (math.isfinite(new) and math.isfinite(cur)) or cur <= 0:
+                return new
+            return min(max(new, cur / pc.adapt_max_step), cur * pc.adapt_max_step)
+
+        step = dataclasses.replace(target, psgs_threshold=bounded(target.psgs_threshold, old.psgs_threshold),
+                                   max_batch_psgs=bounded(target.max_batch_psgs, old.max_batch_psgs))
+
+        def moved(a: float, b: float) -> bool:
+            return (math.isfinite(a) != math.isfinite(b)) or (math.isfinite(a) and abs(a - b) > 0.05 * max(abs(b), 1))
+
+        if not (moved(step.psgs_threshold, old.psgs_threshold) or moved(step.max_batch_psgs, old.max_batch_psgs)):
+            return False
+        log.info("adapt: PSGS threshold %.6g -> %.6g, batch PSGS bound %.6g -> %.6g (from %s recent batches)",
+                 old.psgs_threshold, step.psgs_threshold, old.max_batch_psgs, step.max_batch_psgs,
+                 {n: len(v[0]) for n, v in live.items()})
+        self.set_policy(step)
+        self.telemetry.policy_changes.inc()
+        return True
+
+    async def _adapt_loop(self) -> None:
+        # On the loop thread, which owns the batcher and router; a re-fit of a few thousand
+        # samples into a dozen bins takes about a millisecond.
+        while True:
+            await asyncio.sleep(self.cfg.policy.adapt_interval_s)
+            try:
+                self.adapt_once()
+            except Exception:
+                log.exception("adapt: re-fit failed; keeping the current policy")
+
+    def set_policy(self, policy: Policy) -> None:
+        """Put a threshold and batch-PSGS bound in force (at start, and from --adapt)."""
+        self.policy = policy
+        if len(self.pipelines) > 1:
+            self.router.set_threshold(policy.psgs_threshold)
+        self.router.spill_limits = dict(policy.pipeline_limits)
+        self.batcher_cfg = dataclasses.replace(self.cfg.batcher, max_batch_psgs=policy.max_batch_psgs
+                                               if policy.max_batch_psgs > 0 else math.inf)
+        if self._batcher is not None:
+            self._batcher.cfg = self.batcher_cfg
+        self.telemetry.psgs_threshold.set(self.router.threshold)
+        self.telemetry.max_batch_psgs.set(self.batcher_cfg.max_batch_psgs)
+
     def make_executor(self, pipeline: str, worker: int):
         """A fresh executor of the named pipeline, as its workers get (profiling uses it)."""
         return self._make_gpu_executor(worker) if pipeline == "gpu" else self._make_cpu_executor(worker)
@@ -191,8 +285,10 @@ class Engine:
         for p in self.pipelines.values():
             p.start()
         self._warm_up()
-        self._batcher = MicroBatcher(self.cfg.batcher, self._dispatch, self._has_capacity)
+        self._batcher = MicroBatcher(self.batcher_cfg, self._dispatch, self._has_capacity)
         self._batcher_task = asyncio.create_task(self._batcher.run(), name="batcher")
+        self._adapt_task = (asyncio.create_task(self._adapt_loop(), name="adapt")
+                            if self.cfg.policy.adapt and self.profile is not None else None)
         if self.dynamic is not None:
             self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.telemetry)
             self.updates.start()
@@ -230,6 +326,9 @@ class Engine:
     async def stop(self) -> None:
         if self.updates is not None:
             await self.updates.stop()
+        if self._adapt_task is not None:
+            self._adapt_task.cancel()
+            await asyncio.gather(self._adapt_task, return_exceptions=True)
         if self._batcher is not None:
             self._batcher.close()
         if self._batcher_task is not None:
@@ -264,7 +363,8 @@ class Engine:
         """Admit one request (ids already validated) or raise Overloaded / Draining."""
         self._admit()
         fut = self._loop.create_future()
-        self._batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter()))
+        psgs = self.tables.batch_psgs(node_ids) if math.isfinite(self.batcher_cfg.max_batch_psgs) else 0.0
+        self._batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter(), psgs=psgs))
         return fut
 
     def _has_capacity(self) -> bool:
@@ -311,6 +411,8 @@ class Engine:
             return
         t.observe_batch(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,
                         result.sampled_edges, result.gathered_rows)
+        rt = result.timings
+        self.recent[plan.pipeline].append((batch.psgs, rt.sample_s + rt.gather_s + rt.compute_s))
         offs = batch.offsets
         for i, req in enumerate(batch.requests):
             t.observe_stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)
@@ -407,6 +509,9 @@ class Engine:
             "devices": {name: p.cfg.device for name, p in self.pipelines.items()},
             "gpu_cache_rows": self.gpu_features.cached_rows if self.gpu_features is not None else 0,
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
+            "policy": self.policy.name if self.policy else None,
+            "max_batch_psgs": "inf" if math.isinf(self.batcher_cfg.max_batch_psgs) else self.batcher_cfg.max_batch_psgs,
+            "predicted_seeds_per_s": self.policy.predicted_seeds_per_s if self.policy else None,
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),
             "new_node_modes": (["full", "pe", "srpe"] if self.embeddings is not None else []) + ["sampled"],

@@ -61,6 +61,13 @@ class Telemetry:
             "hybridgnn_rejected_requests", "Requests refused before admission", ["reason"], registry=r)
         self.psgs_threshold = Gauge(
             "hybridgnn_psgs_threshold", "PSGS threshold in force (+Inf: all batches on CPU)", registry=r)
+        self.max_batch_psgs = Gauge(
+            "hybridgnn_max_batch_psgs", "Largest summed PSGS the batcher puts in one batch (+Inf: unbounded)",
+            registry=r)
+        self.policy = Gauge(
+            "hybridgnn_policy_info", "1 for the routing policy in force (none: no profile)", ["policy"], registry=r)
+        self.policy_changes = Counter(
+            "hybridgnn_policy_changes", "Threshold or batch-PSGS changes made by --adapt", registry=r)
         self.gathered_rows = Counter(
             "hybridgnn_gathered_rows", "Feature rows gathered, by the tier that served them (gpu: device cache)",
             ["pipeline", "tier"], registry=r)

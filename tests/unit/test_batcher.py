@@ -73,3 +73,27 @@ def test_holds_batches_until_capacity_and_grows_them():
 
     batches = asyncio.run(run())
     assert len(batches[0].requests) == 5
+
+
+def test_batches_close_before_passing_the_psgs_bound():
+    cfg = BatcherConfig(max_batch_seeds=1000, max_batch_psgs=100.0, max_wait_s=0.01)
+
+    async def run():
+        batches = []
+        b = MicroBatcher(cfg, batches.append, lambda: True)
+        task = asyncio.create_task(b.run())
+        loop = asyncio.get_running_loop()
+        for psgs in (40.0, 40.0, 40.0, 150.0, 10.0):
+            req = make_request(1, loop)
+            req.psgs = psgs
+            b.add(req)
+        deadline = time.perf_counter() + 2
+        while sum(len(x.requests) for x in batches) < 5 and time.perf_counter() < deadline:
+            await asyncio.sleep(0.005)
+        b.close()
+        await task
+        return batches
+
+    batches = asyncio.run(run())
+    # 40+40 fits, a third 40 would pass 100; an oversized request still goes (alone)
+    assert [[r.psgs for r in b.requests] for b in batches] == [[40.0, 40.0], [40.0], [150.0], [10.0]]

@@ -137,3 +137,43 @@ def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path)
 
     pngs = plot_profile(again, tmp_path / "p")
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tiny_dataset, tiny_model, tmp_path):
+    import asyncio
+
+    from hybridgnn.config import PipelineConfig, PolicyConfig, SamplingConfig, ServeConfig
+    from hybridgnn.profiling.profile import Profile, build_profile
+    from hybridgnn.serving.engine import Engine
+
+    base = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
+                       gpu_pipeline=PipelineConfig(name="gpu", device="cpu"))
+    prof = Profile(build_profile(base, ProfileConfig(bins=4, min_samples=5, max_batch=64, budget_s=20),
+                                 progress=False))
+    path = prof.save(tmp_path / "p.json")
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
+                      gpu_pipeline=PipelineConfig(name="gpu", device="cpu"),
+                      policy=PolicyConfig(profile=path, policy="slo:50", adapt=True, adapt_min_batches=50))
+
+    async def scenario():
+        engine = Engine(cfg)
+        await engine.start()
+        try:
+            before = engine.policy
+            assert not engine.adapt_once()  # nothing recorded yet
+            # the CPU pipeline has become 20x slower than profiled: it may take far less
+            edges = np.asarray(prof.data["bin_edges"])
+            xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
+            for x in xs:
+                engine.recent["cpu"].append((float(x), 20 * float(prof.devices["cpu"].mean(x))))
+            assert engine.adapt_once()
+            after = engine.policy
+            cpu_before, cpu_after = before.pipeline_limits["cpu"], after.pipeline_limits["cpu"]
+            assert cpu_after < cpu_before
+            if np.isfinite(before.psgs_threshold) and before.psgs_threshold > 0:
+                assert after.psgs_threshold >= before.psgs_threshold / 2 - 1e-9  # bounded step
+            assert "hybridgnn_policy_changes_total 1.0" in engine.telemetry.exposition().decode()
+        finally:
+            await engine.stop()
+
+    asyncio.run(scenario())

@@ -39,3 +39,10 @@ def test_fallback_and_errors():
         Router(RouterConfig(), ("tpu",))
     with pytest.raises(ValueError):
         r.set_threshold(-1)
+
+
+def test_no_spill_beyond_what_the_other_pipeline_may_take():
+    r = Router(RouterConfig(psgs_threshold=100, spill_limits=(("cpu", 500.0),)), ("cpu", "gpu"))
+    assert r.route(400, {"cpu": IDLE, "gpu": BUSY}).reason == "spill"
+    plan = r.route(600, {"cpu": IDLE, "gpu": BUSY})
+    assert (plan.pipeline, plan.reason) == ("gpu", "threshold")
