@@ -255,7 +255,8 @@ class PolicyConfig:
     adapt_max_step: float = 2.0
 
     def __post_init__(self):
-        if not (self.policy in ("latency", "throughput", "cpu", "gpu") or self.policy.startswith("slo:")):
+        if not (self.policy in ("latency", "throughput", "cpu", "gpu")
+                or self.policy.startswith(("slo:", "slo-mean:"))):
             raise ValueError(f"policy must be latency, throughput, cpu, gpu or slo:<ms>, got {self.policy!r}")
         if self.adapt and self.profile is None:
             raise ValueError("--adapt needs a --profile to start from")

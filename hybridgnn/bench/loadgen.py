@@ -40,9 +40,13 @@ class LoadResult:
     p90_ms: float
     p99_ms: float
     max_ms: float
+    # per request (ms; inf where it failed or was refused), when asked for
+    latencies_ms: list[float] | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("latencies_ms")
+        return d
 
 
 def binary_body(ids: np.ndarray) -> tuple[bytes, dict]:
@@ -114,7 +118,7 @@ async def fetch_num_nodes(url: str, model: str) -> int:
 
 async def run_load(url: str, model: str, *, rate: float, duration_s: float, nodes_per_request: int = 1,
                    binary: bool = True, seed: int = 0, num_nodes: int | None = None,
-                   timeout_s: float = 30.0) -> LoadResult:
+                   timeout_s: float = 30.0, keep_latencies: bool = False) -> LoadResult:
     if rate <= 0 or duration_s <= 0:
         raise ValueError(f"rate and duration must be positive, got {rate} and {duration_s}")
     if num_nodes is None:
@@ -168,6 +172,7 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
         achieved_rps=float(ok.sum() / window), seeds_per_s=float(ok.sum() * nodes_per_request / window),
         p50_ms=float(q[0]), p90_ms=float(q[1]), p99_ms=float(q[2]),
         max_ms=float(lat_ok.max()) if lat_ok.size else float("nan"),
+        latencies_ms=np.where(ok, latencies * 1000.0, np.inf).tolist() if keep_latencies else None,
     )
 
 

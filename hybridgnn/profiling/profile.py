@@ -197,16 +197,18 @@ class Profile:
 
     def policy(self, spec: str, *, batching_wait_s: float = 0.0) -> Policy:
         """latency | throughput | cpu | gpu (an operating point; cpu/gpu are the CPU- and
-        GPU-preferred points) or slo:<ms>."""
-        if spec.startswith("slo:"):
+        GPU-preferred points), slo:<ms>, or slo-mean:<ms> (the same from the mean curve)."""
+        if spec.startswith("slo:") or spec.startswith("slo-mean:"):
+            prefix, _, value = spec.partition(":")
             try:
-                slo_ms = float(spec[4:])
+                slo_ms = float(value)
             except ValueError:
                 raise ValueError(f"policy {spec!r}: expected slo:<milliseconds>, e.g. slo:20") from None
             if not slo_ms > 0:
                 raise ValueError(f"policy {spec!r}: the SLO must be positive")
+            # slo-mean bounds batches by the mean curve (Quiver's "PSGS-loose"), for comparison
             c = choose_for_slo(self.devices, slo_ms / 1e3, self.mean_seed_psgs, batching_wait_s=batching_wait_s,
-                               lo=self.lo, hi=self.hi)
+                               lo=self.lo, hi=self.hi, tail=prefix == "slo")
             return Policy(spec, c.psgs_threshold, c.max_batch_psgs, c.pipeline_limits, c.predicted_seeds_per_s,
                           c.predicted_p99_s)
         if spec not in POLICIES:

@@ -1,0 +1,82 @@
+"""Quiver's SLO experiment (§6.2, Fig. 10) on this machine: at a p99 target, how many
+requests finish within it, and at what throughput, when batches are bounded by
+
+    PSGS-strict  the largest batch PSGS whose p99 (tail curve) fits the SLO  (--policy slo:<ms>)
+    PSGS-loose   the same from the mean curve                                (--policy slo-mean:<ms>)
+    fixed size   a seed count tuned to the same target: the strict bound ÷ mean seed PSGS
+
+each driven by the same open-loop Poisson load at 80 % of PSGS-strict's predicted
+throughput (capped by --max-rate, what the HTTP front end can carry here). Uses a
+profile of the demo server (made first, CPU pipeline only, unless --profile is given).
+
+    .venv/bin/python bench/slo_batching.py [--slo-ms 20] [--nodes-per-request 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import machine  # noqa: E402
+from hybridgnn.bench.loadgen import run_load  # noqa: E402
+from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
+from hybridgnn.demo import ensure_demo  # noqa: E402
+from hybridgnn.profiling.profile import Profile  # noqa: E402
+from tests.integration.server import ServerProcess  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--slo-ms", type=float, default=20.0)
+    ap.add_argument("--nodes-per-request", type=int, default=16)
+    ap.add_argument("--duration-s", type=float, default=10.0)
+    ap.add_argument("--max-rate", type=float, default=1500.0, help="requests/s the load generator may offer")
+    ap.add_argument("--profile", type=Path, default=None)
+    args = ap.parse_args()
+    raise_open_file_limit()
+    dataset, model = ensure_demo()
+    path = args.profile or Path(tempfile.mkdtemp(prefix="hybridgnn-slo-")) / "demo-cpu.json"
+    if args.profile is None:
+        subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "profile", "--dataset",
+                        str(dataset), "--model", str(model), "--device", "cpu", "--budget-s", "120", "--no-plot",
+                        "--out", str(path)], check=True)
+    prof = Profile.load(path)
+    strict = prof.policy(f"slo:{args.slo_ms:g}", batching_wait_s=0.002)
+    fixed_seeds = max(1, int(strict.max_batch_psgs / prof.mean_seed_psgs))
+    rate = min(0.8 * strict.predicted_seeds_per_s / args.nodes_per_request, args.max_rate)
+    configs = {
+        "psgs_strict": ["--profile", str(path), "--policy", f"slo:{args.slo_ms:g}"],
+        "psgs_loose": ["--profile", str(path), "--policy", f"slo-mean:{args.slo_ms:g}"],
+        "fixed_batch": ["--max-batch-seeds", str(fixed_seeds)],
+    }
+    report = {"machine": machine(), "slo_ms": args.slo_ms, "offered_rps": round(rate, 1),
+              "nodes_per_request": args.nodes_per_request, "fixed_batch_seeds": fixed_seeds,
+              "strict_predicted_seeds_per_s": round(strict.predicted_seeds_per_s), "results": {}}
+    for name, extra in configs.items():
+        srv = ServerProcess(dataset, model, "--device", "cpu", *extra).wait_ready()
+        try:
+            run_async(run_load(srv.url, "hybridgnn", rate=rate / 4, duration_s=1.0,
+                               nodes_per_request=args.nodes_per_request))  # warm
+            res = run_async(run_load(srv.url, "hybridgnn", rate=rate, duration_s=args.duration_s,
+                                     nodes_per_request=args.nodes_per_request, keep_latencies=True))
+        finally:
+            srv.stop()
+        lat = np.asarray(res.latencies_ms)
+        within = float((lat <= args.slo_ms).mean()) if lat.size else 0.0
+        report["results"][name] = {"within_slo": round(within, 4), "seeds_per_s": round(res.seeds_per_s),
+                                   "p50_ms": round(res.p50_ms, 2), "p99_ms": round(res.p99_ms, 2),
+                                   "rejected": res.rejected, "errors": res.errors}
+        print(name, json.dumps(report["results"][name]), flush=True)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
