@@ -262,14 +262,17 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model)
     statuses = [o[0] for o in outcomes]
     assert statuses.count(200) >= 50
     # Every answer is a success or a clean "shutting down" refusal; the only transport
-    # errors are refused connections after the listener closed (never a reset mid-request).
+    # errors are connections refused or reset while being set up, after the listener
+    # closed (the kernel resets ones still in the accept backlog): never a reset
+    # mid-request.
     for status, payload in outcomes:
         if status == 200:
             assert len(payload["outputs"][1]["data"]) == 8
         elif status == 503:
             assert "shutting down" in payload["error"]
         else:
-            assert status == "conn" and ("refused" in payload.lower() or "Connection aborted" in payload), payload
+            assert status == "conn" and ("refused" in payload.lower() or "Connection aborted" in payload
+                                         or "Failed to establish a new connection" in payload), payload
 
 
 def test_sigterm_reports_unready_first_and_keeps_serving_for_the_delay(tiny_dataset, tiny_model):
