@@ -7,9 +7,9 @@ import logging
 import sys
 
 from hybridgnn import __version__
-from hybridgnn.cli import bench, cluster, dataset, precompute, profile, serve, train, workload
+from hybridgnn.cli import bench, cluster, dataset, place, precompute, profile, serve, train, workload
 
-COMMANDS = (serve, cluster, dataset, workload, train, precompute, profile, bench)
+COMMANDS = (serve, cluster, dataset, workload, train, precompute, profile, place, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,9 +4,12 @@
 FAP plan (Quiver), nodes in descending FAP order, capacities in rows
 (N_g per GPU, N_m host and N_d disk per server; G/C GPUs per NVLink clique):
   across servers  with InfiniBand the hottest S·(G/C·N_g + N_m) rows are partitioned
-                  across the S servers (FAP-balanced); over Ethernet the hottest
-                  G/C·N_g + N_m are replicated on every server. The rest goes to disk,
-                  replicated on every server where it fits, else partitioned.
+                  across the S servers (FAP-balanced), and so is the rest, on disk; memory
+                  the partition leaves spare replicates the very hottest rows on every
+                  server (R·S + (N - R) ≤ S·(G/C·N_g + N_m)); over
+                  Ethernet the hottest G/C·N_g + N_m are replicated on every server and the
+                  rest goes to each server's disk (partitioned only if one disk cannot
+                  hold it).
   in a server     its GPU rows are partitioned across the GPUs of a clique
                   (FAP-balanced) and replicated in every clique; without NVLink a clique
                   is one GPU, so the hottest N_g rows sit on every GPU. Then host (pinned,
@@ -178,18 +181,19 @@ class _Builder:
         self.clique[nodes] = EVERY
         self.gpu[nodes] = EVERY
 
-    def disk_rows(self, nodes: np.ndarray) -> None:
-        """The rest on disk: replicated where one server's disk holds them, else partitioned."""
+    def disk_rows(self, nodes: np.ndarray, partition: bool = False) -> None:
+        """The rest on disk: partitioned across servers when asked (a fast network reads the
+        servers' disks in parallel) or when one disk cannot hold it, else replicated."""
         self.tier[nodes] = DISK
         self.clique[nodes] = EVERY
         self.gpu[nodes] = EVERY
-        if nodes.size <= self.n_disk:
+        if nodes.size <= self.n_disk and not (partition and self.topo.servers > 1):
             self.server[nodes] = EVERY
             return
         s = self.topo.servers
         if nodes.size > s * self.n_disk:
             raise ValueError(f"{nodes.size} rows do not fit: {s} servers × {self.n_disk} rows of disk")
-        self.server[nodes] = (np.arange(nodes.size) % s).astype(np.int16)
+        self.server[nodes] = snake(nodes.size, s)
 
     def build(self, method: str) -> Plan:
         row = _rows_within_groups(self.tier, self.server, self.clique, self.gpu)
@@ -200,21 +204,51 @@ def _per_server_quota(b: _Builder) -> int:
     return (b.n_gpu * max(1, b.topo.gpus_per_clique) if b.topo.gpus_per_server else 0)
 
 
-def fap_plan(fap: np.ndarray, topo: Topology, row_bytes: int) -> Plan:
-    order = np.argsort(-np.asarray(fap, dtype=np.float64), kind="stable")
+def fap_plan(fap: np.ndarray, topo: Topology, row_bytes: int, *, balance_links: bool = True) -> Plan:
+    """Quiver's plan; with InfiniBand and memory to spare, the share of it spent on
+    replicating the hottest rows is chosen (balance_links) so that the expected bytes on
+    the slowest of the parallel paths (local PCIe, the network, ...) are smallest."""
+    fap = np.asarray(fap, dtype=np.float64)
+    order = np.argsort(-fap, kind="stable")
+    probe = _Builder(order.size, topo, row_bytes)
+    in_memory = _per_server_quota(probe) + probe.n_host
+    if topo.servers > 1 and topo.fast_network:
+        spare = topo.servers * in_memory - order.size
+        most = max(0, min(in_memory, spare // (topo.servers - 1)))
+        if balance_links and most > 0:
+            from hybridgnn.features.simulate import expected_path_seconds
+
+            candidates = np.unique(np.linspace(0, most, 9).astype(np.int64))
+            plans = [_fap_plan(order, topo, row_bytes, int(r)) for r in candidates]
+            return min(plans, key=lambda p: max(expected_path_seconds(p, fap).values()))
+        return _fap_plan(order, topo, row_bytes, most)
+    return _fap_plan(order, topo, row_bytes, in_memory)
+
+
+def _fap_plan(order: np.ndarray, topo: Topology, row_bytes: int, replicate: int) -> Plan:
+    """The hottest `replicate` rows on every server; with a fast network the rest of the
+    memory partitioned across servers, FAP-balanced; then disk."""
     b = _Builder(order.size, topo, row_bytes)
     S, per_gpu_tier = topo.servers, _per_server_quota(b)
-    if S == 1 or topo.fast_network:
-        hot = order[:S * per_gpu_tier]
-        b.gpu_rows(hot, snake(hot.size, S) if S > 1 else 0)
-        warm = order[hot.size:hot.size + S * b.n_host]
-        b.host_rows(warm, snake(warm.size, S) if S > 1 else 0)
-    else:
-        hot = order[:per_gpu_tier]
-        b.gpu_rows(hot, EVERY)
-        warm = order[hot.size:hot.size + b.n_host]
-        b.host_rows(warm, EVERY)
-    b.disk_rows(order[hot.size + warm.size:])
+    in_memory = per_gpu_tier + b.n_host  # distinct rows one server holds in GPU and host memory
+    replicated = order[:replicate]
+    rest = order[replicated.size:]
+    shared_quota = in_memory - replicated.size
+    partitioned = rest[:S * shared_quota] if topo.fast_network else rest[:0]
+    owner = snake(partitioned.size, S) if S > 1 else np.zeros(partitioned.size, np.int16)
+    for s in range(S):
+        # each server's memory: the replicated rows, then its partition, hottest first
+        local = np.concatenate([replicated, partitioned[owner == s]])
+        on_gpu, on_host = local[:per_gpu_tier], local[per_gpu_tier:in_memory]
+        if per_gpu_tier:
+            slots = (snake(on_gpu.size, topo.gpus_per_clique) if topo.gpus_per_clique > 1
+                     else np.full(on_gpu.size, EVERY, np.int16))
+            b.tier[on_gpu], b.clique[on_gpu], b.gpu[on_gpu] = GPU, EVERY, slots
+        b.host_rows(on_host, s)
+        mine = local[replicated.size:]
+        b.server[mine] = s
+    b.server[replicated] = EVERY
+    b.disk_rows(rest[partitioned.size:], partition=topo.fast_network)
     return b.build("fap")
 
 

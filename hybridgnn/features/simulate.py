@@ -41,6 +41,17 @@ def classify(plan: Plan, ids: np.ndarray) -> np.ndarray:
     return path
 
 
+def expected_path_seconds(plan: Plan, fap: np.ndarray) -> dict[str, float]:
+    """Bandwidth time per path of one expected request's reads (FAP = expected reads of
+    each row per request), without sampling: how loaded each parallel path is."""
+    topo = plan.topology
+    net = topo.network if topo.network != "none" else "ethernet"
+    mass = np.bincount(classify(plan, np.arange(plan.num_nodes)), weights=np.asarray(fap, np.float64),
+                       minlength=len(PATHS)) * plan.row_bytes
+    bw = {"hbm": "hbm", "nvlink": "nvlink", "pcie": "pcie", "disk": "disk", "network": net, "remote_disk": net}
+    return {p: float(mass[i] / (topo.link(bw[p]).bandwidth_gbps * 1e9)) for i, p in enumerate(PATHS)}
+
+
 @dataclass
 class SimResult:
     method: str

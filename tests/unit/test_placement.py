@@ -1,0 +1,156 @@
+"""Topology files and detection helpers, placement plans on hand-checked topologies
+(Quiver Fig. 8's four cases), baselines under the same capacities, the simulator."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hybridgnn.features.placement import (
+    DISK, EVERY, GPU, HOST, Plan, degree_plan, fap_plan, hash_plan, importance_plan, snake)
+from hybridgnn.features.simulate import PATHS, classify, simulate
+from hybridgnn.features.topology import Topology, peer_cliques
+
+ROW = 100  # bytes per feature row
+FAP = np.array([0.5, 0.4, 0.3, 0.2, 0.1, 0.05])  # node 0 hottest, as in Fig. 8
+
+
+def topo(**kw) -> Topology:
+    base = dict(gpus_per_server=4, nvlink_cliques=4, gpu_memory_bytes=1 * ROW, host_memory_bytes=2 * ROW)
+    base.update(kw)
+    return Topology(**base)
+
+
+def where(plan: Plan, node: int) -> tuple:
+    return int(plan.tier[node]), int(plan.server[node]), int(plan.clique[node]), int(plan.gpu[node])
+
+
+def test_fig8a_without_nvlink_the_hottest_row_is_on_every_gpu():
+    plan = fap_plan(FAP, topo(), ROW)
+    assert where(plan, 0) == (GPU, EVERY, EVERY, EVERY)
+    assert [where(plan, n)[0] for n in (1, 2)] == [HOST, HOST]
+    assert all(plan.tier[3:] == DISK)
+
+
+def test_fig8b_with_nvlink_hot_rows_are_partitioned_in_a_clique_and_replicated_across():
+    plan = fap_plan(FAP, topo(nvlink_cliques=2), ROW)  # two cliques of two GPUs
+    assert where(plan, 0) == (GPU, EVERY, EVERY, 0) and where(plan, 1) == (GPU, EVERY, EVERY, 1)
+    assert [where(plan, n)[0] for n in (2, 3)] == [HOST, HOST]
+    assert plan.summary(FAP)[0]["bytes_all_copies"] == 2 * 2 * ROW  # 2 rows × 2 cliques
+
+
+def test_fig8c_without_infiniband_servers_replicate_the_hottest():
+    t = topo(servers=2, gpus_per_server=1, nvlink_cliques=1, network="ethernet")
+    plan = fap_plan(FAP, t, ROW)
+    assert where(plan, 0) == (GPU, EVERY, EVERY, EVERY)
+    assert where(plan, 1)[:2] == (HOST, EVERY) and where(plan, 2)[:2] == (HOST, EVERY)
+    assert all(plan.tier[3:] == DISK)
+
+
+def test_fig8d_with_infiniband_servers_partition_the_hottest():
+    t = topo(servers=2, gpus_per_server=1, nvlink_cliques=1, network="infiniband")
+    plan = fap_plan(FAP, t, ROW)
+    assert [where(plan, n)[:2] for n in (0, 1)] == [(GPU, 0), (GPU, 1)]
+    assert sorted(int(plan.server[n]) for n in (2, 3, 4, 5)) == [0, 0, 1, 1]
+    assert all(plan.tier[2:] == HOST)  # 2 servers × 2 host rows hold the rest
+
+
+@pytest.mark.parametrize("servers,network", [(1, "none"), (2, "infiniband"), (3, "ethernet")])
+@pytest.mark.parametrize("cliques", [1, 2, 4])
+def test_every_method_respects_capacities_and_rows_are_dense(servers, network, cliques):
+    rng = np.random.default_rng(servers * 10 + cliques)
+    n = 500
+    fap = rng.pareto(1.2, n)
+    t = Topology(servers=servers, gpus_per_server=4, nvlink_cliques=cliques, gpu_memory_bytes=20 * ROW,
+                 host_memory_bytes=60 * ROW, disk_bytes=1000 * ROW, network=network)
+    for plan in (fap_plan(fap, t, ROW), hash_plan(n, t, ROW), degree_plan(fap, t, ROW), importance_plan(fap, t, ROW)):
+        plan.check_capacities()  # (also done on construction)
+        key = np.stack([plan.tier, plan.server, plan.clique, plan.gpu], axis=1)
+        for k in np.unique(key, axis=0):
+            rows = np.sort(plan.row[(key == k).all(axis=1)])
+            assert rows.tolist() == list(range(rows.size))  # each store's rows are 0..m-1
+
+
+def test_capacity_violations_and_bad_topologies_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="do not fit"):
+        fap_plan(np.ones(50), topo(disk_bytes=10 * ROW), ROW)
+    with pytest.raises(ValueError, match="nvlink_cliques must divide"):
+        Topology(gpus_per_server=4, nvlink_cliques=3)
+    with pytest.raises(ValueError, match="need a network"):
+        Topology(servers=2)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"servers": 2, "gpus_per_server": 8, "nvlink_cliques": 2, "gpu_memory_bytes": "40G",
+                                "host_memory_bytes": "512G", "network": "infiniband",
+                                "links": {"infiniband": {"bandwidth_gbps": 50}}}))
+    t = Topology.load(path)
+    assert t.gpus_per_clique == 4 and t.has_nvlink and t.fast_network and t.gpu_memory_bytes == 40 << 30
+    assert t.link("infiniband").bandwidth_gbps == 50 and t.link("infiniband").latency_us == 4.0
+    path.write_text(json.dumps({"servers": 1, "gpu_count": 2}))
+    with pytest.raises(ValueError, match="unknown topology fields"):
+        Topology.load(path)
+
+
+def test_peer_cliques_from_peer_access():
+    nvlinked = {(0, 1), (1, 0), (2, 3), (3, 2)}
+    assert peer_cliques(4, lambda a, b: (a, b) in nvlinked) == [[0, 1], [2, 3]]
+    assert peer_cliques(3, lambda a, b: False) == [[0], [1], [2]]
+
+
+def test_snake_balances_fap_mass():
+    fap = np.sort(np.random.default_rng(0).exponential(1.0, 1000))[::-1]
+    mass = np.bincount(snake(1000, 4), weights=fap, minlength=4)
+    dealt = np.bincount(np.arange(1000) % 4, weights=fap, minlength=4)  # plain round robin
+    assert mass.max() / mass.min() < 1.01 < dealt.max() / dealt.min()
+
+
+def test_simulator_charges_each_path_and_waits_for_the_slowest(tmp_path):
+    t = topo(nvlink_cliques=2, links={"pcie": {"bandwidth_gbps": 1.0, "latency_us": 0.0},
+                                      "hbm": {"bandwidth_gbps": 1000.0, "latency_us": 0.0},
+                                      "nvlink": {"bandwidth_gbps": 100.0, "latency_us": 0.0},
+                                      "disk": {"bandwidth_gbps": 0.1, "latency_us": 0.0}})
+    plan = fap_plan(FAP, t, ROW)
+    assert [PATHS[p] for p in classify(plan, np.arange(6))] == ["hbm", "nvlink", "pcie", "pcie", "disk", "disk"]
+    res = simulate(plan, [np.array([0, 1]), np.array([0, 2, 3]), np.array([5])])
+    assert res.seconds[0] == pytest.approx(ROW / 100e9)  # NVLink slower than HBM
+    assert res.seconds[1] == pytest.approx(2 * ROW / 1e9)  # two PCIe rows
+    assert res.seconds[2] == pytest.approx(ROW / 0.1e9)
+    saved = plan.save(tmp_path / "plan")
+    again = Plan.load(saved)
+    assert np.array_equal(again.row, plan.row) and again.topology.nvlink_cliques == 2
+
+
+def test_fap_beats_hash_on_a_skewed_graph_with_nvlink(skewed_graph):
+    from hybridgnn.features.simulate import sample_batches
+    from hybridgnn.workload.tables import WorkloadTables, seed_distribution
+
+    p0, _ = seed_distribution(skewed_graph, "degree")
+    fap = WorkloadTables.build(skewed_graph, (4, 3), "degree").fap
+    t = Topology(gpus_per_server=2, nvlink_cliques=1, gpu_memory_bytes=5 * ROW, host_memory_bytes=100 * ROW)
+    batches = sample_batches(skewed_graph, (4, 3), p0, batch_size=4, count=200)
+    fap_ms = simulate(fap_plan(fap, t, ROW), batches).quantile_ms(0.99)
+    hash_ms = simulate(hash_plan(skewed_graph.num_nodes, t, ROW), batches).quantile_ms(0.99)
+    assert fap_ms <= hash_ms
+
+
+def test_place_command_prints_tiers_saves_the_plan_and_simulates(tiny_dataset, tmp_path):
+    import subprocess
+    import sys
+
+    topo_file = tmp_path / "topo.json"
+    topo_file.write_text(json.dumps({"servers": 2, "gpus_per_server": 2, "nvlink_cliques": 1,
+                                     "gpu_memory_bytes": "8K", "host_memory_bytes": "64K",
+                                     "network": "infiniband"}))
+    log = tmp_path / "seeds.txt"
+    log.write_text(" ".join(str(i) for i in [1, 1, 1, 5, 9, 200]))
+    out = tmp_path / "plan"
+    done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "place", "--dataset",
+                           str(tiny_dataset), "--fanouts", "5,3", "--topology", str(topo_file), "--from-log", str(log),
+                           "--simulate", "20", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "gpu" in done.stdout and "host" in done.stdout and "p99" in done.stdout
+    plan = Plan.load(out)
+    assert plan.num_nodes == 3000 and plan.topology.servers == 2
+    assert plan.tier[1] == GPU  # the most requested node is among the hottest rows
+    bad = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "place", "--dataset", str(tiny_dataset),
+                          "--topology", str(tmp_path / "missing.json")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no topology file" in bad.stderr
