@@ -179,6 +179,10 @@ class ServerConfig:
     # poll readiness stop routing here before requests are refused (0: refuse at once).
     unready_delay_s: float = 0.0
     retry_after_s: int = 1
+    # Per-node request counts written here (.counts.npy) every seed_log_interval_s and at
+    # stop, for `hybridgnn place --from-log`.
+    seed_log: Path | None = None
+    seed_log_interval_s: float = 60.0
 
     def __post_init__(self):
         if not (0 <= self.port <= 65535):
@@ -191,6 +195,10 @@ class ServerConfig:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         if not 0 <= self.shutdown_grace_s <= 60:
             raise ValueError(f"shutdown_grace_s must be within [0, 60], got {self.shutdown_grace_s}")
+        if self.seed_log is not None and not str(self.seed_log).endswith(".counts.npy"):
+            raise ValueError(f"the seed log must be a .counts.npy file, got {self.seed_log}")
+        if self.seed_log_interval_s <= 0:
+            raise ValueError(f"seed_log_interval_s must be > 0, got {self.seed_log_interval_s}")
         if not 0 <= self.unready_delay_s <= 300:
             raise ValueError(f"unready_delay_s must be within [0, 300], got {self.unready_delay_s}")
 

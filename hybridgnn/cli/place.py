@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
                    help="JSON or YAML topology file (default: detect this machine)")
     p.add_argument("--seeds", default="uniform", help="seed distribution: uniform, degree, or a request-log file")
     p.add_argument("--from-log", type=Path, default=None,
-                   help="request log (node ids, .npy or text; e.g. what serve --seed-log writes): same as --seeds LOG")
+                   help="request log: node ids (.npy or text) or per-node counts (.counts.npy, what serve --seed-log "
+                        "writes); same as --seeds LOG")
     p.add_argument("--method", choices=["fap", "hash", "degree", "importance"], default="fap")
     p.add_argument("--out", type=Path, default=None, help="plan directory (default <dataset>/placement/<name>)")
     p.add_argument("--simulate", type=int, default=0, metavar="BATCHES",

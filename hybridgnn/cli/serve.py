@@ -61,6 +61,9 @@ def add_parser(sub) -> None:
     p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, lambda v: v not in ("0", "")),
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
+    p.add_argument("--seed-log", type=Path, default=env_default("SEED_LOG", None, Path),
+                   help="write per-node request counts here (a .counts.npy, every 60 s and at stop) for "
+                        "`hybridgnn place --from-log`")
     p.add_argument("--gpu-workers", type=int, default=env_default("GPU_WORKERS", 2, int),
                    help="GPU pipeline workers, each with its own CUDA stream")
     p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=env_default("GPU_CACHE_BYTES", "1G", parse_bytes),
@@ -138,7 +141,8 @@ def build_config(args) -> ServeConfig:
         policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
                             max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,
-                            shutdown_grace_s=args.shutdown_grace_s, unready_delay_s=args.unready_delay_s),
+                            shutdown_grace_s=args.shutdown_grace_s, unready_delay_s=args.unready_delay_s,
+                            seed_log=args.seed_log),
     )
 
 

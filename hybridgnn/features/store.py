@@ -114,3 +114,30 @@ class CachedFeatureStore:
         ids = torch.as_tensor(node_ids, dtype=torch.int64).to(self.device)
         hits = int((self.slot[ids] >= 0).sum())
         return {"gpu": hits, "host": int(ids.shape[0]) - hits}
+
+
+class SwappableFeatureStore:
+    """A feature store that can be replaced while serving: each gather reads `current`
+    once, so a batch in flight finishes on the store it started with while new batches
+    use the new one; nothing is dropped and no lock is taken on the hot path."""
+
+    def __init__(self, store):
+        self.current = store
+
+    @property
+    def feature_dim(self) -> int:
+        return self.current.feature_dim
+
+    def swap(self, store) -> None:
+        if store.feature_dim != self.current.feature_dim:
+            raise ValueError(f"new store has {store.feature_dim}-dim rows, the served one {self.current.feature_dim}")
+        self.current = store
+
+    def gather_counted(self, node_ids):
+        return self.current.gather_counted(node_ids)
+
+    def gather(self, node_ids):
+        return self.current.gather(node_ids)
+
+    def rows_by_tier(self, node_ids):
+        return self.current.rows_by_tier(node_ids)

@@ -25,7 +25,13 @@ from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbed
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.capabilities import HAS_CUDA
-from hybridgnn.features.store import CachedFeatureStore, DynamicFeatureStore, HostFeatureStore, hottest_first
+from hybridgnn.features.store import (
+    CachedFeatureStore,
+    DynamicFeatureStore,
+    HostFeatureStore,
+    SwappableFeatureStore,
+    hottest_first,
+)
 from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.graph.uva import DeviceGraph
@@ -121,7 +127,10 @@ class Engine:
                          else HostFeatureStore(self.graph.features))
         self._models = {"cpu": self.model}  # one copy of the weights per device
         self.device_graph: DeviceGraph | None = None
-        self.gpu_features: CachedFeatureStore | None = None
+        self.gpu_features: SwappableFeatureStore | None = None
+        # Requests per node since start (or since the seed log was last read): the seed
+        # distribution a placement refresh computes FAP from.
+        self.seed_counts = np.zeros(self.graph.num_nodes, dtype=np.int64)
         self.pipelines: dict[str, Pipeline] = {
             cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
         }
@@ -173,13 +182,59 @@ class Engine:
         if self.dynamic is not None:
             raise ConfigError("graph updates run on the CPU pipeline only; serve without the GPU pipeline")
         self.device_graph = DeviceGraph(self.graph, device, mem.graph_placement)
-        host_table = (self.device_graph.host_visible(np.asarray(self.graph.features))
-                      if device.type == "cuda" else None)
-        self.gpu_features = CachedFeatureStore(self.graph.features, device, mem.cache_bytes,
-                                               order=hottest_first(self.tables.fap), host_table=host_table)
+        self._host_table = (self.device_graph.host_visible(np.asarray(self.graph.features))
+                            if device.type == "cuda" else None)
+        self.gpu_features = SwappableFeatureStore(self._device_cache(hottest_first(self.tables.fap)))
         self.model_on(pipe.device)
+        cache = self.gpu_features.current
         log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
-                 mem.graph_placement, self.gpu_features.cached_rows, self.gpu_features.cache_bytes / 2**20)
+                 mem.graph_placement, cache.cached_rows, cache.cache_bytes / 2**20)
+
+    def _device_cache(self, order: np.ndarray) -> CachedFeatureStore:
+        return CachedFeatureStore(self.graph.features, self.cfg.gpu_pipeline.device, self.cfg.gpu_memory.cache_bytes,
+                                  order=order, host_table=self._host_table)
+
+    def count_seeds(self, seeds: np.ndarray) -> None:
+        np.add.at(self.seed_counts, seeds, 1)
+
+    def save_seed_log(self, path) -> None:
+        """Write the per-node request counts (atomically) for `hybridgnn place --from-log`."""
+        from pathlib import Path
+
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npy")
+        np.save(tmp, self.seed_counts)
+        tmp.replace(path)
+
+    async def refresh_placement(self) -> dict:
+        """Recompute FAP from the seeds requested so far and swap in a device cache of the
+        new hottest rows; requests keep flowing (see SwappableFeatureStore)."""
+        if self.gpu_features is None:
+            raise LookupError("no GPU feature cache to refresh (the server runs the CPU pipeline only)")
+        counts = self.seed_counts.copy()
+        if counts.sum() == 0:
+            raise LookupError("no requests counted yet: nothing to compute a seed distribution from")
+        from hybridgnn.workload.tables import compute_fap
+
+        def build():
+            t0 = time.perf_counter()
+            fap = compute_fap(self.graph, self.cfg.sampling.fanouts, counts / counts.sum())
+            order = hottest_first(fap)
+            cache = self._device_cache(order)
+            return cache, fap, order, time.perf_counter() - t0
+
+        old = self.gpu_features.current
+        cache, fap, order, seconds = await asyncio.to_thread(build)
+        self.gpu_features.swap(cache)
+        self.telemetry.placement_refreshes.inc()
+        kept = int(np.intersect1d(np.flatnonzero(old.slot.cpu().numpy() >= 0),
+                                  np.flatnonzero(cache.slot.cpu().numpy() >= 0)).size)
+        report = {"cached_rows": cache.cached_rows, "rows_kept": kept, "requests_counted": int(counts.sum()),
+                  "seconds": round(seconds, 3), "cached_fap_share": float(fap[order[:cache.cached_rows]].sum()
+                                                                            / max(fap.sum(), 1e-12))}
+        log.info("placement refreshed from %d counted requests in %.2fs: %d of %d cached rows kept",
+                 report["requests_counted"], seconds, kept, cache.cached_rows)
+        return report
 
     def _load_profile(self) -> None:
         """Check the profile fits what is served, then put its policy in force."""
@@ -372,6 +427,7 @@ class Engine:
 
     def _dispatch(self, batch: Batch) -> None:
         try:
+            self.count_seeds(batch.seeds)
             batch.psgs = self.tables.batch_psgs(batch.seeds)
             plan = self.router.route(batch.psgs, {n: p.load() for n, p in self.pipelines.items()})
             self._submit_to(batch, plan)
@@ -507,7 +563,7 @@ class Engine:
             "dataset_fingerprint": self.graph.fingerprint,
             "pipelines": list(self.pipelines),
             "devices": {name: p.cfg.device for name, p in self.pipelines.items()},
-            "gpu_cache_rows": self.gpu_features.cached_rows if self.gpu_features is not None else 0,
+            "gpu_cache_rows": self.gpu_features.current.cached_rows if self.gpu_features is not None else 0,
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "policy": self.policy.name if self.policy else None,
             "max_batch_psgs": "inf" if math.isinf(self.batcher_cfg.max_batch_psgs) else self.batcher_cfg.max_batch_psgs,

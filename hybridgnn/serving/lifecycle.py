@@ -1,6 +1,7 @@
 """Process lifecycle: start the engine and HTTP server, drain on SIGTERM/SIGINT, exit 0.
 
-On a stop signal the server first reports ready=503 (and, for unready_delay_s, still
+SIGHUP rebuilds the GPU feature cache from the seeds requested so far (no request is
+dropped). On a stop signal the server first reports ready=503 (and, for unready_delay_s, still
 serves, so balancers polling readiness move away before anything is refused); then it
 keeps listening while admitted requests finish; new requests get 503 with Retry-After and every response
 carries "Connection: close". Once drained (or after drain_timeout_s) and a short grace
@@ -37,6 +38,15 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    background: set[asyncio.Task] = set()
+
+    def refresh() -> None:  # SIGHUP: rebuild the GPU feature cache from the seeds seen so far
+        task = loop.create_task(_refresh_placement(engine))
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, refresh)
+    saver = loop.create_task(_save_seed_log(engine, cfg)) if cfg.server.seed_log is not None else None
     addr = f"http://{cfg.server.host}:{cfg.server.port}"
     log.info("serving model %r on %s (%d nodes, fanouts %s, %d CPU workers)", cfg.server.model_name, addr,
              engine.graph.num_nodes, list(cfg.sampling.fanouts), cfg.cpu_pipeline.workers)
@@ -53,9 +63,33 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     # "Connection: close" instead of a reset, and the balancer sees ready=503.
     await asyncio.sleep(cfg.server.shutdown_grace_s)
     await runner.cleanup()
+    if saver is not None:
+        saver.cancel()
+        await asyncio.gather(saver, return_exceptions=True)
+        engine.save_seed_log(cfg.server.seed_log)
+    for task in list(background):
+        await asyncio.gather(task, return_exceptions=True)
     await engine.stop()
     log.info("stopped (%s)", "drained" if drained else "drain timed out")
     return 0 if drained else 1
+
+
+async def _refresh_placement(engine: Engine) -> None:
+    try:
+        await engine.refresh_placement()
+    except LookupError as exc:
+        log.warning("SIGHUP: placement not refreshed: %s", exc)
+    except Exception:
+        log.exception("SIGHUP: placement refresh failed; the current cache stays")
+
+
+async def _save_seed_log(engine: Engine, cfg: ServeConfig) -> None:
+    while True:
+        await asyncio.sleep(cfg.server.seed_log_interval_s)
+        try:
+            await asyncio.to_thread(engine.save_seed_log, cfg.server.seed_log)
+        except OSError as exc:
+            log.warning("could not write the seed log %s: %s", cfg.server.seed_log, exc)
 
 
 def run(cfg: ServeConfig) -> int:

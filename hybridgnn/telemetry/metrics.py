@@ -68,6 +68,8 @@ class Telemetry:
             "hybridgnn_policy_info", "1 for the routing policy in force (none: no profile)", ["policy"], registry=r)
         self.policy_changes = Counter(
             "hybridgnn_policy_changes", "Threshold or batch-PSGS changes made by --adapt", registry=r)
+        self.placement_refreshes = Counter(
+            "hybridgnn_placement_refreshes", "GPU feature caches rebuilt from live seed counts (SIGHUP)", registry=r)
         self.gathered_rows = Counter(
             "hybridgnn_gathered_rows", "Feature rows gathered, by the tier that served them (gpu: device cache)",
             ["pipeline", "tier"], registry=r)

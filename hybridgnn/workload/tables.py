@@ -70,7 +70,8 @@ def compute_fap(graph: GraphStore, fanouts, p0: np.ndarray, *, matrix: sp.csr_ma
 
 def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, str]:
     """p0 over nodes and the key it is stored under: 'uniform', 'degree', or a request log
-    (a .npy of node ids, or a text file of whitespace-separated ids) counted per node."""
+    (a .npy of node ids, a text file of whitespace-separated ids, or a .counts.npy of
+    per-node counts) counted per node."""
     n = graph.num_nodes
     if kind == "uniform":
         return np.full(n, 1.0 / n), "uniform"
@@ -81,6 +82,12 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     path = Path(kind)
     if not path.is_file():
         raise ValueError(f"seed distribution must be one of {SEED_KINDS} or a request-log file; {kind!r} is neither")
+    if path.name.endswith(".counts.npy"):  # per-node request counts, as `serve --seed-log` writes
+        counts = np.asarray(np.load(path, allow_pickle=False), dtype=np.float64).reshape(-1)
+        if counts.shape != (n,) or (counts < 0).any() or counts.sum() <= 0:
+            raise ValueError(f"seed counts {path} must hold {n} non-negative counts, not all zero")
+        digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
+        return counts / counts.sum(), f"log-{digest}"
     if path.suffix == ".npy":
         ids = np.asarray(np.load(path, allow_pickle=False)).reshape(-1)
         if ids.size and ids.dtype.kind not in "iu":

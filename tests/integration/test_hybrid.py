@@ -42,3 +42,55 @@ def test_hybrid_server_routes_small_batches_to_cpu_and_large_ones_to_the_gpu_pip
         assert routed[("gpu", "threshold")] >= 1 and routed[("cpu", "threshold")] >= 1
     finally:
         assert srv.stop() == 0
+
+
+def test_sighup_refreshes_the_gpu_cache_under_load_and_the_seed_log_feeds_place(tiny_dataset, tiny_model, tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "seeds.counts.npy"
+    srv = ServerProcess(tiny_dataset, tiny_model, "--fanouts", "5,3", "--device", "emulate", "--psgs-threshold", "0",
+                        "--gpu-cache-bytes", "16K", "--seed-log", str(log)).wait_ready()
+    try:
+        session = requests.Session()
+
+        def infer(ids):
+            body = {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]}
+            return session.post(f"{srv.url}/v2/models/hybridgnn/infer", json=body, timeout=30).status_code
+
+        hot = list(range(2900, 2920))
+        assert all(infer(hot) == 200 for _ in range(5))
+        srv.proc.send_signal(signal.SIGHUP)
+        codes = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # keep requesting until the refresh is counted
+            codes.append(infer(hot[:5]))
+            text = session.get(f"{srv.url}/metrics", timeout=10).text
+            if "hybridgnn_placement_refreshes_total 1.0" in text:
+                break
+        else:
+            raise AssertionError("the SIGHUP refresh never completed:\n" + srv.output())
+        assert set(codes) == {200}
+    finally:
+        assert srv.stop() == 0
+    counts = np.load(log)
+    assert counts[2900:2920].sum() >= 100 and counts.shape == (3000,)
+    done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "place", "--dataset",
+                           str(tiny_dataset), "--fanouts", "5,3", "--from-log", str(log), "--topology",
+                           str(_one_gpu_topology(tmp_path)), "--out", str(tmp_path / "plan")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    from hybridgnn.features.placement import GPU, Plan
+
+    plan = Plan.load(tmp_path / "plan")
+    assert all(plan.tier[n] == GPU for n in range(2900, 2905))
+    json.dumps(plan.summary(np.ones(3000)))
+
+
+def _one_gpu_topology(tmp_path):
+    path = tmp_path / "one-gpu.json"
+    path.write_text('{"servers": 1, "gpus_per_server": 1, "gpu_memory_bytes": "32K", "host_memory_bytes": "1M"}')
+    return path

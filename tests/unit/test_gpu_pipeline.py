@@ -78,9 +78,9 @@ async def with_client(cfg, fn):
 
 
 def counter(metrics: str, name: str, **labels) -> float:
-    want = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    want = ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}") if labels else ""
     for line in metrics.splitlines():
-        if line.startswith(name + want):
+        if line.startswith(name + want + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name}{want} not in metrics")
 
@@ -140,3 +140,43 @@ def test_config_checks():
         ServeConfig(dataset_dir=".", model_dir=".", gpu_pipeline=PipelineConfig(name="cpu", device="cuda"))
     with pytest.raises(ValueError, match="cpu, cuda"):
         ServeConfig(dataset_dir=".", model_dir=".", cpu_pipeline=PipelineConfig(device="mps"))
+
+
+def test_placement_refresh_swaps_the_device_cache_while_requests_flow(tiny_dataset, tiny_model):
+    async def scenario(engine, client):
+        fap = engine.tables.fap
+        cold = np.argsort(fap)[:20].tolist()  # the least likely rows under uniform seeds
+        assert not any(engine.gpu_features.current.slot[c] >= 0 for c in cold)
+        for _ in range(5):
+            assert (await client.post("/v2/models/hybridgnn/infer", json=body(cold))).status == 200
+
+        async def traffic():
+            codes = []
+            for i in range(30):
+                r = await client.post("/v2/models/hybridgnn/infer", json=body(cold[i % 20:i % 20 + 3]))
+                codes.append(r.status)
+            return codes
+
+        report, codes = await asyncio.gather(engine.refresh_placement(), traffic())
+        assert set(codes) == {200}
+        assert report["requests_counted"] >= 5 * 20
+        assert all(int(engine.gpu_features.current.slot[c]) >= 0 for c in cold)  # now cached
+        metrics = await (await client.get("/metrics")).text()
+        assert counter(metrics, "hybridgnn_placement_refreshes_total") == 1
+
+    asyncio.run(with_client(emulated(tiny_dataset, tiny_model, 0.0), scenario))
+
+
+def test_refresh_without_a_gpu_cache_or_requests_is_a_clear_error(tiny_dataset, tiny_model):
+    async def scenario(engine, client):
+        with pytest.raises(LookupError, match="no requests counted"):
+            await engine.refresh_placement()
+
+    asyncio.run(with_client(emulated(tiny_dataset, tiny_model, 0.0), scenario))
+
+    async def cpu_only(engine, client):
+        with pytest.raises(LookupError, match="CPU pipeline only"):
+            await engine.refresh_placement()
+
+    asyncio.run(with_client(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model,
+                                        sampling=SamplingConfig((5, 3))), cpu_only))
