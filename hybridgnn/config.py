@@ -136,8 +136,14 @@ class DeviceMemoryConfig:
 
     cache_bytes: int = 1 << 30
     graph_placement: str = "uva"
+    # A plan from `hybridgnn place`: both pipelines then read features through its tiers
+    # (this replica is server `placement_server` of the plan), instead of the FAP cache.
+    placement_plan: Path | None = None
+    placement_server: int = 0
 
     def __post_init__(self):
+        if self.placement_server < 0:
+            raise ValueError(f"placement_server must be >= 0, got {self.placement_server}")
         if self.cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         if self.graph_placement not in GRAPH_PLACEMENTS:

@@ -71,6 +71,11 @@ def add_parser(sub) -> None:
     p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default=env_default("GRAPH_PLACEMENT", "uva"),
                    help="GPU sampler reads the topology from pinned host memory over UVA, or from a copy in "
                         "device memory")
+    p.add_argument("--placement", type=Path, default=env_default("PLACEMENT", None, Path),
+                   help="a plan directory from `hybridgnn place`: both pipelines read features through its tiers "
+                        "(GPU, peer GPU, pinned host, disk) instead of the FAP-ordered cache")
+    p.add_argument("--placement-server", type=int, default=env_default("PLACEMENT_SERVER", 0, int),
+                   help="which server of the plan this replica is")
     p.add_argument("--cpu-compute-device", default=env_default("CPU_COMPUTE_DEVICE", "cpu"),
                    help="where the CPU pipeline gathers features and runs the model (cpu, or cuda: only sampling "
                         "stays on the CPU, as in Quiver)")
@@ -136,7 +141,8 @@ def build_config(args) -> ServeConfig:
                               max_wait_s=args.max_wait_ms / 1000.0, max_pending_requests=args.max_pending),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers),
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
-        gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement),
+        gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement,
+                                      placement_plan=args.placement, placement_server=args.placement_server),
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
         policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,

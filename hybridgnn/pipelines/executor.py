@@ -32,7 +32,11 @@ class BatchExecutor:
             t0 = time.perf_counter()
             sub = self.sampler.sample(seeds)
             t1 = time.perf_counter()
-            x = self.features.gather(sub.node_ids).to(self.device, non_blocking=True)
+            if hasattr(self.features, "gather_counted"):
+                x, tiers = self.features.gather_counted(sub.node_ids)
+            else:
+                x, tiers = self.features.gather(sub.node_ids), None
+            x = x.to(self.device, non_blocking=True)
             t2 = time.perf_counter()
         with torch.inference_mode():
             out = self.model(x, sub.edge_index_tensor(self.device), sub.num_sampled_nodes, sub.num_sampled_edges)
@@ -43,4 +47,5 @@ class BatchExecutor:
         t3 = time.perf_counter()
         t.sample_s, t.gather_s, t.compute_s = t1 - t0, t2 - t1, t3 - t2
         return BatchResult(embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
-                           sampled_edges=sub.num_edges, gathered_rows=self.features.rows_by_tier(sub.node_ids))
+                           sampled_edges=sub.num_edges,
+                           gathered_rows=tiers if tiers is not None else self.features.rows_by_tier(sub.node_ids))

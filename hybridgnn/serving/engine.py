@@ -34,6 +34,8 @@ from hybridgnn.features.store import (
 )
 from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.graph.store import GraphStore
+from hybridgnn.features.gather import TieredFeatureStore
+from hybridgnn.features.placement import Plan
 from hybridgnn.graph.uva import DeviceGraph
 from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
@@ -123,8 +125,16 @@ class Engine:
             log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
                      self.incremental.init_s, ", ".join(self.incremental.kinds))
         self.updates: UpdateApplier | None = None
-        self.features = (DynamicFeatureStore(self.dynamic) if self.dynamic is not None
-                         else HostFeatureStore(self.graph.features))
+        self.plan = self._load_plan()
+        if self.dynamic is not None:
+            self.features = DynamicFeatureStore(self.dynamic)
+        elif self.plan is not None:
+            mem = cfg.gpu_memory
+            self.features = TieredFeatureStore(self.graph.features, self.plan, device="cpu",
+                                               server=mem.placement_server, plan_dir=mem.placement_plan,
+                                               gpu_tiers=False)
+        else:
+            self.features = HostFeatureStore(self.graph.features)
         self._models = {"cpu": self.model}  # one copy of the weights per device
         self.device_graph: DeviceGraph | None = None
         self.gpu_features: SwappableFeatureStore | None = None
@@ -184,11 +194,44 @@ class Engine:
         self.device_graph = DeviceGraph(self.graph, device, mem.graph_placement)
         self._host_table = (self.device_graph.host_visible(np.asarray(self.graph.features))
                             if device.type == "cuda" else None)
-        self.gpu_features = SwappableFeatureStore(self._device_cache(hottest_first(self.tables.fap)))
+        self.gpu_features = SwappableFeatureStore(self._device_store())
         self.model_on(pipe.device)
-        cache = self.gpu_features.current
-        log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
-                 mem.graph_placement, cache.cached_rows, cache.cache_bytes / 2**20)
+        store = self.gpu_features.current
+        if self.plan is not None:
+            log.info("GPU pipeline on %s: topology %s, features by plan %s (%s)", device, mem.graph_placement,
+                     mem.placement_plan, ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in store.bytes_by_store.items()))
+        else:
+            log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
+                     mem.graph_placement, store.cached_rows, store.cache_bytes / 2**20)
+
+    def _load_plan(self):
+        mem = self.cfg.gpu_memory
+        if mem.placement_plan is None:
+            return None
+        if self.dynamic is not None:
+            raise ConfigError("a placement plan and graph updates do not go together yet (updates add rows)")
+        try:
+            plan = Plan.load(mem.placement_plan)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"placement plan {mem.placement_plan}: {exc}") from exc
+        if plan.num_nodes != self.graph.num_nodes:
+            raise ConfigError(f"placement plan {mem.placement_plan} covers {plan.num_nodes} nodes; the dataset has "
+                              f"{self.graph.num_nodes}")
+        if mem.placement_server >= plan.topology.servers:
+            raise ConfigError(f"placement server {mem.placement_server}: the plan has {plan.topology.servers} servers")
+        return plan
+
+    def _device_store(self):
+        """The GPU pipeline's feature store: the plan's tiers, or the FAP-ordered cache."""
+        if self.plan is None:
+            return self._device_cache(hottest_first(self.tables.fap))
+        mem, device = self.cfg.gpu_memory, torch.device(self.cfg.gpu_pipeline.device)
+        if device.type == "cuda" and self.plan.topology.gpus_per_server < torch.cuda.device_count():
+            log.warning("placement plan was made for %d GPUs per server; this machine has %d",
+                        self.plan.topology.gpus_per_server, torch.cuda.device_count())
+        return TieredFeatureStore(self.graph.features, self.plan, device=device, server=mem.placement_server,
+                                  gpu=device.index or 0, plan_dir=mem.placement_plan,
+                                  host_view=self.device_graph.host_visible if device.type == "cuda" else None)
 
     def _device_cache(self, order: np.ndarray) -> CachedFeatureStore:
         return CachedFeatureStore(self.graph.features, self.cfg.gpu_pipeline.device, self.cfg.gpu_memory.cache_bytes,
@@ -211,6 +254,9 @@ class Engine:
         new hottest rows; requests keep flowing (see SwappableFeatureStore)."""
         if self.gpu_features is None:
             raise LookupError("no GPU feature cache to refresh (the server runs the CPU pipeline only)")
+        if self.plan is not None:
+            raise LookupError("serving a fixed placement plan: recompute it with `hybridgnn place --from-log` "
+                              "and restart with the new --placement")
         counts = self.seed_counts.copy()
         if counts.sum() == 0:
             raise LookupError("no requests counted yet: nothing to compute a seed distribution from")
@@ -563,7 +609,9 @@ class Engine:
             "dataset_fingerprint": self.graph.fingerprint,
             "pipelines": list(self.pipelines),
             "devices": {name: p.cfg.device for name, p in self.pipelines.items()},
-            "gpu_cache_rows": self.gpu_features.current.cached_rows if self.gpu_features is not None else 0,
+            "gpu_cache_rows": (getattr(self.gpu_features.current, "cached_rows", None)
+                               if self.gpu_features is not None else 0),
+            "placement_plan": str(self.cfg.gpu_memory.placement_plan) if self.plan is not None else None,
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "policy": self.policy.name if self.policy else None,
             "max_batch_psgs": "inf" if math.isinf(self.batcher_cfg.max_batch_psgs) else self.batcher_cfg.max_batch_psgs,

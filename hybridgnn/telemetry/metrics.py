@@ -19,7 +19,7 @@ LATENCY_BUCKETS = (
 )
 ROUTING_REASONS = ("threshold", "only", "spill", "fallback")
 PIPELINES = ("cpu", "gpu")
-FEATURE_TIERS = ("gpu", "host")
+FEATURE_TIERS = ("gpu", "peer_gpu", "host", "disk", "remote")
 # Codes the dashboards and alert rules select on; created at zero so ratios exist before the first error.
 PREDECLARED_CODES = ("200", "400", "404", "409", "413", "429", "500", "503")
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -126,3 +126,32 @@ def test_hybrid_engine_on_cuda(tiny_dataset, tiny_model):
             await engine.stop()
 
     asyncio.run(scenario())
+
+
+def test_tiered_store_on_cuda_reads_every_tier_exactly(tmp_path):
+    from hybridgnn.features.gather import TieredFeatureStore
+    from hybridgnn.features.placement import fap_plan
+    from hybridgnn.features.topology import Topology
+
+    gpus = torch.cuda.device_count()
+    rng = np.random.default_rng(0)
+    feats = rng.standard_normal((2000, 16)).astype(np.float32)
+    topo = Topology(gpus_per_server=gpus, nvlink_cliques=1, gpu_memory_bytes=200 * 64, host_memory_bytes=800 * 64)
+    plan = fap_plan(rng.pareto(1.2, 2000), topo, 64)
+    dg_views = []
+
+    def host_view(array):
+        from hybridgnn.graph.uva import HostRegistration, uva_view
+
+        reg = HostRegistration()
+        assert reg.register(array)
+        dg_views.append(reg)
+        return uva_view(array, torch.device("cuda", 0))
+
+    store = TieredFeatureStore(feats, plan, device="cuda:0", gpu=0, plan_dir=tmp_path, host_view=host_view)
+    ids = rng.integers(0, 2000, 5000)
+    rows, tiers = store.gather_counted(ids)
+    assert rows.is_cuda and torch.equal(rows.cpu(), torch.from_numpy(feats[ids]))
+    assert tiers["gpu"] > 0 and tiers["host"] > 0 and tiers["disk"] > 0
+    for reg in dg_views:
+        reg.release()

@@ -1,0 +1,143 @@
+"""A feature store laid out by a placement plan, for one server and one requesting device
+(DESIGN §5): given node ids, one [n, F] tensor on that device.
+
+Stores, built once from the dataset's feature matrix and the plan:
+  gpu:k   rows the plan puts on GPU k of this server's clique(s) (device memory of that
+          GPU); the requesting GPU reads its own with index_select and a peer's with an
+          index_select on the peer followed by a device-to-device copy (over NVLink where
+          the GPUs are peers; no host staging)
+  host    rows in pinned host memory, read by the requesting GPU zero-copy over UVA
+  disk    rows in a memory-mapped file beside the plan, read through the page cache
+  remote  rows another server owns: this build has no RDMA transport, so they are read
+          from the local dataset copy (every replica has one) and counted as remote
+Ids are sorted within each store before reading, for locality. On a CPU device every
+store is a CPU tensor (how CI runs it, and how the CPU pipeline uses a plan).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hybridgnn.features.placement import DISK, EVERY, GPU, HOST, Plan
+from hybridgnn.features.store import host_tensor
+
+
+class TieredFeatureStore:
+    def __init__(self, features: np.ndarray, plan: Plan, *, device: str | torch.device = "cpu", server: int = 0,
+                 gpu: int = 0, plan_dir: str | Path | None = None, host_view=None, gpu_tiers: bool = True):
+        """gpu: the requesting GPU's index in this server (its clique is gpu // per-clique,
+        its slot gpu % per-clique). host_view(array) -> device-readable tensor over pinned
+        memory (graph/uva.py) for CUDA; None reads host rows as CPU tensors. gpu_tiers=False
+        (a CPU pipeline): rows the plan puts on GPUs are read from the dataset in host memory."""
+        features = np.asarray(features)
+        if plan.num_nodes != features.shape[0]:
+            raise ValueError(f"plan covers {plan.num_nodes} nodes, the dataset has {features.shape[0]}")
+        topo = plan.topology
+        if not 0 <= server < topo.servers:
+            raise ValueError(f"server must be within [0, {topo.servers}), got {server}")
+        self.device = torch.device(device)
+        self.feature_dim = int(features.shape[1])
+        self.plan = plan
+        per_clique = max(1, topo.gpus_per_clique)
+        my_clique, my_slot = gpu // per_clique, gpu % per_clique
+        here = (plan.server == server) | (plan.server == EVERY)
+        self.names: list[str] = []
+        self.stores: list[torch.Tensor] = []
+        code = np.full(plan.num_nodes, -1, dtype=np.int16)
+        local_row = np.zeros(plan.num_nodes, dtype=np.int64)
+        table = host_tensor(features)
+
+        self._keep: list[np.ndarray] = []  # host buffers the device reads over UVA
+
+        def add(name: str, mask: np.ndarray, tensor_for) -> None:
+            nodes = np.flatnonzero(mask)
+            if nodes.size == 0:
+                return
+            nodes = nodes[np.lexsort((nodes, plan.row[nodes]))]  # the store's rows, in plan order
+            code[nodes] = len(self.stores)
+            local_row[nodes] = np.arange(nodes.size)
+            self.names.append(name)
+            self.stores.append(tensor_for(nodes))
+
+        def pinned(ids: np.ndarray) -> torch.Tensor:
+            rows = np.ascontiguousarray(features[ids])
+            if host_view is None:
+                return torch.from_numpy(rows)
+            self._keep.append(rows)
+            return host_view(rows)
+
+        def add_table(name: str, mask: np.ndarray) -> None:
+            """Rows read straight from the dataset matrix (no copy): row = node id."""
+            if not mask.any():
+                return
+            code[mask] = len(self.stores)
+            local_row[mask] = np.flatnonzero(mask)
+            self.names.append(name)
+            self.stores.append(table)
+
+        on_gpu = here & (plan.tier == GPU)
+        cuda = self.device.type == "cuda"
+        if not gpu_tiers:  # a CPU pipeline reads GPU- and host-tier rows in place
+            add_table("host", on_gpu | (here & (plan.tier == HOST)))
+            on_gpu = np.zeros_like(on_gpu)
+        for g in [gpu] + [g for g in range(topo.gpus_per_server) if g != gpu]:  # own GPU first
+            c, k = g // per_clique, g % per_clique
+            mine = on_gpu & ((plan.clique == c) | (plan.clique == EVERY)) & ((plan.gpu == k) | (plan.gpu == EVERY))
+            target = torch.device("cuda", g) if cuda else self.device
+            add("gpu" if g == gpu else f"peer{g}", mine & (code < 0),
+                lambda ids, t=target: torch.index_select(table, 0, torch.from_numpy(ids)).to(t))
+        add("host", here & (plan.tier == HOST) & (code < 0), pinned)
+        add("disk", here & (plan.tier == DISK), lambda ids: self._disk_rows(features, ids, plan_dir, server))
+        add_table("remote", code < 0)  # owned by another server: read from the local dataset copy
+        self.code = torch.from_numpy(code).to(self.device)
+        self.local_row = torch.from_numpy(local_row).to(self.device)
+        self.bytes_by_store = {n: int(t.numel() * t.element_size()) for n, t in zip(self.names, self.stores)
+                               if t is not table}  # the dataset matrix itself is no copy
+
+    @staticmethod
+    def _disk_rows(features: np.ndarray, ids: np.ndarray, plan_dir, server: int) -> torch.Tensor:
+        """The disk tier as a memory-mapped .npy beside the plan (written once per row set)."""
+        if plan_dir is None:
+            return host_tensor(features)[torch.from_numpy(ids)]
+        import hashlib
+
+        digest = hashlib.sha256(ids.tobytes()).hexdigest()[:12]  # which rows, in which order
+        path = Path(plan_dir) / f"disk-server{server}-{digest}.npy"
+        if not path.is_file() or np.load(path, mmap_mode="r").shape != (ids.size, features.shape[1]):
+            tmp = path.with_name(path.name + ".tmp.npy")
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=features.dtype, shape=(ids.size, features.shape[1]))
+            for lo in range(0, ids.size, 1 << 16):
+                out[lo:lo + (1 << 16)] = features[ids[lo:lo + (1 << 16)]]
+            out.flush()
+            del out
+            tmp.replace(path)
+        return host_tensor(np.load(path, mmap_mode="r"))
+
+    def gather_counted(self, node_ids) -> tuple[torch.Tensor, dict[str, int]]:
+        ids = torch.as_tensor(node_ids, dtype=torch.int64)
+        dev_ids = ids.to(self.device, non_blocking=True)
+        code = self.code[dev_ids]
+        rows = self.local_row[dev_ids]
+        out = torch.empty((ids.shape[0], self.feature_dim), dtype=self.stores[0].dtype if self.stores else
+                          torch.float32, device=self.device)
+        counts = {}
+        for s, (name, store) in enumerate(zip(self.names, self.stores)):
+            pos = torch.nonzero(code == s).squeeze(1)
+            if pos.numel() == 0:
+                continue
+            want, order = torch.sort(rows[pos])
+            where = pos[order]
+            values = torch.index_select(store, 0, want.to(store.device))
+            out[where] = values.to(self.device, non_blocking=True)
+            tier = "peer_gpu" if name.startswith("peer") else name
+            counts[tier] = counts.get(tier, 0) + int(pos.numel())
+        return out, counts
+
+    def gather(self, node_ids) -> torch.Tensor:
+        return self.gather_counted(node_ids)[0]
+
+    def rows_by_tier(self, node_ids) -> dict[str, int]:
+        return self.gather_counted(node_ids)[1]
