@@ -238,7 +238,10 @@ class Engine:
                                   order=order, host_table=self._host_table)
 
     def count_seeds(self, seeds: np.ndarray) -> None:
-        np.add.at(self.seed_counts, seeds, 1)
+        """Count requested seeds of the stored graph (nodes added by updates are not counted:
+        placement plans cover the stored graph)."""
+        n = self.seed_counts.shape[0]
+        np.add.at(self.seed_counts, seeds[seeds < n] if seeds.size and seeds.max() >= n else seeds, 1)
 
     def save_seed_log(self, path) -> None:
         """Write the per-node request counts (atomically) for `hybridgnn place --from-log`."""

@@ -127,7 +127,7 @@ def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path)
     with pytest.raises(ProfileMismatch, match="dataset"):
         again.check_matches("0000", tiny_model, (5, 3))
     pol = again.policy("slo:500")
-    assert pol.max_batch_psgs > 0 and pol.predicted_p99_s <= 0.5
+    assert pol.max_batch_psgs > 0 and pol.predicted_p99_s <= 0.5 + 1e-9
     assert again.policy("latency").psgs_threshold >= 0
     with pytest.raises(ValueError, match="policy must be"):
         again.policy("fastest")
