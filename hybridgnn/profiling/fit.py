@@ -178,11 +178,13 @@ class SLOChoice:
 def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, mean_seed_psgs: float, *,
                    batching_wait_s: float = 0.0, lo: float = 1.0, hi: float = 1e7,
                    tail: bool = True) -> SLOChoice:
-    """Per device, the largest batch PSGS whose predicted p99 (tail=True; the mean curve
-    with tail=False, Quiver's "PSGS-loose") plus the batching wait stays within the SLO;
-    the batcher may form batches up to the largest of these, the CPU takes batches up to
-    the latency-preferred crossing (or its own limit, if lower), the GPU the rest."""
-    budget = slo_s - batching_wait_s
+    """Per device, the largest batch PSGS x whose latency bound fits the SLO: a request
+    that arrives while every worker is busy waits for a running batch (up to one batch
+    time) and then runs in its own, so 2·latency(x) + the batching wait <= SLO, with
+    latency the p99 curve (tail=True) or the mean curve (tail=False, Quiver's
+    "PSGS-loose"). The batcher may form batches up to the largest of these, the CPU takes
+    batches up to the latency-preferred crossing (or its own limit, if lower), the GPU the rest."""
+    budget = (slo_s - batching_wait_s) / 2
     if budget <= 0:
         raise ValueError(f"an SLO of {slo_s * 1e3:.1f} ms leaves nothing after {batching_wait_s * 1e3:.1f} ms "
                          "of batching wait")
@@ -201,5 +203,5 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, mean_seed_psg
     else:
         threshold = math.inf if "cpu" in devices else 0.0
     seeds = sum(capacity(d, limits[n], mean_seed_psgs) for n, d in devices.items() if limits[n] > 0)
-    p99 = max(float(d.tail(limits[n])) for n, d in devices.items() if limits[n] > 0) + batching_wait_s
+    p99 = 2 * max(float(d.tail(limits[n])) for n, d in devices.items() if limits[n] > 0) + batching_wait_s
     return SLOChoice(slo_s, threshold, max_batch, limits, seeds, p99)
