@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--slo-ms", type=float, default=20.0)
     ap.add_argument("--nodes-per-request", type=int, default=16)
     ap.add_argument("--duration-s", type=float, default=10.0)
+    ap.add_argument("--load-fraction", type=float, default=0.8, help="offered load as a share of the prediction")
     ap.add_argument("--max-rate", type=float, default=1500.0, help="requests/s the load generator may offer")
     ap.add_argument("--profile", type=Path, default=None)
     ap.add_argument("--heavy", action="store_true", help="products-scale graph and a 3-layer SAGE of width 256")
@@ -77,13 +78,14 @@ def main() -> None:
     prof = Profile.load(path)
     strict = prof.policy(f"slo:{args.slo_ms:g}", batching_wait_s=0.002)
     fixed_seeds = max(1, int(strict.max_batch_psgs / prof.mean_seed_psgs))
-    rate = min(0.8 * strict.predicted_seeds_per_s / args.nodes_per_request, args.max_rate)
+    rate = min(args.load_fraction * strict.predicted_seeds_per_s / args.nodes_per_request, args.max_rate)
     configs = {
         "psgs_strict": ["--profile", str(path), "--policy", f"slo:{args.slo_ms:g}"],
         "psgs_loose": ["--profile", str(path), "--policy", f"slo-mean:{args.slo_ms:g}"],
         "fixed_batch": ["--max-batch-seeds", str(fixed_seeds)],
     }
     report = {"machine": machine(), "slo_ms": args.slo_ms, "offered_rps": round(rate, 1),
+              "load_fraction": args.load_fraction,
               "nodes_per_request": args.nodes_per_request, "fixed_batch_seeds": fixed_seeds,
               "strict_predicted_seeds_per_s": round(strict.predicted_seeds_per_s), "results": {}}
     for name, extra in configs.items():
