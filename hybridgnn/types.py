@@ -12,8 +12,20 @@ import numpy as np
 import torch
 
 
+class _SubgraphSize:
+    """Sizes both subgraph layouts report the same way."""
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_ids.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_index.shape[1])
+
+
 @dataclass
-class SampledSubgraph:
+class SampledSubgraph(_SubgraphSize):
     """A K-hop sample around a set of seeds, in PyG's layout.
 
     node_ids holds unique global ids, the (deduplicated) seeds first, then the nodes first
@@ -29,16 +41,30 @@ class SampledSubgraph:
     num_sampled_edges: np.ndarray
     seed_index: np.ndarray
 
-    @property
-    def num_nodes(self) -> int:
-        return int(self.node_ids.shape[0])
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.edge_index.shape[1])
-
     def edge_index_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         return torch.from_numpy(self.edge_index).to(device, non_blocking=True)
+
+
+@dataclass
+class TensorSubgraph(_SubgraphSize):
+    """SampledSubgraph's fields as tensors on one device (counts stay on the host: the
+    model's per-layer trimming needs them as Python ints)."""
+
+    node_ids: torch.Tensor
+    edge_index: torch.Tensor
+    num_sampled_nodes: list[int]
+    num_sampled_edges: list[int]
+    seed_index: torch.Tensor
+
+    def edge_index_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
+        return self.edge_index.to(device, non_blocking=True)
+
+    def to_numpy(self) -> SampledSubgraph:
+        return SampledSubgraph(
+            node_ids=self.node_ids.cpu().numpy(), edge_index=self.edge_index.cpu().numpy(),
+            num_sampled_nodes=np.asarray(self.num_sampled_nodes, dtype=np.int64),
+            num_sampled_edges=np.asarray(self.num_sampled_edges, dtype=np.int64),
+            seed_index=self.seed_index.cpu().numpy())
 
 
 @dataclass

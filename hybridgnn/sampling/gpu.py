@@ -15,43 +15,11 @@ reached them; local edge_index ordered by hop), held as tensors on the sampler's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from hybridgnn.sampling.cpu import _mix_seed
-from hybridgnn.types import SampledSubgraph
-
-
-@dataclass
-class TensorSubgraph:
-    """SampledSubgraph's fields as tensors on one device (counts stay on the host: the
-    model's per-layer trimming needs them as Python ints)."""
-
-    node_ids: torch.Tensor
-    edge_index: torch.Tensor
-    num_sampled_nodes: list[int]
-    num_sampled_edges: list[int]
-    seed_index: torch.Tensor
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.node_ids.shape[0])
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.edge_index.shape[1])
-
-    def edge_index_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
-        return self.edge_index.to(device, non_blocking=True)
-
-    def to_numpy(self) -> SampledSubgraph:
-        return SampledSubgraph(
-            node_ids=self.node_ids.cpu().numpy(), edge_index=self.edge_index.cpu().numpy(),
-            num_sampled_nodes=np.asarray(self.num_sampled_nodes, dtype=np.int64),
-            num_sampled_edges=np.asarray(self.num_sampled_edges, dtype=np.int64),
-            seed_index=self.seed_index.cpu().numpy())
+from hybridgnn.types import TensorSubgraph
 
 
 def floyd_positions(degrees: torch.Tensor, fanout: int, generator: torch.Generator) -> torch.Tensor:

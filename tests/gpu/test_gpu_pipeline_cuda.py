@@ -101,31 +101,18 @@ def test_device_executor_matches_cpu_and_workers_use_their_own_streams(tiny_data
 
 
 def test_hybrid_engine_on_cuda(tiny_dataset, tiny_model):
-    from aiohttp.test_utils import TestClient, TestServer
-
     from hybridgnn.config import PipelineConfig, RouterConfig, SamplingConfig, ServeConfig
-    from hybridgnn.serving.app import build_app
-    from hybridgnn.serving.engine import Engine
+    from tests.unit.engine_client import body, counter, with_client
 
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
                       gpu_pipeline=PipelineConfig(name="gpu", device="cuda"), router=RouterConfig(0.0))
 
-    async def scenario():
-        engine = Engine(cfg)
-        await engine.start()
-        client = TestClient(TestServer(build_app(engine)))
-        await client.start_server()
-        try:
-            r = await client.post("/v2/models/hybridgnn/infer", json={"inputs": [
-                {"name": "node_ids", "shape": [3], "datatype": "INT64", "data": [1, 2, 3]}]})
-            assert r.status == 200
-            metrics = await (await client.get("/metrics")).text()
-            assert 'hybridgnn_routing_decisions_total{pipeline="gpu",reason="threshold"} 1.0' in metrics
-        finally:
-            await client.close()
-            await engine.stop()
+    async def scenario(engine, client):
+        assert (await client.post("/v2/models/hybridgnn/infer", json=body([1, 2, 3]))).status == 200
+        metrics = await (await client.get("/metrics")).text()
+        assert counter(metrics, "hybridgnn_routing_decisions_total", pipeline="gpu", reason="threshold") == 1
 
-    asyncio.run(scenario())
+    asyncio.run(with_client(cfg, scenario))
 
 
 def test_tiered_store_on_cuda_reads_every_tier_exactly(tmp_path):

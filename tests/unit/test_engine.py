@@ -4,28 +4,15 @@ provoke in a subprocess."""
 import asyncio
 
 import numpy as np
-from aiohttp.test_utils import TestClient, TestServer
 
 from hybridgnn.config import BatcherConfig, SamplingConfig, ServeConfig
 from hybridgnn.pipelines.executor import BatchExecutor
-from hybridgnn.serving.app import build_app
 from hybridgnn.serving.engine import Engine
+from tests.unit.engine_client import body, with_client
 
 
-def body(ids):
-    return {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]}
 
 
-async def with_client(cfg, fn):
-    engine = Engine(cfg)
-    await engine.start()
-    client = TestClient(TestServer(build_app(engine)))
-    await client.start_server()
-    try:
-        return await fn(engine, client)
-    finally:
-        await client.close()
-        await engine.stop()
 
 
 def test_a_failing_batch_answers_500_and_the_server_lives_on(tiny_dataset, tiny_model, monkeypatch):

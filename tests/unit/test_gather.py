@@ -67,13 +67,10 @@ def test_cpu_pipeline_view_reads_gpu_rows_from_host_and_disk_tier_is_memory_mapp
 
 
 def test_server_answers_through_a_placement_plan(tiny_dataset, tiny_model, tmp_path):
-    from aiohttp.test_utils import TestClient, TestServer
-
     from hybridgnn.config import DeviceMemoryConfig, PipelineConfig, RouterConfig, SamplingConfig, ServeConfig
     from hybridgnn.graph.store import GraphStore
-    from hybridgnn.serving.app import build_app
-    from hybridgnn.serving.engine import Engine
     from hybridgnn.workload.tables import WorkloadTables
+    from tests.unit.engine_client import body, with_client
 
     graph = GraphStore.open(tiny_dataset)
     row = graph.feature_dim * 4
@@ -83,25 +80,15 @@ def test_server_answers_through_a_placement_plan(tiny_dataset, tiny_model, tmp_p
                       gpu_pipeline=PipelineConfig(name="gpu", device="cpu"), router=RouterConfig(20.0),
                       gpu_memory=DeviceMemoryConfig(placement_plan=plan_dir))
 
-    async def scenario():
-        engine = Engine(cfg)
-        await engine.start()
-        client = TestClient(TestServer(build_app(engine)))
-        await client.start_server()
-        try:
-            for ids in ([1], list(range(100, 160))):
-                r = await client.post("/v2/models/hybridgnn/infer", json={"inputs": [
-                    {"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]})
-                assert r.status == 200
-            text = await (await client.get("/metrics")).text()
-            for tier in ("gpu", "peer_gpu", "host", "disk"):
-                assert f'hybridgnn_gathered_rows_total{{pipeline="gpu",tier="{tier}"}}' in text
-            meta = await (await client.get("/v2/models/hybridgnn")).json()
-            assert meta["parameters"]["placement_plan"] == str(plan_dir)
-            with pytest.raises(LookupError, match="fixed placement plan"):
-                await engine.refresh_placement()
-        finally:
-            await client.close()
-            await engine.stop()
+    async def scenario(engine, client):
+        for ids in ([1], list(range(100, 160))):
+            assert (await client.post("/v2/models/hybridgnn/infer", json=body(ids))).status == 200
+        text = await (await client.get("/metrics")).text()
+        for tier in ("gpu", "peer_gpu", "host", "disk"):
+            assert f'hybridgnn_gathered_rows_total{{pipeline="gpu",tier="{tier}"}}' in text
+        meta = await (await client.get("/v2/models/hybridgnn")).json()
+        assert meta["parameters"]["placement_plan"] == str(plan_dir)
+        with pytest.raises(LookupError, match="fixed placement plan"):
+            await engine.refresh_placement()
 
-    asyncio.run(scenario())
+    asyncio.run(with_client(cfg, scenario))

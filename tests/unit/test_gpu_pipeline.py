@@ -6,7 +6,6 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from aiohttp.test_utils import TestClient, TestServer
 
 from hybridgnn.config import DeviceMemoryConfig, PipelineConfig, RouterConfig, SamplingConfig, ServeConfig, parse_bytes
 from hybridgnn.features.store import CachedFeatureStore, HostFeatureStore, hottest_first
@@ -17,8 +16,7 @@ from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
-from hybridgnn.serving.app import build_app
-from hybridgnn.serving.engine import Engine
+from tests.unit.engine_client import body, counter, with_client
 
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
 
@@ -61,28 +59,10 @@ def emulated(tiny_dataset, tiny_model, threshold, **kw):
                        gpu_memory=DeviceMemoryConfig(cache_bytes=16 * 1024), router=RouterConfig(threshold), **kw)
 
 
-def body(ids):
-    return {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]}
 
 
-async def with_client(cfg, fn):
-    engine = Engine(cfg)
-    await engine.start()
-    client = TestClient(TestServer(build_app(engine)))
-    await client.start_server()
-    try:
-        return await fn(engine, client)
-    finally:
-        await client.close()
-        await engine.stop()
 
 
-def counter(metrics: str, name: str, **labels) -> float:
-    want = ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}") if labels else ""
-    for line in metrics.splitlines():
-        if line.startswith(name + want + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name}{want} not in metrics")
 
 
 def test_batches_route_by_psgs_threshold(tiny_dataset, tiny_model):
