@@ -36,6 +36,27 @@ def _below(state, n):
     return np.int64((_next_u64(state) >> np.uint64(32)) * np.uint64(n) >> np.uint64(32))
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _choose(deg, fanout, state, chosen):
+    """Positions of the neighbours to take into chosen[:m]; returns m = min(deg, fanout).
+    All of them when deg <= fanout, else a uniform fanout-subset by Floyd's algorithm."""
+    m = 0
+    if deg <= fanout:
+        for t in range(deg):
+            chosen[m] = t
+            m += 1
+        return m
+    for t in range(deg - fanout, deg):
+        r = _below(state, t + 1)
+        for q in range(m):
+            if chosen[q] == r:
+                r = t
+                break
+        chosen[m] = r
+        m += 1
+    return m
+
+
 @numba.njit(nogil=True, cache=True)
 def _grow(arr, need):
     if arr.shape[0] >= need:
@@ -61,20 +82,7 @@ def _patched_row(indptr, indices, slot, row_start, row_len, pool, u):
 def _expand_patched(row, start, deg, fanout, j, nodes, n, src, dst, e, local, state, chosen):
     """The kernel's per-node step for a row read through the patch table (the rare path,
     kept out of line so the base path's loop stays as tight as before). Returns (n, e)."""
-    m = 0
-    if deg <= fanout:
-        for t in range(deg):
-            chosen[m] = t
-            m += 1
-    else:
-        for t in range(deg - fanout, deg):
-            r = _below(state, t + 1)
-            for q in range(m):
-                if chosen[q] == r:
-                    r = t
-                    break
-            chosen[m] = r
-            m += 1
+    m = _choose(deg, fanout, state, chosen)
     for q in range(m):
         v = np.int64(row[start + chosen[q]])
         if local[v] < 0:
@@ -151,15 +159,7 @@ def sample_khop(indptr, indices, seeds, fanouts, local, state, slot, row_start, 
                     dst[e] = j
                     e += 1
             else:
-                m = 0
-                for t in range(deg - fanout, deg):
-                    r = _below(state, t + 1)
-                    for q in range(m):
-                        if chosen[q] == r:
-                            r = t
-                            break
-                    chosen[m] = r
-                    m += 1
+                m = _choose(deg, fanout, state, chosen)
                 for q in range(m):
                     v = indices[start + chosen[q]]
                     if local[v] < 0:
@@ -259,20 +259,7 @@ def sample_khop_overlay(indptr, indices, seeds, fanouts, local, state, ov_nodes,
                     dst[e] = j
                     e += 1
                 continue
-            m = 0
-            if deg <= fanout:
-                for t in range(deg):
-                    chosen[m] = t
-                    m += 1
-            else:
-                for t in range(deg - fanout, deg):
-                    r = _below(state, t + 1)
-                    for q in range(m):
-                        if chosen[q] == r:
-                            r = t
-                            break
-                    chosen[m] = r
-                    m += 1
+            m = _choose(deg, fanout, state, chosen)
             for q in range(m):
                 v = _neighbour(indptr, indices, ov_indptr, ov_indices, u, bd, sl, chosen[q])
                 if local[v] < 0:

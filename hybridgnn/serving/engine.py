@@ -477,7 +477,10 @@ class Engine:
     def _dispatch(self, batch: Batch) -> None:
         try:
             self.count_seeds(batch.seeds)
-            batch.psgs = self.tables.batch_psgs(batch.seeds)
+            # Requests carry their PSGS (always >= 1 per seed) when the batcher bounds it: no
+            # second lookup, unless a request was admitted before a bound was set.
+            batch.psgs = (sum(r.psgs for r in batch.requests) if all(r.psgs > 0 for r in batch.requests)
+                          else self.tables.batch_psgs(batch.seeds))
             plan = self.router.route(batch.psgs, {n: p.load() for n, p in self.pipelines.items()})
             self._submit_to(batch, plan)
         except Exception as exc:
