@@ -36,3 +36,18 @@ def ensure_graph(path: Path, generate_args: list[str]) -> dict:
                     "powerlaw", "--out", str(path), *generate_args], check=True)
     rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"generate_s": time.perf_counter() - t0, "peak_rss_gib": rss_kib / 2**20}
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each named thread of a process, summed by name (Linux)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out

@@ -267,6 +267,12 @@ class PolicyConfig:
     adapt_interval_s: float = 10.0
     adapt_min_batches: int = 200
     adapt_max_step: float = 2.0
+    # What slo:<ms> assumes beyond the profile (profiling/queueing.py): seeds per request
+    # (--adapt replaces it with the live mean), the event loop's CPU per request, and CPU
+    # per request that other processes on these cores spend (a load generator beside it).
+    request_seeds: float = 8.0
+    frontend_cpu_us: float = 500.0
+    colocated_cpu_us: float = 0.0
 
     def __post_init__(self):
         if not (self.policy in ("latency", "throughput", "cpu", "gpu")
@@ -276,6 +282,15 @@ class PolicyConfig:
             raise ValueError("--adapt needs a --profile to start from")
         if self.adapt_interval_s <= 0 or self.adapt_min_batches < 1 or self.adapt_max_step <= 1:
             raise ValueError("adapt_interval_s > 0, adapt_min_batches >= 1 and adapt_max_step > 1 needed")
+        if self.request_seeds < 1 or self.frontend_cpu_us < 0 or self.colocated_cpu_us < 0:
+            raise ValueError("request_seeds >= 1, frontend_cpu_us >= 0 and colocated_cpu_us >= 0 needed, got "
+                             f"{self.request_seeds}, {self.frontend_cpu_us}, {self.colocated_cpu_us}")
+
+    def serving_load(self, request_seeds: float | None = None):
+        from hybridgnn.profiling.queueing import ServingLoad
+
+        return ServingLoad(request_seeds=request_seeds or self.request_seeds,
+                           frontend_cpu_s=self.frontend_cpu_us * 1e-6, colocated_cpu_s=self.colocated_cpu_us * 1e-6)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,14 @@ def add_parser(sub) -> None:
     p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, lambda v: v not in ("0", "")),
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
+    p.add_argument("--request-seeds", type=float, default=env_default("REQUEST_SEEDS", 8.0, float),
+                   help="slo:<ms> assumes requests of this many seeds on average (--adapt uses the live mean)")
+    p.add_argument("--frontend-cpu-us", type=float, default=env_default("FRONTEND_CPU_US", 500.0, float),
+                   help="slo:<ms> charges each request this much event-loop CPU (microseconds), which slows "
+                        "the CPU pipeline as load grows")
+    p.add_argument("--colocated-cpu-us", type=float, default=env_default("COLOCATED_CPU_US", 0.0, float),
+                   help="CPU per request (microseconds) spent by other processes on these cores, e.g. a load "
+                        "generator on the same machine; slo:<ms> leaves it to them")
     p.add_argument("--seed-log", type=Path, default=env_default("SEED_LOG", None, Path),
                    help="write per-node request counts here (a .counts.npy, every 60 s and at stop) for "
                         "`hybridgnn place --from-log`")
@@ -144,7 +152,9 @@ def build_config(args) -> ServeConfig:
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement,
                                       placement_plan=args.placement, placement_server=args.placement_server),
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
-        policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt),
+        policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt,
+                            request_seeds=args.request_seeds, frontend_cpu_us=args.frontend_cpu_us,
+                            colocated_cpu_us=args.colocated_cpu_us),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
                             max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,
                             shutdown_grace_s=args.shutdown_grace_s, unready_delay_s=args.unready_delay_s,

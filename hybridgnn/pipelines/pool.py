@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Callable
 
+from hybridgnn.capabilities import name_os_thread
 from hybridgnn.config import PipelineConfig
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.types import Batch, BatchResult, QueueLoad, RoutePlan, StageTimings
@@ -57,6 +58,7 @@ class Pipeline:
         self._queue.put((batch, plan))
 
     def _work(self, executor: BatchExecutor) -> None:
+        name_os_thread(threading.current_thread().name)
         while True:
             item = self._queue.get()
             if item is None:

@@ -91,12 +91,35 @@ class Curve:
 
 @dataclass
 class DeviceCurves:
+    """A pipeline's curves, its workers, the cores those workers keep busy (0 for a device
+    pipeline, whose work the front end's CPU use does not slow) and its measured service
+    spread: raw seconds ÷ the mean curve at the batch's PSGS (None: derived from the curves)."""
+
     mean: Curve
     tail: Curve
     workers: int
+    cores_used: float = 0.0
+    ratios: np.ndarray | None = None
 
     def get(self, which: str) -> Curve:
         return self.mean if which == "mean" else self.tail
+
+    def service_ratios(self, n: int = 512) -> np.ndarray:
+        """Service time ÷ mean: the measured ratios, else a log-normal whose 99th
+        percentile is the tail curve's ratio to the mean at the middle knot."""
+        if self.ratios is not None and len(self.ratios):
+            return np.asarray(self.ratios, dtype=np.float64)
+        mid = self.mean.psgs[len(self.mean.psgs) // 2]
+        spread = max(float(self.tail(mid)) / max(float(self.mean(mid)), 1e-12), 1.0)
+        sigma = math.log(spread) / 2.326
+        z = np.random.default_rng(0).standard_normal(n)
+        return np.exp(sigma * z - sigma**2 / 2)
+
+    def model(self, tail: bool = True):
+        from hybridgnn.profiling.queueing import PipelineModel
+
+        ratios = self.service_ratios() if tail else np.ones(1)
+        return PipelineModel(self.mean.psgs, self.mean.seconds, ratios, self.workers, self.cores_used)
 
 
 @dataclass
@@ -165,8 +188,8 @@ class SLOChoice:
     slo_s: float
     psgs_threshold: float
     max_batch_psgs: float
-    pipeline_limits: dict[str, float]  # largest batch PSGS each pipeline finishes within the SLO
-    predicted_seeds_per_s: float
+    pipeline_limits: dict[str, float]  # largest batch PSGS each pipeline takes
+    predicted_seeds_per_s: float  # the highest load whose simulated p99 fits the SLO
     predicted_p99_s: float
 
     def to_dict(self) -> dict:
@@ -175,33 +198,58 @@ class SLOChoice:
         return d
 
 
-def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, mean_seed_psgs: float, *,
-                   batching_wait_s: float = 0.0, lo: float = 1.0, hi: float = 1e7,
-                   tail: bool = True) -> SLOChoice:
-    """Per device, the largest batch PSGS x whose latency bound fits the SLO: a request
-    that arrives while every worker is busy waits for a running batch (up to one batch
-    time) and then runs in its own, so 2·latency(x) + the batching wait <= SLO, with
-    latency the p99 curve (tail=True) or the mean curve (tail=False, Quiver's
-    "PSGS-loose"). The batcher may form batches up to the largest of these, the CPU takes
-    batches up to the latency-preferred crossing (or its own limit, if lower), the GPU the rest."""
-    budget = (slo_s - batching_wait_s) / 2
-    if budget <= 0:
+def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
+                   batching_wait_s: float = 0.0, lo: float = 1.0, hi: float = 1e7, tail: bool = True,
+                   load=None) -> SLOChoice:
+    """Per device, the batch PSGS bound that maximises the request rate whose p99 stays
+    within the SLO under open-loop Poisson load, found by simulating the batcher and the
+    workers (profiling/queueing.py) with service times from the profile: the mean curve
+    times the measured spread (tail=True, "PSGS-strict"), or the mean curve alone
+    (tail=False, Quiver's "PSGS-loose"). The front end's CPU per request slows CPU
+    pipelines as load grows (`load`, a ServingLoad). Device pipelines are chosen first;
+    CPU pipelines are then charged the front-end cost of every request, theirs and the
+    devices'. The CPU takes batches up to the latency-preferred crossing (or its own bound,
+    if lower), the GPU the rest; the batcher forms batches up to the largest bound.
+    seed_psgs: per-seed PSGS values requests are drawn from (a float: all seeds alike)."""
+    from hybridgnn.profiling.queueing import ServingLoad, Simulator, best_bound
+
+    load = load or ServingLoad()
+    seed_psgs = np.atleast_1d(np.asarray(seed_psgs, dtype=np.float64))
+    if slo_s <= batching_wait_s:
         raise ValueError(f"an SLO of {slo_s * 1e3:.1f} ms leaves nothing after {batching_wait_s * 1e3:.1f} ms "
                          "of batching wait")
     stat = "tail" if tail else "mean"
-    limits = {name: d.get(stat).max_psgs_within(budget) for name, d in devices.items()}
-    if max(limits.values()) <= 0:
+    limits: dict[str, float] = {}
+    rates: dict[str, float] = {}
+    p99s: dict[str, float] = {}
+    other_rps = 0.0
+    for name in sorted(devices, key=lambda n: devices[n].cores_used > 0):  # device pipelines first
+        d = devices[name]
+        ceiling = d.get(stat).max_psgs_within(slo_s - batching_wait_s - load.frontend_cpu_s)
+        if ceiling <= 0:
+            continue
+        sim = Simulator(d.model(tail), seed_psgs, load, batching_wait_s=batching_wait_s, background_rps=other_rps)
+        floor = min(sim.mean_request_psgs, ceiling)
+        choice = best_bound(sim, slo_s, floor, ceiling)
+        if choice.requests_per_s <= 0:
+            continue
+        limits[name], rates[name], p99s[name] = choice.bound, choice.requests_per_s, choice.p99_s
+        other_rps += choice.requests_per_s
+    if not limits:
         fastest = min(devices, key=lambda n: float(devices[n].get(stat)(lo)))
         raise ValueError(f"no batch meets a p99 of {slo_s * 1e3:.1f} ms on any device (the smallest measured "
-                         f"batch takes {float(devices[fastest].get(stat)(lo)) * 1e3:.1f} ms on {fastest})")
+                         f"batch takes {float(devices[fastest].get(stat)(lo)) * 1e3:.1f} ms on {fastest}, and "
+                         "requests queue behind one another)")
+    for name in devices:
+        limits.setdefault(name, 0.0)
     max_batch = max(limits.values())
     if set(devices) == {"cpu", "gpu"}:
-        cross, kind = crossing(devices["cpu"].tail, devices["gpu"].tail, lo, hi)
+        cross, _ = crossing(devices["cpu"].tail, devices["gpu"].tail, lo, hi)
         threshold = min(cross, limits["cpu"]) if limits["cpu"] > 0 else 0.0
         if limits["gpu"] <= 0:
             threshold = math.inf
     else:
         threshold = math.inf if "cpu" in devices else 0.0
-    seeds = sum(capacity(d, limits[n], mean_seed_psgs) for n, d in devices.items() if limits[n] > 0)
-    p99 = 2 * max(float(d.tail(limits[n])) for n, d in devices.items() if limits[n] > 0) + batching_wait_s
-    return SLOChoice(slo_s, threshold, max_batch, limits, seeds, p99)
+    seeds = sum(rates.values()) * max(1, round(load.request_seeds))
+    return SLOChoice(slo_s, threshold, max_batch, limits, seeds, max(p99s.values()))
+

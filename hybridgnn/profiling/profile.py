@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridgnn.capabilities import describe
 from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, operating_points
+from hybridgnn.profiling.queueing import ServingLoad
 from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
     """Profile every pipeline of a server built from serve_cfg (engine not started)."""
     from tqdm import tqdm
 
+    from hybridgnn.capabilities import describe
     from hybridgnn.serving.engine import Engine
 
     engine = Engine(serve_cfg)
@@ -59,6 +60,8 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
                   "fingerprint": model_fingerprint(serve_cfg.model_dir)},
         "fanouts": list(serve_cfg.sampling.fanouts),
         "mean_seed_psgs": float(psgs.mean()),
+        # what requests are drawn from when an SLO choice simulates serving
+        "seed_psgs_quantiles": [round(float(v), 3) for v in np.quantile(psgs, (np.arange(1024) + 0.5) / 1024)],
         "config": {"bins": cfg.bins, "min_samples": cfg.min_samples, "max_batch": cfg.max_batch,
                    "buckets": cfg.buckets, "budget_s": cfg.budget_s},
         "bin_edges": [float(e) for e in gen.edges],
@@ -78,7 +81,8 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
                             name, cfg.budget_s, cfg.min_samples)
             stats = bin_statistics(samples, gen.edges)
             result["pipelines"][name] = {
-                "device": pipeline.cfg.device, "workers": pipeline.cfg.workers, "samples": len(samples.psgs),
+                "device": pipeline.cfg.device, "workers": pipeline.cfg.workers,
+                "torch_threads": pipeline.cfg.torch_threads, "samples": len(samples.psgs),
                 "complete": complete, "seconds": time.perf_counter() - t0, "bins": stats,
                 "curves": {"mean": _curve_dict(Curve.fit(stats["psgs"], stats["mean_s"], stats["count"])),
                            "tail": _curve_dict(Curve.fit(stats["psgs"], stats["tail_s"], stats["count"]))},
@@ -92,6 +96,20 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
     if set(loaded.devices) == {"cpu", "gpu"}:
         result["points"] = {k: p.to_dict() for k, p in loaded.points().items()}
     return result
+
+
+def _device_curves(p: dict) -> DeviceCurves:
+    """A pipeline's curves with the cores its workers use (CPU-tensor pipelines only) and
+    its measured service spread (raw seconds ÷ the mean curve)."""
+    mean, tail = Curve(**p["curves"]["mean"]), Curve(**p["curves"]["tail"])
+    cores = p["workers"] * p.get("torch_threads", 1) if p.get("device", "cpu") == "cpu" else 0.0
+    raw = p.get("raw") or {}
+    ratios = None
+    if raw.get("psgs"):
+        x, y = np.asarray(raw["psgs"], dtype=np.float64), np.asarray(raw["seconds"], dtype=np.float64)
+        r = y / np.maximum(mean(x), 1e-12)
+        ratios = r[np.isfinite(r) & (r > 0)]
+    return DeviceCurves(mean, tail, p["workers"], cores, ratios)
 
 
 def _curve_dict(c: Curve) -> dict:
@@ -116,9 +134,9 @@ class Profile:
             raise ValueError(f"profile schema_version {data.get('schema_version')!r}; this build reads "
                              f"{SCHEMA_VERSION}")
         self.data = data
-        self.devices = {name: DeviceCurves(Curve(**p["curves"]["mean"]), Curve(**p["curves"]["tail"]), p["workers"])
-                        for name, p in data["pipelines"].items()}
+        self.devices = {name: _device_curves(p) for name, p in data["pipelines"].items()}
         self.mean_seed_psgs = float(data["mean_seed_psgs"])
+        self.seed_psgs = np.asarray(data.get("seed_psgs_quantiles") or [self.mean_seed_psgs], dtype=np.float64)
         edges = data["bin_edges"]
         self.lo, self.hi = float(edges[0]), float(edges[-1])
 
@@ -195,9 +213,10 @@ class Profile:
     def points(self):
         return operating_points(self.devices["cpu"], self.devices["gpu"], self.lo, self.hi, self.mean_seed_psgs)
 
-    def policy(self, spec: str, *, batching_wait_s: float = 0.0) -> Policy:
+    def policy(self, spec: str, *, batching_wait_s: float = 0.0, load: ServingLoad | None = None) -> Policy:
         """latency | throughput | cpu | gpu (an operating point; cpu/gpu are the CPU- and
-        GPU-preferred points), slo:<ms>, or slo-mean:<ms> (the same from the mean curve)."""
+        GPU-preferred points), slo:<ms>, or slo-mean:<ms> (the same from the mean curve).
+        load: the traffic and front-end cost an SLO choice assumes (ServingLoad defaults)."""
         if spec.startswith("slo:") or spec.startswith("slo-mean:"):
             prefix, _, value = spec.partition(":")
             try:
@@ -207,8 +226,8 @@ class Profile:
             if not slo_ms > 0:
                 raise ValueError(f"policy {spec!r}: the SLO must be positive")
             # slo-mean bounds batches by the mean curve (Quiver's "PSGS-loose"), for comparison
-            c = choose_for_slo(self.devices, slo_ms / 1e3, self.mean_seed_psgs, batching_wait_s=batching_wait_s,
-                               lo=self.lo, hi=self.hi, tail=prefix == "slo")
+            c = choose_for_slo(self.devices, slo_ms / 1e3, self.seed_psgs, batching_wait_s=batching_wait_s,
+                               lo=self.lo, hi=self.hi, tail=prefix == "slo", load=load)
             return Policy(spec, c.psgs_threshold, c.max_batch_psgs, c.pipeline_limits, c.predicted_seeds_per_s,
                           c.predicted_p99_s)
         if spec not in POLICIES:
@@ -220,3 +239,13 @@ class Profile:
                "cpu": "cpu_preferred", "gpu": "gpu_preferred"}[spec]
         p = self.points()[key]
         return Policy(spec, p.psgs_threshold, math.inf, {}, p.predicted_seeds_per_s, None)
+
+
+def adapted_policy(data: dict, pipelines: list[str], live: dict[str, tuple[np.ndarray, np.ndarray]], spec: str,
+                   batching_wait_s: float, load: ServingLoad, min_bin_samples: int = 20) -> Policy:
+    """The policy a profile gives once live samples replace its bins (`serve --adapt`).
+    A plain function of plain data, so the server can run it in a helper process: an SLO
+    choice simulates serving for about a second, which must not hold the event loop."""
+    prof = Profile(data)
+    prof.devices = {n: d for n, d in prof.devices.items() if n in pipelines}
+    return prof.refit(live, min_bin_samples).policy(spec, batching_wait_s=batching_wait_s, load=load)

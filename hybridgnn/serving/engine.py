@@ -41,7 +41,7 @@ from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.pool import Pipeline
-from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch
+from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.scheduler.router import Router
@@ -159,6 +159,8 @@ class Engine:
         self.policy: Policy | None = None
         # (batch PSGS, service seconds) of recent batches per pipeline, for --adapt
         self.recent: dict[str, collections.deque] = {n: collections.deque(maxlen=5000) for n in self.pipelines}
+        self._admitted = (0, 0)  # requests, seeds since start
+        self._adapt_mark = (time.perf_counter(), 0, 0)
         if cfg.policy.profile is not None:
             self._load_profile()
         self.telemetry.psgs_threshold.set(self.router.threshold)
@@ -299,7 +301,7 @@ class Engine:
                               "with the same --device as you serve with")
         prof.devices = {n: d for n, d in prof.devices.items() if n in self.pipelines}
         try:
-            policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s)
+            policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s, load=pc.serving_load())
         except ValueError as exc:
             raise ConfigError(f"policy {pc.policy!r} with profile {pc.profile}: {exc}") from exc
         self.profile = prof
@@ -308,19 +310,45 @@ class Engine:
                  pc.profile, policy.psgs_threshold, policy.max_batch_psgs,
                  f"{policy.predicted_seeds_per_s:.0f}" if policy.predicted_seeds_per_s else "?")
 
+    def adapt_inputs(self) -> tuple | None:
+        """What an --adapt step re-fits from: (profile data, pipelines, live samples, policy,
+        batching wait, serving load), or None while too few batches are recorded. Live
+        service times are divided by the front-end stretch at the recent request rate, so
+        the choice, which applies the stretch again at the rates it tries, counts it once;
+        seeds per request become the recent mean."""
+        pc = self.cfg.policy
+        now = time.perf_counter()
+        requests, seeds = self._admitted
+        last_t, last_requests, last_seeds = self._adapt_mark
+        self._adapt_mark = (now, requests, seeds)
+        live = {n: d for n, d in self.recent.items() if len(d) >= pc.adapt_min_batches}
+        if not live or self.profile is None:
+            return None
+        window_requests = requests - last_requests
+        rps = window_requests / max(now - last_t, 1e-9)
+        load = pc.serving_load((seeds - last_seeds) / window_requests if window_requests else None)
+        samples = {}
+        for name, d in live.items():
+            stretch = self.profile.devices[name].model().stretch(rps, load)
+            stretch = stretch if math.isfinite(stretch) else 1.0
+            samples[name] = (np.array([p for p, _ in d]), np.array([s for _, s in d]) / stretch)
+        return self.profile.data, sorted(self.profile.devices), samples, pc.policy, self.cfg.batcher.max_wait_s, load
+
     def adapt_once(self) -> bool:
         """Re-fit the profile's curves with recent batches and move the policy towards the
         new choice, by at most a factor of adapt_max_step; True if anything changed."""
-        pc = self.cfg.policy
-        live = {n: (np.array([p for p, _ in d]), np.array([s for _, s in d]))
-                for n, d in self.recent.items() if len(d) >= pc.adapt_min_batches}
-        if not live or self.profile is None:
+        inputs = self.adapt_inputs()
+        if inputs is None:
             return False
         try:
-            target = self.profile.refit(live).policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s)
+            target = adapted_policy(*inputs)
         except ValueError as exc:
             log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)
             return False
+        return self.move_policy_towards(target)
+
+    def move_policy_towards(self, target: Policy) -> bool:
+        pc = self.cfg.policy
         old = self.policy
 
         def bounded(new: float, cur: float) -> float:
@@ -338,20 +366,35 @@ class Engine:
             return False
         log.info("adapt: PSGS threshold %.6g -> %.6g, batch PSGS bound %.6g -> %.6g (from %s recent batches)",
                  old.psgs_threshold, step.psgs_threshold, old.max_batch_psgs, step.max_batch_psgs,
-                 {n: len(v[0]) for n, v in live.items()})
+                 {n: len(v) for n, v in self.recent.items()})
         self.set_policy(step)
         self.telemetry.policy_changes.inc()
         return True
 
     async def _adapt_loop(self) -> None:
-        # On the loop thread, which owns the batcher and router; a re-fit of a few thousand
-        # samples into a dozen bins takes about a millisecond.
-        while True:
-            await asyncio.sleep(self.cfg.policy.adapt_interval_s)
-            try:
-                self.adapt_once()
-            except Exception:
-                log.exception("adapt: re-fit failed; keeping the current policy")
+        # The choice runs in a helper process: it simulates serving for about a second,
+        # which on this process would hold the GIL the event loop and workers need.
+        import concurrent.futures
+        import multiprocessing
+
+        pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            while True:
+                await asyncio.sleep(self.cfg.policy.adapt_interval_s)
+                inputs = self.adapt_inputs()
+                if inputs is None:
+                    continue
+                try:
+                    target = await self._loop.run_in_executor(pool, adapted_policy, *inputs)
+                except ValueError as exc:
+                    log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)
+                    continue
+                except Exception:
+                    log.exception("adapt: re-fit failed; keeping the current policy")
+                    continue
+                self.move_policy_towards(target)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def set_policy(self, policy: Policy) -> None:
         """Put a threshold and batch-PSGS bound in force (at start, and from --adapt)."""
@@ -466,6 +509,8 @@ class Engine:
     def submit(self, node_ids: np.ndarray) -> asyncio.Future:
         """Admit one request (ids already validated) or raise Overloaded / Draining."""
         self._admit()
+        requests, seeds = self._admitted
+        self._admitted = (requests + 1, seeds + int(node_ids.shape[0]))
         fut = self._loop.create_future()
         psgs = self.tables.batch_psgs(node_ids) if math.isfinite(self.batcher_cfg.max_batch_psgs) else 0.0
         self._batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter(), psgs=psgs))

@@ -1,12 +1,15 @@
 """Curve fitting, crossing points and SLO choice on synthetic curves; the workload
 generator and closed-loop runner; profile save/load/mismatch checks."""
 
+import dataclasses
 import math
+import time
 
 import numpy as np
 import pytest
 
 from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, crossing, isotonic, operating_points
+from hybridgnn.profiling.queueing import ServingLoad
 from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
 
 X = np.exp(np.linspace(math.log(10), math.log(1e5), 30))
@@ -67,22 +70,36 @@ def test_four_points_are_ordered_as_quiver_describes():
 
 
 def test_slo_choice_keeps_each_device_within_its_limit():
-    cpu = DeviceCurves(curve(lambda x: 1e-6 * x), curve(lambda x: 2e-6 * x), 2)
+    # CPU: linear in PSGS, tail 2x the mean; GPU: a fixed launch cost, cheap per node
+    cpu = DeviceCurves(curve(lambda x: 1e-6 * x), curve(lambda x: 2e-6 * x), 2, cores_used=2)
     gpu = DeviceCurves(curve(lambda x: 2e-3 + 1e-8 * x), curve(lambda x: 4e-3 + 2e-8 * x), 2)
-    c = choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.020, 10.0, batching_wait_s=0.002, lo=10, hi=1e5)
-    # a batch may take half of what the SLO leaves after batching (a request can first wait
-    # for a running batch): 9 ms
-    assert c.pipeline_limits["cpu"] == pytest.approx(0.009 / 2e-6, rel=0.02)
-    # beyond the measured range (1e5) latency grows in proportion from the last knot
-    assert c.pipeline_limits["gpu"] == pytest.approx(1e5 * 0.009 / (4e-3 + 2e-3), rel=0.02)
-    assert c.max_batch_psgs == pytest.approx(c.pipeline_limits["gpu"])
+    load = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
+    c = choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.020, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=load)
+    # no bound lets one batch's own latency exceed what the SLO leaves after batching
+    assert 0 < c.pipeline_limits["cpu"] <= cpu.tail.max_psgs_within(0.018) + 1e-6
+    assert 0 < c.pipeline_limits["gpu"] <= gpu.tail.max_psgs_within(0.018) + 1e-6
+    assert c.max_batch_psgs == pytest.approx(max(c.pipeline_limits.values()))
     assert c.psgs_threshold <= c.pipeline_limits["cpu"]
-    assert c.predicted_p99_s <= 0.020 + 1e-9
-    loose = choose_for_slo({"cpu": cpu}, 0.010, 10.0, lo=10, hi=1e5, tail=False)
-    assert loose.max_batch_psgs > choose_for_slo({"cpu": cpu}, 0.010, 10.0, lo=10, hi=1e5).max_batch_psgs
-    assert math.isinf(loose.psgs_threshold)
+    assert c.predicted_p99_s <= 0.020 + 1e-9 and c.predicted_seeds_per_s > 0
     with pytest.raises(ValueError, match="no batch meets"):
         choose_for_slo({"gpu": gpu}, 0.003, 10.0, lo=10, hi=1e5)
+
+
+def test_slo_choice_charges_spread_and_front_end():
+    cpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-6 * x), curve(lambda x: 3e-3 + 3e-6 * x), 2, cores_used=2)
+    quiet = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
+    strict = choose_for_slo({"cpu": cpu}, 0.050, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=quiet)
+    loose = choose_for_slo({"cpu": cpu}, 0.050, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=quiet, tail=False)
+    # the mean curve alone (PSGS-loose) promises more than the measured spread allows
+    assert loose.predicted_seeds_per_s > strict.predicted_seeds_per_s
+    assert math.isinf(strict.psgs_threshold)
+    busy = ServingLoad(request_seeds=4, frontend_cpu_s=300e-6, colocated_cpu_s=200e-6, cores=2)
+    charged = choose_for_slo({"cpu": cpu}, 0.050, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=busy)
+    assert charged.predicted_seeds_per_s < 0.9 * strict.predicted_seeds_per_s
+    # a device pipeline is not slowed by the front end
+    dev = DeviceCurves(cpu.mean, cpu.tail, 2, cores_used=0)
+    assert choose_for_slo({"gpu": dev}, 0.050, 10.0, batching_wait_s=0.002, lo=10, hi=1e5,
+                          load=busy).predicted_seeds_per_s == pytest.approx(strict.predicted_seeds_per_s, rel=0.05)
 
 
 def test_generator_spans_the_psgs_range_and_runner_fills_every_bin():
@@ -179,3 +196,24 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
             await engine.stop()
 
     asyncio.run(scenario())
+
+    # the serving loop makes the same choice in a helper process, off the event loop
+    fast = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, adapt_interval_s=0.2))
+
+    async def background():
+        engine = Engine(fast)
+        await engine.start()
+        try:
+            before = engine.policy.pipeline_limits["cpu"]
+            for x in xs:
+                engine.recent["cpu"].append((float(x), 20 * float(prof.devices["cpu"].mean(x))))
+            deadline = time.monotonic() + 60
+            while engine.policy.pipeline_limits["cpu"] >= before and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # polling the policy, bounded by the deadline
+            assert engine.policy.pipeline_limits["cpu"] < before
+        finally:
+            await engine.stop()
+
+    edges = np.asarray(prof.data["bin_edges"])
+    xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
+    asyncio.run(background())

@@ -1,0 +1,66 @@
+"""The serving simulator behind slo:<ms> against queueing theory and its own invariants."""
+
+import math
+
+import numpy as np
+import pytest
+
+from hybridgnn.profiling.queueing import PipelineModel, ServingLoad, Simulator, best_bound
+
+QUIET = ServingLoad(request_seeds=1, frontend_cpu_s=0.0, cores=1)
+
+
+def constant(seconds: float, workers: int = 1, ratios=(1.0,), cores_used: float = 1.0) -> PipelineModel:
+    return PipelineModel([1.0, 1e6], [seconds, seconds], np.asarray(ratios), workers, cores_used)
+
+
+def test_one_request_per_batch_matches_m_d_1():
+    # bound below one request's PSGS: every batch is one request, service 10 ms, no wait
+    sim = Simulator(constant(0.010), np.array([5.0]), QUIET, batching_wait_s=0.0, requests=40000)
+    for rho in (0.3, 0.6, 0.8):
+        lat = sim.latencies(rho / 0.010, bound=1.0)
+        want = 0.010 + rho * 0.010 / (2 * (1 - rho))  # Pollaczek–Khinchine, deterministic service
+        assert lat.mean() == pytest.approx(want, rel=0.08)
+
+
+def test_batching_absorbs_load_that_single_requests_cannot():
+    sim = Simulator(constant(0.010), np.array([5.0]), QUIET, batching_wait_s=0.001)
+    # 300 req/s is 3x what one-at-a-time service sustains; batches of up to 20 cope
+    assert sim.p99(300.0, bound=5.0) == math.inf or sim.p99(300.0, bound=5.0) > 1.0
+    assert sim.p99(300.0, bound=100.0) < 0.05
+
+
+def test_latency_grows_with_load_and_spread():
+    steady = Simulator(constant(0.005, workers=2), np.array([1.0, 4.0]), QUIET, batching_wait_s=0.001)
+    spread = Simulator(constant(0.005, workers=2, ratios=np.random.default_rng(0).lognormal(0, 0.6, 500)),
+                       np.array([1.0, 4.0]), QUIET, batching_wait_s=0.001)
+    p = [steady.p99(r, 20.0) for r in (50, 200, 400)]
+    assert p[0] <= p[1] <= p[2]
+    assert spread.p99(200, 20.0) > steady.p99(200, 20.0)
+
+
+def test_front_end_stretch():
+    m = constant(0.005, workers=2, cores_used=2)
+    load = ServingLoad(frontend_cpu_s=1e-3, colocated_cpu_s=0.0, cores=2)
+    assert m.stretch(0, load) == 1.0
+    assert m.stretch(500, load) == pytest.approx(2.0)  # the event loop holds the GIL half the time
+    assert m.stretch(1000, load) == math.inf
+    other = ServingLoad(frontend_cpu_s=0.0, colocated_cpu_s=1e-3, cores=2)
+    assert m.stretch(1000, other) == pytest.approx(2.0)  # a client takes one of two cores
+    assert constant(0.005, cores_used=0).stretch(900, load) == 1.0  # device pipelines are not slowed
+
+
+def test_max_rate_and_best_bound():
+    model = PipelineModel([10.0, 1e4], [1e-3, 1e-3 + 1e-6 * 1e4], np.ones(1), 2, 2)
+    sim = Simulator(model, np.full(10, 10.0), ServingLoad(request_seeds=1, frontend_cpu_s=0.0, cores=2),
+                    batching_wait_s=0.001)
+    rate, p99 = sim.max_rate(0.020, 200.0)
+    assert 0 < rate and p99 <= 0.020
+    assert sim.p99(rate * 1.3, 200.0) > 0.020 or rate * 1.3 > sim.capacity(200.0)
+    assert sim.max_rate(0.040, 200.0)[0] >= rate  # a looser SLO never admits less
+    choice = best_bound(sim, 0.020, 10.0, 5000.0)
+    assert choice.requests_per_s >= rate and choice.p99_s <= 0.020
+    with pytest.raises(ValueError):
+        ServingLoad(request_seeds=0)
+    with pytest.raises(ValueError):
+        PipelineModel([1.0], [1.0], np.array([0.0]), 1, 1)
