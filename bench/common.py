@@ -51,3 +51,21 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2:].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
+
+
+def heavy_setup():
+    """The products-scale graph and a 3-layer SAGE (hidden 256) with random weights."""
+    import torch
+
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.models.checkpoint import save_checkpoint
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    ensure_products(PRODUCTS)
+    model_dir = PRODUCTS.parent / "products-sage3-256"
+    if not (model_dir / "model.pt").is_file():
+        graph = GraphStore.open(PRODUCTS)
+        torch.manual_seed(0)
+        model = GNN(ModelSpec("sage", graph.feature_dim, 256, 47, num_layers=3)).eval()
+        save_checkpoint(model, model_dir, extra={"fanouts": [15, 10, 5], "dataset_fingerprint": graph.fingerprint})
+    return PRODUCTS, model_dir

@@ -33,8 +33,10 @@ def main() -> None:
     ap.add_argument("--dataset", type=Path, required=True)
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--port", type=int, default=8001)
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="intra-op threads for the inline model (more lets one request use more cores)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.torch_threads)
     graph = GraphStore.open(args.dataset)
     model, cfg = load_checkpoint(args.model)
     executor = BatchExecutor(CPUSampler(graph, tuple(cfg["fanouts"])), HostFeatureStore(graph.features), model)

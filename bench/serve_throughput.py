@@ -5,6 +5,10 @@ with batching switched off (isolating what batching itself adds). Same demo grap
 model and machine, driven by the open-loop Poisson load generator.
 
     .venv/bin/python bench/serve_throughput.py [--slo-ms 50] [--nodes-per-request 4]
+    .venv/bin/python bench/serve_throughput.py --heavy      # products graph, 3-layer SAGE 256
+
+The naive server runs its model with --naive-threads intra-op threads (default: 1 and 2,
+each measured; the better one is the baseline), so it may use the second core too.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine  # noqa: E402
+from bench.common import heavy_setup, machine  # noqa: E402
 from hybridgnn.bench.loadgen import find_max_rate  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -43,17 +47,29 @@ def main() -> None:
     ap.add_argument("--nodes-per-request", type=int, default=1)
     ap.add_argument("--duration-s", type=float, default=6.0)
     ap.add_argument("--start-rate", type=float, default=50.0)
+    ap.add_argument("--naive-threads", default="1,2", help="intra-op thread counts to try for the naive server")
+    ap.add_argument("--heavy", action="store_true", help="products-scale graph and a 3-layer SAGE of width 256")
     args = ap.parse_args()
     raise_open_file_limit()
-    dataset, model = ensure_demo()
-    _, naive = measure(dataset, model, (), args, "naive server (one request at a time)", command=NAIVE_COMMAND)
+    dataset, model = heavy_setup() if args.heavy else ensure_demo()
+    naive_runs = {}
+    for threads in (int(t) for t in args.naive_threads.split(",")):
+        _, res = measure(dataset, model, (), args, f"naive server (one request at a time, {threads} torch threads)",
+                         command=[*NAIVE_COMMAND, "--torch-threads", str(threads)])
+        naive_runs[threads] = res
+    measured = {t: r for t, r in naive_runs.items() if r is not None}
+    naive_threads = max(measured, key=lambda t: measured[t].seeds_per_s) if measured else None
+    naive = measured.get(naive_threads)
     _, unbatched = measure(dataset, model, NO_BATCHING, args, "hybridgnn serve, batching off")
     _, ours = measure(dataset, model, (), args, "hybridgnn serve (defaults)")
     report = {
         "machine": machine(),
         "slo_p99_ms": args.slo_ms,
         "nodes_per_request": args.nodes_per_request,
+        "dataset": str(dataset), "model": str(model),
         "naive": naive.to_dict() if naive else None,
+        "naive_torch_threads": naive_threads,
+        "naive_seeds_per_s_by_threads": {t: round(r.seeds_per_s) for t, r in measured.items()},
         "hybridgnn_batching_off": unbatched.to_dict() if unbatched else None,
         "hybridgnn": ours.to_dict() if ours else None,
         "ratio_vs_naive_seeds_per_s": round(ours.seeds_per_s / naive.seeds_per_s, 2) if ours and naive else None,

@@ -35,32 +35,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, thread_cpu_seconds  # noqa: E402
+from bench.common import heavy_setup, machine, thread_cpu_seconds  # noqa: E402
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.profiling.profile import Profile  # noqa: E402
 from hybridgnn.profiling.queueing import ServingLoad  # noqa: E402
 from tests.integration.server import ServerProcess  # noqa: E402
-
-
-def heavy_setup():
-    """The products-scale graph and a 3-layer SAGE (hidden 256) with random weights."""
-    import torch
-
-    from bench.common import PRODUCTS, ensure_products
-    from hybridgnn.graph.store import GraphStore
-    from hybridgnn.models.checkpoint import save_checkpoint
-    from hybridgnn.models.gnn import GNN, ModelSpec
-
-    ensure_products(PRODUCTS)
-    model_dir = PRODUCTS.parent / "products-sage3-256"
-    if not (model_dir / "model.pt").is_file():
-        graph = GraphStore.open(PRODUCTS)
-        torch.manual_seed(0)
-        model = GNN(ModelSpec("sage", graph.feature_dim, 256, 47, num_layers=3)).eval()
-        save_checkpoint(model, model_dir, extra={"fanouts": [15, 10, 5], "dataset_fingerprint": graph.fingerprint})
-    return PRODUCTS, model_dir
 
 
 def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> tuple[float, float]:

@@ -10,6 +10,7 @@ or an output's parameters.binary_data.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,7 +180,7 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise RequestError(f"input {name!r} needs 'shape' as a list of non-negative integers, got {shape!r}")
     _check_shape(name, shape, layout)
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # a Python product: np.prod on a short list costs more than the rest of decoding
     out_dtype = np.float32 if datatype == "FP32" else np.int64
     iparams = inp.get("parameters") or {}
     bsize = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
