@@ -101,6 +101,9 @@ class PipelineConfig:
     workers: int = 2
     # torch intra-op threads per worker; workers × threads should not exceed the cores.
     torch_threads: int = 1
+    # each worker's batches run in a process of its own (pipelines/process.py): no GIL
+    # shared with the event loop; CPU pipeline, static graph only
+    processes: bool = False
 
     def __post_init__(self):
         if self.workers < 1:
@@ -321,6 +324,11 @@ class ServeConfig:
                 raise ValueError(f"the {expected} pipeline must be named {expected!r}, got {pipe.name!r}")
             if not (pipe.device == "cpu" or pipe.device == "cuda" or pipe.device.startswith("cuda:")):
                 raise ValueError(f"pipeline device must be cpu, cuda or cuda:N, got {pipe.device!r}")
+        if self.cpu_pipeline.processes and (self.updates.enabled or self.cpu_pipeline.device != "cpu"):
+            raise ValueError("worker processes serve a static graph on the CPU: drop --worker-processes, or the "
+                             "update token and --cpu-compute-device")
+        if self.gpu_pipeline is not None and self.gpu_pipeline.processes:
+            raise ValueError("worker processes are for the CPU pipeline; GPU workers share one CUDA context")
         if self.gpu_pipeline is not None and self.updates.enabled:
             raise ValueError("graph updates run on the CPU pipeline only; drop the GPU pipeline (--device cpu) "
                              "or the update token")

@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default="auto",
                    help="pipelines to profile, as for serve (emulate: the GPU pipeline's code on CPU tensors)")
     p.add_argument("--workers", type=int, default=CPU_COUNT, help="CPU pipeline workers")
+    p.add_argument("--worker-processes", action="store_true",
+                   help="profile CPU workers that run in processes of their own, as `serve --worker-processes`")
     p.add_argument("--gpu-workers", type=int, default=2)
     p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"))
     p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva")
@@ -56,7 +58,8 @@ def run(args) -> int:
                else tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"]))
     serve_cfg = ServeConfig(
         dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
-        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers),
+        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,
+                                    processes=args.worker_processes),
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement))
     cfg = ProfileConfig(bins=args.bins, min_samples=args.min_samples, max_batch=args.max_batch,

@@ -38,6 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default=env_default("HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=env_default("PORT", 8000, int))
     p.add_argument("--workers", type=int, default=env_default("WORKERS", CPU_COUNT, int), help="CPU pipeline workers")
+    p.add_argument("--worker-processes", action="store_true",
+                   default=env_default("WORKER_PROCESSES", False, lambda v: v not in ("0", "")),
+                   help="run each CPU worker's batches in a process of its own (no GIL shared with the HTTP "
+                        "event loop; the graph stays memory-mapped and shared); static graphs only")
     p.add_argument("--max-batch-seeds", type=int, default=env_default("MAX_BATCH_SEEDS", 1024, int))
     p.add_argument("--max-batch-requests", type=int, default=env_default("MAX_BATCH_REQUESTS", 256, int))
     p.add_argument("--max-wait-ms", type=float, default=env_default("MAX_WAIT_MS", 2.0, float),
@@ -147,7 +151,8 @@ def build_config(args) -> ServeConfig:
         sampling=SamplingConfig(fanouts=fanouts, seed=args.seed),
         batcher=BatcherConfig(max_batch_seeds=args.max_batch_seeds, max_batch_requests=args.max_batch_requests,
                               max_wait_s=args.max_wait_ms / 1000.0, max_pending_requests=args.max_pending),
-        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers),
+        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,
+                                    processes=args.worker_processes),
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement,
                                       placement_plan=args.placement, placement_server=args.placement_server),

@@ -31,12 +31,14 @@ class Pipeline:
         self._on_done = on_done
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._executors: list = []
         self._lock = threading.Lock()
         self._depth = 0
         self._stopped = False
 
     def start(self) -> None:
         executors = [self._make_executor(i) for i in range(self.cfg.workers)]  # built here so errors surface at start
+        self._executors = executors
         for i, ex in enumerate(executors):
             th = threading.Thread(target=self._work, args=(ex,), name=f"{self.name}-worker-{i}", daemon=True)
             th.start()
@@ -86,3 +88,7 @@ class Pipeline:
         deadline = time.monotonic() + timeout_s
         for th in self._threads:
             th.join(max(0.0, deadline - time.monotonic()))
+        for ex in self._executors:  # worker processes exit with their pipeline
+            close = getattr(ex, "close", None)
+            if close is not None:
+                close()

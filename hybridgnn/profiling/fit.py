@@ -100,6 +100,7 @@ class DeviceCurves:
     workers: int
     cores_used: float = 0.0
     ratios: np.ndarray | None = None
+    shares_gil: bool = True  # False: the workers run in processes of their own
 
     def get(self, which: str) -> Curve:
         return self.mean if which == "mean" else self.tail
@@ -119,7 +120,8 @@ class DeviceCurves:
         from hybridgnn.profiling.queueing import PipelineModel
 
         ratios = self.service_ratios() if tail else np.ones(1)
-        return PipelineModel(self.mean.psgs, self.mean.seconds, ratios, self.workers, self.cores_used)
+        return PipelineModel(self.mean.psgs, self.mean.seconds, ratios, self.workers, self.cores_used,
+                             shares_gil=self.shares_gil)
 
 
 @dataclass

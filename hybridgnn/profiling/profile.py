@@ -73,16 +73,22 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
             executors[0].run(np.arange(4, dtype=np.int64))  # compile and warm outside the samples
             bar = tqdm(desc=f"profile {name}", unit="batch", disable=not progress)
             t0 = time.perf_counter()
-            samples, complete = run_closed_loop(lambda w, seeds: executors[w].run(seeds), pipeline.cfg.workers,
-                                                gen, cfg, progress=bar.update)
-            bar.close()
+            try:
+                samples, complete = run_closed_loop(lambda w, seeds: executors[w].run(seeds), pipeline.cfg.workers,
+                                                    gen, cfg, progress=bar.update)
+            finally:
+                bar.close()
+                for ex in executors:  # worker processes, when the pipeline has them
+                    if hasattr(ex, "close"):
+                        ex.close()
             if not complete:
                 log.warning("profile of %s stopped at the %.0f s budget before every PSGS bin had %d samples",
                             name, cfg.budget_s, cfg.min_samples)
             stats = bin_statistics(samples, gen.edges)
             result["pipelines"][name] = {
                 "device": pipeline.cfg.device, "workers": pipeline.cfg.workers,
-                "torch_threads": pipeline.cfg.torch_threads, "samples": len(samples.psgs),
+                "torch_threads": pipeline.cfg.torch_threads, "processes": pipeline.cfg.processes,
+                "samples": len(samples.psgs),
                 "complete": complete, "seconds": time.perf_counter() - t0, "bins": stats,
                 "curves": {"mean": _curve_dict(Curve.fit(stats["psgs"], stats["mean_s"], stats["count"])),
                            "tail": _curve_dict(Curve.fit(stats["psgs"], stats["tail_s"], stats["count"]))},
@@ -109,7 +115,7 @@ def _device_curves(p: dict) -> DeviceCurves:
         x, y = np.asarray(raw["psgs"], dtype=np.float64), np.asarray(raw["seconds"], dtype=np.float64)
         r = y / np.maximum(mean(x), 1e-12)
         ratios = r[np.isfinite(r) & (r > 0)]
-    return DeviceCurves(mean, tail, p["workers"], cores, ratios)
+    return DeviceCurves(mean, tail, p["workers"], cores, ratios, shares_gil=not p.get("processes", False))
 
 
 def _curve_dict(c: Curve) -> dict:

@@ -12,7 +12,8 @@ batches take 1 / (1 − r·frontend_cpu_s) times as long (measured here: a threa
 the GIL 30 % of the time slowed two workers 1.31×; this bound says 1.43×). Other
 processes on the same cores (a load generator on the machine) take `colocated_cpu_s`
 of CPU per request, leaving the workers, which the profile measured on `cores_used`
-cores, cores − r·colocated_cpu_s of them.
+cores, cores − r·colocated_cpu_s of them. Workers in processes of their own (`--worker-processes`)
+share no GIL with the event loop: its CPU only takes cores, like the co-located processes'.
 
 `max_rate` finds the highest request rate whose simulated p99 fits an SLO; `best_bound`
 the batch PSGS bound that maximises it. Random draws are fixed by a seed (common random
@@ -60,10 +61,12 @@ class ServingLoad:
 
 class PipelineModel:
     """One pipeline as the simulator sees it: mean service curve knots (log PSGS →
-    seconds), service-time ratios, workers, and the cores its workers use (0: a device
-    pipeline, which the front end's CPU use does not slow)."""
+    seconds), service-time ratios, workers, the cores its workers use (0: a device
+    pipeline, which the front end's CPU use does not slow) and whether they share the
+    server's GIL (threads) or not (worker processes)."""
 
-    def __init__(self, psgs_knots, mean_seconds, ratios: np.ndarray, workers: int, cores_used: float):
+    def __init__(self, psgs_knots, mean_seconds, ratios: np.ndarray, workers: int, cores_used: float,
+                 shares_gil: bool = True):
         self._kx = [math.log(max(p, 1e-9)) for p in psgs_knots]
         self._ky = [float(s) for s in mean_seconds]
         self._last_psgs = float(psgs_knots[-1])
@@ -72,6 +75,7 @@ class PipelineModel:
             raise ValueError("service-time ratios must be finite, positive and not empty")
         self.workers = int(workers)
         self.cores_used = float(cores_used)
+        self.shares_gil = shares_gil
 
     def mean_seconds(self, psgs: float) -> float:
         if psgs > self._last_psgs:
@@ -89,9 +93,12 @@ class PipelineModel:
         """Factor on service time when the front end takes its share of the cores."""
         if self.cores_used <= 0:
             return 1.0
-        gil_left = 1.0 - requests_per_s * load.frontend_cpu_s
+        frontend = requests_per_s * load.frontend_cpu_s
+        # workers in the server's process wait for the event loop's GIL; worker processes
+        # only lose the cores it runs on
+        gil_left = 1.0 - frontend if self.shares_gil else 1.0
         cores = load.available_cores
-        cores_left = cores - requests_per_s * load.colocated_cpu_s
+        cores_left = cores - requests_per_s * load.colocated_cpu_s - (0.0 if self.shares_gil else frontend)
         if gil_left <= 0.05 or cores_left <= 0.05 * cores:
             return math.inf
         return max(1.0, min(self.cores_used, cores) / cores_left) / gil_left

@@ -41,6 +41,7 @@ from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.pool import Pipeline
+from hybridgnn.pipelines.process import ProcessExecutor
 from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
@@ -142,7 +143,8 @@ class Engine:
         # distribution a placement refresh computes FAP from.
         self.seed_counts = np.zeros(self.graph.num_nodes, dtype=np.int64)
         self.pipelines: dict[str, Pipeline] = {
-            cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, self._make_cpu_executor, self._on_batch_done)
+            cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, lambda w: self.make_executor("cpu", w),
+                                            self._on_batch_done)
         }
         if cfg.gpu_pipeline is not None:
             self._setup_gpu()
@@ -411,7 +413,11 @@ class Engine:
 
     def make_executor(self, pipeline: str, worker: int):
         """A fresh executor of the named pipeline, as its workers get (profiling uses it)."""
-        return self._make_gpu_executor(worker) if pipeline == "gpu" else self._make_cpu_executor(worker)
+        if pipeline == "gpu":
+            return self._make_gpu_executor(worker)
+        if self.cfg.cpu_pipeline.processes:
+            return ProcessExecutor(self.cfg, worker)
+        return self._make_cpu_executor(worker)
 
     def _make_cpu_executor(self, worker: int) -> BatchExecutor:
         graph = self.dynamic if self.dynamic is not None else self.graph

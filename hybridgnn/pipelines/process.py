@@ -1,0 +1,134 @@
+"""CPU pipeline workers whose batches run in their own processes (`serve --worker-processes`).
+
+A worker thread of the pipeline owns one child process and hands it each batch's seed
+ids over a pipe; the child runs the same BatchExecutor the thread would have run (built
+from the same ServeConfig by a serving engine of its own) and sends back the outputs.
+While the thread waits on the pipe it holds no GIL, so the event loop's Python (HTTP,
+batching, responses) no longer takes turns with the model's Python: each process has its
+own interpreter. The graph, features and workload tables are memory-mapped files, so the
+children read the same page-cache pages as the server: nothing is copied per worker
+except the model weights.
+
+A child that dies (killed, out of memory) fails the batch it held with an error the
+requests see, and is started again for the next batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import time
+
+import numpy as np
+
+from hybridgnn.types import BatchResult, StageTimings
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 300.0  # building a child's engine opens the dataset and loads the model
+
+
+class WorkerProcessError(RuntimeError):
+    """The worker process failed a batch, or exited."""
+
+
+def _child_main(conn, cfg, worker: int) -> None:
+    """Build the worker's executor and serve batches until the pipe closes."""
+    try:
+        import torch
+
+        from hybridgnn.capabilities import freeze_startup_heap, name_os_thread
+        from hybridgnn.serving.engine import Engine
+
+        name_os_thread(f"cpu-proc-{worker}")
+        torch.set_num_threads(cfg.cpu_pipeline.torch_threads)
+        engine = Engine(cfg)
+        executor = engine.make_executor("cpu", worker)
+        executor.run(np.arange(min(4, engine.graph.num_nodes), dtype=np.int64))  # compile outside batches
+        freeze_startup_heap()
+    except BaseException as exc:  # reported to the parent, which refuses to start
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not data:  # the parent's stop sentinel
+            return
+        try:
+            r = executor.run(np.frombuffer(data, dtype=np.int64))
+            t = r.timings
+            conn.send(("ok", (r.embeddings, r.predictions, t.sample_s, t.gather_s, t.compute_s, r.sampled_edges,
+                              r.gathered_rows)))
+        except Exception as exc:  # the batch fails; the worker lives on
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class ProcessExecutor:
+    """The BatchExecutor interface (`run`), carried out by a child process."""
+
+    def __init__(self, cfg, worker: int):
+        # the child serves one CPU worker in process: no profile to load, no GPU, no children
+        self.cfg = dataclasses.replace(cfg, cpu_pipeline=dataclasses.replace(cfg.cpu_pipeline, processes=False),
+                                       gpu_pipeline=None, policy=type(cfg.policy)())
+        self.worker = worker
+        self._ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads' locks
+        self._proc = None
+        self._conn = None
+        self._start()
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker),
+                                       name=f"hybridgnn-cpu-worker-{self.worker}", daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(START_TIMEOUT_S):
+            self.close()
+            raise WorkerProcessError(f"CPU worker process {self.worker} did not start within {START_TIMEOUT_S:.0f} s")
+        try:
+            kind, detail = parent.recv()
+        except (EOFError, OSError):
+            kind, detail = "error", f"exited with code {self._proc.exitcode}"
+        if kind != "ready":
+            self.close()
+            raise WorkerProcessError(f"CPU worker process {self.worker} could not start: {detail}")
+
+    def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
+        t = timings if timings is not None else StageTimings()
+        if self._proc is None or not self._proc.is_alive():
+            log.warning("CPU worker process %d is not running; starting it again", self.worker)
+            self.close()
+            self._start()
+        try:
+            self._conn.send_bytes(np.ascontiguousarray(seeds, dtype=np.int64).tobytes())
+            kind, payload = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            time.sleep(0)  # let the exit code settle
+            code = self._proc.exitcode if self._proc is not None else None
+            raise WorkerProcessError(f"CPU worker process {self.worker} exited (code {code}) during a batch; "
+                                     "it restarts for the next one") from exc
+        if kind != "ok":
+            raise WorkerProcessError(payload)
+        emb, pred, t.sample_s, t.gather_s, t.compute_s, edges, rows = payload
+        return BatchResult(embeddings=emb, predictions=pred, timings=t, sampled_edges=edges, gathered_rows=rows)
+
+    def close(self) -> None:
+        """Ask the child to exit and wait for it (killed if it does not within 5 s)."""
+        if self._conn is not None:
+            try:
+                self._conn.send_bytes(b"")
+            except (OSError, ValueError):
+                pass
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            self._proc.join(5.0)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+            self._proc = None
