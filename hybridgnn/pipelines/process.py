@@ -35,6 +35,11 @@ class WorkerProcessError(RuntimeError):
 
 def _child_main(conn, cfg, worker: int) -> None:
     """Build the worker's executor and serve batches until the pipe closes."""
+    import signal
+
+    # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C
+    # sent to the whole process group must not kill it under a batch mid-drain.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import torch
 
