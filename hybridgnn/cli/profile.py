@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
-from hybridgnn.config import GRAPH_PLACEMENTS, env_default, parse_bytes
+from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
 
 
 def add_parser(sub) -> None:

@@ -42,7 +42,6 @@ class TieredFeatureStore:
         self.feature_dim = int(features.shape[1])
         self.plan = plan
         per_clique = max(1, topo.gpus_per_clique)
-        my_clique, my_slot = gpu // per_clique, gpu % per_clique
         here = (plan.server == server) | (plan.server == EVERY)
         self.names: list[str] = []
         self.stores: list[torch.Tensor] = []

@@ -15,7 +15,6 @@ reached them; local edge_index ordered by hop), held as tensors on the sampler's
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from hybridgnn.sampling.cpu import _mix_seed
