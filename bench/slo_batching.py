@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import urllib.request
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,10 @@ from tests.integration.server import ServerProcess  # noqa: E402
 
 def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> tuple[float, float]:
     """(event-loop CPU seconds per request in the server, the load generator's CPU seconds
-    per request), measured while serving --nodes-per-request requests at a moderate rate."""
+    per request), measured while serving --nodes-per-request requests at `rate`. Also
+    prints how much slower than profiled the server's batches ran (`service_stretch`):
+    the front end's share of the GIL and cores, and any drift of the machine since the
+    profile, which this script does not correct for."""
     srv = ServerProcess(dataset, model, "--device", "cpu", "--profile", str(profile), "--policy",
                         f"slo:{args.slo_ms:g}").wait_ready()
     try:
@@ -55,11 +59,14 @@ def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> t
         res = run_async(run_load(srv.url, "hybridgnn", rate=rate, duration_s=5.0,
                                  nodes_per_request=args.nodes_per_request))
         after, own1 = thread_cpu_seconds(srv.proc.pid), resource.getrusage(resource.RUSAGE_SELF)
+        with urllib.request.urlopen(f"{srv.url}/v2/models/hybridgnn") as r:
+            stretch = json.loads(r.read())["parameters"]["service_stretch"].get("cpu")
     finally:
         srv.stop()
     requests = max(res.ok, 1)
     frontend = sum(after[k] - before.get(k, 0.0) for k in after if not k.startswith(("cpu-worker", "gpu-worker")))
     own = (own1.ru_utime + own1.ru_stime) - (own0.ru_utime + own0.ru_stime)
+    print(f"  at {requests / 5.0:.0f} req/s batches ran {stretch}x as long as profiled (median)", flush=True)
     return frontend / requests, own / requests
 
 

@@ -312,6 +312,25 @@ class Engine:
                  pc.profile, policy.psgs_threshold, policy.max_batch_psgs,
                  f"{policy.predicted_seeds_per_s:.0f}" if policy.predicted_seeds_per_s else "?")
 
+    def service_stretch(self, last: int = 500) -> dict[str, float] | None:
+        """Per pipeline, the median of (live batch service time ÷ the profile's mean at that
+        batch PSGS) over the last batches, over the same median for the profiled batches:
+        how much slower than profiled batches run now (the event loop's share of the GIL and
+        cores, other load, drift). None without a profile."""
+        if self.profile is None:
+            return None
+        out = {}
+        for name, d in self.recent.items():
+            if name not in self.profile.devices or not d:
+                continue
+            tail = list(d)[-last:]
+            psgs = np.array([p for p, _ in tail])
+            seconds = np.array([s for _, s in tail])
+            dev = self.profile.devices[name]
+            live = float(np.median(seconds / np.maximum(dev.mean(psgs), 1e-12)))
+            out[name] = round(live / float(np.median(dev.service_ratios())), 4)  # like for like: both medians
+        return out
+
     def adapt_inputs(self) -> tuple | None:
         """What an --adapt step re-fits from: (profile data, pipelines, live samples, policy,
         batching wait, serving load), or None while too few batches are recorded. Live
@@ -673,6 +692,7 @@ class Engine:
             "policy": self.policy.name if self.policy else None,
             "max_batch_psgs": "inf" if math.isinf(self.batcher_cfg.max_batch_psgs) else self.batcher_cfg.max_batch_psgs,
             "predicted_seeds_per_s": self.policy.predicted_seeds_per_s if self.policy else None,
+            "service_stretch": self.service_stretch(),
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),
             "new_node_modes": (["full", "pe", "srpe"] if self.embeddings is not None else []) + ["sampled"],

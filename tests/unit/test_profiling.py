@@ -186,6 +186,9 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
             for x in xs:
                 engine.recent["cpu"].append((float(x), 20 * float(prof.devices["cpu"].mean(x))))
             assert engine.adapt_once()
+            # batches run 20x slower than profiled, and the server says so
+            assert engine.service_stretch()["cpu"] == pytest.approx(20, rel=0.5)
+            assert engine.metadata()["service_stretch"] == engine.service_stretch()
             after = engine.policy
             cpu_before, cpu_after = before.pipeline_limits["cpu"], after.pipeline_limits["cpu"]
             assert cpu_after < cpu_before
