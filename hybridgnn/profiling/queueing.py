@@ -190,9 +190,12 @@ class BoundChoice:
     p99_s: float
 
 
-def best_bound(sim: Simulator, slo_s: float, lo: float, hi: float, candidates: int = 10) -> BoundChoice:
+def best_bound(sim: Simulator, slo_s: float, lo: float, hi: float, candidates: int = 10,
+               tolerance: float = 0.02) -> BoundChoice:
     """The batch PSGS bound in [lo, hi] (log grid, then refined between the best one's
-    neighbours) whose highest in-SLO request rate is largest."""
+    neighbours) whose highest in-SLO request rate is largest; among bounds within
+    `tolerance` of that rate, the smallest: where throughput is flat in the bound, smaller
+    batches leave more room for what the model does not capture (bursts, drift)."""
     lo = max(lo, 1e-9)
     hi = max(hi, lo)
     grid = list(np.exp(np.linspace(math.log(lo), math.log(hi), candidates))) if hi > lo else [lo]
@@ -202,5 +205,6 @@ def best_bound(sim: Simulator, slo_s: float, lo: float, hi: float, candidates: i
         a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
         for x in np.exp(np.linspace(math.log(a), math.log(b), 5))[1:-1]:
             scored.append((float(x), *sim.max_rate(slo_s, float(x))))
-    bound, rate, p99 = max(scored, key=lambda s: s[1])
+    best = max(rate for _, rate, _ in scored)
+    bound, rate, p99 = min((s for s in scored if s[1] >= (1 - tolerance) * best), key=lambda s: s[0])
     return BoundChoice(float(bound), float(rate), float(p99))
