@@ -9,9 +9,10 @@ each driven by the same open-loop Poisson load at 80 % of PSGS-strict's predicte
 maximum throughput within the SLO (capped by --max-rate). The server is profiled first
 (CPU pipeline only) unless --profile is given. The prediction simulates the batcher and
 workers under Poisson load and charges the front end's CPU per request; this script first
-measures that cost on this machine (a short calibration run: the server's event-loop CPU
-per request, and the load generator's own, which shares the same cores here) and passes
-it to every server (--frontend-cpu-us, --colocated-cpu-us, --request-seeds).
+measures that cost on this machine (two short calibration runs at different rates: the
+slope of the server's event-loop CPU, and of the load generator's own, which shares the
+same cores here, against the request rate) and passes it to every server
+(--frontend-cpu-us, --colocated-cpu-us, --request-seeds).
 
     .venv/bin/python bench/slo_batching.py [--slo-ms 20] [--nodes-per-request 16]      # demo
     .venv/bin/python bench/slo_batching.py --heavy --slo-ms 100 --nodes-per-request 4
@@ -45,12 +46,11 @@ from hybridgnn.profiling.queueing import ServingLoad  # noqa: E402
 from tests.integration.server import ServerProcess  # noqa: E402
 
 
-def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> tuple[float, float]:
-    """(event-loop CPU seconds per request in the server, the load generator's CPU seconds
-    per request), measured while serving --nodes-per-request requests at `rate`. Also
-    prints how much slower than profiled the server's batches ran (`service_stretch`):
-    the front end's share of the GIL and cores, and any drift of the machine since the
-    profile, which this script does not correct for."""
+def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> tuple[float, float, float, float]:
+    """(event-loop CPU seconds per second in the server, the load generator's CPU seconds
+    per second, answered requests per second, how many times as long as profiled the
+    server's batches ran: `service_stretch`) while serving --nodes-per-request requests
+    at `rate`."""
     srv = ServerProcess(dataset, model, "--device", "cpu", "--profile", str(profile), "--policy",
                         f"slo:{args.slo_ms:g}").wait_ready()
     try:
@@ -63,11 +63,12 @@ def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> t
             stretch = json.loads(r.read())["parameters"]["service_stretch"].get("cpu")
     finally:
         srv.stop()
-    requests = max(res.ok, 1)
-    frontend = sum(after[k] - before.get(k, 0.0) for k in after if not k.startswith(("cpu-worker", "gpu-worker")))
+    loop = sum(after[k] - before.get(k, 0.0) for k in after if not k.startswith(("cpu-worker", "gpu-worker")))
     own = (own1.ru_utime + own1.ru_stime) - (own0.ru_utime + own0.ru_stime)
-    print(f"  at {requests / 5.0:.0f} req/s batches ran {stretch}x as long as profiled (median)", flush=True)
-    return frontend / requests, own / requests
+    rps = res.ok / 5.0
+    print(f"  at {rps:.0f} req/s: event loop {loop / 5.0:.2f} cores, load generator {own / 5.0:.2f}; batches ran "
+          f"{stretch}x as long as profiled (median)", flush=True)
+    return loop / 5.0, own / 5.0, rps, float(stretch)
 
 
 def main() -> None:
@@ -91,23 +92,38 @@ def main() -> None:
                         str(dataset), "--model", str(model), "--device", "cpu", "--budget-s", "240", "--no-plot",
                         "--out", str(path), *extra], check=True)
     prof = Profile.load(path)
-    # The front end's CPU per request falls as batches gather more requests, so it is
-    # measured at the load the run will offer: predict with the defaults, measure there,
-    # predict again, measure again at the new offer.
-    load = ServingLoad(request_seeds=args.nodes_per_request)
-    for _ in range(2):
-        strict = prof.policy(f"slo:{args.slo_ms:g}", batching_wait_s=0.002, load=load)
-        offer = min(args.load_fraction * strict.predicted_seeds_per_s / args.nodes_per_request, args.max_rate)
-        frontend_s, colocated_s = calibrate(dataset, model, path, offer, args)
-        load = ServingLoad(request_seeds=args.nodes_per_request, frontend_cpu_s=frontend_s,
-                           colocated_cpu_s=colocated_s)
-        print(f"calibration at {offer:.0f} req/s: event loop {frontend_s * 1e6:.0f} us, load generator "
-              f"{colocated_s * 1e6:.0f} us per request", flush=True)
+    # Two calibration runs, near the offer the defaults predict and at half of it, measure
+    # how much longer than profiled batches run (service_stretch) and the load generator's
+    # CPU. The model's slowdown is drift x share(r) / (1 - r x cost): two rates separate the
+    # machine's drift since the profile from the front end's cost per request, which
+    # slows the workers through the GIL by more than the event loop's CPU time says.
+    strict = prof.policy(f"slo:{args.slo_ms:g}", batching_wait_s=0.002,
+                         load=ServingLoad(request_seeds=args.nodes_per_request))
+    high = min(args.load_fraction * strict.predicted_seeds_per_s / args.nodes_per_request, args.max_rate)
+    (loop_hi, gen_hi, rps_hi, s_hi), (loop_lo, gen_lo, rps_lo, s_lo) = (
+        calibrate(dataset, model, path, rate, args) for rate in (high, high / 2))
+    colocated_s = gen_hi / rps_hi
+    model_cpu = prof.devices["cpu"].model()
+
+    def share(rps: float) -> float:
+        return model_cpu.stretch(rps, ServingLoad(frontend_cpu_s=0.0, colocated_cpu_s=colocated_s))
+
+    # s_hi / s_lo = share_hi (1 - r_lo c) / (share_lo (1 - r_hi c)), solved for c
+    k = (s_hi / share(rps_hi)) / (s_lo / share(rps_lo))
+    cost = (k - 1) / (k * rps_hi - rps_lo) if k > 1 and k * rps_hi > rps_lo else 0.0
+    cost = max(cost, 0.0)
+    drift = max(s_lo * (1 - rps_lo * cost) / share(rps_lo), 0.1)
+    frontend_s = cost if cost > 0 else loop_hi / rps_hi  # no rate effect seen: charge the loop CPU
+    print(f"calibration at {rps_lo:.0f} and {rps_hi:.0f} req/s: front-end cost {frontend_s * 1e6:.0f} us per "
+          f"request (event loop CPU {loop_hi / rps_hi * 1e6:.0f} us), load generator {colocated_s * 1e6:.0f} us, "
+          f"machine {drift:.2f}x as slow as profiled", flush=True)
+    load = ServingLoad(request_seeds=args.nodes_per_request, frontend_cpu_s=frontend_s, colocated_cpu_s=colocated_s,
+                       service_scale=drift)
     strict = prof.policy(f"slo:{args.slo_ms:g}", batching_wait_s=0.002, load=load)
     fixed_seeds = max(1, int(strict.max_batch_psgs / prof.mean_seed_psgs))
     rate = min(args.load_fraction * strict.predicted_seeds_per_s / args.nodes_per_request, args.max_rate)
     costs = ["--request-seeds", str(args.nodes_per_request), "--frontend-cpu-us", f"{frontend_s * 1e6:.0f}",
-             "--colocated-cpu-us", f"{colocated_s * 1e6:.0f}"]
+             "--colocated-cpu-us", f"{colocated_s * 1e6:.0f}", "--service-scale", f"{drift:.3f}"]
     configs = {
         "psgs_strict": ["--profile", str(path), "--policy", f"slo:{args.slo_ms:g}", *costs],
         "psgs_loose": ["--profile", str(path), "--policy", f"slo-mean:{args.slo_ms:g}", *costs],
@@ -116,6 +132,7 @@ def main() -> None:
     report = {"machine": machine(), "slo_ms": args.slo_ms, "offered_rps": round(rate, 1),
               "load_fraction": args.load_fraction, "nodes_per_request": args.nodes_per_request,
               "frontend_cpu_us": round(frontend_s * 1e6), "loadgen_cpu_us": round(colocated_s * 1e6),
+              "service_scale": round(drift, 3),
               "strict_batch_psgs": round(strict.max_batch_psgs), "fixed_batch_seeds": fixed_seeds,
               "strict_predicted_seeds_per_s": round(strict.predicted_seeds_per_s), "results": {}}
     print(json.dumps({k: v for k, v in report.items() if k != "results"}), flush=True)

@@ -276,6 +276,7 @@ class PolicyConfig:
     request_seeds: float = 8.0
     frontend_cpu_us: float = 500.0
     colocated_cpu_us: float = 0.0
+    service_scale: float = 1.0  # batches now take this many times as long as profiled (drift)
 
     def __post_init__(self):
         if not (self.policy in ("latency", "throughput", "cpu", "gpu")
@@ -285,15 +286,17 @@ class PolicyConfig:
             raise ValueError("--adapt needs a --profile to start from")
         if self.adapt_interval_s <= 0 or self.adapt_min_batches < 1 or self.adapt_max_step <= 1:
             raise ValueError("adapt_interval_s > 0, adapt_min_batches >= 1 and adapt_max_step > 1 needed")
-        if self.request_seeds < 1 or self.frontend_cpu_us < 0 or self.colocated_cpu_us < 0:
-            raise ValueError("request_seeds >= 1, frontend_cpu_us >= 0 and colocated_cpu_us >= 0 needed, got "
-                             f"{self.request_seeds}, {self.frontend_cpu_us}, {self.colocated_cpu_us}")
+        if self.request_seeds < 1 or self.frontend_cpu_us < 0 or self.colocated_cpu_us < 0 or self.service_scale <= 0:
+            raise ValueError("request_seeds >= 1, frontend_cpu_us >= 0, colocated_cpu_us >= 0 and service_scale > 0 "
+                             f"needed, got {self.request_seeds}, {self.frontend_cpu_us}, {self.colocated_cpu_us}, "
+                             f"{self.service_scale}")
 
     def serving_load(self, request_seeds: float | None = None):
         from hybridgnn.profiling.queueing import ServingLoad
 
         return ServingLoad(request_seeds=request_seeds or self.request_seeds,
-                           frontend_cpu_s=self.frontend_cpu_us * 1e-6, colocated_cpu_s=self.colocated_cpu_us * 1e-6)
+                           frontend_cpu_s=self.frontend_cpu_us * 1e-6, colocated_cpu_s=self.colocated_cpu_us * 1e-6,
+                           service_scale=self.service_scale)
 
 
 @dataclass(frozen=True)

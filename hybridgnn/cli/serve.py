@@ -73,6 +73,9 @@ def add_parser(sub) -> None:
     p.add_argument("--colocated-cpu-us", type=float, default=env_default("COLOCATED_CPU_US", 0.0, float),
                    help="CPU per request (microseconds) spent by other processes on these cores, e.g. a load "
                         "generator on the same machine; slo:<ms> leaves it to them")
+    p.add_argument("--service-scale", type=float, default=env_default("SERVICE_SCALE", 1.0, float),
+                   help="slo:<ms> assumes batches take this many times as long as profiled, load aside (the "
+                        "machine drifting since the profile; service_stretch in the model metadata shows it)")
     p.add_argument("--seed-log", type=Path, default=env_default("SEED_LOG", None, Path),
                    help="write per-node request counts here (a .counts.npy, every 60 s and at stop) for "
                         "`hybridgnn place --from-log`")
@@ -159,7 +162,7 @@ def build_config(args) -> ServeConfig:
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
         policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt,
                             request_seeds=args.request_seeds, frontend_cpu_us=args.frontend_cpu_us,
-                            colocated_cpu_us=args.colocated_cpu_us),
+                            colocated_cpu_us=args.colocated_cpu_us, service_scale=args.service_scale),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
                             max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,
                             shutdown_grace_s=args.shutdown_grace_s, unready_delay_s=args.unready_delay_s,

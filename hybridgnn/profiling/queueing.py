@@ -40,12 +40,15 @@ class ServingLoad:
     frontend_cpu_s: float = 500e-6  # the event loop's CPU per request, measured here at 450-720 req/s
     colocated_cpu_s: float = 0.0
     cores: float = 0.0  # 0: the cores this process may run on
+    service_scale: float = 1.0  # batches take this many times as long as profiled, load aside (drift)
 
     def __post_init__(self):
         if not self.request_seeds >= 1:
             raise ValueError(f"request_seeds must be >= 1, got {self.request_seeds}")
         if self.frontend_cpu_s < 0 or self.colocated_cpu_s < 0 or self.cores < 0:
             raise ValueError("frontend_cpu_s, colocated_cpu_s and cores must be >= 0")
+        if not self.service_scale > 0:
+            raise ValueError(f"service_scale must be > 0, got {self.service_scale}")
 
     @property
     def available_cores(self) -> float:
@@ -128,7 +131,7 @@ class Simulator:
 
     def latencies(self, requests_per_s: float, bound: float) -> np.ndarray:
         """Seconds from arrival to response for every request after the warm-up."""
-        stretch = self.pipeline.stretch(requests_per_s + self.background_rps, self.load)
+        stretch = self.pipeline.stretch(requests_per_s + self.background_rps, self.load) * self.load.service_scale
         if not math.isfinite(stretch):
             return np.full(1, math.inf)
         arrivals = [a / requests_per_s for a in self.unit_arrivals]
@@ -162,7 +165,8 @@ class Simulator:
     def capacity(self, bound: float) -> float:
         """Requests/s the workers sustain with batches at the bound and no front-end stretch."""
         per_batch = max(bound, self.mean_request_psgs)
-        return self.pipeline.workers * (per_batch / self.mean_request_psgs) / self.pipeline.mean_seconds(per_batch)
+        seconds = self.pipeline.mean_seconds(per_batch) * self.load.service_scale
+        return self.pipeline.workers * (per_batch / self.mean_request_psgs) / seconds
 
     def max_rate(self, slo_s: float, bound: float, iterations: int = 9) -> tuple[float, float]:
         """(highest requests/s with simulated p99 <= slo_s, that p99), by bisection."""

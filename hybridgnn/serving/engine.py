@@ -353,6 +353,8 @@ class Engine:
             stretch = self.profile.devices[name].model().stretch(rps, load)
             stretch = stretch if math.isfinite(stretch) else 1.0
             samples[name] = (np.array([p for p, _ in d]), np.array([s for _, s in d]) / stretch)
+        # live service times already carry any drift: no --service-scale on top of them
+        load = dataclasses.replace(load, service_scale=1.0)
         return self.profile.data, sorted(self.profile.devices), samples, pc.policy, self.cfg.batcher.max_wait_s, load
 
     def adapt_once(self) -> bool:

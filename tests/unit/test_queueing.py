@@ -64,3 +64,16 @@ def test_max_rate_and_best_bound():
         ServingLoad(request_seeds=0)
     with pytest.raises(ValueError):
         PipelineModel([1.0], [1.0], np.array([0.0]), 1, 1)
+
+
+def test_service_scale_slows_every_batch():
+    model = constant(0.005, workers=2, cores_used=2)
+    base = Simulator(model, np.array([5.0]), ServingLoad(request_seeds=1, frontend_cpu_s=0.0, cores=2),
+                     batching_wait_s=0.001)
+    slow = Simulator(model, np.array([5.0]), ServingLoad(request_seeds=1, frontend_cpu_s=0.0, cores=2,
+                                                         service_scale=2.0), batching_wait_s=0.001)
+    assert slow.capacity(50.0) == pytest.approx(base.capacity(50.0) / 2)
+    # the service doubles (the batching wait does not), and longer batches queue more
+    assert slow.p99(50.0, 50.0) > 1.6 * base.p99(50.0, 50.0)
+    with pytest.raises(ValueError):
+        ServingLoad(service_scale=0)
