@@ -175,6 +175,9 @@ class RouterConfig:
             )
 
 
+HTTP_SERVERS = ("builtin", "aiohttp")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -192,8 +195,16 @@ class ServerConfig:
     # stop, for `hybridgnn place --from-log`.
     seed_log: Path | None = None
     seed_log_interval_s: float = 60.0
+    # Which HTTP server carries the API: "builtin" (serving/http.py, the fast path) or "aiohttp".
+    http_server: str = "builtin"
+    # Keep-alive connections idle this long (or stuck mid-request) are closed.
+    idle_timeout_s: float = 75.0
 
     def __post_init__(self):
+        if self.http_server not in HTTP_SERVERS:
+            raise ValueError(f"http_server must be one of {HTTP_SERVERS}, got {self.http_server!r}")
+        if self.idle_timeout_s <= 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be within [0, 65535], got {self.port}")
         if self.max_request_nodes < 1:

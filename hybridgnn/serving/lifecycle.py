@@ -18,7 +18,9 @@ from aiohttp import web
 
 from hybridgnn.capabilities import freeze_startup_heap, raise_open_file_limit, run_async
 from hybridgnn.config import ServeConfig
+from hybridgnn.serving.api import Api
 from hybridgnn.serving.app import build_app
+from hybridgnn.serving.http import HttpServer
 from hybridgnn.serving.engine import Engine
 
 log = logging.getLogger("hybridgnn.serve")
@@ -27,12 +29,7 @@ log = logging.getLogger("hybridgnn.serve")
 async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     engine = Engine(cfg)
     await engine.start()
-    app = build_app(engine)
-    # Idle keep-alive connections must not hold the process after the drain.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=cfg.server.shutdown_grace_s + 1)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True)
-    await site.start()
+    close_http = await _start_http(engine, cfg)
     freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -62,7 +59,7 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     # Keep listening a moment: clients on keep-alive connections get a 503 with
     # "Connection: close" instead of a reset, and the balancer sees ready=503.
     await asyncio.sleep(cfg.server.shutdown_grace_s)
-    await runner.cleanup()
+    await close_http()
     if saver is not None:
         saver.cancel()
         await asyncio.gather(saver, return_exceptions=True)
@@ -72,6 +69,22 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     await engine.stop()
     log.info("stopped (%s)", "drained" if drained else "drain timed out")
     return 0 if drained else 1
+
+
+async def _start_http(engine: Engine, cfg: ServeConfig):
+    """Start the configured HTTP server on the engine; returns the coroutine function that
+    closes it (in-flight answers go out, idle keep-alive connections do not hold the process)."""
+    api = Api(engine)
+    server = cfg.server
+    if server.http_server == "builtin":
+        http = HttpServer(api, max_body_bytes=server.max_body_bytes, idle_timeout_s=server.idle_timeout_s)
+        await http.start(server.host, server.port)
+        return lambda: http.close(server.shutdown_grace_s + 1)
+    runner = web.AppRunner(build_app(api), access_log=None, handle_signals=False,
+                           shutdown_timeout=server.shutdown_grace_s + 1, keepalive_timeout=server.idle_timeout_s)
+    await runner.setup()
+    await web.TCPSite(runner, server.host, server.port, reuse_address=True).start()
+    return runner.cleanup
 
 
 async def _refresh_placement(engine: Engine) -> None:
