@@ -29,7 +29,12 @@ log = logging.getLogger("hybridgnn.serve")
 async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     engine = Engine(cfg)
     await engine.start()
-    close_http = await _start_http(engine, cfg)
+    try:
+        close_http = await _start_http(engine, cfg)
+    except OSError as exc:  # port taken, address not local, no permission: say so, no traceback
+        log.error("cannot listen on %s:%d: %s", cfg.server.host, cfg.server.port, exc.strerror or exc)
+        await engine.stop()
+        return 2
     freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

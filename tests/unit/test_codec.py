@@ -3,7 +3,25 @@ import json
 import numpy as np
 import pytest
 
+from hybridgnn.serving import codec
 from hybridgnn.serving.codec import HEADER_LENGTH, RequestError, decode_infer_request, encode_infer_response
+
+try:
+    import orjson
+except ImportError:  # optional: the stdlib parser is then the only one
+    orjson = None
+
+
+@pytest.fixture(autouse=True, params=["stdlib", "orjson"])
+def json_backend(request, monkeypatch):
+    """Every codec test runs with the stdlib JSON parser and with orjson (when installed)."""
+    if request.param == "orjson":
+        if orjson is None:
+            pytest.skip("orjson is not installed")
+        monkeypatch.setattr(codec, "_orjson", orjson)
+    else:
+        monkeypatch.setattr(codec, "_orjson", None)
+    return request.param
 
 
 def decode(obj, header=None, body=None, max_nodes=100, num_nodes=50, feature_dim=None):

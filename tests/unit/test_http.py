@@ -1,0 +1,294 @@
+"""The built-in HTTP/1.1 server (serving/http.py) over real sockets on 127.0.0.1, with an
+API of test endpoints: framing, keep-alive, pipelining, limits, errors, idle timeout, close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from hybridgnn.serving.api import Reply
+from hybridgnn.serving.http import HttpServer
+
+
+class _Engine:
+    draining = False
+
+
+class EchoApi:
+    """route() like serving/api.Api: /echo (sync), /later?ms (a future), /async (a coroutine), /boom (raises)."""
+
+    def __init__(self):
+        self.engine = _Engine()
+
+    def route(self, method, path):
+        if path == "/echo":
+            return (lambda req: Reply.json({"method": method, "body": req.body.decode("latin-1"),
+                                            "headers": req.headers})), {}
+        if path == "/later":
+            return self._later, {}
+        if path == "/async":
+            return self._async, {}
+        if path == "/boom":
+            return (lambda req: 1 / 0), {}
+        return Reply.error(404, f"no such endpoint: {method} {path}")
+
+    def _later(self, req):
+        fut = asyncio.get_running_loop().create_future()
+        delay = float(req.body or b"0.05")
+        asyncio.get_running_loop().call_later(delay, fut.set_result, Reply.json({"slept": delay}))
+        return fut
+
+    async def _async(self, req):
+        await asyncio.sleep(0.01)
+        return Reply.json({"async": True})
+
+
+async def read_response(reader: asyncio.StreamReader, head_only: bool = False):
+    """(status, headers, body) of one response; the first line may be a 100 Continue."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+    body = b"" if head_only else await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
+    return status, headers, body
+
+
+def run(fn, **server_kwargs):
+    async def main():
+        server = HttpServer(EchoApi(), max_body_bytes=server_kwargs.pop("max_body_bytes", 1000), **server_kwargs)
+        await server.start("127.0.0.1", 0)
+        try:
+            return await fn(server)
+        finally:
+            await server.close(1.0)
+
+    return asyncio.run(main())
+
+
+async def connect(server):
+    return await asyncio.open_connection("127.0.0.1", server.port)
+
+
+async def closed_by_server(reader) -> bool:
+    return await asyncio.wait_for(reader.read(), 5) == b""
+
+
+def test_keep_alive_serves_many_requests_on_one_connection():
+    async def go(server):
+        reader, writer = await connect(server)
+        for i in range(3):
+            writer.write(f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n{i}".encode())
+            status, headers, body = await read_response(reader)
+            assert status == 200 and json.loads(body)["body"] == str(i)
+            assert headers["connection"] == "keep-alive" and headers["content-type"] == "application/json"
+            assert "date" in headers
+        writer.close()
+
+    run(go)
+
+
+def test_pipelined_requests_are_answered_in_order():
+    async def go(server):
+        reader, writer = await connect(server)
+        # the first answer comes later than the second would: order must still hold
+        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 3\r\n\r\n0.1"
+                     b"GET /echo HTTP/1.1\r\n\r\nGET /async HTTP/1.1\r\n\r\n")
+        first = await read_response(reader)
+        second = await read_response(reader)
+        third = await read_response(reader)
+        assert json.loads(first[2]) == {"slept": 0.1}
+        assert json.loads(second[2])["method"] == "GET"
+        assert json.loads(third[2]) == {"async": True}
+        writer.close()
+
+    run(go)
+
+
+def test_request_delivered_byte_by_byte():
+    async def go(server):
+        reader, writer = await connect(server)
+        for b in b"POST /echo?x=1 HTTP/1.1\r\nContent-Length: 5\r\nX-Thing:  v \r\n\r\nhello":
+            writer.write(bytes([b]))
+            await writer.drain()
+        status, _, body = await read_response(reader)
+        out = json.loads(body)
+        assert status == 200 and out["body"] == "hello" and out["headers"]["x-thing"] == "v"
+        writer.close()
+
+    run(go)
+
+
+@pytest.mark.parametrize("pieces", [1, 7])
+def test_chunked_body_with_extensions_and_trailers(pieces):
+    async def go(server):
+        reader, writer = await connect(server)
+        raw = (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n")
+        step = max(1, len(raw) // pieces)
+        for i in range(0, len(raw), step):
+            writer.write(raw[i:i + step])
+            await writer.drain()
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["body"] == "hello 0123456789"
+        writer.write(b"GET /echo HTTP/1.1\r\n\r\n")  # the connection is still usable
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+
+    run(go)
+
+
+@pytest.mark.parametrize("raw,status", [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /echo HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (b"GET /echo HTTP/1.1\r\n folded: x\r\n\r\n", 400),
+    (b"GET http://host/echo HTTP/1.1\r\n\r\n", 400),
+    (b"GET /echo HTTP/2.0\r\n\r\n", 505),
+    (b"POST /echo HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400),
+    (b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+    (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nExpect: magic\r\n\r\n", 417),
+])
+def test_malformed_requests_get_a_json_error_and_a_closed_connection(raw, status):
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(raw)
+        got, headers, body = await read_response(reader)
+        assert got == status and "error" in json.loads(body)
+        assert headers["connection"] == "close"
+        assert await closed_by_server(reader)
+        # the server itself is fine
+        reader, writer = await connect(server)
+        writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+
+    run(go)
+
+
+def test_limits_431_and_413():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert status == 431 and "head" in json.loads(body)["error"]
+        assert await closed_by_server(reader)
+
+        reader, writer = await connect(server)
+        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"x" * 1000)
+        status, _, body = await read_response(reader)
+        assert status == 413 and "limit 1000 bytes" in json.loads(body)["error"]
+        writer.write(b"x" * 4000)  # the rest of the declared body is taken in, then the server closes
+        assert await closed_by_server(reader)
+
+        reader, writer = await connect(server)
+        writer.write(b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3E8\r\n" + b"x" * 1000
+                     + b"\r\n1\r\nx\r\n0\r\n\r\n")
+        assert (await read_response(reader))[0] == 413
+
+    run(go, max_header_bytes=4096)
+
+
+def test_expect_100_continue():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        line = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert line.startswith(b"HTTP/1.1 100 Continue")
+        writer.write(b"body")
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["body"] == "body"
+
+    run(go)
+
+
+def test_head_http10_connection_close_and_404():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"HEAD /echo HTTP/1.1\r\n\r\n")
+        status, headers, _ = await read_response(reader, head_only=True)
+        assert status == 200 and int(headers["content-length"]) > 0
+        writer.write(b"GET /nope HTTP/1.1\r\n\r\n")
+        status, _, body = await read_response(reader)  # no HEAD body was sent before this answer
+        assert status == 404 and json.loads(body) == {"error": "no such endpoint: GET /nope"}
+        writer.write(b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert (await read_response(reader))[1]["connection"] == "close"
+        assert await closed_by_server(reader)
+
+        reader, writer = await connect(server)
+        writer.write(b"GET /echo HTTP/1.0\r\n\r\n")
+        assert (await read_response(reader))[1]["connection"] == "close"
+        assert await closed_by_server(reader)
+
+        reader, writer = await connect(server)
+        writer.write(b"GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        assert (await read_response(reader))[1]["connection"] == "keep-alive"
+        writer.close()
+
+    run(go)
+
+
+def test_endpoint_error_is_a_500_and_the_connection_goes_on():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"GET /boom HTTP/1.1\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert status == 500 and json.loads(body) == {"error": "internal server error"}
+        writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+
+    run(go)
+
+
+def test_client_leaving_mid_request_and_half_close():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 4\r\n\r\n0.05")
+        writer.close()  # gone before the answer
+        reader, writer = await connect(server)
+        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 4\r\n\r\n0.05")
+        writer.write_eof()  # half-close: the answer still comes, then the server closes
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body) == {"slept": 0.05}
+        assert await closed_by_server(reader)
+        assert not any(c.busy for c in server.connections)
+
+    run(go)
+
+
+def test_idle_connections_are_closed():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"GET /echo HTTP/1.1\r\n")  # stuck mid-head
+        assert await closed_by_server(reader)
+
+    run(go, idle_timeout_s=0.2)
+
+
+def test_draining_says_connection_close_and_close_answers_in_flight():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 3\r\n\r\n0.2")
+        deadline = asyncio.get_running_loop().time() + 5
+        while not any(c.busy for c in server.connections):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.005)
+        port = server.port
+        server.api.engine.draining = True
+        closing = asyncio.ensure_future(server.close(2.0))
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers["connection"] == "close"
+        await closing
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+
+    run(go)
