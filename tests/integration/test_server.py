@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -222,8 +223,9 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
         assert srv.stop() == 0
 
 
-def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20").wait_ready()
+@pytest.mark.parametrize("http_server", ["builtin", "aiohttp"])
+def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model, http_server):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20", "--http-server", http_server).wait_ready()
     outcomes, lock = [], threading.Condition()
     stop_clients = threading.Event()
 
@@ -309,3 +311,13 @@ def test_bench_command_drives_the_server(server):
     assert report["sent"] > 50 and report["ok"] == report["sent"] and report["errors"] == 0
     assert report["seeds_per_s"] == pytest.approx(3 * report["achieved_rps"])
     assert 0 < report["p50_ms"] <= report["p99_ms"] <= report["max_ms"]
+
+
+def test_a_taken_port_exits_2_with_a_message(tiny_dataset, tiny_model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        srv = ServerProcess(tiny_dataset, tiny_model, port=taken.getsockname()[1])
+        assert srv.proc.wait(120) == 2
+        out = srv.output()
+    assert "cannot listen on 127.0.0.1" in out and "Traceback" not in out, out

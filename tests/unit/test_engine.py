@@ -1,9 +1,10 @@
-"""The engine and app in-process (aiohttp test server): failure paths that are awkward to
-provoke in a subprocess."""
+"""The engine and its HTTP server in process: failure paths that are awkward to provoke in
+a subprocess, and the two HTTP front ends answering alike."""
 
 import asyncio
 
 import numpy as np
+import pytest
 
 from hybridgnn.config import BatcherConfig, SamplingConfig, ServeConfig
 from hybridgnn.pipelines.executor import BatchExecutor
@@ -11,7 +12,43 @@ from hybridgnn.serving.engine import Engine
 from tests.unit.engine_client import body, with_client
 
 
+@pytest.mark.parametrize("http_server", ["builtin", "aiohttp"])
+def test_both_http_servers_answer_alike(tiny_dataset, tiny_model, http_server):
+    """Same statuses, JSON messages and headers from either front end (serving/api.py)."""
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
 
+    async def scenario(engine, client):
+        seen = []
+        for method, path, kwargs in [
+            ("GET", "/v2/health/ready", {}),
+            ("GET", "/v2/models", {}),
+            ("GET", "/v2/models/hybridgnn/versions/1/ready", {}),
+            ("GET", "/v2/models/other", {}),
+            ("GET", "/v2/nothing", {}),
+            ("DELETE", "/v2/models/hybridgnn/infer", {}),
+            ("POST", "/v2/models/hybridgnn/ready", {}),
+            ("POST", "/v2/models/hybridgnn/infer", {"data": b"{not json"}),
+            ("POST", "/v2/models/hybridgnn/infer", {"json": body([-1])}),
+            ("POST", "/v2/models/hybridgnn/infer", {"data": b"x" * (cfg.server.max_body_bytes + 1)}),
+            ("POST", "/v2/models/hybridgnn/graph", {"json": {}}),
+        ]:
+            resp = await client.request(method, path, **kwargs)
+            seen.append((resp.status, await resp.json(), resp.headers.get("Allow")))
+        ok = await client.post("/v2/models/hybridgnn/infer", json=body([1, 2]))
+        assert ok.status == 200 and ok.content_type == "application/json"
+        head = await client.head("/v2/health/live")
+        assert head.status == 200 and await head.read() == b""
+        return seen
+
+    seen = asyncio.run(with_client(cfg, scenario, http_server=http_server))
+    statuses = [s for s, _, _ in seen]
+    assert statuses == [200, 200, 200, 404, 404, 405, 405, 400, 400, 413, 403]
+    assert seen[4][1] == {"error": "no such endpoint: GET /v2/nothing"}
+    assert seen[5][2] == "POST" and seen[6][2] == "GET, HEAD"
+    assert "unknown model 'other'" in seen[3][1]["error"]
+    assert "not valid JSON" in seen[7][1]["error"] and ">= 0" in seen[8][1]["error"]
+    assert "limit 16777216 bytes" in seen[9][1]["error"]
+    assert "disabled" in seen[10][1]["error"]
 
 
 
