@@ -53,6 +53,13 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process's main thread, where its event loop runs (Linux)."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def heavy_setup():
     """The products-scale graph and a 3-layer SAGE (hidden 256) with random weights."""
     import torch

@@ -8,6 +8,7 @@ Poisson load generator.
 
     .venv/bin/python bench/serve_throughput.py [--slo-ms 50] [--nodes-per-request 4]
     .venv/bin/python bench/serve_throughput.py --heavy      # products graph, 3-layer SAGE 256
+    .venv/bin/python bench/serve_throughput.py --servers throughput   # naive vs throughput settings only
 
 The naive server runs its model with --naive-threads intra-op threads (default: 1 and 2,
 each measured; the better one is the baseline), so it may use the second core too.
@@ -58,6 +59,9 @@ def main() -> None:
     ap.add_argument("--start-rate", type=float, default=50.0)
     ap.add_argument("--naive-threads", default="1,2", help="intra-op thread counts to try for the naive server")
     ap.add_argument("--heavy", action="store_true", help="products-scale graph and a 3-layer SAGE of width 256")
+    ap.add_argument("--servers", default="off,defaults,throughput,aiohttp",
+                    help="which hybridgnn servers to measure besides the naive one (off = batching off, "
+                         "throughput = the THROUGHPUT settings, aiohttp = defaults on the aiohttp front end)")
     args = ap.parse_args()
     raise_open_file_limit()
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
@@ -69,11 +73,15 @@ def main() -> None:
     measured = {t: r for t, r in naive_runs.items() if r is not None}
     naive_threads = max(measured, key=lambda t: measured[t].seeds_per_s) if measured else None
     naive = measured.get(naive_threads)
-    _, unbatched = measure(dataset, model, NO_BATCHING, args, "hybridgnn serve, batching off")
-    _, ours = measure(dataset, model, (), args, "hybridgnn serve (defaults)")
-    _, tuned = measure(dataset, model, THROUGHPUT, args, f"hybridgnn serve {' '.join(THROUGHPUT)}")
-    _, ours_aiohttp = measure(dataset, model, ("--http-server", "aiohttp"), args,
-                              "hybridgnn serve --http-server aiohttp")
+    wanted = set(args.servers.split(","))
+
+    def maybe(name, extra, label):
+        return measure(dataset, model, extra, args, label)[1] if name in wanted else None
+
+    unbatched = maybe("off", NO_BATCHING, "hybridgnn serve, batching off")
+    ours = maybe("defaults", (), "hybridgnn serve (defaults)")
+    tuned = maybe("throughput", THROUGHPUT, f"hybridgnn serve {' '.join(THROUGHPUT)}")
+    ours_aiohttp = maybe("aiohttp", ("--http-server", "aiohttp"), "hybridgnn serve --http-server aiohttp")
     report = {
         "machine": machine(),
         "slo_p99_ms": args.slo_ms,
