@@ -19,13 +19,20 @@ from urllib.parse import unquote
 
 from hybridgnn import __version__
 from hybridgnn.graph.dynamic import UpdateError
-from hybridgnn.serving.codec import INPUT_NAME, RequestError, decode_infer_request, encode_infer_response
+from hybridgnn.serving.codec import (
+    HEADER_LENGTH,
+    INPUT_NAME,
+    RequestError,
+    decode_infer_request,
+    encode_infer_response,
+)
 from hybridgnn.serving.engine import BatchFailed, Draining, Engine, Overloaded, RemovedNode
 from hybridgnn.serving.updates import decode_update_request
 
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+_HEADER_LENGTH = HEADER_LENGTH.lower()  # request headers reach endpoints with lower-case names
 
 
 class Reply:
@@ -187,7 +194,7 @@ class Api:
         engine = self.engine
         try:
             self._check_model(request)
-            req = decode_infer_request(request.body, request.headers.get("inference-header-content-length"),
+            req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                        feature_dim=engine.graph.feature_dim)
             pending = self._dispatch(req)
@@ -284,7 +291,7 @@ class Api:
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 raise RequestError("graph updates need 'Authorization: Bearer <token>' with the server's update "
                                    "token", 401)
-            req = decode_update_request(request.body, request.headers.get("inference-header-content-length"),
+            req = decode_update_request(request.body, request.headers.get(_HEADER_LENGTH),
                                         feature_dim=engine.graph.feature_dim,
                                         max_updates=engine.cfg.updates.max_request_updates)
             result = await engine.apply_update(req)
