@@ -20,12 +20,13 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hybridgnn.capabilities import freeze_startup_heap  # noqa: E402
+from hybridgnn.errors import ServingError  # noqa: E402
 from hybridgnn.features.store import HostFeatureStore  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
 from hybridgnn.models.checkpoint import load_checkpoint  # noqa: E402
 from hybridgnn.pipelines.executor import BatchExecutor  # noqa: E402
 from hybridgnn.sampling.cpu import CPUSampler  # noqa: E402
-from hybridgnn.serving.codec import HEADER_LENGTH, RequestError, decode_infer_request, encode_infer_response  # noqa: E402
+from hybridgnn.serving.http.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response  # noqa: E402
 
 
 def main() -> None:
@@ -45,8 +46,8 @@ def main() -> None:
         try:
             req = decode_infer_request(await request.read(), request.headers.get(HEADER_LENGTH),
                                        max_nodes=8192, num_nodes=graph.num_nodes)
-        except RequestError as exc:
-            return web.json_response({"error": str(exc)}, status=exc.status)
+        except ServingError as exc:
+            return web.json_response({"error": exc.message}, status=exc.status)
         result = executor.run(req.node_ids)
         body, headers = encode_infer_response("hybridgnn", req.request_id, {
             "embeddings": result.embeddings, "predictions": result.predictions}, req.outputs)

@@ -93,6 +93,23 @@ class BatcherConfig:
 
 
 @dataclass(frozen=True)
+class AdmissionConfig:
+    """Requests are admitted while the queueing delay they would see (queued work over each
+    lane's measured service rate) stays within max_queue_delay_s; past it, 429 + Retry-After.
+    None: the SLO's room (slo:<ms> policy: the SLO less the batching wait and a full
+    batch's p99 service time) or DEFAULT_QUEUE_DELAY_S."""
+
+    max_queue_delay_s: float | None = None
+
+    def __post_init__(self):
+        if self.max_queue_delay_s is not None and not 0 < self.max_queue_delay_s <= 60:
+            raise ValueError(f"max_queue_delay_s must be within (0, 60] seconds, got {self.max_queue_delay_s}")
+
+
+DEFAULT_QUEUE_DELAY_S = 0.1
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     """One sample→gather→compute pipeline: `workers` threads share one queue."""
 
@@ -175,9 +192,6 @@ class RouterConfig:
             )
 
 
-HTTP_SERVERS = ("builtin", "aiohttp")
-
-
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -195,16 +209,21 @@ class ServerConfig:
     # stop, for `hybridgnn place --from-log`.
     seed_log: Path | None = None
     seed_log_interval_s: float = 60.0
-    # Which HTTP server carries the API: "builtin" (serving/http.py, the fast path) or "aiohttp".
-    http_server: str = "builtin"
-    # Keep-alive connections idle this long (or stuck mid-request) are closed.
+    # Keep-alive connections idle this long between requests are closed.
     idle_timeout_s: float = 75.0
+    # A request must arrive whole within this long of its first byte (else 408 and close).
+    request_timeout_s: float = 30.0
+    # Open connections beyond this get 503 + Retry-After and are closed (lowered at start to
+    # what the process's descriptor limit leaves room for).
+    max_connections: int = 10_000
 
     def __post_init__(self):
-        if self.http_server not in HTTP_SERVERS:
-            raise ValueError(f"http_server must be one of {HTTP_SERVERS}, got {self.http_server!r}")
         if self.idle_timeout_s <= 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be within [0, 65535], got {self.port}")
         if self.max_request_nodes < 1:
@@ -329,6 +348,7 @@ class ServeConfig:
     new_nodes: NewNodeConfig = field(default_factory=NewNodeConfig)
     updates: UpdateConfig = field(default_factory=UpdateConfig)
     policy: PolicyConfig = field(default_factory=lambda: PolicyConfig())
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     def __post_init__(self):
         for pipe, expected in ((self.cpu_pipeline, "cpu"), (self.gpu_pipeline, "gpu")):

@@ -8,6 +8,7 @@ import sys
 
 from hybridgnn import __version__
 from hybridgnn.cli import bench, cluster, dataset, place, precompute, profile, serve, train, workload
+from hybridgnn.errors import ConfigError
 
 COMMANDS = (serve, cluster, dataset, workload, train, precompute, profile, place, bench)
 
@@ -29,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:  # bad flags, datasets or models: one clear line
-        print(f"hybridgnn {args.command}: error: {exc}", file=sys.stderr)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        # A dataset, model, profile or flags that do not fit (ConfigError; the config
+        # dataclasses raise ValueError for a bad flag): one clear line, exit 2.
+        message = " ".join(str(exc).split())
+        print(f"hybridgnn {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

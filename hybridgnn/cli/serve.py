@@ -7,8 +7,8 @@ from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.config import (
+    AdmissionConfig,
     GRAPH_PLACEMENTS,
-    HTTP_SERVERS,
     BatcherConfig,
     DeviceMemoryConfig,
     NewNodeConfig,
@@ -48,7 +48,11 @@ def add_parser(sub) -> None:
     p.add_argument("--max-wait-ms", type=float, default=env_default("MAX_WAIT_MS", 2.0, float),
                    help="longest a request waits for its batch to fill")
     p.add_argument("--max-pending", type=int, default=env_default("MAX_PENDING", 2048, int),
-                   help="requests in flight before new ones get 429")
+                   help="hard cap on requests in flight (memory); the queue-delay bound usually refuses first")
+    p.add_argument("--max-queue-delay-ms", type=float, default=env_default("MAX_QUEUE_DELAY_MS", None, float),
+                   help="admit a request only while the queueing delay it would see (queued work over the measured "
+                        "service rate) stays within this; else 429 + Retry-After (default: the room an slo:<ms> "
+                        "policy leaves, else 100)")
     p.add_argument("--max-request-nodes", type=int, default=env_default("MAX_REQUEST_NODES", 8192, int))
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default=env_default("DEVICE", "auto"),
                    help="pipelines to run: cpu (CPU only), cuda (CPU and GPU pipelines, hybrid routing), auto "
@@ -95,11 +99,12 @@ def add_parser(sub) -> None:
     p.add_argument("--cpu-compute-device", default=env_default("CPU_COMPUTE_DEVICE", "cpu"),
                    help="where the CPU pipeline gathers features and runs the model (cpu, or cuda: only sampling "
                         "stays on the CPU, as in Quiver)")
-    p.add_argument("--http-server", choices=list(HTTP_SERVERS), default=env_default("HTTP_SERVER", "builtin"),
-                   help="the HTTP server carrying the API: builtin (an asyncio protocol, ~5x less event-loop "
-                        "time per request) or aiohttp")
     p.add_argument("--idle-timeout-s", type=float, default=env_default("IDLE_TIMEOUT_S", 75.0, float),
-                   help="close keep-alive connections idle this long")
+                   help="close keep-alive connections idle this long between requests")
+    p.add_argument("--request-timeout-s", type=float, default=env_default("REQUEST_TIMEOUT_S", 30.0, float),
+                   help="a request must arrive whole within this long of its first byte (else 408)")
+    p.add_argument("--max-connections", type=int, default=env_default("MAX_CONNECTIONS", 10_000, int),
+                   help="open connections beyond this get 503 + Retry-After (capped by the descriptor limit)")
     p.add_argument("--drain-timeout-s", type=float, default=env_default("DRAIN_TIMEOUT_S", 30.0, float))
     p.add_argument("--shutdown-grace-s", type=float, default=env_default("SHUTDOWN_GRACE_S", 0.5, float),
                    help="after draining, keep answering 503 this long before closing the listener")
@@ -166,13 +171,15 @@ def build_config(args) -> ServeConfig:
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement,
                                       placement_plan=args.placement, placement_server=args.placement_server),
         router=RouterConfig(psgs_threshold=args.psgs_threshold),
+        admission=AdmissionConfig(max_queue_delay_s=(args.max_queue_delay_ms / 1000.0
+                                                     if args.max_queue_delay_ms is not None else None)),
         policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt,
                             request_seeds=args.request_seeds, frontend_cpu_us=args.frontend_cpu_us,
                             colocated_cpu_us=args.colocated_cpu_us, service_scale=args.service_scale),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,
                             max_request_nodes=args.max_request_nodes, drain_timeout_s=args.drain_timeout_s,
                             shutdown_grace_s=args.shutdown_grace_s, unready_delay_s=args.unready_delay_s,
-                            seed_log=args.seed_log, http_server=args.http_server,
+                            seed_log=args.seed_log, request_timeout_s=args.request_timeout_s, max_connections=args.max_connections,
                             idle_timeout_s=args.idle_timeout_s),
     )
 

@@ -17,6 +17,10 @@ R_l of nodes whose layer-l embedding is computed; every other node's input is it
 Direct neighbours are the existing nodes a query edge points into; their layer-l inputs
 add the query nodes. GCN weights use whole-graph degrees plus the query edges; GAT reads
 the computed target embedding, so attention is exact wherever R says so.
+
+A query node without edges (or with only a self-edge) is an isolated node: every mode
+answers the model's embedding of it from its own features alone, exactly what the model
+gives an isolated node of the graph.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 from hybridgnn.embeddings.precompute import gcn_degrees
 from hybridgnn.embeddings.store import EmbeddingStore
+from hybridgnn.errors import Conflict
 from hybridgnn.features.store import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
@@ -99,7 +104,7 @@ class NewNodeEvaluator:
         if mode == "sampled":
             return self._sampled(features, queries, qsrc, qdst, fanouts)
         if self.store is None:
-            raise LookupError(f"mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute`")
+            raise Conflict(f"mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute`")
         K = self.model.num_layers
         if mode == "pe":
             keep = np.empty(0, dtype=np.int64)
@@ -239,6 +244,8 @@ class NewNodeEvaluator:
     def _positions(self, sources: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Row of each id in `sources` (ids must all occur). An uninitialised id-sized array
         costs only the pages touched, unlike a search per id."""
+        if ids.size == 0:  # e.g. query nodes without edges: nothing to place
+            return np.empty(0, dtype=np.int64)
         where = np.empty(int(max(sources.max(), ids.max())) + 1, dtype=np.int64)
         where[sources] = np.arange(len(sources))
         return where[ids]

@@ -21,12 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from hybridgnn.errors import UpdateError  # an update batch that cannot apply; nothing of it was applied
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.store import GraphStore
-
-
-class UpdateError(ValueError):
-    """An update batch that cannot apply; nothing of it was applied."""
 
 
 class RWLock:
@@ -335,6 +332,15 @@ class DynamicGraph:
         a = self._check(batch)
         n0 = self.num_nodes
         new_nodes = np.arange(n0, n0 + a, dtype=np.int64)
+        # A node this batch adds may have its features updated too (update features come
+        # last): the update is then simply its features.
+        update_ids = batch.update_ids.astype(np.int64)
+        update_feats, add_feats = batch.update_features, batch.add_node_features
+        fresh = update_ids >= n0
+        if fresh.any():
+            add_feats = np.array(add_feats, dtype=np.float32)
+            add_feats[update_ids[fresh] - n0] = update_feats[fresh]
+            update_ids, update_feats = update_ids[~fresh], update_feats[~fresh]
         # Edges of removed nodes go too: their rows (in-edges) and their readers (out-edges).
         rn = batch.remove_nodes.astype(np.int64)
         lens_in, srcs = self.fwd.rows(rn)
@@ -359,14 +365,14 @@ class DynamicGraph:
         for edges, present in ((removed, False), (added, True)):
             loops = edges[edges[:, 0] == edges[:, 1], 0]
             self.self_loop[loops] = present
-        feat_nodes = np.concatenate([batch.update_ids.astype(np.int64), new_nodes])
+        feat_nodes = np.concatenate([update_ids, new_nodes])
         old_feats = np.zeros((len(feat_nodes), self.feature_dim), dtype=np.float32)
-        k = len(batch.update_ids)
+        k = len(update_ids)
         if k:
-            old_feats[:k] = self.features(batch.update_ids)
+            old_feats[:k] = self.features(update_ids)
         new_feats = np.concatenate([
-            batch.update_features if k else np.empty((0, self.feature_dim), np.float32),
-            batch.add_node_features if a else np.empty((0, self.feature_dim), np.float32)]).astype(np.float32)
+            update_feats if k else np.empty((0, self.feature_dim), np.float32),
+            add_feats if a else np.empty((0, self.feature_dim), np.float32)]).astype(np.float32)
         self._write_features(feat_nodes, new_feats)
         self.version += 1
         self.updates_applied += batch.num_updates

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.errors import ConfigError
+
 FORMAT_VERSION = 1
 MASK_NAMES = ("train_mask", "val_mask", "test_mask")
 
 
-class DatasetError(ValueError):
+class DatasetError(ConfigError):
     """A dataset directory is missing, incomplete or inconsistent."""
 
 

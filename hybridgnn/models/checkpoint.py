@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
+from hybridgnn.errors import ConfigError
 from hybridgnn.models.gnn import GNN, ModelSpec
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A model directory is missing files or does not match its config."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.errors import ConfigError
 from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, operating_points
 from hybridgnn.profiling.queueing import ServingLoad
 from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
@@ -27,7 +28,7 @@ SCHEMA_VERSION = 1
 POLICIES = ("latency", "throughput", "cpu", "gpu")  # plus slo:<ms>
 
 
-class ProfileMismatch(ValueError):
+class ProfileMismatch(ConfigError):
     """A profile made for another dataset, model or fanouts."""
 
 

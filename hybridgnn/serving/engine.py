@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hybridgnn.config import ServeConfig
+from hybridgnn.config import DEFAULT_QUEUE_DELAY_S, ServeConfig
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.capabilities import HAS_CUDA
+from hybridgnn.errors import BatchFailed, ConfigError, Conflict, Draining, Forbidden, Overloaded, RemovedNode
 from hybridgnn.features.store import (
     CachedFeatureStore,
     DynamicFeatureStore,
@@ -45,6 +46,7 @@ from hybridgnn.pipelines.process import ProcessExecutor
 from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
+from hybridgnn.scheduler.admission import Admission, Lane
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
 from hybridgnn.serving.updates import UpdateApplier
@@ -63,26 +65,6 @@ log = logging.getLogger(__name__)
 # Without a profile, a hybrid server sends a batch to the GPU once its PSGS exceeds that
 # of this many average seeds (a stand-in until `hybridgnn profile` measures the crossover).
 DEFAULT_GPU_BATCH_SEEDS = 64
-
-
-class Overloaded(Exception):
-    """Too many requests in flight; the client should retry after a while."""
-
-
-class Draining(Exception):
-    """The server is shutting down and takes no new work."""
-
-
-class BatchFailed(Exception):
-    """The pipeline could not execute the batch holding this request."""
-
-
-class RemovedNode(LookupError):
-    """A request names a node that a graph update removed."""
-
-
-class ConfigError(ValueError):
-    """The dataset, model and flags do not fit together."""
 
 
 @dataclass
@@ -165,6 +147,8 @@ class Engine:
         self._adapt_mark = (time.perf_counter(), 0, 0)
         if cfg.policy.profile is not None:
             self._load_profile()
+        self.admission = self._make_admission()
+        self._sampled_lane = self.admission.lanes["sampled"]
         self.telemetry.psgs_threshold.set(self.router.threshold)
         self.telemetry.max_batch_psgs.set(self.batcher_cfg.max_batch_psgs)
         self.telemetry.policy.labels(self.policy.name if self.policy else "none").set(1)
@@ -311,6 +295,33 @@ class Engine:
         log.info("policy %s from %s: PSGS threshold %s, batch PSGS up to %s, predicted %s seeds/s", policy.name,
                  pc.profile, policy.psgs_threshold, policy.max_batch_psgs,
                  f"{policy.predicted_seeds_per_s:.0f}" if policy.predicted_seeds_per_s else "?")
+
+    def _make_admission(self) -> Admission:
+        """Lanes for each kind of work, and the delay bound: the configured one, else the
+        room an slo:<ms> policy leaves (the SLO less the batching wait and a full batch's
+        p99 service time, at least a fifth of the SLO), else DEFAULT_QUEUE_DELAY_S."""
+        self._seed_psgs = float(np.mean(self.tables.psgs))
+        self._mean_request_psgs = self._seed_psgs
+        full_batch = self._full_batch_psgs()
+        bound = self.cfg.admission.max_queue_delay_s
+        if bound is None and self.policy is not None and self.policy.name.startswith("slo"):
+            slo_s = float(self.policy.name.split(":", 1)[1]) / 1000.0
+            service = max(float(dev.tail(full_batch)) for dev in self.profile.devices.values())
+            bound = max(slo_s / 5, slo_s - self.cfg.batcher.max_wait_s - service)
+        if bound is None:
+            bound = DEFAULT_QUEUE_DELAY_S
+        workers = sum(p.cfg.workers for p in self.pipelines.values())
+        cpu = self.cfg.cpu_pipeline.workers
+        lanes = [Lane("sampled", workers, full_batch), Lane("lookup", cpu), Lane("new_nodes", cpu),
+                 Lane("updates", 1, self.cfg.updates.max_batch_updates)]
+        log.info("admission: a request is refused (429) when its predicted queueing delay passes %.0f ms", bound * 1e3)
+        return Admission(bound, lanes)
+
+    def _full_batch_psgs(self) -> float:
+        """PSGS of a batch the batcher closes under backlog (it is full by one of its limits)."""
+        b = self.batcher_cfg
+        return max(self._seed_psgs, min(b.max_batch_psgs, b.max_batch_seeds * self._seed_psgs,
+                                        b.max_batch_requests * self._mean_request_psgs))
 
     def service_stretch(self, last: int = 500) -> dict[str, float] | None:
         """Per pipeline, the median of (live batch service time ÷ the profile's mean at that
@@ -517,12 +528,16 @@ class Engine:
     def pending(self) -> int:
         return self._pending
 
-    def _admit(self) -> None:
-        """Count one more request in flight, or raise Draining / Overloaded."""
+    def _admit(self, lane: str, work: float) -> None:
+        """Count one more request in flight on `lane`, or raise Draining / Overloaded (its
+        predicted queueing delay past the bound, or the hard cap on requests in flight)."""
         if self.draining or self._batcher is None:
-            raise Draining("server is shutting down" if self.draining else "server is starting")
+            raise Draining("server is shutting down" if self.draining else "server is starting",
+                           retry_after_s=self.cfg.server.retry_after_s)
         if self._pending >= self.cfg.batcher.max_pending_requests:
-            raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")
+            raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})",
+                             retry_after_s=self.cfg.server.retry_after_s)
+        self.admission.admit(lane, work)
         self._pending += 1
         self._idle.clear()
         self.telemetry.pending.set(self._pending)
@@ -535,11 +550,14 @@ class Engine:
 
     def submit(self, node_ids: np.ndarray) -> asyncio.Future:
         """Admit one request (ids already validated) or raise Overloaded / Draining."""
-        self._admit()
+        psgs = self.tables.batch_psgs(node_ids)
+        self._admit("sampled", psgs)
+        self._mean_request_psgs += 0.01 * (psgs - self._mean_request_psgs)
         requests, seeds = self._admitted
         self._admitted = (requests + 1, seeds + int(node_ids.shape[0]))
+        if not requests & 255:  # the batch size under backlog follows the request mix
+            self._sampled_lane.full_batch = self._full_batch_psgs()
         fut = self._loop.create_future()
-        psgs = self.tables.batch_psgs(node_ids) if math.isfinite(self.batcher_cfg.max_batch_psgs) else 0.0
         self._batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter(), psgs=psgs))
         return fut
 
@@ -592,7 +610,9 @@ class Engine:
         t.observe_batch(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,
                         result.sampled_edges, result.gathered_rows)
         rt = result.timings
-        self.recent[plan.pipeline].append((batch.psgs, rt.sample_s + rt.gather_s + rt.compute_s))
+        service_s = rt.sample_s + rt.gather_s + rt.compute_s
+        self.recent[plan.pipeline].append((batch.psgs, service_s))
+        self._sampled_lane.observe(batch.psgs, service_s)
         offs = batch.offsets
         for i, req in enumerate(batch.requests):
             t.observe_stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)
@@ -606,17 +626,18 @@ class Engine:
                 req.future.set_exception(exception)
             else:
                 req.future.set_result(result)
+        self._sampled_lane.remove(req.psgs)
         self._release()
 
     async def lookup_precomputed(self, node_ids: np.ndarray) -> RequestResult:
         """Answer from the stored final layer: no sampling, constant time per id."""
         if self.draining:
-            raise Draining("server is shutting down")
+            raise Draining("server is shutting down", retry_after_s=self.cfg.server.retry_after_s)
         if self.embeddings is None:
-            raise LookupError("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
+            raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
         if self.incremental is not None:
             # Off the loop: the lookup waits while an update batch holds the graph's writer lock.
-            emb = await asyncio.to_thread(self.incremental.lookup, node_ids)
+            emb = await self._in_lane("lookup", 1.0, asyncio.to_thread, self.incremental.lookup, node_ids)
         else:
             emb = self.embeddings.lookup(node_ids)
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
@@ -626,14 +647,10 @@ class Engine:
         """Embeddings of query nodes (full / pe / srpe from PEs, or sampled), computed off the
         event loop. Counted as pending, so a drain waits for it."""
         if self.new_nodes is None and mode != "sampled":
-            raise LookupError("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
-        self._admit()
+            raise Conflict("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
         t0 = time.perf_counter()
-        try:
-            res = await asyncio.to_thread(self._new_node_evaluator(mode).infer, features, edge_index, mode=mode,
-                                          gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
-        finally:
-            self._release()
+        res = await self._in_lane("new_nodes", 1.0, asyncio.to_thread, self._new_node_evaluator(mode).infer, features,
+                                  edge_index, mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
         emb = res.embeddings
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), f"newnodes_{mode}",
                              StageTimings(compute_s=time.perf_counter() - t0))
@@ -660,14 +677,27 @@ class Engine:
 
     async def apply_update(self, req) -> dict:
         """Queue a decoded graph update; resolves once the graph and embeddings reflect it."""
+        if self.dynamic is None:
+            raise Forbidden("graph updates are disabled; start the server with --update-token")
         if self.updates is None:
-            raise LookupError("graph updates are disabled; start the server with --update-token")
+            raise Draining("server is starting")
         if self.draining:
             raise Draining("server is shutting down")
-        self._admit()
+        return await self._in_lane("updates", float(max(1, req.num_updates)), self.updates.submit, req)
+
+    async def _in_lane(self, lane_name: str, work: float, call, *args, **kwargs):
+        """Admit `work` on a lane, await call(*args, **kwargs), and release it. The lane's
+        cost model learns from calls that found it empty (their time is service, not wait)."""
+        self._admit(lane_name, work)
+        lane = self.admission.lanes[lane_name]
+        alone = lane.queued <= work
+        t0 = time.perf_counter()
         try:
-            return await self.updates.submit(req)
+            return await call(*args, **kwargs)
         finally:
+            lane.remove(work)
+            if alone:
+                lane.observe(work, time.perf_counter() - t0)
             self._release()
 
     # --- description -----------------------------------------------------------------

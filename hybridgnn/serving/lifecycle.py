@@ -14,13 +14,10 @@ import asyncio
 import logging
 import signal
 
-from aiohttp import web
-
 from hybridgnn.capabilities import freeze_startup_heap, raise_open_file_limit, run_async
 from hybridgnn.config import ServeConfig
-from hybridgnn.serving.api import Api
-from hybridgnn.serving.app import build_app
-from hybridgnn.serving.http import HttpServer
+from hybridgnn.serving.http.api import Api
+from hybridgnn.serving.http.protocol import HttpServer
 from hybridgnn.serving.engine import Engine
 
 log = logging.getLogger("hybridgnn.serve")
@@ -76,20 +73,20 @@ async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
     return 0 if drained else 1
 
 
+def http_server(engine: Engine, cfg: ServeConfig) -> HttpServer:
+    """The HTTP server carrying the engine's API, with the configured limits."""
+    s = cfg.server
+    return HttpServer(Api(engine), max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
+                      request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
+                      retry_after_s=s.retry_after_s)
+
+
 async def _start_http(engine: Engine, cfg: ServeConfig):
-    """Start the configured HTTP server on the engine; returns the coroutine function that
-    closes it (in-flight answers go out, idle keep-alive connections do not hold the process)."""
-    api = Api(engine)
-    server = cfg.server
-    if server.http_server == "builtin":
-        http = HttpServer(api, max_body_bytes=server.max_body_bytes, idle_timeout_s=server.idle_timeout_s)
-        await http.start(server.host, server.port)
-        return lambda: http.close(server.shutdown_grace_s + 1)
-    runner = web.AppRunner(build_app(api), access_log=None, handle_signals=False,
-                           shutdown_timeout=server.shutdown_grace_s + 1, keepalive_timeout=server.idle_timeout_s)
-    await runner.setup()
-    await web.TCPSite(runner, server.host, server.port, reuse_address=True).start()
-    return runner.cleanup
+    """Start the HTTP server on the engine; returns the coroutine function that closes it
+    (in-flight answers go out, idle keep-alive connections do not hold the process)."""
+    http = http_server(engine, cfg)
+    await http.start(cfg.server.host, cfg.server.port)
+    return lambda: http.close(cfg.server.shutdown_grace_s + 1)
 
 
 async def _refresh_placement(engine: Engine) -> None:

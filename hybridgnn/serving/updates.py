@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridgnn.config import UpdateConfig
-from hybridgnn.graph.dynamic import UpdateBatch, UpdateError
-from hybridgnn.serving.codec import RequestError, decode_inputs, split_body
+from hybridgnn.errors import BadRequest, PayloadTooLarge, UpdateError
+from hybridgnn.graph.dynamic import UpdateBatch
+from hybridgnn.serving.http.codec import decode_inputs, split_body
 
 log = logging.getLogger("hybridgnn.updates")
 
@@ -68,8 +69,8 @@ def decode_update_request(body: bytes, header_length: str | None, *, feature_dim
     header, binary = split_body(body, header_length)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
-        raise RequestError("a graph update needs a non-empty 'inputs' list naming any of "
-                           f"{', '.join(UPDATE_INPUTS)}")
+        raise BadRequest("a graph update needs a non-empty 'inputs' list naming any of "
+                         f"{', '.join(UPDATE_INPUTS)}")
     tensors = decode_inputs(inputs, binary, UPDATE_INPUTS, f"a graph update takes any of {', '.join(UPDATE_INPUTS)}")
     empty_pairs, empty_ids = np.empty((0, 2), np.int64), np.empty(0, np.int64)
     empty_rows = np.empty((0, feature_dim), np.float32)
@@ -83,25 +84,25 @@ def decode_update_request(body: bytes, header_length: str | None, *, feature_dim
     for name in ("add_node_features", "update_features"):
         got = getattr(req, name)
         if got.shape[1] != feature_dim:
-            raise RequestError(f"{name} must be [count, {feature_dim}] (the graph's feature width), "
-                               f"got {list(got.shape)}")
+            raise BadRequest(f"{name} must be [count, {feature_dim}] (the graph's feature width), "
+                             f"got {list(got.shape)}")
         if not np.isfinite(got).all():
-            raise RequestError(f"{name} holds NaN or infinite values")
+            raise BadRequest(f"{name} holds NaN or infinite values")
     if len(req.update_ids) != len(req.update_features):
-        raise RequestError(f"update_ids names {len(req.update_ids)} nodes but update_features has "
-                           f"{len(req.update_features)} rows")
+        raise BadRequest(f"update_ids names {len(req.update_ids)} nodes but update_features has "
+                         f"{len(req.update_features)} rows")
     for name in ("add_edges", "update_ids"):  # own new nodes: -1 .. -num_new
         arr = getattr(req, name)
         if len(arr) and (arr < -req.num_new).any():
-            raise RequestError(f"{name}: negative ids name this request's new nodes (-1 .. -{req.num_new}); "
-                               f"found {int(arr.min())}")
+            raise BadRequest(f"{name}: negative ids name this request's new nodes (-1 .. -{req.num_new}); "
+                             f"found {int(arr.min())}")
     for name in ("remove_edges", "remove_nodes"):
         if len(getattr(req, name)) and (getattr(req, name) < 0).any():
-            raise RequestError(f"{name}: ids must be >= 0")
+            raise BadRequest(f"{name}: ids must be >= 0")
     if req.num_updates == 0:
-        raise RequestError("the update is empty")
+        raise BadRequest("the update is empty")
     if req.num_updates > max_updates:
-        raise RequestError(f"{req.num_updates} updates in one request; the limit is {max_updates}", status=413)
+        raise PayloadTooLarge(f"{req.num_updates} updates in one request; the limit is {max_updates}")
     return req
 
 

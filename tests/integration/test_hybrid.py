@@ -20,7 +20,7 @@ def test_hybrid_server_routes_small_batches_to_cpu_and_large_ones_to_the_gpu_pip
     threshold = float(np.sort(psgs)[-40:].sum())  # only batches of many heavy seeds exceed it
     srv = ServerProcess(tiny_dataset, tiny_model, "--fanouts", "5,3", "--device", "emulate", "--gpu-workers", "2",
                         "--psgs-threshold", str(threshold), "--gpu-cache-bytes", "64K",
-                        "--max-wait-ms", "0").wait_ready()
+                        "--max-wait-ms", "0", "--max-queue-delay-ms", "60000").wait_ready()
     try:
         meta = requests.get(f"{srv.url}/v2/models/hybridgnn", timeout=10).json()["parameters"]
         assert meta["pipelines"] == ["cpu", "gpu"] and meta["psgs_threshold"] == threshold

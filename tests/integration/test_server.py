@@ -223,9 +223,8 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
         assert srv.stop() == 0
 
 
-@pytest.mark.parametrize("http_server", ["builtin", "aiohttp"])
-def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model, http_server):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20", "--http-server", http_server).wait_ready()
+def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20").wait_ready()
     outcomes, lock = [], threading.Condition()
     stop_clients = threading.Event()
 

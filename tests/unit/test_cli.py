@@ -47,3 +47,13 @@ def test_import_command(tmp_path, capsys):
     np.savez(tmp_path / "e.npz", edge_index=np.array([[0, 1, 2], [1, 2, 0]]))
     assert main(["dataset", "import", str(tmp_path / "e.npz"), "--out", str(tmp_path / "d"), "--undirected"]) == 0
     assert json.loads(capsys.readouterr().out)["num_edges"] == 6
+
+
+def test_a_config_error_from_the_engine_is_one_line_and_exit_2(tmp_path, tiny_model, capsys):
+    from hybridgnn.graph.generate import generate_csbm
+
+    generate_csbm(tmp_path / "other", num_nodes=200, feature_dim=7, seed=0)
+    capsys.readouterr()
+    assert main(["serve", "--dataset", str(tmp_path / "other"), "--model", str(tiny_model)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and lines[0].startswith("hybridgnn serve: error:") and "16-dim features" in lines[0]

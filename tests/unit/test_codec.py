@@ -3,8 +3,9 @@ import json
 import numpy as np
 import pytest
 
-from hybridgnn.serving import codec
-from hybridgnn.serving.codec import HEADER_LENGTH, RequestError, decode_infer_request, encode_infer_response
+from hybridgnn.errors import BadRequest
+from hybridgnn.serving.http import codec
+from hybridgnn.serving.http.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 
 try:
     import orjson
@@ -71,7 +72,7 @@ def test_binary_request_and_outputs():
     (json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64"}]}).encode(), "neither 'data'"),
 ])
 def test_bad_requests(body, match):
-    with pytest.raises(RequestError, match=match) as info:
+    with pytest.raises(BadRequest, match=match) as info:
         decode(None, body=body)
     assert info.value.status == 400
 
@@ -79,11 +80,11 @@ def test_bad_requests(body, match):
 def test_bad_binary_sizes():
     header = json.dumps({"inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64",
                                      "parameters": {"binary_data_size": 8}}]}).encode()
-    with pytest.raises(RequestError, match="needs 16 bytes"):
+    with pytest.raises(BadRequest, match="needs 16 bytes"):
         decode(None, header=str(len(header)), body=header + b"\0" * 8)
-    with pytest.raises(RequestError, match="does not fit"):
+    with pytest.raises(BadRequest, match="does not fit"):
         decode(None, header="99999", body=header)
-    with pytest.raises(RequestError, match="integer"):
+    with pytest.raises(BadRequest, match="integer"):
         decode(None, header="x", body=header)
 
 
@@ -103,7 +104,7 @@ def test_encode_json_and_binary():
     assert np.array_equal(np.frombuffer(body[hlen:], dtype="<f4").reshape(3, 2), emb)
 
 
-def test_fuzzed_bodies_only_ever_raise_request_error():
+def test_fuzzed_bodies_only_ever_raise_bad_request():
     rng = np.random.default_rng(0)
     pieces = [None, 1, -1, 2**65, 1.5, "x", [], {}, [1, 2], {"a": 1}, True, "INT64", "FP32", [[1]], [-1],
               [2, 1], [1, 4], [[0.5, 1, 2, 3]], [[50], [3]], [float("nan")] * 4]
@@ -133,7 +134,7 @@ def test_fuzzed_bodies_only_ever_raise_request_error():
             else:
                 assert r.node_ids.dtype == np.int64 and 0 < r.node_ids.size <= 100
                 assert r.node_ids.min() >= 0 and r.node_ids.max() < 50
-        except RequestError:
+        except BadRequest:
             pass
 
 
@@ -159,5 +160,44 @@ def test_new_node_requests():
         ({**doc, "inputs": [{**doc["inputs"][0], "datatype": "INT64"}, doc["inputs"][1]]}, "FP32"),
     ]
     for body_doc, match in bad:
-        with pytest.raises(RequestError, match=match.replace("[", r"\[").replace("]", r"\]")):
+        with pytest.raises(BadRequest, match=match.replace("[", r"\[").replace("]", r"\]")):
             decode(body_doc, feature_dim=2)
+
+
+def test_json_nested_too_deeply_is_a_400(json_backend):
+    # orjson refuses beyond 1024 levels, then the stdlib parser recurses out (RecursionError)
+    for depth in (1100, 100_000):
+        body = b'{"inputs": ' + b"[" * depth + b"]" * depth + b"}"
+        with pytest.raises(BadRequest, match="nested too deeply") as info:
+            decode(None, body=body)
+        assert info.value.status == 400
+    # within orjson's limit it parses; whatever repr the message shows stays short
+    deep = b"[" * 1000 + b"]" * 1000
+    with pytest.raises(BadRequest) as info:
+        decode(None, body=b'{"inputs": [{"name": ' + deep + b"}]}")
+    assert len(info.value.message) < 400
+
+
+def test_integer_literal_past_the_digit_limit_is_a_400():
+    body = b'{"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [' + b"7" * 5000 + b"]}]}"
+    with pytest.raises(BadRequest, match="more than 4300 digits") as info:
+        decode(None, body=body)
+    assert info.value.status == 400
+    body = b'{"inputs": [{"name": "node_ids", "shape": [' + b"9" * 4000 + b'], "datatype": "INT64", "data": [1]}]}'
+    with pytest.raises(BadRequest, match="shape"):
+        decode(None, body=body)
+
+
+@pytest.mark.parametrize("rid, want", [("a", "a"), (7, "7"), (None, None)])
+def test_request_id_is_text(rid, want):
+    assert decode(req([1], id=rid)).request_id == want
+
+
+@pytest.mark.parametrize("body", [
+    json.dumps(req([1], id=[1, 2])).encode(),
+    json.dumps(req([1], id="\ud800")).encode(),  # a lone surrogate: the answer could not carry it
+    json.dumps(req([1], shape=[True])).encode(),
+])
+def test_unusable_ids_and_shapes_are_400(body):
+    with pytest.raises(BadRequest):
+        decode(None, body=body)

@@ -1,5 +1,5 @@
 """The engine and its HTTP server in process: failure paths that are awkward to provoke in
-a subprocess, and the two HTTP front ends answering alike."""
+a subprocess, and the API's answers through the HTTP server."""
 
 import asyncio
 
@@ -12,9 +12,8 @@ from hybridgnn.serving.engine import Engine
 from tests.unit.engine_client import body, with_client
 
 
-@pytest.mark.parametrize("http_server", ["builtin", "aiohttp"])
-def test_both_http_servers_answer_alike(tiny_dataset, tiny_model, http_server):
-    """Same statuses, JSON messages and headers from either front end (serving/api.py)."""
+def test_http_answers_and_errors(tiny_dataset, tiny_model):
+    """Statuses, JSON messages and headers of the API through the HTTP server."""
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
 
     async def scenario(engine, client):
@@ -40,7 +39,7 @@ def test_both_http_servers_answer_alike(tiny_dataset, tiny_model, http_server):
         assert head.status == 200 and await head.read() == b""
         return seen
 
-    seen = asyncio.run(with_client(cfg, scenario, http_server=http_server))
+    seen = asyncio.run(with_client(cfg, scenario))
     statuses = [s for s, _, _ in seen]
     assert statuses == [200, 200, 200, 404, 404, 405, 405, 400, 400, 413, 403]
     assert seen[4][1] == {"error": "no such endpoint: GET /v2/nothing"}
@@ -101,7 +100,7 @@ def test_mismatched_model_and_dataset_are_refused(tiny_dataset, tiny_model, tmp_
     import pytest
 
     from hybridgnn.graph.generate import generate_csbm
-    from hybridgnn.serving.engine import ConfigError
+    from hybridgnn.errors import ConfigError
 
     generate_csbm(tmp_path / "other", num_nodes=200, feature_dim=7, seed=0)
     with pytest.raises(ConfigError, match="expects 16-dim features"):

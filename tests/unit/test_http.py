@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from hybridgnn.serving.api import Reply
-from hybridgnn.serving.http import HttpServer
+from hybridgnn.serving.http.api import Reply
+from hybridgnn.serving.http.protocol import HttpServer
 
 
 class _Engine:
@@ -21,6 +21,9 @@ class EchoApi:
 
     def __init__(self):
         self.engine = _Engine()
+
+    def internal_error(self, where, exc=None):
+        return Reply.json({"error": "internal server error", "request_id": "test"}, 500)
 
     def route(self, method, path):
         if path == "/echo":
@@ -97,8 +100,8 @@ def test_pipelined_requests_are_answered_in_order():
     async def go(server):
         reader, writer = await connect(server)
         # the first answer comes later than the second would: order must still hold
-        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 3\r\n\r\n0.1"
-                     b"GET /echo HTTP/1.1\r\n\r\nGET /async HTTP/1.1\r\n\r\n")
+        writer.write(b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n0.1"
+                     b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\nGET /async HTTP/1.1\r\nHost: t\r\n\r\n")
         first = await read_response(reader)
         second = await read_response(reader)
         third = await read_response(reader)
@@ -113,7 +116,7 @@ def test_pipelined_requests_are_answered_in_order():
 def test_request_delivered_byte_by_byte():
     async def go(server):
         reader, writer = await connect(server)
-        for b in b"POST /echo?x=1 HTTP/1.1\r\nContent-Length: 5\r\nX-Thing:  v \r\n\r\nhello":
+        for b in b"POST /echo?x=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nX-Thing:  v \r\n\r\nhello":
             writer.write(bytes([b]))
             await writer.drain()
         status, _, body = await read_response(reader)
@@ -128,7 +131,7 @@ def test_request_delivered_byte_by_byte():
 def test_chunked_body_with_extensions_and_trailers(pieces):
     async def go(server):
         reader, writer = await connect(server)
-        raw = (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        raw = (b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n")
         step = max(1, len(raw) // pieces)
         for i in range(0, len(raw), step):
@@ -136,7 +139,7 @@ def test_chunked_body_with_extensions_and_trailers(pieces):
             await writer.drain()
         status, _, body = await read_response(reader)
         assert status == 200 and json.loads(body)["body"] == "hello 0123456789"
-        writer.write(b"GET /echo HTTP/1.1\r\n\r\n")  # the connection is still usable
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")  # the connection is still usable
         assert (await read_response(reader))[0] == 200
         writer.close()
 
@@ -145,17 +148,21 @@ def test_chunked_body_with_extensions_and_trailers(pieces):
 
 @pytest.mark.parametrize("raw,status", [
     (b"GARBAGE\r\n\r\n", 400),
-    (b"GET /echo HTTP/1.1\r\nno colon here\r\n\r\n", 400),
-    (b"GET /echo HTTP/1.1\r\n folded: x\r\n\r\n", 400),
-    (b"GET http://host/echo HTTP/1.1\r\n\r\n", 400),
+    (b"GET /echo HTTP/1.1\r\n\r\n", 400),  # no Host
+    (b"GET /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+    (b"GET /echo HTTP/1.1\r\nHost: t\r\nX: a\x00b\r\n\r\n", 400),
+    (b"GET /ec\x01ho HTTP/1.1\r\nHost: t\r\n\r\n", 400),
+    (b"GET /echo HTTP/1.1\r\nHost: t\r\nno colon here\r\n\r\n", 400),
+    (b"GET /echo HTTP/1.1\r\nHost: t\r\n folded: x\r\n\r\n", 400),
+    (b"GET echo HTTP/1.1\r\nHost: t\r\n\r\n", 400),
     (b"GET /echo HTTP/2.0\r\n\r\n", 505),
-    (b"POST /echo HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
-    (b"POST /echo HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400),
-    (b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
-    (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
-    (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
-    (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n", 400),
-    (b"POST /echo HTTP/1.1\r\nExpect: magic\r\n\r\n", 417),
+    (b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400),
+    (b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n", 400),
+    (b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: magic\r\n\r\n", 417),
 ])
 def test_malformed_requests_get_a_json_error_and_a_closed_connection(raw, status):
     async def go(server):
@@ -167,7 +174,7 @@ def test_malformed_requests_get_a_json_error_and_a_closed_connection(raw, status
         assert await closed_by_server(reader)
         # the server itself is fine
         reader, writer = await connect(server)
-        writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
         assert (await read_response(reader))[0] == 200
         writer.close()
 
@@ -177,20 +184,20 @@ def test_malformed_requests_get_a_json_error_and_a_closed_connection(raw, status
 def test_limits_431_and_413():
     async def go(server):
         reader, writer = await connect(server)
-        writer.write(b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")
         status, _, body = await read_response(reader)
         assert status == 431 and "head" in json.loads(body)["error"]
         assert await closed_by_server(reader)
 
         reader, writer = await connect(server)
-        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"x" * 1000)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n" + b"x" * 1000)
         status, _, body = await read_response(reader)
         assert status == 413 and "limit 1000 bytes" in json.loads(body)["error"]
         writer.write(b"x" * 4000)  # the rest of the declared body is taken in, then the server closes
         assert await closed_by_server(reader)
 
         reader, writer = await connect(server)
-        writer.write(b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3E8\r\n" + b"x" * 1000
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3E8\r\n" + b"x" * 1000
                      + b"\r\n1\r\nx\r\n0\r\n\r\n")
         assert (await read_response(reader))[0] == 413
 
@@ -200,7 +207,7 @@ def test_limits_431_and_413():
 def test_expect_100_continue():
     async def go(server):
         reader, writer = await connect(server)
-        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
         line = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert line.startswith(b"HTTP/1.1 100 Continue")
         writer.write(b"body")
@@ -213,13 +220,13 @@ def test_expect_100_continue():
 def test_head_http10_connection_close_and_404():
     async def go(server):
         reader, writer = await connect(server)
-        writer.write(b"HEAD /echo HTTP/1.1\r\n\r\n")
+        writer.write(b"HEAD /echo HTTP/1.1\r\nHost: t\r\n\r\n")
         status, headers, _ = await read_response(reader, head_only=True)
         assert status == 200 and int(headers["content-length"]) > 0
-        writer.write(b"GET /nope HTTP/1.1\r\n\r\n")
+        writer.write(b"GET /nope HTTP/1.1\r\nHost: t\r\n\r\n")
         status, _, body = await read_response(reader)  # no HEAD body was sent before this answer
         assert status == 404 and json.loads(body) == {"error": "no such endpoint: GET /nope"}
-        writer.write(b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n")
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         assert (await read_response(reader))[1]["connection"] == "close"
         assert await closed_by_server(reader)
 
@@ -239,10 +246,10 @@ def test_head_http10_connection_close_and_404():
 def test_endpoint_error_is_a_500_and_the_connection_goes_on():
     async def go(server):
         reader, writer = await connect(server)
-        writer.write(b"GET /boom HTTP/1.1\r\n\r\n")
+        writer.write(b"GET /boom HTTP/1.1\r\nHost: t\r\n\r\n")
         status, _, body = await read_response(reader)
-        assert status == 500 and json.loads(body) == {"error": "internal server error"}
-        writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
+        assert status == 500 and json.loads(body) == {"error": "internal server error", "request_id": "test"}
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
         assert (await read_response(reader))[0] == 200
         writer.close()
 
@@ -252,10 +259,10 @@ def test_endpoint_error_is_a_500_and_the_connection_goes_on():
 def test_client_leaving_mid_request_and_half_close():
     async def go(server):
         reader, writer = await connect(server)
-        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 4\r\n\r\n0.05")
+        writer.write(b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\n0.05")
         writer.close()  # gone before the answer
         reader, writer = await connect(server)
-        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 4\r\n\r\n0.05")
+        writer.write(b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\n0.05")
         writer.write_eof()  # half-close: the answer still comes, then the server closes
         status, _, body = await read_response(reader)
         assert status == 200 and json.loads(body) == {"slept": 0.05}
@@ -268,8 +275,9 @@ def test_client_leaving_mid_request_and_half_close():
 def test_idle_connections_are_closed():
     async def go(server):
         reader, writer = await connect(server)
-        writer.write(b"GET /echo HTTP/1.1\r\n")  # stuck mid-head
-        assert await closed_by_server(reader)
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        assert await closed_by_server(reader)  # then idle past idle_timeout_s
 
     run(go, idle_timeout_s=0.2)
 
@@ -277,7 +285,7 @@ def test_idle_connections_are_closed():
 def test_draining_says_connection_close_and_close_answers_in_flight():
     async def go(server):
         reader, writer = await connect(server)
-        writer.write(b"POST /later HTTP/1.1\r\nContent-Length: 3\r\n\r\n0.2")
+        writer.write(b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n0.2")
         deadline = asyncio.get_running_loop().time() + 5
         while not any(c.busy for c in server.connections):
             assert asyncio.get_running_loop().time() < deadline
@@ -290,5 +298,127 @@ def test_draining_says_connection_close_and_close_answers_in_flight():
         await closing
         with pytest.raises(OSError):
             await asyncio.open_connection("127.0.0.1", port)
+
+    run(go)
+
+
+def test_bare_lf_in_the_head_is_refused_not_desynced():
+    """A Content-Length after a bare LF must not be skipped (the body answered as a second request)."""
+    async def go(server):
+        reader, writer = await connect(server)
+        smuggled = b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n"
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\nContent-Length: %d\r\n\r\n" % len(smuggled) + smuggled)
+        status, headers, body = await read_response(reader)
+        assert status == 400 and "error" in json.loads(body) and headers["connection"] == "close"
+        assert await closed_by_server(reader)  # and no second answer
+
+    run(go)
+
+
+def test_absolute_form_target_is_served():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"GET http://t/echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+
+    run(go)
+
+
+def test_a_trickled_request_times_out_however_often_bytes_come():
+    async def go(server):
+        reader, writer = await connect(server)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        head = b"GET /echo HTTP/1.1\r\nHost: t\r\nX-Slow: " + b"a" * 200
+        answered = asyncio.ensure_future(read_response(reader))
+        for b in head:  # a byte every 10 ms: each would have reset an idle timer
+            if answered.done():
+                break
+            writer.write(bytes([b]))
+            await asyncio.sleep(0.01)
+        status, headers, body = await answered
+        assert status == 408 and "within" in json.loads(body)["error"] and headers["connection"] == "close"
+        assert loop.time() - t0 < 0.3 + 1.0
+        assert await closed_by_server(reader)
+
+    run(go, request_timeout_s=0.3)
+
+
+def test_connections_past_the_cap_get_503_and_the_rest_are_served():
+    async def go(server):
+        held = [await connect(server) for _ in range(3)]
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(server.connections) < 3:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.005)
+        reader, writer = await connect(server)
+        status, headers, body = await read_response(reader)
+        assert status == 503 and int(headers["retry-after"]) >= 1 and "too many connections" in json.loads(body)["error"]
+        assert await closed_by_server(reader)
+        r0, w0 = held[0]
+        w0.write(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_response(r0))[0] == 200
+        for _, w in held:
+            w.close()
+
+    run(go, max_connections=3)
+
+
+def test_a_client_that_never_reads_does_not_grow_the_server():
+    """Pipelined requests sent without reading answers: reading pauses, so what the server
+    holds (parsed requests waiting, unanswered) stays bounded."""
+    async def go(server):
+        reader, writer = await connect(server)
+        request = b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 500\r\n\r\n" + b"x" * 500
+        sent = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3
+        while loop.time() < deadline and sent < 64 << 20:
+            writer.write(request * 256)
+            sent += len(request) * 256
+            try:
+                await asyncio.wait_for(writer.drain(), 0.2)
+            except asyncio.TimeoutError:
+                break  # the server stopped reading: our send buffer is full
+        conn = next(iter(server.connections))
+        assert conn.read_paused
+        assert len(conn.queue) <= server.max_pipelined + 256
+        assert sent < 64 << 20, "the server kept reading everything"
+        writer.transport.abort()
+
+    run(go, max_body_bytes=1000)
+
+
+def test_close_answers_requests_in_flight_past_the_deadline_with_503():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n5.0")
+        deadline = asyncio.get_running_loop().time() + 5
+        while not any(c.busy for c in server.connections):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.005)
+        await server.close(0.1)
+        status, headers, body = await read_response(reader)
+        assert status == 503 and headers["connection"] == "close" and int(headers["retry-after"]) >= 1
+        assert "retry" in json.loads(body)["error"]
+        assert await closed_by_server(reader)
+
+    async def main():
+        server = HttpServer(EchoApi(), max_body_bytes=1000)
+        await server.start("127.0.0.1", 0)
+        await go(server)
+
+    asyncio.run(main())
+
+
+def test_an_upgrade_request_is_answered_as_plain_http_then_closed():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n"
+                     b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert await closed_by_server(reader)
 
     run(go)

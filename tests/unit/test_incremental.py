@@ -193,3 +193,18 @@ def test_duplicate_of_existing_edge_is_rejected(tmp_path):
     with pytest.raises(UpdateError, match="already in the graph"):
         inc.apply(UpdateBatch(add_edges=np.array(_some_edge(dyn))))
     assert _snapshot(dyn, inc) == before
+
+
+@pytest.mark.parametrize("name", ["sage-mean", "gcn", "gat"])
+def test_updating_the_features_of_a_node_the_batch_adds(name, tmp_path):
+    # Update features come last in a batch: a node added and updated in one batch ends up
+    # with the update (this used to read the new node's "old" row from the base: IndexError).
+    dyn, model, inc = _setup(name, tmp_path)
+    n = dyn.num_nodes
+    rng = np.random.default_rng(1)
+    added = rng.normal(size=(2, F_DIM)).astype(np.float32)
+    update = rng.normal(size=(2, F_DIM)).astype(np.float32)
+    inc.apply(UpdateBatch(add_node_features=added, add_edges=np.array([[n, 3], [3, n], [n + 1, n], [5, n + 1]]),
+                          update_ids=np.array([n + 1, 4]), update_features=update))
+    np.testing.assert_array_equal(dyn.features(np.array([n, n + 1, 4])), np.stack([added[0], update[0], update[1]]))
+    _assert_matches_full(dyn, model, inc, tmp_path, "u")

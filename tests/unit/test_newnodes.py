@@ -110,3 +110,25 @@ def test_sampled_mode_with_unbounded_fanouts_equals_expanding_the_augmented_grap
     np.testing.assert_allclose(got, ref.run(np.arange(N, N + Q)).embeddings, rtol=1e-4, atol=1e-5)
     small = ev.infer(feats, ei, mode="sampled", fanouts=(2, 2)).embeddings
     assert small.shape == got.shape and np.isfinite(small).all()
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat", "gcn"])
+@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize("edges", ["none", "self-loop only", "one isolated of two"])
+def test_edgeless_query_nodes_equal_isolated_nodes_of_the_graph(setup, tmp_path, kind, layers, edges):
+    # A query node without edges is an isolated node: its embedding comes from its own
+    # features only, and every mode (no neighbour to read a PE of) computes it exactly.
+    ev, _, _, _ = setup(kind, layers)
+    feats = np.random.default_rng(7).standard_normal((2, 4), dtype=np.float32)
+    ei = {"none": np.empty((2, 0), np.int64), "self-loop only": np.array([[N], [N]]),
+          "one isolated of two": np.array([[N], [5]])}[edges]
+    real = ei[:, ei[0] != ei[1]]  # write_dataset's graph: a self-loop is the one the layers add
+    exact = full_graph_forward(augmented(tmp_path / "iso", ev.graph, feats, real), ev.model)[N:]
+    for mode in ("full", "pe", "srpe"):
+        got = ev.infer(feats, ei, mode=mode, gamma=0.5).embeddings
+        assert got.shape == (2, 3) and np.isfinite(got).all()
+        # the isolated query (the last) is exact in every mode; all are when none has edges
+        rows = slice(1, None) if edges == "one isolated of two" else slice(None)
+        np.testing.assert_allclose(got[rows], exact[rows], rtol=1e-4, atol=1e-5, err_msg=mode)
+    got = ev.infer(feats, ei, mode="sampled", fanouts=(1 << 30,) * layers).embeddings
+    np.testing.assert_allclose(got[1:], exact[1:], rtol=1e-4, atol=1e-5)

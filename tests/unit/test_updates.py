@@ -13,7 +13,7 @@ from hybridgnn.embeddings.incremental import IncrementalEmbeddings
 from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateError
 from hybridgnn.models.gnn import GNN, ModelSpec
-from hybridgnn.serving.codec import RequestError
+from hybridgnn.errors import ServingError
 from hybridgnn.serving.updates import UpdateApplier, decode_update_request, to_batch
 from hybridgnn.telemetry.metrics import Telemetry
 from tests.conftest import make_graph, skewed_edges
@@ -53,7 +53,7 @@ def test_decode_and_resolve_own_new_nodes():
     ([t("add_edges", [[1, 2]], "FP32")], "datatype", 400),
 ])
 def test_decode_errors(inputs, match, status):
-    with pytest.raises(RequestError, match=match) as err:
+    with pytest.raises(ServingError, match=match) as err:
         decode_update_request(body(*inputs), None, feature_dim=3, max_updates=10)
     assert err.value.status == status
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from hybridgnn.errors import BadRequest, brief
 
 try:  # optional fast path; the stdlib encoder is the fallback
     import orjson as _orjson
@@ -27,12 +30,9 @@ OUTPUT_NAMES = ("embeddings", "predictions")
 INPUT_NAME = "node_ids"
 
 
-class RequestError(Exception):
-    """A client error: status is the HTTP code, str(self) the message for {"error": ...}."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
+# A shape dimension beyond this is refused before any arithmetic on it (no request holds
+# 2**48 values; larger ones make products and messages slow or unprintable).
+MAX_DIM = 1 << 48
 
 
 @dataclass
@@ -66,7 +66,9 @@ INPUTS = {
 def _loads(data: bytes):
     """Parse a JSON body. orjson when installed; whatever it refuses goes to the stdlib
     parser, so what is accepted (integers beyond 64 bits, NaN) and each error message are
-    the same either way."""
+    the same either way. Raises BadRequest for anything it cannot parse: invalid JSON,
+    nesting deeper than the parser's stack (about 1000 levels), an integer literal longer
+    than Python converts (sys.get_int_max_str_digits(), 4300 digits by default)."""
     if _orjson is not None:
         try:
             return _orjson.loads(data)
@@ -74,8 +76,13 @@ def _loads(data: bytes):
             pass
     try:
         return json.loads(data.decode())  # a str skips json's encoding detection; KServe bodies are UTF-8
+    except RecursionError:
+        raise BadRequest("request body is not valid JSON: nested too deeply") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}") from exc
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except ValueError:  # int() of a literal past the interpreter's digit limit
+        raise BadRequest(f"request body holds an integer literal of more than {sys.get_int_max_str_digits()} "
+                         "digits") from None
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
@@ -84,16 +91,16 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview
         try:
             hlen = int(header_length)
         except ValueError:
-            raise RequestError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+            raise BadRequest(f"{HEADER_LENGTH} must be an integer, got {brief(header_length)}") from None
         if not 0 < hlen <= len(body):
-            raise RequestError(f"{HEADER_LENGTH}={hlen} does not fit a body of {len(body)} bytes")
+            raise BadRequest(f"{HEADER_LENGTH}={hlen} does not fit a body of {len(body)} bytes")
         header, binary = _loads(body[:hlen]), memoryview(body)[hlen:]
     else:
         if not body:
-            raise RequestError("request body is empty; expected a KServe v2 inference request")
+            raise BadRequest("request body is empty; expected a KServe v2 inference request")
         header, binary = _loads(body), memoryview(b"")
     if not isinstance(header, dict):
-        raise RequestError("request must be a JSON object")
+        raise BadRequest("request must be a JSON object")
     return header, binary
 
 
@@ -102,10 +109,10 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
     header, binary = split_body(body, header_length)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
-        raise RequestError("inference request needs a non-empty 'inputs' list")
+        raise BadRequest("inference request needs a non-empty 'inputs' list")
     params = header.get("parameters") or {}
     if not isinstance(params, dict):
-        raise RequestError("'parameters' must be an object")
+        raise BadRequest("'parameters' must be an object")
 
     tensors = decode_inputs(inputs, binary, INPUTS,
                             f"this model takes {INPUT_NAME!r} (INT64 [n]) for existing nodes, or 'features' "
@@ -113,17 +120,17 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
     req = InferRequest(parameters=params)
     if "features" in tensors or "edge_index" in tensors:
         if INPUT_NAME in tensors:
-            raise RequestError(f"send either {INPUT_NAME!r} (existing nodes) or 'features' + 'edge_index' "
-                               "(new nodes), not both")
+            raise BadRequest(f"send either {INPUT_NAME!r} (existing nodes) or 'features' + 'edge_index' "
+                             "(new nodes), not both")
         if not {"features", "edge_index"} <= tensors.keys():
-            raise RequestError("a new-node request needs both 'features' (FP32 [q, F]) and 'edge_index' (INT64 [2, m])")
+            raise BadRequest("a new-node request needs both 'features' (FP32 [q, F]) and 'edge_index' (INT64 [2, m])")
         req.features, req.edge_index = validate_new_nodes(
             tensors["features"], tensors["edge_index"], max_nodes=max_nodes, num_nodes=num_nodes,
             feature_dim=feature_dim, max_edges=max_edges if max_edges is not None else 64 * max_nodes)
     elif INPUT_NAME in tensors:
         req.node_ids = validate_node_ids(tensors[INPUT_NAME], max_nodes=max_nodes, num_nodes=num_nodes)
     else:
-        raise RequestError(f"input {INPUT_NAME!r} is missing")
+        raise BadRequest(f"input {INPUT_NAME!r} is missing")
 
     default_binary = bool(params.get("binary_data_output", False))
     requested = header.get("outputs")
@@ -131,17 +138,31 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
         req.outputs = {n: default_binary for n in OUTPUT_NAMES}
     else:
         if not isinstance(requested, list):
-            raise RequestError("'outputs' must be a list")
+            raise BadRequest("'outputs' must be a list")
         for out in requested:
             name = out.get("name") if isinstance(out, dict) else None
             if name not in OUTPUT_NAMES:
-                raise RequestError(f"unknown output {name!r}; available: {list(OUTPUT_NAMES)}")
+                raise BadRequest(f"unknown output {brief(name)}; available: {list(OUTPUT_NAMES)}")
             oparams = out.get("parameters") or {}
             req.outputs[name] = (bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict)
                                  else default_binary)
-    rid = header.get("id")
-    req.request_id = str(rid) if rid is not None else None
+    req.request_id = _request_id(header.get("id"))
     return req
+
+
+def _request_id(rid) -> str | None:
+    """The request's 'id', echoed in the answer: a string (a number is taken as its text)."""
+    if rid is None:
+        return None
+    if isinstance(rid, (int, float)) and not isinstance(rid, bool):
+        rid = str(rid)  # within the parser's digit limit, so it converts
+    if not isinstance(rid, str):
+        raise BadRequest(f"'id' must be a string, got {type(rid).__name__}")
+    try:
+        rid.encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800"): the answer could not carry it
+        raise BadRequest("'id' must be valid Unicode (it holds a lone surrogate)") from None
+    return rid
 
 
 def decode_inputs(inputs: list, binary: memoryview, specs: dict, accepted: str) -> dict[str, np.ndarray]:
@@ -151,32 +172,32 @@ def decode_inputs(inputs: list, binary: memoryview, specs: dict, accepted: str) 
     offset = 0
     for inp in inputs:
         if not isinstance(inp, dict):
-            raise RequestError("each input must be an object with name, shape, datatype and data")
+            raise BadRequest("each input must be an object with name, shape, datatype and data")
         name = inp.get("name")
         if not isinstance(name, str) or name not in specs:
-            raise RequestError(f"unknown input {name!r}; {accepted}")
+            raise BadRequest(f"unknown input {brief(name)}; {accepted}")
         if name in tensors:
-            raise RequestError(f"input {name!r} appears twice")
+            raise BadRequest(f"input {name!r} appears twice")
         arr, used = decode_tensor(inp, binary[offset:], *specs[name])
         offset += used
         tensors[name] = arr
     if offset != len(binary):
-        raise RequestError(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
+        raise BadRequest(f"binary data holds {len(binary)} bytes but inputs declare {offset}")
     return tensors
 
 
 def _check_shape(name, shape, layout):
     if layout == "ids":
         if len(shape) > 2 or (len(shape) == 2 and 1 not in shape):
-            raise RequestError(f"input {name!r} must be 1-D [n] (or [1, n] / [n, 1]), got shape {shape}")
+            raise BadRequest(f"input {name!r} must be 1-D [n] (or [1, n] / [n, 1]), got shape {brief(shape)}")
     elif layout == "matrix":
         if len(shape) != 2:
-            raise RequestError(f"input {name!r} must be 2-D [q, F], got shape {shape}")
+            raise BadRequest(f"input {name!r} must be 2-D [q, F], got shape {brief(shape)}")
     elif layout == "pairs":
         if len(shape) != 2 or shape[1] != 2:
-            raise RequestError(f"input {name!r} must be [m, 2] (source, target) pairs, got shape {shape}")
+            raise BadRequest(f"input {name!r} must be [m, 2] (source, target) pairs, got shape {brief(shape)}")
     elif len(shape) != 2 or shape[0] != 2:
-        raise RequestError(f"input {name!r} must be [2, m] (sources, targets), got shape {shape}")
+        raise BadRequest(f"input {name!r} must be [2, m] (sources, targets), got shape {brief(shape)}")
 
 
 def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], layout: str) -> tuple[np.ndarray, int]:
@@ -184,9 +205,10 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
     datatype = inp.get("datatype")
     shape = inp.get("shape")
     if datatype not in datatypes:
-        raise RequestError(f"input {name!r} must have datatype {' or '.join(datatypes)}, got {datatype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise RequestError(f"input {name!r} needs 'shape' as a list of non-negative integers, got {shape!r}")
+        raise BadRequest(f"input {name!r} must have datatype {' or '.join(datatypes)}, got {brief(datatype)}")
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
+        raise BadRequest(f"input {name!r} needs 'shape' as a list of non-negative integers (each below "
+                         f"2**48), got {brief(shape)}")
     _check_shape(name, shape, layout)
     count = math.prod(shape)  # a Python product: np.prod on a short list costs more than the rest of decoding
     out_dtype = np.float32 if datatype == "FP32" else np.int64
@@ -194,28 +216,29 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
     bsize = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
     dtype = DTYPES[datatype]
     if bsize is not None:
-        if not isinstance(bsize, int) or bsize < 0 or bsize > len(binary):
-            raise RequestError(f"input {name!r}: binary_data_size={bsize!r} exceeds the {len(binary)} bytes sent")
+        if type(bsize) is not int or bsize < 0 or bsize > len(binary):
+            raise BadRequest(f"input {name!r}: binary_data_size={brief(bsize)} must be a byte count within the "
+                             f"{len(binary)} bytes sent")
         if bsize != count * dtype.itemsize:
-            raise RequestError(f"input {name!r}: shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
-                               f"binary_data_size says {bsize}")
+            raise BadRequest(f"input {name!r}: shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
+                             f"binary_data_size says {bsize}")
         arr = np.frombuffer(binary[:bsize], dtype=dtype).astype(out_dtype)
         return (arr.reshape(shape) if layout != "ids" else arr), bsize
     if "data" not in inp:
-        raise RequestError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+        raise BadRequest(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
     data = inp["data"]
     kind = "numbers" if datatype == "FP32" else "integers"
     if not isinstance(data, list):
-        raise RequestError(f"input {name!r}: 'data' must be a list of {kind}")
+        raise BadRequest(f"input {name!r}: 'data' must be a list of {kind}")
     try:
         arr = np.asarray(data)
     except (ValueError, OverflowError) as exc:
-        raise RequestError(f"input {name!r}: 'data' must be a (nested) list of {kind}: {exc}") from exc
+        raise BadRequest(f"input {name!r}: 'data' must be a (nested) list of {kind}: {exc}") from exc
     allowed = "iuf" if datatype == "FP32" else "iu"
     if arr.size and arr.dtype.kind not in allowed:
-        raise RequestError(f"input {name!r}: 'data' must hold {kind} only, found {arr.dtype.name} values")
+        raise BadRequest(f"input {name!r}: 'data' must hold {kind} only, found {arr.dtype.name} values")
     if arr.size != count:
-        raise RequestError(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
+        raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
     arr = arr.astype(out_dtype).reshape(-1)
     return (arr.reshape(shape) if layout != "ids" else arr), 0
 
@@ -223,18 +246,18 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
 def validate_node_ids(ids: np.ndarray, *, max_nodes: int, num_nodes: int) -> np.ndarray:
     ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
     if ids.size == 0:
-        raise RequestError("node_ids is empty; send at least one node id")
+        raise BadRequest("node_ids is empty; send at least one node id")
     if ids.size > max_nodes:
-        raise RequestError(f"node_ids holds {ids.size} ids; at most {max_nodes} per request")
+        raise BadRequest(f"node_ids holds {ids.size} ids; at most {max_nodes} per request")
     if ids.size <= 8:  # a reduction's fixed cost dwarfs a few ids (most requests carry few)
         small = ids.tolist()
         lo, hi = min(small), max(small)
     else:
         lo, hi = int(ids.min()), int(ids.max())
     if lo < 0:
-        raise RequestError(f"node ids must be >= 0, got {lo}")
+        raise BadRequest(f"node ids must be >= 0, got {lo}")
     if hi >= num_nodes:
-        raise RequestError(f"node id {hi} is out of range; the graph has {num_nodes} nodes (ids 0..{num_nodes - 1})")
+        raise BadRequest(f"node id {hi} is out of range; the graph has {num_nodes} nodes (ids 0..{num_nodes - 1})")
     return ids
 
 
@@ -242,25 +265,25 @@ def validate_new_nodes(features: np.ndarray, edge_index: np.ndarray, *, max_node
                        feature_dim: int | None, max_edges: int) -> tuple[np.ndarray, np.ndarray]:
     q = features.shape[0]
     if q == 0:
-        raise RequestError("features has no rows; send at least one query node")
+        raise BadRequest("features has no rows; send at least one query node")
     if q > max_nodes:
-        raise RequestError(f"features has {q} query nodes; at most {max_nodes} per request")
+        raise BadRequest(f"features has {q} query nodes; at most {max_nodes} per request")
     if feature_dim is not None and features.shape[1] != feature_dim:
-        raise RequestError(f"features must have {feature_dim} columns (the graph's feature width), got {features.shape[1]}")
+        raise BadRequest(f"features must have {feature_dim} columns (the graph's feature width), got {features.shape[1]}")
     if not np.all(np.isfinite(features)):
-        raise RequestError("features must be finite (no NaN or infinity)")
+        raise BadRequest("features must be finite (no NaN or infinity)")
     m = edge_index.shape[1]
     if m > max_edges:
-        raise RequestError(f"edge_index has {m} edges; at most {max_edges} per request")
+        raise BadRequest(f"edge_index has {m} edges; at most {max_edges} per request")
     if m:
         lo, hi = int(edge_index.min()), int(edge_index.max())
         if lo < 0 or hi >= num_nodes + q:
-            raise RequestError(f"edge_index ids must lie in [0, {num_nodes + q}) (existing nodes, then query nodes "
-                               f"{num_nodes}..{num_nodes + q - 1}); found [{lo}, {hi}]")
+            raise BadRequest(f"edge_index ids must lie in [0, {num_nodes + q}) (existing nodes, then query nodes "
+                             f"{num_nodes}..{num_nodes + q - 1}); found [{lo}, {hi}]")
         touches_query = (edge_index >= num_nodes).any(axis=0)
         if not touches_query.all():
             bad = int(np.flatnonzero(~touches_query)[0])
-            raise RequestError(f"edge {bad} joins two existing nodes; query edges must touch a query node")
+            raise BadRequest(f"edge {bad} joins two existing nodes; query edges must touch a query node")
     return np.ascontiguousarray(features, dtype=np.float32), np.ascontiguousarray(edge_index, dtype=np.int64)
 
 

@@ -4,7 +4,10 @@
 awaitable of one when the answer comes later (an inference). Both front ends — the
 built-in asyncio protocol server (serving/http.py) and the aiohttp app (serving/app.py) —
 call these, so status codes, messages and headers are the same whichever serves.
-Every client error is a JSON body {"error": ...}; nothing a client sends raises out of here.
+Every error is answered by `Api.error_reply` from the one table in hybridgnn/errors.py: a
+ServingError with its status, headers and {"error": message}; anything else is a bug,
+logged with a request id and answered 500 {"error": "internal server error", "request_id"}.
+Nothing a client sends raises out of here.
 """
 
 from __future__ import annotations
@@ -13,26 +16,39 @@ import asyncio
 import hmac
 import json
 import logging
+import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
 from hybridgnn import __version__
-from hybridgnn.graph.dynamic import UpdateError
-from hybridgnn.serving.codec import (
-    HEADER_LENGTH,
-    INPUT_NAME,
-    RequestError,
-    decode_infer_request,
-    encode_infer_response,
+from hybridgnn.errors import (
+    BadRequest,
+    Conflict,
+    Draining,
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    ServingError,
+    Unauthorized,
+    brief,
 )
-from hybridgnn.serving.engine import BatchFailed, Draining, Engine, Overloaded, RemovedNode
+from hybridgnn.serving.http.codec import HEADER_LENGTH, INPUT_NAME, decode_infer_request, encode_infer_response
+from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.updates import decode_update_request
 
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
 _HEADER_LENGTH = HEADER_LENGTH.lower()  # request headers reach endpoints with lower-case names
+
+
+def _request_id() -> str:
+    """A short random id naming one failed request in its answer and its log line."""
+    return os.urandom(6).hex()
 
 
 class Reply:
@@ -72,17 +88,19 @@ Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
 _MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST"}
 
 
-def _chain(fut: asyncio.Future, finish: Callable[[asyncio.Future], Reply]) -> asyncio.Future:
-    """A future of finish(fut) once fut is done, without a task per request."""
+def _chain(fut: asyncio.Future, finish: Callable[[asyncio.Future], Reply],
+           failed: Callable[[BaseException], Reply]) -> asyncio.Future:
+    """A future of finish(fut) once fut is done, without a task per request; failed(exc)
+    answers if finish raises."""
     out = fut.get_loop().create_future()
 
     def done(f: asyncio.Future) -> None:
         if not out.done():
             try:
-                out.set_result(finish(f))
-            except Exception as exc:  # finish() maps expected errors; anything else is a 500
-                log.exception("could not build a reply")
-                out.set_result(Reply.error(500, f"internal server error: {type(exc).__name__}"))
+                reply = finish(f)
+            except Exception as exc:
+                reply = failed(exc)
+            out.set_result(reply)
 
     fut.add_done_callback(done)
     return out
@@ -95,15 +113,17 @@ class Api:
         self.engine = engine
         self.model_name = engine.cfg.server.model_name
         self.retry = {"Retry-After": str(engine.cfg.server.retry_after_s)}
+        # Endpoints raise ServingErrors where they find a request bad; _guarded answers
+        # whatever they raise with error_reply(). infer answers its own (it counts them).
         self._static = {
-            "/v2/health/live": self.live,
-            "/v2/health/ready": self.ready,
-            "/v2": self.server_metadata,
-            "/v2/models": self.list_models,
-            "/metrics": self.metrics,
+            "/v2/health/live": self._guarded(self.live),
+            "/v2/health/ready": self._guarded(self.ready),
+            "/v2": self._guarded(self.server_metadata),
+            "/v2/models": self._guarded(self.list_models),
+            "/metrics": self._guarded(self.metrics),
         }
-        self._model_endpoints = {"": self.model_metadata, "ready": self.model_ready, "infer": self.infer,
-                                 "graph": self.update_graph}
+        self._model_endpoints = {"": self._guarded(self.model_metadata), "ready": self._guarded(self.model_ready),
+                                 "infer": self.infer, "graph": self._guarded(self.update_graph)}
 
     # --- routing ---------------------------------------------------------------------
     def route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
@@ -130,19 +150,71 @@ class Api:
                     if method == allowed or (allowed == "GET" and method == "HEAD"):
                         return self._model_endpoints[action], params
                     return self._not_allowed(method, path, "GET, HEAD" if allowed == "GET" else allowed)
-        return Reply.error(404, f"no such endpoint: {method} {path}")
+        return self.error_reply(NotFound(f"no such endpoint: {method} {path}"))
 
-    @staticmethod
-    def _not_allowed(method: str, path: str, allow: str) -> Reply:
-        return Reply.error(405, f"method {method} not allowed on {path}", headers={"Allow": allow})
+    # --- errors: the one map from an exception to an answer ----------------------------
+    def error_reply(self, exc: BaseException | None, where: str = "request") -> Reply:
+        """The answer to exc. A ServingError: its status, its headers (Retry-After from the
+        server's retry_after_s on a 429/503 that names none) and {"error": message}.
+        Anything else is a bug: logged with its traceback and a request id that the 500's
+        body carries too, so a report can be matched to its log line."""
+        try:
+            if isinstance(exc, ServingError):
+                headers = exc.headers()
+                if exc.status in (429, 503) and not (headers and "Retry-After" in headers):
+                    headers = {**headers, **self.retry} if headers else self.retry
+                if isinstance(exc, (Overloaded, Draining)):
+                    self.engine.telemetry.rejected.labels(exc.reason).inc()
+                body = {"error": exc.message}
+                if exc.status >= 500 and exc.status != 503:  # ours, not the client's: find it in the log
+                    body["request_id"] = request_id = _request_id()
+                    log.error("[%s] %s: %s (%d)", request_id, where, exc.message, exc.status)
+                return Reply.json(body, exc.status, headers)
+        except Exception:  # a broken error must not take the answer with it
+            log.exception("could not answer %r", exc)
+        request_id = _request_id()
+        log.error("[%s] internal error in %s", request_id, where,
+                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        return Reply.json({"error": "internal server error", "request_id": request_id}, 500)
+
+    def internal_error(self, where: str, exc: BaseException | None = None) -> Reply:
+        """The answer to an exception that escaped an endpoint or the HTTP layer (exc, or the
+        one being handled): error_reply(), so a ServingError keeps its status and anything
+        else is a logged 500 with a request id."""
+        return self.error_reply(exc if exc is not None else sys.exc_info()[1], where)
+
+    def _guarded(self, endpoint: Endpoint) -> Endpoint:
+        """endpoint, answering whatever it raises (or its coroutine raises) with error_reply()."""
+
+        def call(request: Request):
+            try:
+                reply = endpoint(request)
+            except Exception as exc:
+                return self.error_reply(exc, endpoint.__name__)
+            if isinstance(reply, Reply):
+                return reply
+            return self._settled(reply, endpoint.__name__)
+
+        call.__name__ = endpoint.__name__
+        return call
+
+    async def _settled(self, answer: Awaitable[Reply], where: str) -> Reply:
+        try:
+            return await answer
+        except Exception as exc:
+            return self.error_reply(exc, where)
+
+    def _not_allowed(self, method: str, path: str, allow: str) -> Reply:
+        return self.error_reply(MethodNotAllowed(f"method {method} not allowed on {path}", allow))
 
     def body_too_large(self) -> Reply:
-        return Reply.error(413, f"request body too large (limit {self.engine.cfg.server.max_body_bytes} bytes)")
+        return self.error_reply(PayloadTooLarge(
+            f"request body too large (limit {self.engine.cfg.server.max_body_bytes} bytes)"))
 
     def _check_model(self, request: Request) -> None:
         name = request.params["model"]
         if name != self.model_name:
-            raise RequestError(f"unknown model {name!r}; this server serves {self.model_name!r}", 404)
+            raise NotFound(f"unknown model {brief(name)}; this server serves {self.model_name!r}")
 
     # --- endpoints -------------------------------------------------------------------
     def live(self, request: Request) -> Reply:
@@ -163,10 +235,7 @@ class Api:
         return Reply(200, tel.exposition(), tel.content_type)
 
     def model_metadata(self, request: Request) -> Reply:
-        try:
-            self._check_model(request)
-        except RequestError as exc:
-            return Reply.error(exc.status, str(exc))
+        self._check_model(request)
         engine = self.engine
         emb_dim = engine.model.spec.out_dim
         return Reply.json({
@@ -180,10 +249,7 @@ class Api:
         })
 
     def model_ready(self, request: Request) -> Reply:
-        try:
-            self._check_model(request)
-        except RequestError as exc:
-            return Reply.error(exc.status, str(exc))
+        self._check_model(request)
         ready = self.engine.ready
         return Reply.json({"name": self.model_name, "ready": ready}, 200 if ready else 503)
 
@@ -199,14 +265,14 @@ class Api:
                                        feature_dim=engine.graph.feature_dim)
             pending = self._dispatch(req)
         except Exception as exc:
-            return self._infer_error(exc)
+            return self._infer_failed(exc)
         if not isinstance(pending, asyncio.Future):
             pending = asyncio.ensure_future(pending)
 
         def finish(fut: asyncio.Future) -> Reply:
             exc = fut.exception()
             if exc is not None:
-                return self._infer_error(exc)
+                return self._infer_failed(exc)
             result = fut.result()
             t0 = time.perf_counter()
             body, headers = encode_infer_response(
@@ -220,40 +286,23 @@ class Api:
             content_type = headers.pop("Content-Type")
             return Reply(200, body, content_type, headers or None)
 
-        return _chain(pending, finish)
+        return _chain(pending, finish, self._infer_failed)
 
-    def _infer_error(self, exc: BaseException) -> Reply:
-        """The Reply for an inference that failed or was refused; counts it by status."""
-        tel = self.engine.telemetry
-        if isinstance(exc, RequestError):
-            reply = Reply.error(exc.status, str(exc))
-        elif isinstance(exc, RemovedNode):
-            reply = Reply.error(404, str(exc))
-        elif isinstance(exc, LookupError):  # a mode whose artifacts (precomputed embeddings) are missing
-            reply = Reply.error(409, str(exc))
-        elif isinstance(exc, Overloaded):
-            tel.rejected.labels("overload").inc()
-            reply = Reply.error(429, f"server overloaded: {exc}; retry later", self.retry)
-        elif isinstance(exc, Draining):
-            tel.rejected.labels("draining").inc()
-            reply = Reply.error(503, f"not accepting requests: {exc}", self.retry)
-        elif isinstance(exc, BatchFailed):
-            reply = Reply.error(500, f"inference failed: {exc}")
-        else:
-            log.error("inference failed unexpectedly", exc_info=exc)
-            reply = Reply.error(500, f"internal server error: {type(exc).__name__}")
-        tel.count_request(reply.status)
+    def _infer_failed(self, exc: BaseException) -> Reply:
+        """error_reply() for an inference that failed or was refused, counted by status."""
+        reply = self.error_reply(exc, "infer")
+        self.engine.telemetry.count_request(reply.status)
         return reply
 
     def _dispatch(self, req):
-        """The awaitable that answers a decoded request, by kind and mode; raises RequestError
+        """The awaitable that answers a decoded request, by kind and mode; raises BadRequest
         for a mode the server does not offer."""
         engine = self.engine
         if req.is_new_nodes:
             if engine.dynamic is not None and engine.dynamic.version > 0:
-                raise RequestError("new-node requests are evaluated on the stored graph and embeddings, which graph "
-                                   "updates have changed since; add the nodes with POST /v2/models/{m}/graph and "
-                                   "read their fresh embeddings with mode=precomputed", 409)
+                raise Conflict("new-node requests are evaluated on the stored graph and embeddings, which graph "
+                               "updates have changed since; add the nodes with POST /v2/models/{m}/graph and "
+                               "read their fresh embeddings with mode=precomputed")
             return self._new_node_call(req)
         engine.check_alive(req.node_ids)
         mode = req.parameters.get("mode", "sampled")
@@ -261,20 +310,20 @@ class Api:
             return engine.submit(req.node_ids)
         if mode == "precomputed":
             return engine.lookup_precomputed(req.node_ids)
-        raise RequestError(f"unknown mode {mode!r}; this server offers {engine.metadata()['modes']}")
+        raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")
 
     def _new_node_call(self, req):
         """Validate a new-node request's parameters and return the coroutine that answers it."""
         nn = self.engine.cfg.new_nodes
         mode = req.parameters.get("mode", nn.default_mode)
         if mode not in ("full", "pe", "srpe", "sampled"):
-            raise RequestError(f"new-node requests take mode full, pe, srpe or sampled, got {mode!r}")
+            raise BadRequest(f"new-node requests take mode full, pe, srpe or sampled, got {brief(mode)}")
         gamma = req.parameters.get("gamma", nn.gamma)
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
-            raise RequestError(f"gamma must be a number within [0, 1], got {gamma!r}")
+            raise BadRequest(f"gamma must be a number within [0, 1], got {brief(gamma)}")
         policy = req.parameters.get("policy", nn.policy)
         if policy not in ("ratio", "random", "degree"):
-            raise RequestError(f"policy must be ratio, random or degree, got {policy!r}")
+            raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
         return self.engine.infer_new_nodes(req.features, req.edge_index, mode=mode, gamma=float(gamma),
                                            policy=policy)
 
@@ -282,25 +331,14 @@ class Api:
         """POST /v2/models/{m}/graph: apply a batch of graph updates (see serving/updates.py);
         answers once the graph and every layer's embeddings reflect it."""
         engine = self.engine
-        try:
-            self._check_model(request)
-            token = engine.cfg.updates.token
-            if token is None:
-                raise RequestError("graph updates are disabled on this server (start it with --update-token)", 403)
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                raise RequestError("graph updates need 'Authorization: Bearer <token>' with the server's update "
-                                   "token", 401)
-            req = decode_update_request(request.body, request.headers.get(_HEADER_LENGTH),
-                                        feature_dim=engine.graph.feature_dim,
-                                        max_updates=engine.cfg.updates.max_request_updates)
-            result = await engine.apply_update(req)
-        except RequestError as exc:
-            return Reply.error(exc.status, str(exc))
-        except UpdateError as exc:
-            return Reply.error(400, f"update rejected, nothing applied: {exc}")
-        except Overloaded as exc:
-            return Reply.error(429, f"server overloaded: {exc}; retry later", self.retry)
-        except Draining as exc:
-            return Reply.error(503, f"not accepting updates: {exc}", self.retry)
-        return Reply.json(result)
+        self._check_model(request)
+        token = engine.cfg.updates.token
+        if token is None:
+            raise Forbidden("graph updates are disabled on this server (start it with --update-token)")
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(errors="replace"), f"Bearer {token}".encode()):
+            raise Unauthorized("graph updates need 'Authorization: Bearer <token>' with the server's update token")
+        req = decode_update_request(request.body, request.headers.get(_HEADER_LENGTH),
+                                    feature_dim=engine.graph.feature_dim,
+                                    max_updates=engine.cfg.updates.max_request_updates)
+        return Reply.json(await engine.apply_update(req))

@@ -1,0 +1,108 @@
+"""Admission by predicted queueing delay (a decision; the engine executes it).
+
+Each kind of work waits in a lane: sampled inference (the pipelines' batches, work in
+PSGS), precomputed lookups off the event loop, new-node compute and graph updates (work
+in requests or updates). A lane knows the work queued in it and a cost model fitted to
+the batches it completed, cost(b) = a + slope·b seconds for a batch of work b, so the
+wait that new work would see is the time its servers need for what is ahead of it:
+
+    delay(Q) = (a · ceil(Q / B) + slope · Q) / servers
+
+where B is the work of a full batch (the batcher's limits under backlog). A request is
+admitted while delay(queued + its own work) stays within the bound, else refused with
+Retry-After ≈ the excess. Before a lane has measured anything it admits (the pending
+count still caps memory). Every request kind passes through here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hybridgnn.errors import Overloaded
+
+_DECAY = 0.05  # weight of the newest batch in the cost fit (about the last 20 batches)
+
+
+class Lane:
+    """Queued work and a cost model for one kind of server pool."""
+
+    __slots__ = ("name", "servers", "queued", "full_batch", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope")
+
+    def __init__(self, name: str, servers: int, full_batch: float = 1.0):
+        self.name = name
+        self.servers = max(1, servers)
+        self.queued = 0.0
+        self.full_batch = max(full_batch, 1e-9)
+        self._n = 0
+        self._x = self._y = self._xx = self._xy = 0.0  # exponentially weighted moments of (work, seconds)
+        self._a = 0.0
+        self._slope: float | None = None  # None: nothing measured yet
+
+    @property
+    def measured(self) -> bool:
+        return self._slope is not None
+
+    def cost_s(self, work: float) -> float:
+        """Predicted seconds of one batch of this much work (0 before any measurement)."""
+        return 0.0 if self._slope is None else self._a + self._slope * work
+
+    def delay_s(self, extra: float = 0.0) -> float:
+        """Seconds until work `extra` added now would be done, queued work first."""
+        if self._slope is None:
+            return 0.0
+        q = self.queued + extra
+        batches = math.ceil(q / self.full_batch) if q > 0 else 0
+        return (self._a * batches + self._slope * q) / self.servers
+
+    def add(self, work: float) -> None:
+        self.queued += work
+
+    def remove(self, work: float) -> None:
+        self.queued = max(0.0, self.queued - work)
+
+    def observe(self, work: float, seconds: float) -> None:
+        """Fit the cost model with one completed batch (its work and service seconds)."""
+        if not (work > 0 and seconds >= 0 and math.isfinite(seconds)):
+            return
+        d = _DECAY if self._n else 1.0
+        self._n += 1
+        self._x += d * (work - self._x)
+        self._y += d * (seconds - self._y)
+        self._xx += d * (work * work - self._xx)
+        self._xy += d * (work * seconds - self._xy)
+        var = self._xx - self._x * self._x
+        if var > 1e-6 * self._x * self._x and self._n >= 8:
+            slope = (self._xy - self._x * self._y) / var
+            a = self._y - slope * self._x
+            if slope > 0 and a >= 0:
+                self._slope, self._a = slope, a
+                return
+        # Too little spread in batch sizes for a line: charge all time per unit of work
+        # (pessimistic for bigger batches, so admission errs towards refusing).
+        self._slope, self._a = self._y / max(self._x, 1e-12), 0.0
+
+
+class Admission:
+    """Lanes by name and the delay bound; `admit` raises Overloaded past the bound."""
+
+    def __init__(self, bound_s: float, lanes: list[Lane]):
+        if not bound_s > 0:
+            raise ValueError(f"the queue-delay bound must be > 0 seconds, got {bound_s}")
+        self.bound_s = bound_s
+        self.lanes = {lane.name: lane for lane in lanes}
+        self.refused = 0
+
+    def admit(self, lane_name: str, work: float) -> None:
+        """Queue `work` on the lane, or raise Overloaded (with Retry-After) if the delay it
+        would see passes the bound."""
+        lane = self.lanes[lane_name]
+        delay = lane.delay_s(work)
+        if delay > self.bound_s and lane.queued > 0:  # an empty lane always takes one request
+            self.refused += 1
+            raise Overloaded(f"predicted queueing delay {delay * 1e3:.0f} ms exceeds the "
+                             f"{self.bound_s * 1e3:.0f} ms bound; retry later",
+                             retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
+        lane.add(work)
+
+    def delays_s(self) -> dict[str, float]:
+        return {name: lane.delay_s() for name, lane in self.lanes.items()}

@@ -1,0 +1,512 @@
+"""The HTTP/1.1 server: one asyncio protocol per connection on uvloop, requests parsed by
+llhttp (httptools), answers from serving/http/api.py.
+
+Why its own server: at one seed per request the front end, not the model, bounds a
+batching server on a few cores. Here a request costs the parser's callbacks and one
+write; an inference is answered from a future callback, with no task per request.
+
+What holds:
+- HTTP/1.1 and 1.0, keep-alive, pipelining (answers in order, one in flight per
+  connection), Content-Length and chunked bodies, Expect: 100-continue, HEAD.
+- Whatever llhttp rejects is a 400; an HTTP/1.1 request without exactly one Host is a
+  400; a head over max_header_bytes is a 431, a body over max_body_bytes a 413; other
+  HTTP versions 505. Each such answer is JSON and closes the connection, after the
+  answers to the requests before it.
+- Memory per connection is bounded: reading pauses while more than `max_pipelined`
+  requests wait or the write buffer is over its high-water mark (a client that sends
+  and never reads holds at most a few hundred KiB).
+- Connections are capped (`max_connections`; past it a new one gets 503 + Retry-After
+  and is closed). A request must arrive whole within `request_timeout_s` of its first
+  byte (408 otherwise); a connection idle between requests for `idle_timeout_s` is
+  closed; one whose client stops reading answers for `request_timeout_s` is aborted.
+- Close: stops accepting after taking in what waits in the listen backlog; every
+  accepted request gets an answer: its result, or 503 + Retry-After + Connection: close
+  when it cannot finish before the deadline.
+Nothing a client sends raises out of the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import logging
+import os
+import resource
+import socket
+import time
+from http import HTTPStatus
+
+import httptools
+
+from hybridgnn.serving.http.api import Api, Reply, Request
+
+log = logging.getLogger(__name__)
+
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LINGER_QUIET_S = 2.0  # lingering after a refusal ends after this long without input
+_FD_RESERVE = 256  # descriptors kept free for files, the engine's pipes and the listener
+
+
+class _Date:
+    """The Date header value, formatted once a second."""
+
+    def __init__(self):
+        self._second = -1
+        self._value = b""
+
+    def get(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._value = email.utils.formatdate(now, usegmt=True).encode()
+        return self._value
+
+
+def connection_limit(wanted: int) -> int:
+    """`wanted`, lowered to what the process's descriptor limit leaves room for."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    room = max(16, soft - _FD_RESERVE)
+    if wanted > room:
+        log.warning("--max-connections %d lowered to %d: the process may open %d files", wanted, room, soft)
+    return min(wanted, room)
+
+
+class HttpServer:
+    """Listens on host:port and serves `api` until closed."""
+
+    def __init__(self, api: Api, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
+                 idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
+                 max_pipelined: int = 8, retry_after_s: float = 1.0):
+        self.api = api
+        self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_connections = connection_limit(max_connections)
+        self.max_pipelined = max_pipelined
+        self.retry = {"Retry-After": str(max(1, round(retry_after_s)))}
+        self.connections: set[_Connection] = set()
+        self.refused_connections = 0
+        self.closing = False
+        self.date = _Date()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
+                                                backlog=4096)
+        self._sweeper = loop.create_task(self._sweep())
+
+    @property
+    def port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
+
+    def draining(self) -> bool:
+        return self.closing or self.api.engine.draining
+
+    async def _sweep(self) -> None:
+        """Close idle connections, time out slow requests and stuck readers. A sweep over
+        all connections twice a second costs less than a timer per request."""
+        period = max(0.05, min(0.5, self.request_timeout_s / 4, self.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.check_timeouts(now)
+
+    async def close(self, timeout_s: float) -> None:
+        """Take in what waits in the listen backlog, stop listening, close idle connections,
+        let in-flight answers go out (each with "Connection: close") for up to timeout_s,
+        then answer what is left 503 and close."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._server is not None:
+            listeners = [socket.socket(fileno=os.dup(s.fileno())) for s in self._server.sockets]
+            self._server.close()
+            # The duplicated descriptors keep the sockets listening: accept what completed its
+            # handshake already, so those clients get a 503 instead of a reset.
+            loop = asyncio.get_running_loop()
+            for lsock in listeners:
+                lsock.setblocking(False)
+                while True:
+                    try:
+                        conn, _ = lsock.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        break
+                    conn.setblocking(False)
+                    await loop.connect_accepted_socket(lambda: _Connection(self), conn)
+                lsock.close()
+        for conn in list(self.connections):
+            conn.close_if_idle()
+        deadline = time.monotonic() + timeout_s
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.give_up()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+class _Message:
+    """A request being parsed, then waiting for its answer."""
+
+    __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10")
+
+    def __init__(self):
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.hosts = 0
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.method = ""
+        self.keep_alive = True
+        self.http10 = False
+
+
+class _Reject(Exception):
+    """A request the server refuses while parsing: answered, then the connection closes."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: llhttp parses; complete requests queue; one is answered at a time."""
+
+    __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
+                 "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
+                 "continue_owed", "lingering", "last_data", "in_flight")
+
+    def __init__(self, server: HttpServer):
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.msg: _Message | None = None  # the request being parsed
+        self.queue: collections.deque[_Message] = collections.deque()  # parsed, not yet answered
+        self.busy = False  # a request is being answered (its future pending)
+        self.in_flight: _Message | None = None
+        self.closed = False
+        self.eof = False  # the client sent FIN: close once what it asked is answered
+        self.write_paused = False
+        self.write_paused_since = 0.0
+        self.read_paused = False
+        self.fatal: Reply | None = None  # answer after the queued ones, then close
+        self.started: float | None = None  # first byte of the request being parsed
+        self.head_bytes = 0
+        self.in_head = True  # bytes fed now belong to a request head (count them)
+        self.idle_since = time.monotonic()
+        self.continue_owed = False
+        self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
+        self.last_data = 0.0
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            server.refused_connections += 1
+            self.closed = True
+            transport.write(self._encode(Reply.error(
+                503, f"too many connections (limit {server.max_connections}); retry later", server.retry), False))
+            transport.close()
+            return
+        server.connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self.write_paused_since = time.monotonic()
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._advance()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.lingering:
+            self.last_data = time.monotonic()
+            return  # dropped: the client is still sending what was refused
+        if self.fatal is not None:
+            return  # the rest of the stream is not parsed once a request was refused
+        try:
+            if self.in_head:
+                # llhttp holds a header field in memory until it ends: bound the head here.
+                room = self.server.max_header_bytes - self.head_bytes
+                if len(data) > room:
+                    self.parser.feed_data(data[:room])
+                    if self.in_head:
+                        limit = self.server.max_header_bytes
+                        raise _Reject(431, f"request head larger than {limit} bytes")
+                    data = data[room:]
+                else:
+                    self.head_bytes += len(data)
+            self.parser.feed_data(data)
+        except _Reject as exc:  # raised here, not from a callback (those come wrapped)
+            self._refuse(exc.status, str(exc))
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Reject):
+                self._refuse(cause.status, str(cause))
+            else:  # a bug in a callback, not the client's doing
+                self.fatal = self.server.api.internal_error("HTTP parser callback", cause or exc)
+                self._pause_reading()
+        except httptools.HttpParserUpgrade:
+            # Upgrades are not offered (RFC 9110 lets a server ignore them): answer the request
+            # as plain HTTP, then close, since llhttp parses no further on this connection.
+            if self.queue:
+                self.queue[-1].keep_alive = False
+            self._pause_reading()
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"malformed HTTP request: {str(exc)[:120] or type(exc).__name__}")
+        self._advance()
+
+    def eof_received(self) -> bool:
+        # The client will send nothing more: answer what it asked, then close.
+        self.eof = True
+        if self.lingering or not (self.busy or self.queue):
+            self.close()
+            return False
+        return True
+
+    # --- llhttp callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.msg = _Message()
+        self.started = time.monotonic()
+        self.in_head = True
+        self.head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.msg.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        msg = self.msg
+        headers = msg.headers
+        if key == "host":
+            msg.hosts += 1
+        text = value.decode("latin-1").strip(" \t")
+        # Repeated fields join as a list (RFC 9110 §5.3); a repeated single value then fails to parse.
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        msg = self.msg
+        parser = self.parser
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise _Reject(505, f"HTTP version {version!r} not supported (1.0 and 1.1 are)")
+        msg.http10 = version == "1.0"
+        if not msg.http10 and msg.hosts != 1:
+            raise _Reject(400, "an HTTP/1.1 request needs exactly one Host header")
+        msg.method = parser.get_method().decode("ascii")
+        msg.keep_alive = parser.should_keep_alive()
+        headers = msg.headers
+        length = headers.get("content-length")
+        if length is not None and not (length.isascii() and length.isdigit()):
+            raise _Reject(400, f"bad Content-Length {length[:50]!r}")  # llhttp checks too; never trust int()
+        if length is not None and int(length) > self.server.max_body_bytes:
+            raise _Reject(413, f"request body too large (limit {self.server.max_body_bytes} bytes)")
+        expect = headers.get("expect")
+        if expect is not None:
+            if expect.lower() != "100-continue":
+                raise _Reject(417, f"unsupported expectation {expect[:50]!r}")
+            if length != "0":
+                self.continue_owed = True
+
+    def on_body(self, body: bytes) -> None:
+        msg = self.msg
+        msg.body_size += len(body)
+        if msg.body_size > self.server.max_body_bytes:
+            raise _Reject(413, f"request body too large (limit {self.server.max_body_bytes} bytes)")
+        msg.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.queue.append(self.msg)
+        self.msg = None
+        self.started = None
+        self.in_head = True
+        self.head_bytes = 0
+        self.continue_owed = False
+        if len(self.queue) >= self.server.max_pipelined:
+            self._pause_reading()
+
+    # --- answering ----------------------------------------------------------------------
+    def _advance(self) -> None:
+        """Answer queued requests in order until one is in flight, the write buffer is full
+        or the queue is empty; then resume reading if there is room again."""
+        while not (self.busy or self.closed or self.write_paused) and self.queue:
+            self._answer(self.queue.popleft())
+        if self.closed or self.busy or self.queue:
+            return
+        if self.fatal is not None:
+            self.transport.write(self._encode(self.fatal, False))
+            self._linger()
+            return
+        if self.eof:
+            self.close()
+            return
+        self.idle_since = time.monotonic()
+        if self.continue_owed and not self.write_paused:
+            self.continue_owed = False
+            self.transport.write(_CONTINUE)
+        if self.read_paused and not self.write_paused:
+            self._resume_reading()
+
+    def _answer(self, msg: _Message) -> None:
+        head_only = msg.method == "HEAD"
+        url = msg.url
+        if not url.startswith(b"/"):
+            try:
+                url = httptools.parse_url(url).path or b""  # absolute-form: http://host/path
+            except httptools.HttpParserInvalidURLError:
+                url = b""
+            if not url.startswith(b"/"):
+                self._write(Reply.error(400, "the request target must be a path"), msg, head_only)
+                return
+        path = url.split(b"?", 1)[0].decode("latin-1")
+        found = self.server.api.route(msg.method, path)
+        if isinstance(found, Reply):
+            self._write(found, msg, head_only)
+            return
+        endpoint, params = found
+        body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
+        try:
+            reply = endpoint(Request(params, msg.headers, body))
+        except Exception:
+            reply = self.server.api.internal_error(f"{msg.method} {path}")
+        if isinstance(reply, Reply):
+            self._write(reply, msg, head_only)
+            return
+        if not isinstance(reply, asyncio.Future):
+            reply = asyncio.ensure_future(reply)
+        self.busy = True
+        self.in_flight = msg
+        reply.add_done_callback(lambda fut: self._answered(fut, msg, head_only))
+
+    def _answered(self, fut: asyncio.Future, msg: _Message, head_only: bool) -> None:
+        if self.in_flight is not msg:
+            return  # already answered 503 at close
+        self.busy = False
+        self.in_flight = None
+        if self.closed:
+            return  # the client left; its request was still served to completion
+        if fut.cancelled():
+            reply = Reply.error(503, "request cancelled: server shutting down", self.server.retry)
+        elif fut.exception() is not None:
+            reply = self.server.api.internal_error("answer", fut.exception())
+        else:
+            reply = fut.result()
+        self._write(reply, msg, head_only)
+        self._advance()
+
+    def _encode(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
+        body = reply.body
+        parts = [_STATUS_LINES.get(reply.status) or f"HTTP/1.1 {reply.status} Unknown\r\n".encode(),
+                 b"Content-Type: ", reply.content_type.encode(), b"\r\nContent-Length: ", str(len(body)).encode(),
+                 b"\r\nDate: ", self.server.date.get(), b"\r\nServer: hybridgnn\r\n"]
+        if reply.headers:
+            parts.extend(f"{k}: {v}\r\n".encode() for k, v in reply.headers.items())
+        parts.append(b"Connection: keep-alive\r\n\r\n" if keep_alive else b"Connection: close\r\n\r\n")
+        if not head_only:
+            parts.append(body)
+        return b"".join(parts)
+
+    def _write(self, reply: Reply, msg: _Message, head_only: bool) -> None:
+        """Send the answer to msg; without keep-alive it says "Connection: close", and the
+        connection lingers until the client closes (requests after it are not read)."""
+        keep_alive = msg.keep_alive and not self.server.draining()
+        self.transport.write(self._encode(reply, keep_alive, head_only))
+        if not keep_alive:
+            self._linger()  # nothing after a "Connection: close" answer is read
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Stop parsing; answer status after the requests already queued, then close."""
+        if self.fatal is not None:
+            return
+        headers = self.server.retry if status in (429, 503) else None
+        self.fatal = Reply.error(status, message, headers)
+        self.msg = None
+        self.started = None
+        self.continue_owed = False
+        self._pause_reading()
+
+    def _linger(self) -> None:
+        """After a refusal: send FIN once the answer is out, then read and drop what the
+        client still sends until it closes or stops (closing a socket with unread input
+        sends a reset, which can destroy the answer before the client reads it)."""
+        now = time.monotonic()
+        self.lingering = self.last_data = now
+        self.queue.clear()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._resume_reading()
+
+    # --- timeouts and shutdown ----------------------------------------------------------
+    def check_timeouts(self, now: float) -> None:
+        server = self.server
+        if self.closed:
+            return
+        if self.write_paused and now - self.write_paused_since > server.request_timeout_s:
+            self.abort()  # the client stopped reading its answers
+        elif self.started is not None and now - self.started > server.request_timeout_s and self.fatal is None:
+            self._refuse(408, f"request not received whole within {server.request_timeout_s:g} s")
+            self._advance()
+        elif self.lingering:
+            if now - self.last_data > _LINGER_QUIET_S or now - self.lingering > server.request_timeout_s:
+                self.close()
+        elif not (self.busy or self.queue or self.started is not None) and now - self.idle_since > \
+                server.idle_timeout_s:
+            self.close()
+
+    def close_if_idle(self) -> None:
+        if not (self.busy or self.queue or self.started is not None):
+            self.close()
+
+    def give_up(self) -> None:
+        """At the end of a close: answer what is still in flight or queued 503 (so a
+        balancer retries it elsewhere) and close."""
+        if self.closed:
+            return
+        if self.busy or self.queue or self.started is not None:
+            self.in_flight = None
+            self.busy = False
+            self.queue.clear()
+            self.transport.write(self._encode(Reply.error(
+                503, "server shut down before this request could be answered; retry", self.server.retry), False))
+        self.close()
+
+    def _pause_reading(self) -> None:
+        if not self.read_paused and not self.closed:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.read_paused and not self.closed:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.server.connections.discard(self)
+            self.transport.close()  # flushes what is buffered first
+
+    def abort(self) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        self.transport.abort()

@@ -1,0 +1,62 @@
+"""Admission by predicted queueing delay (scheduler/admission.py)."""
+
+import math
+
+import pytest
+
+from hybridgnn.errors import Overloaded
+from hybridgnn.scheduler.admission import Admission, Lane
+
+
+def test_an_unmeasured_lane_admits_and_an_empty_one_always_takes_one():
+    adm = Admission(0.1, [Lane("sampled", 2, full_batch=100)])
+    for _ in range(1000):
+        adm.admit("sampled", 50)  # nothing measured yet: only the pending cap applies
+    lane = Lane("x", 1)
+    lane.observe(1, 10.0)  # 10 s per unit: any request is over a 0.1 s bound
+    adm = Admission(0.1, [lane])
+    adm.admit("x", 1)  # an empty lane still takes one, or nothing would ever be measured
+    with pytest.raises(Overloaded) as info:
+        adm.admit("x", 1)
+    assert info.value.status == 429 and int(info.value.headers()["Retry-After"]) >= 1
+    assert "exceeds the 100 ms bound" in str(info.value)
+
+
+def test_the_cost_fit_recovers_a_fixed_and_a_per_unit_cost():
+    lane = Lane("sampled", servers=2, full_batch=1000)
+    for work in [10, 50, 100, 400, 800, 1000] * 10:
+        lane.observe(work, 0.002 + 1e-5 * work)  # 2 ms per batch + 10 µs per PSGS
+    assert lane.cost_s(1000) == pytest.approx(0.012, rel=1e-3)
+    lane.add(3000)  # three full batches over two servers
+    assert lane.delay_s() == pytest.approx((3 * 0.002 + 3000 * 1e-5) / 2, rel=1e-3)
+
+
+def test_one_batch_size_charges_per_unit():
+    lane = Lane("lookup", servers=1)
+    for _ in range(20):
+        lane.observe(1, 0.004)
+    lane.add(10)
+    assert lane.delay_s() == pytest.approx(0.04)
+
+
+def test_removing_work_frees_room_and_never_goes_negative():
+    lane = Lane("x", 1)
+    lane.observe(1, 0.01)
+    adm = Admission(0.05, [lane])
+    for _ in range(5):
+        adm.admit("x", 1)
+    with pytest.raises(Overloaded):
+        adm.admit("x", 1)
+    lane.remove(2)
+    adm.admit("x", 1)
+    lane.remove(100)
+    assert lane.queued == 0 and lane.delay_s() == 0
+
+
+def test_bad_observations_are_ignored():
+    lane = Lane("x", 1)
+    lane.observe(0, 1.0)
+    lane.observe(5, math.nan)
+    assert not lane.measured
+    with pytest.raises(ValueError):
+        Admission(0, [lane])

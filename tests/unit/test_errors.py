@@ -1,0 +1,262 @@
+"""The one error model (hybridgnn/errors.py) and the API's one map from an exception to an
+answer (Api.error_reply): statuses, headers, messages, and 500s with a request id for bugs.
+Called in process, without sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hybridgnn import errors
+from hybridgnn.config import SamplingConfig, ServeConfig
+from hybridgnn.errors import (
+    BadRequest,
+    BatchFailed,
+    ConfigError,
+    Conflict,
+    Draining,
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RemovedNode,
+    ServingError,
+    Unauthorized,
+    UpdateError,
+)
+from hybridgnn.serving.http.api import Api, Reply, Request
+from hybridgnn.telemetry.metrics import Telemetry
+from tests.unit.engine_client import counter
+
+
+def stub_api() -> Api:
+    """An Api over a stand-in engine: enough for routing and error answers."""
+    server = SimpleNamespace(model_name="m", retry_after_s=3, max_body_bytes=10)
+    return Api(SimpleNamespace(cfg=SimpleNamespace(server=server), telemetry=Telemetry(model="m")))
+
+
+def answer(reply: Reply) -> tuple[int, dict, dict]:
+    return reply.status, json.loads(reply.body), reply.headers or {}
+
+
+@pytest.mark.parametrize("exc, status, message, headers", [
+    (BadRequest("bad"), 400, "bad", {}),
+    (UpdateError("edge [1, 2] is already in the graph"), 400,
+     "update rejected, nothing applied: edge [1, 2] is already in the graph", {}),
+    (Unauthorized("who?"), 401, "who?", {"WWW-Authenticate": "Bearer"}),
+    (Forbidden("no"), 403, "no", {}),
+    (NotFound("none"), 404, "none", {}),
+    (RemovedNode("node 3 was removed"), 404, "node 3 was removed", {}),
+    (MethodNotAllowed("not so", "GET, HEAD"), 405, "not so", {"Allow": "GET, HEAD"}),
+    (Conflict("run precompute"), 409, "run precompute", {}),
+    (PayloadTooLarge("big"), 413, "big", {}),
+    (Overloaded("5 in flight"), 429, "server overloaded: 5 in flight", {"Retry-After": "3"}),
+    (Overloaded("slow", retry_after_s=7.2), 429, "server overloaded: slow", {"Retry-After": "8"}),
+    (Draining("server is shutting down"), 503, "not accepting requests: server is shutting down",
+     {"Retry-After": "3"}),
+    (ServingError("teapot", status=418), 418, "teapot", {}),
+])
+def test_each_serving_error_answers_its_status_headers_and_message(exc, status, message, headers):
+    got_status, body, got_headers = answer(stub_api().error_reply(exc))
+    assert (got_status, body, got_headers) == (status, {"error": message}, headers)
+    assert errors.status_of(exc) == status
+
+
+def test_refusals_are_counted_by_reason():
+    api = stub_api()
+    api.error_reply(Overloaded("x"))
+    api.error_reply(Overloaded("x"))
+    api.error_reply(Draining("x"))
+    metrics = api.engine.telemetry.exposition().decode()
+    assert counter(metrics, "hybridgnn_rejected_requests_total", reason="overload") == 2
+    assert counter(metrics, "hybridgnn_rejected_requests_total", reason="draining") == 1
+
+
+@pytest.mark.parametrize("exc", [KeyError("k"), LookupError("no such row"), ValueError("bug"), IndexError(3),
+                                 RecursionError(), None])
+def test_anything_else_is_a_logged_500_with_a_request_id(exc, caplog):
+    with caplog.at_level(logging.ERROR, logger="hybridgnn.serving.http.api"):
+        status, body, headers = answer(stub_api().error_reply(exc, "infer"))
+    assert status == 500 and set(body) == {"error", "request_id"} and body["error"] == "internal server error"
+    assert re.fullmatch(r"[0-9a-f]{12}", body["request_id"])
+    line = [r for r in caplog.records if body["request_id"] in r.getMessage()]
+    assert line and "infer" in line[0].getMessage()
+    assert (line[0].exc_info is not None) == (exc is not None)  # the traceback goes to the log, not the client
+    assert "k" not in body["error"] and "bug" not in json.dumps(body)
+
+
+def test_batch_failures_are_500s_with_their_message_and_a_request_id(caplog):
+    with caplog.at_level(logging.ERROR, logger="hybridgnn.serving.http.api"):
+        status, body, _ = answer(stub_api().error_reply(BatchFailed("RuntimeError: kernel")))
+    assert status == 500 and body["error"] == "inference failed: RuntimeError: kernel"
+    assert any(body["request_id"] in r.getMessage() for r in caplog.records)
+    assert errors.status_of(RuntimeError()) == 500
+
+
+def test_routing_errors_use_the_same_table():
+    api = stub_api()
+    assert answer(api.route("GET", "/nothing")) == (404, {"error": "no such endpoint: GET /nothing"}, {})
+    assert answer(api.route("POST", "/v2/health/live"))[2] == {"Allow": "GET, HEAD"}
+    assert answer(api.route("PUT", "/v2/models/m/infer"))[0] == 405
+    assert answer(api.body_too_large())[0] == 413
+    endpoint, params = api.route("GET", "/v2/models/other")
+    assert answer(endpoint(Request(params, {}, b""))) == (
+        404, {"error": "unknown model 'other'; this server serves 'm'"}, {})
+
+
+def test_a_bug_in_an_endpoint_is_a_500_not_a_4xx():
+    api = stub_api()
+    api.engine.model = None  # model_metadata reads engine.model.spec: AttributeError, a bug
+    endpoint, params = api.route("GET", "/v2/models/m")
+    status, body, _ = answer(endpoint(Request(params, {}, b"")))
+    assert status == 500 and "request_id" in body
+    assert api.internal_error("HTTP parser", NotFound("x")).status == 404  # the HTTP layer maps the same way
+
+
+def test_config_errors_are_value_errors_and_carry_the_dataset_kinds():
+    from hybridgnn.graph.store import DatasetError
+    from hybridgnn.models.checkpoint import CheckpointError
+    from hybridgnn.profiling.profile import ProfileMismatch
+
+    for cls in (DatasetError, CheckpointError, ProfileMismatch):
+        assert issubclass(cls, ConfigError) and issubclass(cls, ValueError)
+    assert not issubclass(ConfigError, ServingError)
+
+
+def test_brief_keeps_client_values_short_and_printable():
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    assert len(errors.brief(deep)) < 40
+    assert len(errors.brief("x" * 10_000)) < 80 and len(errors.brief(list(range(10_000)))) < 80
+    assert len(errors.brief(10 ** 5000)) < 80  # past the int-to-text limit: no ValueError either
+
+
+# --- through a real engine (no sockets): bodies that used to answer 500 ---------------------
+def run_api(cfg: ServeConfig, scenario):
+    from hybridgnn.serving.engine import Engine
+
+    async def main():
+        engine = Engine(cfg)
+        await engine.start()
+        try:
+            return await scenario(Api(engine), engine)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+async def call(api: Api, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
+    reply = endpoint(Request(params, headers or {}, body))
+    if not isinstance(reply, Reply):
+        reply = await reply
+    return reply.status, json.loads(reply.body)
+
+
+def new_node_body(edges: list[list[int]], mode: str, q: int = 2) -> bytes:
+    feats = np.random.default_rng(0).standard_normal((q, 16)).astype(np.float32)
+    ei = np.asarray(edges, dtype=np.int64).reshape(2, -1)
+    return json.dumps({
+        "inputs": [{"name": "features", "shape": [q, 16], "datatype": "FP32", "data": feats.reshape(-1).tolist()},
+                   {"name": "edge_index", "shape": list(ei.shape), "datatype": "INT64",
+                    "data": ei.reshape(-1).tolist()}],
+        "parameters": {"mode": mode, "gamma": 0.5}}).encode()
+
+
+def test_client_bodies_that_were_500s(tiny_dataset, tiny_model_pe):
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)))
+
+    async def scenario(api, engine):
+        out = {}
+        nest = b"[" * 5000 + b"]" * 5000
+        out["deep"] = await call(api, b'{"inputs": ' + nest + b"}")
+        out["deep_id"] = await call(api, b'{"id": ' + b"[" * 1000 + b"]" * 1000 + b', "inputs": [1]}')
+        out["digits"] = await call(api, b'{"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", '
+                                        b'"data": [' + b"1" * 5000 + b"]}]}")
+        out["mode"] = await call(api, json.dumps({
+            "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}],
+            "parameters": {"mode": [[["x" * 1000]]]}}).encode())
+        for mode in ("full", "pe", "srpe", "sampled"):
+            out[mode] = await call(api, new_node_body([[], []], mode))
+            out[mode + "_one_isolated"] = await call(api, new_node_body([[3000], [7]], mode))
+        metrics = engine.telemetry.exposition().decode()
+        return out, metrics
+
+    out, metrics = run_api(cfg, scenario)
+    assert out["deep"][0] == 400 and "nested too deeply" in out["deep"][1]["error"]
+    assert out["deep_id"][0] == 400
+    assert out["digits"][0] == 400 and "4300 digits" in out["digits"][1]["error"]
+    assert out["mode"][0] == 400 and len(out["mode"][1]["error"]) < 300
+    for mode in ("full", "pe", "srpe", "sampled"):
+        for key in (mode, mode + "_one_isolated"):
+            status, body = out[key]
+            assert status == 200, (key, body)
+            emb = {o["name"]: o for o in body["outputs"]}["embeddings"]
+            assert emb["shape"][0] == 2 and np.isfinite(emb["data"]).all()
+    # an edge-less query node's answer is the same in every mode (its own features only)
+    rows = {m: np.asarray({o["name"]: o for o in out[m][1]["outputs"]}["embeddings"]["data"]) for m in
+            ("full", "pe", "srpe", "sampled")}
+    for m in ("pe", "srpe", "sampled"):
+        np.testing.assert_allclose(rows[m], rows["full"], rtol=1e-4, atol=1e-5)
+    assert counter(metrics, "hybridgnn_requests_total", code="400", model="hybridgnn") == 4
+
+
+def test_a_lookup_error_inside_the_engine_is_a_500_not_a_409(tiny_dataset, tiny_model_pe, monkeypatch):
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)))
+
+    async def broken(self, node_ids):
+        raise LookupError("an internal table lacks a key")
+
+    async def scenario(api, engine):
+        monkeypatch.setattr(type(engine), "lookup_precomputed", broken)
+        return await call(api, json.dumps({
+            "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}],
+            "parameters": {"mode": "precomputed"}}).encode())
+
+    status, body = run_api(cfg, scenario)
+    assert status == 500 and body["error"] == "internal server error" and "request_id" in body
+
+
+def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe):
+    from hybridgnn.config import UpdateConfig
+
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)),
+                      updates=UpdateConfig(token="12345678", max_request_updates=100))
+    auth = {"authorization": "Bearer 12345678"}
+
+    def update(*inputs) -> bytes:
+        return json.dumps({"inputs": [{"name": n, "datatype": d, "shape": list(np.shape(v)),
+                                       "data": np.ravel(v).tolist()} for n, d, v in inputs]}).encode()
+
+    async def post(api, body, headers):
+        endpoint, params = api.route("POST", "/v2/models/hybridgnn/graph")
+        reply = await endpoint(Request(params, headers, body))
+        return reply.status, json.loads(reply.body), reply.headers or {}
+
+    async def scenario(api, engine):
+        out = {"auth": await post(api, update(("remove_nodes", "INT64", [1])), {"authorization": "Bearer nope"}),
+               "unknown": await post(api, update(("add_edges", "INT64", [[0, 999_999]])), auth),
+               "too_many": await post(api, update(("remove_nodes", "INT64", list(range(101)))), auth),
+               "deep": await post(api, b'{"inputs": ' + b"[" * 3000 + b"]" * 3000 + b"}", auth),
+               "ok": await post(api, update(("add_edges", "INT64", [[0, 2999]])), auth)}
+        out["new_node_after_update"] = await call(api, new_node_body([[3000], [5]], "full", q=1))
+        return out
+
+    out = run_api(cfg, scenario)
+    assert out["auth"][0] == 401 and out["auth"][2] == {"WWW-Authenticate": "Bearer"}
+    status, body, _ = out["unknown"]
+    assert status == 400 and body["error"].startswith("update rejected, nothing applied: ") and "unknown node" in \
+        body["error"]
+    assert out["too_many"][0] == 413
+    assert out["deep"][0] == 400 and "nested too deeply" in out["deep"][1]["error"]
+    assert out["ok"][0] == 200, out["ok"]
+    assert out["new_node_after_update"][0] == 409 and "graph updates" in out["new_node_after_update"][1]["error"]
