@@ -97,7 +97,6 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(tiny_dataset
 
 
 def test_mismatched_model_and_dataset_are_refused(tiny_dataset, tiny_model, tmp_path):
-    import pytest
 
     from hybridgnn.graph.generate import generate_csbm
     from hybridgnn.errors import ConfigError

@@ -422,3 +422,28 @@ def test_an_upgrade_request_is_answered_as_plain_http_then_closed():
         assert await closed_by_server(reader)
 
     run(go)
+
+
+def test_many_small_pipelined_requests_in_one_read_are_not_a_large_head():
+    """A single read holding hundreds of small requests (more than max_header_bytes) is not 431."""
+    async def go(server):
+        reader, writer = await connect(server)
+        n = 3000  # ~100 KiB of heads in one write
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n" * n)
+        for _ in range(n):
+            assert (await read_response(reader))[0] == 200
+        writer.close()
+
+    run(go)
+
+
+def test_a_never_ending_header_is_431():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\nX-Big: ")
+        for _ in range(20):
+            writer.write(b"a" * 8192)
+        status, _, body = await read_response(reader)
+        assert status == 431 and "head larger" in json.loads(body)["error"]
+
+    run(go, max_header_bytes=16 * 1024)

@@ -1,9 +1,8 @@
 """The KServe v2 REST API, independent of the HTTP server that carries it.
 
 `Api.route(method, path)` finds the endpoint; each endpoint returns a `Reply`, or an
-awaitable of one when the answer comes later (an inference). Both front ends — the
-built-in asyncio protocol server (serving/http.py) and the aiohttp app (serving/app.py) —
-call these, so status codes, messages and headers are the same whichever serves.
+awaitable of one when the answer comes later (an inference). The HTTP server
+(serving/http/protocol.py) calls these; so could any other transport.
 Every error is answered by `Api.error_reply` from the one table in hybridgnn/errors.py: a
 ServingError with its status, headers and {"error": message}; anything else is a bug,
 logged with a request id and answered 500 {"error": "internal server error", "request_id"}.

@@ -159,7 +159,7 @@ class HttpServer:
 class _Message:
     """A request being parsed, then waiting for its answer."""
 
-    __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10")
+    __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10", "head_size")
 
     def __init__(self):
         self.url = b""
@@ -170,6 +170,7 @@ class _Message:
         self.method = ""
         self.keep_alive = True
         self.http10 = False
+        self.head_size = 0  # the head's fields, as parsed (the feed-level bound catches one never ending)
 
 
 class _Reject(Exception):
@@ -185,7 +186,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
-                 "continue_owed", "lingering", "last_data", "in_flight")
+                 "continue_owed", "lingering", "last_data", "in_flight", "began")
 
     def __init__(self, server: HttpServer):
         self.server = server
@@ -204,6 +205,7 @@ class _Connection(asyncio.Protocol):
         self.started: float | None = None  # first byte of the request being parsed
         self.head_bytes = 0
         self.in_head = True  # bytes fed now belong to a request head (count them)
+        self.began = False  # a request began during the current feed
         self.idle_since = time.monotonic()
         self.continue_owed = False
         self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
@@ -244,18 +246,7 @@ class _Connection(asyncio.Protocol):
         if self.fatal is not None:
             return  # the rest of the stream is not parsed once a request was refused
         try:
-            if self.in_head:
-                # llhttp holds a header field in memory until it ends: bound the head here.
-                room = self.server.max_header_bytes - self.head_bytes
-                if len(data) > room:
-                    self.parser.feed_data(data[:room])
-                    if self.in_head:
-                        limit = self.server.max_header_bytes
-                        raise _Reject(431, f"request head larger than {limit} bytes")
-                    data = data[room:]
-                else:
-                    self.head_bytes += len(data)
-            self.parser.feed_data(data)
+            self._feed(data)
         except _Reject as exc:  # raised here, not from a callback (those come wrapped)
             self._refuse(exc.status, str(exc))
         except httptools.HttpParserCallbackError as exc:
@@ -275,6 +266,26 @@ class _Connection(asyncio.Protocol):
             self._refuse(400, f"malformed HTTP request: {str(exc)[:120] or type(exc).__name__}")
         self._advance()
 
+    def _feed(self, data: bytes) -> None:
+        """Feed llhttp, bounding the head: llhttp holds a header field in memory until it
+        ends, so while a head is being read the bytes go in slices of a quarter of
+        max_header_bytes, and a head that outlasts slices worth max_header_bytes is refused
+        (431). A head is counted from the first slice after the one it began in, so what is
+        held stays below 1.25 × max_header_bytes; many small requests in one read never add up."""
+        limit = self.server.max_header_bytes
+        step = max(1, limit // 4)
+        while data:
+            if not self.in_head:
+                self.parser.feed_data(data)
+                return
+            piece, data = (data, b"") if len(data) <= step else (data[:step], data[step:])
+            self.began = False
+            self.parser.feed_data(piece)
+            if self.in_head and not self.began:
+                self.head_bytes += len(piece)
+                if self.head_bytes >= limit:
+                    raise _Reject(431, f"request head larger than {limit} bytes")
+
     def eof_received(self) -> bool:
         # The client will send nothing more: answer what it asked, then close.
         self.eof = True
@@ -289,6 +300,7 @@ class _Connection(asyncio.Protocol):
         self.started = time.monotonic()
         self.in_head = True
         self.head_bytes = 0
+        self.began = True
 
     def on_url(self, url: bytes) -> None:
         self.msg.url += url
@@ -296,6 +308,7 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         key = name.decode("latin-1").lower()
         msg = self.msg
+        msg.head_size += len(name) + len(value) + 4
         headers = msg.headers
         if key == "host":
             msg.hosts += 1
@@ -306,6 +319,8 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.in_head = False
         msg = self.msg
+        if msg.head_size + len(msg.url) > self.server.max_header_bytes:
+            raise _Reject(431, f"request head larger than {self.server.max_header_bytes} bytes")
         parser = self.parser
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
