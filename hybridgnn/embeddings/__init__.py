@@ -1,5 +1,5 @@
-"""Precomputed embeddings (PEs): layer-wise precompute, the embedding store, and (later)
-SRPE and incremental maintenance."""
+"""Precomputed embeddings (PEs): layer-wise precompute, the embedding store, new nodes
+(full / PE / SRPE) and incremental maintenance under graph updates."""
 
 from hybridgnn.embeddings.precompute import PrecomputeConfig, block_inputs, precompute
 from hybridgnn.embeddings.store import EmbeddingStore

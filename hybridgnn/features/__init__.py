@@ -1,4 +1,4 @@
-"""Feature stores and gathers (host tier now; topology-aware tiers plug in here)."""
+"""Feature stores and gathers: host, FAP-ordered device cache, tiered placement plans (GPU, peer GPU, pinned host, disk)."""
 
 from hybridgnn.features.store import FeatureStore, HostFeatureStore
 

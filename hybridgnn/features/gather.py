@@ -1,5 +1,5 @@
 """A feature store laid out by a placement plan, for one server and one requesting device
-(DESIGN §5): given node ids, one [n, F] tensor on that device.
+(docs/architecture.md): given node ids, one [n, F] tensor on that device.
 
 Stores, built once from the dataset's feature matrix and the plan:
   gpu:k   rows the plan puts on GPU k of this server's clique(s) (device memory of that

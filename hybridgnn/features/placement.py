@@ -1,5 +1,5 @@
 """Feature placement plans: which tier, server and GPU holds each node's feature row
-(Quiver §5.2, DESIGN §5), plus the baselines it is compared with.
+(Quiver §5.2, docs/architecture.md), plus the baselines it is compared with.
 
 FAP plan (Quiver), nodes in descending FAP order, capacities in rows
 (N_g per GPU, N_m host and N_d disk per server; G/C GPUs per NVLink clique):

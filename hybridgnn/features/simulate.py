@@ -1,5 +1,5 @@
 """Placement simulator: the gather time of each batch under a plan, a topology and link
-figures (DESIGN §5). A GPU gathers a batch's rows by one-sided reads from every place
+figures (docs/architecture.md). A GPU gathers a batch's rows by one-sided reads from every place
 that holds them at once, so the batch waits for its slowest path (Quiver §5.2: the
 tail decides the latency); each path costs latency + bytes / bandwidth.
 

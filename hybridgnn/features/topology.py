@@ -1,4 +1,4 @@
-"""Where feature rows can live and how fast each place is reached (Quiver §5.2, DESIGN §5).
+"""Where feature rows can live and how fast each place is reached (Quiver §5.2, docs/architecture.md).
 
 A Topology is S identical servers, each with G GPUs in C NVLink cliques (G/C GPUs per
 clique; C = G: no NVLink), GPU, host and disk capacities in bytes, and the links between

@@ -1,5 +1,5 @@
 """Latency-vs-PSGS curves, their crossing points, and SLO-bound operating points
-(Quiver §4.2, DESIGN §4).
+(Quiver §4.2, docs/architecture.md).
 
 A Curve is piecewise linear in log(PSGS) through per-bin statistics made monotone
 non-decreasing by pool-adjacent-violators (weighted by samples per bin): a bigger batch

@@ -1,4 +1,4 @@
-"""Quiver's hybrid rule plus load awareness (DESIGN §4).
+"""Quiver's hybrid rule plus load awareness (docs/architecture.md).
 
 A batch whose PSGS is below the threshold goes to the CPU pipeline, otherwise to the GPU
 pipeline. When the chosen pipeline is saturated and the other has slack, the batch

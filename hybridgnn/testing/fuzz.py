@@ -5,7 +5,7 @@ generators of requests (KServe JSON and binary bodies, graph updates, mutated ra
 Shared by tests/integration/test_fuzz.py, tests/integration/test_http_corpus.py and
 bench/fuzz.py. The server under test parses HTTP with httptools (llhttp), so the verdict
 on a byte stream (how many requests it holds, whether it is rejected) is computed here with
-httptools itself plus the server's own stricter rules (DESIGN.md section 8, README "HTTP
+httptools itself plus the server's own stricter rules (docs/architecture.md, README "HTTP
 API", serving/http/protocol.py): an HTTP version llhttp takes but the server does not
 speak (0.9, 2.0) is a 505, an HTTP/1.1 request without exactly one Host header a 400, a
 declared body over max_body_bytes a 413, an Expect other than 100-continue a 417, a request

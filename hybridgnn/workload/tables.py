@@ -1,4 +1,4 @@
-"""PSGS and FAP by sparse matrix–vector chains (DESIGN §3).
+"""PSGS and FAP by sparse matrix–vector chains (docs/architecture.md).
 
 With A the 0/1 sampling adjacency (row i = candidates of i), deg = A·1 and
 r_k = min(deg, l_k)/deg (0 where deg = 0), E_k = diag(r_k)·A:

@@ -1,4 +1,4 @@
-"""PSGS and FAP against Monte-Carlo tree sampling (with multiplicity, as DESIGN §3 defines)."""
+"""PSGS and FAP against Monte-Carlo tree sampling (with multiplicity, as docs/architecture.md defines)."""
 
 import numpy as np
 import pytest
