@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LINGER_QUIET_S = 2.0  # lingering after a refusal ends after this long without input
+_LINGER_QUIET_S = 1.0  # lingering after a refusal ends after this long without input
+_LINGER_MAX_S = 2.0  # ... or this long after it began, however the client trickles
 _FD_RESERVE = 256  # descriptors kept free for files, the engine's pipes and the listener
 
 
@@ -186,7 +187,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
-                 "continue_owed", "lingering", "last_data", "in_flight", "began")
+                 "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh")
 
     def __init__(self, server: HttpServer):
         self.server = server
@@ -206,6 +207,7 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.in_head = True  # bytes fed now belong to a request head (count them)
         self.began = False  # a request began during the current feed
+        self.fresh = True  # no byte received yet
         self.idle_since = time.monotonic()
         self.continue_owed = False
         self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
@@ -217,10 +219,11 @@ class _Connection(asyncio.Protocol):
         server = self.server
         if len(server.connections) >= server.max_connections:
             server.refused_connections += 1
-            self.closed = True
             transport.write(self._encode(Reply.error(
                 503, f"too many connections (limit {server.max_connections}); retry later", server.retry), False))
-            transport.close()
+            # Linger (not counted against the cap) so the answer is read rather than reset.
+            self._linger()
+            asyncio.get_running_loop().call_later(_LINGER_MAX_S, lambda: self.closed or self.close())
             return
         server.connections.add(self)
 
@@ -240,6 +243,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.fresh = False
         if self.lingering:
             self.last_data = time.monotonic()
             return  # dropped: the client is still sending what was refused
@@ -482,13 +486,18 @@ class _Connection(asyncio.Protocol):
             self._refuse(408, f"request not received whole within {server.request_timeout_s:g} s")
             self._advance()
         elif self.lingering:
-            if now - self.last_data > _LINGER_QUIET_S or now - self.lingering > server.request_timeout_s:
+            if now - self.last_data > _LINGER_QUIET_S or now - self.lingering > _LINGER_MAX_S:
                 self.close()
         elif not (self.busy or self.queue or self.started is not None) and now - self.idle_since > \
                 server.idle_timeout_s:
             self.close()
 
     def close_if_idle(self) -> None:
+        """At shutdown: close a connection between requests. One that has not sent a byte
+        yet stays (its request is on the way: it gets a 503 when it comes, or the close's
+        deadline ends it)."""
+        if self.fresh:
+            return
         if not (self.busy or self.queue or self.started is not None):
             self.close()
 
