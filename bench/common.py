@@ -1,12 +1,19 @@
-"""Helpers shared by the benchmark scripts: the machine line and the products-scale graph."""
+"""Helpers shared by the benchmark scripts: the machine line, the products-scale graph,
+per-thread CPU from /proc, and servers run from another git revision of this repository
+(`serve_revision` / `RevisionServer`, for before/after comparisons in one run)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import resource
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from hybridgnn.capabilities import describe_line
@@ -76,3 +83,128 @@ def heavy_setup():
         model = GNN(ModelSpec("sage", graph.feature_dim, 256, 47, num_layers=3)).eval()
         save_checkpoint(model, model_dir, extra={"fanouts": [15, 10, 5], "dataset_fingerprint": graph.fingerprint})
     return PRODUCTS, model_dir
+
+
+# --- servers from another git revision ------------------------------------------------
+
+# The code before the llhttp front end and queue-delay admission (hand-written HTTP
+# parser, a fixed --max-pending 2048 cap, the aiohttp front end as an option).
+BASELINE_REV = "e9a9a2f"
+WORKTREE_PREFIX = "/tmp/hybridgnn-rev-"
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def revision_worktree(rev: str) -> Path:
+    """A detached worktree of this repository at `rev` in /tmp/hybridgnn-rev-<rev>, made
+    once with `git worktree add --detach` and reused afterwards (checked to be at that
+    commit). A lock file serialises concurrent callers."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", rev) or rev.startswith("-"):
+        raise ValueError(f"revision {rev!r}: give a commit hash or a tag/branch name without '/' or '~'")
+    commit = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    path = Path(f"{WORKTREE_PREFIX}{rev}")
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / ".git").exists():
+            head = _git("rev-parse", "HEAD", cwd=path)
+            if head != commit:
+                raise RuntimeError(f"{path} is a worktree at {head[:12]}, not {rev} ({commit[:12]}); "
+                                   f"remove it (git worktree remove {path}) and run again")
+            return path
+        if path.exists() and any(path.iterdir()):
+            raise RuntimeError(f"{path} exists and is not a worktree of {ROOT}; remove it and run again")
+        registered = f"worktree {path}" in _git("worktree", "list", "--porcelain").splitlines()
+        # -f: registered but its directory was deleted (e.g. /tmp cleaned); git refuses without it
+        _git("worktree", "add", *(["-f"] if registered else []), "--detach", str(path), commit)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RevisionServer:
+    """`hybridgnn serve --dataset D --model M --port P *extra` running the code of git
+    revision `rev` (its worktree first on PYTHONPATH and the working directory; same
+    interpreter and venv), or of this working tree when rev is None. The interface of
+    tests/integration/server.py's ServerProcess (url, port, proc, wait_ready(), output(),
+    stop()) plus pid. The server's output goes to a temporary file, not a pipe, so a
+    chatty server never blocks on a full pipe while a benchmark is not reading it."""
+
+    def __init__(self, rev: str | None, dataset, model, *extra: str, port: int | None = None):
+        import tempfile
+
+        self.rev = rev
+        self.worktree = revision_worktree(rev) if rev is not None else ROOT
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if rev is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(self.worktree), *filter(None, [os.environ.get("PYTHONPATH")])])
+            # The venv's editable install must not win over the worktree: check where the
+            # package resolves (find_spec does not import it).
+            where = subprocess.run([sys.executable, "-c",
+                                    "import importlib.util as u; print(u.find_spec('hybridgnn').origin)"],
+                                   cwd=self.worktree, env=env, check=True, capture_output=True, text=True).stdout.strip()
+            if not Path(where).resolve().is_relative_to(self.worktree.resolve()):
+                raise RuntimeError(f"hybridgnn resolves to {where}, not the worktree {self.worktree}")
+        cmd = [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve", "--dataset",
+               str(dataset), "--model", str(model), "--port", str(self.port), *extra]
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, cwd=self.worktree)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def label(self) -> str:
+        return f"revision {self.rev}" if self.rev is not None else "working tree"
+
+    def wait_ready(self, timeout_s: float = 180.0) -> "RevisionServer":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server ({self.label}) exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"server ({self.label}) not ready within {timeout_s}s:\n{self.output()}")
+
+    def output(self) -> str:
+        """What the server printed so far (all of it once it has exited)."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def serve_revision(rev: str | None, dataset, model, *extra: str, timeout_s: float = 180.0) -> RevisionServer:
+    """Start `hybridgnn serve` from git revision `rev` (None: this working tree) and wait
+    until it is ready; stop() it when done."""
+    return RevisionServer(rev, dataset, model, *extra).wait_ready(timeout_s)
+
+
+def metrics_text(url: str, timeout_s: float = 5.0) -> str:
+    """The server's Prometheus exposition (GET /metrics)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as r:
+        return r.read().decode()

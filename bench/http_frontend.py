@@ -1,43 +1,51 @@
-"""Event-loop CPU per request of the two HTTP front ends (`--http-server builtin` against
-`--http-server aiohttp`), same engine, demo graph and model, at the same offered rate.
+"""Event-loop CPU per request of the current server against a baseline revision (default
+e9a9a2f: the hand-written HTTP parser, before the llhttp front end and queue-delay
+admission), same demo graph and model, same offered rate, in the same run; the baseline
+runs from a git worktree of that revision (bench/common.py: serve_revision).
 
 Both servers run with --worker-processes, so the event-loop thread does only front-end
-work (HTTP, codec, batcher, telemetry, handing batches to the worker threads' pipes is
-on other threads) and no model Python competes for its GIL. The figure is the main
-thread's CPU seconds (user + system, from /proc) divided by the requests answered.
+work (HTTP, codec, admission, batcher, telemetry; handing batches to the worker threads'
+pipes is on other threads) and no model Python competes for its GIL. The figure is the
+main thread's CPU seconds (user + system, from /proc) divided by the requests answered,
+over --duration-s of open-loop Poisson load after a 2 s warm-up at the same rate.
+--rounds > 1 alternates the two servers (current, baseline, current, ...) and reports
+each round and the median.
 
     .venv/bin/python bench/http_frontend.py [--rate 1000] [--duration-s 10] [--nodes-per-request 1]
+    .venv/bin/python bench/http_frontend.py --rate 1500 --rounds 3 --baseline-rev e9a9a2f
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, main_thread_cpu_seconds  # noqa: E402
+from bench.common import BASELINE_REV, machine, main_thread_cpu_seconds, serve_revision  # noqa: E402
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
-from tests.integration.server import ServerProcess  # noqa: E402
 
 
-def measure(dataset, model, http_server: str, args) -> dict:
-    srv = ServerProcess(dataset, model, "--worker-processes", "--http-server", http_server).wait_ready()
+def measure(dataset, model, rev: str | None, args) -> dict:
+    srv = serve_revision(rev, dataset, model, "--worker-processes")
     try:
         # a short warm-up: connections open, caches fill, the children load their model
         run_async(run_load(srv.url, "hybridgnn", rate=args.rate, duration_s=2.0,
                            nodes_per_request=args.nodes_per_request))
-        before = main_thread_cpu_seconds(srv.proc.pid)
+        before = main_thread_cpu_seconds(srv.pid)
         res = run_async(run_load(srv.url, "hybridgnn", rate=args.rate, duration_s=args.duration_s,
                                  nodes_per_request=args.nodes_per_request))
-        loop_s = main_thread_cpu_seconds(srv.proc.pid) - before
+        loop_s = main_thread_cpu_seconds(srv.pid) - before
     finally:
         srv.stop()
-    out = {"http_server": http_server, "loop_us_per_request": round(loop_s / max(res.ok, 1) * 1e6, 1),
+    out = {"server": "current" if rev is None else f"baseline {rev}",
+           "loop_us_per_request": round(loop_s / max(res.ok, 1) * 1e6, 1),
+           "loop_cores": round(loop_s / args.duration_s, 3),
            "ok": res.ok, "achieved_rps": round(res.achieved_rps), "p50_ms": round(res.p50_ms, 2),
            "p99_ms": round(res.p99_ms, 2), "errors": res.errors, "rejected": res.rejected}
     print(json.dumps(out), flush=True)
@@ -45,19 +53,28 @@ def measure(dataset, model, http_server: str, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=1000.0, help="offered requests per second")
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--nodes-per-request", type=int, default=1)
+    ap.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the baseline server")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating current/baseline pairs")
     args = ap.parse_args()
     raise_open_file_limit()
     dataset, model = ensure_demo()
-    builtin = measure(dataset, model, "builtin", args)
-    aio = measure(dataset, model, "aiohttp", args)
+    current, baseline = [], []
+    for _ in range(args.rounds):
+        current.append(measure(dataset, model, None, args))
+        baseline.append(measure(dataset, model, args.baseline_rev, args))
+    cur = round(statistics.median(r["loop_us_per_request"] for r in current), 1)
+    base = round(statistics.median(r["loop_us_per_request"] for r in baseline), 1)
     print(json.dumps({
-        "machine": machine(), "rate": args.rate, "nodes_per_request": args.nodes_per_request,
-        "builtin": builtin, "aiohttp": aio,
-        "aiohttp_over_builtin_loop_cpu": round(aio["loop_us_per_request"] / builtin["loop_us_per_request"], 2),
+        "machine": machine(), "rate": args.rate, "duration_s": args.duration_s,
+        "nodes_per_request": args.nodes_per_request, "baseline_rev": args.baseline_rev,
+        "current": current if args.rounds > 1 else current[0],
+        "baseline": baseline if args.rounds > 1 else baseline[0],
+        "current_loop_us_per_request": cur, "baseline_loop_us_per_request": base,
+        "baseline_over_current_loop_cpu": round(base / cur, 2) if cur else None,
     }, indent=2))
 
 

@@ -2,13 +2,17 @@
 that handles one request at a time without batching (bench/naive_server.py: aiohttp on
 uvloop, the same codec, sampler and model, run inline per request), and against `hybridgnn serve`
 with batching switched off (isolating what batching itself adds), in its throughput
-settings (THROUGHPUT below), and on the aiohttp front end (`--http-server aiohttp`, the
-naive server's HTTP stack). Same demo graph, model and machine, driven by the open-loop
-Poisson load generator.
+settings (THROUGHPUT below), and as of a baseline git revision with its defaults
+(`baseline`, default e9a9a2f: the hand-written HTTP parser and a fixed --max-pending cap,
+before the llhttp front end and queue-delay admission; run from a git worktree by
+bench/common.py's serve_revision), so served throughput before and after a change is
+measured in one run. Same demo graph, model and machine, driven by the open-loop Poisson
+load generator.
 
     .venv/bin/python bench/serve_throughput.py [--slo-ms 50] [--nodes-per-request 4]
     .venv/bin/python bench/serve_throughput.py --heavy      # products graph, 3-layer SAGE 256
     .venv/bin/python bench/serve_throughput.py --servers throughput   # naive vs throughput settings only
+    .venv/bin/python bench/serve_throughput.py --naive-threads 1 --servers defaults,baseline   # before/after
 
 The naive server runs its model with --naive-threads intra-op threads (default: 1 and 2,
 each measured; the better one is the baseline), so it may use the second core too.
@@ -23,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import heavy_setup, machine  # noqa: E402
+from bench.common import BASELINE_REV, heavy_setup, machine, serve_revision  # noqa: E402
 from hybridgnn.bench.loadgen import find_max_rate  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -36,8 +40,11 @@ THROUGHPUT = ("--worker-processes", "--max-wait-ms", "8")
 NAIVE_COMMAND = [sys.executable, str(Path(__file__).resolve().parent / "naive_server.py")]
 
 
-def measure(dataset, model, extra, args, label, command=None):
-    srv = ServerProcess(dataset, model, *extra, command=command).wait_ready()
+def measure(dataset, model, extra, args, label, command=None, rev=None):
+    """find_max_rate against a server: this working tree's (`command` replacing the
+    program), or git revision `rev`'s."""
+    srv = (serve_revision(rev, dataset, model, *extra) if rev is not None
+           else ServerProcess(dataset, model, *extra, command=command).wait_ready())
     try:
         print(f"{label}:", flush=True)
         rate, res = run_async(find_max_rate(srv.url, "hybridgnn", slo_ms=args.slo_ms, duration_s=args.duration_s,
@@ -59,9 +66,10 @@ def main() -> None:
     ap.add_argument("--start-rate", type=float, default=50.0)
     ap.add_argument("--naive-threads", default="1,2", help="intra-op thread counts to try for the naive server")
     ap.add_argument("--heavy", action="store_true", help="products-scale graph and a 3-layer SAGE of width 256")
-    ap.add_argument("--servers", default="off,defaults,throughput,aiohttp",
+    ap.add_argument("--servers", default="off,defaults,throughput,baseline",
                     help="which hybridgnn servers to measure besides the naive one (off = batching off, "
-                         "throughput = the THROUGHPUT settings, aiohttp = defaults on the aiohttp front end)")
+                         "throughput = the THROUGHPUT settings, baseline = defaults as of --baseline-rev)")
+    ap.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision the baseline server runs")
     args = ap.parse_args()
     raise_open_file_limit()
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
@@ -75,13 +83,18 @@ def main() -> None:
     naive = measured.get(naive_threads)
     wanted = set(args.servers.split(","))
 
-    def maybe(name, extra, label):
-        return measure(dataset, model, extra, args, label)[1] if name in wanted else None
+    unknown = wanted - {"off", "defaults", "throughput", "baseline"}
+    if unknown:
+        ap.error(f"unknown --servers entries {sorted(unknown)}; take off, defaults, throughput, baseline")
+
+    def maybe(name, extra, label, rev=None):
+        return measure(dataset, model, extra, args, label, rev=rev)[1] if name in wanted else None
 
     unbatched = maybe("off", NO_BATCHING, "hybridgnn serve, batching off")
     ours = maybe("defaults", (), "hybridgnn serve (defaults)")
     tuned = maybe("throughput", THROUGHPUT, f"hybridgnn serve {' '.join(THROUGHPUT)}")
-    ours_aiohttp = maybe("aiohttp", ("--http-server", "aiohttp"), "hybridgnn serve --http-server aiohttp")
+    baseline = maybe("baseline", (), f"hybridgnn serve (defaults) at revision {args.baseline_rev}",
+                     rev=args.baseline_rev)
     report = {
         "machine": machine(),
         "slo_p99_ms": args.slo_ms,
@@ -94,11 +107,13 @@ def main() -> None:
         "hybridgnn": ours.to_dict() if ours else None,
         "hybridgnn_throughput_settings": tuned.to_dict() if tuned else None,
         "throughput_settings": " ".join(THROUGHPUT),
-        "hybridgnn_aiohttp": ours_aiohttp.to_dict() if ours_aiohttp else None,
+        "hybridgnn_baseline": baseline.to_dict() if baseline else None,
+        "baseline_rev": args.baseline_rev,
         "ratio_vs_naive_seeds_per_s": ratio(ours, naive),
         "ratio_throughput_settings_vs_naive_seeds_per_s": ratio(tuned, naive),
-        "ratio_aiohttp_vs_naive_seeds_per_s": ratio(ours_aiohttp, naive),
+        "ratio_baseline_vs_naive_seeds_per_s": ratio(baseline, naive),
         "ratio_vs_batching_off_seeds_per_s": ratio(ours, unbatched),
+        "ratio_vs_baseline_seeds_per_s": ratio(ours, baseline),
     }
     print(json.dumps(report, indent=2))
 
