@@ -637,7 +637,7 @@ class Engine:
             raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
         if self.incremental is not None:
             # Off the loop: the lookup waits while an update batch holds the graph's writer lock.
-            emb = await self._in_lane("lookup", 1.0, asyncio.to_thread, self.incremental.lookup, node_ids)
+            emb = await self._in_thread_lane("lookup", 1.0, self.incremental.lookup, node_ids)
         else:
             emb = self.embeddings.lookup(node_ids)
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
@@ -649,7 +649,7 @@ class Engine:
         if self.new_nodes is None and mode != "sampled":
             raise Conflict("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
         t0 = time.perf_counter()
-        res = await self._in_lane("new_nodes", 1.0, asyncio.to_thread, self._new_node_evaluator(mode).infer, features,
+        res = await self._in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer, features,
                                   edge_index, mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
         emb = res.embeddings
         return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), f"newnodes_{mode}",
@@ -698,6 +698,25 @@ class Engine:
             lane.remove(work)
             if alone:
                 lane.observe(work, time.perf_counter() - t0)
+            self._release()
+
+    async def _in_thread_lane(self, lane_name: str, work: float, fn, *args, **kwargs):
+        """Admit `work` on a lane and run fn off the event loop; the lane learns the time fn
+        took in its thread (service), not the wait for the thread or the loop around it."""
+        self._admit(lane_name, work)
+        lane = self.admission.lanes[lane_name]
+
+        def timed():
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            return out, time.perf_counter() - t0
+
+        try:
+            out, seconds = await asyncio.to_thread(timed)
+            lane.observe(work, seconds)
+            return out
+        finally:
+            lane.remove(work)
             self._release()
 
     # --- description -----------------------------------------------------------------
