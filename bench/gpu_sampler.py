@@ -85,7 +85,7 @@ def gather_bandwidth(graph, dg: DeviceGraph, seconds: float) -> dict:
     feats = np.asarray(graph.features)
     device = dg.device
     row_bytes = feats.shape[1] * feats.itemsize
-    n = 200_000
+    n = min(200_000, graph.num_nodes)
     ids = torch.from_numpy(np.sort(np.random.default_rng(0).integers(0, graph.num_nodes, n))).to(device)
     out = {}
     cache = CachedFeatureStore(feats, device, n * row_bytes * 2)  # every id below is cached
@@ -123,6 +123,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.5, help="timing window per measurement")
     ap.add_argument("--batch-sizes", default="1,8,64,256,1024,4096")
     ap.add_argument("--device", default="cuda" if HAS_CUDA else "cpu")
+    ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
     if args.dataset == PRODUCTS:
         ensure_products(args.dataset)
@@ -159,6 +160,8 @@ def main() -> None:
     for dg in placements.values():
         dg.close()
     print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ requests finish within it, and at what throughput, when batches are bounded by
 
 each driven by the same open-loop Poisson load at 80 % of PSGS-strict's predicted
 maximum throughput within the SLO (capped by --max-rate). The server is profiled first
-(CPU pipeline only) unless --profile is given. The prediction simulates the batcher and
+(on --device: the CPU pipeline only by default) unless --profile is given. The prediction simulates the batcher and
 workers under Poisson load and charges the front end's CPU per request; this script first
 measures that cost on this machine (two short calibration runs at different rates: the
 slope of the server's event-loop CPU, and of the load generator's own, which shares the
@@ -51,7 +51,7 @@ def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> t
     per second, answered requests per second, how many times as long as profiled the
     server's batches ran: `service_stretch`) while serving --nodes-per-request requests
     at `rate`."""
-    srv = ServerProcess(dataset, model, "--device", "cpu", "--profile", str(profile), "--policy",
+    srv = ServerProcess(dataset, model, "--device", args.device, "--profile", str(profile), "--policy",
                         f"slo:{args.slo_ms:g}").wait_ready()
     try:
         run_async(run_load(srv.url, "hybridgnn", rate=rate / 4, duration_s=1.0, nodes_per_request=args.nodes_per_request))
@@ -60,7 +60,7 @@ def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> t
                                  nodes_per_request=args.nodes_per_request))
         after, own1 = thread_cpu_seconds(srv.proc.pid), resource.getrusage(resource.RUSAGE_SELF)
         with urllib.request.urlopen(f"{srv.url}/v2/models/hybridgnn") as r:
-            stretch = json.loads(r.read())["parameters"]["service_stretch"].get("cpu")
+            stretch = json.loads(r.read())["parameters"]["service_stretch"].get("cpu") or 1.0
     finally:
         srv.stop()
     loop = sum(after[k] - before.get(k, 0.0) for k in after if not k.startswith(("cpu-worker", "gpu-worker")))
@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--max-rate", type=float, default=1500.0, help="requests/s the load generator may offer")
     ap.add_argument("--profile", type=Path, default=None)
     ap.add_argument("--heavy", action="store_true", help="products-scale graph and a 3-layer SAGE of width 256")
+    ap.add_argument("--device", choices=["cpu", "cuda", "emulate"], default="cpu",
+                    help="pipelines profiled and served (cuda: CPU and GPU, hybrid routing)")
     args = ap.parse_args()
     raise_open_file_limit()
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
@@ -89,7 +91,7 @@ def main() -> None:
     if args.profile is None:
         extra = ["--max-batch", "256", "--min-samples", "60", "--bins", "10"] if args.heavy else []
         subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "profile", "--dataset",
-                        str(dataset), "--model", str(model), "--device", "cpu", "--budget-s", "240", "--no-plot",
+                        str(dataset), "--model", str(model), "--device", args.device, "--budget-s", "240", "--no-plot",
                         "--out", str(path), *extra], check=True)
     prof = Profile.load(path)
     # Two calibration runs, near the offer the defaults predict and at half of it, measure
@@ -129,7 +131,7 @@ def main() -> None:
         "psgs_loose": ["--profile", str(path), "--policy", f"slo-mean:{args.slo_ms:g}", *costs],
         "fixed_batch": ["--max-batch-seeds", str(fixed_seeds)],
     }
-    report = {"machine": machine(), "slo_ms": args.slo_ms, "offered_rps": round(rate, 1),
+    report = {"machine": machine(), "device": args.device, "slo_ms": args.slo_ms, "offered_rps": round(rate, 1),
               "load_fraction": args.load_fraction, "nodes_per_request": args.nodes_per_request,
               "frontend_cpu_us": round(frontend_s * 1e6), "loadgen_cpu_us": round(colocated_s * 1e6),
               "service_scale": round(drift, 3),
@@ -142,7 +144,7 @@ def main() -> None:
     runs: dict[str, list] = {name: [] for name in configs}
     for round_ in range(args.rounds):
         for name, extra in configs.items():
-            srv = ServerProcess(dataset, model, "--device", "cpu", *extra).wait_ready()
+            srv = ServerProcess(dataset, model, "--device", args.device, *extra).wait_ready()
             try:
                 run_async(run_load(srv.url, "hybridgnn", rate=rate, duration_s=args.warmup_s,
                                    nodes_per_request=args.nodes_per_request))

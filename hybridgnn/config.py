@@ -182,6 +182,9 @@ class RouterConfig:
     # Largest batch PSGS each pipeline may take by spilling (a profile's SLO policy sets
     # them, so a spill never sends a batch where it would miss the SLO).
     spill_limits: tuple[tuple[str, float], ...] = ()
+    # False: every batch stays on the pipeline the threshold picks (single-device
+    # baselines on a two-pipeline server: --psgs-threshold 0 --no-spill is GPU only).
+    spill: bool = True
 
     def __post_init__(self):
         if self.psgs_threshold is not None and not (self.psgs_threshold >= 0):

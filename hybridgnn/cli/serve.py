@@ -61,6 +61,10 @@ def add_parser(sub) -> None:
     p.add_argument("--psgs-threshold", type=float, default=env_default("PSGS_THRESHOLD", None, float),
                    help="batches with PSGS below go to the CPU pipeline, the rest to the GPU one (default with "
                         "two pipelines: the PSGS of 64 average seeds; inf: CPU unless spilled)")
+    p.add_argument("--no-spill", dest="spill", action="store_false",
+                   default=env_default("SPILL", True, lambda v: v not in ("0", "")),
+                   help="never move a batch to the other pipeline when its own is saturated (with "
+                        "--psgs-threshold 0: GPU only, for single-device baselines)")
     p.add_argument("--profile", type=Path, default=env_default("PROFILE", None, Path),
                    help="a profile from `hybridgnn profile` for this dataset, model and fanouts; its policy sets "
                         "the PSGS threshold (and, for slo:<ms>, the batch PSGS bound)")
@@ -170,7 +174,7 @@ def build_config(args) -> ServeConfig:
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement,
                                       placement_plan=args.placement, placement_server=args.placement_server),
-        router=RouterConfig(psgs_threshold=args.psgs_threshold),
+        router=RouterConfig(psgs_threshold=args.psgs_threshold, spill=args.spill),
         admission=AdmissionConfig(max_queue_delay_s=(args.max_queue_delay_ms / 1000.0
                                                      if args.max_queue_delay_ms is not None else None)),
         policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt,

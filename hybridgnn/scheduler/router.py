@@ -2,7 +2,7 @@
 
 A batch whose PSGS is below the threshold goes to the CPU pipeline, otherwise to the GPU
 pipeline. When the chosen pipeline is saturated and the other has slack, the batch
-spills to the other one, unless it is larger than the other may take (spill_limits,
+spills to the other one (unless spilling is off), unless it is larger than the other may take (spill_limits,
 set by an SLO policy so that a spill never misses the SLO). With a single pipeline every batch goes there.
 """
 
@@ -42,7 +42,7 @@ class Router:
             return RoutePlan(self.pipelines[0], batch_psgs, "only")
         chosen = CPU if batch_psgs < self.threshold else GPU
         other = GPU if chosen == CPU else CPU
-        if (self.saturated(loads[chosen]) and not self.saturated(loads[other])
+        if (self.cfg.spill and self.saturated(loads[chosen]) and not self.saturated(loads[other])
                 and batch_psgs <= self.spill_limits.get(other, float("inf"))):
             return RoutePlan(other, batch_psgs, "spill")
         return RoutePlan(chosen, batch_psgs, "threshold")

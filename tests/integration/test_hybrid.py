@@ -1,7 +1,10 @@
 """`hybridgnn serve --device emulate`: both pipelines in a real server process (the GPU
-pipeline's code on CPU tensors), routed by PSGS, under concurrent clients."""
+pipeline's code on CPU tensors), routed by PSGS, under concurrent clients. On a GPU
+machine HYBRIDGNN_TEST_DEVICE=cuda runs the same tests with the real GPU pipeline."""
 
 from __future__ import annotations
+
+import os
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,12 +16,14 @@ from hybridgnn.workload.tables import WorkloadTables
 from hybridgnn.graph.store import GraphStore
 from tests.integration.server import ServerProcess
 
+DEVICE = os.environ.get("HYBRIDGNN_TEST_DEVICE", "emulate")
+
 
 def test_hybrid_server_routes_small_batches_to_cpu_and_large_ones_to_the_gpu_pipeline(tiny_dataset, tiny_model):
     graph = GraphStore.open(tiny_dataset)
     psgs = WorkloadTables.load_or_build(graph, (5, 3)).psgs
     threshold = float(np.sort(psgs)[-40:].sum())  # only batches of many heavy seeds exceed it
-    srv = ServerProcess(tiny_dataset, tiny_model, "--fanouts", "5,3", "--device", "emulate", "--gpu-workers", "2",
+    srv = ServerProcess(tiny_dataset, tiny_model, "--fanouts", "5,3", "--device", DEVICE, "--gpu-workers", "2",
                         "--psgs-threshold", str(threshold), "--gpu-cache-bytes", "64K",
                         "--max-wait-ms", "0", "--max-queue-delay-ms", "60000").wait_ready()
     try:
@@ -52,7 +57,7 @@ def test_sighup_refreshes_the_gpu_cache_under_load_and_the_seed_log_feeds_place(
     import time
 
     log = tmp_path / "seeds.counts.npy"
-    srv = ServerProcess(tiny_dataset, tiny_model, "--fanouts", "5,3", "--device", "emulate", "--psgs-threshold", "0",
+    srv = ServerProcess(tiny_dataset, tiny_model, "--fanouts", "5,3", "--device", DEVICE, "--psgs-threshold", "0",
                         "--gpu-cache-bytes", "16K", "--seed-log", str(log)).wait_ready()
     try:
         session = requests.Session()

@@ -46,3 +46,9 @@ def test_no_spill_beyond_what_the_other_pipeline_may_take():
     assert r.route(400, {"cpu": IDLE, "gpu": BUSY}).reason == "spill"
     plan = r.route(600, {"cpu": IDLE, "gpu": BUSY})
     assert (plan.pipeline, plan.reason) == ("gpu", "threshold")
+
+
+def test_spill_off_keeps_every_batch_where_the_threshold_puts_it():
+    r = Router(RouterConfig(psgs_threshold=0, spill=False), ("cpu", "gpu"))
+    plan = r.route(10, {"cpu": IDLE, "gpu": BUSY})
+    assert (plan.pipeline, plan.reason) == ("gpu", "threshold")

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Every GPU check and figure on a CUDA machine, offline: the GPU tests, the sampler and
+# gather figures, precompute on the GPU against the CPU, a CPU-vs-GPU profile with its
+# operating points, served seeds/s per routing policy (in process and over HTTP), and the
+# Fig. 10 SLO comparison. Nothing is installed from the network: packages the image lacks
+# (httptools, orjson) come as wheels from WHEELS (default .whl/) into /tmp/site.
+#
+#   bash bench/gpu_all.sh OUTDIR [STAGE ...]
+#
+# STAGE: env tests sampler precompute profile policies fig10 (default: all, in that
+# order; the products-scale graph is generated first, beside the tests). Each stage
+# writes OUTDIR/<stage>.log (and .json where it has figures) under its own time limit,
+# so one that breaks leaves the others' results; a summary is printed last and written
+# to OUTDIR/summary.txt. With ARCHIVE=FILE.tgz set, OUTDIR is also packed into FILE
+# after every stage (so a run cut short still leaves what it measured).
+set -u
+OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
+shift
+STAGES=${*:-env tests sampler precompute profile policies fig10}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+mkdir -p "$OUTDIR"
+WHEELS=${WHEELS:-.whl}
+PY=${PYTHON:-python3}
+if ! $PY -c "import httptools" 2>/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+        || { echo "cannot install the wheels in $WHEELS" >&2; exit 1; }
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export HYBRIDGNN_CACHE_DIR=${HYBRIDGNN_CACHE_DIR:-$ROOT/.cache}
+SUMMARY=$OUTDIR/summary.txt
+: > "$SUMMARY"
+[ -n "${GPU_NAME:-}" ] || GPU_NAME=$($PY -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo gpu)
+PROFILE=profiles/products-sage3-256-$GPU_NAME.json
+
+stage() {  # stage NAME LIMIT_S COMMAND...: run with a time limit, log, note the outcome
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    echo "=== $name (limit ${limit}s): $*" | tee -a "$OUTDIR/$name.log"
+    timeout --signal=INT --kill-after=15 "$limit" "$@" >> "$OUTDIR/$name.log" 2>&1
+    local rc=$?
+    echo "$name: exit $rc in $((SECONDS - t0))s" | tee -a "$SUMMARY"
+    tail -n 4 "$OUTDIR/$name.log" | sed 's/^/    /' >> "$SUMMARY"
+    [ -z "${ARCHIVE:-}" ] || tar czf "$ARCHIVE" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")"
+}
+
+products() {  # the products-scale graph and the 3-layer SAGE (generated here, 16 cores)
+    $PY -c "from bench.common import heavy_setup; print(heavy_setup())"
+}
+
+for s in $STAGES; do
+    case $s in
+    env)
+        stage env 60 bash -c "nvidia-smi; $PY -c 'from hybridgnn.capabilities import describe_line; print(describe_line())'; \
+            $PY -c 'import torch, torch_geometric, numba, httptools; print(torch.__version__, torch_geometric.__version__, numba.__version__)'; nproc; free -g"
+        ;;
+    tests)
+        products > "$OUTDIR/products.log" 2>&1 &
+        GEN=$!
+        stage tests 240 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu
+        export HYBRIDGNN_TEST_DEVICE=cuda
+        stage tests_hybrid_cuda 120 $PY -m pytest -q -p no:cacheprovider tests/integration/test_hybrid.py
+        wait $GEN; echo "products graph: exit $? ($(tail -n 1 "$OUTDIR/products.log"))" | tee -a "$SUMMARY"
+        ;;
+    sampler)
+        stage sampler 200 $PY bench/gpu_sampler.py --seconds 1.0 --out "$OUTDIR/sampler.json"
+        ;;
+    precompute)
+        stage precompute 200 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
+        ;;
+    profile)
+        stage profile 240 $PY -m hybridgnn.cli.main --log-level WARNING profile --dataset data/products-powerlaw \
+            --model data/products-sage3-256 --device cuda --budget-s 60 --min-samples 60 --out "$PROFILE"
+        cp "${PROFILE%.json}".* "$OUTDIR"/ 2>/dev/null
+        ;;
+    policies)
+        stage policies 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 \
+            --out "$OUTDIR/policies.json"
+        ;;
+    fig10)
+        stage fig10 260 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \
+            --nodes-per-request 16 --rounds 1 --duration-s 6 --warmup-s 2 --max-rate 4000
+        ;;
+    *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
+    esac
+done
+echo "===== summary"
+cat "$SUMMARY"

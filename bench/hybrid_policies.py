@@ -1,0 +1,212 @@
+"""Served seeds/s within a p99 SLO for CPU-only, GPU-only and hybrid routing, in process
+(requests submitted straight to the engine) and through HTTP (`hybridgnn serve` and the
+open-loop Poisson client of bench/overload.py), on a skewed request mix.
+
+Mix: each request's seeds are drawn with p(node) proportional to its degree; request
+sizes are 2**k seeds with k uniform in 0..--max-log2-size (1 to 256 by default), so
+batches range from a handful of light seeds to thousands of heavy ones.
+
+Policies (same engine code, same graph, same model, same run):
+    cpu     --device cpu                                   CPU pipeline only
+    gpu     --device cuda --psgs-threshold 0 --no-spill    GPU pipeline only
+    hybrid  --device cuda                                  PSGS routing, spill when saturated
+
+For each, the highest offered rate whose p99 stays within --slo-ms with nothing refused:
+doubling from --start-rate, then bisection. The figure is hybrid ÷ the better single
+device. Without CUDA, "gpu" runs the GPU pipeline's code on CPU tensors (--device emulate)
+and the report says so.
+
+    .venv/bin/python bench/hybrid_policies.py [--heavy] [--slo-ms 30] [--modes engine,http]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import heavy_setup, machine, serve_revision  # noqa: E402
+from bench.overload import encode, open_loop  # noqa: E402
+from hybridgnn.capabilities import HAS_CUDA  # noqa: E402
+from hybridgnn.demo import ensure_demo  # noqa: E402
+from hybridgnn.errors import ServingError  # noqa: E402
+
+POLICIES = {
+    "cpu": ["--device", "cpu"],
+    "gpu": ["--device", "{gpu}", "--psgs-threshold", "0", "--no-spill"],
+    "hybrid": ["--device", "{gpu}"],
+}
+
+
+def request_mix(dataset: Path, count: int, max_log2: int, seed: int) -> list[np.ndarray]:
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.workload.tables import seed_distribution
+
+    graph = GraphStore.open(dataset)
+    p, _ = seed_distribution(graph, "degree")
+    rng = np.random.default_rng(seed)
+    sizes = 2 ** rng.integers(0, max_log2 + 1, size=count)
+    flat = rng.choice(graph.num_nodes, size=int(sizes.sum()), p=p).astype(np.int64)
+    return np.split(flat, np.cumsum(sizes)[:-1])
+
+
+def summarise(statuses: np.ndarray, latencies_s: np.ndarray, sizes: np.ndarray, duration_s: float) -> dict:
+    ok = statuses == 200
+    lat = latencies_s[ok] * 1000.0
+    return {"sent": int(statuses.size), "ok": int(ok.sum()), "refused": int(np.isin(statuses, (429, 503)).sum()),
+            "errors": int((~ok & ~np.isin(statuses, (429, 503))).sum()),
+            "seeds_per_s": float(sizes[ok].sum() / duration_s),
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan")}
+
+
+async def engine_trial(engine, mix: list[np.ndarray], rate: float, duration_s: float, seed: int) -> dict:
+    """Poisson arrivals straight into engine.submit; latency from the scheduled arrival."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration_s * 1.2) + 16))
+    arrivals = arrivals[arrivals < duration_s]
+    n = len(arrivals)
+    statuses, latencies = np.zeros(n, dtype=np.int64), np.zeros(n)
+    sizes = np.array([mix[i % len(mix)].size for i in range(n)])
+    futures = []
+    start = time.perf_counter()
+
+    def finished(i: int, at: float, fut: asyncio.Future) -> None:
+        latencies[i] = time.perf_counter() - at
+        statuses[i] = 500 if fut.cancelled() or fut.exception() is not None else 200
+
+    for i, offset in enumerate(arrivals.tolist()):
+        at = start + offset
+        delay = at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            fut = engine.submit(mix[i % len(mix)])
+        except ServingError as exc:
+            statuses[i] = exc.status
+            continue
+        fut.add_done_callback(lambda f, i=i, at=at: finished(i, at, f))
+        futures.append(fut)
+    if futures:
+        await asyncio.wait(futures, timeout=60.0)
+    return summarise(statuses, latencies, sizes, duration_s)
+
+
+async def http_trial(url: str, wire: list[bytes], sizes: np.ndarray, rate: float, duration_s: float,
+                     seed: int) -> dict:
+    res = await open_loop(url, wire, rate, duration_s, seed, preopen=64)
+    n = res["statuses"].size
+    return summarise(res["statuses"], res["latencies_s"], sizes[np.arange(n) % sizes.size], duration_s)
+
+
+async def max_rate(trial, *, slo_ms: float, start_rate: float, bisect_steps: int, label: str) -> dict:
+    """Highest rate (requests/s) whose trial meets the SLO with nothing refused or failed."""
+    def meets(r: dict) -> bool:
+        return r["p99_ms"] <= slo_ms and r["refused"] == 0 and r["errors"] == 0 and r["ok"] == r["sent"]
+
+    await trial(start_rate / 2, warm=True)
+    good, good_res, bad, rate = 0.0, None, None, start_rate
+    while rate < 1e6:
+        res = await trial(rate)
+        print(f"  {label:14s} {rate:9.1f} req/s -> {res['seeds_per_s']:11.0f} seeds/s p99 {res['p99_ms']:8.2f} ms "
+              f"refused {res['refused']} errors {res['errors']}", flush=True)
+        if not meets(res):
+            bad = rate
+            break
+        good, good_res, rate = rate, res, rate * 2
+    for _ in range(bisect_steps if bad is not None else 0):
+        mid = (good + bad) / 2 if good else bad / 2
+        res = await trial(mid)
+        print(f"  {label:14s} {mid:9.1f} req/s -> {res['seeds_per_s']:11.0f} seeds/s p99 {res['p99_ms']:8.2f} ms "
+              f"refused {res['refused']} errors {res['errors']}", flush=True)
+        if meets(res):
+            good, good_res = mid, res
+        else:
+            bad = mid
+    return {"max_rate_rps": good, **(good_res or {"seeds_per_s": 0.0})}
+
+
+def serve_args(dataset: Path, model: Path, flags: list[str]) -> list[str]:
+    return ["serve", "--dataset", str(dataset), "--model", str(model), *flags]
+
+
+async def engine_level(dataset, model, flags, mix, args) -> dict:
+    from hybridgnn.cli.main import build_parser
+    from hybridgnn.cli.serve import build_config
+    from hybridgnn.serving.engine import Engine
+
+    cfg = build_config(build_parser().parse_args(serve_args(dataset, model, flags)))
+    engine = Engine(cfg)
+    await engine.start()
+    try:
+        async def trial(rate, warm=False):
+            return await engine_trial(engine, mix, rate, 1.0 if warm else args.trial_s, seed=int(rate))
+        return await max_rate(trial, slo_ms=args.slo_ms, start_rate=args.start_rate,
+                              bisect_steps=args.bisect_steps, label="engine")
+    finally:
+        await engine.stop()
+
+
+async def http_level(dataset, model, flags, mix, args) -> dict:
+    srv = serve_revision(None, dataset, model, *flags, "--max-queue-delay-ms", "1000")
+    try:
+        wire = encode(srv.url, "hybridgnn", mix, None)
+        sizes = np.array([m.size for m in mix])
+
+        async def trial(rate, warm=False):
+            return await http_trial(srv.url, wire, sizes, rate, 1.0 if warm else args.trial_s, seed=int(rate))
+        return await max_rate(trial, slo_ms=args.slo_ms, start_rate=args.start_rate,
+                              bisect_steps=args.bisect_steps, label="http")
+    finally:
+        srv.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heavy", action="store_true", help="products-scale graph, 3-layer SAGE of width 256")
+    ap.add_argument("--slo-ms", type=float, default=30.0)
+    ap.add_argument("--modes", default="engine,http")
+    ap.add_argument("--policies", default="cpu,gpu,hybrid")
+    ap.add_argument("--max-log2-size", type=int, default=8, help="request sizes 1 .. 2**this seeds")
+    ap.add_argument("--trial-s", type=float, default=3.0, help="seconds of load per tried rate")
+    ap.add_argument("--start-rate", type=float, default=50.0)
+    ap.add_argument("--bisect-steps", type=int, default=3)
+    ap.add_argument("--extra", default="", help="more serve flags for every policy, space-separated")
+    ap.add_argument("--out", type=Path, default=None, help="also write the report here")
+    args = ap.parse_args()
+    dataset, model = heavy_setup() if args.heavy else ensure_demo()
+    gpu = "cuda" if HAS_CUDA else "emulate"
+    mix = request_mix(dataset, 4096, args.max_log2_size, seed=0)
+    report = {"machine": machine(), "gpu_pipeline": gpu if HAS_CUDA else "emulate (no GPU: its code on CPU tensors)",
+              "dataset": str(dataset), "slo_ms": args.slo_ms, "mean_request_seeds": float(np.mean([m.size for m in mix])),
+              "results": {}}
+    for mode in args.modes.split(","):
+        for name in args.policies.split(","):
+            flags = [f.format(gpu=gpu) for f in POLICIES[name]] + args.extra.split()
+            print(f"{mode} / {name}: serve {' '.join(flags)}", flush=True)
+            run = engine_level if mode == "engine" else http_level
+            try:
+                res = asyncio.run(run(dataset, model, flags, mix, args))
+            except Exception as exc:  # one broken policy must not hide the others' figures
+                res = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            report["results"][f"{mode}/{name}"] = res
+            print(json.dumps({f"{mode}/{name}": res}), flush=True)
+        single = [report["results"].get(f"{mode}/{p}", {}).get("seeds_per_s", 0.0) for p in ("cpu", "gpu")]
+        hybrid = report["results"].get(f"{mode}/hybrid", {}).get("seeds_per_s", 0.0)
+        if max(single) > 0:
+            report[f"{mode}_hybrid_vs_best_single"] = round(hybrid / max(single), 3)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
