@@ -64,14 +64,14 @@ for s in $STAGES; do
         wait $GEN; echo "products graph: exit $? ($(tail -n 1 "$OUTDIR/products.log"))" | tee -a "$SUMMARY"
         ;;
     sampler)
-        stage sampler 200 $PY bench/gpu_sampler.py --seconds 1.0 --out "$OUTDIR/sampler.json"
+        stage sampler 200 $PY bench/gpu_sampler.py --seconds 0.5 --out "$OUTDIR/sampler.json"
         ;;
     precompute)
         stage precompute 200 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
         ;;
     profile)
         stage profile 240 $PY -m hybridgnn.cli.main --log-level WARNING profile --dataset data/products-powerlaw \
-            --model data/products-sage3-256 --device cuda --budget-s 60 --min-samples 60 --out "$PROFILE"
+            --model data/products-sage3-256 --device cuda --budget-s 40 --min-samples 40 --out "$PROFILE"
         cp "${PROFILE%.json}".* "$OUTDIR"/ 2>/dev/null
         ;;
     policies)

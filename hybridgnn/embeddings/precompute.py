@@ -30,6 +30,7 @@ from hybridgnn.models.gnn import GNN
 log = logging.getLogger(__name__)
 DTYPES = {"float32": np.float32, "float16": np.float16}
 ORDERS = ("natural", "rcm")
+BLOCKS = ("auto", "host", "device")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class PrecomputeConfig:
     device: str = "cpu"
     order: str = "natural"  # "rcm": reverse Cuthill-McKee, so a batch's targets share inputs
     memory_budget_bytes: int = 0  # 0: a quarter of available memory (host) or of free GPU memory
+    # Where 1-hop blocks are built and inputs gathered: "host" (numpy, then copied),
+    # "device" (torch ops on `device`, the CSR and the previous layer held there), or
+    # "auto" (device on a GPU when the CSR and the widest layer fit in half its free memory).
+    blocks: str = "auto"
 
     def __post_init__(self):
         if self.batch_size < 1 or self.max_batch_size < self.batch_size:
@@ -48,6 +53,8 @@ class PrecomputeConfig:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+        if self.blocks not in BLOCKS:
+            raise ValueError(f"blocks must be one of {BLOCKS}, got {self.blocks!r}")
 
 
 def block_inputs(graph: GraphStore, targets: np.ndarray, scratch: np.ndarray):
@@ -71,6 +78,55 @@ def block_from_rows(targets: np.ndarray, degs: np.ndarray, cols: np.ndarray, scr
     scratch[targets] = -1
     scratch[extra] = -1
     return np.concatenate([targets, extra]), np.stack([src_local, dst_local])
+
+
+class DeviceBlocks:
+    """block_inputs with torch ops where the model runs: the CSR, the GCN degree tables
+    and the scratch map live on `device`, so a GPU builds its own blocks and no host
+    round trip sits between batches. Same blocks as block_inputs, in the same order."""
+
+    def __init__(self, graph: GraphStore, device: torch.device, gcn: bool):
+        self.device = device
+        self.indptr = host_tensor(np.asarray(graph.indptr)).to(device, torch.int64)
+        self.indices = host_tensor(np.asarray(graph.indices)).to(device)
+        self.scratch = torch.full((graph.num_nodes,), -1, dtype=torch.int64, device=device)
+        self.norm_degree = self.has_loop = None
+        if gcn:
+            norm_degree, has_loop = gcn_degrees(graph)
+            self.norm_degree = torch.from_numpy(norm_degree).to(device)
+            self.has_loop = torch.from_numpy(has_loop).to(device)
+
+    @staticmethod
+    def nbytes(graph: GraphStore) -> int:
+        return (graph.num_nodes + 1) * 8 + np.asarray(graph.indices).nbytes + graph.num_nodes * 8 * 3
+
+    def block(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.indptr[targets]
+        degs = self.indptr[targets + 1] - starts
+        t = targets.shape[0]
+        total = int(degs.sum())
+        first = torch.cumsum(degs, 0) - degs
+        offsets = (torch.repeat_interleave(starts - first, degs, output_size=total)
+                   + torch.arange(total, device=self.device))
+        cols = self.indices[offsets].to(torch.int64)
+        local = torch.arange(t, device=self.device)
+        scratch = self.scratch
+        scratch[targets] = local
+        uniq = torch.unique(cols)
+        extra = uniq[scratch[uniq] < 0]
+        scratch[extra] = t + torch.arange(extra.shape[0], device=self.device)
+        src_local = scratch[cols]
+        scratch[targets] = -1
+        scratch[extra] = -1
+        dst_local = torch.repeat_interleave(local, degs, output_size=total)
+        return torch.cat([targets, extra]), torch.stack([src_local, dst_local])
+
+    def gcn_block(self, edge_index: torch.Tensor, sources: torch.Tensor, num_targets: int):
+        """_gcn_block's result for a block built here."""
+        loops = torch.nonzero(~self.has_loop[sources[:num_targets]]).squeeze(1)
+        ei = torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
+        inv_sqrt = 1.0 / torch.sqrt(self.norm_degree[sources].to(torch.float64))
+        return ei, (inv_sqrt[ei[0]] * inv_sqrt[ei[1]]).to(torch.float32)
 
 
 def gcn_degrees(graph: GraphStore) -> tuple[np.ndarray, np.ndarray]:
@@ -129,6 +185,41 @@ def node_order(graph: GraphStore, order: str) -> np.ndarray:
     return reverse_cuthill_mckee(sampling_matrix(graph), symmetric_mode=False).astype(np.int64)
 
 
+def _device_blocks(graph: GraphStore, device: torch.device, cfg: PrecomputeConfig, widest: int,
+                   gcn: bool) -> DeviceBlocks | None:
+    """DeviceBlocks when blocks are built on the device (cfg.blocks), else None."""
+    if cfg.blocks == "host" or (cfg.blocks == "auto" and device.type != "cuda"):
+        return None
+    if cfg.blocks == "auto":
+        free, _ = torch.cuda.mem_get_info(device)
+        if DeviceBlocks.nbytes(graph) + graph.num_nodes * widest * 4 > free // 2:
+            log.info("precompute: the graph and a layer do not fit in half the GPU's free memory; "
+                     "building blocks on the host")
+            return None
+    return DeviceBlocks(graph, device, gcn)
+
+
+def _layer_batch(model, layer: int, graph: GraphStore, targets: np.ndarray, prev: torch.Tensor, device,
+                 blocks: DeviceBlocks | None, scratch, norm_degree, has_loop) -> tuple[torch.Tensor, int, int]:
+    """Layer `layer`'s outputs for `targets`, with the block's source and edge counts."""
+    with torch.inference_mode():
+        if blocks is not None:  # everything on the device; prev is there too
+            sources, ei = blocks.block(torch.from_numpy(targets).to(device))
+            weight = None
+            if model.gcn_normalised:
+                ei, weight = blocks.gcn_block(ei, sources, len(targets))
+            y = model.layer(layer, prev[sources], ei, len(targets), gcn_weight=weight)
+            return y, int(sources.shape[0]), int(ei.shape[1])
+        sources, ei = block_inputs(graph, targets, scratch)
+        x = prev[torch.from_numpy(sources)].to(device)
+        weight = None
+        if model.gcn_normalised:
+            ei, w = _gcn_block(ei, sources, len(targets), norm_degree, has_loop)
+            weight = torch.from_numpy(w).to(device)
+        y = model.layer(layer, x, torch.from_numpy(ei).to(device), len(targets), gcn_weight=weight)
+        return y, len(sources), int(ei.shape[1])
+
+
 def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeConfig = PrecomputeConfig(),
                *, progress: bool = True) -> EmbeddingStore:
     """Run every layer over every node; resume from state.json when a previous run stopped.
@@ -155,6 +246,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     norm_degree, has_loop = gcn_degrees(graph) if model.gcn_normalised else (None, None)
     scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
     budget = _memory_budget(cfg)
+    blocks = _device_blocks(graph, device, cfg, max([graph.feature_dim, *dims]), model.gcn_normalised)
     batch = cfg.batch_size
     ceiling = cfg.max_batch_size  # lowered below any batch size that ran out of memory
     n = graph.num_nodes
@@ -165,6 +257,8 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
         out = np.lib.format.open_memmap(path, mode=mode, dtype=DTYPES[cfg.dtype], shape=(n, dims[layer]))
         prev_arr = graph.features if layer == 0 else np.load(root / f"layer_{layer}.npy", mmap_mode="r")
         prev = host_tensor(prev_arr if prev_arr.dtype == np.float32 else np.asarray(prev_arr, dtype=np.float32))
+        if blocks is not None:
+            prev = prev.to(device)  # the whole input layer, once: batches gather from it in place
         in_dim = prev.shape[1]
         done = state["done"]
         with tqdm(total=n, initial=done, desc=f"precompute layer {layer + 1}/{model.num_layers}", unit="node",
@@ -172,15 +266,8 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
             while done < n:
                 targets = order[done:done + batch]
                 try:
-                    sources, ei = block_inputs(graph, targets, scratch)
-                    x = prev[torch.from_numpy(sources)].to(device)
-                    with torch.inference_mode():
-                        if model.gcn_normalised:
-                            ei, w = _gcn_block(ei, sources, len(targets), norm_degree, has_loop)
-                            y = model.layer(layer, x, torch.from_numpy(ei).to(device), len(targets),
-                                            gcn_weight=torch.from_numpy(w).to(device))
-                        else:
-                            y = model.layer(layer, x, torch.from_numpy(ei).to(device), len(targets))
+                    y, num_sources, num_edges = _layer_batch(model, layer, graph, targets, prev, device, blocks,
+                                                             scratch, norm_degree, has_loop)
                     out[targets] = y.float().cpu().numpy().astype(out.dtype, copy=False)
                 except Exception as exc:
                     if not _is_oom(exc) or batch == 1:
@@ -198,8 +285,8 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
                 # DGI: grow while the batch's working set stays well within the budget.
                 # Message passing materialises one message per edge (x_j gathered, and for
                 # attention a transformed copy too), so edges weigh in_dim + out_dim floats each.
-                used = ((len(sources) * in_dim + len(targets) * dims[layer]) * 4
-                        + ei.shape[1] * (16 + 4 * (in_dim + dims[layer])))
+                used = ((num_sources * in_dim + len(targets) * dims[layer]) * 4
+                        + num_edges * (16 + 4 * (in_dim + dims[layer])))
                 if used * 4 < budget and batch < ceiling:
                     batch = min(ceiling, batch * 2)
         out.flush()

@@ -38,7 +38,7 @@ class _CudaArrayView:
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owner):
         self._owner = owner  # keeps the host buffer alive as long as the view
         self.__cuda_array_interface__ = {
-            "shape": shape, "typestr": np.dtype(dtype).str, "data": (ptr, True), "version": 3, "strides": None,
+            "shape": shape, "typestr": np.dtype(dtype).str, "data": (ptr, False), "version": 3, "strides": None,
         }
 
 

@@ -19,11 +19,14 @@ def full_graph_forward(graph, model):
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
-@pytest.mark.parametrize("order", ["natural", "rcm"])
-def test_layerwise_precompute_equals_full_neighbourhood_inference(skewed_graph, tmp_path, kind, order):
+@pytest.mark.parametrize("order,blocks", [("natural", "host"), ("rcm", "host"), ("natural", "device"),
+                                          ("rcm", "device")])
+def test_layerwise_precompute_equals_full_neighbourhood_inference(skewed_graph, tmp_path, kind, order, blocks):
+    """Both block builders (numpy on the host; torch ops where the model runs, here CPU
+    tensors standing in for a GPU) give the full-graph result."""
     torch.manual_seed(0)
     model = GNN(ModelSpec(kind, skewed_graph.feature_dim, 8, 3, num_layers=3, heads=2)).eval()
-    store = precompute(skewed_graph, model, tmp_path / "m", PrecomputeConfig(batch_size=7, order=order),
+    store = precompute(skewed_graph, model, tmp_path / "m", PrecomputeConfig(batch_size=7, order=order, blocks=blocks),
                        progress=False)
     expected = full_graph_forward(skewed_graph, model)
     got = store.final
@@ -43,6 +46,24 @@ def test_block_inputs_lists_targets_first_and_every_in_edge(skewed_graph):
         got = sorted(sources[ei[0][ei[1] == t_local]].tolist())
         expect = sorted(np.asarray(skewed_graph.indices)[skewed_graph.indptr[t]:skewed_graph.indptr[t + 1]].tolist())
         assert got == expect
+
+
+def test_device_blocks_equal_host_blocks(skewed_graph):
+    from hybridgnn.embeddings.precompute import DeviceBlocks, _gcn_block, gcn_degrees
+
+    scratch = np.full(skewed_graph.num_nodes, -1, dtype=np.int64)
+    blocks = DeviceBlocks(skewed_graph, torch.device("cpu"), gcn=True)
+    norm_degree, has_loop = gcn_degrees(skewed_graph)
+    rng = np.random.default_rng(0)
+    for size in (1, 5, 40, skewed_graph.num_nodes):
+        targets = rng.permutation(skewed_graph.num_nodes)[:size]
+        sources, ei = block_inputs(skewed_graph, targets, scratch)
+        got_sources, got_ei = blocks.block(torch.from_numpy(targets))
+        assert np.array_equal(got_sources.numpy(), sources) and np.array_equal(got_ei.numpy(), ei)
+        assert torch.all(blocks.scratch == -1)
+        ei_w, w = _gcn_block(ei, sources, size, norm_degree, has_loop)
+        got_ei_w, got_w = blocks.gcn_block(got_ei, got_sources, size)
+        assert np.array_equal(got_ei_w.numpy(), ei_w) and np.allclose(got_w.numpy(), w, rtol=1e-7)
 
 
 def test_resume_after_interruption(skewed_graph, tmp_path, monkeypatch):
