@@ -58,25 +58,25 @@ for s in $STAGES; do
     tests)
         products > "$OUTDIR/products.log" 2>&1 &
         GEN=$!
-        stage tests 240 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu
+        stage tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu
         export HYBRIDGNN_TEST_DEVICE=cuda
         stage tests_hybrid_cuda 120 $PY -m pytest -q -p no:cacheprovider tests/integration/test_hybrid.py
         wait $GEN; echo "products graph: exit $? ($(tail -n 1 "$OUTDIR/products.log"))" | tee -a "$SUMMARY"
         ;;
     sampler)
-        stage sampler 200 $PY bench/gpu_sampler.py --seconds 0.5 --out "$OUTDIR/sampler.json"
+        stage sampler 150 $PY bench/gpu_sampler.py --seconds 0.5 --out "$OUTDIR/sampler.json"
         ;;
     precompute)
-        stage precompute 200 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
+        stage precompute 230 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
         ;;
     profile)
-        stage profile 240 $PY -m hybridgnn.cli.main --log-level WARNING profile --dataset data/products-powerlaw \
+        stage profile 120 $PY -m hybridgnn.cli.main --log-level WARNING profile --dataset data/products-powerlaw \
             --model data/products-sage3-256 --device cuda --budget-s 40 --min-samples 40 --out "$PROFILE"
         cp "${PROFILE%.json}".* "$OUTDIR"/ 2>/dev/null
         ;;
     policies)
-        stage policies 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 \
-            --out "$OUTDIR/policies.json"
+        stage policies 260 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 \
+            --profile "$PROFILE" --out "$OUTDIR/policies.json"
         ;;
     fig10)
         stage fig10 260 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \

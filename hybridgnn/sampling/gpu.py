@@ -9,6 +9,9 @@ ops on an [m, fanout] tile), which yields every fanout-subset with equal probabi
 New nodes are found through a dense global→local map owned by the sampler, so no
 per-node Python runs and no hash table is needed.
 
+On a GPU with CuPy installed each hop's draw is one CUDA kernel (sampling/cuda_hop.py);
+this torch-op hop is then the reference it is tested against, and the fallback.
+
 The output contract is SampledSubgraph's (seeds first, then nodes by the hop that first
 reached them; local edge_index ordered by hop), held as tensors on the sampler's device.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridgnn.sampling import cuda_hop
 from hybridgnn.sampling.cpu import _mix_seed
 from hybridgnn.types import TensorSubgraph
 
@@ -46,7 +50,8 @@ class TorchSampler:
     map and the generator); the topology tensors are shared. Same seed and same call
     sequence give the same samples on the same device."""
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts, *, seed: int = 0):
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts, *, seed: int = 0,
+                 kernel: bool | None = None):
         if indptr.device != indices.device:
             raise ValueError(f"indptr is on {indptr.device} but indices on {indices.device}")
         self.fanouts = tuple(int(f) for f in fanouts)
@@ -58,6 +63,12 @@ class TorchSampler:
         self.num_nodes = int(indptr.shape[0]) - 1
         self._local = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=self.device)
         self._generator = torch.Generator(device=self.device)
+        # The one-launch CUDA hop (None: wherever it can run). It needs int64 indptr.
+        can = cuda_hop.available(self.device) and indptr.dtype == torch.int64
+        if kernel and not can:
+            raise ValueError(f"the CUDA sampling kernel needs CuPy, a CUDA device and int64 indptr "
+                             f"(device {self.device}, indptr {indptr.dtype})")
+        self.kernel = can if kernel is None else bool(kernel)
         self.reseed(seed)
 
     @classmethod
@@ -70,14 +81,18 @@ class TorchSampler:
         return cls(indptr.to(device), indices.to(device), fanouts, seed=seed)
 
     def reseed(self, seed: int) -> None:
-        self._generator.manual_seed(int(_mix_seed(seed)[0]) & 0x7FFF_FFFF_FFFF_FFFF)
+        self._seed = int(_mix_seed(seed)[0]) & 0x7FFF_FFFF_FFFF_FFFF
+        self._generator.manual_seed(self._seed)
+        self._hops_drawn = 0  # the kernel's random stream: (seed, hop count, row, step)
 
     def sample(self, seeds) -> TensorSubgraph:
-        seeds = torch.as_tensor(seeds, dtype=torch.int64).to(self.device, non_blocking=True)
+        seeds = torch.as_tensor(seeds, dtype=torch.int64)
         if seeds.ndim != 1:
             raise ValueError(f"seeds must be 1-D, got shape {tuple(seeds.shape)}")
+        # checked where the ids are (on the host for a request: no device round trip)
         if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= self.num_nodes):
             raise ValueError(f"seed ids must lie in [0, {self.num_nodes})")
+        seeds = seeds.to(self.device, non_blocking=True)
         unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
         nodes = [unique_seeds]
         count = unique_seeds.shape[0]
@@ -107,6 +122,12 @@ class TorchSampler:
 
     def _hop(self, frontier: torch.Tensor, frontier_local: torch.Tensor, fanout: int):
         """(sampled neighbours' global ids, their targets' local ids) for one hop."""
+        if self.kernel and fanout <= cuda_hop.MAX_FANOUT:
+            self._hops_drawn += 1
+            tile = cuda_hop.sample_hop(self.indptr, self.indices, frontier, fanout,
+                                       int(_mix_seed(self._seed + self._hops_drawn)[0]))
+            valid = tile >= 0
+            return tile[valid], frontier_local.unsqueeze(1).expand(-1, fanout)[valid]
         start = self.indptr[frontier]
         degree = self.indptr[frontier + 1] - start
         m = frontier.shape[0]
