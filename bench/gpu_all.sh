@@ -79,7 +79,7 @@ for s in $STAGES; do
             --profile "$PROFILE" --out "$OUTDIR/policies.json"
         ;;
     fig10)
-        stage fig10 260 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \
+        stage fig10 290 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \
             --nodes-per-request 16 --rounds 1 --duration-s 6 --warmup-s 2 --max-rate 4000
         ;;
     *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
