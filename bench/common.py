@@ -5,6 +5,7 @@ per-thread CPU from /proc, and servers run from another git revision of this rep
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import resource
@@ -26,6 +27,15 @@ PRODUCTS_ARGS = ["--num-nodes", "2400000", "--avg-degree", "51.5", "--feature-di
 
 def machine() -> str:
     return describe_line()
+
+
+def emit_report(report: dict, out: Path | None) -> None:
+    """Print a bench's JSON report last (what a device run's output tail carries) and
+    write it to `out` when given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out is not None:
+        Path(out).write_text(text)
 
 
 def ensure_products(path: Path = PRODUCTS) -> dict:

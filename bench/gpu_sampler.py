@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PRODUCTS, ensure_products, machine  # noqa: E402
+from bench.common import PRODUCTS, emit_report, ensure_products, machine  # noqa: E402
 from hybridgnn.capabilities import CPU_COUNT, HAS_CUDA  # noqa: E402
 from hybridgnn.features.store import CachedFeatureStore  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
@@ -163,9 +163,7 @@ def main() -> None:
     report["gather"] = gather_bandwidth(graph, placements["uva"], args.seconds)
     for dg in placements.values():
         dg.close()
-    print(json.dumps(report, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import heavy_setup, machine, serve_revision  # noqa: E402
+from bench.common import emit_report, heavy_setup, machine, serve_revision  # noqa: E402
 from bench.overload import encode, open_loop  # noqa: E402
 from hybridgnn.capabilities import HAS_CUDA  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -210,10 +210,7 @@ def main() -> None:
         hybrid = max(report["results"].get(f"{mode}/{p}", {}).get("seeds_per_s", 0.0) for p in ("hybrid", "hybrid_slo"))
         if max(single) > 0:
             report[f"{mode}_hybrid_vs_best_single"] = round(hybrid / max(single), 3)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import heavy_setup, machine  # noqa: E402
+from bench.common import emit_report, heavy_setup, machine  # noqa: E402
 from hybridgnn.capabilities import CPU_COUNT, HAS_CUDA  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute  # noqa: E402
@@ -57,10 +57,7 @@ def main() -> None:
             if device != "cpu":
                 report[f"{device}_vs_cpu_speedup"] = round(report["seconds"]["cpu"] / report["seconds"][device], 2)
                 report[f"{device}_max_abs_diff_vs_cpu"] = float(np.abs(out - ref).max())
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":
