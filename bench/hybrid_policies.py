@@ -185,8 +185,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
     policies = args.policies.split(",")
+    flags_of = dict(POLICIES)
     if args.profile is not None:
-        POLICIES["hybrid_slo"] = ["--device", "{gpu}", "--profile", str(args.profile), "--policy",
+        flags_of["hybrid_slo"] = ["--device", "{gpu}", "--profile", str(args.profile), "--policy",
                                   f"slo:{args.slo_ms:g}"]
         policies.append("hybrid_slo")
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
@@ -197,7 +198,7 @@ def main() -> None:
               "results": {}}
     for mode in args.modes.split(","):
         for name in policies:
-            flags = [f.format(gpu=gpu) for f in POLICIES[name]] + args.extra.split()
+            flags = [f.format(gpu=gpu) for f in flags_of[name]] + args.extra.split()
             print(f"{mode} / {name}: serve {' '.join(flags)}", flush=True)
             run = engine_level if mode == "engine" else http_level
             try:
