@@ -7,8 +7,9 @@
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
-# STAGE: env tests sampler precompute profile policies fig10 (default: all, in that
-# order; the products-scale graph is generated first, beside the tests). Each stage
+# STAGE: env tests sampler precompute precompute_cli profile policies fig10 (default: all
+# but precompute_cli, in that order; the products-scale graph is generated first, beside
+# the tests). Each stage
 # writes OUTDIR/<stage>.log (and .json where it has figures) under its own time limit,
 # so one that breaks leaves the others' results; a summary is printed last and written
 # to OUTDIR/summary.txt. With ARCHIVE=FILE.tgz set, OUTDIR is also packed into FILE
@@ -16,7 +17,7 @@
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env tests sampler precompute profile policies fig10}
+STAGES=${*:-env tests sampler precompute profile policies fig10}  # precompute_cli: ask for it
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 mkdir -p "$OUTDIR"
@@ -69,14 +70,18 @@ for s in $STAGES; do
     precompute)
         stage precompute 230 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
         ;;
+    precompute_cli)  # the command a user runs, end to end on the GPU
+        stage precompute_cli 150 $PY -m hybridgnn.cli.main precompute --dataset data/products-powerlaw \
+            --model data/products-sage3-256 --device cuda
+        ;;
     profile)
         stage profile 120 $PY -m hybridgnn.cli.main --log-level WARNING profile --dataset data/products-powerlaw \
             --model data/products-sage3-256 --device cuda --budget-s 40 --min-samples 40 --out "$PROFILE"
         cp "${PROFILE%.json}".* "$OUTDIR"/ 2>/dev/null
         ;;
     policies)
-        stage policies 260 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 \
-            --profile "$PROFILE" --out "$OUTDIR/policies.json"
+        stage policies 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 \
+            --policies "${POLICIES:-gpu,hybrid,hybrid_procs}" --profile "$PROFILE" --out "$OUTDIR/policies.json"
         ;;
     fig10)
         stage fig10 290 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \

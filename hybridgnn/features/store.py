@@ -8,6 +8,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from hybridgnn.features import cuda_gather
+
 
 def host_tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor over a (possibly read-only, mmap'd) array without copying it."""
@@ -69,8 +71,9 @@ def hottest_first(fap: np.ndarray) -> np.ndarray:
 class CachedFeatureStore:
     """Feature rows for a pipeline on `device`: the hottest rows (FAP order) copied into
     device memory up to cache_bytes, the rest read from `host_table` (on CUDA a UVA view
-    of pinned host memory, so the GPU reads them itself; on CPU the host matrix). Misses
-    are read in sorted id order for locality. Output: one [n, F] tensor on `device`."""
+    of pinned host memory, so the GPU reads them itself; on CPU the host matrix). Output:
+    one [n, F] tensor on `device`. On a GPU with CuPy one kernel reads hits and misses
+    (features/cuda_gather.py); otherwise torch ops do, misses in sorted id order."""
 
     def __init__(self, features: np.ndarray, device: str | torch.device, cache_bytes: int,
                  order: np.ndarray | None = None, host_table: torch.Tensor | None = None):
@@ -91,9 +94,15 @@ class CachedFeatureStore:
         self.slot = self.slot.to(self.device)
         self.cache = torch.index_select(host, 0, hot_t).to(self.device)
         self.cache_bytes = int(self.cache.numel() * self.cache.element_size())
+        # On a GPU with CuPy, hits and misses are read in one kernel launch (cuda_gather).
+        self._one_kernel = cuda_gather.usable(self.cache, self.host, self.slot)
 
     def gather_counted(self, node_ids) -> tuple[torch.Tensor, dict[str, int]]:
         ids = torch.as_tensor(node_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        if self._one_kernel:
+            out, hits = cuda_gather.gather_cached(ids, self.slot, self.cache, self.host)
+            hit_count = int(hits)
+            return out, {"gpu": hit_count, "host": int(ids.shape[0]) - hit_count}
         slot = self.slot[ids]
         hit = slot >= 0
         out = torch.empty((ids.shape[0], self.feature_dim), dtype=self.cache.dtype, device=self.device)

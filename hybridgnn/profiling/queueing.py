@@ -15,6 +15,11 @@ of CPU per request, leaving the workers, which the profile measured on `cores_us
 cores, cores − r·colocated_cpu_s of them. Workers in processes of their own (`--worker-processes`)
 share no GIL with the event loop: its CPU only takes cores, like the co-located processes'.
 
+The event loop is also a queue of its own: one server taking `frontend_cpu_s` per
+request, so no pipeline, a GPU's included, is offered more than it can parse and answer
+(`frontend_capacity`), and each request's latency carries that queue's p99 wait
+(`frontend_wait_p99_s`).
+
 `max_rate` finds the highest request rate whose simulated p99 fits an SLO; `best_bound`
 the batch PSGS bound that maximises it. Random draws are fixed by a seed (common random
 numbers across rates and bounds), so the choice is reproducible and p99 varies smoothly.
@@ -107,6 +112,25 @@ class PipelineModel:
         return max(1.0, min(self.cores_used, cores) / cores_left) / gil_left
 
 
+_LOOP_MAX_UTILISATION = 0.9  # past this, an event loop's queue swings too far for any SLO
+
+
+def frontend_capacity(frontend_cpu_s: float) -> float:
+    """Requests/s one event loop can take: it serves them one at a time, whatever the
+    pipelines behind it could do (a GPU pipeline too)."""
+    return _LOOP_MAX_UTILISATION / frontend_cpu_s if frontend_cpu_s > 0 else math.inf
+
+
+def frontend_wait_p99_s(requests_per_s: float, frontend_cpu_s: float) -> float:
+    """p99 wait of a request for the event loop, as a single-server queue with Poisson
+    arrivals (the M/M/1 tail, which bounds the constant-service one): s·ln(100ρ)/(1−ρ)
+    for utilisation ρ = r·s above 1 %; infinite past the utilisation cap."""
+    rho = requests_per_s * frontend_cpu_s
+    if rho >= _LOOP_MAX_UTILISATION:
+        return math.inf
+    return frontend_cpu_s * max(0.0, math.log(100 * rho)) / (1 - rho) if rho > 0 else 0.0
+
+
 class Simulator:
     """Common random numbers for one pipeline and one traffic shape."""
 
@@ -132,7 +156,8 @@ class Simulator:
     def latencies(self, requests_per_s: float, bound: float) -> np.ndarray:
         """Seconds from arrival to response for every request after the warm-up."""
         stretch = self.pipeline.stretch(requests_per_s + self.background_rps, self.load) * self.load.service_scale
-        if not math.isfinite(stretch):
+        loop_wait = frontend_wait_p99_s(requests_per_s + self.background_rps, self.load.frontend_cpu_s)
+        if not (math.isfinite(stretch) and math.isfinite(loop_wait)):
             return np.full(1, math.inf)
         arrivals = [a / requests_per_s for a in self.unit_arrivals]
         cum, n, wait = self.cum_psgs, len(arrivals), self.wait
@@ -155,7 +180,7 @@ class Simulator:
             heapq.heappush(free, finish)
             batch += 1
             i = end
-        lat = done - np.asarray(arrivals) + self.load.frontend_cpu_s
+        lat = done - np.asarray(arrivals) + self.load.frontend_cpu_s + loop_wait
         return lat[self.warmup:]
 
     def p99(self, requests_per_s: float, bound: float) -> float:
@@ -166,7 +191,8 @@ class Simulator:
         """Requests/s the workers sustain with batches at the bound and no front-end stretch."""
         per_batch = max(bound, self.mean_request_psgs)
         seconds = self.pipeline.mean_seconds(per_batch) * self.load.service_scale
-        return self.pipeline.workers * (per_batch / self.mean_request_psgs) / seconds
+        workers = self.pipeline.workers * (per_batch / self.mean_request_psgs) / seconds
+        return min(workers, frontend_capacity(self.load.frontend_cpu_s))
 
     def max_rate(self, slo_s: float, bound: float, iterations: int = 9) -> tuple[float, float]:
         """(highest requests/s with simulated p99 <= slo_s, that p99), by bisection."""

@@ -9,8 +9,10 @@ ops on an [m, fanout] tile), which yields every fanout-subset with equal probabi
 New nodes are found through a dense global→local map owned by the sampler, so no
 per-node Python runs and no hash table is needed.
 
-On a GPU with CuPy installed each hop's draw is one CUDA kernel (sampling/cuda_hop.py);
-this torch-op hop is then the reference it is tested against, and the fallback.
+On a GPU with CuPy installed the whole batch runs in CUDA kernels (sampling/cuda_hop.py:
+one draw launch per hop, new nodes numbered on the device by first occurrence, no host
+round trip between hops); this torch-op path is then the reference it is tested
+against, and the fallback (fanouts above cuda_hop.MAX_FANOUT use it too).
 
 The output contract is SampledSubgraph's (seeds first, then nodes by the hop that first
 reached them; local edge_index ordered by hop), held as tensors on the sampler's device.
@@ -63,6 +65,7 @@ class TorchSampler:
         self.num_nodes = int(indptr.shape[0]) - 1
         self._local = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=self.device)
         self._generator = torch.Generator(device=self.device)
+        self._bid: torch.Tensor | None = None  # the device path's second scratch map, made on first use
         # The one-launch CUDA hop (None: wherever it can run). It needs int64 indptr.
         can = cuda_hop.available(self.device) and indptr.dtype == torch.int64
         if kernel and not can:
@@ -94,6 +97,8 @@ class TorchSampler:
             raise ValueError(f"seed ids must lie in [0, {self.num_nodes})")
         seeds = seeds.to(self.device, non_blocking=True)
         unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
+        if self.kernel and max(self.fanouts) <= cuda_hop.MAX_FANOUT:
+            return self._sample_on_device(unique_seeds, seed_index)
         nodes = [unique_seeds]
         count = unique_seeds.shape[0]
         self._local[unique_seeds] = torch.arange(count, device=self.device)
@@ -119,6 +124,19 @@ class TorchSampler:
         return TensorSubgraph(node_ids=node_ids, edge_index=edge_index,
                               num_sampled_nodes=[int(n.shape[0]) for n in nodes],
                               num_sampled_edges=edges_per_hop, seed_index=seed_index)
+
+    def _sample_on_device(self, unique_seeds: torch.Tensor, seed_index: torch.Tensor) -> TensorSubgraph:
+        """Every hop in CUDA kernels, numbering new nodes by first occurrence (cuda_hop)."""
+        if self._bid is None:
+            self._bid = torch.full((self.num_nodes,), cuda_hop.INT64_MAX, dtype=torch.int64, device=self.device)
+        hop_seeds = []
+        for _ in self.fanouts:
+            self._hops_drawn += 1
+            hop_seeds.append(int(_mix_seed(self._seed + self._hops_drawn)[0]))
+        node_ids, edge_index, nodes, edges = cuda_hop.sample_batch(
+            self.indptr, self.indices, unique_seeds, self.fanouts, hop_seeds, self._local, self._bid)
+        return TensorSubgraph(node_ids=node_ids, edge_index=edge_index, num_sampled_nodes=nodes,
+                              num_sampled_edges=edges, seed_index=seed_index)
 
     def _hop(self, frontier: torch.Tensor, frontier_local: torch.Tensor, fanout: int):
         """(sampled neighbours' global ids, their targets' local ids) for one hop."""

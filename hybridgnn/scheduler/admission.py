@@ -54,6 +54,11 @@ class Lane:
         batches = math.ceil(q / self.full_batch) if q > 0 else 0
         return (self._a * batches + self._slope * q) / self.servers
 
+    def describe(self) -> dict:
+        """The lane's state and cost model, for the model metadata (diagnostics)."""
+        return {"servers": self.servers, "queued": self.queued, "full_batch": self.full_batch,
+                "batch_cost_s": self._a, "cost_per_work_s": self._slope, "delay_s": self.delay_s()}
+
     def add(self, work: float) -> None:
         self.queued += work
 
@@ -103,6 +108,10 @@ class Admission:
                              f"{self.bound_s * 1e3:.0f} ms bound; retry later",
                              retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
         lane.add(work)
+
+    def describe(self) -> dict:
+        return {"bound_s": self.bound_s, "refused_by_delay": self.refused,
+                "lanes": {name: lane.describe() for name, lane in self.lanes.items()}}
 
     def delays_s(self) -> dict[str, float]:
         return {name: lane.delay_s() for name, lane in self.lanes.items()}

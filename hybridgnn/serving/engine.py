@@ -149,6 +149,7 @@ class Engine:
             self._load_profile()
         self.admission = self._make_admission()
         self._sampled_lane = self.admission.lanes["sampled"]
+        self._refused_in_flight_cap = 0
         self.telemetry.psgs_threshold.set(self.router.threshold)
         self.telemetry.max_batch_psgs.set(self.batcher_cfg.max_batch_psgs)
         self.telemetry.policy.labels(self.policy.name if self.policy else "none").set(1)
@@ -535,6 +536,7 @@ class Engine:
             raise Draining("server is shutting down" if self.draining else "server is starting",
                            retry_after_s=self.cfg.server.retry_after_s)
         if self._pending >= self.cfg.batcher.max_pending_requests:
+            self._refused_in_flight_cap += 1
             raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})",
                              retry_after_s=self.cfg.server.retry_after_s)
         self.admission.admit(lane, work)
@@ -744,6 +746,7 @@ class Engine:
             "max_batch_psgs": "inf" if math.isinf(self.batcher_cfg.max_batch_psgs) else self.batcher_cfg.max_batch_psgs,
             "predicted_seeds_per_s": self.policy.predicted_seeds_per_s if self.policy else None,
             "service_stretch": self.service_stretch(),
+            "admission": {**self.admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),
             "new_node_modes": (["full", "pe", "srpe"] if self.embeddings is not None else []) + ["sampled"],

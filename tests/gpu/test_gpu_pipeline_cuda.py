@@ -169,3 +169,61 @@ def test_tiered_store_on_cuda_reads_every_tier_exactly(tmp_path):
     assert tiers["gpu"] > 0 and tiers["host"] > 0 and tiers["disk"] > 0
     for reg in dg_views:
         reg.release()
+
+
+def _bounded_degree_graph(path, num_nodes=400, max_degree=6, seed=3):
+    rng = np.random.default_rng(seed)
+    edges = [(i, int(j)) for i in range(num_nodes)
+             for j in rng.choice(num_nodes, size=int(rng.integers(0, max_degree + 1)), replace=False)]
+    return make_graph(path, edges, num_nodes)
+
+
+@pytest.mark.parametrize("placement", ["uva", "gpu"])
+def test_device_batch_path_reaches_what_the_reference_reaches(tmp_path, placement):
+    """With fanouts >= every degree the sample is fixed, so the all-kernel batch path
+    (new nodes numbered on the device) must reach the same nodes per hop and the same
+    edges as the torch-op reference, and leave its scratch maps clean."""
+    pytest.importorskip("cupy")
+    from hybridgnn.sampling import cuda_hop
+
+    graph = _bounded_degree_graph(tmp_path / "g")
+    dg = DeviceGraph(graph, "cuda", placement)
+    fast = TorchSampler(dg.indptr, dg.indices, (6, 6, 6), seed=1, kernel=True)
+    ref = TorchSampler(dg.indptr, dg.indices, (6, 6, 6), seed=1, kernel=False)
+    for seeds in (np.array([5]), np.array([3, 3, 9, 399, 0]), np.arange(0, 400, 7), np.array([], dtype=np.int64)):
+        a, b = fast.sample(seeds), ref.sample(seeds)
+        assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+        na, nb = a.node_ids.cpu().numpy(), b.node_ids.cpu().numpy()
+        bounds = np.cumsum([0] + a.num_sampled_nodes)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            assert set(na[lo:hi]) == set(nb[lo:hi])
+        ea, eb = a.edge_index.cpu().numpy(), b.edge_index.cpu().numpy()
+        assert sorted(zip(na[ea[0]], na[ea[1]])) == sorted(zip(nb[eb[0]], nb[eb[1]]))
+        assert np.array_equal(na[a.seed_index.cpu().numpy()], seeds)
+        # edges are ordered by hop: each hop's targets come from that hop's frontier
+        ends = np.cumsum([0] + a.num_sampled_edges)
+        for hop, (lo, hi) in enumerate(zip(ends[:-1], ends[1:])):
+            assert ((ea[1][lo:hi] >= bounds[hop]) & (ea[1][lo:hi] < bounds[hop + 1])).all()
+    assert bool((fast._local == -1).all()) and bool((fast._bid == cuda_hop.INT64_MAX).all())
+    dg.close()
+
+
+@pytest.mark.parametrize("dtype,dim", [(torch.float32, 100), (torch.float32, 3), (torch.float16, 7), (torch.float32, 64)])
+def test_one_kernel_gather_equals_the_torch_op_gather(tmp_path, monkeypatch, dtype, dim):
+    pytest.importorskip("cupy")
+    from hybridgnn.graph.uva import HostRegistration, uva_view
+
+    rng = np.random.default_rng(0)
+    feats = rng.standard_normal((3000, dim)).astype(np.float16 if dtype == torch.float16 else np.float32)
+    reg = HostRegistration()
+    assert reg.register(feats)
+    host = uva_view(feats, torch.device("cuda", 0))
+    order = rng.permutation(3000)
+    fast = CachedFeatureStore(feats, "cuda", 700 * feats.itemsize * dim, order=order, host_table=host)
+    monkeypatch.setenv("HYBRIDGNN_CUDA_GATHER", "0")
+    slow = CachedFeatureStore(feats, "cuda", 700 * feats.itemsize * dim, order=order, host_table=host)
+    assert fast._one_kernel and not slow._one_kernel
+    for ids in (rng.integers(0, 3000, 5000), order[:700], np.array([], dtype=np.int64), np.array([order[-1]])):
+        (a, ta), (b, tb) = fast.gather_counted(ids), slow.gather_counted(ids)
+        assert torch.equal(a.cpu(), torch.from_numpy(feats[ids])) and torch.equal(a, b) and ta == tb
+    reg.release()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, crossing, isotonic, operating_points
-from hybridgnn.profiling.queueing import ServingLoad
+from hybridgnn.profiling.queueing import ServingLoad, frontend_capacity, frontend_wait_p99_s
 from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
 
 X = np.exp(np.linspace(math.log(10), math.log(1e5), 30))
@@ -96,10 +96,23 @@ def test_slo_choice_charges_spread_and_front_end():
     busy = ServingLoad(request_seeds=4, frontend_cpu_s=300e-6, colocated_cpu_s=200e-6, cores=2)
     charged = choose_for_slo({"cpu": cpu}, 0.050, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=busy)
     assert charged.predicted_seeds_per_s < 0.9 * strict.predicted_seeds_per_s
-    # a device pipeline is not slowed by the front end
+    # a device pipeline's batches are not slowed by the front end's CPU use ...
     dev = DeviceCurves(cpu.mean, cpu.tail, 2, cores_used=0)
+    light = ServingLoad(request_seeds=4, frontend_cpu_s=5e-6, colocated_cpu_s=200e-6, cores=2)
     assert choose_for_slo({"gpu": dev}, 0.050, 10.0, batching_wait_s=0.002, lo=10, hi=1e5,
-                          load=busy).predicted_seeds_per_s == pytest.approx(strict.predicted_seeds_per_s, rel=0.05)
+                          load=light).predicted_seeds_per_s == pytest.approx(strict.predicted_seeds_per_s, rel=0.05)
+    # ... but nothing is offered more requests than one event loop can take
+    slow_loop = ServingLoad(request_seeds=4, frontend_cpu_s=2e-3, cores=2)
+    capped = choose_for_slo({"gpu": dev}, 0.050, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=slow_loop)
+    assert capped.predicted_seeds_per_s <= 4 * frontend_capacity(2e-3) + 1e-6
+    assert capped.predicted_seeds_per_s < 0.5 * strict.predicted_seeds_per_s
+
+
+def test_event_loop_wait_grows_with_its_utilisation_and_caps_the_rate():
+    assert frontend_wait_p99_s(0.0, 1e-3) == 0.0 and frontend_capacity(0.0) == math.inf
+    waits = [frontend_wait_p99_s(r, 1e-3) for r in (100, 400, 700, 850)]
+    assert waits == sorted(waits) and waits[-1] > 10 * waits[0]
+    assert math.isinf(frontend_wait_p99_s(900, 1e-3)) and frontend_capacity(1e-3) == pytest.approx(900)
 
 
 def test_generator_spans_the_psgs_range_and_runner_fills_every_bin():
