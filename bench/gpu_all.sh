@@ -30,6 +30,9 @@ if ! $PY -c "import httptools" 2>/dev/null; then
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export HYBRIDGNN_CACHE_DIR=${HYBRIDGNN_CACHE_DIR:-$ROOT/.cache}
+# The whole-batch sampling kernels and the one-kernel gather are opt-in until measured on
+# a GPU: this script measures them (set either to 0 to measure without).
+export HYBRIDGNN_CUDA_BATCH=${HYBRIDGNN_CUDA_BATCH:-1} HYBRIDGNN_CUDA_GATHER=${HYBRIDGNN_CUDA_GATHER:-1}
 SUMMARY=$OUTDIR/summary.txt
 : > "$SUMMARY"
 [ -n "${GPU_NAME:-}" ] || GPU_NAME=$($PY -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo gpu)

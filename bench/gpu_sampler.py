@@ -1,8 +1,8 @@
 """GPU sampler against the CPU sampler, and feature-gather bandwidth per tier.
 
-Sampler: sampled edges/s of the device sampler (TorchSampler with its one-launch CUDA
-hop, over the UVA-pinned graph and over a device-memory copy; and, as a reference, the
-torch-op hop over the device copy) against the compiled CPU sampler on one thread and on all
+Sampler: sampled edges/s of the device sampler (TorchSampler with its CUDA kernels, over
+the UVA-pinned graph and over a device-memory copy; and, as references over the device
+copy, the per-hop kernel with host-side numbering and the torch-op hop) against the compiled CPU sampler on one thread and on all
 cores, for batch sizes 1 .. 4096 and fanouts 15,10,5 and 25,10 on the products-scale
 graph, with the crossover batch size (the smallest batch where the device beats all
 CPU cores). Gather: GB/s of the served feature-cache gather on all-hit ids (device
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +72,19 @@ def cpu_rate(graph, fanouts, batch, threads, seconds, rng) -> float:
         pool.shutdown()
 
 
-def device_rate(dg: DeviceGraph, fanouts, batch, seconds, rng, kernel: bool | None = None) -> float:
+def device_rate(dg: DeviceGraph, fanouts, batch, seconds, rng, kernel: bool | None = None,
+                whole_batch: bool | None = None) -> float:
+    """whole_batch: force the all-kernel batch path on or off (None: as the environment says)."""
+    if whole_batch is not None:
+        saved = os.environ.get("HYBRIDGNN_CUDA_BATCH")
+        os.environ["HYBRIDGNN_CUDA_BATCH"] = "1" if whole_batch else "0"
+        try:
+            return device_rate(dg, fanouts, batch, seconds, rng, kernel)
+        finally:
+            if saved is None:
+                del os.environ["HYBRIDGNN_CUDA_BATCH"]
+            else:
+                os.environ["HYBRIDGNN_CUDA_BATCH"] = saved
     sampler = TorchSampler(dg.indptr, dg.indices, fanouts, kernel=kernel)
     work = [torch.from_numpy(rng.integers(0, dg.indptr.shape[0] - 1, size=batch)).to(dg.device) for _ in range(16)]
 
@@ -156,8 +169,10 @@ def main() -> None:
                    f"cpu_{CPU_COUNT}_threads": cpu_rate(graph, fanouts, b, CPU_COUNT, args.seconds, rng)}
             for name, dg in placements.items():
                 row[f"device_{name}"] = device_rate(dg, fanouts, b, args.seconds, rng)
-            if "gpu" in placements:  # the torch-op hop the kernel replaced, as a reference
+            if "gpu" in placements:  # the paths the kernels replaced, as references
                 row["device_gpu_torch_ops"] = device_rate(placements["gpu"], fanouts, b, args.seconds, rng, kernel=False)
+                row["device_gpu_per_hop_kernel"] = device_rate(placements["gpu"], fanouts, b, args.seconds, rng,
+                                                               whole_batch=False)
             best = max(row[f"device_{n}"] for n in placements)
             row["device_vs_cpu_1_thread"] = round(best / row["cpu_1_thread"], 2)
             row["device_vs_cpu_all"] = round(best / row[f"cpu_{CPU_COUNT}_threads"], 2)

@@ -72,8 +72,9 @@ class CachedFeatureStore:
     """Feature rows for a pipeline on `device`: the hottest rows (FAP order) copied into
     device memory up to cache_bytes, the rest read from `host_table` (on CUDA a UVA view
     of pinned host memory, so the GPU reads them itself; on CPU the host matrix). Output:
-    one [n, F] tensor on `device`. On a GPU with CuPy one kernel reads hits and misses
-    (features/cuda_gather.py); otherwise torch ops do, misses in sorted id order."""
+    one [n, F] tensor on `device`. With HYBRIDGNN_CUDA_GATHER=1 on a GPU with CuPy one
+    kernel reads hits and misses (features/cuda_gather.py); otherwise torch ops do,
+    misses in sorted id order."""
 
     def __init__(self, features: np.ndarray, device: str | torch.device, cache_bytes: int,
                  order: np.ndarray | None = None, host_table: torch.Tensor | None = None):
@@ -94,7 +95,7 @@ class CachedFeatureStore:
         self.slot = self.slot.to(self.device)
         self.cache = torch.index_select(host, 0, hot_t).to(self.device)
         self.cache_bytes = int(self.cache.numel() * self.cache.element_size())
-        # On a GPU with CuPy, hits and misses are read in one kernel launch (cuda_gather).
+        # hits and misses in one kernel launch where cuda_gather allows it
         self._one_kernel = cuda_gather.usable(self.cache, self.host, self.slot)
 
     def gather_counted(self, node_ids) -> tuple[torch.Tensor, dict[str, int]]:

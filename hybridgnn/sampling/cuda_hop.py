@@ -19,7 +19,8 @@ relabelled through the sampler's global->local map. The host waits twice per bat
 read the per-hop counts, and to compact the padded tiles into the edge list.
 
 Available when CuPy imports and the tensors are on a CUDA device; `available()` says.
-HYBRIDGNN_CUDA_HOP=0 turns it off (the torch-op hop then runs).
+HYBRIDGNN_CUDA_HOP=0 turns it off (the torch-op hop then runs). `sample_batch` is opt-in
+(HYBRIDGNN_CUDA_BATCH=1) until it has been measured on a GPU.
 """
 
 from __future__ import annotations
@@ -143,6 +144,12 @@ INT64_MAX = (1 << 63) - 1
 
 def available(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("HYBRIDGNN_CUDA_HOP", "1") != "0" and cupy_or_none() is not None
+
+
+def batch_enabled() -> bool:
+    """Whether `sample_batch` replaces the per-hop path. Opt-in (HYBRIDGNN_CUDA_BATCH=1)
+    until it has run on a GPU: tests/gpu and bench/gpu_all.sh turn it on."""
+    return os.environ.get("HYBRIDGNN_CUDA_BATCH", "0") == "1"
 
 
 def _kernel(index_dtype: str, name: str = "sample_hop"):

@@ -9,10 +9,11 @@ ops on an [m, fanout] tile), which yields every fanout-subset with equal probabi
 New nodes are found through a dense global→local map owned by the sampler, so no
 per-node Python runs and no hash table is needed.
 
-On a GPU with CuPy installed the whole batch runs in CUDA kernels (sampling/cuda_hop.py:
-one draw launch per hop, new nodes numbered on the device by first occurrence, no host
-round trip between hops); this torch-op path is then the reference it is tested
-against, and the fallback (fanouts above cuda_hop.MAX_FANOUT use it too).
+On a GPU with CuPy installed each hop's draw is one CUDA kernel (sampling/cuda_hop.py);
+with HYBRIDGNN_CUDA_BATCH=1 the whole batch runs in kernels (new nodes numbered on the
+device by first occurrence, no host round trip between hops). This torch-op path is the
+reference both are tested against, and the fallback (fanouts above
+cuda_hop.MAX_FANOUT use it too).
 
 The output contract is SampledSubgraph's (seeds first, then nodes by the hop that first
 reached them; local edge_index ordered by hop), held as tensors on the sampler's device.
@@ -97,7 +98,7 @@ class TorchSampler:
             raise ValueError(f"seed ids must lie in [0, {self.num_nodes})")
         seeds = seeds.to(self.device, non_blocking=True)
         unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
-        if self.kernel and max(self.fanouts) <= cuda_hop.MAX_FANOUT:
+        if self.kernel and max(self.fanouts) <= cuda_hop.MAX_FANOUT and cuda_hop.batch_enabled():
             return self._sample_on_device(unique_seeds, seed_index)
         nodes = [unique_seeds]
         count = unique_seeds.shape[0]

@@ -64,11 +64,13 @@ def test_cuda_sampler_draws_neighbours_uniformly(tmp_path, kernel):
     dg.close()
 
 
+@pytest.mark.parametrize("whole_batch", ["0", "1"], ids=["per-hop", "whole-batch"])
 @pytest.mark.parametrize("placement", ["uva", "gpu"])
-def test_cuda_kernel_hop_keeps_the_subgraph_contract(skewed_graph, placement):
+def test_cuda_kernel_hop_keeps_the_subgraph_contract(skewed_graph, monkeypatch, placement, whole_batch):
     """The one-launch hop against the torch-op reference: same nodes per hop count rule,
     every edge a real in-edge, no neighbour twice per target, deterministic per seed."""
     pytest.importorskip("cupy")
+    monkeypatch.setenv("HYBRIDGNN_CUDA_BATCH", whole_batch)
     dg = DeviceGraph(skewed_graph, "cuda", placement)
     indptr, indices = np.asarray(skewed_graph.indptr), np.asarray(skewed_graph.indices)
     seeds = np.random.default_rng(0).choice(skewed_graph.num_nodes, 40, replace=False)
@@ -179,13 +181,14 @@ def _bounded_degree_graph(path, num_nodes=400, max_degree=6, seed=3):
 
 
 @pytest.mark.parametrize("placement", ["uva", "gpu"])
-def test_device_batch_path_reaches_what_the_reference_reaches(tmp_path, placement):
+def test_device_batch_path_reaches_what_the_reference_reaches(tmp_path, monkeypatch, placement):
     """With fanouts >= every degree the sample is fixed, so the all-kernel batch path
     (new nodes numbered on the device) must reach the same nodes per hop and the same
     edges as the torch-op reference, and leave its scratch maps clean."""
     pytest.importorskip("cupy")
     from hybridgnn.sampling import cuda_hop
 
+    monkeypatch.setenv("HYBRIDGNN_CUDA_BATCH", "1")
     graph = _bounded_degree_graph(tmp_path / "g")
     dg = DeviceGraph(graph, "cuda", placement)
     fast = TorchSampler(dg.indptr, dg.indices, (6, 6, 6), seed=1, kernel=True)
@@ -219,6 +222,7 @@ def test_one_kernel_gather_equals_the_torch_op_gather(tmp_path, monkeypatch, dty
     assert reg.register(feats)
     host = uva_view(feats, torch.device("cuda", 0))
     order = rng.permutation(3000)
+    monkeypatch.setenv("HYBRIDGNN_CUDA_GATHER", "1")
     fast = CachedFeatureStore(feats, "cuda", 700 * feats.itemsize * dim, order=order, host_table=host)
     monkeypatch.setenv("HYBRIDGNN_CUDA_GATHER", "0")
     slow = CachedFeatureStore(feats, "cuda", 700 * feats.itemsize * dim, order=order, host_table=host)
