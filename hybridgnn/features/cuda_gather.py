@@ -17,6 +17,7 @@ a GPU: tests/gpu and bench/gpu_all.sh turn it on.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -48,6 +49,16 @@ extern "C" __global__ void gather_cached(const long long* __restrict__ ids, long
 
 _CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
 _BLOCK = 256
+
+
+def kernel_source(width: int) -> str:
+    """The CUDA source for chunks of `width` bytes (tests compile it with nvcc)."""
+    return _SOURCE.replace("CHUNK_T", _CHUNK_TYPES[width])
+
+
+@functools.cache
+def _kernel(width: int):
+    return compile_module(kernel_source(width)).get_function("gather_cached")
 
 
 def usable(cache: torch.Tensor, host: torch.Tensor, slot: torch.Tensor) -> bool:
@@ -85,7 +96,7 @@ def gather_cached(ids: torch.Tensor, slot: torch.Tensor, cache: torch.Tensor, ho
     chunks = row_bytes // width
     shift = group_shift(chunks)
     rows_per_block = _BLOCK >> shift
-    kernel = compile_module(_SOURCE.replace("CHUNK_T", _CHUNK_TYPES[width])).get_function("gather_cached")
+    kernel = _kernel(width)
     ids = ids.contiguous()
     with on_torch_stream(cache.device):
         kernel(((n + rows_per_block - 1) // rows_per_block,), (_BLOCK,),

@@ -41,8 +41,8 @@ def on_torch_stream(device: torch.device):
     """CuPy launches inside go to torch's current stream on `device`, so they are ordered
     with the torch ops around them and nothing needs an extra synchronisation."""
     cupy = cupy_or_none()
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
-    with cupy.cuda.Device(device.index if device.index is not None else torch.cuda.current_device()), stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with cupy.cuda.Device(index), cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, index):
         yield
 
 

@@ -25,6 +25,7 @@ HYBRIDGNN_CUDA_HOP=0 turns it off (the torch-op hop then runs). `sample_batch` i
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -48,7 +49,6 @@ __device__ __forceinline__ void draw_row(const long long* __restrict__ indptr, c
                                          long long* __restrict__ row) {
     long long start = indptr[v];
     long long deg = indptr[v + 1] - start;
-    long long* row = out + r * fanout;
     if (deg <= fanout) {
         for (int j = 0; j < fanout; ++j) row[j] = j < deg ? (long long)indices[start + j] : -1LL;
         return;
@@ -152,9 +152,15 @@ def batch_enabled() -> bool:
     return os.environ.get("HYBRIDGNN_CUDA_BATCH", "0") == "1"
 
 
-def _kernel(index_dtype: str, name: str = "sample_hop"):
+def kernel_source(index_dtype: str) -> str:
+    """The CUDA source for int32 or int64 column indices (tests compile it with nvcc)."""
     ctype = {"int32": "int", "int64": "long long"}[index_dtype]
-    return compile_module(_SOURCE.replace("INDEX_T", ctype).replace("MAX_FANOUT", str(MAX_FANOUT))).get_function(name)
+    return _SOURCE.replace("INDEX_T", ctype).replace("MAX_FANOUT", str(MAX_FANOUT))
+
+
+@functools.cache
+def _kernel(index_dtype: str, name: str = "sample_hop"):
+    return compile_module(kernel_source(index_dtype)).get_function(name)
 
 
 def sample_hop(indptr: torch.Tensor, indices: torch.Tensor, frontier: torch.Tensor, fanout: int,
@@ -197,14 +203,14 @@ def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, unique_seeds: torc
     for f in fanouts[:-1]:
         max_rows.append(min(max_rows[-1] * f, num_nodes))
     capacity = min(count + sum(r * f for r, f in zip(max_rows, fanouts)), num_nodes)
-    nodes = torch.empty(max(capacity, count), dtype=torch.int64, device=device)
-    nodes[:count] = unique_seeds
-    local[unique_seeds] = torch.arange(count, dtype=torch.int64, device=device)
-    bounds = torch.zeros(len(fanouts) + 2, dtype=torch.int64, device=device)
-    bounds[1] = count
     name = str(indices.dtype).removeprefix("torch.")
     src_parts, dst_parts = [], []
     try:
+        nodes = torch.empty(max(capacity, count), dtype=torch.int64, device=device)
+        nodes[:count] = unique_seeds
+        local[unique_seeds] = torch.arange(count, dtype=torch.int64, device=device)
+        bounds = torch.zeros(len(fanouts) + 2, dtype=torch.int64, device=device)
+        bounds[1] = count
         with on_torch_stream(device):
             for hop, (fanout, rows) in enumerate(zip(fanouts, max_rows)):
                 n = rows * fanout
@@ -238,7 +244,7 @@ def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, unique_seeds: torc
         bid.fill_(INT64_MAX)
         raise
     ends, num_sampled_edges = counts[:len(fanouts) + 2], counts[len(fanouts) + 2:]
-    node_ids = nodes[:ends[-1]]
+    node_ids = nodes[:ends[-1]].clone()  # not a view pinning the worst-case buffer
     local[node_ids] = -1
     num_sampled_nodes = [ends[i + 1] - ends[i] for i in range(len(fanouts) + 1)]
     edge_index = torch.stack([src[keep], dst[keep]])
