@@ -45,8 +45,10 @@ def test_uva_and_device_placements_sample_identically(skewed_graph):
     uva.close()
 
 
-@pytest.mark.parametrize("kernel", [False, True], ids=["torch-ops", "cuda-kernel"])
-def test_cuda_sampler_draws_neighbours_uniformly(tmp_path, kernel):
+@pytest.mark.parametrize("kernel,whole_batch", [(False, "0"), (True, "0"), (True, "1")],
+                         ids=["torch-ops", "cuda-per-hop", "cuda-whole-batch"])
+def test_cuda_sampler_draws_neighbours_uniformly(tmp_path, monkeypatch, kernel, whole_batch):
+    monkeypatch.setenv("HYBRIDGNN_CUDA_BATCH", whole_batch)
     if kernel:
         pytest.importorskip("cupy")
     graph = make_graph(tmp_path / "star", [(0, j) for j in range(1, 41)], 41)
@@ -202,6 +204,11 @@ def test_device_batch_path_reaches_what_the_reference_reaches(tmp_path, monkeypa
             assert set(na[lo:hi]) == set(nb[lo:hi])
         ea, eb = a.edge_index.cpu().numpy(), b.edge_index.cpu().numpy()
         assert sorted(zip(na[ea[0]], na[ea[1]])) == sorted(zip(nb[eb[0]], nb[eb[1]]))
+        # each hop's new nodes are numbered in the order their first edge appears
+        ends = np.cumsum([0] + a.num_sampled_edges)
+        for hop in range(len(a.num_sampled_edges)):
+            firsts = [v for v in dict.fromkeys(ea[0][ends[hop]:ends[hop + 1]].tolist()) if v >= bounds[hop + 1]]
+            assert firsts == list(range(bounds[hop + 1], bounds[hop + 2]))
         assert np.array_equal(na[a.seed_index.cpu().numpy()], seeds)
         # edges are ordered by hop: each hop's targets come from that hop's frontier
         ends = np.cumsum([0] + a.num_sampled_edges)
