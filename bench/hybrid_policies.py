@@ -10,7 +10,7 @@ Policies (same engine code, same graph, same model, same run):
     cpu     --device cpu                                   CPU pipeline only
     gpu     --device cuda --psgs-threshold 0 --no-spill    GPU pipeline only
     hybrid  --device cuda                                  PSGS routing, spill when saturated
-    hybrid_procs  the same with CPU workers in processes of their own (--policies to add it)
+    hybrid_threads  the same with CPU workers as threads of the server (--policies to add it)
     hybrid_slo  --device cuda --profile P --policy slo:<SLO>   (with --profile: the profile's choice)
 
 For each, the highest offered rate whose p99 stays within --slo-ms with nothing refused:
@@ -45,7 +45,7 @@ POLICIES = {
     "cpu": ["--device", "cpu"],
     "gpu": ["--device", "{gpu}", "--psgs-threshold", "0", "--no-spill"],
     "hybrid": ["--device", "{gpu}"],
-    "hybrid_procs": ["--device", "{gpu}", "--worker-processes"],
+    "hybrid_threads": ["--device", "{gpu}", "--worker-processes", "off"],
 }
 
 
@@ -224,7 +224,7 @@ def main() -> None:
             report["results"][f"{mode}/{name}"] = res
             print(json.dumps({f"{mode}/{name}": res}), flush=True)
         single = [report["results"].get(f"{mode}/{p}", {}).get("seeds_per_s", 0.0) for p in ("cpu", "gpu")]
-        hybrid = max(report["results"].get(f"{mode}/{p}", {}).get("seeds_per_s", 0.0) for p in ("hybrid", "hybrid_procs", "hybrid_slo"))
+        hybrid = max(report["results"].get(f"{mode}/{p}", {}).get("seeds_per_s", 0.0) for p in ("hybrid", "hybrid_threads", "hybrid_slo"))
         if max(single) > 0:
             report[f"{mode}_hybrid_vs_best_single"] = round(hybrid / max(single), 3)
     emit_report(report, args.out)

@@ -693,6 +693,7 @@ def main() -> None:
                          "(default: --client-connections); 0 opens them on demand, in bursts")
     ap.add_argument("--seeds", default="degree", help="id distribution: degree, uniform or zipf:<s>")
     ap.add_argument("--nodes-per-request", type=int, default=1)
+    ap.add_argument("--server-flags", default="", help="more serve flags for the sampled part (both servers)")
     ap.add_argument("--distinct-requests", type=int, default=20000, help="pre-encoded requests, reused in turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
@@ -717,8 +718,9 @@ def main() -> None:
     print(report["machine"], flush=True)
     if "sampled" in parts:
         print("sampled (defaults):", flush=True)
-        report["parts"]["sampled"] = part("sampled", None, [float(m) for m in args.multiples.split(",")], (),
-                                          sampled_dataset, sampled_model, args, args.capacity_rps)
+        report["parts"]["sampled"] = part("sampled", None, [float(m) for m in args.multiples.split(",")],
+                                          tuple(args.server_flags.split()), sampled_dataset, sampled_model, args,
+                                          args.capacity_rps)
     if "precomputed" in parts:
         print("precomputed (--update-token):", flush=True)
         report["parts"]["precomputed"] = part(

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.cli.serve import add_worker_processes_flag
 from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
 
 
@@ -25,8 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default="auto",
                    help="pipelines to profile, as for serve (emulate: the GPU pipeline's code on CPU tensors)")
     p.add_argument("--workers", type=int, default=CPU_COUNT, help="CPU pipeline workers")
-    p.add_argument("--worker-processes", action="store_true",
-                   help="profile CPU workers that run in processes of their own, as `serve --worker-processes`")
+    add_worker_processes_flag(p)  # as `serve`: profiled and served workers run alike
     p.add_argument("--gpu-workers", type=int, default=2)
     p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"))
     p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva")
@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from hybridgnn.cli.serve import gpu_pipeline_config
+    from hybridgnn.cli.serve import gpu_pipeline_config, worker_processes
     from hybridgnn.config import DeviceMemoryConfig, PipelineConfig, SamplingConfig, ServeConfig, parse_fanouts
     from hybridgnn.models.checkpoint import load_checkpoint
     from hybridgnn.profiling.profile import Profile, build_profile
@@ -59,7 +59,8 @@ def run(args) -> int:
     serve_cfg = ServeConfig(
         dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,
-                                    processes=args.worker_processes),
+                                    processes=worker_processes(args.worker_processes, args.cpu_compute_device,
+                                                               False)),
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement))
     cfg = ProfileConfig(bins=args.bins, min_samples=args.min_samples, max_batch=args.max_batch,

@@ -39,10 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default=env_default("HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=env_default("PORT", 8000, int))
     p.add_argument("--workers", type=int, default=env_default("WORKERS", CPU_COUNT, int), help="CPU pipeline workers")
-    p.add_argument("--worker-processes", action="store_true",
-                   default=env_default("WORKER_PROCESSES", False, lambda v: v not in ("0", "")),
-                   help="run each CPU worker's batches in a process of its own (no GIL shared with the HTTP "
-                        "event loop; the graph stays memory-mapped and shared); static graphs only")
+    add_worker_processes_flag(p, env_default("WORKER_PROCESSES", "auto", _on_off_auto))
     p.add_argument("--max-batch-seeds", type=int, default=env_default("MAX_BATCH_SEEDS", 1024, int))
     p.add_argument("--max-batch-requests", type=int, default=env_default("MAX_BATCH_REQUESTS", 256, int))
     p.add_argument("--max-wait-ms", type=float, default=env_default("MAX_WAIT_MS", 2.0, float),
@@ -133,6 +130,26 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def _on_off_auto(value: str) -> str:
+    v = value.strip().lower()
+    return {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off", "": "off"}.get(v, v)
+
+
+def add_worker_processes_flag(p, default: str = "auto") -> None:
+    p.add_argument("--worker-processes", nargs="?", const="on", default=default, choices=("auto", "on", "off"),
+                   help="run each CPU worker's batches in a process of its own: no GIL shared with the HTTP "
+                        "event loop, so an overloaded front end does not slow the batches; the graph stays "
+                        "memory-mapped and shared. auto (default): on for a static graph computed on the CPU, "
+                        "off with graph updates or --cpu-compute-device cuda")
+
+
+def worker_processes(choice: str, compute_device: str, updates: bool) -> bool:
+    """The --worker-processes choice resolved: auto means wherever processes can serve."""
+    if choice == "auto":
+        return compute_device == "cpu" and not updates
+    return choice == "on"
+
+
 def gpu_pipeline_config(device: str, workers: int) -> PipelineConfig | None:
     """--device → the GPU pipeline's config, or None for a CPU-only server."""
     from hybridgnn.capabilities import HAS_CUDA
@@ -160,9 +177,11 @@ def build_config(args) -> ServeConfig:
     else:
         _, model_cfg = load_checkpoint(args.model)
         fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"])
+    update_token = args.update_token or env_default("UPDATE_TOKEN", None)
+    processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token))
     return ServeConfig(
         new_nodes=NewNodeConfig(default_mode=args.new_node_mode, gamma=args.srpe_gamma),
-        updates=UpdateConfig(token=args.update_token or env_default("UPDATE_TOKEN", None), max_batch_updates=args.update_batch,
+        updates=UpdateConfig(token=update_token, max_batch_updates=args.update_batch,
                              propagation=args.update_propagation),
         dataset_dir=args.dataset,
         model_dir=args.model,
@@ -170,7 +189,7 @@ def build_config(args) -> ServeConfig:
         batcher=BatcherConfig(max_batch_seeds=args.max_batch_seeds, max_batch_requests=args.max_batch_requests,
                               max_wait_s=args.max_wait_ms / 1000.0, max_pending_requests=args.max_pending),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,
-                                    processes=args.worker_processes),
+                                    processes=processes),
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement,
                                       placement_plan=args.placement, placement_server=args.placement_server),
