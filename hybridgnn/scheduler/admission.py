@@ -100,6 +100,12 @@ class Admission:
     def admit(self, lane_name: str, work: float) -> None:
         """Queue `work` on the lane, or raise Overloaded (with Retry-After) if the delay it
         would see passes the bound."""
+        self.check(lane_name, work)
+        self.lanes[lane_name].add(work)
+
+    def check(self, lane_name: str, work: float = 0.0) -> None:
+        """Raise Overloaded if work added to the lane now would wait past the bound (work 0:
+        the lane is past it already, which lets the front end refuse before decoding)."""
         lane = self.lanes[lane_name]
         delay = lane.delay_s(work)
         if delay > self.bound_s and lane.queued > 0:  # an empty lane always takes one request
@@ -107,7 +113,6 @@ class Admission:
             raise Overloaded(f"predicted queueing delay {delay * 1e3:.0f} ms exceeds the "
                              f"{self.bound_s * 1e3:.0f} ms bound; retry later",
                              retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
-        lane.add(work)
 
     def describe(self) -> dict:
         return {"bound_s": self.bound_s, "refused_by_delay": self.refused,

@@ -550,6 +550,12 @@ class Engine:
         if self._pending == 0:
             self._idle.set()
 
+    def shed_sampled(self) -> None:
+        """Raise Overloaded if the sampled lane is past its delay bound before any new
+        request: the front end calls this before decoding a plain sampled request."""
+        if self._batcher is not None and not self.draining:
+            self.admission.check("sampled")
+
     def submit(self, node_ids: np.ndarray) -> asyncio.Future:
         """Admit one request (ids already validated) or raise Overloaded / Draining."""
         psgs = self.tables.batch_psgs(node_ids)

@@ -117,6 +117,12 @@ class WorkloadTables:
     fap: np.ndarray
     build_s: float = 0.0
 
+    def __post_init__(self):
+        # Plain ndarray views of the (often memory-mapped) arrays: indexing a np.memmap
+        # builds a memmap object every time, a cost the request path pays per request.
+        self.psgs = np.asarray(self.psgs)
+        self.fap = np.asarray(self.fap)
+
     def batch_psgs(self, node_ids: np.ndarray) -> float:
         """A batch's PSGS: the sum over its seeds (O(1) per seed, vectorised). Ids past the
         table (nodes added by graph updates) count as the largest single-seed PSGS."""

@@ -124,3 +124,40 @@ def test_precomputed_mode_without_embeddings_is_a_clear_4xx(tiny_dataset, tiny_m
         assert engine.pending == 0
 
     asyncio.run(with_client(cfg, scenario))
+
+
+def test_a_plain_request_is_refused_before_decoding_when_the_lane_is_past_its_bound(tiny_dataset, tiny_model):
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
+
+    async def scenario(engine, client):
+        lane = engine.admission.lanes["sampled"]
+        for _ in range(10):
+            lane.observe(1.0, 10.0)  # 10 s per unit of work: anything queued is past the bound
+        lane.add(1.0)
+        try:
+            # not even JSON: a 429 shows it was refused before decoding
+            r = await client.post("/v2/models/hybridgnn/infer", data=b'{"inputs": [{"name": "node_ids", ')
+            assert r.status == 429 and "Retry-After" in r.headers
+            assert "queueing delay" in (await r.json())["error"]
+            # a request naming a mode takes the full path, which validates it first
+            r = await client.post("/v2/models/hybridgnn/infer", data=b'{"parameters": {"mode": "precomputed"}, ')
+            assert r.status == 400
+        finally:
+            lane.remove(1.0)
+        assert (await client.post("/v2/models/hybridgnn/infer", json=body([1, 2]))).status == 200
+
+    asyncio.run(with_client(cfg, scenario))
+
+
+@pytest.mark.parametrize("raw,headers,plain", [
+    (b'{"inputs": [{"name": "node_ids", "data": [1]}]}', {}, True),
+    (b'{"inputs": [], "parameters": {"mode": "precomputed"}}', {}, False),
+    (b'{"inputs": [{"name": "features"}, {"name": "edge_index"}]}', {}, False),
+    (b'{"inputs": []}' + b'"mode"', {"inference-header-content-length": "14"}, True),  # binary tail ignored
+    (b'{"inputs": []}', {"inference-header-content-length": "99"}, False),
+    (b'{"inputs": []}', {"inference-header-content-length": "-1"}, False),
+])
+def test_which_requests_count_as_plain_sampled(raw, headers, plain):
+    from hybridgnn.serving.http.api import Request, _plainly_sampled
+
+    assert _plainly_sampled(Request({"model": "m"}, headers, raw)) is plain

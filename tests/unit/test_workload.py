@@ -79,7 +79,7 @@ def test_tables_save_load_and_batch_lookup(skewed_graph):
     psgs_path, fap_path = WorkloadTables.paths(skewed_graph.root, FANOUTS, "uniform")
     assert psgs_path.is_file() and fap_path.is_file()
     loaded = WorkloadTables.load_or_build(skewed_graph, FANOUTS)
-    assert isinstance(loaded.psgs, np.memmap)
+    assert isinstance(loaded.psgs.base, np.memmap)  # a view of the mapped file: no copy, shared
     np.testing.assert_array_equal(built.psgs, loaded.psgs)
     ids = np.array([0, 1, 1, 59])
     assert loaded.batch_psgs(ids) == pytest.approx(float(np.asarray(built.psgs, np.float64)[ids].sum()))

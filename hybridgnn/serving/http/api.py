@@ -50,6 +50,20 @@ def _request_id() -> str:
     return os.urandom(6).hex()
 
 
+def _plainly_sampled(request: Request) -> bool:
+    """Whether the request's JSON part names no mode and no new-node inputs, so it is an
+    ordinary sampled inference (the default mode) and can be refused on the sampled lane's
+    state without being decoded. Anything else, or a malformed header length, takes the
+    full path (which validates it)."""
+    head = request.body
+    length = request.headers.get(_HEADER_LENGTH)
+    if length is not None:
+        if not length.isdigit() or int(length) > len(head):
+            return False
+        head = head[:int(length)]
+    return b'"mode"' not in head and b'"features"' not in head and b'"edge_index"' not in head
+
+
 class Reply:
     """One HTTP answer: status, body bytes, content type and any extra headers."""
 
@@ -259,6 +273,8 @@ class Api:
         engine = self.engine
         try:
             self._check_model(request)
+            if _plainly_sampled(request):
+                engine.shed_sampled()  # past the bound already: refuse before decoding
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                        feature_dim=engine.graph.feature_dim)
