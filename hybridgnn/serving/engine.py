@@ -728,6 +728,20 @@ class Engine:
             self._release()
 
     # --- description -----------------------------------------------------------------
+    def _prediction_assumes(self) -> dict | None:
+        """What predicted_seeds_per_s assumes, in the words of the flags that set it."""
+        if self.policy is None:
+            return None
+        pc = self.cfg.policy
+        if not self.policy.name.startswith("slo"):
+            return {"what": "capacity of the profiled pipelines with batches at the policy's threshold, all "
+                            "workers busy; no front end, no queueing: an upper bound, not a served rate"}
+        return {"what": "highest rate whose simulated p99 fits the SLO: Poisson arrivals through the batcher "
+                        "and the profiled workers, the event loop as a queue of its own",
+                "request_seeds": pc.request_seeds, "frontend_cpu_us": pc.frontend_cpu_us,
+                "colocated_cpu_us": pc.colocated_cpu_us, "service_scale": pc.service_scale,
+                "batching_wait_ms": self.cfg.batcher.max_wait_s * 1e3}
+
     def metadata(self) -> dict:
         spec = self.model.spec
         thr = self.router.threshold
@@ -751,6 +765,7 @@ class Engine:
             "policy": self.policy.name if self.policy else None,
             "max_batch_psgs": "inf" if math.isinf(self.batcher_cfg.max_batch_psgs) else self.batcher_cfg.max_batch_psgs,
             "predicted_seeds_per_s": self.policy.predicted_seeds_per_s if self.policy else None,
+            "predicted_assumes": self._prediction_assumes(),
             "service_stretch": self.service_stretch(),
             "admission": {**self.admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
             "max_request_nodes": self.cfg.server.max_request_nodes,
