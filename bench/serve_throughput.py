@@ -36,7 +36,7 @@ from tests.integration.server import ServerProcess  # noqa: E402
 NO_BATCHING = ("--max-batch-requests", "1", "--max-batch-seeds", "1", "--max-wait-ms", "0")
 # Throughput settings: workers in their own processes (the model never holds the event
 # loop's GIL) and batches allowed to wait 8 ms to fill (fewer, larger batches: less CPU per seed).
-THROUGHPUT = ("--worker-processes", "--max-wait-ms", "8")
+THROUGHPUT = ("--worker-processes", "on", "--max-wait-ms", "8")
 NAIVE_COMMAND = [sys.executable, str(Path(__file__).resolve().parent / "naive_server.py")]
 
 
