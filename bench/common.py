@@ -141,7 +141,7 @@ class RevisionServer:
     """`hybridgnn serve --dataset D --model M --port P *extra` running the code of git
     revision `rev` (its worktree first on PYTHONPATH and the working directory; same
     interpreter and venv), or of this working tree when rev is None. The interface of
-    tests/integration/server.py's ServerProcess (url, port, proc, wait_ready(), output(),
+    hybridgnn/testing/server.py's ServerProcess (url, port, proc, wait_ready(), output(),
     stop()) plus pid. The server's output goes to a temporary file, not a pipe, so a
     chatty server never blocks on a full pipe while a benchmark is not reading it."""
 

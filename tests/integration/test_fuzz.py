@@ -23,7 +23,7 @@ from hybridgnn.testing.fuzz import (
     raw_http_cases,
     run_case,
 )
-from tests.integration.server import ServerProcess
+from hybridgnn.testing.server import ServerProcess
 
 TOKEN = "fuzz-update-token"
 TIMEOUT_S = 5.0

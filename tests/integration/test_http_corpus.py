@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from hybridgnn.testing.fuzz import KeepAliveClient, Target, exchange, exchange_problems, good_case, llhttp_verdict
-from tests.integration.http_corpus import CORPUS
-from tests.integration.server import ServerProcess
+from hybridgnn.testing.http_corpus import CORPUS
+from hybridgnn.testing.server import ServerProcess
 
 DEADLINE_S = 3.0  # per payload: answers and the close must come within this
 

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hybridgnn.workload.tables import WorkloadTables
 from hybridgnn.graph.store import GraphStore
-from tests.integration.server import ServerProcess
+from hybridgnn.testing.server import ServerProcess
 
 DEVICE = os.environ.get("HYBRIDGNN_TEST_DEVICE", "emulate")
 

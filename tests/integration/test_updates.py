@@ -14,7 +14,7 @@ from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
 from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models.checkpoint import load_checkpoint
-from tests.integration.server import ServerProcess
+from hybridgnn.testing.server import ServerProcess
 
 MODEL = "hybridgnn"
 TOKEN = "s3cret-token"

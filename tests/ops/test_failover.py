@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from tests.ops.load import Cluster, drive
-from tests.ops.tools import require_tool
+from hybridgnn.testing.cluster_load import Cluster, drive
+from hybridgnn.testing.ops_tools import require_tool
 
 pytestmark = [pytest.mark.ops, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
-from tests.unit.engine_client import body, counter, with_client
+from hybridgnn.testing.engine_client import body, counter, with_client
 
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
 

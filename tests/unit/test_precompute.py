@@ -7,15 +7,7 @@ import torch
 from hybridgnn.embeddings.precompute import PrecomputeConfig, block_inputs, precompute
 from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir
 from hybridgnn.models.gnn import GNN, ModelSpec
-
-
-def full_graph_forward(graph, model):
-    """Node-wise full-neighbourhood inference, done as one whole-graph forward."""
-    deg = graph.degrees()
-    dst = np.repeat(np.arange(graph.num_nodes), deg)
-    ei = torch.from_numpy(np.stack([np.asarray(graph.indices, dtype=np.int64), dst]))
-    with torch.inference_mode():
-        return model(torch.from_numpy(np.asarray(graph.features)), ei).numpy()
+from hybridgnn.testing.reference import full_graph_forward
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])

@@ -16,7 +16,7 @@ from hybridgnn.models.gnn import GNN, ModelSpec
 from hybridgnn.errors import ServingError
 from hybridgnn.serving.updates import UpdateApplier, decode_update_request, to_batch
 from hybridgnn.telemetry.metrics import Telemetry
-from tests.conftest import make_graph, skewed_edges
+from hybridgnn.testing.graphs import make_graph, skewed_edges
 
 
 def body(*inputs) -> bytes:

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
-from tests.conftest import free_port
 
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 class ServerProcess:
     """`hybridgnn serve --dataset D --model M --port P *extra`; `command` replaces the

@@ -1,0 +1,34 @@
+"""Small graphs for tests and benches: a dataset from an edge list, and a skewed random
+edge list (a hub, isolated nodes, self-loops)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hybridgnn.graph.csr import coo_to_csr
+from hybridgnn.graph.store import GraphStore, write_dataset
+
+
+def make_graph(path: Path, edges: list[tuple[int, int]], num_nodes: int, feature_dim: int = 4, seed: int = 0) -> GraphStore:
+    """A dataset from (node, neighbour) pairs: row `node` lists `neighbour` (self-loops kept)."""
+    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    indptr, indices = coo_to_csr([e[:, 0]], [e[:, 1]], num_nodes, dedup=True, drop_self_loops=False)
+    feats = np.random.default_rng(seed).standard_normal((num_nodes, feature_dim), dtype=np.float32)
+    write_dataset(path, indptr=indptr, indices=indices, features=feats)
+    return GraphStore.open(path, validate="full")
+
+
+def skewed_edges(num_nodes: int = 60, seed: int = 0) -> list[tuple[int, int]]:
+    """Random graph with a hub, a few isolated nodes (the last three) and self-loops."""
+    rng = np.random.default_rng(seed)
+    active = num_nodes - 3
+    edges = []
+    for i in range(active):
+        deg = int(min(active - 1, rng.zipf(1.8) + 1))
+        for j in rng.choice(active, size=deg, replace=False):
+            edges.append((i, int(j)))
+    edges += [(0, j) for j in range(1, 35)]  # hub row
+    edges += [(i, i) for i in range(0, active, 7)]  # self-loops
+    return edges
