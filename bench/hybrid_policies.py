@@ -26,9 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import urllib.request
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np

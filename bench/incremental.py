@@ -28,7 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, PRODUCTS, ensure_graph, ensure_products, machine  # noqa: E402
-from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings, layer_kind  # noqa: E402
+from hybridgnn.embeddings.incremental import (  # noqa: E402
+    IncrementalConfig,
+    IncrementalEmbeddings,
+    layer_kind,
+)
 from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute  # noqa: E402
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402

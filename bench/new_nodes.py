@@ -15,8 +15,8 @@ expansion runs on the graph with the request's query nodes added (built outside 
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import sys
 import tempfile
 import time
@@ -59,6 +59,53 @@ def build(path: Path, num_nodes: int, rows, cols, feats, labels, masks) -> Graph
     indptr, indices = coo_to_csr([rows], [cols], num_nodes, dedup=True)
     write_dataset(path, indptr=indptr, indices=indices, features=feats, labels=labels, masks=masks)
     return GraphStore.open(path)
+
+
+def evaluate_model(kind: str, layers: int, base, requests: list[dict], work: Path, b: int, epochs: int) -> dict:
+    """Train one model on the base graph, precompute it, and time every new-node mode on the
+    requests (accuracy against the held-out labels, mean latency per request)."""
+    fanouts = (15, 10, 5)[:layers]
+    model, metrics = train(base, TrainConfig(kind=kind, num_layers=layers, hidden_dim=64, fanouts=fanouts,
+                                             epochs=epochs), progress=False)
+    mdir = work / f"model-{kind}"
+    t0 = time.perf_counter()
+    store = precompute(base, model, mdir, progress=False)
+    pre_s = time.perf_counter() - t0
+    ev = NewNodeEvaluator(base, model, store)
+    rows_out = []
+
+    def measure(name, fn):
+        fn(requests[0])  # warm-up: compiled kernels and first-call allocations stay out of the timing
+        correct, total, secs = 0, 0, 0.0
+        for req in requests:
+            t = time.perf_counter()
+            emb = fn(req)
+            secs += time.perf_counter() - t
+            correct += int((emb.argmax(1) == req["labels"]).sum())
+            total += len(req["labels"])
+        rows_out.append({"mode": name, "accuracy": round(correct / total, 4),
+                         "mean_latency_ms": round(secs / len(requests) * 1000, 2)})
+
+    def expand(r, hops):
+        aug = r["aug"]
+        ex = BatchExecutor(CPUSampler(aug, hops), HostFeatureStore(aug.features), model)
+        return ex.run(np.arange(b, b + len(r["labels"]))).embeddings
+
+    # Reforge's "full computation": every query node's whole K-hop neighbourhood expanded
+    # and computed from raw features (GCN normalised inside the expanded subgraph).
+    measure("full K-hop expansion", lambda r: expand(r, (EVERY_NEIGHBOUR,) * layers))
+    measure("full", lambda r: ev.infer(r["features"], r["edges"], mode="full").embeddings)
+    measure("sampled " + ",".join(map(str, fanouts)),
+            lambda r: ev.infer(r["features"], r["edges"], mode="sampled", fanouts=fanouts).embeddings)
+    measure("pe", lambda r: ev.infer(r["features"], r["edges"], mode="pe").embeddings)
+    for g in GAMMAS:
+        for policy in ("ratio", "random", "degree"):
+            measure(f"srpe γ={g:.0%} {policy}",
+                    lambda r, g=g, p=policy: ev.infer(r["features"], r["edges"], mode="srpe", gamma=g,
+                                                      policy=p).embeddings)
+    print(f"{kind} ({layers} layers): " + json.dumps(rows_out), flush=True)
+    return {"kind": kind, "layers": layers, "trained_test_acc": round(metrics["test_acc"], 4),
+            "precompute_s": round(pre_s, 2), "results": rows_out}
 
 
 def main() -> None:
@@ -110,48 +157,7 @@ def main() -> None:
     report = {"machine": machine(), "graph": full.describe(), "held_out": int(len(held)),
               "request_size": args.request_size, "requests": len(requests), "models": []}
     for kind, layers in MODELS:
-        fanouts = (15, 10, 5)[:layers]
-        model, metrics = train(base, TrainConfig(kind=kind, num_layers=layers, hidden_dim=64, fanouts=fanouts,
-                                                 epochs=args.epochs), progress=False)
-        mdir = work / f"model-{kind}"
-        t0 = time.perf_counter()
-        store = precompute(base, model, mdir, progress=False)
-        pre_s = time.perf_counter() - t0
-        ev = NewNodeEvaluator(base, model, store)
-        rows_out = []
-
-        def measure(name, fn):
-            fn(requests[0])  # warm-up: compiled kernels and first-call allocations stay out of the timing
-            correct, total, secs = 0, 0, 0.0
-            for req in requests:
-                t = time.perf_counter()
-                emb = fn(req)
-                secs += time.perf_counter() - t
-                correct += int((emb.argmax(1) == req["labels"]).sum())
-                total += len(req["labels"])
-            rows_out.append({"mode": name, "accuracy": round(correct / total, 4),
-                             "mean_latency_ms": round(secs / len(requests) * 1000, 2)})
-
-        def expand(r, hops):
-            aug = r["aug"]
-            ex = BatchExecutor(CPUSampler(aug, hops), HostFeatureStore(aug.features), model)
-            return ex.run(np.arange(b, b + len(r["labels"]))).embeddings
-
-        # Reforge's "full computation": every query node's whole K-hop neighbourhood expanded
-        # and computed from raw features (GCN normalised inside the expanded subgraph).
-        measure("full K-hop expansion", lambda r: expand(r, (EVERY_NEIGHBOUR,) * layers))
-        measure("full", lambda r: ev.infer(r["features"], r["edges"], mode="full").embeddings)
-        measure("sampled " + ",".join(map(str, fanouts)),
-                lambda r: ev.infer(r["features"], r["edges"], mode="sampled", fanouts=fanouts).embeddings)
-        measure("pe", lambda r: ev.infer(r["features"], r["edges"], mode="pe").embeddings)
-        for g in GAMMAS:
-            for policy in ("ratio", "random", "degree"):
-                measure(f"srpe γ={g:.0%} {policy}",
-                        lambda r, g=g, p=policy: ev.infer(r["features"], r["edges"], mode="srpe", gamma=g,
-                                                          policy=p).embeddings)
-        report["models"].append({"kind": kind, "layers": layers, "trained_test_acc": round(metrics["test_acc"], 4),
-                                 "precompute_s": round(pre_s, 2), "results": rows_out})
-        print(f"{kind} ({layers} layers): " + json.dumps(rows_out), flush=True)
+        report["models"].append(evaluate_model(kind, layers, base, requests, work, b, args.epochs))
     print(json.dumps(report, indent=2, default=str))
 
 

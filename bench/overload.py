@@ -533,7 +533,7 @@ def measured_run(srv, wire: list[bytes], rate: float, args, *, label: str, multi
         "share_503": round(float((st == 503).sum() / max(sent, 1)), 4),
         "share_other": round(float((~ok & ~refused).sum() / max(sent, 1)), 4),
         "refusals_429": r["refusals_429"],
-        "other_statuses": {str(k): int(v) for k, v in zip(*np.unique(st[~ok & ~refused], return_counts=True))},
+        "other_statuses": {str(k): int(v) for k, v in zip(*np.unique(st[~ok & ~refused], return_counts=True), strict=True)},
         "p50_ms": round(float(q[0]), 2), "p90_ms": round(float(q[1]), 2), "p99_ms": round(float(q[2]), 2),
         "max_ms": round(float(lat_ok.max()), 2) if lat_ok.size else None,
         "refused_p50_ms": round(float(np.percentile(lat_refused, 50)), 2) if lat_refused.size else None,

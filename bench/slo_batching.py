@@ -27,10 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import urllib.request
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import numpy as np

@@ -17,7 +17,6 @@ import gc
 import json
 import time
 from dataclasses import asdict, dataclass
-
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -288,14 +287,6 @@ async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: floa
         mid = (good + bad) / 2 if good else bad / 2
         res = await holds(mid)
         if res is not None:
-            good, good_res = mid, res
-        else:
-            bad = mid
-    return good, good_res
-    for _ in range(5):
-        mid = (good + bad) / 2 if good else bad / 2
-        res = await trial(mid)
-        if meets(res):
             good, good_res = mid, res
         else:
             bad = mid

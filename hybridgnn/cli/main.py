@@ -7,7 +7,17 @@ import logging
 import sys
 
 from hybridgnn import __version__
-from hybridgnn.cli import bench, cluster, dataset, place, precompute, profile, serve, train, workload
+from hybridgnn.cli import (
+    bench,
+    cluster,
+    dataset,
+    place,
+    precompute,
+    profile,
+    serve,
+    train,
+    workload,
+)
 from hybridgnn.errors import ConfigError
 
 COMMANDS = (serve, cluster, dataset, workload, train, precompute, profile, place, bench)

@@ -42,7 +42,13 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from hybridgnn.cli.serve import gpu_pipeline_config, worker_processes
-    from hybridgnn.config import DeviceMemoryConfig, PipelineConfig, SamplingConfig, ServeConfig, parse_fanouts
+    from hybridgnn.config import (
+        DeviceMemoryConfig,
+        PipelineConfig,
+        SamplingConfig,
+        ServeConfig,
+        parse_fanouts,
+    )
     from hybridgnn.models.checkpoint import load_checkpoint
     from hybridgnn.profiling.profile import Profile, build_profile
     from hybridgnn.profiling.runner import ProfileConfig

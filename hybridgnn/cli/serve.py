@@ -7,8 +7,8 @@ from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.config import (
-    AdmissionConfig,
     GRAPH_PLACEMENTS,
+    AdmissionConfig,
     BatcherConfig,
     DeviceMemoryConfig,
     NewNodeConfig,

@@ -20,7 +20,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir, mark_complete, write_state
+from hybridgnn.embeddings.store import (
+    EmbeddingStore,
+    embeddings_dir,
+    mark_complete,
+    write_state,
+)
 from hybridgnn.features.store import host_tensor
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.store import GraphStore

@@ -93,7 +93,7 @@ class TieredFeatureStore:
         add_table("remote", code < 0)  # owned by another server: read from the local dataset copy
         self.code = torch.from_numpy(code).to(self.device)
         self.local_row = torch.from_numpy(local_row).to(self.device)
-        self.bytes_by_store = {n: int(t.numel() * t.element_size()) for n, t in zip(self.names, self.stores)
+        self.bytes_by_store = {n: int(t.numel() * t.element_size()) for n, t in zip(self.names, self.stores, strict=True)
                                if t is not table}  # the dataset matrix itself is no copy
 
     @staticmethod
@@ -123,7 +123,7 @@ class TieredFeatureStore:
         out = torch.empty((ids.shape[0], self.feature_dim), dtype=self.stores[0].dtype if self.stores else
                           torch.float32, device=self.device)
         counts = {}
-        for s, (name, store) in enumerate(zip(self.names, self.stores)):
+        for s, (name, store) in enumerate(zip(self.names, self.stores, strict=True)):
             pos = torch.nonzero(code == s).squeeze(1)
             if pos.numel() == 0:
                 continue

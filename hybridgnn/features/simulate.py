@@ -90,7 +90,7 @@ def simulate(plan: Plan, batches: list[np.ndarray]) -> SimResult:
             worst = max(worst, t)
         seconds[b] = worst
     share = totals / max(totals.sum(), 1.0)
-    return SimResult(plan.method, seconds, {p: float(s) for p, s in zip(PATHS, share)})
+    return SimResult(plan.method, seconds, {p: float(s) for p, s in zip(PATHS, share, strict=True)})
 
 
 def sample_batches(graph, fanouts, p0: np.ndarray, *, batch_size: int, count: int, seed: int = 0) -> list[np.ndarray]:

@@ -77,7 +77,7 @@ def coo_to_csr(
     row is sorted and repeated neighbours are removed (the sampling adjacency is 0/1).
     """
     counts = np.zeros(num_nodes, dtype=np.int64)
-    for r, c in zip(rows_chunks, cols_chunks):
+    for r, c in zip(rows_chunks, cols_chunks, strict=True):
         _check_ids(r, num_nodes, "row")
         _check_ids(c, num_nodes, "column")
         _count(r, c, counts, drop_self_loops)
@@ -85,7 +85,7 @@ def coo_to_csr(
     np.cumsum(counts, out=indptr[1:])
     indices = np.empty(int(indptr[-1]), dtype=index_dtype(num_nodes))
     cursor = indptr[:-1].copy()
-    for r, c in zip(rows_chunks, cols_chunks):
+    for r, c in zip(rows_chunks, cols_chunks, strict=True):
         _scatter(r, c.astype(indices.dtype, copy=False), cursor, indices, drop_self_loops)
         if progress is not None:
             progress(r.shape[0])

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from hybridgnn.errors import UpdateError  # an update batch that cannot apply; nothing of it was applied
+from hybridgnn.errors import (
+    UpdateError,  # an update batch that cannot apply; nothing of it was applied
+)
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.store import GraphStore
 

@@ -34,7 +34,7 @@ POINTS = {
 def isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
     means, sizes, counts = [], [], []
-    for v, w in zip(np.asarray(values, float), np.asarray(weights, float)):
+    for v, w in zip(np.asarray(values, float), np.asarray(weights, float), strict=True):
         means.append(v)
         sizes.append(w)
         counts.append(1)
@@ -57,7 +57,7 @@ class Curve:
     def __post_init__(self):
         if len(self.psgs) == 0 or len(self.psgs) != len(self.seconds):
             raise ValueError("a curve needs as many latencies as PSGS knots, and at least one")
-        if any(b <= a for a, b in zip(self.psgs, self.psgs[1:])):
+        if any(b <= a for a, b in zip(self.psgs, self.psgs[1:], strict=False)):
             raise ValueError("curve knots must increase")
 
     def __call__(self, psgs) -> np.ndarray:

@@ -18,9 +18,19 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.errors import ConfigError
-from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, operating_points
+from hybridgnn.profiling.fit import (
+    Curve,
+    DeviceCurves,
+    choose_for_slo,
+    operating_points,
+)
 from hybridgnn.profiling.queueing import ServingLoad
-from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
+from hybridgnn.profiling.runner import (
+    BatchGenerator,
+    ProfileConfig,
+    bin_statistics,
+    run_closed_loop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +85,7 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
             bar = tqdm(desc=f"profile {name}", unit="batch", disable=not progress)
             t0 = time.perf_counter()
             try:
-                samples, complete = run_closed_loop(lambda w, seeds: executors[w].run(seeds), pipeline.cfg.workers,
+                samples, complete = run_closed_loop(lambda w, seeds, ex=executors: ex[w].run(seeds), pipeline.cfg.workers,
                                                     gen, cfg, progress=bar.update)
             finally:
                 bar.close()

@@ -31,7 +31,13 @@ import os
 import numpy as np
 import torch
 
-from hybridgnn.graph.rawkernel import compile_module, cupy_or_none, launch, on_torch_stream, ptr
+from hybridgnn.graph.rawkernel import (
+    compile_module,
+    cupy_or_none,
+    launch,
+    on_torch_stream,
+    ptr,
+)
 
 MAX_FANOUT = 64  # per-thread scratch of picked positions; larger fanouts use the torch hop
 
@@ -202,7 +208,7 @@ def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, unique_seeds: torc
     max_rows = [count]
     for f in fanouts[:-1]:
         max_rows.append(min(max_rows[-1] * f, num_nodes))
-    capacity = min(count + sum(r * f for r, f in zip(max_rows, fanouts)), num_nodes)
+    capacity = min(count + sum(r * f for r, f in zip(max_rows, fanouts, strict=True)), num_nodes)
     name = str(indices.dtype).removeprefix("torch.")
     src_parts, dst_parts = [], []
     try:
@@ -212,7 +218,7 @@ def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, unique_seeds: torc
         bounds = torch.zeros(len(fanouts) + 2, dtype=torch.int64, device=device)
         bounds[1] = count
         with on_torch_stream(device):
-            for hop, (fanout, rows) in enumerate(zip(fanouts, max_rows)):
+            for hop, (fanout, rows) in enumerate(zip(fanouts, max_rows, strict=True)):
                 n = rows * fanout
                 tile = torch.empty(n, dtype=torch.int64, device=device)
                 launch(_kernel(name, "sample_frontier"), rows,

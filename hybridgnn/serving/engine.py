@@ -20,12 +20,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hybridgnn.capabilities import HAS_CUDA
 from hybridgnn.config import DEFAULT_QUEUE_DELAY_S, ServeConfig
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
-from hybridgnn.capabilities import HAS_CUDA
-from hybridgnn.errors import BatchFailed, ConfigError, Conflict, Draining, Forbidden, Overloaded, RemovedNode
+from hybridgnn.errors import (
+    BatchFailed,
+    ConfigError,
+    Conflict,
+    Draining,
+    Forbidden,
+    Overloaded,
+    RemovedNode,
+)
+from hybridgnn.features.gather import TieredFeatureStore
+from hybridgnn.features.placement import Plan
 from hybridgnn.features.store import (
     CachedFeatureStore,
     DynamicFeatureStore,
@@ -35,8 +45,6 @@ from hybridgnn.features.store import (
 )
 from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.graph.store import GraphStore
-from hybridgnn.features.gather import TieredFeatureStore
-from hybridgnn.features.placement import Plan
 from hybridgnn.graph.uva import DeviceGraph
 from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor

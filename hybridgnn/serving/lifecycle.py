@@ -16,9 +16,9 @@ import signal
 
 from hybridgnn.capabilities import freeze_startup_heap, raise_open_file_limit, run_async
 from hybridgnn.config import ServeConfig
+from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.protocol import HttpServer
-from hybridgnn.serving.engine import Engine
 
 log = logging.getLogger("hybridgnn.serve")
 

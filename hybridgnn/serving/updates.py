@@ -199,7 +199,7 @@ class UpdateApplier:
     async def _apply_group(self, group: list[_Pending]) -> None:
         try:
             results = await asyncio.to_thread(self._apply, [p.request for p in group])
-            for p, res in zip(group, results):
+            for p, res in zip(group, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(res)
         except UpdateError as exc:
@@ -243,7 +243,7 @@ class UpdateApplier:
         tel.graph_patched_entries.set(self.graph.patched_entries)
         return [{"graph_version": version, "new_node_ids": ids.tolist(), "updates": r.num_updates,
                  "batch_updates": batch.num_updates, "affected_nodes": affected}
-                for r, ids in zip(requests, assigned)]
+                for r, ids in zip(requests, assigned, strict=True)]
 
     def _maybe_compact(self) -> None:
         if self.graph.patched_entries < self.cfg.compact_patched_entries:

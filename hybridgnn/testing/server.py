@@ -11,8 +11,6 @@ import urllib.error
 import urllib.request
 
 
-
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:

@@ -83,7 +83,7 @@ def test_cuda_kernel_hop_keeps_the_subgraph_contract(skewed_graph, monkeypatch, 
     assert a.num_sampled_nodes[0] == b.num_sampled_nodes[0] == 40
     nodes, (src, dst) = a.node_ids.cpu().numpy(), a.edge_index.cpu().numpy()
     pairs = set()
-    for s_, d_ in zip(nodes[src], nodes[dst]):
+    for s_, d_ in zip(nodes[src], nodes[dst], strict=True):
         assert s_ in indices[indptr[d_]:indptr[d_ + 1]]
         pairs.add((s_, d_))
     assert len(pairs) == len(src)
@@ -132,7 +132,12 @@ def test_device_executor_matches_cpu_and_workers_use_their_own_streams(tiny_data
 
 
 def test_hybrid_engine_on_cuda(tiny_dataset, tiny_model):
-    from hybridgnn.config import PipelineConfig, RouterConfig, SamplingConfig, ServeConfig
+    from hybridgnn.config import (
+        PipelineConfig,
+        RouterConfig,
+        SamplingConfig,
+        ServeConfig,
+    )
     from hybridgnn.testing.engine_client import body, counter, with_client
 
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
@@ -200,10 +205,10 @@ def test_device_batch_path_reaches_what_the_reference_reaches(tmp_path, monkeypa
         assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
         na, nb = a.node_ids.cpu().numpy(), b.node_ids.cpu().numpy()
         bounds = np.cumsum([0] + a.num_sampled_nodes)
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             assert set(na[lo:hi]) == set(nb[lo:hi])
         ea, eb = a.edge_index.cpu().numpy(), b.edge_index.cpu().numpy()
-        assert sorted(zip(na[ea[0]], na[ea[1]])) == sorted(zip(nb[eb[0]], nb[eb[1]]))
+        assert sorted(zip(na[ea[0]], na[ea[1]], strict=True)) == sorted(zip(nb[eb[0]], nb[eb[1]], strict=True))
         # each hop's new nodes are numbered in the order their first edge appears
         ends = np.cumsum([0] + a.num_sampled_edges)
         for hop in range(len(a.num_sampled_edges)):
@@ -212,7 +217,7 @@ def test_device_batch_path_reaches_what_the_reference_reaches(tmp_path, monkeypa
         assert np.array_equal(na[a.seed_index.cpu().numpy()], seeds)
         # edges are ordered by hop: each hop's targets come from that hop's frontier
         ends = np.cumsum([0] + a.num_sampled_edges)
-        for hop, (lo, hi) in enumerate(zip(ends[:-1], ends[1:])):
+        for hop, (lo, hi) in enumerate(zip(ends[:-1], ends[1:], strict=True)):
             assert ((ea[1][lo:hi] >= bounds[hop]) & (ea[1][lo:hi] < bounds[hop + 1])).all()
     assert bool((fast._local == -1).all()) and bool((fast._bid == cuda_hop.INT64_MAX).all())
     dg.close()

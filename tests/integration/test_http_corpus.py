@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from hybridgnn.testing.fuzz import KeepAliveClient, Target, exchange, exchange_problems, good_case, llhttp_verdict
+from hybridgnn.testing.fuzz import (
+    KeepAliveClient,
+    Target,
+    exchange,
+    exchange_problems,
+    good_case,
+    llhttp_verdict,
+)
 from hybridgnn.testing.http_corpus import CORPUS
 from hybridgnn.testing.server import ServerProcess
 

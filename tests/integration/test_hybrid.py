@@ -5,16 +5,15 @@ machine HYBRIDGNN_TEST_DEVICE=cuda runs the same tests with the real GPU pipelin
 from __future__ import annotations
 
 import os
-
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from hybridgnn.workload.tables import WorkloadTables
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.testing.server import ServerProcess
+from hybridgnn.workload.tables import WorkloadTables
 
 DEVICE = os.environ.get("HYBRIDGNN_TEST_DEVICE", "emulate")
 

@@ -12,7 +12,15 @@ import sys
 import pytest
 
 from hybridgnn.serving.balancer import check_command, render_haproxy, render_nginx
-from hybridgnn.testing.ops_tools import DASHBOARDS, DEPLOY, ROOT, VENV_BIN, assert_ok, require_tool, run_tool
+from hybridgnn.testing.ops_tools import (
+    DASHBOARDS,
+    DEPLOY,
+    ROOT,
+    VENV_BIN,
+    assert_ok,
+    require_tool,
+    run_tool,
+)
 
 jsonschema = pytest.importorskip("jsonschema")
 yaml = pytest.importorskip("yaml")

@@ -5,7 +5,11 @@ import pytest
 
 from hybridgnn.errors import BadRequest
 from hybridgnn.serving.http import codec
-from hybridgnn.serving.http.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from hybridgnn.serving.http.codec import (
+    HEADER_LENGTH,
+    decode_infer_request,
+    encode_infer_response,
+)
 
 try:
     import orjson

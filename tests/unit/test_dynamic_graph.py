@@ -14,13 +14,13 @@ from hybridgnn.testing.graphs import make_graph, skewed_edges
 def _edges(dyn: DynamicGraph) -> set[tuple[int, int]]:
     indptr, indices = dyn.to_csr()
     dst = np.repeat(np.arange(dyn.num_nodes), np.diff(indptr))
-    return set(zip(indices.tolist(), dst.tolist()))
+    return set(zip(indices.tolist(), dst.tolist(), strict=True))
 
 
 def _reverse(dyn: DynamicGraph) -> set[tuple[int, int]]:
     lens, outs = dyn.out_neighbours(np.arange(dyn.num_nodes))
     src = np.repeat(np.arange(dyn.num_nodes), lens)
-    return set(zip(src.tolist(), outs.tolist()))
+    return set(zip(src.tolist(), outs.tolist(), strict=True))
 
 
 def test_random_batches_match_a_reference(tmp_path):

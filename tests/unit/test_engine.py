@@ -85,7 +85,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(tiny_dataset
         requests = [rng.integers(0, 3000, size=int(rng.integers(1, 6))).tolist() for _ in range(40)]
         responses = await asyncio.gather(*(client.post("/v2/models/hybridgnn/infer", json=body(r))
                                            for r in requests))
-        for ids, resp in zip(requests, responses):
+        for ids, resp in zip(requests, responses, strict=True):
             assert resp.status == 200
             out = {o["name"]: o for o in (await resp.json())["outputs"]}
             assert out["predictions"]["shape"] == [len(ids)]
@@ -98,8 +98,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(tiny_dataset
 
 def test_mismatched_model_and_dataset_are_refused(tiny_dataset, tiny_model, tmp_path):
 
-    from hybridgnn.graph.generate import generate_csbm
     from hybridgnn.errors import ConfigError
+    from hybridgnn.graph.generate import generate_csbm
 
     generate_csbm(tmp_path / "other", num_nodes=200, feature_dim=7, seed=0)
     with pytest.raises(ConfigError, match="expects 16-dim features"):

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from hybridgnn.features.gather import TieredFeatureStore
-from hybridgnn.features.placement import degree_plan, fap_plan, hash_plan, importance_plan
+from hybridgnn.features.placement import (
+    degree_plan,
+    fap_plan,
+    hash_plan,
+    importance_plan,
+)
 from hybridgnn.features.topology import Topology
 
 ROW = 32  # 8 float32
@@ -67,10 +72,16 @@ def test_cpu_pipeline_view_reads_gpu_rows_from_host_and_disk_tier_is_memory_mapp
 
 
 def test_server_answers_through_a_placement_plan(tiny_dataset, tiny_model, tmp_path):
-    from hybridgnn.config import DeviceMemoryConfig, PipelineConfig, RouterConfig, SamplingConfig, ServeConfig
+    from hybridgnn.config import (
+        DeviceMemoryConfig,
+        PipelineConfig,
+        RouterConfig,
+        SamplingConfig,
+        ServeConfig,
+    )
     from hybridgnn.graph.store import GraphStore
-    from hybridgnn.workload.tables import WorkloadTables
     from hybridgnn.testing.engine_client import body, with_client
+    from hybridgnn.workload.tables import WorkloadTables
 
     graph = GraphStore.open(tiny_dataset)
     row = graph.feature_dim * 4

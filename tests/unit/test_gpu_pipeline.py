@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from hybridgnn.config import DeviceMemoryConfig, PipelineConfig, RouterConfig, SamplingConfig, ServeConfig, parse_bytes
+from hybridgnn.config import (
+    DeviceMemoryConfig,
+    PipelineConfig,
+    RouterConfig,
+    SamplingConfig,
+    ServeConfig,
+    parse_bytes,
+)
 from hybridgnn.features.store import CachedFeatureStore, HostFeatureStore, hottest_first
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.graph.uva import DeviceGraph

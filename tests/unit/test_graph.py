@@ -86,7 +86,7 @@ def test_powerlaw_is_skewed_symmetric_and_deduplicated(tmp_path):
     indices = np.asarray(g.indices)
     rows = np.repeat(np.arange(g.num_nodes), deg)
     assert not np.any(rows == indices)  # no self-loops
-    pairs = set(zip(rows.tolist(), indices.tolist()))
+    pairs = set(zip(rows.tolist(), indices.tolist(), strict=True))
     assert len(pairs) == g.num_edges  # no duplicates
     assert all((c, r) in pairs for r, c in list(pairs)[:2000])  # symmetric
     assert g.features.shape == (5000, 8) and g.features.dtype == np.float32

@@ -71,7 +71,7 @@ def batches(draw, dyn: DynamicGraph):
     alive = np.flatnonzero(dyn.alive[:n])
     indptr, indices = dyn.to_csr()
     dst_all = np.repeat(np.arange(n), np.diff(indptr))
-    present = set(zip(indices.tolist(), dst_all.tolist()))
+    present = set(zip(indices.tolist(), dst_all.tolist(), strict=True))
     rm_nodes = draw(st.lists(st.sampled_from(alive.tolist()), max_size=1, unique=True)) if len(alive) > 5 else []
     live = [v for v in alive.tolist() if v not in rm_nodes]
     existing = sorted(p for p in present if p[0] not in rm_nodes and p[1] not in rm_nodes)
@@ -96,7 +96,7 @@ def batches(draw, dyn: DynamicGraph):
 def _assert_matches_full(dyn, model, inc, tmp_path, tag):
     ref = _full(_current(dyn), model, tmp_path, tag)
     alive = dyn.alive[: dyn.num_nodes]
-    for layer, (got, want) in enumerate(zip(inc.layers, ref)):
+    for layer, (got, want) in enumerate(zip(inc.layers, ref, strict=True)):
         got, want = got[: dyn.num_nodes][alive], want[alive]
         err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
         assert err <= 1e-4, f"layer {layer + 1}: relative error {err:.2e}"

@@ -3,7 +3,11 @@ import pytest
 import torch
 
 from hybridgnn.graph.store import GraphStore
-from hybridgnn.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from hybridgnn.models.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
 from hybridgnn.models.gnn import GNN, ModelSpec
 from hybridgnn.models.train import TrainConfig, accuracy, train
 from hybridgnn.sampling.cpu import CPUSampler
@@ -44,7 +48,7 @@ def test_checkpoint_roundtrip_and_errors(tmp_path):
     save_checkpoint(model, tmp_path / "m", extra={"fanouts": [3, 2]})
     loaded, cfg = load_checkpoint(tmp_path / "m")
     assert cfg["fanouts"] == [3, 2] and loaded.spec == model.spec
-    for a, b in zip(model.state_dict().values(), loaded.state_dict().values()):
+    for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     with pytest.raises(CheckpointError, match="lacks"):
         load_checkpoint(tmp_path / "missing")

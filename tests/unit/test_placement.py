@@ -7,7 +7,17 @@ import numpy as np
 import pytest
 
 from hybridgnn.features.placement import (
-    DISK, EVERY, GPU, HOST, Plan, degree_plan, fap_plan, hash_plan, importance_plan, snake)
+    DISK,
+    EVERY,
+    GPU,
+    HOST,
+    Plan,
+    degree_plan,
+    fap_plan,
+    hash_plan,
+    importance_plan,
+    snake,
+)
 from hybridgnn.features.simulate import PATHS, classify, simulate
 from hybridgnn.features.topology import Topology, peer_cliques
 

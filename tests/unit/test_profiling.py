@@ -8,9 +8,25 @@ import time
 import numpy as np
 import pytest
 
-from hybridgnn.profiling.fit import Curve, DeviceCurves, choose_for_slo, crossing, isotonic, operating_points
-from hybridgnn.profiling.queueing import ServingLoad, frontend_capacity, frontend_wait_p99_s
-from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, bin_statistics, run_closed_loop
+from hybridgnn.profiling.fit import (
+    Curve,
+    DeviceCurves,
+    choose_for_slo,
+    crossing,
+    isotonic,
+    operating_points,
+)
+from hybridgnn.profiling.queueing import (
+    ServingLoad,
+    frontend_capacity,
+    frontend_wait_p99_s,
+)
+from hybridgnn.profiling.runner import (
+    BatchGenerator,
+    ProfileConfig,
+    bin_statistics,
+    run_closed_loop,
+)
 
 X = np.exp(np.linspace(math.log(10), math.log(1e5), 30))
 
@@ -174,7 +190,12 @@ def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path)
 def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tiny_dataset, tiny_model, tmp_path):
     import asyncio
 
-    from hybridgnn.config import PipelineConfig, PolicyConfig, SamplingConfig, ServeConfig
+    from hybridgnn.config import (
+        PipelineConfig,
+        PolicyConfig,
+        SamplingConfig,
+        ServeConfig,
+    )
     from hybridgnn.profiling.profile import Profile, build_profile
     from hybridgnn.serving.engine import Engine
 

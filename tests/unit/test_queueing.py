@@ -5,7 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from hybridgnn.profiling.queueing import PipelineModel, ServingLoad, Simulator, best_bound
+from hybridgnn.profiling.queueing import (
+    PipelineModel,
+    ServingLoad,
+    Simulator,
+    best_bound,
+)
 
 QUIET = ServingLoad(request_seeds=1, frontend_cpu_s=0.0, cores=1)
 

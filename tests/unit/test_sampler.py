@@ -42,7 +42,7 @@ def test_structure_fanouts_and_no_repeats(make_sampler, skewed_graph):
             targets, counts = np.unique(dst[sel], return_counts=True)
             lo = sub.num_sampled_nodes[:hop].sum()
             assert np.all((targets >= lo) & (targets < lo + sub.num_sampled_nodes[hop]))
-            for t, c in zip(targets, counts):
+            for t, c in zip(targets, counts, strict=True):
                 u = ids[t]
                 got = ids[src[sel][dst[sel] == t]]
                 assert c == min(len(neighbours(skewed_graph, u)), fanout)

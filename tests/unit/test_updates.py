@@ -11,9 +11,9 @@ import pytest
 from hybridgnn.config import UpdateConfig
 from hybridgnn.embeddings.incremental import IncrementalEmbeddings
 from hybridgnn.embeddings.precompute import precompute
+from hybridgnn.errors import ServingError
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateError
 from hybridgnn.models.gnn import GNN, ModelSpec
-from hybridgnn.errors import ServingError
 from hybridgnn.serving.updates import UpdateApplier, decode_update_request, to_batch
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.testing.graphs import make_graph, skewed_edges

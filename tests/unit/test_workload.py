@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 
-from hybridgnn.workload.tables import WorkloadTables, compute_fap, compute_psgs, seed_distribution
+from hybridgnn.workload.tables import (
+    WorkloadTables,
+    compute_fap,
+    compute_psgs,
+    seed_distribution,
+)
 
 FANOUTS = (4, 3)
 

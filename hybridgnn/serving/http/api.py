@@ -35,8 +35,13 @@ from hybridgnn.errors import (
     Unauthorized,
     brief,
 )
-from hybridgnn.serving.http.codec import HEADER_LENGTH, INPUT_NAME, decode_infer_request, encode_infer_response
 from hybridgnn.serving.engine import Engine
+from hybridgnn.serving.http.codec import (
+    HEADER_LENGTH,
+    INPUT_NAME,
+    decode_infer_request,
+    encode_infer_response,
+)
 from hybridgnn.serving.updates import decode_update_request
 
 log = logging.getLogger(__name__)
