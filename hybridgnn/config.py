@@ -324,12 +324,6 @@ class PolicyConfig:
                              f"needed, got {self.request_seeds}, {self.frontend_cpu_us}, {self.colocated_cpu_us}, "
                              f"{self.service_scale}")
 
-    def serving_load(self, request_seeds: float | None = None):
-        from hybridgnn.profiling.queueing import ServingLoad
-
-        return ServingLoad(request_seeds=request_seeds or self.request_seeds,
-                           frontend_cpu_s=self.frontend_cpu_us * 1e-6, colocated_cpu_s=self.colocated_cpu_us * 1e-6,
-                           service_scale=self.service_scale)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import torch
 from hybridgnn.embeddings.precompute import gcn_degrees
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.errors import Conflict
-from hybridgnn.features.store import host_tensor
+from hybridgnn.graph.host import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
 from hybridgnn.models.gnn import GNN

@@ -26,8 +26,8 @@ from hybridgnn.embeddings.store import (
     mark_complete,
     write_state,
 )
-from hybridgnn.features.store import host_tensor
 from hybridgnn.graph.csr import gather_rows
+from hybridgnn.graph.host import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
 from hybridgnn.models.gnn import GNN

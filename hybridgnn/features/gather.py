@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hybridgnn.features.placement import DISK, EVERY, GPU, HOST, Plan
-from hybridgnn.features.store import host_tensor
+from hybridgnn.graph.host import host_tensor
 
 
 class TieredFeatureStore:

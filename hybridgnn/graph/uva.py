@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hybridgnn.features.store import host_tensor
+from hybridgnn.graph.host import host_tensor
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from hybridgnn.features.store import host_tensor
+from hybridgnn.graph.host import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.gnn import GNN, ModelSpec
 from hybridgnn.sampling.cpu import CPUSampler

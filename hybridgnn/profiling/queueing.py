@@ -55,6 +55,12 @@ class ServingLoad:
         if not self.service_scale > 0:
             raise ValueError(f"service_scale must be > 0, got {self.service_scale}")
 
+    @classmethod
+    def from_policy(cls, pc, request_seeds: float | None = None) -> ServingLoad:
+        """What a PolicyConfig's flags say (request_seeds: the live mean, if measured)."""
+        return cls(request_seeds=request_seeds or pc.request_seeds, frontend_cpu_s=pc.frontend_cpu_us * 1e-6,
+                   colocated_cpu_s=pc.colocated_cpu_us * 1e-6, service_scale=pc.service_scale)
+
     @property
     def available_cores(self) -> float:
         if self.cores > 0:

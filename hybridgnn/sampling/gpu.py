@@ -79,7 +79,7 @@ class TorchSampler:
     def from_graph(cls, graph, fanouts, *, device: str | torch.device = "cpu", seed: int = 0) -> TorchSampler:
         """Over a GraphStore's arrays: zero-copy for CPU; copied to device memory otherwise
         (the UVA path builds its views with graph/uva.py and uses the constructor)."""
-        from hybridgnn.features.store import host_tensor
+        from hybridgnn.graph.host import host_tensor
 
         indptr, indices = host_tensor(graph.indptr), host_tensor(graph.indices)
         return cls(indptr.to(device), indices.to(device), fanouts, seed=seed)

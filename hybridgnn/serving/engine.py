@@ -52,6 +52,7 @@ from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.pipelines.process import ProcessExecutor
 from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
+from hybridgnn.profiling.queueing import ServingLoad
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.scheduler.admission import Admission, Lane
@@ -296,7 +297,8 @@ class Engine:
                               "with the same --device as you serve with")
         prof.devices = {n: d for n, d in prof.devices.items() if n in self.pipelines}
         try:
-            policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s, load=pc.serving_load())
+            policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s,
+                                 load=ServingLoad.from_policy(pc))
         except ValueError as exc:
             raise ConfigError(f"policy {pc.policy!r} with profile {pc.profile}: {exc}") from exc
         self.profile = prof
@@ -367,7 +369,7 @@ class Engine:
             return None
         window_requests = requests - last_requests
         rps = window_requests / max(now - last_t, 1e-9)
-        load = pc.serving_load((seeds - last_seeds) / window_requests if window_requests else None)
+        load = ServingLoad.from_policy(pc, (seeds - last_seeds) / window_requests if window_requests else None)
         samples = {}
         for name, d in live.items():
             stretch = self.profile.devices[name].model().stretch(rps, load)
