@@ -2,7 +2,8 @@
 
 A worker thread of the pipeline owns one child process and hands it each batch's seed
 ids over a pipe; the child runs the same BatchExecutor the thread would have run (built
-from the same ServeConfig by a serving engine of its own) and sends back the outputs.
+from the same ServeConfig by the factory it is given, runtime/'s) and sends back the
+outputs.
 While the thread waits on the pipe it holds no GIL, so the event loop's Python (HTTP,
 batching, responses) no longer takes turns with the model's Python: each process has its
 own interpreter. The graph, features and workload tables are memory-mapped files, so the
@@ -26,15 +27,16 @@ from hybridgnn.types import BatchResult, StageTimings
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 300.0  # building a child's engine opens the dataset and loads the model
+START_TIMEOUT_S = 300.0  # building a child's executor opens the dataset and loads the model
 
 
 class WorkerProcessError(RuntimeError):
     """The worker process failed a batch, or exited."""
 
 
-def _child_main(conn, cfg, worker: int) -> None:
-    """Build the worker's executor and serve batches until the pipe closes."""
+def _child_main(conn, cfg, worker: int, build) -> None:
+    """Build the worker's executor with build(cfg, worker) and serve batches until the
+    pipe closes."""
     import signal
 
     # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C
@@ -44,13 +46,11 @@ def _child_main(conn, cfg, worker: int) -> None:
         import torch
 
         from hybridgnn.capabilities import freeze_startup_heap, name_os_thread
-        from hybridgnn.serving.engine import Engine
 
         name_os_thread(f"cpu-proc-{worker}")
         torch.set_num_threads(cfg.cpu_pipeline.torch_threads)
-        engine = Engine(cfg)
-        executor = engine.make_executor("cpu", worker)
-        executor.run(np.arange(min(4, engine.graph.num_nodes), dtype=np.int64))  # compile outside batches
+        executor = build(cfg, worker)
+        executor.run(np.zeros(1, dtype=np.int64))  # compile outside batches
         freeze_startup_heap()
     except BaseException as exc:  # reported to the parent, which refuses to start
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -75,11 +75,14 @@ def _child_main(conn, cfg, worker: int) -> None:
 class ProcessExecutor:
     """The BatchExecutor interface (`run`), carried out by a child process."""
 
-    def __init__(self, cfg, worker: int):
+    def __init__(self, cfg, worker: int, build):
+        """build(cfg, worker) -> executor runs in the child: a module-level function (the
+        spawn start method pickles it by name)."""
         # the child serves one CPU worker in process: no profile to load, no GPU, no children
         self.cfg = dataclasses.replace(cfg, cpu_pipeline=dataclasses.replace(cfg.cpu_pipeline, processes=False),
                                        gpu_pipeline=None, policy=type(cfg.policy)())
         self.worker = worker
+        self._build = build
         self._ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads' locks
         self._proc = None
         self._conn = None
@@ -87,7 +90,7 @@ class ProcessExecutor:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker),
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker, self._build),
                                        name=f"hybridgnn-cpu-worker-{self.worker}", daemon=True)
         self._proc.start()
         child.close()

@@ -56,18 +56,19 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
     from tqdm import tqdm
 
     from hybridgnn.capabilities import describe
-    from hybridgnn.serving.engine import Engine
+    from hybridgnn.runtime.resources import Resources
 
-    engine = Engine(serve_cfg)
-    psgs = np.asarray(engine.tables.psgs, dtype=np.float64)
+    resources = Resources.open(serve_cfg)
+    pipelines = {p.name: p for p in (serve_cfg.cpu_pipeline, serve_cfg.gpu_pipeline) if p is not None}
+    psgs = np.asarray(resources.tables.psgs, dtype=np.float64)
     gen = BatchGenerator(psgs, cfg)
     result = {
         "schema_version": SCHEMA_VERSION,
         "created_unix_s": time.time(),
         "hardware": describe(),
-        "dataset": {"name": engine.graph.name, "fingerprint": engine.graph.fingerprint,
-                    "num_nodes": engine.graph.num_nodes, "num_edges": engine.graph.num_edges},
-        "model": {"kind": engine.model.spec.kind, "num_layers": engine.model.spec.num_layers,
+        "dataset": {"name": resources.graph.name, "fingerprint": resources.graph.fingerprint,
+                    "num_nodes": resources.graph.num_nodes, "num_edges": resources.graph.num_edges},
+        "model": {"kind": resources.model.spec.kind, "num_layers": resources.model.spec.num_layers,
                   "fingerprint": model_fingerprint(serve_cfg.model_dir)},
         "fanouts": list(serve_cfg.sampling.fanouts),
         "mean_seed_psgs": float(psgs.mean()),
@@ -79,13 +80,13 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
         "pipelines": {},
     }
     try:
-        for name, pipeline in engine.pipelines.items():
-            executors = [engine.make_executor(name, w) for w in range(pipeline.cfg.workers)]
+        for name, pipeline in pipelines.items():
+            executors = [resources.make_executor(name, w) for w in range(pipeline.workers)]
             executors[0].run(np.arange(4, dtype=np.int64))  # compile and warm outside the samples
             bar = tqdm(desc=f"profile {name}", unit="batch", disable=not progress)
             t0 = time.perf_counter()
             try:
-                samples, complete = run_closed_loop(lambda w, seeds, ex=executors: ex[w].run(seeds), pipeline.cfg.workers,
+                samples, complete = run_closed_loop(lambda w, seeds, ex=executors: ex[w].run(seeds), pipeline.workers,
                                                     gen, cfg, progress=bar.update)
             finally:
                 bar.close()
@@ -97,8 +98,8 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
                             name, cfg.budget_s, cfg.min_samples)
             stats = bin_statistics(samples, gen.edges)
             result["pipelines"][name] = {
-                "device": pipeline.cfg.device, "workers": pipeline.cfg.workers,
-                "torch_threads": pipeline.cfg.torch_threads, "processes": pipeline.cfg.processes,
+                "device": pipeline.device, "workers": pipeline.workers,
+                "torch_threads": pipeline.torch_threads, "processes": pipeline.processes,
                 "samples": len(samples.psgs),
                 "complete": complete, "seconds": time.perf_counter() - t0, "bins": stats,
                 "curves": {"mean": _curve_dict(Curve.fit(stats["psgs"], stats["mean_s"], stats["count"])),
@@ -107,8 +108,7 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
                         "seconds": [round(v, 7) for v in samples.seconds]},
             }
     finally:
-        if engine.device_graph is not None:
-            engine.device_graph.close()
+        resources.close()
     loaded = Profile(result)
     if set(loaded.devices) == {"cpu", "gpu"}:
         result["points"] = {k: p.to_dict() for k, p in loaded.points().items()}

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import copy
 import dataclasses
 import logging
 import math
@@ -20,11 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hybridgnn.capabilities import HAS_CUDA
 from hybridgnn.config import DEFAULT_QUEUE_DELAY_S, ServeConfig
-from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
-from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.errors import (
     BatchFailed,
     ConfigError,
@@ -34,27 +29,14 @@ from hybridgnn.errors import (
     Overloaded,
     RemovedNode,
 )
-from hybridgnn.features.gather import TieredFeatureStore
-from hybridgnn.features.placement import Plan
 from hybridgnn.features.store import (
-    CachedFeatureStore,
-    DynamicFeatureStore,
-    HostFeatureStore,
-    SwappableFeatureStore,
     hottest_first,
 )
-from hybridgnn.graph.dynamic import DynamicGraph
-from hybridgnn.graph.store import GraphStore
-from hybridgnn.graph.uva import DeviceGraph
-from hybridgnn.models.checkpoint import load_checkpoint
-from hybridgnn.pipelines.executor import BatchExecutor
-from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.pool import Pipeline
-from hybridgnn.pipelines.process import ProcessExecutor
 from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
 from hybridgnn.profiling.queueing import ServingLoad
+from hybridgnn.runtime.resources import Resources
 from hybridgnn.sampling.cpu import CPUSampler
-from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.scheduler.admission import Admission, Lane
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
@@ -67,7 +49,6 @@ from hybridgnn.types import (
     RoutePlan,
     StageTimings,
 )
-from hybridgnn.workload.tables import WorkloadTables
 
 log = logging.getLogger(__name__)
 
@@ -88,48 +69,16 @@ class Engine:
     def __init__(self, cfg: ServeConfig, telemetry: Telemetry | None = None):
         self.cfg = cfg
         self.telemetry = telemetry or Telemetry(model=cfg.server.model_name)
-        self.graph = GraphStore.open(cfg.dataset_dir)
-        self.model, self.model_config = load_checkpoint(cfg.model_dir)
-        spec = self.model.spec
-        if spec.in_dim != self.graph.feature_dim:
-            raise ConfigError(
-                f"model {cfg.model_dir} expects {spec.in_dim}-dim features but dataset {cfg.dataset_dir} "
-                f"has {self.graph.feature_dim}")
-        if len(cfg.sampling.fanouts) < spec.num_layers:
-            raise ConfigError(
-                f"fanouts {cfg.sampling.fanouts} give {len(cfg.sampling.fanouts)} hops but the model has "
-                f"{spec.num_layers} layers; give one fanout per layer")
-        trained_on = self.model_config.get("dataset_fingerprint")
-        if trained_on and trained_on != self.graph.fingerprint:
-            log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
-        self.tables = WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts)
-        self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint)
-        self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
-                          if self.embeddings is not None else None)
+        self.resources = Resources.open(cfg)
+        r = self.resources
+        # what the request path reads, as attributes of the engine (one object, shared)
+        self.graph, self.model, self.model_config, self.tables = r.graph, r.model, r.model_config, r.tables
+        self.embeddings, self.new_nodes, self.dynamic, self.incremental = (r.embeddings, r.new_nodes, r.dynamic,
+                                                                           r.incremental)
+        self.plan, self.features, self.device_graph, self.gpu_features = (r.plan, r.features, r.device_graph,
+                                                                          r.gpu_features)
         self._sampling_only: NewNodeEvaluator | None = None
-        # Graph updates (off unless a token is configured): one DynamicGraph read by every
-        # sampler and gather, and the embeddings kept fresh as it changes.
-        self.dynamic = DynamicGraph(self.graph) if cfg.updates.enabled else None
-        self.incremental = None
-        if self.dynamic is not None and self.embeddings is not None:
-            self.incremental = IncrementalEmbeddings(self.dynamic, self.model, self.embeddings.layers,
-                                                     IncrementalConfig(mode=cfg.updates.propagation))
-            log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
-                     self.incremental.init_s, ", ".join(self.incremental.kinds))
         self.updates: UpdateApplier | None = None
-        self.plan = self._load_plan()
-        if self.dynamic is not None:
-            self.features = DynamicFeatureStore(self.dynamic)
-        elif self.plan is not None:
-            mem = cfg.gpu_memory
-            self.features = TieredFeatureStore(self.graph.features, self.plan, device="cpu",
-                                               server=mem.placement_server, plan_dir=mem.placement_plan,
-                                               gpu_tiers=False)
-        else:
-            self.features = HostFeatureStore(self.graph.features)
-        self._models = {"cpu": self.model}  # one copy of the weights per device
-        self.device_graph: DeviceGraph | None = None
-        self.gpu_features: SwappableFeatureStore | None = None
         # Requests per node since start (or since the seed log was last read): the seed
         # distribution a placement refresh computes FAP from.
         self.seed_counts = np.zeros(self.graph.num_nodes, dtype=np.int64)
@@ -138,8 +87,7 @@ class Engine:
                                             self._on_batch_done)
         }
         if cfg.gpu_pipeline is not None:
-            self._setup_gpu()
-            self.pipelines[cfg.gpu_pipeline.name] = Pipeline(cfg.gpu_pipeline, self._make_gpu_executor,
+            self.pipelines[cfg.gpu_pipeline.name] = Pipeline(cfg.gpu_pipeline, lambda w: self.make_executor("gpu", w),
                                                              self._on_batch_done)
         self.router = Router(cfg.router, tuple(self.pipelines))
         if len(self.pipelines) > 1 and cfg.router.psgs_threshold is None:
@@ -175,65 +123,11 @@ class Engine:
 
     # --- lifecycle -------------------------------------------------------------------
     def model_on(self, device: str) -> torch.nn.Module:
-        if device not in self._models:
-            self._models[device] = copy.deepcopy(self.model).to(device).eval()
-        return self._models[device]
+        return self.resources.model_on(device)
 
-    def _setup_gpu(self) -> None:
-        """The GPU pipeline's shared state: the topology as device-readable tensors (pinned
-        host memory over UVA, or device memory), the FAP-ordered feature cache, the model."""
-        pipe, mem = self.cfg.gpu_pipeline, self.cfg.gpu_memory
-        device = torch.device(pipe.device)
-        if device.type == "cuda" and not HAS_CUDA:
-            raise ConfigError(f"the GPU pipeline is set to {pipe.device} but no CUDA device is visible; "
-                              "use --device cpu (or --device auto)")
-        if self.dynamic is not None:
-            raise ConfigError("graph updates run on the CPU pipeline only; serve without the GPU pipeline")
-        self.device_graph = DeviceGraph(self.graph, device, mem.graph_placement)
-        self._host_table = (self.device_graph.host_visible(np.asarray(self.graph.features))
-                            if device.type == "cuda" else None)
-        self.gpu_features = SwappableFeatureStore(self._device_store())
-        self.model_on(pipe.device)
-        store = self.gpu_features.current
-        if self.plan is not None:
-            log.info("GPU pipeline on %s: topology %s, features by plan %s (%s)", device, mem.graph_placement,
-                     mem.placement_plan, ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in store.bytes_by_store.items()))
-        else:
-            log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
-                     mem.graph_placement, store.cached_rows, store.cache_bytes / 2**20)
-
-    def _load_plan(self):
-        mem = self.cfg.gpu_memory
-        if mem.placement_plan is None:
-            return None
-        if self.dynamic is not None:
-            raise ConfigError("a placement plan and graph updates do not go together yet (updates add rows)")
-        try:
-            plan = Plan.load(mem.placement_plan)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(f"placement plan {mem.placement_plan}: {exc}") from exc
-        if plan.num_nodes != self.graph.num_nodes:
-            raise ConfigError(f"placement plan {mem.placement_plan} covers {plan.num_nodes} nodes; the dataset has "
-                              f"{self.graph.num_nodes}")
-        if mem.placement_server >= plan.topology.servers:
-            raise ConfigError(f"placement server {mem.placement_server}: the plan has {plan.topology.servers} servers")
-        return plan
-
-    def _device_store(self):
-        """The GPU pipeline's feature store: the plan's tiers, or the FAP-ordered cache."""
-        if self.plan is None:
-            return self._device_cache(hottest_first(self.tables.fap))
-        mem, device = self.cfg.gpu_memory, torch.device(self.cfg.gpu_pipeline.device)
-        if device.type == "cuda" and self.plan.topology.gpus_per_server < torch.cuda.device_count():
-            log.warning("placement plan was made for %d GPUs per server; this machine has %d",
-                        self.plan.topology.gpus_per_server, torch.cuda.device_count())
-        return TieredFeatureStore(self.graph.features, self.plan, device=device, server=mem.placement_server,
-                                  gpu=device.index or 0, plan_dir=mem.placement_plan,
-                                  host_view=self.device_graph.host_visible if device.type == "cuda" else None)
-
-    def _device_cache(self, order: np.ndarray) -> CachedFeatureStore:
-        return CachedFeatureStore(self.graph.features, self.cfg.gpu_pipeline.device, self.cfg.gpu_memory.cache_bytes,
-                                  order=order, host_table=self._host_table)
+    def make_executor(self, pipeline: str, worker: int):
+        """A fresh executor of the named pipeline, as its workers get."""
+        return self.resources.make_executor(pipeline, worker)
 
     def count_seeds(self, seeds: np.ndarray) -> None:
         """Count requested seeds of the stored graph (nodes added by updates are not counted:
@@ -267,7 +161,7 @@ class Engine:
             t0 = time.perf_counter()
             fap = compute_fap(self.graph, self.cfg.sampling.fanouts, counts / counts.sum())
             order = hottest_first(fap)
-            cache = self._device_cache(order)
+            cache = self.resources.device_cache(order)
             return cache, fap, order, time.perf_counter() - t0
 
         old = self.gpu_features.current
@@ -454,26 +348,6 @@ class Engine:
         self.telemetry.psgs_threshold.set(self.router.threshold)
         self.telemetry.max_batch_psgs.set(self.batcher_cfg.max_batch_psgs)
 
-    def make_executor(self, pipeline: str, worker: int):
-        """A fresh executor of the named pipeline, as its workers get (profiling uses it)."""
-        if pipeline == "gpu":
-            return self._make_gpu_executor(worker)
-        if self.cfg.cpu_pipeline.processes:
-            return ProcessExecutor(self.cfg, worker)
-        return self._make_cpu_executor(worker)
-
-    def _make_cpu_executor(self, worker: int) -> BatchExecutor:
-        graph = self.dynamic if self.dynamic is not None else self.graph
-        sampler = CPUSampler(graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
-        lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
-        device = self.cfg.cpu_pipeline.device
-        return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock)
-
-    def _make_gpu_executor(self, worker: int) -> DeviceExecutor:
-        sampler = TorchSampler(self.device_graph.indptr, self.device_graph.indices, self.cfg.sampling.fanouts,
-                               seed=self.cfg.sampling.seed + 1000 + worker)
-        return DeviceExecutor(sampler, self.gpu_features, self.model_on(self.cfg.gpu_pipeline.device))
-
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         torch.set_num_threads(self.cfg.cpu_pipeline.torch_threads)
@@ -495,9 +369,9 @@ class Engine:
         """Compile the samplers (plain and with a query-edge overlay) and touch the model once,
         so the first request of either kind is not slow."""
         seeds = np.arange(min(4, self.graph.num_nodes), dtype=np.int64)
-        self._make_cpu_executor(0).run(seeds)
+        self.resources.make_executor("cpu", 0, in_process=True).run(seeds)
         if self.gpu_features is not None:
-            self._make_gpu_executor(0).run(seeds)
+            self.resources.make_executor("gpu", 0).run(seeds)
         n = self.graph.num_nodes
         base = CPUSampler(self.graph, self.cfg.sampling.fanouts)  # new-node requests sample the stored graph
         base.sample(np.array([n]), overlay=(np.array([n]), np.array([0, 1]), np.array([0])), num_extra_nodes=1)
@@ -531,8 +405,7 @@ class Engine:
             await asyncio.gather(self._batcher_task, return_exceptions=True)
         for p in self.pipelines.values():
             await asyncio.to_thread(p.stop)
-        if self.device_graph is not None:
-            self.device_graph.close()
+        self.resources.close()
 
     # --- request path ----------------------------------------------------------------
     @property

@@ -15,7 +15,6 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 
 # (importer's layer, imported layer): why it is still there
 KNOWN_UPWARD = {
-    ("pipelines", "serving"): "worker processes build an Engine to get an executor (until runtime/ assembles them)",
     ("serving", "profiling"): "the engine loads profiles and picks policies (until the policy moves to scheduler/)",
     ("serving", "telemetry"): "the engine writes metrics itself (until it emits stats objects)",
 }

@@ -10,6 +10,7 @@ import pytest
 
 from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig, UpdateConfig
 from hybridgnn.pipelines.process import ProcessExecutor, WorkerProcessError
+from hybridgnn.runtime.resources import build_worker_executor
 from hybridgnn.serving.engine import Engine
 
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
@@ -24,7 +25,7 @@ def test_process_worker_matches_the_in_process_one_and_survives_its_child(tiny_d
     cfg = config(tiny_dataset, tiny_model)
     seeds = np.array([3, 17, 17, 400, 2999])
     local = Engine(cfg).make_executor("cpu", 0).run(seeds)
-    ex = ProcessExecutor(cfg, 0)
+    ex = ProcessExecutor(cfg, 0, build_worker_executor)
     try:
         remote = ex.run(seeds)
         np.testing.assert_array_equal(remote.embeddings, local.embeddings)

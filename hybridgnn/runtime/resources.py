@@ -1,0 +1,196 @@
+"""Everything a server assembles from its configuration, in one place: the dataset, the
+model (one copy of the weights per device), the workload tables, the precomputed
+embeddings and new-node evaluator, the dynamic graph and its incremental embeddings when
+updates are on, the placement plan, the feature stores (host; on a GPU pipeline the
+device-readable topology and the FAP-ordered cache or tiered store), and the executor
+factory. The serving engine, worker processes and the profiler all open their resources
+here, so each is loaded the same way and the graph is stored once and shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+
+import numpy as np
+import torch
+
+from hybridgnn.capabilities import HAS_CUDA
+from hybridgnn.config import ServeConfig
+from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
+from hybridgnn.embeddings.newnodes import NewNodeEvaluator
+from hybridgnn.embeddings.store import EmbeddingStore
+from hybridgnn.errors import ConfigError
+from hybridgnn.features.gather import TieredFeatureStore
+from hybridgnn.features.placement import Plan
+from hybridgnn.features.store import (
+    CachedFeatureStore,
+    DynamicFeatureStore,
+    HostFeatureStore,
+    SwappableFeatureStore,
+    hottest_first,
+)
+from hybridgnn.graph.dynamic import DynamicGraph
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.graph.uva import DeviceGraph
+from hybridgnn.models.checkpoint import load_checkpoint
+from hybridgnn.pipelines.executor import BatchExecutor
+from hybridgnn.pipelines.gpu import DeviceExecutor
+from hybridgnn.pipelines.process import ProcessExecutor
+from hybridgnn.sampling.cpu import CPUSampler
+from hybridgnn.sampling.gpu import TorchSampler
+from hybridgnn.workload.tables import WorkloadTables
+
+log = logging.getLogger(__name__)
+
+
+def build_worker_executor(cfg: ServeConfig, worker: int):
+    """A worker process's executor (run in the child): its own resources from the same
+    configuration, the dataset memory-mapped like the server's."""
+    return Resources.open(cfg).make_executor("cpu", worker)
+
+
+class Resources:
+    """Loaded once per process and shared by every worker of it. Raises ConfigError for a
+    dataset, model, plan or device that do not fit together."""
+
+    @classmethod
+    def open(cls, cfg: ServeConfig) -> Resources:
+        return cls(cfg)
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.graph = GraphStore.open(cfg.dataset_dir)
+        self.model, self.model_config = load_checkpoint(cfg.model_dir)
+        spec = self.model.spec
+        if spec.in_dim != self.graph.feature_dim:
+            raise ConfigError(
+                f"model {cfg.model_dir} expects {spec.in_dim}-dim features but dataset {cfg.dataset_dir} "
+                f"has {self.graph.feature_dim}")
+        if len(cfg.sampling.fanouts) < spec.num_layers:
+            raise ConfigError(
+                f"fanouts {cfg.sampling.fanouts} give {len(cfg.sampling.fanouts)} hops but the model has "
+                f"{spec.num_layers} layers; give one fanout per layer")
+        trained_on = self.model_config.get("dataset_fingerprint")
+        if trained_on and trained_on != self.graph.fingerprint:
+            log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
+        self.tables = WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts)
+        self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint)
+        self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
+                          if self.embeddings is not None else None)
+        # Graph updates (off unless a token is configured): one DynamicGraph read by every
+        # sampler and gather, and the embeddings kept fresh as it changes.
+        self.dynamic = DynamicGraph(self.graph) if cfg.updates.enabled else None
+        self.incremental = None
+        if self.dynamic is not None and self.embeddings is not None:
+            self.incremental = IncrementalEmbeddings(self.dynamic, self.model, self.embeddings.layers,
+                                                     IncrementalConfig(mode=cfg.updates.propagation))
+            log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
+                     self.incremental.init_s, ", ".join(self.incremental.kinds))
+        self.plan = self._load_plan()
+        if self.dynamic is not None:
+            self.features = DynamicFeatureStore(self.dynamic)
+        elif self.plan is not None:
+            mem = cfg.gpu_memory
+            self.features = TieredFeatureStore(self.graph.features, self.plan, device="cpu",
+                                               server=mem.placement_server, plan_dir=mem.placement_plan,
+                                               gpu_tiers=False)
+        else:
+            self.features = HostFeatureStore(self.graph.features)
+        self._models = {"cpu": self.model}  # one copy of the weights per device
+        self.device_graph: DeviceGraph | None = None
+        self.gpu_features: SwappableFeatureStore | None = None
+        self._host_table = None
+        if cfg.gpu_pipeline is not None:
+            self._setup_gpu()
+
+    def model_on(self, device: str) -> torch.nn.Module:
+        if device not in self._models:
+            self._models[device] = copy.deepcopy(self.model).to(device).eval()
+        return self._models[device]
+
+    def _setup_gpu(self) -> None:
+        """The GPU pipeline's shared state: the topology as device-readable tensors (pinned
+        host memory over UVA, or device memory), the FAP-ordered feature cache, the model."""
+        pipe, mem = self.cfg.gpu_pipeline, self.cfg.gpu_memory
+        device = torch.device(pipe.device)
+        if device.type == "cuda" and not HAS_CUDA:
+            raise ConfigError(f"the GPU pipeline is set to {pipe.device} but no CUDA device is visible; "
+                              "use --device cpu (or --device auto)")
+        if self.dynamic is not None:
+            raise ConfigError("graph updates run on the CPU pipeline only; serve without the GPU pipeline")
+        self.device_graph = DeviceGraph(self.graph, device, mem.graph_placement)
+        self._host_table = (self.device_graph.host_visible(np.asarray(self.graph.features))
+                            if device.type == "cuda" else None)
+        self.gpu_features = SwappableFeatureStore(self._device_store())
+        self.model_on(pipe.device)
+        store = self.gpu_features.current
+        if self.plan is not None:
+            log.info("GPU pipeline on %s: topology %s, features by plan %s (%s)", device, mem.graph_placement,
+                     mem.placement_plan, ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in store.bytes_by_store.items()))
+        else:
+            log.info("GPU pipeline on %s: topology %s, %d hottest feature rows cached (%.1f MiB)", device,
+                     mem.graph_placement, store.cached_rows, store.cache_bytes / 2**20)
+
+    def _load_plan(self):
+        mem = self.cfg.gpu_memory
+        if mem.placement_plan is None:
+            return None
+        if self.dynamic is not None:
+            raise ConfigError("a placement plan and graph updates do not go together yet (updates add rows)")
+        try:
+            plan = Plan.load(mem.placement_plan)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"placement plan {mem.placement_plan}: {exc}") from exc
+        if plan.num_nodes != self.graph.num_nodes:
+            raise ConfigError(f"placement plan {mem.placement_plan} covers {plan.num_nodes} nodes; the dataset has "
+                              f"{self.graph.num_nodes}")
+        if mem.placement_server >= plan.topology.servers:
+            raise ConfigError(f"placement server {mem.placement_server}: the plan has {plan.topology.servers} servers")
+        return plan
+
+    def _device_store(self):
+        """The GPU pipeline's feature store: the plan's tiers, or the FAP-ordered cache."""
+        if self.plan is None:
+            return self.device_cache(hottest_first(self.tables.fap))
+        mem, device = self.cfg.gpu_memory, torch.device(self.cfg.gpu_pipeline.device)
+        if device.type == "cuda" and self.plan.topology.gpus_per_server < torch.cuda.device_count():
+            log.warning("placement plan was made for %d GPUs per server; this machine has %d",
+                        self.plan.topology.gpus_per_server, torch.cuda.device_count())
+        return TieredFeatureStore(self.graph.features, self.plan, device=device, server=mem.placement_server,
+                                  gpu=device.index or 0, plan_dir=mem.placement_plan,
+                                  host_view=self.device_graph.host_visible if device.type == "cuda" else None)
+
+    def device_cache(self, order: np.ndarray) -> CachedFeatureStore:
+        """A device feature cache of the rows in `order` (hottest first), as many as fit."""
+        return CachedFeatureStore(self.graph.features, self.cfg.gpu_pipeline.device, self.cfg.gpu_memory.cache_bytes,
+                                  order=order, host_table=self._host_table)
+
+    def make_executor(self, pipeline: str, worker: int, *, in_process: bool = False):
+        """A fresh executor of the named pipeline, as its workers get: the engine's workers,
+        worker processes and the profiler all build theirs here. in_process: a CPU
+        executor in this process even where workers run in processes of their own."""
+        if pipeline == "gpu":
+            return self._make_gpu_executor(worker)
+        if self.cfg.cpu_pipeline.processes and not in_process:
+            return ProcessExecutor(self.cfg, worker, build_worker_executor)
+        return self._make_cpu_executor(worker)
+
+    def _make_cpu_executor(self, worker: int) -> BatchExecutor:
+        graph = self.dynamic if self.dynamic is not None else self.graph
+        sampler = CPUSampler(graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
+        lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
+        device = self.cfg.cpu_pipeline.device
+        return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock)
+
+    def _make_gpu_executor(self, worker: int) -> DeviceExecutor:
+        sampler = TorchSampler(self.device_graph.indptr, self.device_graph.indices, self.cfg.sampling.fanouts,
+                               seed=self.cfg.sampling.seed + 1000 + worker)
+        return DeviceExecutor(sampler, self.gpu_features, self.model_on(self.cfg.gpu_pipeline.device))
+
+    def close(self) -> None:
+        """Release what is not garbage-collected: the pinned host registrations."""
+        if self.device_graph is not None:
+            self.device_graph.close()
+            self.device_graph = None
