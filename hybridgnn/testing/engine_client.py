@@ -1,4 +1,4 @@
-"""An Engine and its HTTP server in process on 127.0.0.1, with an aiohttp client (for unit tests)."""
+"""An Engine and its HTTP server in process on 127.0.0.1, with an aiohttp client (integration tests)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import aiohttp
 
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.lifecycle import http_server
-
-
-def body(ids) -> dict:
-    return {"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": list(ids)}]}
+from hybridgnn.testing.payloads import body, counter  # noqa: F401 (re-exported for tests)
 
 
 async def with_client(cfg, fn):
@@ -26,12 +23,3 @@ async def with_client(cfg, fn):
         await client.close()
         await http.close(1.0)
         await engine.stop()
-
-
-def counter(metrics: str, name: str, **labels) -> float:
-    """The value of one sample in a /metrics text."""
-    want = ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}") if labels else ""
-    for line in metrics.splitlines():
-        if line.startswith(name + want + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name}{want} not in metrics")

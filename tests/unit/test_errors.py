@@ -33,7 +33,7 @@ from hybridgnn.errors import (
 )
 from hybridgnn.serving.http.api import Api, Reply, Request
 from hybridgnn.telemetry.metrics import Telemetry
-from hybridgnn.testing.engine_client import counter
+from hybridgnn.testing.payloads import counter
 
 
 def stub_api() -> Api:

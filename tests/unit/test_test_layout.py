@@ -1,6 +1,7 @@
 """Tests and benches share helpers through hybridgnn.testing, never by importing one
 another: a test module imported from elsewhere runs its module-level code twice and
-couples suites that should move independently."""
+couples suites that should move independently. Unit tests stay in process: no sockets,
+no servers, no child processes."""
 
 import ast
 from pathlib import Path
@@ -26,3 +27,17 @@ def test_no_test_bench_or_package_module_imports_a_test_module():
             if bad:
                 offenders.append(f"{path.relative_to(ROOT)}: {', '.join(bad)}")
     assert not offenders, "import shared helpers from hybridgnn.testing instead:\n" + "\n".join(offenders)
+
+
+# What a unit test may not use: sockets, servers, processes (tests/integration has those).
+NOT_IN_UNIT_TESTS = {"socket", "subprocess", "multiprocessing", "aiohttp", "hybridgnn.testing.engine_client",
+                     "hybridgnn.testing.server", "hybridgnn.serving.http.protocol", "hybridgnn.pipelines.process"}
+
+
+def test_unit_tests_open_no_sockets_and_start_no_processes():
+    offenders = []
+    for path in sorted((ROOT / "tests" / "unit").rglob("*.py")):
+        bad = sorted(n for n in _imports_of(path) if n in NOT_IN_UNIT_TESTS or n.split(".")[0] in NOT_IN_UNIT_TESTS)
+        if bad:
+            offenders.append(f"{path.relative_to(ROOT)}: {', '.join(bad)}")
+    assert not offenders, "move these to tests/integration:\n" + "\n".join(offenders)
