@@ -156,6 +156,8 @@ def test_a_plain_request_is_refused_before_decoding_when_the_lane_is_past_its_bo
     (b'{"inputs": []}' + b'"mode"', {"inference-header-content-length": "14"}, True),  # binary tail ignored
     (b'{"inputs": []}', {"inference-header-content-length": "99"}, False),
     (b'{"inputs": []}', {"inference-header-content-length": "-1"}, False),
+    (b'{"inputs": []}', {"inference-header-content-length": "\u00b2"}, False),  # a digit to isdigit(), not to int()
+    (b'{"inputs": []}', {"inference-header-content-length": "9" * 5000}, False),
 ])
 def test_which_requests_count_as_plain_sampled(raw, headers, plain):
     from hybridgnn.serving.http.api import Request, _plainly_sampled

@@ -63,7 +63,7 @@ def _plainly_sampled(request: Request) -> bool:
     head = request.body
     length = request.headers.get(_HEADER_LENGTH)
     if length is not None:
-        if not length.isdigit() or int(length) > len(head):
+        if not (length.isascii() and length.isdigit() and len(length) <= 12) or int(length) > len(head):
             return False
         head = head[:int(length)]
     return b'"mode"' not in head and b'"features"' not in head and b'"edge_index"' not in head
