@@ -22,7 +22,6 @@ from hybridgnn.config import DEFAULT_QUEUE_DELAY_S, ServeConfig
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.errors import (
     BatchFailed,
-    ConfigError,
     Conflict,
     Draining,
     Forbidden,
@@ -33,13 +32,13 @@ from hybridgnn.features.store import (
     hottest_first,
 )
 from hybridgnn.pipelines.pool import Pipeline
-from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
-from hybridgnn.profiling.queueing import ServingLoad
+from hybridgnn.profiling.profile import Policy, Profile
 from hybridgnn.runtime.resources import Resources
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.scheduler.admission import Admission, Lane
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
+from hybridgnn.serving.policy_control import PolicyControl
 from hybridgnn.serving.updates import UpdateApplier
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.types import (
@@ -96,14 +95,9 @@ class Engine:
                      self.router.threshold, DEFAULT_GPU_BATCH_SEEDS)
         self.batcher_cfg = cfg.batcher
         self._batcher: MicroBatcher | None = None
-        self.profile: Profile | None = None
-        self.policy: Policy | None = None
-        # (batch PSGS, service seconds) of recent batches per pipeline, for --adapt
-        self.recent: dict[str, collections.deque] = {n: collections.deque(maxlen=5000) for n in self.pipelines}
-        self._admitted = (0, 0)  # requests, seeds since start
-        self._adapt_mark = (time.perf_counter(), 0, 0)
+        self.control = PolicyControl(cfg, tuple(self.pipelines))
         if cfg.policy.profile is not None:
-            self._load_profile()
+            self.set_policy(self.control.load(self.graph.fingerprint))
         self.admission = self._make_admission()
         self._sampled_lane = self.admission.lanes["sampled"]
         self._refused_in_flight_cap = 0
@@ -177,30 +171,6 @@ class Engine:
                  report["requests_counted"], seconds, kept, cache.cached_rows)
         return report
 
-    def _load_profile(self) -> None:
-        """Check the profile fits what is served, then put its policy in force."""
-        pc = self.cfg.policy
-        try:
-            prof = Profile.load(pc.profile)
-            prof.check_matches(self.graph.fingerprint, self.cfg.model_dir, self.cfg.sampling.fanouts)
-        except (ProfileMismatch, ValueError, FileNotFoundError) as exc:
-            raise ConfigError(f"profile {pc.profile}: {exc}") from exc
-        missing = sorted(set(self.pipelines) - set(prof.devices))
-        if missing:
-            raise ConfigError(f"profile {pc.profile} has no curves for the {', '.join(missing)} pipeline; profile "
-                              "with the same --device as you serve with")
-        prof.devices = {n: d for n, d in prof.devices.items() if n in self.pipelines}
-        try:
-            policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s,
-                                 load=ServingLoad.from_policy(pc))
-        except ValueError as exc:
-            raise ConfigError(f"policy {pc.policy!r} with profile {pc.profile}: {exc}") from exc
-        self.profile = prof
-        self.set_policy(policy)
-        log.info("policy %s from %s: PSGS threshold %s, batch PSGS up to %s, predicted %s seeds/s", policy.name,
-                 pc.profile, policy.psgs_threshold, policy.max_batch_psgs,
-                 f"{policy.predicted_seeds_per_s:.0f}" if policy.predicted_seeds_per_s else "?")
-
     def _make_admission(self) -> Admission:
         """Lanes for each kind of work, and the delay bound: the configured one, else the
         room an slo:<ms> policy leaves (the SLO less the batching wait and a full batch's
@@ -228,116 +198,36 @@ class Engine:
         return max(self._seed_psgs, min(b.max_batch_psgs, b.max_batch_seeds * self._seed_psgs,
                                         b.max_batch_requests * self._mean_request_psgs))
 
-    def service_stretch(self, last: int = 500) -> dict[str, float] | None:
-        """Per pipeline, the median of (live batch service time ÷ the profile's mean at that
-        batch PSGS) over the last batches, over the same median for the profiled batches:
-        how much slower than profiled batches run now (the event loop's share of the GIL and
-        cores, other load, drift). None without a profile."""
-        if self.profile is None:
-            return None
-        out = {}
-        for name, d in self.recent.items():
-            if name not in self.profile.devices or not d:
-                continue
-            tail = list(d)[-last:]
-            psgs = np.array([p for p, _ in tail])
-            seconds = np.array([s for _, s in tail])
-            dev = self.profile.devices[name]
-            live = float(np.median(seconds / np.maximum(dev.mean(psgs), 1e-12)))
-            out[name] = round(live / float(np.median(dev.service_ratios())), 4)  # like for like: both medians
-        return out
+    # --- policy (decided by self.control, applied here) ------------------------------
+    @property
+    def policy(self) -> Policy | None:
+        return self.control.policy
 
-    def adapt_inputs(self) -> tuple | None:
-        """What an --adapt step re-fits from: (profile data, pipelines, live samples, policy,
-        batching wait, serving load), or None while too few batches are recorded. Live
-        service times are divided by the front-end stretch at the recent request rate, so
-        the choice, which applies the stretch again at the rates it tries, counts it once;
-        seeds per request become the recent mean."""
-        pc = self.cfg.policy
-        now = time.perf_counter()
-        requests, seeds = self._admitted
-        last_t, last_requests, last_seeds = self._adapt_mark
-        self._adapt_mark = (now, requests, seeds)
-        live = {n: d for n, d in self.recent.items() if len(d) >= pc.adapt_min_batches}
-        if not live or self.profile is None:
-            return None
-        window_requests = requests - last_requests
-        rps = window_requests / max(now - last_t, 1e-9)
-        load = ServingLoad.from_policy(pc, (seeds - last_seeds) / window_requests if window_requests else None)
-        samples = {}
-        for name, d in live.items():
-            stretch = self.profile.devices[name].model().stretch(rps, load)
-            stretch = stretch if math.isfinite(stretch) else 1.0
-            samples[name] = (np.array([p for p, _ in d]), np.array([s for _, s in d]) / stretch)
-        # live service times already carry any drift: no --service-scale on top of them
-        load = dataclasses.replace(load, service_scale=1.0)
-        return self.profile.data, sorted(self.profile.devices), samples, pc.policy, self.cfg.batcher.max_wait_s, load
+    @property
+    def profile(self) -> Profile | None:
+        return self.control.profile
+
+    @property
+    def recent(self) -> dict[str, collections.deque]:
+        return self.control.recent
+
+    def service_stretch(self, last: int = 500) -> dict[str, float] | None:
+        return self.control.service_stretch(last)
 
     def adapt_once(self) -> bool:
-        """Re-fit the profile's curves with recent batches and move the policy towards the
-        new choice, by at most a factor of adapt_max_step; True if anything changed."""
-        inputs = self.adapt_inputs()
-        if inputs is None:
-            return False
-        try:
-            target = adapted_policy(*inputs)
-        except ValueError as exc:
-            log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)
-            return False
-        return self.move_policy_towards(target)
+        """One --adapt step now; True if the policy moved."""
+        step = self.control.adapt_once()
+        if step is not None:
+            self._apply_adapted(step)
+        return step is not None
 
-    def move_policy_towards(self, target: Policy) -> bool:
-        pc = self.cfg.policy
-        old = self.policy
-
-        def bounded(new: float, cur: float) -> float:
-            if not (math.isfinite(new) and math.isfinite(cur)) or cur <= 0:
-                return new
-            return min(max(new, cur / pc.adapt_max_step), cur * pc.adapt_max_step)
-
-        step = dataclasses.replace(target, psgs_threshold=bounded(target.psgs_threshold, old.psgs_threshold),
-                                   max_batch_psgs=bounded(target.max_batch_psgs, old.max_batch_psgs))
-
-        def moved(a: float, b: float) -> bool:
-            return (math.isfinite(a) != math.isfinite(b)) or (math.isfinite(a) and abs(a - b) > 0.05 * max(abs(b), 1))
-
-        if not (moved(step.psgs_threshold, old.psgs_threshold) or moved(step.max_batch_psgs, old.max_batch_psgs)):
-            return False
-        log.info("adapt: PSGS threshold %.6g -> %.6g, batch PSGS bound %.6g -> %.6g (from %s recent batches)",
-                 old.psgs_threshold, step.psgs_threshold, old.max_batch_psgs, step.max_batch_psgs,
-                 {n: len(v) for n, v in self.recent.items()})
+    def _apply_adapted(self, step: Policy) -> None:
         self.set_policy(step)
         self.telemetry.policy_changes.inc()
-        return True
-
-    async def _adapt_loop(self) -> None:
-        # The choice runs in a helper process: it simulates serving for about a second,
-        # which on this process would hold the GIL the event loop and workers need.
-        import concurrent.futures
-        import multiprocessing
-
-        pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        try:
-            while True:
-                await asyncio.sleep(self.cfg.policy.adapt_interval_s)
-                inputs = self.adapt_inputs()
-                if inputs is None:
-                    continue
-                try:
-                    target = await self._loop.run_in_executor(pool, adapted_policy, *inputs)
-                except ValueError as exc:
-                    log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)
-                    continue
-                except Exception:
-                    log.exception("adapt: re-fit failed; keeping the current policy")
-                    continue
-                self.move_policy_towards(target)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
 
     def set_policy(self, policy: Policy) -> None:
         """Put a threshold and batch-PSGS bound in force (at start, and from --adapt)."""
-        self.policy = policy
+        self.control.policy = policy
         if len(self.pipelines) > 1:
             self.router.set_threshold(policy.psgs_threshold)
         self.router.spill_limits = dict(policy.pipeline_limits)
@@ -357,7 +247,7 @@ class Engine:
         self._warm_up()
         self._batcher = MicroBatcher(self.batcher_cfg, self._dispatch, self._has_capacity)
         self._batcher_task = asyncio.create_task(self._batcher.run(), name="batcher")
-        self._adapt_task = (asyncio.create_task(self._adapt_loop(), name="adapt")
+        self._adapt_task = (asyncio.create_task(self.control.adapt_loop(self._apply_adapted), name="adapt")
                             if self.cfg.policy.adapt and self.profile is not None else None)
         if self.dynamic is not None:
             self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.telemetry)
@@ -444,8 +334,7 @@ class Engine:
         psgs = self.tables.batch_psgs(node_ids)
         self._admit("sampled", psgs)
         self._mean_request_psgs += 0.01 * (psgs - self._mean_request_psgs)
-        requests, seeds = self._admitted
-        self._admitted = (requests + 1, seeds + int(node_ids.shape[0]))
+        requests = self.control.count_admitted(int(node_ids.shape[0]))
         if not requests & 255:  # the batch size under backlog follows the request mix
             self._sampled_lane.full_batch = self._full_batch_psgs()
         fut = self._loop.create_future()

@@ -1,0 +1,177 @@
+"""The policy in force and its --adapt control (decisions only: the engine applies them).
+
+Holds the profile a server was started with, the policy (PSGS threshold, batch PSGS
+bound, per-pipeline limits) and the recent (batch PSGS, service seconds) of each
+pipeline; re-fits the profile's curves with them on --adapt and proposes a bounded step
+towards the new choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import math
+import time
+
+import numpy as np
+
+from hybridgnn.config import ServeConfig
+from hybridgnn.errors import ConfigError
+from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
+from hybridgnn.profiling.queueing import ServingLoad
+
+log = logging.getLogger(__name__)
+
+
+class PolicyControl:
+    def __init__(self, cfg: ServeConfig, pipelines: tuple[str, ...]):
+        self.cfg = cfg
+        self.pipelines = pipelines
+        self.profile: Profile | None = None
+        self.policy: Policy | None = None  # what is in force; the engine sets it
+        # (batch PSGS, service seconds) of recent batches per pipeline, for --adapt
+        self.recent: dict[str, collections.deque] = {n: collections.deque(maxlen=5000) for n in pipelines}
+        self.admitted = (0, 0)  # requests, seeds since start
+        self._adapt_mark = (time.perf_counter(), 0, 0)
+
+    def count_admitted(self, seeds: int) -> int:
+        """Count one admitted request of `seeds` seeds; returns the requests before it."""
+        requests, total = self.admitted
+        self.admitted = (requests + 1, total + seeds)
+        return requests
+
+    def load(self, graph_fingerprint: str) -> Policy:
+        """Check the profile fits what is served and return the policy it gives."""
+        pc = self.cfg.policy
+        try:
+            prof = Profile.load(pc.profile)
+            prof.check_matches(graph_fingerprint, self.cfg.model_dir, self.cfg.sampling.fanouts)
+        except (ProfileMismatch, ValueError, FileNotFoundError) as exc:
+            raise ConfigError(f"profile {pc.profile}: {exc}") from exc
+        missing = sorted(set(self.pipelines) - set(prof.devices))
+        if missing:
+            raise ConfigError(f"profile {pc.profile} has no curves for the {', '.join(missing)} pipeline; profile "
+                              "with the same --device as you serve with")
+        prof.devices = {n: d for n, d in prof.devices.items() if n in self.pipelines}
+        try:
+            policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s,
+                                 load=ServingLoad.from_policy(pc))
+        except ValueError as exc:
+            raise ConfigError(f"policy {pc.policy!r} with profile {pc.profile}: {exc}") from exc
+        self.profile = prof
+        log.info("policy %s from %s: PSGS threshold %s, batch PSGS up to %s, predicted %s seeds/s", policy.name,
+                 pc.profile, policy.psgs_threshold, policy.max_batch_psgs,
+                 f"{policy.predicted_seeds_per_s:.0f}" if policy.predicted_seeds_per_s else "?")
+        return policy
+
+    def service_stretch(self, last: int = 500) -> dict[str, float] | None:
+        """Per pipeline, the median of (live batch service time ÷ the profile's mean at that
+        batch PSGS) over the last batches, over the same median for the profiled batches:
+        how much slower than profiled batches run now (the event loop's share of the GIL and
+        cores, other load, drift). None without a profile."""
+        if self.profile is None:
+            return None
+        out = {}
+        for name, d in self.recent.items():
+            if name not in self.profile.devices or not d:
+                continue
+            tail = list(d)[-last:]
+            psgs = np.array([p for p, _ in tail])
+            seconds = np.array([s for _, s in tail])
+            dev = self.profile.devices[name]
+            live = float(np.median(seconds / np.maximum(dev.mean(psgs), 1e-12)))
+            out[name] = round(live / float(np.median(dev.service_ratios())), 4)  # like for like: both medians
+        return out
+
+    def adapt_inputs(self) -> tuple | None:
+        """What an --adapt step re-fits from: (profile data, pipelines, live samples, policy,
+        batching wait, serving load), or None while too few batches are recorded. Live
+        service times are divided by the front-end stretch at the recent request rate, so
+        the choice, which applies the stretch again at the rates it tries, counts it once;
+        seeds per request become the recent mean."""
+        pc = self.cfg.policy
+        now = time.perf_counter()
+        requests, seeds = self.admitted
+        last_t, last_requests, last_seeds = self._adapt_mark
+        self._adapt_mark = (now, requests, seeds)
+        live = {n: d for n, d in self.recent.items() if len(d) >= pc.adapt_min_batches}
+        if not live or self.profile is None:
+            return None
+        window_requests = requests - last_requests
+        rps = window_requests / max(now - last_t, 1e-9)
+        load = ServingLoad.from_policy(pc, (seeds - last_seeds) / window_requests if window_requests else None)
+        samples = {}
+        for name, d in live.items():
+            stretch = self.profile.devices[name].model().stretch(rps, load)
+            stretch = stretch if math.isfinite(stretch) else 1.0
+            samples[name] = (np.array([p for p, _ in d]), np.array([s for _, s in d]) / stretch)
+        # live service times already carry any drift: no --service-scale on top of them
+        load = dataclasses.replace(load, service_scale=1.0)
+        return self.profile.data, sorted(self.profile.devices), samples, pc.policy, self.cfg.batcher.max_wait_s, load
+
+    def adapt_once(self) -> Policy | None:
+        """Re-fit the profile's curves with recent batches and return a step towards the
+        new choice (at most a factor of adapt_max_step), or None to keep the current one."""
+        inputs = self.adapt_inputs()
+        if inputs is None:
+            return None
+        try:
+            target = adapted_policy(*inputs)
+        except ValueError as exc:
+            log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)
+            return None
+        return self.step_towards(target)
+
+    def step_towards(self, target: Policy) -> Policy | None:
+        """The current policy moved towards target, bounded; None if it would barely move."""
+        pc = self.cfg.policy
+        old = self.policy
+
+        def bounded(new: float, cur: float) -> float:
+            if not (math.isfinite(new) and math.isfinite(cur)) or cur <= 0:
+                return new
+            return min(max(new, cur / pc.adapt_max_step), cur * pc.adapt_max_step)
+
+        step = dataclasses.replace(target, psgs_threshold=bounded(target.psgs_threshold, old.psgs_threshold),
+                                   max_batch_psgs=bounded(target.max_batch_psgs, old.max_batch_psgs))
+
+        def moved(a: float, b: float) -> bool:
+            return (math.isfinite(a) != math.isfinite(b)) or (math.isfinite(a) and abs(a - b) > 0.05 * max(abs(b), 1))
+
+        if not (moved(step.psgs_threshold, old.psgs_threshold) or moved(step.max_batch_psgs, old.max_batch_psgs)):
+            return None
+        log.info("adapt: PSGS threshold %.6g -> %.6g, batch PSGS bound %.6g -> %.6g (from %s recent batches)",
+                 old.psgs_threshold, step.psgs_threshold, old.max_batch_psgs, step.max_batch_psgs,
+                 {n: len(v) for n, v in self.recent.items()})
+        return step
+
+    async def adapt_loop(self, apply) -> None:
+        """Every adapt_interval_s, re-fit and apply(step) when the policy should move."""
+        # The choice runs in a helper process: it simulates serving for about a second,
+        # which on this process would hold the GIL the event loop and workers need.
+        import concurrent.futures
+        import multiprocessing
+
+        pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            while True:
+                await asyncio.sleep(self.cfg.policy.adapt_interval_s)
+                inputs = self.adapt_inputs()
+                if inputs is None:
+                    continue
+                try:
+                    target = await asyncio.get_running_loop().run_in_executor(pool, adapted_policy, *inputs)
+                except ValueError as exc:
+                    log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)
+                    continue
+                except Exception:
+                    log.exception("adapt: re-fit failed; keeping the current policy")
+                    continue
+                step = self.step_towards(target)
+                if step is not None:
+                    apply(step)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
