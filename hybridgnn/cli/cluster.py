@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
         "cluster", help="run N serve replicas behind a load balancer on this machine",
         description="Start N replicas of `hybridgnn serve` (ports base-port..base-port+N-1) and HAProxy or nginx "
                     "on --port, wait until all are ready, and supervise until Ctrl-C/SIGTERM, which drains the "
-                    "replicas and stops the balancer. Arguments after `--` go to every `hybridgnn serve`. "
+                    "replicas and stops the balancer; a replica that exits is started again after a backoff. Arguments "
+                    "after `--` go to every `hybridgnn serve`. "
                     "The run directory holds the balancer config, logs, and replica-<i>.pid/.exit files.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--replicas", type=int, default=env_default("REPLICAS", 3, int))
@@ -25,6 +26,11 @@ def add_parser(sub) -> None:
     p.add_argument("--run-dir", type=Path, default=Path("run/cluster"))
     p.add_argument("--ready-timeout-s", type=float, default=300.0,
                    help="how long replicas may take to start (the demo trains its model on first run)")
+    p.add_argument("--no-restart", dest="restart", action="store_false",
+                   help="leave a replica that exits down (by default it is started again after a backoff)")
+    p.add_argument("--restart-backoff-s", type=float, default=1.0,
+                   help="wait before restarting a replica that exited; doubles per crash up to 30 s, and resets "
+                        "once it has stayed up a minute")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then flags for `hybridgnn serve`")
     p.set_defaults(run=run)
 
@@ -43,7 +49,8 @@ def run(args) -> int:
         serve_args += ["--dataset", str(dataset), "--model", str(model)]
     cfg = ClusterConfig(replicas=args.replicas, balancer=args.balancer, host=args.host, port=args.port,
                         base_port=args.base_port, run_dir=args.run_dir, serve_args=tuple(serve_args),
-                        ready_timeout_s=args.ready_timeout_s)
+                        ready_timeout_s=args.ready_timeout_s, restart=args.restart,
+                        restart_backoff_s=args.restart_backoff_s)
     try:
         return LocalCluster(cfg).run_until_signal()
     except (RuntimeError, TimeoutError) as exc:  # a replica or the balancer failed to start

@@ -41,6 +41,10 @@ class ClusterConfig:
     serve_args: tuple[str, ...] = ()
     ready_timeout_s: float = 300.0
     drain_timeout_s: float = 60.0
+    # A replica that exits while the cluster runs is started again after restart_backoff_s,
+    # doubling per crash up to RESTART_BACKOFF_MAX_S (reset once it has stayed up a minute).
+    restart: bool = True
+    restart_backoff_s: float = 1.0
 
     def __post_init__(self):
         if self.replicas < 1:
@@ -50,6 +54,8 @@ class ClusterConfig:
         if self.port in range(self.base_port, self.base_port + self.replicas):
             raise ValueError(f"balancer port {self.port} collides with replica ports "
                              f"{self.base_port}..{self.base_port + self.replicas - 1}")
+        if not self.restart_backoff_s > 0:
+            raise ValueError(f"restart_backoff_s must be > 0, got {self.restart_backoff_s}")
         for flag in ("--port", "--host"):
             if flag in self.serve_args:
                 raise ValueError(f"{flag} is set per replica by the cluster; leave it out of the serve arguments")
@@ -67,11 +73,28 @@ def http_ready(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+RESTART_BACKOFF_MAX_S = 30.0
+STABLE_UPTIME_S = 60.0  # up this long, a replica's earlier crashes no longer lengthen its backoff
+
+
+def restart_delay(previous_s: float | None, uptime_s: float, base_s: float) -> float:
+    """Seconds to wait before starting a replica that has just exited: base_s the first
+    time or after a stable run, else double the last wait, at most RESTART_BACKOFF_MAX_S."""
+    if previous_s is None or uptime_s >= STABLE_UPTIME_S:
+        return base_s
+    return min(previous_s * 2, RESTART_BACKOFF_MAX_S)
+
+
 @dataclass
 class LocalCluster:
     cfg: ClusterConfig
     replicas: list[subprocess.Popen] = field(default_factory=list)
     balancer: subprocess.Popen | None = None
+    restarts: list[int] = field(default_factory=list)  # per replica
+    _started_at: dict[int, float] = field(default_factory=dict)
+    _last_delay: dict[int, float] = field(default_factory=dict)
+    _restart_at: dict[int, float] = field(default_factory=dict)
+    _recorded: set[int] = field(default_factory=set)  # pids whose exit is recorded
 
     @property
     def url(self) -> str:
@@ -101,14 +124,9 @@ class LocalCluster:
         for stale in cfg.run_dir.glob("replica-*.*"):
             stale.unlink()
         config = self.write_balancer_config()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for i in range(cfg.replicas):
-            cmd = [sys.executable, "-m", "hybridgnn.cli.main", "serve", *cfg.serve_args,
-                   "--host", cfg.host, "--port", str(cfg.base_port + i)]
-            with open(cfg.run_dir / f"replica-{i}.log", "wb") as logf:  # the child keeps its own descriptor
-                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
-            (cfg.run_dir / f"replica-{i}.pid").write_text(str(proc.pid))
-            self.replicas.append(proc)
+            self.replicas.append(self._spawn(i))
+            self.restarts.append(0)
         self._wait_replicas_ready()
         with open(cfg.run_dir / f"{cfg.balancer}.log", "wb") as logf:
             self.balancer = subprocess.Popen(balancer_command(cfg.balancer, config), stdout=logf,
@@ -116,6 +134,40 @@ class LocalCluster:
         self._wait(lambda: http_ready(self.url), "the balancer to route to a ready replica", self.balancer)
         (cfg.run_dir / "ready").write_text(self.url + "\n")
         log.info("cluster ready: %s -> %s (%s)", self.url, ", ".join(cfg.backends), cfg.balancer)
+
+    def _spawn(self, i: int) -> subprocess.Popen:
+        """Start replica i (its log appended to, its pid file rewritten)."""
+        cfg = self.cfg
+        cmd = [sys.executable, "-m", "hybridgnn.cli.main", "serve", *cfg.serve_args,
+               "--host", cfg.host, "--port", str(cfg.base_port + i)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(cfg.run_dir / f"replica-{i}.log", "ab") as logf:  # the child keeps its own descriptor
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        (cfg.run_dir / f"replica-{i}.pid").write_text(str(proc.pid))
+        self._started_at[i] = time.monotonic()
+        return proc
+
+    def restart_dead(self, now: float | None = None) -> None:
+        """Schedule each replica that has exited for a restart after its backoff, and start
+        those whose time has come; the balancer's health checks route to it once ready."""
+        if not self.cfg.restart:
+            return
+        now = time.monotonic() if now is None else now
+        for i, proc in enumerate(self.replicas):
+            if proc.poll() is None:
+                continue
+            due = self._restart_at.get(i)
+            if due is None:
+                delay = restart_delay(self._last_delay.get(i), now - self._started_at.get(i, now),
+                                      self.cfg.restart_backoff_s)
+                self._last_delay[i] = delay
+                self._restart_at[i] = now + delay
+                log.warning("replica %d restarts in %.0f s", i, delay)
+            elif now >= due:
+                del self._restart_at[i]
+                self.replicas[i] = self._spawn(i)
+                self.restarts[i] += 1
+                log.info("replica %d started again (pid %d, restart %d)", i, self.replicas[i].pid, self.restarts[i])
 
     def _wait_replicas_ready(self) -> None:
         pending = set(range(self.cfg.replicas))
@@ -141,12 +193,13 @@ class LocalCluster:
             time.sleep(0.05)
 
     def reap(self, stopping: bool = False) -> None:
-        """Record how replicas that have ended exited (replica-<i>.exit), once each."""
+        """Record how replicas that have ended exited (replica-<i>.exit: the latest exit
+        code), once per process."""
         for i, proc in enumerate(self.replicas):
-            marker = self.cfg.run_dir / f"replica-{i}.exit"
-            if proc.poll() is not None and not marker.exists():
+            if proc.poll() is not None and proc.pid not in self._recorded:
+                self._recorded.add(proc.pid)
                 code = proc.returncode
-                marker.write_text(str(code))
+                (self.cfg.run_dir / f"replica-{i}.exit").write_text(str(code))
                 how = f"signal {-code}" if code < 0 else f"code {code}"
                 if stopping:
                     log.info("replica %d (pid %d) stopped with %s", i, proc.pid, how)
@@ -191,6 +244,7 @@ class LocalCluster:
                   f"Ctrl-C stops it", flush=True)
             while not stop:
                 self.reap()
+                self.restart_dead()
                 if self.balancer is not None and self.balancer.poll() is not None:
                     log.error("%s exited with %s", self.cfg.balancer, self.balancer.returncode)
                     return 1

@@ -41,3 +41,30 @@ def test_drain_and_kill_under_load(balancer, tiny_dataset, tiny_model, tmp_path)
     assert len(after) >= 20 and all(o.status == 200 for o in after)
     assert sum(o.start_s < TERM_AT_S for o in outcomes) >= 20, "too little load before the drain to mean anything"
     assert launcher_rc == 0
+
+
+def test_a_killed_replica_is_started_again_and_served_through_the_balancer(tiny_dataset, tiny_model, tmp_path):
+    import time
+    import urllib.request
+
+    from hybridgnn.serving.cluster import http_ready
+
+    require_tool("haproxy")
+    cluster = Cluster(tmp_path / "run", tiny_dataset, tiny_model, replicas=2, balancer="haproxy").wait_ready()
+    try:
+        first = cluster.replica_pid(0)
+        cluster.signal_replica(0, signal.SIGKILL)
+        assert cluster.replica_exit(0) == -signal.SIGKILL
+        deadline = time.monotonic() + 120
+        while not (cluster.replica_pid(0) != first and http_ready(f"http://{cluster.backends[0]}")):
+            assert time.monotonic() < deadline, f"replica 0 not back:\n{cluster.launcher_log()[-3000:]}"
+            time.sleep(0.2)  # poll interval; bounded by the deadline
+        assert "started again" in cluster.launcher_log()
+        body = b'{"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [7]}]}'
+        for _ in range(6):  # round robin reaches the restarted replica too
+            req = urllib.request.Request(cluster.url + "/v2/models/hybridgnn/infer", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert r.status == 200
+    finally:
+        assert cluster.stop() == 0

@@ -1,0 +1,57 @@
+"""The local cluster supervisor's restart decisions (no processes: a fake replica)."""
+
+import pytest
+
+from hybridgnn.serving.cluster import (
+    RESTART_BACKOFF_MAX_S,
+    STABLE_UPTIME_S,
+    ClusterConfig,
+    LocalCluster,
+    restart_delay,
+)
+
+
+def test_backoff_doubles_per_crash_up_to_the_cap_and_resets_after_a_stable_run():
+    delays, last = [], None
+    for _ in range(8):
+        last = restart_delay(last, uptime_s=2.0, base_s=1.0)
+        delays.append(last)
+    assert delays[:6] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0] and max(delays) == RESTART_BACKOFF_MAX_S
+    assert restart_delay(30.0, uptime_s=STABLE_UPTIME_S + 1, base_s=1.0) == 1.0
+
+
+class FakeProc:
+    def __init__(self, pid, code=None):
+        self.pid, self.returncode = pid, code
+
+    def poll(self):
+        return self.returncode
+
+
+def test_a_dead_replica_is_started_again_once_its_backoff_has_passed(tmp_path, monkeypatch):
+    cluster = LocalCluster(ClusterConfig(replicas=2, run_dir=tmp_path, restart_backoff_s=1.0))
+    cluster.replicas = [FakeProc(10), FakeProc(11, code=-9)]
+    cluster.restarts = [0, 0]
+    cluster._started_at = {0: 0.0, 1: 0.0}
+    spawned = []
+    monkeypatch.setattr(cluster, "_spawn", lambda i: spawned.append(i) or FakeProc(100 + i))
+    cluster.restart_dead(now=5.0)  # schedules replica 1 for 6.0
+    assert spawned == []
+    cluster.restart_dead(now=5.5)
+    assert spawned == []
+    cluster.restart_dead(now=6.0)
+    assert spawned == [1] and cluster.replicas[1].pid == 101 and cluster.restarts == [0, 1]
+    cluster.restart_dead(now=7.0)  # running again: nothing to do
+    assert spawned == [1]
+
+
+def test_no_restart_leaves_it_down(tmp_path):
+    cluster = LocalCluster(ClusterConfig(replicas=1, run_dir=tmp_path, restart=False))
+    cluster.replicas, cluster.restarts = [FakeProc(10, code=1)], [0]
+    cluster.restart_dead(now=100.0)
+    assert cluster.replicas[0].pid == 10
+
+
+def test_backoff_must_be_positive():
+    with pytest.raises(ValueError, match="restart_backoff_s"):
+        ClusterConfig(restart_backoff_s=0)
