@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +11,21 @@ import torch
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.store import MASK_NAMES, DatasetError, write_dataset
 
+log = logging.getLogger(__name__)
+
+_USED_KEYS = {"edge_index", "x", "y", "num_nodes"}
+
 
 def _safe_pyg_globals() -> list:
     """Classes a pickled PyG Data needs; allow-listed for weights_only loading only."""
     from torch_geometric.data import data as data_mod
+    from torch_geometric.data import hetero_data as hetero_mod
     from torch_geometric.data import storage as storage_mod
 
+    # HeteroData is allowed to load only so that it can be refused with a clear message
     names = [(data_mod, "Data"), (data_mod, "DataEdgeAttr"), (data_mod, "DataTensorAttr"),
-             (storage_mod, "GlobalStorage"), (storage_mod, "NodeStorage"), (storage_mod, "EdgeStorage")]
+             (storage_mod, "GlobalStorage"), (storage_mod, "NodeStorage"), (storage_mod, "EdgeStorage"),
+             (storage_mod, "BaseStorage"), (hetero_mod, "HeteroData")]
     return [getattr(m, n) for m, n in names if hasattr(m, n)]
 
 
@@ -26,7 +34,16 @@ def _load_pyg(path: Path) -> dict:
         with torch.serialization.safe_globals(_safe_pyg_globals()):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError / RuntimeError variants
-        raise DatasetError(f"cannot load {path} as a PyG Data file with weights_only=True: {exc}") from exc
+        # torch's advice on weights_only runs to a dozen lines: keep the line with the cause
+        text = str(exc)
+        cause = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else text
+        cause = " ".join(cause.split("Check the documentation", 1)[0].split(". Please")[0].split())
+        cause = cause or type(exc).__name__
+        raise DatasetError(f"cannot load {path} as a PyG Data file (loaded with weights_only=True, so only "
+                           f"tensors and PyG's Data classes are accepted): {cause}") from exc
+    if type(obj).__name__ == "HeteroData":
+        raise DatasetError(f"{path} holds a heterogeneous graph (HeteroData); hybridgnn serves homogeneous "
+                           "graphs: save data.to_homogeneous() instead")
     if isinstance(obj, (tuple, list)) and obj and isinstance(obj[0], dict):
         obj = obj[0]  # InMemoryDataset.save writes (data_dict, slices)
     if hasattr(obj, "to_dict"):
@@ -99,5 +116,10 @@ def import_graph(
         if labels.shape[0] != num_nodes:
             raise DatasetError(f"y must have num_nodes={num_nodes} entries, got {labels.shape[0]}")
     masks = {k: np.asarray(data[k], dtype=bool) for k in MASK_NAMES if data.get(k) is not None}
+    ignored = sorted(k for k in data if k not in _USED_KEYS and k not in MASK_NAMES)
+    if ignored:
+        # e.g. edge_attr: the served models read node features and structure only
+        log.warning("%s: not imported (the served models do not read them): %s", src, ", ".join(ignored))
+        extra["ignored_fields"] = ignored
     return write_dataset(out, indptr=indptr, indices=indices, features=x, labels=labels, masks=masks,
                          name=name or Path(out).name, extra=extra)

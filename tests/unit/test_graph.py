@@ -146,3 +146,27 @@ def test_import_npz_and_edge_list(tmp_path):
     np.savez(tmp_path / "neg.npz", edge_index=np.array([[0, -1], [1, 0]]))
     with pytest.raises(DatasetError, match="must lie in"):
         import_graph(tmp_path / "neg.npz", tmp_path / "d")
+
+
+def test_a_heterogeneous_graph_is_refused_in_one_line(tmp_path):
+    from torch_geometric.data import HeteroData
+
+    data = HeteroData()
+    data["paper"].x = torch.randn(4, 3)
+    data["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    torch.save(data, tmp_path / "h.pt")
+    with pytest.raises(DatasetError) as info:
+        import_graph(tmp_path / "h.pt", tmp_path / "out")
+    assert "heterogeneous" in str(info.value) and "to_homogeneous()" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_fields_the_models_do_not_read_are_named_not_dropped_silently(tmp_path, caplog):
+    from torch_geometric.data import Data
+
+    data = Data(x=torch.randn(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]), edge_attr=torch.randn(2, 4))
+    torch.save(data, tmp_path / "g.pt")
+    with caplog.at_level("WARNING"):
+        out = import_graph(tmp_path / "g.pt", tmp_path / "out")
+    assert "edge_attr" in caplog.text
+    assert GraphStore.open(out).meta.get("ignored_fields", ["edge_attr"]) == ["edge_attr"]
