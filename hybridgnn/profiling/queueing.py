@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybridgnn.config import PolicyConfig
+
 
 @dataclass(frozen=True)
 class ServingLoad:
@@ -41,8 +43,8 @@ class ServingLoad:
     GIL time per request in the serving process, other processes' CPU per request on the
     same cores, and how many cores there are."""
 
-    request_seeds: float = 8.0
-    frontend_cpu_s: float = 500e-6  # the event loop's CPU per request, measured here at 450-720 req/s
+    request_seeds: float = PolicyConfig.request_seeds
+    frontend_cpu_s: float = PolicyConfig.frontend_cpu_us * 1e-6  # the event loop's CPU per request
     colocated_cpu_s: float = 0.0
     cores: float = 0.0  # 0: the cores this process may run on
     service_scale: float = 1.0  # batches take this many times as long as profiled, load aside (drift)
