@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from hybridgnn.config import DEFAULT_QUEUE_DELAY_S
 from hybridgnn.errors import Overloaded
 
 _DECAY = 0.05  # weight of the newest batch in the cost fit (about the last 20 batches)
@@ -120,3 +121,28 @@ class Admission:
 
     def delays_s(self) -> dict[str, float]:
         return {name: lane.delay_s() for name, lane in self.lanes.items()}
+
+
+def delay_bound_s(configured_s: float | None, slo_s: float | None, batching_wait_s: float,
+                  full_batch_service_s: float | None, default_s: float = DEFAULT_QUEUE_DELAY_S) -> float:
+    """The queueing-delay bound: the configured one, else the room an SLO leaves (the SLO
+    less the batching wait and a full batch's p99 service time, at least a fifth of the
+    SLO), else default_s."""
+    if configured_s is not None:
+        return configured_s
+    if slo_s is not None and full_batch_service_s is not None:
+        return max(slo_s / 5, slo_s - batching_wait_s - full_batch_service_s)
+    return default_s
+
+
+def full_batch_work(max_batch_psgs: float, max_batch_seeds: int, max_batch_requests: int, seed_psgs: float,
+                    mean_request_psgs: float) -> float:
+    """PSGS of a batch the batcher closes under backlog (full by one of its limits)."""
+    return max(seed_psgs, min(max_batch_psgs, max_batch_seeds * seed_psgs, max_batch_requests * mean_request_psgs))
+
+
+def serving_lanes(sampled_servers: int, cpu_workers: int, full_batch: float, update_batch: int) -> list[Lane]:
+    """One lane per kind of work: sampled inference (PSGS, every pipeline's workers),
+    precomputed lookups and new-node compute (requests, CPU workers), graph updates."""
+    return [Lane("sampled", sampled_servers, full_batch), Lane("lookup", cpu_workers),
+            Lane("new_nodes", cpu_workers), Lane("updates", 1, update_batch)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hybridgnn.config import DEFAULT_QUEUE_DELAY_S, ServeConfig
+from hybridgnn.config import ServeConfig
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.errors import (
     BatchFailed,
@@ -28,14 +28,16 @@ from hybridgnn.errors import (
     Overloaded,
     RemovedNode,
 )
-from hybridgnn.features.store import (
-    hottest_first,
-)
 from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.profiling.profile import Policy, Profile
 from hybridgnn.runtime.resources import Resources
 from hybridgnn.sampling.cpu import CPUSampler
-from hybridgnn.scheduler.admission import Admission, Lane
+from hybridgnn.scheduler.admission import (
+    Admission,
+    delay_bound_s,
+    full_batch_work,
+    serving_lanes,
+)
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
 from hybridgnn.serving.policy_control import PolicyControl
@@ -149,17 +151,10 @@ class Engine:
         counts = self.seed_counts.copy()
         if counts.sum() == 0:
             raise LookupError("no requests counted yet: nothing to compute a seed distribution from")
-        from hybridgnn.workload.tables import compute_fap
-
-        def build():
-            t0 = time.perf_counter()
-            fap = compute_fap(self.graph, self.cfg.sampling.fanouts, counts / counts.sum())
-            order = hottest_first(fap)
-            cache = self.resources.device_cache(order)
-            return cache, fap, order, time.perf_counter() - t0
-
         old = self.gpu_features.current
-        cache, fap, order, seconds = await asyncio.to_thread(build)
+        t0 = time.perf_counter()
+        cache, fap, order = await asyncio.to_thread(self.resources.cache_for_seed_counts, counts)
+        seconds = time.perf_counter() - t0
         self.gpu_features.swap(cache)
         self.telemetry.placement_refreshes.inc()
         kept = int(np.intersect1d(np.flatnonzero(old.slot.cpu().numpy() >= 0),
@@ -172,31 +167,24 @@ class Engine:
         return report
 
     def _make_admission(self) -> Admission:
-        """Lanes for each kind of work, and the delay bound: the configured one, else the
-        room an slo:<ms> policy leaves (the SLO less the batching wait and a full batch's
-        p99 service time, at least a fifth of the SLO), else DEFAULT_QUEUE_DELAY_S."""
+        """Lanes for each kind of work and the delay bound (scheduler/admission.py decides)."""
         self._seed_psgs = float(np.mean(self.tables.psgs))
         self._mean_request_psgs = self._seed_psgs
         full_batch = self._full_batch_psgs()
-        bound = self.cfg.admission.max_queue_delay_s
-        if bound is None and self.policy is not None and self.policy.name.startswith("slo"):
+        slo_s = service_s = None
+        if self.policy is not None and self.policy.name.startswith("slo"):
             slo_s = float(self.policy.name.split(":", 1)[1]) / 1000.0
-            service = max(float(dev.tail(full_batch)) for dev in self.profile.devices.values())
-            bound = max(slo_s / 5, slo_s - self.cfg.batcher.max_wait_s - service)
-        if bound is None:
-            bound = DEFAULT_QUEUE_DELAY_S
+            service_s = max(float(dev.tail(full_batch)) for dev in self.profile.devices.values())
+        bound = delay_bound_s(self.cfg.admission.max_queue_delay_s, slo_s, self.cfg.batcher.max_wait_s, service_s)
         workers = sum(p.cfg.workers for p in self.pipelines.values())
-        cpu = self.cfg.cpu_pipeline.workers
-        lanes = [Lane("sampled", workers, full_batch), Lane("lookup", cpu), Lane("new_nodes", cpu),
-                 Lane("updates", 1, self.cfg.updates.max_batch_updates)]
         log.info("admission: a request is refused (429) when its predicted queueing delay passes %.0f ms", bound * 1e3)
-        return Admission(bound, lanes)
+        return Admission(bound, serving_lanes(workers, self.cfg.cpu_pipeline.workers, full_batch,
+                                              self.cfg.updates.max_batch_updates))
 
     def _full_batch_psgs(self) -> float:
-        """PSGS of a batch the batcher closes under backlog (it is full by one of its limits)."""
         b = self.batcher_cfg
-        return max(self._seed_psgs, min(b.max_batch_psgs, b.max_batch_seeds * self._seed_psgs,
-                                        b.max_batch_requests * self._mean_request_psgs))
+        return full_batch_work(b.max_batch_psgs, b.max_batch_seeds, b.max_batch_requests, self._seed_psgs,
+                               self._mean_request_psgs)
 
     # --- policy (decided by self.control, applied here) ------------------------------
     @property
@@ -500,20 +488,6 @@ class Engine:
             self._release()
 
     # --- description -----------------------------------------------------------------
-    def _prediction_assumes(self) -> dict | None:
-        """What predicted_seeds_per_s assumes, in the words of the flags that set it."""
-        if self.policy is None:
-            return None
-        pc = self.cfg.policy
-        if not self.policy.name.startswith("slo"):
-            return {"what": "capacity of the profiled pipelines with batches at the policy's threshold, all "
-                            "workers busy; no front end, no queueing: an upper bound, not a served rate"}
-        return {"what": "highest rate whose simulated p99 fits the SLO: Poisson arrivals through the batcher "
-                        "and the profiled workers, the event loop as a queue of its own",
-                "request_seeds": pc.request_seeds, "frontend_cpu_us": pc.frontend_cpu_us,
-                "colocated_cpu_us": pc.colocated_cpu_us, "service_scale": pc.service_scale,
-                "batching_wait_ms": self.cfg.batcher.max_wait_s * 1e3}
-
     def metadata(self) -> dict:
         spec = self.model.spec
         thr = self.router.threshold
@@ -537,7 +511,7 @@ class Engine:
             "policy": self.policy.name if self.policy else None,
             "max_batch_psgs": "inf" if math.isinf(self.batcher_cfg.max_batch_psgs) else self.batcher_cfg.max_batch_psgs,
             "predicted_seeds_per_s": self.policy.predicted_seeds_per_s if self.policy else None,
-            "predicted_assumes": self._prediction_assumes(),
+            "predicted_assumes": self.control.prediction_assumes(),
             "service_stretch": self.service_stretch(),
             "admission": {**self.admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
             "max_request_nodes": self.cfg.server.max_request_nodes,

@@ -175,3 +175,16 @@ class PolicyControl:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
+    def prediction_assumes(self) -> dict | None:
+        """What predicted_seeds_per_s assumes, in the words of the flags that set it."""
+        if self.policy is None:
+            return None
+        pc = self.cfg.policy
+        if not self.policy.name.startswith("slo"):
+            return {"what": "capacity of the profiled pipelines with batches at the policy's threshold, all "
+                            "workers busy; no front end, no queueing: an upper bound, not a served rate"}
+        return {"what": "highest rate whose simulated p99 fits the SLO: Poisson arrivals through the batcher "
+                        "and the profiled workers, the event loop as a queue of its own",
+                "request_seeds": pc.request_seeds, "frontend_cpu_us": pc.frontend_cpu_us,
+                "colocated_cpu_us": pc.colocated_cpu_us, "service_scale": pc.service_scale,
+                "batching_wait_ms": self.cfg.batcher.max_wait_s * 1e3}

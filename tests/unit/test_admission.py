@@ -60,3 +60,22 @@ def test_bad_observations_are_ignored():
     assert not lane.measured
     with pytest.raises(ValueError):
         Admission(0, [lane])
+
+
+def test_the_delay_bound_comes_from_the_flag_else_the_room_an_slo_leaves_else_the_default():
+    from hybridgnn.scheduler.admission import delay_bound_s
+
+    assert delay_bound_s(0.25, 0.05, 0.002, 0.01) == 0.25
+    assert delay_bound_s(None, 0.05, 0.002, 0.018) == pytest.approx(0.03)
+    assert delay_bound_s(None, 0.05, 0.002, 0.047) == pytest.approx(0.01)  # at least a fifth of the SLO
+    assert delay_bound_s(None, None, 0.002, None, default_s=0.1) == 0.1
+
+
+def test_a_full_batch_is_the_first_limit_the_batcher_reaches():
+    from hybridgnn.scheduler.admission import full_batch_work, serving_lanes
+
+    assert full_batch_work(math.inf, 1024, 256, seed_psgs=10.0, mean_request_psgs=80.0) == 10_240
+    assert full_batch_work(math.inf, 1024, 256, seed_psgs=10.0, mean_request_psgs=20.0) == 5_120
+    assert full_batch_work(500.0, 1024, 256, seed_psgs=10.0, mean_request_psgs=20.0) == 500
+    assert full_batch_work(1.0, 1024, 256, seed_psgs=10.0, mean_request_psgs=20.0) == 10  # never below one seed
+    assert [lane.name for lane in serving_lanes(4, 2, 100.0, 1000)] == ["sampled", "lookup", "new_nodes", "updates"]
