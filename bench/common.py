@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from hybridgnn.capabilities import describe_line
+from hybridgnn.serving.cluster import http_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("HYBRIDGNN_BENCH_DATA", ROOT / "data"))
@@ -181,12 +182,8 @@ class RevisionServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server ({self.label}) exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            if http_ready(self.url):  # garbled answers too count as "not yet"
+                return self
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"server ({self.label}) not ready within {timeout_s}s:\n{self.output()}")

@@ -8,6 +8,7 @@ signal drains the replicas (SIGTERM), then stops the balancer.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import shutil
@@ -66,10 +67,13 @@ class ClusterConfig:
 
 
 def http_ready(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether url answers its readiness check with 200. Anything else is "not yet": a
+    refused connection, a timeout, or a garbled answer (on loopback, a connection to a
+    port nobody listens on yet can connect to itself and read back its own request)."""
     try:
         with urllib.request.urlopen(url + READY_PATH, timeout=timeout_s) as r:
             return r.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError):
         return False
 
 

@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+
+from hybridgnn.serving.cluster import http_ready
 
 
 def free_port() -> int:
@@ -34,12 +34,8 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            if http_ready(self.url):  # garbled answers too count as "not yet"
+                return self
             time.sleep(0.05)  # poll interval, bounded by the deadline above
         self.stop()
         raise TimeoutError(f"server not ready within {timeout_s}s:\n{self.output()}")
