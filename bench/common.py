@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from hybridgnn.capabilities import describe_line
-from hybridgnn.serving.cluster import http_ready
+from hybridgnn.testing.server import await_ready, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("HYBRIDGNN_BENCH_DATA", ROOT / "data"))
@@ -178,15 +178,8 @@ class RevisionServer:
         return f"revision {self.rev}" if self.rev is not None else "working tree"
 
     def wait_ready(self, timeout_s: float = 180.0) -> "RevisionServer":
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server ({self.label}) exited with {self.proc.returncode}:\n{self.output()}")
-            if http_ready(self.url):  # garbled answers too count as "not yet"
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"server ({self.label}) not ready within {timeout_s}s:\n{self.output()}")
+        await_ready(self, f"server ({self.label})", timeout_s)
+        return self
 
     def output(self) -> str:
         """What the server printed so far (all of it once it has exited)."""
@@ -195,14 +188,7 @@ class RevisionServer:
         return self._log.read().decode(errors="replace")
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout_s)
 
 
 def serve_revision(rev: str | None, dataset, model, *extra: str, timeout_s: float = 180.0) -> RevisionServer:

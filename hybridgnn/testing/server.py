@@ -11,6 +11,32 @@ import time
 from hybridgnn.serving.cluster import http_ready
 
 
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    """SIGTERM, wait up to timeout_s, then SIGKILL; the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def await_ready(server, label: str, timeout_s: float) -> None:
+    """Poll server.url's readiness until 200, server.proc exits (RuntimeError) or the
+    deadline passes (server.stop(), TimeoutError); errors carry server.output()."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{label} exited with {server.proc.returncode}:\n{server.output()}")
+        if http_ready(server.url):  # garbled answers too count as "not yet"
+            return
+        time.sleep(0.05)  # poll interval, bounded by the deadline above
+    server.stop()
+    raise TimeoutError(f"{label} not ready within {timeout_s}s:\n{server.output()}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -30,15 +56,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout_s: float = 120.0) -> "ServerProcess":
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            if http_ready(self.url):  # garbled answers too count as "not yet"
-                return self
-            time.sleep(0.05)  # poll interval, bounded by the deadline above
-        self.stop()
-        raise TimeoutError(f"server not ready within {timeout_s}s:\n{self.output()}")
+        await_ready(self, "server", timeout_s)
+        return self
 
     def output(self) -> str:
         if self.proc.poll() is None:
@@ -46,11 +65,4 @@ class ServerProcess:
         return self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout_s)
