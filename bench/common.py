@@ -9,7 +9,6 @@ import json
 import os
 import re
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from hybridgnn.capabilities import describe_line
-from hybridgnn.testing.server import await_ready, stop_process
+from hybridgnn.testing.server import await_ready, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("HYBRIDGNN_BENCH_DATA", ROOT / "data"))
@@ -132,12 +131,6 @@ def revision_worktree(rev: str) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RevisionServer:
     """`hybridgnn serve --dataset D --model M --port P *extra` running the code of git
     revision `rev` (its worktree first on PYTHONPATH and the working directory; same
@@ -151,7 +144,7 @@ class RevisionServer:
 
         self.rev = rev
         self.worktree = revision_worktree(rev) if rev is not None else ROOT
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if rev is not None:

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,16 +43,11 @@ from hybridgnn.testing.fuzz import (  # noqa: E402
     problem_kind,
     run_case,
 )
+from hybridgnn.testing.server import free_port  # noqa: E402
 
 # share of the cases per kind (as in tests/integration/test_fuzz.py: 700/300/400/600)
 SHARES = {"json": 0.35, "binary": 0.15, "graph": 0.20, "raw": 0.30}
 EXAMPLES_KEPT = 3  # problems shown per category
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def small_dataset(root: Path) -> tuple[Path, Path]:

@@ -74,10 +74,8 @@ class Cluster:
     def __init__(self, run_dir: Path, dataset: Path, model: Path, *, replicas: int, balancer: str,
                  serve_args: tuple[str, ...] = ()):
         self.run_dir = run_dir
-        self.port = free_port()
-        base = free_port()
-        while base in range(self.port - replicas, self.port + 1) or base + replicas > 65535:
-            base = free_port()
+        base = free_port(replicas + 1)  # the balancer's port, then one per replica
+        self.port, base = base, base + 1
         self.backends = [f"127.0.0.1:{base + i}" for i in range(replicas)]
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = ["bash", str(DEPLOY / "launch-local.sh"), "--replicas", str(replicas), "--balancer", balancer,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -37,11 +38,38 @@ def await_ready(server, label: str, timeout_s: float) -> None:
     raise TimeoutError(f"{label} not ready within {timeout_s}s:\n{server.output()}")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS starts at 49152, above it anyway
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago.
+
+    Chosen below the kernel's ephemeral range on purpose: a port from that range can be
+    taken at any time by some client's outgoing connection, including a readiness
+    probe that connects to the very port a server is about to bind (a loopback
+    self-connect holds the port, and the server then fails with "address in use")."""
+    high = _ephemeral_low() - count
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(1000):
+        base = rng.randrange(20000, high)
+        if all(_bindable(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports in 20000..{high + count}")
+
 
 class ServerProcess:
     """`hybridgnn serve --dataset D --model M --port P *extra`; `command` replaces the
