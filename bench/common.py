@@ -87,7 +87,7 @@ def heavy_setup():
 
     ensure_products(PRODUCTS)
     model_dir = PRODUCTS.parent / "products-sage3-256"
-    if not (model_dir / "model.pt").is_file():
+    if not (model_dir / "golden.pt").is_file():
         graph = GraphStore.open(PRODUCTS)
         torch.manual_seed(0)
         model = GNN(ModelSpec("sage", graph.feature_dim, 256, 47, num_layers=3)).eval()

@@ -36,7 +36,7 @@ def ensure_demo(cache_dir: Path | None = None) -> tuple[Path, Path]:
         shutil.rmtree(data_dir, ignore_errors=True)
         tmp.rename(data_dir)
     graph = GraphStore.open(data_dir)
-    if not (model_dir / "config.json").is_file():
+    if not (model_dir / "golden.pt").is_file():  # absent too in model directories of older versions
         log.info("first run: training the demo GraphSAGE model into %s", model_dir)
         model, metrics = train(graph, DEMO_TRAIN)
         tmp = model_dir.with_name("model.tmp")

@@ -30,8 +30,8 @@ def run(args) -> int:
 
     graph = GraphStore.open(args.dataset)
     model, _ = load_checkpoint(args.model)
-    if model.spec.in_dim != graph.feature_dim:
-        raise ValueError(f"model expects {model.spec.in_dim}-dim features, dataset has {graph.feature_dim}")
+    if model.in_dim != graph.feature_dim:
+        raise ValueError(f"model expects {model.in_dim}-dim features, dataset has {graph.feature_dim}")
     store = precompute(graph, model, args.model, PrecomputeConfig(batch_size=args.batch_size, dtype=args.dtype,
                                                                   device=args.device, order=args.order))
     print(json.dumps({"embeddings": str(store.root), "layers": [list(a.shape) for a in store.layers],

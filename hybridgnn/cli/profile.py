@@ -49,7 +49,7 @@ def run(args) -> int:
         ServeConfig,
         parse_fanouts,
     )
-    from hybridgnn.models.checkpoint import load_checkpoint
+    from hybridgnn.models.checkpoint import read_config
     from hybridgnn.profiling.profile import Profile, build_profile
     from hybridgnn.profiling.runner import ProfileConfig
 
@@ -59,9 +59,9 @@ def run(args) -> int:
         from hybridgnn.demo import ensure_demo
 
         args.dataset, args.model = ensure_demo(args.cache_dir)
-    _, model_cfg = load_checkpoint(args.model)
+    model_cfg = read_config(args.model)
     fanouts = (parse_fanouts(args.fanouts) if args.fanouts
-               else tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"]))
+               else tuple(model_cfg.get("fanouts") or [10] * model_cfg["num_layers"]))
     serve_cfg = ServeConfig(
         dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,

@@ -164,7 +164,7 @@ def gpu_pipeline_config(device: str, workers: int) -> PipelineConfig | None:
 
 
 def build_config(args) -> ServeConfig:
-    from hybridgnn.models.checkpoint import load_checkpoint
+    from hybridgnn.models.checkpoint import read_config
 
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to serve the demo)")
@@ -175,8 +175,8 @@ def build_config(args) -> ServeConfig:
     if args.fanouts:
         fanouts = parse_fanouts(args.fanouts)
     else:
-        _, model_cfg = load_checkpoint(args.model)
-        fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["spec"]["num_layers"])
+        model_cfg = read_config(args.model)
+        fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["num_layers"])
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token))
     return ServeConfig(

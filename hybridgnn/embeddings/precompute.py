@@ -30,7 +30,7 @@ from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.host import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
-from hybridgnn.models.gnn import GNN
+from hybridgnn.models.gnn import GNN, gcn_edge_weights
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -135,8 +135,7 @@ class DeviceBlocks:
 
 
 def gcn_degrees(graph: GraphStore) -> tuple[np.ndarray, np.ndarray]:
-    """(normalising degree, has self-loop) per node as PyG's gcn_norm sees the whole graph:
-    add_remaining_self_loops gives every node exactly one self-loop."""
+    """gcn_norm_degrees of a stored graph, from its CSR (rows are targets)."""
     indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
     rows = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
     has_loop = np.zeros(graph.num_nodes, dtype=bool)
@@ -144,13 +143,7 @@ def gcn_degrees(graph: GraphStore) -> tuple[np.ndarray, np.ndarray]:
     return np.diff(indptr) + (~has_loop), has_loop
 
 
-def _gcn_block(edge_index, sources, num_targets, norm_degree, has_loop):
-    """The block plus self-loops for targets that lack one, weighted by gcn_norm."""
-    loops = np.flatnonzero(~has_loop[sources[:num_targets]])
-    ei = np.concatenate([edge_index, np.stack([loops, loops])], axis=1)
-    inv_sqrt = 1.0 / np.sqrt(norm_degree[sources].astype(np.float64))
-    w = inv_sqrt[ei[0]] * inv_sqrt[ei[1]]
-    return ei, w.astype(np.float32)
+_gcn_block = gcn_edge_weights  # the block plus missing self-loops, weighted by gcn_norm
 
 
 def layer_dims(model, in_dim: int, device: torch.device | str = "cpu") -> list[int]:

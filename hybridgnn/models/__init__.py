@@ -1,6 +1,13 @@
-"""PyG model builders, checkpoints (state_dict + JSON, weights_only), training."""
+"""Models: the contract of what can be served (zoo), model directories with golden outputs
+(checkpoint, golden), the layer-wise view (decompose), built-in GNNs and training."""
 
-from hybridgnn.models.checkpoint import load_checkpoint, save_checkpoint
+from hybridgnn.models.checkpoint import (
+           load_checkpoint,
+           load_model,
+           save_checkpoint,
+           save_model,
+)
 from hybridgnn.models.gnn import GNN, MODEL_KINDS, ModelSpec, build_model
 
-__all__ = ["GNN", "MODEL_KINDS", "ModelSpec", "build_model", "load_checkpoint", "save_checkpoint"]
+__all__ = ["GNN", "MODEL_KINDS", "ModelSpec", "build_model", "load_checkpoint", "load_model", "save_checkpoint",
+           "save_model"]

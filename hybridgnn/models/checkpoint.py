@@ -1,48 +1,169 @@
-"""Checkpoints: a directory with model.pt (state_dict only) and config.json.
+"""Model directories: config.json (the class, its constructor arguments, serving hints),
+model.pt (the state_dict) and golden.pt (the model's answers on the golden graph).
 
-Loading uses torch.load(weights_only=True): a checkpoint can carry tensors, never code.
+`save_model` writes one from a live model; `load_model` rebuilds the model from the
+allowlist (hybridgnn.models.zoo), loads the weights with torch.load(weights_only=True)
+and strict keys, and refuses to serve unless every evaluation path reproduces the golden
+answers (hybridgnn.models.golden). A weights file from another architecture, a wrong
+option or a changed library therefore never serves.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from hybridgnn.errors import ConfigError
-from hybridgnn.models.gnn import GNN, ModelSpec
+from hybridgnn.models import golden, zoo
+from hybridgnn.models.decompose import decompose
+
+FORMAT = 2
+CONFIG, WEIGHTS, GOLDEN = "config.json", "model.pt", "golden.pt"
 
 
 class CheckpointError(ConfigError):
-    """A model directory is missing files or does not match its config."""
+    """A model directory is missing files, does not match its config, or fails its golden check."""
 
 
-def save_checkpoint(model: GNN, path: str | Path, *, extra: dict | None = None) -> Path:
+def save_model(model: nn.Module, path: str | Path, *, fanouts: list[int] | tuple[int, ...] | None = None,
+               extra: dict | None = None) -> Path:
+    """Write `model` as a model directory hybridgnn can serve; UnsupportedModel (one line)
+    when it is off the allowlist or uses an option some serving path cannot run exactly.
+
+    fanouts: the serving default (one per layer); extra: more JSON kept in config.json."""
     root = Path(path)
+    name, args = zoo.describe(model)
+    was_training = model.training
+    model.eval()
+    try:
+        stack = decompose(model)
+        graph = golden.golden_graph(stack.in_dim)
+        expected = golden.reference_outputs(model, graph)
+        # What load_model will do, done now: rebuild from the description, load the weights
+        # strictly and run every path, so a model that would be refused is never written.
+        rebuilt = zoo.build(name, args)
+        _load_state(rebuilt, model.state_dict(), root)
+        problems = golden.mismatches(rebuilt, decompose(rebuilt), graph, expected)
+    finally:
+        model.train(was_training)
+    if problems:
+        raise zoo.UnsupportedModel(f"{type(model).__name__} cannot be served exactly: " + "; ".join(problems))
+    config = {"format": FORMAT, "class": name, "args": args, "in_dim": stack.in_dim, "out_dim": stack.out_dim,
+              "num_layers": stack.num_layers, **({"fanouts": [int(f) for f in fanouts]} if fanouts else {}),
+              **(extra or {})}
+    if config.get("fanouts") is not None and len(config["fanouts"]) < stack.num_layers:
+        raise ConfigError(f"fanouts {config['fanouts']} give fewer hops than the model's {stack.num_layers} layers")
     root.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), root / "model.pt")
-    config = {"spec": model.spec.to_dict(), **(extra or {})}
-    (root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # Weights and golden answers first, config last: a directory with a config.json is complete.
+    _atomic_save(root / WEIGHTS, lambda p: torch.save(model.state_dict(), p))
+    _atomic_save(root / GOLDEN, lambda p: torch.save({"x": graph.x, "edge_index": graph.edge_index,
+                                                      "out": expected}, p))
+    _atomic_save(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     return root
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[GNN, dict]:
+def save_checkpoint(model: nn.Module, path: str | Path, *, extra: dict | None = None) -> Path:
+    """save_model with serving hints given as one dict (fanouts, dataset fingerprint, metrics)."""
+    extra = dict(extra or {})
+    return save_model(model, path, fanouts=extra.pop("fanouts", None), extra=extra)
+
+
+def read_config(path: str | Path) -> dict:
+    """config.json of a model directory, checked for the fields every reader needs."""
     root = Path(path)
-    cfg_path, weights_path = root / "config.json", root / "model.pt"
-    for p in (cfg_path, weights_path):
-        if not p.is_file():
-            raise CheckpointError(f"model directory {root} lacks {p.name}")
+    cfg_path = root / CONFIG
+    if not cfg_path.is_file():
+        raise CheckpointError(f"model directory {root} lacks {CONFIG} (write one with hybridgnn.save_model "
+                              "or `hybridgnn model export`)")
     try:
         config = json.loads(cfg_path.read_text())
-        spec = ModelSpec(**config["spec"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{cfg_path} does not describe a model: {exc}") from exc
-    model = GNN(spec)
-    try:
-        state = torch.load(weights_path, map_location=map_location, weights_only=True)
-        model.load_state_dict(state)
-    except Exception as exc:  # unpickling and shape errors come in several types
-        raise CheckpointError(f"cannot load weights from {weights_path}: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{cfg_path} is not JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg_path} is not a JSON object")
+    if "spec" in config and "class" not in config:
+        raise CheckpointError(f"{root} was written by an older hybridgnn (no golden outputs to check it "
+                              "against); save it again with hybridgnn.save_model")
+    for key, kind in (("class", str), ("args", dict), ("num_layers", int), ("in_dim", int), ("out_dim", int)):
+        if not isinstance(config.get(key), kind):
+            raise CheckpointError(f"{cfg_path} lacks {key!r} ({kind.__name__}); write it with hybridgnn.save_model")
+    return config
+
+
+def model_kind(config: dict) -> str:
+    """A short label: the built-in GNN's kind (sage, gcn, gat), else the class name."""
+    return config["args"].get("kind", "") if config["class"] == "hybridgnn.GNN" else config["class"].split(".")[-1]
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, check: bool = True):
+    """(layer stack ready to serve, config) from a model directory; CheckpointError or
+    UnsupportedModel (one line each) when it cannot be served exactly."""
+    root = Path(path)
+    config = read_config(root)
+    model = zoo.build(config["class"], config["args"])
+    state = _torch_load(root / WEIGHTS, map_location)
+    _load_state(model, state, root)
     model.eval()
-    return model, config
+    stack = decompose(model)
+    if (stack.in_dim, stack.out_dim, stack.num_layers) != (config["in_dim"], config["out_dim"], config["num_layers"]):
+        raise CheckpointError(f"{root / CONFIG}: in_dim/out_dim/num_layers do not match its class arguments")
+    if check:
+        t0 = time.perf_counter()
+        saved = _torch_load(root / GOLDEN, "cpu")
+        try:
+            graph = golden.GoldenGraph(saved["x"].float(), saved["edge_index"].long())
+            expected = saved["out"].float()
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{root / GOLDEN} is not a golden-outputs file: {exc}") from exc
+        if graph.x.ndim != 2 or graph.x.shape[1] != stack.in_dim:
+            raise CheckpointError(f"{root / GOLDEN} has {tuple(graph.x.shape)} inputs for a "
+                                  f"{stack.in_dim}-feature model")
+        problems = golden.mismatches(model, stack, graph, expected)
+        if problems:
+            raise CheckpointError(f"{root} does not reproduce its golden outputs (tolerance "
+                                  f"{golden.GOLDEN_TOLERANCE:g}), so it is not served: " + "; ".join(problems)
+                                  + "; the weights, an option or the library version differ from what was saved")
+        config = {**config, "golden_check_s": time.perf_counter() - t0}
+    return stack, config
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu"):
+    """load_model, golden check included."""
+    return load_model(path, map_location)
+
+
+def _torch_load(path: Path, map_location):
+    if not path.is_file():
+        raise CheckpointError(f"model directory {path.parent} lacks {path.name}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # unpickling errors come in several types; say only the cause
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot load {path} (tensors only, weights_only=True): {first}") from exc
+
+
+def _load_state(model: nn.Module, state, root: Path) -> None:
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{root / WEIGHTS} holds a {type(state).__name__}, not a state_dict")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        missing = sorted(set(model.state_dict()) - set(state))
+        unexpected = sorted(set(state) - set(model.state_dict()))
+        detail = (f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                  f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
+                  if missing or unexpected else "tensor shapes differ from the architecture's")
+        raise CheckpointError(f"weights in {root / WEIGHTS} do not fit {type(model).__name__}: {detail}") from exc
+
+
+def _atomic_save(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

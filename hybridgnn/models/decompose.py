@@ -10,17 +10,18 @@ import torch
 from torch import nn
 from torch_geometric.nn import GCNConv
 
-from hybridgnn.models.gnn import GNN, apply_conv
+from hybridgnn.models.gnn import GNN, apply_conv, stack_forward
 
 
 class LayerStack(nn.Module):
-    """A PyG BasicGNN seen layer by layer: conv i, then (before the last layer) its norm,
-    activation and dropout exactly as BasicGNN.forward applies them."""
+    """A PyG BasicGNN seen layer by layer: conv i, then (before the last layer, or after
+    every layer with jk='last') its norm, activation and dropout exactly as
+    BasicGNN.forward applies them, and jk='last''s linear head after the last."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        if getattr(model, "jk_mode", None) is not None:
-            raise ValueError("models with jumping knowledge (jk) mix all layers' outputs; "
+        if getattr(model, "jk_mode", None) not in (None, "last"):
+            raise ValueError(f"jumping knowledge jk={model.jk_mode!r} mixes all layers' outputs; "
                              "layer-wise inference needs a plain stack")
         self.model = model
         self.convs = model.convs
@@ -37,27 +38,33 @@ class LayerStack(nn.Module):
     def gcn_normalised(self) -> bool:
         return self._gcn
 
+    @property
+    def in_dim(self) -> int:
+        return int(self.model.in_channels)
+
+    @property
+    def out_dim(self) -> int:
+        return int(self.model.out_channels)
+
     def between_layers(self, i: int, x: torch.Tensor) -> torch.Tensor:
         m = self.model
-        if i == self.num_layers - 1:
-            return m.lin(x) if hasattr(m, "lin") and m.lin is not None else x
+        last = i == self.num_layers - 1
+        if last and m.jk_mode is None:
+            return x
         if m.act is not None and m.act_first:
             x = m.act(x)
         x = m.norms[i](x)
         if m.act is not None and not m.act_first:
             x = m.act(x)
-        return m.dropout(x)
+        x = m.dropout(x)
+        return m.lin(x) if last else x  # jk='last': the head after the last layer's operations
 
     def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
               gcn_weight: torch.Tensor | None = None) -> torch.Tensor:
         return self.between_layers(i, apply_conv(self.convs[i], x_src, edge_index, num_targets, gcn_weight))
 
     def forward(self, x, edge_index, num_sampled_nodes=None, num_sampled_edges=None):
-        if num_sampled_nodes is None:
-            return self.model(x, edge_index)
-        out = self.model(x, edge_index, num_sampled_nodes_per_hop=list(map(int, num_sampled_nodes)),
-                         num_sampled_edges_per_hop=list(map(int, num_sampled_edges)))
-        return out[: int(num_sampled_nodes[0])]
+        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges)
 
 
 def decompose(model: nn.Module):

@@ -65,6 +65,8 @@ def apply_conv(conv: nn.Module, x_src: torch.Tensor, edge_index: torch.Tensor, n
             raise ValueError("gcn_weight applies to GCN layers only")
         out = _weighted_sum_then_linear(conv, x_src, edge_index, num_targets, gcn_weight)
         return out + conv.bias if conv.bias is not None else out
+    if isinstance(conv, GATv2Conv):  # takes no size: the pair's lengths give it
+        return conv((x_src, x_src[:num_targets]), edge_index)
     if isinstance(conv, BIPARTITE_CONVS):
         return conv((x_src, x_src[:num_targets]), edge_index, size=(x_src.shape[0], num_targets))
     return conv(x_src, edge_index)[:num_targets]
@@ -97,6 +99,28 @@ def _weighted_sum_then_linear(conv: GCNConv, x_src: torch.Tensor, edge_index: to
     return conv.propagate(edge_index, x=conv.lin(x_src), edge_weight=weight)[:num_targets]
 
 
+def gcn_norm_degrees(edge_index: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(normalising degree, has self-loop) per node as PyG's gcn_norm sees a whole graph
+    of (source, target) edges: in-degree, plus the self-loop add_remaining_self_loops adds
+    to every node that lacks one."""
+    src, dst = edge_index
+    has_loop = np.zeros(num_nodes, dtype=bool)
+    has_loop[dst[src == dst]] = True
+    return np.bincount(dst, minlength=num_nodes) + (~has_loop), has_loop
+
+
+def gcn_edge_weights(edge_index: np.ndarray, sources: np.ndarray, num_targets: int, norm_degree: np.ndarray,
+                     has_loop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A block (local edges over `sources`, whose first num_targets are the targets) plus
+    a self-loop for each target that lacks one, with gcn_norm's whole-graph weights
+    1/sqrt(d_u d_v): what GNN.layer's gcn_weight expects."""
+    loops = np.flatnonzero(~has_loop[sources[:num_targets]])
+    ei = np.concatenate([edge_index, np.stack([loops, loops])], axis=1)
+    inv_sqrt = 1.0 / np.sqrt(norm_degree[sources].astype(np.float64))
+    w = inv_sqrt[ei[0]] * inv_sqrt[ei[1]]
+    return ei, w.astype(np.float32)
+
+
 def _conv(spec: ModelSpec, in_dim: int, out_dim: int, last: bool) -> nn.Module:
     if spec.kind == "sage":
         return SAGEConv(in_dim, out_dim)
@@ -114,8 +138,6 @@ class GNN(nn.Module):
         self.convs = nn.ModuleList(
             _conv(spec, dims[i], dims[i + 1], last=(i == spec.num_layers - 1)) for i in range(spec.num_layers)
         )
-        # GCNConv cannot take a (source, target) pair, so it computes every input row.
-        self._bipartite = spec.kind in ("sage", "gat")
 
     @property
     def num_layers(self) -> int:
@@ -143,33 +165,49 @@ class GNN(nn.Module):
             out = F.dropout(out, p=self.spec.dropout, training=self.training)
         return out
 
+    @property
+    def in_dim(self) -> int:
+        return self.spec.in_dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.spec.out_dim
+
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None, num_sampled_edges=None):
         """x rows follow the sample's node order; without per-hop counts every layer runs on
         the whole graph (full-graph inference)."""
-        if num_sampled_nodes is None:
-            for i in range(self.num_layers):
-                x = self.layer(i, x, edge_index, x.shape[0])
-            return x
-        nodes = [int(v) for v in num_sampled_nodes]
-        edges = [int(v) for v in num_sampled_edges]
-        hops = len(edges)
-        if hops < self.num_layers:
-            raise ValueError(f"sample has {hops} hops but the model has {self.num_layers} layers")
-        cum_nodes = [sum(nodes[: k + 1]) for k in range(len(nodes))]
-        cum_edges = [sum(edges[:k]) for k in range(len(edges) + 1)]
-        depth = self.num_layers
-        x = x[: cum_nodes[depth]]
-        if not self._bipartite:
-            # GCN normalises by in-subgraph degree; dropping outer edges would change the
-            # degrees of inner nodes, so it runs every layer on the whole sample.
-            edge_index = edge_index[:, : cum_edges[depth]]
-            for i in range(self.num_layers):
-                x = self.layer(i, x, edge_index, x.shape[0])
-            return x[: cum_nodes[0]]
-        for i in range(self.num_layers):
-            remaining = depth - i  # this layer's targets lie within remaining-1 hops
-            x = self.layer(i, x, edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1])
+        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges)
+
+
+def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None,
+                  num_sampled_edges=None) -> torch.Tensor:
+    """Run a layer stack (anything with num_layers, layer() and gcn_normalised) on the whole
+    graph, or on a sample in hop order (per-hop node and edge counts), returning the
+    seeds' rows; layer i then only computes targets within L-i-1 hops of the seeds."""
+    if num_sampled_nodes is None:
+        for i in range(stack.num_layers):
+            x = stack.layer(i, x, edge_index, x.shape[0])
         return x
+    nodes = [int(v) for v in num_sampled_nodes]
+    edges = [int(v) for v in num_sampled_edges]
+    hops = len(edges)
+    if hops < stack.num_layers:
+        raise ValueError(f"sample has {hops} hops but the model has {stack.num_layers} layers")
+    cum_nodes = [sum(nodes[: k + 1]) for k in range(len(nodes))]
+    cum_edges = [sum(edges[:k]) for k in range(len(edges) + 1)]
+    depth = stack.num_layers
+    x = x[: cum_nodes[depth]]
+    if stack.gcn_normalised:
+        # GCN normalises by in-subgraph degree; dropping outer edges would change the
+        # degrees of inner nodes, so it runs every layer on the whole sample.
+        edge_index = edge_index[:, : cum_edges[depth]]
+        for i in range(stack.num_layers):
+            x = stack.layer(i, x, edge_index, x.shape[0])
+        return x[: cum_nodes[0]]
+    for i in range(stack.num_layers):
+        remaining = depth - i  # this layer's targets lie within remaining-1 hops
+        x = stack.layer(i, x, edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1])
+    return x
 
 
 def build_model(spec: ModelSpec) -> GNN:

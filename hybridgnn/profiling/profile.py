@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.errors import ConfigError
+from hybridgnn.models.checkpoint import model_kind
 from hybridgnn.profiling.fit import (
     Curve,
     DeviceCurves,
@@ -68,7 +69,7 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
         "hardware": describe(),
         "dataset": {"name": resources.graph.name, "fingerprint": resources.graph.fingerprint,
                     "num_nodes": resources.graph.num_nodes, "num_edges": resources.graph.num_edges},
-        "model": {"kind": resources.model.spec.kind, "num_layers": resources.model.spec.num_layers,
+        "model": {"kind": model_kind(resources.model_config), "num_layers": resources.model.num_layers,
                   "fingerprint": model_fingerprint(serve_cfg.model_dir)},
         "fanouts": list(serve_cfg.sampling.fanouts),
         "mean_seed_psgs": float(psgs.mean()),

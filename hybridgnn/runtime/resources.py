@@ -63,15 +63,14 @@ class Resources:
         self.cfg = cfg
         self.graph = GraphStore.open(cfg.dataset_dir)
         self.model, self.model_config = load_checkpoint(cfg.model_dir)
-        spec = self.model.spec
-        if spec.in_dim != self.graph.feature_dim:
+        if self.model.in_dim != self.graph.feature_dim:
             raise ConfigError(
-                f"model {cfg.model_dir} expects {spec.in_dim}-dim features but dataset {cfg.dataset_dir} "
+                f"model {cfg.model_dir} expects {self.model.in_dim}-dim features but dataset {cfg.dataset_dir} "
                 f"has {self.graph.feature_dim}")
-        if len(cfg.sampling.fanouts) < spec.num_layers:
+        if len(cfg.sampling.fanouts) < self.model.num_layers:
             raise ConfigError(
                 f"fanouts {cfg.sampling.fanouts} give {len(cfg.sampling.fanouts)} hops but the model has "
-                f"{spec.num_layers} layers; give one fanout per layer")
+                f"{self.model.num_layers} layers; give one fanout per layer")
         trained_on = self.model_config.get("dataset_fingerprint")
         if trained_on and trained_on != self.graph.fingerprint:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)

@@ -28,6 +28,7 @@ from hybridgnn.errors import (
     Overloaded,
     RemovedNode,
 )
+from hybridgnn.models.checkpoint import model_kind
 from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.profiling.profile import Policy, Profile
 from hybridgnn.runtime.resources import Resources
@@ -489,17 +490,17 @@ class Engine:
 
     # --- description -----------------------------------------------------------------
     def metadata(self) -> dict:
-        spec = self.model.spec
         thr = self.router.threshold
         return {
             "num_nodes": self.num_nodes,
             "num_edges": self.graph.num_edges if self.dynamic is None else self.dynamic.num_edges,
             "feature_dim": self.graph.feature_dim,
-            "num_classes": spec.out_dim,
-            "embedding_dim": spec.out_dim,
+            "num_classes": self.model.out_dim,
+            "embedding_dim": self.model.out_dim,
             "fanouts": list(self.cfg.sampling.fanouts),
-            "model_kind": spec.kind,
-            "num_layers": spec.num_layers,
+            "model_kind": model_kind(self.model_config),
+            "model_class": self.model_config["class"],
+            "num_layers": self.model.num_layers,
             "dataset": self.graph.name,
             "dataset_fingerprint": self.graph.fingerprint,
             "pipelines": list(self.pipelines),

@@ -255,7 +255,7 @@ class Api:
     def model_metadata(self, request: Request) -> Reply:
         self._check_model(request)
         engine = self.engine
-        emb_dim = engine.model.spec.out_dim
+        emb_dim = engine.model.out_dim
         return Reply.json({
             "name": self.model_name,
             "versions": ["1"],

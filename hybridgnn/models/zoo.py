@@ -1,0 +1,182 @@
+"""The model contract: which model classes hybridgnn serves, and how a model is written
+down as a class name plus constructor arguments (JSON) and rebuilt from them.
+
+Only the classes in ALLOWED are ever constructed on load, so a model directory names an
+architecture, never code to import. `describe` reads a live model's options back from
+its modules and refuses (one clear line) any option some serving path cannot run
+exactly: a normalisation that looks at the whole batch, edge features, jumping
+knowledge that mixes layers, a custom subclass. What `describe` says is then checked
+by rebuilding the model and comparing its outputs (hybridgnn.models.golden).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
+from torch_geometric.nn.norm import BatchNorm, LayerNorm
+from torch_geometric.nn.resolver import activation_resolver
+
+from hybridgnn.errors import ConfigError
+from hybridgnn.models.gnn import GNN, ModelSpec
+
+# name in config.json -> class; the names are stable, the import paths may move.
+ALLOWED: dict[str, type[nn.Module]] = {
+    "hybridgnn.GNN": GNN,
+    "torch_geometric.GraphSAGE": GraphSAGE,
+    "torch_geometric.GCN": GCN,
+    "torch_geometric.GAT": GAT,
+    "torch_geometric.GIN": GIN,
+}
+PYG_CLASSES = {cls: name for name, cls in ALLOWED.items() if cls is not GNN}
+
+# Activations rebuilt by name, with the attributes that are their constructor options.
+ACTIVATIONS: dict[type[nn.Module], tuple[str, tuple[str, ...]]] = {
+    nn.ReLU: ("relu", ()),
+    nn.LeakyReLU: ("leaky_relu", ("negative_slope",)),
+    nn.ELU: ("elu", ("alpha",)),
+    nn.GELU: ("gelu", ("approximate",)),
+    nn.SiLU: ("silu", ()),
+    nn.Tanh: ("tanh", ()),
+    nn.Sigmoid: ("sigmoid", ()),
+    nn.Softplus: ("softplus", ("beta", "threshold")),
+    nn.PReLU: ("prelu", ("num_parameters",)),
+    nn.Identity: ("identity", ()),
+}
+AGGREGATIONS = ("mean", "sum", "add", "max", "min")
+JK_MODES = (None, "last")
+
+
+class UnsupportedModel(ConfigError):
+    """A model, or an option of it, that hybridgnn cannot serve exactly."""
+
+
+def supported_classes() -> str:
+    return ", ".join(["hybridgnn.models.GNN", *(f"torch_geometric.nn.models.{c.__name__}" for c in PYG_CLASSES)])
+
+
+def describe(model: nn.Module) -> tuple[str, dict[str, Any]]:
+    """(class name, constructor arguments) that rebuild `model`; UnsupportedModel when it
+    is off the allowlist or uses an option hybridgnn cannot serve exactly."""
+    if type(model) is GNN:
+        return "hybridgnn.GNN", model.spec.to_dict()
+    name = PYG_CLASSES.get(type(model))
+    if name is None:
+        raise UnsupportedModel(f"{type(model).__module__}.{type(model).__qualname__} is not a model class hybridgnn "
+                               f"serves (nor is any subclass); supported: {supported_classes()}")
+    if model.jk_mode not in JK_MODES:
+        raise UnsupportedModel(f"jumping knowledge jk={model.jk_mode!r} mixes every layer's output, which the "
+                               "layer-wise paths (precompute, new nodes, updates) cannot run yet; supported: "
+                               "jk=None or 'last'")
+    args: dict[str, Any] = {
+        "in_channels": model.in_channels,
+        "hidden_channels": model.hidden_channels,
+        "num_layers": model.num_layers,
+        "out_channels": model.out_channels,
+        "dropout": float(model.dropout.p),
+        "act_first": bool(model.act_first),
+        "jk": model.jk_mode,
+        **_activation(model.act),
+        **_norm(model),
+    }
+    if not isinstance(model.in_channels, int):
+        raise UnsupportedModel("bipartite in_channels (a tuple) are not supported: one node type only")
+    args.update(_conv_options(type(model), model))
+    return name, args
+
+
+def build(name: str, args: dict[str, Any]) -> nn.Module:
+    """The model `describe` wrote down, with fresh weights; UnsupportedModel for a class
+    off the allowlist, ConfigError for arguments the class does not take."""
+    cls = ALLOWED.get(name)
+    if cls is None:
+        raise UnsupportedModel(f"model class {name!r} is not one hybridgnn serves; supported: "
+                               f"{', '.join(ALLOWED)}")
+    if not isinstance(args, dict):
+        raise ConfigError(f"model arguments must be a JSON object, got {type(args).__name__}")
+    try:
+        if cls is GNN:
+            return GNN(ModelSpec(**args))
+        return cls(**args)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"cannot build {name} from {args}: {exc}") from exc
+
+
+def _activation(act) -> dict[str, Any]:
+    if act is None:
+        return {"act": None}
+    entry = ACTIVATIONS.get(type(act))
+    if entry is None:
+        raise UnsupportedModel(f"activation {type(act).__name__} is not supported; supported: "
+                               f"{', '.join(n for n, _ in ACTIVATIONS.values())} (give it by name)")
+    label, options = entry
+    kwargs = {k: getattr(act, k) for k in options}
+    # activation_resolver must give the same module back; the golden check confirms the rest.
+    rebuilt = activation_resolver(label, **kwargs)
+    if type(rebuilt) is not type(act):
+        raise UnsupportedModel(f"activation {type(act).__name__} cannot be rebuilt by name")
+    return {"act": label, "act_kwargs": kwargs or None}
+
+
+def _norm(model) -> dict[str, Any]:
+    norms = [m for m in model.norms if not isinstance(m, nn.Identity)]
+    if not norms:
+        return {"norm": None, "norm_kwargs": None}
+    if model.norm is None:
+        raise UnsupportedModel("a norm given as a module cannot be rebuilt; give it by name "
+                               "(norm='batch' or norm='layer' with norm_kwargs={'mode': 'node'})")
+    for m in norms:
+        if isinstance(m, BatchNorm) and m.module.track_running_stats:
+            continue
+        if isinstance(m, LayerNorm) and m.mode == "node":
+            continue
+        what = type(m).__name__ + (f"(mode={m.mode!r})" if isinstance(m, LayerNorm) else "")
+        raise UnsupportedModel(
+            f"norm {what} depends on which other nodes share the batch, so a node's answer would depend on "
+            "other requests; supported: BatchNorm with running statistics, LayerNorm with mode='node'")
+    return {"norm": model.norm, "norm_kwargs": dict(model.norm_kwargs) if model.norm_kwargs else None}
+
+
+def _aggr(conv) -> str:
+    aggr = conv.aggr
+    if not isinstance(aggr, str) or aggr not in AGGREGATIONS:
+        raise UnsupportedModel(f"aggregation {aggr!r} is not supported; supported: {', '.join(AGGREGATIONS)}")
+    return aggr
+
+
+def _conv_options(cls, model) -> dict[str, Any]:
+    convs = list(model.convs)
+    first = convs[0]
+    if cls is GraphSAGE:
+        _require(convs, SAGEConv)
+        return {"aggr": _aggr(first), "normalize": bool(first.normalize), "root_weight": bool(first.root_weight),
+                "project": bool(first.project), "bias": first.lin_l.bias is not None}
+    if cls is GCN:
+        _require(convs, GCNConv)
+        if first.improved or first.cached or not first.add_self_loops or not first.normalize:
+            raise UnsupportedModel("GCN options improved, cached, add_self_loops=False and normalize=False are not "
+                                   "supported: the layer-wise paths use GCN's default normalisation")
+        return {"bias": first.bias is not None}
+    if cls is GAT:
+        v2 = isinstance(first, GATv2Conv)
+        _require(convs, GATv2Conv if v2 else GATConv)
+        if first.edge_dim is not None:
+            raise UnsupportedModel("GAT with edge_dim needs edge features, which hybridgnn does not serve")
+        # The last layer of a GAT with out_channels never concatenates (BasicGNN forces it),
+        # so the first layer says what the user chose.
+        options = {"v2": v2, "heads": int(first.heads), "concat": bool(first.concat),
+                   "negative_slope": float(first.negative_slope), "add_self_loops": bool(first.add_self_loops),
+                   "bias": getattr(first, "bias", None) is not None, "residual": bool(first.residual)}
+        if v2:
+            options["share_weights"] = bool(first.share_weights)
+        return options
+    _require(convs, GINConv)  # GIN
+    return {"train_eps": isinstance(first.eps, nn.Parameter), "eps": float(first.initial_eps)}
+
+
+def _require(convs, conv_cls) -> None:
+    for c in convs:
+        if type(c) is not conv_cls:
+            raise UnsupportedModel(f"layer {type(c).__name__} where {conv_cls.__name__} was expected")
