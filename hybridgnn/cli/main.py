@@ -11,6 +11,7 @@ from hybridgnn.cli import (
     bench,
     cluster,
     dataset,
+    model,
     place,
     precompute,
     profile,
@@ -20,7 +21,7 @@ from hybridgnn.cli import (
 )
 from hybridgnn.errors import ConfigError
 
-COMMANDS = (serve, cluster, dataset, workload, train, precompute, profile, place, bench)
+COMMANDS = (serve, cluster, dataset, model, workload, train, precompute, profile, place, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from hybridgnn.cli.main import build_parser, main
 def test_every_command_has_help(capsys):
     for cmd in (["serve"], ["dataset", "generate", "powerlaw"], ["dataset", "generate", "csbm"],
                 ["dataset", "import"], ["dataset", "info"], ["workload", "build"], ["train"], ["precompute"],
-                ["bench"]):
+                ["bench"], ["model", "export"], ["model", "check"]):
         with pytest.raises(SystemExit) as info:
             build_parser().parse_args(cmd + ["--help"])
         assert info.value.code == 0
@@ -57,3 +57,41 @@ def test_a_config_error_from_the_engine_is_one_line_and_exit_2(tmp_path, tiny_mo
     assert main(["serve", "--dataset", str(tmp_path / "other"), "--model", str(tiny_model)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(lines) == 1 and lines[0].startswith("hybridgnn serve: error:") and "16-dim features" in lines[0]
+
+
+FACTORY = """
+from torch_geometric.nn.models import GraphSAGE
+
+
+def build():
+    return GraphSAGE(8, 16, 2, 3, aggr="max", act="tanh", norm="batch")
+"""
+
+
+def test_model_export_and_check(tmp_path, capsys, monkeypatch):
+    import sys
+
+    import torch
+
+    (tmp_path / "my_factory_mod.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_factory_mod", raising=False)
+    import my_factory_mod
+
+    torch.save({"state_dict": my_factory_mod.build().state_dict()}, tmp_path / "w.pt")
+    assert main(["model", "export", "--factory", "my_factory_mod:build", "--weights", "w.pt", "--out", "m",
+                 "--fanouts", "4,3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["class"] == "torch_geometric.GraphSAGE" and out["args"]["aggr"] == "max"
+    assert out["fanouts"] == [4, 3] and out["golden_check"] == "passed"
+    assert main(["model", "check", "m"]) == 0
+    assert json.loads(capsys.readouterr().out)["args"]["norm"] == "batch"
+    # Weights of another model: one line, exit 2, nothing written.
+    torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "bad.pt")
+    assert main(["model", "export", "--factory", "my_factory_mod:build", "--weights", "bad.pt", "--out", "m2"]) == 2
+    err = capsys.readouterr().err
+    assert "do not fit the model my_factory_mod:build" in err and err.count("\n") == 1
+    assert not (tmp_path / "m2").exists()
+    assert main(["model", "export", "--factory", "nomodule_here:build", "--weights", "w.pt", "--out", "m3"]) == 2
+    assert "cannot import 'nomodule_here'" in capsys.readouterr().err

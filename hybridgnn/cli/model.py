@@ -1,0 +1,96 @@
+"""`hybridgnn model`: write a model directory from a script's model (export) and check one
+(check) before serving it."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("model", help="export a PyTorch Geometric model for serving, or check a model directory")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    e = actions.add_parser(
+        "export", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="build a model with your factory function, load its weights and write a model directory",
+        description="Calls FACTORY (module:function, imported from the current directory or PYTHONPATH) with no "
+                    "arguments to build the model, loads WEIGHTS (a state_dict saved with torch.save; tensors "
+                    "only) into it strictly, and writes OUT as hybridgnn.save_model does: config.json, model.pt "
+                    "and golden outputs. A model hybridgnn cannot serve exactly is refused with the reason.")
+    e.add_argument("--factory", required=True, help="module:function returning the model, e.g. train:build_model")
+    e.add_argument("--weights", type=Path, required=True, help="state_dict file (torch.save(model.state_dict()))")
+    e.add_argument("--out", type=Path, required=True, help="model directory to write")
+    e.add_argument("--fanouts", default=None, help="serving default, one per layer, e.g. 10,5 (default: 10 per layer)")
+    e.set_defaults(run=run_export)
+
+    c = actions.add_parser("check", help="rebuild a model directory's model and verify its golden outputs",
+                           description="Prints what the directory holds and whether it can be served; exits 2 "
+                                       "with the reason when it cannot.")
+    c.add_argument("model_dir", type=Path)
+    c.set_defaults(run=run_check)
+
+
+def _factory(spec: str):
+    from hybridgnn.errors import ConfigError
+
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ConfigError(f"--factory must be module:function, got {spec!r}")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the user's own module
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for --factory: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigError(f"{module_name} has no function {func_name!r}")
+    return func
+
+
+def run_export(args) -> int:
+    import torch
+
+    from hybridgnn.config import parse_fanouts
+    from hybridgnn.errors import ConfigError
+    from hybridgnn.models.checkpoint import save_model
+
+    model = _factory(args.factory)()
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{args.factory} returned a {type(model).__name__}, not a torch.nn.Module")
+    if not args.weights.is_file():
+        raise ConfigError(f"weights file {args.weights} does not exist")
+    try:
+        state = torch.load(args.weights, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors come in several types; say only the cause
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"cannot load {args.weights} (tensors only, weights_only=True): {first}") from exc
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # a training checkpoint that wraps it
+    try:
+        model.load_state_dict(state, strict=True)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"weights in {args.weights} do not fit the model {args.factory} builds: "
+                          f"{' '.join(str(exc).split())[:300]}") from exc
+    fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
+    out = save_model(model, args.out, fanouts=fanouts)
+    return _print_summary(out)
+
+
+def run_check(args) -> int:
+    return _print_summary(args.model_dir)
+
+
+def _print_summary(model_dir: Path) -> int:
+    from hybridgnn.models.checkpoint import load_model
+
+    stack, config = load_model(model_dir)
+    print(json.dumps({"model": str(model_dir), "class": config["class"], "args": config["args"],
+                      "in_dim": stack.in_dim, "out_dim": stack.out_dim, "num_layers": stack.num_layers,
+                      "fanouts": config.get("fanouts"), "golden_check": "passed",
+                      "golden_check_ms": round(1000 * config["golden_check_s"], 1)}, indent=2))
+    return 0
