@@ -10,9 +10,11 @@ R_l of nodes whose layer-l embedding is computed; every other node's input is it
                    query-edge ratio |N_Q(u)| / (|N(u)| + |N_Q(u)|) (same order as
                    |N_Q(u)|/|N(u)|, defined at degree 0); R_K = Q
     sampled        no PEs: K-hop neighbour sampling over the graph plus the query edges
-    full           R_l = {u : dist(Q, u) <= min(l, K - l)}: exactly the embeddings the
-                   query edges change and later layers read, so the result is exact
-                   (GCN: min(l + 1, K - l), as new degrees reweight one hop further)
+    full           R_l = {u : Q reaches u within l steps along edges (changes spread
+                   to readers) and u reaches Q within K - l steps (Q reads it)}: exactly
+                   the embeddings the query edges change and later layers read, so the
+                   result is exact, on directed graphs too (GCN: l + 1 steps, as new
+                   degrees reweight one hop further)
 
 Direct neighbours are the existing nodes a query edge points into; their layer-l inputs
 add the query nodes. GCN weights use whole-graph degrees plus the query edges; GAT reads
@@ -86,6 +88,7 @@ class NewNodeEvaluator:
         self._layers = [host_tensor(a) if a.dtype == np.float32 else torch.from_numpy(np.asarray(a, np.float32))
                         for a in (store.layers if store is not None else [])]
         self.gcn = gcn_degrees(graph) if model.gcn_normalised else None
+        self._rev: tuple[np.ndarray, np.ndarray] | None = None
 
     def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
               undirected: bool = True, policy: str = "ratio", seed: int = 0,
@@ -114,15 +117,25 @@ class NewNodeEvaluator:
             keep = direct
         else:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "full":
+            # Layer l changes at nodes the query edges reach within l steps along the way
+            # changes spread (to a node's readers; GCN one step further, as a direct
+            # neighbour's new degree reweights what it sends), and the queries read it
+            # within K-l steps along in-edges. On a symmetric graph both are one distance.
+            extra = 1 if self.gcn is not None else 0
+            read = unique_ints(qsrc[(qdst >= n) & (qsrc < n)])
+            changed = self._levels(direct, K - 1 + extra, *self._readers())
+            needed = self._levels(read, K - 1, self.indptr, self.indices)
         sets = []
         for layer in range(1, K + 1):
             if layer == K:
                 sets.append(queries)
             elif mode == "full":
-                # GCN: a direct neighbour's new degree also reweights its messages, so the
-                # change reaches one hop further at every layer.
-                reach = layer + (1 if self.gcn is not None else 0)
-                sets.append(np.concatenate([queries, self._within(direct, min(reach, K - layer))]))
+                reach = changed[: layer + extra]
+                want = needed[: K - layer]
+                both = (np.intersect1d(np.concatenate(reach), np.concatenate(want), assume_unique=True)
+                        if reach and want else np.empty(0, dtype=np.int64))
+                sets.append(np.concatenate([queries, both]))
             else:
                 sets.append(np.concatenate([queries, keep]))
         computed: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
@@ -164,9 +177,26 @@ class NewNodeEvaluator:
         x[torch.from_numpy(np.flatnonzero(existing))] = torch.index_select(
             self._features, 0, torch.from_numpy(ids[existing]))
         x[torch.from_numpy(np.flatnonzero(~existing))] = torch.from_numpy(features[ids[~existing] - n])
+        degrees = self._augmented_degrees(ids, targets, np.diff(ov_indptr)) if self.gcn is not None else None
         with torch.inference_mode():
-            out = self.model(x, torch.from_numpy(sub.edge_index), sub.num_sampled_nodes, sub.num_sampled_edges)
+            out = self.model(x, torch.from_numpy(sub.edge_index), sub.num_sampled_nodes, sub.num_sampled_edges,
+                             degrees)
         return NewNodeResult(out[torch.from_numpy(sub.seed_index)].float().numpy(), 0)
+
+    def _augmented_degrees(self, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray):
+        """(in-degree, has self-loop) of sample nodes `ids` in the graph plus the query edges
+        (`counts[k]` of them into `targets[k]`, sorted); query nodes have no self-loop."""
+        n = self.graph.num_nodes
+        existing = ids < n
+        deg = np.zeros(len(ids), dtype=np.int64)
+        deg[existing] = self.degrees[ids[existing]]
+        loop = np.zeros(len(ids), dtype=bool)
+        loop[existing] = self.gcn[1][ids[existing]]
+        if len(targets):
+            pos = np.minimum(np.searchsorted(targets, ids), len(targets) - 1)
+            hit = targets[pos] == ids
+            deg[hit] += counts[pos[hit]]
+        return torch.from_numpy(deg), torch.from_numpy(loop)
 
     def _select(self, direct, qsrc, qdst, gamma, policy, seed) -> np.ndarray:
         if not 0.0 <= gamma <= 1.0:
@@ -188,19 +218,35 @@ class NewNodeEvaluator:
         top = np.argsort(-score, kind="stable")[:k]
         return direct[np.sort(top)]
 
-    def _within(self, direct: np.ndarray, hops: int) -> np.ndarray:
-        """Existing nodes within `hops` of Q: the direct neighbours, then their neighbours
-        (the stored graph is read as symmetric here)."""
-        if hops <= 0:
-            return np.empty(0, dtype=np.int64)
-        seen = direct
-        frontier = direct
+    def _readers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The reverse adjacency (row u lists the nodes that read u: its out-neighbours),
+        built on first use: a change spreads to the readers of what changed, which on a
+        directed graph are not the nodes it reads."""
+        if self._rev is None:
+            import scipy.sparse as sp
+
+            n = self.graph.num_nodes
+            csc = sp.csr_matrix((np.ones(self.indices.shape[0], dtype=np.int8), self.indices, self.indptr),
+                                shape=(n, n)).tocsc()
+            self._rev = (csc.indptr.astype(np.int64), csc.indices.astype(np.int64))
+        return self._rev
+
+    @staticmethod
+    def _levels(start: np.ndarray, hops: int, indptr: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:
+        """Nodes by distance from a set: levels[0] = start (distance 1), levels[k] the new
+        nodes one more step along the adjacency's rows; at most `hops` levels."""
+        if hops <= 0 or start.size == 0:
+            return []
+        levels, seen, frontier = [start], start, start
         for _ in range(hops - 1):
-            starts, degs = self.indptr[frontier], self.degrees[frontier]
+            starts, degs = indptr[frontier], indptr[frontier + 1] - indptr[frontier]
             offs = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(int(degs.sum()))
-            frontier = minus(unique_ints(self.indices[offs].astype(np.int64)), seen)
+            frontier = minus(unique_ints(indices[offs].astype(np.int64)), seen)
+            if frontier.size == 0:
+                break
+            levels.append(frontier)
             seen = unique_ints(np.concatenate([seen, frontier]))
-        return seen
+        return levels
 
     @staticmethod
     def _runs(qdst: np.ndarray):

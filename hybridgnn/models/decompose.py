@@ -63,8 +63,8 @@ class LayerStack(nn.Module):
               gcn_weight: torch.Tensor | None = None) -> torch.Tensor:
         return self.between_layers(i, apply_conv(self.convs[i], x_src, edge_index, num_targets, gcn_weight))
 
-    def forward(self, x, edge_index, num_sampled_nodes=None, num_sampled_edges=None):
-        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges)
+    def forward(self, x, edge_index, num_sampled_nodes=None, num_sampled_edges=None, degrees=None):
+        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges, degrees)
 
 
 def decompose(model: nn.Module):

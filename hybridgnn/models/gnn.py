@@ -173,17 +173,25 @@ class GNN(nn.Module):
     def out_dim(self) -> int:
         return self.spec.out_dim
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None, num_sampled_edges=None):
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None, num_sampled_edges=None,
+                degrees=None):
         """x rows follow the sample's node order; without per-hop counts every layer runs on
-        the whole graph (full-graph inference)."""
-        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges)
+        the whole graph (full-graph inference). See stack_forward."""
+        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges, degrees)
 
 
 def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None,
-                  num_sampled_edges=None) -> torch.Tensor:
+                  num_sampled_edges=None, degrees: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Run a layer stack (anything with num_layers, layer() and gcn_normalised) on the whole
     graph, or on a sample in hop order (per-hop node and edge counts), returning the
-    seeds' rows; layer i then only computes targets within L-i-1 hops of the seeds."""
+    seeds' rows; layer i then only computes targets within L-i-1 hops of the seeds.
+
+    degrees (GCN): whole-graph (in-degree, has self-loop) of every sample node. Each
+    target's sampled neighbours are then weighted as gcn_norm weights them in the whole
+    graph and scaled by in-degree / sampled count, so the aggregate estimates the full
+    neighbourhood's without bias, equals it when every neighbour was sampled, and does
+    not depend on which other seeds share the batch. Without it a GCN sample is
+    normalised by its own degrees (PyG's behaviour on a sampled subgraph, as in training)."""
     if num_sampled_nodes is None:
         for i in range(stack.num_layers):
             x = stack.layer(i, x, edge_index, x.shape[0])
@@ -197,17 +205,38 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
     cum_edges = [sum(edges[:k]) for k in range(len(edges) + 1)]
     depth = stack.num_layers
     x = x[: cum_nodes[depth]]
-    if stack.gcn_normalised:
-        # GCN normalises by in-subgraph degree; dropping outer edges would change the
-        # degrees of inner nodes, so it runs every layer on the whole sample.
+    if stack.gcn_normalised and degrees is None:
+        # In-subgraph degrees: dropping outer edges would change the degrees of inner
+        # nodes, so every layer runs on the whole sample.
         edge_index = edge_index[:, : cum_edges[depth]]
         for i in range(stack.num_layers):
             x = stack.layer(i, x, edge_index, x.shape[0])
         return x[: cum_nodes[0]]
     for i in range(stack.num_layers):
         remaining = depth - i  # this layer's targets lie within remaining-1 hops
-        x = stack.layer(i, x, edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1])
+        block, targets = edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1]
+        weight = None
+        if stack.gcn_normalised:
+            block, weight = sampled_gcn_weights(block, targets, *degrees)
+        x = stack.layer(i, x, block, targets, gcn_weight=weight)
     return x
+
+
+def sampled_gcn_weights(block: torch.Tensor, num_targets: int, in_degree: torch.Tensor,
+                        has_loop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sampled block plus the self-loops gcn_norm adds, with weights
+    (d_v / s_v) / sqrt(d^_u d^_v) on sampled edges u -> v (d: whole-graph in-degree, s: sampled
+    in-edges, d^ = d + 1 without a self-loop) and 1 / d^_v on the added loops."""
+    src, dst = block[0], block[1]
+    deg = in_degree.to(torch.float64)
+    inv_sqrt = (deg + (~has_loop).to(torch.float64)).clamp_(min=1).rsqrt()
+    sampled = torch.bincount(dst, minlength=num_targets).to(torch.float64).clamp_(min=1)
+    scale = deg[:num_targets] / sampled
+    w = scale[dst] * inv_sqrt[src] * inv_sqrt[dst]
+    loops = torch.nonzero(~has_loop[:num_targets]).squeeze(1)
+    block = torch.cat([block, torch.stack([loops, loops])], dim=1)
+    w = torch.cat([w, inv_sqrt[loops].square()])
+    return block, w.to(torch.float32)
 
 
 def build_model(spec: ModelSpec) -> GNN:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from hybridgnn.features.store import FeatureStore
+from hybridgnn.graph.degrees import NodeDegrees
 from hybridgnn.models.gnn import GNN
 from hybridgnn.sampling.base import Sampler
 from hybridgnn.types import BatchResult, StageTimings
@@ -18,8 +19,10 @@ class BatchExecutor:
     """Owns a sampler (per-worker scratch); shares the feature store and model."""
 
     def __init__(self, sampler: Sampler, features: FeatureStore, model: GNN, device: str = "cpu",
-                 read_lock=contextlib.nullcontext):
+                 read_lock=contextlib.nullcontext, degrees: NodeDegrees | None = None):
         self.sampler = sampler
+        # Whole-graph degrees for degree-normalised models (GCN), read with the sample.
+        self.degrees = degrees if model.gcn_normalised else None
         self.features = features
         self.model = model
         self.device = torch.device(device)
@@ -37,9 +40,11 @@ class BatchExecutor:
             else:
                 x, tiers = self.features.gather(sub.node_ids), None
             x = x.to(self.device, non_blocking=True)
+            degrees = self.degrees.tensors(sub.node_ids, self.device) if self.degrees is not None else None
             t2 = time.perf_counter()
         with torch.inference_mode():
-            out = self.model(x, sub.edge_index_tensor(self.device), sub.num_sampled_nodes, sub.num_sampled_edges)
+            out = self.model(x, sub.edge_index_tensor(self.device), sub.num_sampled_nodes, sub.num_sampled_edges,
+                             degrees)
             out = out[torch.from_numpy(sub.seed_index).to(self.device)]
             pred = out.argmax(dim=1)
             emb = out.float().cpu().numpy()

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hybridgnn.features.store import CachedFeatureStore
+from hybridgnn.graph.degrees import DeviceNodeDegrees
 from hybridgnn.models.gnn import GNN
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.types import BatchResult, StageTimings
@@ -25,8 +26,10 @@ from hybridgnn.types import BatchResult, StageTimings
 class DeviceExecutor:
     """One worker's executor; the sampler is its own, the feature store and model shared."""
 
-    def __init__(self, sampler: TorchSampler, features: CachedFeatureStore, model: GNN):
+    def __init__(self, sampler: TorchSampler, features: CachedFeatureStore, model: GNN,
+                 degrees: DeviceNodeDegrees | None = None):
         self.sampler = sampler
+        self.degrees = degrees if model.gcn_normalised else None
         self.features = features
         self.model = model
         self.device = sampler.device
@@ -49,7 +52,8 @@ class DeviceExecutor:
             x, tiers = self.features.gather_counted(sub.node_ids)
             self._sync()
             t2 = time.perf_counter()
-            out = self.model(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges)
+            degrees = self.degrees.tensors(sub.node_ids) if self.degrees is not None else None
+            out = self.model(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees)
             out = out[sub.seed_index]
             pred = out.argmax(dim=1)
             if self.device.type == "cuda":

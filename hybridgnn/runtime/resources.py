@@ -31,6 +31,7 @@ from hybridgnn.features.store import (
     SwappableFeatureStore,
     hottest_first,
 )
+from hybridgnn.graph.degrees import DeviceNodeDegrees, NodeDegrees
 from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.graph.uva import DeviceGraph
@@ -81,6 +82,10 @@ class Resources:
         # Graph updates (off unless a token is configured): one DynamicGraph read by every
         # sampler and gather, and the embeddings kept fresh as it changes.
         self.dynamic = DynamicGraph(self.graph) if cfg.updates.enabled else None
+        # Whole-graph degrees a degree-normalised model (GCN) weights its samples by.
+        self.node_degrees = (NodeDegrees(self.dynamic if self.dynamic is not None else self.graph)
+                             if self.model.gcn_normalised else None)
+        self._device_degrees: DeviceNodeDegrees | None = None
         self.incremental = None
         if self.dynamic is not None and self.embeddings is not None:
             self.incremental = IncrementalEmbeddings(self.dynamic, self.model, self.embeddings.layers,
@@ -190,12 +195,17 @@ class Resources:
         sampler = CPUSampler(graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
         lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
         device = self.cfg.cpu_pipeline.device
-        return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock)
+        return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock,
+                             degrees=self.node_degrees)
 
     def _make_gpu_executor(self, worker: int) -> DeviceExecutor:
         sampler = TorchSampler(self.device_graph.indptr, self.device_graph.indices, self.cfg.sampling.fanouts,
                                seed=self.cfg.sampling.seed + 1000 + worker)
-        return DeviceExecutor(sampler, self.gpu_features, self.model_on(self.cfg.gpu_pipeline.device))
+        if self.node_degrees is not None and self._device_degrees is None:  # one copy for every GPU worker
+            has_loop = self.node_degrees.lookup(np.arange(self.graph.num_nodes))[1]
+            self._device_degrees = DeviceNodeDegrees(self.device_graph.indptr, has_loop, sampler.device)
+        degrees = self._device_degrees
+        return DeviceExecutor(sampler, self.gpu_features, self.model_on(self.cfg.gpu_pipeline.device), degrees)
 
     def close(self) -> None:
         """Release what is not garbage-collected: the pinned host registrations."""

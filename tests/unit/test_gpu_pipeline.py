@@ -68,3 +68,22 @@ def test_config_checks():
         ServeConfig(dataset_dir=".", model_dir=".", gpu_pipeline=PipelineConfig(name="cpu", device="cuda"))
     with pytest.raises(ValueError, match="cpu, cuda"):
         ServeConfig(dataset_dir=".", model_dir=".", cpu_pipeline=PipelineConfig(device="mps"))
+
+
+def test_device_executor_weights_gcn_samples_by_whole_graph_degrees(tiny_dataset):
+    import torch
+
+    from hybridgnn.graph.degrees import DeviceNodeDegrees, NodeDegrees
+    from hybridgnn.models.gnn import GNN, ModelSpec
+    from hybridgnn.testing.reference import full_graph_forward
+
+    graph = GraphStore.open(tiny_dataset)
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("gcn", graph.feature_dim, 8, 3)).eval()
+    seeds = np.array([3, 17, 400, 2999])
+    dg = DeviceGraph(graph, "cpu")
+    has_loop = NodeDegrees(graph).lookup(np.arange(graph.num_nodes))[1]
+    dev = DeviceExecutor(TorchSampler(dg.indptr, dg.indices, EVERYTHING),
+                         CachedFeatureStore(graph.features, "cpu", 64 * 1024), model,
+                         DeviceNodeDegrees(dg.indptr, has_loop, torch.device("cpu"))).run(seeds)
+    np.testing.assert_allclose(dev.embeddings, full_graph_forward(graph, model)[seeds], rtol=1e-4, atol=1e-5)
