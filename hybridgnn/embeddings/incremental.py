@@ -97,12 +97,19 @@ class IncrementalEmbeddings:
     layers[i] holds layer i+1's output for every node id (rows of removed nodes are 0);
     it is the array served, so it grows (by reallocation) as nodes are added."""
 
-    def __init__(self, graph: DynamicGraph, model, layers: list[np.ndarray], cfg: IncrementalConfig | None = None):
+    def __init__(self, graph: DynamicGraph, model, layers: list[np.ndarray], cfg: IncrementalConfig | None = None,
+                 *, output: np.ndarray | None = None):
         self.graph = graph
         model = decompose(model)
         self.model = model.eval()
         self.cfg = cfg or IncrementalConfig()
         self.layers = [np.array(a, dtype=np.float32) for a in layers]  # private copies, written in place
+        # Jumping-knowledge models serve `output` (every layer's rows mixed per node); a row
+        # is recomputed wherever any layer's row changed.
+        self.output: np.ndarray | None = None
+        if model.readout_needed:
+            self.output = (np.array(output, dtype=np.float32) if output is not None
+                           else self._readout(np.arange(graph.num_nodes)))
         if len(self.layers) != model.num_layers:
             raise ValueError(f"{len(self.layers)} embedding layers for a {model.num_layers}-layer model")
         for a in self.layers:
@@ -227,7 +234,15 @@ class IncrementalEmbeddings:
         return y.float().numpy()
 
     # --- the update path -------------------------------------------------------------------
+    def _readout(self, nodes: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model.readout([torch.from_numpy(np.ascontiguousarray(a[nodes])) for a in self.layers]).numpy()
+
     def _grow(self, n: int) -> None:
+        if self.output is not None and self.output.shape[0] < n:
+            grown = np.zeros((n,) + self.output.shape[1:], dtype=self.output.dtype)
+            grown[: self.output.shape[0]] = self.output
+            self.output = grown
         for arrs in (self.layers, self.aggregates):
             for j, a in enumerate(arrs):
                 if a is not None and a.shape[0] < n:
@@ -267,6 +282,7 @@ class IncrementalEmbeddings:
         order = np.argsort(up.feature_nodes[keep])
         changed, old_rows = up.feature_nodes[keep][order], up.old_features[keep][order]
         affected_counts, changed_counts = [], []
+        changed_any = [up.new_nodes[alive_mask[up.new_nodes]]]
         touched = up.rows_changed
         old_gcn = {i: self._old_gcn_degree(i, up) for i in range(self.model.num_layers)
                    if isinstance(self.model.convs[i], GCNConv)}
@@ -292,8 +308,13 @@ class IncrementalEmbeddings:
             diff |= np.isin(targets, up.new_nodes)
             self.layers[i][targets] = out
             changed, old_rows = targets[diff], old[diff]
+            changed_any.append(changed)
             affected_counts.append(len(targets))
             changed_counts.append(len(changed))
+        if self.output is not None:
+            rows = np.unique(np.concatenate(changed_any))
+            self.output[rows] = self._readout(rows)
+            self.output[dead] = 0.0
         for a in self.layers:
             a[dead] = 0.0
         for a in self.aggregates:
@@ -353,7 +374,7 @@ class IncrementalEmbeddings:
     # --- reads -----------------------------------------------------------------------------
     @property
     def final(self) -> np.ndarray:
-        return self.layers[-1]
+        return self.output if self.output is not None else self.layers[-1]
 
     def lookup(self, node_ids: np.ndarray) -> np.ndarray:
         with self.graph.lock.read():

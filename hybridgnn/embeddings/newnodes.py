@@ -153,7 +153,10 @@ class NewNodeEvaluator:
                     y = self.model.layer(layer - 1, x, torch.from_numpy(block), len(targets))
             computed[layer] = (targets, y)
         recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), queries)) if K > 1 else 0
-        return NewNodeResult(computed[K][1].float().numpy(), recomputed)
+        # Queries come first in every layer's targets; jumping knowledge mixes their rows.
+        with torch.inference_mode():
+            out = self.model.readout([computed[layer][1][:q] for layer in range(1, K + 1)])
+        return NewNodeResult(out.float().numpy(), recomputed)
 
     def _sampled(self, features, queries, qsrc, qdst, fanouts) -> NewNodeResult:
         """Neighbour sampling over the stored graph plus the query edges (an overlay the

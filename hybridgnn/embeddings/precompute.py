@@ -291,5 +291,25 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
         del out
         state = {**state, "layer": layer + 1, "done": 0}
         write_state(root, state)
+    if model.readout_needed:
+        _readout_pass(model, root, n, device, DTYPES[cfg.dtype], progress)
+        state = {**state, "output": True}
     state = mark_complete(root, {**state, "precompute_s": time.perf_counter() - t_start})
     return EmbeddingStore.open(model_dir, graph.fingerprint)
+
+
+def _readout_pass(model, root: Path, n: int, device, dtype, progress: bool, chunk: int = 65536) -> None:
+    """output.npy: the model's output per node from its rows of every layer (jumping
+    knowledge models), in chunks of nodes."""
+    layers = [np.load(root / f"layer_{i + 1}.npy", mmap_mode="r") for i in range(model.num_layers)]
+    with torch.inference_mode():
+        width = model.readout([torch.zeros(1, a.shape[1], device=device) for a in layers]).shape[1]
+    out = np.lib.format.open_memmap(root / "output.npy", mode="w+", dtype=dtype, shape=(n, width))
+    with tqdm(total=n, desc="precompute output (jumping knowledge)", unit="node", unit_scale=True,
+              disable=not progress) as bar:
+        for lo in range(0, n, chunk):
+            rows = [torch.from_numpy(np.asarray(a[lo:lo + chunk], dtype=np.float32)).to(device) for a in layers]
+            with torch.inference_mode():
+                out[lo:lo + chunk] = model.readout(rows).float().cpu().numpy().astype(dtype, copy=False)
+            bar.update(min(chunk, n - lo))
+    out.flush()

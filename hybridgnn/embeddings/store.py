@@ -2,6 +2,8 @@
 
 Layout: <model_dir>/embeddings/<dataset fingerprint>/
     layer_1.npy .. layer_L.npy   [N, d_i] float32 or float16 (layer_L = the model's output)
+    output.npy                   [N, d_out]: the output of a jumping-knowledge model, which
+                                 mixes every layer's rows (absent otherwise)
     state.json                   progress (for resuming) and, when complete, computed_unix_s
 """
 
@@ -24,10 +26,11 @@ class EmbeddingStore:
     root: Path
     layers: list[np.ndarray]  # layers[i] = output of layer i+1
     state: dict
+    output: np.ndarray | None = None  # jumping-knowledge models: their output per node
 
     @property
     def final(self) -> np.ndarray:
-        return self.layers[-1]
+        return self.output if self.output is not None else self.layers[-1]
 
     @property
     def computed_unix_s(self) -> float:
@@ -44,7 +47,8 @@ class EmbeddingStore:
         if not state.get("complete"):
             return None
         layers = [np.load(root / f"layer_{i + 1}.npy", mmap_mode="r") for i in range(state["num_layers"])]
-        return cls(root=root, layers=layers, state=state)
+        output = np.load(root / "output.npy", mmap_mode="r") if state.get("output") else None
+        return cls(root=root, layers=layers, state=state, output=output)
 
     def lookup(self, node_ids: np.ndarray) -> np.ndarray:
         """Final-layer rows as float32 (constant time per id)."""

@@ -15,14 +15,15 @@ from hybridgnn.models.gnn import GNN, apply_conv, stack_forward
 
 class LayerStack(nn.Module):
     """A PyG BasicGNN seen layer by layer: conv i, then (before the last layer, or after
-    every layer with jk='last') its norm, activation and dropout exactly as
-    BasicGNN.forward applies them, and jk='last''s linear head after the last."""
+    every layer with jumping knowledge) its norm, activation and dropout exactly as
+    BasicGNN.forward applies them; jk='last''s linear head after the last layer. With
+    jk cat/max/lstm the output mixes every layer's rows of a node: `readout` (jumping
+    knowledge, then the head) runs on them, per node, after the last layer."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        if getattr(model, "jk_mode", None) not in (None, "last"):
-            raise ValueError(f"jumping knowledge jk={model.jk_mode!r} mixes all layers' outputs; "
-                             "layer-wise inference needs a plain stack")
+        if getattr(model, "jk_mode", None) not in (None, "last", "cat", "max", "lstm"):
+            raise ValueError(f"jumping knowledge jk={model.jk_mode!r} is not supported")
         self.model = model
         self.convs = model.convs
         kinds = {isinstance(c, GCNConv) for c in self.convs}
@@ -46,6 +47,17 @@ class LayerStack(nn.Module):
     def out_dim(self) -> int:
         return int(self.model.out_channels)
 
+    @property
+    def readout_needed(self) -> bool:
+        """Whether the output mixes every layer's rows (jk cat, max, lstm): see readout."""
+        return self.model.jk_mode in ("cat", "max", "lstm")
+
+    def readout(self, layers: list[torch.Tensor]) -> torch.Tensor:
+        """The model's output from each layer's rows of the same nodes (jk, then the head)."""
+        if not self.readout_needed:
+            return layers[-1]
+        return self.model.lin(self.model.jk(layers))
+
     def between_layers(self, i: int, x: torch.Tensor) -> torch.Tensor:
         m = self.model
         last = i == self.num_layers - 1
@@ -57,7 +69,8 @@ class LayerStack(nn.Module):
         if m.act is not None and not m.act_first:
             x = m.act(x)
         x = m.dropout(x)
-        return m.lin(x) if last else x  # jk='last': the head after the last layer's operations
+        # jk='last': the head after the last layer's operations (cat/max/lstm: in readout)
+        return m.lin(x) if last and m.jk_mode == "last" else x
 
     def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
               gcn_weight: torch.Tensor | None = None) -> torch.Tensor:

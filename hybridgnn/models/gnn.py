@@ -165,6 +165,11 @@ class GNN(nn.Module):
             out = F.dropout(out, p=self.spec.dropout, training=self.training)
         return out
 
+    readout_needed = False  # the last layer's rows are the output
+
+    def readout(self, layers: list[torch.Tensor]) -> torch.Tensor:
+        return layers[-1]
+
     @property
     def in_dim(self) -> int:
         return self.spec.in_dim
@@ -193,9 +198,11 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
     not depend on which other seeds share the batch. Without it a GCN sample is
     normalised by its own degrees (PyG's behaviour on a sampled subgraph, as in training)."""
     if num_sampled_nodes is None:
+        outs = []
         for i in range(stack.num_layers):
             x = stack.layer(i, x, edge_index, x.shape[0])
-        return x
+            outs = [*outs, x] if stack.readout_needed else [x]
+        return stack.readout(outs)
     nodes = [int(v) for v in num_sampled_nodes]
     edges = [int(v) for v in num_sampled_edges]
     hops = len(edges)
@@ -209,9 +216,12 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
         # In-subgraph degrees: dropping outer edges would change the degrees of inner
         # nodes, so every layer runs on the whole sample.
         edge_index = edge_index[:, : cum_edges[depth]]
+        outs = []
         for i in range(stack.num_layers):
             x = stack.layer(i, x, edge_index, x.shape[0])
-        return x[: cum_nodes[0]]
+            outs = [*outs, x[: cum_nodes[0]]] if stack.readout_needed else [x[: cum_nodes[0]]]
+        return stack.readout(outs)
+    outs = []  # the seeds' rows of every layer (seeds come first at every layer)
     for i in range(stack.num_layers):
         remaining = depth - i  # this layer's targets lie within remaining-1 hops
         block, targets = edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1]
@@ -219,7 +229,8 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
         if stack.gcn_normalised:
             block, weight = sampled_gcn_weights(block, targets, *degrees)
         x = stack.layer(i, x, block, targets, gcn_weight=weight)
-    return x
+        outs = [*outs, x[: cum_nodes[0]]] if stack.readout_needed else [x]
+    return stack.readout(outs)
 
 
 def sampled_gcn_weights(block: torch.Tensor, num_targets: int, in_degree: torch.Tensor,

@@ -88,10 +88,12 @@ def layerwise_outputs(stack, graph: GoldenGraph) -> torch.Tensor:
         norm_degree, has_loop = gcn_norm_degrees(ei, n)
         ei, w = gcn_edge_weights(ei, np.arange(n), n, norm_degree, has_loop)
         weight = torch.from_numpy(w)
+    outs = []
     with torch.inference_mode():
         for i in range(stack.num_layers):
             x = stack.layer(i, x, torch.from_numpy(ei), n, gcn_weight=weight)
-    return x.float()
+            outs.append(x)
+        return stack.readout(outs).float()
 
 
 def sampled_outputs(stack, graph: GoldenGraph) -> tuple[np.ndarray, torch.Tensor]:

@@ -46,7 +46,7 @@ ACTIVATIONS: dict[type[nn.Module], tuple[str, tuple[str, ...]]] = {
     nn.Identity: ("identity", ()),
 }
 AGGREGATIONS = ("mean", "sum", "add", "max", "min")
-JK_MODES = (None, "last")
+JK_MODES = (None, "last", "cat", "max", "lstm")
 
 
 class UnsupportedModel(ConfigError):
@@ -67,9 +67,8 @@ def describe(model: nn.Module) -> tuple[str, dict[str, Any]]:
         raise UnsupportedModel(f"{type(model).__module__}.{type(model).__qualname__} is not a model class hybridgnn "
                                f"serves (nor is any subclass); supported: {supported_classes()}")
     if model.jk_mode not in JK_MODES:
-        raise UnsupportedModel(f"jumping knowledge jk={model.jk_mode!r} mixes every layer's output, which the "
-                               "layer-wise paths (precompute, new nodes, updates) cannot run yet; supported: "
-                               "jk=None or 'last'")
+        raise UnsupportedModel(f"jumping knowledge jk={model.jk_mode!r} is not supported; supported: "
+                               f"{', '.join(map(repr, JK_MODES))}")
     args: dict[str, Any] = {
         "in_channels": model.in_channels,
         "hidden_channels": model.hidden_channels,

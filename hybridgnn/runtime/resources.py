@@ -89,7 +89,8 @@ class Resources:
         self.incremental = None
         if self.dynamic is not None and self.embeddings is not None:
             self.incremental = IncrementalEmbeddings(self.dynamic, self.model, self.embeddings.layers,
-                                                     IncrementalConfig(mode=cfg.updates.propagation))
+                                                     IncrementalConfig(mode=cfg.updates.propagation),
+                                                     output=self.embeddings.output)
             log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
                      self.incremental.init_s, ", ".join(self.incremental.kinds))
         self.plan = self._load_plan()
