@@ -44,6 +44,9 @@ def add_parser(sub) -> None:
     imp.add_argument("--out", type=Path, required=True)
     imp.add_argument("--undirected", action="store_true", help="add every edge in both directions")
     imp.add_argument("--feature-dim", type=int, default=64, help="random features when the source has none")
+    imp.add_argument("--ids", choices=["auto", "dense", "map"], default="auto",
+                     help="map node ids to dense ones and store the map (requests then use the original ids): "
+                          "auto maps names, negative and sparse integer ids of an edge list")
     imp.set_defaults(run=run_import)
 
     info = dsub.add_parser("info", help="print a dataset's summary as JSON")
@@ -74,7 +77,7 @@ def run_import(args) -> int:
     from hybridgnn.graph.importers import import_graph
     from hybridgnn.graph.store import GraphStore
 
-    import_graph(args.source, args.out, undirected=args.undirected, feature_dim=args.feature_dim)
+    import_graph(args.source, args.out, undirected=args.undirected, feature_dim=args.feature_dim, ids=args.ids)
     print(json.dumps(GraphStore.open(args.out, validate="full").describe(), indent=2))
     return 0
 

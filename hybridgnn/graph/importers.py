@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from hybridgnn.graph.csr import coo_to_csr
+from hybridgnn.graph.idmap import IdMap
 from hybridgnn.graph.store import MASK_NAMES, DatasetError, write_dataset
 
 log = logging.getLogger(__name__)
 
 _USED_KEYS = {"edge_index", "x", "y", "num_nodes"}
+ID_MODES = ("auto", "dense", "map")
 
 
 def _safe_pyg_globals() -> list:
@@ -61,9 +64,16 @@ def _load_edge_file(path: Path) -> dict:
             out["edge_index"] = np.stack([out.pop("src"), out.pop("dst")])
         return out
     try:
-        edges = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
-    except ValueError as exc:
-        raise DatasetError(f"{path}: an edge list needs two integer columns 'src dst' per line: {exc}") from exc
+        with warnings.catch_warnings():  # numpy's note on comment-only lines is not for the user
+            warnings.simplefilter("ignore", UserWarning)
+            edges = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
+    except ValueError:
+        try:  # node names that are not integers ("alice bob"): mapped to dense ids later
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                edges = np.loadtxt(path, dtype=str, comments="#", ndmin=2)
+        except ValueError as exc:
+            raise DatasetError(f"{path}: an edge list needs two columns 'src dst' per line: {exc}") from exc
     if edges.shape[1] < 2:
         raise DatasetError(f"{path}: an edge list needs two columns 'src dst', found {edges.shape[1]}")
     return {"edge_index": edges[:, :2].T.copy()}
@@ -77,10 +87,18 @@ def import_graph(
     feature_dim: int = 64,
     seed: int = 0,
     name: str | None = None,
+    ids: str = "auto",
 ) -> Path:
     """Convert `source` (.pt/.pth PyG Data, .npz with edge_index [and x, y, masks], or a text
     edge list) into a dataset directory. Edges (s, t) mean t aggregates from s, as in PyG.
-    Without features, random Gaussian features of `feature_dim` are made (and recorded)."""
+    Without features, random Gaussian features of `feature_dim` are made (and recorded).
+
+    ids: "dense" keeps integer ids as row numbers; "map" stores every distinct id with a
+    map to dense ids (requests then name nodes by the original ids); "auto" maps string
+    ids, negative ids and sparse ones (the largest id more than twice the count of
+    distinct ids) of a source without features, and keeps the rest."""
+    if ids not in ID_MODES:
+        raise DatasetError(f"ids must be one of {ID_MODES}, got {ids!r}")
     src = Path(source)
     if not src.is_file():
         raise DatasetError(f"{src} does not exist")
@@ -89,9 +107,10 @@ def import_graph(
     if ei is None:
         raise DatasetError(f"{src} has no edge_index")
     ei = np.asarray(ei)
-    if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
+    if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iuU":
         raise DatasetError(f"edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
     x = data.get("x")
+    id_map, ei = _map_ids(src, ei, ids, has_rows=x is not None or data.get("num_nodes") is not None)
     num_nodes = int(data.get("num_nodes") or 0) or (
         x.shape[0] if x is not None else (int(ei.max()) + 1 if ei.size else 0)
     )
@@ -111,15 +130,47 @@ def import_graph(
     if x.ndim != 2 or x.shape[0] != num_nodes:
         raise DatasetError(f"x must be [num_nodes={num_nodes}, F], got {x.shape}")
     labels = data.get("y")
+    ignored_extra = []
+    if labels is not None and np.ndim(labels) == 2 and np.shape(labels)[1] > 1:
+        log.warning("%s: y is multi-label [%d, %d]; not imported (a dataset stores one class per node, and "
+                    "serving does not read labels)", src, *np.shape(labels))
+        labels, ignored_extra = None, ["y"]
     if labels is not None:
         labels = np.asarray(labels).reshape(-1)
         if labels.shape[0] != num_nodes:
             raise DatasetError(f"y must have num_nodes={num_nodes} entries, got {labels.shape[0]}")
     masks = {k: np.asarray(data[k], dtype=bool) for k in MASK_NAMES if data.get(k) is not None}
-    ignored = sorted(k for k in data if k not in _USED_KEYS and k not in MASK_NAMES)
+    ignored = sorted(ignored_extra + [k for k in data if k not in _USED_KEYS and k not in MASK_NAMES])
     if ignored:
         # e.g. edge_attr: the served models read node features and structure only
         log.warning("%s: not imported (the served models do not read them): %s", src, ", ".join(ignored))
         extra["ignored_fields"] = ignored
-    return write_dataset(out, indptr=indptr, indices=indices, features=x, labels=labels, masks=masks,
+    if id_map is not None:
+        extra["id_map"] = id_map.kind
+    path = write_dataset(out, indptr=indptr, indices=indices, features=x, labels=labels, masks=masks,
                          name=name or Path(out).name, extra=extra)
+    if id_map is not None:
+        id_map.save(path)
+    return path
+
+
+def _map_ids(src: Path, ei: np.ndarray, mode: str, *, has_rows: bool) -> tuple[IdMap | None, np.ndarray]:
+    """(the id map, edge_index in dense ids), or (None, ei) when ids stay as they are."""
+    if ei.dtype.kind == "U":
+        if mode == "dense":
+            raise DatasetError(f"{src}: node ids are not integers (e.g. {str(ei.flat[0])!r}); use --ids map")
+        why = "are names, not integers"
+    elif mode == "dense" or (mode == "auto" and has_rows):
+        return None, ei
+    else:
+        distinct = np.unique(ei)
+        lo, hi = (int(distinct[0]), int(distinct[-1])) if distinct.size else (0, -1)
+        if mode == "auto" and lo >= 0 and hi + 1 <= 2 * distinct.size:
+            return None, ei
+        why = f"are sparse ({distinct.size:,} distinct in [{lo}, {hi}])" if mode == "auto" else "were asked to be mapped"
+    if mode == "map" and has_rows:
+        raise DatasetError(f"{src}: --ids map needs a source without x/num_nodes (its rows are numbered by id)")
+    id_map, dense = IdMap.build(ei if ei.dtype.kind == "U" else ei.astype(np.int64))
+    log.warning("%s: node ids %s; stored as dense ids 0..%d with a map, and requests name nodes by the original "
+                "ids", src, why, len(id_map) - 1)
+    return id_map, dense

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.errors import ConfigError
+from hybridgnn.graph.idmap import ID_MAP_FILE, IdMap
 
 FORMAT_VERSION = 1
 MASK_NAMES = ("train_mask", "val_mask", "test_mask")
@@ -86,6 +87,13 @@ def write_dataset(
     return root
 
 
+def _load_id_map(root: Path) -> IdMap | None:
+    try:
+        return IdMap.load(root)
+    except ValueError as exc:
+        raise DatasetError(f"{root / ID_MAP_FILE} is not a readable id map: {exc}") from exc
+
+
 @dataclass
 class GraphStore:
     """A dataset opened read-only with mmap; one instance is shared by all workers."""
@@ -97,6 +105,7 @@ class GraphStore:
     features: np.ndarray
     labels: np.ndarray | None
     masks: dict[str, np.ndarray]
+    id_map: IdMap | None = None  # external node ids (sparse ints or strings), when imported with some
 
     @classmethod
     def open(cls, path: str | Path, *, validate: str = "quick") -> "GraphStore":
@@ -130,6 +139,7 @@ class GraphStore:
             features=load("features"),
             labels=load("labels", required=False),
             masks={k: m for k in MASK_NAMES if (m := load(k, required=False)) is not None},
+            id_map=_load_id_map(root),
         )
         if validate != "none":
             store.validate(full=(validate == "full"))
@@ -162,6 +172,8 @@ class GraphStore:
         for key, expected in (("num_nodes", n), ("num_edges", self.indices.shape[0])):
             if key in self.meta and int(self.meta[key]) != expected:
                 raise DatasetError(f"meta.json says {key}={self.meta[key]} but the arrays hold {expected}")
+        if self.id_map is not None and len(self.id_map) != n:
+            raise DatasetError(f"{ID_MAP_FILE} names {len(self.id_map)} nodes but the graph has {n}")
         if full and self.indices.shape[0]:
             if np.any(np.diff(self.indptr) < 0):
                 raise DatasetError("indptr must be non-decreasing")

@@ -517,6 +517,7 @@ class Engine:
             "admission": {**self.admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["sampled"] + (["precomputed"] if self.embeddings is not None else []),
+            "node_ids": self.graph.id_map.kind if self.graph.id_map is not None else "dense",
             "new_node_modes": (["full", "pe", "srpe"] if self.embeddings is not None else []) + ["sampled"],
             "srpe_gamma": self.cfg.new_nodes.gamma,
             "pe_computed_unix_s": self.embeddings.computed_unix_s if self.embeddings is not None else None,

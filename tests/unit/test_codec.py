@@ -205,3 +205,72 @@ def test_request_id_is_text(rid, want):
 def test_unusable_ids_and_shapes_are_400(body):
     with pytest.raises(BadRequest):
         decode(None, body=body)
+
+
+def _names_map():
+    from hybridgnn.graph.idmap import IdMap
+
+    return IdMap(np.array(["alice", "bob", "carol", "dave"]))
+
+
+def _bytes_blob(names):
+    return b"".join(len(n.encode()).to_bytes(4, "little") + n.encode() for n in names)
+
+
+def test_named_ids_json_and_binary_map_to_internal_ids_and_echo():
+    id_map = _names_map()
+    body = json.dumps({"inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [3],
+                                   "data": ["dave", "alice", "dave"]}]}).encode()
+    req = decode_infer_request(body, None, max_nodes=10, num_nodes=4, id_map=id_map)
+    assert req.node_ids.tolist() == [3, 0, 3] and req.external_ids.tolist() == ["dave", "alice", "dave"]
+    assert set(req.outputs) == {"embeddings", "predictions", "node_ids"}
+    blob = _bytes_blob(["carol", "bob"])
+    head = json.dumps({"inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [2],
+                                   "parameters": {"binary_data_size": len(blob)}}],
+                       "outputs": [{"name": "node_ids", "parameters": {"binary_data": True}}]}).encode()
+    req = decode_infer_request(head + blob, str(len(head)), max_nodes=10, num_nodes=4, id_map=id_map)
+    assert req.node_ids.tolist() == [2, 1]
+    out, headers = encode_infer_response("m", None, {"node_ids": req.external_ids}, req.outputs)
+    n = int(headers[HEADER_LENGTH])
+    entry = json.loads(out[:n])["outputs"][0]
+    assert entry["datatype"] == "BYTES" and out[n:] == blob
+    out, _ = encode_infer_response("m", None, {"node_ids": req.external_ids}, {"node_ids": False})
+    assert json.loads(out)["outputs"][0]["data"] == ["carol", "bob"]
+
+
+@pytest.mark.parametrize("inp, match", [
+    ({"datatype": "BYTES", "shape": [2], "data": ["bob", "zed"]}, "unknown node id 'zed'"),
+    ({"datatype": "INT64", "shape": [1], "data": [1]}, "must be BYTES"),
+    ({"datatype": "BYTES", "shape": [2], "data": ["bob", 3]}, "flat list of 2 strings"),
+    ({"datatype": "BYTES", "shape": [1], "data": ["x" * 2000]}, "at most 1024"),
+    ({"datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": 7}}, "ends inside element|claims"),
+])
+def test_bad_named_ids_are_clear_400s(inp, match):
+    body = {"inputs": [{"name": "node_ids", **inp}]}
+    head = json.dumps(body).encode()
+    tail = b"\x03\x00\x00\x00bob" if "parameters" in inp else b""
+    with pytest.raises(BadRequest, match=match):
+        decode_infer_request(head + tail, str(len(head)) if tail else None, max_nodes=10, num_nodes=4,
+                             id_map=_names_map())
+
+
+def test_names_on_a_dense_dataset_and_new_nodes_on_a_mapped_one_are_refused():
+    body = json.dumps({"inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}).encode()
+    with pytest.raises(BadRequest, match="must be INT64 here"):
+        decode_infer_request(body, None, max_nodes=10, num_nodes=4)
+    body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2], "data": [0, 0]},
+                                  {"name": "edge_index", "datatype": "INT64", "shape": [2, 0], "data": []}]}).encode()
+    with pytest.raises(BadRequest, match="not supported yet"):
+        decode_infer_request(body, None, max_nodes=10, num_nodes=4, feature_dim=2, id_map=_names_map())
+
+
+def test_sparse_integer_ids_map_too():
+    from hybridgnn.graph.idmap import IdMap
+
+    id_map = IdMap(np.array([1, 2, 3, 2_000_000]))
+    body = json.dumps({"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [2],
+                                   "data": [2_000_000, 1]}]}).encode()
+    req = decode_infer_request(body, None, max_nodes=10, num_nodes=4, id_map=id_map)
+    assert req.node_ids.tolist() == [3, 0] and req.external_ids.tolist() == [2_000_000, 1]
+    with pytest.raises(BadRequest, match="unknown node id 0"):
+        decode_infer_request(body.replace(b"2000000", b"0"), None, max_nodes=10, num_nodes=4, id_map=id_map)

@@ -140,12 +140,60 @@ def test_import_npz_and_edge_list(tmp_path):
     (tmp_path / "e.txt").write_text("# src dst\n0 1\n1 2\n2 0\n")
     import_graph(tmp_path / "e.txt", tmp_path / "b")
     assert GraphStore.open(tmp_path / "b").num_edges == 3
-    (tmp_path / "bad.txt").write_text("0 x\n")
-    with pytest.raises(DatasetError, match="two integer columns"):
+    (tmp_path / "bad.txt").write_text("0 1 2\n3\n")
+    with pytest.raises(DatasetError, match="two columns"):
         import_graph(tmp_path / "bad.txt", tmp_path / "c")
     np.savez(tmp_path / "neg.npz", edge_index=np.array([[0, -1], [1, 0]]))
     with pytest.raises(DatasetError, match="must lie in"):
-        import_graph(tmp_path / "neg.npz", tmp_path / "d")
+        import_graph(tmp_path / "neg.npz", tmp_path / "d", ids="dense")
+    with pytest.raises(DatasetError, match="ids must be one of"):
+        import_graph(tmp_path / "neg.npz", tmp_path / "d", ids="sparse")
+
+
+@pytest.mark.parametrize("lines, kind, external", [
+    ("1 2\n2 3\n3 2000000\n", "int64", [1, 2, 3, 2000000]),  # sparse: not a 2,000,001-node graph
+    ("# people\nalice bob\nbob carol\ndave alice\n", "string", ["alice", "bob", "carol", "dave"]),
+    ("-5 7\n7 9\n", "int64", [-5, 7, 9]),
+])
+def test_sparse_and_named_ids_are_mapped_to_dense_ones(tmp_path, caplog, lines, kind, external):
+    (tmp_path / "e.txt").write_text(lines)
+    with caplog.at_level("WARNING"):
+        import_graph(tmp_path / "e.txt", tmp_path / "g")
+    g = GraphStore.open(tmp_path / "g", validate="full")
+    assert g.num_nodes == len(external) and g.id_map.kind == kind and g.meta["id_map"] == kind
+    assert g.id_map.to_external(np.arange(g.num_nodes)).tolist() == external
+    internal, known = g.id_map.to_internal(np.array(external[::-1] + ([9999] if kind == "int64" else ["zed"])))
+    assert internal[:-1].tolist() == list(range(len(external)))[::-1] and known.tolist() == [True] * len(external) + [False]
+    # the first edge survives the mapping: row (its target) lists its source
+    src, dst = lines.split("\n")[1 if lines.startswith("#") else 0].split()
+    t = int(g.id_map.to_internal(np.array([dst if kind == "string" else int(dst)]))[0][0])
+    s_ = int(g.id_map.to_internal(np.array([src if kind == "string" else int(src)]))[0][0])
+    assert s_ in np.asarray(g.indices)[g.indptr[t]:g.indptr[t + 1]]
+    assert sum("stored as dense ids" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_dense_ids_and_ids_with_features_are_kept(tmp_path):
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n3 0\n")
+    import_graph(tmp_path / "e.txt", tmp_path / "g")
+    assert GraphStore.open(tmp_path / "g").id_map is None
+    with pytest.raises(DatasetError, match="not integers"):
+        (tmp_path / "n.txt").write_text("a b\n")
+        import_graph(tmp_path / "n.txt", tmp_path / "h", ids="dense")
+    import_graph(tmp_path / "e.txt", tmp_path / "m", ids="map")
+    assert GraphStore.open(tmp_path / "m").id_map.kind == "int64"
+
+
+def test_multi_label_y_is_skipped_with_one_line(tmp_path, caplog):
+    import torch
+    from torch_geometric.data import Data
+
+    torch.save(Data(edge_index=torch.tensor([[0, 1], [1, 2]]), x=torch.zeros(3, 2), y=torch.zeros(3, 4)),
+               tmp_path / "d.pt")
+    with caplog.at_level("WARNING"):
+        import_graph(tmp_path / "d.pt", tmp_path / "g")
+    g = GraphStore.open(tmp_path / "g")
+    assert g.labels is None and g.meta["ignored_fields"] == ["y"]
+    assert any("multi-label" in r.getMessage() for r in caplog.records)
 
 
 def test_a_heterogeneous_graph_is_refused_in_one_line(tmp_path):

@@ -38,6 +38,7 @@ from hybridgnn.errors import (
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
+    ID_OUTPUT,
     INPUT_NAME,
     decode_infer_request,
     encode_infer_response,
@@ -256,13 +257,18 @@ class Api:
         self._check_model(request)
         engine = self.engine
         emb_dim = engine.model.out_dim
+        id_map = engine.graph.id_map
+        id_type = "BYTES" if id_map is not None and id_map.kind == "string" else "INT64"
+        outputs = [{"name": "embeddings", "datatype": "FP32", "shape": [-1, emb_dim]},
+                   {"name": "predictions", "datatype": "INT64", "shape": [-1]}]
+        if id_map is not None:
+            outputs.append({"name": ID_OUTPUT, "datatype": id_type, "shape": [-1]})
         return Reply.json({
             "name": self.model_name,
             "versions": ["1"],
             "platform": "pytorch_geometric",
-            "inputs": [{"name": INPUT_NAME, "datatype": "INT64", "shape": [-1]}],
-            "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, emb_dim]},
-                        {"name": "predictions", "datatype": "INT64", "shape": [-1]}],
+            "inputs": [{"name": INPUT_NAME, "datatype": id_type, "shape": [-1]}],
+            "outputs": outputs,
             "parameters": engine.metadata(),
         })
 
@@ -282,7 +288,7 @@ class Api:
                 engine.shed_sampled()  # past the bound already: refuse before decoding
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
-                                       feature_dim=engine.graph.feature_dim)
+                                       feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map)
             pending = self._dispatch(req)
         except Exception as exc:
             return self._infer_failed(exc)
@@ -295,9 +301,10 @@ class Api:
                 return self._infer_failed(exc)
             result = fut.result()
             t0 = time.perf_counter()
-            body, headers = encode_infer_response(
-                self.model_name, req.request_id,
-                {"embeddings": result.embeddings, "predictions": result.predictions}, req.outputs)
+            tensors = {"embeddings": result.embeddings, "predictions": result.predictions}
+            if req.external_ids is not None:
+                tensors[ID_OUTPUT] = req.external_ids
+            body, headers = encode_infer_response(self.model_name, req.request_id, tensors, req.outputs)
             done = time.perf_counter()
             tel = engine.telemetry
             tel.observe_stage("respond", result.pipeline, done - t0)

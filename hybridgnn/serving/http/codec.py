@@ -27,6 +27,8 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 DTYPES = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4"), "UINT64": np.dtype("<u8")}
 ID_DATATYPES = ("INT64", "INT32")
 OUTPUT_NAMES = ("embeddings", "predictions")
+ID_OUTPUT = "node_ids"  # the request's ids echoed, on datasets with an id map (external ids)
+MAX_NAME_BYTES = 1024  # one node name in a BYTES input
 INPUT_NAME = "node_ids"
 
 
@@ -44,6 +46,7 @@ class InferRequest:
     edge_index: np.ndarray | None = None  # int64 [2, m]; query node i is num_nodes + i
     request_id: str | None = None
     outputs: dict[str, bool] = field(default_factory=dict)  # name -> binary
+    external_ids: np.ndarray | None = None  # node_ids as the client named them (datasets with an id map)
     parameters: dict = field(default_factory=dict)
 
     @property
@@ -57,7 +60,7 @@ class InferRequest:
 
 # name -> (accepted datatypes, layout): "ids" 1-D [n]; "matrix" [q, F]; "edges" [2, m]
 INPUTS = {
-    INPUT_NAME: (ID_DATATYPES, "ids"),
+    INPUT_NAME: ((*ID_DATATYPES, "BYTES"), "ids"),
     "features": (("FP32",), "matrix"),
     "edge_index": (ID_DATATYPES, "edges"),
 }
@@ -105,7 +108,10 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview
 
 
 def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: int, num_nodes: int,
-                         feature_dim: int | None = None, max_edges: int | None = None) -> InferRequest:
+                         feature_dim: int | None = None, max_edges: int | None = None,
+                         id_map=None) -> InferRequest:
+    """id_map (graph.idmap.IdMap): the dataset names nodes by external ids, which node_ids
+    then holds (INT64 for integer ids, BYTES for names) and the answer echoes as node_ids."""
     header, binary = split_body(body, header_length)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
@@ -119,6 +125,9 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
                             "(FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes")
     req = InferRequest(parameters=params)
     if "features" in tensors or "edge_index" in tensors:
+        if id_map is not None:
+            raise BadRequest("new-node requests are not supported yet on a dataset whose nodes have external ids "
+                             "(imported with an id map)")
         if INPUT_NAME in tensors:
             raise BadRequest(f"send either {INPUT_NAME!r} (existing nodes) or 'features' + 'edge_index' "
                              "(new nodes), not both")
@@ -128,21 +137,28 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
             tensors["features"], tensors["edge_index"], max_nodes=max_nodes, num_nodes=num_nodes,
             feature_dim=feature_dim, max_edges=max_edges if max_edges is not None else 64 * max_nodes)
     elif INPUT_NAME in tensors:
-        req.node_ids = validate_node_ids(tensors[INPUT_NAME], max_nodes=max_nodes, num_nodes=num_nodes)
+        ids = tensors[INPUT_NAME]
+        if id_map is not None:
+            req.external_ids, ids = map_external_ids(ids, id_map, max_nodes=max_nodes)
+        elif ids.dtype.kind == "U":
+            raise BadRequest(f"{INPUT_NAME} must be INT64 here: this dataset numbers its nodes 0..{num_nodes - 1} "
+                             "(BYTES names are for datasets imported with an id map)")
+        req.node_ids = validate_node_ids(ids, max_nodes=max_nodes, num_nodes=num_nodes)
     else:
         raise BadRequest(f"input {INPUT_NAME!r} is missing")
 
     default_binary = bool(params.get("binary_data_output", False))
     requested = header.get("outputs")
+    names = (*OUTPUT_NAMES, ID_OUTPUT) if req.external_ids is not None else OUTPUT_NAMES
     if requested is None:
-        req.outputs = {n: default_binary for n in OUTPUT_NAMES}
+        req.outputs = {n: default_binary for n in names}
     else:
         if not isinstance(requested, list):
             raise BadRequest("'outputs' must be a list")
         for out in requested:
             name = out.get("name") if isinstance(out, dict) else None
-            if name not in OUTPUT_NAMES:
-                raise BadRequest(f"unknown output {brief(name)}; available: {list(OUTPUT_NAMES)}")
+            if name not in names:
+                raise BadRequest(f"unknown output {brief(name)}; available: {list(names)}")
             oparams = out.get("parameters") or {}
             req.outputs[name] = (bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict)
                                  else default_binary)
@@ -211,6 +227,8 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
                          f"2**48), got {brief(shape)}")
     _check_shape(name, shape, layout)
     count = math.prod(shape)  # a Python product: np.prod on a short list costs more than the rest of decoding
+    if datatype == "BYTES":
+        return decode_bytes(inp, binary, count)
     out_dtype = np.float32 if datatype == "FP32" else np.int64
     iparams = inp.get("parameters") or {}
     bsize = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
@@ -241,6 +259,52 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
         raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
     arr = arr.astype(out_dtype).reshape(-1)
     return (arr.reshape(shape) if layout != "ids" else arr), 0
+
+
+def map_external_ids(ids: np.ndarray, id_map, *, max_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(external ids as given, internal ids); BadRequest naming the first unknown id."""
+    if ids.size > max_nodes:
+        raise BadRequest(f"node_ids holds {ids.size} ids; at most {max_nodes} per request")
+    if (ids.dtype.kind == "U") != (id_map.kind == "string"):
+        want = "BYTES (node names)" if id_map.kind == "string" else "INT64 (the dataset's original integer ids)"
+        raise BadRequest(f"{INPUT_NAME} must be {want} on this dataset")
+    internal, known = id_map.to_internal(ids)
+    if not known.all():
+        raise BadRequest(f"unknown node id {brief(ids[np.flatnonzero(~known)[0]].item())}")
+    return ids, internal
+
+
+def decode_bytes(inp: dict, binary: memoryview, count: int) -> tuple[np.ndarray, int]:
+    """A BYTES tensor of `count` UTF-8 strings: JSON 'data' (a list of strings) or KServe's
+    binary layout (each element a little-endian uint32 length, then its bytes)."""
+    name = inp.get("name")
+    iparams = inp.get("parameters") or {}
+    bsize = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
+    if bsize is not None:
+        if type(bsize) is not int or bsize < 0 or bsize > len(binary):
+            raise BadRequest(f"input {name!r}: binary_data_size={brief(bsize)} must be a byte count within the "
+                             f"{len(binary)} bytes sent")
+        raw, values, pos = bytes(binary[:bsize]), [], 0
+        for _ in range(count):
+            if pos + 4 > bsize:
+                raise BadRequest(f"input {name!r}: binary BYTES data ends inside element {len(values)}")
+            size = int.from_bytes(raw[pos:pos + 4], "little")
+            if size > MAX_NAME_BYTES or pos + 4 + size > bsize:
+                raise BadRequest(f"input {name!r}: element {len(values)} claims {size} bytes")
+            values.append(raw[pos + 4:pos + 4 + size])
+            pos += 4 + size
+        if pos != bsize:
+            raise BadRequest(f"input {name!r}: {bsize - pos} bytes left after {count} elements")
+        try:
+            return np.array([v.decode("utf-8") for v in values], dtype=str).reshape(-1), bsize
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"input {name!r}: node names must be UTF-8: {exc}") from exc
+    data = inp.get("data")
+    if not isinstance(data, list) or len(data) != count or not all(
+            isinstance(v, str) and len(v) <= MAX_NAME_BYTES for v in data):
+        raise BadRequest(f"input {name!r}: BYTES 'data' must be a flat list of {count} strings "
+                         f"(each at most {MAX_NAME_BYTES} characters)")
+    return np.array(data, dtype=str).reshape(-1), 0
 
 
 def validate_node_ids(ids: np.ndarray, *, max_nodes: int, num_nodes: int) -> np.ndarray:
@@ -299,9 +363,13 @@ def encode_infer_response(model_name: str, request_id: str | None, tensors: dict
     entries, blobs = [], []
     for name, binary in outputs.items():
         arr = tensors[name]
-        datatype = "FP32" if arr.dtype == np.float32 else "INT64"
+        datatype = "BYTES" if arr.dtype.kind == "U" else "FP32" if arr.dtype == np.float32 else "INT64"
         entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
-        if binary:
+        if binary and datatype == "BYTES":
+            raw = b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in arr.tolist()))
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        elif binary:
             raw = np.ascontiguousarray(arr, dtype=DTYPES[datatype]).tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)

@@ -1,0 +1,100 @@
+"""A dataset imported from an edge list of node names, served: requests name nodes by their
+names (JSON and binary BYTES, plain HTTP and tritonclient) and answers echo them."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.embeddings.precompute import precompute
+from hybridgnn.graph.importers import import_graph
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.checkpoint import save_model
+from hybridgnn.models.gnn import GNN, ModelSpec
+from hybridgnn.testing.server import ServerProcess
+
+MODEL = "hybridgnn"
+
+
+@pytest.fixture(scope="module")
+def named(tmp_path_factory):
+    root = tmp_path_factory.mktemp("named")
+    rng = np.random.default_rng(0)
+    names = [f"user-{i:03d}" for i in range(300)]
+    lines = [f"{names[a]} {names[b]}" for a, b in rng.integers(0, 300, (1500, 2)) if a != b]
+    (root / "edges.txt").write_text("\n".join(lines) + "\n")
+    import_graph(root / "edges.txt", root / "data", undirected=True, feature_dim=8)
+    graph = GraphStore.open(root / "data")
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", 8, 8, 3)).eval()
+    save_model(model, root / "model", fanouts=[5, 5])
+    store = precompute(graph, model, root / "model", progress=False)
+    srv = ServerProcess(root / "data", root / "model", "--workers", "1").wait_ready()
+    yield srv, graph, np.asarray(store.final)
+    srv.stop()
+
+
+def _post(url, body: dict):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_requests_name_nodes_and_answers_echo_the_names(named):
+    srv, graph, final = named
+    ask = ["user-007", "user-123", "user-007"]
+    status, out = _post(f"{srv.url}/v2/models/{MODEL}/infer", {
+        "inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [3], "data": ask}],
+        "parameters": {"mode": "precomputed"}})
+    assert status == 200, out
+    outs = {o["name"]: o for o in out["outputs"]}
+    assert outs["node_ids"]["datatype"] == "BYTES" and outs["node_ids"]["data"] == ask
+    rows = np.asarray(outs["embeddings"]["data"], dtype=np.float32).reshape(3, -1)
+    internal = graph.id_map.to_internal(np.array(ask))[0]
+    np.testing.assert_allclose(rows, final[internal], rtol=1e-6)
+    status, out = _post(f"{srv.url}/v2/models/{MODEL}/infer", {
+        "inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [2], "data": ["user-001", "mallory"]}]})
+    assert status == 400 and "unknown node id 'mallory'" in out["error"]
+    status, out = _post(f"{srv.url}/v2/models/{MODEL}/infer", {
+        "inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [1], "data": [1]}]})
+    assert status == 400 and "must be BYTES" in out["error"]
+    with urllib.request.urlopen(f"{srv.url}/v2/models/{MODEL}", timeout=10) as r:
+        meta = json.loads(r.read())
+    assert meta["inputs"][0]["datatype"] == "BYTES" and meta["parameters"]["node_ids"] == "string"
+
+
+def test_tritonclient_sends_names_as_bytes(named):
+    import tritonclient.http as httpclient
+
+    srv, graph, _ = named
+    client = httpclient.InferenceServerClient(url=srv.url.removeprefix("http://"))
+    names = np.array([b"user-010", b"user-299", b"user-000"], dtype=np.object_)
+    for binary in (True, False):
+        inp = httpclient.InferInput("node_ids", [3], "BYTES")
+        inp.set_data_from_numpy(names, binary_data=binary)
+        res = client.infer(MODEL, [inp], outputs=[httpclient.InferRequestedOutput("node_ids", binary_data=binary),
+                                                  httpclient.InferRequestedOutput("predictions", binary_data=binary)])
+        assert [n if isinstance(n, bytes) else n.encode() for n in res.as_numpy("node_ids").tolist()] == \
+            names.tolist()
+        assert res.as_numpy("predictions").shape == (3,)
+
+
+def test_updates_on_a_mapped_dataset_are_refused_at_start_in_one_line(named, tmp_path):
+    import subprocess
+    import sys
+
+    srv, graph, _ = named
+    proc = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "serve", "--dataset", str(graph.root),
+                           "--model", str(graph.root.parent / "model"), "--update-token", "a-long-token", "--port", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "graph updates are not supported yet on a dataset with an id map" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
