@@ -54,7 +54,8 @@ def main() -> None:
             return web.json_response({"error": exc.message}, status=exc.status)
         result = executor.run(req.node_ids)
         body, headers = encode_infer_response("hybridgnn", req.request_id, {
-            "embeddings": result.embeddings, "predictions": result.predictions}, req.outputs)
+            "logits": result.logits, "embeddings": result.embeddings,
+            "predictions": result.predictions}, req.outputs)
         return web.Response(body=body, headers=headers)
 
     async def ready(request):

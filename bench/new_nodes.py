@@ -89,20 +89,20 @@ def evaluate_model(kind: str, layers: int, base, requests: list[dict], work: Pat
     def expand(r, hops):
         aug = r["aug"]
         ex = BatchExecutor(CPUSampler(aug, hops), HostFeatureStore(aug.features), model)
-        return ex.run(np.arange(b, b + len(r["labels"]))).embeddings
+        return ex.run(np.arange(b, b + len(r["labels"]))).logits
 
     # Reforge's "full computation": every query node's whole K-hop neighbourhood expanded
     # and computed from raw features (GCN normalised inside the expanded subgraph).
     measure("full K-hop expansion", lambda r: expand(r, (EVERY_NEIGHBOUR,) * layers))
-    measure("full", lambda r: ev.infer(r["features"], r["edges"], mode="full").embeddings)
+    measure("full", lambda r: ev.infer(r["features"], r["edges"], mode="full").logits)
     measure("sampled " + ",".join(map(str, fanouts)),
-            lambda r: ev.infer(r["features"], r["edges"], mode="sampled", fanouts=fanouts).embeddings)
-    measure("pe", lambda r: ev.infer(r["features"], r["edges"], mode="pe").embeddings)
+            lambda r: ev.infer(r["features"], r["edges"], mode="sampled", fanouts=fanouts).logits)
+    measure("pe", lambda r: ev.infer(r["features"], r["edges"], mode="pe").logits)
     for g in GAMMAS:
         for policy in ("ratio", "random", "degree"):
             measure(f"srpe γ={g:.0%} {policy}",
                     lambda r, g=g, p=policy: ev.infer(r["features"], r["edges"], mode="srpe", gamma=g,
-                                                      policy=p).embeddings)
+                                                      policy=p).logits)
     print(f"{kind} ({layers} layers): " + json.dumps(rows_out), flush=True)
     return {"kind": kind, "layers": layers, "trained_test_acc": round(metrics["test_acc"], 4),
             "precompute_s": round(pre_s, 2), "results": rows_out}

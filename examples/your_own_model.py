@@ -126,7 +126,7 @@ def main() -> int:
         server.wait(30)
 
     def rows(answer: dict) -> np.ndarray:
-        out = next(o for o in answer["outputs"] if o["name"] == "embeddings")
+        out = next(o for o in answer["outputs"] if o["name"] == "logits")
         return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 
     want = reference[nodes].numpy()

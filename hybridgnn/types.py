@@ -116,11 +116,12 @@ class RoutePlan:
 class BatchResult:
     """Per-seed outputs of one batch, row-aligned with Batch.seeds."""
 
-    embeddings: np.ndarray  # float32 [n, d]
-    predictions: np.ndarray  # int64 [n]
+    logits: np.ndarray  # float32 [n, out_dim]: the model's output
+    predictions: np.ndarray  # int64 [n]: argmax of the logits
     timings: StageTimings = field(default_factory=StageTimings)
     sampled_edges: int = 0
     gathered_rows: dict[str, int] = field(default_factory=dict)  # feature tier -> rows read from it
+    embeddings: np.ndarray | None = None  # float32 [n, hidden]: what the model's head reads
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 
 from hybridgnn.embeddings.precompute import block_from_rows
+from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.graph.dynamic import AppliedUpdate, DynamicGraph, UpdateBatch
 from hybridgnn.models.decompose import decompose
 
@@ -379,3 +380,9 @@ class IncrementalEmbeddings:
     def lookup(self, node_ids: np.ndarray) -> np.ndarray:
         with self.graph.lock.read():
             return np.array(self.final[node_ids], dtype=np.float32)
+
+    def lookup_both(self, node_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(logits, embeddings) of node_ids as of one graph version."""
+        with self.graph.lock.read():
+            return (np.array(self.final[node_ids], dtype=np.float32),
+                    hidden_rows(self.model, self.layers, self.graph.features, node_ids))

@@ -69,8 +69,9 @@ POLICIES = ("ratio", "random", "degree")
 
 @dataclass
 class NewNodeResult:
-    embeddings: np.ndarray  # [q, d] float32
+    logits: np.ndarray  # [q, out_dim] float32: the model's output
     recomputed: int  # existing nodes recomputed (|S| or the full set)
+    embeddings: np.ndarray | None = None  # [q, hidden] float32: what the model's head reads
 
 
 class NewNodeEvaluator:
@@ -155,8 +156,10 @@ class NewNodeEvaluator:
         recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), queries)) if K > 1 else 0
         # Queries come first in every layer's targets; jumping knowledge mixes their rows.
         with torch.inference_mode():
-            out = self.model.readout([computed[layer][1][:q] for layer in range(1, K + 1)])
-        return NewNodeResult(out.float().numpy(), recomputed)
+            rows = [computed[layer][1][:q] for layer in range(1, K + 1)]
+            out = self.model.readout(rows)
+            hidden = self.model.embedding(rows, torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)))
+        return NewNodeResult(out.float().numpy(), recomputed, hidden.float().numpy())
 
     def _sampled(self, features, queries, qsrc, qdst, fanouts) -> NewNodeResult:
         """Neighbour sampling over the stored graph plus the query edges (an overlay the
@@ -182,9 +185,10 @@ class NewNodeEvaluator:
         x[torch.from_numpy(np.flatnonzero(~existing))] = torch.from_numpy(features[ids[~existing] - n])
         degrees = self._augmented_degrees(ids, targets, np.diff(ov_indptr)) if self.gcn is not None else None
         with torch.inference_mode():
-            out = self.model(x, torch.from_numpy(sub.edge_index), sub.num_sampled_nodes, sub.num_sampled_edges,
-                             degrees)
-        return NewNodeResult(out[torch.from_numpy(sub.seed_index)].float().numpy(), 0)
+            out, hidden = self.model(x, torch.from_numpy(sub.edge_index), sub.num_sampled_nodes,
+                                     sub.num_sampled_edges, degrees, with_embeddings=True)
+        rows = torch.from_numpy(sub.seed_index)
+        return NewNodeResult(out[rows].float().numpy(), 0, hidden[rows].float().numpy())
 
     def _augmented_degrees(self, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray):
         """(in-degree, has self-loop) of sample nodes `ids` in the graph plus the query edges

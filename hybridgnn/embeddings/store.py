@@ -51,8 +51,23 @@ class EmbeddingStore:
         return cls(root=root, layers=layers, state=state, output=output)
 
     def lookup(self, node_ids: np.ndarray) -> np.ndarray:
-        """Final-layer rows as float32 (constant time per id)."""
+        """The model's output rows (logits) as float32 (constant time per id)."""
         return np.asarray(self.final[node_ids], dtype=np.float32)
+
+
+def hidden_rows(model, layers: list[np.ndarray], features, node_ids: np.ndarray) -> np.ndarray:
+    """What the model's head reads (its `embedding`) for node_ids, from stored per-layer
+    rows: the jumping-knowledge output, else layer L-1's rows, else (one layer) the
+    features. features(ids) gives input rows."""
+    if model.readout_needed:
+        import torch
+
+        rows = [torch.from_numpy(np.asarray(a[node_ids], dtype=np.float32)) for a in layers]
+        with torch.inference_mode():
+            return model.embedding(rows, None).float().numpy()
+    if len(layers) >= 2:
+        return np.asarray(layers[-2][node_ids], dtype=np.float32)
+    return np.asarray(features(node_ids), dtype=np.float32)
 
 
 def write_state(root: Path, state: dict) -> None:

@@ -10,15 +10,15 @@ import torch
 from torch import nn
 from torch_geometric.nn import GCNConv
 
-from hybridgnn.models.gnn import GNN, apply_conv, stack_forward
+from hybridgnn.models.gnn import GNN, apply_conv, head_input, stack_forward
 
 
 class LayerStack(nn.Module):
     """A PyG BasicGNN seen layer by layer: conv i, then (before the last layer, or after
     every layer with jumping knowledge) its norm, activation and dropout exactly as
-    BasicGNN.forward applies them; jk='last''s linear head after the last layer. With
-    jk cat/max/lstm the output mixes every layer's rows of a node: `readout` (jumping
-    knowledge, then the head) runs on them, per node, after the last layer."""
+    BasicGNN.forward applies them. With jumping knowledge the output mixes a node's rows
+    of every layer: `readout` (JK, then the linear head) runs on them, per node, after
+    the last layer."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -49,14 +49,25 @@ class LayerStack(nn.Module):
 
     @property
     def readout_needed(self) -> bool:
-        """Whether the output mixes every layer's rows (jk cat, max, lstm): see readout."""
-        return self.model.jk_mode in ("cat", "max", "lstm")
+        """Whether the output is more than the last layer's rows (jumping knowledge: JK,
+        then the linear head): see readout."""
+        return self.model.jk_mode is not None
+
+    def _jk(self, layers: list[torch.Tensor]) -> torch.Tensor:
+        return layers[-1] if self.model.jk_mode == "last" else self.model.jk(layers)
 
     def readout(self, layers: list[torch.Tensor]) -> torch.Tensor:
         """The model's output from each layer's rows of the same nodes (jk, then the head)."""
         if not self.readout_needed:
             return layers[-1]
-        return self.model.lin(self.model.jk(layers))
+        return self.model.lin(self._jk(layers))
+
+    def embedding(self, layers: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
+        """The hidden representation the head reads: the jumping-knowledge output, or the
+        last layer's input (see models.gnn.head_input)."""
+        if self.readout_needed:
+            return self._jk(layers)
+        return head_input(layers, inputs)
 
     def between_layers(self, i: int, x: torch.Tensor) -> torch.Tensor:
         m = self.model
@@ -68,16 +79,16 @@ class LayerStack(nn.Module):
         x = m.norms[i](x)
         if m.act is not None and not m.act_first:
             x = m.act(x)
-        x = m.dropout(x)
-        # jk='last': the head after the last layer's operations (cat/max/lstm: in readout)
-        return m.lin(x) if last and m.jk_mode == "last" else x
+        return m.dropout(x)  # with jumping knowledge the head runs in readout
 
     def layer(self, i: int, x_src: torch.Tensor, edge_index: torch.Tensor, num_targets: int,
               gcn_weight: torch.Tensor | None = None) -> torch.Tensor:
         return self.between_layers(i, apply_conv(self.convs[i], x_src, edge_index, num_targets, gcn_weight))
 
-    def forward(self, x, edge_index, num_sampled_nodes=None, num_sampled_edges=None, degrees=None):
-        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges, degrees)
+    def forward(self, x, edge_index, num_sampled_nodes=None, num_sampled_edges=None, degrees=None, *,
+                with_embeddings: bool = False):
+        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges, degrees,
+                             with_embeddings=with_embeddings)
 
 
 def decompose(model: nn.Module):

@@ -170,6 +170,10 @@ class GNN(nn.Module):
     def readout(self, layers: list[torch.Tensor]) -> torch.Tensor:
         return layers[-1]
 
+    def embedding(self, layers: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
+        """The hidden representation the last layer (the head) reads: see head_input."""
+        return head_input(layers, inputs)
+
     @property
     def in_dim(self) -> int:
         return self.spec.in_dim
@@ -179,17 +183,20 @@ class GNN(nn.Module):
         return self.spec.out_dim
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None, num_sampled_edges=None,
-                degrees=None):
+                degrees=None, *, with_embeddings: bool = False):
         """x rows follow the sample's node order; without per-hop counts every layer runs on
         the whole graph (full-graph inference). See stack_forward."""
-        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges, degrees)
+        return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges, degrees,
+                             with_embeddings=with_embeddings)
 
 
 def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes=None,
-                  num_sampled_edges=None, degrees: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Run a layer stack (anything with num_layers, layer() and gcn_normalised) on the whole
-    graph, or on a sample in hop order (per-hop node and edge counts), returning the
-    seeds' rows; layer i then only computes targets within L-i-1 hops of the seeds.
+                  num_sampled_edges=None, degrees: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+                  with_embeddings: bool = False):
+    """Run a layer stack (anything with num_layers, layer(), readout(), embedding() and
+    gcn_normalised) on the whole graph, or on a sample in hop order (per-hop node and edge
+    counts), returning the seeds' logits (and, with_embeddings, (logits, embeddings): see
+    `head_input`); layer i then only computes targets within L-i-1 hops of the seeds.
 
     degrees (GCN): whole-graph (in-degree, has self-loop) of every sample node. Each
     target's sampled neighbours are then weighted as gcn_norm weights them in the whole
@@ -197,12 +204,13 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
     neighbourhood's without bias, equals it when every neighbour was sampled, and does
     not depend on which other seeds share the batch. Without it a GCN sample is
     normalised by its own degrees (PyG's behaviour on a sampled subgraph, as in training)."""
+    keep_all = stack.readout_needed or with_embeddings  # else only the last layer's rows matter
     if num_sampled_nodes is None:
-        outs = []
+        inputs, outs = x, []
         for i in range(stack.num_layers):
             x = stack.layer(i, x, edge_index, x.shape[0])
-            outs = [*outs, x] if stack.readout_needed else [x]
-        return stack.readout(outs)
+            outs = [*outs, x] if keep_all else [x]
+        return _heads(stack, outs, inputs, with_embeddings)
     nodes = [int(v) for v in num_sampled_nodes]
     edges = [int(v) for v in num_sampled_edges]
     hops = len(edges)
@@ -210,18 +218,17 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
         raise ValueError(f"sample has {hops} hops but the model has {stack.num_layers} layers")
     cum_nodes = [sum(nodes[: k + 1]) for k in range(len(nodes))]
     cum_edges = [sum(edges[:k]) for k in range(len(edges) + 1)]
-    depth = stack.num_layers
+    depth, seeds = stack.num_layers, cum_nodes[0]
     x = x[: cum_nodes[depth]]
+    inputs, outs = x[:seeds], []  # the seeds' rows of every layer (seeds come first at every layer)
     if stack.gcn_normalised and degrees is None:
         # In-subgraph degrees: dropping outer edges would change the degrees of inner
         # nodes, so every layer runs on the whole sample.
         edge_index = edge_index[:, : cum_edges[depth]]
-        outs = []
         for i in range(stack.num_layers):
             x = stack.layer(i, x, edge_index, x.shape[0])
-            outs = [*outs, x[: cum_nodes[0]]] if stack.readout_needed else [x[: cum_nodes[0]]]
-        return stack.readout(outs)
-    outs = []  # the seeds' rows of every layer (seeds come first at every layer)
+            outs = [*outs, x[:seeds]] if keep_all else [x[:seeds]]
+        return _heads(stack, outs, inputs, with_embeddings)
     for i in range(stack.num_layers):
         remaining = depth - i  # this layer's targets lie within remaining-1 hops
         block, targets = edge_index[:, : cum_edges[remaining]], cum_nodes[remaining - 1]
@@ -229,8 +236,26 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
         if stack.gcn_normalised:
             block, weight = sampled_gcn_weights(block, targets, *degrees)
         x = stack.layer(i, x, block, targets, gcn_weight=weight)
-        outs = [*outs, x[: cum_nodes[0]]] if stack.readout_needed else [x]
-    return stack.readout(outs)
+        outs = [*outs, x[:seeds]] if keep_all else [x[:seeds]]
+    return _heads(stack, outs, inputs, with_embeddings)
+
+
+def _heads(stack, outs, inputs, with_embeddings: bool):
+    logits = stack.readout(outs)
+    return (logits, stack.embedding(outs, inputs)) if with_embeddings else logits
+
+
+def embedding_width(stack) -> int:
+    """The width of a stack's `embedding` output, by running it on one edgeless node."""
+    x = torch.zeros(1, stack.in_dim)
+    with torch.inference_mode():
+        return int(stack_forward(stack, x, torch.zeros(2, 0, dtype=torch.long), with_embeddings=True)[1].shape[1])
+
+
+def head_input(layers: list, inputs):
+    """What the head of a model without jumping knowledge (its last layer) reads, from a
+    node's rows of every layer: layer L-1's rows, or the features of a 1-layer model."""
+    return layers[-2] if len(layers) >= 2 else inputs
 
 
 def sampled_gcn_weights(block: torch.Tensor, num_targets: int, in_degree: torch.Tensor,

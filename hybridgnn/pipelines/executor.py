@@ -43,14 +43,14 @@ class BatchExecutor:
             degrees = self.degrees.tensors(sub.node_ids, self.device) if self.degrees is not None else None
             t2 = time.perf_counter()
         with torch.inference_mode():
-            out = self.model(x, sub.edge_index_tensor(self.device), sub.num_sampled_nodes, sub.num_sampled_edges,
-                             degrees)
-            out = out[torch.from_numpy(sub.seed_index).to(self.device)]
-            pred = out.argmax(dim=1)
-            emb = out.float().cpu().numpy()
-            pred = pred.cpu().numpy()
+            out, hidden = self.model(x, sub.edge_index_tensor(self.device), sub.num_sampled_nodes,
+                                     sub.num_sampled_edges, degrees, with_embeddings=True)
+            rows = torch.from_numpy(sub.seed_index).to(self.device)
+            out, hidden = out[rows], hidden[rows]
+            pred = out.argmax(dim=1).cpu().numpy()
+            logits, emb = out.float().cpu().numpy(), hidden.float().cpu().numpy()
         t3 = time.perf_counter()
         t.sample_s, t.gather_s, t.compute_s = t1 - t0, t2 - t1, t3 - t2
-        return BatchResult(embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
+        return BatchResult(logits=logits, embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
                            sampled_edges=sub.num_edges,
                            gathered_rows=tiers if tiers is not None else self.features.rows_by_tier(sub.node_ids))

@@ -53,19 +53,20 @@ class DeviceExecutor:
             self._sync()
             t2 = time.perf_counter()
             degrees = self.degrees.tensors(sub.node_ids) if self.degrees is not None else None
-            out = self.model(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees)
-            out = out[sub.seed_index]
+            out, hidden = self.model(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees,
+                                     with_embeddings=True)
+            out, hidden = out[sub.seed_index], hidden[sub.seed_index]
             pred = out.argmax(dim=1)
             if self.device.type == "cuda":
-                emb_host = torch.empty(out.shape, dtype=torch.float32, pin_memory=True)
-                pred_host = torch.empty(pred.shape, dtype=torch.int64, pin_memory=True)
-                emb_host.copy_(out.float(), non_blocking=True)
-                pred_host.copy_(pred, non_blocking=True)
+                host = [torch.empty(a.shape, dtype=a.dtype if a is pred else torch.float32, pin_memory=True)
+                        for a in (out, hidden, pred)]
+                for dst, src in zip(host, (out.float(), hidden.float(), pred), strict=True):
+                    dst.copy_(src, non_blocking=True)
                 self._sync()
-                emb, prd = emb_host.numpy(), pred_host.numpy()
+                logits, emb, prd = (h.numpy() for h in host)
             else:
-                emb, prd = out.float().numpy(), pred.numpy()
+                logits, emb, prd = out.float().numpy(), hidden.float().numpy(), pred.numpy()
             t3 = time.perf_counter()
         t.sample_s, t.gather_s, t.compute_s = t1 - t0, t2 - t1, t3 - t2
-        return BatchResult(embeddings=emb, predictions=prd.astype(np.int64, copy=False), timings=t,
+        return BatchResult(logits=logits, embeddings=emb, predictions=prd.astype(np.int64, copy=False), timings=t,
                            sampled_edges=sub.num_edges, gathered_rows=tiers)

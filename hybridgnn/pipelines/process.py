@@ -66,7 +66,7 @@ def _child_main(conn, cfg, worker: int, build) -> None:
         try:
             r = executor.run(np.frombuffer(data, dtype=np.int64))
             t = r.timings
-            conn.send(("ok", (r.embeddings, r.predictions, t.sample_s, t.gather_s, t.compute_s, r.sampled_edges,
+            conn.send(("ok", (r.logits, r.embeddings, r.predictions, t.sample_s, t.gather_s, t.compute_s, r.sampled_edges,
                               r.gathered_rows)))
         except Exception as exc:  # the batch fails; the worker lives on
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -122,8 +122,9 @@ class ProcessExecutor:
                                      "it restarts for the next one") from exc
         if kind != "ok":
             raise WorkerProcessError(payload)
-        emb, pred, t.sample_s, t.gather_s, t.compute_s, edges, rows = payload
-        return BatchResult(embeddings=emb, predictions=pred, timings=t, sampled_edges=edges, gathered_rows=rows)
+        logits, emb, pred, t.sample_s, t.gather_s, t.compute_s, edges, rows = payload
+        return BatchResult(logits=logits, embeddings=emb, predictions=pred, timings=t, sampled_edges=edges,
+                           gathered_rows=rows)
 
     def close(self) -> None:
         """Ask the child to exit and wait for it (killed if it does not within 5 s)."""

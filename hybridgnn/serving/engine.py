@@ -20,6 +20,7 @@ import torch
 
 from hybridgnn.config import ServeConfig
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
+from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.errors import (
     BatchFailed,
     Conflict,
@@ -29,6 +30,7 @@ from hybridgnn.errors import (
     RemovedNode,
 )
 from hybridgnn.models.checkpoint import model_kind
+from hybridgnn.models.gnn import embedding_width
 from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.profiling.profile import Policy, Profile
 from hybridgnn.runtime.resources import Resources
@@ -61,7 +63,8 @@ DEFAULT_GPU_BATCH_SEEDS = 64
 
 @dataclass
 class RequestResult:
-    embeddings: np.ndarray
+    logits: np.ndarray  # the model's output
+    embeddings: np.ndarray  # what the model's head reads (hidden representation)
     predictions: np.ndarray
     pipeline: str
     timings: StageTimings
@@ -75,6 +78,7 @@ class Engine:
         r = self.resources
         # what the request path reads, as attributes of the engine (one object, shared)
         self.graph, self.model, self.model_config, self.tables = r.graph, r.model, r.model_config, r.tables
+        self.embedding_dim = embedding_width(self.model)
         self.embeddings, self.new_nodes, self.dynamic, self.incremental = (r.embeddings, r.new_nodes, r.dynamic,
                                                                            r.incremental)
         self.plan, self.features, self.device_graph, self.gpu_features = (r.plan, r.features, r.device_graph,
@@ -386,8 +390,8 @@ class Engine:
         for i, req in enumerate(batch.requests):
             t.observe_stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)
             lo, hi = offs[i], offs[i + 1]
-            self._resolve(req, RequestResult(result.embeddings[lo:hi], result.predictions[lo:hi],
-                                             plan.pipeline, result.timings))
+            self._resolve(req, RequestResult(result.logits[lo:hi], result.embeddings[lo:hi],
+                                             result.predictions[lo:hi], plan.pipeline, result.timings))
 
     def _resolve(self, req: InferenceRequest, result: RequestResult | None = None, exception=None) -> None:
         if not req.future.done():
@@ -406,10 +410,11 @@ class Engine:
             raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
         if self.incremental is not None:
             # Off the loop: the lookup waits while an update batch holds the graph's writer lock.
-            emb = await self._in_thread_lane("lookup", 1.0, self.incremental.lookup, node_ids)
+            logits, hidden = await self._in_thread_lane("lookup", 1.0, self.incremental.lookup_both, node_ids)
         else:
-            emb = self.embeddings.lookup(node_ids)
-        return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
+            logits = self.embeddings.lookup(node_ids)
+            hidden = hidden_rows(self.model, self.embeddings.layers, self.graph.features.__getitem__, node_ids)
+        return RequestResult(logits, hidden, logits.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
 
     async def infer_new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,
                               policy: str) -> RequestResult:
@@ -420,9 +425,8 @@ class Engine:
         t0 = time.perf_counter()
         res = await self._in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer, features,
                                   edge_index, mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
-        emb = res.embeddings
-        return RequestResult(emb, emb.argmax(axis=1).astype(np.int64), f"newnodes_{mode}",
-                             StageTimings(compute_s=time.perf_counter() - t0))
+        return RequestResult(res.logits, res.embeddings, res.logits.argmax(axis=1).astype(np.int64),
+                             f"newnodes_{mode}", StageTimings(compute_s=time.perf_counter() - t0))
 
     def _new_node_evaluator(self, mode: str) -> NewNodeEvaluator:
         if self.new_nodes is not None:
@@ -496,7 +500,8 @@ class Engine:
             "num_edges": self.graph.num_edges if self.dynamic is None else self.dynamic.num_edges,
             "feature_dim": self.graph.feature_dim,
             "num_classes": self.model.out_dim,
-            "embedding_dim": self.model.out_dim,
+            "logits_dim": self.model.out_dim,
+            "embedding_dim": self.embedding_dim,
             "fanouts": list(self.cfg.sampling.fanouts),
             "model_kind": model_kind(self.model_config),
             "model_class": self.model_config["class"],

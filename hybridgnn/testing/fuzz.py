@@ -744,7 +744,8 @@ def _valid_infer(draw, t: Target) -> dict:
     if draw(st.booleans()):
         obj["id"] = draw(st.text(max_size=20))
     if draw(st.integers(0, 3)) == 3:
-        names = draw(st.lists(st.sampled_from(["embeddings", "predictions"]), min_size=1, max_size=2, unique=True))
+        names = draw(st.lists(st.sampled_from(["logits", "embeddings", "predictions"]), min_size=1, max_size=3,
+                                      unique=True))
         obj["outputs"] = [{"name": n, "parameters": {"binary_data": draw(st.booleans())}} if draw(st.booleans())
                           else {"name": n} for n in names]
     return obj

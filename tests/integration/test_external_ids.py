@@ -57,7 +57,7 @@ def test_requests_name_nodes_and_answers_echo_the_names(named):
     assert status == 200, out
     outs = {o["name"]: o for o in out["outputs"]}
     assert outs["node_ids"]["datatype"] == "BYTES" and outs["node_ids"]["data"] == ask
-    rows = np.asarray(outs["embeddings"]["data"], dtype=np.float32).reshape(3, -1)
+    rows = np.asarray(outs["logits"]["data"], dtype=np.float32).reshape(3, -1)
     internal = graph.id_map.to_internal(np.array(ask))[0]
     np.testing.assert_allclose(rows, final[internal], rtol=1e-6)
     status, out = _post(f"{srv.url}/v2/models/{MODEL}/infer", {

@@ -51,8 +51,8 @@ def test_json_inference(server, tiny_dataset):
     assert r.status_code == 200, r.text
     out = {o["name"]: o for o in r.json()["outputs"]}
     assert r.json()["id"] == "req-1"
-    assert out["embeddings"]["shape"] == [4, 4] and out["embeddings"]["datatype"] == "FP32"
-    emb = np.array(out["embeddings"]["data"]).reshape(4, 4)
+    assert out["logits"]["shape"] == [4, 4] and out["logits"]["datatype"] == "FP32"
+    emb = np.array(out["logits"]["data"]).reshape(4, 4)
     assert out["predictions"]["data"] == emb.argmax(1).tolist()
 
 
@@ -68,9 +68,13 @@ def test_precomputed_mode_answers_from_stored_embeddings(server, tiny_dataset, t
     r = infer_json(server.url, ids, parameters={"mode": "precomputed"})
     assert r.status_code == 200, r.text
     out = {o["name"]: o for o in r.json()["outputs"]}
-    emb = np.array(out["embeddings"]["data"], dtype=np.float32).reshape(4, -1)
+    emb = np.array(out["logits"]["data"], dtype=np.float32).reshape(4, -1)
     np.testing.assert_allclose(emb, np.asarray(store.final)[ids], rtol=1e-6)
     assert out["predictions"]["data"] == emb.argmax(1).tolist()
+    # embeddings: what the head (the last layer) reads, i.e. layer 1's rows of this 2-layer model
+    hidden = np.array(out["embeddings"]["data"], dtype=np.float32).reshape(4, -1)
+    assert hidden.shape[1] == meta["embedding_dim"] == store.layers[0].shape[1] != meta["logits_dim"]
+    np.testing.assert_allclose(hidden, np.asarray(store.layers[0])[ids], rtol=1e-6)
     bad = infer_json(server.url, [1], parameters={"mode": "telepathy"})
     assert bad.status_code == 400 and "unknown mode" in bad.json()["error"]
 
@@ -99,13 +103,14 @@ def test_new_node_requests(server, tiny_dataset, tiny_model_pe):
         r = requests.post(url, json=new_node_body(feats, edges, mode=mode, gamma=0.5), timeout=30)
         assert r.status_code == 200, r.text
         out = {o["name"]: o for o in r.json()["outputs"]}
-        emb = np.array(out["embeddings"]["data"], dtype=np.float32).reshape(3, -1)
-        expect = ev.infer(feats, edges, mode=mode, gamma=0.5).embeddings
+        emb = np.array(out["logits"]["data"], dtype=np.float32).reshape(3, -1)
+        expect = ev.infer(feats, edges, mode=mode, gamma=0.5).logits
         np.testing.assert_allclose(emb, expect, rtol=1e-5, atol=1e-6)
         assert out["predictions"]["data"] == emb.argmax(1).tolist()
     assert requests.post(url, json=new_node_body(feats, edges), timeout=30).status_code == 200  # default srpe
     r = requests.post(url, json=new_node_body(feats, edges, mode="sampled"), timeout=30)
-    assert r.status_code == 200 and len(r.json()["outputs"][1]["data"]) == 3
+    outs = {o["name"]: o for o in r.json()["outputs"]}
+    assert r.status_code == 200 and len(outs["predictions"]["data"]) == 3
     for params, match in [({"gamma": 1.5}, "gamma"), ({"mode": "telepathy"}, "take mode"),
                           ({"policy": "psychic"}, "policy")]:
         r = requests.post(url, json=new_node_body(feats, edges, **params), timeout=30)
@@ -137,10 +142,10 @@ def test_tritonclient_binary_and_json(server):
     for binary in (True, False):
         inp = httpclient.InferInput("node_ids", [len(ids)], "INT64")
         inp.set_data_from_numpy(ids, binary_data=binary)
-        outs = [httpclient.InferRequestedOutput("embeddings", binary_data=binary),
+        outs = [httpclient.InferRequestedOutput("logits", binary_data=binary),
                 httpclient.InferRequestedOutput("predictions", binary_data=binary)]
         res = client.infer(MODEL, [inp], outputs=outs)
-        emb, pred = res.as_numpy("embeddings"), res.as_numpy("predictions")
+        emb, pred = res.as_numpy("logits"), res.as_numpy("predictions")
         assert emb.shape == (6, 4) and emb.dtype == np.float32
         assert pred.tolist() == emb.argmax(1).tolist()
     res = client.infer(MODEL, [inp])  # no outputs named: all outputs, binary
@@ -268,7 +273,7 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model)
     # mid-request.
     for status, payload in outcomes:
         if status == 200:
-            assert len(payload["outputs"][1]["data"]) == 8
+            assert len({o["name"]: o for o in payload["outputs"]}["predictions"]["data"]) == 8
         elif status == 503:
             assert "shutting down" in payload["error"]
         else:

@@ -42,7 +42,7 @@ def req(data, shape=None, datatype="INT64", **extra):
 def test_json_request():
     r = decode(req([1, 2, 3], id="abc"))
     assert r.node_ids.tolist() == [1, 2, 3] and r.node_ids.dtype == np.int64
-    assert r.request_id == "abc" and r.outputs == {"embeddings": False, "predictions": False}
+    assert r.request_id == "abc" and r.outputs == {"logits": False, "embeddings": False, "predictions": False}
     assert decode(req([[4, 5]], shape=[1, 2])).node_ids.tolist() == [4, 5]
 
 
@@ -72,7 +72,7 @@ def test_binary_request_and_outputs():
     (json.dumps(req(["a"])).encode(), "integers only"),
     (json.dumps(req([2**70])).encode(), "integers"),
     (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}]}).encode(), "unknown input"),
-    (json.dumps({**req([1]), "outputs": [{"name": "logits"}]}).encode(), "unknown output"),
+    (json.dumps({**req([1]), "outputs": [{"name": "hidden"}]}).encode(), "unknown output"),
     (json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64"}]}).encode(), "neither 'data'"),
 ])
 def test_bad_requests(body, match):
@@ -223,7 +223,7 @@ def test_named_ids_json_and_binary_map_to_internal_ids_and_echo():
                                    "data": ["dave", "alice", "dave"]}]}).encode()
     req = decode_infer_request(body, None, max_nodes=10, num_nodes=4, id_map=id_map)
     assert req.node_ids.tolist() == [3, 0, 3] and req.external_ids.tolist() == ["dave", "alice", "dave"]
-    assert set(req.outputs) == {"embeddings", "predictions", "node_ids"}
+    assert set(req.outputs) == {"logits", "embeddings", "predictions", "node_ids"}
     blob = _bytes_blob(["carol", "bob"])
     head = json.dumps({"inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [2],
                                    "parameters": {"binary_data_size": len(blob)}}],

@@ -99,8 +99,8 @@ def documents(draw, tail: list):
     else:
         doc = {"inputs": draw(json_values)}
     doc.update(draw(st.fixed_dictionaries({}, optional={
-        "outputs": st.one_of(st.lists(st.fixed_dictionaries({"name": st.sampled_from(["embeddings", "predictions",
-                                                                                       "logits"])},
+        "outputs": st.one_of(st.lists(st.fixed_dictionaries({"name": st.sampled_from(
+            ["logits", "embeddings", "predictions", "hidden"])},
                                                              optional={"parameters": parameters}), max_size=3),
                              json_values),
         "parameters": st.integers(0, 4).flatmap(lambda i: json_values if i == 0 else st.fixed_dictionaries(
@@ -149,7 +149,8 @@ def _check(body: bytes, header: str | None, use_orjson: bool) -> None:
                 assert r.node_ids.dtype == np.int64 and 0 < r.node_ids.size <= MAX_NODES
                 assert 0 <= r.node_ids.min() and r.node_ids.max() < NUM_NODES
             n = r.num_outputs
-            encode_infer_response("m", r.request_id, {"embeddings": np.zeros((n, 3), np.float32),
+            encode_infer_response("m", r.request_id, {"logits": np.zeros((n, 3), np.float32),
+                                                      "embeddings": np.zeros((n, 5), np.float32),
                                                       "predictions": np.zeros(n, np.int64)}, r.outputs)
         try:
             u = decode_update_request(body, header, feature_dim=FEATURE_DIM, max_updates=32)

@@ -200,10 +200,10 @@ def test_client_bodies_that_were_500s(tiny_dataset, tiny_model_pe):
         for key in (mode, mode + "_one_isolated"):
             status, body = out[key]
             assert status == 200, (key, body)
-            emb = {o["name"]: o for o in body["outputs"]}["embeddings"]
+            emb = {o["name"]: o for o in body["outputs"]}["logits"]
             assert emb["shape"][0] == 2 and np.isfinite(emb["data"]).all()
     # an edge-less query node's answer is the same in every mode (its own features only)
-    rows = {m: np.asarray({o["name"]: o for o in out[m][1]["outputs"]}["embeddings"]["data"]) for m in
+    rows = {m: np.asarray({o["name"]: o for o in out[m][1]["outputs"]}["logits"]["data"]) for m in
             ("full", "pe", "srpe", "sampled")}
     for m in ("pe", "srpe", "sampled"):
         np.testing.assert_allclose(rows[m], rows["full"], rtol=1e-4, atol=1e-5)

@@ -50,7 +50,7 @@ def test_device_executor_matches_the_cpu_executor_when_sampling_is_deterministic
     dg = DeviceGraph(graph, "cpu")
     dev = DeviceExecutor(TorchSampler(dg.indptr, dg.indices, EVERYTHING),
                          CachedFeatureStore(graph.features, "cpu", 64 * 1024), model).run(seeds)
-    np.testing.assert_allclose(dev.embeddings, cpu.embeddings, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dev.logits, cpu.logits, rtol=1e-5, atol=1e-5)
     assert np.array_equal(dev.predictions, cpu.predictions)
     assert dev.sampled_edges == cpu.sampled_edges
     assert sum(dev.gathered_rows.values()) == sum(cpu.gathered_rows.values())
@@ -86,4 +86,4 @@ def test_device_executor_weights_gcn_samples_by_whole_graph_degrees(tiny_dataset
     dev = DeviceExecutor(TorchSampler(dg.indptr, dg.indices, EVERYTHING),
                          CachedFeatureStore(graph.features, "cpu", 64 * 1024), model,
                          DeviceNodeDegrees(dg.indptr, has_loop, torch.device("cpu"))).run(seeds)
-    np.testing.assert_allclose(dev.embeddings, full_graph_forward(graph, model)[seeds], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dev.logits, full_graph_forward(graph, model)[seeds], rtol=1e-4, atol=1e-5)

@@ -14,13 +14,14 @@ from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 from hybridgnn.embeddings.incremental import IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute
+from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.features.store import HostFeatureStore
 from hybridgnn.graph.degrees import NodeDegrees
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
 from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models import golden
 from hybridgnn.models.checkpoint import CheckpointError, load_model, save_model
-from hybridgnn.models.gnn import GNN, ModelSpec
+from hybridgnn.models.gnn import GNN, ModelSpec, embedding_width
 from hybridgnn.models.zoo import UnsupportedModel
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.sampling.cpu import CPUSampler
@@ -92,7 +93,17 @@ def test_saved_model_serves_exactly_on_precompute_and_sampled_paths(name, graph,
     executor = BatchExecutor(CPUSampler(graph, (max_degree,) * stack.num_layers), HostFeatureStore(graph.features),
                              stack, degrees=NodeDegrees(graph))
     seeds = np.arange(0, 50, 7)
-    assert _rel(executor.run(seeds).embeddings, expected[seeds]) <= 1e-5
+    result = executor.run(seeds)
+    assert _rel(result.logits, expected[seeds]) <= 1e-5
+    # embeddings: what the head reads (the jumping-knowledge output, else layer L-1's rows)
+    ei = torch.from_numpy(np.stack([np.asarray(graph.indices, dtype=np.int64),
+                                    np.repeat(np.arange(graph.num_nodes), graph.degrees())]))
+    with torch.inference_mode():
+        _, hidden = stack(torch.from_numpy(np.asarray(graph.features)), ei, with_embeddings=True)
+    assert result.embeddings.shape == (len(seeds), embedding_width(stack))
+    assert _rel(result.embeddings, hidden.numpy()[seeds]) <= 1e-5
+    if stack.readout_needed or stack.num_layers > 1:
+        assert _rel(hidden_rows(stack, store.layers, graph.features.__getitem__, seeds), hidden.numpy()[seeds]) <= 1e-4
 
 
 @pytest.mark.parametrize("name", ["sage-mean-batch-last-2", "sage-sum-layer-None-3", "gin-batch", "gcn-3-batch",
@@ -108,9 +119,9 @@ def test_saved_model_serves_updates_and_new_nodes_exactly(name, graph, tmp_path)
     feats = rng.standard_normal((2, F)).astype(np.float32)
     ei = np.array([[50, 50, 51, 3], [3, 9, 50, 51]], dtype=np.int64)
     ev = NewNodeEvaluator(graph, stack, store)
-    full = ev.infer(feats, ei, mode="full").embeddings
+    full = ev.infer(feats, ei, mode="full").logits
     if not stack.gcn_normalised:  # GCN's SRPE leaves a residual by design (degrees of neighbours change)
-        assert _rel(ev.infer(feats, ei, mode="srpe", gamma=1.0).embeddings, full) <= 1e-4
+        assert _rel(ev.infer(feats, ei, mode="srpe", gamma=1.0).logits, full) <= 1e-4
     # Updates: incremental propagation equals a full re-precompute of the changed graph.
     dyn = DynamicGraph(graph)
     inc = IncrementalEmbeddings(dyn, stack, [np.asarray(a) for a in store.layers])
@@ -206,9 +217,9 @@ def test_a_sampled_answer_does_not_depend_on_the_batch(kind, tmp_path):
     for r in range(runs):
         executor = BatchExecutor(CPUSampler(graph, (10, 5), seed=r), HostFeatureStore(graph.features), model,
                                  degrees=NodeDegrees(graph))
-        alone.append(executor.run(np.array([node])).embeddings[0])
+        alone.append(executor.run(np.array([node])).logits[0])
         companions = rng.choice(np.arange(1, 300), size=40, replace=False)
-        batched.append(executor.run(np.concatenate([[node], companions])).embeddings[0])
+        batched.append(executor.run(np.concatenate([[node], companions])).logits[0])
     from scipy.stats import ks_2samp
 
     alone, batched = np.array(alone), np.array(batched)

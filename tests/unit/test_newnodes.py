@@ -51,7 +51,7 @@ def setup(tmp_path):
 @pytest.mark.parametrize("layers", [2, 3])
 def test_full_mode_equals_adding_the_query_nodes_to_the_graph(setup, kind, layers):
     ev, feats, ei, exact = setup(kind, layers)
-    got = ev.infer(feats, ei, mode="full").embeddings
+    got = ev.infer(feats, ei, mode="full").logits
     assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-4
 
 
@@ -60,17 +60,17 @@ def test_full_mode_equals_adding_the_query_nodes_to_the_graph(setup, kind, layer
 def test_srpe_with_gamma_one_equals_full(setup, kind, layers):
     ev, feats, ei, exact = setup(kind, layers)
     res = ev.infer(feats, ei, mode="srpe", gamma=1.0)
-    assert np.abs(res.embeddings - exact).max() / np.abs(exact).max() <= 1e-4
+    assert np.abs(res.logits - exact).max() / np.abs(exact).max() <= 1e-4
     pe = ev.infer(feats, ei, mode="pe")
     assert pe.recomputed == 0 and res.recomputed > 0
-    assert not np.allclose(pe.embeddings, exact, rtol=1e-3)  # stale PEs miss the query edges
+    assert not np.allclose(pe.logits, exact, rtol=1e-3)  # stale PEs miss the query edges
 
 
 def test_gcn_srpe_residual_is_small_but_not_zero(setup):
     # GCN: query edges also change the degrees of the neighbours' own neighbours; SRPE at
     # γ=1 recomputes the neighbours but reads their neighbours' stale PEs.
     ev, feats, ei, exact = setup("gcn", 3)
-    got = ev.infer(feats, ei, mode="srpe", gamma=1.0).embeddings
+    got = ev.infer(feats, ei, mode="srpe", gamma=1.0).logits
     residual = np.abs(got - exact).max() / np.abs(exact).max()
     assert residual < 0.5
 
@@ -101,9 +101,9 @@ def test_sampled_mode_with_unbounded_fanouts_equals_expanding_the_augmented_grap
     # GCN too: the sample is weighted by the augmented graph's whole degrees.
     ev, feats, ei, exact = setup(kind, 2)
     everything = (1 << 30, 1 << 30)
-    got = ev.infer(feats, ei, mode="sampled", fanouts=everything).embeddings
+    got = ev.infer(feats, ei, mode="sampled", fanouts=everything).logits
     assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5
-    small = ev.infer(feats, ei, mode="sampled", fanouts=(2, 2)).embeddings
+    small = ev.infer(feats, ei, mode="sampled", fanouts=(2, 2)).logits
     assert small.shape == got.shape and np.isfinite(small).all()
 
 
@@ -120,12 +120,12 @@ def test_edgeless_query_nodes_equal_isolated_nodes_of_the_graph(setup, tmp_path,
     real = ei[:, ei[0] != ei[1]]  # write_dataset's graph: a self-loop is the one the layers add
     exact = full_graph_forward(augmented(tmp_path / "iso", ev.graph, feats, real), ev.model)[N:]
     for mode in ("full", "pe", "srpe"):
-        got = ev.infer(feats, ei, mode=mode, gamma=0.5).embeddings
+        got = ev.infer(feats, ei, mode=mode, gamma=0.5).logits
         assert got.shape == (2, 3) and np.isfinite(got).all()
         # the isolated query (the last) is exact in every mode; all are when none has edges
         rows = slice(1, None) if edges == "one isolated of two" else slice(None)
         np.testing.assert_allclose(got[rows], exact[rows], rtol=1e-4, atol=1e-5, err_msg=mode)
-    got = ev.infer(feats, ei, mode="sampled", fanouts=(1 << 30,) * layers).embeddings
+    got = ev.infer(feats, ei, mode="sampled", fanouts=(1 << 30,) * layers).logits
     np.testing.assert_allclose(got[1:], exact[1:], rtol=1e-4, atol=1e-5)
 
 
@@ -135,5 +135,5 @@ def test_full_mode_is_exact_on_a_directed_graph_at_any_depth(setup, kind, layers
     # make_graph's edges are directed (skewed_edges draws each row independently): the
     # nodes a change reaches are the readers of what changed, not the nodes it reads.
     ev, feats, ei, exact = setup(kind, layers)
-    got = ev.infer(feats, ei, mode="full").embeddings
+    got = ev.infer(feats, ei, mode="full").logits
     assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5

@@ -30,9 +30,9 @@ def test_executor_matches_direct_model_call(skewed_graph):
     with torch.inference_mode():
         ref = model(feats.gather(sub.node_ids), torch.from_numpy(sub.edge_index), sub.num_sampled_nodes,
                     sub.num_sampled_edges)[torch.from_numpy(sub.seed_index)]
-    np.testing.assert_allclose(res.embeddings, ref.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(res.logits, ref.numpy(), rtol=1e-5)
     assert res.predictions.tolist() == ref.argmax(1).tolist()
-    assert res.embeddings[0].tolist() == res.embeddings[2].tolist()
+    assert res.logits[0].tolist() == res.logits[2].tolist()
     assert res.timings.sample_s > 0 and res.timings.compute_s > 0 and res.sampled_edges > 0
 
 
@@ -65,7 +65,7 @@ def test_pool_completes_every_batch_and_reports_errors(skewed_graph):
     pool.stop()
     errors = [e for _, _, e in done if e is not None]
     assert len(errors) == 1 and "lie in" in str(errors[0])
-    assert all(r is not None and r.embeddings.shape == (2, 3) for _, r, e in done if e is None)
+    assert all(r is not None and r.logits.shape == (2, 3) for _, r, e in done if e is None)
     assert pool.depth == 0
     with pytest.raises(RuntimeError, match="stopped"):
         pool.submit(make_batch([1]), plan)

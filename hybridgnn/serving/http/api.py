@@ -256,10 +256,10 @@ class Api:
     def model_metadata(self, request: Request) -> Reply:
         self._check_model(request)
         engine = self.engine
-        emb_dim = engine.model.out_dim
         id_map = engine.graph.id_map
         id_type = "BYTES" if id_map is not None and id_map.kind == "string" else "INT64"
-        outputs = [{"name": "embeddings", "datatype": "FP32", "shape": [-1, emb_dim]},
+        outputs = [{"name": "logits", "datatype": "FP32", "shape": [-1, engine.model.out_dim]},
+                   {"name": "embeddings", "datatype": "FP32", "shape": [-1, engine.embedding_dim]},
                    {"name": "predictions", "datatype": "INT64", "shape": [-1]}]
         if id_map is not None:
             outputs.append({"name": ID_OUTPUT, "datatype": id_type, "shape": [-1]})
@@ -301,7 +301,7 @@ class Api:
                 return self._infer_failed(exc)
             result = fut.result()
             t0 = time.perf_counter()
-            tensors = {"embeddings": result.embeddings, "predictions": result.predictions}
+            tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
             if req.external_ids is not None:
                 tensors[ID_OUTPUT] = req.external_ids
             body, headers = encode_infer_response(self.model_name, req.request_id, tensors, req.outputs)

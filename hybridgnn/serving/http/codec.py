@@ -26,7 +26,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 HEADER_LENGTH = "Inference-Header-Content-Length"
 DTYPES = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4"), "UINT64": np.dtype("<u8")}
 ID_DATATYPES = ("INT64", "INT32")
-OUTPUT_NAMES = ("embeddings", "predictions")
+# logits: the model's output; embeddings: what its head reads (the hidden representation);
+# predictions: argmax of the logits
+OUTPUT_NAMES = ("logits", "embeddings", "predictions")
 ID_OUTPUT = "node_ids"  # the request's ids echoed, on datasets with an id map (external ids)
 MAX_NAME_BYTES = 1024  # one node name in a BYTES input
 INPUT_NAME = "node_ids"
