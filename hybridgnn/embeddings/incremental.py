@@ -34,6 +34,7 @@ from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 from hybridgnn.embeddings.precompute import block_from_rows
 from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.graph.dynamic import AppliedUpdate, DynamicGraph, UpdateBatch
+from hybridgnn.graph.journal import Journal, fault_point, maybe
 from hybridgnn.models.decompose import decompose
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class IncrementalEmbeddings:
         self._agg_dtype = np.dtype(self.cfg.aggregate_dtype)
         self.aggregates: list[np.ndarray | None] = [None] * model.num_layers
         self._scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
+        self._journal = maybe(None)  # the running batch's undo records (see apply)
         self.last_update_unix_s: float | None = None
         t0 = time.perf_counter()
         with graph.lock.read():
@@ -240,28 +242,42 @@ class IncrementalEmbeddings:
             return self.model.readout([torch.from_numpy(np.ascontiguousarray(a[nodes])) for a in self.layers]).numpy()
 
     def _grow(self, n: int) -> None:
-        if self.output is not None and self.output.shape[0] < n:
-            grown = np.zeros((n,) + self.output.shape[1:], dtype=self.output.dtype)
-            grown[: self.output.shape[0]] = self.output
-            self.output = grown
-        for arrs in (self.layers, self.aggregates):
-            for j, a in enumerate(arrs):
-                if a is not None and a.shape[0] < n:
-                    grown = np.zeros((n,) + a.shape[1:], dtype=a.dtype)
-                    grown[: a.shape[0]] = a
-                    arrs[j] = grown
+        """Room for n nodes: new arrays (and new lists of them), so a rollback that restores
+        the old references undoes the growth."""
+        def grown(a):
+            if a is None or a.shape[0] >= n:
+                return a
+            out = np.zeros((n,) + a.shape[1:], dtype=a.dtype)
+            out[: a.shape[0]] = a
+            return out
+
+        self.output = grown(self.output)
+        self.layers = [grown(a) for a in self.layers]
+        self.aggregates = [grown(a) for a in self.aggregates]
 
     def apply(self, batch: UpdateBatch) -> UpdateReport:
         """Apply a batch to the graph and bring every layer up to date, atomically for
         readers (graph lock held for writing throughout). Raises UpdateError, changing
         nothing, for a batch that cannot apply."""
         t0 = time.perf_counter()
+        journal = Journal()
         with self.graph.lock.write():
-            up = self.graph.apply(batch)
-            t1 = time.perf_counter()
-            self._grow(self.graph.num_nodes)
-            affected, changed_counts = self._propagate(up)
-            self.last_update_unix_s = time.time()
+            try:
+                journal.attrs(self, "output", "layers", "aggregates", "last_update_unix_s")
+                up = self.graph.apply(batch, journal)
+                t1 = time.perf_counter()
+                self._grow(self.graph.num_nodes)
+                self._journal = journal
+                affected, changed_counts = self._propagate(up)
+                self.last_update_unix_s = time.time()
+            except BaseException:
+                # All or nothing: the graph, features, embeddings, aggregates and the id
+                # counter go back to exactly what they were; readers never saw the batch.
+                journal.rollback()
+                self._scratch.fill(-1)  # block building may have stopped with marks set
+                raise
+            finally:
+                self._journal = maybe(None)
         t2 = time.perf_counter()
         return UpdateReport(version=self.graph.version, num_updates=batch.num_updates,
                             new_nodes=up.new_nodes.tolist(), affected_per_layer=affected,
@@ -307,19 +323,25 @@ class IncrementalEmbeddings:
             old = self.layers[i][targets]
             diff = ~_rows_equal(old, out) if self.cfg.prune else np.ones(len(targets), dtype=bool)
             diff |= np.isin(targets, up.new_nodes)
+            fault_point(f"embeddings: layer {i + 1}")
+            self._journal.rows(self.layers[i], targets)
             self.layers[i][targets] = out
             changed, old_rows = targets[diff], old[diff]
             changed_any.append(changed)
             affected_counts.append(len(targets))
             changed_counts.append(len(changed))
+        fault_point("embeddings: output and removed nodes")
         if self.output is not None:
             rows = np.unique(np.concatenate(changed_any))
+            self._journal.rows(self.output, np.concatenate([rows, dead]))
             self.output[rows] = self._readout(rows)
             self.output[dead] = 0.0
         for a in self.layers:
+            self._journal.rows(a, dead)
             a[dead] = 0.0
         for a in self.aggregates:
             if a is not None:
+                self._journal.rows(a, dead)
                 a[dead] = 0.0
         return affected_counts, changed_counts
 
@@ -357,6 +379,7 @@ class IncrementalEmbeddings:
             np.cumsum(lens, out=indptr[1:])
             spread = sp.csr_matrix((np.ones(len(outs), dtype=self._agg_dtype), local, indptr),
                                    shape=(len(movers), len(uniq)))
+            self._journal.rows(self.aggregates[i], uniq)
             agg[torch.from_numpy(uniq)] += torch.from_numpy(np.asarray(spread.T @ (m_new - m_old).numpy()))
         # Edge changes carry the source's old message (a mover's change is in the term above).
         for edges, sign in ((up.added, 1.0), (up.removed, -1.0)):
@@ -369,6 +392,7 @@ class IncrementalEmbeddings:
                 hit = (p < len(movers)) & (movers[np.minimum(p, len(movers) - 1)] == src)
                 if hit.any():
                     m[torch.from_numpy(hit)] = m_old[torch.from_numpy(p[hit])]
+            self._journal.rows(self.aggregates[i], edges[:, 1])
             agg.index_add_(0, torch.from_numpy(edges[:, 1]), m * sign)
         return outs
 

@@ -25,6 +25,7 @@ from hybridgnn.errors import (
     UpdateError,  # an update batch that cannot apply; nothing of it was applied
 )
 from hybridgnn.graph.csr import gather_rows
+from hybridgnn.graph.journal import Journal, fault_point, maybe
 from hybridgnn.graph.store import GraphStore
 
 
@@ -120,10 +121,12 @@ class PatchedAdjacency:
             out[np.repeat(ppos - np.cumsum(plens) + plens, plens) + np.arange(total)] = self.pool[src]
         return lens, out
 
-    def set_rows(self, nodes: np.ndarray, lens: np.ndarray, values: np.ndarray) -> None:
+    def set_rows(self, nodes: np.ndarray, lens: np.ndarray, values: np.ndarray, journal: Journal | None = None) -> None:
         """Replace the rows of `nodes` (unique) with consecutive slices of `values`."""
         if len(nodes) == 0:
             return
+        j = maybe(journal)
+        j.attrs(self, "pool", "pool_used", "num_slots", "row_start", "row_len")
         self.pool = _grow(self.pool, self.pool_used + len(values))
         self.pool[self.pool_used:self.pool_used + len(values)] = values
         starts = self.pool_used + np.concatenate([[0], np.cumsum(lens)])[:-1]
@@ -135,11 +138,15 @@ class PatchedAdjacency:
         self.num_slots += n_new
         self.row_start = _grow(self.row_start, self.num_slots)
         self.row_len = _grow(self.row_len, self.num_slots)
+        j.rows(self.row_start, s)
+        j.rows(self.row_len, s)
         self.row_start[s] = starts
         self.row_len[s] = lens
+        j.rows(self.slot, nodes)
         self.slot[nodes] = s
 
-    def add_nodes(self, count: int) -> None:
+    def add_nodes(self, count: int, journal: Journal | None = None) -> None:
+        maybe(journal).attrs(self, "num_nodes", "slot")
         self.num_nodes += count
         self.slot = _grow(self.slot, self.num_nodes, fill=-1)
 
@@ -329,9 +336,13 @@ class DynamicGraph:
                     raise UpdateError(f"edge {ad[both][0].tolist()} is both added and removed")
         return a
 
-    def apply(self, batch: UpdateBatch) -> AppliedUpdate:
-        """Apply a batch entirely or, raising UpdateError, not at all. Call with lock.write() held."""
+    def apply(self, batch: UpdateBatch, journal: Journal | None = None) -> AppliedUpdate:
+        """Apply a batch entirely or, raising UpdateError, not at all. Call with lock.write()
+        held. Every write is recorded in `journal` first, so a failure later in the batch
+        (here or in what follows it, e.g. embedding propagation) can roll it all back."""
         a = self._check(batch)
+        j = maybe(journal)
+        j.attrs(self, "version", "updates_applied", "alive", "self_loop", "feat_slot", "feat_pool", "feat_used")
         n0 = self.num_nodes
         new_nodes = np.arange(n0, n0 + a, dtype=np.int64)
         # A node this batch adds may have its features updated too (update features come
@@ -353,19 +364,24 @@ class DynamicGraph:
         if len(removed):
             removed = np.unique(removed, axis=0)
         added = batch.add_edges.astype(np.int64).reshape(-1, 2)
+        fault_point("graph: before adding nodes")
         if a:
-            self.fwd.add_nodes(a)
-            self.rev.add_nodes(a)
+            self.fwd.add_nodes(a, journal)
+            self.rev.add_nodes(a, journal)
             self.alive = _grow(self.alive, self.num_nodes, fill=True)
             self.self_loop = _grow(self.self_loop, self.num_nodes, fill=False)
             self.feat_slot = _grow(self.feat_slot, self.num_nodes, fill=-1)
         touched_dst = np.unique(np.concatenate([added[:, 1], removed[:, 1]]))
         old_deg = self.fwd.degree(touched_dst)
-        self._rewrite(self.fwd, added[:, 0], added[:, 1], removed[:, 0], removed[:, 1])
-        self._rewrite(self.rev, added[:, 1], added[:, 0], removed[:, 1], removed[:, 0])
+        fault_point("graph: before rewriting rows")
+        self._rewrite(self.fwd, added[:, 0], added[:, 1], removed[:, 0], removed[:, 1], journal)
+        fault_point("graph: between the two adjacencies")
+        self._rewrite(self.rev, added[:, 1], added[:, 0], removed[:, 1], removed[:, 0], journal)
+        j.rows(self.alive, rn)
         self.alive[rn] = False
         for edges, present in ((removed, False), (added, True)):
             loops = edges[edges[:, 0] == edges[:, 1], 0]
+            j.rows(self.self_loop, loops)
             self.self_loop[loops] = present
         feat_nodes = np.concatenate([update_ids, new_nodes])
         old_feats = np.zeros((len(feat_nodes), self.feature_dim), dtype=np.float32)
@@ -375,14 +391,16 @@ class DynamicGraph:
         new_feats = np.concatenate([
             update_feats if k else np.empty((0, self.feature_dim), np.float32),
             add_feats if a else np.empty((0, self.feature_dim), np.float32)]).astype(np.float32)
-        self._write_features(feat_nodes, new_feats)
+        fault_point("graph: before writing features")
+        self._write_features(feat_nodes, new_feats, journal)
+        fault_point("graph: after writing features")
         self.version += 1
         self.updates_applied += batch.num_updates
         return AppliedUpdate(added=added, removed=removed, new_nodes=new_nodes, removed_nodes=rn,
                              feature_nodes=feat_nodes, old_features=old_feats,
                              rows_changed=touched_dst, old_in_degree=old_deg)
 
-    def _rewrite(self, adj: PatchedAdjacency, add_src, add_row, rm_src, rm_row) -> None:
+    def _rewrite(self, adj: PatchedAdjacency, add_src, add_row, rm_src, rm_row, journal: Journal | None = None) -> None:
         rows = np.unique(np.concatenate([add_row, rm_row]))
         if len(rows) == 0:
             return
@@ -396,17 +414,20 @@ class DynamicGraph:
             keys = np.concatenate([keys, np.searchsorted(rows, add_row) * n + add_src])
         keys.sort()  # rows stay sorted, as in the base CSR
         new_lens = np.bincount(keys // n, minlength=len(rows))
-        adj.set_rows(rows, new_lens, (keys % n).astype(adj.base_indices.dtype))
+        adj.set_rows(rows, new_lens, (keys % n).astype(adj.base_indices.dtype), journal)
 
-    def _write_features(self, nodes: np.ndarray, feats: np.ndarray) -> None:
+    def _write_features(self, nodes: np.ndarray, feats: np.ndarray, journal: Journal | None = None) -> None:
         if len(nodes) == 0:
             return
+        j = maybe(journal)
         s = self.feat_slot[nodes]
         fresh = s < 0
+        j.rows(self.feat_pool, s[~fresh])  # rows rewritten in place (the new ones are beyond feat_used)
         s[fresh] = self.feat_used + np.arange(int(fresh.sum()))
         self.feat_used += int(fresh.sum())
         self.feat_pool = _grow(self.feat_pool, self.feat_used)
         self.feat_pool[s] = feats
+        j.rows(self.feat_slot, nodes)
         self.feat_slot[nodes] = s
 
     def to_csr(self) -> tuple[np.ndarray, np.ndarray]:

@@ -31,9 +31,11 @@ MODELS = {
     "gat": lambda: GAT(F_DIM, 8, 2, out_channels=5, heads=2),
     "own-sage": lambda: GNN(ModelSpec("sage", F_DIM, 8, 5, num_layers=2)),
     "own-gcn": lambda: GNN(ModelSpec("gcn", F_DIM, 8, 5, num_layers=2)),
+    "sage-jk-cat": lambda: GraphSAGE(F_DIM, 8, 3, out_channels=5, jk="cat"),
 }
 EXPECTED_KINDS = {"sage-mean": "mean", "sage-sum": "sum", "gin-sum": "gin", "sage-max": "recompute",
-                  "gcn": "gcn", "gat": "recompute", "own-sage": "mean", "own-gcn": "gcn"}
+                  "gcn": "gcn", "gat": "recompute", "own-sage": "mean", "own-gcn": "gcn",
+                  "sage-jk-cat": "mean"}
 
 
 def _model(name: str):
@@ -164,10 +166,15 @@ def test_pruning_stops_at_unchanged_rows(tmp_path):
 
 
 def _snapshot(dyn, inc):
+    """Everything a reader or the next batch can see, as bytes."""
+    n = dyn.num_nodes
     indptr, indices = dyn.to_csr()
-    return [indptr.tobytes(), indices.tobytes(), dyn.features(np.arange(dyn.num_nodes)).tobytes(),
-            dyn.alive[: dyn.num_nodes].tobytes()] + [a.tobytes() for a in inc.layers] + \
-        [a.tobytes() for a in inc.aggregates if a is not None]
+    rev_indptr, rev_indices = dyn.rev.to_csr()
+    return [n, dyn.version, dyn.updates_applied, indptr.tobytes(), indices.tobytes(), rev_indptr.tobytes(),
+            rev_indices.tobytes(), dyn.features(np.arange(n)).tobytes(), dyn.alive[:n].tobytes(),
+            dyn.self_loop[:n].tobytes(), dyn.in_degree(np.arange(n)).tobytes()] + \
+        [a.tobytes() for a in inc.layers] + [a.tobytes() for a in inc.aggregates if a is not None] + \
+        [inc.output.tobytes() if inc.output is not None else b""]
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -208,3 +215,52 @@ def test_updating_the_features_of_a_node_the_batch_adds(name, tmp_path):
                           update_ids=np.array([n + 1, 4]), update_features=update))
     np.testing.assert_array_equal(dyn.features(np.array([n, n + 1, 4])), np.stack([added[0], update[0], update[1]]))
     _assert_matches_full(dyn, model, inc, tmp_path, "u")
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def _fault_batch(dyn):
+    """New nodes referenced in edges and feature updates, removed edges and a removed node."""
+    n = dyn.num_nodes
+    rng = np.random.default_rng(7)
+    edge = _some_edge(dyn)[0]
+    return UpdateBatch(add_node_features=rng.normal(size=(2, F_DIM)).astype(np.float32),
+                       add_edges=np.array([[n, 3], [3, n], [n + 1, n], [5, n + 1], [n, n]]),
+                       remove_edges=np.array([edge]), remove_nodes=np.array([30]),
+                       update_ids=np.array([n + 1, 4]), update_features=rng.normal(size=(2, F_DIM)).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["sage-mean", "gcn", "gat", "gin-sum", "sage-jk-cat"])
+def test_a_failure_at_any_step_of_apply_rolls_everything_back(name, tmp_path, monkeypatch):
+    from hybridgnn.graph import journal
+
+    steps: list[str] = []
+    monkeypatch.setattr(journal, "FAULT", steps.append)
+    dyn, _, inc = _setup(name, tmp_path / "steps")
+    inc.apply(_fault_batch(dyn))
+    want = _snapshot(dyn, inc)  # the batch applied without a failure
+    monkeypatch.setattr(journal, "FAULT", None)
+    assert len(steps) >= 6, steps
+    for k, step in enumerate(list(steps)):
+        dyn, model, inc = _setup(name, tmp_path / f"k{k}")
+        inc.apply(UpdateBatch(update_ids=np.array([6]), update_features=np.ones((1, F_DIM), np.float32)))
+        inc.apply(UpdateBatch(remove_edges=np.array(_some_edge(dyn))))
+        before = _snapshot(dyn, inc)
+        calls = iter(range(len(steps) + 1))
+
+        def fail(at, k=k, calls=calls):
+            if next(calls) == k:
+                raise InjectedFault(at)
+
+        monkeypatch.setattr(journal, "FAULT", fail)
+        with pytest.raises(InjectedFault):
+            inc.apply(_fault_batch(dyn))
+        assert _snapshot(dyn, inc) == before, f"state changed by a failure at {step!r}"
+        monkeypatch.setattr(journal, "FAULT", None)
+        inc.apply(_fault_batch(dyn))  # the same batch then applies as if nothing had happened
+        _assert_matches_full(dyn, model, inc, tmp_path / f"k{k}", "after")
+    dyn, _, inc = _setup(name, tmp_path / "clean")
+    inc.apply(_fault_batch(dyn))
+    assert _snapshot(dyn, inc) == want

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from hybridgnn.config import UpdateConfig
 from hybridgnn.embeddings.incremental import IncrementalEmbeddings
@@ -61,6 +62,7 @@ def test_decode_errors(inputs, match, status):
 def _parts(tmp_path):
     """A 60-node graph, its DynamicGraph, fresh IncrementalEmbeddings and a Telemetry."""
     graph = make_graph(tmp_path / "g", skewed_edges(), 60, feature_dim=4)
+    torch.manual_seed(0)
     model = GNN(ModelSpec("sage", 4, 8, 3, num_layers=2)).eval()
     store = precompute(graph, model, tmp_path / "m", progress=False)
     dyn = DynamicGraph(graph)
@@ -107,3 +109,73 @@ def test_applier_compacts_in_the_background(tmp_path):
     assert dyn.has_edges(np.array([0, 59]), np.array([59, 0])).all()
     assert not np.array_equal(inc.lookup(np.arange(60)), before)  # the update itself is still there
     assert tel.compactions._value.get() == 1
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+
+
+@st.composite
+def update_requests(draw):
+    """A request, valid or not against the graph, with -k references to its own new nodes
+    in add_edges and update_ids (remove_edges and remove_nodes name existing nodes only)."""
+    a = draw(st.integers(0, 2))
+    own = [-(k + 1) for k in range(a)]
+    node = st.sampled_from(list(range(60)) + own + [10_000])  # 10,000: unknown, so the request fails
+    existing = st.sampled_from(list(range(60)) + [10_000])
+    parts = [t("add_node_features", np.full((a, 4), draw(st.floats(-1, 1)), np.float32), "FP32")] if a else []
+    edges = draw(st.lists(st.tuples(node, node), max_size=4))
+    if edges:
+        parts.append(t("add_edges", np.array(edges, dtype=np.int64), "INT64"))
+    removed = draw(st.lists(st.tuples(existing, existing), max_size=2))
+    if removed:
+        parts.append(t("remove_edges", np.array(removed, dtype=np.int64), "INT64"))
+    if draw(st.booleans()):
+        parts.append(t("remove_nodes", [draw(existing)], "INT64"))
+    upd = draw(st.lists(node, max_size=2, unique=True))
+    if upd:
+        parts += [t("update_ids", upd, "INT64"), t("update_features", np.full((len(upd), 4), 0.5, np.float32), "FP32")]
+    if not parts:
+        parts = [t("update_ids", [1], "INT64"), t("update_features", np.zeros((1, 4), np.float32), "FP32")]
+    return decode_update_request(body(*parts), None, feature_dim=4, max_updates=100)
+
+
+def test_merged_requests_apply_exactly_as_the_accepted_ones_alone(tmp_path_factory):
+    """Whatever mix of good and bad requests lands in one merged batch, each request applies
+    entirely or not at all: the result equals applying only the accepted ones, one by one,
+    to a fresh copy (same new-node ids, byte-identical embeddings)."""
+
+    @hypothesis.settings(max_examples=12, deadline=None, derandomize=True,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(requests=st.lists(update_requests(), min_size=1, max_size=5))
+    def run(requests):
+        tmp = tmp_path_factory.mktemp("merge")
+        dyn, inc, tel = _parts(tmp)
+
+        async def scenario():
+            applier = UpdateApplier(UpdateConfig(token="12345678", max_batch_updates=100), inc, dyn, tel)
+            futs = [applier.submit(r) for r in requests]  # all queued first: one merged group
+            applier.start()
+            results = await asyncio.gather(*futs, return_exceptions=True)
+            await applier.stop()
+            return results
+
+        results = asyncio.run(scenario())
+        assert all(isinstance(r, dict) or isinstance(r, UpdateError) for r in results), results
+        seen.update("accepted" if isinstance(r, dict) else "rejected" for r in results)
+        dyn2, inc2, _ = _parts(tmp_path_factory.mktemp("alone"))
+        for req, res in zip(requests, results, strict=True):
+            if isinstance(res, dict):
+                batch, assigned = to_batch([req], dyn2.num_nodes)
+                inc2.apply(batch)
+                assert assigned[0].tolist() == res["new_node_ids"]
+        assert dyn.num_nodes == dyn2.num_nodes
+        n = dyn.num_nodes
+        assert np.array_equal(dyn.to_csr()[1], dyn2.to_csr()[1])
+        assert np.array_equal(dyn.features(np.arange(n)), dyn2.features(np.arange(n)))
+        for a, b in zip(inc.layers, inc2.layers, strict=True):
+            np.testing.assert_allclose(a[:n], b[:n], rtol=1e-5, atol=1e-6)
+
+    seen: set[str] = set()
+    run()
+    assert seen == {"accepted", "rejected"}
