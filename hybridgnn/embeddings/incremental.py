@@ -324,7 +324,7 @@ class IncrementalEmbeddings:
             diff = ~_rows_equal(old, out) if self.cfg.prune else np.ones(len(targets), dtype=bool)
             diff |= np.isin(targets, up.new_nodes)
             fault_point(f"embeddings: layer {i + 1}")
-            self._journal.rows(self.layers[i], targets)
+            self._journal.rows(self.layers[i], targets, old)
             self.layers[i][targets] = out
             changed, old_rows = targets[diff], old[diff]
             changed_any.append(changed)

@@ -33,11 +33,12 @@ class Journal:
         for name in names:
             self._undo.append((obj, name, getattr(obj, name)))
 
-    def rows(self, array: np.ndarray, index) -> None:
-        """Remember array[index] (rows about to be overwritten in place)."""
-        idx = np.array(index, copy=True)
-        if idx.size:
-            self._undo.append((array, idx, array[idx].copy()))
+    def rows(self, array: np.ndarray, index, old: np.ndarray | None = None) -> None:
+        """Remember array[index] (rows about to be overwritten in place); `old`: those rows,
+        when the caller has already read them (saves a second gather). The index must not
+        be changed afterwards."""
+        if len(index):
+            self._undo.append((array, index, array[index] if old is None else old))
 
     def rollback(self) -> None:
         for target, key, old in reversed(self._undo):
@@ -57,7 +58,7 @@ class _NoJournal(Journal):
     def attrs(self, obj, *names: str) -> None:
         pass
 
-    def rows(self, array, index) -> None:
+    def rows(self, array, index, old=None) -> None:
         pass
 
 
