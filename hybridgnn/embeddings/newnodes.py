@@ -74,27 +74,105 @@ class NewNodeResult:
     embeddings: np.ndarray | None = None  # [q, hidden] float32: what the model's head reads
 
 
+def _gather(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    starts = indptr[nodes]
+    lens = indptr[nodes + 1] - starts
+    offs = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    return lens, indices[offs].astype(np.int64)
+
+
+class StoredGraphView:
+    """What the evaluator reads, from a stored graph and its precomputed layers."""
+
+    def __init__(self, graph: GraphStore, layers: list[np.ndarray], gcn: bool):
+        self.graph = graph
+        self.indptr, self.indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+        self._degrees = graph.degrees()
+        self._features = host_tensor(graph.features)
+        self._layers = [host_tensor(a) if a.dtype == np.float32 else torch.from_numpy(np.asarray(a, np.float32))
+                        for a in layers]
+        self._has_loop = gcn_degrees(graph)[1] if gcn else None
+        self._rev: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    def in_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _gather(self.indptr, self.indices, nodes)
+
+    def out_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Readers of `nodes` (the reverse adjacency, built on first use)."""
+        if self._rev is None:
+            import scipy.sparse as sp
+
+            n = self.graph.num_nodes
+            csc = sp.csr_matrix((np.ones(self.indices.shape[0], dtype=np.int8), self.indices, self.indptr),
+                                shape=(n, n)).tocsc()
+            self._rev = (csc.indptr.astype(np.int64), csc.indices.astype(np.int64))
+        return _gather(*self._rev, nodes)
+
+    def in_degree(self, nodes: np.ndarray) -> np.ndarray:
+        return self._degrees[nodes]
+
+    def has_loop(self, nodes: np.ndarray) -> np.ndarray:
+        return self._has_loop[nodes]
+
+    def rows(self, layer: int, nodes: np.ndarray) -> torch.Tensor:
+        """Layer-`layer` rows (0: features) of existing nodes, float32."""
+        table = self._features if layer == 0 else self._layers[layer - 1]
+        return torch.index_select(table, 0, torch.from_numpy(nodes)).float()
+
+
+class DynamicGraphView:
+    """What the evaluator reads, from a changing graph and the embeddings kept fresh with
+    it (IncrementalEmbeddings): call under the graph's read lock."""
+
+    def __init__(self, graph, incremental):
+        self.graph, self.incremental = graph, incremental
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    def in_rows(self, nodes):
+        lens, vals = self.graph.in_neighbours(nodes)
+        return lens, vals.astype(np.int64)
+
+    def out_rows(self, nodes):
+        lens, vals = self.graph.out_neighbours(nodes)
+        return lens, vals.astype(np.int64)
+
+    def in_degree(self, nodes):
+        return self.graph.in_degree(nodes)
+
+    def has_loop(self, nodes):
+        return self.graph.self_loop[nodes]
+
+    def rows(self, layer: int, nodes: np.ndarray) -> torch.Tensor:
+        if layer == 0:
+            return torch.from_numpy(self.graph.features(nodes))
+        return torch.from_numpy(np.ascontiguousarray(self.incremental.layers[layer - 1][nodes], dtype=np.float32))
+
+
 class NewNodeEvaluator:
-    def __init__(self, graph: GraphStore, model: GNN, store: EmbeddingStore | None):
-        """store=None serves only mode `sampled`."""
+    def __init__(self, graph: GraphStore, model: GNN, store: EmbeddingStore | None, *, view=None):
+        """store=None serves only mode `sampled`. view: a DynamicGraphView to evaluate on a
+        changing graph and its fresh embeddings (the graph and model still describe it)."""
         model = decompose(model)
         if store is not None and len(store.layers) != model.num_layers:
             raise ValueError(f"stored embeddings have {len(store.layers)} layers, the model {model.num_layers}")
-        self.graph, self.model, self.store = graph, model, store
-        self.indptr = np.asarray(graph.indptr)
-        self.indices = np.asarray(graph.indices)
-        self.degrees = graph.degrees()
-        self._features = host_tensor(graph.features)
+        self.model, self.store = model, store
+        self.view = view if view is not None else StoredGraphView(graph, store.layers if store is not None else [],
+                                                                  model.gcn_normalised)
+        self.graph = view.graph if view is not None else graph  # what the sampler samples
+        self.gcn = model.gcn_normalised
         self._samplers: queue.SimpleQueue = queue.SimpleQueue()  # one per concurrent request
-        self._layers = [host_tensor(a) if a.dtype == np.float32 else torch.from_numpy(np.asarray(a, np.float32))
-                        for a in (store.layers if store is not None else [])]
-        self.gcn = gcn_degrees(graph) if model.gcn_normalised else None
-        self._rev: tuple[np.ndarray, np.ndarray] | None = None
 
     def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
               undirected: bool = True, policy: str = "ratio", seed: int = 0,
               fanouts: tuple[int, ...] | None = None) -> NewNodeResult:
-        n, q = self.graph.num_nodes, features.shape[0]
+        n, q = self.view.num_nodes, features.shape[0]
         ei = np.asarray(edge_index, dtype=np.int64)
         if undirected and ei.size:
             ei = np.concatenate([ei, ei[::-1]], axis=1)
@@ -123,10 +201,10 @@ class NewNodeEvaluator:
             # changes spread (to a node's readers; GCN one step further, as a direct
             # neighbour's new degree reweights what it sends), and the queries read it
             # within K-l steps along in-edges. On a symmetric graph both are one distance.
-            extra = 1 if self.gcn is not None else 0
+            extra = 1 if self.gcn else 0
             read = unique_ints(qsrc[(qdst >= n) & (qsrc < n)])
-            changed = self._levels(direct, K - 1 + extra, *self._readers())
-            needed = self._levels(read, K - 1, self.indptr, self.indices)
+            changed = self._levels(direct, K - 1 + extra, self.view.out_rows)
+            needed = self._levels(read, K - 1, self.view.in_rows)
         sets = []
         for layer in range(1, K + 1):
             if layer == K:
@@ -146,7 +224,7 @@ class NewNodeEvaluator:
             sources, block = self._block(targets, qsrc, runs)
             x = self._inputs(layer - 1, sources, features, computed.get(layer - 1))
             with torch.inference_mode():
-                if self.gcn is not None:
+                if self.gcn:
                     block, w = self._gcn_weights(block, sources, len(targets), runs)
                     y = self.model.layer(layer - 1, x, torch.from_numpy(block), len(targets),
                                          gcn_weight=torch.from_numpy(w))
@@ -166,7 +244,10 @@ class NewNodeEvaluator:
         sampler reads beside the CSR); no precomputed embeddings involved."""
         if not fanouts:
             raise ValueError("mode 'sampled' needs fanouts")
-        n = self.graph.num_nodes
+        n = self.view.num_nodes
+        if isinstance(self.view, DynamicGraphView):
+            raise Conflict("new-node mode 'sampled' samples the stored graph, which graph updates have changed "
+                           "since; use mode full, pe or srpe, which read the current graph and embeddings")
         targets, starts, _ = self._runs(qdst)
         ov_indptr = np.append(starts, qdst.size).astype(np.int64)
         try:
@@ -179,11 +260,10 @@ class NewNodeEvaluator:
             self._samplers.put(sampler)
         ids = sub.node_ids
         existing = ids < n
-        x = torch.empty((len(ids), self.graph.feature_dim), dtype=torch.float32)
-        x[torch.from_numpy(np.flatnonzero(existing))] = torch.index_select(
-            self._features, 0, torch.from_numpy(ids[existing]))
+        x = torch.empty((len(ids), features.shape[1]), dtype=torch.float32)
+        x[torch.from_numpy(np.flatnonzero(existing))] = self.view.rows(0, ids[existing])
         x[torch.from_numpy(np.flatnonzero(~existing))] = torch.from_numpy(features[ids[~existing] - n])
-        degrees = self._augmented_degrees(ids, targets, np.diff(ov_indptr)) if self.gcn is not None else None
+        degrees = self._augmented_degrees(ids, targets, np.diff(ov_indptr)) if self.gcn else None
         with torch.inference_mode():
             out, hidden = self.model(x, torch.from_numpy(sub.edge_index), sub.num_sampled_nodes,
                                      sub.num_sampled_edges, degrees, with_embeddings=True)
@@ -193,12 +273,12 @@ class NewNodeEvaluator:
     def _augmented_degrees(self, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray):
         """(in-degree, has self-loop) of sample nodes `ids` in the graph plus the query edges
         (`counts[k]` of them into `targets[k]`, sorted); query nodes have no self-loop."""
-        n = self.graph.num_nodes
+        n = self.view.num_nodes
         existing = ids < n
         deg = np.zeros(len(ids), dtype=np.int64)
-        deg[existing] = self.degrees[ids[existing]]
+        deg[existing] = self.view.in_degree(ids[existing])
         loop = np.zeros(len(ids), dtype=bool)
-        loop[existing] = self.gcn[1][ids[existing]]
+        loop[existing] = self.view.has_loop(ids[existing])
         if len(targets):
             pos = np.minimum(np.searchsorted(targets, ids), len(targets) - 1)
             hit = targets[pos] == ids
@@ -211,13 +291,13 @@ class NewNodeEvaluator:
         k = math.ceil(gamma * len(direct))
         if k == 0:
             return np.empty(0, dtype=np.int64)
-        n = self.graph.num_nodes
+        n = self.view.num_nodes
         if policy == "ratio":
             from_query = qsrc >= n
             nq = np.bincount(np.searchsorted(direct, qdst[from_query & (qdst < n)]), minlength=len(direct))
-            score = nq / (self.degrees[direct] + nq)
+            score = nq / (self.view.in_degree(direct) + nq)
         elif policy == "degree":  # importance: the best-connected neighbours
-            score = self.degrees[direct].astype(np.float64)
+            score = self.view.in_degree(direct).astype(np.float64)
         elif policy == "random":
             score = np.random.default_rng(seed).random(len(direct))
         else:
@@ -225,30 +305,15 @@ class NewNodeEvaluator:
         top = np.argsort(-score, kind="stable")[:k]
         return direct[np.sort(top)]
 
-    def _readers(self) -> tuple[np.ndarray, np.ndarray]:
-        """The reverse adjacency (row u lists the nodes that read u: its out-neighbours),
-        built on first use: a change spreads to the readers of what changed, which on a
-        directed graph are not the nodes it reads."""
-        if self._rev is None:
-            import scipy.sparse as sp
-
-            n = self.graph.num_nodes
-            csc = sp.csr_matrix((np.ones(self.indices.shape[0], dtype=np.int8), self.indices, self.indptr),
-                                shape=(n, n)).tocsc()
-            self._rev = (csc.indptr.astype(np.int64), csc.indices.astype(np.int64))
-        return self._rev
-
     @staticmethod
-    def _levels(start: np.ndarray, hops: int, indptr: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:
+    def _levels(start: np.ndarray, hops: int, rows) -> list[np.ndarray]:
         """Nodes by distance from a set: levels[0] = start (distance 1), levels[k] the new
-        nodes one more step along the adjacency's rows; at most `hops` levels."""
+        nodes one more step along rows(nodes) -> (lengths, values); at most `hops` levels."""
         if hops <= 0 or start.size == 0:
             return []
         levels, seen, frontier = [start], start, start
         for _ in range(hops - 1):
-            starts, degs = indptr[frontier], indptr[frontier + 1] - indptr[frontier]
-            offs = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(int(degs.sum()))
-            frontier = minus(unique_ints(indices[offs].astype(np.int64)), seen)
+            frontier = minus(unique_ints(rows(frontier)[1]), seen)
             if frontier.size == 0:
                 break
             levels.append(frontier)
@@ -277,14 +342,10 @@ class NewNodeEvaluator:
 
     def _block(self, targets, qsrc, runs):
         """In-neighbours of targets in the graph plus the query edges, targets first."""
-        n = self.graph.num_nodes
-        existing = targets < n
-        t_exist = np.where(existing, targets, 0)
-        starts = self.indptr[t_exist]
-        degs = np.where(existing, self.indptr[t_exist + 1] - starts, 0)
-        offs = np.repeat(starts - np.cumsum(degs) + degs, degs) + np.arange(int(degs.sum()))
-        base_src = self.indices[offs].astype(np.int64)
-        base_dst = np.repeat(np.arange(len(targets)), degs)
+        n = self.view.num_nodes
+        existing = np.flatnonzero(targets < n)
+        lens, base_src = self.view.in_rows(targets[existing])
+        base_dst = np.repeat(existing, lens)
         lo, qcount = self._lookup(runs, targets)
         qoffs = np.repeat(lo - np.cumsum(qcount) + qcount, qcount) + np.arange(int(qcount.sum()))
         q_src = qsrc[qoffs]
@@ -306,13 +367,12 @@ class NewNodeEvaluator:
     def _inputs(self, layer, sources, features, computed) -> torch.Tensor:
         """Layer-`layer` inputs of `sources`: computed where R says so, else stored (features
         at layer 0, PEs above); query nodes' features come from the request."""
-        n = self.graph.num_nodes
-        table = self._features if layer == 0 else self._layers[layer - 1]
+        n = self.view.num_nodes
         existing = sources < n
         queries = np.flatnonzero(~existing)
         # One gather for every row (query rows read row 0 and are overwritten below): cheaper
         # than masking the existing rows out first.
-        out = torch.index_select(table, 0, torch.from_numpy(np.where(existing, sources, 0))).float()
+        out = self.view.rows(layer, np.where(existing, sources, 0))
         if layer == 0 and queries.size:
             out[torch.from_numpy(queries)] = torch.from_numpy(features[sources[queries] - n])
         if computed is not None:
@@ -328,13 +388,14 @@ class NewNodeEvaluator:
     def _gcn_weights(self, block, sources, num_targets, runs):
         """gcn_norm over the graph plus query edges: degree = in-degree (+1 self-loop unless
         the node already has one), counting query in-edges; query nodes get a self-loop."""
-        n = self.graph.num_nodes
-        norm_deg, has_loop = self.gcn
+        n = self.view.num_nodes
         existing = sources < n
         clipped = np.where(existing, sources, 0)
+        has_loop = self.view.has_loop(clipped)
+        norm_deg = self.view.in_degree(clipped) + ~has_loop
         query_in = self._lookup(runs, sources)[1]
-        deg = np.where(existing, norm_deg[clipped], 1).astype(np.float64) + query_in
-        loops = np.flatnonzero(~(has_loop[clipped[:num_targets]] & existing[:num_targets]))
+        deg = np.where(existing, norm_deg, 1).astype(np.float64) + query_in
+        loops = np.flatnonzero(~(has_loop[:num_targets] & existing[:num_targets]))
         block = np.concatenate([block, np.stack([loops, loops])], axis=1)
         inv = 1.0 / np.sqrt(deg)
         return block, (inv[block[0]] * inv[block[1]]).astype(np.float32)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hybridgnn.config import ServeConfig
-from hybridgnn.embeddings.newnodes import NewNodeEvaluator
+from hybridgnn.embeddings.newnodes import DynamicGraphView, NewNodeEvaluator
 from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.errors import (
     BatchFailed,
@@ -84,6 +84,7 @@ class Engine:
         self.plan, self.features, self.device_graph, self.gpu_features = (r.plan, r.features, r.device_graph,
                                                                           r.gpu_features)
         self._sampling_only: NewNodeEvaluator | None = None
+        self._current_graph_nodes: NewNodeEvaluator | None = None  # new nodes after graph updates
         self.updates: UpdateApplier | None = None
         # Requests per node since start (or since the seed log was last read): the seed
         # distribution a placement refresh computes FAP from.
@@ -417,16 +418,39 @@ class Engine:
         return RequestResult(logits, hidden, logits.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
 
     async def infer_new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,
-                              policy: str) -> RequestResult:
+                              policy: str, num_nodes: int | None = None) -> RequestResult:
         """Embeddings of query nodes (full / pe / srpe from PEs, or sampled), computed off the
-        event loop. Counted as pending, so a drain waits for it."""
+        event loop. Counted as pending, so a drain waits for it. num_nodes: the graph's size
+        when the request was decoded (its query nodes are num_nodes..); after graph updates
+        the request is evaluated on the graph and embeddings as they are then."""
         if self.new_nodes is None and mode != "sampled":
             raise Conflict("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
         t0 = time.perf_counter()
-        res = await self._in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer, features,
-                                  edge_index, mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
+        kw = dict(mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
+        if self.dynamic is not None and self.dynamic.version > 0:
+            res = await self._in_thread_lane("new_nodes", 1.0, self._infer_on_current_graph, features, edge_index,
+                                             num_nodes if num_nodes is not None else self.num_nodes, kw)
+        else:
+            res = await self._in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer, features,
+                                             edge_index, **kw)
         return RequestResult(res.logits, res.embeddings, res.logits.argmax(axis=1).astype(np.int64),
                              f"newnodes_{mode}", StageTimings(compute_s=time.perf_counter() - t0))
+
+    def _infer_on_current_graph(self, features, edge_index, decoded_at: int, kw: dict):
+        """A new-node request on the updated graph, under its read lock (one version)."""
+        if self.incremental is None:
+            raise Conflict("new-node requests after graph updates need precomputed embeddings kept fresh; "
+                           "run `hybridgnn precompute` and restart")
+        if self._current_graph_nodes is None:
+            self._current_graph_nodes = NewNodeEvaluator(self.graph, self.model, self.embeddings,
+                                                         view=DynamicGraphView(self.dynamic, self.incremental))
+        with self.dynamic.lock.read():
+            n = self.dynamic.num_nodes
+            if n != decoded_at:  # nodes were added since decoding: query ids move up with them
+                edge_index = np.where(edge_index >= decoded_at, edge_index + (n - decoded_at), edge_index)
+            existing = edge_index[edge_index < n]
+            self.check_alive(np.unique(existing))
+            return self._current_graph_nodes.infer(features, edge_index, **kw)
 
     def _new_node_evaluator(self, mode: str) -> NewNodeEvaluator:
         if self.new_nodes is not None:

@@ -14,6 +14,7 @@ from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
 from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models.checkpoint import load_checkpoint
+from hybridgnn.testing.reference import full_graph_forward
 from hybridgnn.testing.server import ServerProcess
 
 MODEL = "hybridgnn"
@@ -104,10 +105,25 @@ def test_update_is_visible_to_the_next_read(server, tiny_dataset, tiny_model_pe,
     assert r.status_code == 200, r.text
     meta = requests.get(f"{server.url}/v2/models/{MODEL}", timeout=10).json()["parameters"]
     assert meta["num_nodes"] == n + 1 and meta["updates_enabled"] and meta["pe_updated_unix_s"]
-    # New-node requests would read the stored graph and embeddings, now stale: refused.
-    q = {"inputs": [tensor("features", np.zeros((1, f)), "FP32"), tensor("edge_index", [[n + 1], [3]], "INT64")]}
+    # New-node requests read the current graph and embeddings: the exact answer is the
+    # updated graph plus the query node (edges both ways), run through the model.
+    qf = rng.normal(size=(1, f)).astype(np.float32)
+    q = {"inputs": [tensor("features", qf, "FP32"), tensor("edge_index", [[n + 1, n + 1], [3, n]], "INT64")],
+         "parameters": {"mode": "full"}}
     r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json=q, timeout=30)
-    assert r.status_code == 409 and "precomputed" in r.json()["error"]
+    assert r.status_code == 200, r.text
+    got = np.asarray({o["name"]: o for o in r.json()["outputs"]}["logits"]["data"], dtype=np.float32)
+    with dyn.lock.write():
+        dyn.apply(UpdateBatch(add_node_features=qf, add_edges=np.array([[n + 1, 3], [3, n + 1], [n + 1, n],
+                                                                        [n, n + 1]])))
+    ip, ix = dyn.to_csr()
+    ds2 = write_dataset(tmp_path / "with-query", indptr=ip, indices=ix,
+                        features=dyn.features(np.arange(dyn.num_nodes)))
+    want = full_graph_forward(GraphStore.open(ds2), model)[n + 1]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json={**q, "parameters": {"mode": "sampled"}},
+                      timeout=30)
+    assert r.status_code == 409 and "full, pe or srpe" in r.json()["error"]
 
 
 @pytest.mark.parametrize("inputs, status, match", [

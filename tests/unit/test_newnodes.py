@@ -137,3 +137,37 @@ def test_full_mode_is_exact_on_a_directed_graph_at_any_depth(setup, kind, layers
     ev, feats, ei, exact = setup(kind, layers)
     got = ev.infer(feats, ei, mode="full").logits
     assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+@pytest.mark.parametrize("layers", [2, 3])
+def test_after_graph_updates_new_nodes_read_the_current_graph_and_embeddings(setup, tmp_path, kind, layers):
+    from hybridgnn.embeddings.incremental import IncrementalEmbeddings
+    from hybridgnn.embeddings.newnodes import DynamicGraphView
+    from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
+
+    ev, feats, ei, _ = setup(kind, layers)
+    dyn = DynamicGraph(ev.graph)
+    inc = IncrementalEmbeddings(dyn, ev.model, ev.store.layers)
+    rng = np.random.default_rng(3)
+    indptr, indices = dyn.to_csr()
+    v = int(np.flatnonzero(np.diff(indptr) > 1)[0])
+    inc.apply(UpdateBatch(add_node_features=rng.standard_normal((2, 4)).astype(np.float32),
+                          add_edges=np.array([[N, 10], [10, N], [N + 1, 20], [33, 11]]),
+                          remove_edges=np.array([[int(indices[indptr[v]]), v]]),
+                          update_ids=np.array([12]), update_features=np.ones((1, 4), np.float32)))
+    n = dyn.num_nodes  # N + 2: the query nodes are n, n + 1, ...
+    q_ei = np.where(ei >= N, ei + 2, ei)
+    current = tmp_path / "current"
+    ip, ix = dyn.to_csr()
+    write_dataset(current, indptr=ip, indices=ix.astype(np.int32), features=dyn.features(np.arange(n)))
+    exact = full_graph_forward(augmented(tmp_path / "cur", GraphStore.open(current), feats, q_ei), ev.model)[n:]
+    live = NewNodeEvaluator(ev.graph, ev.model, ev.store, view=DynamicGraphView(dyn, inc))
+    with dyn.lock.read():
+        got = live.infer(feats, q_ei, mode="full").logits
+        srpe = live.infer(feats, q_ei, mode="srpe", gamma=1.0).logits
+    assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-4
+    if kind != "gcn":
+        assert np.abs(srpe - exact).max() / np.abs(exact).max() <= 1e-4
+    stale = ev.infer(feats, ei, mode="full").logits  # the stored graph: misses the updates
+    assert not np.allclose(stale, exact, rtol=1e-3)

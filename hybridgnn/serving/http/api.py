@@ -24,7 +24,6 @@ from urllib.parse import unquote
 from hybridgnn import __version__
 from hybridgnn.errors import (
     BadRequest,
-    Conflict,
     Draining,
     Forbidden,
     MethodNotAllowed,
@@ -326,10 +325,6 @@ class Api:
         for a mode the server does not offer."""
         engine = self.engine
         if req.is_new_nodes:
-            if engine.dynamic is not None and engine.dynamic.version > 0:
-                raise Conflict("new-node requests are evaluated on the stored graph and embeddings, which graph "
-                               "updates have changed since; add the nodes with POST /v2/models/{m}/graph and "
-                               "read their fresh embeddings with mode=precomputed")
             return self._new_node_call(req)
         engine.check_alive(req.node_ids)
         mode = req.parameters.get("mode", "sampled")
@@ -352,7 +347,7 @@ class Api:
         if policy not in ("ratio", "random", "degree"):
             raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
         return self.engine.infer_new_nodes(req.features, req.edge_index, mode=mode, gamma=float(gamma),
-                                           policy=policy)
+                                           policy=policy, num_nodes=self.engine.num_nodes)
 
     async def update_graph(self, request: Request) -> Reply:
         """POST /v2/models/{m}/graph: apply a batch of graph updates (see serving/updates.py);
