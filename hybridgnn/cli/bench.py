@@ -24,6 +24,21 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    import asyncio
+
+    import aiohttp
+
+    from hybridgnn.errors import ConfigError
+
+    try:
+        return _run(args)
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        # a server that is down or a model it does not serve: one line, exit 2
+        raise ConfigError(f"cannot load {args.url} model {args.model!r}: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split()) or 'no answer'}") from exc
+
+
+def _run(args) -> int:
     from hybridgnn.bench.loadgen import find_max_rate, run_load
     from hybridgnn.capabilities import raise_open_file_limit, run_async
 

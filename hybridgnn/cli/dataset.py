@@ -47,6 +47,7 @@ def add_parser(sub) -> None:
     imp.add_argument("--ids", choices=["auto", "dense", "map"], default="auto",
                      help="map node ids to dense ones and store the map (requests then use the original ids): "
                           "auto maps names, negative and sparse integer ids of an edge list")
+    imp.add_argument("--force", action="store_true", help="replace --out when it already holds something")
     imp.set_defaults(run=run_import)
 
     info = dsub.add_parser("info", help="print a dataset's summary as JSON")
@@ -74,9 +75,16 @@ def run_generate(args) -> int:
 
 
 def run_import(args) -> int:
+    import shutil
+
+    from hybridgnn.errors import ConfigError
     from hybridgnn.graph.importers import import_graph
     from hybridgnn.graph.store import GraphStore
 
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        if not args.force:
+            raise ConfigError(f"{args.out} already exists; pass --force to replace it")
+        shutil.rmtree(args.out) if args.out.is_dir() else args.out.unlink()
     import_graph(args.source, args.out, undirected=args.undirected, feature_dim=args.feature_dim, ids=args.ids)
     print(json.dumps(GraphStore.open(args.out, validate="full").describe(), indent=2))
     return 0

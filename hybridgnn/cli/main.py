@@ -35,9 +35,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The deepest subparser the parsed command line reached (e.g. `dataset import`)."""
+    current = parser
+    while True:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name is None or name not in subs[0].choices:
+            return current
+        current = subs[0].choices[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # say it with the subcommand's usage, which lists the flags it does take
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.run(args) or 0)

@@ -23,6 +23,7 @@ from hybridgnn.config import (
     parse_bytes,
     parse_fanouts,
 )
+from hybridgnn.errors import ConfigError
 
 
 def add_parser(sub) -> None:
@@ -65,9 +66,9 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", type=Path, default=env_default("PROFILE", None, Path),
                    help="a profile from `hybridgnn profile` for this dataset, model and fanouts; its policy sets "
                         "the PSGS threshold (and, for slo:<ms>, the batch PSGS bound)")
-    p.add_argument("--policy", default=env_default("POLICY", PolicyConfig.policy),
+    p.add_argument("--policy", default=env_default("POLICY", None),
                    help="with --profile: latency | throughput | cpu | gpu (operating points) or slo:<ms> (most "
-                        "predicted throughput with predicted p99 within <ms>)")
+                        f"predicted throughput with predicted p99 within <ms>); default {PolicyConfig.policy}")
     p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, lambda v: v not in ("0", "")),
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
@@ -163,7 +164,25 @@ def gpu_pipeline_config(device: str, workers: int) -> PipelineConfig | None:
     return PipelineConfig(name="gpu", device="cuda" if device == "cuda" else "cpu", workers=workers)
 
 
+def check_ranges(args) -> None:
+    """Flag ranges in the flags' own units (the config dataclasses check seconds)."""
+    if not 0 <= args.max_wait_ms <= 10_000:
+        raise ConfigError(f"--max-wait-ms must be within [0, 10000] milliseconds, got {args.max_wait_ms:g}")
+
+
+def chosen_policy(args) -> str:
+    """--policy, refused without --profile: without one there are no curves to pick from,
+    and silently ignoring the choice would serve something else than asked."""
+    if args.policy is None:
+        return PolicyConfig.policy
+    if args.profile is None:
+        raise ConfigError(f"--policy {args.policy} needs --profile (a profile from `hybridgnn profile` for this "
+                          "dataset and model); without one the server routes by --psgs-threshold")
+    return args.policy
+
+
 def build_config(args) -> ServeConfig:
+    check_ranges(args)
     from hybridgnn.models.checkpoint import read_config
 
     if (args.dataset is None) != (args.model is None):
@@ -196,7 +215,7 @@ def build_config(args) -> ServeConfig:
         router=RouterConfig(psgs_threshold=args.psgs_threshold, spill=args.spill),
         admission=AdmissionConfig(max_queue_delay_s=(args.max_queue_delay_ms / 1000.0
                                                      if args.max_queue_delay_ms is not None else None)),
-        policy=PolicyConfig(profile=args.profile, policy=args.policy, adapt=args.adapt,
+        policy=PolicyConfig(profile=args.profile, policy=chosen_policy(args), adapt=args.adapt,
                             request_seeds=args.request_seeds, frontend_cpu_us=args.frontend_cpu_us,
                             colocated_cpu_us=args.colocated_cpu_us, service_scale=args.service_scale),
         server=ServerConfig(host=args.host, port=args.port, model_name=args.model_name,

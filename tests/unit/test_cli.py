@@ -95,3 +95,25 @@ def test_model_export_and_check(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "m2").exists()
     assert main(["model", "export", "--factory", "nomodule_here:build", "--weights", "w.pt", "--out", "m3"]) == 2
     assert "cannot import 'nomodule_here'" in capsys.readouterr().err
+
+
+def test_a_policy_without_a_profile_is_refused_in_one_line(capsys):
+    assert main(["serve", "--policy", "slo:20"]) == 2
+    err = capsys.readouterr().err
+    assert "--policy slo:20 needs --profile" in err and err.count("\n") == 1
+
+
+def test_first_hour_mistakes_get_one_line_or_the_subcommand_usage(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["dataset", "import", "x.txt", "--out", "y", "--bogus"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: hybridgnn dataset import" in err and "unrecognized arguments: --bogus" in err
+    assert main(["serve", "--max-wait-ms", "-1"]) == 2
+    assert "--max-wait-ms must be within [0, 10000] milliseconds, got -1" in capsys.readouterr().err
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d")]) == 0
+    capsys.readouterr()
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d")]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--force"]) == 0

@@ -249,6 +249,7 @@ def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe):
                "deep": await post(api, b'{"inputs": ' + b"[" * 3000 + b"]" * 3000 + b"}", auth),
                "ok": await post(api, update(("add_edges", "INT64", [[0, 2999]])), auth)}
         out["new_node_after_update"] = await call(api, new_node_body([[3000], [5]], "full", q=1))
+        out["sampled_new_node_after_update"] = await call(api, new_node_body([[3000], [5]], "sampled", q=1))
         return out
 
     out = run_api(cfg, scenario)
@@ -259,4 +260,6 @@ def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe):
     assert out["too_many"][0] == 413
     assert out["deep"][0] == 400 and "nested too deeply" in out["deep"][1]["error"]
     assert out["ok"][0] == 200, out["ok"]
-    assert out["new_node_after_update"][0] == 409 and "graph updates" in out["new_node_after_update"][1]["error"]
+    assert out["new_node_after_update"][0] == 200  # evaluated on the current graph
+    status, body = out["sampled_new_node_after_update"]
+    assert status == 409 and "graph updates" in body["error"]
