@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 
@@ -29,7 +30,11 @@ def run(args) -> int:
     from hybridgnn.models.checkpoint import load_checkpoint
 
     graph = GraphStore.open(args.dataset)
-    model, _ = load_checkpoint(args.model)
+    model, model_cfg = load_checkpoint(args.model)
+    trained_on = model_cfg.get("dataset_fingerprint")
+    if trained_on and trained_on != graph.fingerprint:  # as serve warns: allowed, but rarely meant
+        logging.getLogger("hybridgnn.precompute").warning(
+            "model was trained on dataset %s, precomputing for dataset %s", trained_on, graph.fingerprint)
     if model.in_dim != graph.feature_dim:
         raise ValueError(f"model expects {model.in_dim}-dim features, dataset has {graph.feature_dim}")
     store = precompute(graph, model, args.model, PrecomputeConfig(batch_size=args.batch_size, dtype=args.dtype,

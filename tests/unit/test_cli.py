@@ -117,3 +117,15 @@ def test_first_hour_mistakes_get_one_line_or_the_subcommand_usage(tmp_path, caps
     assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d")]) == 2
     assert "already exists; pass --force" in capsys.readouterr().err
     assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--force"]) == 0
+
+
+def test_precompute_warns_about_a_model_trained_on_another_dataset(tmp_path, caplog, capsys):
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m", extra={"dataset_fingerprint": "elsewhere"})
+    with caplog.at_level("WARNING"):
+        assert main(["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m")]) == 0
+    assert any("trained on dataset elsewhere" in r.getMessage() for r in caplog.records)
