@@ -44,6 +44,9 @@ def test_health_and_metadata(server, tiny_dataset):
     assert params["fanouts"] == [5, 3] and params["model_kind"] == "sage"
     assert requests.get(f"{server.url}/v2/models/{MODEL}/ready").status_code == 200
     assert requests.get(f"{server.url}/v2/models/{MODEL}/versions/1/ready").status_code == 200
+    r = requests.post(f"{server.url}/v2/models/{MODEL}/versions/2/infer",
+                      json={"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [1], "data": [1]}]})
+    assert r.status_code == 404 and "has no version '2'" in r.json()["error"]
 
 
 def test_json_inference(server, tiny_dataset):

@@ -233,6 +233,9 @@ class Api:
         name = request.params["model"]
         if name != self.model_name:
             raise NotFound(f"unknown model {brief(name)}; this server serves {self.model_name!r}")
+        version = request.params.get("version")
+        if version is not None and version != "1":
+            raise NotFound(f"model {self.model_name!r} has no version {brief(version)}; versions: ['1']")
 
     # --- endpoints -------------------------------------------------------------------
     def live(self, request: Request) -> Reply:
