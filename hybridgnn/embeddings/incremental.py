@@ -405,8 +405,11 @@ class IncrementalEmbeddings:
         with self.graph.lock.read():
             return np.array(self.final[node_ids], dtype=np.float32)
 
-    def lookup_both(self, node_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(logits, embeddings) of node_ids as of one graph version."""
+    def lookup_both(self, node_ids: np.ndarray, with_embeddings: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(logits, embeddings) of node_ids as of one graph version (embeddings with 0
+        columns unless asked for)."""
         with self.graph.lock.read():
-            return (np.array(self.final[node_ids], dtype=np.float32),
-                    hidden_rows(self.model, self.layers, self.graph.features, node_ids))
+            logits = np.array(self.final[node_ids], dtype=np.float32)
+            if not with_embeddings:
+                return logits, np.empty((len(node_ids), 0), np.float32)
+            return logits, hidden_rows(self.model, self.layers, self.graph.features, node_ids)

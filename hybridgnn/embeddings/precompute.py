@@ -27,6 +27,7 @@ from hybridgnn.embeddings.store import (
     write_state,
 )
 from hybridgnn.graph.csr import gather_rows
+from hybridgnn.graph.degrees import self_loops
 from hybridgnn.graph.host import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
@@ -127,7 +128,7 @@ class DeviceBlocks:
         return torch.cat([targets, extra]), torch.stack([src_local, dst_local])
 
     def gcn_block(self, edge_index: torch.Tensor, sources: torch.Tensor, num_targets: int):
-        """_gcn_block's result for a block built here."""
+        """gcn_edge_weights' result for a block built here."""
         loops = torch.nonzero(~self.has_loop[sources[:num_targets]]).squeeze(1)
         ei = torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
         inv_sqrt = 1.0 / torch.sqrt(self.norm_degree[sources].to(torch.float64))
@@ -136,14 +137,9 @@ class DeviceBlocks:
 
 def gcn_degrees(graph: GraphStore) -> tuple[np.ndarray, np.ndarray]:
     """gcn_norm_degrees of a stored graph, from its CSR (rows are targets)."""
-    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
-    rows = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
-    has_loop = np.zeros(graph.num_nodes, dtype=bool)
-    has_loop[rows[indices == rows]] = True
+    indptr = np.asarray(graph.indptr)
+    has_loop = self_loops(indptr, np.asarray(graph.indices), graph.num_nodes)
     return np.diff(indptr) + (~has_loop), has_loop
-
-
-_gcn_block = gcn_edge_weights  # the block plus missing self-loops, weighted by gcn_norm
 
 
 def layer_dims(model, in_dim: int, device: torch.device | str = "cpu") -> list[int]:
@@ -212,7 +208,7 @@ def _layer_batch(model, layer: int, graph: GraphStore, targets: np.ndarray, prev
         x = prev[torch.from_numpy(sources)].to(device)
         weight = None
         if model.gcn_normalised:
-            ei, w = _gcn_block(ei, sources, len(targets), norm_degree, has_loop)
+            ei, w = gcn_edge_weights(ei, sources, len(targets), norm_degree, has_loop)
             weight = torch.from_numpy(w).to(device)
         y = model.layer(layer, x, torch.from_numpy(ei).to(device), len(targets), gcn_weight=weight)
         return y, len(sources), int(ei.shape[1])

@@ -25,6 +25,7 @@ from hybridgnn.errors import (
     UpdateError,  # an update batch that cannot apply; nothing of it was applied
 )
 from hybridgnn.graph.csr import gather_rows
+from hybridgnn.graph.degrees import self_loops
 from hybridgnn.graph.journal import Journal, fault_point, maybe
 from hybridgnn.graph.store import GraphStore
 
@@ -219,10 +220,8 @@ class DynamicGraph:
         self.rev = PatchedAdjacency(rev.indptr.astype(np.int64), rev.indices.astype(base.indices.dtype), n)
         self.alive = np.ones(max(n, 16), dtype=bool)
         # Which nodes read themselves (GCN's normalisation depends on it), kept per batch.
-        ip, ix = np.asarray(base.indptr), np.asarray(base.indices)
         self.self_loop = np.zeros(max(n, 16), dtype=bool)
-        rows = np.repeat(np.arange(n), np.diff(ip))
-        self.self_loop[rows[ix == rows]] = True
+        self.self_loop[:n] = self_loops(np.asarray(base.indptr), np.asarray(base.indices), n)
         self.feat_slot = np.full(max(n, 16), -1, dtype=np.int64)
         self.feat_pool = np.empty((16, base.feature_dim), dtype=np.float32)
         self.feat_used = 0

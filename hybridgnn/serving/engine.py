@@ -403,18 +403,21 @@ class Engine:
         self._sampled_lane.remove(req.psgs)
         self._release()
 
-    async def lookup_precomputed(self, node_ids: np.ndarray) -> RequestResult:
-        """Answer from the stored final layer: no sampling, constant time per id."""
+    async def lookup_precomputed(self, node_ids: np.ndarray, *, with_embeddings: bool = True) -> RequestResult:
+        """Answer from the stored final layer: no sampling, constant time per id. The hidden
+        rows (`embeddings`) are a second gather, made only when asked for (else 0 columns)."""
         if self.draining:
             raise Draining("server is shutting down", retry_after_s=self.cfg.server.retry_after_s)
         if self.embeddings is None:
             raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
         if self.incremental is not None:
             # Off the loop: the lookup waits while an update batch holds the graph's writer lock.
-            logits, hidden = await self._in_thread_lane("lookup", 1.0, self.incremental.lookup_both, node_ids)
+            logits, hidden = await self._in_thread_lane("lookup", 1.0, self.incremental.lookup_both, node_ids,
+                                                        with_embeddings)
         else:
             logits = self.embeddings.lookup(node_ids)
-            hidden = hidden_rows(self.model, self.embeddings.layers, self.graph.features.__getitem__, node_ids)
+            hidden = (hidden_rows(self.model, self.embeddings.layers, self.graph.features.__getitem__, node_ids)
+                      if with_embeddings else np.empty((len(node_ids), 0), np.float32))
         return RequestResult(logits, hidden, logits.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
 
     async def infer_new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,

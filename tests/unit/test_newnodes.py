@@ -48,11 +48,14 @@ def setup(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["sage", "gat", "gcn"])
-@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize("layers", [2, 3, 4, 5])
 def test_full_mode_equals_adding_the_query_nodes_to_the_graph(setup, kind, layers):
+    # make_graph's edges are directed (skewed_edges draws each row independently): the
+    # nodes a change reaches are the readers of what changed, not the nodes it reads,
+    # which deeper models expose.
     ev, feats, ei, exact = setup(kind, layers)
     got = ev.infer(feats, ei, mode="full").logits
-    assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-4
+    assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5
 
 
 @pytest.mark.parametrize("kind", ["sage", "gat"])
@@ -127,16 +130,6 @@ def test_edgeless_query_nodes_equal_isolated_nodes_of_the_graph(setup, tmp_path,
         np.testing.assert_allclose(got[rows], exact[rows], rtol=1e-4, atol=1e-5, err_msg=mode)
     got = ev.infer(feats, ei, mode="sampled", fanouts=(1 << 30,) * layers).logits
     np.testing.assert_allclose(got[1:], exact[1:], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
-@pytest.mark.parametrize("layers", [4, 5])
-def test_full_mode_is_exact_on_a_directed_graph_at_any_depth(setup, kind, layers):
-    # make_graph's edges are directed (skewed_edges draws each row independently): the
-    # nodes a change reaches are the readers of what changed, not the nodes it reads.
-    ev, feats, ei, exact = setup(kind, layers)
-    got = ev.infer(feats, ei, mode="full").logits
-    assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])

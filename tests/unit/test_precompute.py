@@ -41,7 +41,8 @@ def test_block_inputs_lists_targets_first_and_every_in_edge(skewed_graph):
 
 
 def test_device_blocks_equal_host_blocks(skewed_graph):
-    from hybridgnn.embeddings.precompute import DeviceBlocks, _gcn_block, gcn_degrees
+    from hybridgnn.embeddings.precompute import DeviceBlocks, gcn_degrees
+    from hybridgnn.models.gnn import gcn_edge_weights
 
     scratch = np.full(skewed_graph.num_nodes, -1, dtype=np.int64)
     blocks = DeviceBlocks(skewed_graph, torch.device("cpu"), gcn=True)
@@ -53,7 +54,7 @@ def test_device_blocks_equal_host_blocks(skewed_graph):
         got_sources, got_ei = blocks.block(torch.from_numpy(targets))
         assert np.array_equal(got_sources.numpy(), sources) and np.array_equal(got_ei.numpy(), ei)
         assert torch.all(blocks.scratch == -1)
-        ei_w, w = _gcn_block(ei, sources, size, norm_degree, has_loop)
+        ei_w, w = gcn_edge_weights(ei, sources, size, norm_degree, has_loop)
         got_ei_w, got_w = blocks.gcn_block(got_ei, got_sources, size)
         assert np.array_equal(got_ei_w.numpy(), ei_w) and np.allclose(got_w.numpy(), w, rtol=1e-7)
 

@@ -334,7 +334,7 @@ class Api:
         if mode == "sampled":
             return engine.submit(req.node_ids)
         if mode == "precomputed":
-            return engine.lookup_precomputed(req.node_ids)
+            return engine.lookup_precomputed(req.node_ids, with_embeddings="embeddings" in req.outputs)
         raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")
 
     def _new_node_call(self, req):
