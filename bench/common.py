@@ -139,7 +139,8 @@ class RevisionServer:
     stop()) plus pid. The server's output goes to a temporary file, not a pipe, so a
     chatty server never blocks on a full pipe while a benchmark is not reading it."""
 
-    def __init__(self, rev: str | None, dataset, model, *extra: str, port: int | None = None):
+    def __init__(self, rev: str | None, dataset, model, *extra: str, port: int | None = None,
+                 cpus: set[int] | None = None):
         import tempfile
 
         self.rev = rev
@@ -159,8 +160,11 @@ class RevisionServer:
         cmd = [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve", "--dataset",
                str(dataset), "--model", str(model), "--port", str(self.port), *extra]
         self._log = tempfile.TemporaryFile()
+        # cpus: the server and every process it starts run on these cores only (a benchmark
+        # keeps its load generator off them).
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, cwd=self.worktree)
+                                     env=env, cwd=self.worktree, preexec_fn=pin)
 
     @property
     def pid(self) -> int:
@@ -184,10 +188,37 @@ class RevisionServer:
         return stop_process(self.proc, timeout_s)
 
 
-def serve_revision(rev: str | None, dataset, model, *extra: str, timeout_s: float = 180.0) -> RevisionServer:
-    """Start `hybridgnn serve` from git revision `rev` (None: this working tree) and wait
-    until it is ready; stop() it when done."""
-    return RevisionServer(rev, dataset, model, *extra).wait_ready(timeout_s)
+def model_for_revision(rev: str | None, model) -> Path:
+    """A model directory that revision `rev` can load: the model itself, or, for revisions
+    before config.json format 2 (which read {"spec": {...}}), a sibling directory in the
+    old layout with the same weights and embeddings (linked, not copied)."""
+    model = Path(model)
+    config = json.loads((model / "config.json").read_text())
+    if rev is None or config.get("format") != 2 or config.get("class") != "hybridgnn.GNN":
+        return model
+    reads_format_2 = '"format"' in _git("show", f"{rev}:hybridgnn/models/checkpoint.py")
+    if reads_format_2:
+        return model
+    legacy = model.with_name(model.name + "-legacy-format")
+    legacy.mkdir(exist_ok=True)
+    args = config["args"]
+    old = {"spec": {k: args[k] for k in ("kind", "in_dim", "hidden_dim", "out_dim", "num_layers", "heads",
+                                         "dropout") if k in args},
+           **{k: v for k, v in config.items() if k not in ("format", "class", "args")}}
+    (legacy / "config.json").write_text(json.dumps(old, indent=2) + "\n")
+    for name in ("model.pt", "embeddings"):
+        link = legacy / name
+        if (model / name).exists() and not link.exists():
+            link.symlink_to((model / name).resolve())
+    return legacy
+
+
+def serve_revision(rev: str | None, dataset, model, *extra: str, timeout_s: float = 180.0,
+                   cpus: set[int] | None = None) -> RevisionServer:
+    """Start `hybridgnn serve` from git revision `rev` (None: this working tree), on `cpus`
+    if given, and wait until it is ready; stop() it when done. An older revision gets the
+    model in the layout it reads (model_for_revision)."""
+    return RevisionServer(rev, dataset, model_for_revision(rev, model), *extra, cpus=cpus).wait_ready(timeout_s)
 
 
 def metrics_text(url: str, timeout_s: float = 5.0) -> str:

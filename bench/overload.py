@@ -600,7 +600,7 @@ def part(name: str, mode: str | None, multiples: list[float], extra: tuple[str, 
         rev = None if server == "current" else args.baseline_rev
         label = "current" if rev is None else f"baseline {rev}"
         t0 = time.perf_counter()
-        srv = serve_revision(rev, dataset, model, *extra)
+        srv = serve_revision(rev, dataset, model, *extra, cpus=args.server_cpus)
         try:
             start_s = time.perf_counter() - t0
             wire = encode(srv.url, "hybridgnn", ids, mode)
@@ -696,6 +696,9 @@ def main() -> None:
     ap.add_argument("--server-flags", default="", help="more serve flags for the sampled part (both servers)")
     ap.add_argument("--distinct-requests", type=int, default=20000, help="pre-encoded requests, reused in turn")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--client-cpus", default=None,
+                    help="cores for the load generator (e.g. 0); the servers get the others, so "
+                         "offering 4x does not take CPU from the server (default: shared)")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
     args.servers = [s for s in args.servers.split(",") if s]
@@ -704,6 +707,14 @@ def main() -> None:
     parts = [p for p in args.parts.split(",") if p]
     if not set(parts) <= {"sampled", "precomputed"} or not parts:
         ap.error("--parts takes sampled and/or precomputed")
+    args.server_cpus = None
+    if args.client_cpus:
+        client = {int(c) for c in args.client_cpus.split(",")}
+        args.server_cpus = os.sched_getaffinity(0) - client
+        if not args.server_cpus or not client <= os.sched_getaffinity(0):
+            ap.error(f"--client-cpus {args.client_cpus} leaves no core for the server "
+                     f"(this process may use {sorted(os.sched_getaffinity(0))})")
+        os.sched_setaffinity(0, client)
     limit = raise_open_file_limit()
     args.client_connections = max(64, min(args.client_connections, (limit if limit > 0 else 1024) - 512))
     args.preopen = args.client_connections if args.preopen is None else args.preopen
@@ -712,6 +723,7 @@ def main() -> None:
     report = {"machine": machine(), "cpu_count": os.cpu_count(), "baseline_rev": args.baseline_rev,
               "duration_s": args.duration_s, "capacity_method": args.capacity, "seeds": args.seeds,
               "nodes_per_request": args.nodes_per_request, "bound_ms": args.bound_ms,
+              "client_cpus": args.client_cpus, "server_cpus": sorted(args.server_cpus or []),
               "client_connections": args.client_connections,
               "sampled_dataset": str(sampled_dataset), "sampled_model": str(sampled_model),
               "dataset": str(dataset), "model": str(model), "parts": {}}

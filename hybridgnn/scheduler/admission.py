@@ -8,26 +8,42 @@ wait that new work would see is the time its servers need for what is ahead of i
 
     delay(Q) = (a · ceil(Q / B) + slope · Q) / servers
 
-where B is the work of a full batch (the batcher's limits under backlog). A request is
+where B is the work of a full batch (the batcher's limits under backlog). The fit sees
+each batch's own service time, which says nothing of the cores the servers share with
+each other and with the event loop; so a lane also measures its throughput while it is
+backlogged (work completed per second in windows when work was always waiting), and
+the delay is the larger of the two: Q / throughput bounds it from below whatever the
+machine's cores. A request is
 admitted while delay(queued + its own work) stays within the bound, else refused with
 Retry-After ≈ the excess. Before a lane has measured anything it admits (the pending
 count still caps memory). Every request kind passes through here.
+
+The lanes see only work already parsed. When the event loop itself is the bottleneck
+(small requests, one loop) the wait is spent before that: in socket buffers while the
+loop runs other callbacks. A `LoopLag` measures how late the loop runs a periodic timer,
+which is about how long a request that arrives now waits to be read (sustained over a
+few ticks: one slow callback is not overload), and adds it to
+every lane's delay; past the bound on its own it refuses even an empty lane, which
+frees the loop (a refusal costs a fraction of an answer) until it catches up.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 
 from hybridgnn.config import DEFAULT_QUEUE_DELAY_S
 from hybridgnn.errors import Overloaded
 
 _DECAY = 0.05  # weight of the newest batch in the cost fit (about the last 20 batches)
+WINDOW_S = 0.05  # a backlogged-throughput sample spans at least this long (several batches)
 
 
 class Lane:
     """Queued work and a cost model for one kind of server pool."""
 
-    __slots__ = ("name", "servers", "queued", "full_batch", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope")
+    __slots__ = ("name", "servers", "queued", "full_batch", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope",
+                 "throughput", "_win_t0", "_win_work", "_win_backlogged")
 
     def __init__(self, name: str, servers: int, full_batch: float = 1.0):
         self.name = name
@@ -38,6 +54,10 @@ class Lane:
         self._x = self._y = self._xx = self._xy = 0.0  # exponentially weighted moments of (work, seconds)
         self._a = 0.0
         self._slope: float | None = None  # None: nothing measured yet
+        self.throughput: float | None = None  # work per second while backlogged; None: not measured
+        self._win_t0: float | None = None
+        self._win_work = 0.0
+        self._win_backlogged = False
 
     @property
     def measured(self) -> bool:
@@ -53,18 +73,41 @@ class Lane:
             return 0.0
         q = self.queued + extra
         batches = math.ceil(q / self.full_batch) if q > 0 else 0
-        return (self._a * batches + self._slope * q) / self.servers
+        fitted = (self._a * batches + self._slope * q) / self.servers
+        return fitted if self.throughput is None else max(fitted, q / self.throughput)
 
     def describe(self) -> dict:
         """The lane's state and cost model, for the model metadata (diagnostics)."""
         return {"servers": self.servers, "queued": self.queued, "full_batch": self.full_batch,
-                "batch_cost_s": self._a, "cost_per_work_s": self._slope, "delay_s": self.delay_s()}
+                "batch_cost_s": self._a, "cost_per_work_s": self._slope, "backlogged_throughput": self.throughput,
+                "delay_s": self.delay_s()}
 
     def add(self, work: float) -> None:
         self.queued += work
 
     def remove(self, work: float) -> None:
         self.queued = max(0.0, self.queued - work)
+        if self.queued < self._backlog:
+            self._win_backlogged = False
+
+    @property
+    def _backlog(self) -> float:
+        """Queued work past which every server is busy and work waits (one full batch each)."""
+        return self.servers * self.full_batch
+
+    def completed(self, work: float, now: float) -> None:
+        """Count `work` finished at time `now` (seconds, monotonic) towards the backlogged
+        throughput: a window of at least WINDOW_S in which work was always waiting gives
+        one sample; a window in which the lane ran dry is discarded."""
+        if self._win_t0 is None or now < self._win_t0:
+            self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self.queued >= self._backlog
+            return
+        self._win_work += work
+        if now - self._win_t0 >= WINDOW_S:
+            if self._win_backlogged:
+                rate = self._win_work / (now - self._win_t0)
+                self.throughput = rate if self.throughput is None else self.throughput + 0.3 * (rate - self.throughput)
+            self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self.queued >= self._backlog
 
     def observe(self, work: float, seconds: float) -> None:
         """Fit the cost model with one completed batch (its work and service seconds)."""
@@ -88,15 +131,35 @@ class Lane:
         self._slope, self._a = self._y / max(self._x, 1e-12), 0.0
 
 
-class Admission:
-    """Lanes by name and the delay bound; `admit` raises Overloaded past the bound."""
+class LoopLag:
+    """How late the event loop runs, sustained: fed the lateness of a periodic timer (the
+    engine's ticker), it holds the least of the last `window` samples. A loop that is
+    saturated is late at every tick; one long callback (a start-up step, a big decode)
+    makes one tick late and is not overload, so it must not refuse what follows it."""
 
-    def __init__(self, bound_s: float, lanes: list[Lane]):
+    __slots__ = ("lag_s", "_recent")
+
+    def __init__(self, window: int = 4):
+        self.lag_s = 0.0
+        self._recent = collections.deque([0.0] * window, maxlen=window)
+
+    def observe(self, late_s: float) -> None:
+        self._recent.append(max(0.0, late_s))
+        self.lag_s = min(self._recent)
+
+
+class Admission:
+    """Lanes by name, the loop lag and the delay bound; `admit` raises Overloaded past the
+    bound."""
+
+    def __init__(self, bound_s: float, lanes: list[Lane], loop_lag: LoopLag | None = None):
         if not bound_s > 0:
             raise ValueError(f"the queue-delay bound must be > 0 seconds, got {bound_s}")
         self.bound_s = bound_s
         self.lanes = {lane.name: lane for lane in lanes}
+        self.loop_lag = loop_lag or LoopLag()
         self.refused = 0
+        self.refused_for_lag = 0
 
     def admit(self, lane_name: str, work: float) -> None:
         """Queue `work` on the lane, or raise Overloaded (with Retry-After) if the delay it
@@ -108,15 +171,19 @@ class Admission:
         """Raise Overloaded if work added to the lane now would wait past the bound (work 0:
         the lane is past it already, which lets the front end refuse before decoding)."""
         lane = self.lanes[lane_name]
-        delay = lane.delay_s(work)
-        if delay > self.bound_s and lane.queued > 0:  # an empty lane always takes one request
+        lag = self.loop_lag.lag_s
+        delay = lane.delay_s(work) + lag
+        # An empty lane takes one request unless the loop alone is past the bound.
+        if delay > self.bound_s and (lane.queued > 0 or lag > self.bound_s):
             self.refused += 1
+            self.refused_for_lag += lag > self.bound_s
             raise Overloaded(f"predicted queueing delay {delay * 1e3:.0f} ms exceeds the "
                              f"{self.bound_s * 1e3:.0f} ms bound; retry later",
                              retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
 
     def describe(self) -> dict:
         return {"bound_s": self.bound_s, "refused_by_delay": self.refused,
+                "refused_for_loop_lag": self.refused_for_lag, "loop_lag_s": self.loop_lag.lag_s,
                 "lanes": {name: lane.describe() for name, lane in self.lanes.items()}}
 
     def delays_s(self) -> dict[str, float]:

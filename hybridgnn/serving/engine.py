@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 # Without a profile, a hybrid server sends a batch to the GPU once its PSGS exceeds that
 # of this many average seeds (a stand-in until `hybridgnn profile` measures the crossover).
 DEFAULT_GPU_BATCH_SEEDS = 64
+# How often the loop-lag timer runs: often enough to see a lag well under the 100 ms
+# default bound, cheap enough (a few µs per tick) to cost nothing.
+LAG_TICK_S = 0.005
 
 
 @dataclass
@@ -118,6 +121,7 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batcher_task: asyncio.Task | None = None
         self._adapt_task: asyncio.Task | None = None
+        self._lag_handle: asyncio.TimerHandle | None = None
         self._pending = 0
         self._idle = asyncio.Event()
         self.draining = False  # refusing new requests (503) until admitted ones finish
@@ -243,11 +247,18 @@ class Engine:
         self._batcher_task = asyncio.create_task(self._batcher.run(), name="batcher")
         self._adapt_task = (asyncio.create_task(self.control.adapt_loop(self._apply_adapted), name="adapt")
                             if self.cfg.policy.adapt and self.profile is not None else None)
+        self._lag_tick(self._loop.time())
         if self.dynamic is not None:
             self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.telemetry)
             self.updates.start()
         self.ready = True
         self.telemetry.ready.set(1)
+
+    def _lag_tick(self, due: float) -> None:
+        """Feed admission how late this timer ran (the event loop's lag), every LAG_TICK_S."""
+        now = self._loop.time()
+        self.admission.loop_lag.observe(now - due)
+        self._lag_handle = self._loop.call_at(now + LAG_TICK_S, self._lag_tick, now + LAG_TICK_S)
 
     def _warm_up(self) -> None:
         """Compile the samplers (plain and with a query-edge overlay) and touch the model once,
@@ -278,6 +289,8 @@ class Engine:
             return False
 
     async def stop(self) -> None:
+        if self._lag_handle is not None:
+            self._lag_handle.cancel()
         if self.updates is not None:
             await self.updates.stop()
         if self._adapt_task is not None:
@@ -393,6 +406,7 @@ class Engine:
             lo, hi = offs[i], offs[i + 1]
             self._resolve(req, RequestResult(result.logits[lo:hi], result.embeddings[lo:hi],
                                              result.predictions[lo:hi], plan.pipeline, result.timings))
+        self._sampled_lane.completed(batch.psgs, time.perf_counter())
 
     def _resolve(self, req: InferenceRequest, result: RequestResult | None = None, exception=None) -> None:
         if not req.future.done():
@@ -496,8 +510,10 @@ class Engine:
             return await call(*args, **kwargs)
         finally:
             lane.remove(work)
+            now = time.perf_counter()
             if alone:
-                lane.observe(work, time.perf_counter() - t0)
+                lane.observe(work, now - t0)
+            lane.completed(work, now)
             self._release()
 
     async def _in_thread_lane(self, lane_name: str, work: float, fn, *args, **kwargs):
@@ -517,6 +533,7 @@ class Engine:
             return out
         finally:
             lane.remove(work)
+            lane.completed(work, time.perf_counter())
             self._release()
 
     # --- description -----------------------------------------------------------------

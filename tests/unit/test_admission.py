@@ -79,3 +79,67 @@ def test_a_full_batch_is_the_first_limit_the_batcher_reaches():
     assert full_batch_work(500.0, 1024, 256, seed_psgs=10.0, mean_request_psgs=20.0) == 500
     assert full_batch_work(1.0, 1024, 256, seed_psgs=10.0, mean_request_psgs=20.0) == 10  # never below one seed
     assert [lane.name for lane in serving_lanes(4, 2, 100.0, 1000)] == ["sampled", "lookup", "new_nodes", "updates"]
+
+
+def test_loop_lag_counts_only_sustained_lateness():
+    from hybridgnn.scheduler.admission import LoopLag
+
+    lag = LoopLag(window=4)
+    lag.observe(2.0)  # one long callback (start-up, a big decode): not overload
+    assert lag.lag_s == 0.0
+    for late in (0.3, 0.25, 0.4, 0.35):  # late at every tick: saturated
+        lag.observe(late)
+    assert lag.lag_s == pytest.approx(0.25)
+    lag.observe(-0.001)  # a timer a hair early counts as on time: caught up
+    assert lag.lag_s == 0.0
+
+
+def test_a_lagging_loop_refuses_even_an_empty_lane_and_adds_to_a_busy_one():
+    from hybridgnn.scheduler.admission import LoopLag
+
+    lane = Lane("sampled", 1, full_batch=100)
+    for work in [10, 100] * 8:
+        lane.observe(work, 0.0005 * work)  # 50 ms per full batch
+    adm = Admission(0.1, [lane], LoopLag(window=1))
+    adm.admit("sampled", 100)  # 50 ms queued: within the bound
+    adm.loop_lag.observe(0.06)  # 50 + 60 ms > 100 ms: the loop's share tips it over
+    with pytest.raises(Overloaded):
+        adm.admit("sampled", 1)
+    assert adm.refused_for_lag == 0  # the lanes' share counted; the lag alone was under the bound
+    lane.remove(100)
+    adm.check("sampled")  # empty lane, lag under the bound: admitted
+    adm.loop_lag.observe(0.25)
+    with pytest.raises(Overloaded) as info:
+        adm.check("sampled")
+    assert adm.refused_for_lag == 1 and "250 ms exceeds" in str(info.value)
+    assert adm.describe()["loop_lag_s"] == pytest.approx(0.25)
+
+
+def test_backlogged_throughput_bounds_the_delay_when_servers_share_cores():
+    """Each batch reports 10 ms of service on 2 servers, but they share one core, so the
+    lane completes 50 units/s, not 100: the delay follows what was completed."""
+    lane = Lane("sampled", servers=2, full_batch=1)
+    for _ in range(10):
+        lane.observe(1, 0.01)
+    lane.add(10)  # backlogged: more than one full batch per server queued
+    fitted = lane.delay_s()
+    assert fitted == pytest.approx(10 * 0.01 / 2)
+    t = 100.0
+    lane.completed(0, t)  # opens a window
+    for _ in range(10):  # one unit done every 20 ms, more always arriving
+        t += 0.02
+        lane.add(1)
+        lane.remove(1)
+        lane.completed(1, t)
+    assert lane.throughput == pytest.approx(50, rel=0.05)
+    assert lane.delay_s() == pytest.approx(10 / 50, rel=0.05) and lane.delay_s() > fitted
+
+
+def test_a_window_in_which_the_lane_ran_dry_is_not_a_throughput_sample():
+    lane = Lane("sampled", servers=1, full_batch=1)
+    lane.observe(1, 0.01)
+    lane.add(5)
+    lane.completed(0, 0.0)
+    lane.remove(5)  # ran dry: the window's rate says how fast work arrived, not how fast it is served
+    lane.completed(5, 0.1)
+    assert lane.throughput is None
