@@ -41,8 +41,8 @@ from bench.common import heavy_setup, machine, thread_cpu_seconds  # noqa: E402
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
-from hybridgnn.profiling.profile import Profile  # noqa: E402
-from hybridgnn.profiling.queueing import ServingLoad  # noqa: E402
+from hybridgnn.scheduler.policy import Profile  # noqa: E402
+from hybridgnn.scheduler.queueing import ServingLoad  # noqa: E402
 from hybridgnn.testing.server import ServerProcess  # noqa: E402
 
 

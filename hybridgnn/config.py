@@ -303,7 +303,7 @@ class PolicyConfig:
     adapt_interval_s: float = 10.0
     adapt_min_batches: int = 200
     adapt_max_step: float = 2.0
-    # What slo:<ms> assumes beyond the profile (profiling/queueing.py): seeds per request
+    # What slo:<ms> assumes beyond the profile (scheduler/queueing.py): seeds per request
     # (--adapt replaces it with the live mean), the event loop's CPU per request, and CPU
     # per request that other processes on these cores spend (a load generator beside it).
     request_seeds: float = 8.0

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from hybridgnn.config import env_default
-from hybridgnn.serving.balancer import BALANCERS
+from hybridgnn.deploy.balancer import BALANCERS
 
 
 def add_parser(sub) -> None:
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from hybridgnn.serving.cluster import ClusterConfig, LocalCluster
+    from hybridgnn.deploy.cluster import ClusterConfig, LocalCluster
 
     serve_args = list(args.serve_args)
     if serve_args[:1] == ["--"]:

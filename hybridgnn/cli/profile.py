@@ -50,8 +50,9 @@ def run(args) -> int:
         parse_fanouts,
     )
     from hybridgnn.models.checkpoint import read_config
-    from hybridgnn.profiling.profile import Profile, build_profile
+    from hybridgnn.profiling.profile import build_profile
     from hybridgnn.profiling.runner import ProfileConfig
+    from hybridgnn.scheduler.policy import Profile
 
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to profile the demo)")

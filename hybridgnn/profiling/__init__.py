@@ -1,1 +1,3 @@
-"""Offline profiling: drive each pipeline near full use, record (batch PSGS, latency), fit mean and p99 curves, derive the operating points and plot them (`hybridgnn profile`)."""
+"""Offline profiling (`hybridgnn profile`): drive each pipeline near full use, record
+(batch PSGS, latency) and fit mean and p99 curves; scheduler/ derives the operating points
+and policies from the profile."""

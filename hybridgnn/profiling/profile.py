@@ -1,5 +1,6 @@
-"""Build, save, load and check a profile: PSGS–latency curves per pipeline, the four
-operating points, and what the hardware, dataset, model and fanouts were.
+"""Build a profile: PSGS–latency curves per pipeline, the four operating points, and
+what the hardware, dataset, model and fanouts were (scheduler/policy.py loads, checks
+and chooses from it).
 
 The pipelines profiled are the serving engine's own executors (built from the same
 ServeConfig as `hybridgnn serve`), so a profile measures exactly what will serve.
@@ -7,49 +8,22 @@ ServeConfig as `hybridgnn serve`), so a profile measures exactly what will serve
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from hybridgnn.errors import ConfigError
 from hybridgnn.models.checkpoint import model_kind
-from hybridgnn.profiling.fit import (
-    Curve,
-    DeviceCurves,
-    choose_for_slo,
-    operating_points,
-)
-from hybridgnn.profiling.queueing import ServingLoad
-from hybridgnn.profiling.runner import (
-    BatchGenerator,
-    ProfileConfig,
-    bin_statistics,
-    run_closed_loop,
+from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, run_closed_loop
+from hybridgnn.scheduler.curves import Curve, bin_statistics
+from hybridgnn.scheduler.policy import (
+    SCHEMA_VERSION,
+    Profile,
+    _curve_dict,
+    model_fingerprint,
 )
 
 log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
-POLICIES = ("latency", "throughput", "cpu", "gpu")  # plus slo:<ms>
-
-
-class ProfileMismatch(ConfigError):
-    """A profile made for another dataset, model or fanouts."""
-
-
-def model_fingerprint(model_dir: Path) -> str:
-    """SHA-256 prefix of the checkpoint's weights file."""
-    h = hashlib.sha256()
-    with open(Path(model_dir) / "model.pt", "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> dict:
@@ -114,156 +88,3 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
     if set(loaded.devices) == {"cpu", "gpu"}:
         result["points"] = {k: p.to_dict() for k, p in loaded.points().items()}
     return result
-
-
-def _device_curves(p: dict) -> DeviceCurves:
-    """A pipeline's curves with the cores its workers use (CPU-tensor pipelines only) and
-    its measured service spread (raw seconds ÷ the mean curve)."""
-    mean, tail = Curve(**p["curves"]["mean"]), Curve(**p["curves"]["tail"])
-    cores = p["workers"] * p.get("torch_threads", 1) if p.get("device", "cpu") == "cpu" else 0.0
-    raw = p.get("raw") or {}
-    ratios = None
-    if raw.get("psgs"):
-        x, y = np.asarray(raw["psgs"], dtype=np.float64), np.asarray(raw["seconds"], dtype=np.float64)
-        r = y / np.maximum(mean(x), 1e-12)
-        ratios = r[np.isfinite(r) & (r > 0)]
-    return DeviceCurves(mean, tail, p["workers"], cores, ratios, shares_gil=not p.get("processes", False))
-
-
-def _curve_dict(c: Curve) -> dict:
-    return {"psgs": c.psgs, "seconds": c.seconds}
-
-
-@dataclass
-class Policy:
-    """What a profile and a policy set on a server."""
-
-    name: str
-    psgs_threshold: float
-    max_batch_psgs: float
-    pipeline_limits: dict[str, float]
-    predicted_seeds_per_s: float | None
-    predicted_p99_s: float | None
-
-
-class Profile:
-    def __init__(self, data: dict):
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"profile schema_version {data.get('schema_version')!r}; this build reads "
-                             f"{SCHEMA_VERSION}")
-        self.data = data
-        self.devices = {name: _device_curves(p) for name, p in data["pipelines"].items()}
-        self.mean_seed_psgs = float(data["mean_seed_psgs"])
-        self.seed_psgs = np.asarray(data.get("seed_psgs_quantiles") or [self.mean_seed_psgs], dtype=np.float64)
-        edges = data["bin_edges"]
-        self.lo, self.hi = float(edges[0]), float(edges[-1])
-
-    @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no profile at {path}; make one with `hybridgnn profile`") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"profile {path} is not valid JSON: {exc}") from exc
-        try:
-            return cls(data)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"profile {path} lacks a field this build needs: {exc}") from exc
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.data, indent=1) + "\n")
-        return path
-
-    def check_matches(self, dataset_fingerprint: str, model_dir: Path, fanouts) -> None:
-        """Refuse a profile made for another dataset, model or fanouts."""
-        want = self.data
-        problems = []
-        if want["dataset"]["fingerprint"] != dataset_fingerprint:
-            problems.append(f"dataset {want['dataset']['name']} ({want['dataset']['fingerprint']}), "
-                            f"serving {dataset_fingerprint}")
-        if want["model"]["fingerprint"] != model_fingerprint(model_dir):
-            problems.append(f"model weights {want['model']['fingerprint']}, serving {model_fingerprint(model_dir)}")
-        if list(want["fanouts"]) != list(fanouts):
-            problems.append(f"fanouts {want['fanouts']}, serving {list(fanouts)}")
-        if problems:
-            raise ProfileMismatch("the profile was made for " + "; ".join(problems) +
-                                  ". Profile this combination with `hybridgnn profile`")
-
-    def refit(self, live: dict[str, tuple[np.ndarray, np.ndarray]], min_bin_samples: int = 20) -> Profile:
-        """A copy whose curves use live (batch PSGS, seconds) samples in every bin that has
-        at least min_bin_samples of them, and the profiled statistics elsewhere."""
-        data = dict(self.data)
-        data["pipelines"] = {}
-        edges = np.asarray(self.data["bin_edges"])
-        for name, pipe in self.data["pipelines"].items():
-            bins = {k: list(v) for k, v in pipe["bins"].items()}
-            if name in live and len(live[name][0]):
-                from hybridgnn.profiling.runner import Samples
-
-                x, y = live[name]
-                stats = bin_statistics(Samples(list(x), list(y), [0] * len(x)), edges)
-                for i, c in enumerate(stats["count"]):
-                    if c < min_bin_samples:
-                        continue
-                    # replace the profiled bin with the same centre bin, or add it
-                    which = int(np.clip(np.searchsorted(edges, stats["psgs"][i], side="right") - 1, 0, len(edges) - 2))
-                    known = [int(np.clip(np.searchsorted(edges, p, side="right") - 1, 0, len(edges) - 2))
-                             for p in bins["psgs"]]
-                    j = known.index(which) if which in known else None
-                    row = {k: stats[k][i] for k in ("psgs", "count", "mean_s", "tail_s")}
-                    if j is None:
-                        j = int(np.searchsorted(bins["psgs"], row["psgs"]))
-                        for k in row:
-                            bins[k].insert(j, row[k])
-                    else:
-                        for k in row:
-                            bins[k][j] = row[k]
-            data["pipelines"][name] = dict(pipe, bins=bins, curves={
-                "mean": _curve_dict(Curve.fit(bins["psgs"], bins["mean_s"], bins["count"])),
-                "tail": _curve_dict(Curve.fit(bins["psgs"], bins["tail_s"], bins["count"]))})
-        out = Profile(data)
-        out.devices = {n: d for n, d in out.devices.items() if n in self.devices}
-        return out
-
-    def points(self):
-        return operating_points(self.devices["cpu"], self.devices["gpu"], self.lo, self.hi, self.mean_seed_psgs)
-
-    def policy(self, spec: str, *, batching_wait_s: float = 0.0, load: ServingLoad | None = None) -> Policy:
-        """latency | throughput | cpu | gpu (an operating point; cpu/gpu are the CPU- and
-        GPU-preferred points), slo:<ms>, or slo-mean:<ms> (the same from the mean curve).
-        load: the traffic and front-end cost an SLO choice assumes (ServingLoad defaults)."""
-        if spec.startswith("slo:") or spec.startswith("slo-mean:"):
-            prefix, _, value = spec.partition(":")
-            try:
-                slo_ms = float(value)
-            except ValueError:
-                raise ValueError(f"policy {spec!r}: expected slo:<milliseconds>, e.g. slo:20") from None
-            if not slo_ms > 0:
-                raise ValueError(f"policy {spec!r}: the SLO must be positive")
-            # slo-mean bounds batches by the mean curve (Quiver's "PSGS-loose"), for comparison
-            c = choose_for_slo(self.devices, slo_ms / 1e3, self.seed_psgs, batching_wait_s=batching_wait_s,
-                               lo=self.lo, hi=self.hi, tail=prefix == "slo", load=load)
-            return Policy(spec, c.psgs_threshold, c.max_batch_psgs, c.pipeline_limits, c.predicted_seeds_per_s,
-                          c.predicted_p99_s)
-        if spec not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)} or slo:<ms>, got {spec!r}")
-        if set(self.devices) != {"cpu", "gpu"}:
-            raise ValueError(f"policy {spec!r} picks a point between the CPU and GPU pipelines, but only "
-                             f"{sorted(self.devices)} is served (use slo:<ms>)")
-        key = {"latency": "latency_preferred", "throughput": "throughput_preferred",
-               "cpu": "cpu_preferred", "gpu": "gpu_preferred"}[spec]
-        p = self.points()[key]
-        return Policy(spec, p.psgs_threshold, math.inf, {}, p.predicted_seeds_per_s, None)
-
-
-def adapted_policy(data: dict, pipelines: list[str], live: dict[str, tuple[np.ndarray, np.ndarray]], spec: str,
-                   batching_wait_s: float, load: ServingLoad, min_bin_samples: int = 20) -> Policy:
-    """The policy a profile gives once live samples replace its bins (`serve --adapt`).
-    A plain function of plain data, so the server can run it in a helper process: an SLO
-    choice simulates serving for about a second, which must not hold the event loop."""
-    prof = Profile(data)
-    prof.devices = {n: d for n, d in prof.devices.items() if n in pipelines}
-    return prof.refit(live, min_bin_samples).policy(spec, batching_wait_s=batching_wait_s, load=load)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+from hybridgnn.scheduler.curves import Samples
 
 
 @dataclass(frozen=True)
@@ -78,18 +80,6 @@ class BatchGenerator:
         return int(np.clip(np.searchsorted(self.edges, batch_psgs, side="right") - 1, 0, len(self.edges) - 2))
 
 
-@dataclass
-class Samples:
-    psgs: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    seeds: list[int] = field(default_factory=list)
-
-    def add(self, psgs: float, seconds: float, seeds: int) -> None:
-        self.psgs.append(psgs)
-        self.seconds.append(seconds)
-        self.seeds.append(seeds)
-
-
 def run_closed_loop(run_batch: Callable[[int, np.ndarray], None], workers: int, gen: BatchGenerator,
                     cfg: ProfileConfig, *, progress: Callable[[int], None] | None = None) -> tuple[Samples, bool]:
     """Drive `run_batch(worker, seeds)` from `workers` threads until every bin a batch can
@@ -138,19 +128,3 @@ def run_closed_loop(run_batch: Callable[[int, np.ndarray], None], workers: int, 
     if errors:
         raise errors[0]
     return samples, done()
-
-
-def bin_statistics(samples: Samples, edges: np.ndarray, quantile: float = 0.99) -> dict:
-    """Per bin: geometric-centre PSGS, count, mean and tail latency (seconds)."""
-    x, y = np.asarray(samples.psgs), np.asarray(samples.seconds)
-    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)
-    out = {"psgs": [], "count": [], "mean_s": [], "tail_s": []}
-    for b in range(len(edges) - 1):
-        sel = which == b
-        if not sel.any():
-            continue
-        out["psgs"].append(float(np.exp(np.mean(np.log(np.maximum(x[sel], 1e-9))))))
-        out["count"].append(int(sel.sum()))
-        out["mean_s"].append(float(y[sel].mean()))
-        out["tail_s"].append(float(np.quantile(y[sel], quantile)))
-    return out

@@ -32,7 +32,6 @@ from hybridgnn.errors import (
 from hybridgnn.models.checkpoint import model_kind
 from hybridgnn.models.gnn import embedding_width
 from hybridgnn.pipelines.pool import Pipeline
-from hybridgnn.profiling.profile import Policy, Profile
 from hybridgnn.runtime.resources import Resources
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.scheduler.admission import (
@@ -41,9 +40,10 @@ from hybridgnn.scheduler.admission import (
     full_batch_work,
     serving_lanes,
 )
+from hybridgnn.scheduler.control import PolicyControl
+from hybridgnn.scheduler.policy import Policy, Profile
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
-from hybridgnn.serving.policy_control import PolicyControl
 from hybridgnn.serving.updates import UpdateApplier
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.types import (

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from hybridgnn.serving.cluster import http_ready
+from hybridgnn.deploy.cluster import http_ready
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:

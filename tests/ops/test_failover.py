@@ -47,7 +47,7 @@ def test_a_killed_replica_is_started_again_and_served_through_the_balancer(tiny_
     import time
     import urllib.request
 
-    from hybridgnn.serving.cluster import http_ready
+    from hybridgnn.deploy.cluster import http_ready
 
     require_tool("haproxy")
     cluster = Cluster(tmp_path / "run", tiny_dataset, tiny_model, replicas=2, balancer="haproxy").wait_ready()

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hybridgnn.serving.balancer import check_command, render_haproxy, render_nginx
+from hybridgnn.deploy.balancer import check_command, render_haproxy, render_nginx
 from hybridgnn.testing.ops_tools import (
     DASHBOARDS,
     DEPLOY,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hybridgnn.serving.cluster import (
+from hybridgnn.deploy.cluster import (
     RESTART_BACKOFF_MAX_S,
     STABLE_UPTIME_S,
     ClusterConfig,

@@ -123,7 +123,7 @@ def test_a_bug_in_an_endpoint_is_a_500_not_a_4xx():
 def test_config_errors_are_value_errors_and_carry_the_dataset_kinds():
     from hybridgnn.graph.store import DatasetError
     from hybridgnn.models.checkpoint import CheckpointError
-    from hybridgnn.profiling.profile import ProfileMismatch
+    from hybridgnn.scheduler.policy import ProfileMismatch
 
     for cls in (DatasetError, CheckpointError, ProfileMismatch):
         assert issubclass(cls, ConfigError) and issubclass(cls, ValueError)

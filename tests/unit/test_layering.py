@@ -10,12 +10,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hybridgnn"
 # bottom to top
 LAYERS = ["types", "errors", "config", "capabilities", "graph", "workload", "sampling", "features", "models",
           "embeddings", "updates", "pipelines", "scheduler", "runtime", "serving", "telemetry", "profiling",
-          "testing", "demo", "bench", "cli"]
+          "deploy", "testing", "demo", "bench", "cli"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 # (importer's layer, imported layer): why it is still there
 KNOWN_UPWARD = {
-    ("serving", "profiling"): "the engine loads profiles and picks policies (until the policy moves to scheduler/)",
     ("serving", "telemetry"): "the engine writes metrics itself (until it emits stats objects)",
 }
 

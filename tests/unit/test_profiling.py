@@ -8,24 +8,20 @@ import time
 import numpy as np
 import pytest
 
-from hybridgnn.profiling.fit import (
+from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, run_closed_loop
+from hybridgnn.scheduler.curves import (
     Curve,
     DeviceCurves,
+    bin_statistics,
     choose_for_slo,
     crossing,
     isotonic,
     operating_points,
 )
-from hybridgnn.profiling.queueing import (
+from hybridgnn.scheduler.queueing import (
     ServingLoad,
     frontend_capacity,
     frontend_wait_p99_s,
-)
-from hybridgnn.profiling.runner import (
-    BatchGenerator,
-    ProfileConfig,
-    bin_statistics,
-    run_closed_loop,
 )
 
 X = np.exp(np.linspace(math.log(10), math.log(1e5), 30))
@@ -159,7 +155,8 @@ def test_runner_surfaces_a_pipeline_error():
 
 def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path):
     from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig
-    from hybridgnn.profiling.profile import Profile, ProfileMismatch, build_profile
+    from hybridgnn.profiling.profile import build_profile
+    from hybridgnn.scheduler.policy import Profile, ProfileMismatch
 
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
                       gpu_pipeline=PipelineConfig(name="gpu", device="cpu"))
@@ -196,7 +193,8 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
         SamplingConfig,
         ServeConfig,
     )
-    from hybridgnn.profiling.profile import Profile, build_profile
+    from hybridgnn.profiling.profile import build_profile
+    from hybridgnn.scheduler.policy import Profile
     from hybridgnn.serving.engine import Engine
 
     base = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hybridgnn.profiling.queueing import (
+from hybridgnn.scheduler.queueing import (
     PipelineModel,
     ServingLoad,
     Simulator,

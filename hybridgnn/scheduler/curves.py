@@ -19,7 +19,7 @@ threshold is +inf (CPU always at least as good) or 0 (GPU always better).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class DeviceCurves:
         return np.exp(sigma * z - sigma**2 / 2)
 
     def model(self, tail: bool = True):
-        from hybridgnn.profiling.queueing import PipelineModel
+        from hybridgnn.scheduler.queueing import PipelineModel
 
         ratios = self.service_ratios() if tail else np.ones(1)
         return PipelineModel(self.mean.psgs, self.mean.seconds, ratios, self.workers, self.cores_used,
@@ -205,7 +205,7 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
                    load=None) -> SLOChoice:
     """Per device, the batch PSGS bound that maximises the request rate whose p99 stays
     within the SLO under open-loop Poisson load, found by simulating the batcher and the
-    workers (profiling/queueing.py) with service times from the profile: the mean curve
+    workers (scheduler/queueing.py) with service times from the profile: the mean curve
     times the measured spread (tail=True, "PSGS-strict"), or the mean curve alone
     (tail=False, Quiver's "PSGS-loose"). The front end's CPU per request slows CPU
     pipelines as load grows (`load`, a ServingLoad). Device pipelines are chosen first;
@@ -213,7 +213,7 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
     devices'. The CPU takes batches up to the latency-preferred crossing (or its own bound,
     if lower), the GPU the rest; the batcher forms batches up to the largest bound.
     seed_psgs: per-seed PSGS values requests are drawn from (a float: all seeds alike)."""
-    from hybridgnn.profiling.queueing import ServingLoad, Simulator, best_bound
+    from hybridgnn.scheduler.queueing import ServingLoad, Simulator, best_bound
 
     load = load or ServingLoad()
     seed_psgs = np.atleast_1d(np.asarray(seed_psgs, dtype=np.float64))
@@ -255,3 +255,30 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
     seeds = sum(rates.values()) * max(1, round(load.request_seeds))
     return SLOChoice(slo_s, threshold, max_batch, limits, seeds, max(p99s.values()))
 
+
+@dataclass
+class Samples:
+    psgs: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+
+    def add(self, psgs: float, seconds: float, seeds: int) -> None:
+        self.psgs.append(psgs)
+        self.seconds.append(seconds)
+        self.seeds.append(seeds)
+
+
+def bin_statistics(samples: Samples, edges: np.ndarray, quantile: float = 0.99) -> dict:
+    """Per bin: geometric-centre PSGS, count, mean and tail latency (seconds)."""
+    x, y = np.asarray(samples.psgs), np.asarray(samples.seconds)
+    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)
+    out = {"psgs": [], "count": [], "mean_s": [], "tail_s": []}
+    for b in range(len(edges) - 1):
+        sel = which == b
+        if not sel.any():
+            continue
+        out["psgs"].append(float(np.exp(np.mean(np.log(np.maximum(x[sel], 1e-9))))))
+        out["count"].append(int(sel.sum()))
+        out["mean_s"].append(float(y[sel].mean()))
+        out["tail_s"].append(float(np.quantile(y[sel], quantile)))
+    return out

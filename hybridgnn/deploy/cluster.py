@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridgnn.serving.balancer import (
+from hybridgnn.deploy.balancer import (
     READY_PATH,
     balancer_command,
     check_command,

@@ -19,8 +19,8 @@ import numpy as np
 
 from hybridgnn.config import ServeConfig
 from hybridgnn.errors import ConfigError
-from hybridgnn.profiling.profile import Policy, Profile, ProfileMismatch, adapted_policy
-from hybridgnn.profiling.queueing import ServingLoad
+from hybridgnn.scheduler.policy import Policy, Profile, ProfileMismatch, adapted_policy
+from hybridgnn.scheduler.queueing import ServingLoad
 
 log = logging.getLogger(__name__)
 
