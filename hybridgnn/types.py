@@ -130,3 +130,61 @@ class QueueLoad:
 
     depth: int  # batches queued or running
     workers: int
+
+
+@dataclass
+class UpdateStats:
+    """One applied batch of graph updates, as the update applier reports it."""
+
+    seconds: float  # the whole apply
+    propagate_s: float | None  # embedding propagation (None: no embeddings kept fresh)
+    affected_nodes: int
+    counts: dict[str, int]  # updates by kind (add_edges, remove_nodes, ...)
+
+
+class ServingStats:
+    """What the serving engine, its API and update applier report as things happen: plain
+    calls with plain values. This base records nothing; telemetry/ implements it as
+    Prometheus series and reads the state it mirrors (pending, ready, queue depths, the
+    policy's threshold) from the engine by callback, so nothing is kept in step by hand."""
+
+    def watch(self, engine) -> None:
+        """Start mirroring `engine`'s state (called once, when the engine is built)."""
+
+    def batch_done(self, pipeline: str, timings: StageTimings, num_seeds: int, num_requests: int, psgs: float,
+                   sampled_edges: int, gathered_rows: dict[str, int] | None) -> None:
+        """A batch finished on `pipeline`."""
+
+    def stage(self, stage: str, pipeline: str, seconds: float) -> None:
+        """One request spent `seconds` in `stage` (batching, respond, total)."""
+
+    def routed(self, pipeline: str, reason: str) -> None:
+        """A batch went to `pipeline` because of `reason` (threshold, only, spill, fallback)."""
+
+    def batch_failed(self, pipeline: str) -> None:
+        """A batch failed on `pipeline`."""
+
+    def refused(self, reason: str) -> None:
+        """A request was refused before admission (overload, draining)."""
+
+    def answered(self, status: int, seeds: int = 0) -> None:
+        """An inference request was answered with `status` (and `seeds` rows on success)."""
+
+    def policy_in_force(self, name: str, changed: bool) -> None:
+        """The policy `name` is in force (changed: moved there by --adapt)."""
+
+    def placement_refreshed(self) -> None:
+        """The GPU feature cache was rebuilt from the counted requests."""
+
+    def updates_applied(self, stats: UpdateStats) -> None:
+        """A batch of graph updates was applied."""
+
+    def updates_rejected(self) -> None:
+        """A batch of graph updates was rejected whole."""
+
+    def compacted(self) -> None:
+        """The dynamic graph's patches were folded into its base CSR."""
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The /metrics body and its content type."""
+        return b"", "text/plain; version=0.0.4; charset=utf-8"

@@ -228,5 +228,7 @@ def build_config(args) -> ServeConfig:
 
 def run(args) -> int:
     from hybridgnn.serving.lifecycle import run as run_server
+    from hybridgnn.telemetry.metrics import Telemetry
 
-    return run_server(build_config(args))
+    cfg = build_config(args)
+    return run_server(cfg, Telemetry(model=cfg.server.model_name))

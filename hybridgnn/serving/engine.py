@@ -45,12 +45,12 @@ from hybridgnn.scheduler.policy import Policy, Profile
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
 from hybridgnn.serving.updates import UpdateApplier
-from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.types import (
     Batch,
     BatchResult,
     InferenceRequest,
     RoutePlan,
+    ServingStats,
     StageTimings,
 )
 
@@ -74,9 +74,9 @@ class RequestResult:
 
 
 class Engine:
-    def __init__(self, cfg: ServeConfig, telemetry: Telemetry | None = None):
+    def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None):
         self.cfg = cfg
-        self.telemetry = telemetry or Telemetry(model=cfg.server.model_name)
+        self.stats = stats if stats is not None else ServingStats()  # telemetry/ implements it
         self.resources = Resources.open(cfg)
         r = self.resources
         # what the request path reads, as attributes of the engine (one object, shared)
@@ -112,12 +112,6 @@ class Engine:
         self.admission = self._make_admission()
         self._sampled_lane = self.admission.lanes["sampled"]
         self._refused_in_flight_cap = 0
-        self.telemetry.psgs_threshold.set(self.router.threshold)
-        self.telemetry.max_batch_psgs.set(self.batcher_cfg.max_batch_psgs)
-        self.telemetry.policy.labels(self.policy.name if self.policy else "none").set(1)
-        self.telemetry.pending_capacity.set(cfg.batcher.max_pending_requests)
-        self.telemetry.declare(tuple(self.pipelines))
-        self.telemetry.ready.set(0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batcher_task: asyncio.Task | None = None
         self._adapt_task: asyncio.Task | None = None
@@ -126,6 +120,7 @@ class Engine:
         self._idle = asyncio.Event()
         self.draining = False  # refusing new requests (503) until admitted ones finish
         self.ready = False  # what /v2/health/ready reports; turns False before draining starts
+        self.stats.watch(self)
 
     # --- lifecycle -------------------------------------------------------------------
     def model_on(self, device: str) -> torch.nn.Module:
@@ -166,7 +161,7 @@ class Engine:
         cache, fap, order = await asyncio.to_thread(self.resources.cache_for_seed_counts, counts)
         seconds = time.perf_counter() - t0
         self.gpu_features.swap(cache)
-        self.telemetry.placement_refreshes.inc()
+        self.stats.placement_refreshed()
         kept = int(np.intersect1d(np.flatnonzero(old.slot.cpu().numpy() >= 0),
                                   np.flatnonzero(cache.slot.cpu().numpy() >= 0)).size)
         report = {"cached_rows": cache.cached_rows, "rows_kept": kept, "requests_counted": int(counts.sum()),
@@ -221,7 +216,7 @@ class Engine:
 
     def _apply_adapted(self, step: Policy) -> None:
         self.set_policy(step)
-        self.telemetry.policy_changes.inc()
+        self.stats.policy_in_force(step.name, changed=True)
 
     def set_policy(self, policy: Policy) -> None:
         """Put a threshold and batch-PSGS bound in force (at start, and from --adapt)."""
@@ -233,8 +228,6 @@ class Engine:
                                                if policy.max_batch_psgs > 0 else math.inf)
         if self._batcher is not None:
             self._batcher.cfg = self.batcher_cfg
-        self.telemetry.psgs_threshold.set(self.router.threshold)
-        self.telemetry.max_batch_psgs.set(self.batcher_cfg.max_batch_psgs)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -249,10 +242,9 @@ class Engine:
                             if self.cfg.policy.adapt and self.profile is not None else None)
         self._lag_tick(self._loop.time())
         if self.dynamic is not None:
-            self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.telemetry)
+            self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.stats)
             self.updates.start()
         self.ready = True
-        self.telemetry.ready.set(1)
 
     def _lag_tick(self, due: float) -> None:
         """Feed admission how late this timer ran (the event loop's lag), every LAG_TICK_S."""
@@ -274,13 +266,11 @@ class Engine:
     def mark_unready(self) -> None:
         """Report not-ready (balancers stop routing here) while still serving what arrives."""
         self.ready = False
-        self.telemetry.ready.set(0)
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting; wait until every admitted request has its answer."""
         self.draining = True
         self.ready = False
-        self.telemetry.ready.set(0)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
             return True
@@ -322,11 +312,9 @@ class Engine:
         self.admission.admit(lane, work)
         self._pending += 1
         self._idle.clear()
-        self.telemetry.pending.set(self._pending)
 
     def _release(self) -> None:
         self._pending -= 1
-        self.telemetry.pending.set(self._pending)
         if self._pending == 0:
             self._idle.set()
 
@@ -367,22 +355,19 @@ class Engine:
                 self._resolve(req, exception=failure)
 
     def _submit_to(self, batch: Batch, plan: RoutePlan) -> None:
-        self.telemetry.routing.labels(plan.pipeline, plan.reason).inc()
-        pipeline = self.pipelines[plan.pipeline]
-        pipeline.submit(batch, plan)
-        self.telemetry.queue_depth.labels(plan.pipeline).set(pipeline.depth)
+        self.stats.routed(plan.pipeline, plan.reason)
+        self.pipelines[plan.pipeline].submit(batch, plan)
 
     def _on_batch_done(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None):
         # Called on a worker thread; the loop owns the futures.
         self._loop.call_soon_threadsafe(self._complete, batch, plan, result, error)
 
     def _complete(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None):
-        t = self.telemetry
-        t.queue_depth.labels(plan.pipeline).set(self.pipelines[plan.pipeline].depth)
+        stats = self.stats
         if self._batcher is not None:
             self._batcher.capacity_freed()
         if error is not None:
-            t.batch_errors.labels(plan.pipeline).inc()
+            stats.batch_failed(plan.pipeline)
             try:
                 retry = self.router.fallback(plan)
             except LookupError:
@@ -394,7 +379,7 @@ class Engine:
             for req in batch.requests:
                 self._resolve(req, exception=failure)
             return
-        t.observe_batch(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,
+        stats.batch_done(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,
                         result.sampled_edges, result.gathered_rows)
         rt = result.timings
         service_s = rt.sample_s + rt.gather_s + rt.compute_s
@@ -402,7 +387,7 @@ class Engine:
         self._sampled_lane.observe(batch.psgs, service_s)
         offs = batch.offsets
         for i, req in enumerate(batch.requests):
-            t.observe_stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)
+            stats.stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)
             lo, hi = offs[i], offs[i + 1]
             self._resolve(req, RequestResult(result.logits[lo:hi], result.embeddings[lo:hi],
                                              result.predictions[lo:hi], plan.pipeline, result.timings))

@@ -19,12 +19,13 @@ from hybridgnn.config import ServeConfig
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.protocol import HttpServer
+from hybridgnn.types import ServingStats
 
 log = logging.getLogger("hybridgnn.serve")
 
 
-async def serve(cfg: ServeConfig, *, on_ready=None) -> int:
-    engine = Engine(cfg)
+async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready=None) -> int:
+    engine = Engine(cfg, stats)
     await engine.start()
     try:
         close_http = await _start_http(engine, cfg)
@@ -107,6 +108,8 @@ async def _save_seed_log(engine: Engine, cfg: ServeConfig) -> None:
             log.warning("could not write the seed log %s: %s", cfg.server.seed_log, exc)
 
 
-def run(cfg: ServeConfig) -> int:
+def run(cfg: ServeConfig, stats: ServingStats | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; `stats` receives what happens (telemetry's Telemetry
+    exports it as Prometheus metrics)."""
     raise_open_file_limit()
-    return run_async(serve(cfg))
+    return run_async(serve(cfg, stats=stats))

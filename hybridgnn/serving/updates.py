@@ -29,6 +29,7 @@ from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import BadRequest, PayloadTooLarge, UpdateError
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.serving.http.codec import decode_inputs, split_body
+from hybridgnn.types import ServingStats, UpdateStats
 
 log = logging.getLogger("hybridgnn.updates")
 
@@ -148,16 +149,15 @@ class UpdateApplier:
     """Serialises updates: a single task drains the queue, merging requests into batches,
     and applies each batch on a worker thread (the event loop keeps serving)."""
 
-    def __init__(self, cfg: UpdateConfig, incremental, graph, telemetry):
+    def __init__(self, cfg: UpdateConfig, incremental, graph, stats: ServingStats):
         self.cfg = cfg
         self.incremental = incremental  # IncrementalEmbeddings, or None (graph only)
         self.graph = graph  # DynamicGraph
-        self.telemetry = telemetry
+        self.stats = stats
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._compacting: asyncio.Task | None = None
-        telemetry.update_staleness.set_function(self.staleness_s)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="graph-updates")
@@ -204,7 +204,7 @@ class UpdateApplier:
                     p.future.set_result(res)
         except UpdateError as exc:
             if len(group) == 1:
-                self.telemetry.update_batches.labels("rejected").inc()
+                self.stats.updates_rejected()
                 if not group[0].future.done():
                     group[0].future.set_exception(exc)
                 return
@@ -217,30 +217,22 @@ class UpdateApplier:
                     p.future.set_exception(exc)
 
     def _apply(self, requests: list[UpdateRequest]) -> list[dict]:
-        tel = self.telemetry
         with self.graph.lock.read():
             n = self.graph.num_nodes
         batch, assigned = to_batch(requests, n)
         t0 = time.perf_counter()
         if self.incremental is not None:
             report = self.incremental.apply(batch)
-            affected, version = report.affected_nodes, report.version
-            tel.update_propagation_seconds.observe(report.propagate_s)
+            affected, version, propagate_s = report.affected_nodes, report.version, report.propagate_s
         else:
             with self.graph.lock.write():
                 self.graph.apply(batch)
                 version = self.graph.version
-            affected = 0
-        tel.update_batch_seconds.observe(time.perf_counter() - t0)
-        tel.update_affected_nodes.observe(affected)
-        for kind, count in (("add_edges", len(batch.add_edges)), ("remove_edges", len(batch.remove_edges)),
-                            ("add_nodes", sum(len(a) for a in assigned)),
-                            ("remove_nodes", len(batch.remove_nodes)), ("update_features", len(batch.update_ids))):
-            if count:
-                tel.updates_applied.labels(kind).inc(count)
-        tel.update_batches.labels("applied").inc()
-        tel.graph_version.set(version)
-        tel.graph_patched_entries.set(self.graph.patched_entries)
+            affected, propagate_s = 0, None
+        counts = {"add_edges": len(batch.add_edges), "remove_edges": len(batch.remove_edges),
+                  "add_nodes": sum(len(a) for a in assigned), "remove_nodes": len(batch.remove_nodes),
+                  "update_features": len(batch.update_ids)}
+        self.stats.updates_applied(UpdateStats(time.perf_counter() - t0, propagate_s, affected, counts))
         return [{"graph_version": version, "new_node_ids": ids.tolist(), "updates": r.num_updates,
                  "batch_updates": batch.num_updates, "affected_nodes": affected}
                 for r, ids in zip(requests, assigned, strict=True)]
@@ -255,8 +247,7 @@ class UpdateApplier:
             t0 = time.perf_counter()
             done = await asyncio.to_thread(self.graph.compact)
             if done:
-                self.telemetry.compactions.inc()
-                self.telemetry.graph_patched_entries.set(self.graph.patched_entries)
+                self.stats.compacted()
                 log.info("compacted the graph's patches in %.2fs", time.perf_counter() - t0)
 
         self._compacting = asyncio.create_task(compact(), name="graph-compaction")

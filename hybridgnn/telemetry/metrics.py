@@ -1,5 +1,10 @@
 """Metric definitions (prefix hybridgnn_, base units, histograms so replicas aggregate).
 
+`Telemetry` implements `ServingStats` (types.py): the engine, its API and update applier
+report events as plain calls, and this module alone turns them into Prometheus series.
+Gauges that mirror state (pending, ready, queue depths, the policy's threshold, the graph
+version) read it from the engine by callback at scrape time (`watch`).
+
 The registry is injected so tests and several servers in one process never collide.
 Labels are small fixed sets (stage, pipeline, model, code, reason), never node ids.
 """
@@ -15,7 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from hybridgnn.types import StageTimings
+from hybridgnn.types import ServingStats, StageTimings, UpdateStats
 
 STAGES = ("queue_wait", "batching", "sample", "gather", "compute", "respond", "total")
 # 50 µs .. 10 s: fine steps where serving latencies live (sub-ms to tens of ms).
@@ -32,7 +37,7 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 1
 PSGS_BUCKETS = tuple(float(10**e * m) for e in range(0, 8) for m in (1, 3))
 
 
-class Telemetry:
+class Telemetry(ServingStats):
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, registry: CollectorRegistry | None = None, model: str = "hybridgnn"):
@@ -85,7 +90,7 @@ class Telemetry:
             "hybridgnn_pending_capacity_requests", "Requests in flight allowed before new ones get 429", registry=r)
 
         # Graph updates and embedding freshness.
-        self.updates_applied = Counter(
+        self.graph_updates = Counter(
             "hybridgnn_graph_updates", "Graph updates applied, by kind", ["kind"], registry=r)
         self.update_batches = Counter(
             "hybridgnn_graph_update_batches", "Update batches, by outcome (applied, rejected)", ["outcome"],
@@ -143,8 +148,24 @@ class Telemetry:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def observe_batch(self, pipeline: str, t: StageTimings, num_seeds: int, num_requests: int,
-                      psgs: float, sampled_edges: int, gathered_rows: dict[str, int] | None = None) -> None:
+    def watch(self, engine) -> None:
+        """Mirror the engine's state by callback and create the label sets it will use."""
+        self.declare(tuple(engine.pipelines))
+        self.pending.set_function(lambda: engine.pending)
+        self.ready.set_function(lambda: 1.0 if engine.ready else 0.0)
+        self.pending_capacity.set_function(lambda: engine.cfg.batcher.max_pending_requests)
+        self.psgs_threshold.set_function(lambda: engine.router.threshold)
+        self.max_batch_psgs.set_function(lambda: engine.batcher_cfg.max_batch_psgs)
+        for name, pipeline in engine.pipelines.items():
+            self._child(self.queue_depth, name).set_function(lambda p=pipeline: p.depth)
+        self.update_staleness.set_function(lambda: engine.updates.staleness_s() if engine.updates else 0.0)
+        self.graph_version.set_function(lambda: engine.dynamic.version if engine.dynamic is not None else 0)
+        self.graph_patched_entries.set_function(
+            lambda: engine.dynamic.patched_entries if engine.dynamic is not None else 0)
+        self.policy_in_force(engine.policy.name if engine.policy else "none", changed=False)
+
+    def batch_done(self, pipeline: str, t: StageTimings, num_seeds: int, num_requests: int,
+                   psgs: float, sampled_edges: int, gathered_rows: dict[str, int] | None = None) -> None:
         h, c = self.stage_seconds, self._child
         c(h, "queue_wait", pipeline).observe(t.queue_wait_s)
         c(h, "sample", pipeline).observe(t.sample_s)
@@ -157,13 +178,47 @@ class Telemetry:
         for tier, rows in (gathered_rows or {}).items():
             c(self.gathered_rows, pipeline, tier).inc(rows)
 
-    def observe_stage(self, stage: str, pipeline: str, seconds: float) -> None:
+    def stage(self, stage: str, pipeline: str, seconds: float) -> None:
         self._child(self.stage_seconds, stage, pipeline).observe(seconds)
 
-    def count_request(self, code: int, seeds: int = 0) -> None:
-        self._child(self.requests, self.model, str(code)).inc()
+    def routed(self, pipeline: str, reason: str) -> None:
+        self._child(self.routing, pipeline, reason).inc()
+
+    def batch_failed(self, pipeline: str) -> None:
+        self._child(self.batch_errors, pipeline).inc()
+
+    def refused(self, reason: str) -> None:
+        self._child(self.rejected, reason).inc()
+
+    def answered(self, status: int, seeds: int = 0) -> None:
+        self._child(self.requests, self.model, str(status)).inc()
         if seeds:
             self._child(self.seeds, self.model).inc(seeds)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def policy_in_force(self, name: str, changed: bool) -> None:
+        self.policy.clear()
+        self.policy.labels(name).set(1)
+        if changed:
+            self.policy_changes.inc()
+
+    def placement_refreshed(self) -> None:
+        self.placement_refreshes.inc()
+
+    def updates_applied(self, stats: UpdateStats) -> None:
+        if stats.propagate_s is not None:
+            self.update_propagation_seconds.observe(stats.propagate_s)
+        self.update_batch_seconds.observe(stats.seconds)
+        self.update_affected_nodes.observe(stats.affected_nodes)
+        for kind, count in stats.counts.items():
+            if count:
+                self._child(self.graph_updates, kind).inc(count)
+        self._child(self.update_batches, "applied").inc()
+
+    def updates_rejected(self) -> None:
+        self._child(self.update_batches, "rejected").inc()
+
+    def compacted(self) -> None:
+        self.compactions.inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), self.content_type

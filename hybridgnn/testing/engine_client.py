@@ -6,13 +6,14 @@ import aiohttp
 
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.lifecycle import http_server
+from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.testing.payloads import body, counter  # noqa: F401 (re-exported for tests)
 
 
 async def with_client(cfg, fn):
     """Start an Engine for cfg, serve it over HTTP on 127.0.0.1, run fn(engine, client),
     tear both down. client.get/post take paths."""
-    engine = Engine(cfg)
+    engine = Engine(cfg, Telemetry(model=cfg.server.model_name))
     await engine.start()
     http = http_server(engine, cfg)
     await http.start("127.0.0.1", 0)

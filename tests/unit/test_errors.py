@@ -39,7 +39,7 @@ from hybridgnn.testing.payloads import counter
 def stub_api() -> Api:
     """An Api over a stand-in engine: enough for routing and error answers."""
     server = SimpleNamespace(model_name="m", retry_after_s=3, max_body_bytes=10)
-    return Api(SimpleNamespace(cfg=SimpleNamespace(server=server), telemetry=Telemetry(model="m")))
+    return Api(SimpleNamespace(cfg=SimpleNamespace(server=server), stats=Telemetry(model="m")))
 
 
 def answer(reply: Reply) -> tuple[int, dict, dict]:
@@ -74,7 +74,7 @@ def test_refusals_are_counted_by_reason():
     api.error_reply(Overloaded("x"))
     api.error_reply(Overloaded("x"))
     api.error_reply(Draining("x"))
-    metrics = api.engine.telemetry.exposition().decode()
+    metrics = api.engine.stats.exposition()[0].decode()
     assert counter(metrics, "hybridgnn_rejected_requests_total", reason="overload") == 2
     assert counter(metrics, "hybridgnn_rejected_requests_total", reason="draining") == 1
 
@@ -144,7 +144,7 @@ def run_api(cfg: ServeConfig, scenario):
     from hybridgnn.serving.engine import Engine
 
     async def main():
-        engine = Engine(cfg)
+        engine = Engine(cfg, Telemetry(model=cfg.server.model_name))
         await engine.start()
         try:
             return await scenario(Api(engine), engine)
@@ -188,7 +188,7 @@ def test_client_bodies_that_were_500s(tiny_dataset, tiny_model_pe):
         for mode in ("full", "pe", "srpe", "sampled"):
             out[mode] = await call(api, new_node_body([[], []], mode))
             out[mode + "_one_isolated"] = await call(api, new_node_body([[3000], [7]], mode))
-        metrics = engine.telemetry.exposition().decode()
+        metrics = engine.stats.exposition()[0].decode()
         return out, metrics
 
     out, metrics = run_api(cfg, scenario)

@@ -15,7 +15,6 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 
 # (importer's layer, imported layer): why it is still there
 KNOWN_UPWARD = {
-    ("serving", "telemetry"): "the engine writes metrics itself (until it emits stats objects)",
 }
 
 

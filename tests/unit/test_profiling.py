@@ -23,6 +23,7 @@ from hybridgnn.scheduler.queueing import (
     frontend_capacity,
     frontend_wait_p99_s,
 )
+from hybridgnn.telemetry.metrics import Telemetry
 
 X = np.exp(np.linspace(math.log(10), math.log(1e5), 30))
 
@@ -215,7 +216,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
         return [(float(x), 20 * float(cpu.mean(x)) * float(ratios[i % len(ratios)])) for i, x in enumerate(xs)]
 
     async def scenario():
-        engine = Engine(cfg)
+        engine = Engine(cfg, Telemetry())
         await engine.start()
         try:
             before = engine.policy
@@ -233,7 +234,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
             assert cpu_after < cpu_before
             if np.isfinite(before.psgs_threshold) and before.psgs_threshold > 0:
                 assert after.psgs_threshold >= before.psgs_threshold / 2 - 1e-9  # bounded step
-            assert "hybridgnn_policy_changes_total 1.0" in engine.telemetry.exposition().decode()
+            assert "hybridgnn_policy_changes_total 1.0" in engine.stats.exposition()[0].decode()
         finally:
             await engine.stop()
 

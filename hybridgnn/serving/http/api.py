@@ -182,7 +182,7 @@ class Api:
                 if exc.status in (429, 503) and not (headers and "Retry-After" in headers):
                     headers = {**headers, **self.retry} if headers else self.retry
                 if isinstance(exc, (Overloaded, Draining)):
-                    self.engine.telemetry.rejected.labels(exc.reason).inc()
+                    self.engine.stats.refused(exc.reason)
                 body = {"error": exc.message}
                 if exc.status >= 500 and exc.status != 503:  # ours, not the client's: find it in the log
                     body["request_id"] = request_id = _request_id()
@@ -252,8 +252,8 @@ class Api:
         return Reply.json({"models": [{"name": self.model_name, "versions": ["1"], "ready": self.engine.ready}]})
 
     def metrics(self, request: Request) -> Reply:
-        tel = self.engine.telemetry
-        return Reply(200, tel.exposition(), tel.content_type)
+        body, content_type = self.engine.stats.exposition()
+        return Reply(200, body, content_type)
 
     def model_metadata(self, request: Request) -> Reply:
         self._check_model(request)
@@ -308,10 +308,10 @@ class Api:
                 tensors[ID_OUTPUT] = req.external_ids
             body, headers = encode_infer_response(self.model_name, req.request_id, tensors, req.outputs)
             done = time.perf_counter()
-            tel = engine.telemetry
-            tel.observe_stage("respond", result.pipeline, done - t0)
-            tel.observe_stage("total", result.pipeline, done - started)
-            tel.count_request(200, req.num_outputs)
+            stats = engine.stats
+            stats.stage("respond", result.pipeline, done - t0)
+            stats.stage("total", result.pipeline, done - started)
+            stats.answered(200, req.num_outputs)
             content_type = headers.pop("Content-Type")
             return Reply(200, body, content_type, headers or None)
 
@@ -320,7 +320,7 @@ class Api:
     def _infer_failed(self, exc: BaseException) -> Reply:
         """error_reply() for an inference that failed or was refused, counted by status."""
         reply = self.error_reply(exc, "infer")
-        self.engine.telemetry.count_request(reply.status)
+        self.engine.stats.answered(reply.status)
         return reply
 
     def _dispatch(self, req):
