@@ -1,16 +1,31 @@
-"""What this process can use, detected once at import (CUDA, uvloop, numba)."""
+"""What this process can use, detected once (CUDA, uvloop, numba).
+
+HAS_CUDA is computed on first access, not at import: the CLI reads CPU_COUNT from here
+to parse its flags, and `--help` must not wait for torch to load."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 
-import torch
-
-HAS_CUDA: bool = torch.cuda.is_available()
 HAS_UVLOOP: bool = importlib.util.find_spec("uvloop") is not None
 HAS_NUMBA: bool = importlib.util.find_spec("numba") is not None
 CPU_COUNT: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def has_cuda() -> bool:
+    """Whether torch sees a CUDA device (imports torch; cached as HAS_CUDA)."""
+    if "HAS_CUDA" not in globals():
+        import torch
+
+        globals()["HAS_CUDA"] = bool(torch.cuda.is_available())
+    return globals()["HAS_CUDA"]
+
+
+def __getattr__(name: str):
+    if name == "HAS_CUDA":
+        return has_cuda()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def raise_open_file_limit() -> int:
@@ -66,11 +81,13 @@ def describe() -> dict:
     """A small, JSON-friendly description of the machine for benchmark and profile reports."""
     import platform
 
+    import torch
+
     info = {
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": CPU_COUNT,
         "torch": torch.__version__,
-        "cuda": HAS_CUDA,
+        "cuda": has_cuda(),
     }
     try:
         with open("/proc/cpuinfo") as f:
@@ -80,7 +97,7 @@ def describe() -> dict:
                     break
     except OSError:
         pass
-    if HAS_CUDA:
+    if info["cuda"]:
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
 

@@ -179,9 +179,6 @@ class RouterConfig:
     psgs_threshold: float | None = math.inf
     # A queue holding at least this many batches per worker counts as saturated.
     saturation_batches_per_worker: float = 2.0
-    # Largest batch PSGS each pipeline may take by spilling (a profile's SLO policy sets
-    # them, so a spill never sends a batch where it would miss the SLO).
-    spill_limits: tuple[tuple[str, float], ...] = ()
     # False: every batch stays on the pipeline the threshold picks (single-device
     # baselines on a two-pipeline server: --psgs-threshold 0 --no-spill is GPU only).
     spill: bool = True

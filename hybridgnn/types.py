@@ -133,6 +133,17 @@ class QueueLoad:
 
 
 @dataclass
+class RequestResult:
+    """One request's answer rows, the pipeline that produced them and its stage times."""
+
+    logits: np.ndarray  # the model's output
+    embeddings: np.ndarray  # what the model's head reads (hidden representation)
+    predictions: np.ndarray
+    pipeline: str
+    timings: StageTimings
+
+
+@dataclass
 class UpdateStats:
     """One applied batch of graph updates, as the update applier reports it."""
 

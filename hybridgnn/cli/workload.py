@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("workload", help="build PSGS/FAP workload tables")
@@ -20,6 +18,8 @@ def add_parser(sub) -> None:
 
 
 def run_build(args) -> int:
+    import numpy as np
+
     from hybridgnn.config import parse_fanouts
     from hybridgnn.graph.store import GraphStore
     from hybridgnn.workload.tables import WorkloadTables

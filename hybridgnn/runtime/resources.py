@@ -184,6 +184,17 @@ class Resources:
         return CachedFeatureStore(self.graph.features, self.cfg.gpu_pipeline.device, self.cfg.gpu_memory.cache_bytes,
                                   order=order, host_table=self._host_table)
 
+    def warm_up(self) -> None:
+        """Compile the samplers (plain and with a query-edge overlay) and touch the model once,
+        so the first request of either kind is not slow."""
+        seeds = np.arange(min(4, self.graph.num_nodes), dtype=np.int64)
+        self.make_executor("cpu", 0, in_process=True).run(seeds)
+        if self.gpu_features is not None:
+            self.make_executor("gpu", 0).run(seeds)
+        n = self.graph.num_nodes
+        base = CPUSampler(self.graph, self.cfg.sampling.fanouts)  # new-node requests sample the stored graph
+        base.sample(np.array([n]), overlay=(np.array([n]), np.array([0, 1]), np.array([0])), num_extra_nodes=1)
+
     def make_executor(self, pipeline: str, worker: int, *, in_process: bool = False):
         """A fresh executor of the named pipeline, as its workers get: the engine's workers,
         worker processes and the profiler all build theirs here. in_process: a CPU

@@ -30,10 +30,13 @@ frees the loop (a refusal costs a fraction of an answer) until it catches up.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 
-from hybridgnn.config import DEFAULT_QUEUE_DELAY_S
+from hybridgnn.config import DEFAULT_QUEUE_DELAY_S, ServeConfig
 from hybridgnn.errors import Overloaded
+
+log = logging.getLogger(__name__)
 
 _DECAY = 0.05  # weight of the newest batch in the cost fit (about the last 20 batches)
 WINDOW_S = 0.05  # a backlogged-throughput sample spans at least this long (several batches)
@@ -213,3 +216,16 @@ def serving_lanes(sampled_servers: int, cpu_workers: int, full_batch: float, upd
     precomputed lookups and new-node compute (requests, CPU workers), graph updates."""
     return [Lane("sampled", sampled_servers, full_batch), Lane("lookup", cpu_workers),
             Lane("new_nodes", cpu_workers), Lane("updates", 1, update_batch)]
+
+
+def admission_for(cfg: ServeConfig, sampled_servers: int, full_batch: float, policy, profile) -> Admission:
+    """A server's admission: one lane per kind of work and the delay bound from the flags,
+    else from the room an slo:<ms> policy leaves (its profile gives a full batch's p99)."""
+    slo_s = service_s = None
+    if policy is not None and policy.name.startswith("slo"):
+        slo_s = float(policy.name.split(":", 1)[1]) / 1000.0
+        service_s = max(float(dev.tail(full_batch)) for dev in profile.devices.values())
+    bound = delay_bound_s(cfg.admission.max_queue_delay_s, slo_s, cfg.batcher.max_wait_s, service_s)
+    log.info("admission: a request is refused (429) when its predicted queueing delay passes %.0f ms", bound * 1e3)
+    return Admission(bound, serving_lanes(sampled_servers, cfg.cpu_pipeline.workers, full_batch,
+                                          cfg.updates.max_batch_updates))

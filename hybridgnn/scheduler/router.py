@@ -2,8 +2,8 @@
 
 A batch whose PSGS is below the threshold goes to the CPU pipeline, otherwise to the GPU
 pipeline. When the chosen pipeline is saturated and the other has slack, the batch
-spills to the other one (unless spilling is off), unless it is larger than the other may take (spill_limits,
-set by an SLO policy so that a spill never misses the SLO). With a single pipeline every batch goes there.
+spills to the other one (unless spilling is off), unless it is larger than the other may take (spill
+limits, set by an SLO policy so that a spill never misses the SLO). With a single pipeline every batch goes there.
 """
 
 from __future__ import annotations
@@ -27,12 +27,18 @@ class Router:
         self.pipelines = tuple(pipelines)
         given = cfg.psgs_threshold if cfg.psgs_threshold is not None else float("inf")
         self.threshold = given if len(pipelines) > 1 else float("inf")
-        self.spill_limits = dict(cfg.spill_limits)
+        self.spill_limits: dict[str, float] = {}
 
     def set_threshold(self, value: float) -> None:
         if not value >= 0:
             raise ValueError(f"psgs threshold must be >= 0, got {value}")
         self.threshold = value
+
+    def apply_policy(self, policy) -> None:
+        """Take a policy's threshold (a two-pipeline router only) and spill limits."""
+        if len(self.pipelines) > 1:
+            self.set_threshold(policy.psgs_threshold)
+        self.spill_limits = dict(policy.pipeline_limits)
 
     def saturated(self, load: QueueLoad) -> bool:
         return load.depth >= self.cfg.saturation_batches_per_worker * load.workers

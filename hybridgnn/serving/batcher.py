@@ -9,6 +9,7 @@ latency). Requests are taken in arrival order; a request is never split.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
 from typing import Callable
@@ -40,6 +41,10 @@ class MicroBatcher:
         self._pending_psgs += request.psgs
         if len(self._pending) == 1 or self._full():
             self._wake.set()
+
+    def limit_psgs(self, max_batch_psgs: float) -> None:
+        """Bound the summed PSGS of a batch (a policy's choice) from the next batch on."""
+        self.cfg = dataclasses.replace(self.cfg, max_batch_psgs=max_batch_psgs)
 
     def capacity_freed(self) -> None:
         self._capacity.set()

@@ -66,7 +66,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     if saver is not None:
         saver.cancel()
         await asyncio.gather(saver, return_exceptions=True)
-        engine.save_seed_log(cfg.server.seed_log)
+        engine.placement.save_seed_log(cfg.server.seed_log)
     for task in list(background):
         await asyncio.gather(task, return_exceptions=True)
     await engine.stop()
@@ -92,7 +92,7 @@ async def _start_http(engine: Engine, cfg: ServeConfig):
 
 async def _refresh_placement(engine: Engine) -> None:
     try:
-        await engine.refresh_placement()
+        await engine.placement.refresh()
     except LookupError as exc:
         log.warning("SIGHUP: placement not refreshed: %s", exc)
     except Exception:
@@ -103,7 +103,7 @@ async def _save_seed_log(engine: Engine, cfg: ServeConfig) -> None:
     while True:
         await asyncio.sleep(cfg.server.seed_log_interval_s)
         try:
-            await asyncio.to_thread(engine.save_seed_log, cfg.server.seed_log)
+            await asyncio.to_thread(engine.placement.save_seed_log, cfg.server.seed_log)
         except OSError as exc:
             log.warning("could not write the seed log %s: %s", cfg.server.seed_log, exc)
 

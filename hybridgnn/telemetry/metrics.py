@@ -155,7 +155,7 @@ class Telemetry(ServingStats):
         self.ready.set_function(lambda: 1.0 if engine.ready else 0.0)
         self.pending_capacity.set_function(lambda: engine.cfg.batcher.max_pending_requests)
         self.psgs_threshold.set_function(lambda: engine.router.threshold)
-        self.max_batch_psgs.set_function(lambda: engine.batcher_cfg.max_batch_psgs)
+        self.max_batch_psgs.set_function(lambda: engine.batcher.cfg.max_batch_psgs)
         for name, pipeline in engine.pipelines.items():
             self._child(self.queue_depth, name).set_function(lambda p=pipeline: p.depth)
         self.update_staleness.set_function(lambda: engine.updates.staleness_s() if engine.updates else 0.0)

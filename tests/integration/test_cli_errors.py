@@ -9,3 +9,18 @@ def test_bench_against_a_server_that_is_down_is_one_line_and_exit_2(capsys):
     assert main(["bench", "--url", url, "--duration-s", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"hybridgnn bench: error: cannot load {url}") and err.count("\n") == 1
+
+
+def test_help_and_flag_errors_load_neither_torch_nor_numpy():
+    """`--help` and argument errors answer from argparse alone: the heavy imports come
+    after parsing (they cost seconds on a cold start)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom hybridgnn.cli.main import main\n"
+             "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
+             "try:\n    main(['serve', '--max-wait-ms'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('torch', 'numpy', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:] + out.stderr[-500:]
+    assert "usage: hybridgnn serve" in out.stdout and "expected one argument" in out.stderr

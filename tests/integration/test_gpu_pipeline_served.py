@@ -82,7 +82,7 @@ def test_placement_refresh_swaps_the_device_cache_while_requests_flow(tiny_datas
                 codes.append(r.status)
             return codes
 
-        report, codes = await asyncio.gather(engine.refresh_placement(), traffic())
+        report, codes = await asyncio.gather(engine.placement.refresh(), traffic())
         assert set(codes) == {200}
         assert report["requests_counted"] >= 5 * 20
         assert all(int(engine.gpu_features.current.slot[c]) >= 0 for c in cold)  # now cached
@@ -95,13 +95,13 @@ def test_placement_refresh_swaps_the_device_cache_while_requests_flow(tiny_datas
 def test_refresh_without_a_gpu_cache_or_requests_is_a_clear_error(tiny_dataset, tiny_model):
     async def scenario(engine, client):
         with pytest.raises(LookupError, match="no requests counted"):
-            await engine.refresh_placement()
+            await engine.placement.refresh()
 
     asyncio.run(with_client(emulated(tiny_dataset, tiny_model, 0.0), scenario))
 
     async def cpu_only(engine, client):
         with pytest.raises(LookupError, match="CPU pipeline only"):
-            await engine.refresh_placement()
+            await engine.placement.refresh()
 
     asyncio.run(with_client(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model,
                                         sampling=SamplingConfig((5, 3))), cpu_only))

@@ -150,6 +150,12 @@ def test_deployment_drain_contract(name):
     assert labels.items() <= pod.get("labels", dep["spec"]["template"]["metadata"]["labels"]).items()
     if "cuda" in name:
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # the graph and model come from the shared read-only volume, not the demo
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "data")
+    assert mount["readOnly"] and env["HYBRIDGNN_DATASET"].startswith(mount["mountPath"] + "/")
+    assert env["HYBRIDGNN_MODEL"].startswith(mount["mountPath"] + "/")
+    claim = next(v for v in pod["volumes"] if v["name"] == "data")["persistentVolumeClaim"]["claimName"]
+    assert claim == _k8s("pvc.yaml")["metadata"]["name"]
 
 
 def test_service_monitor_and_pdb_select_the_pods():

@@ -224,11 +224,11 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
             # the CPU pipeline has become 20x slower than profiled: it may take far less
             edges = np.asarray(prof.data["bin_edges"])
             xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
-            engine.recent["cpu"].extend(twenty_times_slower(xs))
+            engine.control.recent["cpu"].extend(twenty_times_slower(xs))
             assert engine.adapt_once()
             # batches run 20x slower than profiled, and the server says so
-            assert engine.service_stretch()["cpu"] == pytest.approx(20, rel=0.5)
-            assert engine.metadata()["service_stretch"] == engine.service_stretch()
+            assert engine.control.service_stretch()["cpu"] == pytest.approx(20, rel=0.5)
+            assert engine.metadata()["service_stretch"] == engine.control.service_stretch()
             after = engine.policy
             cpu_before, cpu_after = before.pipeline_limits["cpu"], after.pipeline_limits["cpu"]
             assert cpu_after < cpu_before
@@ -248,7 +248,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
         await engine.start()
         try:
             before = engine.policy.pipeline_limits["cpu"]
-            engine.recent["cpu"].extend(twenty_times_slower(xs))
+            engine.control.recent["cpu"].extend(twenty_times_slower(xs))
             deadline = time.monotonic() + 60
             while engine.policy.pipeline_limits["cpu"] >= before and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # polling the policy, bounded by the deadline

@@ -42,7 +42,11 @@ def test_fallback_and_errors():
 
 
 def test_no_spill_beyond_what_the_other_pipeline_may_take():
-    r = Router(RouterConfig(psgs_threshold=100, spill_limits=(("cpu", 500.0),)), ("cpu", "gpu"))
+    from types import SimpleNamespace
+
+    r = Router(RouterConfig(psgs_threshold=1), ("cpu", "gpu"))
+    r.apply_policy(SimpleNamespace(psgs_threshold=100.0, pipeline_limits={"cpu": 500.0}))  # an SLO policy's limits
+    assert r.threshold == 100.0
     assert r.route(400, {"cpu": IDLE, "gpu": BUSY}).reason == "spill"
     plan = r.route(600, {"cpu": IDLE, "gpu": BUSY})
     assert (plan.pipeline, plan.reason) == ("gpu", "threshold")

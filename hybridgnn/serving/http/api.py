@@ -334,7 +334,7 @@ class Api:
         if mode == "sampled":
             return engine.submit(req.node_ids)
         if mode == "precomputed":
-            return engine.lookup_precomputed(req.node_ids, with_embeddings="embeddings" in req.outputs)
+            return engine.side.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs)
         raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")
 
     def _new_node_call(self, req):
@@ -349,7 +349,7 @@ class Api:
         policy = req.parameters.get("policy", nn.policy)
         if policy not in ("ratio", "random", "degree"):
             raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
-        return self.engine.infer_new_nodes(req.features, req.edge_index, mode=mode, gamma=float(gamma),
+        return self.engine.side.new_nodes_infer(req.features, req.edge_index, mode=mode, gamma=float(gamma),
                                            policy=policy, num_nodes=self.engine.num_nodes)
 
     async def update_graph(self, request: Request) -> Reply:
@@ -366,4 +366,4 @@ class Api:
         req = decode_update_request(request.body, request.headers.get(_HEADER_LENGTH),
                                     feature_dim=engine.graph.feature_dim,
                                     max_updates=engine.cfg.updates.max_request_updates)
-        return Reply.json(await engine.apply_update(req))
+        return Reply.json(await engine.side.update_graph(req))

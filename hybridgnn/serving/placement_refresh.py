@@ -1,0 +1,66 @@
+"""Seed counts and the live placement refresh (SIGHUP): which nodes requests named, and
+a GPU feature cache rebuilt from them while requests keep flowing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hybridgnn.runtime.resources import Resources
+from hybridgnn.types import ServingStats
+
+log = logging.getLogger(__name__)
+
+
+class PlacementRefresh:
+    """Per-node request counts since start and the refresh of the device cache from them."""
+
+    def __init__(self, resources: Resources, stats: ServingStats):
+        self.resources = resources
+        self.stats = stats
+        # Requests per node of the stored graph: the seed distribution FAP is computed from.
+        self.seed_counts = np.zeros(resources.graph.num_nodes, dtype=np.int64)
+
+    def count(self, seeds: np.ndarray) -> None:
+        """Count requested seeds of the stored graph (nodes added by updates are not counted:
+        placement plans cover the stored graph)."""
+        n = self.seed_counts.shape[0]
+        np.add.at(self.seed_counts, seeds[seeds < n] if seeds.size and seeds.max() >= n else seeds, 1)
+
+    def save_seed_log(self, path) -> None:
+        """Write the per-node request counts (atomically) for `hybridgnn place --from-log`."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npy")
+        np.save(tmp, self.seed_counts)
+        tmp.replace(path)
+
+    async def refresh(self) -> dict:
+        """Recompute FAP from the seeds requested so far and swap in a device cache of the
+        new hottest rows; requests keep flowing (see SwappableFeatureStore)."""
+        r = self.resources
+        if r.gpu_features is None:
+            raise LookupError("no GPU feature cache to refresh (the server runs the CPU pipeline only)")
+        if r.plan is not None:
+            raise LookupError("serving a fixed placement plan: recompute it with `hybridgnn place --from-log` "
+                              "and restart with the new --placement")
+        counts = self.seed_counts.copy()
+        if counts.sum() == 0:
+            raise LookupError("no requests counted yet: nothing to compute a seed distribution from")
+        old = r.gpu_features.current
+        t0 = time.perf_counter()
+        cache, fap, order = await asyncio.to_thread(r.cache_for_seed_counts, counts)
+        seconds = time.perf_counter() - t0
+        r.gpu_features.swap(cache)
+        self.stats.placement_refreshed()
+        kept = int(np.intersect1d(np.flatnonzero(old.slot.cpu().numpy() >= 0),
+                                  np.flatnonzero(cache.slot.cpu().numpy() >= 0)).size)
+        report = {"cached_rows": cache.cached_rows, "rows_kept": kept, "requests_counted": int(counts.sum()),
+                  "seconds": round(seconds, 3), "cached_fap_share": float(fap[order[:cache.cached_rows]].sum()
+                                                                            / max(fap.sum(), 1e-12))}
+        log.info("placement refreshed from %d counted requests in %.2fs: %d of %d cached rows kept",
+                 report["requests_counted"], seconds, kept, cache.cached_rows)
+        return report
