@@ -75,7 +75,7 @@ class Server:
     def __init__(self, dataset: Path, model: Path, token: str, extra: list[str]):
         self.port = free_port()
         cmd = [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve", "--dataset",
-               str(dataset), "--model", str(model), "--port", str(self.port), *extra]
+               str(dataset), "--model", str(model), "--port", str(self.port), "--update-log", "off", *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYBRIDGNN_UPDATE_TOKEN": token}
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)

@@ -270,6 +270,9 @@ class UpdateConfig:
     max_request_updates: int = 100_000
     compact_patched_entries: int = 1_000_000  # fold patches into the base CSR beyond this many
     propagation: str = "auto"  # "recompute": recompute every affected node (the RIPPLE++ baseline)
+    # Where applied batches are logged durably before they are acknowledged: None for
+    # <dataset>/updates.sqlite, sqlite:///<path> or a path, or "off" (memory only).
+    log: str | None = None
 
     def __post_init__(self):
         if self.token is not None and len(self.token) < 8:

@@ -126,6 +126,10 @@ def add_parser(sub) -> None:
                    default=env_default("UPDATE_PROPAGATION", UpdateConfig.propagation),
                    help="auto: deltas for sum/mean/GCN/GIN layers, recompute for max/attention; "
                         "recompute: recompute every affected node (slower)")
+    p.add_argument("--update-log", default=env_default("UPDATE_LOG", UpdateConfig.log),
+                   help="with --update-token: where applied update batches are logged durably before they are "
+                        "acknowledged and replayed from at start: sqlite:///<path> or a path (default "
+                        "<dataset>/updates.sqlite), or off (updates live in memory only and are lost on restart)")
     p.add_argument("--seed", type=int, default=env_default("SEED", SamplingConfig.seed, int), help="sampling seed")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     p.set_defaults(run=run)
@@ -201,7 +205,7 @@ def build_config(args) -> ServeConfig:
     return ServeConfig(
         new_nodes=NewNodeConfig(default_mode=args.new_node_mode, gamma=args.srpe_gamma),
         updates=UpdateConfig(token=update_token, max_batch_updates=args.update_batch,
-                             propagation=args.update_propagation),
+                             propagation=args.update_propagation, log=args.update_log),
         dataset_dir=args.dataset,
         model_dir=args.model,
         sampling=SamplingConfig(fanouts=fanouts, seed=args.seed),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -255,10 +256,11 @@ class IncrementalEmbeddings:
         self.layers = [grown(a) for a in self.layers]
         self.aggregates = [grown(a) for a in self.aggregates]
 
-    def apply(self, batch: UpdateBatch) -> UpdateReport:
+    def apply(self, batch: UpdateBatch, commit: Callable[[], None] | None = None) -> UpdateReport:
         """Apply a batch to the graph and bring every layer up to date, atomically for
         readers (graph lock held for writing throughout). Raises UpdateError, changing
-        nothing, for a batch that cannot apply."""
+        nothing, for a batch that cannot apply. commit: called last, still under the lock
+        (the durable log's append); if it raises, the batch rolls back as well."""
         t0 = time.perf_counter()
         journal = Journal()
         with self.graph.lock.write():
@@ -270,6 +272,8 @@ class IncrementalEmbeddings:
                 self._journal = journal
                 affected, changed_counts = self._propagate(up)
                 self.last_update_unix_s = time.time()
+                if commit is not None:
+                    commit()
             except BaseException:
                 # All or nothing: the graph, features, embeddings, aggregates and the id
                 # counter go back to exactly what they were; readers never saw the batch.

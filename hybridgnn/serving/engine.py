@@ -41,6 +41,7 @@ from hybridgnn.types import (
     RoutePlan,
     ServingStats,
 )
+from hybridgnn.updates.log import open_update_log
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class Engine:
         self.plan, self.features, self.device_graph, self.gpu_features = (r.plan, r.features, r.device_graph,
                                                                           r.gpu_features)
         self.updates: UpdateApplier | None = None
+        self.update_log = (open_update_log(cfg.updates.log, self.graph) if self.dynamic is not None else None)
         self.placement = PlacementRefresh(r, self.stats)  # seed counts; SIGHUP rebuilds the GPU cache
         self.side = GraphRequests(self)  # lookups, new nodes, graph updates
         self.pipelines: dict[str, Pipeline] = {
@@ -150,7 +152,8 @@ class Engine:
                             if self.cfg.policy.adapt and self.profile is not None else None)
         self._lag_tick(self._loop.time())
         if self.dynamic is not None:
-            self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.stats)
+            self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.stats, self.update_log)
+            self.updates.replay()  # what was acknowledged before a restart, before anything is served
             self.updates.start()
         self.ready = True
 
@@ -188,6 +191,8 @@ class Engine:
             await asyncio.gather(self._batcher_task, return_exceptions=True)
         for p in self.pipelines.values():
             await asyncio.to_thread(p.stop)
+        if self.update_log is not None:
+            self.update_log.close()
         self.resources.close()
 
     # --- request path ----------------------------------------------------------------

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridgnn.config import UpdateConfig
-from hybridgnn.errors import BadRequest, PayloadTooLarge, UpdateError
+from hybridgnn.errors import BadRequest, ConfigError, PayloadTooLarge, UpdateError
 from hybridgnn.graph.dynamic import UpdateBatch
+from hybridgnn.graph.journal import Journal
 from hybridgnn.serving.http.codec import decode_inputs, split_body
 from hybridgnn.types import ServingStats, UpdateStats
+from hybridgnn.updates.log import UpdateLog
 
 log = logging.getLogger("hybridgnn.updates")
 
@@ -149,11 +151,12 @@ class UpdateApplier:
     """Serialises updates: a single task drains the queue, merging requests into batches,
     and applies each batch on a worker thread (the event loop keeps serving)."""
 
-    def __init__(self, cfg: UpdateConfig, incremental, graph, stats: ServingStats):
+    def __init__(self, cfg: UpdateConfig, incremental, graph, stats: ServingStats, update_log: UpdateLog | None = None):
         self.cfg = cfg
         self.incremental = incremental  # IncrementalEmbeddings, or None (graph only)
         self.graph = graph  # DynamicGraph
         self.stats = stats
+        self.update_log = update_log  # None: updates live in memory only (--update-log off)
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -221,21 +224,63 @@ class UpdateApplier:
             n = self.graph.num_nodes
         batch, assigned = to_batch(requests, n)
         t0 = time.perf_counter()
-        if self.incremental is not None:
-            report = self.incremental.apply(batch)
-            affected, version, propagate_s = report.affected_nodes, report.version, report.propagate_s
-        else:
-            with self.graph.lock.write():
-                self.graph.apply(batch)
-                version = self.graph.version
-            affected, propagate_s = 0, None
+        position, affected, propagate_s = self._apply_batch(batch, n, durable=self.update_log is not None)
         counts = {"add_edges": len(batch.add_edges), "remove_edges": len(batch.remove_edges),
                   "add_nodes": sum(len(a) for a in assigned), "remove_nodes": len(batch.remove_nodes),
                   "update_features": len(batch.update_ids)}
         self.stats.updates_applied(UpdateStats(time.perf_counter() - t0, propagate_s, affected, counts))
-        return [{"graph_version": version, "new_node_ids": ids.tolist(), "updates": r.num_updates,
-                 "batch_updates": batch.num_updates, "affected_nodes": affected}
+        version = self.graph.version
+        return [{"graph_version": version, "log_position": position, "new_node_ids": ids.tolist(),
+                 "updates": r.num_updates, "batch_updates": batch.num_updates, "affected_nodes": affected}
                 for r, ids in zip(requests, assigned, strict=True)]
+
+    def _apply_batch(self, batch: UpdateBatch, base_nodes: int, *, durable: bool) -> tuple[int | None, int, float | None]:
+        """Apply one batch all or nothing; with durable, its log append is the last step
+        under the writer lock (a failed append rolls the batch back). Returns (log
+        position or None, affected embedding rows, propagation seconds or None)."""
+        position: list[int] = []
+        commit = (lambda: position.append(self.update_log.append(batch, base_nodes))) if durable else None
+        if self.incremental is not None:
+            report = self.incremental.apply(batch, commit)
+            return (position[0] if position else None), report.affected_nodes, report.propagate_s
+        journal = Journal()
+        with self.graph.lock.write():
+            try:
+                self.graph.apply(batch, journal)
+                if commit is not None:
+                    commit()
+            except BaseException:
+                journal.rollback()
+                raise
+        return (position[0] if position else None), 0, None
+
+    def replay(self) -> int:
+        """Re-apply every logged batch over the stored dataset (at start, before serving);
+        returns how many. A batch that does not land where it landed live means the log
+        belongs to other data: refused, not served approximately."""
+        if self.update_log is None:
+            return 0
+        total, t0, done = len(self.update_log), time.perf_counter(), 0
+        if total:
+            log.info("replaying %d logged update batches from %s", total, self.update_log.path)
+        for position, batch, base_nodes in self.update_log.entries():
+            with self.graph.lock.read():
+                n = self.graph.num_nodes
+            if n != base_nodes:
+                raise ConfigError(f"update log {self.update_log.path} position {position} was applied to a graph of "
+                                  f"{base_nodes} nodes, but replay reached it with {n}")
+            try:
+                self._apply_batch(batch, base_nodes, durable=False)
+            except UpdateError as exc:
+                raise ConfigError(f"update log {self.update_log.path} position {position} does not apply to this "
+                                  f"dataset: {exc}") from exc
+            done += 1
+            if done % 1000 == 0:
+                log.info("replayed %d of %d update batches", done, total)
+        if total:
+            log.info("replayed %d update batches in %.2fs: graph version %d, %d nodes", total,
+                     time.perf_counter() - t0, self.graph.version, self.graph.num_nodes)
+        return total
 
     def _maybe_compact(self) -> None:
         if self.graph.patched_entries < self.cfg.compact_patched_entries:

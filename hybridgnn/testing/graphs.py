@@ -32,3 +32,32 @@ def skewed_edges(num_nodes: int = 60, seed: int = 0) -> list[tuple[int, int]]:
     edges += [(0, j) for j in range(1, 35)]  # hub row
     edges += [(i, i) for i in range(0, active, 7)]  # self-loops
     return edges
+
+
+def dynamic_setup(path: Path):
+    """A 60-node skewed graph with 4 features under `path`, its DynamicGraph and fresh
+    IncrementalEmbeddings of a 2-layer SAGE (seeded: the same every call)."""
+    import torch
+
+    from hybridgnn.embeddings.incremental import IncrementalEmbeddings
+    from hybridgnn.embeddings.precompute import precompute
+    from hybridgnn.graph.dynamic import DynamicGraph
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    graph = make_graph(path / "g", skewed_edges(), 60, feature_dim=4)
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", 4, 8, 3, num_layers=2)).eval()
+    store = precompute(graph, model, path / "m", progress=False)
+    dyn = DynamicGraph(graph)
+    return dyn, IncrementalEmbeddings(dyn, model, store.layers)
+
+
+def update_body(*inputs: tuple[str, object, str]) -> bytes:
+    """A JSON graph-update body from (name, array, datatype) triples."""
+    import json
+
+    def tensor(name, arr, dt):
+        arr = np.asarray(arr)
+        return {"name": name, "datatype": dt, "shape": list(arr.shape), "data": arr.reshape(-1).tolist()}
+
+    return json.dumps({"inputs": [tensor(*i) for i in inputs]}).encode()

@@ -37,7 +37,8 @@ def fuzz_settings(n: int):
 
 @pytest.fixture(scope="module")
 def fuzz(tiny_dataset, tiny_model_pe):
-    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--update-token", TOKEN).wait_ready()
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--update-token", TOKEN,
+                        "--update-log", "off").wait_ready()
     srv.target = Target.discover("127.0.0.1", srv.port, TOKEN)
     srv.client = KeepAliveClient("127.0.0.1", srv.port, TIMEOUT_S)
     good = good_case(srv.target)

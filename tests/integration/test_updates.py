@@ -23,10 +23,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dataset, tiny_model_pe):
+def server(tiny_dataset, tiny_model_pe, tmp_path_factory):
     os.environ["HYBRIDGNN_UPDATE_TOKEN"] = TOKEN  # the documented way: not on the command line
+    log = tmp_path_factory.mktemp("update-log") / "updates.sqlite"  # the shared dataset stays as it is
     try:
-        srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1").wait_ready()
+        srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--update-log", str(log)).wait_ready()
     finally:
         del os.environ["HYBRIDGNN_UPDATE_TOKEN"]
     yield srv

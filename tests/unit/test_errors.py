@@ -226,11 +226,12 @@ def test_a_lookup_error_inside_the_engine_is_a_500_not_a_409(tiny_dataset, tiny_
     assert status == 500 and body["error"] == "internal server error" and "request_id" in body
 
 
-def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe):
+def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe, tmp_path):
     from hybridgnn.config import UpdateConfig
 
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)),
-                      updates=UpdateConfig(token="12345678", max_request_updates=100))
+                      updates=UpdateConfig(token="12345678", max_request_updates=100,
+                                           log=str(tmp_path / "updates.sqlite")))
     auth = {"authorization": "Bearer 12345678"}
 
     def update(*inputs) -> bytes:

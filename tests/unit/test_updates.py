@@ -7,17 +7,13 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from hybridgnn.config import UpdateConfig
-from hybridgnn.embeddings.incremental import IncrementalEmbeddings
-from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.errors import ServingError
-from hybridgnn.graph.dynamic import DynamicGraph, UpdateError
-from hybridgnn.models.gnn import GNN, ModelSpec
+from hybridgnn.graph.dynamic import UpdateError
 from hybridgnn.serving.updates import UpdateApplier, decode_update_request, to_batch
 from hybridgnn.telemetry.metrics import Telemetry
-from hybridgnn.testing.graphs import make_graph, skewed_edges
+from hybridgnn.testing.graphs import dynamic_setup
 
 
 def body(*inputs) -> bytes:
@@ -61,12 +57,7 @@ def test_decode_errors(inputs, match, status):
 
 def _parts(tmp_path):
     """A 60-node graph, its DynamicGraph, fresh IncrementalEmbeddings and a Telemetry."""
-    graph = make_graph(tmp_path / "g", skewed_edges(), 60, feature_dim=4)
-    torch.manual_seed(0)
-    model = GNN(ModelSpec("sage", 4, 8, 3, num_layers=2)).eval()
-    store = precompute(graph, model, tmp_path / "m", progress=False)
-    dyn = DynamicGraph(graph)
-    return dyn, IncrementalEmbeddings(dyn, model, store.layers), Telemetry()
+    return (*dynamic_setup(tmp_path), Telemetry())
 
 
 def test_applier_merges_and_falls_back_per_request(tmp_path):

@@ -1,0 +1,166 @@
+"""Durable graph updates: what the log costs and whether it holds, same run.
+
+1. Log cost (in process): the same stream of update batches (45 % edge insertions, 45 %
+   deletions, 10 % feature rewrites) applied to the ogbn-arxiv-scale power-law graph
+   with a 2-layer SAGE (mean), once with every batch committed to the SQLite log
+   (WAL, synchronous=FULL) before it counts as applied and once in memory only; batch
+   1,000 and 100; the two runs alternate --rounds times. Prints updates/s of each and
+   the ratio durable / in-memory (the target: at most 10 % slower at batch 1,000).
+2. Kill -9 (real processes): `hybridgnn serve --update-token` on a copy of the demo
+   dataset, a client posting add-node updates one after another; at --kills random
+   points (after 1..40 acknowledged updates) the server is killed with SIGKILL and
+   restarted on the same log; after each restart every acknowledged update must be
+   there and none half applied (hybridgnn/testing/durability.py). Prints acknowledged
+   updates, lost ones, half-applied ones, and the restart time against the log length.
+
+    .venv/bin/python bench/durability.py                     # both parts, ~5 min on 2 cores
+    .venv/bin/python bench/durability.py --parts kill --kills 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ensure_graph, machine  # noqa: E402
+from bench.incremental import ARXIV, ARXIV_ARGS, build_model, update_stream  # noqa: E402
+from hybridgnn.demo import ensure_demo  # noqa: E402
+from hybridgnn.embeddings.incremental import IncrementalEmbeddings  # noqa: E402
+from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute  # noqa: E402
+from hybridgnn.graph.dynamic import DynamicGraph  # noqa: E402
+from hybridgnn.graph.store import GraphStore  # noqa: E402
+from hybridgnn.testing.durability import UpdateStream, check_after_restart, graph_state  # noqa: E402
+from hybridgnn.testing.server import ServerProcess, await_ready  # noqa: E402
+from hybridgnn.updates.log import UpdateLog  # noqa: E402
+
+TOKEN = "durability-bench-token"
+
+
+def log_cost(args) -> dict:
+    ensure_graph(ARXIV, ARXIV_ARGS)
+    graph = GraphStore.open(ARXIV)
+    model = build_model("mean", graph.feature_dim)
+    tmp = Path(tempfile.mkdtemp(prefix="hgnn-durable-"))
+    plan = [(1000, args.batches_1000), (100, args.batches_100)]
+    out: dict = {"graph": {"nodes": graph.num_nodes, "edges": graph.num_edges, "feature_dim": graph.feature_dim},
+                 "rounds": []}
+    try:
+        layers = [np.asarray(a) for a in precompute(graph, model, tmp / "pe", PrecomputeConfig(), progress=False).layers]
+        for r in range(args.rounds):
+            for mode in (("memory", "durable") if r % 2 == 0 else ("durable", "memory")):
+                dyn = DynamicGraph(graph)
+                inc = IncrementalEmbeddings(dyn, model, [a.copy() for a in layers])
+                log = UpdateLog(tmp / f"log-{r}-{mode}.sqlite", graph.fingerprint, graph.feature_dim) \
+                    if mode == "durable" else None
+                rng = np.random.default_rng(1 + r)
+                row = {"round": r, "mode": mode}
+                for size, count in plan:
+                    seconds = 0.0
+                    for _ in range(count):
+                        batch = update_stream(dyn, size, rng)
+                        base = dyn.num_nodes
+                        commit = (lambda b=batch, n=base, lg=log: lg.append(b, n)) if log is not None else None
+                        t = time.perf_counter()
+                        inc.apply(batch, commit)
+                        seconds += time.perf_counter() - t
+                    row[f"updates_per_s_{size}"] = size * count / seconds
+                if log is not None:
+                    log.close()
+                out["rounds"].append(row)
+                print(f"  round {r} {mode:7}: " + ", ".join(f"batch {s}: {row[f'updates_per_s_{s}']:,.0f} upd/s"
+                                                           for s, _ in plan), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for size, _ in plan:
+        mem = np.median([x[f"updates_per_s_{size}"] for x in out["rounds"] if x["mode"] == "memory"])
+        dur = np.median([x[f"updates_per_s_{size}"] for x in out["rounds"] if x["mode"] == "durable"])
+        out[f"batch_{size}"] = {"memory_updates_per_s": float(mem), "durable_updates_per_s": float(dur),
+                                "durable_over_memory": round(float(dur / mem), 3)}
+    return out
+
+
+def kill_points(args) -> dict:
+    dataset, model = ensure_demo()
+    tmp = Path(tempfile.mkdtemp(prefix="hgnn-kill-"))
+    copy = tmp / "dataset"
+    shutil.copytree(dataset, copy)
+    flags = ("--workers", "1", "--update-token", TOKEN)
+    rng = random.Random(args.seed)
+    acked: list[int] = []
+    restarts, problems = [], []
+    srv = ServerProcess(copy, model, *flags).wait_ready(300)
+    base = graph_state(srv.url)
+    try:
+        for kill in range(args.kills):
+            stream = UpdateStream(srv.url, TOKEN, base["num_nodes"], base["feature_dim"], seed=kill)
+            stream.start()
+            want = len(acked) + rng.randrange(1, 41)
+            while len(acked) + len(stream.acked) < want and stream.is_alive():
+                stream.join(0.002)
+            srv.proc.kill()
+            srv.proc.wait(30)
+            stream.join(30)
+            acked += stream.acked
+            t0 = time.perf_counter()
+            srv = ServerProcess(copy, model, *flags, port=srv.port)
+            await_ready(srv, "restarted server", 300)
+            ready_s = time.perf_counter() - t0
+            state = graph_state(srv.url)
+            found = check_after_restart(srv.url, base, acked)
+            problems += [f"kill {kill}: {p}" for p in found]
+            restarts.append({"kill": kill, "acked_total": len(acked), "log_batches": state["graph_version"],
+                             "ready_s": round(ready_s, 2), "refused": len(stream.refused)})
+            print(f"  kill {kill + 1}/{args.kills}: {len(acked)} acknowledged, {state['graph_version']} batches "
+                  f"in the log, restart to ready {ready_s:.2f}s, problems {len(found)}", flush=True)
+    finally:
+        srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"kills": args.kills, "acknowledged": len(acked), "problems": problems, "restarts": restarts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="cost,kill", help="cost, kill (comma-separated)")
+    ap.add_argument("--rounds", type=int, default=2, help="log cost: alternating memory/durable pairs")
+    ap.add_argument("--batches-1000", type=int, default=6)
+    ap.add_argument("--batches-100", type=int, default=20)
+    ap.add_argument("--kills", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    report = {"machine": machine()}
+    print(report["machine"], flush=True)
+    parts = args.parts.split(",")
+    if "cost" in parts:
+        print("log cost (arxiv-scale graph, SAGE mean):", flush=True)
+        report["cost"] = log_cost(args)
+        for size in (1000, 100):
+            c = report["cost"][f"batch_{size}"]
+            print(f"batch {size}: durable {c['durable_updates_per_s']:,.0f} upd/s, in memory "
+                  f"{c['memory_updates_per_s']:,.0f}: durable/memory {c['durable_over_memory']}")
+    if "kill" in parts:
+        print(f"kill -9 at {args.kills} random points (demo dataset):", flush=True)
+        k = report["kill"] = kill_points(args)
+        print(f"kill -9: {k['acknowledged']} acknowledged updates over {k['kills']} kills; problems "
+              f"{len(k['problems'])}" + "".join(f"\n  {p}" for p in k["problems"][:10]))
+        if k["restarts"]:
+            first, last = k["restarts"][0], k["restarts"][-1]
+            print(f"restart to ready: {first['ready_s']}s with {first['log_batches']} logged batches, "
+                  f"{last['ready_s']}s with {last['log_batches']}")
+    print(f"machine: {report['machine']}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
