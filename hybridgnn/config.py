@@ -26,6 +26,15 @@ def env_default(name: str, default, cast=str):
         raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {cast.__name__}") from exc
 
 
+def setting(default, help: str, *, flag: str | None = None, scale: float | None = None, choices=None, parse=None):
+    """A config field that is also a command-line flag: its default lives here, once.
+    flag: the flag's name (default --<field-name>); scale: flag value = field value ×
+    scale (e.g. 1000 for a _s field shown in milliseconds); parse: the flag's type when
+    it is not the field's own (e.g. "1G" byte sizes). cli/flags.py builds the flags."""
+    meta = {"help": help, "flag": flag, "scale": scale, "choices": choices, "parse": parse}
+    return field(default=default, metadata=meta)
+
+
 def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     """'15,10,5' -> (15, 10, 5); hop 1 (neighbours of the seeds) comes first."""
     if isinstance(text, (tuple, list)):
@@ -51,7 +60,7 @@ class SamplingConfig:
     """K-hop uniform sampling without replacement; fanouts[0] applies to the seeds' neighbours."""
 
     fanouts: tuple[int, ...] = (10, 5)
-    seed: int = 0
+    seed: int = setting(0, "sampling seed")
 
     def __post_init__(self):
         if len(self.fanouts) == 0:
@@ -70,11 +79,13 @@ class BatcherConfig:
     """Micro-batching: a batch closes at max_batch_seeds seeds, max_batch_requests requests,
     or max_wait_s after its first request, whichever comes first."""
 
-    max_batch_seeds: int = 1024
-    max_batch_requests: int = 256
-    max_wait_s: float = 0.002
+    max_batch_seeds: int = setting(1024, "a batch closes at this many seeds")
+    max_batch_requests: int = setting(256, "a batch closes at this many requests")
+    max_wait_s: float = setting(0.002, "longest a request waits for its batch to fill", flag="--max-wait-ms",
+                                scale=1000.0)
     # Requests admitted but not yet answered; beyond this new requests get 429.
-    max_pending_requests: int = 2048
+    max_pending_requests: int = setting(2048, "hard cap on requests in flight (memory); the queue-delay bound "
+                                        "usually refuses first", flag="--max-pending")
     # A batch also closes before its summed PSGS would pass this (Quiver's PSGS-bounded
     # batching; a profile's slo:<ms> policy sets it). A request is never split.
     max_batch_psgs: float = math.inf
@@ -99,7 +110,10 @@ class AdmissionConfig:
     None: the SLO's room (slo:<ms> policy: the SLO less the batching wait and a full
     batch's p99 service time) or DEFAULT_QUEUE_DELAY_S."""
 
-    max_queue_delay_s: float | None = None
+    max_queue_delay_s: float | None = setting(
+        None, "admit a request only while the queueing delay it would see (queued work over the measured "
+        "service rate) stays within this; else 429 + Retry-After (default: the room an slo:<ms> policy leaves, "
+        "else 100)", flag="--max-queue-delay-ms", scale=1000.0)
 
     def __post_init__(self):
         if self.max_queue_delay_s is not None and not 0 < self.max_queue_delay_s <= 60:
@@ -154,12 +168,16 @@ class DeviceMemoryConfig:
     of device memory; the topology is read zero-copy from pinned host memory (uva) or
     copied to the device (gpu)."""
 
-    cache_bytes: int = 1 << 30
-    graph_placement: str = "uva"
+    cache_bytes: int = setting(1 << 30, "device memory for the hottest feature rows by FAP (e.g. 512M, 4G)",
+                               flag="--gpu-cache-bytes", parse=lambda v: parse_bytes(v))
+    graph_placement: str = setting("uva", "GPU sampler reads the topology from pinned host memory over UVA, or "
+                                   "from a copy in device memory", choices=GRAPH_PLACEMENTS)
     # A plan from `hybridgnn place`: both pipelines then read features through its tiers
     # (this replica is server `placement_server` of the plan), instead of the FAP cache.
-    placement_plan: Path | None = None
-    placement_server: int = 0
+    placement_plan: Path | None = setting(None, "a plan directory from `hybridgnn place`: both pipelines read "
+                                          "features through its tiers (GPU, peer GPU, pinned host, disk) "
+                                          "instead of the FAP-ordered cache", flag="--placement")
+    placement_server: int = setting(0, "which server of the --placement plan this replica is")
 
     def __post_init__(self):
         if self.placement_server < 0:
@@ -194,28 +212,33 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model_name: str = "hybridgnn"
-    max_request_nodes: int = 8192
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8000, "port to listen on")
+    model_name: str = setting("hybridgnn", "name in /v2/models/{name}")
+    max_request_nodes: int = setting(8192, "most node ids one request may name (413 beyond)")
     max_body_bytes: int = 16 * 1024 * 1024
-    drain_timeout_s: float = 30.0
-    shutdown_grace_s: float = 0.5
+    drain_timeout_s: float = setting(30.0, "on SIGTERM, how long admitted requests may take to finish")
+    shutdown_grace_s: float = setting(0.5, "after draining, keep answering 503 this long before closing the "
+                                      "listener")
     # After a stop signal, report not-ready but keep serving this long, so balancers that
     # poll readiness stop routing here before requests are refused (0: refuse at once).
-    unready_delay_s: float = 0.0
+    unready_delay_s: float = setting(0.0, "on SIGTERM, report not-ready but keep serving this long before "
+                                     "draining (longer than the balancer's health-check interval)")
     retry_after_s: int = 1
     # Per-node request counts written here (.counts.npy) every seed_log_interval_s and at
     # stop, for `hybridgnn place --from-log`.
-    seed_log: Path | None = None
+    seed_log: Path | None = setting(None, "write per-node request counts here (a .counts.npy, every 60 s and at "
+                                    "stop) for `hybridgnn place --from-log`")
     seed_log_interval_s: float = 60.0
     # Keep-alive connections idle this long between requests are closed.
-    idle_timeout_s: float = 75.0
+    idle_timeout_s: float = setting(75.0, "close keep-alive connections idle this long between requests")
     # A request must arrive whole within this long of its first byte (else 408 and close).
-    request_timeout_s: float = 30.0
+    request_timeout_s: float = setting(30.0, "a request must arrive whole within this long of its first byte "
+                                       "(else 408)")
     # Open connections beyond this get 503 + Retry-After and are closed (lowered at start to
     # what the process's descriptor limit leaves room for).
-    max_connections: int = 10_000
+    max_connections: int = setting(10_000, "open connections beyond this get 503 + Retry-After (capped by the "
+                                   "descriptor limit)")
 
     def __post_init__(self):
         if self.idle_timeout_s <= 0:
@@ -247,8 +270,10 @@ class NewNodeConfig:
     """New-node requests: the mode used when a request names none, and SRPE's default
     recompute budget γ (share of the query nodes' direct neighbours recomputed)."""
 
-    default_mode: str = "srpe"
-    gamma: float = 0.1
+    default_mode: str = setting("srpe", "mode of new-node requests that name none", flag="--new-node-mode",
+                                choices=("full", "pe", "srpe"))
+    gamma: float = setting(0.1, "default share of the query nodes' direct neighbours that SRPE recomputes",
+                           flag="--srpe-gamma")
     policy: str = "ratio"
 
     def __post_init__(self):
@@ -266,13 +291,17 @@ class UpdateConfig:
     requests must carry "Authorization: Bearer <token>"."""
 
     token: str | None = None
-    max_batch_updates: int = 1000  # queued requests merged into one application up to this many updates
+    max_batch_updates: int = setting(1000, "queued update requests are merged and applied together up to this "
+                                     "many updates", flag="--update-batch")
     max_request_updates: int = 100_000
     compact_patched_entries: int = 1_000_000  # fold patches into the base CSR beyond this many
-    propagation: str = "auto"  # "recompute": recompute every affected node (the RIPPLE++ baseline)
-    # Where applied batches are logged durably before they are acknowledged: None for
-    # <dataset>/updates.sqlite, sqlite:///<path> or a path, or "off" (memory only).
-    log: str | None = None
+    propagation: str = setting("auto", "auto: deltas for sum/mean/GCN/GIN layers, recompute for max/attention; "
+                               "recompute: recompute every affected node (slower)", flag="--update-propagation",
+                               choices=("auto", "recompute"))
+    log: str | None = setting(None, "with --update-token: where applied update batches are logged durably "
+                              "before they are acknowledged and replayed from at start: sqlite:///<path> or a path "
+                              "(default <dataset>/updates.sqlite), or off (updates live in memory only and are "
+                              "lost on restart)", flag="--update-log")
 
     def __post_init__(self):
         if self.token is not None and len(self.token) < 8:
@@ -306,10 +335,16 @@ class PolicyConfig:
     # What slo:<ms> assumes beyond the profile (scheduler/queueing.py): seeds per request
     # (--adapt replaces it with the live mean), the event loop's CPU per request, and CPU
     # per request that other processes on these cores spend (a load generator beside it).
-    request_seeds: float = 8.0
-    frontend_cpu_us: float = 500.0
-    colocated_cpu_us: float = 0.0
-    service_scale: float = 1.0  # batches now take this many times as long as profiled (drift)
+    request_seeds: float = setting(8.0, "slo:<ms> assumes requests of this many seeds on average (--adapt uses "
+                                   "the live mean)")
+    frontend_cpu_us: float = setting(500.0, "slo:<ms> charges each request this much event-loop CPU "
+                                     "(microseconds), which slows the CPU pipeline as load grows")
+    colocated_cpu_us: float = setting(0.0, "CPU per request (microseconds) spent by other processes on these "
+                                      "cores, e.g. a load generator on the same machine; slo:<ms> leaves it "
+                                      "to them")
+    service_scale: float = setting(1.0, "slo:<ms> assumes batches take this many times as long as profiled, "
+                                   "load aside (the machine drifting since the profile; service_stretch in the "
+                                   "model metadata shows it)")
 
     def __post_init__(self):
         if not (self.policy in ("latency", "throughput", "cpu", "gpu")

@@ -129,3 +129,33 @@ def test_precompute_warns_about_a_model_trained_on_another_dataset(tmp_path, cap
     with caplog.at_level("WARNING"):
         assert main(["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m")]) == 0
     assert any("trained on dataset elsewhere" in r.getMessage() for r in caplog.records)
+
+
+def test_serve_flags_come_from_the_config_fields_with_their_defaults():
+    """One default per setting: parsing no flags gives back each config's own defaults,
+    and a flag in another unit converts both ways."""
+    from hybridgnn.cli.flags import config_values, settings
+    from hybridgnn.config import (
+        AdmissionConfig,
+        BatcherConfig,
+        DeviceMemoryConfig,
+        NewNodeConfig,
+        PolicyConfig,
+        SamplingConfig,
+        ServerConfig,
+        UpdateConfig,
+    )
+
+    classes = (ServerConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
+               UpdateConfig, DeviceMemoryConfig)
+    args = build_parser().parse_args(["serve"])
+    for cls in classes:
+        assert settings(cls), cls
+        assert config_values(args, cls) == {f.name: f.default for f in settings(cls)}, cls
+    args = build_parser().parse_args(["serve", "--max-wait-ms", "5", "--max-pending", "7", "--port", "9001",
+                                      "--gpu-cache-bytes", "512M", "--max-queue-delay-ms", "40"])
+    assert config_values(args, BatcherConfig)["max_wait_s"] == 0.005
+    assert config_values(args, BatcherConfig)["max_pending_requests"] == 7
+    assert config_values(args, ServerConfig)["port"] == 9001
+    assert config_values(args, DeviceMemoryConfig)["cache_bytes"] == 512 << 20
+    assert config_values(args, AdmissionConfig)["max_queue_delay_s"] == 0.04

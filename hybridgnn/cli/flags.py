@@ -1,0 +1,68 @@
+"""Command-line flags generated from the config dataclasses' fields.
+
+A field declared with config.setting(...) carries its help, flag name and unit scale;
+its default is the field's own, so a default lives in one place. Every flag can also be
+set as HYBRIDGNN_<FLAG> (e.g. HYBRIDGNN_MAX_WAIT_MS=5)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from hybridgnn.config import env_default
+
+_TYPES = {"int": int, "float": float, "str": str, "Path": Path}
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _dest(cls, f: dataclasses.Field) -> str:
+    return f"{cls.__name__}.{f.name}"
+
+
+def _type(f: dataclasses.Field):
+    if f.metadata.get("parse") is not None:
+        return f.metadata["parse"]
+    name = str(f.type).replace(" | None", "").strip()
+    if name not in _TYPES:
+        raise TypeError(f"{f.name}: no flag type for annotation {f.type!r}")
+    return _TYPES[name]
+
+
+def settings(cls) -> list[dataclasses.Field]:
+    """The fields of `cls` that are flags (declared with config.setting)."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *classes) -> None:
+    """One flag per setting of each class: type, default (in the flag's unit), choices,
+    help and the HYBRIDGNN_<FLAG> environment default, all from the field."""
+    for cls in classes:
+        for f in settings(cls):
+            flag, kind, scale = _flag(f), _type(f), f.metadata.get("scale")
+            default = f.default
+            if default is not None and scale:
+                default = default * scale
+            env = flag[2:].upper().replace("-", "_")
+            parser.add_argument(flag, dest=_dest(cls, f), type=kind, choices=f.metadata.get("choices"),
+                                default=env_default(env, default, kind), help=f.metadata["help"],
+                                metavar=None if f.metadata.get("choices") else env)
+
+
+def config_values(args: argparse.Namespace, cls) -> dict:
+    """{field: value} for cls's settings as parsed (back in the field's unit)."""
+    out = {}
+    for f in settings(cls):
+        value = getattr(args, _dest(cls, f))
+        scale = f.metadata.get("scale")
+        out[f.name] = value / scale if value is not None and scale else value
+    return out
+
+
+def flag_value(args: argparse.Namespace, cls, name: str):
+    """The parsed value of one setting, in the flag's unit."""
+    f = next(f for f in settings(cls) if f.name == name)
+    return getattr(args, _dest(cls, f))
