@@ -20,6 +20,10 @@ class FeatureStore(Protocol):
         """How many of these rows each tier serves (for the cache-hit metrics)."""
         ...
 
+    def gather_counted(self, node_ids: np.ndarray) -> tuple[torch.Tensor, dict[str, int]]:
+        """gather() and rows_by_tier() in one pass (what a pipeline calls per batch)."""
+        ...
+
 
 class HostFeatureStore:
     """Rows read from the dataset's feature matrix in host memory (mmap'd, shared by all
@@ -36,6 +40,9 @@ class HostFeatureStore:
     def rows_by_tier(self, node_ids: np.ndarray) -> dict[str, int]:
         return {"host": int(len(node_ids))}
 
+    def gather_counted(self, node_ids: np.ndarray) -> tuple[torch.Tensor, dict[str, int]]:
+        return self.gather(node_ids), {"host": int(len(node_ids))}
+
     def gather(self, node_ids: np.ndarray) -> torch.Tensor:
         return torch.index_select(self._table, 0, torch.from_numpy(np.ascontiguousarray(node_ids, dtype=np.int64)))
 
@@ -50,6 +57,9 @@ class DynamicFeatureStore:
 
     def rows_by_tier(self, node_ids: np.ndarray) -> dict[str, int]:
         return {"host": int(len(node_ids))}
+
+    def gather_counted(self, node_ids: np.ndarray) -> tuple[torch.Tensor, dict[str, int]]:
+        return self.gather(node_ids), {"host": int(len(node_ids))}
 
     def gather(self, node_ids: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.graph.features(node_ids))

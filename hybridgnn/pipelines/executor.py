@@ -35,10 +35,7 @@ class BatchExecutor:
             t0 = time.perf_counter()
             sub = self.sampler.sample(seeds)
             t1 = time.perf_counter()
-            if hasattr(self.features, "gather_counted"):
-                x, tiers = self.features.gather_counted(sub.node_ids)
-            else:
-                x, tiers = self.features.gather(sub.node_ids), None
+            x, tiers = self.features.gather_counted(sub.node_ids)
             x = x.to(self.device, non_blocking=True)
             degrees = self.degrees.tensors(sub.node_ids, self.device) if self.degrees is not None else None
             t2 = time.perf_counter()
@@ -53,4 +50,4 @@ class BatchExecutor:
         t.sample_s, t.gather_s, t.compute_s = t1 - t0, t2 - t1, t3 - t2
         return BatchResult(logits=logits, embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
                            sampled_edges=sub.num_edges,
-                           gathered_rows=tiers if tiers is not None else self.features.rows_by_tier(sub.node_ids))
+                           gathered_rows=tiers)
