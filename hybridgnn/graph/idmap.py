@@ -4,7 +4,8 @@ dense internal ids 0..n-1 the graph is stored by.
 Internal id i is the i-th smallest external id, so the map is one sorted array
 (`node_ids.npy` beside the dataset, memory-mapped): external -> internal is a binary
 search, internal -> external an index. Strings are stored as fixed-width unicode (no
-pickle)."""
+pickle). Nodes added by graph updates take the next internal ids; their external ids
+live in a second, small map (`extend`), which the update log restores on replay."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ class IdMap:
         if external.dtype.kind not in "iU":
             raise ValueError(f"external ids must be int64 or strings, got {external.dtype}")
         self.external = external
+        # Nodes added since import: (external ids by internal id - len(external), the same
+        # sorted, their internal ids in that order). Replaced whole on extend, so a reader
+        # on another thread sees the old tuple or the new one, never a mix.
+        empty = external[:0]
+        self._added = (empty, empty, np.empty(0, np.int64))
 
     @property
     def kind(self) -> str:
@@ -27,7 +33,23 @@ class IdMap:
         return "string" if self.external.dtype.kind == "U" else "int64"
 
     def __len__(self) -> int:
-        return int(self.external.shape[0])
+        return int(self.external.shape[0]) + int(self._added[0].shape[0])
+
+    def same_kind(self, values: np.ndarray) -> bool:
+        """Whether `values` are ids of this map's kind (strings for a string map)."""
+        return (np.asarray(values).dtype.kind == "U") == (self.kind == "string")
+
+    def extend(self, new_external: np.ndarray) -> None:
+        """Name the next len(new_external) internal ids (nodes a graph update added). The
+        caller has checked they are distinct and unknown."""
+        new_external = np.asarray(new_external)
+        if not len(new_external):
+            return
+        added, _, _ = self._added
+        ext = np.concatenate([added, new_external.astype(np.str_ if self.kind == "string" else np.int64)])
+        order = np.argsort(ext, kind="stable")
+        base = int(self.external.shape[0])
+        self._added = (ext, ext[order], (base + order).astype(np.int64))
 
     @classmethod
     def build(cls, ids: np.ndarray) -> tuple[IdMap, np.ndarray]:
@@ -48,10 +70,34 @@ class IdMap:
     def to_internal(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(internal ids, known mask): unknown values get -1."""
         values = np.asarray(values)
-        pos = np.searchsorted(self.external, values)
-        pos = np.minimum(pos, len(self) - 1) if len(self) else np.zeros(values.shape, dtype=np.int64)
-        known = (self.external[pos] == values) if len(self) else np.zeros(values.shape, dtype=bool)
-        return np.where(known, pos, -1).astype(np.int64), known
+        internal, known = _lookup(self.external, None, values)
+        added, added_sorted, added_internal = self._added
+        if len(added) and not known.all():
+            more, more_known = _lookup(added_sorted, added_internal, values)
+            internal = np.where(known, internal, more)
+            known = known | more_known
+        return internal, known
 
     def to_external(self, internal: np.ndarray) -> np.ndarray:
-        return np.asarray(self.external[np.asarray(internal, dtype=np.int64)])
+        internal = np.asarray(internal, dtype=np.int64)
+        base = int(self.external.shape[0])
+        added = self._added[0]
+        if not len(added) or not (internal >= base).any():
+            return np.asarray(self.external[internal])
+        out = np.empty(internal.shape, dtype=np.result_type(self.external.dtype, added.dtype))
+        old = internal < base
+        out[old] = self.external[internal[old]]
+        out[~old] = added[internal[~old] - base]
+        return out
+
+
+def _lookup(sorted_ext: np.ndarray, internal_of: np.ndarray | None, values: np.ndarray):
+    """Binary search of values in sorted_ext: (internal ids, -1 if unknown; known mask);
+    internal_of maps positions to internal ids (None: the position is the id)."""
+    n = int(sorted_ext.shape[0])
+    if not n:
+        return np.full(values.shape, -1, np.int64), np.zeros(values.shape, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_ext, values), n - 1)
+    known = sorted_ext[pos] == values
+    ids = pos if internal_of is None else internal_of[pos]
+    return np.where(known, ids, -1).astype(np.int64), known

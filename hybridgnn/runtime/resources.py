@@ -75,9 +75,6 @@ class Resources:
         trained_on = self.model_config.get("dataset_fingerprint")
         if trained_on and trained_on != self.graph.fingerprint:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
-        if cfg.updates.enabled and self.graph.id_map is not None:
-            raise ConfigError(f"graph updates are not supported yet on a dataset with an id map ({cfg.dataset_dir} "
-                              "names its nodes by external ids); serve it without --update-token")
         self.tables = WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts)
         self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint)
         self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)

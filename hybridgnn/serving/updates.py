@@ -26,7 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridgnn.config import UpdateConfig
-from hybridgnn.errors import BadRequest, ConfigError, PayloadTooLarge, UpdateError
+from hybridgnn.errors import (
+    BadRequest,
+    ConfigError,
+    PayloadTooLarge,
+    UpdateError,
+    brief,
+)
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.graph.journal import Journal
 from hybridgnn.serving.http.codec import decode_inputs, split_body
@@ -35,14 +41,17 @@ from hybridgnn.updates.log import UpdateLog
 
 log = logging.getLogger("hybridgnn.updates")
 
+# BYTES ids (and add_node_ids) only on a dataset imported with string node ids.
 UPDATE_INPUTS = {
-    "add_edges": (("INT64", "INT32"), "pairs"),
-    "remove_edges": (("INT64", "INT32"), "pairs"),
+    "add_edges": (("INT64", "INT32", "BYTES"), "pairs"),
+    "remove_edges": (("INT64", "INT32", "BYTES"), "pairs"),
     "add_node_features": (("FP32",), "matrix"),
-    "remove_nodes": (("INT64", "INT32"), "ids"),
-    "update_ids": (("INT64", "INT32"), "ids"),
+    "add_node_ids": (("INT64", "INT32", "BYTES"), "ids"),
+    "remove_nodes": (("INT64", "INT32", "BYTES"), "ids"),
+    "update_ids": (("INT64", "INT32", "BYTES"), "ids"),
     "update_features": (("FP32",), "matrix"),
 }
+_ID_INPUTS = ("add_edges", "remove_edges", "remove_nodes", "update_ids")
 
 
 @dataclass
@@ -56,6 +65,9 @@ class UpdateRequest:
     update_ids: np.ndarray
     update_features: np.ndarray
     received_s: float = 0.0
+    # On a dataset with an id map: the external ids of the new nodes (add_node_ids), in
+    # order; the other inputs were translated to internal ids (-k for the k-th new node).
+    new_external_ids: np.ndarray | None = None
 
     @property
     def num_new(self) -> int:
@@ -68,13 +80,22 @@ class UpdateRequest:
 
 
 def decode_update_request(body: bytes, header_length: str | None, *, feature_dim: int,
-                          max_updates: int) -> UpdateRequest:
+                          max_updates: int, id_map=None) -> UpdateRequest:
+    """id_map (graph.idmap.IdMap): the dataset names nodes by external ids; the request
+    then names every node by one (INT64 or BYTES, as the dataset), new ones included
+    (add_node_ids, one per add_node_features row)."""
     header, binary = split_body(body, header_length)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("a graph update needs a non-empty 'inputs' list naming any of "
                          f"{', '.join(UPDATE_INPUTS)}")
     tensors = decode_inputs(inputs, binary, UPDATE_INPUTS, f"a graph update takes any of {', '.join(UPDATE_INPUTS)}")
+    new_external = None
+    if id_map is not None:
+        tensors, new_external = _to_internal_ids(tensors, id_map)
+    elif "add_node_ids" in tensors or any(a.dtype.kind == "U" for a in tensors.values()):
+        raise BadRequest("this dataset numbers its nodes 0..n-1: name them by INT64 ids; add_node_ids and BYTES "
+                         "ids are for datasets imported with an id map (new nodes get the next ids)")
     empty_pairs, empty_ids = np.empty((0, 2), np.int64), np.empty(0, np.int64)
     empty_rows = np.empty((0, feature_dim), np.float32)
     req = UpdateRequest(add_edges=tensors.get("add_edges", empty_pairs),
@@ -83,7 +104,7 @@ def decode_update_request(body: bytes, header_length: str | None, *, feature_dim
                         remove_nodes=tensors.get("remove_nodes", empty_ids),
                         update_ids=tensors.get("update_ids", empty_ids),
                         update_features=tensors.get("update_features", empty_rows),
-                        received_s=time.monotonic())
+                        received_s=time.monotonic(), new_external_ids=new_external)
     for name in ("add_node_features", "update_features"):
         got = getattr(req, name)
         if got.shape[1] != feature_dim:
@@ -107,6 +128,43 @@ def decode_update_request(body: bytes, header_length: str | None, *, feature_dim
     if req.num_updates > max_updates:
         raise PayloadTooLarge(f"{req.num_updates} updates in one request; the limit is {max_updates}")
     return req
+
+
+def _to_internal_ids(tensors: dict[str, np.ndarray], id_map) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every node named by its external id → internal ids; this request's new nodes (by
+    their add_node_ids) → -1, -2, ... as on a dataset without a map. A node that is
+    neither known nor new is a 400 naming it."""
+    want = "BYTES (node names)" if id_map.kind == "string" else "INT64 (the dataset's own integer ids)"
+    for name, arr in tensors.items():
+        if name in (*_ID_INPUTS, "add_node_ids") and not id_map.same_kind(arr):
+            raise BadRequest(f"{name} must be {want} on this dataset")
+    new = tensors.pop("add_node_ids", None)
+    rows = tensors.get("add_node_features")
+    if (0 if new is None else len(new)) != (0 if rows is None else len(rows)):
+        raise BadRequest(f"add_node_ids names {0 if new is None else len(new)} nodes but add_node_features has "
+                         f"{0 if rows is None else len(rows)} rows: on this dataset each new node needs its id")
+    new = np.asarray(new if new is not None else np.empty(0, np.str_ if id_map.kind == "string" else np.int64))
+    if len(np.unique(new)) != len(new):
+        raise BadRequest("add_node_ids names a node twice")
+    _, exists = id_map.to_internal(new)
+    if exists.any():
+        raise BadRequest(f"node {brief(new[np.flatnonzero(exists)[0]].item())} already exists")
+    order = np.argsort(new, kind="stable")
+    out = dict(tensors)
+    for name in _ID_INPUTS:
+        if name not in tensors:
+            continue
+        ext = tensors[name]
+        internal, known = id_map.to_internal(ext)
+        if not known.all() and name in ("add_edges", "update_ids") and len(new):
+            pos = np.minimum(np.searchsorted(new[order], ext), len(new) - 1)
+            is_new = ~known & (new[order][pos] == ext)
+            internal = np.where(is_new, -(order[pos] + 1), internal)
+            known = known | is_new
+        if not known.all():
+            raise BadRequest(f"{name}: unknown node {brief(ext[~known].flat[0].item())}")
+        out[name] = internal.astype(np.int64)
+    return out, new
 
 
 def to_batch(requests: list[UpdateRequest], num_nodes: int) -> tuple[UpdateBatch, list[np.ndarray]]:
@@ -223,23 +281,49 @@ class UpdateApplier:
         with self.graph.lock.read():
             n = self.graph.num_nodes
         batch, assigned = to_batch(requests, n)
+        new_external = self._new_external_ids(requests)
         t0 = time.perf_counter()
-        position, affected, propagate_s = self._apply_batch(batch, n, durable=self.update_log is not None)
+        position, affected, propagate_s = self._apply_batch(batch, n, new_external,
+                                                            durable=self.update_log is not None)
         counts = {"add_edges": len(batch.add_edges), "remove_edges": len(batch.remove_edges),
                   "add_nodes": sum(len(a) for a in assigned), "remove_nodes": len(batch.remove_nodes),
                   "update_features": len(batch.update_ids)}
         self.stats.updates_applied(UpdateStats(time.perf_counter() - t0, propagate_s, affected, counts))
         version = self.graph.version
+        id_map = self.graph.base.id_map
+        if id_map is not None:  # answer in the client's own ids
+            assigned = [id_map.to_external(ids) for ids in assigned]
         return [{"graph_version": version, "log_position": position, "new_node_ids": ids.tolist(),
                  "updates": r.num_updates, "batch_updates": batch.num_updates, "affected_nodes": affected}
                 for r, ids in zip(requests, assigned, strict=True)]
 
-    def _apply_batch(self, batch: UpdateBatch, base_nodes: int, *, durable: bool) -> tuple[int | None, int, float | None]:
+    def _new_external_ids(self, requests: list[UpdateRequest]) -> np.ndarray | None:
+        """The new nodes' external ids in assignment order; UpdateError if two requests of
+        the batch, or one applied since they were decoded, claim the same id."""
+        id_map = self.graph.base.id_map
+        if id_map is None:
+            return None
+        new = np.concatenate([r.new_external_ids for r in requests if r.new_external_ids is not None] or
+                             [np.empty(0, np.int64)])
+        if len(np.unique(new)) != len(new) or (len(new) and id_map.to_internal(new)[1].any()):
+            raise UpdateError("update rejected, nothing applied: a node in add_node_ids already exists")
+        return new
+
+    def _apply_batch(self, batch: UpdateBatch, base_nodes: int, new_external: np.ndarray | None = None, *,
+                     durable: bool) -> tuple[int | None, int, float | None]:
         """Apply one batch all or nothing; with durable, its log append is the last step
-        under the writer lock (a failed append rolls the batch back). Returns (log
-        position or None, affected embedding rows, propagation seconds or None)."""
+        under the writer lock (a failed append rolls the batch back), then the id map
+        names the new nodes. Returns (log position or None, affected embedding rows,
+        propagation seconds or None)."""
         position: list[int] = []
-        commit = (lambda: position.append(self.update_log.append(batch, base_nodes))) if durable else None
+        id_map = self.graph.base.id_map
+
+        def commit() -> None:
+            if durable:
+                position.append(self.update_log.append(batch, base_nodes, new_external))
+            if id_map is not None and new_external is not None:
+                id_map.extend(new_external)
+
         if self.incremental is not None:
             report = self.incremental.apply(batch, commit)
             return (position[0] if position else None), report.affected_nodes, report.propagate_s
@@ -247,8 +331,7 @@ class UpdateApplier:
         with self.graph.lock.write():
             try:
                 self.graph.apply(batch, journal)
-                if commit is not None:
-                    commit()
+                commit()
             except BaseException:
                 journal.rollback()
                 raise
@@ -263,14 +346,14 @@ class UpdateApplier:
         total, t0, done = len(self.update_log), time.perf_counter(), 0
         if total:
             log.info("replaying %d logged update batches from %s", total, self.update_log.path)
-        for position, batch, base_nodes in self.update_log.entries():
+        for position, batch, base_nodes, new_external in self.update_log.entries():
             with self.graph.lock.read():
                 n = self.graph.num_nodes
             if n != base_nodes:
                 raise ConfigError(f"update log {self.update_log.path} position {position} was applied to a graph of "
                                   f"{base_nodes} nodes, but replay reached it with {n}")
             try:
-                self._apply_batch(batch, base_nodes, durable=False)
+                self._apply_batch(batch, base_nodes, new_external if len(new_external) else None, durable=False)
             except UpdateError as exc:
                 raise ConfigError(f"update log {self.update_log.path} position {position} does not apply to this "
                                   f"dataset: {exc}") from exc

@@ -31,8 +31,11 @@ SCHEMA = 1
 _FIELDS = ("add_edges", "remove_edges", "add_node_features", "remove_nodes", "update_ids", "update_features")
 
 
-def encode_batch(batch: UpdateBatch, base_nodes: int, feature_dim: int) -> bytes:
-    """The batch's arrays (None rows as empty [0, F]) and the node count it applied to."""
+def encode_batch(batch: UpdateBatch, base_nodes: int, feature_dim: int,
+                 new_external_ids: np.ndarray | None = None) -> bytes:
+    """The batch's arrays (None rows as empty [0, F]), the node count it applied to and,
+    on a dataset with an id map, the external ids its new nodes were given (int64, or
+    fixed-width unicode: no pickle either way)."""
     arrays = {}
     for name in _FIELDS:
         value = getattr(batch, name)
@@ -40,18 +43,21 @@ def encode_batch(batch: UpdateBatch, base_nodes: int, feature_dim: int) -> bytes
             value = np.empty((0, feature_dim), np.float32)
         arrays[name] = np.ascontiguousarray(value)
     buf = io.BytesIO()
-    np.savez(buf, base_nodes=np.int64(base_nodes), **arrays)
+    ext = np.empty(0, np.int64) if new_external_ids is None else np.asarray(new_external_ids)
+    np.savez(buf, base_nodes=np.int64(base_nodes), new_external_ids=ext, **arrays)
     return buf.getvalue()
 
 
-def decode_batch(blob: bytes) -> tuple[UpdateBatch, int]:
+def decode_batch(blob: bytes) -> tuple[UpdateBatch, int, np.ndarray]:
+    """(batch, the node count it applied to, its new nodes' external ids or empty)."""
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:
         arrays = {name: z[name] for name in _FIELDS}
         base_nodes = int(z["base_nodes"])
+        ext = z["new_external_ids"]
     for name in ("add_node_features", "update_features"):
         if len(arrays[name]) == 0:
             arrays[name] = None
-    return UpdateBatch(**arrays), base_nodes
+    return UpdateBatch(**arrays), base_nodes, ext
 
 
 def parse_log_url(url: str | None, dataset_dir: Path) -> Path | None:
@@ -105,19 +111,18 @@ class UpdateLog:
         row = self._db.execute("SELECT MAX(position) FROM batches").fetchone()
         return int(row[0] or 0)
 
-    def append(self, batch: UpdateBatch, base_nodes: int) -> int:
+    def append(self, batch: UpdateBatch, base_nodes: int, new_external_ids: np.ndarray | None = None) -> int:
         """Commit one applied batch durably; returns its position."""
-        blob = encode_batch(batch, base_nodes, self.feature_dim)
+        blob = encode_batch(batch, base_nodes, self.feature_dim, new_external_ids)
         with self._lock:
             cur = self._db.execute("INSERT INTO batches (applied_unix_s, body) VALUES (?, ?)", (time.time(), blob))
             return int(cur.lastrowid)
 
-    def entries(self, after: int = 0) -> Iterator[tuple[int, UpdateBatch, int]]:
-        """(position, batch, base_nodes) after `after`, in order."""
+    def entries(self, after: int = 0) -> Iterator[tuple[int, UpdateBatch, int, np.ndarray]]:
+        """(position, batch, base_nodes, new external ids) after `after`, in order."""
         rows = self._db.execute("SELECT position, body FROM batches WHERE position > ? ORDER BY position", (after,))
         for position, body in rows:
-            batch, base_nodes = decode_batch(body)
-            yield int(position), batch, base_nodes
+            yield int(position), *decode_batch(body)
 
     def __len__(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM batches").fetchone()[0])

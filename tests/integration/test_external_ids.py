@@ -87,14 +87,51 @@ def test_tritonclient_sends_names_as_bytes(named):
         assert res.as_numpy("predictions").shape == (3,)
 
 
-def test_updates_on_a_mapped_dataset_are_refused_at_start_in_one_line(named, tmp_path):
-    import subprocess
-    import sys
+def test_updates_name_nodes_by_their_names_and_survive_a_restart(named, tmp_path):
+    _, graph, _ = named
+    token, log = "a-long-token", tmp_path / "updates.sqlite"
+    flags = ("--workers", "1", "--update-token", token, "--update-log", str(log))
+    auth = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
 
-    srv, graph, _ = named
-    proc = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "serve", "--dataset", str(graph.root),
-                           "--model", str(graph.root.parent / "model"), "--update-token", "a-long-token", "--port", "1"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "graph updates are not supported yet on a dataset with an id map" in proc.stderr
-    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    def update(url, inputs):
+        req = urllib.request.Request(f"{url}/v2/models/{MODEL}/graph", json.dumps({"inputs": inputs}).encode(), auth)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def lookup(url, names):
+        return _post(f"{url}/v2/models/{MODEL}/infer", {
+            "inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [len(names)], "data": names}],
+            "parameters": {"mode": "precomputed"}})
+
+    add_carol = [{"name": "add_node_features", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8},
+                 {"name": "add_node_ids", "datatype": "BYTES", "shape": [1], "data": ["carol"]},
+                 {"name": "add_edges", "datatype": "BYTES", "shape": [2, 2],
+                  "data": [["carol", "user-007"], ["user-007", "carol"]]}]
+    srv = ServerProcess(graph.root, graph.root.parent / "model", *flags).wait_ready()
+    try:
+        status, out = update(srv.url, add_carol)
+        assert status == 200 and out["new_node_ids"] == ["carol"], out
+        status, out = update(srv.url, add_carol)
+        assert status == 400 and "carol" in out["error"] and "already exists" in out["error"]
+        status, out = update(srv.url, [{"name": "remove_edges", "datatype": "BYTES", "shape": [1, 2],
+                                        "data": [["mallory", "user-007"]]}])
+        assert status == 400 and "unknown node 'mallory'" in out["error"]
+        status, out = update(srv.url, [{"name": "remove_nodes", "datatype": "INT64", "shape": [1], "data": [3]}])
+        assert status == 400 and "must be BYTES" in out["error"]
+        status, out = update(srv.url, [{"name": "remove_nodes", "datatype": "BYTES", "shape": [1],
+                                        "data": ["user-005"]}])
+        assert status == 200, out
+        status, before = lookup(srv.url, ["carol", "user-007"])
+        assert status == 200 and {o["name"]: o for o in before["outputs"]}["node_ids"]["data"] == ["carol", "user-007"]
+        srv.proc.kill()  # kill -9: the names of added nodes come back from the update log
+        srv.proc.wait(30)
+        srv = ServerProcess(graph.root, graph.root.parent / "model", *flags).wait_ready()
+        status, after = lookup(srv.url, ["carol", "user-007"])
+        assert status == 200 and after == before
+        status, out = lookup(srv.url, ["user-005"])
+        assert status == 404 and "removed" in out["error"], out
+    finally:
+        srv.stop()

@@ -241,7 +241,7 @@ def test_named_ids_json_and_binary_map_to_internal_ids_and_echo():
 @pytest.mark.parametrize("inp, match", [
     ({"datatype": "BYTES", "shape": [2], "data": ["bob", "zed"]}, "unknown node id 'zed'"),
     ({"datatype": "INT64", "shape": [1], "data": [1]}, "must be BYTES"),
-    ({"datatype": "BYTES", "shape": [2], "data": ["bob", 3]}, "flat list of 2 strings"),
+    ({"datatype": "BYTES", "shape": [2], "data": ["bob", 3]}, "per row. of 2 strings"),
     ({"datatype": "BYTES", "shape": [1], "data": ["x" * 2000]}, "at most 1024"),
     ({"datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": 7}}, "ends inside element|claims"),
 ])

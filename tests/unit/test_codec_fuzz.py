@@ -42,7 +42,8 @@ parameters = st.one_of(
 # name -> (kind of values, layout): what a well-formed tensor of that name looks like
 LAYOUTS = {"node_ids": ("id", "ids"), "features": ("float", "matrix"), "edge_index": ("id", "edges"),
            "add_edges": ("id", "pairs"), "remove_edges": ("id", "pairs"), "add_node_features": ("float", "matrix"),
-           "remove_nodes": ("id", "ids"), "update_ids": ("id", "ids"), "update_features": ("float", "matrix")}
+           "remove_nodes": ("id", "ids"), "update_ids": ("id", "ids"), "update_features": ("float", "matrix"),
+           "add_node_ids": ("id", "ids")}
 
 
 @st.composite

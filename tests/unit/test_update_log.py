@@ -20,8 +20,8 @@ from hybridgnn.updates.log import UpdateLog, decode_batch, encode_batch, parse_l
 def test_a_batch_round_trips_through_its_record():
     batch = UpdateBatch(add_edges=np.array([[1, 2], [3, 4]]), remove_nodes=np.array([5]),
                         add_node_features=np.ones((1, 4), np.float32))
-    back, base = decode_batch(encode_batch(batch, 60, 4))
-    assert base == 60 and back.add_edges.tolist() == [[1, 2], [3, 4]] and back.remove_nodes.tolist() == [5]
+    back, base, ext = decode_batch(encode_batch(batch, 60, 4))
+    assert base == 60 and len(ext) == 0 and back.add_edges.tolist() == [[1, 2], [3, 4]] and back.remove_nodes.tolist() == [5]
     assert back.add_node_features.shape == (1, 4) and back.update_features is None
     assert back.num_updates == batch.num_updates
 
@@ -40,8 +40,8 @@ def test_the_log_keeps_order_and_belongs_to_one_dataset(tmp_path):
         assert log.append(UpdateBatch(remove_nodes=np.array([k])), 10) == k + 1
     log.close()
     again = UpdateLog(tmp_path / "u.sqlite", "abc", 4)
-    assert [(p, b.remove_nodes.tolist()) for p, b, _ in again.entries()] == [(1, [0]), (2, [1]), (3, [2])]
-    assert [p for p, _, _ in again.entries(after=2)] == [3] and again.position == 3
+    assert [(p, b.remove_nodes.tolist()) for p, b, _, _ in again.entries()] == [(1, [0]), (2, [1]), (3, [2])]
+    assert [p for p, _, _, _ in again.entries(after=2)] == [3] and again.position == 3
     again.close()
     with pytest.raises(ConfigError, match="belongs to dataset abc"):
         UpdateLog(tmp_path / "u.sqlite", "other", 4)
@@ -119,3 +119,43 @@ def test_graph_only_updates_are_logged_and_replayed_too(tmp_path):
     other = DynamicGraph(dynamic_setup(tmp_path / "b")[0].base)
     assert UpdateApplier(UpdateConfig(token="12345678"), None, other, ServingStats(), log).replay() == 2
     assert other.num_nodes == 61 and (other.features(np.array([60])) == 2).all()
+
+
+def test_an_id_map_names_added_nodes_for_lookups_both_ways():
+    from hybridgnn.graph.idmap import IdMap
+
+    names, _ = IdMap.build(np.array(["bob", "alice", "zed"]))
+    names.extend(np.array(["carol", "al"]))
+    internal, known = names.to_internal(np.array(["alice", "carol", "al", "mallory", "zed"]))
+    assert internal.tolist() == [0, 3, 4, -1, 2] and known.tolist() == [True, True, True, False, True]
+    assert names.to_external(np.array([4, 0, 3])).tolist() == ["al", "alice", "carol"] and len(names) == 5
+    ints, _ = IdMap.build(np.array([100, 5, 70]))
+    ints.extend(np.array([3, 1000]))
+    assert ints.to_internal(np.array([3, 5, 1000, 7]))[0].tolist() == [3, 0, 4, -1]
+
+
+def test_updates_on_a_mapped_dataset_translate_names_and_new_nodes():
+    from hybridgnn.errors import BadRequest
+    from hybridgnn.graph.idmap import IdMap
+
+    names, _ = IdMap.build(np.array([f"n{i}" for i in range(5)]))
+
+    def dec(*inputs):
+        return decode_update_request(update_body(*inputs), None, feature_dim=4, max_updates=100, id_map=names)
+
+    req = dec(("add_node_features", np.ones((2, 4)), "FP32"), ("add_node_ids", ["x", "y"], "BYTES"),
+              ("add_edges", [["x", "n1"], ["n2", "y"], ["x", "y"]], "BYTES"), ("update_ids", ["y"], "BYTES"),
+              ("update_features", np.zeros((1, 4)), "FP32"))
+    assert req.add_edges.tolist() == [[-1, 1], [2, -2], [-1, -2]] and req.update_ids.tolist() == [-2]
+    assert req.new_external_ids.tolist() == ["x", "y"]
+    for inputs, match in [
+        ((("add_node_features", np.ones((1, 4)), "FP32"),), "needs its id"),
+        ((("add_node_features", np.ones((1, 4)), "FP32"), ("add_node_ids", ["n3"], "BYTES")), "already exists"),
+        ((("remove_nodes", ["q"], "BYTES"),), "unknown node 'q'"),
+        ((("remove_nodes", [1], "INT64"),), "must be BYTES"),
+        ((("add_node_features", np.ones((2, 4)), "FP32"), ("add_node_ids", ["a", "a"], "BYTES")), "twice"),
+    ]:
+        with pytest.raises(BadRequest, match=match):
+            dec(*inputs)
+    with pytest.raises(BadRequest, match="id map"):
+        decode_update_request(update_body(("remove_nodes", ["n1"], "BYTES")), None, feature_dim=4, max_updates=100)

@@ -365,5 +365,6 @@ class Api:
             raise Unauthorized("graph updates need 'Authorization: Bearer <token>' with the server's update token")
         req = decode_update_request(request.body, request.headers.get(_HEADER_LENGTH),
                                     feature_dim=engine.graph.feature_dim,
-                                    max_updates=engine.cfg.updates.max_request_updates)
+                                    max_updates=engine.cfg.updates.max_request_updates,
+                                    id_map=engine.graph.id_map)
         return Reply.json(await engine.side.update_graph(req))

@@ -230,7 +230,8 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
     _check_shape(name, shape, layout)
     count = math.prod(shape)  # a Python product: np.prod on a short list costs more than the rest of decoding
     if datatype == "BYTES":
-        return decode_bytes(inp, binary, count)
+        arr, used = decode_bytes(inp, binary, count)
+        return (arr.reshape(shape) if layout != "ids" else arr), used
     out_dtype = np.float32 if datatype == "FP32" else np.int64
     iparams = inp.get("parameters") or {}
     bsize = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
@@ -302,9 +303,11 @@ def decode_bytes(inp: dict, binary: memoryview, count: int) -> tuple[np.ndarray,
         except UnicodeDecodeError as exc:
             raise BadRequest(f"input {name!r}: node names must be UTF-8: {exc}") from exc
     data = inp.get("data")
+    if isinstance(data, list) and data and all(isinstance(v, list) for v in data):
+        data = [v for row in data for v in row]  # row-major nesting, as for the numeric types (one level)
     if not isinstance(data, list) or len(data) != count or not all(
             isinstance(v, str) and len(v) <= MAX_NAME_BYTES for v in data):
-        raise BadRequest(f"input {name!r}: BYTES 'data' must be a flat list of {count} strings "
+        raise BadRequest(f"input {name!r}: BYTES 'data' must be a list (flat, or one list per row) of {count} strings "
                          f"(each at most {MAX_NAME_BYTES} characters)")
     return np.array(data, dtype=str).reshape(-1), 0
 
