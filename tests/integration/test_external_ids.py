@@ -135,3 +135,30 @@ def test_updates_name_nodes_by_their_names_and_survive_a_restart(named, tmp_path
         assert status == 404 and "removed" in out["error"], out
     finally:
         srv.stop()
+
+
+def test_new_node_requests_name_query_nodes_and_neighbours(named):
+    srv, graph, _ = named
+    url = f"{srv.url}/v2/models/{MODEL}/infer"
+
+    def ask(query, edges, mode="full"):
+        inputs = [{"name": "features", "datatype": "FP32", "shape": [len(query), 8], "data": [0.25] * (8 * len(query))},
+                  {"name": "edge_index", "datatype": "BYTES", "shape": [2, len(edges[0])], "data": edges}]
+        if query is not None:
+            inputs.append({"name": "query_ids", "datatype": "BYTES", "shape": [len(query)], "data": query})
+        return _post(url, {"inputs": inputs, "parameters": {"mode": mode}})
+
+    edges = [["user-007", "user-123", "q1"], ["q1", "q1", "q2"]]
+    for mode in ("full", "pe", "srpe", "sampled"):
+        status, out = ask(["q1", "q2"], edges, mode)
+        assert status == 200, (mode, out)
+        outs = {o["name"]: o for o in out["outputs"]}
+        assert outs["node_ids"]["data"] == ["q1", "q2"] and outs["logits"]["shape"][0] == 2
+    status, out = ask(["user-001", "q2"], edges)
+    assert status == 400 and "names an existing node" in out["error"]
+    status, out = ask(["q1", "q2"], [["mallory"], ["q1"]])
+    assert status == 400 and "unknown node 'mallory'" in out["error"]
+    inputs = [{"name": "features", "datatype": "FP32", "shape": [1, 8], "data": [0.0] * 8},
+              {"name": "edge_index", "datatype": "BYTES", "shape": [2, 1], "data": [["user-007"], ["q1"]]}]
+    status, out = _post(url, {"inputs": inputs})
+    assert status == 400 and "query_ids" in out["error"]

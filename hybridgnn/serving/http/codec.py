@@ -64,7 +64,8 @@ class InferRequest:
 INPUTS = {
     INPUT_NAME: ((*ID_DATATYPES, "BYTES"), "ids"),
     "features": (("FP32",), "matrix"),
-    "edge_index": (ID_DATATYPES, "edges"),
+    "edge_index": ((*ID_DATATYPES, "BYTES"), "edges"),
+    "query_ids": ((*ID_DATATYPES, "BYTES"), "ids"),  # new nodes' names, on a dataset with an id map
 }
 
 
@@ -127,14 +128,16 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
                             "(FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes")
     req = InferRequest(parameters=params)
     if "features" in tensors or "edge_index" in tensors:
-        if id_map is not None:
-            raise BadRequest("new-node requests are not supported yet on a dataset whose nodes have external ids "
-                             "(imported with an id map)")
         if INPUT_NAME in tensors:
             raise BadRequest(f"send either {INPUT_NAME!r} (existing nodes) or 'features' + 'edge_index' "
                              "(new nodes), not both")
         if not {"features", "edge_index"} <= tensors.keys():
             raise BadRequest("a new-node request needs both 'features' (FP32 [q, F]) and 'edge_index' (INT64 [2, m])")
+        if id_map is not None:
+            tensors["edge_index"], req.external_ids = map_query_edges(tensors, id_map, num_nodes)
+        elif "query_ids" in tensors or tensors["edge_index"].dtype.kind == "U":
+            raise BadRequest("this dataset numbers its nodes 0..n-1: edge_index is INT64, query nodes are "
+                             f"{num_nodes}.. (query_ids and BYTES ids are for datasets imported with an id map)")
         req.features, req.edge_index = validate_new_nodes(
             tensors["features"], tensors["edge_index"], max_nodes=max_nodes, num_nodes=num_nodes,
             feature_dim=feature_dim, max_edges=max_edges if max_edges is not None else 64 * max_nodes)
@@ -275,6 +278,37 @@ def map_external_ids(ids: np.ndarray, id_map, *, max_nodes: int) -> tuple[np.nda
     if not known.all():
         raise BadRequest(f"unknown node id {brief(ids[np.flatnonzero(~known)[0]].item())}")
     return ids, internal
+
+
+def map_query_edges(tensors: dict, id_map, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """A new-node request on a dataset with an id map: query_ids names the query nodes
+    (one per features row, none an existing node) and edge_index names nodes by external
+    ids. Returns (edge_index in internal ids, query nodes as num_nodes.., query_ids)."""
+    want = "BYTES (node names)" if id_map.kind == "string" else "INT64 (the dataset's own integer ids)"
+    query, edges = tensors.get("query_ids"), tensors["edge_index"]
+    if query is None:
+        raise BadRequest("on this dataset a new-node request names its query nodes in 'query_ids' (one per "
+                         "features row), and edge_index names nodes by those and the dataset's own ids")
+    for name, arr in (("query_ids", query), ("edge_index", edges)):
+        if not id_map.same_kind(arr):
+            raise BadRequest(f"{name} must be {want} on this dataset")
+    if len(query) != len(tensors["features"]):
+        raise BadRequest(f"query_ids names {len(query)} nodes but features has {len(tensors['features'])} rows")
+    if len(np.unique(query)) != len(query):
+        raise BadRequest("query_ids names a node twice")
+    _, exists = id_map.to_internal(query)
+    if exists.any():
+        raise BadRequest(f"query node {brief(query[np.flatnonzero(exists)[0]].item())} names an existing node")
+    internal, known = id_map.to_internal(edges)
+    if not known.all() and len(query):
+        order = np.argsort(query, kind="stable")
+        pos = np.minimum(np.searchsorted(query[order], edges), len(query) - 1)
+        is_query = ~known & (query[order][pos] == edges)
+        internal = np.where(is_query, num_nodes + order[pos], internal)
+        known |= is_query
+    if not known.all():
+        raise BadRequest(f"edge_index: unknown node {brief(edges[~known].flat[0].item())}")
+    return internal.astype(np.int64), query
 
 
 def decode_bytes(inp: dict, binary: memoryview, count: int) -> tuple[np.ndarray, int]:
