@@ -254,14 +254,18 @@ def test_bad_named_ids_are_clear_400s(inp, match):
                              id_map=_names_map())
 
 
-def test_names_on_a_dense_dataset_and_new_nodes_on_a_mapped_one_are_refused():
+def test_names_on_a_dense_dataset_and_unnamed_new_nodes_on_a_mapped_one_are_refused():
     body = json.dumps({"inputs": [{"name": "node_ids", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}).encode()
     with pytest.raises(BadRequest, match="must be INT64 here"):
         decode_infer_request(body, None, max_nodes=10, num_nodes=4)
     body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2], "data": [0, 0]},
                                   {"name": "edge_index", "datatype": "INT64", "shape": [2, 0], "data": []}]}).encode()
-    with pytest.raises(BadRequest, match="not supported yet"):
+    with pytest.raises(BadRequest, match="query_ids"):
         decode_infer_request(body, None, max_nodes=10, num_nodes=4, feature_dim=2, id_map=_names_map())
+    with pytest.raises(BadRequest, match="query_ids and BYTES ids are for datasets imported with an id map"):
+        decode_infer_request(body.replace(b'"edge_index"', b'"query_ids", "datatype": "INT64", "shape": [1], '
+                                          b'"data": [9]}, {"name": "edge_index"'), None, max_nodes=10, num_nodes=4,
+                             feature_dim=2)
 
 
 def test_sparse_integer_ids_map_too():
