@@ -19,6 +19,7 @@ request is applied alone, so one bad request never takes others down with it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import (
     BadRequest,
     ConfigError,
+    Conflict,
     PayloadTooLarge,
     UpdateError,
     brief,
@@ -40,6 +42,8 @@ from hybridgnn.types import ServingStats, UpdateStats
 from hybridgnn.updates.log import UpdateLog
 
 log = logging.getLogger("hybridgnn.updates")
+
+MEMORY_KEYS = 100_000  # idempotency keys remembered without a log (bounded: keys come from clients)
 
 # BYTES ids (and add_node_ids) only on a dataset imported with string node ids.
 UPDATE_INPUTS = {
@@ -68,6 +72,10 @@ class UpdateRequest:
     # On a dataset with an id map: the external ids of the new nodes (add_node_ids), in
     # order; the other inputs were translated to internal ids (-k for the k-th new node).
     new_external_ids: np.ndarray | None = None
+    # A client's Idempotency-Key and the SHA-256 of the body it came with: a retry with the
+    # same key gets the first answer again instead of applying twice.
+    idempotency_key: str | None = None
+    body_sha256: str | None = None
 
     @property
     def num_new(self) -> int:
@@ -217,6 +225,10 @@ class UpdateApplier:
         self.update_log = update_log  # None: updates live in memory only (--update-log off)
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
+        # Idempotency keys: in flight (key -> (body sha256, future)), and, without a log,
+        # answered ones kept in memory (the most recent MEMORY_KEYS).
+        self._inflight: dict[str, tuple[str, asyncio.Future]] = {}
+        self._answered: collections.OrderedDict[str, tuple[str, dict]] = collections.OrderedDict()
         self._task: asyncio.Task | None = None
         self._compacting: asyncio.Task | None = None
 
@@ -238,10 +250,34 @@ class UpdateApplier:
         return time.monotonic() - self._queue[0].request.received_s if self._queue else 0.0
 
     def submit(self, req: UpdateRequest) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
+        """Queue an update; its future resolves to the answer. A request whose idempotency
+        key was seen gets that request's answer (marked "replayed") and applies nothing."""
+        loop = asyncio.get_running_loop()
+        key = req.idempotency_key
+        if key is not None:
+            seen = self._answer_for(key)
+            if seen is not None or key in self._inflight:
+                digest = seen[0] if seen is not None else self._inflight[key][0]
+                if digest != req.body_sha256:
+                    raise Conflict(f"Idempotency-Key {key!r} was used with a different update; use a new key "
+                                   "for a new update")
+                if seen is None:
+                    return self._inflight[key][1]
+                fut = loop.create_future()
+                fut.set_result({**seen[1], "replayed": True})
+                return fut
+        fut = loop.create_future()
         self._queue.append(_Pending(req, fut))
+        if key is not None:
+            self._inflight[key] = (req.body_sha256, fut)
+            fut.add_done_callback(lambda _f, k=key: self._inflight.pop(k, None))
         self._wake.set()
         return fut
+
+    def _answer_for(self, key: str) -> tuple[str, dict] | None:
+        if self.update_log is not None:
+            return self.update_log.answer_for(key)
+        return self._answered.get(key)
 
     async def _run(self) -> None:
         while True:
@@ -283,18 +319,37 @@ class UpdateApplier:
         batch, assigned = to_batch(requests, n)
         new_external = self._new_external_ids(requests)
         t0 = time.perf_counter()
+        keyed = [r for r in requests if r.idempotency_key is not None]
+
+        def keyed_answers(position: int) -> list[tuple[str, str, dict]]:
+            answers = self._answers(requests, assigned, batch, position)
+            return [(r.idempotency_key, r.body_sha256, a) for r, a in zip(requests, answers, strict=True)
+                    if r.idempotency_key is not None]
+
         position, affected, propagate_s = self._apply_batch(batch, n, new_external,
-                                                            durable=self.update_log is not None)
+                                                            durable=self.update_log is not None,
+                                                            keyed_answers=keyed_answers if keyed else None)
         counts = {"add_edges": len(batch.add_edges), "remove_edges": len(batch.remove_edges),
                   "add_nodes": sum(len(a) for a in assigned), "remove_nodes": len(batch.remove_nodes),
                   "update_features": len(batch.update_ids)}
         self.stats.updates_applied(UpdateStats(time.perf_counter() - t0, propagate_s, affected, counts))
-        version = self.graph.version
+        answers = self._answers(requests, assigned, batch, position)
+        for r, answer in zip(requests, answers, strict=True):
+            answer["affected_nodes"] = affected
+            if r.idempotency_key is not None and self.update_log is None:
+                self._answered[r.idempotency_key] = (r.body_sha256, dict(answer))
+                while len(self._answered) > MEMORY_KEYS:
+                    self._answered.popitem(last=False)
+        return answers
+
+    def _answers(self, requests: list[UpdateRequest], assigned: list[np.ndarray], batch: UpdateBatch,
+                 position: int | None) -> list[dict]:
+        """Each request's answer once its batch is applied (the graph version is the new one)."""
         id_map = self.graph.base.id_map
         if id_map is not None:  # answer in the client's own ids
             assigned = [id_map.to_external(ids) for ids in assigned]
-        return [{"graph_version": version, "log_position": position, "new_node_ids": ids.tolist(),
-                 "updates": r.num_updates, "batch_updates": batch.num_updates, "affected_nodes": affected}
+        return [{"graph_version": self.graph.version, "log_position": position, "new_node_ids": ids.tolist(),
+                 "updates": r.num_updates, "batch_updates": batch.num_updates}
                 for r, ids in zip(requests, assigned, strict=True)]
 
     def _new_external_ids(self, requests: list[UpdateRequest]) -> np.ndarray | None:
@@ -310,7 +365,7 @@ class UpdateApplier:
         return new
 
     def _apply_batch(self, batch: UpdateBatch, base_nodes: int, new_external: np.ndarray | None = None, *,
-                     durable: bool) -> tuple[int | None, int, float | None]:
+                     durable: bool, keyed_answers=None) -> tuple[int | None, int, float | None]:
         """Apply one batch all or nothing; with durable, its log append is the last step
         under the writer lock (a failed append rolls the batch back), then the id map
         names the new nodes. Returns (log position or None, affected embedding rows,
@@ -320,7 +375,7 @@ class UpdateApplier:
 
         def commit() -> None:
             if durable:
-                position.append(self.update_log.append(batch, base_nodes, new_external))
+                position.append(self.update_log.append(batch, base_nodes, new_external, keyed_answers))
             if id_map is not None and new_external is not None:
                 id_map.extend(new_external)
 

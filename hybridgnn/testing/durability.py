@@ -68,17 +68,20 @@ class UpdateStream(threading.Thread):
         self.rng = random.Random(seed)
         self.acked: list[int] = []
         self.refused: list[int] = []  # statuses other than 200 while the server was up
+        self.in_flight: tuple[str, dict] | None = None  # (Idempotency-Key, body) sent but not answered
         self.stop_event = threading.Event()
+        self.seed = seed
 
     def run(self) -> None:
         k = 0
         while not self.stop_event.is_set():
             body = add_node_body(k, self.rng.randrange(self.base_nodes), self.feature_dim)
+            self.in_flight = (f"stream-{self.seed}-{k}", body)
             try:
-                status, out = post_json(self.url, f"/v2/models/{MODEL}/graph", body,
-                                        {"Authorization": f"Bearer {self.token}"})
+                status, out = send_update(self.url, self.token, *self.in_flight)
             except (OSError, http.client.HTTPException):
-                return  # killed: what was in flight is unacknowledged
+                return  # killed: what was in flight is unacknowledged (retry it with its key)
+            self.in_flight = None
             if status == 200:
                 self.acked.extend(out["new_node_ids"])
             else:
@@ -86,11 +89,20 @@ class UpdateStream(threading.Thread):
             k += 1
 
 
-def check_after_restart(url: str, base: dict, acked: list[int]) -> list[str]:
-    """Problems found (empty: every acknowledged update is there, none half applied)."""
+def send_update(url: str, token: str, key: str, body: dict) -> tuple[int, dict]:
+    """POST one graph update with an Idempotency-Key."""
+    return post_json(url, f"/v2/models/{MODEL}/graph", body,
+                     {"Authorization": f"Bearer {token}", "Idempotency-Key": key})
+
+
+def check_after_restart(url: str, base: dict, acked: list[int], *, exact: bool = False) -> list[str]:
+    """Problems found (empty: every acknowledged update is there, none half applied;
+    exact: and nothing else, as when every update sent has been answered)."""
     now = graph_state(url)
     added = now["num_nodes"] - base["num_nodes"]
     problems = []
+    if exact and added != len(acked):
+        problems.append(f"{len(acked)} updates acknowledged once each, but {added} nodes added")
     if added < len(acked):
         problems.append(f"{len(acked)} updates acknowledged but only {added} nodes added after restart")
     if acked and max(acked) >= now["num_nodes"]:

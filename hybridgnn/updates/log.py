@@ -16,10 +16,11 @@ code.
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,13 @@ class UpdateLog:
             self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             self._db.execute("CREATE TABLE IF NOT EXISTS batches (position INTEGER PRIMARY KEY, "
                              "applied_unix_s REAL NOT NULL, body BLOB NOT NULL)")
+            # Idempotency keys of the requests a batch carried, with the answer each got, so a
+            # retry (after a lost answer, a timeout, a kill) is answered again, not applied again.
+            self._db.execute("CREATE TABLE IF NOT EXISTS request_keys (key TEXT PRIMARY KEY, "
+                             "position INTEGER NOT NULL, body_sha256 TEXT NOT NULL, answer TEXT NOT NULL)")
+            # Lookups of keys come from the event loop while an append may hold the writer
+            # connection through its fsync: a second connection reads (WAL lets it).
+            self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"cannot open the update log {self.path}: {exc} (graph updates need a "
                               "writable log; --update-log off keeps them in memory only)") from exc
@@ -111,12 +119,32 @@ class UpdateLog:
         row = self._db.execute("SELECT MAX(position) FROM batches").fetchone()
         return int(row[0] or 0)
 
-    def append(self, batch: UpdateBatch, base_nodes: int, new_external_ids: np.ndarray | None = None) -> int:
-        """Commit one applied batch durably; returns its position."""
+    def append(self, batch: UpdateBatch, base_nodes: int, new_external_ids: np.ndarray | None = None,
+               keyed_answers: Callable[[int], list[tuple[str, str, dict]]] | None = None) -> int:
+        """Commit one applied batch durably, with the idempotency keys of its requests and
+        their answers (keyed_answers(position) -> [(key, body sha256, answer)]), in one
+        transaction; returns its position."""
         blob = encode_batch(batch, base_nodes, self.feature_dim, new_external_ids)
         with self._lock:
-            cur = self._db.execute("INSERT INTO batches (applied_unix_s, body) VALUES (?, ?)", (time.time(), blob))
-            return int(cur.lastrowid)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute("INSERT INTO batches (applied_unix_s, body) VALUES (?, ?)",
+                                       (time.time(), blob))
+                position = int(cur.lastrowid)
+                for key, digest, answer in (keyed_answers(position) if keyed_answers else []):
+                    self._db.execute("INSERT INTO request_keys VALUES (?, ?, ?, ?)",
+                                     (key, position, digest, json.dumps(answer)))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return position
+
+    def answer_for(self, key: str) -> tuple[str, dict] | None:
+        """(body sha256, answer) of the request that carried this idempotency key, if any
+        was committed."""
+        row = self._reader.execute("SELECT body_sha256, answer FROM request_keys WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (row[0], json.loads(row[1]))
 
     def entries(self, after: int = 0) -> Iterator[tuple[int, UpdateBatch, int, np.ndarray]]:
         """(position, batch, base_nodes, new external ids) after `after`, in order."""
@@ -130,6 +158,7 @@ class UpdateLog:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._reader.close()
 
 
 def open_update_log(url: str | None, graph) -> UpdateLog | None:

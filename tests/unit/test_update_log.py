@@ -159,3 +159,45 @@ def test_updates_on_a_mapped_dataset_translate_names_and_new_nodes():
             dec(*inputs)
     with pytest.raises(BadRequest, match="id map"):
         decode_update_request(update_body(("remove_nodes", ["n1"], "BYTES")), None, feature_dim=4, max_updates=100)
+
+
+def _keyed(req, key: str, digest: str):
+    req.idempotency_key, req.body_sha256 = key, digest
+    return req
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_retried_update_with_the_same_idempotency_key_applies_once(tmp_path, durable):
+    from hybridgnn.errors import Conflict
+
+    dyn, inc = dynamic_setup(tmp_path / "g")
+    log = UpdateLog(tmp_path / "u.sqlite", dyn.base.fingerprint, 4) if durable else None
+    applier = UpdateApplier(UpdateConfig(token="12345678"), inc, dyn, ServingStats(), log)
+    add = _requests()[1]
+
+    async def scenario():
+        applier.start()
+        first, twin = applier.submit(_keyed(add, "k1", "h1")), applier.submit(_keyed(add, "k1", "h1"))
+        assert twin is first  # a retry while the first is in flight waits for it
+        one = await first
+        again = await applier.submit(_keyed(_requests()[1], "k1", "h1"))
+        with pytest.raises(Conflict, match="different update"):
+            applier.submit(_keyed(_requests()[0], "k1", "h2"))
+        await applier.stop()
+        return one, again
+
+    one, again = asyncio.run(scenario())
+    assert again["replayed"] and again["new_node_ids"] == one["new_node_ids"] == [60]
+    assert dyn.num_nodes == 61 and dyn.version == 1  # applied once
+    if durable:  # the key outlives a restart
+        log.close()
+        fresh_dyn, fresh_inc = dynamic_setup(tmp_path / "restart")
+        log = UpdateLog(tmp_path / "u.sqlite", fresh_dyn.base.fingerprint, 4)
+        restarted = UpdateApplier(UpdateConfig(token="12345678"), fresh_inc, fresh_dyn, ServingStats(), log)
+        restarted.replay()
+
+        async def retry():
+            return await restarted.submit(_keyed(_requests()[1], "k1", "h1"))
+
+        answer = asyncio.run(retry())
+        assert answer["replayed"] and answer["log_position"] == one["log_position"] and fresh_dyn.version == 1

@@ -12,6 +12,7 @@ Nothing a client sends raises out of here.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -367,4 +368,9 @@ class Api:
                                     feature_dim=engine.graph.feature_dim,
                                     max_updates=engine.cfg.updates.max_request_updates,
                                     id_map=engine.graph.id_map)
+        key = request.headers.get("idempotency-key")
+        if key is not None:
+            if not 1 <= len(key) <= 255 or not key.isprintable():
+                raise BadRequest("Idempotency-Key must be 1 to 255 printable characters")
+            req.idempotency_key, req.body_sha256 = key, hashlib.sha256(request.body).hexdigest()
         return Reply.json(await engine.side.update_graph(req))
