@@ -43,5 +43,7 @@ def describe_engine(engine) -> dict:
         "pe_computed_unix_s": engine.embeddings.computed_unix_s if engine.embeddings is not None else None,
         "updates_enabled": engine.dynamic is not None,
         "graph_version": engine.dynamic.version if engine.dynamic is not None else 0,
+        "update_log": str(engine.update_log.path) if engine.update_log is not None else None,
+        "update_log_position": engine.update_log.last_position if engine.update_log is not None else None,
         "pe_updated_unix_s": (engine.incremental.last_update_unix_s if engine.incremental is not None else None),
     }

@@ -108,6 +108,8 @@ class Telemetry(ServingStats):
             "hybridgnn_embedding_staleness_seconds",
             "Age of the oldest accepted update not yet reflected in served embeddings (0: fresh)", registry=r)
         self.graph_version = Gauge("hybridgnn_graph_version", "Update batches applied since start", registry=r)
+        self.update_log_position = Gauge(
+            "hybridgnn_update_log_position", "Last batch committed to the durable update log (0: none)", registry=r)
         self.graph_patched_entries = Gauge(
             "hybridgnn_graph_patched_entries", "Adjacency entries in update patches, not yet compacted", registry=r)
         self.compactions = Counter("hybridgnn_graph_compactions", "Patch compactions into the base CSR",
@@ -160,6 +162,8 @@ class Telemetry(ServingStats):
             self._child(self.queue_depth, name).set_function(lambda p=pipeline: p.depth)
         self.update_staleness.set_function(lambda: engine.updates.staleness_s() if engine.updates else 0.0)
         self.graph_version.set_function(lambda: engine.dynamic.version if engine.dynamic is not None else 0)
+        self.update_log_position.set_function(
+            lambda: engine.update_log.last_position if engine.update_log is not None else 0)
         self.graph_patched_entries.set_function(
             lambda: engine.dynamic.patched_entries if engine.dynamic is not None else 0)
         self.policy_in_force(engine.policy.name if engine.policy else "none", changed=False)

@@ -112,6 +112,7 @@ class UpdateLog:
         elif meta.get("dataset_fingerprint") != dataset_fingerprint:
             raise ConfigError(f"update log {self.path} belongs to dataset {meta.get('dataset_fingerprint')}, not "
                               f"{dataset_fingerprint}; point --update-log elsewhere or remove it")
+        self.last_position = self.position  # kept up to date by append: metrics read it from any thread
 
     @property
     def position(self) -> int:
@@ -138,6 +139,7 @@ class UpdateLog:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+            self.last_position = position
             return position
 
     def answer_for(self, key: str) -> tuple[str, dict] | None:

@@ -8,10 +8,18 @@ import shutil
 from hybridgnn.testing.durability import (
     UpdateStream,
     check_after_restart,
+    get_json,
     graph_state,
     send_update,
 )
 from hybridgnn.testing.server import ServerProcess, await_ready
+
+
+def metrics_text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return r.read().decode()
 
 TOKEN = "durable-token-123"
 
@@ -46,6 +54,9 @@ def test_acknowledged_updates_survive_kill_9_and_none_is_half_applied(tiny_datas
                 assert again == 200 and out2["replayed"] and out2["new_node_ids"] == out["new_node_ids"]
             problems = check_after_restart(srv.url, base, acked, exact=True)
             assert not problems, problems
+            params = get_json(srv.url, "/v2/models/hybridgnn")[1]["parameters"]
+            assert params["update_log_position"] == params["graph_version"] == len(acked)  # one batch each
+            assert f"hybridgnn_update_log_position {float(len(acked))}" in metrics_text(srv.url)
             assert (dataset / "updates.sqlite").is_file()
     finally:
         srv.stop()
