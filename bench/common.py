@@ -12,8 +12,6 @@ import resource
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from hybridgnn.capabilities import describe_line
@@ -221,7 +219,3 @@ def serve_revision(rev: str | None, dataset, model, *extra: str, timeout_s: floa
     return RevisionServer(rev, dataset, model_for_revision(rev, model), *extra, cpus=cpus).wait_ready(timeout_s)
 
 
-def metrics_text(url: str, timeout_s: float = 5.0) -> str:
-    """The server's Prometheus exposition (GET /metrics)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as r:
-        return r.read().decode()

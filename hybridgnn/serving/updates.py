@@ -319,13 +319,14 @@ class UpdateApplier:
         batch, assigned = to_batch(requests, n)
         new_external = self._new_external_ids(requests)
         t0 = time.perf_counter()
-        keyed = [r for r in requests if r.idempotency_key is not None]
+        made: list[list[dict]] = []  # the answers, made once: in the commit when keys go to the log
 
         def keyed_answers(position: int) -> list[tuple[str, str, dict]]:
-            answers = self._answers(requests, assigned, batch, position)
-            return [(r.idempotency_key, r.body_sha256, a) for r, a in zip(requests, answers, strict=True)
+            made.append(self._answers(requests, assigned, batch, position))
+            return [(r.idempotency_key, r.body_sha256, a) for r, a in zip(requests, made[0], strict=True)
                     if r.idempotency_key is not None]
 
+        keyed = any(r.idempotency_key is not None for r in requests)
         position, affected, propagate_s = self._apply_batch(batch, n, new_external,
                                                             durable=self.update_log is not None,
                                                             keyed_answers=keyed_answers if keyed else None)
@@ -333,7 +334,7 @@ class UpdateApplier:
                   "add_nodes": sum(len(a) for a in assigned), "remove_nodes": len(batch.remove_nodes),
                   "update_features": len(batch.update_ids)}
         self.stats.updates_applied(UpdateStats(time.perf_counter() - t0, propagate_s, affected, counts))
-        answers = self._answers(requests, assigned, batch, position)
+        answers = [dict(a) for a in made[0]] if made else self._answers(requests, assigned, batch, position)
         for r, answer in zip(requests, answers, strict=True):
             answer["affected_nodes"] = affected
             if r.idempotency_key is not None and self.update_log is None:

@@ -38,6 +38,14 @@ def await_ready(server, label: str, timeout_s: float) -> None:
     raise TimeoutError(f"{label} not ready within {timeout_s}s:\n{server.output()}")
 
 
+def metrics_text(url: str, timeout_s: float = 5.0) -> str:
+    """A server's Prometheus exposition (GET /metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as r:
+        return r.read().decode()
+
+
 def _ephemeral_low() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:

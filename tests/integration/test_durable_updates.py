@@ -12,14 +12,7 @@ from hybridgnn.testing.durability import (
     graph_state,
     send_update,
 )
-from hybridgnn.testing.server import ServerProcess, await_ready
-
-
-def metrics_text(url: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return r.read().decode()
+from hybridgnn.testing.server import ServerProcess, await_ready, metrics_text
 
 TOKEN = "durable-token-123"
 
