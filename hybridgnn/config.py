@@ -298,10 +298,19 @@ class UpdateConfig:
     propagation: str = setting("auto", "auto: deltas for sum/mean/GCN/GIN layers, recompute for max/attention; "
                                "recompute: recompute every affected node (slower)", flag="--update-propagation",
                                choices=("auto", "recompute"))
-    log: str | None = setting(None, "with --update-token: where applied update batches are logged durably "
-                              "before they are acknowledged and replayed from at start: sqlite:///<path> or a path "
-                              "(default <dataset>/updates.sqlite), or off (updates live in memory only and are "
+    log: str | None = setting(None, "with --update-token: the ordered log every update is appended to (durably, "
+                              "before it is acknowledged) and every replica applies: sqlite:///<path> or a path "
+                              "(default <dataset>/updates.sqlite; replicas on one machine may share it), "
+                              "redis://host:port/<stream> (replicas on several machines), or off (in memory only: "
                               "lost on restart)", flag="--update-log")
+    snapshot_dir: Path | None = setting(None, "where snapshots of the updated graph and embeddings go (default "
+                                        "<dataset>/snapshots); a replica starts from the newest and replays the "
+                                        "log after it")
+    snapshot_every: int = setting(1000, "write a snapshot every this many log entries (0: never)")
+    snapshot_keep: int = setting(2, "snapshots kept per log and model (older ones are removed)")
+    max_catch_up_s: float = setting(1.0, "an infer request with parameters.min_graph_version waits at most this "
+                                    "long for this replica to apply that version, else 503 + Retry-After (a "
+                                    "balancer retries elsewhere)", flag="--max-catch-up-ms", scale=1000.0)
 
     def __post_init__(self):
         if self.token is not None and len(self.token) < 8:
@@ -310,6 +319,9 @@ class UpdateConfig:
             raise ValueError(f"update limits must be >= 1, got {self.max_batch_updates}, {self.max_request_updates}")
         if self.compact_patched_entries < 1:
             raise ValueError(f"compact_patched_entries must be >= 1, got {self.compact_patched_entries}")
+        if self.snapshot_every < 0 or self.snapshot_keep < 1 or self.max_catch_up_s < 0:
+            raise ValueError(f"snapshot_every must be >= 0, snapshot_keep >= 1, max_catch_up_s >= 0; got "
+                             f"{self.snapshot_every}, {self.snapshot_keep}, {self.max_catch_up_s}")
         if self.propagation not in ("auto", "recompute"):
             raise ValueError(f"propagation must be auto or recompute, got {self.propagation!r}")
 

@@ -123,6 +123,14 @@ class Draining(ServingError):
     prefix = "not accepting requests: "
 
 
+class ServiceUnavailable(ServingError):
+    """Something this request needs is not there now: the update log cannot be reached, or
+    this replica has not yet applied the graph version the request asks for (503 +
+    Retry-After: a balancer retries on another replica)."""
+
+    status, reason = 503, "unavailable"
+
+
 class BatchFailed(ServingError):
     """The pipeline could not execute the batch that held this request (500, logged)."""
 

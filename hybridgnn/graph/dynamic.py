@@ -229,6 +229,35 @@ class DynamicGraph:
         self.updates_applied = 0
         self.compactions = 0
 
+    def restore(self, indptr: np.ndarray, indices: np.ndarray, features: np.ndarray, alive: np.ndarray,
+                version: int) -> None:
+        """Become the graph a snapshot holds (before serving, nothing else reading): its CSR,
+        the features of every node (only those that differ from the base are kept here),
+        which nodes are removed, and how many batches made it."""
+        n, base_n = indptr.shape[0] - 1, self.base.num_nodes
+        if n < base_n or features.shape != (n, self.feature_dim) or alive.shape != (n,):
+            raise ValueError(f"a snapshot of {n} nodes does not extend this {base_n}-node graph")
+        self.fwd = PatchedAdjacency(indptr, indices, n)
+        rev = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr), shape=(n, n)).tocsc()
+        self.rev = PatchedAdjacency(rev.indptr.astype(np.int64), rev.indices.astype(indices.dtype), n)
+        size = max(n, 16)
+        self.alive = np.ones(size, dtype=bool)
+        self.alive[:n] = alive
+        self.self_loop = np.zeros(size, dtype=bool)
+        self.self_loop[:n] = self_loops(indptr, indices, n)
+        changed = [np.arange(base_n, n, dtype=np.int64)]
+        for start in range(0, base_n, 1 << 16):  # in chunks: the base features may be larger than memory
+            stop = min(base_n, start + (1 << 16))
+            differs = (np.asarray(features[start:stop]) != np.asarray(self.base.features[start:stop])).any(axis=1)
+            changed.append(start + np.flatnonzero(differs))
+        nodes = np.concatenate(changed)
+        self.feat_slot = np.full(size, -1, dtype=np.int64)
+        self.feat_slot[nodes] = np.arange(len(nodes))
+        self.feat_pool = np.array(features[nodes], dtype=np.float32).reshape(len(nodes), self.feature_dim)
+        self.feat_pool = _grow(self.feat_pool, max(len(nodes), 16))
+        self.feat_used = len(nodes)
+        self.version = version
+
     @property
     def num_nodes(self) -> int:
         return self.fwd.num_nodes
@@ -270,6 +299,12 @@ class DynamicGraph:
         return (present[pos] == want) if len(present) else np.zeros(len(src), dtype=bool)
 
     # --- writes ---------------------------------------------------------------------------
+    def check(self, batch_for) -> None:
+        """Raise UpdateError if the batch would not apply to the graph as it is now;
+        batch_for(num_nodes) makes the batch (its new nodes get ids from num_nodes)."""
+        with self.lock.read():
+            self._check(batch_for(self.num_nodes))
+
     def _check(self, batch: UpdateBatch) -> int:
         """Validate against the current graph; returns the number of new nodes."""
         n, f = self.num_nodes, self.feature_dim

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import time
 
 import numpy as np
 import torch
@@ -41,6 +42,8 @@ from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.process import ProcessExecutor
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
+from hybridgnn.updates.log import UpdateLog, open_update_log
+from hybridgnn.updates.snapshot import Snapshot, Snapshots, model_fingerprint
 from hybridgnn.workload.tables import WorkloadTables
 
 log = logging.getLogger(__name__)
@@ -82,15 +85,22 @@ class Resources:
         # Graph updates (off unless a token is configured): one DynamicGraph read by every
         # sampler and gather, and the embeddings kept fresh as it changes.
         self.dynamic = DynamicGraph(self.graph) if cfg.updates.enabled else None
+        self.update_log: UpdateLog | None = None
+        self.snapshots: Snapshots | None = None
+        self.snapshot: Snapshot | None = None  # the one this process started from
+        if self.dynamic is not None:
+            self._open_update_log()
         # Whole-graph degrees a degree-normalised model (GCN) weights its samples by.
         self.node_degrees = (NodeDegrees(self.dynamic if self.dynamic is not None else self.graph)
                              if self.model.gcn_normalised else None)
         self._device_degrees: DeviceNodeDegrees | None = None
         self.incremental = None
         if self.dynamic is not None and self.embeddings is not None:
-            self.incremental = IncrementalEmbeddings(self.dynamic, self.model, self.embeddings.layers,
+            snap = self.snapshot
+            self.incremental = IncrementalEmbeddings(self.dynamic, self.model,
+                                                     snap.layers if snap is not None else self.embeddings.layers,
                                                      IncrementalConfig(mode=cfg.updates.propagation),
-                                                     output=self.embeddings.output)
+                                                     output=snap.output if snap is not None else self.embeddings.output)
             log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
                      self.incremental.init_s, ", ".join(self.incremental.kinds))
         self.plan = self._load_plan()
@@ -109,6 +119,30 @@ class Resources:
         self._host_table = None
         if cfg.gpu_pipeline is not None:
             self._setup_gpu()
+
+    def _open_update_log(self) -> None:
+        """The update log, and the newest snapshot of it for this model: the dynamic graph
+        (and below, the embeddings) start from there, and the follower replays the rest."""
+        u = self.cfg.updates
+        self.update_log = open_update_log(u.log, self.graph.root, self.graph.fingerprint)
+        self.snapshots = Snapshots(u.snapshot_dir or self.graph.root / "snapshots",
+                                   base_fingerprint=self.graph.fingerprint,
+                                   model_fingerprint=model_fingerprint(self.cfg.model_dir),
+                                   log_id=self.update_log.log_id,
+                                   every=u.snapshot_every if self.update_log.durable else 0, keep=u.snapshot_keep)
+        snap = self.snapshots.latest(with_embeddings=self.embeddings is not None)
+        if snap is not None and self.embeddings is not None and snap.layers is None:
+            log.info("snapshot %s has no embeddings for this model: starting from the dataset", snap.path)
+            snap = None
+        if snap is None:
+            return
+        t0 = time.perf_counter()
+        self.dynamic.restore(snap.indptr, snap.indices, snap.features, snap.alive, snap.graph_version)
+        if snap.added_ids is not None and self.graph.id_map is not None:
+            self.graph.id_map.extend(np.asarray(snap.added_ids))
+        self.snapshot = snap
+        log.info("started from snapshot %s (log position %d, %d nodes) in %.1fs", snap.path, snap.position,
+                 self.dynamic.num_nodes, time.perf_counter() - t0)
 
     def model_on(self, device: str) -> torch.nn.Module:
         if device not in self._models:
@@ -220,7 +254,10 @@ class Resources:
         return DeviceExecutor(sampler, self.gpu_features, self.model_on(self.cfg.gpu_pipeline.device), degrees)
 
     def close(self) -> None:
-        """Release what is not garbage-collected: the pinned host registrations."""
+        """Release what is not garbage-collected: the pinned host registrations, the log."""
+        if self.update_log is not None:
+            self.update_log.close()
+            self.update_log = None
         if self.device_graph is not None:
             self.device_graph.close()
             self.device_graph = None

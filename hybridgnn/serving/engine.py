@@ -41,7 +41,7 @@ from hybridgnn.types import (
     RoutePlan,
     ServingStats,
 )
-from hybridgnn.updates.log import open_update_log
+from hybridgnn.updates.follower import Follower
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ class Engine:
         self.plan, self.features, self.device_graph, self.gpu_features = (r.plan, r.features, r.device_graph,
                                                                           r.gpu_features)
         self.updates: UpdateApplier | None = None
-        self.update_log = (open_update_log(cfg.updates.log, self.graph) if self.dynamic is not None else None)
+        self.follower: Follower | None = None  # applies the update log here (updates on)
+        self.update_log = r.update_log
         self.placement = PlacementRefresh(r, self.stats)  # seed counts; SIGHUP rebuilds the GPU cache
         self.side = GraphRequests(self)  # lookups, new nodes, graph updates
         self.pipelines: dict[str, Pipeline] = {
@@ -121,6 +122,11 @@ class Engine:
     def profile(self) -> Profile | None:
         return self.control.profile
 
+    @property
+    def graph_version(self) -> int:
+        """The update log position applied here (0: none yet, or updates off)."""
+        return self.follower.applied if self.follower is not None else 0
+
     def adapt_once(self) -> bool:
         """One --adapt step now; True if the policy moved."""
         step = self.control.adapt_once()
@@ -152,8 +158,14 @@ class Engine:
                             if self.cfg.policy.adapt and self.profile is not None else None)
         self._lag_tick(self._loop.time())
         if self.dynamic is not None:
-            self.updates = UpdateApplier(self.cfg.updates, self.incremental, self.dynamic, self.stats, self.update_log)
-            self.updates.replay()  # what was acknowledged before a restart, before anything is served
+            r = self.resources
+            snap = r.snapshot
+            self.follower = Follower(self.update_log, self.dynamic, self.incremental, self.stats, self.cfg.updates,
+                                     position=snap.position if snap is not None else 0,
+                                     keys=snap.keys if snap is not None else None, snapshots=r.snapshots)
+            await asyncio.to_thread(self.follower.catch_up)  # the log so far, before anything is served
+            self.follower.start()
+            self.updates = UpdateApplier(self.cfg.updates, self.follower, self.dynamic, self.stats)
             self.updates.start()
         self.ready = True
 
@@ -183,6 +195,8 @@ class Engine:
             self._lag_handle.cancel()
         if self.updates is not None:
             await self.updates.stop()
+        if self.follower is not None:
+            await self.follower.stop()
         if self._adapt_task is not None:
             self._adapt_task.cancel()
             await asyncio.gather(self._adapt_task, return_exceptions=True)
@@ -191,8 +205,6 @@ class Engine:
             await asyncio.gather(self._batcher_task, return_exceptions=True)
         for p in self.pipelines.values():
             await asyncio.to_thread(p.stop)
-        if self.update_log is not None:
-            self.update_log.close()
         self.resources.close()
 
     # --- request path ----------------------------------------------------------------

@@ -107,9 +107,18 @@ class Telemetry(ServingStats):
         self.update_staleness = Gauge(
             "hybridgnn_embedding_staleness_seconds",
             "Age of the oldest accepted update not yet reflected in served embeddings (0: fresh)", registry=r)
-        self.graph_version = Gauge("hybridgnn_graph_version", "Update batches applied since start", registry=r)
+        self.graph_version = Gauge("hybridgnn_graph_version",
+                                   "Graph version served: the update log position applied on this replica", registry=r)
         self.update_log_position = Gauge(
-            "hybridgnn_update_log_position", "Last batch committed to the durable update log (0: none)", registry=r)
+            "hybridgnn_update_log_position", "Update log position applied on this replica (0: none)", registry=r)
+        self.update_log_head = Gauge(
+            "hybridgnn_update_log_head", "Highest update log position this replica has read", registry=r)
+        self.update_log_lag = Gauge(
+            "hybridgnn_update_log_lag_seconds",
+            "Age of the oldest log entry read but not yet applied on this replica (0: caught up)", registry=r)
+        self.update_follower_failing = Gauge(
+            "hybridgnn_update_follower_failing", "1 while this replica cannot read or apply the update log",
+            registry=r)
         self.graph_patched_entries = Gauge(
             "hybridgnn_graph_patched_entries", "Adjacency entries in update patches, not yet compacted", registry=r)
         self.compactions = Counter("hybridgnn_graph_compactions", "Patch compactions into the base CSR",
@@ -125,7 +134,7 @@ class Telemetry(ServingStats):
         for code in PREDECLARED_CODES:
             c(self.requests, self.model, code)
         c(self.seeds, self.model)
-        for reason in ("overload", "draining"):
+        for reason in ("overload", "draining", "behind"):
             c(self.rejected, reason)
         for name in PIPELINES:
             for reason in ROUTING_REASONS:
@@ -161,9 +170,12 @@ class Telemetry(ServingStats):
         for name, pipeline in engine.pipelines.items():
             self._child(self.queue_depth, name).set_function(lambda p=pipeline: p.depth)
         self.update_staleness.set_function(lambda: engine.updates.staleness_s() if engine.updates else 0.0)
-        self.graph_version.set_function(lambda: engine.dynamic.version if engine.dynamic is not None else 0)
-        self.update_log_position.set_function(
-            lambda: engine.update_log.last_position if engine.update_log is not None else 0)
+        self.graph_version.set_function(lambda: engine.graph_version)
+        self.update_log_position.set_function(lambda: engine.graph_version)
+        self.update_log_head.set_function(lambda: engine.follower.head_seen if engine.follower is not None else 0)
+        self.update_log_lag.set_function(lambda: engine.follower.lag_s() if engine.follower is not None else 0.0)
+        self.update_follower_failing.set_function(
+            lambda: 1.0 if engine.follower is not None and engine.follower.failed else 0.0)
         self.graph_patched_entries.set_function(
             lambda: engine.dynamic.patched_entries if engine.dynamic is not None else 0)
         self.policy_in_force(engine.policy.name if engine.policy else "none", changed=False)

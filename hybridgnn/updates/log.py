@@ -1,169 +1,211 @@
-"""A durable log of applied graph-update batches (SQLite in WAL mode).
+"""The ordered, durable log of graph-update entries that every replica applies.
 
-Each record is one batch exactly as it was applied: node ids already resolved, and the
-graph's node count before it (so replay can check it lands where it landed live). A
-batch is appended inside its apply, after every in-memory write and before the writer
-lock is released: if the append fails the batch rolls back, and the client is answered
-only after the append committed (synchronous=FULL: the commit is on disk). A crash
-between commit and answer leaves an applied batch nobody was told about; a crash before
-the commit leaves nothing. Replaying the log over the stored dataset therefore rebuilds
-exactly the acknowledged state, batch by batch in the order they were applied.
+An accepted update is appended to the log first; append returns once the entry is
+durable and has its position (1, 2, 3, ...: the one order every replica applies entries
+in, so node ids assigned in that order agree everywhere). Each replica's follower reads
+entries after the position it has applied and applies them (updates/follower.py); a
+request is answered once its entry is applied on the replica that accepted it.
 
-Records are numpy .npz blobs read with allow_pickle=False: the log holds arrays, never
-code.
+Backends: SQLite in WAL mode (the embedded default, beside the dataset; replicas on one
+machine may share the file), Redis Streams (updates/redis_log.py: replicas on several
+machines), and memory (--update-log off: nothing survives a restart). Each log records
+the dataset it belongs to and a random id of its own, so a snapshot taken from one log
+is never replayed against another.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from hybridgnn.errors import ConfigError, ServiceUnavailable
 
-from hybridgnn.errors import ConfigError
-from hybridgnn.graph.dynamic import UpdateBatch
-
-SCHEMA = 1
-_FIELDS = ("add_edges", "remove_edges", "add_node_features", "remove_nodes", "update_ids", "update_features")
+SCHEMA = 2
+POLL_S = 0.005  # how often a reader looks for entries other processes appended (SQLite)
 
 
-def encode_batch(batch: UpdateBatch, base_nodes: int, feature_dim: int,
-                 new_external_ids: np.ndarray | None = None) -> bytes:
-    """The batch's arrays (None rows as empty [0, F]), the node count it applied to and,
-    on a dataset with an id map, the external ids its new nodes were given (int64, or
-    fixed-width unicode: no pickle either way)."""
-    arrays = {}
-    for name in _FIELDS:
-        value = getattr(batch, name)
-        if value is None:
-            value = np.empty((0, feature_dim), np.float32)
-        arrays[name] = np.ascontiguousarray(value)
-    buf = io.BytesIO()
-    ext = np.empty(0, np.int64) if new_external_ids is None else np.asarray(new_external_ids)
-    np.savez(buf, base_nodes=np.int64(base_nodes), new_external_ids=ext, **arrays)
-    return buf.getvalue()
-
-
-def decode_batch(blob: bytes) -> tuple[UpdateBatch, int, np.ndarray]:
-    """(batch, the node count it applied to, its new nodes' external ids or empty)."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        arrays = {name: z[name] for name in _FIELDS}
-        base_nodes = int(z["base_nodes"])
-        ext = z["new_external_ids"]
-    for name in ("add_node_features", "update_features"):
-        if len(arrays[name]) == 0:
-            arrays[name] = None
-    return UpdateBatch(**arrays), base_nodes, ext
-
-
-def parse_log_url(url: str | None, dataset_dir: Path) -> Path | None:
-    """sqlite:///abs/path, a plain path, "off" (no log: updates live only in memory), or
-    None for the default <dataset>/updates.sqlite."""
-    if url is None:
-        return Path(dataset_dir) / "updates.sqlite"
-    if url == "off":
-        return None
-    if url.startswith("sqlite://"):
-        path = url[len("sqlite://"):]
-        if not path:
-            raise ConfigError(f"update log {url!r}: give a path, e.g. sqlite:///var/lib/hybridgnn/updates.sqlite")
-        return Path(path)
-    if "://" in url:
-        raise ConfigError(f"update log {url!r}: this build supports sqlite:///<path>, a path, or off")
-    return Path(url)
+@dataclass(frozen=True)
+class LogEntry:
+    position: int
+    appended_unix_s: float
+    body: bytes
 
 
 class UpdateLog:
-    """Append-only, ordered batches; positions are 1, 2, 3, ... in apply order."""
+    """Append-only entries, read in position order. Thread-safe."""
 
-    def __init__(self, path: Path, dataset_fingerprint: str, feature_dim: int):
+    url: str
+    log_id: str
+    durable: bool = True
+
+    def append(self, body: bytes) -> int:
+        """Store one entry durably; returns its position. ServiceUnavailable when the log
+        cannot be reached (nothing was appended, or it will be read like any entry)."""
+        raise NotImplementedError
+
+    def read(self, after: int, limit: int, block_s: float = 0.0) -> list[LogEntry]:
+        """Up to `limit` entries after position `after`, in order; waits up to block_s for
+        one when there are none."""
+        raise NotImplementedError
+
+    def head(self) -> int:
+        """The last appended position (0: empty)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryLog(UpdateLog):
+    """--update-log off: the same order and answers, kept in this process only."""
+
+    durable = False
+
+    def __init__(self):
+        self.url = "off"
+        self.log_id = f"memory-{uuid.uuid4().hex}"
+        self._entries: list[LogEntry] = []
+        self._cond = threading.Condition()
+
+    def append(self, body: bytes) -> int:
+        with self._cond:
+            entry = LogEntry(len(self._entries) + 1, time.time(), body)
+            self._entries.append(entry)
+            self._cond.notify_all()
+            return entry.position
+
+    def read(self, after: int, limit: int, block_s: float = 0.0) -> list[LogEntry]:
+        with self._cond:
+            if len(self._entries) <= after and block_s > 0:
+                self._cond.wait(block_s)
+            return self._entries[after:after + limit]
+
+    def head(self) -> int:
+        return len(self._entries)
+
+
+class SqliteLog(UpdateLog):
+    """One SQLite file in WAL mode, synchronous=FULL: an append has reached the disk when it
+    returns. Several processes on one machine may share it: SQLite serialises appenders,
+    and readers poll for entries others appended."""
+
+    def __init__(self, path: Path, dataset_fingerprint: str):
         self.path = Path(path)
-        self.feature_dim = feature_dim
-        self._lock = threading.Lock()  # one writer; applies run on worker threads
+        self.url = f"sqlite://{self.path.resolve()}"
+        self._write_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._appended = threading.Condition()  # wakes this process's readers at once
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db = self._connect()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk before append returns
-            self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            self._db.execute("CREATE TABLE IF NOT EXISTS batches (position INTEGER PRIMARY KEY, "
-                             "applied_unix_s REAL NOT NULL, body BLOB NOT NULL)")
-            # Idempotency keys of the requests a batch carried, with the answer each got, so a
-            # retry (after a lost answer, a timeout, a kill) is answered again, not applied again.
-            self._db.execute("CREATE TABLE IF NOT EXISTS request_keys (key TEXT PRIMARY KEY, "
-                             "position INTEGER NOT NULL, body_sha256 TEXT NOT NULL, answer TEXT NOT NULL)")
-            # Lookups of keys come from the event loop while an append may hold the writer
-            # connection through its fsync: a second connection reads (WAL lets it).
-            self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        except (sqlite3.Error, OSError) as exc:
-            raise ConfigError(f"cannot open the update log {self.path}: {exc} (graph updates need a "
-                              "writable log; --update-log off keeps them in memory only)") from exc
-        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-        if not meta:
-            self._db.executemany("INSERT INTO meta VALUES (?, ?)",
-                                 [("schema", str(SCHEMA)), ("dataset_fingerprint", dataset_fingerprint)])
-        elif meta.get("schema") != str(SCHEMA):
-            raise ConfigError(f"update log {self.path} has schema {meta.get('schema')}; this build reads {SCHEMA}")
-        elif meta.get("dataset_fingerprint") != dataset_fingerprint:
-            raise ConfigError(f"update log {self.path} belongs to dataset {meta.get('dataset_fingerprint')}, not "
-                              f"{dataset_fingerprint}; point --update-log elsewhere or remove it")
-        self.last_position = self.position  # kept up to date by append: metrics read it from any thread
-
-    @property
-    def position(self) -> int:
-        """The last appended position (0: empty)."""
-        row = self._db.execute("SELECT MAX(position) FROM batches").fetchone()
-        return int(row[0] or 0)
-
-    def append(self, batch: UpdateBatch, base_nodes: int, new_external_ids: np.ndarray | None = None,
-               keyed_answers: Callable[[int], list[tuple[str, str, dict]]] | None = None) -> int:
-        """Commit one applied batch durably, with the idempotency keys of its requests and
-        their answers (keyed_answers(position) -> [(key, body sha256, answer)]), in one
-        transaction; returns its position."""
-        blob = encode_batch(batch, base_nodes, self.feature_dim, new_external_ids)
-        with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                cur = self._db.execute("INSERT INTO batches (applied_unix_s, body) VALUES (?, ?)",
-                                       (time.time(), blob))
-                position = int(cur.lastrowid)
-                for key, digest, answer in (keyed_answers(position) if keyed_answers else []):
-                    self._db.execute("INSERT INTO request_keys VALUES (?, ?, ?, ?)",
-                                     (key, position, digest, json.dumps(answer)))
+                self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                self._db.execute("CREATE TABLE IF NOT EXISTS entries (position INTEGER PRIMARY KEY, "
+                                 "appended_unix_s REAL NOT NULL, body BLOB NOT NULL)")
+                meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+                if not meta:
+                    meta = {"schema": str(SCHEMA), "dataset_fingerprint": dataset_fingerprint,
+                            "log_id": uuid.uuid4().hex}
+                    self._db.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self.last_position = position
-            return position
+            # Reads come from the follower while an append may hold the writer connection
+            # through its fsync: a second connection reads (WAL lets it).
+            self._reader = self._connect()
+        except (sqlite3.Error, OSError) as exc:
+            raise ConfigError(f"cannot open the update log {self.path}: {exc} (graph updates need a "
+                              "writable log; --update-log off keeps them in memory only)") from exc
+        if meta.get("schema") != str(SCHEMA):
+            raise ConfigError(f"update log {self.path} has schema {meta.get('schema')}; this build reads {SCHEMA} "
+                              "(move the old file away to start a new log)")
+        if meta.get("dataset_fingerprint") != dataset_fingerprint:
+            raise ConfigError(f"update log {self.path} belongs to dataset {meta.get('dataset_fingerprint')}, not "
+                              f"{dataset_fingerprint}; point --update-log elsewhere or remove it")
+        self.log_id = meta["log_id"]
 
-    def answer_for(self, key: str) -> tuple[str, dict] | None:
-        """(body sha256, answer) of the request that carried this idempotency key, if any
-        was committed."""
-        row = self._reader.execute("SELECT body_sha256, answer FROM request_keys WHERE key = ?", (key,)).fetchone()
-        return None if row is None else (row[0], json.loads(row[1]))
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        db.execute("PRAGMA busy_timeout=30000")  # other replicas' appends hold the write lock briefly
+        return db
 
-    def entries(self, after: int = 0) -> Iterator[tuple[int, UpdateBatch, int, np.ndarray]]:
-        """(position, batch, base_nodes, new external ids) after `after`, in order."""
-        rows = self._db.execute("SELECT position, body FROM batches WHERE position > ? ORDER BY position", (after,))
-        for position, body in rows:
-            yield int(position), *decode_batch(body)
+    def append(self, body: bytes) -> int:
+        with self._write_lock:
+            try:
+                cur = self._db.execute("INSERT INTO entries (appended_unix_s, body) VALUES (?, ?)",
+                                       (time.time(), body))
+            except sqlite3.Error as exc:
+                raise ServiceUnavailable(f"the update log {self.path} refused the append: {exc}",
+                                         retry_after_s=1.0) from exc
+            position = int(cur.lastrowid)
+        with self._appended:
+            self._appended.notify_all()
+        return position
+
+    def _select(self, after: int, limit: int) -> list[LogEntry]:
+        with self._read_lock:
+            rows = self._reader.execute("SELECT position, appended_unix_s, body FROM entries WHERE position > ? "
+                                        "ORDER BY position LIMIT ?", (after, limit)).fetchall()
+        return [LogEntry(int(p), float(t), bytes(b)) for p, t, b in rows]
+
+    def read(self, after: int, limit: int, block_s: float = 0.0) -> list[LogEntry]:
+        deadline = time.monotonic() + block_s
+        while True:
+            got = self._select(after, limit)
+            left = deadline - time.monotonic()
+            if got or left <= 0:
+                return got
+            with self._appended:
+                self._appended.wait(min(left, POLL_S))
+
+    def head(self) -> int:
+        with self._read_lock:
+            row = self._reader.execute("SELECT MAX(position) FROM entries").fetchone()
+        return int(row[0] or 0)
 
     def __len__(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM batches").fetchone()[0])
+        with self._read_lock:
+            return int(self._reader.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
 
     def close(self) -> None:
-        with self._lock:
+        with self._write_lock, self._read_lock:
             self._db.close()
             self._reader.close()
 
 
-def open_update_log(url: str | None, graph) -> UpdateLog | None:
-    """The log a server with updates on writes (None for "off"), for a GraphStore."""
-    path = parse_log_url(url, graph.root)
-    return None if path is None else UpdateLog(path, graph.fingerprint, graph.feature_dim)
+def parse_log_url(url: str | None, dataset_dir: Path) -> str:
+    """The log's URL: sqlite:///abs/path (a plain path means the same), redis://host:port/
+    <stream>, or "off"; None is the default <dataset>/updates.sqlite."""
+    if url is None:
+        return f"sqlite://{(Path(dataset_dir) / 'updates.sqlite').resolve()}"
+    if url == "off" or url.startswith("redis://"):
+        return url
+    if url.startswith("sqlite://"):
+        if not url[len("sqlite://"):]:
+            raise ConfigError(f"update log {url!r}: give a path, e.g. sqlite:///var/lib/hybridgnn/updates.sqlite")
+        return url
+    if "://" in url:
+        raise ConfigError(f"update log {url!r}: use sqlite:///<path>, a path, redis://host:port/<stream>, or off")
+    return f"sqlite://{Path(url).resolve()}"
+
+
+def open_update_log(url: str | None, dataset_dir: Path, dataset_fingerprint: str) -> UpdateLog:
+    """The log a server with updates on appends to and follows."""
+    url = parse_log_url(url, dataset_dir)
+    if url == "off":
+        return MemoryLog()
+    if url.startswith("redis://"):
+        from hybridgnn.updates.redis_log import (
+            RedisLog,  # redis-py only where a Redis log is used
+        )
+
+        return RedisLog(url, dataset_fingerprint)
+    return SqliteLog(Path(url[len("sqlite://"):]), dataset_fingerprint)

@@ -15,6 +15,7 @@ from hybridgnn.errors import ServingError
 from hybridgnn.serving.http import codec
 from hybridgnn.serving.http.codec import decode_infer_request, encode_infer_response
 from hybridgnn.serving.updates import UPDATE_INPUTS, decode_update_request
+from hybridgnn.updates.requests import build_request
 
 try:
     import orjson
@@ -159,6 +160,7 @@ def _check(body: bytes, header: str | None, use_orjson: bool) -> None:
             assert 400 <= exc.status < 500 and isinstance(exc.message, str) and len(exc.message) < 1000, exc.message
         else:
             assert 0 < u.num_updates <= 32
+            u = build_request(u.logged.inputs, feature_dim=FEATURE_DIM, max_updates=32)  # what the log replays
             assert u.add_edges.shape[1] == 2 and u.remove_edges.shape[1] == 2
             assert u.add_node_features.shape[1] == FEATURE_DIM == u.update_features.shape[1]
             assert len(u.update_ids) == len(u.update_features)

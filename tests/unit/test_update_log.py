@@ -1,52 +1,66 @@
-"""The durable update log (updates/log.py) and replay through the update applier."""
+"""The update log (updates/log.py), its entries, followers replaying it, and snapshots."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import json
 
 import numpy as np
 import pytest
 
-from hybridgnn.config import UpdateConfig
-from hybridgnn.errors import ConfigError
-from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
-from hybridgnn.serving.updates import UpdateApplier, decode_update_request
+from hybridgnn.errors import ConfigError, Conflict, ServiceUnavailable
+from hybridgnn.graph.dynamic import DynamicGraph
+from hybridgnn.serving.updates import decode_update_request
 from hybridgnn.testing.graphs import dynamic_setup, update_body
-from hybridgnn.types import ServingStats
-from hybridgnn.updates.log import UpdateLog, decode_batch, encode_batch, parse_log_url
+from hybridgnn.testing.updates import follower_for, run_updates
+from hybridgnn.updates.log import MemoryLog, SqliteLog, open_update_log, parse_log_url
+from hybridgnn.updates.requests import (
+    LoggedRequest,
+    build_request,
+    decode_entry,
+    encode_entry,
+)
+from hybridgnn.updates.snapshot import Snapshots
 
 
-def test_a_batch_round_trips_through_its_record():
-    batch = UpdateBatch(add_edges=np.array([[1, 2], [3, 4]]), remove_nodes=np.array([5]),
-                        add_node_features=np.ones((1, 4), np.float32))
-    back, base, ext = decode_batch(encode_batch(batch, 60, 4))
-    assert base == 60 and len(ext) == 0 and back.add_edges.tolist() == [[1, 2], [3, 4]] and back.remove_nodes.tolist() == [5]
-    assert back.add_node_features.shape == (1, 4) and back.update_features is None
-    assert back.num_updates == batch.num_updates
+def test_an_entry_round_trips_with_its_requests_keys_and_id_kinds():
+    reqs = [LoggedRequest({"add_edges": np.array([[1, 2], [3, 4]]), "remove_nodes": np.array([5])}, "k1", "d1"),
+            LoggedRequest({"add_node_features": np.ones((1, 4), np.float32), "add_node_ids": np.array(["x"]),
+                           "add_edges": np.array([["x", "n1"]])}),
+            LoggedRequest({"remove_nodes": np.array([7, 8])}, "k2", "d2")]
+    back = decode_entry(encode_entry(reqs))
+    assert [r.idempotency_key for r in back] == ["k1", None, "k2"] and back[0].body_sha256 == "d1"
+    assert back[0].inputs["add_edges"].tolist() == [[1, 2], [3, 4]] and back[2].inputs["remove_nodes"].tolist() == [7, 8]
+    assert back[1].inputs["add_node_ids"].tolist() == ["x"] and back[1].inputs["add_edges"].tolist() == [["x", "n1"]]
+    assert back[1].inputs["add_node_features"].shape == (1, 4) and "remove_nodes" not in back[1].inputs
+    with pytest.raises(ValueError):
+        decode_entry(b"not an entry")
 
 
 def test_log_urls(tmp_path):
-    assert parse_log_url(None, tmp_path) == tmp_path / "updates.sqlite"
-    assert parse_log_url("off", tmp_path) is None
-    assert str(parse_log_url("sqlite:///var/x.sqlite", tmp_path)) == "/var/x.sqlite"
-    with pytest.raises(ConfigError, match="sqlite"):
-        parse_log_url("redis://localhost/stream", tmp_path)
+    assert parse_log_url(None, tmp_path) == f"sqlite://{(tmp_path / 'updates.sqlite').resolve()}"
+    assert parse_log_url("off", tmp_path) == "off" and parse_log_url("redis://h:1/s", tmp_path) == "redis://h:1/s"
+    assert parse_log_url("sqlite:///var/x.sqlite", tmp_path) == "sqlite:///var/x.sqlite"
+    assert parse_log_url("rel.sqlite", tmp_path).endswith("/rel.sqlite")
+    with pytest.raises(ConfigError, match="redis://host:port"):
+        parse_log_url("kafka://h/t", tmp_path)
+    assert isinstance(open_update_log("off", tmp_path, "abc"), MemoryLog)
 
 
-def test_the_log_keeps_order_and_belongs_to_one_dataset(tmp_path):
-    log = UpdateLog(tmp_path / "u.sqlite", "abc", 4)
-    for k in range(3):
-        assert log.append(UpdateBatch(remove_nodes=np.array([k])), 10) == k + 1
+def test_the_sqlite_log_keeps_order_is_shared_and_belongs_to_one_dataset(tmp_path):
+    log = SqliteLog(tmp_path / "u.sqlite", "abc")
+    other = SqliteLog(tmp_path / "u.sqlite", "abc")  # another replica on this machine
+    assert [log.append(b"a"), other.append(b"b"), log.append(b"c")] == [1, 2, 3]
+    assert [(e.position, e.body) for e in other.read(0, 10)] == [(1, b"a"), (2, b"b"), (3, b"c")]
+    assert [e.position for e in log.read(2, 10)] == [3] and log.head() == other.head() == 3
+    assert log.log_id == other.log_id and len(log) == 3
+    assert log.read(3, 10, block_s=0.02) == []  # waits, then nothing
     log.close()
-    again = UpdateLog(tmp_path / "u.sqlite", "abc", 4)
-    assert [(p, b.remove_nodes.tolist()) for p, b, _, _ in again.entries()] == [(1, [0]), (2, [1]), (3, [2])]
-    assert [p for p, _, _, _ in again.entries(after=2)] == [3] and again.position == 3
-    again.close()
+    other.close()
     with pytest.raises(ConfigError, match="belongs to dataset abc"):
-        UpdateLog(tmp_path / "u.sqlite", "other", 4)
+        SqliteLog(tmp_path / "u.sqlite", "other")
     with pytest.raises(ConfigError, match="cannot open the update log"):
-        UpdateLog(tmp_path / "u.sqlite" / "below-a-file.sqlite", "abc", 4)
+        SqliteLog(tmp_path / "u.sqlite" / "below-a-file.sqlite", "abc")
 
 
 def _requests():
@@ -55,69 +69,64 @@ def _requests():
 
     return [dec(("update_ids", [1], "INT64"), ("update_features", np.ones((1, 4)), "FP32")),
             dec(("add_node_features", np.full((1, 4), 2.0), "FP32"), ("add_edges", [[-1, 3], [3, -1]], "INT64")),
-            dec(("remove_nodes", [7], "INT64")),
+            dec(("remove_nodes", [7], "INT64"),),
             dec(("add_edges", [[60, 9]], "INT64"), ("remove_edges", [[0, 59]], "INT64"))]
 
 
-def _serve(applier: UpdateApplier, requests) -> list:
-    async def scenario():
-        applier.start()
-        out = []
-        for r in requests:  # one at a time: each is its own batch and log record
-            out.append(await asyncio.gather(applier.submit(r), return_exceptions=True))
-        await applier.stop()
-        return [o[0] for o in out]
-
-    return asyncio.run(scenario())
-
-
-def test_replay_rebuilds_exactly_what_was_acknowledged(tmp_path):
-    dyn, inc, _ = (*dynamic_setup(tmp_path / "live"), None)
-    log = UpdateLog(tmp_path / "u.sqlite", dyn.base.fingerprint, 4)
-    results = _serve(UpdateApplier(UpdateConfig(token="12345678"), inc, dyn, ServingStats(), log), _requests())
-    applied = [r for r in results if isinstance(r, dict)]
-    assert [r["log_position"] for r in applied] == list(range(1, len(applied) + 1)) and len(log) == len(applied)
-    log.close()
-
-    fresh_dyn, fresh_inc, _ = (*dynamic_setup(tmp_path / "restart"), None)  # the stored dataset again, as after a restart
-    log = UpdateLog(tmp_path / "u.sqlite", fresh_dyn.base.fingerprint, 4)
-    replayer = UpdateApplier(UpdateConfig(token="12345678"), fresh_inc, fresh_dyn, ServingStats(), log)
-    assert replayer.replay() == len(applied)
-    assert (fresh_dyn.num_nodes, fresh_dyn.version) == (dyn.num_nodes, dyn.version)
+def _same_state(dyn, inc, other_dyn, other_inc):
+    assert (other_dyn.num_nodes, other_dyn.version) == (dyn.num_nodes, dyn.version)
     ids = np.flatnonzero(dyn.alive[:dyn.num_nodes])
-    np.testing.assert_array_equal(fresh_inc.lookup(ids), inc.lookup(ids))  # the same batches, the same order
-    np.testing.assert_array_equal(fresh_dyn.to_csr()[1], dyn.to_csr()[1])
+    np.testing.assert_array_equal(other_inc.lookup(ids), inc.lookup(ids))
+    np.testing.assert_array_equal(other_dyn.to_csr()[1], dyn.to_csr()[1])
+    np.testing.assert_array_equal(other_dyn.features(np.arange(dyn.num_nodes)), dyn.features(np.arange(dyn.num_nodes)))
 
 
-def test_a_batch_whose_log_append_fails_is_rolled_back_and_not_acknowledged(tmp_path):
+def test_a_second_follower_of_the_log_reaches_the_same_state(tmp_path):
+    """What a restart (or another replica) does: apply the same log from the start."""
+    dyn, inc = dynamic_setup(tmp_path / "live")
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    results = run_updates(follower_for(dyn, inc, log), _requests())
+    applied = [r for r in results if isinstance(r, dict)]
+    assert [r["graph_version"] for r in applied] == list(range(1, len(applied) + 1)) and len(log) == len(applied)
+    fresh_dyn, fresh_inc = dynamic_setup(tmp_path / "restart")
+    replica = follower_for(fresh_dyn, fresh_inc, SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint))
+    assert replica.catch_up() == len(applied) and replica.applied == log.head()
+    _same_state(dyn, inc, fresh_dyn, fresh_inc)
+
+
+def test_an_update_the_log_refuses_is_not_applied_and_says_so(tmp_path):
     dyn, inc = dynamic_setup(tmp_path)
-    log = UpdateLog(tmp_path / "u.sqlite", dyn.base.fingerprint, 4)
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
     before = inc.lookup(np.arange(60)).copy()
 
-    def disk_full(*args):
-        raise sqlite3.OperationalError("database or disk is full")
+    def disk_full(body):
+        raise ServiceUnavailable("the update log refused the append: database or disk is full")
 
     log.append = disk_full
-    [result] = _serve(UpdateApplier(UpdateConfig(token="12345678"), inc, dyn, ServingStats(), log), _requests()[1:2])
-    assert isinstance(result, sqlite3.OperationalError)
+    [result] = run_updates(follower_for(dyn, inc, log), _requests()[1:2])
+    assert isinstance(result, ServiceUnavailable) and result.status == 503
     assert dyn.num_nodes == 60 and dyn.version == 0
     np.testing.assert_array_equal(inc.lookup(np.arange(60)), before)
 
 
-def test_a_log_that_does_not_fit_the_data_is_refused(tmp_path):
+def test_an_entry_that_does_not_apply_is_rejected_alike_on_every_replica(tmp_path):
     dyn, inc = dynamic_setup(tmp_path)
-    log = UpdateLog(tmp_path / "u.sqlite", dyn.base.fingerprint, 4)
-    log.append(UpdateBatch(remove_nodes=np.array([3])), 61)  # applied live to a 61-node graph
-    with pytest.raises(ConfigError, match="61 nodes"):
-        UpdateApplier(UpdateConfig(token="12345678"), inc, dyn, ServingStats(), log).replay()
+    log = MemoryLog()
+    log.append(encode_entry([LoggedRequest({"remove_nodes": np.array([600])})]))  # no such node
+    log.append(b"garbage")  # unreadable: skipped
+    log.append(encode_entry([_requests()[2].logged]))
+    follower = follower_for(dyn, inc, log)
+    outcomes = [o for _, o in follower.step()]
+    assert "unknown node 600" in str(outcomes[0][0]) and outcomes[1] == [] and outcomes[2][0]["graph_version"] == 3
+    assert follower.applied == 3 and not dyn.alive[7]
 
 
 def test_graph_only_updates_are_logged_and_replayed_too(tmp_path):
-    dyn, _, _ = (*dynamic_setup(tmp_path / "a"), None)
-    log = UpdateLog(tmp_path / "u.sqlite", dyn.base.fingerprint, 4)
-    _serve(UpdateApplier(UpdateConfig(token="12345678"), None, dyn, ServingStats(), log), _requests()[:2])
+    dyn = DynamicGraph(dynamic_setup(tmp_path / "a")[0].base)
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    run_updates(follower_for(dyn, None, log), _requests()[:2])
     other = DynamicGraph(dynamic_setup(tmp_path / "b")[0].base)
-    assert UpdateApplier(UpdateConfig(token="12345678"), None, other, ServingStats(), log).replay() == 2
+    assert follower_for(other, None, log).catch_up() == 2
     assert other.num_nodes == 61 and (other.features(np.array([60])) == 2).all()
 
 
@@ -141,7 +150,8 @@ def test_updates_on_a_mapped_dataset_translate_names_and_new_nodes():
     names, _ = IdMap.build(np.array([f"n{i}" for i in range(5)]))
 
     def dec(*inputs):
-        return decode_update_request(update_body(*inputs), None, feature_dim=4, max_updates=100, id_map=names)
+        pending = decode_update_request(update_body(*inputs), None, feature_dim=4, max_updates=100, id_map=names)
+        return build_request(pending.logged.inputs, feature_dim=4, max_updates=100, id_map=names)
 
     req = dec(("add_node_features", np.ones((2, 4)), "FP32"), ("add_node_ids", ["x", "y"], "BYTES"),
               ("add_edges", [["x", "n1"], ["n2", "y"], ["x", "y"]], "BYTES"), ("update_ids", ["y"], "BYTES"),
@@ -161,43 +171,91 @@ def test_updates_on_a_mapped_dataset_translate_names_and_new_nodes():
         decode_update_request(update_body(("remove_nodes", ["n1"], "BYTES")), None, feature_dim=4, max_updates=100)
 
 
-def _keyed(req, key: str, digest: str):
-    req.idempotency_key, req.body_sha256 = key, digest
-    return req
+def _keyed(pending, key: str, digest: str):
+    pending.logged.idempotency_key, pending.logged.body_sha256 = key, digest
+    return pending
 
 
 @pytest.mark.parametrize("durable", [True, False])
 def test_a_retried_update_with_the_same_idempotency_key_applies_once(tmp_path, durable):
-    from hybridgnn.errors import Conflict
-
     dyn, inc = dynamic_setup(tmp_path / "g")
-    log = UpdateLog(tmp_path / "u.sqlite", dyn.base.fingerprint, 4) if durable else None
-    applier = UpdateApplier(UpdateConfig(token="12345678"), inc, dyn, ServingStats(), log)
-    add = _requests()[1]
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint) if durable else MemoryLog()
+    follower = follower_for(dyn, inc, log)
+    from hybridgnn.serving.updates import UpdateApplier
+
+    applier = UpdateApplier(follower.cfg, follower, dyn, follower.stats)
 
     async def scenario():
+        follower.start()
         applier.start()
-        first, twin = applier.submit(_keyed(add, "k1", "h1")), applier.submit(_keyed(add, "k1", "h1"))
+        first, twin = applier.submit(_keyed(_requests()[1], "k1", "h1")), applier.submit(_keyed(_requests()[1], "k1", "h1"))
         assert twin is first  # a retry while the first is in flight waits for it
         one = await first
         again = await applier.submit(_keyed(_requests()[1], "k1", "h1"))
         with pytest.raises(Conflict, match="different update"):
             applier.submit(_keyed(_requests()[0], "k1", "h2"))
         await applier.stop()
+        await follower.stop()
         return one, again
 
     one, again = asyncio.run(scenario())
     assert again["replayed"] and again["new_node_ids"] == one["new_node_ids"] == [60]
     assert dyn.num_nodes == 61 and dyn.version == 1  # applied once
+    # Two replicas that both logged the same keyed request (a retry sent to another one):
+    # the second entry applies nothing, everywhere.
+    log.append(encode_entry([_keyed(_requests()[1], "k1", "h1").logged]))
+    follower.step(block_s=0)
+    assert dyn.num_nodes == 61 and follower.applied == 2
     if durable:  # the key outlives a restart
-        log.close()
         fresh_dyn, fresh_inc = dynamic_setup(tmp_path / "restart")
-        log = UpdateLog(tmp_path / "u.sqlite", fresh_dyn.base.fingerprint, 4)
-        restarted = UpdateApplier(UpdateConfig(token="12345678"), fresh_inc, fresh_dyn, ServingStats(), log)
-        restarted.replay()
+        restarted = follower_for(fresh_dyn, fresh_inc, SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint))
+        restarted.catch_up()
+        assert restarted.answer_for("k1")[1]["graph_version"] == one["graph_version"] and fresh_dyn.num_nodes == 61
 
-        async def retry():
-            return await restarted.submit(_keyed(_requests()[1], "k1", "h1"))
 
-        answer = asyncio.run(retry())
-        assert answer["replayed"] and answer["log_position"] == one["log_position"] and fresh_dyn.version == 1
+def test_a_snapshot_plus_the_rest_of_the_log_equals_the_whole_log(tmp_path):
+    dyn, inc = dynamic_setup(tmp_path / "live")
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    snaps = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m1",
+                      log_id=log.log_id, every=2, keep=1)
+    follower = follower_for(dyn, inc, log, snapshots=snaps)
+    reqs = _requests()
+    _keyed(reqs[1], "k1", "h1")
+    for r in reqs[:3]:
+        log.append(encode_entry([r.logged]))
+    follower.step(block_s=0)  # applies 3 entries; a snapshot is due at 3
+    job = follower._job
+    assert job is not None
+    job()
+    [path] = [p for p in (tmp_path / "snaps").iterdir()]
+    meta = json.loads((path / "snapshot.json").read_text())
+    assert meta["position"] == 3 and meta["keys"][0][0] == "k1" and path.name.startswith("000000000003-m1")
+    log.append(encode_entry([reqs[3].logged]))
+    follower.step(block_s=0)
+
+    fresh_dyn, fresh_inc_unused = dynamic_setup(tmp_path / "restart")
+    snap = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m1",
+                     log_id=log.log_id, every=2).latest(with_embeddings=True)
+    assert snap.position == 3
+    fresh_dyn.restore(snap.indptr, snap.indices, snap.features, snap.alive, snap.graph_version)
+    from hybridgnn.embeddings.incremental import IncrementalEmbeddings
+
+    fresh_inc = IncrementalEmbeddings(fresh_dyn, fresh_inc_unused.model, snap.layers)
+    replica = follower_for(fresh_dyn, fresh_inc, log, position=snap.position, keys=snap.keys)
+    assert replica.catch_up() == 1 and replica.answer_for("k1") is not None
+    _same_state(dyn, inc, fresh_dyn, fresh_inc)
+    # Another log's (or model's) snapshots are not this one's.
+    assert Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m1",
+                     log_id="another", every=2).latest(with_embeddings=True) is None
+    assert Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m2",
+                     log_id=log.log_id, every=2).latest(with_embeddings=True) is None
+
+
+def test_snapshots_are_pruned_to_the_newest_few(tmp_path):
+    dyn, inc = dynamic_setup(tmp_path / "g")
+    snaps = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                      log_id="L", every=1, keep=2)
+    for position in (1, 2, 3):
+        assert snaps.write(snaps.capture(position, dyn, inc, {})) is not None
+    assert snaps.write(snaps.capture(3, dyn, inc, {})) is None  # already there (another replica wrote it)
+    assert sorted(p.name[:12] for p in (tmp_path / "snaps").iterdir()) == ["000000000002", "000000000003"]

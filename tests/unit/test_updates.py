@@ -1,4 +1,5 @@
-"""Update requests: decoding, id resolution, and the applier's merge-then-fallback."""
+"""Update requests: decoding, id resolution, and merging with a per-request fallback
+(refused before the log when invalid alone; the follower's fallback when the merge is)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import ServingError
 from hybridgnn.graph.dynamic import UpdateError
-from hybridgnn.serving.updates import UpdateApplier, decode_update_request, to_batch
+from hybridgnn.serving.updates import decode_update_request
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.testing.graphs import dynamic_setup
+from hybridgnn.testing.updates import follower_for, run_updates
+from hybridgnn.updates.requests import build_request, encode_entry, to_batch
 
 
 def body(*inputs) -> bytes:
@@ -26,13 +29,15 @@ def t(name, arr, dt):
 
 
 def test_decode_and_resolve_own_new_nodes():
-    req = decode_update_request(body(t("add_node_features", np.ones((2, 3)), "FP32"),
-                                     t("add_edges", [[-1, 4], [-2, -1]], "INT64"),
-                                     t("update_ids", [-2], "INT64"), t("update_features", np.zeros((1, 3)), "FP32")),
-                                None, feature_dim=3, max_updates=100)
-    assert req.num_new == 2 and req.num_updates == 5
-    other = decode_update_request(body(t("add_node_features", np.ones((1, 3)), "FP32"),
-                                       t("add_edges", [[0, -1]], "INT64")), None, feature_dim=3, max_updates=100)
+    pending = decode_update_request(body(t("add_node_features", np.ones((2, 3)), "FP32"),
+                                         t("add_edges", [[-1, 4], [-2, -1]], "INT64"),
+                                         t("update_ids", [-2], "INT64"), t("update_features", np.zeros((1, 3)), "FP32")),
+                                    None, feature_dim=3, max_updates=100)
+    req = build_request(pending.logged.inputs, feature_dim=3, max_updates=100)
+    assert req.num_new == 2 and req.num_updates == 5 == pending.num_updates
+    other = build_request(decode_update_request(body(t("add_node_features", np.ones((1, 3)), "FP32"),
+                                                     t("add_edges", [[0, -1]], "INT64")), None, feature_dim=3,
+                                                max_updates=100).logged.inputs, feature_dim=3, max_updates=100)
     batch, assigned = to_batch([req, other], num_nodes=10)
     assert [a.tolist() for a in assigned] == [[10, 11], [12]]
     assert batch.add_edges.tolist() == [[10, 4], [11, 10], [0, 12]]
@@ -60,42 +65,44 @@ def _parts(tmp_path):
     return (*dynamic_setup(tmp_path), Telemetry())
 
 
-def test_applier_merges_and_falls_back_per_request(tmp_path):
+def test_invalid_requests_are_refused_and_the_rest_merged_into_one_entry(tmp_path):
     dyn, inc, tel = _parts(tmp_path)
     dec = lambda *i: decode_update_request(body(*i), None, feature_dim=4, max_updates=100)
     good1 = dec(t("update_ids", [1], "INT64"), t("update_features", np.ones((1, 4)), "FP32"))
     bad = dec(t("add_edges", [[0, 59]], "INT64"), t("remove_edges", [[0, 59]], "INT64"))
     good2 = dec(t("add_node_features", np.ones((1, 4)), "FP32"), t("add_edges", [[-1, 3]], "INT64"))
-
-    async def scenario():
-        applier = UpdateApplier(UpdateConfig(token="12345678", max_batch_updates=100), inc, dyn, tel)
-        futs = [applier.submit(r) for r in (good1, bad, good2)]  # queued before the applier runs: one group
-        assert applier.staleness_s() >= 0
-        applier.start()
-        results = await asyncio.gather(*futs, return_exceptions=True)
-        await applier.stop()
-        return results
-
-    r1, r2, r3 = asyncio.run(scenario())
+    follower = follower_for(dyn, inc, stats=tel, cfg=UpdateConfig(token="12345678", max_batch_updates=100))
+    r1, r2, r3 = run_updates(follower, [good1, bad, good2], together=True)
     assert isinstance(r2, UpdateError)
-    assert r1["graph_version"] >= 1 and r3["new_node_ids"] == [60]
-    assert dyn.version == 2 and (dyn.features(np.array([1])) == 1).all()
+    assert r1["graph_version"] == r3["graph_version"] == 1 and r3["new_node_ids"] == [60]  # one entry
+    assert dyn.version == 1 and follower.log.head() == 1 and (dyn.features(np.array([1])) == 1).all()
 
 
-def test_applier_compacts_in_the_background(tmp_path):
+def test_the_follower_falls_back_per_request_when_a_merged_entry_is_rejected(tmp_path):
+    """Two requests valid alone but not together (both add the same edge) in one entry:
+    the first applies, the second is rejected, on every replica alike."""
+    dyn, inc, tel = _parts(tmp_path)
+    dec = lambda *i: decode_update_request(body(*i), None, feature_dim=4, max_updates=100)
+    same = [dec(t("add_edges", [[0, 59]], "INT64")), dec(t("add_edges", [[0, 59]], "INT64"))]
+    first, second = run_updates(follower_for(dyn, inc, stats=tel), same, together=True)
+    assert first["graph_version"] == 1 and isinstance(second, UpdateError)
+    assert dyn.version == 1 and dyn.has_edges(np.array([0]), np.array([59])).all()
+
+
+def test_the_follower_compacts_in_the_background(tmp_path):
     dyn, inc, tel = _parts(tmp_path)
     req = decode_update_request(body(t("add_edges", [[0, 59], [59, 0]], "INT64")), None, feature_dim=4,
                                 max_updates=100)
-
-    async def scenario():
-        applier = UpdateApplier(UpdateConfig(token="12345678", compact_patched_entries=1), inc, dyn, tel)
-        applier.start()
-        await applier.submit(req)
-        await applier._compacting  # started once the patches passed the threshold
-        await applier.stop()
-
+    follower = follower_for(dyn, inc, stats=tel, cfg=UpdateConfig(token="12345678", compact_patched_entries=1))
     before = inc.lookup(np.arange(60))
-    asyncio.run(scenario())
+    follower.log.append(encode_entry([req.logged]))
+    follower.step()  # applies the entry, then finds the patches past the threshold
+
+    async def background():
+        follower._start_job()
+        await follower._background
+
+    asyncio.run(background())
     assert dyn.compactions == 1 and dyn.patched_entries == 0
     assert dyn.has_edges(np.array([0, 59]), np.array([59, 0])).all()
     assert not np.array_equal(inc.lookup(np.arange(60)), before)  # the update itself is still there
@@ -143,21 +150,14 @@ def test_merged_requests_apply_exactly_as_the_accepted_ones_alone(tmp_path_facto
         tmp = tmp_path_factory.mktemp("merge")
         dyn, inc, tel = _parts(tmp)
 
-        async def scenario():
-            applier = UpdateApplier(UpdateConfig(token="12345678", max_batch_updates=100), inc, dyn, tel)
-            futs = [applier.submit(r) for r in requests]  # all queued first: one merged group
-            applier.start()
-            results = await asyncio.gather(*futs, return_exceptions=True)
-            await applier.stop()
-            return results
-
-        results = asyncio.run(scenario())
+        results = run_updates(follower_for(dyn, inc, stats=tel), requests, together=True)
         assert all(isinstance(r, dict) or isinstance(r, UpdateError) for r in results), results
         seen.update("accepted" if isinstance(r, dict) else "rejected" for r in results)
         dyn2, inc2, _ = _parts(tmp_path_factory.mktemp("alone"))
         for req, res in zip(requests, results, strict=True):
             if isinstance(res, dict):
-                batch, assigned = to_batch([req], dyn2.num_nodes)
+                built = build_request(req.logged.inputs, feature_dim=4, max_updates=100)
+                batch, assigned = to_batch([built], dyn2.num_nodes)
                 inc2.apply(batch)
                 assert assigned[0].tolist() == res["new_node_ids"]
         assert dyn.num_nodes == dyn2.num_nodes

@@ -31,6 +31,7 @@ from hybridgnn.errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    ServiceUnavailable,
     ServingError,
     Unauthorized,
     brief,
@@ -54,6 +55,26 @@ _HEADER_LENGTH = HEADER_LENGTH.lower()  # request headers reach endpoints with l
 def _request_id() -> str:
     """A short random id naming one failed request in its answer and its log line."""
     return os.urandom(6).hex()
+
+
+def _min_graph_version(request: Request) -> int | None:
+    """parameters.min_graph_version of an infer request, or None (looked for only when the
+    bytes occur, so other requests pay one substring search)."""
+    length = request.headers.get(_HEADER_LENGTH)
+    head = request.body if length is None or not length.isdigit() else request.body[:int(length)]
+    if b"min_graph_version" not in head:
+        return None
+    try:
+        params = json.loads(head).get("parameters")
+    except (ValueError, AttributeError):
+        return None  # the decoder says what is wrong with it
+    if not isinstance(params, dict) or "min_graph_version" not in params:
+        return None
+    v = params["min_graph_version"]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise BadRequest(f"parameters.min_graph_version must be a graph version (an integer >= 0, as a graph "
+                         f"update's answer gives), got {brief(v)}")
+    return v
 
 
 def _plainly_sampled(request: Request) -> bool:
@@ -287,6 +308,9 @@ class Api:
         engine = self.engine
         try:
             self._check_model(request)
+            wanted = _min_graph_version(request)
+            if wanted is not None and wanted > engine.graph_version:
+                return asyncio.ensure_future(self._infer_when_caught_up(request, wanted))
             if _plainly_sampled(request):
                 engine.shed_sampled()  # past the bound already: refuse before decoding
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
@@ -317,6 +341,24 @@ class Api:
             return Reply(200, body, content_type, headers or None)
 
         return _chain(pending, finish, self._infer_failed)
+
+    async def _infer_when_caught_up(self, request: Request, wanted: int) -> Reply:
+        """Read your writes: wait (bounded) until this replica has applied graph version
+        `wanted`, then answer; else 503 + Retry-After, which a balancer retries elsewhere."""
+        engine = self.engine
+        try:
+            if engine.follower is None:
+                raise BadRequest(f"min_graph_version {wanted}: this server takes no graph updates (its graph "
+                                 "version stays 0)")
+            if not await engine.follower.wait_for(wanted, engine.cfg.updates.max_catch_up_s):
+                engine.stats.refused("behind")
+                raise ServiceUnavailable(f"this replica has applied graph version {engine.graph_version}, not yet "
+                                         f"{wanted}; retry (another replica may have it)",
+                                         retry_after_s=max(0.1, engine.cfg.updates.max_catch_up_s))
+        except Exception as exc:
+            return self._infer_failed(exc)
+        reply = self.infer(request)
+        return reply if isinstance(reply, Reply) else await reply
 
     def _infer_failed(self, exc: BaseException) -> Reply:
         """error_reply() for an inference that failed or was refused, counted by status."""
@@ -372,5 +414,5 @@ class Api:
         if key is not None:
             if not 1 <= len(key) <= 255 or not key.isprintable():
                 raise BadRequest("Idempotency-Key must be 1 to 255 printable characters")
-            req.idempotency_key, req.body_sha256 = key, hashlib.sha256(request.body).hexdigest()
+            req.logged.idempotency_key, req.logged.body_sha256 = key, hashlib.sha256(request.body).hexdigest()
         return Reply.json(await engine.side.update_graph(req))

@@ -1,0 +1,346 @@
+"""The follower: applies the update log's entries, in position order, to this replica.
+
+Every replica runs one, so every replica goes through the same states: an entry's
+requests are built and validated against the graph as it is at that position, merged
+and applied all or nothing; if the merge is rejected each request is applied alone (so
+one bad request never takes the others down), and a request's new nodes get the next
+ids. The outcome of an entry (an answer or an error per request) is therefore the same
+on every replica; the replica that accepted a request answers with it.
+
+Idempotency keys ride in the entries: a request whose key an earlier entry applied is
+answered with that first answer (marked "replayed") and applies nothing; the most
+recent MEMORY_KEYS keys are kept (in snapshots too).
+
+The graph_version an answer reports is the log position of its entry; a replica's
+applied position is how far its graph has got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from hybridgnn.config import UpdateConfig
+from hybridgnn.errors import Conflict, ServiceUnavailable, ServingError, UpdateError
+from hybridgnn.graph.journal import Journal
+from hybridgnn.types import ServingStats, UpdateStats
+from hybridgnn.updates.log import LogEntry, UpdateLog
+from hybridgnn.updates.requests import (
+    LoggedRequest,
+    UpdateRequest,
+    build_request,
+    decode_entry,
+    to_batch,
+)
+
+log = logging.getLogger("hybridgnn.updates")
+
+MEMORY_KEYS = 100_000  # idempotency keys remembered (bounded: keys come from clients)
+RECENT_OUTCOMES = 512  # entries whose outcomes stay readable after they applied
+READ_LIMIT = 64  # entries per read
+BLOCK_S = 0.1  # how long one read waits for a new entry
+
+Outcome = dict | BaseException
+
+
+class Follower:
+    """Applies log entries after `position` to the graph (a DynamicGraph) and, when
+    given, its incrementally maintained embeddings. `keys`: the idempotency keys a
+    snapshot carried, as (key, body sha256, answer)."""
+
+    def __init__(self, update_log: UpdateLog, graph, incremental, stats: ServingStats, cfg: UpdateConfig, *,
+                 position: int = 0, keys: list[tuple[str, str, dict]] | None = None, snapshots=None):
+        self.log = update_log
+        self.graph = graph
+        self.incremental = incremental
+        self.stats = stats
+        self.cfg = cfg
+        self.applied = position  # the last position applied here
+        self.head_seen = position  # the highest position this follower has read
+        self.keys: collections.OrderedDict[str, tuple[str, dict]] = collections.OrderedDict(
+            (k, (d, a)) for k, d, a in (keys or []))
+        self._behind_since: float | None = None  # append time of the first entry read but not applied
+        self._recent: collections.OrderedDict[int, list[Outcome]] = collections.OrderedDict()
+        # The last position whose outcomes the event loop has handed out: `applied` moves
+        # on the follower's thread first.
+        self._resolved_upto = position
+        self._waiters: dict[int, list[asyncio.Future]] = {}
+        self._version_waiters: list[tuple[int, asyncio.Future]] = []
+        self._task: asyncio.Task | None = None
+        self._background: asyncio.Task | None = None
+        self.snapshots = snapshots  # updates.snapshot.Snapshots, or None (no snapshots written)
+        self._job: Callable[[], None] | None = None  # a compaction or snapshot write to run in the background
+        self._job_running = False
+        self.failed: str | None = None  # why the last step failed (cleared by a good one)
+
+    # --- applying (worker thread) ----------------------------------------------------------
+    def step(self, limit: int = READ_LIMIT, block_s: float = BLOCK_S) -> list[tuple[int, list[Outcome]]]:
+        """Read and apply the next entries; returns their outcomes by position."""
+        entries = self.log.read(self.applied, limit, block_s)
+        done = []
+        for i, entry in enumerate(entries):
+            self.head_seen = max(self.head_seen, entries[-1].position)
+            self._behind_since = entry.appended_unix_s
+            done.append((entry.position, self.apply_entry(entry)))
+            self._behind_since = entries[i + 1].appended_unix_s if i + 1 < len(entries) else None
+        if done and self._job is None and not self._job_running:
+            self._job = self._maintenance()
+        return done
+
+    def _maintenance(self) -> Callable[[], None] | None:
+        """Work for between entries (here, the only writer's thread, so what a snapshot
+        copies is exactly the state at self.applied): folding the graph's patches, or a
+        snapshot's copy, written to disk later in the background."""
+        if self.graph.patched_entries >= self.cfg.compact_patched_entries:
+            def compact() -> None:
+                t0 = time.perf_counter()
+                if self.graph.compact():
+                    self.stats.compacted()
+                    log.info("compacted the graph's patches in %.2fs", time.perf_counter() - t0)
+            return compact
+        if self.snapshots is not None and self.snapshots.due(self.applied):
+            captured = self.snapshots.capture(self.applied, self.graph, self.incremental, self.keys)
+            return lambda: self.snapshots.write(captured)
+        return None
+
+    def catch_up(self) -> int:
+        """Apply every entry up to the log's head as it is now (at start, before serving);
+        returns how many were applied."""
+        head, start, t0 = self.log.head(), self.applied, time.perf_counter()
+        if head > self.applied:
+            log.info("catching up with the update log %s: positions %d..%d", self.log.url, self.applied + 1, head)
+        next_report = self.applied + 1000
+        while self.applied < head:
+            if not self.step(256, BLOCK_S):
+                break
+            if self.applied >= next_report:
+                log.info("applied update log position %d of %d", self.applied, head)
+                next_report = self.applied + 1000
+        self._resolved_upto = self.applied  # nobody waits for what was applied before serving
+        if self.applied > start:
+            log.info("caught up: %d log entries in %.2fs, graph version %d, %d nodes", self.applied - start,
+                     time.perf_counter() - t0, self.applied, self.graph.num_nodes)
+        return self.applied - start
+
+    def apply_entry(self, entry: LogEntry) -> list[Outcome]:
+        """Apply one entry (deterministically: same graph in, same graph and outcomes out)."""
+        try:
+            logged = decode_entry(entry.body)
+        except (ValueError, OSError, KeyError) as exc:  # written by another build, or damaged
+            log.error("update log %s position %d is unreadable (%s); skipped on every replica", self.log.url,
+                      entry.position, exc)
+            self.applied = entry.position
+            return []
+        outcomes: list[Outcome | None] = [None] * len(logged)
+        todo: list[tuple[int, UpdateRequest]] = []
+        first_with_key: dict[str, int] = {}
+        for i, lr in enumerate(logged):
+            key = lr.idempotency_key
+            if key is not None and (key in self.keys or key in first_with_key):
+                twin = first_with_key.get(key)
+                outcomes[i] = self._seen_key(lr, None if twin is None else logged[twin], twin)
+                continue
+            try:
+                todo.append((i, build_request(lr.inputs, feature_dim=self.graph.feature_dim,
+                                              max_updates=self.cfg.max_request_updates, id_map=self.graph.base.id_map)))
+            except ServingError as exc:
+                outcomes[i] = exc
+                continue
+            if key is not None:
+                first_with_key[key] = i
+        try:
+            self._apply_group(entry.position, todo, outcomes)
+        except UpdateError:
+            for item in todo:  # one of them is bad: apply each alone, entirely or not at all
+                try:
+                    self._apply_group(entry.position, [item], outcomes)
+                except UpdateError as exc:
+                    outcomes[item[0]] = exc
+        for i, lr in enumerate(logged):
+            out = outcomes[i]
+            if isinstance(out, int):  # a twin of an earlier request of this entry
+                out = outcomes[i] = ({**outcomes[out], "replayed": True} if isinstance(outcomes[out], dict)
+                                     else outcomes[out])
+            if isinstance(out, BaseException):
+                self.stats.updates_rejected()
+            elif lr.idempotency_key is not None and not out.get("replayed"):
+                self.keys[lr.idempotency_key] = (lr.body_sha256 or "", out)
+                while len(self.keys) > MEMORY_KEYS:
+                    self.keys.popitem(last=False)
+        self.applied = entry.position
+        return outcomes
+
+    def _seen_key(self, lr: LoggedRequest, twin: LoggedRequest | None, twin_index: int | None) -> Outcome | int:
+        """The outcome of a request whose key was applied before (or, twin, carried by an
+        earlier request of this entry: then that request's index, resolved later)."""
+        digest = twin.body_sha256 or "" if twin is not None else self.keys[lr.idempotency_key][0]
+        if digest != (lr.body_sha256 or ""):
+            return Conflict(f"Idempotency-Key {lr.idempotency_key!r} was used with a different update; use a new key "
+                            "for a new update")
+        return twin_index if twin is not None else {**self.keys[lr.idempotency_key][1], "replayed": True}
+
+    def _apply_group(self, position: int, items: list[tuple[int, UpdateRequest]], outcomes: list) -> None:
+        if not items:
+            return
+        requests = [r for _, r in items]
+        t0 = time.perf_counter()
+        n = self.graph.num_nodes  # this thread is the only writer: stable until the apply
+        batch, assigned = to_batch(requests, n)
+        id_map = self.graph.base.id_map
+        new_external = None
+        if id_map is not None:
+            new_external = np.concatenate([r.new_external_ids for r in requests if r.new_external_ids is not None]
+                                          or [np.empty(0, np.int64)])
+            if len(np.unique(new_external)) != len(new_external):
+                raise UpdateError("a node in add_node_ids is named by two requests")
+
+        def commit() -> None:  # last, under the writer lock: readers see the ids with the nodes
+            if id_map is not None and len(new_external):
+                id_map.extend(new_external)
+
+        if self.incremental is not None:
+            report = self.incremental.apply(batch, commit)
+            affected, propagate_s = report.affected_nodes, report.propagate_s
+        else:
+            journal = Journal()
+            with self.graph.lock.write():
+                try:
+                    self.graph.apply(batch, journal)
+                    commit()
+                except BaseException:
+                    journal.rollback()
+                    raise
+            affected, propagate_s = 0, None
+        counts = {"add_edges": len(batch.add_edges), "remove_edges": len(batch.remove_edges),
+                  "add_nodes": sum(len(a) for a in assigned), "remove_nodes": len(batch.remove_nodes),
+                  "update_features": len(batch.update_ids)}
+        self.stats.updates_applied(UpdateStats(time.perf_counter() - t0, propagate_s, affected, counts))
+        if id_map is not None:  # answer in the client's own ids
+            assigned = [id_map.to_external(ids) for ids in assigned]
+        for (i, r), ids in zip(items, assigned, strict=True):
+            outcomes[i] = {"graph_version": position, "log_position": position, "new_node_ids": ids.tolist(),
+                           "updates": r.num_updates, "batch_updates": batch.num_updates, "affected_nodes": affected}
+
+    # --- the replica's view (event loop) -----------------------------------------------------
+    def lag_s(self) -> float:
+        """Seconds since the oldest entry this replica has read but not applied was appended
+        (0 when caught up with what it has read)."""
+        since = self._behind_since
+        return max(0.0, time.time() - since) if since is not None else 0.0
+
+    def answer_for(self, key: str) -> tuple[str, dict] | None:
+        """(body sha256, answer) of the applied request that carried this key, if any."""
+        return self.keys.get(key)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="update-follower")
+
+    async def stop(self) -> None:
+        for t in (self._task, self._background):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
+        for futs in self._waiters.values():
+            for f in futs:
+                if not f.done():
+                    f.set_exception(ServiceUnavailable("server is shutting down", retry_after_s=1.0))
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                done = await asyncio.to_thread(self.step)
+            except ServiceUnavailable as exc:
+                self._failed(str(exc), backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 2.0)
+                continue
+            except Exception as exc:  # an apply that failed for a reason of this replica (memory, a bug)
+                log.exception("applying update log position %d failed; retrying", self.applied + 1)
+                self._failed(f"applying position {self.applied + 1} failed: {exc}", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 2.0)
+                continue
+            backoff, self.failed = 0.05, None
+            for position, outcomes in done:
+                self._resolve(position, outcomes)
+            if done:
+                self._release_versions()
+                self._start_job()
+
+    def _failed(self, why: str, backoff: float) -> None:
+        if self.failed != why:
+            log.warning("update follower: %s (retrying every %.2fs at most)", why, backoff)
+        self.failed = why
+        self._resolved_upto = self.applied  # a step that failed part-way applied some entries unresolved
+        # The waiting requests' entry is retried here; their clients hear now (a retry with
+        # the same Idempotency-Key is safe).
+        for futs in self._waiters.values():
+            for f in futs:
+                if not f.done():
+                    f.set_exception(ServiceUnavailable(f"the update was logged but could not be applied yet: {why}; "
+                                                       "retry with the same Idempotency-Key", retry_after_s=1.0))
+        self._waiters.clear()
+
+    def _start_job(self) -> None:
+        job, self._job = self._job, None
+        if job is None:
+            return
+        self._job_running = True
+
+        def run() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("background update work (compaction or snapshot) failed")
+            finally:
+                self._job_running = False
+
+        self._background = asyncio.create_task(asyncio.to_thread(run), name="update-background")
+
+    def _resolve(self, position: int, outcomes: list[Outcome]) -> None:
+        self._recent[position] = outcomes
+        self._resolved_upto = max(self._resolved_upto, position)
+        while len(self._recent) > RECENT_OUTCOMES:
+            self._recent.popitem(last=False)
+        for fut in self._waiters.pop(position, []):
+            if not fut.done():
+                fut.set_result(outcomes)
+
+    def outcomes(self, position: int) -> asyncio.Future:
+        """A future of the outcomes of the entry at `position` (one per request of it)."""
+        fut = asyncio.get_running_loop().create_future()
+        if position in self._recent:
+            fut.set_result(self._recent[position])
+        elif position <= self._resolved_upto:
+            fut.set_exception(ServiceUnavailable("the update applied but its answer is no longer held; retry with "
+                                                 "the same Idempotency-Key", retry_after_s=1.0))
+        else:
+            self._waiters.setdefault(position, []).append(fut)
+        return fut
+
+    async def wait_for(self, position: int, timeout_s: float) -> bool:
+        """Whether this replica applies `position` within timeout_s."""
+        if self.applied >= position:
+            return True
+        if timeout_s <= 0:
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        self._version_waiters.append((position, fut))
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._version_waiters = [(p, f) for p, f in self._version_waiters if f is not fut]
+
+    def _release_versions(self) -> None:
+        for position, fut in self._version_waiters:
+            if position <= self.applied and not fut.done():
+                fut.set_result(True)

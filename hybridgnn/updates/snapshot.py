@@ -1,0 +1,213 @@
+"""Snapshots: the updated graph and its embeddings written as a new dataset version, so a
+replica starts from the newest one and replays only the log after it.
+
+<snapshot dir>/<position, 12 digits>-<model fingerprint>/
+    indptr.npy indices.npy features.npy meta.json   the current graph, as a dataset
+    alive.npy          which nodes exist (removed ones keep their ids, without edges)
+    added_ids.npy      external ids of the nodes updates added (datasets with an id map)
+    layer_1.npy ..     embeddings of every layer (output.npy: jumping-knowledge output)
+    snapshot.json      log position and id, base dataset and model, idempotency keys;
+                       written last: a directory without it is not a snapshot
+
+Written atomically: into a temporary directory beside the final one, every file and the
+directory fsynced, renamed into place, the parent fsynced. A snapshot belongs to one
+log (its id), one base dataset and one model; others are ignored. The newest `keep` of
+this log and model are kept; older ones are removed once a newer one is in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hybridgnn.graph.store import write_dataset
+
+log = logging.getLogger("hybridgnn.updates")
+
+FORMAT = 1
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """What identifies a model's embeddings: its config and weights."""
+    h = hashlib.sha256()
+    for name in ("config.json", "model.pt"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Snapshot:
+    """A snapshot read back (arrays memory-mapped)."""
+
+    path: Path
+    position: int
+    graph_version: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    alive: np.ndarray
+    added_ids: np.ndarray | None
+    layers: list[np.ndarray] | None
+    output: np.ndarray | None
+    keys: list[tuple[str, str, dict]]
+
+
+@dataclass
+class Captured:
+    """A consistent copy of the state to write (taken between two log entries)."""
+
+    position: int
+    graph_version: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    alive: np.ndarray
+    added_ids: np.ndarray | None
+    layers: list[np.ndarray] | None
+    output: np.ndarray | None
+    keys: list[tuple[str, str, dict]]
+
+
+class Snapshots:
+    def __init__(self, root: Path, *, base_fingerprint: str, model_fingerprint: str, log_id: str,
+                 every: int, keep: int = 2):
+        self.root = Path(root)
+        self.base_fingerprint = base_fingerprint
+        self.model_fingerprint = model_fingerprint
+        self.log_id = log_id
+        self.every = every  # log entries between snapshots (0: never write one)
+        self.keep = max(1, keep)
+        self.last_position = 0
+        self.written = 0
+
+    def _mine(self) -> list[tuple[int, Path]]:
+        """(position, path) of the complete snapshots of this log and model, oldest first."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for path in self.root.iterdir():
+            info = path / "snapshot.json"
+            if not path.is_dir() or path.name.startswith(".") or not info.is_file():
+                continue
+            try:
+                meta = json.loads(info.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if (meta.get("format") == FORMAT and meta.get("log_id") == self.log_id
+                    and meta.get("base_fingerprint") == self.base_fingerprint
+                    and meta.get("model_fingerprint") == self.model_fingerprint):
+                out.append((int(meta["position"]), path))
+        return sorted(out)
+
+    def latest(self, *, with_embeddings: bool) -> Snapshot | None:
+        """The newest snapshot to start from, or None."""
+        mine = self._mine()
+        if not mine:
+            return None
+        position, path = mine[-1]
+        meta = json.loads((path / "snapshot.json").read_text())
+
+        def load(name: str) -> np.ndarray:
+            return np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+
+        layers = output = None
+        if with_embeddings and meta["num_layers"]:
+            layers = [load(f"layer_{i + 1}") for i in range(meta["num_layers"])]
+            output = load("output") if meta.get("output") else None
+        self.last_position = position
+        return Snapshot(path=path, position=position, graph_version=int(meta["graph_version"]),
+                        indptr=np.load(path / "indptr.npy", allow_pickle=False),
+                        indices=np.load(path / "indices.npy", allow_pickle=False),
+                        features=load("features"), alive=np.load(path / "alive.npy", allow_pickle=False),
+                        added_ids=load("added_ids") if meta.get("added_ids") else None,
+                        layers=layers, output=output, keys=[tuple(k) for k in meta["keys"]])
+
+    def due(self, position: int) -> bool:
+        return self.every > 0 and position - self.last_position >= self.every
+
+    def capture(self, position: int, graph, incremental, keys) -> Captured:
+        """Copy what a snapshot at `position` holds (call between entries, from the
+        follower: the graph's read lock keeps it consistent against compaction)."""
+        with graph.lock.read():
+            n = graph.num_nodes
+            indptr, indices = graph.to_csr()
+            features = graph.features(np.arange(n, dtype=np.int64))
+            alive = graph.alive[:n].copy()
+            id_map = graph.base.id_map
+            added = id_map.to_external(np.arange(graph.base.num_nodes, n)) if id_map is not None else None
+            layers = [np.array(a[:n]) for a in incremental.layers] if incremental is not None else None
+            output = (np.array(incremental.output[:n]) if incremental is not None and incremental.output is not None
+                      else None)
+            version = graph.version
+        return Captured(position, version, indptr, indices, features, alive, added, layers, output,
+                        [(k, d, a) for k, (d, a) in keys.items()])
+
+    def write(self, c: Captured) -> Path | None:
+        """Write a captured state; returns its directory (None: one for this position was
+        already there, e.g. written by another replica)."""
+        final = self.root / f"{c.position:012d}-{self.model_fingerprint}"
+        if final.exists():
+            self.last_position = max(self.last_position, c.position)
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{final.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.perf_counter()
+        write_dataset(tmp, indptr=c.indptr, indices=c.indices, features=c.features,
+                      name=f"snapshot-{c.position}", extra={"snapshot_of": self.base_fingerprint})
+        np.save(tmp / "alive.npy", c.alive)
+        if c.added_ids is not None:
+            np.save(tmp / "added_ids.npy", c.added_ids, allow_pickle=False)
+        for i, layer in enumerate(c.layers or []):
+            np.save(tmp / f"layer_{i + 1}.npy", layer)
+        if c.output is not None:
+            np.save(tmp / "output.npy", c.output)
+        meta = {"format": FORMAT, "position": c.position, "graph_version": c.graph_version, "log_id": self.log_id,
+                "base_fingerprint": self.base_fingerprint, "model_fingerprint": self.model_fingerprint,
+                "num_nodes": int(len(c.alive)), "num_layers": len(c.layers or []), "output": c.output is not None,
+                "added_ids": c.added_ids is not None, "created_unix_s": time.time(), "keys": c.keys}
+        (tmp / "snapshot.json").write_text(json.dumps(meta))
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another replica put the same snapshot in place first
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        _fsync(self.root)
+        self.last_position = max(self.last_position, c.position)
+        self.written += 1
+        log.info("snapshot at log position %d written to %s in %.1fs", c.position, final, time.perf_counter() - t0)
+        self.prune()
+        return final
+
+    def prune(self) -> None:
+        """Remove all but the newest `keep` snapshots of this log and model, and temporary
+        directories a crash left."""
+        for _, path in self._mine()[:-self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+        if self.root.is_dir():
+            for path in self.root.glob(".tmp-*"):
+                if path.name.endswith(f"-{os.getpid()}"):
+                    continue  # our own, being written
+                if time.time() - path.stat().st_mtime > 3600:  # another process's, abandoned
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
