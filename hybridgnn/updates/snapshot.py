@@ -133,7 +133,14 @@ class Snapshots:
                         layers=layers, output=output, keys=[tuple(k) for k in meta["keys"]])
 
     def due(self, position: int) -> bool:
-        return self.every > 0 and position - self.last_position >= self.every
+        """Whether a snapshot at `position` is wanted: `every` entries past the newest one,
+        whoever wrote it (replicas sharing the directory take turns, not each its own)."""
+        if self.every <= 0 or position - self.last_position < self.every:
+            return False
+        mine = self._mine()
+        if mine:
+            self.last_position = max(self.last_position, mine[-1][0])
+        return position - self.last_position >= self.every
 
     def capture(self, position: int, graph, incremental, keys) -> Captured:
         """Copy what a snapshot at `position` holds (call between entries, from the
