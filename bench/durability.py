@@ -2,14 +2,17 @@
 
 1. Log cost (in process): the same stream of update batches (45 % edge insertions, 45 %
    deletions, 10 % feature rewrites) applied to the ogbn-arxiv-scale power-law graph
-   with a 2-layer SAGE (mean), once with every batch committed to the SQLite log
-   (WAL, synchronous=FULL) before it counts as applied and once in memory only; batch
-   1,000 and 100; the two runs alternate --rounds times. Prints updates/s of each and
-   the ratio durable / in-memory (the target: at most 10 % slower at batch 1,000).
+   with a 2-layer SAGE (mean) the way a served update is: appended as a log entry,
+   then applied by the follower; with the SQLite log (WAL, synchronous=FULL: on disk
+   before the append returns), with the in-memory log, and applied directly to the
+   embeddings (no request, no log); batch 1,000 and 100; the order alternates over
+   --rounds. Prints updates/s of each and the ratio durable / in-memory (the target:
+   at most 10 % slower at batch 1,000).
 2. Kill -9 (real processes): `hybridgnn serve --update-token` on a copy of the demo
    dataset, a client posting add-node updates one after another; at --kills random
    points (after 1..40 acknowledged updates) the server is killed with SIGKILL and
-   restarted on the same log; after each restart every acknowledged update must be
+   restarted on the same log (snapshots every --snapshot-every entries, so a restart
+   loads one and replays the rest); after each restart every acknowledged update must be
    there and none half applied (hybridgnn/testing/durability.py). Prints acknowledged
    updates, lost ones, half-applied ones, and the restart time against the log length.
 
@@ -37,13 +40,25 @@ from bench.incremental import ARXIV, ARXIV_ARGS, build_model, update_stream  # n
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.embeddings.incremental import IncrementalEmbeddings  # noqa: E402
 from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute  # noqa: E402
-from hybridgnn.graph.dynamic import DynamicGraph  # noqa: E402
+from hybridgnn.graph.dynamic import (
+    DynamicGraph,  # noqa: E402
+    UpdateBatch,  # noqa: E402
+)
 from hybridgnn.graph.store import GraphStore  # noqa: E402
 from hybridgnn.testing.durability import UpdateStream, check_after_restart, graph_state  # noqa: E402
 from hybridgnn.testing.server import ServerProcess, await_ready  # noqa: E402
-from hybridgnn.updates.log import UpdateLog  # noqa: E402
+from hybridgnn.testing.updates import follower_for  # noqa: E402
+from hybridgnn.updates.log import MemoryLog, SqliteLog  # noqa: E402
+from hybridgnn.updates.requests import LoggedRequest, encode_entry  # noqa: E402
 
 TOKEN = "durability-bench-token"
+
+
+def _as_request(batch: UpdateBatch) -> LoggedRequest:
+    inputs = {"add_edges": batch.add_edges, "remove_edges": batch.remove_edges, "update_ids": batch.update_ids}
+    if batch.update_features is not None:
+        inputs["update_features"] = batch.update_features
+    return LoggedRequest(inputs)
 
 
 def log_cost(args) -> dict:
@@ -54,38 +69,42 @@ def log_cost(args) -> dict:
     plan = [(1000, args.batches_1000), (100, args.batches_100)]
     out: dict = {"graph": {"nodes": graph.num_nodes, "edges": graph.num_edges, "feature_dim": graph.feature_dim},
                  "rounds": []}
+    modes = ("direct", "memory", "durable")
     try:
         layers = [np.asarray(a) for a in precompute(graph, model, tmp / "pe", PrecomputeConfig(), progress=False).layers]
         for r in range(args.rounds):
-            for mode in (("memory", "durable") if r % 2 == 0 else ("durable", "memory")):
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
                 dyn = DynamicGraph(graph)
                 inc = IncrementalEmbeddings(dyn, model, [a.copy() for a in layers])
-                log = UpdateLog(tmp / f"log-{r}-{mode}.sqlite", graph.fingerprint, graph.feature_dim) \
-                    if mode == "durable" else None
+                log = SqliteLog(tmp / f"log-{r}.sqlite", graph.fingerprint) if mode == "durable" else MemoryLog()
+                follower = follower_for(dyn, inc, log)
                 rng = np.random.default_rng(1 + r)
                 row = {"round": r, "mode": mode}
                 for size, count in plan:
                     seconds = 0.0
                     for _ in range(count):
                         batch = update_stream(dyn, size, rng)
-                        base = dyn.num_nodes
-                        commit = (lambda b=batch, n=base, lg=log: lg.append(b, n)) if log is not None else None
                         t = time.perf_counter()
-                        inc.apply(batch, commit)
+                        if mode == "direct":  # the embeddings' own apply: no request, no log
+                            inc.apply(batch)
+                        else:  # what a served update does: log the entry, the follower applies it
+                            log.append(encode_entry([_as_request(batch)]))
+                            [(_, [outcome])] = follower.step(limit=1, block_s=0)
+                            assert isinstance(outcome, dict), outcome
                         seconds += time.perf_counter() - t
                     row[f"updates_per_s_{size}"] = size * count / seconds
-                if log is not None:
-                    log.close()
+                log.close()
                 out["rounds"].append(row)
                 print(f"  round {r} {mode:7}: " + ", ".join(f"batch {s}: {row[f'updates_per_s_{s}']:,.0f} upd/s"
                                                            for s, _ in plan), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for size, _ in plan:
-        mem = np.median([x[f"updates_per_s_{size}"] for x in out["rounds"] if x["mode"] == "memory"])
-        dur = np.median([x[f"updates_per_s_{size}"] for x in out["rounds"] if x["mode"] == "durable"])
-        out[f"batch_{size}"] = {"memory_updates_per_s": float(mem), "durable_updates_per_s": float(dur),
-                                "durable_over_memory": round(float(dur / mem), 3)}
+        med = {m: float(np.median([x[f"updates_per_s_{size}"] for x in out["rounds"] if x["mode"] == m]))
+               for m in modes}
+        out[f"batch_{size}"] = {**{f"{m}_updates_per_s": v for m, v in med.items()},
+                                "durable_over_memory": round(med["durable"] / med["memory"], 3),
+                                "memory_over_direct": round(med["memory"] / med["direct"], 3)}
     return out
 
 
@@ -94,7 +113,7 @@ def kill_points(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hgnn-kill-"))
     copy = tmp / "dataset"
     shutil.copytree(dataset, copy)
-    flags = ("--workers", "1", "--update-token", TOKEN)
+    flags = ("--workers", "1", "--update-token", TOKEN, "--snapshot-every", str(args.snapshot_every))
     rng = random.Random(args.seed)
     acked: list[int] = []
     restarts, problems = [], []
@@ -135,6 +154,7 @@ def main() -> None:
     ap.add_argument("--batches-1000", type=int, default=6)
     ap.add_argument("--batches-100", type=int, default=20)
     ap.add_argument("--kills", type=int, default=50)
+    ap.add_argument("--snapshot-every", type=int, default=250, help="kill part: the server's --snapshot-every")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -147,7 +167,8 @@ def main() -> None:
         for size in (1000, 100):
             c = report["cost"][f"batch_{size}"]
             print(f"batch {size}: durable {c['durable_updates_per_s']:,.0f} upd/s, in memory "
-                  f"{c['memory_updates_per_s']:,.0f}: durable/memory {c['durable_over_memory']}")
+                  f"{c['memory_updates_per_s']:,.0f}, apply alone {c['direct_updates_per_s']:,.0f}: "
+                  f"durable/memory {c['durable_over_memory']}, memory/apply alone {c['memory_over_direct']}")
     if "kill" in parts:
         print(f"kill -9 at {args.kills} random points (demo dataset):", flush=True)
         k = report["kill"] = kill_points(args)

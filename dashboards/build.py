@@ -92,6 +92,19 @@ PANELS: list[tuple[str, list[tuple]]] = [
         ("PSGS threshold", "Threshold in force: batches below it run on CPU (+Inf: CPU only).", "short",
          [(f"hybridgnn_psgs_threshold{{{SEL}}}", "{{instance}}")], "timeseries"),
     ]),
+    ("Graph updates", [
+        ("Replication lag", ("Per replica: age of the oldest update-log entry it has read but not applied "
+         "(0: caught up). Reads with min_graph_version wait for it."), "s",
+         [(f"hybridgnn_update_log_lag_seconds{{{SEL}}}", "{{instance}}")], "timeseries"),
+        ("Update log position", "Graph version (log position) each replica has applied, and the highest it has read.",
+         "short",
+         [(f"hybridgnn_update_log_position{{{SEL}}}", "{{instance}} applied"),
+          (f"max(hybridgnn_update_log_head{{{SEL}}})", "log head seen")], "timeseries"),
+        ("Update batches", "Log entries applied and update requests rejected per second, over the fleet.", "ops",
+         [(f"sum by (outcome) ({rate('hybridgnn_graph_update_batches_total')})", "{{outcome}}")], "timeseries"),
+        ("Update follower failing", "1 while a replica cannot read or apply the update log (it retries).", "short",
+         [(f"hybridgnn_update_follower_failing{{{SEL}}}", "{{instance}}")], "timeseries"),
+    ]),
 ]
 
 
