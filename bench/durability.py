@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -61,50 +62,63 @@ def _as_request(batch: UpdateBatch) -> LoggedRequest:
     return LoggedRequest(inputs)
 
 
+RIPPLE_PLUS_PLUS = {"updates_per_s": 56_000, "cores": 12, "graph": "ogbn-arxiv (169k nodes, 1.17M edges)",
+                    "machine": "12-core workstation, as published"}
+
+
 def log_cost(args) -> dict:
     ensure_graph(ARXIV, ARXIV_ARGS)
     graph = GraphStore.open(ARXIV)
-    model = build_model("mean", graph.feature_dim)
+    torch.set_num_threads(args.threads)  # numba kernels and the rest run on one thread anyway
     tmp = Path(tempfile.mkdtemp(prefix="hgnn-durable-"))
     plan = [(1000, args.batches_1000), (100, args.batches_100)]
     out: dict = {"graph": {"nodes": graph.num_nodes, "edges": graph.num_edges, "feature_dim": graph.feature_dim},
-                 "rounds": []}
+                 "threads": args.threads, "ripple_plus_plus": RIPPLE_PLUS_PLUS, "aggs": {}}
     modes = ("direct", "memory", "durable")
     try:
-        layers = [np.asarray(a) for a in precompute(graph, model, tmp / "pe", PrecomputeConfig(), progress=False).layers]
-        for r in range(args.rounds):
-            for mode in (modes if r % 2 == 0 else modes[::-1]):
-                dyn = DynamicGraph(graph)
-                inc = IncrementalEmbeddings(dyn, model, [a.copy() for a in layers])
-                log = SqliteLog(tmp / f"log-{r}.sqlite", graph.fingerprint) if mode == "durable" else MemoryLog()
-                follower = follower_for(dyn, inc, log)
-                rng = np.random.default_rng(1 + r)
-                row = {"round": r, "mode": mode}
-                for size, count in plan:
-                    seconds = 0.0
-                    for _ in range(count):
-                        batch = update_stream(dyn, size, rng)
-                        t = time.perf_counter()
-                        if mode == "direct":  # the embeddings' own apply: no request, no log
-                            inc.apply(batch)
-                        else:  # what a served update does: log the entry, the follower applies it
-                            log.append(encode_entry([_as_request(batch)]))
-                            [(_, [outcome])] = follower.step(limit=1, block_s=0)
-                            assert isinstance(outcome, dict), outcome
-                        seconds += time.perf_counter() - t
-                    row[f"updates_per_s_{size}"] = size * count / seconds
-                log.close()
-                out["rounds"].append(row)
-                print(f"  round {r} {mode:7}: " + ", ".join(f"batch {s}: {row[f'updates_per_s_{s}']:,.0f} upd/s"
-                                                           for s, _ in plan), flush=True)
+        for agg in args.aggs.split(","):
+            model = build_model(agg, graph.feature_dim)
+            layers = [np.asarray(a) for a in precompute(graph, model, tmp / f"pe-{agg}", PrecomputeConfig(),
+                                                        progress=False).layers]
+            rounds = []
+            for r in range(args.rounds):
+                for mode in (modes if r % 2 == 0 else modes[::-1]):
+                    dyn = DynamicGraph(graph)
+                    inc = IncrementalEmbeddings(dyn, model, [a.copy() for a in layers])
+                    log = SqliteLog(tmp / f"log-{agg}-{r}.sqlite", graph.fingerprint) if mode == "durable" \
+                        else MemoryLog()
+                    follower = follower_for(dyn, inc, log)
+                    rng = np.random.default_rng(1 + r)
+                    row = {"round": r, "mode": mode}
+                    inc.apply(update_stream(dyn, 100, rng))  # compile the kernels outside the timing
+                    for size, count in plan:
+                        seconds = 0.0
+                        for _ in range(count):
+                            batch = update_stream(dyn, size, rng)
+                            t = time.perf_counter()
+                            if mode == "direct":  # the embeddings' own apply: no request, no log
+                                inc.apply(batch)
+                            else:  # what a served update does: log the entry, the follower applies it
+                                log.append(encode_entry([_as_request(batch)]))
+                                [(_, [outcome])] = follower.step(limit=1, block_s=0)
+                                assert isinstance(outcome, dict), outcome
+                            seconds += time.perf_counter() - t
+                        row[f"updates_per_s_{size}"] = size * count / seconds
+                    log.close()
+                    rounds.append(row)
+                    print(f"  {agg} round {r} {mode:7}: " + ", ".join(
+                        f"batch {s}: {row[f'updates_per_s_{s}']:,.0f} upd/s" for s, _ in plan), flush=True)
+            res: dict = {"rounds": rounds}
+            for size, _ in plan:
+                med = {m: float(np.median([x[f"updates_per_s_{size}"] for x in rounds if x["mode"] == m]))
+                       for m in modes}
+                res[f"batch_{size}"] = {**{f"{m}_updates_per_s": v for m, v in med.items()},
+                                        "durable_over_memory": round(med["durable"] / med["memory"], 3),
+                                        "memory_over_direct": round(med["memory"] / med["direct"], 3),
+                                        "durable_per_core": round(med["durable"] / args.threads)}
+            out["aggs"][agg] = res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for size, _ in plan:
-        med = {m: float(np.median([x[f"updates_per_s_{size}"] for x in out["rounds"] if x["mode"] == m]))
-               for m in modes}
-        out[f"batch_{size}"] = {**{f"{m}_updates_per_s": v for m, v in med.items()},
-                                "durable_over_memory": round(med["durable"] / med["memory"], 3),
-                                "memory_over_direct": round(med["memory"] / med["direct"], 3)}
     return out
 
 
@@ -152,6 +166,8 @@ def main() -> None:
     ap.add_argument("--parts", default="cost,kill", help="cost, kill (comma-separated)")
     ap.add_argument("--rounds", type=int, default=2, help="log cost: alternating memory/durable pairs")
     ap.add_argument("--batches-1000", type=int, default=6)
+    ap.add_argument("--aggs", default="mean,sum,gin", help="cost: aggregations (bench/incremental.py's models)")
+    ap.add_argument("--threads", type=int, default=1, help="cost: torch threads (1: the per-core figure)")
     ap.add_argument("--batches-100", type=int, default=20)
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--snapshot-every", type=int, default=250, help="kill part: the server's --snapshot-every")
@@ -162,13 +178,21 @@ def main() -> None:
     print(report["machine"], flush=True)
     parts = args.parts.split(",")
     if "cost" in parts:
-        print("log cost (arxiv-scale graph, SAGE mean):", flush=True)
-        report["cost"] = log_cost(args)
-        for size in (1000, 100):
-            c = report["cost"][f"batch_{size}"]
-            print(f"batch {size}: durable {c['durable_updates_per_s']:,.0f} upd/s, in memory "
-                  f"{c['memory_updates_per_s']:,.0f}, apply alone {c['direct_updates_per_s']:,.0f}: "
-                  f"durable/memory {c['durable_over_memory']}, memory/apply alone {c['memory_over_direct']}")
+        print(f"log cost (arxiv-scale graph, {args.threads} thread(s)):", flush=True)
+        report["cost"] = cost = log_cost(args)
+        rpp = RIPPLE_PLUS_PLUS["updates_per_s"] / RIPPLE_PLUS_PLUS["cores"]
+        g = cost["graph"]
+        print(f"graph here: {g['nodes']:,} nodes, {g['edges']:,} edges, {g['feature_dim']} features; RIPPLE++: "
+              f"{RIPPLE_PLUS_PLUS['graph']}, {RIPPLE_PLUS_PLUS['updates_per_s']:,} upd/s on "
+              f"{RIPPLE_PLUS_PLUS['cores']} cores = {rpp:,.0f} per core")
+        for agg, res in cost["aggs"].items():
+            for size in (1000, 100):
+                c = res[f"batch_{size}"]
+                print(f"{agg} batch {size}: durable {c['durable_updates_per_s']:,.0f} upd/s "
+                      f"({c['durable_per_core']:,} per core), in memory {c['memory_updates_per_s']:,.0f}, apply alone "
+                      f"{c['direct_updates_per_s']:,.0f}: durable/memory {c['durable_over_memory']}, memory/apply "
+                      f"alone {c['memory_over_direct']}" + (f"; per core vs RIPPLE++ {c['durable_per_core'] / rpp:.2f}"
+                                                            if size == 1000 else ""))
     if "kill" in parts:
         print(f"kill -9 at {args.kills} random points (demo dataset):", flush=True)
         k = report["kill"] = kill_points(args)

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 
+from hybridgnn.embeddings.kernels import mark_unique, spread_rows
 from hybridgnn.embeddings.precompute import block_from_rows
 from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.graph.dynamic import AppliedUpdate, DynamicGraph, UpdateBatch
@@ -122,6 +122,7 @@ class IncrementalEmbeddings:
         self._agg_dtype = np.dtype(self.cfg.aggregate_dtype)
         self.aggregates: list[np.ndarray | None] = [None] * model.num_layers
         self._scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
+        self._mark = np.zeros(graph.num_nodes, dtype=bool)  # _unique's marks (all False between calls)
         self._journal = maybe(None)  # the running batch's undo records (see apply)
         self.last_update_unix_s: float | None = None
         t0 = time.perf_counter()
@@ -135,6 +136,15 @@ class IncrementalEmbeddings:
     def _prev(self, i: int, nodes: np.ndarray) -> np.ndarray:
         """Layer i's input rows (features for the first layer) as they are now."""
         return self.graph.features(nodes) if i == 0 else self.layers[i - 1][nodes]
+
+    def _unique(self, ids: np.ndarray, *, sort: bool = True) -> np.ndarray:
+        """np.unique(ids) by marking (linear; ids repeat a lot here, e.g. hubs' readers)."""
+        if self._mark.shape[0] < self.graph.num_nodes:
+            self._mark = np.zeros(max(self.graph.num_nodes, 2 * self._mark.shape[0]), dtype=bool)
+        out = mark_unique(np.ascontiguousarray(ids, dtype=np.int64), self._mark)
+        if sort:
+            out.sort()
+        return out
 
     def _has_loop(self, nodes: np.ndarray) -> np.ndarray:
         return self.graph.self_loop[nodes]
@@ -321,7 +331,7 @@ class IncrementalEmbeddings:
                 outs = self._apply_deltas(i, up, changed, old_rows, new_rows, gcn_deg_changed, touched, old_gcn)
                 targets = np.concatenate([outs, changed, up.added[:, 1], up.removed[:, 1], up.new_nodes,
                                           gcn_deg_changed])
-            targets = np.unique(targets)
+            targets = self._unique(targets)
             targets = targets[alive_mask[targets]]
             out = self._recompute(i, targets) if kind == "recompute" else self._combine(i, targets)
             old = self.layers[i][targets]
@@ -376,15 +386,11 @@ class IncrementalEmbeddings:
         lens, outs = self.graph.out_neighbours(movers)
         outs = outs.astype(np.int64)
         if len(outs):
-            # sum over movers u of (m_new - m_old)[u] into each out-neighbour, as a sparse
-            # product over the touched rows only (no [edges, dim] intermediate).
-            uniq, local = np.unique(outs, return_inverse=True)
-            indptr = np.zeros(len(movers) + 1, dtype=np.int64)
-            np.cumsum(lens, out=indptr[1:])
-            spread = sp.csr_matrix((np.ones(len(outs), dtype=self._agg_dtype), local, indptr),
-                                   shape=(len(movers), len(uniq)))
-            self._journal.rows(self.aggregates[i], uniq)
-            agg[torch.from_numpy(uniq)] += torch.from_numpy(np.asarray(spread.T @ (m_new - m_old).numpy()))
+            # sum over movers u of (m_new - m_old)[u] into each out-neighbour, in one
+            # compiled pass over the movers' out-edges (the journal keeps the rows first).
+            self._journal.rows(self.aggregates[i], self._unique(outs, sort=False))
+            spread_rows(lens.astype(np.int64), outs, (m_new - m_old).numpy().astype(self._agg_dtype, copy=False),
+                        self.aggregates[i])
         # Edge changes carry the source's old message (a mover's change is in the term above).
         for edges, sign in ((up.added, 1.0), (up.removed, -1.0)):
             if len(edges) == 0:
