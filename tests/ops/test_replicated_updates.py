@@ -7,6 +7,7 @@ precompute of the final graph."""
 from __future__ import annotations
 
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from hybridgnn.testing.replication import (
     served_logits,
     wait_for_version,
 )
-from hybridgnn.testing.server import ServerProcess, await_ready
+from hybridgnn.testing.server import ServerProcess, await_ready, metrics_text
 
 pytestmark = [pytest.mark.ops, pytest.mark.slow]
 
@@ -104,3 +105,39 @@ def test_replicas_on_one_log_agree_and_read_their_writes(log_kind, tiny_dataset,
             if late is not None:
                 late.stop()
             cluster.stop()
+
+
+def test_an_unreachable_redis_log_is_a_503_and_updates_resume_when_it_is_back(tiny_dataset, tiny_model_pe, tmp_path):
+    require_tool("redis-server")
+    redis = RedisServer(tmp_path / "redis").start()
+    srv = None
+    try:
+        srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--update-token", TOKEN,
+                            "--update-log", redis.url("outage"), "--snapshot-every", "0").wait_ready()
+        n0 = int(get_json(srv.url, f"/v2/models/{MODEL}")[1]["parameters"]["num_nodes"])
+        status, first = send_update(srv.url, TOKEN, "o-1", add_node_body(1, 5, 16))
+        assert status == 200 and first["graph_version"] == 1
+        redis.stop()
+        status, out = send_update(srv.url, TOKEN, "o-2", add_node_body(2, 5, 16))
+        assert status == 503 and "unreachable" in out["error"], out
+        # Reads go on from what this replica has; the follower reports it cannot read the log.
+        assert post_json(srv.url, f"/v2/models/{MODEL}/infer", {
+            "inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [1], "data": [n0]}],
+            "parameters": {"mode": "precomputed"}})[0] == 200
+        deadline = time.monotonic() + 30
+        while "hybridgnn_update_follower_failing 1.0" not in metrics_text(srv.url):
+            assert time.monotonic() < deadline, "the follower never reported the outage"
+            time.sleep(0.05)  # poll interval; bounded by the deadline
+        redis.start()  # the same data directory: the append-only file brings the stream back
+        deadline = time.monotonic() + 30
+        while True:
+            status, out = send_update(srv.url, TOKEN, "o-2", add_node_body(2, 5, 16))
+            if status == 200:
+                break
+            assert status == 503 and time.monotonic() < deadline, out
+            time.sleep(0.05)  # poll interval; bounded by the deadline
+        assert out["new_node_ids"] == [n0 + 1] and out["graph_version"] == 2
+    finally:
+        if srv is not None:
+            srv.stop()
+        redis.stop()
