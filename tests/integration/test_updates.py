@@ -171,3 +171,21 @@ def test_binary_body_and_removed_nodes(server):
     assert 'hybridgnn_graph_updates_total{kind="remove_nodes"} 2.0' in metrics
     assert "hybridgnn_embedding_staleness_seconds 0.0" in metrics
     assert 'hybridgnn_graph_update_batches_total{outcome="rejected"}' in metrics
+
+
+@pytest.mark.parametrize("value", ["7", -1, 1.5, True, None, [3]])
+def test_min_graph_version_must_be_a_version(server, value):
+    body = {"inputs": [tensor("node_ids", [1], "INT64")], "parameters": {"mode": "precomputed",
+                                                                         "min_graph_version": value}}
+    r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json=body, timeout=30)
+    assert r.status_code == 400 and "min_graph_version" in r.json()["error"], r.text
+
+
+def test_a_read_ahead_of_this_replica_waits_then_is_a_503_with_retry_after(server):
+    now = version(server.url)
+    body = {"inputs": [tensor("node_ids", [1], "INT64")], "parameters": {"min_graph_version": now}}
+    r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text  # reached already: answered at once
+    body["parameters"]["min_graph_version"] = now + 10**12
+    r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json=body, timeout=30)
+    assert r.status_code == 503 and "not yet" in r.json()["error"] and int(r.headers["Retry-After"]) >= 1, r.text
