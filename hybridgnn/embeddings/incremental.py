@@ -101,7 +101,7 @@ class IncrementalEmbeddings:
     it is the array served, so it grows (by reallocation) as nodes are added."""
 
     def __init__(self, graph: DynamicGraph, model, layers: list[np.ndarray], cfg: IncrementalConfig | None = None,
-                 *, output: np.ndarray | None = None):
+                 *, output: np.ndarray | None = None, aggregates: list[np.ndarray | None] | None = None):
         self.graph = graph
         model = decompose(model)
         self.model = model.eval()
@@ -128,7 +128,14 @@ class IncrementalEmbeddings:
         t0 = time.perf_counter()
         with graph.lock.read():
             for i, kind in enumerate(self.kinds):
-                if kind != "recompute":
+                if kind == "recompute":
+                    continue
+                # Given (a snapshot's): the aggregates exactly as the deltas left them, so
+                # a replica started from it prunes and rounds as one that replayed the log.
+                given = aggregates[i] if aggregates is not None and i < len(aggregates) else None
+                if given is not None and given.shape[0] == graph.num_nodes:
+                    self.aggregates[i] = np.array(given, dtype=self._agg_dtype)
+                else:
                     self.aggregates[i] = self._full_aggregate(i)
         self.init_s = time.perf_counter() - t0
 

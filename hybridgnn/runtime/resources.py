@@ -100,7 +100,8 @@ class Resources:
             self.incremental = IncrementalEmbeddings(self.dynamic, self.model,
                                                      snap.layers if snap is not None else self.embeddings.layers,
                                                      IncrementalConfig(mode=cfg.updates.propagation),
-                                                     output=snap.output if snap is not None else self.embeddings.output)
+                                                     output=snap.output if snap is not None else self.embeddings.output,
+                                                     aggregates=snap.aggregates if snap is not None else None)
             log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
                      self.incremental.init_s, ", ".join(self.incremental.kinds))
         self.plan = self._load_plan()
@@ -136,6 +137,12 @@ class Resources:
             snap = None
         if snap is None:
             return
+        head = self.update_log.head()
+        if snap.position > head:
+            raise ConfigError(f"snapshot {snap.path} is at update log position {snap.position} but the log "
+                              f"{self.update_log.url} ends at {head}: the log lost acknowledged updates (for Redis, run "
+                              "it with appendonly yes and appendfsync always); move the snapshots away to start "
+                              "from the log alone")
         t0 = time.perf_counter()
         self.dynamic.restore(snap.indptr, snap.indices, snap.features, snap.alive, snap.graph_version)
         if snap.added_ids is not None and self.graph.id_map is not None:

@@ -29,13 +29,15 @@ from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import (
     BadRequest,
     Conflict,
+    Draining,
     PayloadTooLarge,
+    ServiceUnavailable,
     ServingError,
     UpdateError,
 )
 from hybridgnn.serving.http.codec import decode_inputs, split_body
 from hybridgnn.types import ServingStats
-from hybridgnn.updates.follower import Follower
+from hybridgnn.updates.follower import ANSWER_WAIT_S, Follower
 from hybridgnn.updates.requests import (
     UPDATE_INPUTS,
     LoggedRequest,
@@ -117,6 +119,11 @@ class UpdateApplier:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for w in self._queue:  # a drain normally empties it first
+            if not w.future.done():
+                w.future.set_exception(Draining("server is shutting down; nothing of this update was logged",
+                                                retry_after_s=1.0))
+        self._queue.clear()
 
     @property
     def pending(self) -> int:
@@ -167,12 +174,15 @@ class UpdateApplier:
     async def _log_group(self, group: list[_Waiting]) -> None:
         """Refuse what would not apply, append the rest as one entry, and answer each
         request from the entry's outcomes when the follower has applied it."""
+        log_ = self.follower.log
         try:
             errors = await asyncio.to_thread(self._refusals, [w.update for w in group])
-            if any(e is not None for e in errors) and self.follower.applied < self.follower.log.head():
-                # Behind the log: what looks invalid may be valid once caught up.
-                await self.follower.wait_for(self.follower.log.head(), self.cfg.max_catch_up_s)
-                errors = await asyncio.to_thread(self._refusals, [w.update for w in group])
+            if any(e is not None for e in errors):
+                head = await asyncio.to_thread(log_.head)
+                if self.follower.applied < head:
+                    # Behind the log: what looks invalid may be valid once caught up.
+                    await self.follower.wait_for(head, self.cfg.max_catch_up_s)
+                    errors = await asyncio.to_thread(self._refusals, [w.update for w in group])
             for w, err in zip(group, errors, strict=True):
                 if err is not None:
                     self.stats.updates_rejected()
@@ -180,8 +190,10 @@ class UpdateApplier:
             group = [w for w, err in zip(group, errors, strict=True) if err is None]
             if not group:
                 return
-            position = await asyncio.to_thread(self.follower.log.append,
-                                               encode_entry([w.update.logged for w in group]))
+            entry = [w.update.logged for w in group]
+            # The append goes on in its thread even if this task is cancelled: shielded, so
+            # a logged update is still answered.
+            position = await asyncio.shield(asyncio.to_thread(lambda: log_.append(encode_entry(entry))))
         except Exception as exc:
             if not isinstance(exc, ServingError):
                 log.exception("logging a graph update failed")
@@ -189,8 +201,19 @@ class UpdateApplier:
                 if not w.future.done():
                     w.future.set_exception(exc)
             return
+        loop = asyncio.get_running_loop()
+
+        def too_slow() -> None:
+            for w in group:
+                if not w.future.done():
+                    w.future.set_exception(ServiceUnavailable(
+                        f"the update was logged (position {position}) but this replica has not applied it within "
+                        f"{ANSWER_WAIT_S:.0f}s; retry with the same Idempotency-Key", retry_after_s=1.0))
+
+        timer = loop.call_later(ANSWER_WAIT_S, too_slow)
 
         def answer(done: asyncio.Future) -> None:
+            timer.cancel()
             exc = done.exception()
             outcomes = done.result() if exc is None else [exc] * len(group)
             if len(outcomes) != len(group):  # an unreadable entry: nothing of it applied

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
+import itertools
 import logging
+import sys
 import time
 from collections.abc import Callable
 
@@ -41,9 +44,12 @@ from hybridgnn.updates.requests import (
 log = logging.getLogger("hybridgnn.updates")
 
 MEMORY_KEYS = 100_000  # idempotency keys remembered (bounded: keys come from clients)
+MEMORY_KEY_IDS = 2_000_000  # new-node ids held in remembered answers, at most
+ANSWER_WAIT_S = 30.0  # a logged update not applied here within this is answered 503 (retry with its key)
 RECENT_OUTCOMES = 512  # entries whose outcomes stay readable after they applied
 READ_LIMIT = 64  # entries per read
 BLOCK_S = 0.1  # how long one read waits for a new entry
+MAX_VERSION_WAITERS = 10_000  # reads waiting for a graph version, at most (more: 503 at once)
 
 Outcome = dict | BaseException
 
@@ -62,15 +68,22 @@ class Follower:
         self.cfg = cfg
         self.applied = position  # the last position applied here
         self.head_seen = position  # the highest position this follower has read
-        self.keys: collections.OrderedDict[str, tuple[str, dict]] = collections.OrderedDict(
-            (k, (d, a)) for k, d, a in (keys or []))
+        self.keys: collections.OrderedDict[str, tuple[str, dict]] = collections.OrderedDict()
+        self._key_ids = 0
+        for k, d, a in keys or []:
+            self._remember(k, d, a)
+        self._resume: tuple | None = None  # an entry stopped part-way: (position, logged, todo, outcomes, next)
+        self.done_before_failure: list[tuple[int, list[Outcome]]] = []
         self._behind_since: float | None = None  # append time of the first entry read but not applied
         self._recent: collections.OrderedDict[int, list[Outcome]] = collections.OrderedDict()
         # The last position whose outcomes the event loop has handed out: `applied` moves
         # on the follower's thread first.
         self._resolved_upto = position
         self._waiters: dict[int, list[asyncio.Future]] = {}
-        self._version_waiters: list[tuple[int, asyncio.Future]] = []
+        self._version_waiters: list[tuple[int, int, asyncio.Future]] = []  # a heap by position
+        self._live_version_waiters = 0
+        self._seq = itertools.count()
+        self._stepping: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
         self.snapshots = snapshots  # updates.snapshot.Snapshots, or None (no snapshots written)
@@ -80,9 +93,13 @@ class Follower:
 
     # --- applying (worker thread) ----------------------------------------------------------
     def step(self, limit: int = READ_LIMIT, block_s: float = BLOCK_S) -> list[tuple[int, list[Outcome]]]:
-        """Read and apply the next entries; returns their outcomes by position."""
+        """Read and apply the next entries; returns their outcomes by position. If an
+        entry fails to apply, the ones before it are kept in `self.done_before_failure`
+        (the caller still answers them) and the exception propagates: the entry is tried
+        again from where it stopped."""
+        done: list[tuple[int, list[Outcome]]] = []
+        self.done_before_failure = done
         entries = self.log.read(self.applied, limit, block_s)
-        done = []
         for i, entry in enumerate(entries):
             self.head_seen = max(self.head_seen, entries[-1].position)
             self._behind_since = entry.appended_unix_s
@@ -128,15 +145,50 @@ class Follower:
         return self.applied - start
 
     def apply_entry(self, entry: LogEntry) -> list[Outcome]:
-        """Apply one entry (deterministically: same graph in, same graph and outcomes out)."""
-        try:
-            logged = decode_entry(entry.body)
-        except (ValueError, OSError, KeyError) as exc:  # written by another build, or damaged
-            log.error("update log %s position %d is unreadable (%s); skipped on every replica", self.log.url,
-                      entry.position, exc)
-            self.applied = entry.position
-            return []
-        outcomes: list[Outcome | None] = [None] * len(logged)
+        """Apply one entry (deterministically: same graph in, same graph and outcomes out).
+        Each request applies atomically; if one fails for a reason of this replica (not
+        an UpdateError), the exception propagates and the next call for this entry
+        resumes at that request, so none is applied twice."""
+        resume = self._resume if self._resume is not None and self._resume[0] == entry.position else None
+        if resume is not None:
+            _, logged, todo, outcomes, start = resume
+        else:
+            try:
+                logged = decode_entry(entry.body)
+            except (ValueError, OSError, KeyError) as exc:  # written by another build, or damaged
+                log.error("update log %s position %d is unreadable (%s); skipped on every replica", self.log.url,
+                          entry.position, exc)
+                self.applied = entry.position
+                return []
+            outcomes, todo = self._build(logged)
+            try:
+                self._apply_group(entry.position, todo, outcomes)
+                start = len(todo)
+            except UpdateError:
+                start = 0  # one of them is bad: apply each alone, entirely or not at all
+        for k in range(start, len(todo)):
+            self._resume = (entry.position, logged, todo, outcomes, k)
+            try:
+                self._apply_group(entry.position, [todo[k]], outcomes)
+            except UpdateError as exc:
+                outcomes[todo[k][0]] = exc
+        self._resume = None
+        for i, lr in enumerate(logged):
+            out = outcomes[i]
+            if isinstance(out, int):  # a twin of an earlier request of this entry
+                out = outcomes[i] = ({**outcomes[out], "replayed": True} if isinstance(outcomes[out], dict)
+                                     else outcomes[out])
+            if isinstance(out, BaseException):
+                self.stats.updates_rejected()
+            elif lr.idempotency_key is not None and not out.get("replayed"):
+                self._remember(lr.idempotency_key, lr.body_sha256 or "", out)
+        self.applied = entry.position
+        return outcomes
+
+    def _build(self, logged: list[LoggedRequest]) -> tuple[list, list[tuple[int, UpdateRequest]]]:
+        """Each request built against the graph as it is (errors as outcomes), and the
+        ones to apply; what a key already answered is that answer."""
+        outcomes: list[Outcome | int | None] = [None] * len(logged)
         todo: list[tuple[int, UpdateRequest]] = []
         first_with_key: dict[str, int] = {}
         for i, lr in enumerate(logged):
@@ -146,34 +198,25 @@ class Follower:
                 outcomes[i] = self._seen_key(lr, None if twin is None else logged[twin], twin)
                 continue
             try:
-                todo.append((i, build_request(lr.inputs, feature_dim=self.graph.feature_dim,
-                                              max_updates=self.cfg.max_request_updates, id_map=self.graph.base.id_map)))
+                # No size limit here: limits are checked where a request is accepted, and
+                # one replica's settings must not make it reject what the others apply.
+                todo.append((i, build_request(lr.inputs, feature_dim=self.graph.feature_dim, max_updates=sys.maxsize,
+                                              id_map=self.graph.base.id_map)))
             except ServingError as exc:
                 outcomes[i] = exc
                 continue
             if key is not None:
                 first_with_key[key] = i
-        try:
-            self._apply_group(entry.position, todo, outcomes)
-        except UpdateError:
-            for item in todo:  # one of them is bad: apply each alone, entirely or not at all
-                try:
-                    self._apply_group(entry.position, [item], outcomes)
-                except UpdateError as exc:
-                    outcomes[item[0]] = exc
-        for i, lr in enumerate(logged):
-            out = outcomes[i]
-            if isinstance(out, int):  # a twin of an earlier request of this entry
-                out = outcomes[i] = ({**outcomes[out], "replayed": True} if isinstance(outcomes[out], dict)
-                                     else outcomes[out])
-            if isinstance(out, BaseException):
-                self.stats.updates_rejected()
-            elif lr.idempotency_key is not None and not out.get("replayed"):
-                self.keys[lr.idempotency_key] = (lr.body_sha256 or "", out)
-                while len(self.keys) > MEMORY_KEYS:
-                    self.keys.popitem(last=False)
-        self.applied = entry.position
-        return outcomes
+        return outcomes, todo
+
+    def _remember(self, key: str, digest: str, answer: dict) -> None:
+        """Keep a key's answer; the oldest go first past MEMORY_KEYS keys or
+        MEMORY_KEY_IDS node ids in their answers (bounded: keys come from clients)."""
+        self.keys[key] = (digest, answer)
+        self._key_ids += len(answer["new_node_ids"])
+        while len(self.keys) > MEMORY_KEYS or (self._key_ids > MEMORY_KEY_IDS and len(self.keys) > 1):
+            _, (_, old) = self.keys.popitem(last=False)
+            self._key_ids -= len(old["new_node_ids"])
 
     def _seen_key(self, lr: LoggedRequest, twin: LoggedRequest | None, twin_index: int | None) -> Outcome | int:
         """The outcome of a request whose key was applied before (or, twin, carried by an
@@ -198,6 +241,8 @@ class Follower:
                                           or [np.empty(0, np.int64)])
             if len(np.unique(new_external)) != len(new_external):
                 raise UpdateError("a node in add_node_ids is named by two requests")
+            if len(new_external) and id_map.to_internal(new_external)[1].any():
+                raise UpdateError("a node in add_node_ids already exists")
 
         def commit() -> None:  # last, under the writer lock: readers see the ids with the nodes
             if id_map is not None and len(new_external):
@@ -245,6 +290,8 @@ class Follower:
             if t is not None:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
+        if self._stepping is not None:  # let the step in flight finish before the log closes
+            await asyncio.wait([self._stepping], timeout=30)
         for futs in self._waiters.values():
             for f in futs:
                 if not f.done():
@@ -252,17 +299,23 @@ class Follower:
 
     async def _run(self) -> None:
         backoff = 0.05
+        loop = asyncio.get_running_loop()
         while True:
+            self._stepping = loop.run_in_executor(None, self.step)
             try:
-                done = await asyncio.to_thread(self.step)
-            except ServiceUnavailable as exc:
-                self._failed(str(exc), backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, 2.0)
-                continue
-            except Exception as exc:  # an apply that failed for a reason of this replica (memory, a bug)
-                log.exception("applying update log position %d failed; retrying", self.applied + 1)
-                self._failed(f"applying position {self.applied + 1} failed: {exc}", backoff)
+                done = await asyncio.shield(self._stepping)
+            except Exception as exc:
+                # What applied before the failure is answered; the failing entry is tried
+                # again (from the request it stopped at) after a pause.
+                for position, outcomes in self.done_before_failure:
+                    self._resolve(position, outcomes)
+                if isinstance(exc, ServiceUnavailable):  # the log is unreachable
+                    self._failed(str(exc), backoff)
+                else:  # an apply that failed for a reason of this replica (memory, a bug)
+                    log.exception("applying update log position %d failed; retrying", self.applied + 1)
+                    self._failed(f"applying position {self.applied + 1} failed: {exc}", backoff,
+                                 position=self.applied + 1)
+                self._release_versions()
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, 2.0)
                 continue
@@ -273,19 +326,16 @@ class Follower:
                 self._release_versions()
                 self._start_job()
 
-    def _failed(self, why: str, backoff: float) -> None:
+    def _failed(self, why: str, backoff: float, position: int | None = None) -> None:
+        """Note a failed step; the requests waiting on the entry that failed to apply (if
+        one did) hear now, as a 503 (their retry with the same Idempotency-Key is safe)."""
         if self.failed != why:
             log.warning("update follower: %s (retrying every %.2fs at most)", why, backoff)
         self.failed = why
-        self._resolved_upto = self.applied  # a step that failed part-way applied some entries unresolved
-        # The waiting requests' entry is retried here; their clients hear now (a retry with
-        # the same Idempotency-Key is safe).
-        for futs in self._waiters.values():
-            for f in futs:
-                if not f.done():
-                    f.set_exception(ServiceUnavailable(f"the update was logged but could not be applied yet: {why}; "
-                                                       "retry with the same Idempotency-Key", retry_after_s=1.0))
-        self._waiters.clear()
+        for f in self._waiters.pop(position, []) if position is not None else []:
+            if not f.done():
+                f.set_exception(ServiceUnavailable(f"the update was logged but could not be applied here yet: {why}; "
+                                                   "retry with the same Idempotency-Key", retry_after_s=1.0))
 
     def _start_job(self) -> None:
         job, self._job = self._job, None
@@ -325,22 +375,29 @@ class Follower:
         return fut
 
     async def wait_for(self, position: int, timeout_s: float) -> bool:
-        """Whether this replica applies `position` within timeout_s."""
+        """Whether this replica applies `position` within timeout_s (False at once when
+        MAX_VERSION_WAITERS requests already wait)."""
         if self.applied >= position:
             return True
-        if timeout_s <= 0:
+        if timeout_s <= 0 or self._live_version_waiters >= MAX_VERSION_WAITERS:
             return False
         fut = asyncio.get_running_loop().create_future()
-        self._version_waiters.append((position, fut))
+        heapq.heappush(self._version_waiters, (position, next(self._seq), fut))
+        self._live_version_waiters += 1
         try:
             await asyncio.wait_for(fut, timeout_s)
             return True
         except asyncio.TimeoutError:
             return False
         finally:
-            self._version_waiters = [(p, f) for p, f in self._version_waiters if f is not fut]
+            self._live_version_waiters -= 1
+            if len(self._version_waiters) > 2 * self._live_version_waiters + 1024:  # drop the timed-out ones
+                self._version_waiters = [w for w in self._version_waiters if not w[2].done()]
+                heapq.heapify(self._version_waiters)
 
     def _release_versions(self) -> None:
-        for position, fut in self._version_waiters:
-            if position <= self.applied and not fut.done():
+        heap = self._version_waiters
+        while heap and heap[0][0] <= self.applied:
+            _, _, fut = heapq.heappop(heap)
+            if not fut.done():
                 fut.set_result(True)

@@ -1,13 +1,15 @@
 """Snapshots: the updated graph and its embeddings written as a new dataset version, so a
 replica starts from the newest one and replays only the log after it.
 
-<snapshot dir>/<position, 12 digits>-<model fingerprint>/
+<snapshot dir>/<position, 12 digits>-<log id>-<model fingerprint>/
     indptr.npy indices.npy features.npy meta.json   the current graph, as a dataset
     alive.npy          which nodes exist (removed ones keep their ids, without edges)
     added_ids.npy      external ids of the nodes updates added (datasets with an id map)
     layer_1.npy ..     embeddings of every layer (output.npy: jumping-knowledge output)
-    snapshot.json      log position and id, base dataset and model, idempotency keys;
-                       written last: a directory without it is not a snapshot
+    aggregate_1.npy .. the incremental aggregates as the deltas left them
+    keys.json          idempotency keys and their answers
+    snapshot.json      log position and id, base dataset and model; written last: a
+                       directory without it is not a snapshot
 
 Written atomically: into a temporary directory beside the final one, every file and the
 directory fsynced, renamed into place, the parent fsynced. A snapshot belongs to one
@@ -59,6 +61,7 @@ class Snapshot:
     added_ids: np.ndarray | None
     layers: list[np.ndarray] | None
     output: np.ndarray | None
+    aggregates: list[np.ndarray | None] | None
     keys: list[tuple[str, str, dict]]
 
 
@@ -75,6 +78,7 @@ class Captured:
     added_ids: np.ndarray | None
     layers: list[np.ndarray] | None
     output: np.ndarray | None
+    aggregates: list[np.ndarray | None] | None
     keys: list[tuple[str, str, dict]]
 
 
@@ -120,17 +124,20 @@ class Snapshots:
         def load(name: str) -> np.ndarray:
             return np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
 
-        layers = output = None
+        layers = output = aggregates = None
         if with_embeddings and meta["num_layers"]:
             layers = [load(f"layer_{i + 1}") for i in range(meta["num_layers"])]
             output = load("output") if meta.get("output") else None
+            aggregates = [load(f"aggregate_{i + 1}") if (path / f"aggregate_{i + 1}.npy").is_file() else None
+                          for i in range(meta["num_layers"])]
         self.last_position = position
         return Snapshot(path=path, position=position, graph_version=int(meta["graph_version"]),
                         indptr=np.load(path / "indptr.npy", allow_pickle=False),
                         indices=np.load(path / "indices.npy", allow_pickle=False),
                         features=load("features"), alive=np.load(path / "alive.npy", allow_pickle=False),
                         added_ids=load("added_ids") if meta.get("added_ids") else None,
-                        layers=layers, output=output, keys=[tuple(k) for k in meta["keys"]])
+                        layers=layers, output=output, aggregates=aggregates,
+                        keys=[tuple(k) for k in json.loads((path / "keys.json").read_text())])
 
     def due(self, position: int) -> bool:
         """Whether a snapshot at `position` is wanted: `every` entries past the newest one,
@@ -155,14 +162,16 @@ class Snapshots:
             layers = [np.array(a[:n]) for a in incremental.layers] if incremental is not None else None
             output = (np.array(incremental.output[:n]) if incremental is not None and incremental.output is not None
                       else None)
+            aggregates = ([None if a is None else np.array(a[:n]) for a in incremental.aggregates]
+                          if incremental is not None else None)
             version = graph.version
-        return Captured(position, version, indptr, indices, features, alive, added, layers, output,
+        return Captured(position, version, indptr, indices, features, alive, added, layers, output, aggregates,
                         [(k, d, a) for k, (d, a) in keys.items()])
 
     def write(self, c: Captured) -> Path | None:
         """Write a captured state; returns its directory (None: one for this position was
         already there, e.g. written by another replica)."""
-        final = self.root / f"{c.position:012d}-{self.model_fingerprint}"
+        final = self.root / f"{c.position:012d}-{self.log_id[:12]}-{self.model_fingerprint}"
         if final.exists():
             self.last_position = max(self.last_position, c.position)
             return None
@@ -179,10 +188,14 @@ class Snapshots:
             np.save(tmp / f"layer_{i + 1}.npy", layer)
         if c.output is not None:
             np.save(tmp / "output.npy", c.output)
+        for i, agg in enumerate(c.aggregates or []):
+            if agg is not None:
+                np.save(tmp / f"aggregate_{i + 1}.npy", agg)
+        (tmp / "keys.json").write_text(json.dumps(c.keys))  # beside, not inside: snapshot.json stays small
         meta = {"format": FORMAT, "position": c.position, "graph_version": c.graph_version, "log_id": self.log_id,
                 "base_fingerprint": self.base_fingerprint, "model_fingerprint": self.model_fingerprint,
                 "num_nodes": int(len(c.alive)), "num_layers": len(c.layers or []), "output": c.output is not None,
-                "added_ids": c.added_ids is not None, "created_unix_s": time.time(), "keys": c.keys}
+                "added_ids": c.added_ids is not None, "created_unix_s": time.time()}
         (tmp / "snapshot.json").write_text(json.dumps(meta))
         for f in tmp.iterdir():
             _fsync(f)

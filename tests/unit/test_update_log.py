@@ -229,7 +229,8 @@ def test_a_snapshot_plus_the_rest_of_the_log_equals_the_whole_log(tmp_path):
     job()
     [path] = [p for p in (tmp_path / "snaps").iterdir()]
     meta = json.loads((path / "snapshot.json").read_text())
-    assert meta["position"] == 3 and meta["keys"][0][0] == "k1" and path.name.startswith("000000000003-m1")
+    assert meta["position"] == 3 and json.loads((path / "keys.json").read_text())[0][0] == "k1"
+    assert path.name == f"000000000003-{log.log_id[:12]}-m1"
     log.append(encode_entry([reqs[3].logged]))
     follower.step(block_s=0)
 
@@ -240,7 +241,9 @@ def test_a_snapshot_plus_the_rest_of_the_log_equals_the_whole_log(tmp_path):
     fresh_dyn.restore(snap.indptr, snap.indices, snap.features, snap.alive, snap.graph_version)
     from hybridgnn.embeddings.incremental import IncrementalEmbeddings
 
-    fresh_inc = IncrementalEmbeddings(fresh_dyn, fresh_inc_unused.model, snap.layers)
+    fresh_inc = IncrementalEmbeddings(fresh_dyn, fresh_inc_unused.model, snap.layers, aggregates=snap.aggregates)
+    for a, b in zip(fresh_inc.aggregates, [snap.aggregates[0], snap.aggregates[1]], strict=True):
+        assert a is None or np.array_equal(a, b)  # the aggregates as the deltas left them, not recomputed
     replica = follower_for(fresh_dyn, fresh_inc, log, position=snap.position, keys=snap.keys)
     assert replica.catch_up() == 1 and replica.answer_for("k1") is not None
     _same_state(dyn, inc, fresh_dyn, fresh_inc)
@@ -259,3 +262,80 @@ def test_snapshots_are_pruned_to_the_newest_few(tmp_path):
         assert snaps.write(snaps.capture(position, dyn, inc, {})) is not None
     assert snaps.write(snaps.capture(3, dyn, inc, {})) is None  # already there (another replica wrote it)
     assert sorted(p.name[:12] for p in (tmp_path / "snaps").iterdir()) == ["000000000002", "000000000003"]
+
+
+def _named(tmp_path):
+    """dynamic_setup's graph with its nodes named n0..n59 (an id map)."""
+    from hybridgnn.graph.idmap import IdMap
+
+    dyn, inc = dynamic_setup(tmp_path)
+    dyn.base.id_map = IdMap.build(np.array([f"n{i:02d}" for i in range(60)]))[0]
+    return dyn, inc
+
+
+def test_two_requests_naming_the_same_new_node_in_one_entry_give_it_once(tmp_path):
+    dyn, inc = _named(tmp_path)
+    req = {"add_node_features": np.ones((1, 4), np.float32), "add_node_ids": np.array(["alice"]),
+           "add_edges": np.array([["alice", "n01"]])}
+    log = MemoryLog()
+    log.append(encode_entry([LoggedRequest(dict(req)), LoggedRequest(dict(req))]))
+    [(_, (first, second))] = follower_for(dyn, inc, log).step(block_s=0)
+    assert first["new_node_ids"] == ["alice"] and "already exists" in str(second)
+    assert dyn.num_nodes == 61 and len(dyn.base.id_map) == 61
+
+
+def test_an_entry_that_fails_part_way_resumes_without_applying_twice(tmp_path):
+    dyn, inc = dynamic_setup(tmp_path)
+    log = MemoryLog()
+    add = {"add_node_features": np.ones((1, 4), np.float32), "add_edges": np.array([[-1, 3]])}
+    # valid alone, but together they add one edge twice: the follower applies them one by one
+    log.append(encode_entry([LoggedRequest(dict(add)), LoggedRequest({"add_edges": np.array([[5, 6]])}),
+                             LoggedRequest({"add_edges": np.array([[5, 6]])})]))
+    follower = follower_for(dyn, inc, log)
+    real, calls = inc.apply, []
+
+    def flaky(batch, commit=None):
+        calls.append(batch)
+        if len(calls) == 3:  # the second request alone: out of memory, say
+            raise MemoryError("no room")
+        return real(batch, commit)
+
+    inc.apply = flaky
+    with pytest.raises(MemoryError):
+        follower.step(block_s=0)
+    assert dyn.num_nodes == 61 and follower.applied == 0  # the first request applied, the entry not done
+    [(_, outcomes)] = follower.step(block_s=0)
+    assert dyn.num_nodes == 61 and follower.applied == 1  # not added twice
+    assert outcomes[0]["new_node_ids"] == [60] and outcomes[1]["graph_version"] == 1
+    assert "already in the graph" in str(outcomes[2])
+
+
+def test_remembered_keys_are_bounded_by_the_ids_their_answers_hold(tmp_path, monkeypatch):
+    import hybridgnn.updates.follower as follower_module
+
+    monkeypatch.setattr(follower_module, "MEMORY_KEY_IDS", 5)
+    dyn, inc = dynamic_setup(tmp_path)
+    follower = follower_for(dyn, inc)
+    for k in range(4):
+        follower._remember(f"k{k}", "d", {"new_node_ids": [1, 2], "graph_version": k})
+    assert list(follower.keys) == ["k2", "k3"] and follower._key_ids == 4
+
+
+def test_reads_waiting_for_a_version_are_released_in_order_and_bounded(tmp_path, monkeypatch):
+    import hybridgnn.updates.follower as follower_module
+
+    dyn, inc = dynamic_setup(tmp_path)
+    follower = follower_for(dyn, inc)
+    monkeypatch.setattr(follower_module, "MAX_VERSION_WAITERS", 3)
+
+    async def scenario():
+        waits = [asyncio.ensure_future(follower.wait_for(v, 5.0)) for v in (2, 1, 3)]
+        await asyncio.sleep(0)
+        assert not await follower.wait_for(9, 5.0)  # a fourth: refused at once
+        follower.applied = 2
+        follower._release_versions()
+        done, pending = await asyncio.wait(waits, timeout=0.5)
+        assert len(done) == 2 and all(t.result() for t in done) and len(pending) == 1
+        assert not await asyncio.wait_for(pending.pop(), 6.0) is None
+
+    asyncio.run(scenario())

@@ -61,7 +61,9 @@ def _min_graph_version(request: Request) -> int | None:
     """parameters.min_graph_version of an infer request, or None (looked for only when the
     bytes occur, so other requests pay one substring search)."""
     length = request.headers.get(_HEADER_LENGTH)
-    head = request.body if length is None or not length.isdigit() else request.body[:int(length)]
+    head = request.body
+    if length is not None and length.isascii() and length.isdigit() and len(length) <= 12:
+        head = head[:int(length)]  # anything else: the decoder says what is wrong with the length
     if b"min_graph_version" not in head:
         return None
     try:
