@@ -214,6 +214,8 @@ class RouterConfig:
 class ServerConfig:
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on")
+    grpc_port: int | None = setting(None, "also serve KServe v2 over gRPC on this port (off unless given; 8001 "
+                                    "is the usual one)")
     model_name: str = setting("hybridgnn", "name in /v2/models/{name}")
     max_request_nodes: int = setting(8192, "most node ids one request may name (413 beyond)")
     max_body_bytes: int = 16 * 1024 * 1024

@@ -185,9 +185,65 @@ async def fetch_num_nodes(url: str, model: str) -> int:
             return int((await r.json())["parameters"]["num_nodes"])
 
 
+def grpc_body(model: str, ids: np.ndarray) -> bytes:
+    """A serialized KServe v2 ModelInferRequest for node ids (raw INT64 contents)."""
+    from hybridgnn.serving.grpc.schema import message
+
+    req = message("ModelInferRequest")(model_name=model)
+    req.inputs.add(name="node_ids", datatype="INT64", shape=[int(ids.size)])
+    req.raw_input_contents.append(ids.astype("<i8").tobytes())
+    return req.SerializeToString()
+
+
+_GRPC_STATUS = {"OK": 200, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503}
+
+
+async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.ndarray, arrivals: np.ndarray,
+                     timeout_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(latencies from the scheduled arrival, statuses as HTTP codes) over one gRPC channel
+    (HTTP/2 multiplexes the requests); requests are serialized before the clock starts
+    and answers are not parsed, so the client stays light."""
+    import grpc
+
+    from hybridgnn.serving.grpc.schema import SERVICE
+
+    bodies = [grpc_body(model, row) for row in ids]
+    latencies = np.full(len(arrivals), np.inf)
+    statuses = np.zeros(len(arrivals), dtype=np.int64)
+    async with grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)]) as channel:
+        infer = channel.unary_unary(f"/{SERVICE}/ModelInfer")  # bytes in, bytes out
+        await asyncio.wait_for(channel.channel_ready(), 10.0)  # a server that is not there: TimeoutError
+
+        async def one(i: int) -> None:
+            try:
+                await infer(bodies[i], timeout=timeout_s)
+                statuses[i] = 200
+            except grpc.aio.AioRpcError as exc:
+                statuses[i] = _GRPC_STATUS.get(exc.code().name, -1)
+            latencies[i] = time.perf_counter() - scheduled[i]
+
+        gc.collect()
+        gc.freeze()
+        try:
+            start = time.perf_counter()
+            scheduled[:] = start + arrivals
+            tasks = []
+            for i, at in enumerate(scheduled.tolist()):
+                delay = at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.ensure_future(one(i)))
+            await asyncio.gather(*tasks)
+        finally:
+            gc.unfreeze()
+    return latencies, statuses
+
+
 async def run_load(url: str, model: str, *, rate: float, duration_s: float, nodes_per_request: int = 1,
                    binary: bool = True, seed: int = 0, num_nodes: int | None = None,
-                   timeout_s: float = 30.0, keep_latencies: bool = False) -> LoadResult:
+                   timeout_s: float = 30.0, keep_latencies: bool = False, grpc_target: str | None = None) -> LoadResult:
+    """grpc_target (host:port): send KServe v2 gRPC requests there instead of REST to url
+    (url still answers the model's metadata when num_nodes is not given)."""
     if rate <= 0 or duration_s <= 0:
         raise ValueError(f"rate and duration must be positive, got {rate} and {duration_s}")
     if num_nodes is None:
@@ -196,6 +252,11 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration_s * 1.2) + 16))
     arrivals = arrivals[arrivals < duration_s]
     ids = rng.integers(0, num_nodes, size=(len(arrivals), nodes_per_request))
+    if grpc_target is not None:
+        start = time.perf_counter()
+        latencies, statuses = await _grpc_load(grpc_target, model, np.zeros(len(arrivals)), ids, arrivals, timeout_s)
+        return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, latencies, statuses,
+                       keep_latencies)
     encode = binary_body if binary else json_body
     bodies = [encode(row) for row in ids]
     parsed = urlsplit(url)
@@ -225,15 +286,19 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
     finally:
         gc.unfreeze()
         pool.close()
-    latencies, statuses = pool.latencies, pool.statuses
+    return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, pool.latencies, pool.statuses,
+                   keep_latencies)
+
+
+def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: int, latencies: np.ndarray,
+            statuses: np.ndarray, keep_latencies: bool) -> LoadResult:
     statuses[statuses == 0] = -1
-    elapsed = time.perf_counter() - start
     ok = statuses == 200
     lat_ok = latencies[ok] * 1000.0
     q = np.percentile(lat_ok, [50, 90, 99]) if lat_ok.size else [float("nan")] * 3
     window = max(duration_s, 1e-9)
     return LoadResult(
-        offered_rps=rate, duration_s=elapsed, sent=len(arrivals), ok=int(ok.sum()),
+        offered_rps=rate, duration_s=elapsed, sent=len(statuses), ok=int(ok.sum()),
         rejected=int(np.isin(statuses, (429, 503)).sum()),
         errors=int((~ok & ~np.isin(statuses, (429, 503))).sum()),
         achieved_rps=float(ok.sum() / window), seeds_per_s=float(ok.sum() * nodes_per_request / window),
@@ -245,14 +310,14 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
 
 async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: float, nodes_per_request: int,
                         start_rate: float = 100.0, max_rate: float = 1e6, binary: bool = True,
-                        bisect_steps: int = 4, log=print) -> tuple[float, LoadResult | None]:
+                        bisect_steps: int = 4, log=print, grpc_target: str | None = None) -> tuple[float, LoadResult | None]:
     """Highest offered rate whose p99 stays within slo_ms with nothing rejected or failed:
     double until the SLO breaks, then bisect. Returns (rate, result at that rate)."""
     num_nodes = await fetch_num_nodes(url, model)
 
     async def trial(rate: float) -> LoadResult:
         res = await run_load(url, model, rate=rate, duration_s=duration_s, nodes_per_request=nodes_per_request,
-                             binary=binary, num_nodes=num_nodes)
+                             binary=binary, num_nodes=num_nodes, grpc_target=grpc_target)
         log(f"  rate {rate:9.1f} req/s -> ok {res.achieved_rps:9.1f} req/s, p99 {res.p99_ms:8.2f} ms, "
             f"rejected {res.rejected}, errors {res.errors}")
         return res
@@ -271,7 +336,7 @@ async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: floa
 
     # Warm the server (compiled kernels, first-call allocations) outside the measurement.
     await run_load(url, model, rate=start_rate, duration_s=1.0, nodes_per_request=nodes_per_request,
-                   binary=binary, num_nodes=num_nodes)
+                   binary=binary, num_nodes=num_nodes, grpc_target=grpc_target)
     good, good_res, bad = 0.0, None, None
     rate = start_rate
     while rate <= max_rate:

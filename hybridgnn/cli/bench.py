@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--duration-s", type=float, default=10.0)
     p.add_argument("--nodes-per-request", type=int, default=1)
     p.add_argument("--json-body", action="store_true", help="send JSON instead of the binary tensor extension")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                   help="grpc: KServe v2 over gRPC to --grpc-target (the model's size still comes from --url)")
+    p.add_argument("--grpc-target", default="127.0.0.1:8001", help="host:port of the server's --grpc-port")
     p.add_argument("--slo-ms", type=float, default=None, help="find the highest rate with p99 within this")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=run)
@@ -43,16 +46,17 @@ def _run(args) -> int:
     from hybridgnn.capabilities import raise_open_file_limit, run_async
 
     raise_open_file_limit()
+    grpc = args.grpc_target if args.protocol == "grpc" else None
 
     if args.slo_ms is not None:
         rate, res = run_async(find_max_rate(args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
                                               nodes_per_request=args.nodes_per_request, start_rate=args.rate,
-                                              binary=not args.json_body))
+                                              binary=not args.json_body, grpc_target=grpc))
         print(json.dumps({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
                           "result": res.to_dict() if res else None}, indent=2))
         return 0
     res = run_async(run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
                                nodes_per_request=args.nodes_per_request, binary=not args.json_body,
-                               seed=args.seed))
+                               seed=args.seed, grpc_target=grpc))
     print(json.dumps(res.to_dict(), indent=2))
     return 0

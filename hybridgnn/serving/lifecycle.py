@@ -33,6 +33,20 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
         log.error("cannot listen on %s:%d: %s", cfg.server.host, cfg.server.port, exc.strerror or exc)
         await engine.stop()
         return 2
+    grpc_frontend = None
+    if cfg.server.grpc_port is not None:
+        try:
+            grpc_frontend = await _start_grpc(engine, cfg)
+        except ImportError as exc:
+            log.error("--grpc-port needs grpcio and protobuf (pip install grpcio protobuf): %s", exc)
+            await close_http()
+            await engine.stop()
+            return 2
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot listen for gRPC on %s:%d: %s", cfg.server.host, cfg.server.grpc_port, exc)
+            await close_http()
+            await engine.stop()
+            return 2
     freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -63,6 +77,8 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     # "Connection: close" instead of a reset, and the balancer sees ready=503.
     await asyncio.sleep(cfg.server.shutdown_grace_s)
     await close_http()
+    if grpc_frontend is not None:
+        await grpc_frontend.stop(cfg.server.shutdown_grace_s)
     if saver is not None:
         saver.cancel()
         await asyncio.gather(saver, return_exceptions=True)
@@ -88,6 +104,17 @@ async def _start_http(engine: Engine, cfg: ServeConfig):
     http = http_server(engine, cfg)
     await http.start(cfg.server.host, cfg.server.port)
     return lambda: http.close(cfg.server.shutdown_grace_s + 1)
+
+
+async def _start_grpc(engine: Engine, cfg: ServeConfig):
+    """The KServe v2 gRPC service on the same engine and event loop (grpcio imported only
+    when asked for)."""
+    from hybridgnn.serving.grpc.service import GrpcFrontend
+
+    frontend = GrpcFrontend(Api(engine))
+    port = await frontend.start(cfg.server.host, cfg.server.grpc_port)
+    log.info("serving KServe v2 gRPC on %s:%d", cfg.server.host, port)
+    return frontend
 
 
 async def _refresh_placement(engine: Engine) -> None:

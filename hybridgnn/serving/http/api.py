@@ -72,7 +72,11 @@ def _min_graph_version(request: Request) -> int | None:
         return None  # the decoder says what is wrong with it
     if not isinstance(params, dict) or "min_graph_version" not in params:
         return None
-    v = params["min_graph_version"]
+    return graph_version_param(params["min_graph_version"])
+
+
+def graph_version_param(v) -> int:
+    """parameters.min_graph_version as given; BadRequest unless an integer >= 0."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise BadRequest(f"parameters.min_graph_version must be a graph version (an integer >= 0, as a graph "
                          f"update's answer gives), got {brief(v)}")
@@ -254,10 +258,12 @@ class Api:
             f"request body too large (limit {self.engine.cfg.server.max_body_bytes} bytes)"))
 
     def _check_model(self, request: Request) -> None:
-        name = request.params["model"]
+        self.check_model(request.params["model"], request.params.get("version"))
+
+    def check_model(self, name: str, version: str | None) -> None:
+        """NotFound unless this server serves model `name` (and `version`, when given)."""
         if name != self.model_name:
             raise NotFound(f"unknown model {brief(name)}; this server serves {self.model_name!r}")
-        version = request.params.get("version")
         if version is not None and version != "1":
             raise NotFound(f"model {self.model_name!r} has no version {brief(version)}; versions: ['1']")
 
@@ -281,6 +287,10 @@ class Api:
 
     def model_metadata(self, request: Request) -> Reply:
         self._check_model(request)
+        return Reply.json(self.describe_model())
+
+    def describe_model(self) -> dict:
+        """The model's metadata: name, versions, platform, inputs, outputs, parameters."""
         engine = self.engine
         id_map = engine.graph.id_map
         id_type = "BYTES" if id_map is not None and id_map.kind == "string" else "INT64"
@@ -289,14 +299,14 @@ class Api:
                    {"name": "predictions", "datatype": "INT64", "shape": [-1]}]
         if id_map is not None:
             outputs.append({"name": ID_OUTPUT, "datatype": id_type, "shape": [-1]})
-        return Reply.json({
+        return {
             "name": self.model_name,
             "versions": ["1"],
             "platform": "pytorch_geometric",
             "inputs": [{"name": INPUT_NAME, "datatype": id_type, "shape": [-1]}],
             "outputs": outputs,
             "parameters": engine.metadata(),
-        })
+        }
 
     def model_ready(self, request: Request) -> Reply:
         self._check_model(request)
@@ -318,7 +328,7 @@ class Api:
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                        feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map)
-            pending = self._dispatch(req)
+            pending = self.dispatch(req)
         except Exception as exc:
             return self._infer_failed(exc)
         if not isinstance(pending, asyncio.Future):
@@ -347,20 +357,25 @@ class Api:
     async def _infer_when_caught_up(self, request: Request, wanted: int) -> Reply:
         """Read your writes: wait (bounded) until this replica has applied graph version
         `wanted`, then answer; else 503 + Retry-After, which a balancer retries elsewhere."""
-        engine = self.engine
         try:
-            if engine.follower is None:
-                raise BadRequest(f"min_graph_version {wanted}: this server takes no graph updates (its graph "
-                                 "version stays 0)")
-            if not await engine.follower.wait_for(wanted, engine.cfg.updates.max_catch_up_s):
-                engine.stats.refused("behind")
-                raise ServiceUnavailable(f"this replica has applied graph version {engine.graph_version}, not yet "
-                                         f"{wanted}; retry (another replica may have it)",
-                                         retry_after_s=max(0.1, engine.cfg.updates.max_catch_up_s))
+            await self.catch_up(wanted)
         except Exception as exc:
             return self._infer_failed(exc)
         reply = self.infer(request)
         return reply if isinstance(reply, Reply) else await reply
+
+    async def catch_up(self, wanted: int) -> None:
+        """Return once this replica has applied graph version `wanted`, waiting at most
+        --max-catch-up-ms; else ServiceUnavailable (503: a balancer retries elsewhere)."""
+        engine = self.engine
+        if engine.follower is None:
+            raise BadRequest(f"min_graph_version {wanted}: this server takes no graph updates (its graph "
+                             "version stays 0)")
+        if not await engine.follower.wait_for(wanted, engine.cfg.updates.max_catch_up_s):
+            engine.stats.refused("behind")
+            raise ServiceUnavailable(f"this replica has applied graph version {engine.graph_version}, not yet "
+                                     f"{wanted}; retry (another replica may have it)",
+                                     retry_after_s=max(0.1, engine.cfg.updates.max_catch_up_s))
 
     def _infer_failed(self, exc: BaseException) -> Reply:
         """error_reply() for an inference that failed or was refused, counted by status."""
@@ -368,7 +383,7 @@ class Api:
         self.engine.stats.answered(reply.status)
         return reply
 
-    def _dispatch(self, req):
+    def dispatch(self, req):
         """The awaitable that answers a decoded request, by kind and mode; raises BadRequest
         for a mode the server does not offer."""
         engine = self.engine

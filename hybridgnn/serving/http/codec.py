@@ -116,6 +116,14 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
     """id_map (graph.idmap.IdMap): the dataset names nodes by external ids, which node_ids
     then holds (INT64 for integer ids, BYTES for names) and the answer echoes as node_ids."""
     header, binary = split_body(body, header_length)
+    return decode_infer_parts(header, binary, max_nodes=max_nodes, num_nodes=num_nodes, feature_dim=feature_dim,
+                              max_edges=max_edges, id_map=id_map)
+
+
+def decode_infer_parts(header: dict, binary: memoryview, *, max_nodes: int, num_nodes: int,
+                       feature_dim: int | None = None, max_edges: int | None = None, id_map=None) -> InferRequest:
+    """An inference request from its JSON header and binary tail (any transport that can
+    put its request in this form: the gRPC front end does)."""
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("inference request needs a non-empty 'inputs' list")
@@ -396,20 +404,30 @@ def _dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def datatype_of(arr: np.ndarray) -> str:
+    """The v2 datatype an output array is sent as."""
+    return "BYTES" if arr.dtype.kind == "U" else "FP32" if arr.dtype == np.float32 else "INT64"
+
+
+def raw_tensor(arr: np.ndarray) -> bytes:
+    """An output's raw little-endian bytes (BYTES: each element 4-byte length prefixed),
+    as the binary extension and gRPC's raw contents carry it."""
+    datatype = datatype_of(arr)
+    if datatype == "BYTES":
+        return b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in arr.reshape(-1).tolist()))
+    return np.ascontiguousarray(arr, dtype=DTYPES[datatype]).tobytes()
+
+
 def encode_infer_response(model_name: str, request_id: str | None, tensors: dict[str, np.ndarray],
                           outputs: dict[str, bool]) -> tuple[bytes, dict[str, str]]:
     """Returns (body, headers). Binary outputs follow the JSON header in output order."""
     entries, blobs = [], []
     for name, binary in outputs.items():
         arr = tensors[name]
-        datatype = "BYTES" if arr.dtype.kind == "U" else "FP32" if arr.dtype == np.float32 else "INT64"
+        datatype = datatype_of(arr)
         entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
-        if binary and datatype == "BYTES":
-            raw = b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in arr.tolist()))
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        elif binary:
-            raw = np.ascontiguousarray(arr, dtype=DTYPES[datatype]).tobytes()
+        if binary:
+            raw = raw_tensor(arr)
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:

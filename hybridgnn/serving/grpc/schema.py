@@ -1,0 +1,129 @@
+"""The KServe v2 gRPC messages (package `inference`, service GRPCInferenceService), as
+the KServe open inference protocol and Triton define them: the same field numbers, so
+any v2 client (tritonclient.grpc among them) talks to this server.
+
+Built at import time as a descriptor in a pool of our own (no generated code, no
+protoc): the protocol's subset this server implements, nothing else.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import descriptor_pb2, descriptor_pool
+
+try:  # protobuf >= 4.22
+    from google.protobuf.message_factory import GetMessageClass as _message_class
+except ImportError:  # pragma: no cover - older protobuf
+    from google.protobuf.message_factory import MessageFactory
+
+    def _message_class(descriptor):
+        return MessageFactory(descriptor.file.pool).GetPrototype(descriptor)
+
+PACKAGE = "inference"
+SERVICE = f"{PACKAGE}.GRPCInferenceService"
+
+_F = descriptor_pb2.FieldDescriptorProto
+_SCALARS = {"string": _F.TYPE_STRING, "bool": _F.TYPE_BOOL, "int64": _F.TYPE_INT64, "uint64": _F.TYPE_UINT64,
+            "double": _F.TYPE_DOUBLE, "int32": _F.TYPE_INT32, "uint32": _F.TYPE_UINT32, "float": _F.TYPE_FLOAT,
+            "bytes": _F.TYPE_BYTES}
+
+# message -> [(field, number, type, repeated)]; a type not in _SCALARS is a message
+# (".inference.X", or a nested name); "map:<value>" is map<string, value>.
+_PARAMS = ("parameters", "map:.inference.InferParameter")
+MESSAGES: dict[str, list[tuple]] = {
+    "ServerLiveRequest": [],
+    "ServerLiveResponse": [("live", 1, "bool", False)],
+    "ServerReadyRequest": [],
+    "ServerReadyResponse": [("ready", 1, "bool", False)],
+    "ModelReadyRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
+    "ModelReadyResponse": [("ready", 1, "bool", False)],
+    "ServerMetadataRequest": [],
+    "ServerMetadataResponse": [("name", 1, "string", False), ("version", 2, "string", False),
+                               ("extensions", 3, "string", True)],
+    "ModelMetadataRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
+    "ModelMetadataResponse.TensorMetadata": [("name", 1, "string", False), ("datatype", 2, "string", False),
+                                             ("shape", 3, "int64", True)],
+    "ModelMetadataResponse": [("name", 1, "string", False), ("versions", 2, "string", True),
+                              ("platform", 3, "string", False),
+                              ("inputs", 4, ".inference.ModelMetadataResponse.TensorMetadata", True),
+                              ("outputs", 5, ".inference.ModelMetadataResponse.TensorMetadata", True)],
+    "InferParameter": [("bool_param", 1, "bool", False), ("int64_param", 2, "int64", False),
+                       ("string_param", 3, "string", False), ("double_param", 4, "double", False),
+                       ("uint64_param", 5, "uint64", False)],
+    "InferTensorContents": [("bool_contents", 1, "bool", True), ("int_contents", 2, "int32", True),
+                            ("int64_contents", 3, "int64", True), ("uint_contents", 4, "uint32", True),
+                            ("uint64_contents", 5, "uint64", True), ("fp32_contents", 6, "float", True),
+                            ("fp64_contents", 7, "double", True), ("bytes_contents", 8, "bytes", True)],
+    "ModelInferRequest.InferInputTensor": [("name", 1, "string", False), ("datatype", 2, "string", False),
+                                           ("shape", 3, "int64", True), (*_PARAMS[:1], 4, _PARAMS[1], True),
+                                           ("contents", 5, ".inference.InferTensorContents", False)],
+    "ModelInferRequest.InferRequestedOutputTensor": [("name", 1, "string", False),
+                                                     (*_PARAMS[:1], 2, _PARAMS[1], True)],
+    "ModelInferRequest": [("model_name", 1, "string", False), ("model_version", 2, "string", False),
+                          ("id", 3, "string", False), (*_PARAMS[:1], 4, _PARAMS[1], True),
+                          ("inputs", 5, ".inference.ModelInferRequest.InferInputTensor", True),
+                          ("outputs", 6, ".inference.ModelInferRequest.InferRequestedOutputTensor", True),
+                          ("raw_input_contents", 7, "bytes", True)],
+    "ModelInferResponse.InferOutputTensor": [("name", 1, "string", False), ("datatype", 2, "string", False),
+                                             ("shape", 3, "int64", True), (*_PARAMS[:1], 4, _PARAMS[1], True),
+                                             ("contents", 5, ".inference.InferTensorContents", False)],
+    "ModelInferResponse": [("model_name", 1, "string", False), ("model_version", 2, "string", False),
+                           ("id", 3, "string", False), (*_PARAMS[:1], 4, _PARAMS[1], True),
+                           ("outputs", 5, ".inference.ModelInferResponse.InferOutputTensor", True),
+                           ("raw_output_contents", 6, "bytes", True)],
+}
+ONEOFS = {"InferParameter": "parameter_choice"}  # every field of the message is in it
+
+# rpc -> (request, response)
+METHODS = {
+    "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
+    "ServerReady": ("ServerReadyRequest", "ServerReadyResponse"),
+    "ModelReady": ("ModelReadyRequest", "ModelReadyResponse"),
+    "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
+    "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
+    "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+}
+
+
+def _file() -> descriptor_pb2.FileDescriptorProto:
+    fdp = descriptor_pb2.FileDescriptorProto(name="hybridgnn_kserve_v2.proto", package=PACKAGE, syntax="proto3")
+    protos: dict[str, descriptor_pb2.DescriptorProto] = {}
+    for full in MESSAGES:  # parents come before their nested messages in MESSAGES' order... or not: make both
+        parts = full.split(".")
+        for depth in range(1, len(parts) + 1):
+            key = ".".join(parts[:depth])
+            if key in protos:
+                continue
+            parent = protos[".".join(parts[:depth - 1])].nested_type if depth > 1 else fdp.message_type
+            protos[key] = parent.add(name=parts[depth - 1])
+    for full, fields in MESSAGES.items():
+        msg = protos[full]
+        if full in ONEOFS:
+            msg.oneof_decl.add(name=ONEOFS[full])
+        for name, number, kind, repeated in fields:
+            f = msg.field.add(name=name, number=number,
+                              label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+            if kind.startswith("map:"):
+                entry_name = "".join(p.capitalize() for p in name.split("_")) + "Entry"
+                if not any(n.name == entry_name for n in msg.nested_type):
+                    entry = msg.nested_type.add(name=entry_name)
+                    entry.options.map_entry = True
+                    entry.field.add(name="key", number=1, label=_F.LABEL_OPTIONAL, type=_F.TYPE_STRING)
+                    entry.field.add(name="value", number=2, label=_F.LABEL_OPTIONAL, type=_F.TYPE_MESSAGE,
+                                    type_name=kind[4:])
+                f.type, f.type_name = _F.TYPE_MESSAGE, f".{PACKAGE}.{full}.{entry_name}"
+            elif kind in _SCALARS:
+                f.type = _SCALARS[kind]
+            else:
+                f.type, f.type_name = _F.TYPE_MESSAGE, kind
+            if full in ONEOFS:
+                f.oneof_index = 0
+    return fdp
+
+
+_POOL = descriptor_pool.DescriptorPool()
+_POOL.Add(_file())
+
+
+def message(name: str):
+    """The message class inference.<name> (nested names with dots)."""
+    return _message_class(_POOL.FindMessageTypeByName(f"{PACKAGE}.{name}"))

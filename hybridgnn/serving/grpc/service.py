@@ -1,0 +1,201 @@
+"""KServe v2 over gRPC (inference.GRPCInferenceService), beside the REST front end: the
+same engine on the same event loop (grpcio's asyncio server), the same decoding and
+validation (a ModelInferRequest becomes the REST request's header and binary tail), the
+same error model (each error's HTTP status mapped to a gRPC status code, Retry-After in
+the trailing metadata).
+
+Ids and outputs travel as raw tensor contents (raw_input_contents /
+raw_output_contents, as tritonclient sends and reads them); typed `contents` are
+accepted on input too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+import numpy as np
+
+from hybridgnn import __version__
+from hybridgnn.errors import BadRequest, ServingError, status_of
+from hybridgnn.serving.grpc.schema import METHODS, SERVICE, message
+from hybridgnn.serving.http.api import Api, graph_version_param
+from hybridgnn.serving.http.codec import (
+    ID_OUTPUT,
+    datatype_of,
+    decode_infer_parts,
+    raw_tensor,
+)
+
+log = logging.getLogger("hybridgnn.grpc")
+
+# HTTP status of an error -> gRPC status code
+GRPC_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+# typed `contents` field per datatype (inputs sent without raw contents)
+_CONTENTS = {"INT64": "int64_contents", "INT32": "int_contents", "FP32": "fp32_contents", "BYTES": "bytes_contents",
+             "UINT64": "uint64_contents"}
+
+
+def grpc_code(exc: BaseException) -> grpc.StatusCode:
+    return GRPC_CODES.get(status_of(exc), grpc.StatusCode.INTERNAL)
+
+
+def _param(p) -> object:
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def request_parts(request) -> tuple[dict, memoryview]:
+    """The REST form of a ModelInferRequest: (JSON-like header, binary tail)."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise BadRequest(f"raw_input_contents holds {len(raw)} tensors but the request names {len(request.inputs)} "
+                         "inputs: send one raw tensor per input, or none")
+    inputs = []
+    for i, t in enumerate(request.inputs):
+        entry = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        if raw:
+            entry["parameters"] = {"binary_data_size": len(raw[i])}
+        else:
+            field = _CONTENTS.get(t.datatype)
+            values = list(getattr(t.contents, field)) if field is not None else []
+            if t.datatype == "BYTES":
+                try:
+                    values = [v.decode() for v in values]
+                except UnicodeDecodeError:
+                    raise BadRequest(f"input {t.name!r}: BYTES elements must be UTF-8 text") from None
+            entry["data"] = values
+        inputs.append(entry)
+    header = {"inputs": inputs, "parameters": {k: _param(v) for k, v in request.parameters.items()}}
+    if request.outputs:
+        header["outputs"] = [{"name": o.name} for o in request.outputs]
+    if request.id:
+        header["id"] = request.id
+    return header, memoryview(b"".join(raw))
+
+
+class GrpcFrontend:
+    """The gRPC service of one Api (its engine, checks and dispatch)."""
+
+    def __init__(self, api: Api):
+        self.api = api
+        self.engine = api.engine
+        self.server: grpc.aio.Server | None = None
+        self.port: int | None = None
+        self._messages = {name: (message(req), message(resp)) for name, (req, resp) in METHODS.items()}
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0: any free port); returns the port."""
+        cfg = self.engine.cfg.server
+        limit = cfg.max_body_bytes
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                               ("grpc.max_send_message_length", -1),
+                                               ("grpc.so_reuseport", 0)],
+                                      maximum_concurrent_rpcs=cfg.max_connections)
+        handlers = {}
+        for name, (req_cls, resp_cls) in self._messages.items():
+            fn = getattr(self, _snake(name))
+            handlers[name] = grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req_cls.FromString,
+                                                                 response_serializer=resp_cls.SerializeToString)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        bound = self.server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot listen for gRPC on {host}:{port}")
+        self.port = bound
+        await self.server.start()
+        return bound
+
+    async def stop(self, grace_s: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace_s)
+
+    async def _fail(self, context, exc: BaseException) -> None:
+        if not isinstance(exc, ServingError):
+            log.error("gRPC request failed", exc_info=exc)
+            message_ = "internal server error"
+        else:
+            message_ = exc.message
+            headers = exc.headers() or {}
+            if "Retry-After" in headers:
+                context.set_trailing_metadata((("retry-after", headers["Retry-After"]),))
+        await context.abort(grpc_code(exc), message_)
+
+    # --- the service ---------------------------------------------------------------------
+    async def server_live(self, request, context):
+        return self._messages["ServerLive"][1](live=True)
+
+    async def server_ready(self, request, context):
+        return self._messages["ServerReady"][1](ready=bool(self.engine.ready))
+
+    async def model_ready(self, request, context):
+        try:
+            self.api.check_model(request.name, request.version or None)
+        except ServingError as exc:
+            await self._fail(context, exc)
+        return self._messages["ModelReady"][1](ready=bool(self.engine.ready))
+
+    async def server_metadata(self, request, context):
+        return self._messages["ServerMetadata"][1](name="hybridgnn", version=__version__,
+                                                   extensions=["binary_tensor_data"])
+
+    async def model_metadata(self, request, context):
+        try:
+            self.api.check_model(request.name, request.version or None)
+        except ServingError as exc:
+            await self._fail(context, exc)
+        d = self.api.describe_model()
+        out = self._messages["ModelMetadata"][1](name=d["name"], versions=d["versions"], platform=d["platform"])
+        for key in ("inputs", "outputs"):
+            for t in d[key]:
+                getattr(out, key).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        return out
+
+    async def model_infer(self, request, context):
+        started = time.perf_counter()
+        engine = self.engine
+        try:
+            self.api.check_model(request.model_name, request.model_version or None)
+            header, binary = request_parts(request)
+            wanted = header["parameters"].get("min_graph_version")
+            if wanted is not None and graph_version_param(wanted) > engine.graph_version:
+                await self.api.catch_up(wanted)
+            req = decode_infer_parts(header, binary, max_nodes=engine.cfg.server.max_request_nodes,
+                                     num_nodes=engine.num_nodes, feature_dim=engine.graph.feature_dim,
+                                     id_map=engine.graph.id_map)
+            result = await self.api.dispatch(req)
+        except Exception as exc:
+            engine.stats.answered(status_of(exc))
+            await self._fail(context, exc)
+            raise  # not reached: abort raises
+        t0 = time.perf_counter()
+        tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
+        if req.external_ids is not None:
+            tensors[ID_OUTPUT] = req.external_ids
+        out = self._messages["ModelInfer"][1](model_name=self.api.model_name, model_version="1",
+                                              id=req.request_id or "")
+        for name in req.outputs:
+            arr = np.asarray(tensors[name])
+            out.outputs.add(name=name, datatype=datatype_of(arr), shape=list(arr.shape))
+            out.raw_output_contents.append(raw_tensor(arr))
+        done = time.perf_counter()
+        engine.stats.stage("respond", result.pipeline, done - t0)
+        engine.stats.stage("total", result.pipeline, done - started)
+        engine.stats.answered(200, req.num_outputs)
+        return out
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")

@@ -1,0 +1,70 @@
+"""The KServe v2 gRPC schema and request conversion (no sockets): the messages carry the
+field numbers v2 clients use, and a ModelInferRequest becomes the REST request form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("grpc")
+service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+
+from hybridgnn.errors import BadRequest, Conflict, Overloaded, ServiceUnavailable  # noqa: E402
+from hybridgnn.serving.grpc.schema import METHODS, message  # noqa: E402
+from hybridgnn.serving.grpc.service import grpc_code, request_parts  # noqa: E402
+from hybridgnn.serving.http.codec import decode_infer_parts  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted({m for pair in METHODS.values() for m in pair}))
+def test_every_message_has_the_fields_and_numbers_tritonclient_uses(name):
+    ours = message(name).DESCRIPTOR
+    theirs = getattr(service_pb2, name).DESCRIPTOR
+
+    def shape(d):
+        return {f.name: (f.number, f.type, f.is_repeated, f.message_type.name if f.message_type else None)
+                for f in d.fields}
+
+    assert shape(ours) == shape(theirs)
+    for nested in ours.nested_types:
+        assert shape(nested) == shape(theirs.nested_types_by_name[nested.name])
+
+
+def test_a_request_round_trips_with_tritonclient_and_becomes_the_rest_form():
+    ids = np.array([3, 1, 4], np.int64)
+    theirs = service_pb2.ModelInferRequest(model_name="m", id="r1")
+    t = theirs.inputs.add(name="node_ids", datatype="INT64", shape=[3])
+    theirs.raw_input_contents.append(ids.tobytes())
+    theirs.outputs.add(name="logits")
+    theirs.parameters["mode"].string_param = "precomputed"
+    theirs.parameters["min_graph_version"].int64_param = 7
+    ours = message("ModelInferRequest").FromString(theirs.SerializeToString())
+    header, binary = request_parts(ours)
+    assert header["parameters"] == {"mode": "precomputed", "min_graph_version": 7} and header["id"] == "r1"
+    req = decode_infer_parts(header, binary, max_nodes=10, num_nodes=100)
+    assert req.node_ids.tolist() == [3, 1, 4] and list(req.outputs) == ["logits"] and req.request_id == "r1"
+    assert t.name == "node_ids"
+
+
+def test_typed_contents_are_accepted_and_a_raw_count_mismatch_is_a_400():
+    req = message("ModelInferRequest")(model_name="m")
+    t = req.inputs.add(name="node_ids", datatype="INT64", shape=[2])
+    t.contents.int64_contents.extend([5, 6])
+    header, binary = request_parts(req)
+    assert decode_infer_parts(header, binary, max_nodes=10, num_nodes=100).node_ids.tolist() == [5, 6]
+    req.raw_input_contents.extend([b"\0" * 16, b"\0" * 8])
+    with pytest.raises(BadRequest, match="one raw tensor per input"):
+        request_parts(req)
+    names = message("ModelInferRequest")(model_name="m")
+    names.inputs.add(name="node_ids", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"\xff")
+    with pytest.raises(BadRequest, match="UTF-8"):
+        request_parts(names)
+
+
+def test_errors_map_to_grpc_status_codes():
+    import grpc
+
+    assert grpc_code(BadRequest("x")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert grpc_code(Conflict("x")) == grpc.StatusCode.FAILED_PRECONDITION
+    assert grpc_code(Overloaded("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert grpc_code(ServiceUnavailable("x")) == grpc.StatusCode.UNAVAILABLE
+    assert grpc_code(RuntimeError("bug")) == grpc.StatusCode.INTERNAL
