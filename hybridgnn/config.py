@@ -382,6 +382,9 @@ class ServeConfig:
     dataset_dir: Path
     model_dir: Path
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # A Triton-style model repository (<name>/<version>/): every version its policy
+    # chooses is served over the one dataset (model_dir is then its first version).
+    model_repository: Path | None = None
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     cpu_pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # None: CPU only. Otherwise a second pipeline, named "gpu", on device "cuda"/"cuda:N",
@@ -409,6 +412,8 @@ class ServeConfig:
                              "update token and --cpu-compute-device")
         if self.gpu_pipeline is not None and self.gpu_pipeline.processes:
             raise ValueError("worker processes are for the CPU pipeline; GPU workers share one CUDA context")
+        if self.model_repository is not None and self.updates.enabled:
+            raise ValueError("graph updates serve one model: drop --model-repository or the update token")
         if self.gpu_pipeline is not None and self.updates.enabled:
             raise ValueError("graph updates run on the CPU pipeline only; drop the GPU pipeline (--device cpu) "
                              "or the update token")

@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", type=Path, default=env_default("DATASET", None, Path), help="dataset directory")
     p.add_argument("--model", type=Path, default=env_default("MODEL", None, Path), help="model directory")
+    p.add_argument("--model-repository", type=Path, default=env_default("MODEL_REPOSITORY", None, Path),
+                   help="instead of --model: a repository of <name>/<version>/ model directories (and optional "
+                        "<name>/config.json: version_policy, fanouts), all served over --dataset")
     p.add_argument("--fanouts", default=env_default("FANOUTS", None),
                    help="comma-separated fanouts, hop 1 first (default: the model's training fanouts)")
     p.add_argument("--workers", type=int, default=env_default("WORKERS", CPU_COUNT, int),
@@ -124,10 +127,31 @@ def chosen_policy(args) -> str:
     return args.policy
 
 
+def _reads_as_model(path: Path) -> bool:
+    from hybridgnn.models.checkpoint import read_config
+
+    try:
+        read_config(path)
+        return True
+    except (ConfigError, OSError, ValueError, KeyError):
+        return False
+
+
 def build_config(args) -> ServeConfig:
     check_ranges(args)
     from hybridgnn.models.checkpoint import read_config
 
+    if args.model_repository is not None:
+        if args.model is not None or args.dataset is None:
+            raise ValueError("--model-repository takes the place of --model and needs --dataset")
+        from hybridgnn.serving.repository import scan_repository
+
+        chosen = [m.version_dir(v) for m in scan_repository(args.model_repository).values() for v in m.chosen]
+        readable = [d for d in chosen if _reads_as_model(d)]
+        if not readable:
+            raise ValueError(f"model repository {args.model_repository}: no version directory chosen by a version "
+                             "policy holds a readable model")
+        args.model = readable[0]  # server-wide defaults; each version gets its own fanouts when served
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to serve the demo)")
     if args.dataset is None:
@@ -146,6 +170,7 @@ def build_config(args) -> ServeConfig:
         updates=UpdateConfig(token=update_token, **config_values(args, UpdateConfig)),
         dataset_dir=args.dataset,
         model_dir=args.model,
+        model_repository=args.model_repository,
         sampling=SamplingConfig(fanouts=fanouts, **config_values(args, SamplingConfig)),
         batcher=BatcherConfig(**config_values(args, BatcherConfig)),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,

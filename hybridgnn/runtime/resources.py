@@ -60,12 +60,17 @@ class Resources:
     dataset, model, plan or device that do not fit together."""
 
     @classmethod
-    def open(cls, cfg: ServeConfig) -> Resources:
-        return cls(cfg)
+    def open(cls, cfg: ServeConfig, base: Resources | None = None) -> Resources:
+        return cls(cfg, base)
 
-    def __init__(self, cfg: ServeConfig):
+    def __init__(self, cfg: ServeConfig, base: Resources | None = None):
+        """base: the resources of another model served over the same graph; its dataset,
+        workload tables (for the same fanouts), placement plan and feature stores are
+        shared, not loaded again (a model repository). Graph updates need their own."""
         self.cfg = cfg
-        self.graph = GraphStore.open(cfg.dataset_dir)
+        if base is not None and (cfg.updates.enabled or base.dynamic is not None):
+            raise ConfigError("graph updates serve one model; a model repository serves several without updates")
+        self.graph = base.graph if base is not None else GraphStore.open(cfg.dataset_dir)
         self.model, self.model_config = load_checkpoint(cfg.model_dir)
         if self.model.in_dim != self.graph.feature_dim:
             raise ConfigError(
@@ -78,7 +83,8 @@ class Resources:
         trained_on = self.model_config.get("dataset_fingerprint")
         if trained_on and trained_on != self.graph.fingerprint:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
-        self.tables = WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts)
+        self.tables = (base.tables if base is not None and tuple(base.cfg.sampling.fanouts) == tuple(cfg.sampling.fanouts)
+                       else WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts))
         self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint)
         self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
                           if self.embeddings is not None else None)
@@ -104,8 +110,10 @@ class Resources:
                                                      aggregates=snap.aggregates if snap is not None else None)
             log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
                      self.incremental.init_s, ", ".join(self.incremental.kinds))
-        self.plan = self._load_plan()
-        if self.dynamic is not None:
+        self.plan = base.plan if base is not None else self._load_plan()
+        if base is not None:
+            self.features = base.features
+        elif self.dynamic is not None:
             self.features = DynamicFeatureStore(self.dynamic)
         elif self.plan is not None:
             mem = cfg.gpu_memory
@@ -118,7 +126,12 @@ class Resources:
         self.device_graph: DeviceGraph | None = None
         self.gpu_features: SwappableFeatureStore | None = None
         self._host_table = None
-        if cfg.gpu_pipeline is not None:
+        self._owns_device = base is None
+        if cfg.gpu_pipeline is not None and base is not None and base.device_graph is not None:
+            self.device_graph, self.gpu_features, self._host_table = (base.device_graph, base.gpu_features,
+                                                                      base._host_table)
+            self.model_on(cfg.gpu_pipeline.device)
+        elif cfg.gpu_pipeline is not None:
             self._setup_gpu()
 
     def _open_update_log(self) -> None:
@@ -265,6 +278,6 @@ class Resources:
         if self.update_log is not None:
             self.update_log.close()
             self.update_log = None
-        if self.device_graph is not None:
+        if self.device_graph is not None and self._owns_device:
             self.device_graph.close()
-            self.device_graph = None
+        self.device_graph = None

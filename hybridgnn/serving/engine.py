@@ -54,10 +54,11 @@ LAG_TICK_S = 0.005
 
 
 class Engine:
-    def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None):
+    def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None, *, base: Resources | None = None):
+        """base: another engine's resources over the same graph, shared (a model repository)."""
         self.cfg = cfg
         self.stats = stats if stats is not None else ServingStats()  # telemetry/ implements it
-        self.resources = Resources.open(cfg)
+        self.resources = Resources.open(cfg, base)
         r = self.resources
         # what the request path reads, as attributes of the engine (one object, shared)
         self.graph, self.model, self.model_config, self.tables = r.graph, r.model, r.model_config, r.tables

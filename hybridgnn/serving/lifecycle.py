@@ -19,33 +19,45 @@ from hybridgnn.config import ServeConfig
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.protocol import HttpServer
+from hybridgnn.serving.repository import Models, open_repository
 from hybridgnn.types import ServingStats
 
 log = logging.getLogger("hybridgnn.serve")
 
 
 async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready=None) -> int:
-    engine = Engine(cfg, stats)
-    await engine.start()
+    if cfg.model_repository is not None:  # every version the repository chooses, over one graph
+        target = await open_repository(cfg, stats)
+        engines = target.engines()
+    else:
+        target = Engine(cfg, stats)
+        await target.start()
+        engines = [target]
+    engine = engines[0]  # server-wide state (drain, seed counts) and the log line
+
+    async def stop_engines() -> None:
+        for e in engines:
+            await e.stop()
+
     try:
-        close_http = await _start_http(engine, cfg)
+        close_http = await _start_http(target, cfg)
     except OSError as exc:  # port taken, address not local, no permission: say so, no traceback
         log.error("cannot listen on %s:%d: %s", cfg.server.host, cfg.server.port, exc.strerror or exc)
-        await engine.stop()
+        await stop_engines()
         return 2
     grpc_frontend = None
     if cfg.server.grpc_port is not None:
         try:
-            grpc_frontend = await _start_grpc(engine, cfg)
+            grpc_frontend = await _start_grpc(target, cfg)
         except ImportError as exc:
             log.error("--grpc-port needs grpcio and protobuf (pip install grpcio protobuf): %s", exc)
             await close_http()
-            await engine.stop()
+            await stop_engines()
             return 2
         except (OSError, RuntimeError) as exc:
             log.error("cannot listen for gRPC on %s:%d: %s", cfg.server.host, cfg.server.grpc_port, exc)
             await close_http()
-            await engine.stop()
+            await stop_engines()
             return 2
     freeze_startup_heap()
     stop = asyncio.Event()
@@ -62,17 +74,20 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     loop.add_signal_handler(signal.SIGHUP, refresh)
     saver = loop.create_task(_save_seed_log(engine, cfg)) if cfg.server.seed_log is not None else None
     addr = f"http://{cfg.server.host}:{cfg.server.port}"
-    log.info("serving model %r on %s (%d nodes, fanouts %s, %d CPU workers)", cfg.server.model_name, addr,
-             engine.graph.num_nodes, list(cfg.sampling.fanouts), cfg.cpu_pipeline.workers)
+    served = (", ".join(f"{n} v{v}" for n, v, _ in target.items()) if isinstance(target, Models)
+              else repr(cfg.server.model_name))
+    log.info("serving %s on %s (%d nodes, fanouts %s, %d CPU workers)", served, addr,
+             engine.graph.num_nodes, list(engine.cfg.sampling.fanouts), cfg.cpu_pipeline.workers)
     if on_ready is not None:
         on_ready(engine)
     await stop.wait()
-    engine.mark_unready()
+    for e in engines:
+        e.mark_unready()
     if cfg.server.unready_delay_s > 0:
         log.info("stop signal: not ready; serving %.1fs more before draining", cfg.server.unready_delay_s)
         await asyncio.sleep(cfg.server.unready_delay_s)
-    log.info("draining %d pending requests", engine.pending)
-    drained = await engine.drain(cfg.server.drain_timeout_s)
+    log.info("draining %d pending requests", sum(e.pending for e in engines))
+    drained = all(await asyncio.gather(*(e.drain(cfg.server.drain_timeout_s) for e in engines)))
     # Keep listening a moment: clients on keep-alive connections get a 503 with
     # "Connection: close" instead of a reset, and the balancer sees ready=503.
     await asyncio.sleep(cfg.server.shutdown_grace_s)
@@ -85,20 +100,21 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
         engine.placement.save_seed_log(cfg.server.seed_log)
     for task in list(background):
         await asyncio.gather(task, return_exceptions=True)
-    await engine.stop()
+    await stop_engines()
     log.info("stopped (%s)", "drained" if drained else "drain timed out")
     return 0 if drained else 1
 
 
-def http_server(engine: Engine, cfg: ServeConfig) -> HttpServer:
-    """The HTTP server carrying the engine's API, with the configured limits."""
+def http_server(engine: Engine | Models, cfg: ServeConfig) -> HttpServer:
+    """The HTTP server carrying the API of an engine (or a repository's engines), with
+    the configured limits."""
     s = cfg.server
     return HttpServer(Api(engine), max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
                       request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
                       retry_after_s=s.retry_after_s)
 
 
-async def _start_http(engine: Engine, cfg: ServeConfig):
+async def _start_http(engine: Engine | Models, cfg: ServeConfig):
     """Start the HTTP server on the engine; returns the coroutine function that closes it
     (in-flight answers go out, idle keep-alive connections do not hold the process)."""
     http = http_server(engine, cfg)
@@ -106,7 +122,7 @@ async def _start_http(engine: Engine, cfg: ServeConfig):
     return lambda: http.close(cfg.server.shutdown_grace_s + 1)
 
 
-async def _start_grpc(engine: Engine, cfg: ServeConfig):
+async def _start_grpc(engine: Engine | Models, cfg: ServeConfig):
     """The KServe v2 gRPC service on the same engine and event loop (grpcio imported only
     when asked for)."""
     from hybridgnn.serving.grpc.service import GrpcFrontend

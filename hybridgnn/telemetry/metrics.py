@@ -126,6 +126,7 @@ class Telemetry(ServingStats):
 
         # labels() hashes and locks on every call; the request path reuses the children.
         self._children: dict[tuple, object] = {}
+        self._engines: list = []  # watched by callback
 
     def declare(self, pipelines: tuple[str, ...]) -> None:
         """Create the label sets dashboards and rules select on at zero, so every panel and
@@ -160,15 +161,20 @@ class Telemetry(ServingStats):
         return child
 
     def watch(self, engine) -> None:
-        """Mirror the engine's state by callback and create the label sets it will use."""
+        """Mirror the engines' state by callback and create the label sets they will use.
+        Several engines (a model repository) share one Telemetry: the gauges add up their
+        queues and pending requests, and ready means every one is ready."""
         self.declare(tuple(engine.pipelines))
-        self.pending.set_function(lambda: engine.pending)
-        self.ready.set_function(lambda: 1.0 if engine.ready else 0.0)
-        self.pending_capacity.set_function(lambda: engine.cfg.batcher.max_pending_requests)
-        self.psgs_threshold.set_function(lambda: engine.router.threshold)
-        self.max_batch_psgs.set_function(lambda: engine.batcher.cfg.max_batch_psgs)
-        for name, pipeline in engine.pipelines.items():
-            self._child(self.queue_depth, name).set_function(lambda p=pipeline: p.depth)
+        engines = self._engines
+        engines.append(engine)
+        self.pending.set_function(lambda: sum(e.pending for e in engines))
+        self.ready.set_function(lambda: 1.0 if all(e.ready for e in engines) else 0.0)
+        self.pending_capacity.set_function(lambda: sum(e.cfg.batcher.max_pending_requests for e in engines))
+        self.psgs_threshold.set_function(lambda: engines[0].router.threshold)
+        self.max_batch_psgs.set_function(lambda: engines[0].batcher.cfg.max_batch_psgs)
+        for name in engine.pipelines:
+            self._child(self.queue_depth, name).set_function(
+                lambda n=name: sum(e.pipelines[n].depth for e in engines if n in e.pipelines))
         self.update_staleness.set_function(lambda: engine.updates.staleness_s() if engine.updates else 0.0)
         self.graph_version.set_function(lambda: engine.graph_version)
         self.update_log_position.set_function(lambda: engine.graph_version)

@@ -87,7 +87,8 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         program = command or [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve"]
-        cmd = [*program, "--dataset", str(dataset), "--model", str(model), "--port", str(self.port), *extra]
+        model_args = ["--model", str(model)] if model is not None else []  # None: extra names a --model-repository
+        cmd = [*program, "--dataset", str(dataset), *model_args, "--port", str(self.port), *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
 

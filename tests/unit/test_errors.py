@@ -108,7 +108,7 @@ def test_routing_errors_use_the_same_table():
     assert answer(api.body_too_large())[0] == 413
     endpoint, params = api.route("GET", "/v2/models/other")
     assert answer(endpoint(Request(params, {}, b""))) == (
-        404, {"error": "unknown model 'other'; this server serves 'm'"}, {})
+        404, {"error": "unknown model 'other'; this server serves ['m']"}, {})
 
 
 def test_a_bug_in_an_endpoint_is_a_500_not_a_4xx():

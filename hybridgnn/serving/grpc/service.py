@@ -138,14 +138,14 @@ class GrpcFrontend:
         return self._messages["ServerLive"][1](live=True)
 
     async def server_ready(self, request, context):
-        return self._messages["ServerReady"][1](ready=bool(self.engine.ready))
+        return self._messages["ServerReady"][1](ready=all(e.ready for e in self.api.models.engines()))
 
     async def model_ready(self, request, context):
         try:
-            self.api.check_model(request.name, request.version or None)
+            engine = self.api.check_model(request.name, request.version or None)
         except ServingError as exc:
             await self._fail(context, exc)
-        return self._messages["ModelReady"][1](ready=bool(self.engine.ready))
+        return self._messages["ModelReady"][1](ready=bool(engine.ready))
 
     async def server_metadata(self, request, context):
         return self._messages["ServerMetadata"][1](name="hybridgnn", version=__version__,
@@ -153,10 +153,10 @@ class GrpcFrontend:
 
     async def model_metadata(self, request, context):
         try:
-            self.api.check_model(request.name, request.version or None)
+            engine = self.api.check_model(request.name, request.version or None)
         except ServingError as exc:
             await self._fail(context, exc)
-        d = self.api.describe_model()
+        d = self.api.describe_model(engine, request.name)
         out = self._messages["ModelMetadata"][1](name=d["name"], versions=d["versions"], platform=d["platform"])
         for key in ("inputs", "outputs"):
             for t in d[key]:
@@ -167,15 +167,15 @@ class GrpcFrontend:
         started = time.perf_counter()
         engine = self.engine
         try:
-            self.api.check_model(request.model_name, request.model_version or None)
+            engine = self.api.check_model(request.model_name, request.model_version or None)
             header, binary = request_parts(request)
             wanted = header["parameters"].get("min_graph_version")
             if wanted is not None and graph_version_param(wanted) > engine.graph_version:
-                await self.api.catch_up(wanted)
+                await self.api.catch_up(wanted, engine)
             req = decode_infer_parts(header, binary, max_nodes=engine.cfg.server.max_request_nodes,
                                      num_nodes=engine.num_nodes, feature_dim=engine.graph.feature_dim,
                                      id_map=engine.graph.id_map)
-            result = await self.api.dispatch(req)
+            result = await self.api.dispatch(req, engine)
         except Exception as exc:
             engine.stats.answered(status_of(exc))
             await self._fail(context, exc)
@@ -184,8 +184,8 @@ class GrpcFrontend:
         tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
         if req.external_ids is not None:
             tensors[ID_OUTPUT] = req.external_ids
-        out = self._messages["ModelInfer"][1](model_name=self.api.model_name, model_version="1",
-                                              id=req.request_id or "")
+        out = self._messages["ModelInfer"][1](model_name=request.model_name,
+                                              model_version=request.model_version or "", id=req.request_id or "")
         for name in req.outputs:
             arr = np.asarray(tensors[name])
             out.outputs.add(name=name, datatype=datatype_of(arr), shape=list(arr.shape))

@@ -44,6 +44,7 @@ from hybridgnn.serving.http.codec import (
     decode_infer_request,
     encode_infer_response,
 )
+from hybridgnn.serving.repository import Models
 from hybridgnn.serving.updates import decode_update_request
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class Request:
 
 Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
 # Methods each path shape accepts; GET endpoints also answer HEAD.
-_MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST"}
+_MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET"}
 
 
 def _chain(fut: asyncio.Future, finish: Callable[[asyncio.Future], Reply],
@@ -153,10 +154,18 @@ def _chain(fut: asyncio.Future, finish: Callable[[asyncio.Future], Reply],
 
 
 class Api:
-    """The endpoints of one engine."""
+    """The endpoints of one engine, or of the engines of a model repository (Models: one
+    per model and version, over one graph)."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engines: Engine | Models):
+        if isinstance(engines, Models):
+            self.models = engines
+        else:
+            self.models = Models()
+            self.models.add(engines.cfg.server.model_name, "1", engines)
+        # Server-wide settings, stats and drain state come from the first engine: they
+        # are the same for every engine of a server.
+        self.engine = engine = self.models.engines()[0]
         self.model_name = engine.cfg.server.model_name
         self.retry = {"Retry-After": str(engine.cfg.server.retry_after_s)}
         # Endpoints raise ServingErrors where they find a request bad; _guarded answers
@@ -168,8 +177,10 @@ class Api:
             "/v2/models": self._guarded(self.list_models),
             "/metrics": self._guarded(self.metrics),
         }
+        self._posts = {"/v2/repository/index": self._guarded(self.repository_index)}
         self._model_endpoints = {"": self._guarded(self.model_metadata), "ready": self._guarded(self.model_ready),
-                                 "infer": self.infer, "graph": self._guarded(self.update_graph)}
+                                 "infer": self.infer, "graph": self._guarded(self.update_graph),
+                                 "config": self._guarded(self.model_config)}
 
     # --- routing ---------------------------------------------------------------------
     def route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
@@ -181,6 +192,9 @@ class Api:
             if method not in ("GET", "HEAD"):
                 return self._not_allowed(method, path, "GET, HEAD")
             return endpoint, {}
+        endpoint = self._posts.get(path)
+        if endpoint is not None:
+            return (endpoint, {}) if method == "POST" else self._not_allowed(method, path, "POST")
         parts = path.split("/")
         # /v2/models/{model}[/versions/{version}][/ready|/infer|/graph]
         if len(parts) >= 4 and parts[0] == "" and parts[1] == "v2" and parts[2] == "models" and parts[3]:
@@ -257,41 +271,66 @@ class Api:
         return self.error_reply(PayloadTooLarge(
             f"request body too large (limit {self.engine.cfg.server.max_body_bytes} bytes)"))
 
-    def _check_model(self, request: Request) -> None:
-        self.check_model(request.params["model"], request.params.get("version"))
+    def _check_model(self, request: Request) -> Engine:
+        return self.check_model(request.params["model"], request.params.get("version"))
 
-    def check_model(self, name: str, version: str | None) -> None:
-        """NotFound unless this server serves model `name` (and `version`, when given)."""
-        if name != self.model_name:
-            raise NotFound(f"unknown model {brief(name)}; this server serves {self.model_name!r}")
-        if version is not None and version != "1":
-            raise NotFound(f"model {self.model_name!r} has no version {brief(version)}; versions: ['1']")
+    def check_model(self, name: str, version: str | None) -> Engine:
+        """The engine serving model `name` (`version`, when given; else its highest);
+        NotFound naming what this server serves."""
+        return self.models.get(name, version)
 
     # --- endpoints -------------------------------------------------------------------
     def live(self, request: Request) -> Reply:
         return Reply.json({"live": True})
 
     def ready(self, request: Request) -> Reply:
-        ready = self.engine.ready
+        ready = all(e.ready for e in self.models.engines())
         return Reply.json({"ready": ready}, 200 if ready else 503)
 
     def server_metadata(self, request: Request) -> Reply:
         return Reply.json({"name": "hybridgnn", "version": __version__, "extensions": ["binary_tensor_data"]})
 
     def list_models(self, request: Request) -> Reply:
-        return Reply.json({"models": [{"name": self.model_name, "versions": ["1"], "ready": self.engine.ready}]})
+        return Reply.json({"models": [{"name": name, "versions": self.models.versions(name),
+                                       "ready": all(self.models.get(name, v).ready for v in self.models.versions(name))}
+                                      for name in self.models.names()]})
+
+    def repository_index(self, request: Request) -> Reply:
+        """POST /v2/repository/index: every model version, READY or UNAVAILABLE (with why)."""
+        out = [{"name": n, "version": v, "state": "READY" if e.ready else "UNAVAILABLE",
+                "reason": "" if e.ready else "starting or draining"} for n, v, e in self.models.items()]
+        out += [{"name": n, "version": v, "state": "UNAVAILABLE", "reason": why}
+                for (n, v), why in sorted(self.models.unavailable.items())]
+        return Reply.json(out)
+
+    def model_config(self, request: Request) -> Reply:
+        """GET /v2/models/{m}[/versions/{v}]/config: the model's configuration, in the
+        shape Triton's model configuration takes (what tritonclient's get_model_config reads)."""
+        engine = self._check_model(request)
+        d = self.describe_model(engine, request.params["model"])
+        triton_type = {"INT64": "TYPE_INT64", "FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
+        return Reply.json({
+            "name": d["name"], "platform": d["platform"], "backend": "hybridgnn", "max_batch_size": 0,
+            "input": [{"name": t["name"], "data_type": triton_type[t["datatype"]], "dims": t["shape"]}
+                      for t in d["inputs"]],
+            "output": [{"name": t["name"], "data_type": triton_type[t["datatype"]], "dims": t["shape"]}
+                       for t in d["outputs"]],
+            "version_policy": {"specific": {"versions": [int(v) for v in d["versions"] if v.isdigit()]}},
+            "parameters": {"fanouts": {"string_value": ",".join(map(str, engine.cfg.sampling.fanouts))},
+                           "model_dir": {"string_value": str(engine.cfg.model_dir)}},
+        })
 
     def metrics(self, request: Request) -> Reply:
         body, content_type = self.engine.stats.exposition()
         return Reply(200, body, content_type)
 
     def model_metadata(self, request: Request) -> Reply:
-        self._check_model(request)
-        return Reply.json(self.describe_model())
+        engine = self._check_model(request)
+        return Reply.json(self.describe_model(engine, request.params["model"]))
 
-    def describe_model(self) -> dict:
-        """The model's metadata: name, versions, platform, inputs, outputs, parameters."""
-        engine = self.engine
+    def describe_model(self, engine: Engine, name: str | None = None) -> dict:
+        """A model's metadata: name, versions, platform, inputs, outputs, parameters."""
+        name = name if name is not None else self.model_name
         id_map = engine.graph.id_map
         id_type = "BYTES" if id_map is not None and id_map.kind == "string" else "INT64"
         outputs = [{"name": "logits", "datatype": "FP32", "shape": [-1, engine.model.out_dim]},
@@ -300,8 +339,8 @@ class Api:
         if id_map is not None:
             outputs.append({"name": ID_OUTPUT, "datatype": id_type, "shape": [-1]})
         return {
-            "name": self.model_name,
-            "versions": ["1"],
+            "name": name,
+            "versions": self.models.versions(name),
             "platform": "pytorch_geometric",
             "inputs": [{"name": INPUT_NAME, "datatype": id_type, "shape": [-1]}],
             "outputs": outputs,
@@ -309,8 +348,7 @@ class Api:
         }
 
     def model_ready(self, request: Request) -> Reply:
-        self._check_model(request)
-        ready = self.engine.ready
+        ready = self._check_model(request).ready
         return Reply.json({"name": self.model_name, "ready": ready}, 200 if ready else 503)
 
     def infer(self, request: Request) -> Reply | asyncio.Future:
@@ -319,16 +357,16 @@ class Api:
         started = time.perf_counter()
         engine = self.engine
         try:
-            self._check_model(request)
+            engine = self._check_model(request)
             wanted = _min_graph_version(request)
             if wanted is not None and wanted > engine.graph_version:
-                return asyncio.ensure_future(self._infer_when_caught_up(request, wanted))
+                return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
             if _plainly_sampled(request):
                 engine.shed_sampled()  # past the bound already: refuse before decoding
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                        feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map)
-            pending = self.dispatch(req)
+            pending = self.dispatch(req, engine)
         except Exception as exc:
             return self._infer_failed(exc)
         if not isinstance(pending, asyncio.Future):
@@ -343,7 +381,7 @@ class Api:
             tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
             if req.external_ids is not None:
                 tensors[ID_OUTPUT] = req.external_ids
-            body, headers = encode_infer_response(self.model_name, req.request_id, tensors, req.outputs)
+            body, headers = encode_infer_response(request.params["model"], req.request_id, tensors, req.outputs)
             done = time.perf_counter()
             stats = engine.stats
             stats.stage("respond", result.pipeline, done - t0)
@@ -354,20 +392,20 @@ class Api:
 
         return _chain(pending, finish, self._infer_failed)
 
-    async def _infer_when_caught_up(self, request: Request, wanted: int) -> Reply:
+    async def _infer_when_caught_up(self, request: Request, wanted: int, engine: Engine) -> Reply:
         """Read your writes: wait (bounded) until this replica has applied graph version
         `wanted`, then answer; else 503 + Retry-After, which a balancer retries elsewhere."""
         try:
-            await self.catch_up(wanted)
+            await self.catch_up(wanted, engine)
         except Exception as exc:
             return self._infer_failed(exc)
         reply = self.infer(request)
         return reply if isinstance(reply, Reply) else await reply
 
-    async def catch_up(self, wanted: int) -> None:
+    async def catch_up(self, wanted: int, engine: Engine | None = None) -> None:
         """Return once this replica has applied graph version `wanted`, waiting at most
         --max-catch-up-ms; else ServiceUnavailable (503: a balancer retries elsewhere)."""
-        engine = self.engine
+        engine = engine if engine is not None else self.engine
         if engine.follower is None:
             raise BadRequest(f"min_graph_version {wanted}: this server takes no graph updates (its graph "
                              "version stays 0)")
@@ -383,12 +421,12 @@ class Api:
         self.engine.stats.answered(reply.status)
         return reply
 
-    def dispatch(self, req):
-        """The awaitable that answers a decoded request, by kind and mode; raises BadRequest
-        for a mode the server does not offer."""
-        engine = self.engine
+    def dispatch(self, req, engine: Engine | None = None):
+        """The awaitable that answers a decoded request on `engine` (default: the first),
+        by kind and mode; raises BadRequest for a mode the server does not offer."""
+        engine = engine if engine is not None else self.engine
         if req.is_new_nodes:
-            return self._new_node_call(req)
+            return self._new_node_call(req, engine)
         engine.check_alive(req.node_ids)
         mode = req.parameters.get("mode", "sampled")
         if mode == "sampled":
@@ -397,9 +435,9 @@ class Api:
             return engine.side.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs)
         raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")
 
-    def _new_node_call(self, req):
+    def _new_node_call(self, req, engine: Engine):
         """Validate a new-node request's parameters and return the coroutine that answers it."""
-        nn = self.engine.cfg.new_nodes
+        nn = engine.cfg.new_nodes
         mode = req.parameters.get("mode", nn.default_mode)
         if mode not in ("full", "pe", "srpe", "sampled"):
             raise BadRequest(f"new-node requests take mode full, pe, srpe or sampled, got {brief(mode)}")
@@ -409,14 +447,13 @@ class Api:
         policy = req.parameters.get("policy", nn.policy)
         if policy not in ("ratio", "random", "degree"):
             raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
-        return self.engine.side.new_nodes_infer(req.features, req.edge_index, mode=mode, gamma=float(gamma),
-                                           policy=policy, num_nodes=self.engine.num_nodes)
+        return engine.side.new_nodes_infer(req.features, req.edge_index, mode=mode, gamma=float(gamma),
+                                           policy=policy, num_nodes=engine.num_nodes)
 
     async def update_graph(self, request: Request) -> Reply:
         """POST /v2/models/{m}/graph: apply a batch of graph updates (see serving/updates.py);
         answers once the graph and every layer's embeddings reflect it."""
-        engine = self.engine
-        self._check_model(request)
+        engine = self._check_model(request)
         token = engine.cfg.updates.token
         if token is None:
             raise Forbidden("graph updates are disabled on this server (start it with --update-token)")

@@ -1,0 +1,78 @@
+"""A model repository served over one graph by the real server: two models, two versions
+of one, requests routed by name and version, a version that cannot load listed with why,
+and the repository index and model configuration as tritonclient reads them."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import requests
+
+httpclient = pytest.importorskip("tritonclient.http")
+
+from hybridgnn.testing.server import ServerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def repo_server(tiny_dataset, tiny_model_pe, tmp_path_factory):
+    import torch
+
+    from hybridgnn.embeddings.precompute import precompute
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    repo = tmp_path_factory.mktemp("repository")
+    shutil.copytree(tiny_model_pe, repo / "sage" / "1")
+    torch.manual_seed(123)  # version 2: other weights, so its answers differ
+    v2 = GNN(ModelSpec("sage", 16, 16, 4, num_layers=2)).eval()
+    save_model(v2, repo / "sage" / "2", fanouts=[5, 3])
+    precompute(GraphStore.open(tiny_dataset), v2, repo / "sage" / "2", progress=False)
+    (repo / "sage" / "config.json").write_text('{"version_policy": {"all": {}}}')
+    shutil.copytree(tiny_model_pe, repo / "other" / "3")
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "config.json").write_text("{}")  # not a model directory
+    srv = ServerProcess(tiny_dataset, None, "--workers", "1", "--model-repository", str(repo)).wait_ready()
+    yield srv
+    assert srv.stop() == 0
+
+
+def _lookup(url: str, path: str, ids) -> requests.Response:
+    body = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [len(ids)], "data": list(ids)}],
+            "parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}]}
+    return requests.post(f"{url}{path}/infer", json=body, timeout=30)
+
+
+def test_requests_are_routed_by_model_and_version(repo_server):
+    url = repo_server.url
+    listed = requests.get(f"{url}/v2/models", timeout=10).json()["models"]
+    assert [(m["name"], m["versions"]) for m in listed] == [("other", ["3"]), ("sage", ["1", "2"])]
+    v1 = _lookup(url, "/v2/models/sage/versions/1", [0, 5, 9]).json()["outputs"][0]["data"]
+    v2 = _lookup(url, "/v2/models/sage/versions/2", [0, 5, 9]).json()["outputs"][0]["data"]
+    latest = _lookup(url, "/v2/models/sage", [0, 5, 9]).json()["outputs"][0]["data"]
+    other = _lookup(url, "/v2/models/other", [0, 5, 9]).json()
+    assert v1 != v2 and latest == v2 and other["outputs"][0]["data"] == v1 and other["model_name"] == "other"
+    missing = _lookup(url, "/v2/models/sage/versions/7", [0])
+    assert missing.status_code == 404 and "versions: ['1', '2']" in missing.json()["error"]
+    unknown = _lookup(url, "/v2/models/broken", [0])
+    assert unknown.status_code == 404 and "['other', 'sage']" in unknown.json()["error"]
+    meta = requests.get(f"{url}/v2/models/sage", timeout=10).json()
+    assert meta["name"] == "sage" and meta["versions"] == ["1", "2"]
+
+
+def test_repository_index_and_model_config_as_tritonclient_reads_them(repo_server):
+    client = httpclient.InferenceServerClient(repo_server.url.removeprefix("http://"))
+    index = {(m["name"], m["version"]): m for m in client.get_model_repository_index()}
+    assert {k: m["state"] for k, m in index.items()} == {("other", "3"): "READY", ("sage", "1"): "READY",
+                                                         ("sage", "2"): "READY", ("broken", "1"): "UNAVAILABLE"}
+    assert index[("broken", "1")]["reason"]  # says why it is not served
+    config = client.get_model_config("sage", "1")
+    assert config["name"] == "sage" and config["input"][0]["name"] == "node_ids"
+    assert config["input"][0]["data_type"] == "TYPE_INT64" and [o["name"] for o in config["output"]][0] == "logits"
+    assert client.is_model_ready("sage", "2") and client.is_model_ready("other")
+    x = httpclient.InferInput("node_ids", [2], "INT64")
+    x.set_data_from_numpy(np.array([1, 2], np.int64), binary_data=True)
+    out = client.infer("sage", [x], model_version="1", parameters={"mode": "precomputed"})
+    assert out.as_numpy("logits").shape == (2, 4)

@@ -1,0 +1,75 @@
+"""The model repository's layout and version policies, and the registry requests are
+routed by (no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridgnn.errors import ConfigError, NotFound
+from hybridgnn.serving.repository import Models, VersionPolicy, scan_repository
+
+
+def _repo(tmp_path, layout: dict):
+    for name, (versions, config) in layout.items():
+        for v in versions:
+            (tmp_path / name / str(v)).mkdir(parents=True)
+        if config is not None:
+            (tmp_path / name / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    return tmp_path
+
+
+def test_versions_and_policies(tmp_path):
+    repo = _repo(tmp_path, {
+        "a": ([1, 2, 10], None),  # default: the latest one
+        "b": ([1, 2, 3], {"version_policy": {"latest": {"num_versions": 2}}, "fanouts": [5, 3]}),
+        "c": ([1, 2, 3], {"version_policy": {"specific": {"versions": [1, 3, 7]}}}),
+        "d": ([4, 5], {"version_policy": {"all": {}}}),
+    })
+    (repo / "a" / "notes").mkdir()  # not a version
+    (repo / "a" / "0").mkdir()  # versions are positive
+    models = scan_repository(repo)
+    assert {n: m.chosen for n, m in models.items()} == {"a": [10], "b": [2, 3], "c": [1, 3], "d": [4, 5]}
+    assert models["b"].fanouts == (5, 3) and models["a"].fanouts is None
+    assert models["a"].available == [1, 2, 10]
+
+
+@pytest.mark.parametrize("config, match", [
+    ("{not json", "not readable JSON"),
+    ([1], "JSON object"),
+    ({"version_policy": {"latest": {"num_versions": 0}}}, "num_versions"),
+    ({"version_policy": {"specific": {"versions": ["1"]}}}, "positive integers"),
+    ({"version_policy": {"newest": {}}}, "unknown version_policy"),
+    ({"version_policy": {"latest": {}, "all": {}}}, "one of"),
+    ({"fanouts": [0]}, "fanouts"),
+])
+def test_bad_configs_are_one_clear_line(tmp_path, config, match):
+    with pytest.raises(ConfigError, match=match):
+        scan_repository(_repo(tmp_path, {"m": ([1], config)}))
+
+
+def test_an_empty_or_missing_repository_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="holds no models"):
+        scan_repository(tmp_path)
+    with pytest.raises(ConfigError, match="not a directory"):
+        scan_repository(tmp_path / "missing")
+
+
+def test_requests_find_their_engine_or_a_404_naming_what_exists():
+    models = Models()
+    models.add("sage", "1", "sage-1")
+    models.add("sage", "10", "sage-10")
+    models.add("gcn", "2", "gcn-2")
+    assert models.get("sage") == "sage-10" and models.get("sage", "1") == "sage-1"  # default: the highest
+    assert models.names() == ["gcn", "sage"] and models.versions("sage") == ["1", "10"]
+    assert [(n, v) for n, v, _ in models.items()] == [("gcn", "2"), ("sage", "1"), ("sage", "10")]
+    with pytest.raises(NotFound, match=r"has no version '3'; versions: \['1', '10'\]"):
+        models.get("sage", "3")
+    with pytest.raises(NotFound, match=r"unknown model 'x'; this server serves \['gcn', 'sage'\]"):
+        models.get("x")
+
+
+def test_policy_defaults_to_the_latest_version():
+    assert VersionPolicy().choose([1, 2, 3]) == [3]
+    assert VersionPolicy(latest=None).choose([1, 2]) == [1, 2]
