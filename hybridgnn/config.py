@@ -216,6 +216,9 @@ class ServerConfig:
     port: int = setting(8000, "port to listen on")
     grpc_port: int | None = setting(None, "also serve KServe v2 over gRPC on this port (off unless given; 8001 "
                                     "is the usual one)")
+    repository_poll_s: float = setting(0.0, "with --model-repository: look for new, changed or removed versions "
+                                       "this often and load them in the background (0: only on POST "
+                                       "/v2/repository/models/{m}/load)")
     model_name: str = setting("hybridgnn", "name in /v2/models/{name}")
     max_request_nodes: int = setting(8192, "most node ids one request may name (413 beyond)")
     max_body_bytes: int = 16 * 1024 * 1024
@@ -412,8 +415,6 @@ class ServeConfig:
                              "update token and --cpu-compute-device")
         if self.gpu_pipeline is not None and self.gpu_pipeline.processes:
             raise ValueError("worker processes are for the CPU pipeline; GPU workers share one CUDA context")
-        if self.model_repository is not None and self.updates.enabled:
-            raise ValueError("graph updates serve one model: drop --model-repository or the update token")
         if self.gpu_pipeline is not None and self.updates.enabled:
             raise ValueError("graph updates run on the CPU pipeline only; drop the GPU pipeline (--device cpu) "
                              "or the update token")

@@ -19,24 +19,30 @@ from hybridgnn.config import ServeConfig
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.protocol import HttpServer
-from hybridgnn.serving.repository import Models, open_repository
+from hybridgnn.serving.repository import Models, Repository, open_repository
 from hybridgnn.types import ServingStats
 
 log = logging.getLogger("hybridgnn.serve")
 
 
 async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready=None) -> int:
+    repository = None
     if cfg.model_repository is not None:  # every version the repository chooses, over one graph
-        target = await open_repository(cfg, stats)
-        engines = target.engines()
+        repository = await open_repository(cfg, stats)
+        target = repository
     else:
         target = Engine(cfg, stats)
         await target.start()
-        engines = [target]
-    engine = engines[0]  # server-wide state (drain, seed counts) and the log line
+
+    def engines() -> list[Engine]:  # a repository's change as versions load and unload
+        return repository.models.engines() if repository is not None else [target]
+
+    engine = engines()[0]  # server-wide state (seed counts) and the log line
 
     async def stop_engines() -> None:
-        for e in engines:
+        if repository is not None:
+            await repository.stop()
+        for e in engines():
             await e.stop()
 
     try:
@@ -74,20 +80,20 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     loop.add_signal_handler(signal.SIGHUP, refresh)
     saver = loop.create_task(_save_seed_log(engine, cfg)) if cfg.server.seed_log is not None else None
     addr = f"http://{cfg.server.host}:{cfg.server.port}"
-    served = (", ".join(f"{n} v{v}" for n, v, _ in target.items()) if isinstance(target, Models)
+    served = (", ".join(f"{n} v{v}" for n, v, _ in repository.models.items()) if repository is not None
               else repr(cfg.server.model_name))
     log.info("serving %s on %s (%d nodes, fanouts %s, %d CPU workers)", served, addr,
              engine.graph.num_nodes, list(engine.cfg.sampling.fanouts), cfg.cpu_pipeline.workers)
     if on_ready is not None:
         on_ready(engine)
     await stop.wait()
-    for e in engines:
+    for e in engines():
         e.mark_unready()
     if cfg.server.unready_delay_s > 0:
         log.info("stop signal: not ready; serving %.1fs more before draining", cfg.server.unready_delay_s)
         await asyncio.sleep(cfg.server.unready_delay_s)
-    log.info("draining %d pending requests", sum(e.pending for e in engines))
-    drained = all(await asyncio.gather(*(e.drain(cfg.server.drain_timeout_s) for e in engines)))
+    log.info("draining %d pending requests", sum(e.pending for e in engines()))
+    drained = all(await asyncio.gather(*(e.drain(cfg.server.drain_timeout_s) for e in engines())))
     # Keep listening a moment: clients on keep-alive connections get a 503 with
     # "Connection: close" instead of a reset, and the balancer sees ready=503.
     await asyncio.sleep(cfg.server.shutdown_grace_s)
@@ -105,7 +111,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     return 0 if drained else 1
 
 
-def http_server(engine: Engine | Models, cfg: ServeConfig) -> HttpServer:
+def http_server(engine: Engine | Models | Repository, cfg: ServeConfig) -> HttpServer:
     """The HTTP server carrying the API of an engine (or a repository's engines), with
     the configured limits."""
     s = cfg.server
@@ -114,7 +120,7 @@ def http_server(engine: Engine | Models, cfg: ServeConfig) -> HttpServer:
                       retry_after_s=s.retry_after_s)
 
 
-async def _start_http(engine: Engine | Models, cfg: ServeConfig):
+async def _start_http(engine: Engine | Models | Repository, cfg: ServeConfig):
     """Start the HTTP server on the engine; returns the coroutine function that closes it
     (in-flight answers go out, idle keep-alive connections do not hold the process)."""
     http = http_server(engine, cfg)
@@ -122,7 +128,7 @@ async def _start_http(engine: Engine | Models, cfg: ServeConfig):
     return lambda: http.close(cfg.server.shutdown_grace_s + 1)
 
 
-async def _start_grpc(engine: Engine | Models, cfg: ServeConfig):
+async def _start_grpc(engine: Engine | Models | Repository, cfg: ServeConfig):
     """The KServe v2 gRPC service on the same engine and event loop (grpcio imported only
     when asked for)."""
     from hybridgnn.serving.grpc.service import GrpcFrontend

@@ -16,14 +16,16 @@ weights and precomputed embeddings. A request names a model and, optionally, a v
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hybridgnn.config import parse_fanouts
-from hybridgnn.errors import ConfigError, NotFound, brief
+from hybridgnn.errors import ConfigError, Conflict, NotFound, brief
 
 log = logging.getLogger("hybridgnn.repository")
 
@@ -145,6 +147,13 @@ class Models:
                            f"{sorted(versions, key=_version_key)}")
         return engine
 
+    def remove(self, name: str, version: str):
+        """Stop routing to (name, version); returns its engine."""
+        engine = self._engines[name].pop(version)
+        if not self._engines[name]:
+            del self._engines[name]
+        return engine
+
     def versions(self, name: str) -> list[str]:
         return sorted(self._engines.get(name, {}), key=_version_key)
 
@@ -175,35 +184,162 @@ def version_config(cfg, model: RepositoryModel, version: int):
     if fanouts is None:
         saved = read_config(vdir)
         fanouts = tuple(saved.get("fanouts") or cfg.sampling.fanouts)
+    # The update token guards the repository's load/unload API; a repository's versions
+    # take no graph updates.
     return dataclasses.replace(cfg, model_dir=vdir, sampling=dataclasses.replace(cfg.sampling, fanouts=fanouts),
-                               server=dataclasses.replace(cfg.server, model_name=model.name))
+                               server=dataclasses.replace(cfg.server, model_name=model.name),
+                               updates=dataclasses.replace(cfg.updates, token=None))
 
 
-async def open_repository(cfg, stats) -> Models:
-    """Start an engine for every model version the repository's policies choose, the
-    first one loading the graph and the others sharing it. A version that cannot be
-    served (unreadable, a failed golden check, a feature width that does not fit) is
-    logged and listed as unavailable with why; the server starts if any version can."""
-    from hybridgnn.serving.engine import Engine
+class Repository:
+    """The served versions of a model repository, kept in step with the directory: load
+    (at start, on POST .../load, or when polling finds a change) builds each new version
+    in the background (weights and golden check, stored embeddings or a precompute,
+    warm-up) and then switches to it at once; requests already on the old version finish
+    there, and it is drained and stopped after. A version that fails to load leaves what
+    serves in place and is listed UNAVAILABLE with why."""
 
-    models = Models()
-    base = None
-    for m in scan_repository(cfg.model_repository).values():
-        if not m.chosen:
-            models.unavailable[(m.name, "")] = (f"no version directory matches the version policy (on disk: "
-                                                f"{m.available})")
-        for version in m.chosen:
+    def __init__(self, cfg, stats):
+        self.cfg = cfg
+        self.stats = stats
+        self.models = Models()
+        self.base = None  # the first engine: its graph, tables and feature stores are shared
+        self._lock = asyncio.Lock()  # one load or unload at a time
+        self._seen: dict[str, tuple] = {}  # model -> what its directory looked like when last loaded
+        self._retiring: set[asyncio.Task] = set()
+        self._poller: asyncio.Task | None = None
+
+    async def start(self) -> Models:
+        for name in scan_repository(self.cfg.model_repository):
+            await self.load(name)
+        if not self.models.engines():
+            raise ConfigError(f"no model version of repository {self.cfg.model_repository} can be served: "
+                              + "; ".join(f"{n} {v}: {why}" for (n, v), why in self.models.unavailable.items()))
+        if self.cfg.server.repository_poll_s > 0:
+            self._poller = asyncio.create_task(self._poll(), name="repository-poll")
+        return self.models
+
+    async def load(self, name: str) -> list[str]:
+        """(Re)load model `name` from the repository: start the versions its policy now
+        chooses that are not served, then retire the ones it no longer chooses. Returns
+        what now serves; NotFound when the repository has no such model."""
+        async with self._lock:
+            on_disk = scan_repository(self.cfg.model_repository)
+            model = on_disk.get(name)
+            if model is None:
+                raise NotFound(f"the repository has no model {brief(name)}; it has {sorted(on_disk)}")
+            self._seen[name] = _signature(model)
+            for key in [k for k in self.models.unavailable if k[0] == name]:
+                del self.models.unavailable[key]
+            if not model.chosen:
+                self.models.unavailable[(name, "")] = (f"no version directory matches the version policy (on "
+                                                       f"disk: {model.available})")
+            served = set(self.models.versions(name))
+            for version in model.chosen:
+                if str(version) not in served:
+                    await self._start_version(model, version)
+            keep = {str(v) for v in model.chosen}
+            for version in served - keep:
+                if self.models.versions(name) != [version]:  # never retire the last one serving
+                    self._retire(self.models.remove(name, version), name, version)
+            return self.models.versions(name)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving every version of `name` (their memory is freed once in-flight
+        requests finish)."""
+        async with self._lock:
+            if not self.models.versions(name):
+                raise NotFound(f"model {brief(name)} is not loaded; loaded: {self.models.names()}")
+            if self.models.names() == [name]:
+                raise Conflict(f"model {name!r} is the last one served; load another first")
+            for version in self.models.versions(name):
+                self._retire(self.models.remove(name, version), name, version)
+            self._seen.pop(name, None)
+
+    async def _start_version(self, model: RepositoryModel, version: int) -> None:
+        from hybridgnn.serving.engine import Engine
+
+        t0 = time.perf_counter()
+        try:
+            cfg = version_config(self.cfg, model, version)
+            await asyncio.to_thread(_ensure_embeddings, cfg, self.base)
+            engine = await asyncio.to_thread(Engine, cfg, self.stats,
+                                             base=self.base.resources if self.base is not None else None)
+            await engine.start()
+        except (ConfigError, OSError, ValueError, KeyError, RuntimeError) as exc:
+            log.error("model %s version %d is not served: %s", model.name, version, exc)
+            self.models.unavailable[(model.name, str(version))] = str(exc)
+            return
+        self.base = self.base or engine
+        self.models.add(model.name, str(version), engine)  # from the next request on
+        log.info("model %s version %d ready in %.2fs (%s)", model.name, version, time.perf_counter() - t0,
+                 model.version_dir(version))
+
+    def _retire(self, engine, name: str, version: str) -> None:
+        async def retire() -> None:
+            await engine.drain(self.cfg.server.drain_timeout_s)
+            if engine is self.base:
+                engine.resources._owns_device = False  # the other versions still use the shared stores
+            await engine.stop()
+            log.info("model %s version %s unloaded", name, version)
+
+        task = asyncio.create_task(retire(), name=f"retire-{name}-{version}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.server.repository_poll_s)
             try:
-                engine = Engine(version_config(cfg, m, version), stats, base=base.resources if base else None)
-                await engine.start()
-            except (ConfigError, OSError, ValueError, KeyError) as exc:
-                log.error("model %s version %d is not served: %s", m.name, version, exc)
-                models.unavailable[(m.name, str(version))] = str(exc)
+                on_disk = scan_repository(self.cfg.model_repository)
+            except ConfigError as exc:
+                log.warning("repository poll: %s", exc)
                 continue
-            base = base or engine
-            models.add(m.name, str(version), engine)
-            log.info("model %s version %d ready (%s)", m.name, version, m.version_dir(version))
-    if not models.engines():
-        raise ConfigError(f"no model version of repository {cfg.model_repository} can be served: "
-                          + "; ".join(f"{n} {v}: {why}" for (n, v), why in models.unavailable.items()))
-    return models
+            for name, model in on_disk.items():
+                if self._seen.get(name) != _signature(model):
+                    log.info("repository poll: model %s changed on disk; loading", name)
+                    try:
+                        await self.load(name)
+                    except Exception:
+                        log.exception("repository poll: loading %s failed", name)
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        for task in list(self._retiring):
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _signature(model: RepositoryModel) -> tuple:
+    """What a change on disk looks like: the versions and their config files' mtimes."""
+    stamps = []
+    for v in model.available:
+        cfg = model.version_dir(v) / "config.json"
+        stamps.append((v, cfg.stat().st_mtime_ns if cfg.is_file() else 0))
+    top = model.root / CONFIG
+    return tuple(stamps), top.stat().st_mtime_ns if top.is_file() else 0
+
+
+def _ensure_embeddings(cfg, base) -> None:
+    """Precompute a version's embeddings when it has none for this dataset (a model
+    dropped into the repository without them)."""
+    from hybridgnn.embeddings.precompute import precompute
+    from hybridgnn.embeddings.store import EmbeddingStore
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.models.checkpoint import load_checkpoint
+
+    graph = base.graph if base is not None else GraphStore.open(cfg.dataset_dir)
+    if EmbeddingStore.open(cfg.model_dir, graph.fingerprint) is not None:
+        return
+    t0 = time.perf_counter()
+    model, _ = load_checkpoint(cfg.model_dir)
+    precompute(graph, model, cfg.model_dir, progress=False)
+    log.info("precomputed the embeddings of %s in %.1fs", cfg.model_dir, time.perf_counter() - t0)
+
+
+async def open_repository(cfg, stats) -> Repository:
+    """A started Repository: every version the policies choose, serving."""
+    repository = Repository(cfg, stats)
+    await repository.start()
+    return repository

@@ -76,3 +76,92 @@ def test_repository_index_and_model_config_as_tritonclient_reads_them(repo_serve
     x.set_data_from_numpy(np.array([1, 2], np.int64), binary_data=True)
     out = client.infer("sage", [x], model_version="1", parameters={"mode": "precomputed"})
     assert out.as_numpy("logits").shape == (2, 4)
+
+
+TOKEN = "repository-token"
+
+
+def _copy_in(src, dest):
+    """Drop a version in as an operator should: copied beside, then renamed into place."""
+    tmp = dest.parent / f".incoming-{dest.name}"
+    shutil.copytree(src, tmp)
+    tmp.rename(dest)
+
+
+def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_dataset, tiny_model_pe, tmp_path):
+    import threading
+    import time
+
+    import torch
+
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_model_pe, repo / "m" / "1")
+    shutil.copytree(tiny_model_pe, repo / "n" / "1")
+    torch.manual_seed(7)
+    save_model(GNN(ModelSpec("sage", 16, 16, 4, num_layers=2)).eval(), tmp_path / "v2", fanouts=[5, 3])  # no PEs
+    srv = ServerProcess(tiny_dataset, None, "--workers", "1", "--model-repository", str(repo), "--update-token", TOKEN,
+                        "--repository-poll-s", "0.2").wait_ready()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        v1 = _lookup(srv.url, "/v2/models/m", [1, 2, 3]).json()["outputs"][0]["data"]
+        answers, stop = [], threading.Event()
+
+        def load() -> None:  # steady load through the switch; every answer kept in order
+            with requests.Session() as s:
+                body = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [3], "data": [1, 2, 3]}],
+                        "parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}]}
+                while not stop.is_set():
+                    r = s.post(f"{srv.url}/v2/models/m/infer", json=body, timeout=30)
+                    answers.append((r.status_code, r.json()["outputs"][0]["data"] if r.ok else r.text))
+                    time.sleep(0.01)
+
+        client = threading.Thread(target=load)
+        client.start()
+        try:
+            time.sleep(0.5)  # answers from version 1 first
+            _copy_in(tmp_path / "v2", repo / "m" / "2")
+            deadline = time.monotonic() + 120
+            while requests.get(f"{srv.url}/v2/models/m", timeout=10).json()["versions"] != ["2"]:
+                assert time.monotonic() < deadline, "version 2 never replaced version 1"
+                time.sleep(0.1)  # poll interval; bounded by the deadline
+            time.sleep(0.5)  # answers from version 2 after
+        finally:
+            stop.set()
+            client.join(60)
+        v2 = _lookup(srv.url, "/v2/models/m/versions/2", [1, 2, 3]).json()["outputs"][0]["data"]
+        assert v2 != v1
+        assert [s for s, _ in answers if s != 200] == [], "a request failed during the switch"
+        kinds = ["v1" if a == v1 else "v2" if a == v2 else "?" for _, a in answers]
+        assert "?" not in kinds and kinds[0] == "v1" and kinds[-1] == "v2"
+        assert kinds == sorted(kinds), "answers went back to the old version after the switch"
+
+        # A broken version 3: it fails to load, version 2 keeps serving, the index says why.
+        (repo / "m" / ".incoming-3").mkdir()
+        (repo / "m" / ".incoming-3" / "config.json").write_text("{}")
+        (repo / "m" / ".incoming-3").rename(repo / "m" / "3")
+        deadline = time.monotonic() + 60
+        while True:
+            index = {(e["name"], e["version"]): e for e in
+                     requests.post(f"{srv.url}/v2/repository/index", timeout=10).json()}
+            if ("m", "3") in index:
+                break
+            assert time.monotonic() < deadline, index
+            time.sleep(0.1)  # poll interval; bounded by the deadline
+        assert index[("m", "3")]["state"] == "UNAVAILABLE" and "class" in index[("m", "3")]["reason"]
+        assert _lookup(srv.url, "/v2/models/m", [1, 2, 3]).json()["outputs"][0]["data"] == v2
+
+        # Unload and load by API, behind the token.
+        assert requests.post(f"{srv.url}/v2/repository/models/n/unload", timeout=30).status_code == 401
+        r = requests.post(f"{srv.url}/v2/repository/models/n/unload", headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        assert _lookup(srv.url, "/v2/models/n", [1]).status_code == 404
+        r = requests.post(f"{srv.url}/v2/repository/models/n/load", headers=auth, timeout=120)
+        assert r.status_code == 200 and r.json()["versions"] == ["1"], r.text
+        assert _lookup(srv.url, "/v2/models/n", [1, 2, 3]).json()["outputs"][0]["data"] == v1
+        r = requests.post(f"{srv.url}/v2/repository/models/zzz/load", headers=auth, timeout=30)
+        assert r.status_code == 404 and "['m', 'n']" in r.json()["error"]
+    finally:
+        assert srv.stop() == 0

@@ -25,6 +25,7 @@ from urllib.parse import unquote
 from hybridgnn import __version__
 from hybridgnn.errors import (
     BadRequest,
+    Conflict,
     Draining,
     Forbidden,
     MethodNotAllowed,
@@ -44,7 +45,7 @@ from hybridgnn.serving.http.codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from hybridgnn.serving.repository import Models
+from hybridgnn.serving.repository import Models, Repository
 from hybridgnn.serving.updates import decode_update_request
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,10 @@ class Api:
     """The endpoints of one engine, or of the engines of a model repository (Models: one
     per model and version, over one graph)."""
 
-    def __init__(self, engines: Engine | Models):
+    def __init__(self, engines: Engine | Models | Repository):
+        self.repository = engines if isinstance(engines, Repository) else None  # its load/unload API
+        if isinstance(engines, Repository):
+            engines = engines.models
         if isinstance(engines, Models):
             self.models = engines
         else:
@@ -178,6 +182,8 @@ class Api:
             "/metrics": self._guarded(self.metrics),
         }
         self._posts = {"/v2/repository/index": self._guarded(self.repository_index)}
+        self._repository_endpoints = {"load": self._guarded(self.repository_load),
+                                      "unload": self._guarded(self.repository_unload)}
         self._model_endpoints = {"": self._guarded(self.model_metadata), "ready": self._guarded(self.model_ready),
                                  "infer": self.infer, "graph": self._guarded(self.update_graph),
                                  "config": self._guarded(self.model_config)}
@@ -195,6 +201,13 @@ class Api:
         endpoint = self._posts.get(path)
         if endpoint is not None:
             return (endpoint, {}) if method == "POST" else self._not_allowed(method, path, "POST")
+        parts = path.split("/")
+        # /v2/repository/models/{model}/load|unload
+        if len(parts) == 6 and parts[:4] == ["", "v2", "repository", "models"] and parts[4] and parts[5] in (
+                "load", "unload"):
+            if method != "POST":
+                return self._not_allowed(method, path, "POST")
+            return self._repository_endpoints[parts[5]], {"model": parts[4]}
         parts = path.split("/")
         # /v2/models/{model}[/versions/{version}][/ready|/infer|/graph]
         if len(parts) >= 4 and parts[0] == "" and parts[1] == "v2" and parts[2] == "models" and parts[3]:
@@ -302,6 +315,39 @@ class Api:
         out += [{"name": n, "version": v, "state": "UNAVAILABLE", "reason": why}
                 for (n, v), why in sorted(self.models.unavailable.items())]
         return Reply.json(out)
+
+    def _repository_control(self, request: Request) -> Repository:
+        """The repository, for a request that carries the server's update token."""
+        if self.repository is None:
+            raise Forbidden("this server serves one model (--model); a model repository (--model-repository) "
+                            "loads and unloads versions")
+        token = self.repository.cfg.updates.token
+        if token is None:
+            raise Forbidden("repository control is disabled on this server (start it with --update-token)")
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(errors="replace"), f"Bearer {token}".encode()):
+            raise Unauthorized("repository control needs 'Authorization: Bearer <token>' with the server's update "
+                               "token")
+        return self.repository
+
+    async def repository_load(self, request: Request) -> Reply:
+        """POST /v2/repository/models/{m}/load: (re)load the model from the repository
+        directory; answers once the versions its policy chooses serve (or failed: the
+        index says why)."""
+        repository = self._repository_control(request)
+        name = request.params["model"]
+        versions = await repository.load(name)
+        failed = {v: why for (n, v), why in repository.models.unavailable.items() if n == name}
+        if not versions:
+            raise Conflict(f"model {name!r} could not be loaded: " + "; ".join(f"version {v}: {why}"
+                                                                               for v, why in failed.items()))
+        return Reply.json({"name": name, "versions": versions, "unavailable": failed})
+
+    async def repository_unload(self, request: Request) -> Reply:
+        """POST /v2/repository/models/{m}/unload: stop serving the model (requests in
+        flight finish first)."""
+        await self._repository_control(request).unload(request.params["model"])
+        return Reply.json({"name": request.params["model"], "unloaded": True})
 
     def model_config(self, request: Request) -> Reply:
         """GET /v2/models/{m}[/versions/{v}]/config: the model's configuration, in the
