@@ -32,6 +32,7 @@ from hybridgnn.serving.batcher import MicroBatcher
 from hybridgnn.serving.graph_requests import GraphRequests
 from hybridgnn.serving.metadata import describe_engine
 from hybridgnn.serving.placement_refresh import PlacementRefresh
+from hybridgnn.serving.statistics import ModelStatistics
 from hybridgnn.serving.updates import UpdateApplier
 from hybridgnn.types import (
     Batch,
@@ -69,6 +70,7 @@ class Engine:
                                                                           r.gpu_features)
         self.updates: UpdateApplier | None = None
         self.follower: Follower | None = None  # applies the update log here (updates on)
+        self.model_stats = ModelStatistics()  # this version's counts, as Triton's statistics extension has them
         self.update_log = r.update_log
         self.placement = PlacementRefresh(r, self.stats)  # seed counts; SIGHUP rebuilds the GPU cache
         self.side = GraphRequests(self)  # lookups, new nodes, graph updates
@@ -294,6 +296,7 @@ class Engine:
             return
         stats.batch_done(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,
                         result.sampled_edges, result.gathered_rows)
+        self.model_stats.executed()
         rt = result.timings
         service_s = rt.sample_s + rt.gather_s + rt.compute_s
         self.control.recent[plan.pipeline].append((batch.psgs, service_s))

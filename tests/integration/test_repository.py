@@ -11,8 +11,11 @@ import pytest
 import requests
 
 httpclient = pytest.importorskip("tritonclient.http")
+grpcclient = pytest.importorskip("tritonclient.grpc")
 
-from hybridgnn.testing.server import ServerProcess  # noqa: E402
+from hybridgnn.testing.server import ServerProcess, free_port  # noqa: E402
+
+TOKEN = "repository-token"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,10 @@ def repo_server(tiny_dataset, tiny_model_pe, tmp_path_factory):
     shutil.copytree(tiny_model_pe, repo / "other" / "3")
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "1" / "config.json").write_text("{}")  # not a model directory
-    srv = ServerProcess(tiny_dataset, None, "--workers", "1", "--model-repository", str(repo)).wait_ready()
+    grpc_port = free_port()
+    srv = ServerProcess(tiny_dataset, None, "--workers", "1", "--model-repository", str(repo), "--grpc-port",
+                        str(grpc_port), "--update-token", TOKEN).wait_ready()
+    srv.grpc_port = grpc_port
     yield srv
     assert srv.stop() == 0
 
@@ -77,8 +83,6 @@ def test_repository_index_and_model_config_as_tritonclient_reads_them(repo_serve
     out = client.infer("sage", [x], model_version="1", parameters={"mode": "precomputed"})
     assert out.as_numpy("logits").shape == (2, 4)
 
-
-TOKEN = "repository-token"
 
 
 def _copy_in(src, dest):
@@ -165,3 +169,52 @@ def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_
         assert r.status_code == 404 and "['m', 'n']" in r.json()["error"]
     finally:
         assert srv.stop() == 0
+
+
+def test_statistics_count_what_each_version_answered(repo_server):
+    client = httpclient.InferenceServerClient(repo_server.url.removeprefix("http://"))
+    before = client.get_inference_statistics("sage", "1")["model_stats"][0]
+    for _ in range(3):
+        assert _lookup(repo_server.url, "/v2/models/sage/versions/1", [1, 2]).status_code == 200
+    assert _lookup(repo_server.url, "/v2/models/sage/versions/1", [10**9]).status_code == 400
+    body = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [2], "data": [3, 4]}]}  # sampled
+    assert requests.post(f"{repo_server.url}/v2/models/sage/versions/1/infer", json=body, timeout=30).ok
+    after = client.get_inference_statistics("sage", "1")["model_stats"][0]
+    s0, s1 = before["inference_stats"], after["inference_stats"]
+    assert s1["success"]["count"] - s0["success"]["count"] == 4 and s1["fail"]["count"] - s0["fail"]["count"] == 1
+    assert after["inference_count"] - before["inference_count"] == 8 and after["execution_count"] >= 1
+    assert s1["success"]["ns"] > s0["success"]["ns"] and s1["compute_infer"]["count"] > s0["compute_infer"]["count"]
+    everything = client.get_inference_statistics()["model_stats"]
+    assert {(m["name"], m["version"]) for m in everything} == {("other", "3"), ("sage", "1"), ("sage", "2")}
+    r = requests.get(f"{repo_server.url}/v2/models/sage/versions/5/stats", timeout=10)
+    assert r.status_code == 404 and "versions: ['1', '2']" in r.json()["error"]
+
+
+def test_the_repository_over_grpc_answers_as_over_rest(repo_server):
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{repo_server.grpc_port}")
+    h = httpclient.InferenceServerClient(repo_server.url.removeprefix("http://"))
+    index = {(m.name, m.version): m.state for m in g.get_model_repository_index().models}
+    assert index[("sage", "1")] == "READY" and index[("broken", "1")] == "UNAVAILABLE"
+    config = g.get_model_config("sage", "2").config
+    assert config.name == "sage" and config.input[0].name == "node_ids" and config.input[0].data_type == 9
+    ids = np.array([4, 8, 15], np.int64)
+    gi = grpcclient.InferInput("node_ids", [3], "INT64")
+    gi.set_data_from_numpy(ids)
+    hi = httpclient.InferInput("node_ids", [3], "INT64")
+    hi.set_data_from_numpy(ids, binary_data=True)
+    for version in ("1", "2"):
+        a = g.infer("sage", [gi], model_version=version, parameters={"mode": "precomputed"}).as_numpy("logits")
+        b = h.infer("sage", [hi], model_version=version, parameters={"mode": "precomputed"}).as_numpy("logits")
+        assert np.array_equal(a, b)
+    stats = g.get_inference_statistics("sage", "2").model_stats[0]
+    assert stats.name == "sage" and stats.inference_stats.success.count >= 1
+    with pytest.raises(grpcclient.InferenceServerException) as err:
+        g.unload_model("other")  # no token
+    assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    g.unload_model("other", headers=auth)  # routing stops before the answer; in-flight requests finish
+    with pytest.raises(grpcclient.InferenceServerException) as err:
+        g.infer("other", [gi], parameters={"mode": "precomputed"})
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    g.load_model("other", headers=auth)
+    assert g.infer("other", [gi], parameters={"mode": "precomputed"}).as_numpy("logits").shape == (3, 4)

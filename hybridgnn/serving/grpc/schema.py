@@ -70,8 +70,39 @@ MESSAGES: dict[str, list[tuple]] = {
                            ("id", 3, "string", False), (*_PARAMS[:1], 4, _PARAMS[1], True),
                            ("outputs", 5, ".inference.ModelInferResponse.InferOutputTensor", True),
                            ("raw_output_contents", 6, "bytes", True)],
+    "RepositoryIndexRequest": [("repository_name", 1, "string", False), ("ready", 2, "bool", False)],
+    "RepositoryIndexResponse.ModelIndex": [("name", 1, "string", False), ("version", 2, "string", False),
+                                           ("state", 3, "string", False), ("reason", 4, "string", False)],
+    "RepositoryIndexResponse": [("models", 1, ".inference.RepositoryIndexResponse.ModelIndex", True)],
+    "ModelRepositoryParameter": [("bool_param", 1, "bool", False), ("int64_param", 2, "int64", False),
+                                 ("string_param", 3, "string", False), ("bytes_param", 4, "bytes", False)],
+    "RepositoryModelLoadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False),
+                                   ("parameters", 3, "map:.inference.ModelRepositoryParameter", True)],
+    "RepositoryModelLoadResponse": [],
+    "RepositoryModelUnloadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False),
+                                     ("parameters", 3, "map:.inference.ModelRepositoryParameter", True)],
+    "RepositoryModelUnloadResponse": [],
+    "StatisticDuration": [("count", 1, "uint64", False), ("ns", 2, "uint64", False)],
+    "InferStatistics": [(stage, i + 1, ".inference.StatisticDuration", False) for i, stage in enumerate(
+        ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss"))],
+    "ModelStatistics": [("name", 1, "string", False), ("version", 2, "string", False),
+                        ("last_inference", 3, "uint64", False), ("inference_count", 4, "uint64", False),
+                        ("execution_count", 5, "uint64", False),
+                        ("inference_stats", 6, ".inference.InferStatistics", False)],
+    "ModelStatisticsRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
+    "ModelStatisticsResponse": [("model_stats", 1, ".inference.ModelStatistics", True)],
+    # The model configuration: the part this server fills in (data_type is Triton's
+    # DataType enum, an int32 on the wire).
+    "ModelInput": [("name", 1, "string", False), ("data_type", 2, "int32", False), ("dims", 4, "int64", True)],
+    "ModelOutput": [("name", 1, "string", False), ("data_type", 2, "int32", False), ("dims", 3, "int64", True)],
+    "ModelConfig": [("name", 1, "string", False), ("platform", 2, "string", False), ("backend", 17, "string", False),
+                    ("max_batch_size", 4, "int32", False), ("input", 5, ".inference.ModelInput", True),
+                    ("output", 6, ".inference.ModelOutput", True)],
+    "ModelConfigRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
+    "ModelConfigResponse": [("config", 1, ".inference.ModelConfig", False)],
 }
-ONEOFS = {"InferParameter": "parameter_choice"}  # every field of the message is in it
+ONEOFS = {"InferParameter": "parameter_choice", "ModelRepositoryParameter": "parameter_choice"}  # all fields in it
+DATA_TYPES = {"INT64": 9, "FP32": 11, "BYTES": 13}  # Triton's DataType: TYPE_INT64, TYPE_FP32, TYPE_STRING
 
 # rpc -> (request, response)
 METHODS = {
@@ -81,6 +112,11 @@ METHODS = {
     "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
     "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
     "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+    "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
+    "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse"),
+    "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
+    "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
+    "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
 }
 
 

@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 
 from hybridgnn import __version__
-from hybridgnn.errors import BadRequest, ServingError, status_of
-from hybridgnn.serving.grpc.schema import METHODS, SERVICE, message
+from hybridgnn.errors import BadRequest, Conflict, ServingError, status_of
+from hybridgnn.serving.grpc.schema import DATA_TYPES, METHODS, SERVICE, message
 from hybridgnn.serving.http.api import Api, graph_version_param
 from hybridgnn.serving.http.codec import (
     ID_OUTPUT,
@@ -163,11 +163,69 @@ class GrpcFrontend:
                 getattr(out, key).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
         return out
 
+    async def model_config(self, request, context):
+        try:
+            engine = self.api.check_model(request.name, request.version or None)
+        except ServingError as exc:
+            await self._fail(context, exc)
+        c = self.api.config_of(engine, request.name)
+        out = self._messages["ModelConfig"][1]()
+        cfg = out.config
+        cfg.name, cfg.platform, cfg.backend, cfg.max_batch_size = c["name"], c["platform"], c["backend"], 0
+        for key, target in (("input", cfg.input), ("output", cfg.output)):
+            for t in c[key]:
+                datatype = t["data_type"].removeprefix("TYPE_").replace("STRING", "BYTES")
+                target.add(name=t["name"], data_type=DATA_TYPES[datatype], dims=t["dims"])
+        return out
+
+    async def model_statistics(self, request, context):
+        try:
+            entries = self.api.stats_entries(request.name or None, request.version or None)
+        except ServingError as exc:
+            await self._fail(context, exc)
+        out = self._messages["ModelStatistics"][1]()
+        for e in entries:
+            m = out.model_stats.add(name=e["name"], version=e["version"], last_inference=e["last_inference"],
+                                    inference_count=e["inference_count"], execution_count=e["execution_count"])
+            for stage, d in e["inference_stats"].items():
+                getattr(m.inference_stats, stage).count = d["count"]
+                getattr(m.inference_stats, stage).ns = d["ns"]
+        return out
+
+    async def repository_index(self, request, context):
+        out = self._messages["RepositoryIndex"][1]()
+        for e in self.api.index_entries():
+            if request.ready and e["state"] != "READY":
+                continue
+            out.models.add(name=e["name"], version=e["version"], state=e["state"], reason=e["reason"])
+        return out
+
+    def _authorization(self, context) -> str:
+        return next((v for k, v in context.invocation_metadata() or () if k == "authorization"), "")
+
+    async def repository_model_load(self, request, context):
+        try:
+            repository = self.api.repository_control(self._authorization(context))
+            versions = await repository.load(request.model_name)
+            if not versions:
+                failed = {v: why for (n, v), why in repository.models.unavailable.items() if n == request.model_name}
+                raise Conflict(f"model {request.model_name!r} could not be loaded: {failed}")
+        except Exception as exc:
+            await self._fail(context, exc)
+        return self._messages["RepositoryModelLoad"][1]()
+
+    async def repository_model_unload(self, request, context):
+        try:
+            await self.api.repository_control(self._authorization(context)).unload(request.model_name)
+        except Exception as exc:
+            await self._fail(context, exc)
+        return self._messages["RepositoryModelUnload"][1]()
+
     async def model_infer(self, request, context):
         started = time.perf_counter()
-        engine = self.engine
+        engine, target = self.engine, None
         try:
-            engine = self.api.check_model(request.model_name, request.model_version or None)
+            engine = target = self.api.check_model(request.model_name, request.model_version or None)
             header, binary = request_parts(request)
             wanted = header["parameters"].get("min_graph_version")
             if wanted is not None and graph_version_param(wanted) > engine.graph_version:
@@ -178,6 +236,8 @@ class GrpcFrontend:
             result = await self.api.dispatch(req, engine)
         except Exception as exc:
             engine.stats.answered(status_of(exc))
+            if target is not None:
+                target.model_stats.failed(time.perf_counter() - started)
             await self._fail(context, exc)
             raise  # not reached: abort raises
         t0 = time.perf_counter()
@@ -194,6 +254,7 @@ class GrpcFrontend:
         engine.stats.stage("respond", result.pipeline, done - t0)
         engine.stats.stage("total", result.pipeline, done - started)
         engine.stats.answered(200, req.num_outputs)
+        engine.model_stats.answered(done - started, req.num_outputs, result.timings, done - t0)
         return out
 
 

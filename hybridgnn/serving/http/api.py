@@ -133,7 +133,7 @@ class Request:
 
 Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
 # Methods each path shape accepts; GET endpoints also answer HEAD.
-_MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET"}
+_MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET", "stats": "GET"}
 
 
 def _chain(fut: asyncio.Future, finish: Callable[[asyncio.Future], Reply],
@@ -180,13 +180,14 @@ class Api:
             "/v2": self._guarded(self.server_metadata),
             "/v2/models": self._guarded(self.list_models),
             "/metrics": self._guarded(self.metrics),
+            "/v2/models/stats": self._guarded(self.model_stats),
         }
         self._posts = {"/v2/repository/index": self._guarded(self.repository_index)}
         self._repository_endpoints = {"load": self._guarded(self.repository_load),
                                       "unload": self._guarded(self.repository_unload)}
         self._model_endpoints = {"": self._guarded(self.model_metadata), "ready": self._guarded(self.model_ready),
                                  "infer": self.infer, "graph": self._guarded(self.update_graph),
-                                 "config": self._guarded(self.model_config)}
+                                 "config": self._guarded(self.model_config), "stats": self._guarded(self.model_stats)}
 
     # --- routing ---------------------------------------------------------------------
     def route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
@@ -310,22 +311,39 @@ class Api:
 
     def repository_index(self, request: Request) -> Reply:
         """POST /v2/repository/index: every model version, READY or UNAVAILABLE (with why)."""
+        return Reply.json(self.index_entries())
+
+    def index_entries(self) -> list[dict]:
         out = [{"name": n, "version": v, "state": "READY" if e.ready else "UNAVAILABLE",
                 "reason": "" if e.ready else "starting or draining"} for n, v, e in self.models.items()]
         out += [{"name": n, "version": v, "state": "UNAVAILABLE", "reason": why}
                 for (n, v), why in sorted(self.models.unavailable.items())]
-        return Reply.json(out)
+        return out
+
+    def model_stats(self, request: Request) -> Reply:
+        """GET /v2/models/{m}[/versions/{v}]/stats (or /v2/models/stats: every model): counts
+        and cumulative nanoseconds per stage, in Triton's statistics extension's form."""
+        return Reply.json({"model_stats": self.stats_entries(request.params.get("model"),
+                                                             request.params.get("version"))})
+
+    def stats_entries(self, name: str | None, version: str | None) -> list[dict]:
+        if name is not None:
+            self.models.get(name, version)  # NotFound naming what exists
+        return [e.model_stats.report(n, v) for n, v, e in self.models.items()
+                if (name is None or n == name) and (version is None or v == version)]
 
     def _repository_control(self, request: Request) -> Repository:
-        """The repository, for a request that carries the server's update token."""
+        return self.repository_control(request.headers.get("authorization", ""))
+
+    def repository_control(self, authorization: str) -> Repository:
+        """The repository, for a request whose Authorization carries the server's update token."""
         if self.repository is None:
             raise Forbidden("this server serves one model (--model); a model repository (--model-repository) "
                             "loads and unloads versions")
         token = self.repository.cfg.updates.token
         if token is None:
             raise Forbidden("repository control is disabled on this server (start it with --update-token)")
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(errors="replace"), f"Bearer {token}".encode()):
+        if not hmac.compare_digest(authorization.encode(errors="replace"), f"Bearer {token}".encode()):
             raise Unauthorized("repository control needs 'Authorization: Bearer <token>' with the server's update "
                                "token")
         return self.repository
@@ -352,10 +370,12 @@ class Api:
     def model_config(self, request: Request) -> Reply:
         """GET /v2/models/{m}[/versions/{v}]/config: the model's configuration, in the
         shape Triton's model configuration takes (what tritonclient's get_model_config reads)."""
-        engine = self._check_model(request)
-        d = self.describe_model(engine, request.params["model"])
+        return Reply.json(self.config_of(self._check_model(request), request.params["model"]))
+
+    def config_of(self, engine: Engine, name: str) -> dict:
+        d = self.describe_model(engine, name)
         triton_type = {"INT64": "TYPE_INT64", "FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
-        return Reply.json({
+        return {
             "name": d["name"], "platform": d["platform"], "backend": "hybridgnn", "max_batch_size": 0,
             "input": [{"name": t["name"], "data_type": triton_type[t["datatype"]], "dims": t["shape"]}
                       for t in d["inputs"]],
@@ -364,7 +384,7 @@ class Api:
             "version_policy": {"specific": {"versions": [int(v) for v in d["versions"] if v.isdigit()]}},
             "parameters": {"fanouts": {"string_value": ",".join(map(str, engine.cfg.sampling.fanouts))},
                            "model_dir": {"string_value": str(engine.cfg.model_dir)}},
-        })
+        }
 
     def metrics(self, request: Request) -> Reply:
         body, content_type = self.engine.stats.exposition()
@@ -401,9 +421,9 @@ class Api:
         """POST /v2/models/{m}/infer: a Reply at once for a bad or refused request, else a
         future of the Reply that resolves when its batch is done."""
         started = time.perf_counter()
-        engine = self.engine
+        engine, target = self.engine, None
         try:
-            engine = self._check_model(request)
+            engine = target = self._check_model(request)
             wanted = _min_graph_version(request)
             if wanted is not None and wanted > engine.graph_version:
                 return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
@@ -414,6 +434,8 @@ class Api:
                                        feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map)
             pending = self.dispatch(req, engine)
         except Exception as exc:
+            if target is not None:  # a request for a model this server has: its statistics count it
+                target.model_stats.failed(time.perf_counter() - started)
             return self._infer_failed(exc)
         if not isinstance(pending, asyncio.Future):
             pending = asyncio.ensure_future(pending)
@@ -421,6 +443,7 @@ class Api:
         def finish(fut: asyncio.Future) -> Reply:
             exc = fut.exception()
             if exc is not None:
+                engine.model_stats.failed(time.perf_counter() - started)
                 return self._infer_failed(exc)
             result = fut.result()
             t0 = time.perf_counter()
@@ -433,6 +456,7 @@ class Api:
             stats.stage("respond", result.pipeline, done - t0)
             stats.stage("total", result.pipeline, done - started)
             stats.answered(200, req.num_outputs)
+            engine.model_stats.answered(done - started, req.num_outputs, result.timings, done - t0)
             content_type = headers.pop("Content-Type")
             return Reply(200, body, content_type, headers or None)
 
