@@ -162,6 +162,10 @@ class ServingStats:
     def watch(self, engine) -> None:
         """Start mirroring `engine`'s state (called once, when the engine is built)."""
 
+    def for_model(self, name: str, version: str) -> ServingStats:
+        """The stats of one model version of a repository (labelled with it, where kept)."""
+        return self
+
     def batch_done(self, pipeline: str, timings: StageTimings, num_seeds: int, num_requests: int, psgs: float,
                    sampled_edges: int, gathered_rows: dict[str, int] | None) -> None:
         """A batch finished on `pipeline`."""

@@ -263,7 +263,8 @@ class Repository:
         try:
             cfg = version_config(self.cfg, model, version)
             await asyncio.to_thread(_ensure_embeddings, cfg, self.base)
-            engine = await asyncio.to_thread(Engine, cfg, self.stats,
+            stats = self.stats.for_model(model.name, str(version)) if self.stats is not None else None
+            engine = await asyncio.to_thread(Engine, cfg, stats,
                                              base=self.base.resources if self.base is not None else None)
             await engine.start()
         except (ConfigError, OSError, ValueError, KeyError, RuntimeError) as exc:

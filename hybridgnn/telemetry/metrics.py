@@ -11,6 +11,8 @@ Labels are small fixed sets (stage, pipeline, model, code, reason), never node i
 
 from __future__ import annotations
 
+import copy
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -43,13 +45,15 @@ class Telemetry(ServingStats):
     def __init__(self, registry: CollectorRegistry | None = None, model: str = "hybridgnn"):
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model = model
+        self.version = "1"  # the label set of a single-model server; for_model() gives others
         r = self.registry
         self.stage_seconds = Histogram(
-            "hybridgnn_stage_seconds", "Time spent per serving stage", ["stage", "pipeline"],
+            "hybridgnn_stage_seconds", "Time spent per serving stage", ["stage", "pipeline", "model", "version"],
             buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter(
-            "hybridgnn_requests", "Inference requests answered, by HTTP status code", ["model", "code"], registry=r)
-        self.seeds = Counter("hybridgnn_seeds", "Seed nodes answered", ["model"], registry=r)
+            "hybridgnn_requests", "Inference requests answered, by HTTP status code", ["model", "version", "code"],
+            registry=r)
+        self.seeds = Counter("hybridgnn_seeds", "Seed nodes answered", ["model", "version"], registry=r)
         self.batch_size = Histogram(
             "hybridgnn_batch_size_seeds", "Seeds per executed batch", ["pipeline"], buckets=SIZE_BUCKETS, registry=r)
         self.batch_requests = Histogram(
@@ -133,8 +137,8 @@ class Telemetry(ServingStats):
         rule has a series from the first scrape rather than after the first such event."""
         c = self._child
         for code in PREDECLARED_CODES:
-            c(self.requests, self.model, code)
-        c(self.seeds, self.model)
+            c(self.requests, self.model, self.version, code)
+        c(self.seeds, self.model, self.version)
         for reason in ("overload", "draining", "behind"):
             c(self.rejected, reason)
         for name in PIPELINES:
@@ -149,7 +153,7 @@ class Telemetry(ServingStats):
             c(self.queue_depth, name)
             c(self.sampled_edges, name)
             for stage in STAGES:
-                c(self.stage_seconds, stage, name)
+                c(self.stage_seconds, stage, name, self.model, self.version)
             for h in (self.batch_size, self.batch_requests, self.batch_psgs):
                 c(h, name)
 
@@ -159,6 +163,13 @@ class Telemetry(ServingStats):
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def for_model(self, name: str, version: str) -> Telemetry:
+        """The same series, with this model and version in their model/version labels (one
+        view per engine of a model repository; the registry and engines are shared)."""
+        view = copy.copy(self)
+        view.model, view.version = name, version
+        return view
 
     def watch(self, engine) -> None:
         """Mirror the engines' state by callback and create the label sets they will use.
@@ -189,10 +200,11 @@ class Telemetry(ServingStats):
     def batch_done(self, pipeline: str, t: StageTimings, num_seeds: int, num_requests: int,
                    psgs: float, sampled_edges: int, gathered_rows: dict[str, int] | None = None) -> None:
         h, c = self.stage_seconds, self._child
-        c(h, "queue_wait", pipeline).observe(t.queue_wait_s)
-        c(h, "sample", pipeline).observe(t.sample_s)
-        c(h, "gather", pipeline).observe(t.gather_s)
-        c(h, "compute", pipeline).observe(t.compute_s)
+        m, v = self.model, self.version
+        c(h, "queue_wait", pipeline, m, v).observe(t.queue_wait_s)
+        c(h, "sample", pipeline, m, v).observe(t.sample_s)
+        c(h, "gather", pipeline, m, v).observe(t.gather_s)
+        c(h, "compute", pipeline, m, v).observe(t.compute_s)
         c(self.batch_size, pipeline).observe(num_seeds)
         c(self.batch_requests, pipeline).observe(num_requests)
         c(self.batch_psgs, pipeline).observe(psgs)
@@ -201,7 +213,7 @@ class Telemetry(ServingStats):
             c(self.gathered_rows, pipeline, tier).inc(rows)
 
     def stage(self, stage: str, pipeline: str, seconds: float) -> None:
-        self._child(self.stage_seconds, stage, pipeline).observe(seconds)
+        self._child(self.stage_seconds, stage, pipeline, self.model, self.version).observe(seconds)
 
     def routed(self, pipeline: str, reason: str) -> None:
         self._child(self.routing, pipeline, reason).inc()
@@ -213,9 +225,9 @@ class Telemetry(ServingStats):
         self._child(self.rejected, reason).inc()
 
     def answered(self, status: int, seeds: int = 0) -> None:
-        self._child(self.requests, self.model, str(status)).inc()
+        self._child(self.requests, self.model, self.version, str(status)).inc()
         if seeds:
-            self._child(self.seeds, self.model).inc(seeds)
+            self._child(self.seeds, self.model, self.version).inc(seeds)
 
     def policy_in_force(self, name: str, changed: bool) -> None:
         self.policy.clear()

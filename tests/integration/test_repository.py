@@ -218,3 +218,18 @@ def test_the_repository_over_grpc_answers_as_over_rest(repo_server):
     assert err.value.status() == "StatusCode.NOT_FOUND"
     g.load_model("other", headers=auth)
     assert g.infer("other", [gi], parameters={"mode": "precomputed"}).as_numpy("logits").shape == (3, 4)
+
+
+def test_prometheus_series_carry_the_model_and_version(repo_server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert _lookup(repo_server.url, "/v2/models/sage/versions/2", [1]).ok
+    assert _lookup(repo_server.url, "/v2/models/other", [1]).ok
+    text = requests.get(f"{repo_server.url}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    answered = {(s.labels["model"], s.labels["version"]) for s in families["hybridgnn_requests"].samples
+                if s.name == "hybridgnn_requests_total" and s.labels["code"] == "200" and s.value > 0}
+    assert {("sage", "2"), ("other", "3")} <= answered
+    staged = {(s.labels["model"], s.labels["version"]) for s in families["hybridgnn_stage_seconds"].samples
+              if s.labels.get("stage") == "total" and s.name.endswith("_count") and s.value > 0}
+    assert {("sage", "2"), ("other", "3")} <= staged

@@ -207,7 +207,7 @@ def test_client_bodies_that_were_500s(tiny_dataset, tiny_model_pe):
             ("full", "pe", "srpe", "sampled")}
     for m in ("pe", "srpe", "sampled"):
         np.testing.assert_allclose(rows[m], rows["full"], rtol=1e-4, atol=1e-5)
-    assert counter(metrics, "hybridgnn_requests_total", code="400", model="hybridgnn") == 4
+    assert counter(metrics, "hybridgnn_requests_total", code="400", model="hybridgnn", version="1") == 4
 
 
 def test_a_lookup_error_inside_the_engine_is_a_500_not_a_409(tiny_dataset, tiny_model_pe, monkeypatch):
