@@ -31,8 +31,14 @@ MOVED = 'reason=~"spill|fallback"'
 GPU_TIER = 'tier="gpu"'
 
 
+# Series labelled with the model and version that answered (a model repository serves several).
+BY_MODEL = ("hybridgnn_requests_total", "hybridgnn_seeds_total", "hybridgnn_stage_seconds_bucket",
+            "hybridgnn_stage_seconds_count")
+MODEL_SEL = 'model=~"$model", version=~"$version"'
+
+
 def rate(metric: str, extra: str = "") -> str:
-    sel = SEL + (", " + extra if extra else "")
+    sel = SEL + (", " + MODEL_SEL if metric in BY_MODEL else "") + (", " + extra if extra else "")
     return f"rate({metric}{{{sel}}}[{RATE}])"
 
 
@@ -56,6 +62,10 @@ PANELS: list[tuple[str, list[tuple]]] = [
            "5xx share")], "timeseries"),
         ("Seeds per second", "Seed nodes answered per second.", "short",
          [(f"sum({rate('hybridgnn_seeds_total')})", "seeds/s")], "timeseries"),
+        ("Requests by model and version", "Answered requests per second per model version (a model repository "
+         "serves several).", "reqps",
+         [(f"sum by (model, version) ({rate('hybridgnn_requests_total')})", "{{model}} v{{version}}")],
+         "timeseries"),
         ("Rejected requests", "Requests refused before admission: overload (429) and draining (503).", "reqps",
          [(f"sum by (reason) ({rate('hybridgnn_rejected_requests_total')})", "{{reason}}")], "timeseries"),
     ]),
@@ -133,6 +143,8 @@ def _variables() -> list[dict]:
          "current": {"text": "Prometheus", "value": "prometheus"}},
         query_var("job", "Job", "label_values(hybridgnn_ready, job)"),
         query_var("instance", "Replica", 'label_values(hybridgnn_ready{job=~"$job"}, instance)'),
+        query_var("model", "Model", 'label_values(hybridgnn_requests_total{job=~"$job"}, model)'),
+        query_var("version", "Version", 'label_values(hybridgnn_requests_total{job=~"$job", model=~"$model"}, version)'),
         {"name": "slo", "label": "Latency SLO (s)", "type": "custom", "query": ",".join(SLO_CHOICES),
          "current": {"text": SLO_DEFAULT, "value": SLO_DEFAULT},
          "options": [{"text": v, "value": v, "selected": v == SLO_DEFAULT} for v in SLO_CHOICES]},

@@ -153,7 +153,7 @@ def test_deployment_drain_contract(name):
     # the graph and model come from the shared read-only volume, not the demo
     mount = next(m for m in c["volumeMounts"] if m["name"] == "data")
     assert mount["readOnly"] and env["HYBRIDGNN_DATASET"].startswith(mount["mountPath"] + "/")
-    assert env["HYBRIDGNN_MODEL"].startswith(mount["mountPath"] + "/")
+    assert env["HYBRIDGNN_MODEL_REPOSITORY"].startswith(mount["mountPath"] + "/")
     claim = next(v for v in pod["volumes"] if v["name"] == "data")["persistentVolumeClaim"]["claimName"]
     assert claim == _k8s("pvc.yaml")["metadata"]["name"]
 

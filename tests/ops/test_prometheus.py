@@ -21,7 +21,8 @@ yaml = pytest.importorskip("yaml")
 pytestmark = [pytest.mark.ops, pytest.mark.slow]
 
 # What Grafana would put in for the dashboard's variables.
-VARIABLES = {"$__rate_interval": "15s", "$job": "hybridgnn", "$instance": ".*", "$slo": "0.05"}
+VARIABLES = {"$__rate_interval": "15s", "$job": "hybridgnn", "$instance": ".*", "$slo": "0.05", "$model": ".*",
+             "$version": ".*"}
 
 
 def dashboard_exprs() -> list[str]:
