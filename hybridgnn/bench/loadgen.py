@@ -39,12 +39,15 @@ class LoadResult:
     p90_ms: float
     p99_ms: float
     max_ms: float
-    # per request (ms; inf where it failed or was refused), when asked for
+    # per request (ms; inf where it failed or was refused), and its scheduled arrival (s
+    # after the start), when asked for
     latencies_ms: list[float] | None = None
+    arrivals_s: list[float] | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("latencies_ms")
+        d.pop("arrivals_s")
         return d
 
 
@@ -256,7 +259,7 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
         start = time.perf_counter()
         latencies, statuses = await _grpc_load(grpc_target, model, np.zeros(len(arrivals)), ids, arrivals, timeout_s)
         return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, latencies, statuses,
-                       keep_latencies)
+                       keep_latencies, arrivals)
     encode = binary_body if binary else json_body
     bodies = [encode(row) for row in ids]
     parsed = urlsplit(url)
@@ -287,11 +290,11 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
         gc.unfreeze()
         pool.close()
     return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, pool.latencies, pool.statuses,
-                   keep_latencies)
+                   keep_latencies, arrivals)
 
 
 def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: int, latencies: np.ndarray,
-            statuses: np.ndarray, keep_latencies: bool) -> LoadResult:
+            statuses: np.ndarray, keep_latencies: bool, arrivals: np.ndarray) -> LoadResult:
     statuses[statuses == 0] = -1
     ok = statuses == 200
     lat_ok = latencies[ok] * 1000.0
@@ -305,6 +308,7 @@ def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: i
         p50_ms=float(q[0]), p90_ms=float(q[1]), p99_ms=float(q[2]),
         max_ms=float(lat_ok.max()) if lat_ok.size else float("nan"),
         latencies_ms=np.where(ok, latencies * 1000.0, np.inf).tolist() if keep_latencies else None,
+        arrivals_s=arrivals.tolist() if keep_latencies else None,
     )
 
 
