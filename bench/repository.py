@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import emit_report, machine  # noqa: E402
 from hybridgnn.bench.loadgen import find_max_rate, run_load  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
-from hybridgnn.testing.durability import get_json  # noqa: E402
+from hybridgnn.testing.durability import get_json, post_json  # noqa: E402
 from hybridgnn.testing.server import ServerProcess, free_port  # noqa: E402
 
 MODEL = "hybridgnn"
@@ -70,23 +70,25 @@ def other_model(dataset: Path, like: Path, out: Path, seed: int) -> Path:
 
 
 def protocols(args, dataset: Path, model: Path) -> dict:
-    gport = free_port()
-    srv = ServerProcess(dataset, model, "--grpc-port", str(gport)).wait_ready(300)
     out = {}
-    try:
-        for seeds in (1, 64):
-            for proto in ("http", "grpc"):
+    for seeds in (1, 64):
+        for proto in ("http", "grpc"):
+            # A fresh server per search: connections an overloaded trial left open must
+            # not count against the next search's connection limit.
+            gport = free_port()
+            srv = ServerProcess(dataset, model, "--grpc-port", str(gport)).wait_ready(300)
+            try:
                 print(f"  {proto}, {seeds} seeds per request:", flush=True)
                 rate, res = asyncio.run(find_max_rate(
                     srv.url, MODEL, slo_ms=args.slo_ms, duration_s=args.duration_s, nodes_per_request=seeds,
                     start_rate=args.start_rate / seeds, grpc_target=f"127.0.0.1:{gport}" if proto == "grpc" else None,
                     log=lambda line: print(line, flush=True)))
-                out[f"{proto}_{seeds}"] = {"rate": rate, "seeds_per_s": res.seeds_per_s if res else 0.0,
-                                           "result": res.to_dict() if res else None}
-            g, h = out[f"grpc_{seeds}"]["seeds_per_s"], out[f"http_{seeds}"]["seeds_per_s"]
-            out[f"grpc_over_http_{seeds}"] = round(g / h, 3) if h else None
-    finally:
-        srv.stop()
+            finally:
+                srv.stop()
+            out[f"{proto}_{seeds}"] = {"rate": rate, "seeds_per_s": res.seeds_per_s if res else 0.0,
+                                       "result": res.to_dict() if res else None}
+        g, h = out[f"grpc_{seeds}"]["seeds_per_s"], out[f"http_{seeds}"]["seeds_per_s"]
+        out[f"grpc_over_http_{seeds}"] = round(g / h, 3) if h else None
     return out
 
 
@@ -99,8 +101,13 @@ def memory(args, dataset: Path, model: Path, tmp: Path) -> dict:
             other_model(dataset, model, repo / "second" / "1", seed=11)
         srv = ServerProcess(dataset, None, "--model-repository", str(repo), "--workers", "1").wait_ready(300)
         try:
-            for name in ["first", "second"][:count]:  # touch every model once
-                get_json(srv.url, f"/v2/models/{name}")
+            everyone = list(range(50_000))
+            for name in ["first", "second"][:count]:  # every embedding row read once: resident
+                for start in range(0, len(everyone), 8192):
+                    ids = everyone[start:start + 8192]
+                    post_json(srv.url, f"/v2/models/{name}/infer", {
+                        "inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [len(ids)], "data": ids}],
+                        "parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}]}, timeout_s=120)
             time.sleep(1.0)  # let allocation settle before reading RSS
             rows.append(rss_mib(srv.proc.pid))
         finally:

@@ -154,7 +154,9 @@ class Engine:
         self._idle.set()
         for p in self.pipelines.values():
             p.start()
-        self.resources.warm_up()  # the first request of each kind is not slow
+        # The first request of each kind is not slow. Off the loop: a version loading into
+        # a running server (a model repository) warms up while the others serve.
+        await asyncio.to_thread(self.resources.warm_up)
         self._batcher_task = asyncio.create_task(self.batcher.run(), name="batcher")
         self.started = True
         self._adapt_task = (asyncio.create_task(self.control.adapt_loop(self._apply_adapted), name="adapt")

@@ -20,6 +20,8 @@ import asyncio
 import dataclasses
 import json
 import logging
+import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,7 +264,7 @@ class Repository:
         t0 = time.perf_counter()
         try:
             cfg = version_config(self.cfg, model, version)
-            await asyncio.to_thread(_ensure_embeddings, cfg, self.base)
+            await _ensure_embeddings(cfg, self.base)
             stats = self.stats.for_model(model.name, str(version)) if self.stats is not None else None
             engine = await asyncio.to_thread(Engine, cfg, stats,
                                              base=self.base.resources if self.base is not None else None)
@@ -322,20 +324,27 @@ def _signature(model: RepositoryModel) -> tuple:
     return tuple(stamps), top.stat().st_mtime_ns if top.is_file() else 0
 
 
-def _ensure_embeddings(cfg, base) -> None:
+async def _ensure_embeddings(cfg, base) -> None:
     """Precompute a version's embeddings when it has none for this dataset (a model
-    dropped into the repository without them)."""
-    from hybridgnn.embeddings.precompute import precompute
+    dropped into the repository without them): in a child process at lower priority, so
+    the versions serving meanwhile keep the interpreter and most of the CPU."""
     from hybridgnn.embeddings.store import EmbeddingStore
     from hybridgnn.graph.store import GraphStore
-    from hybridgnn.models.checkpoint import load_checkpoint
 
-    graph = base.graph if base is not None else GraphStore.open(cfg.dataset_dir)
+    graph = base.graph if base is not None else await asyncio.to_thread(GraphStore.open, cfg.dataset_dir)
     if EmbeddingStore.open(cfg.model_dir, graph.fingerprint) is not None:
         return
     t0 = time.perf_counter()
-    model, _ = load_checkpoint(cfg.model_dir)
-    precompute(graph, model, cfg.model_dir, progress=False)
+    log.info("precomputing the embeddings of %s", cfg.model_dir)
+    nice = [shutil.which("nice"), "-n", "10"] if shutil.which("nice") else []  # not preexec_fn: threads run here
+    proc = await asyncio.create_subprocess_exec(
+        *nice, sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "precompute", "--dataset",
+        str(cfg.dataset_dir), "--model", str(cfg.model_dir), stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        raise ConfigError(f"precomputing the embeddings of {cfg.model_dir} failed: {lines[-1] if lines else proc.returncode}")
     log.info("precomputed the embeddings of %s in %.1fs", cfg.model_dir, time.perf_counter() - t0)
 
 
