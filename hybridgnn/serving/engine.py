@@ -152,11 +152,12 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         torch.set_num_threads(self.cfg.cpu_pipeline.torch_threads)
         self._idle.set()
+        # Off the loop (worker processes take seconds to start, warm-up compiles and runs
+        # the model): a version loading into a running server (a model repository) gets
+        # ready while the others serve.
         for p in self.pipelines.values():
-            p.start()
-        # The first request of each kind is not slow. Off the loop: a version loading into
-        # a running server (a model repository) warms up while the others serve.
-        await asyncio.to_thread(self.resources.warm_up)
+            await asyncio.to_thread(p.start)
+        await asyncio.to_thread(self.resources.warm_up)  # the first request of each kind is not slow
         self._batcher_task = asyncio.create_task(self.batcher.run(), name="batcher")
         self.started = True
         self._adapt_task = (asyncio.create_task(self.control.adapt_loop(self._apply_adapted), name="adapt")
