@@ -212,6 +212,9 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    # The outputs a request that names none gets (None: all); a repository model's
+    # config.json sets it ("outputs": ["logits"]).
+    default_outputs: tuple[str, ...] | None = None
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on")
     grpc_port: int | None = setting(None, "also serve KServe v2 over gRPC on this port (off unless given; 8001 "

@@ -6,7 +6,7 @@
     <repository>/<model name>/config.json    optional: {"version_policy": {"latest":
                                              {"num_versions": N}} | {"specific":
                                              {"versions": [..]}} | {"all": {}},
-                                             "fanouts": [..]}
+                                             "fanouts": [..], "outputs": ["logits", ..]}
 
 Every model and version is served over one graph: the dataset, its workload tables and
 feature stores are loaded once (runtime.Resources shares them); each version has its own
@@ -82,6 +82,7 @@ class RepositoryModel:
     available: list[int]
     policy: VersionPolicy = field(default_factory=VersionPolicy)
     fanouts: tuple[int, ...] | None = None
+    outputs: tuple[str, ...] | None = None  # what a request naming no outputs gets (None: all)
 
     @property
     def chosen(self) -> list[int]:
@@ -117,8 +118,15 @@ def scan_repository(root: Path) -> dict[str, RepositoryModel]:
                 fanouts = parse_fanouts(spec["fanouts"])
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"{cfg_path}: fanouts: {exc}") from exc
+        outputs = spec.get("outputs")
+        if outputs is not None:
+            known = ("logits", "embeddings", "predictions")
+            if not isinstance(outputs, list) or not outputs or not all(o in known for o in outputs):
+                raise ConfigError(f"{cfg_path}: outputs must be a non-empty list of {list(known)}")
+            outputs = tuple(outputs)
         models[path.name] = RepositoryModel(path.name, path, versions,
-                                            VersionPolicy.parse(spec.get("version_policy"), str(cfg_path)), fanouts)
+                                            VersionPolicy.parse(spec.get("version_policy"), str(cfg_path)), fanouts,
+                                            outputs)
     if not models:
         raise ConfigError(f"model repository {root} holds no models (expected <name>/<version>/ directories)")
     return models
@@ -189,7 +197,8 @@ def version_config(cfg, model: RepositoryModel, version: int):
     # The update token guards the repository's load/unload API; a repository's versions
     # take no graph updates.
     return dataclasses.replace(cfg, model_dir=vdir, sampling=dataclasses.replace(cfg.sampling, fanouts=fanouts),
-                               server=dataclasses.replace(cfg.server, model_name=model.name),
+                               server=dataclasses.replace(cfg.server, model_name=model.name,
+                                                          default_outputs=model.outputs),
                                updates=dataclasses.replace(cfg.updates, token=None))
 
 

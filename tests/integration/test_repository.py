@@ -35,6 +35,7 @@ def repo_server(tiny_dataset, tiny_model_pe, tmp_path_factory):
     precompute(GraphStore.open(tiny_dataset), v2, repo / "sage" / "2", progress=False)
     (repo / "sage" / "config.json").write_text('{"version_policy": {"all": {}}}')
     shutil.copytree(tiny_model_pe, repo / "other" / "3")
+    (repo / "other" / "config.json").write_text('{"outputs": ["logits"]}')  # what a request naming none gets
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "1" / "config.json").write_text("{}")  # not a model directory
     grpc_port = free_port()
@@ -64,6 +65,11 @@ def test_requests_are_routed_by_model_and_version(repo_server):
     assert missing.status_code == 404 and "versions: ['1', '2']" in missing.json()["error"]
     unknown = _lookup(url, "/v2/models/broken", [0])
     assert unknown.status_code == 404 and "['other', 'sage']" in unknown.json()["error"]
+    plain = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [1], "data": [1]}],
+             "parameters": {"mode": "precomputed"}}
+    names = {m: [o["name"] for o in requests.post(f"{url}/v2/models/{m}/infer", json=plain, timeout=30).json()["outputs"]]
+             for m in ("other", "sage")}
+    assert names == {"other": ["logits"], "sage": ["logits", "embeddings", "predictions"]}
     meta = requests.get(f"{url}/v2/models/sage", timeout=10).json()
     assert meta["name"] == "sage" and meta["versions"] == ["1", "2"]
 

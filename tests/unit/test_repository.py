@@ -43,6 +43,7 @@ def test_versions_and_policies(tmp_path):
     ({"version_policy": {"newest": {}}}, "unknown version_policy"),
     ({"version_policy": {"latest": {}, "all": {}}}, "one of"),
     ({"fanouts": [0]}, "fanouts"),
+    ({"outputs": ["logits", "secrets"]}, "outputs must be"),
 ])
 def test_bad_configs_are_one_clear_line(tmp_path, config, match):
     with pytest.raises(ConfigError, match=match):

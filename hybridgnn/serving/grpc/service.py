@@ -232,7 +232,7 @@ class GrpcFrontend:
                 await self.api.catch_up(wanted, engine)
             req = decode_infer_parts(header, binary, max_nodes=engine.cfg.server.max_request_nodes,
                                      num_nodes=engine.num_nodes, feature_dim=engine.graph.feature_dim,
-                                     id_map=engine.graph.id_map)
+                                     id_map=engine.graph.id_map, default_outputs=engine.cfg.server.default_outputs)
             result = await self.api.dispatch(req, engine)
         except Exception as exc:
             engine.stats.answered(status_of(exc))

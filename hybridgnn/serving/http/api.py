@@ -431,7 +431,8 @@ class Api:
                 engine.shed_sampled()  # past the bound already: refuse before decoding
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
-                                       feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map)
+                                       feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map,
+                                       default_outputs=engine.cfg.server.default_outputs)
             pending = self.dispatch(req, engine)
         except Exception as exc:
             if target is not None:  # a request for a model this server has: its statistics count it

@@ -112,18 +112,20 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview
 
 def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: int, num_nodes: int,
                          feature_dim: int | None = None, max_edges: int | None = None,
-                         id_map=None) -> InferRequest:
+                         id_map=None, default_outputs: tuple[str, ...] | None = None) -> InferRequest:
     """id_map (graph.idmap.IdMap): the dataset names nodes by external ids, which node_ids
     then holds (INT64 for integer ids, BYTES for names) and the answer echoes as node_ids."""
     header, binary = split_body(body, header_length)
     return decode_infer_parts(header, binary, max_nodes=max_nodes, num_nodes=num_nodes, feature_dim=feature_dim,
-                              max_edges=max_edges, id_map=id_map)
+                              max_edges=max_edges, id_map=id_map, default_outputs=default_outputs)
 
 
 def decode_infer_parts(header: dict, binary: memoryview, *, max_nodes: int, num_nodes: int,
-                       feature_dim: int | None = None, max_edges: int | None = None, id_map=None) -> InferRequest:
+                       feature_dim: int | None = None, max_edges: int | None = None, id_map=None,
+                       default_outputs: tuple[str, ...] | None = None) -> InferRequest:
     """An inference request from its JSON header and binary tail (any transport that can
-    put its request in this form: the gRPC front end does)."""
+    put its request in this form: the gRPC front end does). default_outputs: what a
+    request that names no outputs gets (default: all)."""
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("inference request needs a non-empty 'inputs' list")
@@ -164,7 +166,8 @@ def decode_infer_parts(header: dict, binary: memoryview, *, max_nodes: int, num_
     requested = header.get("outputs")
     names = (*OUTPUT_NAMES, ID_OUTPUT) if req.external_ids is not None else OUTPUT_NAMES
     if requested is None:
-        req.outputs = {n: default_binary for n in names}
+        req.outputs = {n: default_binary for n in names if default_outputs is None or n in default_outputs
+                       or n == ID_OUTPUT}
     else:
         if not isinstance(requested, list):
             raise BadRequest("'outputs' must be a list")
