@@ -162,6 +162,9 @@ class ServingStats:
     def watch(self, engine) -> None:
         """Start mirroring `engine`'s state (called once, when the engine is built)."""
 
+    def unwatch(self, engine) -> None:
+        """Stop mirroring `engine` (a model version unloaded)."""
+
     def for_model(self, name: str, version: str) -> ServingStats:
         """The stats of one model version of a repository (labelled with it, where kept)."""
         return self

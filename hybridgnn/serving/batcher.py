@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from hybridgnn.config import BatcherConfig
+from hybridgnn.errors import Draining
 from hybridgnn.types import Batch, InferenceRequest
 
 
@@ -50,9 +51,17 @@ class MicroBatcher:
         self._capacity.set()
 
     def close(self) -> None:
+        """Stop batching; requests still waiting are answered 503 (a drain that timed out),
+        never left without an answer."""
         self._closed = True
         self._wake.set()
         self._capacity.set()
+        while self._pending:
+            req = self._pending.popleft()
+            if not req.future.done():
+                req.future.set_exception(Draining("server is shutting down; this request was not run",
+                                                  retry_after_s=1.0))
+        self._pending_seeds, self._pending_psgs = 0, 0.0
 
     def _full(self) -> bool:
         return (self._pending_seeds >= self.cfg.max_batch_seeds or len(self._pending) >= self.cfg.max_batch_requests

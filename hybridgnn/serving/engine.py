@@ -71,6 +71,7 @@ class Engine:
         self.updates: UpdateApplier | None = None
         self.follower: Follower | None = None  # applies the update log here (updates on)
         self.model_stats = ModelStatistics()  # this version's counts, as Triton's statistics extension has them
+        self.model_version = "1"  # the version requests name it by (a model repository sets it)
         self.update_log = r.update_log
         self.placement = PlacementRefresh(r, self.stats)  # seed counts; SIGHUP rebuilds the GPU cache
         self.side = GraphRequests(self)  # lookups, new nodes, graph updates

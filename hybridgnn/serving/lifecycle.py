@@ -87,6 +87,8 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     if on_ready is not None:
         on_ready(engine)
     await stop.wait()
+    if repository is not None:
+        repository.begin_shutdown()  # no more loads; answers say Connection: close
     for e in engines():
         e.mark_unready()
     if cfg.server.unready_delay_s > 0:

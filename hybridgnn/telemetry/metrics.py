@@ -164,6 +164,12 @@ class Telemetry(ServingStats):
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def unwatch(self, engine) -> None:
+        """Forget an engine (a model version unloaded): its gauges stop counting, and its
+        memory is not held here."""
+        if engine in self._engines:
+            self._engines.remove(engine)
+
     def for_model(self, name: str, version: str) -> Telemetry:
         """The same series, with this model and version in their model/version labels (one
         view per engine of a model repository; the registry and engines are shared)."""

@@ -141,8 +141,12 @@ def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_
         finally:
             stop.set()
             client.join(60)
-        v2 = _lookup(srv.url, "/v2/models/m/versions/2", [1, 2, 3]).json()["outputs"][0]["data"]
-        assert v2 != v1
+        answer = _lookup(srv.url, "/v2/models/m/versions/2", [1, 2, 3])
+        v2 = answer.json()["outputs"][0]["data"]
+        assert v2 != v1 and answer.json()["model_version"] == "2"
+        # The retired version's drain is not the server's: connections stay open, ready stays 1.
+        assert answer.headers.get("Connection", "").lower() != "close"
+        assert "hybridgnn_ready 1.0" in requests.get(f"{srv.url}/metrics", timeout=10).text
         assert [s for s, _ in answers if s != 200] == [], "a request failed during the switch"
         kinds = ["v1" if a == v1 else "v2" if a == v2 else "?" for _, a in answers]
         assert "?" not in kinds and kinds[0] == "v1" and kinds[-1] == "v2"
@@ -168,11 +172,27 @@ def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_
         r = requests.post(f"{srv.url}/v2/repository/models/n/unload", headers=auth, timeout=60)
         assert r.status_code == 200, r.text
         assert _lookup(srv.url, "/v2/models/n", [1]).status_code == 404
+        time.sleep(0.6)  # three polls: an unloaded model stays unloaded
+        assert _lookup(srv.url, "/v2/models/n", [1]).status_code == 404
         r = requests.post(f"{srv.url}/v2/repository/models/n/load", headers=auth, timeout=120)
         assert r.status_code == 200 and r.json()["versions"] == ["1"], r.text
         assert _lookup(srv.url, "/v2/models/n", [1, 2, 3]).json()["outputs"][0]["data"] == v1
         r = requests.post(f"{srv.url}/v2/repository/models/zzz/load", headers=auth, timeout=30)
         assert r.status_code == 404 and "['m', 'n']" in r.json()["error"]
+
+        # A change to a served version's configuration takes effect at the next poll.
+        (repo / "n" / "config.json").write_text('{"outputs": ["predictions"]}')
+        plain = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [1], "data": [1]}]}
+        deadline = time.monotonic() + 60
+        while [o["name"] for o in requests.post(f"{srv.url}/v2/models/n/infer", json=plain,
+                                                timeout=30).json()["outputs"]] != ["predictions"]:
+            assert time.monotonic() < deadline, "the new configuration was never served"
+            time.sleep(0.1)  # poll interval; bounded by the deadline
+        # A bad configuration leaves what serves in place and says why.
+        (repo / "n" / "config.json").write_text('{"version_policy": {"latest": 3}}')
+        r = requests.post(f"{srv.url}/v2/repository/models/n/load", headers=auth, timeout=30)
+        assert r.status_code == 409 and "must be an object" in r.json()["error"]
+        assert _lookup(srv.url, "/v2/models/n", [1]).status_code == 200
     finally:
         assert srv.stop() == 0
 

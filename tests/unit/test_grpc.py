@@ -76,3 +76,23 @@ def test_errors_map_to_grpc_status_codes():
     assert grpc_code(Overloaded("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert grpc_code(ServiceUnavailable("x")) == grpc.StatusCode.UNAVAILABLE
     assert grpc_code(RuntimeError("bug")) == grpc.StatusCode.INTERNAL
+
+
+def test_huge_declared_inputs_are_413s_before_any_element_is_decoded():
+    import time
+
+    from hybridgnn.errors import PayloadTooLarge
+
+    req = message("ModelInferRequest")(model_name="m")
+    req.inputs.add(name="node_ids", datatype="BYTES", shape=[4_000_000])
+    req.raw_input_contents.append(b"\0\0\0\0" * 4_000_000)  # 4M empty strings
+    header, binary = request_parts(req)
+    t0 = time.perf_counter()
+    with pytest.raises(PayloadTooLarge, match="4000000 elements"):
+        decode_infer_parts(header, binary, max_nodes=8192, num_nodes=100)
+    assert time.perf_counter() - t0 < 0.1
+    typed = message("ModelInferRequest")(model_name="m")
+    typed.inputs.add(name="node_ids", datatype="BYTES", shape=[100_000]).contents.bytes_contents.extend(
+        [b""] * 100_000)
+    with pytest.raises(PayloadTooLarge, match="100000 elements"):
+        request_parts(typed, max_elements=1000)

@@ -18,7 +18,16 @@ import grpc
 import numpy as np
 
 from hybridgnn import __version__
-from hybridgnn.errors import BadRequest, Conflict, ServingError, status_of
+from hybridgnn.errors import (
+    BadRequest,
+    ConfigError,
+    Conflict,
+    Draining,
+    Overloaded,
+    PayloadTooLarge,
+    ServingError,
+    status_of,
+)
 from hybridgnn.serving.grpc.schema import DATA_TYPES, METHODS, SERVICE, message
 from hybridgnn.serving.http.api import Api, graph_version_param
 from hybridgnn.serving.http.codec import (
@@ -58,8 +67,9 @@ def _param(p) -> object:
     return None if kind is None else getattr(p, kind)
 
 
-def request_parts(request) -> tuple[dict, memoryview]:
-    """The REST form of a ModelInferRequest: (JSON-like header, binary tail)."""
+def request_parts(request, max_elements: int | None = None) -> tuple[dict, memoryview]:
+    """The REST form of a ModelInferRequest: (JSON-like header, binary tail).
+    max_elements: typed contents longer than this are a 413 before they are copied."""
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise BadRequest(f"raw_input_contents holds {len(raw)} tensors but the request names {len(request.inputs)} "
@@ -71,7 +81,10 @@ def request_parts(request) -> tuple[dict, memoryview]:
             entry["parameters"] = {"binary_data_size": len(raw[i])}
         else:
             field = _CONTENTS.get(t.datatype)
-            values = list(getattr(t.contents, field)) if field is not None else []
+            contents = getattr(t.contents, field) if field is not None else ()
+            if max_elements is not None and len(contents) > max_elements:
+                raise PayloadTooLarge(f"input {t.name!r} holds {len(contents)} elements; the limit is {max_elements}")
+            values = list(contents)
             if t.datatype == "BYTES":
                 try:
                     values = [v.decode() for v in values]
@@ -123,6 +136,10 @@ class GrpcFrontend:
             await self.server.stop(grace_s)
 
     async def _fail(self, context, exc: BaseException) -> None:
+        if isinstance(exc, ConfigError):  # a repository that cannot be read now: the client can do nothing
+            exc = Conflict(str(exc))
+        if isinstance(exc, (Overloaded, Draining)):
+            self.engine.stats.refused(exc.reason)
         if not isinstance(exc, ServingError):
             log.error("gRPC request failed", exc_info=exc)
             message_ = "internal server error"
@@ -226,7 +243,8 @@ class GrpcFrontend:
         engine, target = self.engine, None
         try:
             engine = target = self.api.check_model(request.model_name, request.model_version or None)
-            header, binary = request_parts(request)
+            header, binary = request_parts(request, 2 * engine.cfg.server.max_request_nodes
+                                           * max(1, engine.graph.feature_dim))
             wanted = header["parameters"].get("min_graph_version")
             if wanted is not None and graph_version_param(wanted) > engine.graph_version:
                 await self.api.catch_up(wanted, engine)
@@ -244,8 +262,8 @@ class GrpcFrontend:
         tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
         if req.external_ids is not None:
             tensors[ID_OUTPUT] = req.external_ids
-        out = self._messages["ModelInfer"][1](model_name=request.model_name,
-                                              model_version=request.model_version or "", id=req.request_id or "")
+        out = self._messages["ModelInfer"][1](model_name=request.model_name, model_version=engine.model_version,
+                                              id=req.request_id or "")
         for name in req.outputs:
             arr = np.asarray(tensors[name])
             out.outputs.add(name=name, datatype=datatype_of(arr), shape=list(arr.shape))

@@ -25,6 +25,7 @@ from urllib.parse import unquote
 from hybridgnn import __version__
 from hybridgnn.errors import (
     BadRequest,
+    ConfigError,
     Conflict,
     Draining,
     Forbidden,
@@ -285,6 +286,11 @@ class Api:
         return self.error_reply(PayloadTooLarge(
             f"request body too large (limit {self.engine.cfg.server.max_body_bytes} bytes)"))
 
+    @property
+    def draining(self) -> bool:
+        """Whether the server is shutting down (every answer then says Connection: close)."""
+        return self.repository.closing if self.repository is not None else self.engine.draining
+
     def _check_model(self, request: Request) -> Engine:
         return self.check_model(request.params["model"], request.params.get("version"))
 
@@ -354,7 +360,10 @@ class Api:
         index says why)."""
         repository = self._repository_control(request)
         name = request.params["model"]
-        versions = await repository.load(name)
+        try:
+            versions = await repository.load(name)
+        except ConfigError as exc:  # the repository itself is unreadable now
+            raise Conflict(str(exc)) from exc
         failed = {v: why for (n, v), why in repository.models.unavailable.items() if n == name}
         if not versions:
             raise Conflict(f"model {name!r} could not be loaded: " + "; ".join(f"version {v}: {why}"
@@ -382,8 +391,7 @@ class Api:
             "output": [{"name": t["name"], "data_type": triton_type[t["datatype"]], "dims": t["shape"]}
                        for t in d["outputs"]],
             "version_policy": {"specific": {"versions": [int(v) for v in d["versions"] if v.isdigit()]}},
-            "parameters": {"fanouts": {"string_value": ",".join(map(str, engine.cfg.sampling.fanouts))},
-                           "model_dir": {"string_value": str(engine.cfg.model_dir)}},
+            "parameters": {"fanouts": {"string_value": ",".join(map(str, engine.cfg.sampling.fanouts))}},
         }
 
     def metrics(self, request: Request) -> Reply:
@@ -437,7 +445,7 @@ class Api:
         except Exception as exc:
             if target is not None:  # a request for a model this server has: its statistics count it
                 target.model_stats.failed(time.perf_counter() - started)
-            return self._infer_failed(exc)
+            return self._infer_failed(exc, engine)
         if not isinstance(pending, asyncio.Future):
             pending = asyncio.ensure_future(pending)
 
@@ -445,13 +453,14 @@ class Api:
             exc = fut.exception()
             if exc is not None:
                 engine.model_stats.failed(time.perf_counter() - started)
-                return self._infer_failed(exc)
+                return self._infer_failed(exc, engine)
             result = fut.result()
             t0 = time.perf_counter()
             tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
             if req.external_ids is not None:
                 tensors[ID_OUTPUT] = req.external_ids
-            body, headers = encode_infer_response(request.params["model"], req.request_id, tensors, req.outputs)
+            body, headers = encode_infer_response(request.params["model"], req.request_id, tensors, req.outputs,
+                                                  model_version=engine.model_version)
             done = time.perf_counter()
             stats = engine.stats
             stats.stage("respond", result.pipeline, done - t0)
@@ -461,7 +470,7 @@ class Api:
             content_type = headers.pop("Content-Type")
             return Reply(200, body, content_type, headers or None)
 
-        return _chain(pending, finish, self._infer_failed)
+        return _chain(pending, finish, lambda exc: self._infer_failed(exc, engine))
 
     async def _infer_when_caught_up(self, request: Request, wanted: int, engine: Engine) -> Reply:
         """Read your writes: wait (bounded) until this replica has applied graph version
@@ -469,7 +478,7 @@ class Api:
         try:
             await self.catch_up(wanted, engine)
         except Exception as exc:
-            return self._infer_failed(exc)
+            return self._infer_failed(exc, engine)
         reply = self.infer(request)
         return reply if isinstance(reply, Reply) else await reply
 
@@ -486,10 +495,11 @@ class Api:
                                      f"{wanted}; retry (another replica may have it)",
                                      retry_after_s=max(0.1, engine.cfg.updates.max_catch_up_s))
 
-    def _infer_failed(self, exc: BaseException) -> Reply:
-        """error_reply() for an inference that failed or was refused, counted by status."""
+    def _infer_failed(self, exc: BaseException, engine: Engine | None = None) -> Reply:
+        """error_reply() for an inference that failed or was refused, counted by status
+        (under the model version asked for, when there is one)."""
         reply = self.error_reply(exc, "infer")
-        self.engine.stats.answered(reply.status)
+        (engine if engine is not None else self.engine).stats.answered(reply.status)
         return reply
 
     def dispatch(self, req, engine: Engine | None = None):

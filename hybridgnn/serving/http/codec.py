@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hybridgnn.errors import BadRequest, brief
+from hybridgnn.errors import BadRequest, PayloadTooLarge, brief
 
 try:  # optional fast path; the stdlib encoder is the fallback
     import orjson as _orjson
@@ -133,9 +133,15 @@ def decode_infer_parts(header: dict, binary: memoryview, *, max_nodes: int, num_
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
 
+    # Element caps checked on the declared shapes before any element is decoded (twice the
+    # node limit, so requests just past it still get the limit's own message below).
+    width = max(1, feature_dim or 1)
+    edges = max_edges if max_edges is not None else 64 * max_nodes
+    limits = {INPUT_NAME: 2 * max_nodes, "query_ids": 2 * max_nodes, "features": 2 * max_nodes * width,
+              "edge_index": 4 * edges}
     tensors = decode_inputs(inputs, binary, INPUTS,
                             f"this model takes {INPUT_NAME!r} (INT64 [n]) for existing nodes, or 'features' "
-                            "(FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes")
+                            "(FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes", limits)
     req = InferRequest(parameters=params)
     if "features" in tensors or "edge_index" in tensors:
         if INPUT_NAME in tensors:
@@ -197,9 +203,11 @@ def _request_id(rid) -> str | None:
     return rid
 
 
-def decode_inputs(inputs: list, binary: memoryview, specs: dict, accepted: str) -> dict[str, np.ndarray]:
+def decode_inputs(inputs: list, binary: memoryview, specs: dict, accepted: str,
+                  limits: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Named tensors of a request's `inputs`, each checked against specs[name] =
-    (datatypes, layout); binary inputs consume the tail in order, which must be used up."""
+    (datatypes, layout); binary inputs consume the tail in order, which must be used up.
+    limits: the most elements an input may declare (413 before any element is decoded)."""
     tensors: dict[str, np.ndarray] = {}
     offset = 0
     for inp in inputs:
@@ -210,7 +218,8 @@ def decode_inputs(inputs: list, binary: memoryview, specs: dict, accepted: str) 
             raise BadRequest(f"unknown input {brief(name)}; {accepted}")
         if name in tensors:
             raise BadRequest(f"input {name!r} appears twice")
-        arr, used = decode_tensor(inp, binary[offset:], *specs[name])
+        arr, used = decode_tensor(inp, binary[offset:], *specs[name],
+                                  limit=limits.get(name) if limits is not None else None)
         offset += used
         tensors[name] = arr
     if offset != len(binary):
@@ -232,7 +241,8 @@ def _check_shape(name, shape, layout):
         raise BadRequest(f"input {name!r} must be [2, m] (sources, targets), got shape {brief(shape)}")
 
 
-def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], layout: str) -> tuple[np.ndarray, int]:
+def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], layout: str,
+                  limit: int | None = None) -> tuple[np.ndarray, int]:
     name = inp.get("name")
     datatype = inp.get("datatype")
     shape = inp.get("shape")
@@ -243,6 +253,8 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
                          f"2**48), got {brief(shape)}")
     _check_shape(name, shape, layout)
     count = math.prod(shape)  # a Python product: np.prod on a short list costs more than the rest of decoding
+    if limit is not None and count > limit:
+        raise PayloadTooLarge(f"input {name!r} declares {count} elements; the limit is {limit}")
     if datatype == "BYTES":
         arr, used = decode_bytes(inp, binary, count)
         return (arr.reshape(shape) if layout != "ids" else arr), used
@@ -422,7 +434,7 @@ def raw_tensor(arr: np.ndarray) -> bytes:
 
 
 def encode_infer_response(model_name: str, request_id: str | None, tensors: dict[str, np.ndarray],
-                          outputs: dict[str, bool]) -> tuple[bytes, dict[str, str]]:
+                          outputs: dict[str, bool], model_version: str | None = None) -> tuple[bytes, dict[str, str]]:
     """Returns (body, headers). Binary outputs follow the JSON header in output order."""
     entries, blobs = [], []
     for name, binary in outputs.items():
@@ -437,6 +449,8 @@ def encode_infer_response(model_name: str, request_id: str | None, tensors: dict
             entry["data"] = arr.reshape(-1).tolist()
         entries.append(entry)
     header = {"model_name": model_name, "outputs": entries}
+    if model_version is not None:
+        header["model_version"] = model_version  # the version that answered
     if request_id is not None:
         header["id"] = request_id
     head = _dumps(header)

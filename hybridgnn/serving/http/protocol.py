@@ -108,7 +108,7 @@ class HttpServer:
         return self._server.sockets[0].getsockname()[1]
 
     def draining(self) -> bool:
-        return self.closing or self.api.engine.draining
+        return self.closing or self.api.draining
 
     async def _sweep(self) -> None:
         """Close idle connections, time out slow requests and stuck readers. A sweep over
