@@ -22,6 +22,10 @@ class EchoApi:
     def __init__(self):
         self.engine = _Engine()
 
+    @property
+    def draining(self):  # as Api.draining: the server is shutting down
+        return self.engine.draining
+
     def internal_error(self, where, exc=None):
         return Reply.json({"error": "internal server error", "request_id": "test"}, 500)
 
