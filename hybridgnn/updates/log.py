@@ -15,6 +15,7 @@ is never replayed against another.
 
 from __future__ import annotations
 
+import abc
 import sqlite3
 import threading
 import time
@@ -35,26 +36,26 @@ class LogEntry:
     body: bytes
 
 
-class UpdateLog:
+class UpdateLog(abc.ABC):
     """Append-only entries, read in position order. Thread-safe."""
 
     url: str
     log_id: str
     durable: bool = True
 
+    @abc.abstractmethod
     def append(self, body: bytes) -> int:
         """Store one entry durably; returns its position. ServiceUnavailable when the log
         cannot be reached (nothing was appended, or it will be read like any entry)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read(self, after: int, limit: int, block_s: float = 0.0) -> list[LogEntry]:
         """Up to `limit` entries after position `after`, in order; waits up to block_s for
         one when there are none."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def head(self) -> int:
         """The last appended position (0: empty)."""
-        raise NotImplementedError
 
     def close(self) -> None:
         pass

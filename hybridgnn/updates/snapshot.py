@@ -49,26 +49,10 @@ def model_fingerprint(model_dir: Path) -> str:
 
 @dataclass
 class Snapshot:
-    """A snapshot read back (arrays memory-mapped)."""
+    """The state at one log position: captured from the live graph (copies, to write;
+    path None) or read back from disk (arrays memory-mapped)."""
 
-    path: Path
-    position: int
-    graph_version: int
-    indptr: np.ndarray
-    indices: np.ndarray
-    features: np.ndarray
-    alive: np.ndarray
-    added_ids: np.ndarray | None
-    layers: list[np.ndarray] | None
-    output: np.ndarray | None
-    aggregates: list[np.ndarray | None] | None
-    keys: list[tuple[str, str, dict]]
-
-
-@dataclass
-class Captured:
-    """A consistent copy of the state to write (taken between two log entries)."""
-
+    path: Path | None
     position: int
     graph_version: int
     indptr: np.ndarray
@@ -149,7 +133,7 @@ class Snapshots:
             self.last_position = max(self.last_position, mine[-1][0])
         return position - self.last_position >= self.every
 
-    def capture(self, position: int, graph, incremental, keys) -> Captured:
+    def capture(self, position: int, graph, incremental, keys) -> Snapshot:
         """Copy what a snapshot at `position` holds (call between entries, from the
         follower: the graph's read lock keeps it consistent against compaction)."""
         with graph.lock.read():
@@ -165,10 +149,10 @@ class Snapshots:
             aggregates = ([None if a is None else np.array(a[:n]) for a in incremental.aggregates]
                           if incremental is not None else None)
             version = graph.version
-        return Captured(position, version, indptr, indices, features, alive, added, layers, output, aggregates,
+        return Snapshot(None, position, version, indptr, indices, features, alive, added, layers, output, aggregates,
                         [(k, d, a) for k, (d, a) in keys.items()])
 
-    def write(self, c: Captured) -> Path | None:
+    def write(self, c: Snapshot) -> Path | None:
         """Write a captured state; returns its directory (None: one for this position was
         already there, e.g. written by another replica)."""
         final = self.root / f"{c.position:012d}-{self.log_id[:12]}-{self.model_fingerprint}"

@@ -18,6 +18,20 @@ from hybridgnn.testing.server import ServerProcess, free_port  # noqa: E402
 TOKEN = "repository-token"
 
 
+def _until(condition, what: str, timeout_s: float = 60.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` past the deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # poll interval; bounded by the deadline
+
+
+def _index(url: str) -> dict:
+    return {(e["name"], e["version"]): e for e in requests.post(f"{url}/v2/repository/index", timeout=10).json()}
+
+
 @pytest.fixture(scope="module")
 def repo_server(tiny_dataset, tiny_model_pe, tmp_path_factory):
     import torch
@@ -100,7 +114,6 @@ def _copy_in(src, dest):
 
 def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_dataset, tiny_model_pe, tmp_path):
     import threading
-    import time
 
     import torch
 
@@ -126,18 +139,16 @@ def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_
                 while not stop.is_set():
                     r = s.post(f"{srv.url}/v2/models/m/infer", json=body, timeout=30)
                     answers.append((r.status_code, r.json()["outputs"][0]["data"] if r.ok else r.text))
-                    time.sleep(0.01)
 
         client = threading.Thread(target=load)
         client.start()
         try:
-            time.sleep(0.5)  # answers from version 1 first
+            _until(lambda: len(answers) >= 20, "answers from version 1 first")
             _copy_in(tmp_path / "v2", repo / "m" / "2")
-            deadline = time.monotonic() + 120
-            while requests.get(f"{srv.url}/v2/models/m", timeout=10).json()["versions"] != ["2"]:
-                assert time.monotonic() < deadline, "version 2 never replaced version 1"
-                time.sleep(0.1)  # poll interval; bounded by the deadline
-            time.sleep(0.5)  # answers from version 2 after
+            _until(lambda: requests.get(f"{srv.url}/v2/models/m", timeout=10).json()["versions"] == ["2"],
+                   "version 2 replacing version 1", 120)
+            switched = len(answers)
+            _until(lambda: len(answers) >= switched + 20, "answers from version 2 after")
         finally:
             stop.set()
             client.join(60)
@@ -156,14 +167,8 @@ def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_
         (repo / "m" / ".incoming-3").mkdir()
         (repo / "m" / ".incoming-3" / "config.json").write_text("{}")
         (repo / "m" / ".incoming-3").rename(repo / "m" / "3")
-        deadline = time.monotonic() + 60
-        while True:
-            index = {(e["name"], e["version"]): e for e in
-                     requests.post(f"{srv.url}/v2/repository/index", timeout=10).json()}
-            if ("m", "3") in index:
-                break
-            assert time.monotonic() < deadline, index
-            time.sleep(0.1)  # poll interval; bounded by the deadline
+        _until(lambda: ("m", "3") in _index(srv.url), "version 3 in the index")
+        index = _index(srv.url)
         assert index[("m", "3")]["state"] == "UNAVAILABLE" and "class" in index[("m", "3")]["reason"]
         assert _lookup(srv.url, "/v2/models/m", [1, 2, 3]).json()["outputs"][0]["data"] == v2
 
@@ -172,7 +177,9 @@ def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_
         r = requests.post(f"{srv.url}/v2/repository/models/n/unload", headers=auth, timeout=60)
         assert r.status_code == 200, r.text
         assert _lookup(srv.url, "/v2/models/n", [1]).status_code == 404
-        time.sleep(0.6)  # three polls: an unloaded model stays unloaded
+        # A poll after the unload (it sees version 3 gone) leaves the unloaded model alone.
+        (repo / "m" / "3").rename(repo / "m" / ".gone-3")
+        _until(lambda: ("m", "3") not in _index(srv.url), "a poll after the unload")
         assert _lookup(srv.url, "/v2/models/n", [1]).status_code == 404
         r = requests.post(f"{srv.url}/v2/repository/models/n/load", headers=auth, timeout=120)
         assert r.status_code == 200 and r.json()["versions"] == ["1"], r.text
@@ -183,11 +190,9 @@ def test_a_new_version_switches_under_load_and_a_broken_one_leaves_the_old(tiny_
         # A change to a served version's configuration takes effect at the next poll.
         (repo / "n" / "config.json").write_text('{"outputs": ["predictions"]}')
         plain = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [1], "data": [1]}]}
-        deadline = time.monotonic() + 60
-        while [o["name"] for o in requests.post(f"{srv.url}/v2/models/n/infer", json=plain,
-                                                timeout=30).json()["outputs"]] != ["predictions"]:
-            assert time.monotonic() < deadline, "the new configuration was never served"
-            time.sleep(0.1)  # poll interval; bounded by the deadline
+        _until(lambda: [o["name"] for o in requests.post(f"{srv.url}/v2/models/n/infer", json=plain,
+                                                         timeout=30).json()["outputs"]] == ["predictions"],
+               "the new configuration served")
         # A bad configuration leaves what serves in place and says why.
         (repo / "n" / "config.json").write_text('{"version_policy": {"latest": 3}}')
         r = requests.post(f"{srv.url}/v2/repository/models/n/load", headers=auth, timeout=30)
