@@ -78,13 +78,13 @@ from bench.common import (  # noqa: E402
     BASELINE_REV,
     heavy_setup,
     machine,
-    metrics_text,
     serve_revision,
     thread_cpu_seconds,
 )
 from hybridgnn.bench.loadgen import HEADER_LENGTH, _http_request  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
+from hybridgnn.testing.server import metrics_text  # noqa: E402
 
 SERVICE_STAGES = ("sample", "gather", "compute")
 # 429 messages: the current server's queue-delay admission, and the cap on requests in

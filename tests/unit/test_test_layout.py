@@ -41,3 +41,24 @@ def test_unit_tests_open_no_sockets_and_start_no_processes():
         if bad:
             offenders.append(f"{path.relative_to(ROOT)}: {', '.join(bad)}")
     assert not offenders, "move these to tests/integration:\n" + "\n".join(offenders)
+
+
+def test_every_name_a_bench_script_imports_exists():
+    """Bench scripts run by hand, not in CI: a helper moved elsewhere must not leave one
+    failing at its first line. Each `from hybridgnn... / bench... import name` is resolved."""
+    import importlib
+
+    missing = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] in ("hybridgnn", "bench")):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name):
+                    try:
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    except ImportError:
+                        missing.append(f"{path.relative_to(ROOT)}: {node.module}.{alias.name}")
+    assert not missing, "bench scripts import names that do not exist:\n" + "\n".join(missing)
