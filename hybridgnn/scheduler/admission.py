@@ -101,15 +101,22 @@ class Lane:
     def completed(self, work: float, now: float) -> None:
         """Count `work` finished at time `now` (seconds, monotonic) towards the backlogged
         throughput: a window of at least WINDOW_S in which work was always waiting gives
-        one sample; a window in which the lane ran dry is discarded."""
+        one sample. A window in which the lane ran dry says how fast work arrived, not how
+        fast it can be served, so it can only raise the estimate (what was done is possible)."""
         if self._win_t0 is None or now < self._win_t0:
             self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self.queued >= self._backlog
             return
         self._win_work += work
         if now - self._win_t0 >= WINDOW_S:
+            rate = self._win_work / (now - self._win_t0)
             if self._win_backlogged:
-                rate = self._win_work / (now - self._win_t0)
                 self.throughput = rate if self.throughput is None else self.throughput + 0.3 * (rate - self.throughput)
+            elif self.throughput is not None and rate > self.throughput:
+                # The lane just completed work faster than its backlogged estimate allows:
+                # that estimate is stale (measured under heavier contention, or cold). It must
+                # not wait for a backlog to be corrected: refusing by it keeps the backlog from
+                # forming, and the lane would refuse at a fraction of its capacity for good.
+                self.throughput += 0.3 * (rate - self.throughput)
             self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self.queued >= self._backlog
 
     def observe(self, work: float, seconds: float) -> None:

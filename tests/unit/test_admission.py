@@ -143,3 +143,29 @@ def test_a_window_in_which_the_lane_ran_dry_is_not_a_throughput_sample():
     lane.remove(5)  # ran dry: the window's rate says how fast work arrived, not how fast it is served
     lane.completed(5, 0.1)
     assert lane.throughput is None
+
+
+def test_a_stale_low_throughput_is_raised_by_what_the_lane_completes_without_a_backlog():
+    """A throughput measured while cold (or under heavier contention) would otherwise
+    stick: refusing by it keeps the queue under the backlog that measures it again."""
+    lane = Lane("sampled", servers=1, full_batch=10)
+    for _ in range(10):
+        lane.observe(10, 0.001)
+    lane.throughput = 100.0  # stale: the lane really completes about 1,000 units/s
+    lane.add(5)  # never backlogged (under one full batch)
+    t = 0.0
+    lane.completed(0, t)
+    for _ in range(40):  # 10 units every 10 ms: 1,000 units/s
+        t += 0.01
+        lane.completed(10, t)
+    assert lane.throughput > 900
+    assert lane.delay_s() < 0.01  # 5 units at ~1,000/s, not 50 ms at the stale 100/s
+
+
+def test_a_slow_window_without_a_backlog_does_not_lower_the_throughput():
+    lane = Lane("sampled", servers=1, full_batch=10)
+    lane.observe(10, 0.001)
+    lane.throughput = 1000.0
+    lane.completed(0, 0.0)
+    lane.completed(1, 0.1)  # little arrived: 10 units/s says nothing of the lane's capacity
+    assert lane.throughput == 1000.0
