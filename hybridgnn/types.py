@@ -85,6 +85,7 @@ class InferenceRequest:
     future: asyncio.Future
     arrival_s: float
     psgs: float = 0.0  # summed PSGS of its seeds (filled when the batcher bounds batch PSGS)
+    predicted_wait_s: float = 0.0  # admission's model prediction of its wait (calibrated against the real one)
 
 
 @dataclass

@@ -13,7 +13,11 @@ each batch's own service time, which says nothing of the cores the servers share
 each other and with the event loop; so a lane also measures its throughput while it is
 backlogged (work completed per second in windows when work was always waiting), and
 the delay is the larger of the two: Q / throughput bounds it from below whatever the
-machine's cores. A request is
+machine's cores. Both describe an average; the promise is about the tail. So a lane
+can also be calibrated: each admitted request's prediction is compared with the wait
+it then saw, and predictions are scaled by a high quantile of actual ÷ predicted over
+recent requests (CALIBRATION_QUANTILE; predictions under a fifth of the bound are not
+compared: there a request's own service, not the queue, makes the wait). A request is
 admitted while delay(queued + its own work) stays within the bound, else refused with
 Retry-After ≈ the excess. Before a lane has measured anything it admits (the pending
 count still caps memory). Every request kind passes through here.
@@ -33,6 +37,8 @@ import collections
 import logging
 import math
 
+import numpy as np
+
 from hybridgnn.config import DEFAULT_QUEUE_DELAY_S, ServeConfig
 from hybridgnn.errors import Overloaded
 
@@ -40,13 +46,17 @@ log = logging.getLogger(__name__)
 
 _DECAY = 0.05  # weight of the newest batch in the cost fit (about the last 20 batches)
 WINDOW_S = 0.05  # a backlogged-throughput sample spans at least this long (several batches)
+CALIBRATION_QUANTILE = 0.95  # the share of admitted requests whose wait the scaled prediction covers
+CALIBRATION_SAMPLES = 256  # recent (prediction, wait) pairs the scale is taken over
+CALIBRATION_MIN = 32  # pairs needed before predictions are scaled at all
+CALIBRATION_RANGE = (0.5, 4.0)  # the scale never leaves this range (a burst of outliers cannot freeze a lane)
 
 
 class Lane:
     """Queued work and a cost model for one kind of server pool."""
 
     __slots__ = ("name", "servers", "queued", "full_batch", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope",
-                 "throughput", "_win_t0", "_win_work", "_win_backlogged")
+                 "throughput", "_win_t0", "_win_work", "_win_backlogged", "scale", "_ratios", "_since_scaled")
 
     def __init__(self, name: str, servers: int, full_batch: float = 1.0):
         self.name = name
@@ -61,6 +71,9 @@ class Lane:
         self._win_t0: float | None = None
         self._win_work = 0.0
         self._win_backlogged = False
+        self.scale = 1.0  # predictions are multiplied by this (calibrate)
+        self._ratios: collections.deque[float] = collections.deque(maxlen=CALIBRATION_SAMPLES)
+        self._since_scaled = 0
 
     @property
     def measured(self) -> bool:
@@ -71,7 +84,12 @@ class Lane:
         return 0.0 if self._slope is None else self._a + self._slope * work
 
     def delay_s(self, extra: float = 0.0) -> float:
-        """Seconds until work `extra` added now would be done, queued work first."""
+        """Seconds until work `extra` added now would be done, queued work first (the
+        model's prediction, scaled by the calibration)."""
+        return self.model_delay_s(extra) * self.scale
+
+    def model_delay_s(self, extra: float = 0.0) -> float:
+        """The cost model's and the throughput's prediction alone, before calibration."""
         if self._slope is None:
             return 0.0
         q = self.queued + extra
@@ -79,10 +97,27 @@ class Lane:
         fitted = (self._a * batches + self._slope * q) / self.servers
         return fitted if self.throughput is None else max(fitted, q / self.throughput)
 
+    def calibrate(self, predicted_s: float, waited_s: float, bound_s: float) -> None:
+        """Compare one admitted request's model prediction (model_delay_s when it was
+        admitted) with how long it then waited before its service began; every
+        CALIBRATION_MIN pairs the scale becomes the CALIBRATION_QUANTILE of waited ÷
+        predicted. Small predictions are skipped: near an empty lane the wait is the
+        batcher's and the request's own, not the queue's, and the bound is not at stake."""
+        if not (predicted_s >= 0.2 * bound_s and math.isfinite(waited_s)):
+            return
+        self._ratios.append(max(waited_s, 0.0) / predicted_s)
+        self._since_scaled += 1
+        if self._since_scaled >= CALIBRATION_MIN and len(self._ratios) >= CALIBRATION_MIN:
+            self._since_scaled = 0
+            lo, hi = CALIBRATION_RANGE
+            self.scale = float(min(hi, max(lo, np.quantile(np.fromiter(self._ratios, float),
+                                                               CALIBRATION_QUANTILE))))
+
     def describe(self) -> dict:
         """The lane's state and cost model, for the model metadata (diagnostics)."""
         return {"servers": self.servers, "queued": self.queued, "full_batch": self.full_batch,
                 "batch_cost_s": self._a, "cost_per_work_s": self._slope, "backlogged_throughput": self.throughput,
+                "calibration_scale": self.scale, "calibration_samples": len(self._ratios),
                 "delay_s": self.delay_s()}
 
     def add(self, work: float) -> None:
@@ -171,11 +206,15 @@ class Admission:
         self.refused = 0
         self.refused_for_lag = 0
 
-    def admit(self, lane_name: str, work: float) -> None:
+    def admit(self, lane_name: str, work: float) -> float:
         """Queue `work` on the lane, or raise Overloaded (with Retry-After) if the delay it
-        would see passes the bound."""
+        would see passes the bound. Returns the lane's model prediction for it (what
+        Lane.calibrate compares the wait it sees with)."""
         self.check(lane_name, work)
-        self.lanes[lane_name].add(work)
+        lane = self.lanes[lane_name]
+        predicted = lane.model_delay_s(work)
+        lane.add(work)
+        return predicted
 
     def check(self, lane_name: str, work: float = 0.0) -> None:
         """Raise Overloaded if work added to the lane now would wait past the bound (work 0:

@@ -219,9 +219,10 @@ class Engine:
     def pending(self) -> int:
         return self._pending
 
-    def _admit(self, lane: str, work: float) -> None:
+    def _admit(self, lane: str, work: float) -> float:
         """Count one more request in flight on `lane`, or raise Draining / Overloaded (its
-        predicted queueing delay past the bound, or the hard cap on requests in flight)."""
+        predicted queueing delay past the bound, or the hard cap on requests in flight).
+        Returns the lane's prediction of its wait."""
         if self.draining or not self.started:
             raise Draining("server is shutting down" if self.draining else "server is starting",
                            retry_after_s=self.cfg.server.retry_after_s)
@@ -229,9 +230,10 @@ class Engine:
             self.refused_in_flight_cap += 1
             raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})",
                              retry_after_s=self.cfg.server.retry_after_s)
-        self.admission.admit(lane, work)
+        predicted = self.admission.admit(lane, work)
         self._pending += 1
         self._idle.clear()
+        return predicted
 
     def _release(self) -> None:
         self._pending -= 1
@@ -247,13 +249,14 @@ class Engine:
     def submit(self, node_ids: np.ndarray) -> asyncio.Future:
         """Admit one request (ids already validated) or raise Overloaded / Draining."""
         psgs = self.tables.batch_psgs(node_ids)
-        self._admit("sampled", psgs)
+        predicted = self._admit("sampled", psgs)
         self._mean_request_psgs += 0.01 * (psgs - self._mean_request_psgs)
         requests = self.control.count_admitted(int(node_ids.shape[0]))
         if not requests & 255:  # the batch size under backlog follows the request mix
             self._sampled_lane.full_batch = self._full_batch_psgs()
         fut = self._loop.create_future()
-        self.batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter(), psgs=psgs))
+        self.batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter(), psgs=psgs,
+                                          predicted_wait_s=predicted))
         return fut
 
     def _has_capacity(self) -> bool:
@@ -304,9 +307,15 @@ class Engine:
         rt = result.timings
         service_s = rt.sample_s + rt.gather_s + rt.compute_s
         self.control.recent[plan.pipeline].append((batch.psgs, service_s))
-        self._sampled_lane.observe(batch.psgs, service_s)
+        lane = self._sampled_lane
+        lane.observe(batch.psgs, service_s)
+        # What each request waited before its batch's service began, against what
+        # admission predicted: the calibration that makes the bound hold for the tail.
+        service_began = time.perf_counter() - service_s
+        bound = self.admission.bound_s
         offs = batch.offsets
         for i, req in enumerate(batch.requests):
+            lane.calibrate(req.predicted_wait_s, service_began - req.arrival_s, bound)
             stats.stage("batching", plan.pipeline, batch.closed_s - req.arrival_s)
             lo, hi = offs[i], offs[i + 1]
             self._resolve(req, RequestResult(result.logits[lo:hi], result.embeddings[lo:hi],

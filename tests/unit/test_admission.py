@@ -5,7 +5,13 @@ import math
 import pytest
 
 from hybridgnn.errors import Overloaded
-from hybridgnn.scheduler.admission import Admission, Lane
+from hybridgnn.scheduler.admission import (
+    CALIBRATION_MIN,
+    CALIBRATION_RANGE,
+    CALIBRATION_SAMPLES,
+    Admission,
+    Lane,
+)
 
 
 def test_an_unmeasured_lane_admits_and_an_empty_one_always_takes_one():
@@ -169,3 +175,43 @@ def test_a_slow_window_without_a_backlog_does_not_lower_the_throughput():
     lane.completed(0, 0.0)
     lane.completed(1, 0.1)  # little arrived: 10 units/s says nothing of the lane's capacity
     assert lane.throughput == 1000.0
+
+
+def _calibrated_lane(bound_s: float = 0.1) -> Lane:
+    lane = Lane("sampled", servers=1, full_batch=10)
+    for _ in range(10):
+        lane.observe(10, 0.01)  # 1 ms per unit
+    return lane
+
+
+def test_calibration_scales_predictions_by_a_high_quantile_of_what_requests_waited():
+    """Requests predicted to wait 50 ms waited 100 ms (the model saw half the contention):
+    predictions double, so what admission lets in is what fits the bound in the tail."""
+    lane = _calibrated_lane()
+    lane.add(50)
+    assert lane.delay_s() == pytest.approx(0.05)
+    for _ in range(CALIBRATION_MIN):
+        lane.calibrate(0.05, 0.1, bound_s=0.1)
+    assert lane.scale == pytest.approx(2.0)
+    assert lane.delay_s() == pytest.approx(0.1) and lane.model_delay_s() == pytest.approx(0.05)
+    assert lane.describe()["calibration_scale"] == pytest.approx(2.0)
+
+
+def test_calibration_ignores_small_predictions_and_stays_in_range():
+    lane = _calibrated_lane()
+    for _ in range(4 * CALIBRATION_MIN):
+        lane.calibrate(0.001, 0.5, bound_s=0.1)  # a near-empty lane: its own service, not the queue
+    assert lane.scale == 1.0
+    for _ in range(CALIBRATION_MIN):
+        lane.calibrate(0.05, 50.0, bound_s=0.1)  # outliers cannot freeze the lane
+    assert lane.scale == CALIBRATION_RANGE[1]
+    for _ in range(CALIBRATION_SAMPLES):
+        lane.calibrate(0.05, 0.0, bound_s=0.1)  # nor an idle one admit without end
+    assert lane.scale == CALIBRATION_RANGE[0]
+
+
+def test_admit_returns_the_model_prediction_it_admitted_by():
+    lane = _calibrated_lane()
+    adm = Admission(0.1, [lane])
+    assert adm.admit("sampled", 20) == pytest.approx(0.02)
+    assert adm.admit("sampled", 20) == pytest.approx(0.04)
