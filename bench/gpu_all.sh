@@ -7,9 +7,11 @@
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
-# STAGE: env tests sampler precompute precompute_cli profile policies fig10 (default: all
-# but precompute_cli, in that order; the products-scale graph is generated first, beside
-# the tests). Each stage
+# STAGE: env tests sampler precompute precompute_cli profile policies fig10 overload
+# (default: all but precompute_cli and overload, in that order; the products-scale graph
+# is generated first, beside the tests). overload is a CPU figure that needs the 16 cores:
+# the front end's overload targets with the load generator on cores of its own (a 2-core
+# machine cannot offer 4x its capacity without taking the server's CPU). Each stage
 # writes OUTDIR/<stage>.log (and .json where it has figures) under its own time limit,
 # so one that breaks leaves the others' results; a summary is printed last and written
 # to OUTDIR/summary.txt. With ARCHIVE=FILE.tgz set, OUTDIR is also packed into FILE
@@ -17,7 +19,7 @@
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env tests sampler precompute profile policies fig10}  # precompute_cli: ask for it
+STAGES=${*:-env tests sampler precompute profile policies fig10}  # precompute_cli, overload: ask for them
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 mkdir -p "$OUTDIR"
@@ -89,6 +91,11 @@ for s in $STAGES; do
     fig10)
         stage fig10 290 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \
             --nodes-per-request 16 --rounds 1 --duration-s 6 --warmup-s 2 --max-rate 4000
+        ;;
+    overload)  # no baseline: the machine has the working tree, not the git history
+        stage overload 200 $PY bench/overload.py --servers current --parts sampled --nodes-per-request 64 \
+            --capacity closed --concurrency 64 --multiples 1,2,4 --duration-s 5 --client-cpus 0,1 \
+            --json "$OUTDIR/overload.json"
         ;;
     *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
     esac

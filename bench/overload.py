@@ -81,7 +81,7 @@ from bench.common import (  # noqa: E402
     serve_revision,
     thread_cpu_seconds,
 )
-from hybridgnn.bench.loadgen import HEADER_LENGTH, _http_request  # noqa: E402
+from hybridgnn.bench.loadgen import HEADER_LENGTH, _http_request, wait_until  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.testing.server import metrics_text  # noqa: E402
@@ -314,11 +314,7 @@ async def open_loop(url: str, wire: list[bytes], rate: float, duration_s: float,
     lag = 0.0
     try:
         for i, at in enumerate(scheduled.tolist()):
-            delay = at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                lag = max(lag, -delay)
+            lag = max(lag, await wait_until(at))
             pool.start(i)
         sent_s = time.perf_counter() - start
         if pool.outstanding:
