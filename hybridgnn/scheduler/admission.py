@@ -19,7 +19,9 @@ it then saw, and predictions are scaled by a high quantile of actual ÷ predicte
 recent requests (CALIBRATION_QUANTILE; predictions under a fifth of the bound are not
 compared: there a request's own service, not the queue, makes the wait). A request is
 admitted while delay(queued + its own work) stays within the bound, else refused with
-Retry-After ≈ the excess. Before a lane has measured anything it admits (the pending
+Retry-After ≈ the excess. Until a lane has measured MIN_BATCHES batches it admits: the
+first batches of a fresh server run cold (lazy initialisation, caches), and a model
+fitted to them would refuse an idle server's first requests (the pending
 count still caps memory). Every request kind passes through here.
 
 The lanes see only work already parsed. When the event loop itself is the bottleneck
@@ -42,6 +44,7 @@ from hybridgnn.errors import Overloaded
 
 log = logging.getLogger(__name__)
 
+MIN_BATCHES = 8  # batches a lane measures before its predictions count
 _DECAY = 0.05  # weight of the newest batch in the cost fit (about the last 20 batches)
 WINDOW_S = 0.05  # a backlogged-throughput sample spans at least this long (several batches)
 CALIBRATION_QUANTILE = 0.95  # the share of admitted requests whose wait the scaled prediction covers
@@ -75,7 +78,8 @@ class Lane:
 
     @property
     def measured(self) -> bool:
-        return self._slope is not None
+        """Whether the lane's predictions count (MIN_BATCHES batches measured)."""
+        return self._slope is not None and self._n >= MIN_BATCHES
 
     def cost_s(self, work: float) -> float:
         """Predicted seconds of one batch of this much work (0 before any measurement)."""
@@ -88,7 +92,7 @@ class Lane:
 
     def model_delay_s(self, extra: float = 0.0) -> float:
         """The cost model's and the throughput's prediction alone, before calibration."""
-        if self._slope is None:
+        if not self.measured:
             return 0.0
         q = self.queued + extra
         batches = math.ceil(q / self.full_batch) if q > 0 else 0
@@ -163,7 +167,7 @@ class Lane:
         self._xx += d * (work * work - self._xx)
         self._xy += d * (work * seconds - self._xy)
         var = self._xx - self._x * self._x
-        if var > 1e-6 * self._x * self._x and self._n >= 8:
+        if var > 1e-6 * self._x * self._x and self._n >= MIN_BATCHES:
             slope = (self._xy - self._x * self._y) / var
             a = self._y - slope * self._x
             if slope > 0 and a >= 0:

@@ -9,6 +9,7 @@ from hybridgnn.scheduler.admission import (
     CALIBRATION_MIN,
     CALIBRATION_RANGE,
     CALIBRATION_SAMPLES,
+    MIN_BATCHES,
     Admission,
     Lane,
 )
@@ -19,7 +20,8 @@ def test_an_unmeasured_lane_admits_and_an_empty_one_always_takes_one():
     for _ in range(1000):
         adm.admit("sampled", 50)  # nothing measured yet: only the pending cap applies
     lane = Lane("x", 1)
-    lane.observe(1, 10.0)  # 10 s per unit: any request is over a 0.1 s bound
+    for _ in range(MIN_BATCHES):
+        lane.observe(1, 10.0)  # 10 s per unit: any request is over a 0.1 s bound
     adm = Admission(0.1, [lane])
     adm.admit("x", 1)  # an empty lane still takes one, or nothing would ever be measured
     with pytest.raises(Overloaded) as info:
@@ -47,7 +49,8 @@ def test_one_batch_size_charges_per_unit():
 
 def test_removing_work_frees_room_and_never_goes_negative():
     lane = Lane("x", 1)
-    lane.observe(1, 0.01)
+    for _ in range(MIN_BATCHES):
+        lane.observe(1, 0.01)
     adm = Admission(0.05, [lane])
     for _ in range(5):
         adm.admit("x", 1)
@@ -215,3 +218,18 @@ def test_admit_returns_the_model_prediction_it_admitted_by():
     adm = Admission(0.1, [lane])
     assert adm.admit("sampled", 20) == pytest.approx(0.02)
     assert adm.admit("sampled", 20) == pytest.approx(0.04)
+
+
+def test_a_fresh_lane_admits_until_it_has_measured_enough_batches():
+    """The first batches of a fresh server run cold: a few slow ones must not refuse the
+    requests that follow them on an idle server."""
+    lane = Lane("sampled", servers=1, full_batch=10)
+    adm = Admission(0.1, [lane])
+    for _ in range(MIN_BATCHES - 1):
+        lane.observe(1, 1.0)  # cold: a second per unit
+    for _ in range(5):
+        adm.admit("sampled", 1)
+    lane.observe(1, 1.0)
+    assert lane.measured
+    with pytest.raises(Overloaded):
+        adm.admit("sampled", 1)
