@@ -282,10 +282,13 @@ class Engine:
         self.pipelines[plan.pipeline].submit(batch, plan)
 
     def _on_batch_done(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None):
-        # Called on a worker thread; the loop owns the futures.
-        self._loop.call_soon_threadsafe(self._complete, batch, plan, result, error)
+        # Called on a worker thread; the loop owns the futures. The time is taken here: a
+        # busy loop runs completions late and in bursts, and admission's throughput and
+        # waits must see when batches finished, not when the loop got to them.
+        self._loop.call_soon_threadsafe(self._complete, batch, plan, result, error, time.perf_counter())
 
-    def _complete(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None):
+    def _complete(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None,
+                  done_s: float | None = None):
         stats = self.stats
         self.batcher.capacity_freed()
         if error is not None:
@@ -311,7 +314,10 @@ class Engine:
         lane.observe(batch.psgs, service_s)
         # What each request waited before its batch's service began, against what
         # admission predicted: the calibration that makes the bound hold for the tail.
-        service_began = time.perf_counter() - service_s
+        now = time.perf_counter()
+        done_s = now if done_s is None else done_s
+        # The wait is charged up to now, not done_s: a client waits for the loop too.
+        service_began = now - service_s
         bound = self.admission.bound_s
         offs = batch.offsets
         for i, req in enumerate(batch.requests):
@@ -320,7 +326,7 @@ class Engine:
             lo, hi = offs[i], offs[i + 1]
             self._resolve(req, RequestResult(result.logits[lo:hi], result.embeddings[lo:hi],
                                              result.predictions[lo:hi], plan.pipeline, result.timings))
-        self._sampled_lane.completed(batch.psgs, time.perf_counter())
+        lane.completed(batch.psgs, done_s)
 
     def _resolve(self, req: InferenceRequest, result: RequestResult | None = None, exception=None) -> None:
         if not req.future.done():
