@@ -81,7 +81,12 @@ from bench.common import (  # noqa: E402
     serve_revision,
     thread_cpu_seconds,
 )
-from hybridgnn.bench.loadgen import HEADER_LENGTH, _http_request, wait_until  # noqa: E402
+from hybridgnn.bench.loadgen import (  # noqa: E402
+    HEADER_LENGTH,
+    _http_request,
+    parse_response_head,
+    wait_until,
+)
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.testing.server import metrics_text  # noqa: E402
@@ -156,25 +161,16 @@ class _OpenConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0 or self.inflight < 0:
+        parsed = parse_response_head(self.buf) if self.inflight >= 0 else None
+        if parsed is None:
             return
-        head = bytes(self.buf[:end])
-        length, keep = 0, True
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"connection" and value.strip().lower() == b"close":
-                keep = False
-        if len(self.buf) < end + 4 + length:
+        status, head, length, keep = parsed
+        if len(self.buf) < head + length:
             return
-        status = int(head[9:12])
         if status == 429:  # which rule refused it, from the message
-            body = bytes(self.buf[end + 4:end + 4 + length])
+            body = bytes(self.buf[head:head + length])
             self.pool.refusals[next((k for k, m in REFUSAL_KINDS if m in body), "other")] += 1
-        del self.buf[:end + 4 + length]
+        del self.buf[:head + length]
         i, self.inflight = self.inflight, -1
         self.pool.finish(i, status)
         if keep:
@@ -359,23 +355,15 @@ class _ClosedConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
+        parsed = parse_response_head(self.buf)
+        if parsed is None:
             return
-        head = bytes(self.buf[:end])
-        length, keep = 0, True
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"connection" and value.strip().lower() == b"close":
-                keep = False
-        if len(self.buf) < end + 4 + length:
+        status, head, length, keep = parsed
+        if len(self.buf) < head + length:
             return
-        del self.buf[:end + 4 + length]
+        del self.buf[:head + length]
         now = time.perf_counter()
-        self.run.record(int(head[9:12]), now - self.sent_at, now)
+        self.run.record(status, now - self.sent_at, now)
         if keep:
             self.send()
         else:

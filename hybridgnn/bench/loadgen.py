@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
@@ -66,6 +67,22 @@ class LoadResult:
         return d
 
 
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]+)", re.IGNORECASE)
+_CONNECTION_CLOSE = re.compile(rb"\r\nconnection:[ \t]*close", re.IGNORECASE)
+
+
+def parse_response_head(buf: bytearray) -> tuple[int, int, int, bool] | None:
+    """(status, head length including the blank line, body length, keep-alive) of the
+    response at the start of buf, or None until its head is whole. Shared by every
+    keep-alive client in the load generators."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buf[:end])
+    m = _CONTENT_LENGTH.search(head)
+    return int(head[9:12]), end + 4, int(m.group(1)) if m else 0, _CONNECTION_CLOSE.search(head) is None
+
+
 def binary_body(ids: np.ndarray) -> tuple[bytes, dict]:
     header = json.dumps({
         "inputs": [{"name": "node_ids", "shape": [int(ids.size)], "datatype": "INT64",
@@ -113,23 +130,15 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0 or self.inflight < 0:
+        parsed = parse_response_head(self.buf) if self.inflight >= 0 else None
+        if parsed is None:
             return
-        head = bytes(self.buf[:end])
-        length, keep = 0, True
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"connection" and value.strip().lower() == b"close":
-                keep = False
-        if len(self.buf) < end + 4 + length:
+        status, head, length, keep = parsed
+        if len(self.buf) < head + length:
             return
-        del self.buf[:end + 4 + length]
+        del self.buf[:head + length]
         i, self.inflight = self.inflight, -1
-        self.pool.finish(i, int(head[9:12]))
+        self.pool.finish(i, status)
         if not keep:
             self.transport.close()
         elif self.waiting:
