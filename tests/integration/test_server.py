@@ -292,7 +292,7 @@ def test_sigterm_reports_unready_first_and_keeps_serving_for_the_delay(tiny_data
     deadline = time.monotonic() + 2.5
     while session.get(srv.url + "/v2/health/ready", timeout=5).status_code != 503:
         assert time.monotonic() < deadline, "ready did not turn 503 after SIGTERM"
-        time.sleep(0.02)  # poll interval
+        time.sleep(0.02)  # poll interval; bounded by the deadline
     # Not ready, yet still serving: balancers move away before anything is refused.
     r = infer_json_session(session, srv.url, [3, 4])
     assert r.status_code == 200, r.text

@@ -135,6 +135,14 @@ class GrpcFrontend:
         if self.server is not None:
             await self.server.stop(grace_s)
 
+    async def _model(self, request, context):
+        """The engine serving request.name (and request.version, if given), or the call
+        ends with the API's error for it."""
+        try:
+            return self.api.check_model(request.name, request.version or None)
+        except ServingError as exc:
+            await self._fail(context, exc)
+
     async def _fail(self, context, exc: BaseException) -> None:
         if isinstance(exc, ConfigError):  # a repository that cannot be read now: the client can do nothing
             exc = Conflict(str(exc))
@@ -158,10 +166,7 @@ class GrpcFrontend:
         return self._messages["ServerReady"][1](ready=all(e.ready for e in self.api.models.engines()))
 
     async def model_ready(self, request, context):
-        try:
-            engine = self.api.check_model(request.name, request.version or None)
-        except ServingError as exc:
-            await self._fail(context, exc)
+        engine = await self._model(request, context)
         return self._messages["ModelReady"][1](ready=bool(engine.ready))
 
     async def server_metadata(self, request, context):
@@ -169,10 +174,7 @@ class GrpcFrontend:
                                                    extensions=["binary_tensor_data"])
 
     async def model_metadata(self, request, context):
-        try:
-            engine = self.api.check_model(request.name, request.version or None)
-        except ServingError as exc:
-            await self._fail(context, exc)
+        engine = await self._model(request, context)
         d = self.api.describe_model(engine, request.name)
         out = self._messages["ModelMetadata"][1](name=d["name"], versions=d["versions"], platform=d["platform"])
         for key in ("inputs", "outputs"):
@@ -181,10 +183,7 @@ class GrpcFrontend:
         return out
 
     async def model_config(self, request, context):
-        try:
-            engine = self.api.check_model(request.name, request.version or None)
-        except ServingError as exc:
-            await self._fail(context, exc)
+        engine = await self._model(request, context)
         c = self.api.config_of(engine, request.name)
         out = self._messages["ModelConfig"][1]()
         cfg = out.config
