@@ -212,18 +212,18 @@ class Admission:
         """Queue `work` on the lane, or raise Overloaded (with Retry-After) if the delay it
         would see passes the bound. Returns the lane's model prediction for it (what
         Lane.calibrate compares the wait it sees with)."""
-        self.check(lane_name, work)
-        lane = self.lanes[lane_name]
-        predicted = lane.model_delay_s(work)
-        lane.add(work)
+        predicted = self.check(lane_name, work)
+        self.lanes[lane_name].add(work)
         return predicted
 
-    def check(self, lane_name: str, work: float = 0.0) -> None:
+    def check(self, lane_name: str, work: float = 0.0) -> float:
         """Raise Overloaded if work added to the lane now would wait past the bound (work 0:
-        the lane is past it already, which lets the front end refuse before decoding)."""
+        the lane is past it already, which lets the front end refuse before decoding);
+        else return the lane's model prediction for it, before calibration."""
         lane = self.lanes[lane_name]
         lag = self.loop_lag.lag_s
-        delay = lane.delay_s(work) + lag
+        predicted = lane.model_delay_s(work)
+        delay = predicted * lane.scale + lag
         # An empty lane takes one request unless the loop alone is past the bound.
         if delay > self.bound_s and (lane.queued > 0 or lag > self.bound_s):
             self.refused += 1
@@ -231,6 +231,7 @@ class Admission:
             raise Overloaded(f"predicted queueing delay {delay * 1e3:.0f} ms exceeds the "
                              f"{self.bound_s * 1e3:.0f} ms bound; retry later",
                              retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
+        return predicted
 
     def describe(self) -> dict:
         return {"bound_s": self.bound_s, "refused_by_delay": self.refused,
