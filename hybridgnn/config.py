@@ -247,8 +247,15 @@ class ServerConfig:
     # what the process's descriptor limit leaves room for).
     max_connections: int = setting(10_000, "open connections beyond this get 503 + Retry-After (capped by the "
                                    "descriptor limit)")
+    # The event loop answers at most this many requests per turn; the rest wait, in
+    # arrival order, for later turns, so completions and timers are never starved by a
+    # flood of new requests (see serving/http/protocol.py).
+    answers_per_turn: int = setting(64, "requests the event loop answers per turn of the loop; more wait for the "
+                                    "next turn, so answers to admitted requests are not starved by new ones")
 
     def __post_init__(self):
+        if self.answers_per_turn < 1:
+            raise ValueError(f"answers_per_turn must be >= 1, got {self.answers_per_turn}")
         if self.idle_timeout_s <= 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if self.request_timeout_s <= 0:

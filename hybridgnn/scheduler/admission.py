@@ -208,26 +208,29 @@ class Admission:
         self.refused = 0
         self.refused_for_lag = 0
 
-    def admit(self, lane_name: str, work: float) -> float:
+    def admit(self, lane_name: str, work: float, waited_s: float = 0.0) -> float:
         """Queue `work` on the lane, or raise Overloaded (with Retry-After) if the delay it
-        would see passes the bound. Returns the lane's model prediction for it (what
-        Lane.calibrate compares the wait it sees with)."""
-        predicted = self.check(lane_name, work)
+        would see, after waited_s already spent in the front end, passes the bound. Returns
+        the lane's model prediction for it (what Lane.calibrate compares the wait it sees with)."""
+        predicted = self.check(lane_name, work, waited_s)
         self.lanes[lane_name].add(work)
         return predicted
 
-    def check(self, lane_name: str, work: float = 0.0) -> float:
+    def check(self, lane_name: str | None, work: float = 0.0, waited_s: float = 0.0) -> float:
         """Raise Overloaded if work added to the lane now would wait past the bound (work 0:
         the lane is past it already, which lets the front end refuse before decoding);
-        else return the lane's model prediction for it, before calibration."""
-        lane = self.lanes[lane_name]
-        lag = self.loop_lag.lag_s
-        predicted = lane.model_delay_s(work)
-        delay = predicted * lane.scale + lag
-        # An empty lane takes one request unless the loop alone is past the bound.
-        if delay > self.bound_s and (lane.queued > 0 or lag > self.bound_s):
+        else return the lane's model prediction for it, before calibration. waited_s: what
+        the request already waited in the front end (for its turn of the event loop); it
+        counts instead of the loop lag when larger. lane_name None: judge by that wait and
+        the loop lag alone."""
+        lane = self.lanes[lane_name] if lane_name is not None else None
+        ahead = max(self.loop_lag.lag_s, waited_s)
+        predicted = lane.model_delay_s(work) if lane is not None else 0.0
+        delay = predicted * (lane.scale if lane is not None else 1.0) + ahead
+        # An empty lane takes one request unless the loop (or the wait for it) alone is past the bound.
+        if delay > self.bound_s and ((lane is not None and lane.queued > 0) or ahead > self.bound_s):
             self.refused += 1
-            self.refused_for_lag += lag > self.bound_s
+            self.refused_for_lag += ahead > self.bound_s
             raise Overloaded(f"predicted queueing delay {delay * 1e3:.0f} ms exceeds the "
                              f"{self.bound_s * 1e3:.0f} ms bound; retry later",
                              retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))

@@ -1,15 +1,24 @@
-"""Asyncio micro-batcher.
+"""Asyncio micro-batcher, driven by callbacks rather than a task.
 
 A batch closes when it holds max_batch_seeds seeds, max_batch_requests requests or
-max_batch_psgs summed PSGS, or max_wait_s after its first request arrived. It is then held back until a pipeline has an
-idle worker, so under load batches grow (better throughput) instead of queueing (worse
-latency). Requests are taken in arrival order; a request is never split.
+max_batch_psgs summed PSGS (a request that would pass a limit closes the batch before
+it), or max_wait_s after its first request arrived. It is then held back until a
+pipeline has an idle worker, so under load batches grow (better throughput) instead of
+queueing (worse latency). Requests are taken in arrival order; a request is never split.
+
+Why callbacks: a batch is dispatched in the call that makes it due (the request that
+fills it, the completion that frees a worker, the max_wait timer), not by a task woken
+for it. A task needs one or two more turns of the event loop per batch, and under a
+flood of small requests a turn of the loop is long (it reads every ready connection):
+the hops, not the pipelines, then set the batching delay and cap the throughput.
+Runs on the event loop thread only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections import deque
 from typing import Callable
@@ -29,33 +38,39 @@ class MicroBatcher:
         self._pending: deque[InferenceRequest] = deque()
         self._pending_seeds = 0
         self._pending_psgs = 0.0
-        self._wake = asyncio.Event()
-        self._capacity = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf  # when the armed timer fires (perf_counter seconds)
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def add(self, request: InferenceRequest) -> None:
+        """Queue a request; dispatches at once whatever batch that makes due."""
+        if self._closed:
+            request.future.set_exception(Draining("server is shutting down; this request was not run",
+                                                  retry_after_s=1.0))
+            return
+        if self._pending and self._overflows(request):
+            self._pump(close_head=True)  # the batch ahead of it is as full as it gets
         self._pending.append(request)
         self._pending_seeds += int(request.node_ids.shape[0])
         self._pending_psgs += request.psgs
-        if len(self._pending) == 1 or self._full():
-            self._wake.set()
+        self._pump()
 
     def limit_psgs(self, max_batch_psgs: float) -> None:
         """Bound the summed PSGS of a batch (a policy's choice) from the next batch on."""
         self.cfg = dataclasses.replace(self.cfg, max_batch_psgs=max_batch_psgs)
 
     def capacity_freed(self) -> None:
-        self._capacity.set()
+        """A pipeline finished a batch: dispatch what is due now."""
+        self._pump()
 
     def close(self) -> None:
         """Stop batching; requests still waiting are answered 503 (a drain that timed out),
         never left without an answer."""
         self._closed = True
-        self._wake.set()
-        self._capacity.set()
+        self._disarm()
         while self._pending:
             req = self._pending.popleft()
             if not req.future.done():
@@ -67,27 +82,41 @@ class MicroBatcher:
         return (self._pending_seeds >= self.cfg.max_batch_seeds or len(self._pending) >= self.cfg.max_batch_requests
                 or self._pending_psgs >= self.cfg.max_batch_psgs)
 
-    async def run(self) -> None:
-        while not self._closed:
-            if not self._pending:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
+    def _overflows(self, request: InferenceRequest) -> bool:
+        """Whether `request` would push the pending requests past a batch limit."""
+        return (self._pending_seeds + request.node_ids.shape[0] > self.cfg.max_batch_seeds
+                or self._pending_psgs + request.psgs > self.cfg.max_batch_psgs)
+
+    def _pump(self, close_head: bool = False) -> None:
+        """Dispatch due batches while a pipeline has capacity; else arm the timer for the
+        first waiting request's deadline. close_head: the first batch is due now."""
+        while self._pending and not self._closed:
             deadline = self._pending[0].arrival_s + self.cfg.max_wait_s
-            while not self._full() and not self._closed:
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    break
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), remaining)
-                except asyncio.TimeoutError:
-                    break
-            while not self._has_capacity() and not self._closed:
-                self._capacity.clear()
-                await self._capacity.wait()
-            if self._pending:
-                self._dispatch(self._take())
+            if not (close_head or self._full() or time.perf_counter() >= deadline):
+                self._arm(deadline)
+                return
+            if not self._has_capacity():
+                return  # capacity_freed pumps again
+            close_head = False
+            self._dispatch(self._take())
+        if not self._pending:
+            self._disarm()
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None and self._timer_at <= at:
+            return  # an earlier (or the same) wake-up is armed; it re-arms for this one
+        self._disarm()
+        self._timer_at = at
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, at - time.perf_counter()), self._on_timer)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        self._pump()
 
     def _take(self) -> Batch:
         requests = [self._pending.popleft()]

@@ -98,7 +98,6 @@ class Engine:
         self._sampled_lane = self.admission.lanes["sampled"]
         self.refused_in_flight_cap = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._batcher_task: asyncio.Task | None = None
         self._adapt_task: asyncio.Task | None = None
         self._lag_handle: asyncio.TimerHandle | None = None
         self._pending = 0
@@ -159,7 +158,6 @@ class Engine:
         for p in self.pipelines.values():
             await asyncio.to_thread(p.start)
         await asyncio.to_thread(self.resources.warm_up)  # the first request of each kind is not slow
-        self._batcher_task = asyncio.create_task(self.batcher.run(), name="batcher")
         self.started = True
         self._adapt_task = (asyncio.create_task(self.control.adapt_loop(self._apply_adapted), name="adapt")
                             if self.cfg.policy.adapt and self.profile is not None else None)
@@ -208,8 +206,6 @@ class Engine:
             self._adapt_task.cancel()
             await asyncio.gather(self._adapt_task, return_exceptions=True)
         self.batcher.close()
-        if self._batcher_task is not None:
-            await asyncio.gather(self._batcher_task, return_exceptions=True)
         for p in self.pipelines.values():
             await asyncio.to_thread(p.stop)
         self.resources.close()
@@ -219,10 +215,10 @@ class Engine:
     def pending(self) -> int:
         return self._pending
 
-    def _admit(self, lane: str, work: float) -> float:
+    def _admit(self, lane: str, work: float, waited_s: float = 0.0) -> float:
         """Count one more request in flight on `lane`, or raise Draining / Overloaded (its
-        predicted queueing delay past the bound, or the hard cap on requests in flight).
-        Returns the lane's prediction of its wait."""
+        predicted queueing delay, plus waited_s already spent in the front end, past the
+        bound; or the hard cap on requests in flight). Returns the lane's prediction of its wait."""
         if self.draining or not self.started:
             raise Draining("server is shutting down" if self.draining else "server is starting",
                            retry_after_s=self.cfg.server.retry_after_s)
@@ -230,7 +226,7 @@ class Engine:
             self.refused_in_flight_cap += 1
             raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})",
                              retry_after_s=self.cfg.server.retry_after_s)
-        predicted = self.admission.admit(lane, work)
+        predicted = self.admission.admit(lane, work, waited_s)
         self._pending += 1
         self._idle.clear()
         return predicted
@@ -240,16 +236,17 @@ class Engine:
         if self._pending == 0:
             self._idle.set()
 
-    def shed_sampled(self) -> None:
-        """Raise Overloaded if the sampled lane is past its delay bound before any new
-        request: the front end calls this before decoding a plain sampled request."""
+    def shed(self, waited_s: float, lane: str | None = None) -> None:
+        """Raise Overloaded, before a request is decoded, if it already waited in the front
+        end past the delay bound, or (lane given) that lane is past it before any new work."""
         if self.started and not self.draining:
-            self.admission.check("sampled")
+            self.admission.check(lane, 0.0, waited_s)
 
-    def submit(self, node_ids: np.ndarray) -> asyncio.Future:
-        """Admit one request (ids already validated) or raise Overloaded / Draining."""
+    def submit(self, node_ids: np.ndarray, waited_s: float = 0.0) -> asyncio.Future:
+        """Admit one request (ids already validated) or raise Overloaded / Draining.
+        waited_s: how long it already waited in the front end."""
         psgs = self.tables.batch_psgs(node_ids)
-        predicted = self._admit("sampled", psgs)
+        predicted = self._admit("sampled", psgs, waited_s)
         self._mean_request_psgs += 0.01 * (psgs - self._mean_request_psgs)
         requests = self.control.count_admitted(int(node_ids.shape[0]))
         if not requests & 255:  # the batch size under backlog follows the request mix

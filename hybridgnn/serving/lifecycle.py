@@ -119,7 +119,7 @@ def http_server(engine: Engine | Models | Repository, cfg: ServeConfig) -> HttpS
     s = cfg.server
     return HttpServer(Api(engine), max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
                       request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
-                      retry_after_s=s.retry_after_s)
+                      retry_after_s=s.retry_after_s, answers_per_turn=s.answers_per_turn)
 
 
 async def _start_http(engine: Engine | Models | Repository, cfg: ServeConfig):

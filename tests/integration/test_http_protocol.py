@@ -37,6 +37,8 @@ class EchoApi:
             return self._later, {}
         if path == "/async":
             return self._async, {}
+        if path == "/waited":
+            return (lambda req: Reply.json({"waited_s": req.waited_s, "body": req.body.decode("latin-1")})), {}
         if path == "/boom":
             return (lambda req: 1 / 0), {}
         return Reply.error(404, f"no such endpoint: {method} {path}")
@@ -451,3 +453,25 @@ def test_a_never_ending_header_is_431():
         assert status == 431 and "head larger" in json.loads(body)["error"]
 
     run(go, max_header_bytes=16 * 1024)
+
+
+def test_past_the_turns_share_requests_wait_for_later_turns_and_all_are_answered():
+    # One answer per turn of the loop: 40 connections sending at once are answered over
+    # 40 turns, each its own answer, pipelined ones in order; the wait shows in waited_s.
+    async def go(server):
+        conns = [await connect(server) for _ in range(40)]
+        for i, (_, writer) in enumerate(conns):
+            writer.write(f"POST /waited HTTP/1.1\r\nHost: x\r\nContent-Length: {len(str(i))}\r\n\r\n{i}"
+                         f"POST /waited HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nz".encode())
+        waits = []
+        for i, (reader, writer) in enumerate(conns):
+            for body in (str(i), "z"):
+                status, _, raw = await read_response(reader)
+                answer = json.loads(raw)
+                assert status == 200 and answer["body"] == body
+                waits.append(answer["waited_s"])
+            writer.close()
+        assert min(waits) >= 0.0 and max(waits) > 0.0
+        assert not server.turns.waiting
+
+    run(go, answers_per_turn=1)

@@ -233,3 +233,19 @@ def test_a_fresh_lane_admits_until_it_has_measured_enough_batches():
     assert lane.measured
     with pytest.raises(Overloaded):
         adm.admit("sampled", 1)
+
+
+def test_a_request_that_already_waited_in_the_front_end_counts_that_wait():
+    lane = Lane("sampled", 1, full_batch=100)
+    for work in [10, 100] * 8:
+        lane.observe(work, 0.0005 * work)  # 50 ms per full batch
+    adm = Admission(0.1, [lane])
+    adm.admit("sampled", 100, waited_s=0.02)  # 50 ms queued + 20 ms waited: within the bound
+    with pytest.raises(Overloaded):
+        adm.admit("sampled", 1, waited_s=0.06)  # 50 + 60 ms
+    lane.remove(100)
+    adm.check("sampled", 0.0, waited_s=0.09)  # an empty lane, a wait under the bound: admitted
+    with pytest.raises(Overloaded) as info:
+        adm.check(None, 0.0, waited_s=0.15)  # no lane named: the wait alone judges
+    assert adm.refused_for_lag == 1 and "150 ms exceeds" in str(info.value)
+    adm.check(None, 0.0, waited_s=0.05)

@@ -16,7 +16,6 @@ def make_request(n, loop):
 async def collect(cfg, sizes, capacity=lambda: True, settle_s=0.05):
     batches = []
     b = MicroBatcher(cfg, batches.append, capacity)
-    task = asyncio.create_task(b.run())
     loop = asyncio.get_running_loop()
     for n in sizes:
         b.add(make_request(n, loop))
@@ -24,7 +23,6 @@ async def collect(cfg, sizes, capacity=lambda: True, settle_s=0.05):
     while sum(len(x.requests) for x in batches) < len(sizes) and time.perf_counter() < deadline:
         await asyncio.sleep(settle_s / 10)
     b.close()
-    await task
     return batches
 
 
@@ -56,7 +54,6 @@ def test_holds_batches_until_capacity_and_grows_them():
         batches = []
         free = {"ok": False}
         b = MicroBatcher(cfg, batches.append, lambda: free["ok"])
-        task = asyncio.create_task(b.run())
         loop = asyncio.get_running_loop()
         for _ in range(5):
             b.add(make_request(2, loop))
@@ -68,7 +65,6 @@ def test_holds_batches_until_capacity_and_grows_them():
         while not batches and time.perf_counter() < deadline:
             await asyncio.sleep(0.001)
         b.close()
-        await task
         return batches
 
     batches = asyncio.run(run())
@@ -81,7 +77,6 @@ def test_batches_close_before_passing_the_psgs_bound():
     async def run():
         batches = []
         b = MicroBatcher(cfg, batches.append, lambda: True)
-        task = asyncio.create_task(b.run())
         loop = asyncio.get_running_loop()
         for psgs in (40.0, 40.0, 40.0, 150.0, 10.0):
             req = make_request(1, loop)
@@ -91,9 +86,71 @@ def test_batches_close_before_passing_the_psgs_bound():
         while sum(len(x.requests) for x in batches) < 5 and time.perf_counter() < deadline:
             await asyncio.sleep(0.005)
         b.close()
-        await task
         return batches
 
     batches = asyncio.run(run())
     # 40+40 fits, a third 40 would pass 100; an oversized request still goes (alone)
     assert [[r.psgs for r in b.requests] for b in batches] == [[40.0, 40.0], [40.0], [150.0], [10.0]]
+
+
+def test_a_due_batch_is_dispatched_in_the_call_that_makes_it_due():
+    # No turn of the event loop between a batch becoming due and its dispatch: the
+    # request that fills it, and the completion that frees a worker, dispatch it.
+    cfg = BatcherConfig(max_batch_seeds=4, max_wait_s=10.0)
+
+    async def run():
+        batches = []
+        free = {"ok": True}
+        b = MicroBatcher(cfg, batches.append, lambda: free["ok"])
+        loop = asyncio.get_running_loop()
+        b.add(make_request(2, loop))
+        assert batches == []  # not full, its deadline 10 s away
+        b.add(make_request(2, loop))
+        assert [len(x.requests) for x in batches] == [2]  # full: dispatched inside add
+        free["ok"] = False
+        b.add(make_request(4, loop))
+        assert len(batches) == 1 and len(b) == 1  # full but no idle worker: held
+        free["ok"] = True
+        b.capacity_freed()
+        assert [len(x.requests) for x in batches] == [2, 1] and len(b) == 0
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_the_timer_follows_the_first_waiting_request():
+    cfg = BatcherConfig(max_batch_seeds=3, max_wait_s=0.03)
+
+    async def run():
+        batches = []
+        b = MicroBatcher(cfg, batches.append, lambda: True)
+        loop = asyncio.get_running_loop()
+        b.add(make_request(2, loop))
+        await asyncio.sleep(0.01)
+        late = make_request(2, loop)
+        b.add(late)  # overflows: the first goes at once, the second waits its own max_wait
+        assert [len(x.requests) for x in batches] == [1]
+        deadline = time.perf_counter() + 2
+        while len(batches) < 2 and time.perf_counter() < deadline:
+            await asyncio.sleep(0.001)  # poll interval; bounded by the deadline
+        assert batches[1].requests == [late]
+        assert batches[1].closed_s - late.arrival_s >= 0.025
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_close_answers_waiting_and_later_requests():
+    cfg = BatcherConfig(max_batch_seeds=100, max_wait_s=10.0)
+
+    async def run():
+        b = MicroBatcher(cfg, lambda batch: None, lambda: True)
+        loop = asyncio.get_running_loop()
+        waiting, late = make_request(1, loop), make_request(1, loop)
+        b.add(waiting)
+        b.close()
+        b.add(late)
+        for req in (waiting, late):
+            assert req.future.done() and type(req.future.exception()).__name__ == "Draining"
+
+    asyncio.run(run())

@@ -122,14 +122,16 @@ class Reply:
 
 class Request:
     """What an endpoint reads from an HTTP request: route parameters, the headers it
-    uses (names lower-case) and the body."""
+    uses (names lower-case), the body, and how long it already waited in the front end
+    (from its first byte read to its endpoint running), which admission counts."""
 
-    __slots__ = ("params", "headers", "body")
+    __slots__ = ("params", "headers", "body", "waited_s")
 
-    def __init__(self, params: dict[str, str], headers: dict[str, str], body: bytes):
+    def __init__(self, params: dict[str, str], headers: dict[str, str], body: bytes, waited_s: float = 0.0):
         self.params = params
         self.headers = headers
         self.body = body
+        self.waited_s = waited_s
 
 
 Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
@@ -435,13 +437,14 @@ class Api:
             wanted = _min_graph_version(request)
             if wanted is not None and wanted > engine.graph_version:
                 return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
-            if _plainly_sampled(request):
-                engine.shed_sampled()  # past the bound already: refuse before decoding
+            sampled = _plainly_sampled(request)
+            # past the bound already (the lane, or the wait for its turn): refuse before decoding
+            engine.shed(request.waited_s, "sampled" if sampled else None)
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                        feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map,
                                        default_outputs=engine.cfg.server.default_outputs)
-            pending = self.dispatch(req, engine)
+            pending = self.dispatch(req, engine, request.waited_s)
         except Exception as exc:
             if target is not None:  # a request for a model this server has: its statistics count it
                 target.model_stats.failed(time.perf_counter() - started)
@@ -502,16 +505,17 @@ class Api:
         (engine if engine is not None else self.engine).stats.answered(reply.status)
         return reply
 
-    def dispatch(self, req, engine: Engine | None = None):
+    def dispatch(self, req, engine: Engine | None = None, waited_s: float = 0.0):
         """The awaitable that answers a decoded request on `engine` (default: the first),
-        by kind and mode; raises BadRequest for a mode the server does not offer."""
+        by kind and mode; raises BadRequest for a mode the server does not offer.
+        waited_s: how long it waited before it was decoded (admission adds it)."""
         engine = engine if engine is not None else self.engine
         if req.is_new_nodes:
             return self._new_node_call(req, engine)
         engine.check_alive(req.node_ids)
         mode = req.parameters.get("mode", "sampled")
         if mode == "sampled":
-            return engine.submit(req.node_ids)
+            return engine.submit(req.node_ids, waited_s)
         if mode == "precomputed":
             return engine.side.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs)
         raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")

@@ -19,6 +19,14 @@ What holds:
   and is closed). A request must arrive whole within `request_timeout_s` of its first
   byte (408 otherwise); a connection idle between requests for `idle_timeout_s` is
   closed; one whose client stops reading answers for `request_timeout_s` is aborted.
+- The loop answers at most `answers_per_turn` requests per turn (one pass of the event
+  loop); a connection whose request finds the turn's share spent stops being read and
+  waits, in arrival order, for a later turn. Why: under a flood of small requests on
+  thousands of connections, libuv reads every ready connection in one poll phase (up to
+  48 × 1024 events) before it runs any timer or completion, so answers for admitted
+  requests and the batcher's timers waited seconds behind the parsing of new ones. With
+  a share per turn, completions run every few milliseconds whatever the load, and the
+  wait of a request for its turn is known (admission counts it).
 - Close: stops accepting after taking in what waits in the listen backlog; every
   accepted request gets an answer: its result, or 503 + Retry-After + Connection: close
   when it cannot finish before the deadline.
@@ -40,6 +48,7 @@ from http import HTTPStatus
 import httptools
 
 from hybridgnn.serving.http.api import Api, Reply, Request
+from hybridgnn.serving.http.turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +90,9 @@ class HttpServer:
 
     def __init__(self, api: Api, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
-                 max_pipelined: int = 8, retry_after_s: float = 1.0):
+                 max_pipelined: int = 8, retry_after_s: float = 1.0, answers_per_turn: int = 64):
         self.api = api
+        self.turns = Turns(answers_per_turn)
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.idle_timeout_s = idle_timeout_s
@@ -160,7 +170,8 @@ class HttpServer:
 class _Message:
     """A request being parsed, then waiting for its answer."""
 
-    __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10", "head_size")
+    __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10", "head_size",
+                 "received")
 
     def __init__(self):
         self.url = b""
@@ -172,6 +183,7 @@ class _Message:
         self.keep_alive = True
         self.http10 = False
         self.head_size = 0  # the head's fields, as parsed (the feed-level bound catches one never ending)
+        self.received = time.monotonic()  # its first byte was read (parsed) then
 
 
 class _Reject(Exception):
@@ -187,7 +199,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
-                 "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh")
+                 "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn")
 
     def __init__(self, server: HttpServer):
         self.server = server
@@ -208,6 +220,7 @@ class _Connection(asyncio.Protocol):
         self.in_head = True  # bytes fed now belong to a request head (count them)
         self.began = False  # a request began during the current feed
         self.fresh = True  # no byte received yet
+        self.waiting_turn = False  # in the server's Turns queue
         self.idle_since = time.monotonic()
         self.continue_owed = False
         self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
@@ -268,6 +281,20 @@ class _Connection(asyncio.Protocol):
             self._pause_reading()
         except httptools.HttpParserError as exc:
             self._refuse(400, f"malformed HTTP request: {str(exc)[:120] or type(exc).__name__}")
+        if self.waiting_turn:
+            return
+        if self.queue and not (self.busy or self.write_paused) and not self.server.turns.take():
+            # This turn's share is spent: answer in a later one. Reading goes on (a client
+            # that pipelines is still stopped at max_pipelined): pausing and resuming it
+            # would cost two epoll_ctl calls per request, most of a refusal's cost.
+            self.waiting_turn = True
+            self.server.turns.wait(self)
+            return
+        self._advance()
+
+    def take_turn(self) -> None:
+        """Answer what this connection has queued (its turn came; Turns counted it)."""
+        self.waiting_turn = False
         self._advance()
 
     def _feed(self, data: bytes) -> None:
@@ -405,7 +432,7 @@ class _Connection(asyncio.Protocol):
         endpoint, params = found
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
-            reply = endpoint(Request(params, msg.headers, body))
+            reply = endpoint(Request(params, msg.headers, body, time.monotonic() - msg.received))
         except Exception:
             reply = self.server.api.internal_error(f"{msg.method} {path}")
         if isinstance(reply, Reply):
