@@ -20,13 +20,9 @@ What holds:
   byte (408 otherwise); a connection idle between requests for `idle_timeout_s` is
   closed; one whose client stops reading answers for `request_timeout_s` is aborted.
 - The loop answers at most `answers_per_turn` requests per turn (one pass of the event
-  loop); a connection whose request finds the turn's share spent stops being read and
-  waits, in arrival order, for a later turn. Why: under a flood of small requests on
-  thousands of connections, libuv reads every ready connection in one poll phase (up to
-  48 × 1024 events) before it runs any timer or completion, so answers for admitted
-  requests and the batcher's timers waited seconds behind the parsing of new ones. With
-  a share per turn, completions run every few milliseconds whatever the load, and the
-  wait of a request for its turn is known (admission counts it).
+  loop); a connection whose request finds the turn's share spent keeps it parsed and
+  waits, in arrival order, for a later turn (turns.py says why). The wait for a turn is
+  known, and admission counts it.
 - Close: stops accepting after taking in what waits in the listen backlog; every
   accepted request gets an answer: its result, or 503 + Retry-After + Connection: close
   when it cannot finish before the deadline.
@@ -286,7 +282,7 @@ class _Connection(asyncio.Protocol):
         if self.queue and not (self.busy or self.write_paused) and not self.server.turns.take():
             # This turn's share is spent: answer in a later one. Reading goes on (a client
             # that pipelines is still stopped at max_pipelined): pausing and resuming it
-            # would cost two epoll_ctl calls per request, most of a refusal's cost.
+            # would add two epoll_ctl calls to every request that waits.
             self.waiting_turn = True
             self.server.turns.wait(self)
             return
