@@ -475,3 +475,31 @@ def test_past_the_turns_share_requests_wait_for_later_turns_and_all_are_answered
         assert not server.turns.waiting
 
     run(go, answers_per_turn=1)
+
+
+def test_a_closed_connection_is_freed_without_a_garbage_collection():
+    # No reference cycle outlives a connection: under churn, closed connections must not
+    # pile up until a full collection walks them all on the event loop.
+    import gc
+    import time
+
+    from hybridgnn.serving.http.protocol import _Connection
+
+    async def go(server):
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(20):
+                reader, writer = await connect(server)
+                writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await read_response(reader))[0] == 200
+                writer.close()
+                await writer.wait_closed()
+            deadline = time.monotonic() + 5
+            while server.connections and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # poll interval; bounded by the deadline
+            return sum(type(o) is _Connection for o in gc.get_objects())
+        finally:
+            gc.enable()
+
+    assert run(go) == 0
