@@ -249,7 +249,7 @@ class ServerConfig:
                                    "descriptor limit)")
     # The event loop answers at most this many requests per turn; the rest wait, in
     # arrival order, for later turns, so completions and timers are never starved by a
-    # flood of new requests (see serving/http/protocol.py).
+    # flood of new requests (see serving/http/turns.py).
     answers_per_turn: int = setting(64, "requests the event loop answers per turn of the loop; more wait for the "
                                     "next turn, so answers to admitted requests are not starved by new ones")
 

@@ -223,12 +223,15 @@ class Admission:
         the request already waited in the front end (for its turn of the event loop); it
         counts instead of the loop lag when larger. lane_name None: judge by that wait and
         the loop lag alone."""
-        lane = self.lanes[lane_name] if lane_name is not None else None
         ahead = max(self.loop_lag.lag_s, waited_s)
-        predicted = lane.model_delay_s(work) if lane is not None else 0.0
-        delay = predicted * (lane.scale if lane is not None else 1.0) + ahead
+        predicted = queued = delay = 0.0
+        if lane_name is not None:
+            lane = self.lanes[lane_name]
+            predicted, queued = lane.model_delay_s(work), lane.queued
+            delay = predicted * lane.scale
+        delay += ahead
         # An empty lane takes one request unless the loop (or the wait for it) alone is past the bound.
-        if delay > self.bound_s and ((lane is not None and lane.queued > 0) or ahead > self.bound_s):
+        if delay > self.bound_s and (queued > 0 or ahead > self.bound_s):
             self.refused += 1
             self.refused_for_lag += ahead > self.bound_s
             raise Overloaded(f"predicted queueing delay {delay * 1e3:.0f} ms exceeds the "
