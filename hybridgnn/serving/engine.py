@@ -29,6 +29,7 @@ from hybridgnn.scheduler.control import PolicyControl
 from hybridgnn.scheduler.policy import Policy, Profile
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
+from hybridgnn.serving.eager import EagerFuture
 from hybridgnn.serving.graph_requests import GraphRequests
 from hybridgnn.serving.metadata import describe_engine
 from hybridgnn.serving.placement_refresh import PlacementRefresh
@@ -251,7 +252,7 @@ class Engine:
         requests = self.control.count_admitted(int(node_ids.shape[0]))
         if not requests & 255:  # the batch size under backlog follows the request mix
             self._sampled_lane.full_batch = self._full_batch_psgs()
-        fut = self._loop.create_future()
+        fut = EagerFuture(loop=self._loop)  # the HTTP answer is written in the call that completes it
         self.batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter(), psgs=psgs,
                                           predicted_wait_s=predicted))
         return fut
@@ -326,13 +327,15 @@ class Engine:
         lane.completed(batch.psgs, done_s)
 
     def _resolve(self, req: InferenceRequest, result: RequestResult | None = None, exception=None) -> None:
+        # The books first: completing the future may answer at once (EagerFuture), and what
+        # that answer lets in (a pipelined request) must see this request gone.
+        self._sampled_lane.remove(req.psgs)
+        self._release()
         if not req.future.done():
             if exception is not None:
                 req.future.set_exception(exception)
             else:
                 req.future.set_result(result)
-        self._sampled_lane.remove(req.psgs)
-        self._release()
 
     @property
     def num_nodes(self) -> int:

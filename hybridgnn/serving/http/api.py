@@ -38,6 +38,7 @@ from hybridgnn.errors import (
     Unauthorized,
     brief,
 )
+from hybridgnn.serving.eager import EagerFuture, when_done
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
@@ -142,18 +143,19 @@ _MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "c
 def _chain(fut: asyncio.Future, finish: Callable[[asyncio.Future], Reply],
            failed: Callable[[BaseException], Reply]) -> asyncio.Future:
     """A future of finish(fut) once fut is done, without a task per request; failed(exc)
-    answers if finish raises."""
-    out = fut.get_loop().create_future()
+    answers if finish raises (or fut was cancelled). Completed in the same call as fut when
+    that is an EagerFuture (no pass of the event loop in between)."""
+    out = EagerFuture(loop=fut.get_loop())
 
     def done(f: asyncio.Future) -> None:
         if not out.done():
             try:
-                reply = finish(f)
+                reply = failed(Draining("request cancelled: server shutting down")) if f.cancelled() else finish(f)
             except Exception as exc:
                 reply = failed(exc)
             out.set_result(reply)
 
-    fut.add_done_callback(done)
+    when_done(fut, done)
     return out
 
 

@@ -43,6 +43,7 @@ from http import HTTPStatus
 
 import httptools
 
+from hybridgnn.serving.eager import when_done
 from hybridgnn.serving.http.api import Api, Reply, Request
 from hybridgnn.serving.http.turns import Turns
 
@@ -444,7 +445,7 @@ class _Connection(asyncio.Protocol):
             reply = asyncio.ensure_future(reply)
         self.busy = True
         self.in_flight = msg
-        reply.add_done_callback(lambda fut: self._answered(fut, msg, head_only))
+        when_done(reply, lambda fut: self._answered(fut, msg, head_only))
 
     def _answered(self, fut: asyncio.Future, msg: _Message, head_only: bool) -> None:
         if self.in_flight is not msg:

@@ -1,0 +1,72 @@
+"""A future whose eager callbacks run inside set_result / set_exception / cancel.
+
+Why: an asyncio future runs its done callbacks in a later pass of the event loop, and a
+chain of them (the engine's result, the API's reply, the connection's write) costs one
+pass each. Under a flood each pass includes a poll phase that reads every connection with
+input, so an answer whose batch was done waited two more such passes before it was written
+(measured: p99 from the endpoint to the write 42–45 ms at twice capacity, of which the
+batch took 17 ms). Eager callbacks write the answer in the callback that completes the batch.
+
+What holds: an eager callback runs exactly once, in the call that completes the future, or
+at once when added to a future already done; ordinary done callbacks and `await` behave as
+for any asyncio future. An exception from an eager callback goes to the loop's exception
+handler and does not stop the callbacks after it or the caller completing the future.
+Event loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+class EagerFuture(asyncio.Future):
+    """asyncio.Future plus add_eager_callback (see the module docstring)."""
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None):
+        super().__init__(loop=loop)
+        self._eager: list[Callable[[EagerFuture], None]] | None = None
+
+    def add_eager_callback(self, fn: Callable[["EagerFuture"], None]) -> None:
+        """Call fn(self) when this future completes (now, if it has)."""
+        if self.done():
+            self._call(fn)
+        elif self._eager is None:
+            self._eager = [fn]
+        else:
+            self._eager.append(fn)
+
+    def set_result(self, result) -> None:
+        super().set_result(result)
+        self._run_eager()
+
+    def set_exception(self, exception) -> None:
+        super().set_exception(exception)
+        self._run_eager()
+
+    def cancel(self, msg=None) -> bool:
+        cancelled = super().cancel(msg)
+        if cancelled:
+            self._run_eager()
+        return cancelled
+
+    def _run_eager(self) -> None:
+        callbacks, self._eager = self._eager, None
+        if callbacks:
+            for fn in callbacks:
+                self._call(fn)
+
+    def _call(self, fn: Callable[["EagerFuture"], None]) -> None:
+        try:
+            fn(self)
+        except Exception as exc:  # as the loop treats a failing done callback: report, go on
+            self.get_loop().call_exception_handler({"message": "exception in an eager future callback",
+                                                    "exception": exc, "future": self})
+
+
+def when_done(fut: asyncio.Future, fn: Callable[[asyncio.Future], None]) -> None:
+    """fn(fut) once fut is done: eagerly for an EagerFuture, else as a done callback."""
+    if isinstance(fut, EagerFuture):
+        fut.add_eager_callback(fn)
+    else:
+        fut.add_done_callback(fn)

@@ -1,0 +1,109 @@
+"""EagerFuture: eager callbacks run in the call that completes the future; the rest is a
+plain asyncio future."""
+
+import asyncio
+
+import pytest
+
+from hybridgnn.errors import Draining
+from hybridgnn.serving.eager import EagerFuture, when_done
+from hybridgnn.serving.http.api import Reply, _chain
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_eager_callbacks_run_inside_set_result_in_order():
+    async def go():
+        fut = EagerFuture()
+        seen = []
+        fut.add_eager_callback(lambda f: seen.append(("a", f.result())))
+        fut.add_eager_callback(lambda f: seen.append(("b", f.result())))
+        fut.set_result(7)
+        assert seen == [("a", 7), ("b", 7)]  # before set_result returned, no pass of the loop
+        fut.add_eager_callback(lambda f: seen.append(("late", f.result())))  # already done: at once
+        assert seen[-1] == ("late", 7)
+        assert await fut == 7
+    _run(go())
+
+
+@pytest.mark.parametrize("complete", ["exception", "cancel"])
+def test_eager_callbacks_run_on_exception_and_cancel(complete):
+    async def go():
+        fut = EagerFuture()
+        seen = []
+        fut.add_eager_callback(lambda f: seen.append(f.cancelled() or type(f.exception()).__name__))
+        if complete == "exception":
+            fut.set_exception(KeyError("x"))
+        else:
+            assert fut.cancel()
+            assert not fut.cancel()  # a second cancel runs nothing again
+        assert seen == (["KeyError"] if complete == "exception" else [True])
+        with pytest.raises((KeyError, asyncio.CancelledError)):
+            await fut
+    _run(go())
+
+
+def test_a_failing_eager_callback_is_reported_and_the_rest_still_run():
+    async def go():
+        loop = asyncio.get_running_loop()
+        reported = []
+        loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx["exception"]))
+        fut = EagerFuture()
+        seen = []
+        fut.add_eager_callback(lambda f: 1 / 0)
+        fut.add_eager_callback(lambda f: seen.append(f.result()))
+        fut.set_result("ok")  # does not raise into the caller
+        assert seen == ["ok"] and isinstance(reported[0], ZeroDivisionError)
+    _run(go())
+
+
+def test_ordinary_done_callbacks_still_wait_for_the_loop():
+    async def go():
+        fut = EagerFuture()
+        seen = []
+        fut.add_done_callback(lambda f: seen.append("done"))
+        fut.set_result(1)
+        assert seen == []
+        await asyncio.sleep(0)
+        assert seen == ["done"]
+    _run(go())
+
+
+def test_when_done_is_eager_only_for_an_eager_future():
+    async def go():
+        plain, eager = asyncio.get_running_loop().create_future(), EagerFuture()
+        seen = []
+        when_done(plain, lambda f: seen.append("plain"))
+        when_done(eager, lambda f: seen.append("eager"))
+        plain.set_result(None)
+        eager.set_result(None)
+        assert seen == ["eager"]
+        await asyncio.sleep(0)
+        assert seen == ["eager", "plain"]
+    _run(go())
+
+
+def test_chain_answers_in_the_same_call_and_a_cancelled_request_gets_a_503():
+    async def go():
+        def failed(exc):
+            return Reply.error(getattr(exc, "status", 500), str(exc))
+
+        src = EagerFuture()
+        out = _chain(src, lambda f: Reply.json({"v": f.result()}), failed)
+        answered = []
+        when_done(out, lambda f: answered.append(f.result().body))
+        src.set_result(3)
+        assert answered == [b'{"v": 3}']
+
+        src = EagerFuture()
+        out = _chain(src, lambda f: Reply.json({"v": f.result()}), failed)
+        src.cancel()
+        assert out.done() and out.result().status == Draining.status
+
+        src = EagerFuture()
+        out = _chain(src, lambda f: 1 / 0, failed)  # a failing finish answers through failed
+        src.set_result(None)
+        assert out.result().status == 500
+    _run(go())
