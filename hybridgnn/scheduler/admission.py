@@ -17,9 +17,13 @@ machine's cores. Both describe an average; the promise is about the tail. So a l
 can also be calibrated: each admitted request's prediction is compared with the wait
 it then saw, and predictions are scaled by a high quantile of actual ÷ predicted over
 recent requests (CALIBRATION_QUANTILE; predictions under a fifth of the bound are not
-compared: there a request's own service, not the queue, makes the wait). A request is
-admitted while delay(queued + its own work) stays within the bound, else refused with
-Retry-After ≈ the excess. Until a lane has measured MIN_BATCHES batches it admits: the
+compared: there a request's own service, not the queue, makes the wait). Those short
+waits set the lane's floor instead: the same quantile of what admitted work waited while
+the queue was short (the batcher's wait, the hand-back from a worker to the event loop),
+which no queue model sees and which counts whatever the queue (measured: 10–30 ms at p99
+under a flood of one-seed requests, where the model predicted well under a millisecond). A
+request is admitted while the larger of delay(queued + its own work) and the floor stays
+within the bound, else refused with Retry-After ≈ the excess. Until a lane has measured MIN_BATCHES batches it admits: the
 first batches of a fresh server run cold (lazy initialisation, caches), and a model
 fitted to them would refuse an idle server's first requests (the pending
 count still caps memory). Every request kind passes through here.
@@ -28,9 +32,10 @@ The lanes see only work already parsed. When the event loop itself is the bottle
 (small requests, one loop) the wait is spent before that: in socket buffers while the
 loop runs other callbacks. A `LoopLag` measures how late the loop runs a periodic timer,
 which is about how long a request that arrives now waits to be read (sustained over a
-few ticks: one slow callback is not overload), and adds it to
-every lane's delay; past the bound on its own it refuses even an empty lane, which
-frees the loop (a refusal costs a fraction of an answer) until it catches up.
+few ticks: one slow callback is not overload). It adds to what a request already waited
+after it was read (its turn of the loop) and to every lane's delay; past the bound on
+their own the two refuse even an empty lane, which frees the loop (a refusal costs a
+fraction of an answer) until it catches up.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ class Lane:
     """Queued work and a cost model for one kind of server pool."""
 
     __slots__ = ("name", "servers", "queued", "full_batch", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope",
-                 "throughput", "_win_t0", "_win_work", "_win_backlogged", "scale", "_ratios", "_since_scaled")
+                 "throughput", "_win_t0", "_win_work", "_win_backlogged", "scale", "_ratios", "_since_scaled",
+                 "floor_s", "_short_waits", "_since_floor")
 
     def __init__(self, name: str, servers: int, full_batch: float = 1.0):
         self.name = name
@@ -75,6 +81,9 @@ class Lane:
         self.scale = 1.0  # predictions are multiplied by this (calibrate)
         self._ratios: collections.deque[float] = collections.deque(maxlen=CALIBRATION_SAMPLES)
         self._since_scaled = 0
+        self.floor_s = 0.0  # what admitted work waits with a short queue (calibrate)
+        self._short_waits: collections.deque[float] = collections.deque(maxlen=CALIBRATION_SAMPLES)
+        self._since_floor = 0
 
     @property
     def measured(self) -> bool:
@@ -87,8 +96,13 @@ class Lane:
 
     def delay_s(self, extra: float = 0.0) -> float:
         """Seconds until work `extra` added now would be done, queued work first (the
-        model's prediction, scaled by the calibration)."""
-        return self.model_delay_s(extra) * self.scale
+        model's prediction, scaled by the calibration, and at least the floor)."""
+        return self.expected_s(self.model_delay_s(extra))
+
+    def expected_s(self, predicted_s: float) -> float:
+        """The wait to expect for a model prediction: scaled by the calibration, at least
+        the floor (0 until the lane is measured)."""
+        return max(predicted_s * self.scale, self.floor_s) if self.measured else 0.0
 
     def model_delay_s(self, extra: float = 0.0) -> float:
         """The cost model's and the throughput's prediction alone, before calibration."""
@@ -103,24 +117,31 @@ class Lane:
         """Compare one admitted request's model prediction (model_delay_s when it was
         admitted) with how long it then waited before its service began; every
         CALIBRATION_MIN pairs the scale becomes the CALIBRATION_QUANTILE of waited ÷
-        predicted. Small predictions are skipped: near an empty lane the wait is the
-        batcher's and the request's own, not the queue's, and the bound is not at stake."""
-        if not (predicted_s >= 0.2 * bound_s and math.isfinite(waited_s)):
+        predicted. Small predictions do not scale: near an empty lane the wait is the
+        batcher's and the hand-back's, not the queue's. Their waits set the floor (the
+        same quantile of them, at most half the bound, so it cannot refuse by itself)."""
+        if not math.isfinite(waited_s):
+            return
+        if predicted_s < 0.2 * bound_s:
+            self._short_waits.append(max(waited_s, 0.0))
+            self._since_floor += 1
+            if self._since_floor >= CALIBRATION_MIN:
+                self._since_floor = 0
+                self.floor_s = min(0.5 * bound_s, _quantile(self._short_waits, CALIBRATION_QUANTILE))
             return
         self._ratios.append(max(waited_s, 0.0) / predicted_s)
         self._since_scaled += 1
         if self._since_scaled >= CALIBRATION_MIN and len(self._ratios) >= CALIBRATION_MIN:
             self._since_scaled = 0
             lo, hi = CALIBRATION_RANGE
-            ordered = sorted(self._ratios)  # a few µs for 256 floats, where numpy's quantile costs tens
-            self.scale = min(hi, max(lo, ordered[int(CALIBRATION_QUANTILE * (len(ordered) - 1))]))
+            self.scale = min(hi, max(lo, _quantile(self._ratios, CALIBRATION_QUANTILE)))
 
     def describe(self) -> dict:
         """The lane's state and cost model, for the model metadata (diagnostics)."""
         return {"servers": self.servers, "queued": self.queued, "full_batch": self.full_batch,
                 "batch_cost_s": self._a, "cost_per_work_s": self._slope, "backlogged_throughput": self.throughput,
                 "calibration_scale": self.scale, "calibration_samples": len(self._ratios),
-                "delay_s": self.delay_s()}
+                "floor_s": self.floor_s, "delay_s": self.delay_s()}
 
     def add(self, work: float) -> None:
         self.queued += work
@@ -178,6 +199,11 @@ class Lane:
         self._slope, self._a = self._y / max(self._x, 1e-12), 0.0
 
 
+def _quantile(values, q: float) -> float:
+    ordered = sorted(values)  # a few µs for 256 floats, where numpy's quantile costs tens
+    return ordered[int(q * (len(ordered) - 1))]
+
+
 class LoopLag:
     """How late the event loop runs, sustained: fed the lateness of a periodic timer (the
     engine's ticker), it holds the least of the last `window` samples. A loop that is
@@ -221,14 +247,13 @@ class Admission:
         the lane is past it already, which lets the front end refuse before decoding);
         else return the lane's model prediction for it, before calibration. waited_s: what
         the request already waited in the front end (for its turn of the event loop); it
-        counts instead of the loop lag when larger. lane_name None: judge by that wait and
-        the loop lag alone."""
-        ahead = max(self.loop_lag.lag_s, waited_s)
+        adds to the loop lag (the wait to be read). lane_name None: judge by those alone."""
+        ahead = self.loop_lag.lag_s + waited_s
         predicted = queued = delay = 0.0
         if lane_name is not None:
             lane = self.lanes[lane_name]
             predicted, queued = lane.model_delay_s(work), lane.queued
-            delay = predicted * lane.scale
+            delay = lane.expected_s(predicted)
         delay += ahead
         # An empty lane takes one request unless the loop (or the wait for it) alone is past the bound.
         if delay > self.bound_s and (queued > 0 or ahead > self.bound_s):
