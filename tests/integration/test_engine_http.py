@@ -160,6 +160,6 @@ def test_a_plain_request_is_refused_before_decoding_when_the_lane_is_past_its_bo
     (b'{"inputs": []}', {"inference-header-content-length": "9" * 5000}, False),
 ])
 def test_which_requests_count_as_plain_sampled(raw, headers, plain):
-    from hybridgnn.serving.http.api import Request, _plainly_sampled
+    from hybridgnn.serving.http.api import Request, _json_part, _plainly_sampled
 
-    assert _plainly_sampled(Request({"model": "m"}, headers, raw)) is plain
+    assert _plainly_sampled(_json_part(Request({"model": "m"}, headers, raw))) is plain

@@ -10,8 +10,10 @@ import logging
 import re
 from types import SimpleNamespace
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from hybridgnn import errors
 from hybridgnn.config import SamplingConfig, ServeConfig
@@ -264,3 +266,15 @@ def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe, tmp_path):
     assert out["new_node_after_update"][0] == 200  # evaluated on the current graph
     status, body = out["sampled_new_node_after_update"]
     assert status == 409 and "graph updates" in body["error"]
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(message=st.text(), status=st.sampled_from([400, 404, 429, 503]))
+def test_an_error_body_is_the_json_of_its_message(message, status):
+    """Reply.error builds its body without json.dumps (refusals are answered by the thousand
+    per second); the bytes must be the same."""
+    from hybridgnn.serving.http.api import Reply
+
+    reply = Reply.error(status, message)
+    assert reply.body == json.dumps({"error": message}).encode() and reply.status == status
+    assert json.loads(reply.body) == {"error": message}
