@@ -94,7 +94,8 @@ from hybridgnn.testing.server import metrics_text  # noqa: E402
 SERVICE_STAGES = ("sample", "gather", "compute")
 # 429 messages: the current server's queue-delay admission, and the cap on requests in
 # flight (--max-pending, both revisions)
-REFUSAL_KINDS = (("queue_delay", b"predicted queueing delay"), ("pending_cap", b"requests in flight (limit"))
+REFUSAL_KINDS = (("queue_delay", b"predicted queueing delay"), ("standing_queue", b"standing queue"),
+                 ("pending_cap", b"requests in flight (limit"))
 UPDATE_TOKEN = "overload-bench-token"
 
 

@@ -233,6 +233,7 @@ class Admission:
         self.loop_lag = loop_lag or LoopLag()
         self.refused = 0
         self.refused_for_lag = 0
+        self.refused_standing = 0
 
     def admit(self, lane_name: str, work: float, waited_s: float = 0.0) -> float:
         """Queue `work` on the lane, or raise Overloaded (with Retry-After) if the delay it
@@ -264,9 +265,18 @@ class Admission:
                              retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
         return predicted
 
+    def refuse_standing(self, waited_s: float) -> None:
+        """Raise Overloaded for a request the front end found waiting past the target of a
+        queue that stands (the front end decides; see serving/http/turns.py)."""
+        self.refused += 1
+        self.refused_standing += 1
+        raise Overloaded(f"waited {waited_s * 1e3:.0f} ms in a standing queue of the front end; retry later",
+                         retry_after_s=1.0)
+
     def describe(self) -> dict:
         return {"bound_s": self.bound_s, "refused_by_delay": self.refused,
-                "refused_for_loop_lag": self.refused_for_lag, "loop_lag_s": self.loop_lag.lag_s,
+                "refused_for_loop_lag": self.refused_for_lag, "refused_standing_queue": self.refused_standing,
+                "loop_lag_s": self.loop_lag.lag_s,
                 "lanes": {name: lane.describe() for name, lane in self.lanes.items()}}
 
     def delays_s(self) -> dict[str, float]:

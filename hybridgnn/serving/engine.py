@@ -237,10 +237,13 @@ class Engine:
         if self._pending == 0:
             self._idle.set()
 
-    def shed(self, waited_s: float, lane: str | None = None) -> None:
+    def shed(self, waited_s: float, lane: str | None = None, standing: bool = False) -> None:
         """Raise Overloaded, before a request is decoded, if it already waited in the front
-        end past the delay bound, or (lane given) that lane is past it before any new work."""
+        end past the delay bound, or past the target of a queue that stands there
+        (`standing`), or (lane given) that lane is past the bound before any new work."""
         if self.started and not self.draining:
+            if standing:
+                self.admission.refuse_standing(waited_s)
             self.admission.check(lane, 0.0, waited_s)
 
     def submit(self, node_ids: np.ndarray, waited_s: float = 0.0) -> asyncio.Future:

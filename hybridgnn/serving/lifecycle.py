@@ -117,9 +117,11 @@ def http_server(engine: Engine | Models | Repository, cfg: ServeConfig) -> HttpS
     """The HTTP server carrying the API of an engine (or a repository's engines), with
     the configured limits."""
     s = cfg.server
-    return HttpServer(Api(engine), max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
+    api = Api(engine)
+    return HttpServer(api, max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
                       request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
-                      retry_after_s=s.retry_after_s, answers_per_turn=s.answers_per_turn)
+                      retry_after_s=s.retry_after_s, answers_per_turn=s.answers_per_turn,
+                      queue_bound_s=api.engine.admission.bound_s)
 
 
 async def _start_http(engine: Engine | Models | Repository, cfg: ServeConfig):

@@ -278,3 +278,22 @@ def test_an_error_body_is_the_json_of_its_message(message, status):
     reply = Reply.error(status, message)
     assert reply.body == json.dumps({"error": message}).encode() and reply.status == status
     assert json.loads(reply.body) == {"error": message}
+
+
+def test_a_request_past_the_target_of_a_standing_queue_is_refused_but_health_is_answered(tiny_dataset, tiny_model):
+    """The front end decides (its queue stands and the request waited over the target);
+    the infer endpoint refuses it before decoding, with Retry-After; a health check that
+    waited as long is still answered."""
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
+
+    async def scenario(api, engine):
+        endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
+        refused = endpoint(Request(params, {}, b"not even JSON", 0.03, standing=True))
+        live, _ = api.route("GET", "/v2/health/live")
+        return refused, live(Request({}, {}, b"", 0.03, standing=True)), engine.admission.describe()
+
+    refused, live, admission = run_api(cfg, scenario)
+    status, body, headers = answer(refused)
+    assert status == 429 and "standing queue" in body["error"] and headers["Retry-After"] == "1"
+    assert live.status == 200
+    assert admission["refused_standing_queue"] == 1

@@ -128,16 +128,20 @@ class Reply:
 
 class Request:
     """What an endpoint reads from an HTTP request: route parameters, the headers it
-    uses (names lower-case), the body, and how long it already waited in the front end
-    (from its first byte read to its endpoint running), which admission counts."""
+    uses (names lower-case), the body, how long it already waited in the front end
+    (from its first byte read to its endpoint running), which admission counts, and
+    whether it waited past the target of a queue that stands (then work that admission
+    governs is refused)."""
 
-    __slots__ = ("params", "headers", "body", "waited_s")
+    __slots__ = ("params", "headers", "body", "waited_s", "standing")
 
-    def __init__(self, params: dict[str, str], headers: dict[str, str], body: bytes, waited_s: float = 0.0):
+    def __init__(self, params: dict[str, str], headers: dict[str, str], body: bytes, waited_s: float = 0.0,
+                 standing: bool = False):
         self.params = params
         self.headers = headers
         self.body = body
         self.waited_s = waited_s
+        self.standing = standing
 
 
 Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
@@ -447,7 +451,7 @@ class Api:
                 return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
             sampled = _plainly_sampled(head)
             # past the bound already (the lane, or the wait for its turn): refuse before decoding
-            engine.shed(request.waited_s, "sampled" if sampled else None)
+            engine.shed(request.waited_s, "sampled" if sampled else None, request.standing)
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                        feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map,

@@ -22,7 +22,9 @@ What holds:
 - The loop answers at most `answers_per_turn` requests per turn (one pass of the event
   loop); a connection whose request finds the turn's share spent keeps it parsed and
   waits, in arrival order, for a later turn (turns.py says why). The wait for a turn is
-  known, and admission counts it.
+  known, and admission counts it. A queue that stands (its oldest wait over a target for
+  an interval: a tenth of the admission bound, and the bound) is cut short: a request
+  that waited over the target is refused (429) at its turn.
 - Close: stops accepting after taking in what waits in the listen backlog; every
   accepted request gets an answer: its result, or 503 + Retry-After + Connection: close
   when it cannot finish before the deadline.
@@ -45,7 +47,7 @@ import httptools
 
 from hybridgnn.serving.eager import when_done
 from hybridgnn.serving.http.api import Api, Reply, Request
-from hybridgnn.serving.http.turns import Turns
+from hybridgnn.serving.http.turns import Turns, standing_queue_limits
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +89,10 @@ class HttpServer:
 
     def __init__(self, api: Api, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
-                 max_pipelined: int = 8, retry_after_s: float = 1.0, answers_per_turn: int = 64):
+                 max_pipelined: int = 8, retry_after_s: float = 1.0, answers_per_turn: int = 64,
+                 queue_bound_s: float = float("inf")):
         self.api = api
-        self.turns = Turns(answers_per_turn)
+        self.turns = Turns(answers_per_turn, *standing_queue_limits(queue_bound_s))
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.idle_timeout_s = idle_timeout_s
@@ -435,7 +438,8 @@ class _Connection(asyncio.Protocol):
         endpoint, params = found
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
-            reply = endpoint(Request(params, msg.headers, body, time.monotonic() - msg.received))
+            waited = time.monotonic() - msg.received
+            reply = endpoint(Request(params, msg.headers, body, waited, self.server.turns.over_target(waited)))
         except Exception:
             reply = self.server.api.internal_error(f"{msg.method} {path}")
         if isinstance(reply, Reply):
