@@ -261,7 +261,9 @@ class GoodClient:
 
     def _lost(self, conn, token, why):
         if token is not None and self.fut is not None and not self.fut.done():
-            self.fut.set_result(f"lost:{why}")
+            # A 503 at the connection cap can arrive just before the request is written and
+            # the close just after: the server answered; the request was never read.
+            self.fut.set_result(conn.unsolicited or f"lost:{why}")
 
     async def open(self) -> None:
         self.conn = await connect(lambda: HttpConn(self._answer, self._lost), self.timeout_s)
