@@ -129,7 +129,8 @@ class Reply:
 class Request:
     """What an endpoint reads from an HTTP request: route parameters, the headers it
     uses (names lower-case), the body, how long it already waited in the front end
-    (from its first byte read to its endpoint running), which admission counts, and
+    (from its first byte read, or from the answer before it on a pipelining connection if
+    that came later, to its endpoint running), which admission counts, and
     whether it waited past the target of a queue that stands (then work that admission
     governs is refused)."""
 

@@ -199,7 +199,8 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
-                 "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn")
+                 "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn",
+                 "free_since")
 
     def __init__(self, server: HttpServer):
         self.server = server
@@ -221,6 +222,7 @@ class _Connection(asyncio.Protocol):
         self.began = False  # a request began during the current feed
         self.fresh = True  # no byte received yet
         self.waiting_turn = False  # in the server's Turns queue
+        self.free_since = 0.0  # when the last answer went out (monotonic): a pipelined request waits from then
         self.idle_since = time.monotonic()
         self.continue_owed = False
         self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
@@ -438,7 +440,12 @@ class _Connection(asyncio.Protocol):
         endpoint, params = found
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
-            waited = time.monotonic() - msg.received
+            # The front end's wait: from the request's first byte, or from the answer before
+            # it on this connection if that came later. A pipelined request waiting behind the
+            # client's own earlier requests is not waiting for the server (HTTP/1.1 answers
+            # in order), and admission must not refuse it for that on an idle server.
+            now = time.monotonic()
+            waited = now - max(msg.received, self.free_since)
             reply = endpoint(Request(params, msg.headers, body, waited, self.server.turns.over_target(waited)))
         except Exception:
             reply = self.server.api.internal_error(f"{msg.method} {path}")
@@ -484,6 +491,7 @@ class _Connection(asyncio.Protocol):
         connection lingers until the client closes (requests after it are not read)."""
         keep_alive = msg.keep_alive and not self.server.draining()
         self.transport.write(self._encode(reply, keep_alive, head_only))
+        self.free_since = time.monotonic()
         if not keep_alive:
             self._linger()  # nothing after a "Connection: close" answer is read
 
