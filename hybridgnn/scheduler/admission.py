@@ -23,10 +23,10 @@ the queue was short (the batcher's wait, the hand-back from a worker to the even
 which no queue model sees and which counts whatever the queue (measured: 10–30 ms at p99
 under a flood of one-seed requests, where the model predicted well under a millisecond). A
 request is admitted while the larger of delay(queued + its own work) and the floor stays
-within the bound, else refused with Retry-After ≈ the excess. Until a lane has measured MIN_BATCHES batches it admits: the
-first batches of a fresh server run cold (lazy initialisation, caches), and a model
-fitted to them would refuse an idle server's first requests (the pending
-count still caps memory). Every request kind passes through here.
+within the bound, else refused with Retry-After ≈ the excess. Until a lane has measured
+MIN_BATCHES batches it admits: the first batches of a fresh server run cold (lazy
+initialisation, caches), and a model fitted to them would refuse an idle server's first
+requests (the pending count still caps memory). Every request kind passes through here.
 
 The lanes see only work already parsed. When the event loop itself is the bottleneck
 (small requests, one loop) the wait is spent before that: in socket buffers while the

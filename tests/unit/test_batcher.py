@@ -52,13 +52,17 @@ def test_waits_at_most_max_wait():
     assert len(batches) == 1 and 0.015 <= waited < 0.5
 
 
+def gated_batcher(cfg, free: bool):
+    """A batcher whose capacity is the switch capacity["ok"]; batches land in the list."""
+    batches, capacity = [], {"ok": free}
+    return MicroBatcher(cfg, batches.append, lambda: capacity["ok"]), batches, capacity
+
+
 def test_holds_batches_until_capacity_and_grows_them():
     cfg = BatcherConfig(max_batch_seeds=100, max_wait_s=0.0)
 
     async def run():
-        batches = []
-        free = {"ok": False}
-        b = MicroBatcher(cfg, batches.append, lambda: free["ok"])
+        b, batches, free = gated_batcher(cfg, free=False)
         loop = asyncio.get_running_loop()
         for _ in range(5):
             b.add(make_request(2, loop))
@@ -99,9 +103,7 @@ def test_a_due_batch_is_dispatched_in_the_call_that_makes_it_due():
     cfg = BatcherConfig(max_batch_seeds=4, max_wait_s=10.0)
 
     async def run():
-        batches = []
-        free = {"ok": True}
-        b = MicroBatcher(cfg, batches.append, lambda: free["ok"])
+        b, batches, free = gated_batcher(cfg, free=True)
         loop = asyncio.get_running_loop()
         b.add(make_request(2, loop))
         assert batches == []  # not full, its deadline 10 s away

@@ -131,8 +131,8 @@ class Request:
     uses (names lower-case), the body, how long it already waited in the front end
     (from its first byte read, or from the answer before it on a pipelining connection if
     that came later, to its endpoint running), which admission counts, and
-    whether it waited past the target of a queue that stands (then work that admission
-    governs is refused)."""
+    whether it waited past the target of a queue that stands (then an inference is
+    refused; other endpoints answer)."""
 
     __slots__ = ("params", "headers", "body", "waited_s", "standing")
 

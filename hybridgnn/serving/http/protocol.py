@@ -23,7 +23,7 @@ What holds:
   loop); a connection whose request finds the turn's share spent keeps it parsed and
   waits, in arrival order, for a later turn (turns.py says why). The wait for a turn is
   known, and admission counts it. A queue that stands (its oldest wait over a target for
-  an interval: a tenth of the admission bound, and the bound) is cut short: a request
+  an interval: a quarter of the admission bound, and the bound) is cut short: a request
   that waited over the target is refused (429) at its turn.
 - Close: stops accepting after taking in what waits in the listen backlog; every
   accepted request gets an answer: its result, or 503 + Retry-After + Connection: close
@@ -444,8 +444,7 @@ class _Connection(asyncio.Protocol):
             # it on this connection if that came later. A pipelined request waiting behind the
             # client's own earlier requests is not waiting for the server (HTTP/1.1 answers
             # in order), and admission must not refuse it for that on an idle server.
-            now = time.monotonic()
-            waited = now - max(msg.received, self.free_since)
+            waited = time.monotonic() - max(msg.received, self.free_since)
             reply = endpoint(Request(params, msg.headers, body, waited, self.server.turns.over_target(waited)))
         except Exception:
             reply = self.server.api.internal_error(f"{msg.method} {path}")
