@@ -265,13 +265,11 @@ class Admission:
                              retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
         return predicted
 
-    def refuse_standing(self, waited_s: float) -> None:
-        """Raise Overloaded for a request the front end found waiting past the target of a
-        queue that stands (the front end decides; see serving/http/turns.py)."""
+    def count_standing(self) -> None:
+        """Count a request refused for waiting past the target of a queue that stands in
+        the front end (the front end decides; see serving/http/turns.py)."""
         self.refused += 1
         self.refused_standing += 1
-        raise Overloaded(f"waited {waited_s * 1e3:.0f} ms in a standing queue of the front end; retry later",
-                         retry_after_s=1.0)
 
     def describe(self) -> dict:
         return {"bound_s": self.bound_s, "refused_by_delay": self.refused,

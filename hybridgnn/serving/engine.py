@@ -237,14 +237,20 @@ class Engine:
         if self._pending == 0:
             self._idle.set()
 
-    def shed(self, waited_s: float, lane: str | None = None, standing: bool = False) -> None:
+    def shed(self, waited_s: float, lane: str | None = None) -> None:
         """Raise Overloaded, before a request is decoded, if it already waited in the front
-        end past the delay bound, or past the target of a queue that stands there
-        (`standing`), or (lane given) that lane is past the bound before any new work."""
+        end past the delay bound, or (lane given) that lane is past the bound before any new work."""
         if self.started and not self.draining:
-            if standing:
-                self.admission.refuse_standing(waited_s)
             self.admission.check(lane, 0.0, waited_s)
+
+    def shed_standing(self) -> bool:
+        """Whether a request the front end found waiting past the target of a queue that
+        stands there is refused (and counted so): yes unless the engine is starting or
+        draining, whose own answer (503) applies then."""
+        if self.started and not self.draining:
+            self.admission.count_standing()
+            return True
+        return False
 
     def submit(self, node_ids: np.ndarray, waited_s: float = 0.0) -> asyncio.Future:
         """Admit one request (ids already validated) or raise Overloaded / Draining.

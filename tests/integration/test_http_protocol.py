@@ -21,6 +21,8 @@ class EchoApi:
 
     def __init__(self):
         self.engine = _Engine()
+        self.shared = Reply.error(429, "one shared refusal", {"Retry-After": "1"})
+        self.shared.shared = True
 
     @property
     def draining(self):  # as Api.draining: the server is shutting down
@@ -39,6 +41,8 @@ class EchoApi:
             return self._async, {}
         if path == "/waited":
             return (lambda req: Reply.json({"waited_s": req.waited_s, "body": req.body.decode("latin-1")})), {}
+        if path == "/shared":
+            return (lambda req: self.shared), {}
         if path == "/boom":
             return (lambda req: 1 / 0), {}
         return Reply.error(404, f"no such endpoint: {method} {path}")
@@ -97,6 +101,29 @@ def test_keep_alive_serves_many_requests_on_one_connection():
             assert status == 200 and json.loads(body)["body"] == str(i)
             assert headers["connection"] == "keep-alive" and headers["content-type"] == "application/json"
             assert "date" in headers
+        writer.close()
+
+    run(go)
+
+
+def test_a_shared_reply_is_encoded_once_per_date_and_connection_mode():
+    """A Reply marked shared answers many requests: its bytes are kept per Date second, and
+    keep-alive, close and HEAD each get their own (the answer is otherwise the same)."""
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"GET /shared HTTP/1.1\r\nHost: t\r\n\r\n" * 2 + b"HEAD /shared HTTP/1.1\r\nHost: t\r\n\r\n"
+                     + b"GET /shared HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        answers = [await read_response(reader) for _ in range(2)]
+        head = await read_response(reader, head_only=True)
+        last = await read_response(reader)
+        for status, headers, body in answers + [last]:
+            assert status == 429 and json.loads(body) == {"error": "one shared refusal"}
+            assert headers["retry-after"] == "1" and "date" in headers
+        assert [a[1]["connection"] for a in answers] == ["keep-alive"] * 2 and last[1]["connection"] == "close"
+        assert head[0] == 429 and head[1]["content-length"] == str(len(answers[0][2]))
+        assert await closed_by_server(reader)
+        kept = {key[1:]: wire for key, wire in server._kept.items()}
+        assert set(kept) <= {(True, False), (True, True), (False, False)} and (False, False) in kept
         writer.close()
 
     run(go)

@@ -282,18 +282,30 @@ def test_an_error_body_is_the_json_of_its_message(message, status):
 
 def test_a_request_past_the_target_of_a_standing_queue_is_refused_but_health_is_answered(tiny_dataset, tiny_model):
     """The front end decides (its queue stands and the request waited over the target);
-    the infer endpoint refuses it before decoding, with Retry-After; a health check that
-    waited as long is still answered."""
+    the infer endpoint refuses it before decoding, with Retry-After, as one shared Reply
+    counted each time; a health check that waited as long is still answered; a draining
+    engine answers its own 503 instead."""
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
 
     async def scenario(api, engine):
         endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
-        refused = endpoint(Request(params, {}, b"not even JSON", 0.03, standing=True))
+        refused = [endpoint(Request(params, {}, b"not even JSON", 0.03, standing=True)) for _ in range(2)]
         live, _ = api.route("GET", "/v2/health/live")
-        return refused, live(Request({}, {}, b"", 0.03, standing=True)), engine.admission.describe()
+        health = live(Request({}, {}, b"", 0.03, standing=True))
+        counted = engine.admission.describe(), engine.model_stats.report("hybridgnn", "1")
+        engine.draining = True
+        good = json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}]})
+        draining = endpoint(Request(params, {}, good.encode(), 0.03, standing=True))
+        engine.draining = False
+        return refused, health, counted, draining
 
-    refused, live, admission = run_api(cfg, scenario)
-    status, body, headers = answer(refused)
-    assert status == 429 and "standing queue" in body["error"] and headers["Retry-After"] == "1"
+    refused, live, (admission, stats), draining = run_api(cfg, scenario)
+    status, body, headers = answer(refused[0])
+    assert status == 429 and headers["Retry-After"] == "1"
+    assert re.fullmatch(r"server overloaded: waited over \d+ ms in a standing queue of the front end; retry later",
+                        body["error"])
+    assert refused[1] is refused[0] and refused[0].shared
     assert live.status == 200
-    assert admission["refused_standing_queue"] == 1
+    assert admission["refused_standing_queue"] == 2 and admission["refused_by_delay"] == 2
+    assert stats["inference_stats"]["fail"]["count"] == 2
+    assert draining.status == 503 and not draining.shared

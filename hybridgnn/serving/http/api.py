@@ -48,6 +48,7 @@ from hybridgnn.serving.http.codec import (
     decode_infer_request,
     encode_infer_response,
 )
+from hybridgnn.serving.http.turns import standing_queue_limits
 from hybridgnn.serving.repository import Models, Repository
 from hybridgnn.serving.updates import decode_update_request
 
@@ -107,13 +108,14 @@ def _plainly_sampled(head: bytes | None) -> bool:
 class Reply:
     """One HTTP answer: status, body bytes, content type and any extra headers."""
 
-    __slots__ = ("status", "body", "content_type", "headers")
+    __slots__ = ("status", "body", "content_type", "headers", "shared")
 
     def __init__(self, status: int, body: bytes, content_type: str = JSON, headers: dict[str, str] | None = None):
         self.status = status
         self.body = body
         self.content_type = content_type
         self.headers = headers
+        self.shared = False  # one object answers many requests, unchanged: its encoding may be kept
 
     @classmethod
     def json(cls, obj, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
@@ -187,6 +189,7 @@ class Api:
         self.engine = engine = self.models.engines()[0]
         self.model_name = engine.cfg.server.model_name
         self.retry = {"Retry-After": str(engine.cfg.server.retry_after_s)}
+        self._standing_reply: Reply | None = None  # built on first use (_refused_standing)
         # Endpoints raise ServingErrors where they find a request bad; _guarded answers
         # whatever they raise with error_reply(). infer answers its own (it counts them).
         self._static = {
@@ -244,27 +247,36 @@ class Api:
     # --- errors: the one map from an exception to an answer ----------------------------
     def error_reply(self, exc: BaseException | None, where: str = "request") -> Reply:
         """The answer to exc. A ServingError: its status, its headers (Retry-After from the
-        server's retry_after_s on a 429/503 that names none) and {"error": message}.
+        server's retry_after_s on a 429/503 that names none) and {"error": message}; a
+        refusal (Overloaded, Draining) is counted by reason.
         Anything else is a bug: logged with its traceback and a request id that the 500's
         body carries too, so a report can be matched to its log line."""
         try:
             if isinstance(exc, ServingError):
-                headers = exc.headers()
-                if exc.status in (429, 503) and not (headers and "Retry-After" in headers):
-                    headers = {**headers, **self.retry} if headers else self.retry
                 if isinstance(exc, (Overloaded, Draining)):
                     self.engine.stats.refused(exc.reason)
                 if exc.status >= 500 and exc.status != 503:  # ours, not the client's: find it in the log
                     request_id = _request_id()
                     log.error("[%s] %s: %s (%d)", request_id, where, exc.message, exc.status)
-                    return Reply.json({"error": exc.message, "request_id": request_id}, exc.status, headers)
-                return Reply.error(exc.status, exc.message, headers)
+                    return Reply.json({"error": exc.message, "request_id": request_id}, exc.status,
+                                      self._headers_of(exc))
+                return self.client_error_reply(exc)
         except Exception:  # a broken error must not take the answer with it
             log.exception("could not answer %r", exc)
         request_id = _request_id()
         log.error("[%s] internal error in %s", request_id, where,
                   exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
         return Reply.json({"error": "internal server error", "request_id": request_id}, 500)
+
+    def _headers_of(self, exc: ServingError) -> dict[str, str] | None:
+        headers = exc.headers()
+        if exc.status in (429, 503) and not (headers and "Retry-After" in headers):
+            headers = {**headers, **self.retry} if headers else self.retry
+        return headers
+
+    def client_error_reply(self, exc: ServingError) -> Reply:
+        """The answer to a ServingError that is not a 5xx of ours (no log line, nothing counted)."""
+        return Reply.error(exc.status, exc.message, self._headers_of(exc))
 
     def internal_error(self, where: str, exc: BaseException | None = None) -> Reply:
         """The answer to an exception that escaped an endpoint or the HTTP layer (exc, or the
@@ -446,13 +458,15 @@ class Api:
         engine, target = self.engine, None
         try:
             engine = target = self._check_model(request)
+            if request.standing and engine.shed_standing():
+                return self._refused_standing(engine, started)
             head = _json_part(request)
             wanted = _min_graph_version(request.body if head is None else head)
             if wanted is not None and wanted > engine.graph_version:
                 return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
             sampled = _plainly_sampled(head)
             # past the bound already (the lane, or the wait for its turn): refuse before decoding
-            engine.shed(request.waited_s, "sampled" if sampled else None, request.standing)
+            engine.shed(request.waited_s, "sampled" if sampled else None)
             req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
                                        max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
                                        feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map,
@@ -487,6 +501,22 @@ class Api:
             return Reply(200, body, content_type, headers or None)
 
         return _chain(pending, finish, lambda exc: self._infer_failed(exc, engine))
+
+    def _refused_standing(self, engine: Engine, started: float) -> Reply:
+        """429 for an inference that waited past the target of a queue that stands in the
+        front end. Under overload most refusals are these, thousands a second: one shared
+        Reply (the protocol keeps its encoding), counted as every refusal is."""
+        reply = self._standing_reply
+        if reply is None:
+            target_s = standing_queue_limits(self.engine.admission.bound_s)[0]
+            reply = self._standing_reply = self.client_error_reply(Overloaded(
+                f"waited over {target_s * 1e3:.0f} ms in a standing queue of the front end; retry later",
+                retry_after_s=1.0))
+            reply.shared = True
+        engine.model_stats.failed(time.perf_counter() - started)
+        engine.stats.refused(Overloaded.reason)
+        engine.stats.answered(reply.status)
+        return reply
 
     async def _infer_when_caught_up(self, request: Request, wanted: int, engine: Engine) -> Reply:
         """Read your writes: wait (bounded) until this replica has applied graph version

@@ -41,6 +41,7 @@ import os
 import resource
 import socket
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 
 import httptools
@@ -104,8 +105,23 @@ class HttpServer:
         self.refused_connections = 0
         self.closing = False
         self.date = _Date()
+        self._kept: dict[tuple[Reply, bool, bool], bytes] = {}  # kept_encoding's, for the current Date
+        self._kept_date = b""
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
+
+    def kept_encoding(self, reply: Reply, keep_alive: bool, head_only: bool,
+                      encode: Callable[[Reply, bool, bool], bytes]) -> bytes:
+        """The bytes of a shared Reply (Reply.shared), encoded once per second (its Date)."""
+        date = self.date.get()
+        if date is not self._kept_date:
+            self._kept.clear()
+            self._kept_date = date
+        key = (reply, keep_alive, head_only)
+        wire = self._kept.get(key)
+        if wire is None:
+            wire = self._kept[key] = encode(reply, keep_alive, head_only)
+        return wire
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -474,6 +490,11 @@ class _Connection(asyncio.Protocol):
         self._advance()
 
     def _encode(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
+        if reply.shared:
+            return self.server.kept_encoding(reply, keep_alive, head_only, self._encode_new)
+        return self._encode_new(reply, keep_alive, head_only)
+
+    def _encode_new(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
         body = reply.body
         parts = [_STATUS_LINES.get(reply.status) or f"HTTP/1.1 {reply.status} Unknown\r\n".encode(),
                  b"Content-Type: ", reply.content_type.encode(), b"\r\nContent-Length: ", str(len(body)).encode(),
