@@ -358,10 +358,11 @@ class Engine:
             if len(dead):
                 raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
 
-    async def run_in_lane(self, lane_name: str, work: float, call, *args, **kwargs):
-        """Admit `work` on a lane, await call(*args, **kwargs), and release it. The lane's
-        cost model learns from calls that found it empty (their time is service, not wait)."""
-        self._admit(lane_name, work)
+    async def run_in_lane(self, lane_name: str, work: float, call, *args, waited_s: float = 0.0, **kwargs):
+        """Admit `work` on a lane (after waited_s already spent in the front end), await
+        call(*args, **kwargs), and release it. The lane's cost model learns from calls that
+        found it empty (their time is service, not wait)."""
+        self._admit(lane_name, work, waited_s)
         lane = self.admission.lanes[lane_name]
         alone = lane.queued <= work
         t0 = time.perf_counter()
@@ -375,10 +376,11 @@ class Engine:
             lane.completed(work, now)
             self._release()
 
-    async def run_in_thread_lane(self, lane_name: str, work: float, fn, *args, **kwargs):
-        """Admit `work` on a lane and run fn off the event loop; the lane learns the time fn
-        took in its thread (service), not the wait for the thread or the loop around it."""
-        self._admit(lane_name, work)
+    async def run_in_thread_lane(self, lane_name: str, work: float, fn, *args, waited_s: float = 0.0, **kwargs):
+        """Admit `work` on a lane (after waited_s already spent in the front end) and run fn
+        off the event loop; the lane learns the time fn took in its thread (service), not
+        the wait for the thread or the loop around it."""
+        self._admit(lane_name, work, waited_s)
         lane = self.admission.lanes[lane_name]
 
         def timed():

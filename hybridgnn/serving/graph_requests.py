@@ -28,17 +28,19 @@ class GraphRequests:
         self._sampling_only: NewNodeEvaluator | None = None
         self._current_graph_nodes: NewNodeEvaluator | None = None  # new nodes after graph updates
 
-    async def lookup(self, node_ids: np.ndarray, *, with_embeddings: bool = True) -> RequestResult:
+    async def lookup(self, node_ids: np.ndarray, *, with_embeddings: bool = True,
+                     waited_s: float = 0.0) -> RequestResult:
         """Answer from the stored final layer: no sampling, constant time per id. The hidden
-        rows (`embeddings`) are a second gather, made only when asked for (else 0 columns)."""
+        rows (`embeddings`) are a second gather, made only when asked for (else 0 columns).
+        waited_s: what it already waited in the front end (its lane's admission adds it)."""
         if self.engine.draining:
             raise Draining("server is shutting down", retry_after_s=self.cfg.server.retry_after_s)
         if self.embeddings is None:
             raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
         if self.incremental is not None:
             # Off the loop: the lookup waits while an update batch holds the graph's writer lock.
-            logits, hidden = await self.engine.run_in_thread_lane("lookup", 1.0, self.incremental.lookup_both, node_ids,
-                                                        with_embeddings)
+            logits, hidden = await self.engine.run_in_thread_lane(
+                "lookup", 1.0, self.incremental.lookup_both, node_ids, with_embeddings, waited_s=waited_s)
         else:
             logits = self.embeddings.lookup(node_ids)
             hidden = (hidden_rows(self.model, self.embeddings.layers, self.graph.features.__getitem__, node_ids)
@@ -46,21 +48,23 @@ class GraphRequests:
         return RequestResult(logits, hidden, logits.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
 
     async def new_nodes_infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float,
-                              policy: str, num_nodes: int | None = None) -> RequestResult:
+                              policy: str, num_nodes: int | None = None, waited_s: float = 0.0) -> RequestResult:
         """Embeddings of query nodes (full / pe / srpe from PEs, or sampled), computed off the
         event loop. Counted as pending, so a drain waits for it. num_nodes: the graph's size
         when the request was decoded (its query nodes are num_nodes..); after graph updates
-        the request is evaluated on the graph and embeddings as they are then."""
+        the request is evaluated on the graph and embeddings as they are then. waited_s: what
+        it already waited in the front end (its lane's admission adds it)."""
         if self.new_nodes is None and mode != "sampled":
             raise Conflict("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
         t0 = time.perf_counter()
         kw = dict(mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
         if self.dynamic is not None and self.dynamic.version > 0:
-            res = await self.engine.run_in_thread_lane("new_nodes", 1.0, self._infer_on_current_graph, features, edge_index,
-                                             num_nodes if num_nodes is not None else self.engine.num_nodes, kw)
+            res = await self.engine.run_in_thread_lane(
+                "new_nodes", 1.0, self._infer_on_current_graph, features, edge_index,
+                num_nodes if num_nodes is not None else self.engine.num_nodes, kw, waited_s=waited_s)
         else:
-            res = await self.engine.run_in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer, features,
-                                             edge_index, **kw)
+            res = await self.engine.run_in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer,
+                                                       features, edge_index, waited_s=waited_s, **kw)
         return RequestResult(res.logits, res.embeddings, res.logits.argmax(axis=1).astype(np.int64),
                              f"newnodes_{mode}", StageTimings(compute_s=time.perf_counter() - t0))
 
@@ -88,12 +92,14 @@ class GraphRequests:
             self._sampling_only = NewNodeEvaluator(self.graph, self.model, None)
         return self._sampling_only
 
-    async def update_graph(self, req) -> dict:
-        """Queue a decoded graph update; resolves once the graph and embeddings reflect it."""
+    async def update_graph(self, req, waited_s: float = 0.0) -> dict:
+        """Queue a decoded graph update (after waited_s in the front end, which its lane's
+        admission adds); resolves once the graph and embeddings reflect it."""
         if self.dynamic is None:
             raise Forbidden("graph updates are disabled; start the server with --update-token")
         if self.engine.updates is None:
             raise Draining("server is starting")
         if self.engine.draining:
             raise Draining("server is shutting down")
-        return await self.engine.run_in_lane("updates", float(max(1, req.num_updates)), self.engine.updates.submit, req)
+        return await self.engine.run_in_lane("updates", float(max(1, req.num_updates)), self.engine.updates.submit, req,
+                                             waited_s=waited_s)

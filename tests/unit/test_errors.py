@@ -268,6 +268,47 @@ def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe, tmp_path):
     assert status == 409 and "graph updates" in body["error"]
 
 
+def test_each_lane_admits_with_the_wait_in_the_front_end(tiny_dataset, tiny_model_pe, tmp_path):
+    """Lookups (kept fresh under updates), new nodes and graph updates each pass their
+    lane's admission with what the request already waited in the front end; a wait past
+    the bound is refused 429 + Retry-After and nothing is applied."""
+    from hybridgnn.config import UpdateConfig
+
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)),
+                      updates=UpdateConfig(token="12345678", log=str(tmp_path / "updates.sqlite")))
+    lookup = json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}],
+                         "parameters": {"mode": "precomputed"}}).encode()
+    update = json.dumps({"inputs": [{"name": "add_edges", "datatype": "INT64", "shape": [1, 2],
+                                     "data": [0, 2999]}]}).encode()
+    auth = {"authorization": "Bearer 12345678"}
+
+    async def answer_of(reply):
+        return reply if isinstance(reply, Reply) else await reply
+
+    async def scenario(api, engine):
+        seen = []
+        admit = engine._admit
+        engine._admit = lambda lane, work, waited_s=0.0: (seen.append((lane, waited_s)), admit(lane, work, waited_s))[1]
+        infer, params = api.route("POST", "/v2/models/hybridgnn/infer")
+        graph, _ = api.route("POST", "/v2/models/hybridgnn/graph")
+        bound = engine.admission.bound_s
+        out = {}
+        for waited in (0.01, 2 * bound):
+            out["lookup", waited] = await answer_of(infer(Request(params, {}, lookup, waited)))
+            out["new_node", waited] = await answer_of(infer(Request(params, {}, new_node_body([[3000], [7]], "full"),
+                                                                     waited)))
+            out["update", waited] = await answer_of(graph(Request(params, auth, update, waited)))
+        return seen, out, bound, engine.graph_version
+
+    seen, out, bound, version = run_api(cfg, scenario)
+    assert ("lookup", 0.01) in seen and ("new_nodes", 0.01) in seen and ("updates", 0.01) in seen
+    for kind in ("lookup", "new_node", "update"):
+        assert out[kind, 0.01].status == 200, (kind, out[kind, 0.01].body)
+        refused = out[kind, 2 * bound]
+        assert refused.status == 429 and refused.headers["Retry-After"], (kind, refused.body)
+    assert version == 1  # the refused update applied nothing
+
+
 @hypothesis.settings(max_examples=300, deadline=None)
 @hypothesis.given(message=st.text(), status=st.sampled_from([400, 404, 429, 503]))
 def test_an_error_body_is_the_json_of_its_message(message, status):

@@ -554,16 +554,16 @@ class Api:
         waited_s: how long it waited before it was decoded (admission adds it)."""
         engine = engine if engine is not None else self.engine
         if req.is_new_nodes:
-            return self._new_node_call(req, engine)
+            return self._new_node_call(req, engine, waited_s)
         engine.check_alive(req.node_ids)
         mode = req.parameters.get("mode", "sampled")
         if mode == "sampled":
             return engine.submit(req.node_ids, waited_s)
         if mode == "precomputed":
-            return engine.side.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs)
+            return engine.side.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs, waited_s=waited_s)
         raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")
 
-    def _new_node_call(self, req, engine: Engine):
+    def _new_node_call(self, req, engine: Engine, waited_s: float = 0.0):
         """Validate a new-node request's parameters and return the coroutine that answers it."""
         nn = engine.cfg.new_nodes
         mode = req.parameters.get("mode", nn.default_mode)
@@ -576,7 +576,7 @@ class Api:
         if policy not in ("ratio", "random", "degree"):
             raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
         return engine.side.new_nodes_infer(req.features, req.edge_index, mode=mode, gamma=float(gamma),
-                                           policy=policy, num_nodes=engine.num_nodes)
+                                           policy=policy, num_nodes=engine.num_nodes, waited_s=waited_s)
 
     async def update_graph(self, request: Request) -> Reply:
         """POST /v2/models/{m}/graph: apply a batch of graph updates (see serving/updates.py);
@@ -597,4 +597,4 @@ class Api:
             if not 1 <= len(key) <= 255 or not key.isprintable():
                 raise BadRequest("Idempotency-Key must be 1 to 255 printable characters")
             req.logged.idempotency_key, req.logged.body_sha256 = key, hashlib.sha256(request.body).hexdigest()
-        return Reply.json(await engine.side.update_graph(req))
+        return Reply.json(await engine.side.update_graph(req, request.waited_s))
