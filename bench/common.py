@@ -129,6 +129,23 @@ def revision_worktree(rev: str) -> Path:
     return path
 
 
+def revision_env(rev: str | None) -> tuple[Path, dict[str, str]]:
+    """(working directory, environment) in which this interpreter imports hybridgnn from
+    git revision `rev` (its worktree first on PYTHONPATH), or from this tree when rev is None."""
+    worktree = revision_worktree(rev) if rev is not None else ROOT
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if rev is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(worktree), *filter(None, [os.environ.get("PYTHONPATH")])])
+        # The venv's editable install must not win over the worktree: check where the
+        # package resolves (find_spec does not import it).
+        where = subprocess.run([sys.executable, "-c",
+                                "import importlib.util as u; print(u.find_spec('hybridgnn').origin)"],
+                               cwd=worktree, env=env, check=True, capture_output=True, text=True).stdout.strip()
+        if not Path(where).resolve().is_relative_to(worktree.resolve()):
+            raise RuntimeError(f"hybridgnn resolves to {where}, not the worktree {worktree}")
+    return worktree, env
+
+
 class RevisionServer:
     """`hybridgnn serve --dataset D --model M --port P *extra` running the code of git
     revision `rev` (its worktree first on PYTHONPATH and the working directory; same
@@ -142,19 +159,9 @@ class RevisionServer:
         import tempfile
 
         self.rev = rev
-        self.worktree = revision_worktree(rev) if rev is not None else ROOT
+        self.worktree, env = revision_env(rev)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if rev is not None:
-            env["PYTHONPATH"] = os.pathsep.join([str(self.worktree), *filter(None, [os.environ.get("PYTHONPATH")])])
-            # The venv's editable install must not win over the worktree: check where the
-            # package resolves (find_spec does not import it).
-            where = subprocess.run([sys.executable, "-c",
-                                    "import importlib.util as u; print(u.find_spec('hybridgnn').origin)"],
-                                   cwd=self.worktree, env=env, check=True, capture_output=True, text=True).stdout.strip()
-            if not Path(where).resolve().is_relative_to(self.worktree.resolve()):
-                raise RuntimeError(f"hybridgnn resolves to {where}, not the worktree {self.worktree}")
         cmd = [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve", "--dataset",
                str(dataset), "--model", str(model), "--port", str(self.port), *extra]
         self._log = tempfile.TemporaryFile()
