@@ -163,7 +163,11 @@ def main() -> None:
             "within_slo_per_round": [round(float((np.asarray(r.latencies_ms) <= args.slo_ms).mean()), 4)
                                      for r in results],
             "seeds_per_s": round(float(np.mean([r.seeds_per_s for r in results]))),
-            "p50_ms": round(float(np.quantile(lat, 0.5)), 2), "p99_ms": round(float(np.quantile(lat, 0.99)), 2),
+            # of the answered requests (a refused or failed one is inf: outside the SLO, no latency)
+            "answered_p50_ms": round(float(np.quantile(lat[np.isfinite(lat)], 0.5)), 2) if np.isfinite(lat).any()
+            else None,
+            "answered_p99_ms": round(float(np.quantile(lat[np.isfinite(lat)], 0.99)), 2) if np.isfinite(lat).any()
+            else None,
             "rejected": sum(r.rejected for r in results), "errors": sum(r.errors for r in results)}
     print(json.dumps(report, indent=2))
 
