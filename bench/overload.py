@@ -3,14 +3,15 @@ against a baseline revision (default e9a9a2f: a fixed --max-pending 2048 cap and
 queue-delay admission), both with their default flags, in the same run.
 
 1. Capacity of the current server, measured here (not assumed): a rising open-loop ramp
-   (--capacity rising, default: from --start-rate in x1.25 steps of --step-s; capacity =
-   the highest offered rate whose goodput keeps up: >= 95 % of it answered 200 within the
-   step, <= 1 % refused, no failures, the client on schedule) or a closed loop (--capacity
-   closed: --concurrency connections each sending its next request as soon as the last is
-   answered; capacity = 200s per second after a warm-up second; batches form in lock-step
-   there, so it reads higher than the ramp). The baseline's own capacity is measured the
-   same way and reported, but the offered rates and the goodput criterion use the current
-   server's.
+   (--capacity rising, default: from --start-rate in x1.25 steps of --step-s, then
+   --refine bisection steps (default 2) between the last rate kept and the first that
+   failed; capacity = the highest offered rate whose goodput keeps up: >= 95 % of it
+   answered 200 within the step, <= 1 % refused, no failures, the client on schedule) or
+   a closed loop (--capacity closed: --concurrency connections each sending its next
+   request as soon as the last is answered; capacity = 200s per second after a warm-up
+   second; batches form in lock-step there, so it reads higher than the ramp). The
+   baseline's own capacity is measured the same way and reported, but the offered rates
+   and the goodput criterion use the current server's.
 2. Open-loop Poisson load at --multiples x capacity (default 1, 2, 4) for --duration-s
    each (default 8), against each server. Requests carry --nodes-per-request ids (default
    1) drawn by --seeds (default degree: p(node) proportional to its degree, the skewed
@@ -550,9 +551,11 @@ def measure_capacity(srv, wire: list[bytes], args, label: str) -> dict:
         res = run_async(closed_loop(srv.url, wire, args.concurrency, args.capacity_s, 1.0))
         res["capacity_rps"] = res["throughput_rps"]
     else:
-        rate, best = args.start_rate, None
+        rate, best, failed = args.start_rate, None, None
         steps = []
-        while True:
+
+        def step(rate: float) -> bool:
+            """One ramp step at `rate`: whether the server kept up with it."""
             r = run_async(open_loop(srv.url, wire, rate, args.step_s, len(steps), args.client_connections,
                                     args.preopen))
             st, lat, sched = r["statuses"], r["latencies_s"], r["scheduled"]
@@ -563,13 +566,26 @@ def measure_capacity(srv, wire: list[bytes], args, label: str) -> dict:
             steps.append({"offered_rps": round(rate, 1), "goodput_rps": round(good, 1), "refused": round(refused, 4),
                           "client_limited": limited})
             print(f"  {label}: ramp {rate:8.1f} req/s -> goodput {good:8.1f}, refused {refused:.3f}", flush=True)
-            if keeps:
+            return keeps
+
+        while True:
+            if step(rate):
                 best = rate
                 rate *= 1.25
             elif best is None and rate > 10.0:  # the first rate was already too much: go down
+                failed = rate
                 rate /= 2
             else:
+                failed = rate
                 break
+        # x1.25 steps leave capacity anywhere in [best, 1.25 best): bisect that gap, so a
+        # goodput measured at multiples of it is judged against what the server can do
+        for _ in range(args.refine if best else 0):
+            mid = (best + failed) / 2
+            if step(mid):
+                best = mid
+            else:
+                failed = mid
         res = {"capacity_rps": best or 0.0, "ramp": steps}
     print(f"  {label}: capacity {res['capacity_rps']:.1f} req/s ({args.capacity})", flush=True)
     return res
@@ -585,7 +601,8 @@ def part(name: str, mode: str | None, multiples: list[float], extra: tuple[str, 
         rev = None if server == "current" else args.baseline_rev
         label = "current" if rev is None else f"baseline {rev}"
         t0 = time.perf_counter()
-        srv = serve_revision(rev, dataset, model, *extra, cpus=args.server_cpus)
+        own = tuple(args.current_flags.split()) if rev is None else ()
+        srv = serve_revision(rev, dataset, model, *extra, *own, cpus=args.server_cpus)
         try:
             start_s = time.perf_counter() - t0
             wire = encode(srv.url, "hybridgnn", ids, mode)
@@ -627,7 +644,8 @@ def part(name: str, mode: str | None, multiples: list[float], extra: tuple[str, 
                 "refused_share_current": round(cur["share_429"] + cur["share_503"], 4),
                 "refused_share_baseline": round(base["share_429"] + base["share_503"], 4),
             }
-    return {"mode": mode or "sampled", "server_flags": list(extra), "capacity_rps": round(capacity, 1),
+    return {"mode": mode or "sampled", "server_flags": list(extra), "current_flags": args.current_flags.split(),
+            "capacity_rps": round(capacity, 1),
             "servers": info, "runs": runs, "ratios": ratios}
 
 
@@ -658,6 +676,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=128, help="closed loop: connections")
     ap.add_argument("--start-rate", type=float, default=1000.0, help="rising: first offered rate")
     ap.add_argument("--step-s", type=float, default=2.0, help="rising: seconds per step")
+    ap.add_argument("--refine", type=int, default=2,
+                    help="rising: bisection steps between the last rate kept and the first that failed")
     ap.add_argument("--capacity-rps", type=float, default=None, help="sampled capacity to use instead of measuring")
     ap.add_argument("--precomputed-capacity-rps", type=float, default=None)
     ap.add_argument("--light-multiple", type=float, default=0.25,
@@ -679,11 +699,18 @@ def main() -> None:
     ap.add_argument("--seeds", default="degree", help="id distribution: degree, uniform or zipf:<s>")
     ap.add_argument("--nodes-per-request", type=int, default=1)
     ap.add_argument("--server-flags", default="", help="more serve flags for the sampled part (both servers)")
+    ap.add_argument("--current-flags", default="",
+                    help="more serve flags for the current server only (flags a baseline revision may not know, "
+                         "e.g. --worker-cpus 1)")
     ap.add_argument("--distinct-requests", type=int, default=20000, help="pre-encoded requests, reused in turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--client-cpus", default=None,
                     help="cores for the load generator (e.g. 0); the servers get the others, so "
                          "offering 4x does not take CPU from the server (default: shared)")
+    ap.add_argument("--server-cpus", default=None,
+                    help="cores for the servers (default: those --client-cpus leaves, else all); may overlap "
+                         "the client's, e.g. --client-cpus 0 --server-cpus 0,1 --current-flags '--worker-cpus 1' "
+                         "gives the pipeline a core of its own and the front end the client's")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
     args.servers = [s for s in args.servers.split(",") if s]
@@ -692,13 +719,17 @@ def main() -> None:
     parts = [p for p in args.parts.split(",") if p]
     if not set(parts) <= {"sampled", "precomputed"} or not parts:
         ap.error("--parts takes sampled and/or precomputed")
-    args.server_cpus = None
+    allowed = os.sched_getaffinity(0)
+    args.server_cpus = {int(c) for c in args.server_cpus.split(",")} if args.server_cpus else None
+    if args.server_cpus is not None and not (args.server_cpus and args.server_cpus <= allowed):
+        ap.error(f"--server-cpus {sorted(args.server_cpus)}: this process may use {sorted(allowed)}")
     if args.client_cpus:
         client = {int(c) for c in args.client_cpus.split(",")}
-        args.server_cpus = os.sched_getaffinity(0) - client
-        if not args.server_cpus or not client <= os.sched_getaffinity(0):
+        if args.server_cpus is None:
+            args.server_cpus = allowed - client
+        if not args.server_cpus or not client <= allowed:
             ap.error(f"--client-cpus {args.client_cpus} leaves no core for the server "
-                     f"(this process may use {sorted(os.sched_getaffinity(0))})")
+                     f"(this process may use {sorted(allowed)})")
         os.sched_setaffinity(0, client)
     limit = raise_open_file_limit()
     args.client_connections = max(64, min(args.client_connections, (limit if limit > 0 else 1024) - 512))

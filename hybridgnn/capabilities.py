@@ -43,6 +43,31 @@ def raise_open_file_limit() -> int:
         return -1
 
 
+def keep_off_cores(cores) -> set[int] | None:
+    """Move this process (every thread, and what it starts later) off `cores`, onto the
+    other cores it may use. Returns the cores it now keeps to, or None when nothing
+    changed: no cores given, none would remain, or the platform cannot pin."""
+    if not cores or not hasattr(os, "sched_getaffinity"):
+        return None
+    rest = os.sched_getaffinity(0) - set(cores)
+    if not rest:
+        return None
+    for tid in _thread_ids():
+        try:
+            os.sched_setaffinity(tid, rest)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return rest
+
+
+def _thread_ids() -> list[int]:
+    """This process's OS thread ids (Linux; elsewhere just the process)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
 def freeze_startup_heap() -> None:
     """Move every object alive now (imported modules, torch, the model, the graph's
     wrappers) out of the garbage collector's reach. Call once, when start-up is done:

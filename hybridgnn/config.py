@@ -135,12 +135,39 @@ class PipelineConfig:
     # each worker's batches run in a process of its own (pipelines/process.py): no GIL
     # shared with the event loop; CPU pipeline, static graph only
     processes: bool = False
+    # cores the worker processes run on (empty: wherever the server runs); the server's own
+    # threads then keep to the other cores, so the front end's work (refusals under
+    # overload included) never takes CPU from the batches
+    cpus: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
+        if any(not isinstance(c, int) or c < 0 for c in self.cpus) or len(set(self.cpus)) != len(self.cpus):
+            raise ValueError(f"worker cores must be distinct core numbers >= 0, got {self.cpus!r}")
+        if self.cpus and not self.processes:
+            raise ValueError("worker cores pin worker processes: they need --worker-processes on")
+
+
+def parse_cpus(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """'2,3' or '2-5' or '0,4-7' -> the core numbers, ascending; '' -> ()."""
+    if isinstance(text, (tuple, list)):
+        return tuple(sorted({int(c) for c in text}))
+    cores: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"cores must be numbers or ranges like 0,2-3, got {text!r}") from None
+        if first < 0 or last < first:
+            raise ValueError(f"cores must be numbers >= 0 and ranges low-high, got {text!r}")
+        cores.update(range(first, last + 1))
+    return tuple(sorted(cores))
 
 
 def parse_bytes(text: str | int) -> int:

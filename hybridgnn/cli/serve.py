@@ -20,6 +20,7 @@ from hybridgnn.config import (
     ServerConfig,
     UpdateConfig,
     env_default,
+    parse_cpus,
     parse_fanouts,
 )
 from hybridgnn.errors import ConfigError
@@ -38,9 +39,14 @@ def add_parser(sub) -> None:
                         "<name>/config.json: version_policy, fanouts), all served over --dataset")
     p.add_argument("--fanouts", default=env_default("FANOUTS", None),
                    help="comma-separated fanouts, hop 1 first (default: the model's training fanouts)")
-    p.add_argument("--workers", type=int, default=env_default("WORKERS", CPU_COUNT, int),
-                   help="CPU pipeline workers (default: the cores this process may use)")
+    p.add_argument("--workers", type=int, default=env_default("WORKERS", None, int),
+                   help="CPU pipeline workers (default: the cores given by --worker-cpus, else the cores this "
+                        "process may use)")
     add_worker_processes_flag(p, env_default("WORKER_PROCESSES", "auto", _on_off_auto))
+    p.add_argument("--worker-cpus", default=env_default("WORKER_CPUS", ""),
+                   help="cores for the CPU worker processes, e.g. 1-3 (default: anywhere); the event loop and "
+                        "the server's other threads then keep to the remaining cores, so front-end work "
+                        "(thousands of refusals a second under overload) never takes CPU from the batches")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default=env_default("DEVICE", "auto"),
                    help="pipelines to run: cpu (CPU only), cuda (CPU and GPU pipelines, hybrid routing), auto "
                         "(cuda when a GPU is visible), emulate (the GPU pipeline's code on CPU tensors, for "
@@ -94,6 +100,28 @@ def worker_processes(choice: str, compute_device: str, updates: bool) -> bool:
     if choice == "auto":
         return compute_device == "cpu" and not updates
     return choice == "on"
+
+
+def chosen_worker_cpus(text: str, processes: bool) -> tuple[int, ...]:
+    """--worker-cpus as core numbers, refused in one line when it cannot be honoured: cores
+    this process may not use, or worker threads (only processes can be pinned apart)."""
+    try:
+        cpus = parse_cpus(text)
+    except ValueError as exc:
+        raise ConfigError(f"--worker-cpus: {exc}") from None
+    if not cpus:
+        return ()
+    if not processes:
+        raise ConfigError("--worker-cpus pins worker processes, which are off here (--worker-processes off, graph "
+                          "updates on, or --cpu-compute-device cuda)")
+    import os
+
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(CPU_COUNT))
+    outside = sorted(set(cpus) - allowed)
+    if outside:
+        raise ConfigError(f"--worker-cpus {text}: this process may not run on core(s) {outside} "
+                          f"(it may use {sorted(allowed)})")
+    return cpus
 
 
 def gpu_pipeline_config(device: str, workers: int) -> PipelineConfig | None:
@@ -165,6 +193,8 @@ def build_config(args) -> ServeConfig:
         fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["num_layers"])
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token))
+    worker_cpus = chosen_worker_cpus(args.worker_cpus, processes)
+    workers = args.workers if args.workers is not None else (len(worker_cpus) or CPU_COUNT)
     return ServeConfig(
         new_nodes=NewNodeConfig(**config_values(args, NewNodeConfig)),
         updates=UpdateConfig(token=update_token, **config_values(args, UpdateConfig)),
@@ -173,8 +203,8 @@ def build_config(args) -> ServeConfig:
         model_repository=args.model_repository,
         sampling=SamplingConfig(fanouts=fanouts, **config_values(args, SamplingConfig)),
         batcher=BatcherConfig(**config_values(args, BatcherConfig)),
-        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,
-                                    processes=processes),
+        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=workers,
+                                    processes=processes, cpus=worker_cpus),
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(**config_values(args, DeviceMemoryConfig)),
         router=RouterConfig(psgs_threshold=args.psgs_threshold, spill=args.spill),

@@ -34,15 +34,18 @@ class WorkerProcessError(RuntimeError):
     """The worker process failed a batch, or exited."""
 
 
-def _child_main(conn, cfg, worker: int, build) -> None:
+def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> None:
     """Build the worker's executor with build(cfg, worker) and serve batches until the
-    pipe closes."""
+    pipe closes; on `cpus` when given (the server's --worker-cpus)."""
+    import os
     import signal
 
     # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C
     # sent to the whole process group must not kill it under a batch mid-drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # before torch starts threads, which inherit it
         import torch
 
         from hybridgnn.capabilities import freeze_startup_heap, name_os_thread
@@ -78,9 +81,11 @@ class ProcessExecutor:
     def __init__(self, cfg, worker: int, build):
         """build(cfg, worker) -> executor runs in the child: a module-level function (the
         spawn start method pickles it by name)."""
-        # the child serves one CPU worker in process: no profile to load, no GPU, no children
-        self.cfg = dataclasses.replace(cfg, cpu_pipeline=dataclasses.replace(cfg.cpu_pipeline, processes=False),
-                                       gpu_pipeline=None, policy=type(cfg.policy)())
+        # the child serves one CPU worker in process: no profile to load, no GPU, no children;
+        # it pins itself to the worker cores
+        self.cpus = cfg.cpu_pipeline.cpus
+        in_child = dataclasses.replace(cfg.cpu_pipeline, processes=False, cpus=())
+        self.cfg = dataclasses.replace(cfg, cpu_pipeline=in_child, gpu_pipeline=None, policy=type(cfg.policy)())
         self.worker = worker
         self._build = build
         self._ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads' locks
@@ -90,7 +95,7 @@ class ProcessExecutor:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker, self._build),
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker, self._build, self.cpus),
                                        name=f"hybridgnn-cpu-worker-{self.worker}", daemon=True)
         self._proc.start()
         child.close()

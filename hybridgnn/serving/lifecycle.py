@@ -14,7 +14,12 @@ import asyncio
 import logging
 import signal
 
-from hybridgnn.capabilities import freeze_startup_heap, raise_open_file_limit, run_async
+from hybridgnn.capabilities import (
+    freeze_startup_heap,
+    keep_off_cores,
+    raise_open_file_limit,
+    run_async,
+)
 from hybridgnn.config import ServeConfig
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.api import Api
@@ -165,4 +170,13 @@ def run(cfg: ServeConfig, stats: ServingStats | None = None) -> int:
     """Serve until SIGTERM/SIGINT; `stats` receives what happens (telemetry's Telemetry
     exports it as Prometheus metrics)."""
     raise_open_file_limit()
+    workers_on = cfg.cpu_pipeline.cpus
+    if workers_on:
+        kept = keep_off_cores(workers_on)
+        if kept is None:
+            log.warning("--worker-cpus %s leaves no other core for the event loop: it shares them with the workers",
+                        ",".join(map(str, workers_on)))
+        else:
+            log.info("event loop and server threads on cores %s; CPU worker processes on %s", sorted(kept),
+                     list(workers_on))
     return run_async(serve(cfg, stats=stats))

@@ -70,3 +70,41 @@ def test_worker_processes_refuse_graph_updates_and_the_gpu_pipeline(tiny_dataset
     with pytest.raises(ValueError, match="CPU pipeline"):
         ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model,
                     gpu_pipeline=PipelineConfig(name="gpu", device="cpu", processes=True))
+
+
+def _cores_of(pid: int) -> dict[str, set[int]]:
+    """Each thread's name -> the cores it may run on, read from /proc."""
+    cores = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            name = f.read().strip()
+        cores.setdefault(name, set()).update(os.sched_getaffinity(int(tid)))
+    return cores
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning apart needs two cores")
+def test_worker_cpus_put_the_batches_and_the_event_loop_on_different_cores(tiny_dataset, tiny_model):
+    """serve --worker-cpus: the worker processes run on the given core, every thread of
+    the server on the others, and requests are answered as before."""
+    import json
+    import urllib.request
+
+    from hybridgnn.testing.server import ServerProcess
+
+    worker_core = max(os.sched_getaffinity(0))
+    others = os.sched_getaffinity(0) - {worker_core}
+    srv = ServerProcess(tiny_dataset, tiny_model, "--worker-cpus", str(worker_core)).wait_ready()
+    try:
+        server_threads = _cores_of(srv.proc.pid)
+        assert server_threads and all(cores == others for cores in server_threads.values()), server_threads
+        children = [int(c) for c in os.popen(f"pgrep -P {srv.proc.pid}").read().split()]
+        workers = [c for c in children if "cpu-proc" in open(f"/proc/{c}/comm").read()]
+        assert len(workers) == 1  # one worker per given core
+        assert all(cores == {worker_core} for cores in _cores_of(workers[0]).values())
+        body = json.dumps({"inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64", "data": [3, 17]}],
+                           "outputs": [{"name": "predictions"}]}).encode()
+        with urllib.request.urlopen(urllib.request.Request(f"{srv.url}/v2/models/hybridgnn/infer", body)) as r:
+            assert json.loads(r.read())["outputs"][0]["shape"] == [2]
+    finally:
+        assert srv.stop() == 0

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from hybridgnn.cli.main import build_parser, main
+from hybridgnn.errors import ConfigError
 
 
 def test_every_command_has_help(capsys):
@@ -159,3 +160,47 @@ def test_serve_flags_come_from_the_config_fields_with_their_defaults():
     assert config_values(args, ServerConfig)["port"] == 9001
     assert config_values(args, DeviceMemoryConfig)["cache_bytes"] == 512 << 20
     assert config_values(args, AdmissionConfig)["max_queue_delay_s"] == 0.04
+
+
+def test_worker_cpus_resolve_or_are_refused_in_one_line(monkeypatch, capsys):
+    import os
+
+    from hybridgnn.cli import serve as serve_cli
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(serve_cli, "CPU_COUNT", 4)
+    assert serve_cli.chosen_worker_cpus("2-3", processes=True) == (2, 3)
+    assert serve_cli.chosen_worker_cpus("", processes=False) == ()
+    with pytest.raises(ConfigError, match=r"may not run on core\(s\) \[7\] \(it may use \[0, 1, 2, 3\]\)"):
+        serve_cli.chosen_worker_cpus("3,7", processes=True)
+    with pytest.raises(ConfigError, match="pins worker processes, which are off"):
+        serve_cli.chosen_worker_cpus("1", processes=False)
+    with pytest.raises(ConfigError, match="--worker-cpus: cores must be"):
+        serve_cli.chosen_worker_cpus("x", processes=True)
+    args = build_parser().parse_args(["serve", "--dataset", "d", "--model", "m", "--fanouts", "5,5",
+                                      "--worker-cpus", "1-2"])
+    cfg = serve_cli.build_config(args)
+    assert cfg.cpu_pipeline.cpus == (1, 2) and cfg.cpu_pipeline.processes
+    assert cfg.cpu_pipeline.workers == 2  # one worker per given core unless --workers says otherwise
+    args = build_parser().parse_args(["serve", "--dataset", "d", "--model", "m", "--fanouts", "5,5",
+                                      "--worker-cpus", "1-2", "--workers", "3"])
+    assert serve_cli.build_config(args).cpu_pipeline.workers == 3
+    args = build_parser().parse_args(["serve", "--dataset", "d", "--model", "m", "--fanouts", "5,5"])
+    cfg = serve_cli.build_config(args)
+    assert cfg.cpu_pipeline.cpus == () and cfg.cpu_pipeline.workers == 4
+    assert main(["serve", "--worker-cpus", "1", "--worker-processes", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "--worker-cpus pins worker processes" in err and err.count("\n") == 1
+
+
+def test_keep_off_cores_changes_nothing_it_cannot_honour(monkeypatch):
+    import os
+
+    from hybridgnn.capabilities import keep_off_cores
+
+    calls = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: calls.append((pid, set(cores))))
+    assert keep_off_cores(()) is None and keep_off_cores((0, 1)) is None and calls == []
+    assert keep_off_cores((1,)) == {0}
+    assert calls and all(cores == {0} for _, cores in calls)  # every thread of the process

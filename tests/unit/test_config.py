@@ -10,6 +10,7 @@ from hybridgnn.config import (
     SamplingConfig,
     ServerConfig,
     env_default,
+    parse_cpus,
     parse_fanouts,
 )
 
@@ -23,6 +24,26 @@ def test_parse_fanouts():
         parse_fanouts("a,b")
     with pytest.raises(ValueError, match="at least one hop"):
         parse_fanouts("")
+
+
+def test_parse_cpus():
+    assert parse_cpus("1") == (1,)
+    assert parse_cpus("3,0-1") == (0, 1, 3)
+    assert parse_cpus(" 2 - 4 , 2") == (2, 3, 4)
+    assert parse_cpus("") == () and parse_cpus([2, 1, 2]) == (1, 2)
+    for bad in ("a", "1-", "3-1", "-2", "1.5"):
+        with pytest.raises(ValueError, match="cores must be"):
+            parse_cpus(bad)
+
+
+def test_worker_cores_pin_processes_only():
+    assert PipelineConfig(processes=True, cpus=(1, 3)).cpus == (1, 3)
+    with pytest.raises(ValueError, match="need --worker-processes"):
+        PipelineConfig(cpus=(1,))
+    with pytest.raises(ValueError, match="distinct core numbers"):
+        PipelineConfig(processes=True, cpus=(1, 1))
+    with pytest.raises(ValueError, match="distinct core numbers"):
+        PipelineConfig(processes=True, cpus=(-1,))
 
 
 @pytest.mark.parametrize("make, match", [
