@@ -151,6 +151,9 @@ class PipelineConfig:
             raise ValueError("worker cores pin worker processes: they need --worker-processes on")
 
 
+MAX_CORE = 4096  # Linux's usual CPU_SETSIZE is 1024; a typo like 1-100000000 must not build a huge set
+
+
 def parse_cpus(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     """'2,3' or '2-5' or '0,4-7' -> the core numbers, ascending; '' -> ()."""
     if isinstance(text, (tuple, list)):
@@ -164,8 +167,8 @@ def parse_cpus(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
             first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
             raise ValueError(f"cores must be numbers or ranges like 0,2-3, got {text!r}") from None
-        if first < 0 or last < first:
-            raise ValueError(f"cores must be numbers >= 0 and ranges low-high, got {text!r}")
+        if first < 0 or last < first or last >= MAX_CORE:
+            raise ValueError(f"cores must be numbers in [0, {MAX_CORE}) and ranges low-high, got {text!r}")
         cores.update(range(first, last + 1))
     return tuple(sorted(cores))
 
