@@ -93,9 +93,10 @@ for s in $STAGES; do
             --nodes-per-request 16 --rounds 1 --duration-s 6 --warmup-s 2 --max-rate 4000
         ;;
     overload)  # no baseline: the machine has the working tree, not the git history
+        # load generator on cores 0-1, event loop on 2-3, CPU worker processes on 4-15
         stage overload 200 $PY bench/overload.py --servers current --parts sampled --nodes-per-request 64 \
-            --capacity closed --concurrency 64 --multiples 1,2,4 --duration-s 5 --client-cpus 0,1 \
-            --json "$OUTDIR/overload.json"
+            --start-rate 2000 --multiples 1,2,4 --duration-s 5 --client-cpus 0,1 \
+            --server-flags="--device cpu" --current-flags="--worker-cpus 4-15" --json "$OUTDIR/overload.json"
         ;;
     *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
     esac
