@@ -166,18 +166,10 @@ class RevisionServer:
                str(dataset), "--model", str(model), "--port", str(self.port), *extra]
         self._log = tempfile.TemporaryFile()
         # cpus: the server and every process it starts run on these cores only (a benchmark
-        # keeps its load generator off them). A load generator given priority (negative
-        # niceness) does not pass it on to its server.
-        reprioritise = os.getpriority(os.PRIO_PROCESS, 0) < 0
-
-        def pin() -> None:
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-            if reprioritise:
-                os.setpriority(os.PRIO_PROCESS, 0, 0)
-
+        # keeps its load generator off them).
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, cwd=self.worktree, preexec_fn=pin if cpus or reprioritise else None)
+                                     env=env, cwd=self.worktree, preexec_fn=pin)
 
     @property
     def pid(self) -> int:

@@ -711,10 +711,6 @@ def main() -> None:
                     help="cores for the servers (default: those --client-cpus leaves, else all); may overlap "
                          "the client's, e.g. --client-cpus 0 --server-cpus 0,1 --current-flags '--worker-cpus 1' "
                          "gives the pipeline a core of its own and the front end the client's")
-    ap.add_argument("--client-nice", type=int, default=0,
-                    help="run the load generator at this niceness (negative: ahead of the servers, which stay at "
-                         "0, so on a core they share the client keeps its schedule as on a machine of its own; "
-                         "needs the privilege to lower niceness)")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
     args.servers = [s for s in args.servers.split(",") if s]
@@ -735,11 +731,6 @@ def main() -> None:
             ap.error(f"--client-cpus {args.client_cpus} leaves no core for the server "
                      f"(this process may use {sorted(allowed)})")
         os.sched_setaffinity(0, client)
-    if args.client_nice:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, args.client_nice)
-        except PermissionError:
-            ap.error(f"--client-nice {args.client_nice}: not permitted for this user")
     limit = raise_open_file_limit()
     args.client_connections = max(64, min(args.client_connections, (limit if limit > 0 else 1024) - 512))
     args.preopen = args.client_connections if args.preopen is None else args.preopen
@@ -749,7 +740,6 @@ def main() -> None:
               "duration_s": args.duration_s, "capacity_method": args.capacity, "seeds": args.seeds,
               "nodes_per_request": args.nodes_per_request, "bound_ms": args.bound_ms,
               "client_cpus": args.client_cpus, "server_cpus": sorted(args.server_cpus or []),
-              "client_nice": args.client_nice,
               "client_connections": args.client_connections,
               "sampled_dataset": str(sampled_dataset), "sampled_model": str(sampled_model),
               "dataset": str(dataset), "model": str(model), "parts": {}}
