@@ -25,10 +25,11 @@ from prometheus_client import (
 from hybridgnn.types import ServingStats, StageTimings, UpdateStats
 
 STAGES = ("queue_wait", "batching", "sample", "gather", "compute", "respond", "total")
-# 50 µs .. 10 s: fine steps where serving latencies live (sub-ms to tens of ms).
+# 50 µs .. 10 s: fine steps where serving latencies live (sub-ms to tens of ms), and
+# around the default 100 ms admission bound, where admitted latency sits under overload.
 LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
-    0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 ROUTING_REASONS = ("threshold", "only", "spill", "fallback")
 PIPELINES = ("cpu", "gpu")
