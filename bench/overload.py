@@ -89,6 +89,7 @@ from hybridgnn.bench.loadgen import (  # noqa: E402
     wait_until,
 )
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
+from hybridgnn.config import parse_cpus  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.testing.server import metrics_text  # noqa: E402
 
@@ -705,7 +706,7 @@ def main() -> None:
     ap.add_argument("--distinct-requests", type=int, default=20000, help="pre-encoded requests, reused in turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--client-cpus", default=None,
-                    help="cores for the load generator (e.g. 0); the servers get the others, so "
+                    help="cores for the load generator (e.g. 0 or 0-1); the servers get the others, so "
                          "offering 4x does not take CPU from the server (default: shared)")
     ap.add_argument("--server-cpus", default=None,
                     help="cores for the servers (default: those --client-cpus leaves, else all); may overlap "
@@ -720,11 +721,11 @@ def main() -> None:
     if not set(parts) <= {"sampled", "precomputed"} or not parts:
         ap.error("--parts takes sampled and/or precomputed")
     allowed = os.sched_getaffinity(0)
-    args.server_cpus = {int(c) for c in args.server_cpus.split(",")} if args.server_cpus else None
+    args.server_cpus = set(parse_cpus(args.server_cpus)) if args.server_cpus else None
     if args.server_cpus is not None and not (args.server_cpus and args.server_cpus <= allowed):
         ap.error(f"--server-cpus {sorted(args.server_cpus)}: this process may use {sorted(allowed)}")
     if args.client_cpus:
-        client = {int(c) for c in args.client_cpus.split(",")}
+        client = set(parse_cpus(args.client_cpus))
         if args.server_cpus is None:
             args.server_cpus = allowed - client
         if not args.server_cpus or not client <= allowed:

@@ -10,7 +10,16 @@ import os
 
 HAS_UVLOOP: bool = importlib.util.find_spec("uvloop") is not None
 HAS_NUMBA: bool = importlib.util.find_spec("numba") is not None
-CPU_COUNT: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def allowed_cores() -> set[int]:
+    """The cores this process may run on now (its affinity; all of them where it cannot be read)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+CPU_COUNT: int = len(allowed_cores())
 
 
 def has_cuda() -> bool:
@@ -47,9 +56,9 @@ def keep_off_cores(cores) -> set[int] | None:
     """Move this process (every thread, and what it starts later) off `cores`, onto the
     other cores it may use. Returns the cores it now keeps to, or None when nothing
     changed: no cores given, none would remain, or the platform cannot pin."""
-    if not cores or not hasattr(os, "sched_getaffinity"):
+    if not cores or not hasattr(os, "sched_setaffinity"):
         return None
-    rest = os.sched_getaffinity(0) - set(cores)
+    rest = allowed_cores() - set(cores)
     if not rest:
         return None
     for tid in _thread_ids():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.capabilities import CPU_COUNT, allowed_cores
 from hybridgnn.cli.flags import add_config_flags, config_values, flag_value
 from hybridgnn.config import (
     AdmissionConfig,
@@ -114,9 +114,7 @@ def chosen_worker_cpus(text: str, processes: bool) -> tuple[int, ...]:
     if not processes:
         raise ConfigError("--worker-cpus pins worker processes, which are off here (--worker-processes off, graph "
                           "updates on, or --cpu-compute-device cuda)")
-    import os
-
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(CPU_COUNT))
+    allowed = allowed_cores()
     outside = sorted(set(cpus) - allowed)
     if outside:
         raise ConfigError(f"--worker-cpus {text}: this process may not run on core(s) {outside} "

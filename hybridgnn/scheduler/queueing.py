@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybridgnn.capabilities import allowed_cores
 from hybridgnn.config import PolicyConfig
 
 
@@ -67,12 +68,7 @@ class ServingLoad:
     def available_cores(self) -> float:
         if self.cores > 0:
             return float(self.cores)
-        import os
-
-        try:
-            return float(len(os.sched_getaffinity(0)))
-        except AttributeError:  # not Linux
-            return float(os.cpu_count() or 1)
+        return float(len(allowed_cores()))
 
 
 class PipelineModel:
