@@ -244,8 +244,9 @@ class Admission:
         return predicted
 
     def check(self, lane_name: str | None, work: float = 0.0, waited_s: float = 0.0) -> float:
-        """Raise Overloaded if work added to the lane now would wait past the bound (work 0:
-        the lane is past it already, which lets the front end refuse before decoding);
+        """Raise Overloaded if work added to the lane now would wait past the bound (the front
+        end asks before decoding, with the work the request declares at the mean cost per
+        unit: a decode costs more than the rest of a refusal);
         else return the lane's model prediction for it, before calibration. waited_s: what
         the request already waited in the front end (for its turn of the event loop); it
         adds to the loop lag (the wait to be read). lane_name None: judge by those alone."""

@@ -94,6 +94,7 @@ class Engine:
         if cfg.policy.profile is not None:
             self.set_policy(self.control.load(self.graph.fingerprint))
         self._seed_psgs = self._mean_request_psgs = float(np.mean(self.tables.psgs))
+        self._admitted_seed_psgs = self._seed_psgs  # PSGS per seed of admitted requests (moving mean)
         self.admission = admission_for(cfg, sum(p.cfg.workers for p in self.pipelines.values()),
                                        self._full_batch_psgs(), self.policy, self.profile)
         self._sampled_lane = self.admission.lanes["sampled"]
@@ -237,11 +238,13 @@ class Engine:
         if self._pending == 0:
             self._idle.set()
 
-    def shed(self, waited_s: float, lane: str | None = None) -> None:
+    def shed(self, waited_s: float, lane: str | None = None, seeds: int = 0) -> None:
         """Raise Overloaded, before a request is decoded, if it already waited in the front
-        end past the delay bound, or (lane given) that lane is past the bound before any new work."""
+        end past the delay bound, or (lane given) that lane would be past the bound with the
+        work its `seeds` are expected to bring (the mean PSGS per seed of admitted requests;
+        submit then judges the request's own PSGS)."""
         if self.started and not self.draining:
-            self.admission.check(lane, 0.0, waited_s)
+            self.admission.check(lane, seeds * self._admitted_seed_psgs if lane == "sampled" else 0.0, waited_s)
 
     def shed_standing(self) -> bool:
         """Whether a request the front end found waiting past the target of a queue that
@@ -258,6 +261,8 @@ class Engine:
         psgs = self.tables.batch_psgs(node_ids)
         predicted = self._admit("sampled", psgs, waited_s)
         self._mean_request_psgs += 0.01 * (psgs - self._mean_request_psgs)
+        if node_ids.shape[0]:
+            self._admitted_seed_psgs += 0.01 * (psgs / node_ids.shape[0] - self._admitted_seed_psgs)
         requests = self.control.count_admitted(int(node_ids.shape[0]))
         if not requests & 255:  # the batch size under backlog follows the request mix
             self._sampled_lane.full_batch = self._full_batch_psgs()

@@ -278,3 +278,22 @@ def test_sparse_integer_ids_map_too():
     assert req.node_ids.tolist() == [3, 0] and req.external_ids.tolist() == [2_000_000, 1]
     with pytest.raises(BadRequest, match="unknown node id 0"):
         decode_infer_request(body.replace(b"2000000", b"0"), None, max_nodes=10, num_nodes=4, id_map=id_map)
+
+
+@pytest.mark.parametrize("header, expected", [
+    ({"inputs": [{"name": "node_ids", "shape": [64], "datatype": "INT64"}]}, 64),
+    ({"inputs": [{"name": "features", "shape": [2, 8]}, {"name": "node_ids", "shape": [1, 5]}]}, 5),
+    ({"inputs": [{"name": "features", "shape": [2, 8]}]}, 0),
+    ({"inputs": [{"name": "node_ids", "shape": "64"}]}, 0),
+    ({"inputs": [{"name": "node_ids", "shape": [True, 3]}]}, 0),
+    ({"inputs": [{"name": "node_ids", "shape": [-1]}]}, 0),
+    ({"inputs": [{"name": "node_ids", "shape": [1 << 60]}]}, 0),
+    ({"inputs": "node_ids"}, 0),
+    ([1, 2], 0),
+])
+def test_declared_ids_reads_the_shape_without_validating(header, expected):
+    """What admission judges a request by before decoding it: the node_ids input's shape,
+    0 whenever that is not a list of sizes (the decoder then says what is wrong)."""
+    from hybridgnn.serving.http.codec import declared_ids
+
+    assert declared_ids(header) == expected

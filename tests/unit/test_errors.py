@@ -350,3 +350,38 @@ def test_a_request_past_the_target_of_a_standing_queue_is_refused_but_health_is_
     assert admission["refused_standing_queue"] == 2 and admission["refused_by_delay"] == 2
     assert stats["inference_stats"]["fail"]["count"] == 2
     assert draining.status == 503 and not draining.shared
+
+
+def test_a_sampled_inference_whose_declared_ids_would_pass_the_bound_is_refused_before_decoding(
+        tiny_dataset, tiny_model):
+    """Under overload most requests are refused, and a decode costs more than the rest of a
+    refusal: a sampled inference is judged first by the ids its header declares (at the
+    PSGS per seed of admitted requests), so one whose ids are out of range, which a decode
+    would answer 400, is refused 429; a request that fits under the bound is still decoded
+    and judged by its own ids (400)."""
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
+
+    def body(n: int) -> bytes:
+        return json.dumps({"inputs": [{"name": "node_ids", "shape": [n], "datatype": "INT64",
+                                       "data": [10**9] * n}]}).encode()
+
+    async def scenario(api, engine):
+        lane = engine.admission.lanes["sampled"]
+        for _ in range(16):
+            lane.observe(1.0, 0.001)  # a millisecond per PSGS, one server
+        lane.servers, lane.full_batch = 1, 1e9
+        per_seed = engine._admitted_seed_psgs
+        lane.queued = 50.0  # 50 ms queued: half the 100 ms bound
+        endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
+        many = int(80 / per_seed) + 1  # ~80 ms more: past the bound
+        refused = endpoint(Request(params, {}, body(many), 0.0))
+        decoded = endpoint(Request(params, {}, body(1), 0.0))
+        return refused, decoded, lane.queued
+
+    refused, decoded, queued = run_api(cfg, scenario)
+    status, message, headers = answer(refused)
+    assert status == 429 and headers["Retry-After"], message
+    assert message["error"].startswith("server overloaded: predicted queueing delay")
+    status, message, _ = answer(decoded)
+    assert status == 400 and "10000000" in message["error"], message
+    assert queued == 50.0  # neither added work

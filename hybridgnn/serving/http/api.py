@@ -45,8 +45,10 @@ from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
     ID_OUTPUT,
     INPUT_NAME,
-    decode_infer_request,
+    declared_ids,
+    decode_infer_parts,
     encode_infer_response,
+    split_body,
 )
 from hybridgnn.serving.http.turns import standing_queue_limits
 from hybridgnn.serving.repository import Models, Repository
@@ -464,13 +466,18 @@ class Api:
             wanted = _min_graph_version(request.body if head is None else head)
             if wanted is not None and wanted > engine.graph_version:
                 return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
-            sampled = _plainly_sampled(head)
-            # past the bound already (the lane, or the wait for its turn): refuse before decoding
-            engine.shed(request.waited_s, "sampled" if sampled else None)
-            req = decode_infer_request(request.body, request.headers.get(_HEADER_LENGTH),
-                                       max_nodes=engine.cfg.server.max_request_nodes, num_nodes=engine.num_nodes,
-                                       feature_dim=engine.graph.feature_dim, id_map=engine.graph.id_map,
-                                       default_outputs=engine.cfg.server.default_outputs)
+            header, binary = split_body(request.body, request.headers.get(_HEADER_LENGTH))
+            # Refuse before decoding what would wait past the bound: the wait for its turn, or
+            # (a sampled inference) the lane with the work its declared ids are expected to
+            # bring. Under overload most requests are refused, and a decode costs more than the
+            # rest of a refusal.
+            if _plainly_sampled(head):
+                engine.shed(request.waited_s, "sampled", min(declared_ids(header), engine.cfg.server.max_request_nodes))
+            else:
+                engine.shed(request.waited_s)
+            req = decode_infer_parts(header, binary, max_nodes=engine.cfg.server.max_request_nodes,
+                                     num_nodes=engine.num_nodes, feature_dim=engine.graph.feature_dim,
+                                     id_map=engine.graph.id_map, default_outputs=engine.cfg.server.default_outputs)
             pending = self.dispatch(req, engine, request.waited_s)
         except Exception as exc:
             if target is not None:  # a request for a model this server has: its statistics count it

@@ -120,6 +120,23 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
                               max_edges=max_edges, id_map=id_map, default_outputs=default_outputs)
 
 
+def declared_ids(header) -> int:
+    """How many node ids a parsed inference header declares in its node_ids input (the
+    product of its shape), 0 when it declares none or not as a list of sizes; nothing is
+    validated (decode_infer_parts does that). What admission can judge a request's work
+    by before decoding it."""
+    inputs = header.get("inputs") if isinstance(header, dict) else None
+    if not isinstance(inputs, list):
+        return 0
+    for inp in inputs:
+        if isinstance(inp, dict) and inp.get("name") == INPUT_NAME:
+            shape = inp.get("shape")
+            if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
+                return 0
+            return math.prod(shape)
+    return 0
+
+
 def decode_infer_parts(header: dict, binary: memoryview, *, max_nodes: int, num_nodes: int,
                        feature_dim: int | None = None, max_edges: int | None = None, id_map=None,
                        default_outputs: tuple[str, ...] | None = None) -> InferRequest:
