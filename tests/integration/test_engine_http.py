@@ -135,10 +135,13 @@ def test_a_plain_request_is_refused_before_decoding_when_the_lane_is_past_its_bo
             lane.observe(1.0, 10.0)  # 10 s per unit of work: anything queued is past the bound
         lane.add(1.0)
         try:
-            # not even JSON: a 429 shows it was refused before decoding
-            r = await client.post("/v2/models/hybridgnn/infer", data=b'{"inputs": [{"name": "node_ids", ')
+            # an id no graph has: a 429 shows it was refused before its tensor was decoded
+            # (and validated); a body that is not JSON is still a 400 (its header is read first)
+            r = await client.post("/v2/models/hybridgnn/infer", json=body([10**12]))
             assert r.status == 429 and "Retry-After" in r.headers
             assert "queueing delay" in (await r.json())["error"]
+            r = await client.post("/v2/models/hybridgnn/infer", data=b'{"inputs": [{"name": "node_ids", ')
+            assert r.status == 400
             # a request naming a mode takes the full path, which validates it first
             r = await client.post("/v2/models/hybridgnn/infer", data=b'{"parameters": {"mode": "precomputed"}, ')
             assert r.status == 400
