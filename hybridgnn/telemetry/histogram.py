@@ -1,4 +1,5 @@
-"""Labelled Prometheus histograms and counters for the event loop's per-request observations.
+"""Labelled Prometheus histograms and counters for what the event loop observes per request
+or per batch.
 
 Why not prometheus_client's Histogram: its observe() checks the metric, scans the buckets
 in Python and takes a lock twice (about 1 µs, with a label lookup on top), and the

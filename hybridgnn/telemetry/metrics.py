@@ -57,25 +57,25 @@ class Telemetry(ServingStats):
             "hybridgnn_requests", "Inference requests answered, by HTTP status code", ["model", "version", "code"],
             registry=r)
         self.seeds = LoopCounter("hybridgnn_seeds", "Seed nodes answered", ["model", "version"], registry=r)
-        self.batch_size = Histogram(
+        self.batch_size = LoopHistogram(
             "hybridgnn_batch_size_seeds", "Seeds per executed batch", ["pipeline"], buckets=SIZE_BUCKETS, registry=r)
-        self.batch_requests = Histogram(
+        self.batch_requests = LoopHistogram(
             "hybridgnn_batch_requests", "Requests per executed batch", ["pipeline"], buckets=SIZE_BUCKETS, registry=r)
-        self.batch_psgs = Histogram(
+        self.batch_psgs = LoopHistogram(
             "hybridgnn_batch_psgs", "Batch PSGS (sum of the seeds' expected sampled subgraph sizes)",
             ["pipeline"], buckets=PSGS_BUCKETS, registry=r)
-        self.sampled_edges = Counter(
+        self.sampled_edges = LoopCounter(
             "hybridgnn_sampled_edges", "Edges sampled", ["pipeline"], registry=r)
         self.queue_depth = Gauge(
             "hybridgnn_queue_depth_batches", "Batches queued or running in a pipeline", ["pipeline"], registry=r)
         self.pending = Gauge(
             "hybridgnn_pending_requests", "Requests admitted and not yet answered", registry=r)
-        self.routing = Counter(
+        self.routing = LoopCounter(
             "hybridgnn_routing_decisions", "Batches routed, by pipeline and reason", ["pipeline", "reason"],
             registry=r)
-        self.batch_errors = Counter(
+        self.batch_errors = LoopCounter(
             "hybridgnn_batch_errors", "Batches that failed in a pipeline", ["pipeline"], registry=r)
-        self.rejected = Counter(
+        self.rejected = LoopCounter(
             "hybridgnn_rejected_requests", "Requests refused before admission", ["reason"], registry=r)
         self.psgs_threshold = Gauge(
             "hybridgnn_psgs_threshold", "PSGS threshold in force (+Inf: all batches on CPU)", registry=r)
@@ -88,7 +88,7 @@ class Telemetry(ServingStats):
             "hybridgnn_policy_changes", "Threshold or batch-PSGS changes made by --adapt", registry=r)
         self.placement_refreshes = Counter(
             "hybridgnn_placement_refreshes", "GPU feature caches rebuilt from live seed counts (SIGHUP)", registry=r)
-        self.gathered_rows = Counter(
+        self.gathered_rows = LoopCounter(
             "hybridgnn_gathered_rows", "Feature rows gathered, by the tier that served them (gpu: device cache)",
             ["pipeline", "tier"], registry=r)
         self.ready = Gauge(
