@@ -76,7 +76,7 @@ class LoopHistogram:
             for le, count in zip(self._le, counts, strict=True):
                 running += count
                 cumulative.append((le, running))
-            family.add_metric(list(values), cumulative, total)
+            family.add_metric([str(v) for v in values], cumulative, total)
         yield family
 
 
@@ -117,5 +117,5 @@ class LoopCounter:
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, series in list(self._series.items()):
-            family.add_metric(list(values), series.value)
+            family.add_metric([str(v) for v in values], series.value)
         yield family

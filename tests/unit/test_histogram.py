@@ -75,3 +75,15 @@ def test_a_loop_counter_exposes_what_a_counter_does():
     assert _samples(ours) == _samples(theirs)
     with pytest.raises(ValueError, match="only goes up"):
         mine.labels("200").inc(-1)
+
+
+def test_label_values_are_shown_as_text():
+    """A label value given as a number is exposed as its text, as prometheus_client does."""
+    from hybridgnn.telemetry.histogram import LoopCounter
+
+    registry = CollectorRegistry()
+    LoopCounter("w_requests", "doc", ["code"], registry).labels(200).inc()
+    LoopHistogram("w_seconds", "doc", ["code"], (1.0,), registry).labels(200).observe(0.5)
+    got = _samples(registry)
+    assert got["w_requests_total", (("code", "200"),)] == 1
+    assert got["w_seconds_count", (("code", "200"),)] == 1
