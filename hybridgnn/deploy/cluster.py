@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybridgnn.capabilities import allowed_cores
+from hybridgnn.config import parse_cpus
 from hybridgnn.deploy.balancer import (
     READY_PATH,
     balancer_command,
@@ -61,9 +63,66 @@ class ClusterConfig:
             if flag in self.serve_args:
                 raise ValueError(f"{flag} is set per replica by the cluster; leave it out of the serve arguments")
 
+        self.worker_cpus_split()  # a --worker-cpus that cannot be split is refused here
+
     @property
     def backends(self) -> list[str]:
         return [f"{self.host}:{self.base_port + i}" for i in range(self.replicas)]
+
+    def _worker_cpus_at(self) -> int | None:
+        """Index in serve_args of the --worker-cpus flag (its value follows, or it is
+        written --worker-cpus=VALUE); None without it."""
+        for k, arg in enumerate(self.serve_args):
+            if arg == "--worker-cpus" or arg.startswith("--worker-cpus="):
+                return k
+        return None
+
+    def worker_cpus_split(self) -> list[tuple[int, ...]] | None:
+        """--worker-cpus in the serve arguments, split into one contiguous share per
+        replica (as even as the count allows), or None without the flag. Every replica
+        given the same cores would put all their workers on them; ValueError when there
+        are fewer cores than replicas, or the list does not parse."""
+        at = self._worker_cpus_at()
+        if at is None:
+            return None
+        arg = self.serve_args[at]
+        if "=" in arg:
+            text = arg.split("=", 1)[1]
+        elif at + 1 < len(self.serve_args):
+            text = self.serve_args[at + 1]
+        else:
+            raise ValueError("--worker-cpus needs a value, e.g. 2-9")
+        cores = parse_cpus(text)
+        if len(cores) < self.replicas:
+            raise ValueError(f"--worker-cpus {text} gives {len(cores)} core(s) for {self.replicas} replicas: "
+                             "each replica's workers need at least one of their own")
+        bounds = [len(cores) * i // self.replicas for i in range(self.replicas + 1)]
+        return [cores[bounds[i]:bounds[i + 1]] for i in range(self.replicas)]
+
+    def replica_serve_args(self, i: int) -> tuple[str, ...]:
+        """serve arguments for replica i: its own share of --worker-cpus, if given."""
+        split = self.worker_cpus_split()
+        if split is None:
+            return self.serve_args
+        at = self._worker_cpus_at()
+        args = list(self.serve_args)
+        mine = ",".join(map(str, split[i]))
+        if "=" in args[at]:
+            args[at] = f"--worker-cpus={mine}"
+        else:
+            args[at + 1] = mine
+        return tuple(args)
+
+    def replica_cores(self, i: int, allowed: set[int] | None = None) -> set[int] | None:
+        """The cores replica i may run on: its own workers' share and every allowed core
+        that is no replica's worker core (where its event loop and threads go), so one
+        replica's loop never lands on another's workers; None without --worker-cpus."""
+        split = self.worker_cpus_split()
+        if split is None:
+            return None
+        allowed = allowed_cores() if allowed is None else allowed
+        workers = {c for share in split for c in share}
+        return (allowed - workers) | set(split[i])
 
 
 def http_ready(url: str, timeout_s: float = 1.0) -> bool:
@@ -142,11 +201,13 @@ class LocalCluster:
     def _spawn(self, i: int) -> subprocess.Popen:
         """Start replica i (its log appended to, its pid file rewritten)."""
         cfg = self.cfg
-        cmd = [sys.executable, "-m", "hybridgnn.cli.main", "serve", *cfg.serve_args,
+        cmd = [sys.executable, "-m", "hybridgnn.cli.main", "serve", *cfg.replica_serve_args(i),
                "--host", cfg.host, "--port", str(cfg.base_port + i)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        cores = cfg.replica_cores(i)
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
         with open(cfg.run_dir / f"replica-{i}.log", "ab") as logf:  # the child keeps its own descriptor
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
         (cfg.run_dir / f"replica-{i}.pid").write_text(str(proc.pid))
         self._started_at[i] = time.monotonic()
         return proc
