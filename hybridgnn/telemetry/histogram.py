@@ -40,46 +40,6 @@ class _Series:
             self.total += value
 
 
-class LoopHistogram:
-    """Histogram with labels, registered as a collector in `registry`."""
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
-                 registry: CollectorRegistry):
-        bounds = sorted(float(b) for b in buckets)
-        if not bounds or bounds[-1] != math.inf:
-            bounds.append(math.inf)
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self._bounds = bounds
-        self._le = [floatToGoString(b) for b in bounds]
-        self._series: dict[tuple[str, ...], _Series] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> _Series:
-        """The series of these label values (created, at zero, on first use)."""
-        series = self._series.get(values)
-        if series is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-            series = self._series[values] = _Series(self._bounds)
-        return series
-
-    def describe(self) -> list[HistogramMetricFamily]:
-        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, series in list(self._series.items()):
-            counts, total = series.counts[:], series.total
-            cumulative, running = [], 0
-            for le, count in zip(self._le, counts, strict=True):
-                running += count
-                cumulative.append((le, running))
-            family.add_metric([str(v) for v in values], cumulative, total)
-        yield family
-
-
 class _Count:
     __slots__ = ("value",)
 
@@ -92,30 +52,80 @@ class _Count:
         self.value += amount
 
 
-class LoopCounter:
-    """Counter with labels, registered as a collector in `registry` (see the module docstring)."""
+class _LoopMetric:
+    """Series by label values, registered as a collector; subclasses say what a series is
+    (_new_series) and how the family is exposed (_family, _add)."""
+
+    family_type: type = HistogramMetricFamily
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry):
-        self.name = name.removesuffix("_total")
+        self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._series: dict[tuple[str, ...], _Count] = {}
+        self._series: dict[tuple, object] = {}
         registry.register(self)
 
-    def labels(self, *values: str) -> _Count:
+    def labels(self, *values):
         """The series of these label values (created, at zero, on first use)."""
         series = self._series.get(values)
         if series is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-            series = self._series[values] = _Count()
+            series = self._series[values] = self._new_series()
         return series
 
-    def describe(self) -> list[CounterMetricFamily]:
-        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+    def describe(self) -> list:
+        return [self.family_type(self.name, self.documentation, labels=self.labelnames)]
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, series in list(self._series.items()):
-            family.add_metric([str(v) for v in values], series.value)
+    def collect(self) -> Iterator:
+        family = self.family_type(self.name, self.documentation, labels=self.labelnames)
+        for values, series in list(self._series.items()):  # one copy: the loop may add a series meanwhile
+            self._add(family, [str(v) for v in values], series)
         yield family
+
+    def _new_series(self):
+        raise NotImplementedError
+
+    def _add(self, family, values: list[str], series) -> None:
+        raise NotImplementedError
+
+
+class LoopHistogram(_LoopMetric):
+    """Histogram with labels (buckets as for prometheus_client's Histogram; +Inf added)."""
+
+    family_type = HistogramMetricFamily
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+                 registry: CollectorRegistry):
+        bounds = sorted(float(b) for b in buckets)
+        if not bounds or bounds[-1] != math.inf:
+            bounds.append(math.inf)
+        self._bounds = bounds
+        self._le = [floatToGoString(b) for b in bounds]
+        super().__init__(name, documentation, labelnames, registry)
+
+    def _new_series(self) -> _Series:
+        return _Series(self._bounds)
+
+    def _add(self, family, values: list[str], series: _Series) -> None:
+        counts, total = series.counts[:], series.total
+        cumulative, running = [], 0
+        for le, count in zip(self._le, counts, strict=True):
+            running += count
+            cumulative.append((le, running))
+        family.add_metric(values, cumulative, total)
+
+
+class LoopCounter(_LoopMetric):
+    """Counter with labels (exposed as <name>_total)."""
+
+    family_type = CounterMetricFamily
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry):
+        super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
+
+    def _new_series(self) -> _Count:
+        return _Count()
+
+    def _add(self, family, values: list[str], series: _Count) -> None:
+        family.add_metric(values, series.value)
