@@ -5,7 +5,7 @@ Plain dataclasses of numpy arrays / tensors; no stage reaches into another's int
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,10 +79,13 @@ class StageTimings:
 
 @dataclass
 class InferenceRequest:
-    """One admitted request: its seeds and the future its handler awaits."""
+    """One admitted request: its seeds and what to call with its answer.
+
+    on_done(result, None) or on_done(None, error) is called exactly once, on the event
+    loop, when the request is answered (by the engine, or by the batcher at shutdown)."""
 
     node_ids: np.ndarray
-    future: asyncio.Future
+    on_done: Callable[[RequestResult | None, BaseException | None], None]
     arrival_s: float
     psgs: float = 0.0  # summed PSGS of its seeds (filled when the batcher bounds batch PSGS)
     predicted_wait_s: float = 0.0  # admission's model prediction of its wait (calibrated against the real one)

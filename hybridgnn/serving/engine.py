@@ -12,9 +12,11 @@ exactly once (result or error), including during drain.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -214,6 +216,11 @@ class Engine:
 
     # --- request path ----------------------------------------------------------------
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the engine runs on (None before start)."""
+        return self._loop
+
+    @property
     def pending(self) -> int:
         return self._pending
 
@@ -255,9 +262,13 @@ class Engine:
             return True
         return False
 
-    def submit(self, node_ids: np.ndarray, waited_s: float = 0.0) -> asyncio.Future:
+    def submit(self, node_ids: np.ndarray, waited_s: float = 0.0,
+               on_done: Callable[[RequestResult | None, BaseException | None], None] | None = None
+               ) -> asyncio.Future | None:
         """Admit one request (ids already validated) or raise Overloaded / Draining.
-        waited_s: how long it already waited in the front end."""
+        waited_s: how long it already waited in the front end. Its answer goes to
+        on_done(result, error), called once on the loop; without on_done, to the future
+        returned (an EagerFuture: what is chained to it runs in the call that completes it)."""
         psgs = self.tables.batch_psgs(node_ids)
         predicted = self._admit("sampled", psgs, waited_s)
         self._mean_request_psgs += 0.01 * (psgs - self._mean_request_psgs)
@@ -266,9 +277,12 @@ class Engine:
         requests = self.control.count_admitted(int(node_ids.shape[0]))
         if not requests & 255:  # the batch size under backlog follows the request mix
             self._sampled_lane.full_batch = self._full_batch_psgs()
-        fut = EagerFuture(loop=self._loop)  # the HTTP answer is written in the call that completes it
-        self.batcher.add(InferenceRequest(node_ids=node_ids, future=fut, arrival_s=time.perf_counter(), psgs=psgs,
-                                          predicted_wait_s=predicted))
+        fut = None
+        if on_done is None:
+            fut = EagerFuture(loop=self._loop)
+            on_done = functools.partial(_settle, fut)
+        self.batcher.add(InferenceRequest(node_ids=node_ids, on_done=on_done, arrival_s=time.perf_counter(),
+                                          psgs=psgs, predicted_wait_s=predicted))
         return fut
 
     def _has_capacity(self) -> bool:
@@ -341,15 +355,14 @@ class Engine:
         lane.completed(batch.psgs, done_s)
 
     def _resolve(self, req: InferenceRequest, result: RequestResult | None = None, exception=None) -> None:
-        # The books first: completing the future may answer at once (EagerFuture), and what
-        # that answer lets in (a pipelined request) must see this request gone.
+        # The books first: on_done may answer at once, and what that answer lets in (a
+        # pipelined request) must see this request gone.
         self._sampled_lane.remove(req.psgs)
         self._release()
-        if not req.future.done():
-            if exception is not None:
-                req.future.set_exception(exception)
-            else:
-                req.future.set_result(result)
+        try:
+            req.on_done(result, exception)
+        except Exception as exc:  # as the loop treats a failing callback: report it, answer the rest
+            self._loop.call_exception_handler({"message": "exception answering a request", "exception": exc})
 
     @property
     def num_nodes(self) -> int:
@@ -404,3 +417,12 @@ class Engine:
 
     def metadata(self) -> dict:
         return describe_engine(self)
+
+
+def _settle(fut: asyncio.Future, result: RequestResult | None, error: BaseException | None) -> None:
+    """Complete fut with a request's answer (unless it was cancelled)."""
+    if not fut.done():
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)

@@ -158,19 +158,30 @@ class Models:
 
     def __init__(self):
         self._engines: dict[str, dict[str, object]] = {}
+        self._highest: dict[str, object] = {}  # name -> its highest version's engine (what most requests get)
         self.unavailable: dict[tuple[str, str], str] = {}  # (name, version) -> why it is not served
 
     def add(self, name: str, version: str, engine) -> None:
         self._engines.setdefault(name, {})[version] = engine
+        self._note_highest(name)
+
+    def _note_highest(self, name: str) -> None:
+        versions = self._engines.get(name)
+        if versions:
+            self._highest[name] = versions[max(versions, key=_version_key)]
+        else:
+            self._highest.pop(name, None)
 
     def get(self, name: str, version: str | None = None):
         """The engine of model `name` (version: that one, else the highest); NotFound
         naming what this server serves."""
+        if version is None:
+            engine = self._highest.get(name)
+            if engine is not None:
+                return engine
         versions = self._engines.get(name)
         if not versions:
             raise NotFound(f"unknown model {brief(name)}; this server serves {sorted(self._engines)}")
-        if version is None:
-            return versions[max(versions, key=_version_key)]
         engine = versions.get(version)
         if engine is None:
             raise NotFound(f"model {name!r} has no version {brief(version)}; versions: "
@@ -182,6 +193,7 @@ class Models:
         engine = self._engines[name].pop(version)
         if not self._engines[name]:
             del self._engines[name]
+        self._note_highest(name)
         return engine
 
     def versions(self, name: str) -> list[str]:

@@ -152,22 +152,6 @@ def test_a_plain_request_is_refused_before_decoding_when_the_lane_is_past_its_bo
     asyncio.run(with_client(cfg, scenario))
 
 
-@pytest.mark.parametrize("raw,headers,plain", [
-    (b'{"inputs": [{"name": "node_ids", "data": [1]}]}', {}, True),
-    (b'{"inputs": [], "parameters": {"mode": "precomputed"}}', {}, False),
-    (b'{"inputs": [{"name": "features"}, {"name": "edge_index"}]}', {}, False),
-    (b'{"inputs": []}' + b'"mode"', {"inference-header-content-length": "14"}, True),  # binary tail ignored
-    (b'{"inputs": []}', {"inference-header-content-length": "99"}, False),
-    (b'{"inputs": []}', {"inference-header-content-length": "-1"}, False),
-    (b'{"inputs": []}', {"inference-header-content-length": "\u00b2"}, False),  # a digit to isdigit(), not to int()
-    (b'{"inputs": []}', {"inference-header-content-length": "9" * 5000}, False),
-])
-def test_which_requests_count_as_plain_sampled(raw, headers, plain):
-    from hybridgnn.serving.http.api import Request, _json_part, _plainly_sampled
-
-    assert _plainly_sampled(_json_part(Request({"model": "m"}, headers, raw))) is plain
-
-
 def test_pipelined_requests_are_not_refused_for_waiting_behind_their_own_connection(tiny_dataset, tiny_model):
     """HTTP/1.1 answers a connection's requests in order, so a pipelined request waits for
     the ones before it. That wait is the client's doing, not the server's load: 60

@@ -9,8 +9,12 @@ from hybridgnn.types import InferenceRequest
 
 
 def make_request(n, loop):
-    return InferenceRequest(node_ids=np.arange(n, dtype=np.int64), future=loop.create_future(),
-                            arrival_s=time.perf_counter())
+    """A request whose answers (result, error) are kept in req.answers."""
+    answers = []
+    req = InferenceRequest(node_ids=np.arange(n, dtype=np.int64), on_done=lambda r, e: answers.append((r, e)),
+                           arrival_s=time.perf_counter())
+    req.answers = answers
+    return req
 
 
 async def until(done, timeout_s=2.0):
@@ -151,6 +155,6 @@ def test_close_answers_waiting_and_later_requests():
         b.close()
         b.add(late)
         for req in (waiting, late):
-            assert req.future.done() and type(req.future.exception()).__name__ == "Draining"
+            assert len(req.answers) == 1 and type(req.answers[0][1]).__name__ == "Draining"
 
     asyncio.run(run())

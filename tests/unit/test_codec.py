@@ -282,18 +282,23 @@ def test_sparse_integer_ids_map_too():
 
 @pytest.mark.parametrize("header, expected", [
     ({"inputs": [{"name": "node_ids", "shape": [64], "datatype": "INT64"}]}, 64),
-    ({"inputs": [{"name": "features", "shape": [2, 8]}, {"name": "node_ids", "shape": [1, 5]}]}, 5),
-    ({"inputs": [{"name": "features", "shape": [2, 8]}]}, 0),
+    ({"inputs": [{"name": "node_ids", "shape": [1, 5]}], "parameters": {"mode": "sampled"}}, 5),
+    ({"inputs": [{"name": "node_ids", "shape": [1, 5]}], "parameters": {"mode": "precomputed"}}, None),
+    ({"inputs": [], "parameters": {"mode": "srpe"}}, None),
+    ({"inputs": [{"name": "features", "shape": [2, 8]}, {"name": "node_ids", "shape": [1, 5]}]}, None),
+    ({"inputs": [{"name": "edge_index", "shape": [2, 8]}]}, None),
     ({"inputs": [{"name": "node_ids", "shape": "64"}]}, 0),
     ({"inputs": [{"name": "node_ids", "shape": [True, 3]}]}, 0),
     ({"inputs": [{"name": "node_ids", "shape": [-1]}]}, 0),
     ({"inputs": [{"name": "node_ids", "shape": [1 << 60]}]}, 0),
     ({"inputs": "node_ids"}, 0),
+    ({"inputs": [{"name": "node_ids", "shape": [3]}], "parameters": "mode"}, 3),  # the decoder refuses it
     ([1, 2], 0),
 ])
 def test_declared_ids_reads_the_shape_without_validating(header, expected):
     """What admission judges a request by before decoding it: the node_ids input's shape,
-    0 whenever that is not a list of sizes (the decoder then says what is wrong)."""
+    0 whenever that is not a list of sizes (the decoder then says what is wrong), None
+    for a request that is not a sampled inference of existing nodes."""
     from hybridgnn.serving.http.codec import declared_ids
 
     assert declared_ids(header) == expected

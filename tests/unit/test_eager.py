@@ -5,9 +5,7 @@ import asyncio
 
 import pytest
 
-from hybridgnn.errors import Draining
 from hybridgnn.serving.eager import EagerFuture, when_done
-from hybridgnn.serving.http.api import Reply, _chain
 
 
 def _run(coro):
@@ -82,28 +80,4 @@ def test_when_done_is_eager_only_for_an_eager_future():
         assert seen == ["eager"]
         await asyncio.sleep(0)
         assert seen == ["eager", "plain"]
-    _run(go())
-
-
-def test_chain_answers_in_the_same_call_and_a_cancelled_request_gets_a_503():
-    async def go():
-        def failed(exc):
-            return Reply.error(getattr(exc, "status", 500), str(exc))
-
-        src = EagerFuture()
-        out = _chain(src, lambda f: Reply.json({"v": f.result()}), failed)
-        answered = []
-        when_done(out, lambda f: answered.append(f.result().body))
-        src.set_result(3)
-        assert answered == [b'{"v": 3}']
-
-        src = EagerFuture()
-        out = _chain(src, lambda f: Reply.json({"v": f.result()}), failed)
-        src.cancel()
-        assert out.done() and out.result().status == Draining.status
-
-        src = EagerFuture()
-        out = _chain(src, lambda f: 1 / 0, failed)  # a failing finish answers through failed
-        src.set_result(None)
-        assert out.result().status == 500
     _run(go())

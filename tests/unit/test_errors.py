@@ -385,3 +385,30 @@ def test_a_sampled_inference_whose_declared_ids_would_pass_the_bound_is_refused_
     status, message, _ = answer(decoded)
     assert status == 400 and "10000000" in message["error"], message
     assert queued == 50.0  # neither added work
+
+
+def test_every_request_of_a_batch_is_answered_once_when_one_answer_fails(tiny_dataset, tiny_model):
+    """The engine calls each request's on_done in the call that completes its batch. One
+    that raises is reported to the loop's exception handler; the requests after it in the
+    batch are still answered, and nothing stays pending."""
+    from hybridgnn.config import BatcherConfig
+
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
+                      batcher=BatcherConfig(max_wait_s=0.2))
+
+    async def scenario(api, engine):
+        reported, answers = [], []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx.get("exception")))
+
+        def failing(result, error):
+            raise RuntimeError("an answer that fails")
+
+        engine.submit(np.array([1]), on_done=failing)
+        engine.submit(np.array([2, 3]), on_done=lambda result, error: answers.append((result, error)))
+        last = await engine.submit(np.array([4]))  # the same batch (the batcher waits up to 200 ms)
+        return reported, answers, last, engine.pending
+
+    reported, answers, last, pending = run_api(cfg, scenario)
+    assert [type(e) for e in reported] == [RuntimeError]
+    assert len(answers) == 1 and answers[0][1] is None and answers[0][0].logits.shape[0] == 2
+    assert last.logits.shape[0] == 1 and pending == 0

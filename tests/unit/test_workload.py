@@ -1,7 +1,9 @@
 """PSGS and FAP against Monte-Carlo tree sampling (with multiplicity, as docs/architecture.md defines)."""
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from hybridgnn.workload.tables import (
     WorkloadTables,
@@ -88,3 +90,15 @@ def test_tables_save_load_and_batch_lookup(skewed_graph):
     np.testing.assert_array_equal(built.psgs, loaded.psgs)
     ids = np.array([0, 1, 1, 59])
     assert loaded.batch_psgs(ids) == pytest.approx(float(np.asarray(built.psgs, np.float64)[ids].sum()))
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(ids=st.lists(st.integers(0, 24), min_size=0, max_size=20))
+def test_batch_psgs_is_the_same_sum_for_few_and_many_ids(ids):
+    """Up to 8 ids are summed in Python (a reduction's fixed cost dwarfs them), more by
+    numpy; either way ids past the table (nodes added by updates) count as its largest entry."""
+    psgs = np.random.default_rng(0).uniform(1, 50, 20).astype(np.float32)
+    tables = WorkloadTables(FANOUTS, "uniform", psgs, np.zeros(20, np.float32))
+    arr = np.asarray(ids, dtype=np.int64)
+    expected = sum(float(psgs[i]) if i < 20 else float(psgs.max()) for i in ids)
+    assert tables.batch_psgs(arr) == pytest.approx(expected, rel=1e-6)

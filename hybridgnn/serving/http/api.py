@@ -65,46 +65,12 @@ def _request_id() -> str:
     return os.urandom(6).hex()
 
 
-def _json_part(request: Request) -> bytes | None:
-    """The JSON part of an infer body: all of it, or its first Inference-Header-Content-Length
-    bytes; None when that header is not a length within the body (the decoder then says
-    what is wrong with it)."""
-    length = request.headers.get(_HEADER_LENGTH)
-    if length is None:
-        return request.body
-    if not (length.isascii() and length.isdigit() and len(length) <= 12) or int(length) > len(request.body):
-        return None
-    return request.body[:int(length)]
-
-
-def _min_graph_version(head: bytes) -> int | None:
-    """parameters.min_graph_version of an infer request's JSON part, or None (looked for
-    only when the bytes occur, so other requests pay one substring search)."""
-    if b"min_graph_version" not in head:
-        return None
-    try:
-        params = json.loads(head).get("parameters")
-    except (ValueError, AttributeError):
-        return None  # the decoder says what is wrong with it
-    if not isinstance(params, dict) or "min_graph_version" not in params:
-        return None
-    return graph_version_param(params["min_graph_version"])
-
-
 def graph_version_param(v) -> int:
     """parameters.min_graph_version as given; BadRequest unless an integer >= 0."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise BadRequest(f"parameters.min_graph_version must be a graph version (an integer >= 0, as a graph "
                          f"update's answer gives), got {brief(v)}")
     return v
-
-
-def _plainly_sampled(head: bytes | None) -> bool:
-    """Whether an infer request's JSON part (_json_part) names no mode and no new-node
-    inputs, so it is an ordinary sampled inference (the default mode) and can be refused
-    on the sampled lane's state without being decoded. A malformed header length (None)
-    takes the full path, which validates it."""
-    return head is not None and b'"mode"' not in head and b'"features"' not in head and b'"edge_index"' not in head
 
 
 class Reply:
@@ -152,25 +118,6 @@ class Request:
 Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
 # Methods each path shape accepts; GET endpoints also answer HEAD.
 _MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET", "stats": "GET"}
-
-
-def _chain(fut: asyncio.Future, finish: Callable[[asyncio.Future], Reply],
-           failed: Callable[[BaseException], Reply]) -> asyncio.Future:
-    """A future of finish(fut) once fut is done, without a task per request; failed(exc)
-    answers if finish raises (or fut was cancelled). Completed in the same call as fut when
-    that is an EagerFuture (no pass of the event loop in between)."""
-    out = EagerFuture(loop=fut.get_loop())
-
-    def done(f: asyncio.Future) -> None:
-        if not out.done():
-            try:
-                reply = failed(Draining("request cancelled: server shutting down")) if f.cancelled() else finish(f)
-            except Exception as exc:
-                reply = failed(exc)
-            out.set_result(reply)
-
-    when_done(fut, done)
-    return out
 
 
 class Api:
@@ -462,52 +409,75 @@ class Api:
             engine = target = self._check_model(request)
             if request.standing and engine.shed_standing():
                 return self._refused_standing(engine, started)
-            head = _json_part(request)
-            wanted = _min_graph_version(request.body if head is None else head)
-            if wanted is not None and wanted > engine.graph_version:
-                return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
             header, binary = split_body(request.body, request.headers.get(_HEADER_LENGTH))
+            params = header.get("parameters")
+            if isinstance(params, dict) and "min_graph_version" in params:
+                wanted = graph_version_param(params["min_graph_version"])
+                if wanted > engine.graph_version:
+                    return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine))
             # Refuse before decoding what would wait past the bound: the wait for its turn, or
             # (a sampled inference) the lane with the work its declared ids are expected to
             # bring. Under overload most requests are refused, and a decode costs more than the
             # rest of a refusal.
-            if _plainly_sampled(head):
-                engine.shed(request.waited_s, "sampled", min(declared_ids(header), engine.cfg.server.max_request_nodes))
-            else:
+            declared = declared_ids(header)
+            if declared is None:
                 engine.shed(request.waited_s)
+            else:
+                engine.shed(request.waited_s, "sampled", min(declared, engine.cfg.server.max_request_nodes))
             req = decode_infer_parts(header, binary, max_nodes=engine.cfg.server.max_request_nodes,
                                      num_nodes=engine.num_nodes, feature_dim=engine.graph.feature_dim,
                                      id_map=engine.graph.id_map, default_outputs=engine.cfg.server.default_outputs)
-            pending = self.dispatch(req, engine, request.waited_s)
+            out = EagerFuture(loop=engine.loop)
+
+            def answer(result, error: BaseException | None) -> None:
+                """The Reply to `req` from its result (or error), into `out`."""
+                if out.done():
+                    return
+                if error is not None:
+                    engine.model_stats.failed(time.perf_counter() - started)
+                    out.set_result(self._infer_failed(error, engine))
+                    return
+                try:
+                    reply = self._infer_reply(request, req, engine, result, started)
+                except Exception as exc:
+                    reply = self._infer_failed(exc, engine)
+                out.set_result(reply)
+
+            pending = self.dispatch(req, engine, request.waited_s, on_done=answer)
         except Exception as exc:
             if target is not None:  # a request for a model this server has: its statistics count it
                 target.model_stats.failed(time.perf_counter() - started)
             return self._infer_failed(exc, engine)
+        if pending is None:  # a sampled inference: answer() completes out
+            return out
         if not isinstance(pending, asyncio.Future):
             pending = asyncio.ensure_future(pending)
 
-        def finish(fut: asyncio.Future) -> Reply:
-            exc = fut.exception()
-            if exc is not None:
-                engine.model_stats.failed(time.perf_counter() - started)
-                return self._infer_failed(exc, engine)
-            result = fut.result()
-            t0 = time.perf_counter()
-            tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
-            if req.external_ids is not None:
-                tensors[ID_OUTPUT] = req.external_ids
-            body, headers = encode_infer_response(request.params["model"], req.request_id, tensors, req.outputs,
-                                                  model_version=engine.model_version)
-            done = time.perf_counter()
-            stats = engine.stats
-            stats.stage("respond", result.pipeline, done - t0)
-            stats.stage("total", result.pipeline, done - started)
-            stats.answered(200, req.num_outputs)
-            engine.model_stats.answered(done - started, req.num_outputs, result.timings, done - t0)
-            content_type = headers.pop("Content-Type")
-            return Reply(200, body, content_type, headers or None)
+        def done(fut: asyncio.Future) -> None:
+            if fut.cancelled():
+                answer(None, Draining("request cancelled: server shutting down"))
+            else:
+                answer(fut.result() if fut.exception() is None else None, fut.exception())
 
-        return _chain(pending, finish, lambda exc: self._infer_failed(exc, engine))
+        when_done(pending, done)
+        return out
+
+    def _infer_reply(self, request: Request, req, engine: Engine, result, started: float) -> Reply:
+        """The 200 answer to a decoded inference from its result, counted."""
+        t0 = time.perf_counter()
+        tensors = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions}
+        if req.external_ids is not None:
+            tensors[ID_OUTPUT] = req.external_ids
+        body, headers = encode_infer_response(request.params["model"], req.request_id, tensors, req.outputs,
+                                              model_version=engine.model_version)
+        done = time.perf_counter()
+        stats = engine.stats
+        stats.stage("respond", result.pipeline, done - t0)
+        stats.stage("total", result.pipeline, done - started)
+        stats.answered(200, req.num_outputs)
+        engine.model_stats.answered(done - started, req.num_outputs, result.timings, done - t0)
+        content_type = headers.pop("Content-Type")
+        return Reply(200, body, content_type, headers or None)
 
     def _refused_standing(self, engine: Engine, started: float) -> Reply:
         """429 for an inference that waited past the target of a queue that stands in the
@@ -555,17 +525,19 @@ class Api:
         (engine if engine is not None else self.engine).stats.answered(reply.status)
         return reply
 
-    def dispatch(self, req, engine: Engine | None = None, waited_s: float = 0.0):
+    def dispatch(self, req, engine: Engine | None = None, waited_s: float = 0.0, on_done=None):
         """The awaitable that answers a decoded request on `engine` (default: the first),
         by kind and mode; raises BadRequest for a mode the server does not offer.
-        waited_s: how long it waited before it was decoded (admission adds it)."""
+        waited_s: how long it waited before it was decoded (admission adds it).
+        on_done(result, error): for a sampled inference, what the engine calls with its
+        answer instead of completing an awaitable (None is returned then)."""
         engine = engine if engine is not None else self.engine
         if req.is_new_nodes:
             return self._new_node_call(req, engine, waited_s)
         engine.check_alive(req.node_ids)
         mode = req.parameters.get("mode", "sampled")
         if mode == "sampled":
-            return engine.submit(req.node_ids, waited_s)
+            return engine.submit(req.node_ids, waited_s, on_done)
         if mode == "precomputed":
             return engine.side.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs, waited_s=waited_s)
         raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")

@@ -120,21 +120,31 @@ def decode_infer_request(body: bytes, header_length: str | None, *, max_nodes: i
                               max_edges=max_edges, id_map=id_map, default_outputs=default_outputs)
 
 
-def declared_ids(header) -> int:
-    """How many node ids a parsed inference header declares in its node_ids input (the
-    product of its shape), 0 when it declares none or not as a list of sizes; nothing is
-    validated (decode_infer_parts does that). What admission can judge a request's work
-    by before decoding it."""
-    inputs = header.get("inputs") if isinstance(header, dict) else None
+def declared_ids(header) -> int | None:
+    """How many node ids a parsed inference header declares for a sampled inference (the
+    product of its node_ids input's shape; 0 when that is not a list of sizes), or None
+    when it is not one: it names another mode, or sends new nodes (features, edge_index).
+    Nothing is validated (decode_infer_parts does that): this is what admission can judge
+    a request's work by before decoding it."""
+    if not isinstance(header, dict):
+        return 0
+    params = header.get("parameters")
+    if isinstance(params, dict) and params.get("mode", "sampled") != "sampled":
+        return None
+    inputs = header.get("inputs")
     if not isinstance(inputs, list):
         return 0
+    declared = 0
     for inp in inputs:
-        if isinstance(inp, dict) and inp.get("name") == INPUT_NAME:
-            shape = inp.get("shape")
-            if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
-                return 0
-            return math.prod(shape)
-    return 0
+        if isinstance(inp, dict):
+            name = inp.get("name")
+            if name == INPUT_NAME:
+                shape = inp.get("shape")
+                if isinstance(shape, list) and all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
+                    declared = math.prod(shape)
+            elif name == "features" or name == "edge_index":
+                return None
+    return declared
 
 
 def decode_infer_parts(header: dict, binary: memoryview, *, max_nodes: int, num_nodes: int,
@@ -441,13 +451,16 @@ def datatype_of(arr: np.ndarray) -> str:
     return "BYTES" if arr.dtype.kind == "U" else "FP32" if arr.dtype == np.float32 else "INT64"
 
 
-def raw_tensor(arr: np.ndarray) -> bytes:
+def raw_tensor(arr: np.ndarray, datatype: str | None = None) -> bytes:
     """An output's raw little-endian bytes (BYTES: each element 4-byte length prefixed),
-    as the binary extension and gRPC's raw contents carry it."""
-    datatype = datatype_of(arr)
+    as the binary extension and gRPC's raw contents carry it. datatype: datatype_of(arr),
+    when the caller has it."""
+    datatype = datatype or datatype_of(arr)
     if datatype == "BYTES":
         return b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in arr.reshape(-1).tolist()))
-    return np.ascontiguousarray(arr, dtype=DTYPES[datatype]).tobytes()
+    dtype = DTYPES[datatype]
+    # tobytes() writes C order whatever the strides; a conversion only when the dtype differs
+    return arr.tobytes() if arr.dtype == dtype else arr.astype(dtype).tobytes()
 
 
 def encode_infer_response(model_name: str, request_id: str | None, tensors: dict[str, np.ndarray],
@@ -459,7 +472,7 @@ def encode_infer_response(model_name: str, request_id: str | None, tensors: dict
         datatype = datatype_of(arr)
         entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
-            raw = raw_tensor(arr)
+            raw = raw_tensor(arr, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
