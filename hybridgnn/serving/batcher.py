@@ -40,6 +40,7 @@ class MicroBatcher:
         self._pending_psgs = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf  # when the armed timer fires (perf_counter seconds)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the batcher runs on (first timer)
         self._closed = False
 
     def __len__(self) -> int:
@@ -104,7 +105,9 @@ class MicroBatcher:
             return  # an earlier (or the same) wake-up is armed; it re-arms for this one
         self._disarm()
         self._timer_at = at
-        self._timer = asyncio.get_running_loop().call_later(max(0.0, at - time.perf_counter()), self._on_timer)
+        if self._loop is None:  # kept: get_running_loop() costs a system call (getpid) each time
+            self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(max(0.0, at - time.perf_counter()), self._on_timer)
 
     def _disarm(self) -> None:
         if self._timer is not None:

@@ -59,7 +59,7 @@ def _queue(turns, names, log, age_s):
     """Connections that have waited age_s, oldest first."""
     now = time.monotonic()
     for name in names:
-        turns.waiting.append((FakeConnection(name, log), now - age_s))
+        turns.wait(FakeConnection(name, log), since=now - age_s)
 
 
 def test_a_queue_stands_once_its_oldest_wait_stays_over_the_target_for_an_interval():
@@ -95,6 +95,22 @@ def test_turns_watch_the_oldest_wait():
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         assert not turns.standing  # nothing waits: the queue is gone
+
+    asyncio.run(run())
+
+
+def test_a_queue_served_to_the_end_stands_no_more_and_a_light_load_schedules_nothing():
+    async def run():
+        turns = Turns(1, target_s=0.01, interval_s=1e-6)
+        log = []
+        assert turns.take() and not turns.armed  # a share not spent asks the loop for nothing
+        _queue(turns, "abc", log, age_s=0.5)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert turns.standing
+        await asyncio.sleep(0)
+        assert log == ["a", "b", "c"] and not turns.standing and not turns.armed
+        assert not turns.over_target(1.0)
 
     asyncio.run(run())
 

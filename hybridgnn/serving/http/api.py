@@ -116,6 +116,8 @@ class Request:
 
 
 Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
+_ROUTES_KEPT = 1024  # routes found that Api.route keeps (of paths up to _ROUTE_KEPT_CHARS)
+_ROUTE_KEPT_CHARS = 256
 # Methods each path shape accepts; GET endpoints also answer HEAD.
 _MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET", "stats": "GET"}
 
@@ -150,6 +152,7 @@ class Api:
             "/v2/models/stats": self._guarded(self.model_stats),
         }
         self._posts = {"/v2/repository/index": self._guarded(self.repository_index)}
+        self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}  # route()'s, kept
         self._repository_endpoints = {"load": self._guarded(self.repository_load),
                                       "unload": self._guarded(self.repository_unload)}
         self._model_endpoints = {"": self._guarded(self.model_metadata), "ready": self._guarded(self.model_ready),
@@ -158,7 +161,19 @@ class Api:
 
     # --- routing ---------------------------------------------------------------------
     def route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
-        """The endpoint and route parameters for method+path, or a 404/405 Reply."""
+        """The endpoint and route parameters for method+path, or a 404/405 Reply. Routes
+        found are kept (clients ask the same few paths; the parameters are only read)."""
+        key = (method, path)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._route(method, path)
+            if not isinstance(found, Reply) and len(path) <= _ROUTE_KEPT_CHARS:
+                if len(self._routes) >= _ROUTES_KEPT:  # paths a client makes up cannot grow it
+                    self._routes.clear()
+                self._routes[key] = found
+        return found
+
+    def _route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
         if "%" in path:
             path = unquote(path)
         endpoint = self._static.get(path)
@@ -176,7 +191,6 @@ class Api:
             if method != "POST":
                 return self._not_allowed(method, path, "POST")
             return self._repository_endpoints[parts[5]], {"model": parts[4]}
-        parts = path.split("/")
         # /v2/models/{model}[/versions/{version}][/ready|/infer|/graph]
         if len(parts) >= 4 and parts[0] == "" and parts[1] == "v2" and parts[2] == "models" and parts[3]:
             rest = parts[4:]

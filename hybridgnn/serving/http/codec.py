@@ -69,6 +69,20 @@ INPUTS = {
 }
 
 
+_ACCEPTED_INPUTS = (f"this model takes {INPUT_NAME!r} (INT64 [n]) for existing nodes, or 'features' (FP32 [q, F]) "
+                    "and 'edge_index' (INT64 [2, m]) for new nodes")
+
+
+def _sizes(shape) -> bool:
+    """Whether a declared shape is a list of sizes: integers in [0, MAX_DIM)."""
+    if type(shape) is not list:
+        return False
+    if len(shape) == 1:  # most inputs: a generator's set-up costs more than the check
+        d = shape[0]
+        return type(d) is int and 0 <= d < MAX_DIM
+    return all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
+
+
 def _loads(data: bytes):
     """Parse a JSON body. orjson when installed; whatever it refuses goes to the stdlib
     parser, so what is accepted (integers beyond 64 bits, NaN) and each error message are
@@ -140,7 +154,7 @@ def declared_ids(header) -> int | None:
             name = inp.get("name")
             if name == INPUT_NAME:
                 shape = inp.get("shape")
-                if isinstance(shape, list) and all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
+                if _sizes(shape):
                     declared = math.prod(shape)
             elif name == "features" or name == "edge_index":
                 return None
@@ -166,9 +180,7 @@ def decode_infer_parts(header: dict, binary: memoryview, *, max_nodes: int, num_
     edges = max_edges if max_edges is not None else 64 * max_nodes
     limits = {INPUT_NAME: 2 * max_nodes, "query_ids": 2 * max_nodes, "features": 2 * max_nodes * width,
               "edge_index": 4 * edges}
-    tensors = decode_inputs(inputs, binary, INPUTS,
-                            f"this model takes {INPUT_NAME!r} (INT64 [n]) for existing nodes, or 'features' "
-                            "(FP32 [q, F]) and 'edge_index' (INT64 [2, m]) for new nodes", limits)
+    tensors = decode_inputs(inputs, binary, INPUTS, _ACCEPTED_INPUTS, limits)
     req = InferRequest(parameters=params)
     if "features" in tensors or "edge_index" in tensors:
         if INPUT_NAME in tensors:
@@ -275,7 +287,7 @@ def decode_tensor(inp: dict, binary: memoryview, datatypes: tuple[str, ...], lay
     shape = inp.get("shape")
     if datatype not in datatypes:
         raise BadRequest(f"input {name!r} must have datatype {' or '.join(datatypes)}, got {brief(datatype)}")
-    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
+    if not _sizes(shape):
         raise BadRequest(f"input {name!r} needs 'shape' as a list of non-negative integers (each below "
                          f"2**48), got {brief(shape)}")
     _check_shape(name, shape, layout)
@@ -446,9 +458,14 @@ def _dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+# Output dtypes sent as they are (the datatype's own little-endian dtype), to their datatype.
+_SENT_AS_IS = {np.dtype("<f4"): "FP32", np.dtype("<i8"): "INT64"}
+
+
 def datatype_of(arr: np.ndarray) -> str:
     """The v2 datatype an output array is sent as."""
-    return "BYTES" if arr.dtype.kind == "U" else "FP32" if arr.dtype == np.float32 else "INT64"
+    return _SENT_AS_IS.get(arr.dtype) or (
+        "BYTES" if arr.dtype.kind == "U" else "FP32" if arr.dtype.kind == "f" else "INT64")
 
 
 def raw_tensor(arr: np.ndarray, datatype: str | None = None) -> bytes:
@@ -469,10 +486,11 @@ def encode_infer_response(model_name: str, request_id: str | None, tensors: dict
     entries, blobs = [], []
     for name, binary in outputs.items():
         arr = tensors[name]
-        datatype = datatype_of(arr)
+        as_is = _SENT_AS_IS.get(arr.dtype)
+        datatype = as_is or datatype_of(arr)
         entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
-            raw = raw_tensor(arr, datatype)
+            raw = arr.tobytes() if as_is else raw_tensor(arr, datatype)  # tobytes: C order, whatever the strides
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:

@@ -45,9 +45,12 @@ class TakesTurns(Protocol):
 
 class Turns:
     """How many requests the event loop answers per turn, and the connections waiting for
-    a later one (FIFO). A turn ends when the loop runs the callback scheduled by the
-    first answer taken in it, which is after the poll phase that read the requests. Each
-    turn also looks at the oldest wait, which says whether the queue stands."""
+    a later one (FIFO). The share is counted until a connection has to wait; then the loop
+    is asked for a callback, which runs after the poll phase that read the requests: it
+    starts a new turn (the share counts from zero) and answers the waiting in order, turn
+    after turn until none waits. Each such turn also looks at the oldest wait, which says
+    whether the queue stands. (At a light load no callback is scheduled at all: one per
+    request cost the loop a callback and a system call each, for a share never spent.)"""
 
     def __init__(self, per_turn: int, target_s: float = float("inf"), interval_s: float = float("inf")):
         if per_turn < 1:
@@ -65,17 +68,21 @@ class Turns:
         self.waiting: collections.deque[tuple["TakesTurns", float]] = collections.deque()
 
     def take(self) -> bool:
-        """Spend one answer of this turn's share; False once it is spent."""
+        """Spend one answer of this turn's share; False once it is spent (then wait())."""
         if self.used >= self.per_turn:
             return False
-        if not self.armed:
-            self.armed = True
-            asyncio.get_running_loop().call_soon(self._new_turn)
         self.used += 1
         return True
 
-    def wait(self, conn: "TakesTurns") -> None:
-        self.waiting.append((conn, time.monotonic()))
+    def wait(self, conn: "TakesTurns", since: float | None = None) -> None:
+        """Queue conn for a later turn (waiting since `since`, monotonic; default now)."""
+        self.waiting.append((conn, time.monotonic() if since is None else since))
+        self._arm()
+
+    def _arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            asyncio.get_running_loop().call_soon(self._new_turn)
 
     def oldest_wait_s(self) -> float:
         return time.monotonic() - self.waiting[0][1] if self.waiting else 0.0
@@ -106,3 +113,7 @@ class Turns:
             if not conn.closed:
                 self.take()
                 conn.take_turn()
+        if waiting:
+            self._arm()
+        else:  # drained: no queue stands (no turn is scheduled to see that later)
+            self._watch(0.0, now)
