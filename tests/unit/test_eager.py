@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from hybridgnn.serving.eager import EagerFuture, when_done
+from hybridgnn.serving.eager import EagerFuture, Later, when_done
 
 
 def _run(coro):
@@ -81,3 +81,30 @@ def test_when_done_is_eager_only_for_an_eager_future():
         await asyncio.sleep(0)
         assert seen == ["eager", "plain"]
     _run(go())
+
+
+def test_later_hands_its_value_over_in_the_call_that_sets_it_and_can_be_awaited():
+    async def go():
+        later, seen = Later(), []
+        when_done(later, lambda v: seen.append(("a", v.result())))
+        later.add_eager_callback(lambda v: 1 / 0)  # reported to the loop, the rest still run
+        later.add_eager_callback(lambda v: seen.append(("b", v.result())))
+        waiter = asyncio.ensure_future(_await(later))
+        await asyncio.sleep(0)
+        reported = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx["exception"]))
+        assert not later.done() and not later.cancelled() and later.exception() is None
+        with pytest.raises(asyncio.InvalidStateError):
+            later.result()
+        later.set_result(5)
+        assert seen == [("a", 5), ("b", 5)] and [type(e) for e in reported] == [ZeroDivisionError]
+        assert await waiter == 5 and await later == 5  # awaited before and after it was set
+        later.add_eager_callback(lambda v: seen.append(("late", v.result())))
+        assert seen[-1] == ("late", 5)
+        with pytest.raises(asyncio.InvalidStateError):
+            later.set_result(6)
+    _run(go())
+
+
+async def _await(awaitable):
+    return await awaitable

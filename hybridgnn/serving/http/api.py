@@ -39,7 +39,7 @@ from hybridgnn.errors import (
     Unauthorized,
     brief,
 )
-from hybridgnn.serving.eager import EagerFuture, when_done
+from hybridgnn.serving.eager import Later, when_done
 from hybridgnn.serving.engine import Engine
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
@@ -414,9 +414,10 @@ class Api:
         ready = self._check_model(request).ready
         return Reply.json({"name": self.model_name, "ready": ready}, 200 if ready else 503)
 
-    def infer(self, request: Request) -> Reply | asyncio.Future:
+    def infer(self, request: Request) -> Reply | Later | asyncio.Future:
         """POST /v2/models/{m}/infer: a Reply at once for a bad or refused request, else a
-        future of the Reply that resolves when its batch is done."""
+        Later (or, for a request that waits for a graph version, a future) of the Reply,
+        set in the call that completes its batch."""
         started = time.perf_counter()
         engine, target = self.engine, None
         try:
@@ -441,7 +442,7 @@ class Api:
             req = decode_infer_parts(header, binary, max_nodes=engine.cfg.server.max_request_nodes,
                                      num_nodes=engine.num_nodes, feature_dim=engine.graph.feature_dim,
                                      id_map=engine.graph.id_map, default_outputs=engine.cfg.server.default_outputs)
-            out = EagerFuture(loop=engine.loop)
+            out = Later()
 
             def answer(result, error: BaseException | None) -> None:
                 """The Reply to `req` from its result (or error), into `out`."""

@@ -46,7 +46,7 @@ from http import HTTPStatus
 
 import httptools
 
-from hybridgnn.serving.eager import when_done
+from hybridgnn.serving.eager import Later, when_done
 from hybridgnn.serving.http.api import Api, Reply, Request
 from hybridgnn.serving.http.turns import Turns, standing_queue_limits
 
@@ -467,7 +467,7 @@ class _Connection(asyncio.Protocol):
         if isinstance(reply, Reply):
             self._write(reply, msg, head_only)
             return
-        if not isinstance(reply, asyncio.Future):
+        if not isinstance(reply, (asyncio.Future, Later)):
             reply = asyncio.ensure_future(reply)
         self.busy = True
         self.in_flight = msg
