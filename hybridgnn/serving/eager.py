@@ -93,12 +93,16 @@ class Later:
         return self._value
 
     def set_result(self, value) -> None:
-        """Set the value and call the callbacks with it, in the order they were added."""
+        """Set the value and call the callbacks with it, in the order they were added
+        (inside a `together()` block: when the block ends)."""
         if self._done:
             raise asyncio.InvalidStateError("the value is already set")
         self._value, self._done = value, True
         callbacks, self._callbacks = self._callbacks, None
         if callbacks:
+            if _held is not None:
+                _held.extend((fn, self) for fn in callbacks)
+                return
             for fn in callbacks:
                 _call_reporting(fn, self)
 
@@ -117,6 +121,36 @@ class Later:
             self.add_eager_callback(lambda later: fut.done() or fut.set_result(None))
             yield from fut.__await__()
         return self._value
+
+
+_held: list[tuple[Callable, Later]] | None = None  # the callbacks a together() block holds
+
+
+class together:
+    """A block whose Later callbacks wait, in order, until it ends; then they all run.
+
+    Why: the engine completes a batch's requests one after another, and each answer's
+    callback writes it to its socket. Written as each was made (an encoding apart), every
+    write found the client asleep again and woke it: measured at 3,000 req/s, 0.38 wake-ups
+    of the load generator per request against 0.11 when the writes leave back to back, each
+    a few µs of the server's system time. Nested blocks run theirs when the outermost ends.
+    Event loop thread only."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        global _held
+        self._outer = _held is not None
+        if not self._outer:
+            _held = []
+
+    def __exit__(self, *exc) -> None:
+        global _held
+        if self._outer:
+            return
+        held, _held = _held, None
+        for fn, later in held:
+            _call_reporting(fn, later)
 
 
 def _call_reporting(fn: Callable, arg) -> None:

@@ -31,7 +31,7 @@ from hybridgnn.scheduler.control import PolicyControl
 from hybridgnn.scheduler.policy import Policy, Profile
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.batcher import MicroBatcher
-from hybridgnn.serving.eager import EagerFuture
+from hybridgnn.serving.eager import EagerFuture, together
 from hybridgnn.serving.graph_requests import GraphRequests
 from hybridgnn.serving.metadata import describe_engine
 from hybridgnn.serving.placement_refresh import PlacementRefresh
@@ -348,11 +348,13 @@ class Engine:
         offs = batch.offsets.tolist()  # Python ints slice faster than numpy scalars
         logits, embeddings, predictions = result.logits, result.embeddings, result.predictions
         pipeline, timings, closed_s = plan.pipeline, result.timings, batch.closed_s
-        for i, req in enumerate(batch.requests):
-            lane.calibrate(req.predicted_wait_s, service_began - req.arrival_s, bound)
-            stats.stage("batching", pipeline, closed_s - req.arrival_s)
-            lo, hi = offs[i], offs[i + 1]
-            self._resolve(req, RequestResult(logits[lo:hi], embeddings[lo:hi], predictions[lo:hi], pipeline, timings))
+        with together():  # the batch's answers are made first, then leave back to back
+            for i, req in enumerate(batch.requests):
+                lane.calibrate(req.predicted_wait_s, service_began - req.arrival_s, bound)
+                stats.stage("batching", pipeline, closed_s - req.arrival_s)
+                lo, hi = offs[i], offs[i + 1]
+                self._resolve(req, RequestResult(logits[lo:hi], embeddings[lo:hi], predictions[lo:hi], pipeline,
+                                                 timings))
         lane.completed(batch.psgs, done_s)
 
     def _resolve(self, req: InferenceRequest, result: RequestResult | None = None, exception=None) -> None:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from hybridgnn.serving.eager import EagerFuture, Later, when_done
+from hybridgnn.serving.eager import EagerFuture, Later, together, when_done
 
 
 def _run(coro):
@@ -108,3 +108,27 @@ def test_later_hands_its_value_over_in_the_call_that_sets_it_and_can_be_awaited(
 
 async def _await(awaitable):
     return await awaitable
+
+
+def test_answers_made_together_leave_together_in_order():
+    """Inside a together() block a Later's callbacks wait; they run, in the order their
+    values were set, when the outermost block ends (a failing one is reported, the rest run)."""
+    async def go():
+        reported, seen = [], []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx["exception"]))
+        a, b, c = Later(), Later(), Later()
+        for name, later in (("a", a), ("b", b), ("c", c)):
+            later.add_eager_callback(lambda v, name=name: seen.append((name, v.result())))
+        b.add_eager_callback(lambda v: 1 / 0)
+        with together():
+            b.set_result(2)
+            with together():
+                a.set_result(1)
+            assert seen == [] and a.done() and b.done()  # the inner block's end runs nothing
+            c.set_result(3)
+        assert seen == [("b", 2), ("a", 1), ("c", 3)] and [type(e) for e in reported] == [ZeroDivisionError]
+        d = Later()
+        d.add_eager_callback(lambda v: seen.append(("d", v.result())))
+        d.set_result(4)  # outside a block: at once
+        assert seen[-1] == ("d", 4)
+    _run(go())
