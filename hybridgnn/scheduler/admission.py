@@ -260,9 +260,12 @@ class Admission:
         if delay > self.bound_s and (queued > 0 or ahead > self.bound_s):
             self.refused += 1
             self.refused_for_lag += ahead > self.bound_s
-            raise Overloaded(f"predicted queueing delay {delay * 1e3:.0f} ms exceeds the "
-                             f"{self.bound_s * 1e3:.0f} ms bound; retry later",
-                             retry_after_s=min(60.0, max(1.0, delay - self.bound_s)))
+            # The message names the bound and the retry, not the exact delay: under overload
+            # thousands of these a second are answered, and a few distinct messages let the
+            # front end share their encoded answers (the delay is in the model metadata).
+            retry_s = math.ceil(min(60.0, max(1.0, delay - self.bound_s)))
+            raise Overloaded(f"predicted queueing delay exceeds the {self.bound_s * 1e3:.0f} ms bound; retry "
+                             f"in {retry_s} s", retry_after_s=retry_s)
         return predicted
 
     def count_standing(self) -> None:

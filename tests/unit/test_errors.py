@@ -71,13 +71,15 @@ def test_each_serving_error_answers_its_status_headers_and_message(exc, status, 
     assert errors.status_of(exc) == status
 
 
-def test_refusals_are_counted_by_reason():
+def test_refusals_are_counted_by_reason_and_share_their_answer():
     api = stub_api()
-    api.error_reply(Overloaded("x"))
-    api.error_reply(Overloaded("x"))
+    first = api.error_reply(Overloaded("x"))
+    assert api.error_reply(Overloaded("x")) is first and first.shared  # one Reply: the protocol keeps its bytes
+    assert api.error_reply(Overloaded("x", retry_after_s=5)) is not first  # another Retry-After, another answer
+    assert api.error_reply(BadRequest("x")) is not api.error_reply(BadRequest("x"))  # only refusals are shared
     api.error_reply(Draining("x"))
     metrics = api.engine.stats.exposition()[0].decode()
-    assert counter(metrics, "hybridgnn_rejected_requests_total", reason="overload") == 2
+    assert counter(metrics, "hybridgnn_rejected_requests_total", reason="overload") == 3
     assert counter(metrics, "hybridgnn_rejected_requests_total", reason="draining") == 1
 
 
@@ -349,7 +351,7 @@ def test_a_request_past_the_target_of_a_standing_queue_is_refused_but_health_is_
     assert live.status == 200
     assert admission["refused_standing_queue"] == 2 and admission["refused_by_delay"] == 2
     assert stats["inference_stats"]["fail"]["count"] == 2
-    assert draining.status == 503 and not draining.shared
+    assert draining.status == 503 and draining is not refused[0]  # its own answer, not the standing 429
 
 
 def test_a_sampled_inference_whose_declared_ids_would_pass_the_bound_is_refused_before_decoding(

@@ -118,6 +118,7 @@ class Request:
 Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
 _ROUTES_KEPT = 1024  # routes found that Api.route keeps (of paths up to _ROUTE_KEPT_CHARS)
 _ROUTE_KEPT_CHARS = 256
+_REFUSALS_KEPT = 256  # distinct refusal answers kept (messages name a bound and a retry; few differ)
 # Methods each path shape accepts; GET endpoints also answer HEAD.
 _MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET", "stats": "GET"}
 
@@ -153,6 +154,7 @@ class Api:
         }
         self._posts = {"/v2/repository/index": self._guarded(self.repository_index)}
         self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}  # route()'s, kept
+        self._refusals: dict[tuple, Reply] = {}  # client_error_reply()'s shared 429/503 answers
         self._repository_endpoints = {"load": self._guarded(self.repository_load),
                                       "unload": self._guarded(self.repository_unload)}
         self._model_endpoints = {"": self._guarded(self.model_metadata), "ready": self._guarded(self.model_ready),
@@ -238,8 +240,20 @@ class Api:
         return headers
 
     def client_error_reply(self, exc: ServingError) -> Reply:
-        """The answer to a ServingError that is not a 5xx of ours (no log line, nothing counted)."""
-        return Reply.error(exc.status, exc.message, self._headers_of(exc))
+        """The answer to a ServingError that is not a 5xx of ours (no log line, nothing counted).
+        A refusal (429/503) is one shared Reply per message (the protocol keeps its bytes):
+        under overload they are answered by the thousand per second, with a few messages."""
+        if exc.status not in (429, 503):
+            return Reply.error(exc.status, exc.message, self._headers_of(exc))
+        message = exc.message
+        key = (exc.status, message, exc.retry_after_s)
+        reply = self._refusals.get(key)
+        if reply is None:
+            if len(self._refusals) >= _REFUSALS_KEPT:
+                self._refusals.clear()
+            reply = self._refusals[key] = Reply.error(exc.status, message, self._headers_of(exc))
+            reply.shared = True
+        return reply
 
     def internal_error(self, where: str, exc: BaseException | None = None) -> Reply:
         """The answer to an exception that escaped an endpoint or the HTTP layer (exc, or the
