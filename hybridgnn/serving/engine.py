@@ -216,11 +216,6 @@ class Engine:
 
     # --- request path ----------------------------------------------------------------
     @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The event loop the engine runs on (None before start)."""
-        return self._loop
-
-    @property
     def pending(self) -> int:
         return self._pending
 

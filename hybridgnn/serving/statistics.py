@@ -28,21 +28,15 @@ class ModelStatistics:
     def answered(self, seconds: float, rows: int, timings: StageTimings | None = None,
                  respond_s: float = 0.0) -> None:
         """A request answered 200 after `seconds`, with its batch's stage times."""
-        # Spelled out rather than one _add per stage: this runs for every answer.
-        t = self.totals
-        success, output = t["success"], t["compute_output"]
-        success[0] += 1
-        success[1] += int(seconds * 1e9)
-        output[0] += 1
-        output[1] += int(respond_s * 1e9)
+        stages = [("success", seconds), ("compute_output", respond_s)]
         if timings is not None:
-            queue, inputs, infer = t["queue"], t["compute_input"], t["compute_infer"]
-            queue[0] += 1
-            queue[1] += int(timings.queue_wait_s * 1e9)
-            inputs[0] += 1
-            inputs[1] += int((timings.sample_s + timings.gather_s) * 1e9)
-            infer[0] += 1
-            infer[1] += int(timings.compute_s * 1e9)
+            stages += [("queue", timings.queue_wait_s), ("compute_input", timings.sample_s + timings.gather_s),
+                       ("compute_infer", timings.compute_s)]
+        totals = self.totals
+        for stage, spent in stages:  # one loop, not a call per stage: this runs for every answer
+            t = totals[stage]
+            t[0] += 1
+            t[1] += int(spent * 1e9)
         self.inference_count += rows
         self.last_inference_ms = int(time.time() * 1000)
 

@@ -16,6 +16,7 @@ the _created series. LoopCounter is the same for a Counter (_total).
 
 from __future__ import annotations
 
+import abc
 import bisect
 import math
 from collections.abc import Iterator, Sequence
@@ -52,9 +53,9 @@ class _Count:
         self.value += amount
 
 
-class _LoopMetric:
+class _LoopMetric(abc.ABC):
     """Series by label values, registered as a collector; subclasses say what a series is
-    (_new_series) and how the family is exposed (_family, _add)."""
+    (_new_series) and how one is exposed in the family (family_type, _add)."""
 
     family_type: type = HistogramMetricFamily
 
@@ -83,11 +84,13 @@ class _LoopMetric:
             self._add(family, [str(v) for v in values], series)
         yield family
 
+    @abc.abstractmethod
     def _new_series(self):
-        raise NotImplementedError
+        """A new series at zero."""
 
+    @abc.abstractmethod
     def _add(self, family, values: list[str], series) -> None:
-        raise NotImplementedError
+        """Add one series, with its label values, to the family being collected."""
 
 
 class LoopHistogram(_LoopMetric):

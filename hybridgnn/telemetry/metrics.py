@@ -133,7 +133,6 @@ class Telemetry(ServingStats):
 
         # labels() hashes and locks on every call; the request path reuses the children.
         self._children: dict[tuple, object] = {}
-        self._view_series: dict[tuple, object] = {}  # this view's (model, version) series, by the other labels
         self._engines: list = []  # watched by callback
 
     def declare(self, pipelines: tuple[str, ...]) -> None:
@@ -179,7 +178,6 @@ class Telemetry(ServingStats):
         view per engine of a model repository; the registry and engines are shared)."""
         view = copy.copy(self)
         view.model, view.version = name, version
-        view._view_series = {}
         return view
 
     def watch(self, engine) -> None:
@@ -224,11 +222,7 @@ class Telemetry(ServingStats):
             c(self.gathered_rows, pipeline, tier).inc(rows)
 
     def stage(self, stage: str, pipeline: str, seconds: float) -> None:
-        key = (stage, pipeline)
-        series = self._view_series.get(key)
-        if series is None:
-            series = self._view_series[key] = self.stage_seconds.labels(stage, pipeline, self.model, self.version)
-        series.observe(seconds)
+        self.stage_seconds.labels(stage, pipeline, self.model, self.version).observe(seconds)
 
     def routed(self, pipeline: str, reason: str) -> None:
         self._child(self.routing, pipeline, reason).inc()
@@ -240,15 +234,9 @@ class Telemetry(ServingStats):
         self._child(self.rejected, reason).inc()
 
     def answered(self, status: int, seeds: int = 0) -> None:
-        series = self._view_series.get(status)
-        if series is None:
-            series = self._view_series[status] = self.requests.labels(self.model, self.version, str(status))
-        series.inc()
+        self.requests.labels(self.model, self.version, str(status)).inc()
         if seeds:
-            series = self._view_series.get("seeds")
-            if series is None:
-                series = self._view_series["seeds"] = self.seeds.labels(self.model, self.version)
-            series.inc(seeds)
+            self.seeds.labels(self.model, self.version).inc(seeds)
 
     def policy_in_force(self, name: str, changed: bool) -> None:
         self.policy.clear()

@@ -485,8 +485,9 @@ class Api:
         def done(fut: asyncio.Future) -> None:
             if fut.cancelled():
                 answer(None, Draining("request cancelled: server shutting down"))
-            else:
-                answer(fut.result() if fut.exception() is None else None, fut.exception())
+                return
+            error = fut.exception()
+            answer(None if error is not None else fut.result(), error)
 
         when_done(pending, done)
         return out
@@ -517,8 +518,7 @@ class Api:
             target_s = standing_queue_limits(self.engine.admission.bound_s)[0]
             reply = self._standing_reply = self.client_error_reply(Overloaded(
                 f"waited over {target_s * 1e3:.0f} ms in a standing queue of the front end; retry later",
-                retry_after_s=1.0))
-            reply.shared = True
+                retry_after_s=1.0))  # shared: client_error_reply keeps one per message
         engine.model_stats.failed(time.perf_counter() - started)
         engine.stats.refused(Overloaded.reason)
         engine.stats.answered(reply.status)
