@@ -68,6 +68,33 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def descendants_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of a process's descendants still running,
+    e.g. a server's pipeline worker processes (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # it ended
+            continue
+        for tid in tids:
+            try:
+                children = Path(f"/proc/{parent}/task/{tid}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                try:
+                    stat = Path(f"/proc/{child}/stat").read_text()
+                except OSError:
+                    continue
+                fields = stat[stat.rindex(")") + 2:].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+                todo.append(child)
+    return total
+
+
 def main_thread_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of a process's main thread, where its event loop runs (Linux)."""
     stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()

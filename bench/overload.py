@@ -38,6 +38,14 @@ server's batching / queue_wait / total stage p99s, and two checks:
     latency_ok   admitted p99 <= (--bound-ms + p99 service) x 1.2
     goodput_ok   goodput >= 90 % of capacity
 
+Each server's CPU is read from /proc: its main process (front end) and its worker
+processes (pipelines). A least-squares fit over its runs gives the CPU a served and a
+refused request cost it, and, where the server's front end and pipelines share cores of
+their own (--client-cpus apart from --server-cpus, no --worker-cpus), the share of those
+cores each run spent refusing: at 4x, 3C refusals a second take CPU that serving C needs,
+whatever admission decides, so a refusal that costs a sizeable share of a served request
+bounds goodput there.
+
 --bound-ms (default 100) is the current server's default --max-queue-delay-ms; the
 baseline has no such bound and is held to the same line. Ratios current/baseline per
 multiple and the machine line close the report. The load generator shares the machine's
@@ -81,6 +89,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
     BASELINE_REV,
+    descendants_cpu_seconds,
     heavy_setup,
     machine,
     serve_revision,
@@ -491,9 +500,9 @@ def own_cpu_s() -> float:
 def measured_run(srv, wire: list[bytes], rate: float, args, *, label: str, multiple: float, capacity: float,
                  mode: str, fallback_service_ms: float | None, seed: int) -> dict:
     before = stage_buckets(srv.url)
-    cpu0, own0 = server_cpu_s(srv.pid), own_cpu_s()
+    cpu0, own0, workers0 = server_cpu_s(srv.pid), own_cpu_s(), descendants_cpu_seconds(srv.pid)
     r = run_async(open_loop(srv.url, wire, rate, args.duration_s, seed, args.client_connections, args.preopen))
-    cpu1, own1 = server_cpu_s(srv.pid), own_cpu_s()
+    cpu1, own1, workers1 = server_cpu_s(srv.pid), own_cpu_s(), descendants_cpu_seconds(srv.pid)
     wall = r["wall_s"]
     after = stage_buckets(srv.url)
     st, lat, sched, dur = r["statuses"], r["latencies_s"], r["scheduled"], r["duration_s"]
@@ -538,6 +547,10 @@ def measured_run(srv, wire: list[bytes], rate: float, args, *, label: str, multi
         "latency_ok": bool(lat_ok.size and q[2] <= limit_ms),
         "goodput_ok": goodput >= 0.9 * capacity,
         "server_cpu_cores": round((cpu1 - cpu0) / wall, 2), "client_cpu_cores": round((own1 - own0) / wall, 2),
+        # the server's pipeline worker processes (0 where the pipelines run in its threads)
+        "workers_cpu_cores": round((workers1 - workers0) / wall, 2),
+        "server_cpu_s": round(cpu1 - cpu0, 4), "workers_cpu_s": round(workers1 - workers0, 4),
+        "refused_total": int(refused.sum()),
         "wall_s": round(wall, 2), "send_lag_s": round(r["send_lag_s"], 3),
         "sent_rps": round(sent / max(r["sent_s"], 1e-9), 1), "preopened": r["preopened"],
         "connections_opened_in_run": r["connections"],
@@ -548,6 +561,33 @@ def measured_run(srv, wire: list[bytes], rate: float, args, *, label: str, multi
         "client_limited": bool(r["send_lag_s"] > max(0.05, 0.02 * dur) or r["client_queued"] > 0),
     }
     print(json.dumps(out), flush=True)
+    return out
+
+
+def cpu_cost_model(runs: list[dict], cores: int | None) -> dict | None:
+    """What a served and a refused request cost one server in CPU, fitted over its runs
+    (least squares: front-end CPU = served x f + refused x r; workers' CPU = served x w),
+    and, where its front end and pipelines share `cores` cores and nothing else runs there,
+    the share of those cores each run spent refusing (refused per second x r / cores). When
+    r is a sizeable share of f + w, refusing 3C a second at 4x takes CPU that serving C
+    needs, whatever admission decides; f and w are averages over batch sizes that grow with
+    load. None without a run that refused."""
+    rows = [r for r in runs if r.get("server_cpu_s") is not None]
+    if not any(r["refused_total"] for r in rows) or not any(r["ok_total"] for r in rows):
+        return None
+    served = np.array([r["ok_total"] for r in rows], dtype=np.float64)
+    refused = np.array([r["refused_total"] for r in rows], dtype=np.float64)
+    front = np.array([r["server_cpu_s"] for r in rows])
+    workers = np.array([r["workers_cpu_s"] for r in rows])
+    (f, cost), *_ = np.linalg.lstsq(np.stack([served, refused], axis=1), front, rcond=None)
+    w = float(served @ workers / (served @ served))
+    out = {"served_frontend_us": round(f * 1e6, 1), "served_workers_us": round(w * 1e6, 1),
+           "served_us": round((f + w) * 1e6, 1), "refused_us": round(cost * 1e6, 1),
+           "refused_over_served": round(cost / (f + w), 4) if f + w > 0 else None}
+    if cores:
+        out["cores"] = cores
+        out["refusing_share_of_cores"] = {f"{r['multiple']:g}x": round(r["refused_total"] * cost / r["wall_s"] / cores, 3)
+                                          for r in rows if r["multiple"] >= 1}
     return out
 
 
@@ -600,6 +640,19 @@ def measure_capacity(srv, wire: list[bytes], args, label: str) -> dict:
     return res
 
 
+def shared_cores(args, server: str) -> int | None:
+    """How many cores a server's front end and pipelines share with each other and nothing
+    else (its own cores, off the client's, with no --worker-cpus for the current server); None
+    when the layout differs (the share of cores spent refusing would then mean little)."""
+    if not args.client_cpus or not args.server_cpus:
+        return None
+    if set(parse_cpus(args.client_cpus)) & args.server_cpus:
+        return None
+    if "--worker-cpus" in args.server_flags or (server == "current" and "--worker-cpus" in args.current_flags):
+        return None
+    return len(args.server_cpus)
+
+
 def part(name: str, mode: str | None, multiples: list[float], extra: tuple[str, ...], dataset, model, args,
          given_capacity: float | None) -> dict:
     """One comparison: each server in turn, capacity (of the current server) first."""
@@ -638,6 +691,17 @@ def part(name: str, mode: str | None, multiples: list[float], extra: tuple[str, 
             rc = srv.stop()
             if rc not in (0, None):
                 print(f"  {label} exited with {rc}; its output:\n{srv.output()[-3000:]}", flush=True)
+    for server, res in info.items():
+        label = "current" if server == "current" else f"baseline {args.baseline_rev}"
+        mine = [r for r in runs if r["server"] == label] + [res["light"]]
+        model = cpu_cost_model(mine, shared_cores(args, server))
+        res["cpu_model"] = model
+        if model:
+            print(f"  {name}/{label}: CPU per served request {model['served_us']:.0f} us (front end "
+                  f"{model['served_frontend_us']:.0f}), per refusal {model['refused_us']:.0f} us"
+                  + (f"; share of its {model['cores']} core(s) spent refusing: "
+                     + ", ".join(f"{k} {v:.0%}" for k, v in model["refusing_share_of_cores"].items())
+                     if "refusing_share_of_cores" in model else ""), flush=True)
     ratios = {}
     for m in multiples:
         cur = next((r for r in runs if r["multiple"] == m and r["server"] == "current"), None)
