@@ -35,8 +35,13 @@ estimate, usually above the p99 of the sum; precomputed lookups record no servic
 so for them the client p99 of a light run, --light-multiple x capacity, stands in), the
 server's batching / queue_wait / total stage p99s, and two checks:
 
-    latency_ok   admitted p99 <= (--bound-ms + p99 service) x 1.2
+    latency_ok   admitted p99 <= (--bound-ms + p99 service) x 1.2, or, with --slo-ms,
+                 admitted p99 <= the SLO
     goodput_ok   goodput >= 90 % of capacity
+
+With --slo-ms the current server runs --policy slo:<ms> with a profile (--profile, else
+one made first on the servers' cores): its admission bound is then the room the SLO
+leaves, and an admitted request should meet the SLO at any offered load.
 
 Each server's CPU is read from /proc: its main process (front end) and its worker
 processes (pipelines). A least-squares fit over its runs gives the CPU a served and a
@@ -66,6 +71,7 @@ is meant to act.
     .venv/bin/python bench/overload.py --parts sampled --multiples 1,4 --duration-s 4
     .venv/bin/python bench/overload.py --servers current --capacity rising
     .venv/bin/python bench/overload.py --capacity-rps 900 --precomputed-capacity-rps 3000   # skip measuring
+    .venv/bin/python bench/overload.py --servers current --parts sampled --slo-ms 50 --nodes-per-request 16
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ import json
 import math
 import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -89,6 +96,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
     BASELINE_REV,
+    DATA,
     descendants_cpu_seconds,
     heavy_setup,
     machine,
@@ -524,7 +532,8 @@ def measured_run(srv, wire: list[bytes], rate: float, args, *, label: str, multi
     source = "metrics: sum of per-stage p99 (sample+gather+compute), per batch"
     if service_ms is None and fallback_service_ms is not None:
         service_ms, source = fallback_service_ms, f"client p99 at {args.light_multiple:g}x capacity (no service stages)"
-    limit_ms = (args.bound_ms + (service_ms or 0.0)) * 1.2
+    # with an SLO policy the promise is the SLO itself; else the bound plus a batch's service
+    limit_ms = args.slo_ms if args.slo_ms else (args.bound_ms + (service_ms or 0.0)) * 1.2
     goodput = float(ok_in_window.sum() / dur)
     out = {
         "server": label, "mode": mode, "multiple": multiple, "offered_rps": round(rate, 1), "sent": sent,
@@ -736,6 +745,22 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def slo_profile(dataset, model, args) -> Path:
+    """The profile `--policy slo:<ms>` needs: --profile, else one made now on the servers'
+    cores (`hybridgnn profile --budget-s 60`, its default pipelines), so it describes this
+    machine as it is."""
+    if args.profile is not None:
+        return args.profile
+    out = DATA / "overload-slo-profile.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"profiling the server for --slo-ms into {out} (about a minute)", flush=True)
+    pin = (lambda: os.sched_setaffinity(0, args.server_cpus)) if args.server_cpus else None
+    subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "profile", "--dataset",
+                    str(dataset), "--model", str(model), "--budget-s", "60", "--no-plot", "--out", str(out)],
+                   check=True, preexec_fn=pin)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="sampled,precomputed", help="sampled, precomputed (comma-separated)")
@@ -784,6 +809,12 @@ def main() -> None:
                     help="cores for the servers (default: those --client-cpus leaves, else all); may overlap "
                          "the client's, e.g. --client-cpus 0 --server-cpus 0,1 --current-flags '--worker-cpus 1' "
                          "gives the pipeline a core of its own and the front end the client's")
+    ap.add_argument("--slo-ms", type=float, default=None,
+                    help="serve the current server with --policy slo:<ms> and a profile; admitted p99 is then "
+                         "judged against the SLO itself, and the ramp keeps a rate only while its median stays "
+                         "under half of the SLO (meant for --parts sampled)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="the profile for --slo-ms (default: one made first on the servers' cores, about a minute)")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
     args.servers = [s for s in args.servers.split(",") if s]
@@ -809,9 +840,18 @@ def main() -> None:
     args.preopen = args.client_connections if args.preopen is None else args.preopen
     dataset, model = ensure_demo()
     sampled_dataset, sampled_model = heavy_setup() if args.heavy else (dataset, model)
+    if args.profile is not None and not args.slo_ms:
+        ap.error("--profile is for --slo-ms")
+    if args.slo_ms:
+        if not args.slo_ms > 0:
+            ap.error("--slo-ms must be positive")
+        profile = slo_profile(sampled_dataset, sampled_model, args)
+        args.current_flags = f"{args.current_flags} --profile {profile} --policy slo:{args.slo_ms:g}".strip()
+        args.bound_ms = args.slo_ms  # the ramp's median limit: half of the SLO
     report = {"machine": machine(), "cpu_count": os.cpu_count(), "baseline_rev": args.baseline_rev,
               "duration_s": args.duration_s, "capacity_method": args.capacity, "seeds": args.seeds,
-              "nodes_per_request": args.nodes_per_request, "bound_ms": args.bound_ms,
+              "nodes_per_request": args.nodes_per_request, "bound_ms": args.bound_ms, "slo_ms": args.slo_ms,
+              "current_flags": args.current_flags,
               "client_cpus": args.client_cpus, "server_cpus": sorted(args.server_cpus or []),
               "client_connections": args.client_connections,
               "sampled_dataset": str(sampled_dataset), "sampled_model": str(sampled_model),

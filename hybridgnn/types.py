@@ -89,6 +89,7 @@ class InferenceRequest:
     arrival_s: float
     psgs: float = 0.0  # summed PSGS of its seeds (filled when the batcher bounds batch PSGS)
     predicted_wait_s: float = 0.0  # admission's model prediction of its wait (calibrated against the real one)
+    waited_s: float = 0.0  # what it waited in the front end before arrival_s (its turn of the loop)
 
 
 @dataclass

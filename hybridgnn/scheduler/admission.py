@@ -28,6 +28,12 @@ MIN_BATCHES batches it admits: the first batches of a fresh server run cold (laz
 initialisation, caches), and a model fitted to them would refuse an idle server's first
 requests (the pending count still caps memory). Every request kind passes through here.
 
+With an SLO policy the promise is the SLO for the whole request, at p99, and the lanes
+only bound its queueing part at the 95th percentile. So `SloFeedback` also watches the
+server-side latency of answered requests and moves the bound: it shrinks while their p99
+passes SLO_TARGET of the SLO and grows back, up to the bound the SLO leaves, while the p99
+is well under it.
+
 The lanes see only work already parsed. When the event loop itself is the bottleneck
 (small requests, one loop) the wait is spent before that: in socket buffers while the
 loop runs other callbacks. A `LoopLag` measures how late the loop runs a periodic timer,
@@ -56,6 +62,53 @@ CALIBRATION_QUANTILE = 0.95  # the share of admitted requests whose wait the sca
 CALIBRATION_SAMPLES = 256  # recent (prediction, wait) pairs the scale is taken over
 CALIBRATION_MIN = 32  # pairs needed before predictions are scaled at all
 CALIBRATION_RANGE = (0.5, 4.0)  # the scale never leaves this range (a burst of outliers cannot freeze a lane)
+
+
+SLO_TARGET = 0.9  # the share of the SLO the server's own p99 may take (the rest: encoding, sockets, the client)
+SLO_WINDOW = 512  # recent answered requests the p99 is taken over
+SLO_EVERY = 64  # answered requests between two moves of the bound
+SLO_MIN_SHARE = 0.1  # the bound never falls under this share of the SLO
+
+
+class SloFeedback:
+    """Moves the admission bound so that the p99 of answered requests' server-side latency
+    (front-end wait, batching, queue, service, the hand-back to the loop) stays within
+    SLO_TARGET × the SLO. Every SLO_EVERY answers, the p99 over the last SLO_WINDOW is
+    compared with that target: above it the bound shrinks in proportion to the excess, by
+    at most a tenth; under 0.85 of it the bound grows by 2 %. The bound stays within [SLO_MIN_SHARE × SLO,
+    ceiling], the ceiling being the bound the SLO leaves (or the configured one)."""
+
+    __slots__ = ("target_s", "floor_s", "ceiling_s", "bound_s", "p99_s", "_recent", "_since")
+
+    def __init__(self, slo_s: float, ceiling_s: float):
+        if not (slo_s > 0 and ceiling_s > 0):
+            raise ValueError(f"an SLO feedback needs a positive SLO and bound, got {slo_s}, {ceiling_s}")
+        self.target_s = SLO_TARGET * slo_s
+        self.floor_s = min(ceiling_s, SLO_MIN_SHARE * slo_s)
+        self.ceiling_s = self.bound_s = ceiling_s
+        self.p99_s: float | None = None
+        self._recent = collections.deque(maxlen=SLO_WINDOW)
+        self._since = 0
+
+    def observe(self, latency_s: float) -> float:
+        """Count one answered request's server-side latency; return the bound now in force."""
+        self._recent.append(latency_s)
+        self._since += 1
+        if self._since >= SLO_EVERY:
+            self._since = 0
+            self.p99_s = p99 = _quantile(self._recent, 0.99)
+            if p99 > self.target_s:
+                # at most a tenth a step: one stall (a busy core, a slow batch) is not a queue,
+                # and a bound cut by it would refuse for seconds what could have been served
+                self.bound_s = max(self.floor_s, self.bound_s * max(0.9, self.target_s / p99))
+            elif p99 < 0.85 * self.target_s:
+                # slowly: a bound that came back at once would overshoot and oscillate
+                self.bound_s = min(self.ceiling_s, self.bound_s * 1.02)
+        return self.bound_s
+
+    def describe(self) -> dict:
+        return {"target_p99_s": self.target_s, "bound_range_s": [self.floor_s, self.ceiling_s],
+                "recent_p99_s": self.p99_s}
 
 
 class Lane:
@@ -222,10 +275,13 @@ class Admission:
     """Lanes by name, the loop lag and the delay bound; `admit` raises Overloaded past the
     bound."""
 
-    def __init__(self, bound_s: float, lanes: list[Lane], loop_lag: LoopLag | None = None):
+    def __init__(self, bound_s: float, lanes: list[Lane], loop_lag: LoopLag | None = None,
+                 slo_s: float | None = None):
         if not bound_s > 0:
             raise ValueError(f"the queue-delay bound must be > 0 seconds, got {bound_s}")
         self.bound_s = bound_s
+        # with an SLO, the bound follows the answered requests' p99 (observe_latency)
+        self.slo = SloFeedback(slo_s, bound_s) if slo_s is not None else None
         self.lanes = {lane.name: lane for lane in lanes}
         self.loop_lag = loop_lag or LoopLag()
         self.refused = 0
@@ -268,6 +324,13 @@ class Admission:
                              f"in {retry_s} s", retry_after_s=retry_s)
         return predicted
 
+    def observe_latency(self, latency_s: float) -> None:
+        """Count an answered sampled request's latency since it was read (with an SLO
+        only: the bound follows their p99). The loop's lag adds to it: about how long a
+        request waits to be read while the loop is late."""
+        if self.slo is not None:
+            self.bound_s = self.slo.observe(latency_s + self.loop_lag.lag_s)
+
     def count_standing(self) -> None:
         """Count a request refused for waiting past the target of a queue that stands in
         the front end (the front end decides; see serving/http/turns.py)."""
@@ -278,6 +341,7 @@ class Admission:
         return {"bound_s": self.bound_s, "refused_by_delay": self.refused,
                 "refused_for_loop_lag": self.refused_for_lag, "refused_standing_queue": self.refused_standing,
                 "loop_lag_s": self.loop_lag.lag_s,
+                "slo": self.slo.describe() if self.slo is not None else None,
                 "lanes": {name: lane.describe() for name, lane in self.lanes.items()}}
 
     def delays_s(self) -> dict[str, float]:
@@ -319,4 +383,4 @@ def admission_for(cfg: ServeConfig, sampled_servers: int, full_batch: float, pol
     bound = delay_bound_s(cfg.admission.max_queue_delay_s, slo_s, cfg.batcher.max_wait_s, service_s)
     log.info("admission: a request is refused (429) when its predicted queueing delay passes %.0f ms", bound * 1e3)
     return Admission(bound, serving_lanes(sampled_servers, cfg.cpu_pipeline.workers, full_batch,
-                                          cfg.updates.max_batch_updates))
+                                          cfg.updates.max_batch_updates), slo_s=slo_s)

@@ -277,7 +277,7 @@ class Engine:
             fut = EagerFuture(loop=self._loop)
             on_done = functools.partial(_settle, fut)
         self.batcher.add(InferenceRequest(node_ids=node_ids, on_done=on_done, arrival_s=time.perf_counter(),
-                                          psgs=psgs, predicted_wait_s=predicted))
+                                          psgs=psgs, predicted_wait_s=predicted, waited_s=waited_s))
         return fut
 
     def _has_capacity(self) -> bool:
@@ -339,13 +339,17 @@ class Engine:
         done_s = now if done_s is None else done_s
         # The wait is charged up to now, not done_s: a client waits for the loop too.
         service_began = now - service_s
-        bound = self.admission.bound_s
+        admission = self.admission
+        bound = admission.bound_s
+        slo = admission.slo is not None
         offs = batch.offsets.tolist()  # Python ints slice faster than numpy scalars
         logits, embeddings, predictions = result.logits, result.embeddings, result.predictions
         pipeline, timings, closed_s = plan.pipeline, result.timings, batch.closed_s
         with together():  # the batch's answers are made first, then leave back to back
             for i, req in enumerate(batch.requests):
                 lane.calibrate(req.predicted_wait_s, service_began - req.arrival_s, bound)
+                if slo:
+                    admission.observe_latency(req.waited_s + now - req.arrival_s)
                 stats.stage("batching", pipeline, closed_s - req.arrival_s)
                 lo, hi = offs[i], offs[i + 1]
                 self._resolve(req, RequestResult(logits[lo:hi], embeddings[lo:hi], predictions[lo:hi], pipeline,

@@ -10,8 +10,14 @@ from hybridgnn.scheduler.admission import (
     CALIBRATION_RANGE,
     CALIBRATION_SAMPLES,
     MIN_BATCHES,
+    SLO_EVERY,
+    SLO_MIN_SHARE,
+    SLO_TARGET,
+    SLO_WINDOW,
     Admission,
     Lane,
+    LoopLag,
+    SloFeedback,
 )
 
 
@@ -289,3 +295,67 @@ def test_the_wait_after_reading_adds_to_the_wait_to_be_read():
     adm.check(None, 0.0, waited_s=0.05)
     with pytest.raises(Overloaded):
         adm.check(None, 0.0, waited_s=0.07)  # 40 + 70 ms
+
+
+def test_slo_feedback_shrinks_the_bound_while_the_p99_passes_the_target_and_not_past_its_floor():
+    fb = SloFeedback(slo_s=0.05, ceiling_s=0.045)
+    for _ in range(SLO_EVERY - 1):
+        assert fb.observe(0.050) == 0.045  # the bound moves only every SLO_EVERY answers
+    bound = fb.observe(0.050)
+    assert bound == pytest.approx(0.045 * SLO_TARGET * 0.05 / 0.050)  # in proportion to the excess
+    fb._recent.clear()
+    for _ in range(SLO_EVERY):
+        fb.observe(0.5)
+    assert fb.bound_s == pytest.approx(bound * 0.9)  # but by a tenth at most: one stall is not a queue
+    for _ in range(SLO_WINDOW * 20):
+        bound = fb.observe(1.0)  # far over: the bound falls to its floor, no further
+    assert bound == pytest.approx(SLO_MIN_SHARE * 0.05)
+    assert fb.describe()["recent_p99_s"] == pytest.approx(1.0)
+
+
+def test_slo_feedback_grows_the_bound_back_while_the_p99_is_well_under_the_target_but_not_past_the_ceiling():
+    fb = SloFeedback(slo_s=0.05, ceiling_s=0.045)
+    for _ in range(SLO_WINDOW):
+        fb.observe(0.2)
+    assert fb.bound_s < 0.045
+    lowest = min(fb.observe(0.001) for _ in range(SLO_WINDOW))  # the slow ones leave the window
+    for _ in range(SLO_WINDOW):
+        fb.observe(0.001)
+    assert fb.bound_s > lowest
+    for _ in range(SLO_WINDOW * 20):  # slowly, 2 % a step: a bound back at once would overshoot
+        fb.observe(0.001)
+    assert fb.bound_s == 0.045  # the bound the SLO leaves is the most it returns to
+    # between 0.85 and 1 of the target the bound holds
+    held = fb.bound_s = 0.03
+    fb._recent.clear()
+    for _ in range(SLO_WINDOW):
+        fb.observe(0.9 * SLO_TARGET * 0.05)
+    assert fb.bound_s == held
+
+
+def test_slo_feedback_never_reads_one_slow_request_as_the_p99():
+    fb = SloFeedback(slo_s=0.05, ceiling_s=0.045)
+    for i in range(SLO_WINDOW):
+        fb.observe(5.0 if i == 100 else 0.01)  # one outlier in 512 is past the 99th percentile
+    assert fb.bound_s == 0.045
+
+
+def test_admission_follows_answered_latency_only_with_an_slo():
+    lane = Lane("sampled", 1, full_batch=10)
+    plain = Admission(0.1, [lane])
+    for _ in range(SLO_WINDOW):
+        plain.observe_latency(10.0)
+    assert plain.bound_s == 0.1 and plain.describe()["slo"] is None
+    with_slo = Admission(0.045, [Lane("sampled", 1, full_batch=10)], slo_s=0.05)
+    for _ in range(SLO_EVERY):
+        with_slo.observe_latency(0.1)
+    assert with_slo.bound_s < 0.045
+    assert with_slo.describe()["slo"]["target_p99_s"] == pytest.approx(SLO_TARGET * 0.05)
+    with pytest.raises(ValueError):
+        SloFeedback(0.0, 0.045)
+    # the loop's lag (a request's wait to be read) counts in the latency it follows
+    lagging = Admission(0.045, [Lane("sampled", 1, full_batch=10)], LoopLag(window=1), slo_s=0.05)
+    lagging.loop_lag.observe(0.1)
+    for _ in range(SLO_EVERY):
+        lagging.observe_latency(0.001)
+    assert lagging.bound_s < 0.045
