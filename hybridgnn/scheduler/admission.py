@@ -75,8 +75,9 @@ class SloFeedback:
     (front-end wait, batching, queue, service, the hand-back to the loop) stays within
     SLO_TARGET × the SLO. Every SLO_EVERY answers, the p99 over the last SLO_WINDOW is
     compared with that target: above it the bound shrinks in proportion to the excess, by
-    at most a tenth; under 0.85 of it the bound grows by 2 %. The bound stays within [SLO_MIN_SHARE × SLO,
-    ceiling], the ceiling being the bound the SLO leaves (or the configured one)."""
+    at most a tenth; under 0.85 of it the bound grows by 2 %. The bound stays within
+    [SLO_MIN_SHARE × SLO, ceiling], the ceiling being the bound the SLO leaves (or the
+    configured one)."""
 
     __slots__ = ("target_s", "floor_s", "ceiling_s", "bound_s", "p99_s", "_recent", "_since")
 
