@@ -53,25 +53,28 @@ def ensure_graph(path: Path, generate_args: list[str]) -> dict:
     return {"generate_s": time.perf_counter() - t0, "peak_rss_gib": rss_kib / 2**20}
 
 
+def _stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds from the text of a /proc .../stat file."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) of each named thread of a process, summed by name (Linux)."""
     out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:  # the thread ended
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[name] = out.get(name, 0.0) + _stat_cpu_seconds(stat)
     return out
 
 
 def descendants_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system, all threads) of a process's descendants still running,
     e.g. a server's pipeline worker processes (Linux)."""
-    tick = os.sysconf("SC_CLK_TCK")
     total, todo = 0.0, [pid]
     while todo:
         parent = todo.pop()
@@ -86,20 +89,16 @@ def descendants_cpu_seconds(pid: int) -> float:
                 continue
             for child in map(int, children):
                 try:
-                    stat = Path(f"/proc/{child}/stat").read_text()
+                    total += _stat_cpu_seconds(Path(f"/proc/{child}/stat").read_text())
                 except OSError:
                     continue
-                fields = stat[stat.rindex(")") + 2:].split()
-                total += (int(fields[11]) + int(fields[12])) / tick
                 todo.append(child)
     return total
 
 
 def main_thread_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of a process's main thread, where its event loop runs (Linux)."""
-    stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat").read_text())
 
 
 def heavy_setup():

@@ -817,6 +817,10 @@ def main() -> None:
                     help="the profile for --slo-ms (default: one made first on the servers' cores, about a minute)")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
+    if args.profile is not None and not args.slo_ms:
+        ap.error("--profile is for --slo-ms")
+    if args.slo_ms is not None and not args.slo_ms > 0:
+        ap.error("--slo-ms must be positive")
     args.servers = [s for s in args.servers.split(",") if s]
     if not set(args.servers) <= {"current", "baseline"} or not args.servers:
         ap.error("--servers takes current and/or baseline")
@@ -840,11 +844,7 @@ def main() -> None:
     args.preopen = args.client_connections if args.preopen is None else args.preopen
     dataset, model = ensure_demo()
     sampled_dataset, sampled_model = heavy_setup() if args.heavy else (dataset, model)
-    if args.profile is not None and not args.slo_ms:
-        ap.error("--profile is for --slo-ms")
     if args.slo_ms:
-        if not args.slo_ms > 0:
-            ap.error("--slo-ms must be positive")
         profile = slo_profile(sampled_dataset, sampled_model, args)
         args.current_flags = f"{args.current_flags} --profile {profile} --policy slo:{args.slo_ms:g}".strip()
         args.bound_ms = args.slo_ms  # the ramp's median limit: half of the SLO

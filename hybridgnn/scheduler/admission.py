@@ -79,13 +79,13 @@ class SloFeedback:
     [SLO_MIN_SHARE × SLO, ceiling], the ceiling being the bound the SLO leaves (or the
     configured one)."""
 
-    __slots__ = ("target_s", "floor_s", "ceiling_s", "bound_s", "p99_s", "_recent", "_since")
+    __slots__ = ("target_s", "lowest_s", "ceiling_s", "bound_s", "p99_s", "_recent", "_since")
 
     def __init__(self, slo_s: float, ceiling_s: float):
         if not (slo_s > 0 and ceiling_s > 0):
             raise ValueError(f"an SLO feedback needs a positive SLO and bound, got {slo_s}, {ceiling_s}")
         self.target_s = SLO_TARGET * slo_s
-        self.floor_s = min(ceiling_s, SLO_MIN_SHARE * slo_s)
+        self.lowest_s = min(ceiling_s, SLO_MIN_SHARE * slo_s)
         self.ceiling_s = self.bound_s = ceiling_s
         self.p99_s: float | None = None
         self._recent = collections.deque(maxlen=SLO_WINDOW)
@@ -101,14 +101,14 @@ class SloFeedback:
             if p99 > self.target_s:
                 # at most a tenth a step: one stall (a busy core, a slow batch) is not a queue,
                 # and a bound cut by it would refuse for seconds what could have been served
-                self.bound_s = max(self.floor_s, self.bound_s * max(0.9, self.target_s / p99))
+                self.bound_s = max(self.lowest_s, self.bound_s * max(0.9, self.target_s / p99))
             elif p99 < 0.85 * self.target_s:
                 # slowly: a bound that came back at once would overshoot and oscillate
                 self.bound_s = min(self.ceiling_s, self.bound_s * 1.02)
         return self.bound_s
 
     def describe(self) -> dict:
-        return {"target_p99_s": self.target_s, "bound_range_s": [self.floor_s, self.ceiling_s],
+        return {"target_p99_s": self.target_s, "bound_range_s": [self.lowest_s, self.ceiling_s],
                 "recent_p99_s": self.p99_s}
 
 
