@@ -144,7 +144,7 @@ def serve_args(dataset: Path, model: Path, flags: list[str]) -> list[str]:
 async def engine_level(dataset, model, flags, mix, args) -> dict:
     from hybridgnn.cli.main import build_parser
     from hybridgnn.cli.serve import build_config
-    from hybridgnn.serving.engine import Engine
+    from hybridgnn.serving.core.engine import Engine
 
     cfg = build_config(build_parser().parse_args(serve_args(dataset, model, flags)))
     engine = Engine(cfg)

@@ -40,7 +40,7 @@ PROBE = r'''
 import asyncio, json, sys, time
 from pathlib import Path
 from hybridgnn.config import AdmissionConfig, ServeConfig
-from hybridgnn.serving.engine import Engine
+from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.protocol import HttpServer, _Connection
 from hybridgnn.telemetry.metrics import Telemetry

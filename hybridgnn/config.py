@@ -223,8 +223,13 @@ class RouterConfig:
     """Batches with PSGS below the threshold go to the CPU pipeline, the rest to the GPU one.
     Without a GPU pipeline the threshold is +inf."""
 
-    # None: a hybrid server picks a default (see serving/engine.py); inf: CPU unless spilled.
-    psgs_threshold: float | None = math.inf
+    # None: +inf on a CPU-only server; on a hybrid one, the PSGS of default_gpu_batch_seeds
+    # average seeds (a stand-in until `hybridgnn profile` measures the crossover). inf: CPU
+    # unless spilled; 0: GPU.
+    psgs_threshold: float | None = setting(
+        None, "batches with PSGS below go to the CPU pipeline, the rest to the GPU one (default with two "
+        "pipelines: the PSGS of 64 average seeds; inf: CPU unless spilled)")
+    default_gpu_batch_seeds: int = 64
     # A queue holding at least this many batches per worker counts as saturated.
     saturation_batches_per_worker: float = 2.0
     # False: every batch stays on the pipeline the threshold picks (single-device
@@ -262,7 +267,6 @@ class ServerConfig:
     # poll readiness stop routing here before requests are refused (0: refuse at once).
     unready_delay_s: float = setting(0.0, "on SIGTERM, report not-ready but keep serving this long before "
                                      "draining (longer than the balancer's health-check interval)")
-    retry_after_s: int = 1
     # Per-node request counts written here (.counts.npy) every seed_log_interval_s and at
     # stop, for `hybridgnn place --from-log`.
     seed_log: Path | None = setting(None, "write per-node request counts here (a .counts.npy, every 60 s and at "

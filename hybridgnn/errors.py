@@ -28,10 +28,17 @@ class ConfigError(HybridGNNError, ValueError):
     """The dataset, model, profile or flags do not fit together (exit 2 with this line)."""
 
 
+# The one Retry-After a 429 or 503 carries unless its error names another: long enough for
+# a queue to move, short enough that a client (or a balancer trying another replica) is
+# not kept waiting for nothing.
+RETRY_AFTER_S = 1.0
+
+
 class ServingError(HybridGNNError):
     """An answer other than 200 for one request: status, a client-safe message, headers.
 
-    Subclasses fix the status; `retry_after_s` adds a Retry-After header (429/503)."""
+    Subclasses fix the status; `retry_after_s` adds a Retry-After header. A 429 or 503
+    always has one (RETRY_AFTER_S unless given)."""
 
     status: int = 400
     reason: str = "bad_request"  # a short fixed label: metrics and logs, never free text
@@ -41,6 +48,8 @@ class ServingError(HybridGNNError):
         super().__init__(message)
         if status is not None:
             self.status = status
+        if retry_after_s is None and self.status in (429, 503):
+            retry_after_s = RETRY_AFTER_S
         self.retry_after_s = retry_after_s
 
     @property

@@ -158,17 +158,40 @@ class UpdateStats:
     counts: dict[str, int]  # updates by kind (add_edges, remove_nodes, ...)
 
 
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """An engine's state at one moment, as it publishes it (telemetry reads this, never
+    the engine's internals): requests in flight and their cap, readiness, each pipeline's
+    queued batches, the routing threshold and batch-PSGS bound in force, the policy's
+    name, and graph-update progress (all 0 when updates are off)."""
+
+    pending: int
+    pending_capacity: int
+    ready: bool
+    queue_depths: dict[str, int]
+    psgs_threshold: float
+    max_batch_psgs: float
+    policy: str
+    graph_version: int = 0
+    update_log_head: int = 0
+    update_log_lag_s: float = 0.0
+    update_follower_failing: bool = False
+    update_staleness_s: float = 0.0
+    graph_patched_entries: int = 0
+
+
 class ServingStats:
     """What the serving engine, its API and update applier report as things happen: plain
     calls with plain values. This base records nothing; telemetry/ implements it as
     Prometheus series and reads the state it mirrors (pending, ready, queue depths, the
     policy's threshold) from the engine by callback, so nothing is kept in step by hand."""
 
-    def watch(self, engine) -> None:
-        """Start mirroring `engine`'s state (called once, when the engine is built)."""
+    def watch(self, source: Callable[[], EngineSnapshot], pipelines: tuple[str, ...]) -> None:
+        """Start mirroring an engine's state: `source()` is its snapshot now (called once,
+        when the engine is built; pipelines: the names its snapshots report)."""
 
-    def unwatch(self, engine) -> None:
-        """Stop mirroring `engine` (a model version unloaded)."""
+    def unwatch(self, source: Callable[[], EngineSnapshot]) -> None:
+        """Stop mirroring that engine (a model version unloaded)."""
 
     def for_model(self, name: str, version: str) -> ServingStats:
         """The stats of one model version of a repository (labelled with it, where kept)."""

@@ -51,9 +51,6 @@ def add_parser(sub) -> None:
                    help="pipelines to run: cpu (CPU only), cuda (CPU and GPU pipelines, hybrid routing), auto "
                         "(cuda when a GPU is visible), emulate (the GPU pipeline's code on CPU tensors, for "
                         "testing and profiling without a GPU)")
-    p.add_argument("--psgs-threshold", type=float, default=env_default("PSGS_THRESHOLD", None, float),
-                   help="batches with PSGS below go to the CPU pipeline, the rest to the GPU one (default with "
-                        "two pipelines: the PSGS of 64 average seeds; inf: CPU unless spilled)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
                    default=env_default("SPILL", True, lambda v: v not in ("0", "")),
                    help="never move a batch to the other pipeline when its own is saturated (with "
@@ -77,7 +74,7 @@ def add_parser(sub) -> None:
                         "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     # The rest come from the config dataclasses' fields (defaults, units and help live there).
-    add_config_flags(p, ServerConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
+    add_config_flags(p, ServerConfig, RouterConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
                      UpdateConfig, DeviceMemoryConfig)
     p.set_defaults(run=run)
 
@@ -170,7 +167,7 @@ def build_config(args) -> ServeConfig:
     if args.model_repository is not None:
         if args.model is not None or args.dataset is None:
             raise ValueError("--model-repository takes the place of --model and needs --dataset")
-        from hybridgnn.serving.repository import scan_repository
+        from hybridgnn.serving.repository.layout import scan_repository
 
         chosen = [m.version_dir(v) for m in scan_repository(args.model_repository).values() for v in m.chosen]
         readable = [d for d in chosen if _reads_as_model(d)]
@@ -205,7 +202,7 @@ def build_config(args) -> ServeConfig:
                                     processes=processes, cpus=worker_cpus),
         gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
         gpu_memory=DeviceMemoryConfig(**config_values(args, DeviceMemoryConfig)),
-        router=RouterConfig(psgs_threshold=args.psgs_threshold, spill=args.spill),
+        router=RouterConfig(spill=args.spill, **config_values(args, RouterConfig)),
         admission=AdmissionConfig(**config_values(args, AdmissionConfig)),
         policy=PolicyConfig(profile=args.profile, policy=chosen_policy(args), adapt=args.adapt,
                             **config_values(args, PolicyConfig)),

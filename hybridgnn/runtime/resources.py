@@ -49,6 +49,23 @@ from hybridgnn.workload.tables import WorkloadTables
 log = logging.getLogger(__name__)
 
 
+def ensure_embeddings(cfg: ServeConfig, graph: GraphStore | None = None) -> bool:
+    """Precompute the model's embeddings for the dataset when it has none (a model dropped
+    into a repository without them), in this process; True if it ran. graph: the dataset
+    already open (shared), else it is opened here."""
+    from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute
+
+    graph = graph if graph is not None else GraphStore.open(cfg.dataset_dir)
+    if EmbeddingStore.open(cfg.model_dir, graph.fingerprint) is not None:
+        return False
+    model, _ = load_checkpoint(cfg.model_dir)
+    if model.in_dim != graph.feature_dim:
+        raise ConfigError(f"model {cfg.model_dir} expects {model.in_dim}-dim features but dataset "
+                          f"{cfg.dataset_dir} has {graph.feature_dim}")
+    precompute(graph, model, cfg.model_dir, PrecomputeConfig(), progress=False)
+    return True
+
+
 def build_worker_executor(cfg: ServeConfig, worker: int):
     """A worker process's executor (run in the child): its own resources from the same
     configuration, the dataset memory-mapped like the server's."""
@@ -126,10 +143,14 @@ class Resources:
         self.device_graph: DeviceGraph | None = None
         self.gpu_features: SwappableFeatureStore | None = None
         self._host_table = None
-        self._owns_device = base is None
+        # Every Resources that reads the device graph (one, or a model repository's versions
+        # sharing it): the last to close releases it, whatever order they close in.
+        self._device_users: set[int] = {id(self)}
         if cfg.gpu_pipeline is not None and base is not None and base.device_graph is not None:
             self.device_graph, self.gpu_features, self._host_table = (base.device_graph, base.gpu_features,
                                                                       base._host_table)
+            self._device_users = base._device_users
+            self._device_users.add(id(self))
             self.model_on(cfg.gpu_pipeline.device)
         elif cfg.gpu_pipeline is not None:
             self._setup_gpu()
@@ -278,6 +299,7 @@ class Resources:
         if self.update_log is not None:
             self.update_log.close()
             self.update_log = None
-        if self.device_graph is not None and self._owns_device:
+        self._device_users.discard(id(self))
+        if self.device_graph is not None and not self._device_users:
             self.device_graph.close()
         self.device_graph = None

@@ -133,7 +133,7 @@ class Telemetry(ServingStats):
 
         # labels() hashes and locks on every call; the request path reuses the children.
         self._children: dict[tuple, object] = {}
-        self._engines: list = []  # watched by callback
+        self._engines: list = []  # snapshot sources, read at scrape time
 
     def declare(self, pipelines: tuple[str, ...]) -> None:
         """Create the label sets dashboards and rules select on at zero, so every panel and
@@ -167,11 +167,11 @@ class Telemetry(ServingStats):
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def unwatch(self, engine) -> None:
+    def unwatch(self, source) -> None:
         """Forget an engine (a model version unloaded): its gauges stop counting, and its
         memory is not held here."""
-        if engine in self._engines:
-            self._engines.remove(engine)
+        if source in self._engines:
+            self._engines.remove(source)
 
     def for_model(self, name: str, version: str) -> Telemetry:
         """The same series, with this model and version in their model/version labels (one
@@ -180,31 +180,34 @@ class Telemetry(ServingStats):
         view.model, view.version = name, version
         return view
 
-    def watch(self, engine) -> None:
-        """Mirror the engines' state by callback and create the label sets they will use.
-        Several engines (a model repository) share one Telemetry: the gauges add up their
-        queues and pending requests, and ready means every one is ready."""
-        self.declare(tuple(engine.pipelines))
-        engines = self._engines
-        engines.append(engine)
-        self.pending.set_function(lambda: sum(e.pending for e in engines))
-        self.ready.set_function(lambda: 1.0 if all(e.ready for e in engines) else 0.0)
-        self.pending_capacity.set_function(lambda: sum(e.cfg.batcher.max_pending_requests for e in engines))
-        self.psgs_threshold.set_function(lambda: engines[0].router.threshold)
-        self.max_batch_psgs.set_function(lambda: engines[0].batcher.cfg.max_batch_psgs)
-        for name in engine.pipelines:
+    def watch(self, source, pipelines: tuple[str, ...]) -> None:
+        """Mirror engines' snapshots (source() -> types.EngineSnapshot), read at scrape time,
+        and create the label sets they will use. Several engines (a model repository) share
+        one Telemetry: the gauges add up their queues and pending requests, ready means
+        every one is ready, and routing and update state are the first engine's."""
+        self.declare(tuple(pipelines))
+        sources = self._engines
+        sources.append(source)
+
+        def first():
+            return sources[0]()
+
+        self.pending.set_function(lambda: sum(s().pending for s in sources))
+        self.ready.set_function(lambda: 1.0 if all(s().ready for s in sources) else 0.0)
+        self.pending_capacity.set_function(lambda: sum(s().pending_capacity for s in sources))
+        self.psgs_threshold.set_function(lambda: first().psgs_threshold)
+        self.max_batch_psgs.set_function(lambda: first().max_batch_psgs)
+        for name in pipelines:
             self._child(self.queue_depth, name).set_function(
-                lambda n=name: sum(e.pipelines[n].depth for e in engines if n in e.pipelines))
-        self.update_staleness.set_function(lambda: engine.updates.staleness_s() if engine.updates else 0.0)
-        self.graph_version.set_function(lambda: engine.graph_version)
-        self.update_log_position.set_function(lambda: engine.graph_version)
-        self.update_log_head.set_function(lambda: engine.follower.head_seen if engine.follower is not None else 0)
-        self.update_log_lag.set_function(lambda: engine.follower.lag_s() if engine.follower is not None else 0.0)
-        self.update_follower_failing.set_function(
-            lambda: 1.0 if engine.follower is not None and engine.follower.failed else 0.0)
-        self.graph_patched_entries.set_function(
-            lambda: engine.dynamic.patched_entries if engine.dynamic is not None else 0)
-        self.policy_in_force(engine.policy.name if engine.policy else "none", changed=False)
+                lambda n=name: sum(s().queue_depths.get(n, 0) for s in sources))
+        self.update_staleness.set_function(lambda: first().update_staleness_s)
+        self.graph_version.set_function(lambda: first().graph_version)
+        self.update_log_position.set_function(lambda: first().graph_version)
+        self.update_log_head.set_function(lambda: first().update_log_head)
+        self.update_log_lag.set_function(lambda: first().update_log_lag_s)
+        self.update_follower_failing.set_function(lambda: 1.0 if first().update_follower_failing else 0.0)
+        self.graph_patched_entries.set_function(lambda: first().graph_patched_entries)
+        self.policy_in_force(source().policy, changed=False)
 
     def batch_done(self, pipeline: str, t: StageTimings, num_seeds: int, num_requests: int,
                    psgs: float, sampled_edges: int, gathered_rows: dict[str, int] | None = None) -> None:

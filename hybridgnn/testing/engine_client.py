@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from hybridgnn.serving.engine import Engine
+from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.lifecycle import http_server
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.testing.payloads import body, counter  # noqa: F401 (re-exported for tests)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from hybridgnn.config import UpdateConfig
-from hybridgnn.serving.updates import UpdateApplier
+from hybridgnn.serving.core.updates import UpdateApplier
 from hybridgnn.types import ServingStats
 from hybridgnn.updates.follower import Follower
 from hybridgnn.updates.log import MemoryLog, UpdateLog

@@ -295,7 +295,7 @@ class Follower:
         for futs in self._waiters.values():
             for f in futs:
                 if not f.done():
-                    f.set_exception(ServiceUnavailable("server is shutting down", retry_after_s=1.0))
+                    f.set_exception(ServiceUnavailable("server is shutting down"))
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -335,7 +335,7 @@ class Follower:
         for f in self._waiters.pop(position, []) if position is not None else []:
             if not f.done():
                 f.set_exception(ServiceUnavailable(f"the update was logged but could not be applied here yet: {why}; "
-                                                   "retry with the same Idempotency-Key", retry_after_s=1.0))
+                                                   "retry with the same Idempotency-Key"))
 
     def _start_job(self) -> None:
         job, self._job = self._job, None
@@ -369,7 +369,7 @@ class Follower:
             fut.set_result(self._recent[position])
         elif position <= self._resolved_upto:
             fut.set_exception(ServiceUnavailable("the update applied but its answer is no longer held; retry with "
-                                                 "the same Idempotency-Key", retry_after_s=1.0))
+                                                 "the same Idempotency-Key"))
         else:
             self._waiters.setdefault(position, []).append(fut)
         return fut

@@ -144,8 +144,7 @@ class SqliteLog(UpdateLog):
                 cur = self._db.execute("INSERT INTO entries (appended_unix_s, body) VALUES (?, ?)",
                                        (time.time(), body))
             except sqlite3.Error as exc:
-                raise ServiceUnavailable(f"the update log {self.path} refused the append: {exc}",
-                                         retry_after_s=1.0) from exc
+                raise ServiceUnavailable(f"the update log {self.path} refused the append: {exc}") from exc
             position = int(cur.lastrowid)
         with self._appended:
             self._appended.notify_all()

@@ -77,14 +77,14 @@ class RedisLog(UpdateLog):
         except self._redis_errors as exc:
             # The script is atomic: on a lost answer the entry may still be in the stream,
             # and it applies like any other; an idempotency key makes the retry safe.
-            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}", retry_after_s=1.0) from exc
+            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
 
     def read(self, after: int, limit: int, block_s: float = 0.0) -> list[LogEntry]:
         kw = {"block": max(1, int(block_s * 1000))} if block_s > 0 else {}
         try:
             got = self._redis.xread({self.stream: f"{after}-0"}, count=limit, **kw)
         except self._redis_errors as exc:
-            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}", retry_after_s=1.0) from exc
+            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
         out = []
         for _stream, items in got or []:
             for entry_id, fields in items:
@@ -96,7 +96,7 @@ class RedisLog(UpdateLog):
         try:
             return int(self._redis.get(self._seq) or 0)
         except self._redis_errors as exc:
-            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}", retry_after_s=1.0) from exc
+            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
 
     def close(self) -> None:
         self._redis.close()

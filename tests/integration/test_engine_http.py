@@ -8,7 +8,7 @@ import pytest
 
 from hybridgnn.config import BatcherConfig, SamplingConfig, ServeConfig
 from hybridgnn.pipelines.executor import BatchExecutor
-from hybridgnn.serving.engine import Engine
+from hybridgnn.serving.core.engine import Engine
 from hybridgnn.testing.engine_client import body, with_client
 
 

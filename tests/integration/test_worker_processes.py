@@ -11,7 +11,7 @@ import pytest
 from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig, UpdateConfig
 from hybridgnn.pipelines.process import ProcessExecutor, WorkerProcessError
 from hybridgnn.runtime.resources import build_worker_executor
-from hybridgnn.serving.engine import Engine
+from hybridgnn.serving.core.engine import Engine
 
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
 

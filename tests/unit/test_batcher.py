@@ -4,7 +4,7 @@ import time
 import numpy as np
 
 from hybridgnn.config import BatcherConfig
-from hybridgnn.serving.batcher import MicroBatcher
+from hybridgnn.serving.core.batcher import MicroBatcher
 from hybridgnn.types import InferenceRequest
 
 

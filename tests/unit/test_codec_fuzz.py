@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from hybridgnn.errors import ServingError
 from hybridgnn.serving.http import codec
-from hybridgnn.serving.http.codec import decode_infer_request, encode_infer_response
-from hybridgnn.serving.updates import UPDATE_INPUTS, decode_update_request
-from hybridgnn.updates.requests import build_request
+from hybridgnn.updates.requests import UPDATE_INPUTS, build_request
+from tests.unit.v2_helpers import (
+    decode_infer_request,
+    decode_update_request,
+    encode_infer_response,
+)
 
 try:
     import orjson

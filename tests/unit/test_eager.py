@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from hybridgnn.serving.eager import EagerFuture, Later, together, when_done
+from hybridgnn.serving.core.eager import EagerFuture, Later, together, when_done
 
 
 def _run(coro):

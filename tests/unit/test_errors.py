@@ -145,7 +145,7 @@ def test_brief_keeps_client_values_short_and_printable():
 
 # --- through a real engine (no sockets): bodies that used to answer 500 ---------------------
 def run_api(cfg: ServeConfig, scenario):
-    from hybridgnn.serving.engine import Engine
+    from hybridgnn.serving.core.engine import Engine
 
     async def main():
         engine = Engine(cfg, Telemetry(model=cfg.server.model_name))

@@ -11,8 +11,8 @@ service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 
 from hybridgnn.errors import BadRequest, Conflict, Overloaded, ServiceUnavailable  # noqa: E402
 from hybridgnn.serving.grpc.schema import METHODS, message  # noqa: E402
-from hybridgnn.serving.grpc.service import grpc_code, request_parts  # noqa: E402
-from hybridgnn.serving.http.codec import decode_infer_parts  # noqa: E402
+from hybridgnn.serving.grpc.service import grpc_code, infer_input  # noqa: E402
+from hybridgnn.serving.v2.requests import decode_infer  # noqa: E402
 
 WIRE_SAME = {14: 5}  # an enum field is an int32 on the wire
 
@@ -46,9 +46,9 @@ def test_a_request_round_trips_with_tritonclient_and_becomes_the_rest_form():
     theirs.parameters["mode"].string_param = "precomputed"
     theirs.parameters["min_graph_version"].int64_param = 7
     ours = message("ModelInferRequest").FromString(theirs.SerializeToString())
-    header, binary = request_parts(ours)
-    assert header["parameters"] == {"mode": "precomputed", "min_graph_version": 7} and header["id"] == "r1"
-    req = decode_infer_parts(header, binary, max_nodes=10, num_nodes=100)
+    request = infer_input(ours)
+    assert request.parameters == {"mode": "precomputed", "min_graph_version": 7} and request.id == "r1"
+    req = decode_infer(request, max_nodes=10, num_nodes=100)
     assert req.node_ids.tolist() == [3, 1, 4] and list(req.outputs) == ["logits"] and req.request_id == "r1"
     assert t.name == "node_ids"
 
@@ -57,15 +57,14 @@ def test_typed_contents_are_accepted_and_a_raw_count_mismatch_is_a_400():
     req = message("ModelInferRequest")(model_name="m")
     t = req.inputs.add(name="node_ids", datatype="INT64", shape=[2])
     t.contents.int64_contents.extend([5, 6])
-    header, binary = request_parts(req)
-    assert decode_infer_parts(header, binary, max_nodes=10, num_nodes=100).node_ids.tolist() == [5, 6]
+    assert decode_infer(infer_input(req), max_nodes=10, num_nodes=100).node_ids.tolist() == [5, 6]
     req.raw_input_contents.extend([b"\0" * 16, b"\0" * 8])
     with pytest.raises(BadRequest, match="one raw tensor per input"):
-        request_parts(req)
+        infer_input(req)
     names = message("ModelInferRequest")(model_name="m")
     names.inputs.add(name="node_ids", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"\xff")
     with pytest.raises(BadRequest, match="UTF-8"):
-        request_parts(names)
+        infer_input(names)
 
 
 def test_errors_map_to_grpc_status_codes():
@@ -86,13 +85,13 @@ def test_huge_declared_inputs_are_413s_before_any_element_is_decoded():
     req = message("ModelInferRequest")(model_name="m")
     req.inputs.add(name="node_ids", datatype="BYTES", shape=[4_000_000])
     req.raw_input_contents.append(b"\0\0\0\0" * 4_000_000)  # 4M empty strings
-    header, binary = request_parts(req)
+    request = infer_input(req)
     t0 = time.perf_counter()
     with pytest.raises(PayloadTooLarge, match="4000000 elements"):
-        decode_infer_parts(header, binary, max_nodes=8192, num_nodes=100)
+        decode_infer(request, max_nodes=8192, num_nodes=100)
     assert time.perf_counter() - t0 < 0.1
     typed = message("ModelInferRequest")(model_name="m")
     typed.inputs.add(name="node_ids", datatype="BYTES", shape=[100_000]).contents.bytes_contents.extend(
         [b""] * 100_000)
     with pytest.raises(PayloadTooLarge, match="100000 elements"):
-        request_parts(typed, max_elements=1000)
+        infer_input(typed, max_elements=1000)

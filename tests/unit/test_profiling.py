@@ -196,7 +196,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
     )
     from hybridgnn.profiling.profile import build_profile
     from hybridgnn.scheduler.policy import Profile
-    from hybridgnn.serving.engine import Engine
+    from hybridgnn.serving.core.engine import Engine
 
     base = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
                        gpu_pipeline=PipelineConfig(name="gpu", device="cpu"))

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from hybridgnn.errors import ConfigError, NotFound
-from hybridgnn.serving.repository import Models, VersionPolicy, scan_repository
+from hybridgnn.serving.repository.layout import VersionPolicy, scan_repository
+from hybridgnn.serving.repository.models import Models
 
 
 def _repo(tmp_path, layout: dict):

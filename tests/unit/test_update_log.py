@@ -10,7 +10,6 @@ import pytest
 
 from hybridgnn.errors import ConfigError, Conflict, ServiceUnavailable
 from hybridgnn.graph.dynamic import DynamicGraph
-from hybridgnn.serving.updates import decode_update_request
 from hybridgnn.testing.graphs import dynamic_setup, update_body
 from hybridgnn.testing.updates import follower_for, run_updates
 from hybridgnn.updates.log import MemoryLog, SqliteLog, open_update_log, parse_log_url
@@ -21,6 +20,7 @@ from hybridgnn.updates.requests import (
     encode_entry,
 )
 from hybridgnn.updates.snapshot import Snapshots
+from tests.unit.v2_helpers import decode_update_request
 
 
 def test_an_entry_round_trips_with_its_requests_keys_and_id_kinds():
@@ -181,7 +181,7 @@ def test_a_retried_update_with_the_same_idempotency_key_applies_once(tmp_path, d
     dyn, inc = dynamic_setup(tmp_path / "g")
     log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint) if durable else MemoryLog()
     follower = follower_for(dyn, inc, log)
-    from hybridgnn.serving.updates import UpdateApplier
+    from hybridgnn.serving.core.updates import UpdateApplier
 
     applier = UpdateApplier(follower.cfg, follower, dyn, follower.stats)
 

@@ -12,11 +12,11 @@ import pytest
 from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import ServingError
 from hybridgnn.graph.dynamic import UpdateError
-from hybridgnn.serving.updates import decode_update_request
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.testing.graphs import dynamic_setup
 from hybridgnn.testing.updates import follower_for, run_updates
 from hybridgnn.updates.requests import build_request, encode_entry, to_batch
+from tests.unit.v2_helpers import decode_update_request
 
 
 def body(*inputs) -> bytes:

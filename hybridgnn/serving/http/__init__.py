@@ -1,1 +1,2 @@
-"""The HTTP layer: the KServe v2 API (api.py), its codec (codec.py) and the HTTP/1.1 protocol server on llhttp (protocol.py)."""
+"""KServe v2 over HTTP/1.1: the server and its connections (server.py, protocol.py), the
+REST routes (api.py) and the JSON and binary-tensor codec (codec.py)."""

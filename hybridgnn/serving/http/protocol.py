@@ -1,5 +1,6 @@
-"""The HTTP/1.1 server: one asyncio protocol per connection on uvloop, requests parsed by
-llhttp (httptools), answers from serving/http/api.py.
+"""The HTTP/1.1 connection: one asyncio protocol per connection on uvloop (server.py
+listens and keeps them), requests parsed by llhttp (httptools), answers from
+serving/http/api.py.
 
 Why its own server: at one seed per request the front end, not the model, bounds a
 batching server on a few cores. Here a request costs the parser's callbacks and one
@@ -35,20 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import email.utils
 import logging
-import os
-import resource
-import socket
 import time
-from collections.abc import Callable
 from http import HTTPStatus
 
 import httptools
 
-from hybridgnn.serving.eager import Later, when_done
-from hybridgnn.serving.http.api import Api, Reply, Request
-from hybridgnn.serving.http.turns import Turns, standing_queue_limits
+from hybridgnn.serving.core.eager import Later, when_done
+from hybridgnn.serving.http.api import Reply, Request
 
 log = logging.getLogger(__name__)
 
@@ -56,131 +51,6 @@ _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_QUIET_S = 1.0  # lingering after a refusal ends after this long without input
 _LINGER_MAX_S = 2.0  # ... or this long after it began, however the client trickles
-_FD_RESERVE = 256  # descriptors kept free for files, the engine's pipes and the listener
-
-
-class _Date:
-    """The Date header value, formatted once a second."""
-
-    def __init__(self):
-        self._second = -1
-        self._value = b""
-
-    def get(self) -> bytes:
-        now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._value = email.utils.formatdate(now, usegmt=True).encode()
-        return self._value
-
-
-def connection_limit(wanted: int) -> int:
-    """`wanted`, lowered to what the process's descriptor limit leaves room for."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    room = max(16, soft - _FD_RESERVE)
-    if wanted > room:
-        log.warning("--max-connections %d lowered to %d: the process may open %d files", wanted, room, soft)
-    return min(wanted, room)
-
-
-class HttpServer:
-    """Listens on host:port and serves `api` until closed."""
-
-    def __init__(self, api: Api, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
-                 idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
-                 max_pipelined: int = 8, retry_after_s: float = 1.0, answers_per_turn: int = 64,
-                 queue_bound_s: float = float("inf")):
-        self.api = api
-        self.turns = Turns(answers_per_turn, *standing_queue_limits(queue_bound_s))
-        self.max_body_bytes = max_body_bytes
-        self.max_header_bytes = max_header_bytes
-        self.idle_timeout_s = idle_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.max_connections = connection_limit(max_connections)
-        self.max_pipelined = max_pipelined
-        self.retry = {"Retry-After": str(max(1, round(retry_after_s)))}
-        self.connections: set[_Connection] = set()
-        self.refused_connections = 0
-        self.closing = False
-        self.date = _Date()
-        self._kept: dict[tuple[Reply, bool, bool], bytes] = {}  # kept_encoding's, for the current Date
-        self._kept_date = b""
-        self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.Task | None = None
-
-    def kept_encoding(self, reply: Reply, keep_alive: bool, head_only: bool,
-                      encode: Callable[[Reply, bool, bool], bytes]) -> bytes:
-        """The bytes of a shared Reply (Reply.shared), encoded once per second (its Date)."""
-        date = self.date.get()
-        if date is not self._kept_date:
-            self._kept.clear()
-            self._kept_date = date
-        key = (reply, keep_alive, head_only)
-        wire = self._kept.get(key)
-        if wire is None:
-            wire = self._kept[key] = encode(reply, keep_alive, head_only)
-        return wire
-
-    async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
-                                                backlog=4096)
-        self._sweeper = loop.create_task(self._sweep())
-
-    @property
-    def port(self) -> int:
-        return self._server.sockets[0].getsockname()[1]
-
-    def draining(self) -> bool:
-        return self.closing or self.api.draining
-
-    async def _sweep(self) -> None:
-        """Close idle connections, time out slow requests and stuck readers. A sweep over
-        all connections twice a second costs less than a timer per request."""
-        period = max(0.05, min(0.5, self.request_timeout_s / 4, self.idle_timeout_s / 4))
-        while True:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for conn in list(self.connections):
-                conn.check_timeouts(now)
-
-    async def close(self, timeout_s: float) -> None:
-        """Take in what waits in the listen backlog, stop listening, close idle connections,
-        let in-flight answers go out (each with "Connection: close") for up to timeout_s,
-        then answer what is left 503 and close."""
-        self.closing = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-        if self._server is not None:
-            listeners = [socket.socket(fileno=os.dup(s.fileno())) for s in self._server.sockets]
-            self._server.close()
-            # The duplicated descriptors keep the sockets listening: accept what completed its
-            # handshake already, so those clients get a 503 instead of a reset.
-            loop = asyncio.get_running_loop()
-            for lsock in listeners:
-                lsock.setblocking(False)
-                while True:
-                    try:
-                        conn, _ = lsock.accept()
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError:
-                        break
-                    conn.setblocking(False)
-                    await loop.connect_accepted_socket(lambda: _Connection(self), conn)
-                lsock.close()
-        for conn in list(self.connections):
-            conn.close_if_idle()
-        deadline = time.monotonic() + timeout_s
-        while self.connections and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        for conn in list(self.connections):
-            conn.give_up()
-        if self._server is not None:
-            await self._server.wait_closed()
 
 
 class _Message:
@@ -210,7 +80,7 @@ class _Reject(Exception):
         self.status = status
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One client connection: llhttp parses; complete requests queue; one is answered at a time."""
 
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
@@ -218,7 +88,7 @@ class _Connection(asyncio.Protocol):
                  "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn",
                  "free_since")
 
-    def __init__(self, server: HttpServer):
+    def __init__(self, server):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)

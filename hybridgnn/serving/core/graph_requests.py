@@ -1,10 +1,11 @@
 """Requests served beside the sampled pipelines, each through its own admission lane:
 precomputed lookups, new-node inference (full / pe / srpe / sampled) and graph updates.
-The engine admits and releases them (run_in_lane, run_in_thread_lane); this module says
-what each one computes and on which graph version."""
+The engine admits and releases them; this module says what each one computes, on which
+graph version, and how its lane learns its cost."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -18,15 +19,61 @@ from hybridgnn.types import RequestResult, StageTimings
 class GraphRequests:
     """Lookups, new nodes and updates for one engine (its resources, lanes and drain state)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, r):
+        """r: the engine's runtime.Resources."""
         self.engine = engine
         self.cfg = engine.cfg
-        r = engine.resources
         self.graph, self.model = r.graph, r.model
         self.embeddings, self.new_nodes, self.dynamic, self.incremental = (r.embeddings, r.new_nodes, r.dynamic,
                                                                            r.incremental)
         self._sampling_only: NewNodeEvaluator | None = None
         self._current_graph_nodes: NewNodeEvaluator | None = None  # new nodes after graph updates
+
+    @property
+    def num_nodes(self) -> int:
+        """Node ids requests may name now (grows with graph updates)."""
+        return self.dynamic.num_nodes if self.dynamic is not None else self.graph.num_nodes
+
+    async def run_in_lane(self, lane_name: str, work: float, call, *args, waited_s: float = 0.0, **kwargs):
+        """Admit `work` on a lane (after waited_s already spent in the front end), await
+        call(*args, **kwargs), and release it. The lane's cost model learns from calls that
+        found it empty (their time is service, not wait)."""
+        engine = self.engine
+        engine.admit(lane_name, work, waited_s)
+        lane = engine.lane(lane_name)
+        alone = lane.queued <= work
+        t0 = time.perf_counter()
+        try:
+            return await call(*args, **kwargs)
+        finally:
+            lane.remove(work)
+            now = time.perf_counter()
+            if alone:
+                lane.observe(work, now - t0)
+            lane.completed(work, now)
+            engine.release()
+
+    async def run_in_thread_lane(self, lane_name: str, work: float, fn, *args, waited_s: float = 0.0, **kwargs):
+        """Admit `work` on a lane (after waited_s already spent in the front end) and run fn
+        off the event loop; the lane learns the time fn took in its thread (service), not
+        the wait for the thread or the loop around it."""
+        engine = self.engine
+        engine.admit(lane_name, work, waited_s)
+        lane = engine.lane(lane_name)
+
+        def timed():
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            return out, time.perf_counter() - t0
+
+        try:
+            out, seconds = await asyncio.to_thread(timed)
+            lane.observe(work, seconds)
+            return out
+        finally:
+            lane.remove(work)
+            lane.completed(work, time.perf_counter())
+            engine.release()
 
     async def lookup(self, node_ids: np.ndarray, *, with_embeddings: bool = True,
                      waited_s: float = 0.0) -> RequestResult:
@@ -34,12 +81,12 @@ class GraphRequests:
         rows (`embeddings`) are a second gather, made only when asked for (else 0 columns).
         waited_s: what it already waited in the front end (its lane's admission adds it)."""
         if self.engine.draining:
-            raise Draining("server is shutting down", retry_after_s=self.cfg.server.retry_after_s)
+            raise Draining("server is shutting down")
         if self.embeddings is None:
             raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
         if self.incremental is not None:
             # Off the loop: the lookup waits while an update batch holds the graph's writer lock.
-            logits, hidden = await self.engine.run_in_thread_lane(
+            logits, hidden = await self.run_in_thread_lane(
                 "lookup", 1.0, self.incremental.lookup_both, node_ids, with_embeddings, waited_s=waited_s)
         else:
             logits = self.embeddings.lookup(node_ids)
@@ -59,11 +106,11 @@ class GraphRequests:
         t0 = time.perf_counter()
         kw = dict(mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
         if self.dynamic is not None and self.dynamic.version > 0:
-            res = await self.engine.run_in_thread_lane(
+            res = await self.run_in_thread_lane(
                 "new_nodes", 1.0, self._infer_on_current_graph, features, edge_index,
-                num_nodes if num_nodes is not None else self.engine.num_nodes, kw, waited_s=waited_s)
+                num_nodes if num_nodes is not None else self.num_nodes, kw, waited_s=waited_s)
         else:
-            res = await self.engine.run_in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer,
+            res = await self.run_in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer,
                                                        features, edge_index, waited_s=waited_s, **kw)
         return RequestResult(res.logits, res.embeddings, res.logits.argmax(axis=1).astype(np.int64),
                              f"newnodes_{mode}", StageTimings(compute_s=time.perf_counter() - t0))
@@ -92,14 +139,14 @@ class GraphRequests:
             self._sampling_only = NewNodeEvaluator(self.graph, self.model, None)
         return self._sampling_only
 
-    async def update_graph(self, req, waited_s: float = 0.0) -> dict:
+    async def update_graph(self, req, applier, waited_s: float = 0.0) -> dict:
         """Queue a decoded graph update (after waited_s in the front end, which its lane's
         admission adds); resolves once the graph and embeddings reflect it."""
         if self.dynamic is None:
             raise Forbidden("graph updates are disabled; start the server with --update-token")
-        if self.engine.updates is None:
+        if applier is None:
             raise Draining("server is starting")
         if self.engine.draining:
             raise Draining("server is shutting down")
-        return await self.engine.run_in_lane("updates", float(max(1, req.num_updates)), self.engine.updates.submit, req,
+        return await self.run_in_lane("updates", float(max(1, req.num_updates)), applier.submit, req,
                                              waited_s=waited_s)

@@ -1,15 +1,12 @@
-"""Graph updates over HTTP: decoding, and the applier that appends them to the update
-log and answers each once this replica's follower has applied it.
+"""Graph updates: the applier that appends decoded updates to the update log and answers
+each once this replica's follower has applied it (the request is decoded and validated
+by the v2 service: serving/v2/requests.py decode_update).
 
-Body: KServe v2 style `inputs` (JSON data, or the binary tensor extension with
-Inference-Header-Content-Length, as for /infer), any of
-    add_edges INT64 [m, 2]  (source, target): target aggregates from source
-    remove_edges INT64 [k, 2]
-    add_node_features FP32 [a, F]   new nodes, in order
-    remove_nodes INT64 [r]
-    update_ids INT64 [u] with update_features FP32 [u, F]
-Ids -1 .. -a in add_edges / update_ids name this request's new nodes (-1 the first), so a
-request never needs to know which ids the server will assign; the answer lists them.
+Updates (any of): add_edges [m, 2] (source, target: target aggregates from source),
+remove_edges [k, 2], add_node_features [a, F] (new nodes, in order), remove_nodes [r],
+update_ids [u] with update_features [u, F]. Ids -1 .. -a in add_edges / update_ids name
+the request's new nodes (-1 the first), so a request never needs to know which ids the
+server will assign; the answer lists them.
 
 Each request applies entirely or not at all. Queued requests are merged into one log
 entry (up to max_batch_updates); a request that would not apply to the graph as this
@@ -23,24 +20,19 @@ import logging
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import (
-    BadRequest,
     Conflict,
     Draining,
-    PayloadTooLarge,
     ServiceUnavailable,
     ServingError,
     UpdateError,
 )
-from hybridgnn.serving.http.codec import decode_inputs, split_body
 from hybridgnn.types import ServingStats
 from hybridgnn.updates.follower import ANSWER_WAIT_S, Follower
 from hybridgnn.updates.requests import (
-    UPDATE_INPUTS,
     LoggedRequest,
+    UpdateRequest,
     build_request,
     encode_entry,
     to_batch,
@@ -56,39 +48,13 @@ class PendingUpdate:
     logged: LoggedRequest
     num_updates: int
     received_s: float = 0.0
+    # built once at decode where that needs no graph (a dataset without an id map); else
+    # built against the graph when it is checked and applied
+    built: UpdateRequest | None = None
 
     @property
     def idempotency_key(self) -> str | None:
         return self.logged.idempotency_key
-
-
-def decode_update_request(body: bytes, header_length: str | None, *, feature_dim: int,
-                          max_updates: int, id_map=None) -> PendingUpdate:
-    """id_map (graph.idmap.IdMap): the dataset names nodes by external ids; the request
-    then names every node by one (INT64 or BYTES, as the dataset), new ones included
-    (add_node_ids, one per add_node_features row). What can be checked without the graph
-    is checked here (400); the rest when it is logged."""
-    header, binary = split_body(body, header_length)
-    inputs = header.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise BadRequest("a graph update needs a non-empty 'inputs' list naming any of "
-                         f"{', '.join(UPDATE_INPUTS)}")
-    tensors = decode_inputs(inputs, binary, UPDATE_INPUTS, f"a graph update takes any of {', '.join(UPDATE_INPUTS)}")
-    if id_map is None:
-        req = build_request(tensors, feature_dim=feature_dim, max_updates=max_updates)  # needs no graph
-        count = req.num_updates
-    else:
-        for name in ("add_node_features", "update_features"):
-            got = tensors.get(name)
-            if got is not None and (got.shape[1] != feature_dim or not np.isfinite(got).all()):
-                raise BadRequest(f"{name} must be [count, {feature_dim}] finite values (the graph's feature width), "
-                                 f"got {list(got.shape)}")
-        count = LoggedRequest(tensors).num_updates
-        if count == 0:
-            raise BadRequest("the update is empty")
-        if count > max_updates:
-            raise PayloadTooLarge(f"{count} updates in one request; the limit is {max_updates}")
-    return PendingUpdate(LoggedRequest(tensors), count, time.monotonic())
 
 
 @dataclass
@@ -121,8 +87,7 @@ class UpdateApplier:
             await asyncio.gather(self._task, return_exceptions=True)
         for w in self._queue:  # a drain normally empties it first
             if not w.future.done():
-                w.future.set_exception(Draining("server is shutting down; nothing of this update was logged",
-                                                retry_after_s=1.0))
+                w.future.set_exception(Draining("server is shutting down; nothing of this update was logged"))
         self._queue.clear()
 
     @property
@@ -208,7 +173,7 @@ class UpdateApplier:
                 if not w.future.done():
                     w.future.set_exception(ServiceUnavailable(
                         f"the update was logged (position {position}) but this replica has not applied it within "
-                        f"{ANSWER_WAIT_S:.0f}s; retry with the same Idempotency-Key", retry_after_s=1.0))
+                        f"{ANSWER_WAIT_S:.0f}s; retry with the same Idempotency-Key"))
 
         timer = loop.call_later(ANSWER_WAIT_S, too_slow)
 
@@ -234,8 +199,9 @@ class UpdateApplier:
         g = self.graph
         for u in updates:
             try:
-                req = build_request(u.logged.inputs, feature_dim=g.feature_dim,
-                                    max_updates=self.cfg.max_request_updates, id_map=g.base.id_map)
+                req = u.built if u.built is not None else build_request(
+                    u.logged.inputs, feature_dim=g.feature_dim, max_updates=self.cfg.max_request_updates,
+                    id_map=g.base.id_map)
                 g.check(lambda n, req=req: to_batch([req], n)[0])
                 ids = req.new_external_ids
                 if ids is not None and len(ids) and g.base.id_map.to_internal(ids)[1].any():

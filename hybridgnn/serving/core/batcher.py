@@ -49,7 +49,7 @@ class MicroBatcher:
     def add(self, request: InferenceRequest) -> None:
         """Queue a request; dispatches at once whatever batch that makes due."""
         if self._closed:
-            request.on_done(None, Draining("server is shutting down; this request was not run", retry_after_s=1.0))
+            request.on_done(None, Draining("server is shutting down; this request was not run"))
             return
         if self._pending and self._overflows(request):
             self._pump(close_head=True)  # the batch ahead of it is as full as it gets
@@ -72,8 +72,7 @@ class MicroBatcher:
         self._closed = True
         self._disarm()
         while self._pending:
-            self._pending.popleft().on_done(None, Draining("server is shutting down; this request was not run",
-                                                           retry_after_s=1.0))
+            self._pending.popleft().on_done(None, Draining("server is shutting down; this request was not run"))
         self._pending_seeds, self._pending_psgs = 0, 0.0
 
     def _full(self) -> bool:

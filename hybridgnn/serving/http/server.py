@@ -1,0 +1,148 @@
+"""The HTTP/1.1 server: listens, keeps the connections (protocol.py's Connection, one per
+client), sweeps their timeouts, caps their number and closes them all in order. What
+holds for each connection is said in protocol.py."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import os
+import resource
+import socket
+import time
+from collections.abc import Callable
+
+from hybridgnn.serving.http.api import RETRY, Api, Reply
+from hybridgnn.serving.http.protocol import Connection
+from hybridgnn.serving.http.turns import Turns, standing_queue_limits
+
+log = logging.getLogger("hybridgnn.serving.http.protocol")
+_FD_RESERVE = 256  # descriptors kept free for files, the engine's pipes and the listener
+
+
+class _Date:
+    """The Date header value, formatted once a second."""
+
+    def __init__(self):
+        self._second = -1
+        self._value = b""
+
+    def get(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._value = email.utils.formatdate(now, usegmt=True).encode()
+        return self._value
+
+
+def connection_limit(wanted: int) -> int:
+    """`wanted`, lowered to what the process's descriptor limit leaves room for."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    room = max(16, soft - _FD_RESERVE)
+    if wanted > room:
+        log.warning("--max-connections %d lowered to %d: the process may open %d files", wanted, room, soft)
+    return min(wanted, room)
+
+
+class HttpServer:
+    """Listens on host:port and serves `api` until closed."""
+
+    def __init__(self, api: Api, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
+                 idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
+                 max_pipelined: int = 8, answers_per_turn: int = 64,
+                 queue_bound_s: float | None = None):
+        self.api = api
+        self.turns = Turns(answers_per_turn, *standing_queue_limits(
+            queue_bound_s if queue_bound_s is not None else api.engine.queue_bound_s))
+        self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_connections = connection_limit(max_connections)
+        self.max_pipelined = max_pipelined
+        self.retry = RETRY
+        self.connections: set[Connection] = set()
+        self.refused_connections = 0
+        self.closing = False
+        self.date = _Date()
+        self._kept: dict[tuple[Reply, bool, bool], bytes] = {}  # kept_encoding's, for the current Date
+        self._kept_date = b""
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task | None = None
+
+    def kept_encoding(self, reply: Reply, keep_alive: bool, head_only: bool,
+                      encode: Callable[[Reply, bool, bool], bytes]) -> bytes:
+        """The bytes of a shared Reply (Reply.shared), encoded once per second (its Date)."""
+        date = self.date.get()
+        if date is not self._kept_date:
+            self._kept.clear()
+            self._kept_date = date
+        key = (reply, keep_alive, head_only)
+        wire = self._kept.get(key)
+        if wire is None:
+            wire = self._kept[key] = encode(reply, keep_alive, head_only)
+        return wire
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Connection(self), host, port, reuse_address=True,
+                                                backlog=4096)
+        self._sweeper = loop.create_task(self._sweep())
+
+    @property
+    def port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
+
+    def draining(self) -> bool:
+        return self.closing or self.api.draining
+
+    async def _sweep(self) -> None:
+        """Close idle connections, time out slow requests and stuck readers. A sweep over
+        all connections twice a second costs less than a timer per request."""
+        period = max(0.05, min(0.5, self.request_timeout_s / 4, self.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.check_timeouts(now)
+
+    async def close(self, timeout_s: float) -> None:
+        """Take in what waits in the listen backlog, stop listening, close idle connections,
+        let in-flight answers go out (each with "Connection: close") for up to timeout_s,
+        then answer what is left 503 and close."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._server is not None:
+            listeners = [socket.socket(fileno=os.dup(s.fileno())) for s in self._server.sockets]
+            self._server.close()
+            # The duplicated descriptors keep the sockets listening: accept what completed its
+            # handshake already, so those clients get a 503 instead of a reset.
+            loop = asyncio.get_running_loop()
+            for lsock in listeners:
+                lsock.setblocking(False)
+                while True:
+                    try:
+                        conn, _ = lsock.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        break
+                    conn.setblocking(False)
+                    await loop.connect_accepted_socket(lambda: Connection(self), conn)
+                lsock.close()
+        for conn in list(self.connections):
+            conn.close_if_idle()
+        deadline = time.monotonic() + timeout_s
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.give_up()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+

@@ -1,0 +1,168 @@
+"""A model repository in Triton's layout: what is on disk and which versions to serve.
+
+    <repository>/<model name>/<version>/     a model directory, as `hybridgnn model save`
+                                             (save_model) writes it; versions are positive
+                                             integers
+    <repository>/<model name>/config.json    optional: {"version_policy": {"latest":
+                                             {"num_versions": N}} | {"specific":
+                                             {"versions": [..]}} | {"all": {}},
+                                             "fanouts": [..], "outputs": ["logits", ..]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybridgnn.config import parse_fanouts
+from hybridgnn.errors import ConfigError, brief
+
+CONFIG = "config.json"
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions of a model to serve: the newest `latest`, the `specific` ones, or all."""
+
+    latest: int | None = 1
+    specific: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: dict | None, where: str) -> VersionPolicy:
+        if spec is None:
+            return cls()
+        if not isinstance(spec, dict) or len(spec) != 1:
+            raise ConfigError(f"{where}: version_policy must be one of {{'latest': {{'num_versions': N}}}}, "
+                              "{'specific': {'versions': [..]}} or {'all': {}}")
+        (kind, body), = spec.items()
+        body = body or {}
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: version_policy.{kind} must be an object, got {brief(body)}")
+        if kind == "all":
+            return cls(latest=None)
+        if kind == "latest":
+            n = body.get("num_versions", 1)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigError(f"{where}: version_policy.latest.num_versions must be an integer >= 1, got {brief(n)}")
+            return cls(latest=n)
+        if kind == "specific":
+            versions = body.get("versions")
+            if (not isinstance(versions, list) or not versions
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in versions)):
+                raise ConfigError(f"{where}: version_policy.specific.versions must be a list of positive integers")
+            return cls(latest=None, specific=tuple(sorted(set(versions))))
+        raise ConfigError(f"{where}: unknown version_policy {brief(kind)} (latest, specific or all)")
+
+    def choose(self, available: list[int]) -> list[int]:
+        if self.specific:
+            return [v for v in available if v in self.specific]
+        if self.latest is None:
+            return list(available)
+        return list(available)[-self.latest:]
+
+
+@dataclass
+class RepositoryModel:
+    """One model of the repository: its versions on disk and what config.json says."""
+
+    name: str
+    root: Path
+    available: list[int]
+    policy: VersionPolicy = field(default_factory=VersionPolicy)
+    fanouts: tuple[int, ...] | None = None
+    outputs: tuple[str, ...] | None = None  # what a request naming no outputs gets (None: all)
+    error: str | None = None  # why its config.json cannot be used (then no version is chosen)
+
+    @property
+    def chosen(self) -> list[int]:
+        return [] if self.error is not None else self.policy.choose(self.available)
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / str(version)
+
+
+def scan_repository(root: Path, *, strict: bool = True) -> dict[str, RepositoryModel]:
+    """The models under `root` (ConfigError for a repository that is not one). strict:
+    a model with an unusable config.json is a ConfigError too; else it is listed with
+    its error (and no version chosen), so one bad model does not stop the others."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"model repository {root} is not a directory")
+    models: dict[str, RepositoryModel] = {}
+    for path in sorted(root.iterdir()):
+        if not path.is_dir() or path.name.startswith("."):
+            continue
+        try:
+            models[path.name] = _read_model(path)
+        except (ConfigError, OSError) as exc:
+            if strict:
+                raise ConfigError(str(exc)) from exc
+            models[path.name] = RepositoryModel(path.name, path, [], error=str(exc))
+    if not models:
+        raise ConfigError(f"model repository {root} holds no models (expected <name>/<version>/ directories)")
+    return models
+
+
+def _read_model(path: Path) -> RepositoryModel:
+    versions = sorted(int(p.name) for p in path.iterdir()
+                      if p.is_dir() and p.name.isdigit() and p.name.isascii() and int(p.name) > 0)
+    cfg_path = path / CONFIG
+    spec: dict = {}
+    if cfg_path.is_file():
+        try:
+            spec = json.loads(cfg_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{cfg_path}: not readable JSON: {exc}") from exc
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{cfg_path}: must be a JSON object")
+    fanouts = None
+    if spec.get("fanouts") is not None:
+        try:
+            fanouts = parse_fanouts(spec["fanouts"])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{cfg_path}: fanouts: {exc}") from exc
+    outputs = spec.get("outputs")
+    if outputs is not None:
+        known = ("logits", "embeddings", "predictions")
+        if not isinstance(outputs, list) or not outputs or not all(o in known for o in outputs):
+            raise ConfigError(f"{cfg_path}: outputs must be a non-empty list of {list(known)}")
+        outputs = tuple(outputs)
+    return RepositoryModel(path.name, path, versions, VersionPolicy.parse(spec.get("version_policy"), str(cfg_path)),
+                           fanouts, outputs)
+
+
+def version_signature(model: RepositoryModel, version: int) -> tuple:
+    """What a change to one served version looks like: its files' sizes and mtimes, and
+    the model's config.json (fanouts, outputs)."""
+    stamps = []
+    for path in sorted(model.version_dir(version).glob("*")):
+        if path.is_file():
+            st = path.stat()
+            stamps.append((path.name, st.st_size, st.st_mtime_ns))
+    top = model.root / CONFIG
+    return tuple(stamps), top.stat().st_mtime_ns if top.is_file() else 0
+
+
+def signature(model: RepositoryModel) -> tuple:
+    """What a change to a model on disk looks like: its versions' files and its config."""
+    return model.error, tuple((v, version_signature(model, v)) for v in model.available)
+
+
+def version_config(cfg, model: RepositoryModel, version: int):
+    """The serve configuration of one model version: its directory, its name in requests,
+    and its fanouts (config.json's, else those it was saved with)."""
+    from hybridgnn.models.checkpoint import read_config
+
+    vdir = model.version_dir(version)
+    fanouts = model.fanouts
+    if fanouts is None:
+        saved = read_config(vdir)
+        fanouts = tuple(saved.get("fanouts") or cfg.sampling.fanouts)
+    # The update token guards the repository's load/unload API; a repository's versions
+    # take no graph updates.
+    return dataclasses.replace(cfg, model_dir=vdir, sampling=dataclasses.replace(cfg.sampling, fanouts=fanouts),
+                               server=dataclasses.replace(cfg.server, model_name=model.name,
+                                                          default_outputs=model.outputs),
+                               updates=dataclasses.replace(cfg.updates, token=None))

@@ -1,0 +1,193 @@
+"""Serving a model repository: every version its policies choose, over one graph (the
+dataset, its workload tables and feature stores are loaded once; each version has its own
+weights and precomputed embeddings), kept in step with the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from hybridgnn.errors import (
+    ConfigError,
+    Conflict,
+    Draining,
+    NotFound,
+    ServingError,
+    brief,
+)
+from hybridgnn.runtime.resources import ensure_embeddings
+from hybridgnn.serving.core.engine import open_engine
+from hybridgnn.serving.repository.layout import (
+    RepositoryModel,
+    scan_repository,
+    signature,
+    version_config,
+    version_signature,
+)
+from hybridgnn.serving.repository.models import Models
+
+log = logging.getLogger("hybridgnn.repository")
+
+
+class Repository:
+    """The served versions of a model repository, kept in step with the directory: load
+    (at start, on POST .../load, or when polling finds a change) builds each new or
+    changed version in the background (weights and golden check, stored embeddings or a
+    precompute, worker start and warm-up) and then switches to it at once; requests
+    already on the old engine finish there, and it is drained and stopped after. A
+    version that fails to load leaves what serves in place and is listed UNAVAILABLE
+    with why. A model unloaded by the API stays unloaded until loaded by the API."""
+
+    def __init__(self, cfg, stats):
+        self.cfg = cfg
+        self.stats = stats
+        self.models = Models()
+        self.base = None  # a serving engine: its graph, tables and feature stores are shared
+        self.closing = False  # shutting down: no more loads
+        self._lock = asyncio.Lock()  # one load or unload at a time
+        self._seen: dict[str, tuple] = {}  # model -> what its directory looked like when last loaded
+        self._started: dict[tuple[str, str], tuple] = {}  # (model, version) -> its files when its engine started
+        self._unloaded: set[str] = set()  # unloaded by the API: the poller leaves them alone
+        self._retiring: set[asyncio.Task] = set()
+        self._poller: asyncio.Task | None = None
+
+    async def start(self) -> Models:
+        for name in scan_repository(self.cfg.model_repository, strict=False):
+            await self.load(name)
+        if not self.models.engines():
+            raise ConfigError(f"no model version of repository {self.cfg.model_repository} can be served: "
+                              + "; ".join(f"{n} {v}: {why}" for (n, v), why in self.models.unavailable.items()))
+        if self.cfg.server.repository_poll_s > 0:
+            self._poller = asyncio.create_task(self._poll(), name="repository-poll")
+        return self.models
+
+    async def load(self, name: str, *, by_poll: bool = False) -> list[str]:
+        """(Re)load model `name` from the repository: start the versions its policy now
+        chooses that are not served or whose files changed, then retire the ones it no
+        longer chooses. Returns what now serves; NotFound when the repository has no such
+        model, Conflict when its config.json cannot be used."""
+        if self.closing:
+            raise Draining("the server is shutting down; no model loads now")
+        async with self._lock:
+            on_disk = scan_repository(self.cfg.model_repository, strict=False)
+            model = on_disk.get(name)
+            if model is None:
+                raise NotFound(f"the repository has no model {brief(name)}; it has {sorted(on_disk)}")
+            if by_poll and name in self._unloaded:
+                return self.models.versions(name)
+            self._unloaded.discard(name)
+            self._seen[name] = signature(model)
+            for key in [k for k in self.models.unavailable if k[0] == name]:
+                del self.models.unavailable[key]
+            if model.error is not None:
+                self.models.unavailable[(name, "")] = model.error
+                raise Conflict(f"model {name!r}: {model.error}")
+            if not model.chosen:
+                self.models.unavailable[(name, "")] = (f"no version directory matches the version policy (on "
+                                                       f"disk: {model.available})")
+            served = set(self.models.versions(name))
+            for version in model.chosen:
+                key, files = (name, str(version)), version_signature(model, version)
+                if str(version) in served and self._started.get(key) == files:
+                    continue
+                engine = await self._start_version(model, version)
+                if engine is None:
+                    continue
+                old = self.models.get(name, str(version)) if str(version) in served else None
+                self.models.add(name, str(version), engine)  # from the next request on
+                self._started[key] = files
+                if old is not None:
+                    self._retire(old, name, str(version))
+            keep = {str(v) for v in model.chosen}
+            for version in sorted(served - keep):
+                if self.models.versions(name) != [version]:  # never retire the last one serving
+                    self._retire(self.models.remove(name, version), name, version)
+            return self.models.versions(name)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving every version of `name` (their memory is freed once in-flight
+        requests finish)."""
+        async with self._lock:
+            if not self.models.versions(name):
+                raise NotFound(f"model {brief(name)} is not loaded; loaded: {self.models.names()}")
+            if self.models.names() == [name]:
+                raise Conflict(f"model {name!r} is the last one served; load another first")
+            for version in self.models.versions(name):
+                self._retire(self.models.remove(name, version), name, version)
+            self._unloaded.add(name)
+
+    async def _start_version(self, model: RepositoryModel, version: int):
+        """A started engine for the version, or None (logged and listed unavailable)."""
+        t0 = time.perf_counter()
+        try:
+            cfg = version_config(self.cfg, model, version)
+            if await asyncio.to_thread(ensure_embeddings, cfg, self.base.graph if self.base is not None else None):
+                log.info("precomputed the embeddings of %s", cfg.model_dir)
+            stats = self.stats.for_model(model.name, str(version)) if self.stats is not None else None
+            engine = await open_engine(cfg, stats, version=str(version), share_with=self.base)
+            if self.closing:
+                await asyncio.shield(engine.stop())
+                raise Draining("the server began shutting down while the version loaded")
+        except Exception as exc:
+            log.error("model %s version %d is not served: %s", model.name, version, exc,
+                      exc_info=not isinstance(exc, (ConfigError, ServingError, OSError, ValueError, KeyError)))
+            self.models.unavailable[(model.name, str(version))] = str(exc)
+            return None
+        self.base = self.base or engine
+        log.info("model %s version %d ready in %.2fs (%s)", model.name, version, time.perf_counter() - t0,
+                 model.version_dir(version))
+        return engine
+
+    def _retire(self, engine, name: str, version: str) -> None:
+        if engine is self.base:  # the shared stores live on in the others; a serving engine is the base now
+            self.base = next(iter(self.models.engines()), None)
+
+        async def retire() -> None:
+            await engine.drain(self.cfg.server.drain_timeout_s)
+            await engine.stop()
+            log.info("model %s version %s unloaded", name, version)
+
+        task = asyncio.create_task(retire(), name=f"retire-{name}-{version}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.server.repository_poll_s)
+            try:
+                for name, model in scan_repository(self.cfg.model_repository, strict=False).items():
+                    if self._seen.get(name) == signature(model) or name in self._unloaded:
+                        continue
+                    log.info("repository poll: model %s changed on disk; loading", name)
+                    try:
+                        await self.load(name, by_poll=True)
+                    except ServingError as exc:
+                        log.warning("repository poll: model %s: %s", name, exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a directory changing under the scan, say: try again next time
+                log.exception("repository poll failed; trying again in %.1fs", self.cfg.server.repository_poll_s)
+
+    def begin_shutdown(self) -> None:
+        """No more loads; the poller stops."""
+        self.closing = True
+        if self._poller is not None:
+            self._poller.cancel()
+
+    async def stop(self) -> None:
+        self.begin_shutdown()
+        if self._poller is not None:
+            await asyncio.gather(self._poller, return_exceptions=True)
+        async with self._lock:  # a load in flight finishes (and, seeing `closing`, discards its engine)
+            pass
+        for task in list(self._retiring):
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def open_repository(cfg, stats) -> Repository:
+    """A started Repository: every version the policies choose, serving."""
+    repository = Repository(cfg, stats)
+    await repository.start()
+    return repository

@@ -1,0 +1,135 @@
+"""The one assembly point: a server built from one ServeConfig. `hybridgnn serve`, tests
+and bench build theirs here; the model repository's versions are engines it starts
+(core.engine.open_engine).
+
+    server = await start_server(cfg, stats)   # engine(s), v2 service, HTTP (and gRPC)
+    ...                                       # serve
+    await server.shutdown()                   # not ready, drain, close listeners, stop engines
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from hybridgnn.config import ServeConfig
+from hybridgnn.serving.core.engine import Engine, open_engine
+from hybridgnn.serving.http.api import Api
+from hybridgnn.serving.http.server import HttpServer
+from hybridgnn.serving.repository.loader import open_repository
+from hybridgnn.serving.v2.service import V2Service
+from hybridgnn.types import ServingStats
+
+log = logging.getLogger("hybridgnn.serve")
+
+
+class Server:
+    """A started server: its engines (one, or a repository's versions), the v2 service over
+    them and the transports carrying it. Everything it holds is stopped by shutdown()."""
+
+    def __init__(self, cfg: ServeConfig, service: V2Service, http: HttpServer | None, grpc=None):
+        self.cfg = cfg
+        self.service = service
+        self.http = http
+        self.grpc = grpc
+
+    @property
+    def engines(self) -> list[Engine]:
+        """The engines serving now (a repository's change as versions load and unload)."""
+        return self.service.models.engines()
+
+    @property
+    def engine(self) -> Engine:
+        """The first engine: server-wide state (seed counts, limits)."""
+        return self.engines[0]
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self.grpc.port if self.grpc is not None else None
+
+    def describe(self) -> str:
+        repository = self.service.repository
+        return (", ".join(f"{n} v{v}" for n, v, _ in repository.models.items()) if repository is not None
+                else repr(self.cfg.server.model_name))
+
+    def begin_shutdown(self) -> None:
+        """Report not-ready everywhere (still serving what arrives); no more model loads."""
+        if self.service.repository is not None:
+            self.service.repository.begin_shutdown()
+        for e in self.engines:
+            e.mark_unready()
+
+    async def drain(self) -> bool:
+        """Refuse new requests (503) and wait for the admitted ones; True if all finished
+        within drain_timeout_s."""
+        log.info("draining %d pending requests", sum(e.pending for e in self.engines))
+        return all(await asyncio.gather(*(e.drain(self.cfg.server.drain_timeout_s) for e in self.engines)))
+
+    async def close(self) -> None:
+        """Close the listeners (in-flight answers go out) and stop every engine."""
+        s = self.cfg.server
+        if self.http is not None:
+            await self.http.close(s.shutdown_grace_s + 1)
+        if self.grpc is not None:
+            await self.grpc.stop(s.shutdown_grace_s)
+        await self._stop_engines()
+
+    async def _stop_engines(self) -> None:
+        if self.service.repository is not None:
+            await self.service.repository.stop()
+        for e in self.engines:
+            await e.stop()
+
+    async def shutdown(self) -> bool:
+        """begin_shutdown, drain, a grace period answering 503, close. True if drained."""
+        self.begin_shutdown()
+        drained = await self.drain()
+        await asyncio.sleep(self.cfg.server.shutdown_grace_s)
+        await self.close()
+        return drained
+
+
+async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> V2Service:
+    """The v2 service over what cfg serves: one engine, or every version a model repository
+    chooses over one graph."""
+    if cfg.model_repository is not None:
+        return V2Service(await open_repository(cfg, stats))
+    return V2Service(await open_engine(cfg, stats))
+
+
+async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *, service: V2Service | None = None,
+                       http: bool = True) -> Server:
+    """Build and start the server cfg describes: engines, v2 service, HTTP on
+    cfg.server.host:port (port 0: any free one) and, with cfg.server.grpc_port, gRPC.
+    service: one already started (its engines are then this server's). Raises OSError
+    when a port cannot be listened on, ImportError when gRPC is asked for without grpcio;
+    whatever was started is stopped first."""
+    service = service if service is not None else await start_engines(cfg, stats)
+    server = Server(cfg, service, None)
+    try:
+        if http:
+            server.http = http_server(service, cfg)
+            await server.http.start(cfg.server.host, cfg.server.port)
+        if cfg.server.grpc_port is not None:
+            from hybridgnn.serving.grpc.service import (
+                GrpcFrontend,  # grpcio only when asked for
+            )
+
+            server.grpc = GrpcFrontend(service)
+            await server.grpc.start(cfg.server.host, cfg.server.grpc_port)
+    except BaseException:
+        await asyncio.shield(server.close())
+        raise
+    return server
+
+
+def http_server(service: V2Service | Engine, cfg: ServeConfig) -> HttpServer:
+    """The HTTP server carrying the v2 service, with the configured limits."""
+    s = cfg.server
+    return HttpServer(Api(service), max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
+                      request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
+                      answers_per_turn=s.answers_per_turn)

@@ -1,0 +1,377 @@
+"""The KServe v2 service, transport-neutral: health, metadata, model configuration and
+statistics, the repository extension, inference and graph updates, over the engines of
+one server (a Models registry: one model, or a repository's versions over one graph).
+
+Every transport (serving/http, serving/grpc) turns its wire form into v2 types, calls
+these methods and turns what they return back into its wire form; none of them goes
+through another transport's code. Errors: a method raises a ServingError where it finds
+a request bad; `failure()` is the one map from any exception to what is answered (a
+ServingError's status, message and headers; anything else a logged 500 with a request
+id). inference answers its own errors, through the transport's `fail`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from hybridgnn import __version__
+from hybridgnn.errors import (
+    BadRequest,
+    ConfigError,
+    Conflict,
+    Draining,
+    Forbidden,
+    Overloaded,
+    ServiceUnavailable,
+    ServingError,
+    Unauthorized,
+    brief,
+)
+from hybridgnn.serving.core.eager import Later, when_done
+from hybridgnn.serving.core.engine import Engine
+from hybridgnn.serving.repository.loader import Repository
+from hybridgnn.serving.repository.models import Models
+from hybridgnn.serving.v2.describe import config_of, describe_model
+from hybridgnn.serving.v2.requests import declared_ids, decode_infer, decode_update
+from hybridgnn.serving.v2.tensors import ID_OUTPUT
+from hybridgnn.serving.v2.types import (
+    Failure,
+    GraphUpdateInput,
+    InferAnswer,
+    InferInput,
+    InferRequest,
+)
+
+log = logging.getLogger("hybridgnn.serving.v2")
+T = TypeVar("T")
+
+
+def graph_version_param(v) -> int:
+    """parameters.min_graph_version as given; BadRequest unless an integer >= 0."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise BadRequest(f"parameters.min_graph_version must be a graph version (an integer >= 0, as a graph "
+                         f"update's answer gives), got {brief(v)}")
+    return v
+
+
+def standing_refusal(target_s: float) -> Overloaded:
+    """The refusal of an inference that waited past the target of a queue that stands in
+    the front end (one message per target, so transports can share its answer)."""
+    return Overloaded(f"waited over {target_s * 1e3:.0f} ms in a standing queue of the front end; retry later")
+
+
+class V2Service:
+    """The v2 endpoints of a server's engines (and its repository, when it has one)."""
+
+    def __init__(self, engines: Engine | Models | Repository):
+        self.repository = engines if isinstance(engines, Repository) else None  # its load/unload API
+        if isinstance(engines, Repository):
+            engines = engines.models
+        if isinstance(engines, Models):
+            self.models = engines
+        else:
+            self.models = Models()
+            self.models.add(engines.cfg.server.model_name, engines.model_version, engines)
+        # Server-wide settings, stats and drain state come from the first engine: they are
+        # the same for every engine of a server.
+        self.engine = self.models.engines()[0]
+        self._standing: dict[float, Failure] = {}  # refuse_standing()'s, by target
+
+    @property
+    def draining(self) -> bool:
+        """Whether the server is shutting down."""
+        return self.repository.closing if self.repository is not None else self.engine.draining
+
+    def model(self, name: str, version: str | None = None) -> Engine:
+        """The engine serving model `name` (`version`, when given; else its highest);
+        NotFound naming what this server serves."""
+        return self.models.get(name, version)
+
+    # --- errors ------------------------------------------------------------------------
+    def failure(self, exc: BaseException | None, where: str = "request") -> Failure:
+        """What exc answers with. A ServingError: its status, its headers and message; a
+        refusal (Overloaded, Draining) is counted by reason; a 5xx other than 503 is logged
+        with a request id. Anything else is a bug: logged with its traceback and a request
+        id that the answer carries too, so a report can be matched to its log line."""
+        try:
+            if isinstance(exc, ConfigError):  # a repository that cannot be read now: the client can do nothing
+                exc = Conflict(str(exc))
+            if isinstance(exc, ServingError):
+                if isinstance(exc, (Overloaded, Draining)):
+                    self.engine.stats.refused(exc.reason)
+                if exc.status >= 500 and exc.status != 503:  # ours, not the client's: find it in the log
+                    request_id = os.urandom(6).hex()
+                    log.error("[%s] %s: %s (%d)", request_id, where, exc.message, exc.status)
+                    return Failure(exc.status, exc.message, exc.headers(), request_id)
+                return Failure(exc.status, exc.message, exc.headers())
+        except Exception:  # a broken error must not take the answer with it
+            log.exception("could not answer %r", exc)
+        request_id = os.urandom(6).hex()
+        log.error("[%s] internal error in %s", request_id, where,
+                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        return Failure(500, "internal server error", None, request_id)
+
+    # --- health and metadata ------------------------------------------------------------
+    def ready(self) -> bool:
+        return all(e.ready for e in self.models.engines())
+
+    def server_metadata(self) -> dict:
+        return {"name": "hybridgnn", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+    def list_models(self) -> dict:
+        return {"models": [{"name": name, "versions": self.models.versions(name),
+                            "ready": all(self.models.get(name, v).ready for v in self.models.versions(name))}
+                           for name in self.models.names()]}
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict:
+        return describe_model(self.model(name, version), name, self.models.versions(name))
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        return self.model(name, version).ready
+
+    def model_config(self, name: str, version: str | None = None) -> dict:
+        """The model's configuration, in the shape Triton's model configuration takes."""
+        return config_of(self.model(name, version), name, self.models.versions(name))
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> list[dict]:
+        """Counts and cumulative nanoseconds per stage, as Triton's statistics extension
+        has them, of one model (version) or every one."""
+        if name is not None:
+            self.models.get(name, version)  # NotFound naming what exists
+        return [e.model_stats.report(n, v) for n, v, e in self.models.items()
+                if (name is None or n == name) and (version is None or v == version)]
+
+    def metrics(self) -> tuple[bytes, str]:
+        return self.engine.stats.exposition()
+
+    # --- repository extension -------------------------------------------------------------
+    def index(self) -> list[dict]:
+        """Every model version, READY or UNAVAILABLE (with why)."""
+        out = [{"name": n, "version": v, "state": "READY" if e.ready else "UNAVAILABLE",
+                "reason": "" if e.ready else "starting or draining"} for n, v, e in self.models.items()]
+        out += [{"name": n, "version": v, "state": "UNAVAILABLE", "reason": why}
+                for (n, v), why in sorted(self.models.unavailable.items())]
+        return out
+
+    def _repository(self, authorization: str) -> Repository:
+        """The repository, for a request whose Authorization carries the server's update token."""
+        if self.repository is None:
+            raise Forbidden("this server serves one model (--model); a model repository (--model-repository) "
+                            "loads and unloads versions")
+        if self.repository.cfg.updates.token is None:
+            raise Forbidden("repository control is disabled on this server (start it with --update-token)")
+        _authorize(self.repository.cfg.updates.token, authorization, "repository control needs")
+        return self.repository
+
+    async def load(self, name: str, authorization: str) -> dict:
+        """(Re)load a model from the repository directory; answers once the versions its
+        policy chooses serve (or failed: the index says why)."""
+        repository = self._repository(authorization)
+        try:
+            versions = await repository.load(name)
+        except ConfigError as exc:  # the repository itself is unreadable now
+            raise Conflict(str(exc)) from exc
+        failed = {v: why for (n, v), why in repository.models.unavailable.items() if n == name}
+        if not versions:
+            raise Conflict(f"model {name!r} could not be loaded: " + "; ".join(f"version {v}: {why}"
+                                                                               for v, why in failed.items()))
+        return {"name": name, "versions": versions, "unavailable": failed}
+
+    async def unload(self, name: str, authorization: str) -> dict:
+        """Stop serving a model (requests in flight finish first)."""
+        await self._repository(authorization).unload(name)
+        return {"name": name, "unloaded": True}
+
+    # --- inference ------------------------------------------------------------------------
+    def infer(self, request: InferInput, encode: Callable[[InferAnswer], T], fail: Callable[[Failure], T]):
+        """Answer an inference: encode(answer) makes the transport's 200 answer, fail(failure)
+        its error answer. Returns that answer at once for a bad or refused request, else a
+        Later of it (set in the call that completes the batch), or, for one that waits
+        (a graph version, a lookup, new nodes), an awaitable of it."""
+        started = time.perf_counter()
+        engine, target = self.engine, None
+        try:
+            engine = target = self.models.get(request.model, request.version)
+            params = request.parameters
+            if isinstance(params, dict) and "min_graph_version" in params:
+                wanted = graph_version_param(params["min_graph_version"])
+                if wanted > engine.graph_version:
+                    return asyncio.ensure_future(self._infer_when_caught_up(request, wanted, engine, encode, fail))
+            # Refuse before decoding what would wait past the bound: the wait for its turn, or
+            # (a sampled inference) the lane with the work its declared ids are expected to
+            # bring. Under overload most requests are refused, and a decode costs more than the
+            # rest of a refusal.
+            declared = declared_ids(request)
+            server = engine.cfg.server
+            if declared is None:
+                engine.shed(request.waited_s)
+            else:
+                engine.shed(request.waited_s, "sampled", min(declared, server.max_request_nodes))
+            graph = engine.graph
+            req = decode_infer(request, max_nodes=server.max_request_nodes, num_nodes=engine.num_nodes,
+                               feature_dim=graph.feature_dim, id_map=graph.id_map,
+                               default_outputs=server.default_outputs)
+            out = Later()
+
+            def answer(result, error: BaseException | None) -> None:
+                """The answer to `req` from its result (or error), into `out`."""
+                if out.done():
+                    return
+                if error is not None:
+                    engine.model_stats.failed(time.perf_counter() - started)
+                    out.set_result(self._failed(error, engine, fail))
+                    return
+                try:
+                    reply = self._answered(req, request.model, engine, result, started, encode)
+                except Exception as exc:
+                    reply = self._failed(exc, engine, fail)
+                out.set_result(reply)
+
+            pending = self._dispatch(req, engine, request.waited_s, answer)
+        except Exception as exc:
+            if target is not None:  # a request for a model this server has: its statistics count it
+                target.model_stats.failed(time.perf_counter() - started)
+            return self._failed(exc, engine, fail)
+        if pending is None:  # a sampled inference: answer() completes out
+            return out
+
+        def done(fut: asyncio.Future) -> None:
+            if fut.cancelled():
+                answer(None, Draining("request cancelled: server shutting down"))
+                return
+            error = fut.exception()
+            answer(None if error is not None else fut.result(), error)
+
+        when_done(asyncio.ensure_future(pending), done)
+        return out
+
+    def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode):
+        """The transport's 200 answer to a decoded inference from its result, counted."""
+        t0 = time.perf_counter()
+        arrays = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions,
+                  ID_OUTPUT: req.external_ids}
+        reply = encode(InferAnswer(model, engine.model_version, req.request_id,
+                                   [(name, arrays[name]) for name in req.outputs]))
+        done = time.perf_counter()
+        stats = engine.stats
+        stats.stage("respond", result.pipeline, done - t0)
+        stats.stage("total", result.pipeline, done - started)
+        stats.answered(200, req.num_outputs)
+        engine.model_stats.answered(done - started, req.num_outputs, result.timings, done - t0)
+        return reply
+
+    def _failed(self, exc: BaseException, engine: Engine, fail):
+        """The transport's answer to an inference that failed or was refused, counted by
+        status (under the model version asked for, when there is one)."""
+        failure = self.failure(exc, "infer")
+        engine.stats.answered(failure.status)
+        return fail(failure)
+
+    def refuse_standing(self, model: str, version: str | None, target_s: float, fail):
+        """For an inference that waited past the target of a queue that stands in the front
+        end (target_s: its target), before it is parsed: fail(429), or None when it is answered as usual (an
+        unknown model, or a server starting or draining: their own answers apply). Under
+        overload most refusals are these, thousands a second: one Failure (transports keep
+        its encoding), counted as every refusal is."""
+        started = time.perf_counter()
+        try:
+            engine = self.models.get(model, version)
+        except ServingError:
+            return None
+        if not engine.shed_standing():
+            return None
+        failure = self._standing.get(target_s)
+        if failure is None:
+            exc = standing_refusal(target_s)
+            failure = self._standing[target_s] = Failure(exc.status, exc.message, exc.headers())
+        engine.model_stats.failed(time.perf_counter() - started)
+        engine.stats.refused(Overloaded.reason)
+        engine.stats.answered(failure.status)
+        return fail(failure)
+
+
+    async def _infer_when_caught_up(self, request: InferInput, wanted: int, engine: Engine, encode, fail):
+        """Read your writes: wait (bounded) until this replica has applied graph version
+        `wanted`, then answer; else 503 + Retry-After, which a balancer retries elsewhere."""
+        try:
+            await self.catch_up(wanted, engine)
+        except Exception as exc:
+            return self._failed(exc, engine, fail)
+        answer = self.infer(request, encode, fail)
+        return await answer if isinstance(answer, (Later, asyncio.Future)) else answer
+
+    async def catch_up(self, wanted: int, engine: Engine) -> None:
+        """Return once this replica has applied graph version `wanted`, waiting at most
+        --max-catch-up-ms; else ServiceUnavailable (503: a balancer retries elsewhere)."""
+        if wanted <= engine.graph_version:
+            return
+        if not engine.takes_updates:
+            raise BadRequest(f"min_graph_version {wanted}: this server takes no graph updates (its graph "
+                             "version stays 0)")
+        if not await engine.wait_for_version(wanted):
+            engine.stats.refused("behind")
+            raise ServiceUnavailable(f"this replica has applied graph version {engine.graph_version}, not yet "
+                                     f"{wanted}; retry (another replica may have it)",
+                                     retry_after_s=max(0.1, engine.cfg.updates.max_catch_up_s))
+
+    def _dispatch(self, req: InferRequest, engine: Engine, waited_s: float, on_done):
+        """Send a decoded request to the engine by kind and mode: None for a sampled
+        inference (the engine calls on_done), else the awaitable that answers it. BadRequest
+        for a mode the server does not offer."""
+        if req.is_new_nodes:
+            return self._new_nodes(req, engine, waited_s)
+        engine.check_alive(req.node_ids)
+        mode = req.parameters.get("mode", "sampled")
+        if mode == "sampled":
+            engine.submit(req.node_ids, on_done, waited_s)
+            return None
+        if mode == "precomputed":
+            return engine.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs, waited_s=waited_s)
+        raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")
+
+    def _new_nodes(self, req: InferRequest, engine: Engine, waited_s: float):
+        """Validate a new-node request's parameters and return the coroutine that answers it."""
+        nn = engine.cfg.new_nodes
+        mode = req.parameters.get("mode", nn.default_mode)
+        if mode not in ("full", "pe", "srpe", "sampled"):
+            raise BadRequest(f"new-node requests take mode full, pe, srpe or sampled, got {brief(mode)}")
+        gamma = req.parameters.get("gamma", nn.gamma)
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+            raise BadRequest(f"gamma must be a number within [0, 1], got {brief(gamma)}")
+        policy = req.parameters.get("policy", nn.policy)
+        if policy not in ("ratio", "random", "degree"):
+            raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
+        return engine.new_nodes(req.features, req.edge_index, mode=mode, gamma=float(gamma), policy=policy,
+                                num_nodes=engine.num_nodes, waited_s=waited_s)
+
+    # --- graph updates ----------------------------------------------------------------------
+    def authorize_update(self, model: str, version: str | None, authorization: str) -> Engine:
+        """The engine a graph update goes to, if the request may update it (404, 403, 401)."""
+        engine = self.model(model, version)
+        token = engine.cfg.updates.token
+        if token is None:
+            raise Forbidden("graph updates are disabled on this server (start it with --update-token)")
+        _authorize(token, authorization, "graph updates need")
+        return engine
+
+    async def update_graph(self, request: GraphUpdateInput) -> dict:
+        """Apply a batch of graph updates; answers once the graph and every layer's
+        embeddings reflect it (its graph_version, and the ids of new nodes)."""
+        engine = self.authorize_update(request.model, request.version, request.authorization)
+        graph = engine.graph
+        update = decode_update(request.inputs, feature_dim=graph.feature_dim,
+                               max_updates=engine.cfg.updates.max_request_updates, id_map=graph.id_map,
+                               idempotency_key=request.idempotency_key, body_sha256=request.body_sha256)
+        return await engine.update_graph(update, request.waited_s)
+
+
+def _authorize(token: str, authorization: str, needs: str) -> None:
+    """Unauthorized unless `authorization` is 'Bearer <token>'."""
+    if not hmac.compare_digest(authorization.encode(errors="replace"), f"Bearer {token}".encode()):
+        raise Unauthorized(f"{needs} 'Authorization: Bearer <token>' with the server's update token")
