@@ -11,8 +11,6 @@ import pytest
 from hybridgnn.errors import ConfigError, Conflict, ServiceUnavailable
 from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.serving.updates import decode_update_request
-from hybridgnn.testing.graphs import dynamic_setup, update_body
-from hybridgnn.testing.updates import follower_for, run_updates
 from hybridgnn.updates.log import MemoryLog, SqliteLog, open_update_log, parse_log_url
 from hybridgnn.updates.requests import (
     LoggedRequest,
@@ -21,6 +19,8 @@ from hybridgnn.updates.requests import (
     encode_entry,
 )
 from hybridgnn.updates.snapshot import Snapshots
+from tests.support.graphs import dynamic_setup, update_body
+from tests.support.updates import follower_for, run_updates
 
 
 def test_an_entry_round_trips_with_its_requests_keys_and_id_kinds():

@@ -14,9 +14,9 @@ from hybridgnn.errors import ServingError
 from hybridgnn.graph.dynamic import UpdateError
 from hybridgnn.serving.updates import decode_update_request
 from hybridgnn.telemetry.metrics import Telemetry
-from hybridgnn.testing.graphs import dynamic_setup
-from hybridgnn.testing.updates import follower_for, run_updates
 from hybridgnn.updates.requests import build_request, encode_entry, to_batch
+from tests.support.graphs import dynamic_setup
+from tests.support.updates import follower_for, run_updates
 
 
 def body(*inputs) -> bytes:
