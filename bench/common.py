@@ -1,6 +1,10 @@
 """Helpers shared by the benchmark scripts: the machine line, the products-scale graph,
 per-thread CPU from /proc, and servers run from another git revision of this repository
-(`serve_revision` / `RevisionServer`, for before/after comparisons in one run)."""
+(`serve_revision` / `RevisionServer`, for before/after comparisons in one run).
+
+Bench scripts run as `python bench/x.py` from anywhere: each puts the repository root first on
+sys.path before its first `from bench... import`, which is what makes `bench` and the shared
+test helpers in `tests.support` (not part of the installed package) importable."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import time
 from pathlib import Path
 
 from hybridgnn.capabilities import describe_line
-from hybridgnn.testing.server import await_ready, free_port, stop_process
+from tests.support.server import await_ready, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("HYBRIDGNN_BENCH_DATA", ROOT / "data"))
@@ -176,7 +180,7 @@ class RevisionServer:
     """`hybridgnn serve --dataset D --model M --port P *extra` running the code of git
     revision `rev` (its worktree first on PYTHONPATH and the working directory; same
     interpreter and venv), or of this working tree when rev is None. The interface of
-    hybridgnn/testing/server.py's ServerProcess (url, port, proc, wait_ready(), output(),
+    tests/support/server.py's ServerProcess (url, port, proc, wait_ready(), output(),
     stop()) plus pid. The server's output goes to a temporary file, not a pipe, so a
     chatty server never blocks on a full pipe while a benchmark is not reading it."""
 

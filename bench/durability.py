@@ -13,7 +13,7 @@
    points (after 1..40 acknowledged updates) the server is killed with SIGKILL and
    restarted on the same log (snapshots every --snapshot-every entries, so a restart
    loads one and replays the rest); after each restart every acknowledged update must be
-   there and none half applied (hybridgnn/testing/durability.py). Prints acknowledged
+   there and none half applied (tests/support/durability.py). Prints acknowledged
    updates, lost ones, half-applied ones, and the restart time against the log length.
 
     .venv/bin/python bench/durability.py                     # both parts, ~5 min on 2 cores
@@ -46,11 +46,11 @@ from hybridgnn.graph.dynamic import (
     UpdateBatch,  # noqa: E402
 )
 from hybridgnn.graph.store import GraphStore  # noqa: E402
-from hybridgnn.testing.durability import UpdateStream, check_after_restart, graph_state  # noqa: E402
-from hybridgnn.testing.server import ServerProcess, await_ready  # noqa: E402
-from hybridgnn.testing.updates import follower_for  # noqa: E402
 from hybridgnn.updates.log import MemoryLog, SqliteLog  # noqa: E402
 from hybridgnn.updates.requests import LoggedRequest, encode_entry  # noqa: E402
+from tests.support.durability import UpdateStream, check_after_restart, graph_state  # noqa: E402
+from tests.support.server import ServerProcess, await_ready  # noqa: E402
+from tests.support.updates import follower_for  # noqa: E402
 
 TOKEN = "durability-bench-token"
 

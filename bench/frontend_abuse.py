@@ -64,7 +64,7 @@ import numpy as np  # noqa: E402
 from bench.common import machine  # noqa: E402
 from bench.fuzz import Server, small_dataset  # noqa: E402
 from hybridgnn.capabilities import run_async  # noqa: E402
-from hybridgnn.testing.fuzz import KeepAliveClient, NoAnswer, Target, good_case  # noqa: E402
+from tests.support.fuzz import KeepAliveClient, NoAnswer, Target, good_case  # noqa: E402
 
 PARTS = ("flood", "slowloris", "connflood", "sigterm")
 MiB = 1 << 20

@@ -1,5 +1,5 @@
 """Fuzz the HTTP server for many cases: the generators of tests/integration/test_fuzz.py
-(hybridgnn.testing.fuzz: KServe JSON bodies, binary-tensor bodies with lying
+(tests.support.fuzz: KServe JSON bodies, binary-tensor bodies with lying
 Inference-Header-Content-Length, graph updates, mutated raw HTTP bytes) against a server
 this script starts (the demo graph and model, or --dataset/--model, or --small: a 3,000-node
 graph built in a temporary directory), or a running one (--url, with --token for updates).
@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import seed as hypothesis_seed  # noqa: E402
 
 from bench.common import machine  # noqa: E402
-from hybridgnn.testing.fuzz import (  # noqa: E402
+from tests.support.fuzz import (  # noqa: E402
     KINDS,
     KeepAliveClient,
     NoAnswer,
@@ -43,7 +43,7 @@ from hybridgnn.testing.fuzz import (  # noqa: E402
     problem_kind,
     run_case,
 )
-from hybridgnn.testing.server import free_port  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
 
 # share of the cases per kind (as in tests/integration/test_fuzz.py: 700/300/400/600)
 SHARES = {"json": 0.35, "binary": 0.15, "graph": 0.20, "raw": 0.30}

@@ -112,7 +112,7 @@ from hybridgnn.bench.loadgen import (  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.config import parse_cpus  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
-from hybridgnn.testing.server import metrics_text  # noqa: E402
+from tests.support.server import metrics_text  # noqa: E402
 
 SERVICE_STAGES = ("sample", "gather", "compute")
 # 429 messages: the current server's queue-delay admission, and the cap on requests in

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import emit_report, machine  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
-from hybridgnn.testing.durability import MODEL, get_json  # noqa: E402
-from hybridgnn.testing.replication import RedisServer, wait_for_version  # noqa: E402
-from hybridgnn.testing.server import ServerProcess, await_ready, metrics_text  # noqa: E402
+from tests.support.durability import MODEL, get_json  # noqa: E402
+from tests.support.replication import RedisServer, wait_for_version  # noqa: E402
+from tests.support.server import ServerProcess, await_ready, metrics_text  # noqa: E402
 
 TOKEN = "replication-bench-token"
 

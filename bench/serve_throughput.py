@@ -31,7 +31,7 @@ from bench.common import BASELINE_REV, heavy_setup, machine, serve_revision  # n
 from hybridgnn.bench.loadgen import find_max_rate  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
-from hybridgnn.testing.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
 NO_BATCHING = ("--max-batch-requests", "1", "--max-batch-seeds", "1", "--max-wait-ms", "0")
 # Throughput settings: workers in their own processes (the model never holds the event

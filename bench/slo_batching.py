@@ -43,7 +43,7 @@ from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E40
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.scheduler.policy import Profile  # noqa: E402
 from hybridgnn.scheduler.queueing import ServingLoad  # noqa: E402
-from hybridgnn.testing.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
 
 def calibrate(dataset: Path, model: Path, profile: Path, rate: float, args) -> tuple[float, float, float, float]:

@@ -22,7 +22,7 @@ from bench.common import emit_report, machine  # noqa: E402
 from hybridgnn.bench.loadgen import find_max_rate  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import DEMO_FANOUTS, ensure_demo  # noqa: E402
-from hybridgnn.testing.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
 
 def user_model_dir(dataset: Path, builtin: Path) -> Path:

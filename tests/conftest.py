@@ -9,7 +9,7 @@ import torch
 
 from hybridgnn.graph.generate import generate_csbm
 from hybridgnn.graph.store import GraphStore
-from hybridgnn.testing.graphs import make_graph, skewed_edges
+from tests.support.graphs import make_graph, skewed_edges
 
 
 def pytest_collection_modifyitems(config, items):

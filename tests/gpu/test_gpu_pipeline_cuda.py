@@ -17,7 +17,7 @@ from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
-from hybridgnn.testing.graphs import make_graph
+from tests.support.graphs import make_graph
 
 pytestmark = pytest.mark.gpu
 EVERYTHING = (1 << 30, 1 << 30)
@@ -138,7 +138,7 @@ def test_hybrid_engine_on_cuda(tiny_dataset, tiny_model):
         SamplingConfig,
         ServeConfig,
     )
-    from hybridgnn.testing.engine_client import body, counter, with_client
+    from tests.support.engine_client import body, counter, with_client
 
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
                       gpu_pipeline=PipelineConfig(name="gpu", device="cuda"), router=RouterConfig(0.0))

@@ -1,7 +1,7 @@
 """CLI commands that talk to a server, pointed at one that is not there."""
 
 from hybridgnn.cli.main import main
-from hybridgnn.testing.server import free_port
+from tests.support.server import free_port
 
 
 def test_bench_against_a_server_that_is_down_is_one_line_and_exit_2(capsys):

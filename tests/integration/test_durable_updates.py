@@ -5,14 +5,14 @@ flight at the kill, retried with its Idempotency-Key, is applied exactly once.""
 import random
 import shutil
 
-from hybridgnn.testing.durability import (
+from tests.support.durability import (
     UpdateStream,
     check_after_restart,
     get_json,
     graph_state,
     send_update,
 )
-from hybridgnn.testing.server import ServerProcess, await_ready, metrics_text
+from tests.support.server import ServerProcess, await_ready, metrics_text
 
 TOKEN = "durable-token-123"
 

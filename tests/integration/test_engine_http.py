@@ -9,7 +9,7 @@ import pytest
 from hybridgnn.config import BatcherConfig, SamplingConfig, ServeConfig
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.serving.core.engine import Engine
-from hybridgnn.testing.engine_client import body, with_client
+from tests.support.engine_client import body, with_client
 
 
 def test_http_answers_and_errors(tiny_dataset, tiny_model):

@@ -16,7 +16,7 @@ from hybridgnn.graph.importers import import_graph
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import save_model
 from hybridgnn.models.gnn import GNN, ModelSpec
-from hybridgnn.testing.server import ServerProcess
+from tests.support.server import ServerProcess
 
 MODEL = "hybridgnn"
 

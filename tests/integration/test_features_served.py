@@ -19,8 +19,8 @@ def test_server_answers_through_a_placement_plan(tiny_dataset, tiny_model, tmp_p
         ServeConfig,
     )
     from hybridgnn.graph.store import GraphStore
-    from hybridgnn.testing.engine_client import body, with_client
     from hybridgnn.workload.tables import WorkloadTables
+    from tests.support.engine_client import body, with_client
 
     graph = GraphStore.open(tiny_dataset)
     row = graph.feature_dim * 4

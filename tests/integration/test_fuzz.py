@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridgnn.testing.fuzz import (
+from tests.support.fuzz import (
     KeepAliveClient,
     NoAnswer,
     Target,
@@ -23,7 +23,7 @@ from hybridgnn.testing.fuzz import (
     raw_http_cases,
     run_case,
 )
-from hybridgnn.testing.server import ServerProcess
+from tests.support.server import ServerProcess
 
 TOKEN = "fuzz-update-token"
 TIMEOUT_S = 5.0

@@ -15,7 +15,7 @@ from hybridgnn.config import (
     ServeConfig,
 )
 from hybridgnn.pipelines.gpu import DeviceExecutor
-from hybridgnn.testing.engine_client import body, counter, with_client
+from tests.support.engine_client import body, counter, with_client
 
 
 def emulated(tiny_dataset, tiny_model, threshold, **kw):

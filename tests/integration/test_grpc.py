@@ -14,7 +14,7 @@ import pytest
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 
-from hybridgnn.testing.server import ServerProcess, free_port  # noqa: E402
+from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 TOKEN = "grpc-test-token"
 

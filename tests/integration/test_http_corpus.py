@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridgnn.testing.fuzz import (
+from tests.support.fuzz import (
     KeepAliveClient,
     Target,
     exchange,
@@ -18,8 +18,8 @@ from hybridgnn.testing.fuzz import (
     good_case,
     llhttp_verdict,
 )
-from hybridgnn.testing.http_corpus import CORPUS
-from hybridgnn.testing.server import ServerProcess
+from tests.support.http_corpus import CORPUS
+from tests.support.server import ServerProcess
 
 DEADLINE_S = 3.0  # per payload: answers and the close must come within this
 

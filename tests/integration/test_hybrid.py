@@ -12,8 +12,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridgnn.graph.store import GraphStore
-from hybridgnn.testing.server import ServerProcess
 from hybridgnn.workload.tables import WorkloadTables
+from tests.support.server import ServerProcess
 
 DEVICE = os.environ.get("HYBRIDGNN_TEST_DEVICE", "emulate")
 

@@ -11,7 +11,7 @@ import requests
 
 from hybridgnn.bench.loadgen import run_load
 from hybridgnn.capabilities import run_async
-from hybridgnn.testing.server import ServerProcess
+from tests.support.server import ServerProcess
 
 SLO_MS = 60.0
 

@@ -13,7 +13,7 @@ import requests
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
-from hybridgnn.testing.server import ServerProcess, free_port  # noqa: E402
+from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 TOKEN = "repository-token"
 

@@ -14,7 +14,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridgnn.graph.store import GraphStore
-from hybridgnn.testing.server import ServerProcess
+from tests.support.server import ServerProcess
 
 MODEL = "hybridgnn"
 

@@ -14,8 +14,8 @@ from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
 from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models.checkpoint import load_checkpoint
-from hybridgnn.testing.reference import full_graph_forward
-from hybridgnn.testing.server import ServerProcess
+from tests.support.reference import full_graph_forward
+from tests.support.server import ServerProcess
 
 MODEL = "hybridgnn"
 TOKEN = "s3cret-token"

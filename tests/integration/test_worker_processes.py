@@ -90,7 +90,7 @@ def test_worker_cpus_put_the_batches_and_the_event_loop_on_different_cores(tiny_
     import json
     import urllib.request
 
-    from hybridgnn.testing.server import ServerProcess
+    from tests.support.server import ServerProcess
 
     worker_core = max(os.sched_getaffinity(0))
     others = os.sched_getaffinity(0) - {worker_core}

@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from hybridgnn.testing.cluster_load import Cluster, drive
-from hybridgnn.testing.ops_tools import require_tool
+from tests.support.cluster_load import Cluster, drive
+from tests.support.ops_tools import require_tool
 
 pytestmark = [pytest.mark.ops, pytest.mark.slow]
 

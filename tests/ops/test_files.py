@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from hybridgnn.deploy.balancer import check_command, render_haproxy, render_nginx
-from hybridgnn.testing.ops_tools import (
+from tests.support.ops_tools import (
     DASHBOARDS,
     DEPLOY,
     ROOT,

@@ -13,9 +13,9 @@ import urllib.request
 
 import pytest
 
-from hybridgnn.testing.cluster_load import Cluster, drive
-from hybridgnn.testing.ops_tools import DASHBOARDS, assert_ok, require_tool
-from hybridgnn.testing.server import free_port
+from tests.support.cluster_load import Cluster, drive
+from tests.support.ops_tools import DASHBOARDS, assert_ok, require_tool
+from tests.support.server import free_port
 
 yaml = pytest.importorskip("yaml")
 pytestmark = [pytest.mark.ops, pytest.mark.slow]

@@ -12,22 +12,22 @@ import time
 import numpy as np
 import pytest
 
-from hybridgnn.testing.cluster_load import Cluster
-from hybridgnn.testing.durability import (
+from tests.support.cluster_load import Cluster
+from tests.support.durability import (
     MODEL,
     add_node_body,
     get_json,
     post_json,
     send_update,
 )
-from hybridgnn.testing.ops_tools import require_tool
-from hybridgnn.testing.replication import (
+from tests.support.ops_tools import require_tool
+from tests.support.replication import (
     RedisServer,
     offline_rebuild,
     served_logits,
     wait_for_version,
 )
-from hybridgnn.testing.server import ServerProcess, await_ready, metrics_text
+from tests.support.server import ServerProcess, await_ready, metrics_text
 
 pytestmark = [pytest.mark.ops, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hybridgnn.graph.dynamic import DynamicGraph, RWLock, UpdateBatch, UpdateError
-from hybridgnn.testing.graphs import make_graph, skewed_edges
+from tests.support.graphs import make_graph, skewed_edges
 
 
 def _edges(dyn: DynamicGraph) -> set[tuple[int, int]]:

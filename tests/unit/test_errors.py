@@ -35,7 +35,7 @@ from hybridgnn.errors import (
 )
 from hybridgnn.serving.http.api import Api, Reply, Request
 from hybridgnn.telemetry.metrics import Telemetry
-from hybridgnn.testing.payloads import counter
+from tests.support.payloads import counter
 
 
 def stub_api() -> Api:

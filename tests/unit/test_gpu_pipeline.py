@@ -75,7 +75,7 @@ def test_device_executor_weights_gcn_samples_by_whole_graph_degrees(tiny_dataset
 
     from hybridgnn.graph.degrees import DeviceNodeDegrees, NodeDegrees
     from hybridgnn.models.gnn import GNN, ModelSpec
-    from hybridgnn.testing.reference import full_graph_forward
+    from tests.support.reference import full_graph_forward
 
     graph = GraphStore.open(tiny_dataset)
     torch.manual_seed(0)

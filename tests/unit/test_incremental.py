@@ -16,7 +16,7 @@ from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch, UpdateError
 from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models.gnn import GNN, ModelSpec
-from hybridgnn.testing.graphs import make_graph, skewed_edges
+from tests.support.graphs import make_graph, skewed_edges
 
 hypothesis = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")

@@ -25,8 +25,8 @@ from hybridgnn.models.gnn import GNN, ModelSpec, embedding_width
 from hybridgnn.models.zoo import UnsupportedModel
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.sampling.cpu import CPUSampler
-from hybridgnn.testing.graphs import make_graph, skewed_edges
-from hybridgnn.testing.reference import full_graph_forward
+from tests.support.graphs import make_graph, skewed_edges
+from tests.support.reference import full_graph_forward
 
 F = 4  # feature width of make_graph
 ACTS = ("relu", "tanh", "leaky_relu", "elu", "gelu")

@@ -7,8 +7,8 @@ from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models.gnn import GNN, ModelSpec
-from hybridgnn.testing.graphs import make_graph, skewed_edges
-from hybridgnn.testing.reference import full_graph_forward
+from tests.support.graphs import make_graph, skewed_edges
+from tests.support.reference import full_graph_forward
 
 N, Q = 60, 4
 

@@ -7,7 +7,7 @@ import torch
 from hybridgnn.embeddings.precompute import PrecomputeConfig, block_inputs, precompute
 from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir
 from hybridgnn.models.gnn import GNN, ModelSpec
-from hybridgnn.testing.reference import full_graph_forward
+from tests.support.reference import full_graph_forward
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])

@@ -5,7 +5,7 @@ from torch_geometric.nn import SAGEConv
 
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
-from hybridgnn.testing.graphs import make_graph
+from tests.support.graphs import make_graph
 
 
 class TorchOnCPU:

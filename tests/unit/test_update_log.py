@@ -10,8 +10,6 @@ import pytest
 
 from hybridgnn.errors import ConfigError, Conflict, ServiceUnavailable
 from hybridgnn.graph.dynamic import DynamicGraph
-from hybridgnn.testing.graphs import dynamic_setup, update_body
-from hybridgnn.testing.updates import follower_for, run_updates
 from hybridgnn.updates.log import MemoryLog, SqliteLog, open_update_log, parse_log_url
 from hybridgnn.updates.requests import (
     LoggedRequest,
@@ -20,6 +18,8 @@ from hybridgnn.updates.requests import (
     encode_entry,
 )
 from hybridgnn.updates.snapshot import Snapshots
+from tests.support.graphs import dynamic_setup, update_body
+from tests.support.updates import follower_for, run_updates
 from tests.unit.v2_helpers import decode_update_request
 
 

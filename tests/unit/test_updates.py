@@ -13,9 +13,9 @@ from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import ServingError
 from hybridgnn.graph.dynamic import UpdateError
 from hybridgnn.telemetry.metrics import Telemetry
-from hybridgnn.testing.graphs import dynamic_setup
-from hybridgnn.testing.updates import follower_for, run_updates
 from hybridgnn.updates.requests import build_request, encode_entry, to_batch
+from tests.support.graphs import dynamic_setup
+from tests.support.updates import follower_for, run_updates
 from tests.unit.v2_helpers import decode_update_request
 
 

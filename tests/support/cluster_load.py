@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from hybridgnn.testing.ops_tools import DEPLOY
-from hybridgnn.testing.server import free_port
+from tests.support.ops_tools import DEPLOY
+from tests.support.server import free_port
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridgnn.testing.durability import MODEL, get_json, post_json
-from hybridgnn.testing.server import free_port
+from tests.support.durability import MODEL, get_json, post_json
+from tests.support.server import free_port
 
 
 class RedisServer:

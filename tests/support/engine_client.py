@@ -7,7 +7,7 @@ import aiohttp
 from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.lifecycle import http_server
 from hybridgnn.telemetry.metrics import Telemetry
-from hybridgnn.testing.payloads import body, counter  # noqa: F401 (re-exported for tests)
+from tests.support.payloads import body, counter  # noqa: F401 (re-exported for tests)
 
 
 async def with_client(cfg, fn):

@@ -3,7 +3,7 @@
 Each payload is the bytes one connection carries (one or more segments, sent with a pause
 between them so each reaches the server in a read of its own). No verdict is written here:
 tests/integration/test_http_corpus.py computes each one with httptools (llhttp) plus the
-server's own rules (hybridgnn.testing.fuzz.llhttp_verdict). `python -m tests.integration.http_corpus`
+server's own rules (tests.support.fuzz.llhttp_verdict). `python -m tests.support.http_corpus`
 prints the verdicts.
 """
 
@@ -222,7 +222,7 @@ CORPUS: list[Payload] = [
 
 
 def main() -> None:
-    from hybridgnn.testing.fuzz import llhttp_verdict
+    from tests.support.fuzz import llhttp_verdict
 
     rejected = 0
     for p in CORPUS:
