@@ -1,7 +1,7 @@
 """The Python part of a refused request, current code against a baseline revision in the
 same run: how much event-loop time the server spends in Python to parse, route, refuse and
 encode an inference it refuses, without the socket (read and write syscalls, which add
-about as much again; see docs/results.md).
+about as much again; see docs/performance.md#what-a-refusal-costs).
 
 Why it matters: under overload most requests are refused, and on one event loop the
 cost of a refusal against that of an answer sets the goodput left at a multiple of
