@@ -26,11 +26,8 @@ from hybridgnn.graph.store import GraphStore  # noqa: E402
 from hybridgnn.models.checkpoint import load_checkpoint  # noqa: E402
 from hybridgnn.pipelines.executor import BatchExecutor  # noqa: E402
 from hybridgnn.sampling.cpu import CPUSampler  # noqa: E402
-from hybridgnn.serving.http.codec import (  # noqa: E402
-    HEADER_LENGTH,
-    decode_infer_request,
-    encode_infer_response,
-)
+from hybridgnn.serving.http.codec import HEADER_LENGTH  # noqa: E402
+from tests.support.v2_codec import decode_infer_request, encode_infer_response  # noqa: E402
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from hybridgnn.testing.server import ServerProcess
+from tests.support.server import ServerProcess
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 TOKEN = "api-docs-token"

@@ -130,7 +130,7 @@ def test_a_plain_request_is_refused_before_decoding_when_the_lane_is_past_its_bo
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
 
     async def scenario(engine, client):
-        lane = engine.admission.lanes["sampled"]
+        lane = engine._admission.lanes["sampled"]
         for _ in range(10):
             lane.observe(1.0, 10.0)  # 10 s per unit of work: anything queued is past the bound
         lane.add(1.0)

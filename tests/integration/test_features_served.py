@@ -39,6 +39,6 @@ def test_server_answers_through_a_placement_plan(tiny_dataset, tiny_model, tmp_p
         meta = await (await client.get("/v2/models/hybridgnn")).json()
         assert meta["parameters"]["placement_plan"] == str(plan_dir)
         with pytest.raises(LookupError, match="fixed placement plan"):
-            await engine.placement.refresh()
+            await engine.refresh_placement()
 
     asyncio.run(with_client(cfg, scenario))

@@ -26,7 +26,7 @@ def emulated(tiny_dataset, tiny_model, threshold, **kw):
 
 def test_batches_route_by_psgs_threshold(tiny_dataset, tiny_model):
     async def scenario(engine, client):
-        psgs = engine.tables.psgs
+        psgs = engine._tables.psgs
         small = [int(np.argmin(psgs))]
         large = np.argsort(-psgs)[:50].tolist()
         assert sum(psgs[large]) > 30 > psgs[small[0]]
@@ -62,16 +62,16 @@ def test_a_failing_gpu_batch_is_retried_on_the_cpu_pipeline(tiny_dataset, tiny_m
 
 def test_default_threshold_with_two_pipelines(tiny_dataset, tiny_model):
     async def scenario(engine, client):
-        assert engine.router.threshold == pytest.approx(64 * float(np.mean(engine.tables.psgs)), rel=1e-6)
+        assert engine._router.threshold == pytest.approx(64 * float(np.mean(engine._tables.psgs)), rel=1e-6)
 
     asyncio.run(with_client(emulated(tiny_dataset, tiny_model, None), scenario))
 
 
 def test_placement_refresh_swaps_the_device_cache_while_requests_flow(tiny_dataset, tiny_model):
     async def scenario(engine, client):
-        fap = engine.tables.fap
+        fap = engine._tables.fap
         cold = np.argsort(fap)[:20].tolist()  # the least likely rows under uniform seeds
-        assert not any(engine.gpu_features.current.slot[c] >= 0 for c in cold)
+        assert not any(engine._resources.gpu_features.current.slot[c] >= 0 for c in cold)
         for _ in range(5):
             assert (await client.post("/v2/models/hybridgnn/infer", json=body(cold))).status == 200
 
@@ -82,10 +82,10 @@ def test_placement_refresh_swaps_the_device_cache_while_requests_flow(tiny_datas
                 codes.append(r.status)
             return codes
 
-        report, codes = await asyncio.gather(engine.placement.refresh(), traffic())
+        report, codes = await asyncio.gather(engine.refresh_placement(), traffic())
         assert set(codes) == {200}
         assert report["requests_counted"] >= 5 * 20
-        assert all(int(engine.gpu_features.current.slot[c]) >= 0 for c in cold)  # now cached
+        assert all(int(engine._resources.gpu_features.current.slot[c]) >= 0 for c in cold)  # now cached
         metrics = await (await client.get("/metrics")).text()
         assert counter(metrics, "hybridgnn_placement_refreshes_total") == 1
 
@@ -95,13 +95,13 @@ def test_placement_refresh_swaps_the_device_cache_while_requests_flow(tiny_datas
 def test_refresh_without_a_gpu_cache_or_requests_is_a_clear_error(tiny_dataset, tiny_model):
     async def scenario(engine, client):
         with pytest.raises(LookupError, match="no requests counted"):
-            await engine.placement.refresh()
+            await engine.refresh_placement()
 
     asyncio.run(with_client(emulated(tiny_dataset, tiny_model, 0.0), scenario))
 
     async def cpu_only(engine, client):
         with pytest.raises(LookupError, match="CPU pipeline only"):
-            await engine.placement.refresh()
+            await engine.refresh_placement()
 
     asyncio.run(with_client(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model,
                                         sampling=SamplingConfig((5, 3))), cpu_only))

@@ -50,7 +50,7 @@ def test_engine_serves_through_worker_processes_and_stops_them(tiny_dataset, tin
     async def scenario():
         engine = Engine(cfg)
         await engine.start()
-        children = [ex._proc for ex in engine.pipelines["cpu"]._executors]
+        children = [ex._proc for ex in engine._pipelines["cpu"]._executors]
         try:
             assert all(p.is_alive() for p in children)
             results = await asyncio.gather(*(engine.submit(np.array([i, i + 1])) for i in range(40)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 
 from hybridgnn.serving.core.engine import Engine
-from hybridgnn.serving.lifecycle import http_server
+from hybridgnn.serving.server import http_server
 from hybridgnn.telemetry.metrics import Telemetry
 from tests.support.payloads import body, counter  # noqa: F401 (re-exported for tests)
 

@@ -6,7 +6,7 @@ import pytest
 from hybridgnn.errors import BadRequest
 from hybridgnn.serving.http import codec
 from hybridgnn.serving.http.codec import HEADER_LENGTH
-from tests.unit.v2_helpers import decode_infer_request, encode_infer_response
+from tests.support.v2_codec import decode_infer_request, encode_infer_response
 
 try:
     import orjson

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from hybridgnn.errors import ServingError
 from hybridgnn.serving.http import codec
+from hybridgnn.serving.v2.tensors import DTYPES
 from hybridgnn.updates.requests import UPDATE_INPUTS, build_request
-from tests.unit.v2_helpers import (
+from tests.support.v2_codec import (
     decode_infer_request,
     decode_update_request,
     encode_infer_response,
@@ -70,7 +71,7 @@ def tensors(draw, name: str, tail: list):
     arr = np.array(values, dtype=np.float32 if kind == "float" else np.int64).reshape(shape)
     inp = {"name": name, "datatype": datatype, "shape": shape}
     if draw(st.booleans()):
-        raw = arr.astype(codec.DTYPES[datatype]).tobytes()
+        raw = arr.astype(DTYPES[datatype]).tobytes()
         inp["parameters"] = {"binary_data_size": len(raw)}
         tail.append(raw)
     else:

@@ -1,5 +1,4 @@
 import dataclasses
-import math
 
 import pytest
 
@@ -63,7 +62,7 @@ def test_bad_values_are_quoted(make, match):
 
 def test_defaults_are_valid_and_frozen():
     cfg = RouterConfig()
-    assert math.isinf(cfg.psgs_threshold)
+    assert cfg.psgs_threshold is None  # +inf without a GPU pipeline; with one, the PSGS of 64 average seeds
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.psgs_threshold = 3  # frozen
 

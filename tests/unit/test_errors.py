@@ -40,8 +40,9 @@ from tests.support.payloads import counter
 
 def stub_api() -> Api:
     """An Api over a stand-in engine: enough for routing and error answers."""
-    server = SimpleNamespace(model_name="m", retry_after_s=3, max_body_bytes=10)
-    return Api(SimpleNamespace(cfg=SimpleNamespace(server=server), stats=Telemetry(model="m")))
+    server = SimpleNamespace(model_name="m", max_body_bytes=10)
+    return Api(SimpleNamespace(cfg=SimpleNamespace(server=server), stats=Telemetry(model="m"), model_version="1",
+                               queue_bound_s=0.1))
 
 
 def answer(reply: Reply) -> tuple[int, dict, dict]:
@@ -59,10 +60,10 @@ def answer(reply: Reply) -> tuple[int, dict, dict]:
     (MethodNotAllowed("not so", "GET, HEAD"), 405, "not so", {"Allow": "GET, HEAD"}),
     (Conflict("run precompute"), 409, "run precompute", {}),
     (PayloadTooLarge("big"), 413, "big", {}),
-    (Overloaded("5 in flight"), 429, "server overloaded: 5 in flight", {"Retry-After": "3"}),
+    (Overloaded("5 in flight"), 429, "server overloaded: 5 in flight", {"Retry-After": "1"}),
     (Overloaded("slow", retry_after_s=7.2), 429, "server overloaded: slow", {"Retry-After": "8"}),
     (Draining("server is shutting down"), 503, "not accepting requests: server is shutting down",
-     {"Retry-After": "3"}),
+     {"Retry-After": "1"}),
     (ServingError("teapot", status=418), 418, "teapot", {}),
 ])
 def test_each_serving_error_answers_its_status_headers_and_message(exc, status, message, headers):
@@ -221,7 +222,7 @@ def test_a_lookup_error_inside_the_engine_is_a_500_not_a_409(tiny_dataset, tiny_
         raise LookupError("an internal table lacks a key")
 
     async def scenario(api, engine):
-        monkeypatch.setattr(type(engine.side), "lookup", broken)
+        monkeypatch.setattr(type(engine._side), "lookup", broken)
         return await call(api, json.dumps({
             "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}],
             "parameters": {"mode": "precomputed"}}).encode())
@@ -289,11 +290,11 @@ def test_each_lane_admits_with_the_wait_in_the_front_end(tiny_dataset, tiny_mode
 
     async def scenario(api, engine):
         seen = []
-        admit = engine._admit
-        engine._admit = lambda lane, work, waited_s=0.0: (seen.append((lane, waited_s)), admit(lane, work, waited_s))[1]
+        admit = engine.admit
+        engine.admit = lambda lane, work, waited_s=0.0: (seen.append((lane, waited_s)), admit(lane, work, waited_s))[1]
         infer, params = api.route("POST", "/v2/models/hybridgnn/infer")
         graph, _ = api.route("POST", "/v2/models/hybridgnn/graph")
-        bound = engine.admission.bound_s
+        bound = engine._admission.bound_s
         out = {}
         for waited in (0.01, 2 * bound):
             out["lookup", waited] = await answer_of(infer(Request(params, {}, lookup, waited)))
@@ -335,7 +336,7 @@ def test_a_request_past_the_target_of_a_standing_queue_is_refused_but_health_is_
         refused = [endpoint(Request(params, {}, b"not even JSON", 0.03, standing=True)) for _ in range(2)]
         live, _ = api.route("GET", "/v2/health/live")
         health = live(Request({}, {}, b"", 0.03, standing=True))
-        counted = engine.admission.describe(), engine.model_stats.report("hybridgnn", "1")
+        counted = engine._admission.describe(), engine.model_stats.report("hybridgnn", "1")
         engine.draining = True
         good = json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}]})
         draining = endpoint(Request(params, {}, good.encode(), 0.03, standing=True))
@@ -368,7 +369,7 @@ def test_a_sampled_inference_whose_declared_ids_would_pass_the_bound_is_refused_
                                        "data": [10**9] * n}]}).encode()
 
     async def scenario(api, engine):
-        lane = engine.admission.lanes["sampled"]
+        lane = engine._admission.lanes["sampled"]
         for _ in range(16):
             lane.observe(1.0, 0.001)  # a millisecond per PSGS, one server
         lane.servers, lane.full_batch = 1, 1e9

@@ -219,17 +219,17 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
         engine = Engine(cfg, Telemetry())
         await engine.start()
         try:
-            before = engine.policy
+            before = engine._control.policy
             assert not engine.adapt_once()  # nothing recorded yet
             # the CPU pipeline has become 20x slower than profiled: it may take far less
             edges = np.asarray(prof.data["bin_edges"])
             xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
-            engine.control.recent["cpu"].extend(twenty_times_slower(xs))
+            engine._control.recent["cpu"].extend(twenty_times_slower(xs))
             assert engine.adapt_once()
             # batches run 20x slower than profiled, and the server says so
-            assert engine.control.service_stretch()["cpu"] == pytest.approx(20, rel=0.5)
-            assert engine.metadata()["service_stretch"] == engine.control.service_stretch()
-            after = engine.policy
+            assert engine._control.service_stretch()["cpu"] == pytest.approx(20, rel=0.5)
+            assert engine.metadata()["service_stretch"] == engine._control.service_stretch()
+            after = engine._control.policy
             cpu_before, cpu_after = before.pipeline_limits["cpu"], after.pipeline_limits["cpu"]
             assert cpu_after < cpu_before
             if np.isfinite(before.psgs_threshold) and before.psgs_threshold > 0:
@@ -247,12 +247,12 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
         engine = Engine(fast)
         await engine.start()
         try:
-            before = engine.policy.pipeline_limits["cpu"]
-            engine.control.recent["cpu"].extend(twenty_times_slower(xs))
+            before = engine._control.policy.pipeline_limits["cpu"]
+            engine._control.recent["cpu"].extend(twenty_times_slower(xs))
             deadline = time.monotonic() + 60
-            while engine.policy.pipeline_limits["cpu"] >= before and time.monotonic() < deadline:
+            while engine._control.policy.pipeline_limits["cpu"] >= before and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # polling the policy, bounded by the deadline
-            assert engine.policy.pipeline_limits["cpu"] < before
+            assert engine._control.policy.pipeline_limits["cpu"] < before
         finally:
             await engine.stop()
 

@@ -20,7 +20,7 @@ from hybridgnn.updates.requests import (
 from hybridgnn.updates.snapshot import Snapshots
 from tests.support.graphs import dynamic_setup, update_body
 from tests.support.updates import follower_for, run_updates
-from tests.unit.v2_helpers import decode_update_request
+from tests.support.v2_codec import decode_update_request
 
 
 def test_an_entry_round_trips_with_its_requests_keys_and_id_kinds():

@@ -16,7 +16,7 @@ from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.updates.requests import build_request, encode_entry, to_batch
 from tests.support.graphs import dynamic_setup
 from tests.support.updates import follower_for, run_updates
-from tests.unit.v2_helpers import decode_update_request
+from tests.support.v2_codec import decode_update_request
 
 
 def body(*inputs) -> bytes:
