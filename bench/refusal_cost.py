@@ -40,9 +40,15 @@ PROBE = r'''
 import asyncio, json, sys, time
 from pathlib import Path
 from hybridgnn.config import AdmissionConfig, ServeConfig
-from hybridgnn.serving.core.engine import Engine
-from hybridgnn.serving.http.api import Api
-from hybridgnn.serving.http.protocol import HttpServer, _Connection
+try:  # the serving layout by role
+    from hybridgnn.serving.core.engine import Engine
+    from hybridgnn.serving.http.api import Api
+    from hybridgnn.serving.http.protocol import Connection
+    from hybridgnn.serving.http.server import HttpServer
+except ImportError:  # revisions before it
+    from hybridgnn.serving.engine import Engine
+    from hybridgnn.serving.http.api import Api
+    from hybridgnn.serving.http.protocol import HttpServer, _Connection as Connection
 from hybridgnn.telemetry.metrics import Telemetry
 
 dataset, model, requests = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -69,7 +75,7 @@ async def main():
     engine = Engine(cfg, Telemetry(model=cfg.server.model_name))
     await engine.start()
     server = HttpServer(Api(engine), max_body_bytes=1 << 20, queue_bound_s=1e-6)
-    conns = [_Connection(server) for _ in range(64)]
+    conns = [Connection(server) for _ in range(64)]
     for conn in conns:
         conn.connection_made(DroppingTransport())
     out = {}
@@ -84,7 +90,7 @@ async def main():
                 server.turns.used = 0  # one turn per request: no connection waits for a later one
             best = min(best, (time.perf_counter() - t0) / requests)
         out[kind] = round(best * 1e6, 2)
-    refused = engine.admission.describe()
+    refused = engine.metadata()["admission"]
     out["refused_standing_queue"], out["refused_by_delay"] = refused["refused_standing_queue"], refused["refused_by_delay"]
     await engine.stop()
     print(json.dumps(out))

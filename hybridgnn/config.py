@@ -48,6 +48,20 @@ def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return values
 
 
+# A model saved without fanouts is served with this many neighbours per hop, one hop per layer.
+DEFAULT_FANOUT = 10
+
+
+def fanouts_for(saved: dict, *, flag=None, repository=None) -> tuple[int, ...]:
+    """The fanouts a model is served and profiled with, by one precedence: the --fanouts
+    flag, then its repository's <model>/config.json, then those it was saved with (its
+    config.json), then DEFAULT_FANOUT per layer. saved: the model's saved config."""
+    for given in (flag, repository, saved.get("fanouts")):
+        if given:
+            return parse_fanouts(given)
+    return (DEFAULT_FANOUT,) * int(saved["num_layers"])
+
+
 def default_cache_dir() -> Path:
     base = env_default("CACHE_DIR", None)
     if base:
@@ -57,21 +71,20 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """K-hop uniform sampling without replacement; fanouts[0] applies to the seeds' neighbours."""
+    """K-hop uniform sampling without replacement; fanouts[0] applies to the seeds' neighbours.
+    fanouts None: the model's (fanouts_for), resolved when the model is loaded."""
 
-    fanouts: tuple[int, ...] = (10, 5)
+    fanouts: tuple[int, ...] | None = None
     seed: int = setting(0, "sampling seed")
 
     def __post_init__(self):
+        if self.fanouts is None:
+            return
         if len(self.fanouts) == 0:
             raise ValueError("fanouts must name at least one hop, got ()")
         for f in self.fanouts:
             if not isinstance(f, int) or f <= 0:
                 raise ValueError(f"every fanout must be a positive integer, got {self.fanouts!r}")
-
-    @property
-    def num_hops(self) -> int:
-        return len(self.fanouts)
 
 
 @dataclass(frozen=True)

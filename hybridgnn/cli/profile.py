@@ -47,7 +47,7 @@ def run(args) -> int:
         PipelineConfig,
         SamplingConfig,
         ServeConfig,
-        parse_fanouts,
+        fanouts_for,
     )
     from hybridgnn.models.checkpoint import read_config
     from hybridgnn.profiling.profile import build_profile
@@ -61,8 +61,7 @@ def run(args) -> int:
 
         args.dataset, args.model = ensure_demo(args.cache_dir)
     model_cfg = read_config(args.model)
-    fanouts = (parse_fanouts(args.fanouts) if args.fanouts
-               else tuple(model_cfg.get("fanouts") or [10] * model_cfg["num_layers"]))
+    fanouts = fanouts_for(model_cfg, flag=args.fanouts)
     serve_cfg = ServeConfig(
         dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,

@@ -162,7 +162,6 @@ def _reads_as_model(path: Path) -> bool:
 
 def build_config(args) -> ServeConfig:
     check_ranges(args)
-    from hybridgnn.models.checkpoint import read_config
 
     if args.model_repository is not None:
         if args.model is not None or args.dataset is None:
@@ -181,11 +180,8 @@ def build_config(args) -> ServeConfig:
         from hybridgnn.demo import ensure_demo
 
         args.dataset, args.model = ensure_demo(args.cache_dir)
-    if args.fanouts:
-        fanouts = parse_fanouts(args.fanouts)
-    else:
-        model_cfg = read_config(args.model)
-        fanouts = tuple(model_cfg.get("fanouts") or [10] * model_cfg["num_layers"])
+    # None: each model's own (config.fanouts_for), filled in when it is loaded
+    fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token))
     worker_cpus = chosen_worker_cpus(args.worker_cpus, processes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import time
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from hybridgnn.capabilities import HAS_CUDA
-from hybridgnn.config import ServeConfig
+from hybridgnn.config import ServeConfig, fanouts_for
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
@@ -89,6 +90,9 @@ class Resources:
             raise ConfigError("graph updates serve one model; a model repository serves several without updates")
         self.graph = base.graph if base is not None else GraphStore.open(cfg.dataset_dir)
         self.model, self.model_config = load_checkpoint(cfg.model_dir)
+        if cfg.sampling.fanouts is None:  # the model's own (config.fanouts_for)
+            cfg = self.cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
+                cfg.sampling, fanouts=fanouts_for(self.model_config)))
         if self.model.in_dim != self.graph.feature_dim:
             raise ConfigError(
                 f"model {cfg.model_dir} expects {self.model.in_dim}-dim features but dataset {cfg.dataset_dir} "

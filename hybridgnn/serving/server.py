@@ -129,7 +129,7 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *, s
 
 def http_server(service: V2Service | Engine, cfg: ServeConfig) -> HttpServer:
     """The HTTP server carrying the v2 service, with the configured limits."""
-    s = cfg.server
-    return HttpServer(Api(service), max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
+    s, api = cfg.server, Api(service)
+    return HttpServer(api, max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
                       request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
-                      answers_per_turn=s.answers_per_turn)
+                      answers_per_turn=s.answers_per_turn, queue_bound_s=api.engine.queue_bound_s)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hybridgnn.serving.http.api import Reply
-from hybridgnn.serving.http.protocol import HttpServer
+from hybridgnn.serving.http.server import HttpServer
 
 
 class _Engine:
@@ -510,7 +510,7 @@ def test_a_closed_connection_is_freed_without_a_garbage_collection():
     import gc
     import time
 
-    from hybridgnn.serving.http.protocol import _Connection
+    from hybridgnn.serving.http.protocol import Connection
 
     async def go(server):
         gc.collect()
@@ -525,7 +525,7 @@ def test_a_closed_connection_is_freed_without_a_garbage_collection():
             deadline = time.monotonic() + 5
             while server.connections and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)  # poll interval; bounded by the deadline
-            return sum(type(o) is _Connection for o in gc.get_objects())
+            return sum(type(o) is Connection for o in gc.get_objects())
         finally:
             gc.enable()
 

@@ -10,7 +10,7 @@ import pytest
 
 from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig, UpdateConfig
 from hybridgnn.pipelines.process import ProcessExecutor, WorkerProcessError
-from hybridgnn.runtime.resources import build_worker_executor
+from hybridgnn.runtime.resources import Resources, build_worker_executor
 from hybridgnn.serving.core.engine import Engine
 
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
@@ -24,7 +24,7 @@ def config(tiny_dataset, tiny_model, fanouts=EVERYTHING, **pipe) -> ServeConfig:
 def test_process_worker_matches_the_in_process_one_and_survives_its_child(tiny_dataset, tiny_model):
     cfg = config(tiny_dataset, tiny_model)
     seeds = np.array([3, 17, 17, 400, 2999])
-    local = Engine(cfg).make_executor("cpu", 0).run(seeds)
+    local = Resources.open(cfg).make_executor("cpu", 0).run(seeds)
     ex = ProcessExecutor(cfg, 0, build_worker_executor)
     try:
         remote = ex.run(seeds)

@@ -1,26 +1,25 @@
-"""An Engine and its HTTP server in process on 127.0.0.1, with an aiohttp client (integration tests)."""
+"""A server built in process on 127.0.0.1 by the one assembly point (serving/server.py),
+with an aiohttp client (integration tests)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import aiohttp
 
-from hybridgnn.serving.core.engine import Engine
-from hybridgnn.serving.server import http_server
+from hybridgnn.serving.server import start_server
 from hybridgnn.telemetry.metrics import Telemetry
 from tests.support.payloads import body, counter  # noqa: F401 (re-exported for tests)
 
 
 async def with_client(cfg, fn):
-    """Start an Engine for cfg, serve it over HTTP on 127.0.0.1, run fn(engine, client),
-    tear both down. client.get/post take paths."""
-    engine = Engine(cfg, Telemetry(model=cfg.server.model_name))
-    await engine.start()
-    http = http_server(engine, cfg)
-    await http.start("127.0.0.1", 0)
-    client = aiohttp.ClientSession(base_url=f"http://127.0.0.1:{http.port}")
+    """Start a server for cfg on 127.0.0.1 (any free port), run fn(engine, client), tear
+    both down. client.get/post take paths."""
+    cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, host="127.0.0.1", port=0, grpc_port=None))
+    server = await start_server(cfg, Telemetry(model=cfg.server.model_name))
+    client = aiohttp.ClientSession(base_url=f"http://127.0.0.1:{server.port}")
     try:
-        return await fn(engine, client)
+        return await fn(server.engine, client)
     finally:
         await client.close()
-        await http.close(1.0)
-        await engine.stop()
+        await server.close()

@@ -71,11 +71,11 @@ class Engine(SampledInference):
     def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None, *, version: str = "1",
                  base: Resources | None = None):
         """base: another engine's resources over the same graph, shared (a model repository)."""
-        self.cfg = cfg
         self.stats = stats if stats is not None else ServingStats()  # telemetry/ implements it
         self.model_version = version  # the version requests name it by
         self.model_stats = ModelStatistics()  # this version's counts, as Triton's statistics extension has them
         r = self._resources = Resources.open(cfg, base)
+        cfg = self.cfg = r.cfg  # as served: the model's fanouts filled in
         self.graph = r.graph  # the dataset as loaded (read-only); num_nodes follows graph updates
         self.out_dim, self.embedding_dim = r.model.out_dim, embedding_width(r.model)
         self._tables = r.tables

@@ -53,10 +53,9 @@ class HttpServer:
     def __init__(self, api: Api, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
                  max_pipelined: int = 8, answers_per_turn: int = 64,
-                 queue_bound_s: float | None = None):
+                 queue_bound_s: float = float("inf")):
         self.api = api
-        self.turns = Turns(answers_per_turn, *standing_queue_limits(
-            queue_bound_s if queue_bound_s is not None else api.engine.queue_bound_s))
+        self.turns = Turns(answers_per_turn, *standing_queue_limits(queue_bound_s))
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.idle_timeout_s = idle_timeout_s

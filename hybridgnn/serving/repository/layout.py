@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridgnn.config import parse_fanouts
+from hybridgnn.config import fanouts_for, parse_fanouts
 from hybridgnn.errors import ConfigError, brief
 
 CONFIG = "config.json"
@@ -152,14 +152,12 @@ def signature(model: RepositoryModel) -> tuple:
 
 def version_config(cfg, model: RepositoryModel, version: int):
     """The serve configuration of one model version: its directory, its name in requests,
-    and its fanouts (config.json's, else those it was saved with)."""
+    and its fanouts (config.fanouts_for: the --fanouts flag, else config.json's, else those
+    it was saved with)."""
     from hybridgnn.models.checkpoint import read_config
 
     vdir = model.version_dir(version)
-    fanouts = model.fanouts
-    if fanouts is None:
-        saved = read_config(vdir)
-        fanouts = tuple(saved.get("fanouts") or cfg.sampling.fanouts)
+    fanouts = fanouts_for(read_config(vdir), flag=cfg.sampling.fanouts, repository=model.fanouts)
     # The update token guards the repository's load/unload API; a repository's versions
     # take no graph updates.
     return dataclasses.replace(cfg, model_dir=vdir, sampling=dataclasses.replace(cfg.sampling, fanouts=fanouts),
