@@ -144,11 +144,10 @@ def serve_args(dataset: Path, model: Path, flags: list[str]) -> list[str]:
 async def engine_level(dataset, model, flags, mix, args) -> dict:
     from hybridgnn.cli.main import build_parser
     from hybridgnn.cli.serve import build_config
-    from hybridgnn.serving.core.engine import Engine
+    from hybridgnn.serving.core.engine import open_engine
 
     cfg = build_config(build_parser().parse_args(serve_args(dataset, model, flags)))
-    engine = Engine(cfg)
-    await engine.start()
+    engine = await open_engine(cfg)
     try:
         async def trial(rate, warm=False):
             return await engine_trial(engine, mix, rate, 1.0 if warm else args.trial_s, seed=int(rate))

@@ -74,3 +74,37 @@ def test_env_default(monkeypatch):
     with pytest.raises(ValueError, match="HYBRIDGNN_PORT"):
         env_default("PORT", 8000, int)
     assert env_default("NOT_SET_ANYWHERE", 5, int) == 5
+
+
+def test_fanouts_come_from_one_precedence():
+    """flag, then the repository's config.json, then the saved fanouts, then 10 per layer."""
+    from hybridgnn.config import DEFAULT_FANOUT, fanouts_for
+
+    saved = {"num_layers": 3, "fanouts": [7, 6, 5]}
+    assert fanouts_for(saved, flag="4,3,2", repository=(9, 9, 9)) == (4, 3, 2)
+    assert fanouts_for(saved, repository=(9, 9, 9)) == (9, 9, 9)
+    assert fanouts_for(saved) == (7, 6, 5)
+    assert fanouts_for({"num_layers": 3}) == (DEFAULT_FANOUT,) * 3
+    with pytest.raises(ValueError, match="positive"):
+        fanouts_for(saved, flag="4,0")
+
+
+def test_a_repository_version_takes_the_flag_over_its_config_json(tmp_path):
+    """The same precedence in a model repository as for --model: a --fanouts flag binds
+    every version; without it config.json's, else the version's own."""
+    import json
+
+    from hybridgnn.config import SamplingConfig, ServeConfig
+    from hybridgnn.serving.repository.layout import scan_repository, version_config
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "config.json").write_text(json.dumps(
+        {"class": "hybridgnn.GNN", "args": {}, "num_layers": 2, "in_dim": 4, "out_dim": 2, "fanouts": [5, 5]}))
+    model = scan_repository(tmp_path)["m"]
+    base = ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path / "m" / "1")
+    assert version_config(base, model, 1).sampling.fanouts == (5, 5)
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"fanouts": [8, 4]}))
+    model = scan_repository(tmp_path)["m"]
+    assert version_config(base, model, 1).sampling.fanouts == (8, 4)
+    flagged = dataclasses.replace(base, sampling=SamplingConfig(fanouts=(3, 2)))
+    assert version_config(flagged, model, 1).sampling.fanouts == (3, 2)

@@ -79,6 +79,7 @@ class Engine(SampledInference):
         self.graph = r.graph  # the dataset as loaded (read-only); num_nodes follows graph updates
         self.out_dim, self.embedding_dim = r.model.out_dim, embedding_width(r.model)
         self._tables = r.tables
+        self._dynamic = r.dynamic  # the graph as updated (None: updates off)
         self._updates: UpdateApplier | None = None
         self._follower: Follower | None = None  # applies the update log here (updates on)
         self._placement = PlacementRefresh(r, self.stats)  # seed counts; SIGHUP rebuilds the GPU cache
@@ -118,7 +119,7 @@ class Engine(SampledInference):
     # --- what others read --------------------------------------------------------------
     def snapshot(self) -> EngineSnapshot:
         """This engine's state now (telemetry reads it at scrape time)."""
-        f, d = self._follower, self._side.dynamic
+        f, d = self._follower, self._dynamic
         return EngineSnapshot(
             pending=self._pending, pending_capacity=self.cfg.batcher.max_pending_requests, ready=self.ready,
             queue_depths={n: p.depth for n, p in self._pipelines.items()}, psgs_threshold=self._router.threshold,
@@ -151,12 +152,13 @@ class Engine(SampledInference):
     @property
     def takes_updates(self) -> bool:
         """Whether this engine applies graph updates (a token is set)."""
-        return self._side.dynamic is not None
+        return self._dynamic is not None
 
     @property
     def num_nodes(self) -> int:
         """Node ids requests may name now (grows with graph updates)."""
-        return self._side.num_nodes
+        d = self._dynamic
+        return d.num_nodes if d is not None else self.graph.num_nodes
 
     # --- policy (decided by PolicyControl, applied here) ------------------------------
     def adapt_once(self) -> bool:
@@ -190,7 +192,7 @@ class Engine(SampledInference):
         self._adapt_task = (asyncio.create_task(self._control.adapt_loop(self._apply_adapted), name="adapt")
                             if self.cfg.policy.adapt and self._control.profile is not None else None)
         self._lag_tick(self._loop.time())
-        if self._side.dynamic is not None:
+        if self._dynamic is not None:
             r = self._resources
             snap = r.snapshot
             self._follower = Follower(r.update_log, r.dynamic, r.incremental, self.stats, self.cfg.updates,
@@ -295,7 +297,7 @@ class Engine(SampledInference):
     # --- beside the pipelines (graph_requests.py) ------------------------------------
     def check_alive(self, node_ids: np.ndarray) -> None:
         """Raise RemovedNode when a request names a node that a graph update removed."""
-        dynamic = self._side.dynamic
+        dynamic = self._dynamic
         if dynamic is not None:
             dead = node_ids[~dynamic.alive[node_ids]]
             if len(dead):

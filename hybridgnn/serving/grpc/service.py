@@ -18,7 +18,7 @@ import grpc
 from hybridgnn.errors import BadRequest, PayloadTooLarge, status_of
 from hybridgnn.serving.grpc.schema import DATA_TYPES, METHODS, SERVICE, message
 from hybridgnn.serving.v2.service import V2Service
-from hybridgnn.serving.v2.tensors import raw_tensor, wire_datatype
+from hybridgnn.serving.v2.tensors import datatype_of, raw_tensor
 from hybridgnn.serving.v2.types import Failure, InferAnswer, InferInput, Tensor
 
 log = logging.getLogger("hybridgnn.grpc")
@@ -231,7 +231,7 @@ class GrpcFrontend:
         out = self._messages["ModelInfer"][1](model_name=answer.model, model_version=answer.version,
                                               id=answer.id or "")
         for name, arr in answer.outputs:
-            datatype, _ = wire_datatype(arr)
+            datatype = datatype_of(arr)
             out.outputs.add(name=name, datatype=datatype, shape=list(arr.shape))
             out.raw_output_contents.append(raw_tensor(arr, datatype))
         return out

@@ -15,7 +15,7 @@ import json
 import sys
 
 from hybridgnn.errors import BadRequest, brief
-from hybridgnn.serving.v2.tensors import raw_tensor, wire_datatype
+from hybridgnn.serving.v2.tensors import SENT_AS_IS, datatype_of, raw_tensor
 from hybridgnn.serving.v2.types import MISSING, InferAnswer, InferInput, Tensor
 
 try:  # optional fast path; the stdlib encoder is the fallback
@@ -137,7 +137,8 @@ def encode_infer_response(answer: InferAnswer, binary: dict[str, bool] | bool) -
     follow the JSON header in output order."""
     entries, blobs = [], []
     for name, arr in answer.outputs:
-        datatype, as_is = wire_datatype(arr)
+        as_is = SENT_AS_IS.get(arr.dtype)  # inline: called for every output of every answer
+        datatype = as_is or datatype_of(arr)
         entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary if type(binary) is bool else binary.get(name, False):
             raw = arr.tobytes() if as_is else raw_tensor(arr, datatype)  # tobytes: C order, whatever the strides

@@ -105,7 +105,8 @@ def decode_infer(request: InferInput, *, max_nodes: int, num_nodes: int, feature
         raise BadRequest(f"input {INPUT_NAME!r} is missing")
     names = (*OUTPUT_NAMES, ID_OUTPUT) if req.external_ids is not None else OUTPUT_NAMES
     if request.outputs is None:
-        req.outputs = tuple(n for n in names if default_outputs is None or n in default_outputs or n == ID_OUTPUT)
+        req.outputs = (names if default_outputs is None
+                       else tuple(n for n in names if n in default_outputs or n == ID_OUTPUT))
     else:
         for name in request.outputs:
             if name not in names:

@@ -254,10 +254,10 @@ class V2Service:
     def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode):
         """The transport's 200 answer to a decoded inference from its result, counted."""
         t0 = time.perf_counter()
-        arrays = {"logits": result.logits, "embeddings": result.embeddings, "predictions": result.predictions,
-                  ID_OUTPUT: req.external_ids}
+        # The outputs are RequestResult's attributes of the same names, and the ids echoed
         reply = encode(InferAnswer(model, engine.model_version, req.request_id,
-                                   [(name, arrays[name]) for name in req.outputs]))
+                                   [(name, getattr(result, name) if name != ID_OUTPUT else req.external_ids)
+                                    for name in req.outputs]))
         done = time.perf_counter()
         stats = engine.stats
         stats.stage("respond", result.pipeline, done - t0)

@@ -245,18 +245,12 @@ def validate_new_nodes(features: np.ndarray, edge_index: np.ndarray, *, max_node
 
 
 # Output dtypes sent as they are (the datatype's own little-endian dtype), to their datatype.
-_SENT_AS_IS = {np.dtype("<f4"): "FP32", np.dtype("<i8"): "INT64"}
-
-
-def wire_datatype(arr: np.ndarray) -> tuple[str, bool]:
-    """(the v2 datatype an output is sent as, whether its bytes go as they are)."""
-    as_is = _SENT_AS_IS.get(arr.dtype)
-    return (as_is, True) if as_is else (datatype_of(arr), False)
+SENT_AS_IS = {np.dtype("<f4"): "FP32", np.dtype("<i8"): "INT64"}
 
 
 def datatype_of(arr: np.ndarray) -> str:
     """The v2 datatype an output array is sent as."""
-    return _SENT_AS_IS.get(arr.dtype) or (
+    return SENT_AS_IS.get(arr.dtype) or (
         "BYTES" if arr.dtype.kind == "U" else "FP32" if arr.dtype.kind == "f" else "INT64")
 
 
