@@ -90,7 +90,7 @@ class Api:
     def __init__(self, engines: Engine | Models | Repository | V2Service):
         self.service = service = engines if isinstance(engines, V2Service) else V2Service(engines)
         self.engine = service.engine  # server-wide settings (limits) come from the first engine
-        self._refusals: dict[tuple, Reply] = {}  # reply_of()'s shared 429/503 answers
+        self._refusals: dict[Failure, Reply] = {}  # reply_of()'s shared 429/503 answers, by Failure
         self.standing_target_s = standing_queue_limits(self.engine.queue_bound_s)[0]
         self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}  # route()'s, kept
         s = service
@@ -167,22 +167,22 @@ class Api:
 
     # --- errors ---------------------------------------------------------------------------
     def reply_of(self, failure: Failure) -> Reply:
-        """The Reply to a failure. A refusal (429/503) is one shared Reply per message (the
-        protocol keeps its bytes): under overload they are answered by the thousand per
-        second, with a few messages."""
+        """The Reply to a failure. A refusal (429/503) is one shared Reply per Failure (the
+        v2 service shares those per message, and the protocol keeps the Reply's bytes):
+        under overload they are answered by the thousand per second, with a few messages."""
+        reply = self._refusals.get(failure)
+        if reply is not None:
+            return reply
         headers = failure.headers
         if failure.status in (429, 503) and not (headers and "Retry-After" in headers):
             headers = {**headers, **RETRY} if headers else RETRY
         if failure.request_id is not None:
             return Reply.json({"error": failure.message, "request_id": failure.request_id}, failure.status, headers)
-        if failure.status not in (429, 503):
-            return Reply.error(failure.status, failure.message, headers)
-        key = (failure.status, failure.message, headers.get("Retry-After"))
-        reply = self._refusals.get(key)
-        if reply is None:
+        reply = Reply.error(failure.status, failure.message, headers)
+        if failure.status in (429, 503):
             if len(self._refusals) >= _REFUSALS_KEPT:
                 self._refusals.clear()
-            reply = self._refusals[key] = Reply.error(failure.status, failure.message, headers)
+            self._refusals[failure] = reply
             reply.shared = True
         return reply
 

@@ -96,12 +96,11 @@ def parse_infer(body: bytes, header_length: str | None, model: str, version: str
     """(the inference request, how to answer each output: a name -> binary map, or one
     choice for all) of a body."""
     header, binary = split_body(body, header_length)
-    inputs = header.get("inputs")
-    params = header.get("parameters")
+    get = header.get
+    inputs, params, requested = get("inputs"), get("parameters"), get("outputs")
     if params is None:
         params = {}
-    default_binary = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
-    requested = header.get("outputs")
+    default_binary = bool(params.get("binary_data_output", False)) if type(params) is dict else False
     names, binary_of = None, default_binary
     if requested is not None:
         if not isinstance(requested, list):
@@ -114,9 +113,20 @@ def parse_infer(body: bytes, header_length: str | None, model: str, version: str
             if isinstance(name, str):
                 binary_of[name] = (bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict)
                                    else default_binary)
-    request = InferInput(model, version, tensors_of(inputs, binary) if inputs is not None else [], params, names,
-                         header.get("id"), waited_s, standing)
-    return request, binary_of
+    if inputs is None:
+        tensors = []
+    elif not binary and type(inputs) is list:
+        # Plain JSON (most requests): data as sent, no tail to slice. Every request pays
+        # this, a refused one too; anything else takes tensors_of's checks.
+        tensors = []
+        for i in inputs:
+            if type(i) is not dict or "parameters" in i:
+                tensors = tensors_of(inputs, binary)
+                break
+            tensors.append(Tensor(i.get("name"), i.get("datatype"), i.get("shape"), i.get("data", MISSING)))
+    else:
+        tensors = tensors_of(inputs, binary)
+    return InferInput(model, version, tensors, params, names, get("id"), waited_s, standing), binary_of
 
 
 def parse_update(body: bytes, header_length: str | None) -> list[Tensor]:

@@ -50,6 +50,7 @@ from hybridgnn.serving.v2.types import (
 
 log = logging.getLogger("hybridgnn.serving.v2")
 T = TypeVar("T")
+REFUSALS_KEPT = 256  # distinct refusal answers kept (messages name a bound and a retry; few differ)
 
 
 def graph_version_param(v) -> int:
@@ -82,6 +83,7 @@ class V2Service:
         # the same for every engine of a server.
         self.engine = self.models.engines()[0]
         self._standing: dict[float, Failure] = {}  # refuse_standing()'s, by target
+        self._refusals: dict[tuple, Failure] = {}  # failure()'s 429s and 503s, shared
 
     @property
     def draining(self) -> bool:
@@ -109,6 +111,14 @@ class V2Service:
                     request_id = os.urandom(6).hex()
                     log.error("[%s] %s: %s (%d)", request_id, where, exc.message, exc.status)
                     return Failure(exc.status, exc.message, exc.headers(), request_id)
+                if exc.status in (429, 503):  # refusals, thousands a second under overload: one per message
+                    key = (exc.status, exc.message, exc.retry_after_s)
+                    failure = self._refusals.get(key)
+                    if failure is None:
+                        if len(self._refusals) >= REFUSALS_KEPT:
+                            self._refusals.clear()
+                        failure = self._refusals[key] = Failure(exc.status, exc.message, exc.headers())
+                    return failure
                 return Failure(exc.status, exc.message, exc.headers())
         except Exception:  # a broken error must not take the answer with it
             log.exception("could not answer %r", exc)
