@@ -214,11 +214,16 @@ class GrpcFrontend:
 
     async def model_infer(self, request, context):
         service = self.service
+        engine = None
         try:
             engine = service.model(request.model_name, request.model_version or None)
             req = infer_input(request, 2 * engine.cfg.server.max_request_nodes * max(1, engine.graph.feature_dim))
         except Exception as exc:
-            await self._fail(context, exc)
+            failure = service.failure(exc, "infer")
+            (engine or service.engine).stats.answered(failure.status)  # counted as the service counts its own
+            if engine is not None:
+                engine.model_stats.failed(0.0)
+            await self._abort(context, failure)
             raise  # not reached: abort raises
         answer = service.infer(req, self._encode_infer, _failed)
         if not isinstance(answer, (Failure, self._messages["ModelInfer"][1])):
