@@ -101,8 +101,8 @@ async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> 
     return V2Service(await open_engine(cfg, stats))
 
 
-async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *, service: V2Service | None = None,
-                       http: bool = True) -> Server:
+async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
+                       service: V2Service | None = None) -> Server:
     """Build and start the server cfg describes: engines, v2 service, HTTP on
     cfg.server.host:port (port 0: any free one) and, with cfg.server.grpc_port, gRPC.
     service: one already started (its engines are then this server's). Raises OSError
@@ -111,9 +111,8 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *, s
     service = service if service is not None else await start_engines(cfg, stats)
     server = Server(cfg, service, None)
     try:
-        if http:
-            server.http = http_server(service, cfg)
-            await server.http.start(cfg.server.host, cfg.server.port)
+        server.http = http_server(service, cfg)
+        await server.http.start(cfg.server.host, cfg.server.port)
         if cfg.server.grpc_port is not None:
             from hybridgnn.serving.grpc.service import (
                 GrpcFrontend,  # grpcio only when asked for

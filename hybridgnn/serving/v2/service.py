@@ -61,12 +61,6 @@ def graph_version_param(v) -> int:
     return v
 
 
-def standing_refusal(target_s: float) -> Overloaded:
-    """The refusal of an inference that waited past the target of a queue that stands in
-    the front end (one message per target, so transports can share its answer)."""
-    return Overloaded(f"waited over {target_s * 1e3:.0f} ms in a standing queue of the front end; retry later")
-
-
 class V2Service:
     """The v2 endpoints of a server's engines (and its repository, when it has one)."""
 
@@ -298,7 +292,7 @@ class V2Service:
             return None
         failure = self._standing.get(target_s)
         if failure is None:
-            exc = standing_refusal(target_s)
+            exc = Overloaded(f"waited over {target_s * 1e3:.0f} ms in a standing queue of the front end; retry later")
             failure = self._standing[target_s] = Failure(exc.status, exc.message, exc.headers())
         engine.model_stats.failed(time.perf_counter() - started)
         engine.stats.refused(Overloaded.reason)
