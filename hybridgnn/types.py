@@ -231,6 +231,11 @@ class ServingStats:
     def compacted(self) -> None:
         """The dynamic graph's patches were folded into its base CSR."""
 
+    def frontends(self, source: Callable[[], dict[int, dict]]) -> None:
+        """Mirror the server's front-end processes: source() maps each one's index to its
+        last report (pid, connections, requests, cpu_s, rss_bytes, up, restarts), read at
+        scrape time."""
+
     def exposition(self) -> tuple[bytes, str]:
         """The /metrics body and its content type."""
         return b"", "text/plain; version=0.0.4; charset=utf-8"

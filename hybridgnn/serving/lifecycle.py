@@ -35,7 +35,10 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     except ImportError as exc:
         log.error("--grpc-port needs grpcio and protobuf (pip install grpcio protobuf): %s", exc)
         return 2
-    except (OSError, RuntimeError) as exc:  # port taken, address not local, no permission: one line, no traceback
+    except RuntimeError as exc:  # a front-end process that cannot start (its own log lines say why)
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:  # port taken, address not local, no permission: one line, no traceback
         log.error("cannot listen on %s (HTTP %d, gRPC %s): %s", cfg.server.host, cfg.server.port,
                   cfg.server.grpc_port, getattr(exc, "strerror", None) or exc)
         return 2
@@ -56,9 +59,10 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
 
     loop.add_signal_handler(signal.SIGHUP, refresh)
     saver = loop.create_task(_save_seed_log(engine, cfg)) if cfg.server.seed_log is not None else None
-    log.info("serving %s on http://%s:%d (%d nodes, fanouts %s, %d CPU workers)", server.describe(),
+    log.info("serving %s on http://%s:%d (%d nodes, fanouts %s, %d CPU workers, %s)", server.describe(),
              cfg.server.host, server.port, engine.graph.num_nodes, list(engine.cfg.sampling.fanouts),
-             cfg.cpu_pipeline.workers)
+             cfg.cpu_pipeline.workers, f"{server.frontends.count} front-end processes"
+             if server.frontends is not None else "HTTP in this process")
     if on_ready is not None:
         on_ready(server)
     await stop.wait()

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from hybridgnn.config import ServeConfig
+from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.config import ServeConfig, frontends_for
 from hybridgnn.serving.core.engine import Engine, open_engine
+from hybridgnn.serving.frontends import Frontends
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.server import HttpServer
 from hybridgnn.serving.repository.loader import open_repository
@@ -30,7 +32,8 @@ class Server:
     def __init__(self, cfg: ServeConfig, service: V2Service, http: HttpServer | None, grpc=None):
         self.cfg = cfg
         self.service = service
-        self.http = http
+        self.http = http  # HTTP in this process, or
+        self.frontends: Frontends | None = None  # ... in front-end processes (--frontends N > 1)
         self.grpc = grpc
 
     @property
@@ -45,7 +48,7 @@ class Server:
 
     @property
     def port(self) -> int:
-        return self.http.port
+        return self.frontends.port if self.frontends is not None else self.http.port
 
     @property
     def grpc_port(self) -> int | None:
@@ -60,6 +63,8 @@ class Server:
         """Report not-ready everywhere (still serving what arrives); no more model loads."""
         if self.service.repository is not None:
             self.service.repository.begin_shutdown()
+        if self.frontends is not None:
+            self.frontends.begin_shutdown()
         for e in self.engines:
             e.mark_unready()
 
@@ -67,6 +72,8 @@ class Server:
         """Refuse new requests (503) and wait for the admitted ones; True if all finished
         within drain_timeout_s."""
         log.info("draining %d pending requests", sum(e.pending for e in self.engines))
+        if self.frontends is not None:
+            self.frontends.set_draining()
         return all(await asyncio.gather(*(e.drain(self.cfg.server.drain_timeout_s) for e in self.engines)))
 
     async def close(self) -> None:
@@ -74,6 +81,8 @@ class Server:
         s = self.cfg.server
         if self.http is not None:
             await self.http.close(s.shutdown_grace_s + 1)
+        if self.frontends is not None:
+            await self.frontends.stop(s.shutdown_grace_s + 1)
         if self.grpc is not None:
             await self.grpc.stop(s.shutdown_grace_s)
         await self._stop_engines()
@@ -104,15 +113,22 @@ async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> 
 async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
                        service: V2Service | None = None) -> Server:
     """Build and start the server cfg describes: engines, v2 service, HTTP on
-    cfg.server.host:port (port 0: any free one) and, with cfg.server.grpc_port, gRPC.
-    service: one already started (its engines are then this server's). Raises OSError
-    when a port cannot be listened on, ImportError when gRPC is asked for without grpcio;
-    whatever was started is stopped first."""
+    cfg.server.host:port (port 0: any free one; in this process, or in front-end processes
+    as cfg.server.frontends says) and, with cfg.server.grpc_port, gRPC. service: one
+    already started (its engines are then this server's). Raises OSError when a port
+    cannot be listened on, ImportError when gRPC is asked for without grpcio,
+    RuntimeError when a front-end process cannot start; whatever was started is stopped
+    first."""
     service = service if service is not None else await start_engines(cfg, stats)
     server = Server(cfg, service, None)
     try:
-        server.http = http_server(service, cfg)
-        await server.http.start(cfg.server.host, cfg.server.port)
+        count = frontends_for(cfg.server.frontends, CPU_COUNT)
+        if count > 1:
+            server.frontends = Frontends(Api(service), cfg, count)
+            await server.frontends.start()
+        else:
+            server.http = http_server(service, cfg)
+            await server.http.start(cfg.server.host, cfg.server.port)
         if cfg.server.grpc_port is not None:
             from hybridgnn.serving.grpc.service import (
                 GrpcFrontend,  # grpcio only when asked for

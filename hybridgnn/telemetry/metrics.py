@@ -21,6 +21,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hybridgnn.telemetry.histogram import LoopCounter, LoopHistogram
 from hybridgnn.types import ServingStats, StageTimings, UpdateStats
@@ -266,5 +267,40 @@ class Telemetry(ServingStats):
     def compacted(self) -> None:
         self.compactions.inc()
 
+    def frontends(self, source) -> None:
+        self.registry.register(_FrontendCollector(source))
+
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), self.content_type
+
+
+class _FrontendCollector:
+    """Front-end processes' series, from their last reports (serving/frontends.py)."""
+
+    _GAUGES = (("connections", "hybridgnn_frontend_connections", "Open client connections"),
+               ("rss_bytes", "hybridgnn_frontend_resident_memory_bytes", "Resident memory"),
+               ("up", "hybridgnn_frontend_up", "1 while the front end is linked to the engine"))
+    _COUNTERS = (("requests", "hybridgnn_frontend_requests", "Requests sent on to the engine"),
+                 ("cpu_s", "hybridgnn_frontend_cpu_seconds", "CPU time (user + system) of the process"),
+                 ("refused_connections", "hybridgnn_frontend_refused_connections",
+                  "Connections refused past the connection cap"),
+                 ("restarts", "hybridgnn_frontend_restarts", "Times the front end was started again"))
+
+    def __init__(self, source):
+        self.source = source
+
+    def describe(self):
+        return []  # collected at scrape time only
+
+    def collect(self):
+        reports = self.source()
+        for key, name, doc in self._GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=["frontend"])
+            for index, r in sorted(reports.items()):
+                g.add_metric([str(index)], float(r.get(key, 0)))
+            yield g
+        for key, name, doc in self._COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=["frontend"])
+            for index, r in sorted(reports.items()):
+                c.add_metric([str(index)], float(r.get(key, 0)))
+            yield c

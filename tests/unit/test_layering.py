@@ -63,10 +63,11 @@ def test_the_known_exceptions_still_exist():
 
 
 # serving/'s sub-packages, bottom to top; a module imports only from its own sub-package or
-# one below. http and grpc are transports side by side: neither imports the other. The
+# one below. http and grpc are transports side by side: neither imports the other; ipc
+# (front-end processes to the engine) sits beside them. The
 # modules directly in serving/ (server.py assembles, lifecycle.py runs) sit on top.
 SERVING = PACKAGE / "serving"
-SERVING_RANKS = {"core": 0, "repository": 1, "v2": 2, "http": 3, "grpc": 3, "": 4}
+SERVING_RANKS = {"core": 0, "repository": 1, "v2": 2, "http": 3, "grpc": 3, "ipc": 3, "": 4}
 
 
 def _serving_part(module: str) -> str | None:

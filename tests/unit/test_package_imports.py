@@ -38,3 +38,70 @@ def test_no_package_module_imports_hypothesis_or_pytest():
 
 def test_there_is_no_testing_subpackage():
     assert not (PACKAGE / "testing").exists(), "test helpers live in tests/support, outside the wheel"
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported (not what its functions import later)."""
+    found = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def _package_file(module: str) -> Path | None:
+    if module == "hybridgnn":
+        return PACKAGE / "__init__.py"
+    rel = Path(*module.split(".")[1:])
+    for p in (PACKAGE / rel.with_suffix(".py"), PACKAGE / rel / "__init__.py"):
+        if p.exists():
+            return p
+    return None
+
+
+def _import_closure(module: str) -> tuple[set[str], set[str]]:
+    """(the package's modules importing `module` imports, the outside modules they import)."""
+    seen, outside, todo = set(), set(), [module]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        parts = m.split(".")
+        # importing a.b.c runs a/__init__, a/b/__init__ first
+        for i in range(2, len(parts)):
+            todo.append(".".join(parts[:i]))
+        path = _package_file(m)
+        if path is None:
+            continue
+        seen.add(m)
+        for imp in _module_level_imports(path):
+            if imp.split(".")[0] == "hybridgnn":
+                todo.append(imp)
+            else:
+                outside.add(imp.split(".")[0])
+    return seen, outside
+
+
+def test_a_front_end_process_loads_no_torch():
+    """serving/frontend.py (one per front-end process) stays small: nothing it imports
+    imports torch (or the engine)."""
+    inside, outside = _import_closure("hybridgnn.serving.frontend")
+    assert "hybridgnn.serving.frontend" in inside and "hybridgnn.serving.http.server" in inside
+    assert "torch" not in outside, sorted(outside)
+    assert not [m for m in inside if m.startswith(("hybridgnn.serving.core.engine", "hybridgnn.serving.v2.service"))]
+
+
+def test_the_import_closure_sees_torch_where_it_is():
+    _, outside = _import_closure("hybridgnn.serving.http.api")
+    assert "torch" in outside

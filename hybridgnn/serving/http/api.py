@@ -9,13 +9,11 @@ whose encoding the protocol keeps. Nothing a client sends raises out of here.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
-from collections.abc import Awaitable, Callable
-from json.encoder import encode_basestring_ascii
+from collections.abc import Awaitable
 from urllib.parse import unquote
 
-from hybridgnn.errors import RETRY_AFTER_S, MethodNotAllowed, NotFound, PayloadTooLarge
+from hybridgnn.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
@@ -23,63 +21,16 @@ from hybridgnn.serving.http.codec import (
     parse_infer,
     parse_update,
 )
+from hybridgnn.serving.http.reply import Endpoint, Refusals, Reply, Request, model_route
 from hybridgnn.serving.http.turns import standing_queue_limits
 from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
 from hybridgnn.serving.v2.service import V2Service
 from hybridgnn.serving.v2.types import Failure, GraphUpdateInput, InferAnswer
 
-JSON = "application/json"
 _HEADER_LENGTH = HEADER_LENGTH.lower()  # request headers reach endpoints with lower-case names
-RETRY = {"Retry-After": str(max(1, round(RETRY_AFTER_S)))}
-
-
-class Reply:
-    """One HTTP answer: status, body bytes, content type and any extra headers."""
-
-    __slots__ = ("status", "body", "content_type", "headers", "shared")
-
-    def __init__(self, status: int, body: bytes, content_type: str = JSON, headers: dict[str, str] | None = None):
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
-        self.shared = False  # one object answers many requests, unchanged: its encoding may be kept
-
-    @classmethod
-    def json(cls, obj, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
-        return cls(status, json.dumps(obj).encode(), JSON, headers)
-
-    @classmethod
-    def error(cls, status: int, message: str, headers: dict[str, str] | None = None) -> Reply:
-        # The bytes json.dumps({"error": message}) gives, at a sixth of its cost: refusals
-        # under overload are answered by the thousand per second.
-        return cls(status, b'{"error": %s}' % encode_basestring_ascii(message).encode(), JSON, headers)
-
-
-class Request:
-    """What an endpoint reads from an HTTP request: route parameters, the headers it
-    uses (names lower-case), the body, how long it already waited in the front end
-    (from its first byte read, or from the answer before it on a pipelining connection if
-    that came later, to its endpoint running), which admission counts, and
-    whether it waited past the target of a queue that stands (then an inference is
-    refused; other endpoints answer)."""
-
-    __slots__ = ("params", "headers", "body", "waited_s", "standing")
-
-    def __init__(self, params: dict[str, str], headers: dict[str, str], body: bytes, waited_s: float = 0.0,
-                 standing: bool = False):
-        self.params = params
-        self.headers = headers
-        self.body = body
-        self.waited_s = waited_s
-        self.standing = standing
-
-
-Endpoint = Callable[[Request], "Reply | Awaitable[Reply]"]
 _ROUTES_KEPT = 1024  # routes found that Api.route keeps (of paths up to _ROUTE_KEPT_CHARS)
 _ROUTE_KEPT_CHARS = 256
-_REFUSALS_KEPT = 256  # distinct refusal answers kept (messages name a bound and a retry; few differ)
 # Methods each path shape accepts; GET endpoints also answer HEAD.
 _MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET", "stats": "GET"}
 
@@ -90,7 +41,7 @@ class Api:
     def __init__(self, engines: Engine | Models | Repository | V2Service):
         self.service = service = engines if isinstance(engines, V2Service) else V2Service(engines)
         self.engine = service.engine  # server-wide settings (limits) come from the first engine
-        self._refusals: dict[Failure, Reply] = {}  # reply_of()'s shared 429/503 answers, by Failure
+        self._refusals = Refusals()
         self.standing_target_s = standing_queue_limits(self.engine.queue_bound_s)[0]
         self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}  # route()'s, kept
         s = service
@@ -150,41 +101,20 @@ class Api:
                 return self._not_allowed(method, path, "POST")
             return self._repository_endpoints[parts[5]], {"model": parts[4]}
         # /v2/models/{model}[/versions/{version}][/ready|/infer|/graph]
-        if len(parts) >= 4 and parts[0] == "" and parts[1] == "v2" and parts[2] == "models" and parts[3]:
-            rest = parts[4:]
-            params = {"model": parts[3]}
-            if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
-                params["version"] = rest[1]
-                rest = rest[2:]
-            if len(rest) <= 1:
-                action = rest[0] if rest else ""
-                allowed = _MODEL_ROUTES.get(action)
-                if allowed is not None:
-                    if method == allowed or (allowed == "GET" and method == "HEAD"):
-                        return self._model_endpoints[action], params
-                    return self._not_allowed(method, path, "GET, HEAD" if allowed == "GET" else allowed)
+        params = model_route(path)
+        if params is not None:
+            action = params.pop("action")
+            allowed = _MODEL_ROUTES.get(action)
+            if allowed is not None:
+                if method == allowed or (allowed == "GET" and method == "HEAD"):
+                    return self._model_endpoints[action], params
+                return self._not_allowed(method, path, "GET, HEAD" if allowed == "GET" else allowed)
         return self.error_reply(NotFound(f"no such endpoint: {method} {path}"))
 
     # --- errors ---------------------------------------------------------------------------
     def reply_of(self, failure: Failure) -> Reply:
-        """The Reply to a failure. A refusal (429/503) is one shared Reply per Failure (the
-        v2 service shares those per message, and the protocol keeps the Reply's bytes):
-        under overload they are answered by the thousand per second, with a few messages."""
-        reply = self._refusals.get(failure)
-        if reply is not None:
-            return reply
-        headers = failure.headers
-        if failure.status in (429, 503) and not (headers and "Retry-After" in headers):
-            headers = {**headers, **RETRY} if headers else RETRY
-        if failure.request_id is not None:
-            return Reply.json({"error": failure.message, "request_id": failure.request_id}, failure.status, headers)
-        reply = Reply.error(failure.status, failure.message, headers)
-        if failure.status in (429, 503):
-            if len(self._refusals) >= _REFUSALS_KEPT:
-                self._refusals.clear()
-            self._refusals[failure] = reply
-            reply.shared = True
-        return reply
+        """The Reply to a failure (a refusal's shared: http/reply.py's Refusals)."""
+        return self._refusals.reply_of(failure)
 
     def error_reply(self, exc: BaseException | None, where: str = "request") -> Reply:
         """The Reply to an exception (V2Service.failure: a ServingError's own answer, else
@@ -267,15 +197,9 @@ class Api:
 
     def _unparsed(self, request: Request, exc: Exception) -> Reply:
         """The answer to an inference whose body does not parse, counted as the v2 service
-        counts a failed inference (under the model asked for, when this server has it)."""
-        try:
-            engine = self.service.model(request.params["model"], request.params.get("version"))
-        except NotFound:
-            engine = self.engine
-        else:
-            engine.model_stats.failed(0.0)
+        counts a failed inference."""
         reply = self.error_reply(exc, "infer")
-        engine.stats.answered(reply.status)
+        self.service.count_unparsed(request.params["model"], request.params.get("version"), reply.status)
         return reply
 
     async def update_graph(self, request: Request) -> Reply:

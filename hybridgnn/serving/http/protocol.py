@@ -43,7 +43,7 @@ from http import HTTPStatus
 import httptools
 
 from hybridgnn.serving.core.eager import Later, when_done
-from hybridgnn.serving.http.api import Reply, Request
+from hybridgnn.serving.http.reply import Reply, Request
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from hybridgnn.serving.http.api import RETRY, Api, Reply
 from hybridgnn.serving.http.protocol import Connection
+from hybridgnn.serving.http.reply import RETRY, Reply, Routes
 from hybridgnn.serving.http.turns import Turns, standing_queue_limits
 
 log = logging.getLogger("hybridgnn.serving.http.protocol")
@@ -50,7 +50,7 @@ def connection_limit(wanted: int) -> int:
 class HttpServer:
     """Listens on host:port and serves `api` until closed."""
 
-    def __init__(self, api: Api, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
+    def __init__(self, api: Routes, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
                  max_pipelined: int = 8, answers_per_turn: int = 64,
                  queue_bound_s: float = float("inf")):
@@ -85,10 +85,12 @@ class HttpServer:
             wire = self._kept[key] = encode(reply, keep_alive, head_only)
         return wire
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+        """Listen on host:port. reuse_port: beside the other front-end processes on that
+        port (SO_REUSEPORT: the kernel spreads new connections over them)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: Connection(self), host, port, reuse_address=True,
-                                                backlog=4096)
+                                                reuse_port=reuse_port or None, backlog=4096)
         self._sweeper = loop.create_task(self._sweep())
 
     @property

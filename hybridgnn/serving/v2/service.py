@@ -27,6 +27,7 @@ from hybridgnn.errors import (
     Conflict,
     Draining,
     Forbidden,
+    NotFound,
     Overloaded,
     ServiceUnavailable,
     ServingError,
@@ -276,6 +277,18 @@ class V2Service:
         failure = self.failure(exc, "infer")
         engine.stats.answered(failure.status)
         return fail(failure)
+
+    def count_unparsed(self, model: str, version: str | None, status: int) -> None:
+        """Count an inference a transport answered itself because its body did not parse
+        (status: its answer), as a failed inference of the model asked for, when this
+        server has it."""
+        try:
+            engine = self.models.get(model, version)
+        except NotFound:
+            engine = self.engine
+        else:
+            engine.model_stats.failed(0.0)
+        engine.stats.answered(status)
 
     def refuse_standing(self, model: str, version: str | None, target_s: float, fail):
         """For an inference that waited past the target of a queue that stands in the front

@@ -1,0 +1,275 @@
+"""One front-end process (`python -m hybridgnn.serving.frontend --ipc PATH --index I`,
+started by serving/frontends.py): HTTP on the server's port beside the other front ends,
+inferences parsed here and sent to the engine's process as binary frames, their answers
+encoded here; every other request forwarded as received. Imports no torch.
+
+What holds:
+- An inference that does not parse is answered here (the engine is told, so its
+  statistics count it as it counts its own); one that parses is the engine's to validate,
+  admit and answer, and its answer (an array per output) is encoded here as the client
+  asked (JSON, or binary tensor data).
+- The engine's STOP: stop accepting, answer what was accepted (the engine still serves),
+  close, exit 0. SIGTERM and SIGINT are ignored: signals sent to the whole process group
+  (a terminal's Ctrl-C, `timeout`, `kill -- -PGID`) reach the engine's process too, which
+  drains and then stops its front ends in order.
+- The engine's link ending (its process gone): every request waiting for it is answered
+  503 with Retry-After, the listener closes and the process exits 1 with one log line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import resource
+import signal
+import sys
+from urllib.parse import unquote
+
+from hybridgnn.errors import ServingError
+from hybridgnn.serving.core.eager import Later, together
+from hybridgnn.serving.http.codec import (
+    HEADER_LENGTH,
+    encode_infer_response,
+    parse_infer,
+)
+from hybridgnn.serving.http.reply import (
+    RETRY,
+    Endpoint,
+    Refusals,
+    Reply,
+    Request,
+    model_route,
+)
+from hybridgnn.serving.http.server import HttpServer
+from hybridgnn.serving.ipc import wire
+from hybridgnn.serving.ipc.channel import Channel
+from hybridgnn.serving.v2.types import Failure
+
+log = logging.getLogger("hybridgnn.frontend")
+_HEADER_LENGTH = HEADER_LENGTH.lower()
+_STATS_PERIOD_S = 1.0
+_ROUTES_KEPT = 1024
+_ENGINE_GONE = "the engine process is gone; retry (another replica can answer)"
+
+
+class EngineLink:
+    """The front end's end of its link to the engine: requests out, each answered by the
+    frame that carries its id back."""
+
+    def __init__(self, on_state, on_lost):
+        self.channel = Channel(self._on_message, self._lost)
+        self.setup: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending: dict[int, tuple] = {}
+        self._next = 0
+        self._on_state = on_state
+        self._on_lost = on_lost
+        self.sent = 0
+
+    def request(self, make_frame, waiter: tuple) -> bool:
+        """Send make_frame(rid); waiter = (later, how to answer) gets the answer frame.
+        False when the link is gone."""
+        if self.channel.closed:
+            return False
+        rid = self._next = (self._next + 1) & 0xFFFFFFFF
+        self._pending[rid] = waiter
+        self.channel.send(make_frame(rid))
+        self.sent += 1
+        return True
+
+    def note(self, data: bytes) -> None:
+        self.channel.send(data)
+
+    def _on_message(self, kind: int, rid: int, payload: memoryview) -> None:
+        if kind == wire.SETUP:
+            if not self.setup.done():
+                self.setup.set_result(wire.loads(payload))
+            return
+        if kind == wire.STATE:
+            self._on_state(wire.loads(payload))
+            return
+        if kind == wire.STOP:
+            self._on_state({"draining": True, "stop": True})
+            return
+        waiter = self._pending.pop(rid, None)
+        if waiter is None:
+            raise wire.WireError(f"an answer to request {rid}, which waits for none")
+        later, answer = waiter
+        with together():
+            later.set_result(answer(kind, payload))
+
+    def _lost(self, exc) -> None:
+        pending, self._pending = self._pending, {}
+        gone = Reply.error(503, _ENGINE_GONE, RETRY)
+        with together():
+            for later, _ in pending.values():
+                later.set_result(gone)
+        if not self.setup.done():
+            self.setup.set_exception(ConnectionError("the engine closed the link before setting this front end up"))
+        self._on_lost(exc)
+
+
+class FrontendApi:
+    """The HTTP API as a front end serves it: inferences parsed and answered here through
+    the engine, everything else forwarded (http/reply.py's Routes)."""
+
+    def __init__(self, link: EngineLink, setup: dict):
+        self.link = link
+        self.draining = bool(setup.get("draining"))
+        self.refusals = Refusals()
+        self.report = None  # () -> this process's STATS frame: sent before /metrics is forwarded
+        self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}
+
+    def route(self, method: str, path: str):
+        key = (method, path)
+        found = self._routes.get(key)
+        if found is None:
+            params = model_route(unquote(path) if "%" in path else path)
+            if method == "POST" and params is not None and params.pop("action", None) == "infer":
+                found = (self.infer, params)
+            else:
+                found = (functools.partial(self.forward, method, path), {})
+            if len(self._routes) >= _ROUTES_KEPT:  # paths a client makes up cannot grow it
+                self._routes.clear()
+            self._routes[key] = found
+        return found
+
+    def internal_error(self, where: str, exc: BaseException | None = None) -> Reply:
+        request_id = os.urandom(6).hex()
+        exc = exc if exc is not None else sys.exc_info()[1]
+        log.error("[%s] internal error in %s", request_id, where,
+                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        return Reply.json({"error": "internal server error", "request_id": request_id}, 500)
+
+    def infer(self, request: Request):
+        params = request.params
+        model, version = params["model"], params.get("version")
+        try:
+            inp, binary = parse_infer(request.body, request.headers.get(_HEADER_LENGTH), model, version,
+                                      request.waited_s, request.standing)
+        except ServingError as exc:
+            self.link.note(wire.json_frame(wire.UNPARSED, 0, {"model": model, "version": version,
+                                                                "status": exc.status}))
+            return self.refusals.reply_of(Failure(exc.status, exc.message, exc.headers()))
+        except Exception:
+            return self.internal_error("infer")
+        later = Later()
+
+        def answer(kind: int, payload: memoryview) -> Reply:
+            try:
+                if kind == wire.ANSWER:
+                    body, headers = encode_infer_response(wire.decode_answer(payload, model), binary)
+                    return Reply(200, body, headers.pop("Content-Type"), headers or None)
+                if kind == wire.FAILED:
+                    return self.refusals.reply_of(wire.decode_failure(payload))
+                raise wire.WireError(f"message kind {kind} answers an inference")
+            except Exception:
+                return self.internal_error("infer answer")
+
+        if not self.link.request(lambda rid: wire.encode_infer(rid, inp), (later, answer)):
+            return Reply.error(503, _ENGINE_GONE, RETRY)
+        return later
+
+    def forward(self, method: str, path: str, request: Request):
+        later = Later()
+        if path == "/metrics" and self.report is not None:
+            self.link.note(self.report())  # the scrape shows this front end as of now
+
+        def answer(kind: int, payload: memoryview) -> Reply:
+            if kind != wire.REPLY:
+                return self.internal_error("forwarded answer", wire.WireError(f"message kind {kind}"))
+            status, content_type, headers, body = wire.decode_reply(payload)
+            return Reply(status, body, content_type, headers)
+
+        sent = self.link.request(lambda rid: wire.encode_forward(rid, method, path, request.headers, request.body,
+                                                                 request.waited_s, request.standing),
+                                 (later, answer))
+        return later if sent else Reply.error(503, _ENGINE_GONE, RETRY)
+
+
+def _report(http: HttpServer, link: EngineLink) -> dict:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    return {"pid": os.getpid(), "connections": len(http.connections), "refused_connections": http.refused_connections,
+            "requests": link.sent, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_bytes": rss}
+
+
+async def serve(path: str, index: int) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    lost: list[BaseException | None] = []
+    api: FrontendApi | None = None
+
+    def on_state(state: dict) -> None:
+        if api is not None:
+            api.draining = bool(state.get("draining"))
+        if state.get("stop"):
+            stop.set()
+
+    def on_lost(exc) -> None:
+        lost.append(exc)
+        stop.set()
+
+    link = EngineLink(on_state, on_lost)
+    await loop.create_unix_connection(lambda: link.channel, path)
+    link.note(wire.json_frame(wire.HELLO, 0, {"index": index, "pid": os.getpid()}))
+    try:
+        setup = await link.setup
+    except ConnectionError as exc:
+        log.error("front end %d: %s", index, exc)
+        return 1
+    logging.getLogger().setLevel(setup.get("log_level", logging.INFO))
+    api = FrontendApi(link, setup)
+    http = HttpServer(api, max_body_bytes=setup["max_body_bytes"], idle_timeout_s=setup["idle_timeout_s"],
+                      request_timeout_s=setup["request_timeout_s"], max_connections=setup["max_connections"],
+                      answers_per_turn=setup["answers_per_turn"], queue_bound_s=setup["queue_bound_s"])
+    await http.start(setup["host"], setup["port"], reuse_port=True)
+    link.note(wire.json_frame(wire.LISTENING, 0, {"port": http.port}))
+
+    async def report() -> None:
+        while True:
+            link.note(api.report())
+            await asyncio.sleep(_STATS_PERIOD_S)
+
+    api.report = lambda: wire.json_frame(wire.STATS, 0, _report(http, link))
+    reporter = loop.create_task(report())
+    await stop.wait()
+    reporter.cancel()
+    if lost:
+        log.error("front end %d: the engine process is gone; closing (requests waiting for it were answered 503)",
+                  index)
+        api.draining = True
+        await http.close(0.5)
+        return 1
+    api.draining = True
+    await http.close(setup["shutdown_grace_s"] + 1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="a hybridgnn front-end process (started by `hybridgnn serve "
+                                             "--frontends N`)")
+    ap.add_argument("--ipc", required=True, help="the engine's Unix socket")
+    ap.add_argument("--index", type=int, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s frontend-{args.index}: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from hybridgnn.capabilities import raise_open_file_limit, run_async
+
+    raise_open_file_limit()
+    try:
+        return run_async(serve(args.ipc, args.index))
+    except (ConnectionError, FileNotFoundError) as exc:
+        log.error("front end %d: cannot reach the engine at %s: %s", args.index, args.ipc, exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Front-end processes around one engine (`hybridgnn serve --frontends N`, N > 1).
+
+The engine's process (this one) holds the graph, models, batcher, router and pipelines
+and starts N front-end processes (serving/frontend.py). Each listens on the server's port
+(SO_REUSEPORT: the kernel spreads new connections over them) and does everything per
+connection: HTTP, parsing, decoding JSON tensors into arrays, encoding answers, errors.
+An inference crosses to the engine as one binary frame (serving/ipc/wire.py) over a Unix
+socket, so one batch holds requests from every front end and admission sees one queue;
+every other request is forwarded as received and answered by this process's Api.
+
+What holds:
+- A front end that exits while the server runs is started again (its clients' connections
+  end with it; every other connection is served on). Its link's answers still pending are
+  dropped here; requests it had sent are still served to completion.
+- This process gone (killed, crashed): each front end sees its link end, answers what it
+  waits for 503, closes and exits, so no front end accepts without an engine behind it.
+- stop(): each front end closes as `hybridgnn serve` does (stops accepting, answers what
+  it accepted, Connection: close), then exits; this process stops its engines after.
+  Front ends ignore SIGTERM and SIGINT: a signal to the whole process group drains
+  through this process, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+from hybridgnn.config import ServeConfig
+from hybridgnn.serving.core.eager import Later, when_done
+from hybridgnn.serving.http.api import Api
+from hybridgnn.serving.http.reply import Reply, Request
+from hybridgnn.serving.ipc import wire
+from hybridgnn.serving.ipc.channel import Channel
+
+log = logging.getLogger("hybridgnn.serve")
+_START_TIMEOUT_S = 120.0  # a front end imports numpy and httptools: seconds, not minutes
+_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)  # between restarts of a front end that keeps dying at start
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: a free one) with SO_REUSEPORT, not listening:
+    it holds the port for the front ends, which bind beside it. Refuses a port another
+    socket holds, even one that set SO_REUSEPORT (two servers must not share a port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.bind((host, port))  # without SO_REUSEPORT: fails if anything holds the port
+        port = probe.getsockname()[1]
+    finally:
+        probe.close()
+    held = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind((host, port))
+    except BaseException:
+        held.close()
+        raise
+    return held
+
+
+class _Link:
+    """The engine's end of one front end's link: frames in, answers out."""
+
+    def __init__(self, hub: Frontends):
+        self.hub = hub
+        self.index: int | None = None
+        self.channel = Channel(self._on_message, self._on_lost)
+        self.report: dict = {}
+
+    def _send(self, data: bytes) -> None:
+        self.channel.send(data)
+
+    def _on_message(self, kind: int, rid: int, payload: memoryview) -> None:
+        if kind == wire.INFER:
+            self._infer(rid, payload)
+        elif kind == wire.FORWARD:
+            self._forward(rid, payload)
+        elif kind == wire.UNPARSED:
+            note = wire.loads(payload)
+            self.hub.api.service.count_unparsed(note["model"], note["version"], int(note["status"]))
+        elif kind == wire.STATS:
+            self.report = wire.loads(payload)
+        elif kind == wire.HELLO:
+            self.index = int(wire.loads(payload)["index"])
+            self.hub.links[self.index] = self
+            self._send(wire.json_frame(wire.SETUP, 0, self.hub.setup(self.index)))
+        elif kind == wire.LISTENING:
+            self.hub.listening(self.index)
+        else:
+            raise wire.WireError(f"unknown message kind {kind}")
+
+    def _on_lost(self, exc) -> None:
+        if self.index is not None and self.hub.links.get(self.index) is self:
+            del self.hub.links[self.index]
+
+    def _infer(self, rid: int, payload: memoryview) -> None:
+        inp = wire.decode_infer(payload)
+        service = self.hub.api.service
+
+        def encode(answer):
+            return wire.encode_answer(rid, answer)
+
+        def fail(failure):
+            return wire.encode_failure(rid, failure)
+
+        out = None
+        if inp.standing:
+            out = service.refuse_standing(inp.model, inp.version, self.hub.api.standing_target_s, fail)
+        if out is None:
+            out = service.infer(inp, encode, fail)
+        if isinstance(out, bytes):
+            self._send(out)
+            return
+
+        def done(fut) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                exc = None if fut.cancelled() else fut.exception()
+                self._send(fail(service.failure(exc, "infer")))
+            else:
+                self._send(fut.result())
+
+        when_done(out if isinstance(out, (Later, asyncio.Future)) else asyncio.ensure_future(out), done)
+
+    def _forward(self, rid: int, payload: memoryview) -> None:
+        method, path, headers, body, waited, standing = wire.decode_forward(payload)
+        api = self.hub.api
+        found = api.route(method, path)
+        if isinstance(found, Reply):
+            self._reply(rid, found)
+            return
+        endpoint, params = found
+        try:
+            reply = endpoint(Request(params, headers, body, waited, standing))
+        except Exception:
+            reply = api.internal_error(f"{method} {path}")
+        if isinstance(reply, Reply):
+            self._reply(rid, reply)
+            return
+
+        def done(fut) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                self._reply(rid, api.internal_error("answer", None if fut.cancelled() else fut.exception()))
+            else:
+                self._reply(rid, fut.result())
+
+        when_done(reply if isinstance(reply, (Later, asyncio.Future)) else asyncio.ensure_future(reply), done)
+
+    def _reply(self, rid: int, reply: Reply) -> None:
+        self._send(wire.encode_reply(rid, reply.status, reply.content_type, reply.headers, reply.body))
+
+
+class Frontends:
+    """N front-end processes serving `api` on host:port (see the module docstring)."""
+
+    def __init__(self, api: Api, cfg: ServeConfig, count: int):
+        self.api = api
+        self.cfg = cfg
+        self.count = count
+        self.links: dict[int, _Link] = {}
+        self.restarts = [0] * count
+        self.port: int | None = None
+        self.draining = False
+        self._procs: list[asyncio.subprocess.Process | None] = [None] * count
+        self._started_at = [0.0] * count
+        self._listening: dict[int, asyncio.Future] = {}
+        self._dir: str | None = None
+        self._ipc: asyncio.AbstractServer | None = None
+        self._held: socket.socket | None = None
+        self._watchers: set[asyncio.Task] = set()
+        self._stopping = False
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self._dir, "engine.sock")
+
+    def setup(self, index: int) -> dict:
+        """What front end `index` serves with (its SETUP message)."""
+        s = self.cfg.server
+        return {"host": s.host, "port": self.port, "max_body_bytes": s.max_body_bytes,
+                "idle_timeout_s": s.idle_timeout_s, "request_timeout_s": s.request_timeout_s,
+                # the cap is the server's: each front end takes its share
+                "max_connections": max(1, s.max_connections // self.count),
+                "answers_per_turn": s.answers_per_turn, "queue_bound_s": self.api.engine.queue_bound_s,
+                "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining,
+                "log_level": logging.getLogger().getEffectiveLevel()}
+
+    async def start(self) -> None:
+        """Hold the port, start the front ends and return once each listens. OSError when
+        the port cannot be had; RuntimeError when a front end cannot start."""
+        loop = asyncio.get_running_loop()
+        s = self.cfg.server
+        self._held = reserve_port(s.host, s.port)
+        self.port = self._held.getsockname()[1]
+        self._dir = tempfile.mkdtemp(prefix="hybridgnn-")  # 0700: only this user reaches the engine
+        self._ipc = await loop.create_unix_server(lambda: _Link(self).channel, self.path)
+        try:
+            await asyncio.gather(*(self._start_one(i) for i in range(self.count)))
+        except BaseException:
+            await self.stop(0.0)
+            raise
+        for i in range(self.count):
+            self._watch(i)
+        self.api.engine.stats.frontends(self.reports)
+
+    async def _start_one(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        fut = self._listening[index] = loop.create_future()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hybridgnn.serving.frontend", "--ipc", self.path, "--index", str(index),
+            stdin=asyncio.subprocess.DEVNULL)
+        self._procs[index] = proc
+        self._started_at[index] = time.monotonic()
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            done, _ = await asyncio.wait({fut, exited}, timeout=_START_TIMEOUT_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if fut not in done:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise RuntimeError(f"front end {index} did not start (exit status {proc.returncode}; its log is above)")
+
+    def listening(self, index: int | None) -> None:
+        fut = self._listening.get(index)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _watch(self, index: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._restart_when_dead(index))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _restart_when_dead(self, index: int) -> None:
+        failures = 0
+        while not self._stopping:
+            proc = self._procs[index]
+            code = await proc.wait()
+            if self._stopping:
+                return
+            lived = time.monotonic() - self._started_at[index]
+            failures = failures + 1 if lived < 5.0 else 0
+            wait = _RESTART_BACKOFF_S[min(failures, len(_RESTART_BACKOFF_S) - 1)] if failures else 0.0
+            log.warning("front end %d (pid %d) exited with status %s; starting it again%s", index, proc.pid, code,
+                        f" in {wait:g} s" if wait else "")
+            await asyncio.sleep(wait)
+            if self._stopping:
+                return
+            try:
+                await self._start_one(index)
+                self.restarts[index] += 1
+            except RuntimeError as exc:
+                log.error("%s", exc)
+
+    def begin_shutdown(self) -> None:
+        """From now on a front end that exits is not started again."""
+        self._stopping = True
+
+    def set_draining(self) -> None:
+        """Tell every front end the server drains: their answers say Connection: close."""
+        self.draining = True
+        for link in list(self.links.values()):
+            link.channel.send(wire.json_frame(wire.STATE, 0, {"draining": True}))
+
+    def reports(self) -> dict[int, dict]:
+        """Each front end's last report (connections, CPU, memory), with its restarts."""
+        return {i: {**(self.links[i].report if i in self.links else {}), "up": i in self.links,
+                    "restarts": self.restarts[i]} for i in range(self.count)}
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid if p is not None and p.returncode is None else None for p in self._procs]
+
+    async def stop(self, timeout_s: float) -> None:
+        """Close every front end (each answers what it accepted, for up to timeout_s), then
+        the link's socket and the port."""
+        self.begin_shutdown()
+        for task in list(self._watchers):
+            task.cancel()
+        live = [p for p in self._procs if p is not None and p.returncode is None]
+        for link in list(self.links.values()):
+            link.channel.send(wire.frame(wire.STOP, 0))
+        if live:
+            _, late = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=timeout_s + 5)
+            for p in live:
+                if p.returncode is None:
+                    log.warning("front end pid %d did not exit in time; killing it", p.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        p.kill()
+                    await p.wait()
+        if self._ipc is not None:
+            self._ipc.close()
+        for link in list(self.links.values()):
+            link.channel.close()
+        if self._held is not None:
+            self._held.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+

@@ -1,0 +1,86 @@
+"""A framed message stream over a Unix socket (wire.py's frames), as an asyncio protocol:
+each whole frame read is handed to `on_message(kind, id, payload)` in the read's own
+callback, several per read under load (one system call carries many messages)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from hybridgnn.serving.ipc.wire import FRAME, MAX_FRAME, WireError
+
+log = logging.getLogger("hybridgnn.serving.ipc")
+
+
+class Channel(asyncio.Protocol):
+    """One end of a link. on_message(kind, rid, payload: memoryview) gets each frame
+    (the memoryview is valid only during the call unless copied); on_lost(exc) once, when
+    the link ends (EOF, an error, or a frame that does not decode)."""
+
+    def __init__(self, on_message: Callable[[int, int, memoryview], None],
+                 on_lost: Callable[[BaseException | None], None] | None = None):
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self.transport: asyncio.Transport | None = None
+        self.connected = asyncio.get_running_loop().create_future()
+        self.closed = False
+        self._buffer = bytearray()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        if not self.connected.done():
+            self.connected.set_result(None)
+
+    def send(self, data: bytes) -> bool:
+        """Queue a frame; False when the link is closed (the frame is dropped)."""
+        if self.closed:
+            return False
+        self.transport.write(data)
+        return True
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buffer
+        if buf:
+            buf += data
+            view = memoryview(bytes(buf))
+            buf.clear()
+        else:
+            view = memoryview(data)
+        pos, end = 0, len(view)
+        try:
+            while end - pos >= FRAME.size:
+                length, kind, rid = FRAME.unpack_from(view, pos)
+                if not 5 <= length < MAX_FRAME:
+                    raise WireError(f"frame length {length}")
+                stop = pos + 4 + length
+                if stop > end:
+                    break
+                self.on_message(kind, rid, view[pos + FRAME.size:stop])
+                pos = stop
+        except Exception as exc:
+            log.error("IPC link broken: %r", exc)
+            self.close(exc)
+            return
+        if pos < end:
+            self._buffer += view[pos:]
+
+    def eof_received(self) -> bool:
+        return False  # close our end too
+
+    def connection_lost(self, exc) -> None:
+        self._lost(exc)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self._lost(exc)
+
+    def _lost(self, exc: BaseException | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.connected.done():
+            self.connected.set_result(None)
+        if self.on_lost is not None:
+            self.on_lost(exc)

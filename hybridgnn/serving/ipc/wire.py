@@ -1,0 +1,227 @@
+"""The messages between a front-end process and the engine's process, as bytes.
+
+A frame is `<u32 length><u8 kind><u32 id>` then `length - 5` payload bytes. Most payloads
+are `<u32 n>`, n bytes of a small JSON head, then raw bytes: tensors travel as their
+little-endian bytes (never JSON, never pickle), with name, dtype and shape in the head.
+An input whose JSON `data` is not a plain numeric list (strings, mixed or malformed
+values) travels as its JSON so the engine finds it bad with the same message it would
+give in one process; everything the engine accepts arrives as an array.
+
+The two ends are processes of one server (the engine starts its front ends), so a frame
+that does not decode is a bug, answered by closing the link (WireError).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
+
+# Front end -> engine
+HELLO = 1  # JSON {"index", "pid"}: a front end connected
+LISTENING = 2  # JSON {"port"}: it accepts connections now
+INFER = 3  # an inference (encode_infer)
+FORWARD = 4  # any other HTTP request, as received (encode_forward)
+UNPARSED = 5  # JSON {"model", "version", "status"}: an inference the front end answered (no reply)
+STATS = 6  # JSON of the front end's counters now (no reply)
+# Engine -> front end
+SETUP = 101  # JSON: the settings the front end serves with
+ANSWER = 102  # an inference's outputs (encode_answer)
+FAILED = 103  # JSON {"status", "message", "headers", "request_id"}: an inference's error answer
+REPLY = 104  # the answer to a FORWARD (encode_reply)
+STATE = 105  # JSON {"draining"}: the server's state changed
+STOP = 106  # close (stop accepting, answer what was accepted) and exit
+
+FRAME = struct.Struct("<IBI")  # length (kind + id + payload), kind, id
+HEAD = struct.Struct("<I")
+MAX_FRAME = 1 << 31  # a frame longer than this is a broken stream
+# dtypes an array input may arrive as: what np.asarray makes of a JSON list of numbers
+# (and bools, which the engine then refuses with its own message)
+_LIST_DTYPES = {"<i8", "<u8", "<f8", "|b1"}
+_NUMERIC = {"INT64", "INT32", "FP32", "UINT64"}
+
+
+class WireError(Exception):
+    """A frame that does not decode: the link is broken (a bug, never a client's doing)."""
+
+
+def frame(kind: int, rid: int, *parts: bytes | memoryview) -> bytes:
+    """One frame of `kind` for request `rid`, the payload the concatenation of parts."""
+    size = sum(len(p) for p in parts)
+    return b"".join((FRAME.pack(size + 5, kind, rid), *parts))
+
+
+def _dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def json_frame(kind: int, rid: int, obj) -> bytes:
+    return frame(kind, rid, _dumps(obj))
+
+
+def with_head(kind: int, rid: int, head, *blobs: bytes | memoryview) -> bytes:
+    """A frame whose payload is a JSON head then raw blobs."""
+    h = _dumps(head)
+    return frame(kind, rid, HEAD.pack(len(h)), h, *blobs)
+
+
+def split_head(payload: memoryview) -> tuple[object, memoryview]:
+    """(the JSON head, the raw bytes after it) of a with_head payload."""
+    if len(payload) < 4:
+        raise WireError("payload too short for its head length")
+    (n,) = HEAD.unpack_from(payload)
+    if n > len(payload) - 4:
+        raise WireError("head longer than its payload")
+    try:
+        head = json.loads(bytes(payload[4:4 + n]))
+    except ValueError as exc:
+        raise WireError(f"head is not JSON: {exc}") from None
+    return head, payload[4 + n:]
+
+
+def loads(payload: memoryview):
+    try:
+        return json.loads(bytes(payload))
+    except ValueError as exc:
+        raise WireError(f"payload is not JSON: {exc}") from None
+
+
+# --- inference: front end -> engine --------------------------------------------------------
+def _list_array(t: Tensor) -> np.ndarray | None:
+    """The array the engine would make of a numeric input's JSON data (np.asarray, as
+    v2.tensors.decode_tensor does), or None when that data is anything else."""
+    data = t.data
+    if type(data) is not list or t.datatype not in _NUMERIC:
+        return None
+    try:
+        arr = np.asarray(data)
+    except (ValueError, OverflowError, TypeError):
+        return None
+    return arr if arr.dtype.str in _LIST_DTYPES else None
+
+
+def encode_infer(rid: int, inp: InferInput) -> bytes:
+    """An inference as a frame: its fields in the head, its tensors' bytes after it."""
+    specs, blobs = [], []
+    for t in inp.inputs:
+        if t.raw is not None:
+            how, blob = "raw", t.raw
+        elif t.data is MISSING:
+            how, blob = "none", b""
+        else:
+            arr = _list_array(t)
+            if arr is not None:
+                how, blob = arr.dtype.str, arr.tobytes()
+            else:
+                how, blob = "json", _dumps(t.data)
+        specs.append((t.name, t.datatype, t.shape, how, len(blob)))
+        blobs.append(blob)
+    head = {"m": inp.model, "v": inp.version, "id": inp.id, "p": inp.parameters, "o": inp.outputs,
+            "w": inp.waited_s, "s": inp.standing, "t": specs}
+    return with_head(INFER, rid, head, *blobs)
+
+
+def decode_infer(payload: memoryview) -> InferInput:
+    head, rest = split_head(payload)
+    try:
+        inputs, offset = [], 0
+        for name, datatype, shape, how, n in head["t"]:
+            if type(n) is not int or not 0 <= n <= len(rest) - offset:
+                raise WireError(f"input {name!r} claims {n!r} bytes")
+            blob = rest[offset:offset + n]
+            offset += n
+            if how == "raw":
+                inputs.append(Tensor(name, datatype, shape, raw=blob))
+            elif how == "none":
+                inputs.append(Tensor(name, datatype, shape))
+            elif how == "json":
+                inputs.append(Tensor(name, datatype, shape, loads(blob)))
+            elif how in _LIST_DTYPES:
+                inputs.append(Tensor(name, datatype, shape, np.frombuffer(blob, dtype=how)))
+            else:
+                raise WireError(f"input {name!r}: unknown encoding {how!r}")
+        if offset != len(rest):
+            raise WireError(f"{len(rest) - offset} bytes after the inputs")
+        return InferInput(head["m"], head["v"], inputs, head["p"], head["o"], head["id"], float(head["w"]),
+                          bool(head["s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"inference head does not decode: {exc!r}") from None
+
+
+# --- inference: engine -> front end --------------------------------------------------------
+def encode_answer(rid: int, answer: InferAnswer) -> bytes:
+    """An inference's 200 answer as a frame: each output's name, dtype and shape in the
+    head, its C-order bytes after it."""
+    specs, blobs = [], []
+    for name, arr in answer.outputs:
+        if arr.dtype.hasobject:
+            raise TypeError(f"output {name!r} holds Python objects; it cannot be sent as bytes")
+        specs.append((name, arr.dtype.str, arr.shape))
+        blobs.append(arr.tobytes())  # C order whatever the strides
+    return with_head(ANSWER, rid, {"v": answer.version, "id": answer.id, "o": specs}, *blobs)
+
+
+def decode_answer(payload: memoryview, model: str) -> InferAnswer:
+    """The answer, its outputs arrays over the frame's bytes (no copy)."""
+    head, rest = split_head(payload)
+    try:
+        outputs, offset = [], 0
+        for name, dtype, shape in head["o"]:
+            dt = np.dtype(dtype)
+            if dt.hasobject:
+                raise WireError(f"output {name!r} has dtype {dtype!r}")
+            count = 1
+            for d in shape:
+                count *= d
+            arr = np.frombuffer(rest, dtype=dt, count=count, offset=offset).reshape(shape)
+            offset += arr.nbytes
+            outputs.append((name, arr))
+        if offset != len(rest):
+            raise WireError(f"{len(rest) - offset} bytes after the outputs")
+        return InferAnswer(model, head["v"], head["id"], outputs)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"answer head does not decode: {exc!r}") from None
+
+
+def encode_failure(rid: int, failure: Failure) -> bytes:
+    return json_frame(FAILED, rid, {"status": failure.status, "message": failure.message,
+                                    "headers": failure.headers, "request_id": failure.request_id})
+
+
+def decode_failure(payload: memoryview) -> Failure:
+    f = loads(payload)
+    try:
+        return Failure(int(f["status"]), str(f["message"]), f["headers"], f["request_id"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"failure does not decode: {exc!r}") from None
+
+
+# --- any other HTTP request ----------------------------------------------------------------
+def encode_forward(rid: int, method: str, path: str, headers: dict[str, str], body: bytes, waited_s: float,
+                   standing: bool) -> bytes:
+    return with_head(FORWARD, rid, {"method": method, "path": path, "headers": headers, "w": waited_s,
+                                    "s": standing}, body)
+
+
+def decode_forward(payload: memoryview) -> tuple[str, str, dict[str, str], bytes, float, bool]:
+    head, body = split_head(payload)
+    try:
+        return (str(head["method"]), str(head["path"]), dict(head["headers"]), bytes(body), float(head["w"]),
+                bool(head["s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"forwarded request does not decode: {exc!r}") from None
+
+
+def encode_reply(rid: int, status: int, content_type: str, headers: dict[str, str] | None, body: bytes) -> bytes:
+    return with_head(REPLY, rid, {"status": status, "type": content_type, "headers": headers}, body)
+
+
+def decode_reply(payload: memoryview) -> tuple[int, str, dict[str, str] | None, bytes]:
+    head, body = split_head(payload)
+    try:
+        return int(head["status"]), str(head["type"]), head["headers"], bytes(body)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"reply does not decode: {exc!r}") from None
