@@ -426,7 +426,21 @@ class IncrementalEmbeddings:
         """(logits, embeddings) of node_ids as of one graph version (embeddings with 0
         columns unless asked for)."""
         with self.graph.lock.read():
-            logits = np.array(self.final[node_ids], dtype=np.float32)
-            if not with_embeddings:
-                return logits, np.empty((len(node_ids), 0), np.float32)
-            return logits, hidden_rows(self.model, self.layers, self.graph.features, node_ids)
+            return self._rows(node_ids, with_embeddings)
+
+    def lookup_now(self, node_ids: np.ndarray, with_embeddings: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+        """lookup_both(), or None at once when an update batch holds or awaits the graph's
+        writer lock (the caller then waits for it off the event loop)."""
+        lock = self.graph.lock
+        if not lock.try_read():
+            return None
+        try:
+            return self._rows(node_ids, with_embeddings)
+        finally:
+            lock.release_read()
+
+    def _rows(self, node_ids: np.ndarray, with_embeddings: bool) -> tuple[np.ndarray, np.ndarray]:
+        logits = np.array(self.final[node_ids], dtype=np.float32)
+        if not with_embeddings:
+            return logits, np.empty((len(node_ids), 0), np.float32)
+        return logits, hidden_rows(self.model, self.layers, self.graph.features, node_ids)

@@ -52,6 +52,21 @@ class RWLock:
                 if self._readers == 0:
                     self._cond.notify_all()
 
+    def try_read(self) -> bool:
+        """Take a read hold if no writer holds or awaits the lock (then release_read());
+        False at once otherwise."""
+        with self._cond:
+            if self._writer or self._writers_waiting:
+                return False
+            self._readers += 1
+            return True
+
+    def release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if self._readers == 0:
+                self._cond.notify_all()
+
     @contextmanager
     def write(self):
         with self._cond:

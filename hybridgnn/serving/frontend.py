@@ -12,8 +12,11 @@ What holds:
   close, exit 0. SIGTERM and SIGINT are ignored: signals sent to the whole process group
   (a terminal's Ctrl-C, `timeout`, `kill -- -PGID`) reach the engine's process too, which
   drains and then stops its front ends in order.
-- The engine's link ending (its process gone): every request waiting for it is answered
-  503 with Retry-After, the listener closes and the process exits 1 with one log line.
+- The engine's link ending (its process gone): every inference and read waiting for it is
+  answered 503 with Retry-After; a request that changes state (a graph update, a
+  repository load) may have been done, and its connection is aborted unanswered, as a
+  crash of a one-process server leaves it. The listener closes and the process exits 1
+  with one log line.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from hybridgnn.serving.http.codec import (
     parse_infer,
 )
 from hybridgnn.serving.http.reply import (
+    ABORT,
     RETRY,
     Endpoint,
     Refusals,
@@ -52,7 +56,7 @@ log = logging.getLogger("hybridgnn.frontend")
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _STATS_PERIOD_S = 1.0
 _ROUTES_KEPT = 1024
-_ENGINE_GONE = "the engine process is gone; retry (another replica can answer)"
+_GONE = Reply.error(503, "the engine process is gone; retry (another replica can answer)", RETRY)
 
 
 class EngineLink:
@@ -69,8 +73,9 @@ class EngineLink:
         self.sent = 0
 
     def request(self, make_frame, waiter: tuple) -> bool:
-        """Send make_frame(rid); waiter = (later, how to answer) gets the answer frame.
-        False when the link is gone."""
+        """Send make_frame(rid); waiter = (later, answer(kind, payload) -> Reply, the Reply
+        if the engine's process dies first) gets the answer frame. False when the link is
+        gone."""
         if self.channel.closed:
             return False
         rid = self._next = (self._next + 1) & 0xFFFFFFFF
@@ -96,15 +101,14 @@ class EngineLink:
         waiter = self._pending.pop(rid, None)
         if waiter is None:
             raise wire.WireError(f"an answer to request {rid}, which waits for none")
-        later, answer = waiter
+        later, answer, _ = waiter
         with together():
             later.set_result(answer(kind, payload))
 
     def _lost(self, exc) -> None:
         pending, self._pending = self._pending, {}
-        gone = Reply.error(503, _ENGINE_GONE, RETRY)
         with together():
-            for later, _ in pending.values():
+            for later, _, gone in pending.values():
                 later.set_result(gone)
         if not self.setup.done():
             self.setup.set_exception(ConnectionError("the engine closed the link before setting this front end up"))
@@ -168,8 +172,8 @@ class FrontendApi:
             except Exception:
                 return self.internal_error("infer answer")
 
-        if not self.link.request(lambda rid: wire.encode_infer(rid, inp), (later, answer)):
-            return Reply.error(503, _ENGINE_GONE, RETRY)
+        if not self.link.request(lambda rid: wire.encode_infer(rid, inp), (later, answer, _GONE)):
+            return _GONE
         return later
 
     def forward(self, method: str, path: str, request: Request):
@@ -183,10 +187,13 @@ class FrontendApi:
             status, content_type, headers, body = wire.decode_reply(payload)
             return Reply(status, body, content_type, headers)
 
+        # A read is refused if the engine dies first (retrying it is safe); a request that
+        # changes state (an update, a load) may have been done: its connection is aborted.
+        gone = _GONE if method in ("GET", "HEAD") else ABORT
         sent = self.link.request(lambda rid: wire.encode_forward(rid, method, path, request.headers, request.body,
                                                                  request.waited_s, request.standing),
-                                 (later, answer))
-        return later if sent else Reply.error(503, _ENGINE_GONE, RETRY)
+                                 (later, answer, gone))
+        return later if sent else _GONE
 
 
 def _report(http: HttpServer, link: EngineLink) -> dict:
@@ -242,7 +249,7 @@ async def serve(path: str, index: int) -> int:
     await stop.wait()
     reporter.cancel()
     if lost:
-        log.error("front end %d: the engine process is gone; closing (requests waiting for it were answered 503)",
+        log.error("front end %d: the engine process is gone; closing (reads waiting for it were answered 503)",
                   index)
         api.draining = True
         await http.close(0.5)

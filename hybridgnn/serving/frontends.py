@@ -51,7 +51,10 @@ def reserve_port(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     probe = socket.socket(family, socket.SOCK_STREAM)
     try:
-        probe.bind((host, port))  # without SO_REUSEPORT: fails if anything holds the port
+        # SO_REUSEADDR as every listener here: connections of an earlier server left in
+        # TIME_WAIT do not hold the port. Without SO_REUSEPORT: fails if anything listens.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
         port = probe.getsockname()[1]
     finally:
         probe.close()

@@ -30,6 +30,12 @@ log = logging.getLogger("hybridgnn.serve")
 
 async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready=None) -> int:
     service = await start_engines(cfg, stats)
+    # The stop signals are ours before anything listens: a client may see the server ready
+    # (one front end up) while the others still start, and signal it then.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         server = await start_server(cfg, service=service)
     except ImportError as exc:
@@ -45,10 +51,6 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     if server.grpc is not None:
         log.info("serving KServe v2 gRPC on %s:%d", cfg.server.host, server.grpc_port)
     freeze_startup_heap()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     background: set[asyncio.Task] = set()
     engine = server.engine  # server-wide state (seed counts) and the log line
 

@@ -122,6 +122,13 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
     service = service if service is not None else await start_engines(cfg, stats)
     server = Server(cfg, service, None)
     try:
+        if cfg.server.grpc_port is not None:  # first: HTTP answers ready once it listens
+            from hybridgnn.serving.grpc.service import (
+                GrpcFrontend,  # grpcio only when asked for
+            )
+
+            server.grpc = GrpcFrontend(service)
+            await server.grpc.start(cfg.server.host, cfg.server.grpc_port)
         count = frontends_for(cfg.server.frontends, CPU_COUNT)
         if count > 1:
             server.frontends = Frontends(Api(service), cfg, count)
@@ -129,13 +136,6 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
         else:
             server.http = http_server(service, cfg)
             await server.http.start(cfg.server.host, cfg.server.port)
-        if cfg.server.grpc_port is not None:
-            from hybridgnn.serving.grpc.service import (
-                GrpcFrontend,  # grpcio only when asked for
-            )
-
-            server.grpc = GrpcFrontend(service)
-            await server.grpc.start(cfg.server.host, cfg.server.grpc_port)
     except BaseException:
         await asyncio.shield(server.close())
         raise

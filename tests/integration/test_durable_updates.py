@@ -5,6 +5,8 @@ flight at the kill, retried with its Idempotency-Key, is applied exactly once.""
 import random
 import shutil
 
+import pytest
+
 from tests.support.durability import (
     UpdateStream,
     check_after_restart,
@@ -12,15 +14,23 @@ from tests.support.durability import (
     graph_state,
     send_update,
 )
-from tests.support.server import ServerProcess, await_ready, metrics_text
+from tests.support.server import (
+    FRONTEND_IDS,
+    FRONTENDS,
+    ServerProcess,
+    await_ready,
+    metrics_text,
+)
 
 TOKEN = "durable-token-123"
 
 
-def test_acknowledged_updates_survive_kill_9_and_none_is_half_applied(tiny_dataset, tiny_model_pe, tmp_path):
+@pytest.mark.parametrize("frontends", FRONTENDS, ids=FRONTEND_IDS)
+def test_acknowledged_updates_survive_kill_9_and_none_is_half_applied(tiny_dataset, tiny_model_pe, tmp_path,
+                                                                      frontends):
     dataset = tmp_path / "dataset"
     shutil.copytree(tiny_dataset, dataset)  # the default log lives beside the dataset: keep the shared one clean
-    flags = ("--workers", "1", "--update-token", TOKEN)
+    flags = ("--workers", "1", "--update-token", TOKEN, "--frontends", frontends)
     srv = ServerProcess(dataset, tiny_model_pe, *flags).wait_ready()
     base = graph_state(srv.url)
     rng = random.Random(7)

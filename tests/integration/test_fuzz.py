@@ -23,7 +23,7 @@ from tests.support.fuzz import (
     raw_http_cases,
     run_case,
 )
-from tests.support.server import ServerProcess
+from tests.support.server import FRONTEND_IDS, FRONTENDS, ServerProcess
 
 TOKEN = "fuzz-update-token"
 TIMEOUT_S = 5.0
@@ -35,10 +35,10 @@ def fuzz_settings(n: int):
                                            HealthCheck.filter_too_much, HealthCheck.large_base_example])
 
 
-@pytest.fixture(scope="module")
-def fuzz(tiny_dataset, tiny_model_pe):
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTEND_IDS)
+def fuzz(tiny_dataset, tiny_model_pe, request):
     srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--update-token", TOKEN,
-                        "--update-log", "off").wait_ready()
+                        "--update-log", "off", "--frontends", request.param).wait_ready()
     srv.target = Target.discover("127.0.0.1", srv.port, TOKEN)
     srv.client = KeepAliveClient("127.0.0.1", srv.port, TIMEOUT_S)
     good = good_case(srv.target)

@@ -14,17 +14,18 @@ import pytest
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 
-from tests.support.server import ServerProcess, free_port  # noqa: E402
+from tests.support.server import FRONTEND_IDS, FRONTENDS, ServerProcess, free_port  # noqa: E402
 
 TOKEN = "grpc-test-token"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dataset, tiny_model_pe, tmp_path_factory):
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTEND_IDS)
+def server(tiny_dataset, tiny_model_pe, tmp_path_factory, request):
     port = free_port()
     log = tmp_path_factory.mktemp("grpc-log") / "updates.sqlite"
     srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--grpc-port", str(port),
-                        "--update-token", TOKEN, "--update-log", str(log), "--max-catch-up-ms", "200").wait_ready()
+                        "--update-token", TOKEN, "--update-log", str(log), "--max-catch-up-ms", "200", "--frontends",
+                        request.param).wait_ready()
     srv.grpc_port = port
     yield srv
     assert srv.stop() == 0

@@ -19,14 +19,14 @@ from tests.support.fuzz import (
     llhttp_verdict,
 )
 from tests.support.http_corpus import CORPUS
-from tests.support.server import ServerProcess
+from tests.support.server import FRONTEND_IDS, FRONTENDS, ServerProcess
 
 DEADLINE_S = 3.0  # per payload: answers and the close must come within this
 
 
-@pytest.fixture(scope="module")
-def corpus_server(tiny_dataset, tiny_model_pe):
-    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1").wait_ready()
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTEND_IDS)
+def corpus_server(tiny_dataset, tiny_model_pe, request):
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--frontends", request.param).wait_ready()
     target = Target.discover("127.0.0.1", srv.port)
     client = KeepAliveClient(target.host, target.port)
     good = good_case(target)

@@ -14,14 +14,15 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridgnn.graph.store import GraphStore
-from tests.support.server import ServerProcess
+from tests.support.server import FRONTEND_IDS, FRONTENDS, ServerProcess
 
 MODEL = "hybridgnn"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dataset, tiny_model_pe):
-    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "2", "--max-request-nodes", "512").wait_ready()
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTEND_IDS)
+def server(tiny_dataset, tiny_model_pe, request):
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "2", "--max-request-nodes", "512", "--frontends",
+                        request.param).wait_ready()
     yield srv
     assert srv.stop() == 0
 
@@ -231,8 +232,9 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
         assert srv.stop() == 0
 
 
-def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20").wait_ready()
+@pytest.mark.parametrize("frontends", FRONTENDS, ids=FRONTEND_IDS)
+def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model, frontends):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20", "--frontends", frontends).wait_ready()
     outcomes, lock = [], threading.Condition()
     stop_clients = threading.Event()
 

@@ -11,6 +11,11 @@ import time
 
 from hybridgnn.deploy.cluster import http_ready
 
+# Front-end process counts a server runs with in tests that hold for both: HTTP in the
+# engine's process, and two front-end processes around it.
+FRONTENDS = ("1", "2")
+FRONTEND_IDS = ("frontends1", "frontends2")
+
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
     """SIGTERM, wait up to timeout_s, then SIGKILL; the exit code."""

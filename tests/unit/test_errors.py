@@ -218,11 +218,11 @@ def test_client_bodies_that_were_500s(tiny_dataset, tiny_model_pe):
 def test_a_lookup_error_inside_the_engine_is_a_500_not_a_409(tiny_dataset, tiny_model_pe, monkeypatch):
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)))
 
-    async def broken(self, node_ids, **kwargs):
+    def broken(self, node_ids, with_embeddings):
         raise LookupError("an internal table lacks a key")
 
     async def scenario(api, engine):
-        monkeypatch.setattr(type(engine._side), "lookup", broken)
+        monkeypatch.setattr(type(engine._side), "_rows", broken)  # under the inline and the awaited lookup
         return await call(api, json.dumps({
             "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}],
             "parameters": {"mode": "precomputed"}}).encode())

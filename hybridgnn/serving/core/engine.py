@@ -303,6 +303,11 @@ class Engine(SampledInference):
             if len(dead):
                 raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
 
+    def lookup_now(self, node_ids: np.ndarray, *, with_embeddings: bool = True, waited_s: float = 0.0):
+        """A precomputed lookup answered now (a RequestResult), or None when it must wait
+        (then lookup())."""
+        return self._side.lookup_now(node_ids, with_embeddings=with_embeddings, waited_s=waited_s)
+
     def lookup(self, node_ids: np.ndarray, *, with_embeddings: bool = True, waited_s: float = 0.0):
         """Awaitable: answer from the precomputed embeddings (GraphRequests.lookup)."""
         return self._side.lookup(node_ids, with_embeddings=with_embeddings, waited_s=waited_s)

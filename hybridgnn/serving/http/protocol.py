@@ -43,7 +43,7 @@ from http import HTTPStatus
 import httptools
 
 from hybridgnn.serving.core.eager import Later, when_done
-from hybridgnn.serving.http.reply import Reply, Request
+from hybridgnn.serving.http.reply import ABORT, Reply, Request
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +356,9 @@ class Connection(asyncio.Protocol):
             reply = self.server.api.internal_error("answer", fut.exception())
         else:
             reply = fut.result()
+            if reply is ABORT:
+                self.abort()
+                return
         self._write(reply, msg, head_only)
         self._advance()
 

@@ -38,6 +38,12 @@ class Reply:
         return cls(status, b'{"error": %s}' % encode_basestring_ascii(message).encode(), JSON, headers)
 
 
+# The answer to a request whose outcome cannot be known (a state-changing request in flight
+# when the engine's process died): the connection is aborted unanswered, as a crash of a
+# one-process server would leave it, so no client reads "refused" for what may have been done.
+ABORT = Reply(502, b"")
+
+
 class Request:
     """What an endpoint reads from an HTTP request: route parameters, the headers it
     uses (names lower-case), the body, how long it already waited in the front end

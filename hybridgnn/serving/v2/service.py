@@ -339,8 +339,9 @@ class V2Service:
 
     def _dispatch(self, req: InferRequest, engine: Engine, waited_s: float, on_done):
         """Send a decoded request to the engine by kind and mode: None for a sampled
-        inference (the engine calls on_done), else the awaitable that answers it. BadRequest
-        for a mode the server does not offer."""
+        inference (the engine calls on_done) or a lookup answered at once (on_done was
+        called), else the awaitable that answers it. BadRequest for a mode the server does
+        not offer."""
         if req.is_new_nodes:
             return self._new_nodes(req, engine, waited_s)
         engine.check_alive(req.node_ids)
@@ -349,7 +350,12 @@ class V2Service:
             engine.submit(req.node_ids, on_done, waited_s)
             return None
         if mode == "precomputed":
-            return engine.lookup(req.node_ids, with_embeddings="embeddings" in req.outputs, waited_s=waited_s)
+            with_embeddings = "embeddings" in req.outputs
+            result = engine.lookup_now(req.node_ids, with_embeddings=with_embeddings, waited_s=waited_s)
+            if result is not None:  # answered in this call: no task, no turn of the loop
+                on_done(result, None)
+                return None
+            return engine.lookup(req.node_ids, with_embeddings=with_embeddings, waited_s=waited_s)
         raise BadRequest(f"unknown mode {brief(mode)}; this server offers {engine.metadata()['modes']}")
 
     def _new_nodes(self, req: InferRequest, engine: Engine, waited_s: float):

@@ -1,0 +1,182 @@
+"""`hybridgnn serve --frontends 2` as real processes on 127.0.0.1: requests arriving at
+both front ends share the engine's batches; a front end killed under load loses nothing
+acknowledged on the other's connections and comes back; a dead engine takes its front
+ends down with it (nothing accepts without an engine behind it)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.frontends import connection_to, frontend_pids, wait_for_frontends
+from tests.support.server import ServerProcess, metrics_text
+
+MODEL = "hybridgnn"
+
+
+def body(ids, **kw) -> bytes:
+    return json.dumps({"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64",
+                                   "data": list(ids)}], **kw}).encode()
+
+
+def post(conn: http.client.HTTPConnection, ids, **kw) -> tuple[int, dict]:
+    conn.request("POST", f"/v2/models/{MODEL}/infer", body(ids, **kw), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, json.loads(r.read())
+
+
+def on(sock: socket.socket) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection("127.0.0.1", sock.getpeername()[1], timeout=30)
+    conn.sock = sock
+    return conn
+
+
+def samples(url: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(metrics_text(url)):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_requests_at_both_front_ends_are_batched_together(tiny_dataset, tiny_model):
+    # A batch closes at 2 requests or after 3 s: two requests answered at once, in one batch
+    # of two, had to meet in the engine's one batcher.
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1", "--max-wait-ms", "3000",
+                        "--max-batch-requests", "2", "--max-queue-delay-ms", "10000").wait_ready()
+    try:
+        pids = wait_for_frontends(srv.proc.pid, 2)
+        conns = [on(connection_to(srv.port, i, pids)) for i in (0, 1)]
+        answers = [None, None]
+
+        def ask(i):
+            answers[i] = post(conns[i], [i + 1])
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=ask, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        took = time.monotonic() - t0
+        assert [a[0] for a in answers] == [200, 200], answers
+        assert took < 2.5, f"the two requests waited {took:.2f}s: they were not batched together"
+        m = samples(srv.url)
+        assert m[("hybridgnn_batch_requests_count", (("pipeline", "cpu"),))] == 1
+        assert m[("hybridgnn_batch_requests_sum", (("pipeline", "cpu"),))] == 2
+        # each front end reports what it sent on (its report is flushed by the scrape it serves,
+        # the other's within a second)
+        deadline = time.monotonic() + 5
+        while True:
+            m = samples(srv.url)
+            sent = [m.get(("hybridgnn_frontend_requests_total", (("frontend", str(i)),)), 0) for i in (0, 1)]
+            if all(s >= 1 for s in sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # poll interval, bounded by the deadline
+        assert all(s >= 1 for s in sent), sent
+        assert m[("hybridgnn_frontend_up", (("frontend", "0"),))] == 1
+        assert m[("hybridgnn_frontend_resident_memory_bytes", (("frontend", "1"),))] > 0
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_a_front_end_killed_under_load_comes_back_and_the_other_loses_nothing(tiny_dataset, tiny_model):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    try:
+        pids = wait_for_frontends(srv.proc.pid, 2)
+        survivors = [on(connection_to(srv.port, 1, pids)) for _ in range(3)]
+        victims = [on(connection_to(srv.port, 0, pids)) for _ in range(3)]
+        stop = threading.Event()
+        results: dict[str, list] = {"survivor": [], "victim": []}
+
+        def client(conn, kind, seed):
+            rng = np.random.default_rng(seed)
+            while not stop.is_set():
+                ids = rng.integers(0, 3000, size=4).tolist()
+                try:
+                    status, answer = post(conn, ids)
+                except (OSError, http.client.HTTPException) as exc:
+                    results[kind].append(("error", repr(exc)))
+                    return
+                results[kind].append((status, answer))
+
+        threads = [threading.Thread(target=client, args=(c, "survivor", i)) for i, c in enumerate(survivors)]
+        threads += [threading.Thread(target=client, args=(c, "victim", 10 + i)) for i, c in enumerate(victims)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(results["survivor"]) < 30 and time.monotonic() < deadline:
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        os.kill(pids[0], signal.SIGKILL)
+        back = wait_for_frontends(srv.proc.pid, 2, exclude={pids[0]})
+        count = len(results["survivor"])
+        while len(results["survivor"]) < count + 30 and time.monotonic() < deadline + 30:
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        stop.set()
+        for t in threads:
+            t.join(30)
+        # every request on the surviving front end's connections was answered, and well
+        assert results["survivor"] and all(s == 200 for s, _ in results["survivor"]), [
+            r for r in results["survivor"] if r[0] != 200][:3]
+        assert all(len(a["outputs"][0]["data"]) > 0 for _, a in results["survivor"])
+        # the killed one's connections ended (an error, never a hang), after answers that were all 200s
+        assert [r[0] for r in results["victim"] if r[0] != "error"] == [200] * sum(
+            1 for r in results["victim"] if r[0] != "error")
+        assert back[0] != pids[0] and back[1] == pids[1]
+        # the new front end serves
+        status, _ = post(on(connection_to(srv.port, 0, back)), [5])
+        assert status == 200
+        m = samples(srv.url)
+        assert m[("hybridgnn_frontend_restarts_total", (("frontend", "0"),))] == 1
+    finally:
+        assert srv.stop() == 0, srv.output()
+    out = srv.output()
+    assert "front end 0" in out and "starting it again" in out, out
+
+
+def test_a_dead_engine_takes_its_front_ends_down(tiny_dataset, tiny_model):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    pids = wait_for_frontends(srv.proc.pid, 2)
+    assert requests.post(f"{srv.url}/v2/models/{MODEL}/infer", data=body([1]), timeout=30).status_code == 200
+    srv.proc.kill()
+    srv.proc.wait(30)
+    deadline = time.monotonic() + 15
+    alive = list(pids.values())
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+    assert not alive, f"front ends {alive} outlived their engine"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=2)
+    out = srv.output()
+    assert "the engine process is gone" in out, out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_front_ends_hold_no_torch_and_little_memory(tiny_dataset, tiny_model):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    try:
+        pids = wait_for_frontends(srv.proc.pid, 2)
+        for pid in pids.values():
+            maps = open(f"/proc/{pid}/maps").read()
+            assert "libtorch" not in maps
+        assert frontend_pids(srv.proc.pid) == pids
+    finally:
+        assert srv.stop() == 0, srv.output()
