@@ -1,0 +1,119 @@
+"""A front-end process's API (serving/frontend.py) against a fake engine link, the port a
+server with front ends holds (serving/frontends.py), and how many front ends `auto` is."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+
+from hybridgnn.config import frontends_for, parse_frontends
+from hybridgnn.serving.core.eager import Later
+from hybridgnn.serving.frontend import FrontendApi
+from hybridgnn.serving.frontends import reserve_port
+from hybridgnn.serving.http.reply import Reply, Request
+from hybridgnn.serving.ipc import wire
+from hybridgnn.serving.v2.types import Failure, InferAnswer
+
+
+class FakeLink:
+    def __init__(self, up: bool = True):
+        self.up = up
+        self.sent: list[tuple[bytes, tuple]] = []
+        self.notes: list[bytes] = []
+
+    def request(self, make_frame, waiter) -> bool:
+        if not self.up:
+            return False
+        self.sent.append((make_frame(len(self.sent) + 1), waiter))
+        return True
+
+    def note(self, data: bytes) -> None:
+        self.notes.append(data)
+
+    def answer(self, i: int, frame: bytes) -> Reply:
+        later, answer, _ = self.sent[i][1]
+        kind, rid = wire.FRAME.unpack_from(frame)[1:]
+        later.set_result(answer(kind, memoryview(frame)[wire.FRAME.size:]))
+        return later.result()
+
+
+def infer_body(ids, **kw) -> bytes:
+    return json.dumps({"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [len(ids)], "data": ids}],
+                       **kw}).encode()
+
+
+def test_inference_is_routed_here_and_everything_else_forwarded():
+    api = FrontendApi(FakeLink(), {"draining": False})
+    endpoint, params = api.route("POST", "/v2/models/m/versions/3/infer")
+    assert endpoint == api.infer and params == {"model": "m", "version": "3"}
+    for method, path in (("GET", "/v2/models/m/infer"), ("GET", "/v2/health/ready"), ("POST", "/v2/models/m/graph"),
+                         ("POST", "/v2/repository/index"), ("GET", "/nope")):
+        endpoint, params = api.route(method, path)
+        assert endpoint.func == api.forward and endpoint.args == (method, path) and params == {}
+    assert api.route("POST", "/v2/models/m%20x/infer") == (api.infer, {"model": "m x"})
+
+
+def test_an_inference_crosses_as_arrays_and_its_answer_is_encoded_as_asked():
+    link = FakeLink()
+    api = FrontendApi(link, {})
+    out = api.infer(Request({"model": "m"}, {}, infer_body([4, 5], outputs=[
+        {"name": "logits", "parameters": {"binary_data": True}}]), 0.01))
+    assert isinstance(out, Later) and not out.done()
+    frame, _ = link.sent[0]
+    sent = wire.decode_infer(memoryview(frame)[wire.FRAME.size:])
+    assert sent.inputs[0].data.tolist() == [4, 5] and sent.waited_s == 0.01 and sent.outputs == ["logits"]
+    logits = np.arange(4, dtype=np.float32).reshape(2, 2)
+    reply = link.answer(0, wire.encode_answer(1, InferAnswer("m", "1", None, [("logits", logits)])))
+    assert reply.status == 200 and reply.content_type == "application/octet-stream"
+    assert reply.body.endswith(logits.tobytes())
+
+
+def test_a_failure_from_the_engine_is_answered_with_its_status_and_headers():
+    link = FakeLink()
+    api = FrontendApi(link, {})
+    api.infer(Request({"model": "m"}, {}, infer_body([1])))
+    reply = link.answer(0, wire.encode_failure(1, Failure(429, "too much", {"Retry-After": "2"})))
+    assert reply.status == 429 and reply.headers == {"Retry-After": "2"} and b"too much" in reply.body
+
+
+def test_a_body_that_does_not_parse_is_answered_here_and_counted_there():
+    link = FakeLink()
+    api = FrontendApi(link, {})
+    reply = api.infer(Request({"model": "m", "version": "2"}, {}, b"{not json"))
+    assert reply.status == 400 and b"not valid JSON" in reply.body and not link.sent
+    kind = wire.FRAME.unpack_from(link.notes[0])[1]
+    assert kind == wire.UNPARSED and wire.loads(memoryview(link.notes[0])[wire.FRAME.size:]) == {
+        "model": "m", "version": "2", "status": 400}
+
+
+def test_without_an_engine_requests_are_refused_503():
+    api = FrontendApi(FakeLink(up=False), {})
+    assert api.infer(Request({"model": "m"}, {}, infer_body([1]))).status == 503
+    assert api.forward("GET", "/v2", Request({}, {}, b"")).status == 503
+
+
+def test_the_held_port_refuses_a_taken_one_and_lets_front_ends_bind_beside_it():
+    held = reserve_port("127.0.0.1", 0)
+    try:
+        port = held.getsockname()[1]
+        beside = socket.socket()
+        beside.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        beside.bind(("127.0.0.1", port))
+        beside.listen()
+        with pytest.raises(OSError):
+            reserve_port("127.0.0.1", port)  # a second server cannot join the port
+        beside.close()
+    finally:
+        held.close()
+
+
+def test_auto_front_ends_follow_the_cores():
+    assert [frontends_for(None, c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8]
+    assert frontends_for(3, 2) == 3
+    assert parse_frontends("auto") is None and parse_frontends(" 4 ") == 4
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(ValueError):
+            parse_frontends(bad)

@@ -1,0 +1,164 @@
+"""The front end <-> engine frames (serving/ipc/wire.py) and their stream (channel.py):
+what goes in comes out, JSON data becomes the arrays the engine would make of it, and a
+broken frame is a WireError, never a wrong request."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridgnn.errors import BadRequest
+from hybridgnn.serving.ipc import wire
+from hybridgnn.serving.ipc.channel import Channel
+from hybridgnn.serving.v2.requests import INPUTS, _ACCEPTED_INPUTS
+from hybridgnn.serving.v2.tensors import decode_inputs
+from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
+
+
+def payload_of(frame: bytes) -> tuple[int, int, memoryview]:
+    length, kind, rid = wire.FRAME.unpack_from(frame)
+    assert length == len(frame) - 4
+    return kind, rid, memoryview(frame)[wire.FRAME.size:]
+
+
+def test_an_inference_crosses_whole():
+    inp = InferInput("m", "2", [Tensor("node_ids", "INT64", [3], [1, 2, 3]),
+                                Tensor("features", "FP32", [1, 2], raw=np.array([1.5, 2.5], "<f4").tobytes()),
+                                Tensor("edge_index", "INT64", [2, 1])],
+                     {"mode": "precomputed", "gamma": 0.5}, ["logits"], "req-7", 0.25, True)
+    kind, rid, payload = payload_of(wire.encode_infer(41, inp))
+    assert (kind, rid) == (wire.INFER, 41)
+    out = wire.decode_infer(payload)
+    assert (out.model, out.version, out.id, out.parameters, out.outputs, out.waited_s, out.standing) == (
+        "m", "2", "req-7", {"mode": "precomputed", "gamma": 0.5}, ["logits"], 0.25, True)
+    ids, feats, edges = out.inputs
+    assert isinstance(ids.data, np.ndarray) and ids.data.tolist() == [1, 2, 3] and ids.raw is None
+    assert bytes(feats.raw) == np.array([1.5, 2.5], "<f4").tobytes()
+    assert edges.data is MISSING and edges.raw is None
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=JSON_VALUES, datatype=st.sampled_from(["INT64", "INT32", "FP32", "UINT64", "BYTES", "BOOL", 7]),
+       shape=st.one_of(st.lists(st.integers(0, 6), max_size=3), JSON_VALUES))
+def test_json_data_is_judged_by_the_engine_as_in_one_process(data, datatype, shape):
+    """Whatever a client's JSON input holds, the engine decodes the crossed tensor to the
+    same array, or refuses it with the same message, as from the JSON itself."""
+    sent = Tensor("node_ids", datatype, shape, data)
+    crossed = wire.decode_infer(payload_of(wire.encode_infer(1, InferInput("m", None, [sent])))[2]).inputs[0]
+
+    def outcome(t):
+        try:
+            return decode_inputs([t], INPUTS, _ACCEPTED_INPUTS)["node_ids"].tolist()
+        except BadRequest as exc:
+            return str(exc)
+
+    assert outcome(crossed) == outcome(sent)
+
+
+def test_an_answer_crosses_as_bytes_and_comes_back_as_arrays():
+    logits = np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::-1]  # not C-contiguous
+    names = np.array(["a", "bé"])
+    kind, rid, payload = payload_of(wire.encode_answer(9, InferAnswer("m", "1", "x", [
+        ("logits", logits), ("predictions", np.array([2, 0])), ("node_ids", names)])))
+    assert (kind, rid) == (wire.ANSWER, 9)
+    out = wire.decode_answer(payload, "m")
+    assert (out.model, out.version, out.id) == ("m", "1", "x")
+    (n1, a1), (n2, a2), (n3, a3) = out.outputs
+    np.testing.assert_array_equal(a1, logits)
+    assert a2.tolist() == [2, 0] and a3.tolist() == ["a", "bé"] and n1 == "logits"
+
+
+def test_failures_and_forwarded_requests_cross():
+    f = wire.decode_failure(payload_of(wire.encode_failure(3, Failure(429, "slow down", {"Retry-After": "1"})))[2])
+    assert (f.status, f.message, f.headers, f.request_id) == (429, "slow down", {"Retry-After": "1"}, None)
+    fwd = wire.decode_forward(payload_of(wire.encode_forward(4, "GET", "/v2", {"host": "x"}, b"\x00body", 0.5,
+                                                             False))[2])
+    assert fwd == ("GET", "/v2", {"host": "x"}, b"\x00body", 0.5, False)
+    rep = wire.decode_reply(payload_of(wire.encode_reply(5, 503, "text/plain", None, b"no"))[2])
+    assert rep == (503, "text/plain", None, b"no")
+
+
+@pytest.mark.parametrize("payload", [b"", b"\x05\x00\x00\x00{}", b"\x02\x00\x00\x00{}", b"\x02\x00\x00\x00[]",
+                                     b"\x09\x00\x00\x00not json!"])
+def test_a_broken_frame_is_a_wire_error(payload):
+    for decode in (wire.decode_infer, lambda p: wire.decode_answer(p, "m"), wire.decode_forward, wire.decode_reply):
+        with pytest.raises(wire.WireError):
+            decode(memoryview(payload))
+
+
+def test_an_answer_claiming_more_bytes_than_it_carries_is_refused():
+    good = wire.encode_answer(1, InferAnswer("m", "1", None, [("logits", np.zeros((2, 2), np.float32))]))
+    with pytest.raises(wire.WireError):
+        wire.decode_answer(memoryview(good)[wire.FRAME.size:-4], "m")
+    head = {"v": "1", "id": None, "o": [["x", "|O", [1]]]}
+    with pytest.raises(wire.WireError):
+        wire.decode_answer(payload_of(wire.with_head(wire.ANSWER, 1, head, b"\0" * 8))[2], "m")
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self):
+        super().__init__()
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_channel_reassembles_frames_split_anywhere_and_joined_in_one_read():
+    frames = [wire.json_frame(wire.STATS, i, {"n": i, "pad": "x" * i}) for i in range(20)]
+    stream = b"".join(frames)
+
+    async def scenario():
+        got = []
+        ch = Channel(lambda kind, rid, p: got.append((kind, rid, wire.loads(p)["n"])))
+        ch.connection_made(_Transport())
+        cuts = [0, 1, 3, 4, 9, 10, 50, 51, 52, 200, len(stream)]
+        for a, b in zip(cuts, cuts[1:]):
+            ch.data_received(stream[a:b])
+        return got
+
+    got = asyncio.run(scenario())
+    assert got == [(wire.STATS, i, i) for i in range(20)]
+
+
+def test_a_frame_that_does_not_decode_closes_the_channel():
+    async def scenario():
+        lost = []
+
+        def on_message(kind, rid, payload):
+            raise wire.WireError("bad")
+
+        ch = Channel(on_message, lost.append)
+        t = _Transport()
+        ch.connection_made(t)
+        ch.data_received(wire.json_frame(wire.STATS, 1, {}))
+        assert not ch.send(b"x")
+        return t.closed, len(lost), ch.closed
+
+    assert asyncio.run(scenario()) == (True, 1, True)
+
+
+def test_a_frame_with_an_impossible_length_closes_the_channel():
+    async def scenario():
+        ch = Channel(lambda *a: None)
+        t = _Transport()
+        ch.connection_made(t)
+        ch.data_received(wire.FRAME.pack(3, 1, 1))
+        return ch.closed
+
+    assert asyncio.run(scenario())
+
+
+def test_nan_in_parameters_crosses():
+    inp = InferInput("m", None, [], {"gamma": math.nan})
+    out = wire.decode_infer(payload_of(wire.encode_infer(1, inp))[2])
+    assert math.isnan(out.parameters["gamma"])
