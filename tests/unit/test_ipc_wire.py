@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hybridgnn.errors import BadRequest
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.ipc.channel import Channel
-from hybridgnn.serving.v2.requests import INPUTS, _ACCEPTED_INPUTS
+from hybridgnn.serving.v2.requests import _ACCEPTED_INPUTS, INPUTS
 from hybridgnn.serving.v2.tensors import decode_inputs
 from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
 
@@ -122,7 +122,7 @@ def test_the_channel_reassembles_frames_split_anywhere_and_joined_in_one_read():
         ch = Channel(lambda kind, rid, p: got.append((kind, rid, wire.loads(p)["n"])))
         ch.connection_made(_Transport())
         cuts = [0, 1, 3, 4, 9, 10, 50, 51, 52, 200, len(stream)]
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             ch.data_received(stream[a:b])
         return got
 
