@@ -52,7 +52,9 @@ class EmbeddingStore:
 
     def lookup(self, node_ids: np.ndarray) -> np.ndarray:
         """The model's output rows (logits) as float32 (constant time per id)."""
-        return np.asarray(self.final[node_ids], dtype=np.float32)
+        # indexed as a plain array: a memmap's own indexing makes a memmap of the rows, at
+        # several times the cost of the copy for the few rows a request names
+        return np.asarray(np.asarray(self.final)[node_ids], dtype=np.float32)
 
 
 def hidden_rows(model, layers: list[np.ndarray], features, node_ids: np.ndarray) -> np.ndarray:

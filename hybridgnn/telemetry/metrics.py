@@ -226,7 +226,8 @@ class Telemetry(ServingStats):
             c(self.gathered_rows, pipeline, tier).inc(rows)
 
     def stage(self, stage: str, pipeline: str, seconds: float) -> None:
-        self.stage_seconds.labels(stage, pipeline, self.model, self.version).observe(seconds)
+        # _child, not labels(): a few times per request, and labels() takes a lock each time
+        self._child(self.stage_seconds, stage, pipeline, self.model, self.version).observe(seconds)
 
     def routed(self, pipeline: str, reason: str) -> None:
         self._child(self.routing, pipeline, reason).inc()
@@ -238,9 +239,9 @@ class Telemetry(ServingStats):
         self._child(self.rejected, reason).inc()
 
     def answered(self, status: int, seeds: int = 0) -> None:
-        self.requests.labels(self.model, self.version, str(status)).inc()
+        self._child(self.requests, self.model, self.version, str(status)).inc()
         if seeds:
-            self.seeds.labels(self.model, self.version).inc(seeds)
+            self._child(self.seeds, self.model, self.version).inc(seeds)
 
     def policy_in_force(self, name: str, changed: bool) -> None:
         self.policy.clear()

@@ -18,6 +18,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from hybridgnn.serving.frontends import reserve_port
 from tests.support.frontends import connection_to, frontend_pids, wait_for_frontends
 from tests.support.server import ServerProcess, metrics_text
 
@@ -180,3 +181,18 @@ def test_front_ends_hold_no_torch_and_little_memory(tiny_dataset, tiny_model):
         assert frontend_pids(srv.proc.pid) == pids
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_the_held_port_refuses_a_taken_one_and_lets_front_ends_bind_beside_it():
+    held = reserve_port("127.0.0.1", 0)
+    try:
+        port = held.getsockname()[1]
+        beside = socket.socket()
+        beside.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        beside.bind(("127.0.0.1", port))
+        beside.listen()
+        with pytest.raises(OSError):
+            reserve_port("127.0.0.1", port)  # a second server cannot join the port
+        beside.close()
+    finally:
+        held.close()

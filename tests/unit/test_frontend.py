@@ -1,10 +1,9 @@
-"""A front-end process's API (serving/frontend.py) against a fake engine link, the port a
-server with front ends holds (serving/frontends.py), and how many front ends `auto` is."""
+"""A front-end process's API (serving/frontend.py) against a fake engine link, and how
+many front ends `auto` is."""
 
 from __future__ import annotations
 
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from hybridgnn.config import frontends_for, parse_frontends
 from hybridgnn.serving.core.eager import Later
 from hybridgnn.serving.frontend import FrontendApi
-from hybridgnn.serving.frontends import reserve_port
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.v2.types import Failure, InferAnswer
@@ -93,21 +91,6 @@ def test_without_an_engine_requests_are_refused_503():
     api = FrontendApi(FakeLink(up=False), {})
     assert api.infer(Request({"model": "m"}, {}, infer_body([1]))).status == 503
     assert api.forward("GET", "/v2", Request({}, {}, b"")).status == 503
-
-
-def test_the_held_port_refuses_a_taken_one_and_lets_front_ends_bind_beside_it():
-    held = reserve_port("127.0.0.1", 0)
-    try:
-        port = held.getsockname()[1]
-        beside = socket.socket()
-        beside.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        beside.bind(("127.0.0.1", port))
-        beside.listen()
-        with pytest.raises(OSError):
-            reserve_port("127.0.0.1", port)  # a second server cannot join the port
-        beside.close()
-    finally:
-        held.close()
 
 
 def test_auto_front_ends_follow_the_cores():

@@ -334,6 +334,11 @@ class Connection(asyncio.Protocol):
             reply = endpoint(Request(params, msg.headers, body, waited, self.server.turns.over_target(waited)))
         except Exception:
             reply = self.server.api.internal_error(f"{msg.method} {path}")
+        if isinstance(reply, Later) and reply.done():  # answered in the call (a lookup): no callback,
+            reply = reply.result()  # so _advance's loop answers the next, without recursing
+            if reply is ABORT:
+                self.abort()
+                return
         if isinstance(reply, Reply):
             self._write(reply, msg, head_only)
             return
