@@ -162,3 +162,11 @@ def test_nan_in_parameters_crosses():
     inp = InferInput("m", None, [], {"gamma": math.nan})
     out = wire.decode_infer(payload_of(wire.encode_infer(1, inp))[2])
     assert math.isnan(out.parameters["gamma"])
+
+
+@pytest.mark.parametrize("params", [{"mode": "precomputed", "gamma": 0.25}, {"k": 1 << 70}, {"nested": {"a": [1]}},
+                                    {"mode": "srpe", "n": -(1 << 63)}])
+def test_parameters_of_every_kind_cross_exactly(params):
+    inp = InferInput("m", None, [Tensor("node_ids", "INT64", [1], [3])], params, None, 12)
+    out = wire.decode_infer(payload_of(wire.encode_infer(1, inp))[2])
+    assert out.parameters == params and out.id == 12

@@ -18,6 +18,11 @@ import struct
 
 import numpy as np
 
+try:  # the heads of most frames, at a fraction of the standard library's cost
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
 from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
 
 # Front end -> engine
@@ -55,16 +60,34 @@ def frame(kind: int, rid: int, *parts: bytes | memoryview) -> bytes:
 
 
 def _dumps(obj) -> bytes:
+    """JSON as the standard library writes it: every value a client's JSON can hold (NaN,
+    integers past 64 bits) comes back as it was."""
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _fast_dumps(obj) -> bytes:
+    """JSON of a head known to hold only strings, ints that fit 64 bits, finite floats,
+    bools, None, lists and dicts with str keys (orjson when installed)."""
+    return _orjson.dumps(obj) if _orjson is not None else _dumps(obj)
+
+
+def _loads(data: bytes):
+    if _orjson is not None:
+        try:
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:  # NaN, huge integers: what only the stdlib writes
+            pass
+    return json.loads(data)
 
 
 def json_frame(kind: int, rid: int, obj) -> bytes:
     return frame(kind, rid, _dumps(obj))
 
 
-def with_head(kind: int, rid: int, head, *blobs: bytes | memoryview) -> bytes:
-    """A frame whose payload is a JSON head then raw blobs."""
-    h = _dumps(head)
+def with_head(kind: int, rid: int, head, *blobs: bytes | memoryview, plain: bool = False) -> bytes:
+    """A frame whose payload is a JSON head then raw blobs. plain: the head holds only
+    what _fast_dumps takes."""
+    h = _fast_dumps(head) if plain else _dumps(head)
     return frame(kind, rid, HEAD.pack(len(h)), h, *blobs)
 
 
@@ -76,7 +99,7 @@ def split_head(payload: memoryview) -> tuple[object, memoryview]:
     if n > len(payload) - 4:
         raise WireError("head longer than its payload")
     try:
-        head = json.loads(bytes(payload[4:4 + n]))
+        head = _loads(bytes(payload[4:4 + n]))
     except ValueError as exc:
         raise WireError(f"head is not JSON: {exc}") from None
     return head, payload[4 + n:]
@@ -84,7 +107,7 @@ def split_head(payload: memoryview) -> tuple[object, memoryview]:
 
 def loads(payload: memoryview):
     try:
-        return json.loads(bytes(payload))
+        return _loads(bytes(payload))
     except ValueError as exc:
         raise WireError(f"payload is not JSON: {exc}") from None
 
@@ -121,7 +144,33 @@ def encode_infer(rid: int, inp: InferInput) -> bytes:
         blobs.append(blob)
     head = {"m": inp.model, "v": inp.version, "id": inp.id, "p": inp.parameters, "o": inp.outputs,
             "w": inp.waited_s, "s": inp.standing, "t": specs}
-    return with_head(INFER, rid, head, *blobs)
+    return with_head(INFER, rid, head, *blobs, plain=_plain_request(inp, specs))
+
+
+_PLAIN = (str, int, bool, type(None))
+
+
+def _plain_request(inp: InferInput, specs: list) -> bool:
+    """Whether an inference's head holds nothing the fast encoder could change: the client's
+    values (parameters, id, outputs, names, datatypes, shapes) are strings, small ints,
+    bools or None, one level deep. Anything else (a float, which may be NaN; a nested
+    object; an int past 64 bits) goes through the standard library's encoder."""
+    params = inp.parameters
+    if type(params) is not dict or not all(type(v) in _PLAIN and (type(v) is not int or -(1 << 63) <= v < 1 << 63)
+                                           for v in params.values()):
+        return False
+    if type(inp.id) not in (str, type(None)) or type(inp.model) is not str or type(inp.version) not in (
+            str, type(None)):
+        return False
+    outputs = inp.outputs
+    if outputs is not None and not all(type(o) is str for o in outputs):
+        return False
+    for name, datatype, shape, _, _ in specs:
+        if type(name) is not str or type(datatype) is not str or type(shape) is not list:
+            return False
+        if not all(type(d) is int and 0 <= d < 1 << 62 for d in shape):
+            return False
+    return True
 
 
 def decode_infer(payload: memoryview) -> InferInput:
@@ -161,7 +210,8 @@ def encode_answer(rid: int, answer: InferAnswer) -> bytes:
             raise TypeError(f"output {name!r} holds Python objects; it cannot be sent as bytes")
         specs.append((name, arr.dtype.str, arr.shape))
         blobs.append(arr.tobytes())  # C order whatever the strides
-    return with_head(ANSWER, rid, {"v": answer.version, "id": answer.id, "o": specs}, *blobs)
+    # engine-made: a version string, a validated request id, names, dtype strings, sizes
+    return with_head(ANSWER, rid, {"v": answer.version, "id": answer.id, "o": specs}, *blobs, plain=True)
 
 
 def decode_answer(payload: memoryview, model: str) -> InferAnswer:
