@@ -1,7 +1,9 @@
 """One front-end process (`python -m hybridgnn.serving.frontend --ipc PATH --index I`,
 started by serving/frontends.py): HTTP on the server's port beside the other front ends,
 inferences parsed here and sent to the engine's process as binary frames, their answers
-encoded here; every other request forwarded as received. Imports no torch.
+encoded here; every other request forwarded as received. With --grpc-port, gRPC too:
+HTTP/2 and gRPC framing here, each call's protobuf bytes decoded and encoded by the
+engine's process. Imports no torch.
 
 What holds:
 - An inference that does not parse is answered here (the engine is told, so its
@@ -196,6 +198,49 @@ class FrontendApi:
         return later if sent else _GONE
 
 
+_GRPC_GONE = ("UNAVAILABLE", "the engine process is gone; retry (another replica can answer)", (), b"")
+
+
+async def start_grpc(link: EngineLink, setup: dict, share: int):
+    """gRPC on setup's port beside the other front ends (SO_REUSEPORT): each call's bytes
+    go to the engine's process as received, which decodes, serves and encodes it; its
+    answer (the response's bytes, or a status code and message) ends the call here."""
+    import grpc
+
+    from hybridgnn.serving.grpc.schema import METHODS, SERVICE
+
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", setup["max_body_bytes"]),
+                                      ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)],
+                             maximum_concurrent_rpcs=share)
+
+    def answer(kind: int, payload: memoryview):
+        if kind != wire.GRPC_REPLY:
+            raise wire.WireError(f"message kind {kind} answers a gRPC call")
+        return wire.decode_grpc_reply(payload)
+
+    def forwarding(method: str):
+        async def call(request: bytes, context):
+            auth = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), "")
+            later = Later()
+            if not link.request(lambda rid: wire.encode_grpc(rid, method, auth, request), (later, answer, _GRPC_GONE)):
+                later.set_result(_GRPC_GONE)
+            code, message, trailing, response = await later
+            if code is not None:
+                if trailing:
+                    context.set_trailing_metadata(trailing)
+                await context.abort(grpc.StatusCode[code], message)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(call)  # bytes in, bytes out
+
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        SERVICE, {name: forwarding(name) for name in METHODS}),))
+    if server.add_insecure_port(f"{setup['host']}:{setup['grpc_port']}") == 0:
+        raise OSError(f"cannot listen for gRPC on {setup['host']}:{setup['grpc_port']}")
+    await server.start()
+    return server
+
+
 def _report(http: HttpServer, link: EngineLink) -> dict:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     try:
@@ -237,6 +282,8 @@ async def serve(path: str, index: int) -> int:
                       request_timeout_s=setup["request_timeout_s"], max_connections=setup["max_connections"],
                       answers_per_turn=setup["answers_per_turn"], queue_bound_s=setup["queue_bound_s"])
     await http.start(setup["host"], setup["port"], reuse_port=True)
+    grpc_server = (await start_grpc(link, setup, setup["max_connections"]) if setup.get("grpc_port") is not None
+                   else None)
     link.note(wire.json_frame(wire.LISTENING, 0, {"port": http.port}))
 
     async def report() -> None:
@@ -252,10 +299,11 @@ async def serve(path: str, index: int) -> int:
         log.error("front end %d: the engine process is gone; closing (reads waiting for it were answered 503)",
                   index)
         api.draining = True
-        await http.close(0.5)
+        await asyncio.gather(http.close(0.5), *([grpc_server.stop(0.5)] if grpc_server is not None else []))
         return 1
     api.draining = True
-    await http.close(setup["shutdown_grace_s"] + 1)
+    grace = setup["shutdown_grace_s"]
+    await asyncio.gather(http.close(grace + 1), *([grpc_server.stop(grace)] if grpc_server is not None else []))
     return 0
 
 

@@ -86,6 +86,8 @@ class _Link:
             self._infer(rid, payload)
         elif kind == wire.FORWARD:
             self._forward(rid, payload)
+        elif kind == wire.GRPC:
+            self.hub.spawn(self._grpc(rid, *wire.decode_grpc(payload)))
         elif kind == wire.UNPARSED:
             note = wire.loads(payload)
             self.hub.api.service.count_unparsed(note["model"], note["version"], int(note["status"]))
@@ -156,6 +158,15 @@ class _Link:
 
         when_done(reply if isinstance(reply, (Later, asyncio.Future)) else asyncio.ensure_future(reply), done)
 
+    async def _grpc(self, rid: int, method: str, authorization: str, request: bytes) -> None:
+        from hybridgnn.serving.grpc.service import (
+            answer_forwarded,  # grpcio only with --grpc-port
+        )
+
+        metadata = (("authorization", authorization),) if authorization else ()
+        response, code, message, trailing = await answer_forwarded(self.hub.grpc, method, request, metadata)
+        self._send(wire.encode_grpc_reply(rid, response, code, message, trailing))
+
     def _reply(self, rid: int, reply: Reply) -> None:
         self._send(wire.encode_reply(rid, reply.status, reply.content_type, reply.headers, reply.body))
 
@@ -177,6 +188,10 @@ class Frontends:
         self._dir: str | None = None
         self._ipc: asyncio.AbstractServer | None = None
         self._held: socket.socket | None = None
+        self._grpc_held: socket.socket | None = None
+        self.grpc = None  # the gRPC servicer answering calls the front ends receive (with --grpc-port)
+        self.grpc_port: int | None = None
+        self._calls: set[asyncio.Task] = set()
         self._watchers: set[asyncio.Task] = set()
         self._stopping = False
 
@@ -192,7 +207,7 @@ class Frontends:
                 # the cap is the server's: each front end takes its share
                 "max_connections": max(1, s.max_connections // self.count),
                 "answers_per_turn": s.answers_per_turn, "queue_bound_s": self.api.engine.queue_bound_s,
-                "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining,
+                "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining, "grpc_port": self.grpc_port,
                 "log_level": logging.getLogger().getEffectiveLevel()}
 
     async def start(self) -> None:
@@ -202,6 +217,14 @@ class Frontends:
         s = self.cfg.server
         self._held = reserve_port(s.host, s.port)
         self.port = self._held.getsockname()[1]
+        if s.grpc_port is not None:
+            from hybridgnn.serving.grpc.service import (
+                GrpcFrontend,  # grpcio only when asked for
+            )
+
+            self.grpc = GrpcFrontend(self.api.service)
+            self._grpc_held = reserve_port(s.host, s.grpc_port)
+            self.grpc_port = self._grpc_held.getsockname()[1]
         self._dir = tempfile.mkdtemp(prefix="hybridgnn-")  # 0700: only this user reaches the engine
         self._ipc = await loop.create_unix_server(lambda: _Link(self).channel, self.path)
         try:
@@ -232,6 +255,12 @@ class Frontends:
                 proc.kill()
                 await proc.wait()
             raise RuntimeError(f"front end {index} did not start (exit status {proc.returncode}; its log is above)")
+
+    def spawn(self, coro) -> None:
+        """Run coro (a call answered later), kept until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def listening(self, index: int | None) -> None:
         fut = self._listening.get(index)
@@ -304,8 +333,11 @@ class Frontends:
             self._ipc.close()
         for link in list(self.links.values()):
             link.channel.close()
-        if self._held is not None:
-            self._held.close()
+        for task in list(self._calls):
+            task.cancel()
+        for held in (self._held, self._grpc_held):
+            if held is not None:
+                held.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 

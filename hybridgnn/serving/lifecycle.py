@@ -48,7 +48,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
         log.error("cannot listen on %s (HTTP %d, gRPC %s): %s", cfg.server.host, cfg.server.port,
                   cfg.server.grpc_port, getattr(exc, "strerror", None) or exc)
         return 2
-    if server.grpc is not None:
+    if server.grpc_port is not None:
         log.info("serving KServe v2 gRPC on %s:%d", cfg.server.host, server.grpc_port)
     freeze_startup_heap()
     background: set[asyncio.Task] = set()

@@ -52,6 +52,8 @@ class Server:
 
     @property
     def grpc_port(self) -> int | None:
+        if self.frontends is not None:
+            return self.frontends.grpc_port
         return self.grpc.port if self.grpc is not None else None
 
     def describe(self) -> str:
@@ -122,15 +124,15 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
     service = service if service is not None else await start_engines(cfg, stats)
     server = Server(cfg, service, None)
     try:
-        if cfg.server.grpc_port is not None:  # first: HTTP answers ready once it listens
+        count = frontends_for(cfg.server.frontends, CPU_COUNT)
+        if cfg.server.grpc_port is not None and count == 1:  # first: HTTP answers ready once it listens
             from hybridgnn.serving.grpc.service import (
                 GrpcFrontend,  # grpcio only when asked for
             )
 
             server.grpc = GrpcFrontend(service)
             await server.grpc.start(cfg.server.host, cfg.server.grpc_port)
-        count = frontends_for(cfg.server.frontends, CPU_COUNT)
-        if count > 1:
+        if count > 1:  # front-end processes serve HTTP and gRPC
             server.frontends = Frontends(Api(service), cfg, count)
             await server.frontends.start()
         else:

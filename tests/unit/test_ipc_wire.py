@@ -170,3 +170,23 @@ def test_parameters_of_every_kind_cross_exactly(params):
     inp = InferInput("m", None, [Tensor("node_ids", "INT64", [1], [3])], params, None, 12)
     out = wire.decode_infer(payload_of(wire.encode_infer(1, inp))[2])
     assert out.parameters == params and out.id == 12
+
+
+def test_grpc_calls_and_answers_cross():
+    call = wire.decode_grpc(payload_of(wire.encode_grpc(2, "ModelInfer", "Bearer t", b"\x0a\x01m"))[2])
+    assert call == ("ModelInfer", "Bearer t", b"\x0a\x01m")
+    ok = wire.decode_grpc_reply(payload_of(wire.encode_grpc_reply(2, b"\x12\x00"))[2])
+    assert ok == (None, "", (), b"\x12\x00")
+    failed = wire.decode_grpc_reply(payload_of(wire.encode_grpc_reply(
+        3, b"", "RESOURCE_EXHAUSTED", "slow down", (("retry-after", "1"),)))[2])
+    assert failed == ("RESOURCE_EXHAUSTED", "slow down", (("retry-after", "1"),), b"")
+
+
+def test_a_forwarded_grpc_call_for_no_method_or_of_bad_bytes_ends_with_grpc_s_codes():
+    pytest.importorskip("grpc")
+    from hybridgnn.serving.grpc.service import GrpcFrontend, answer_forwarded
+
+    frontend = GrpcFrontend(None)  # neither call reaches the service
+    none = asyncio.run(answer_forwarded(frontend, "NoSuchMethod", b"", ()))
+    bad = asyncio.run(answer_forwarded(frontend, "ModelInfer", b"\xff\xff\xff", ()))
+    assert none[1] == "UNIMPLEMENTED" and bad[1] == "INTERNAL" and bad[0] == b""

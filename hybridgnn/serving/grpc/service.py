@@ -242,6 +242,55 @@ class GrpcFrontend:
         return out
 
 
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class ForwardedCall:
+    """What a method of GrpcFrontend reads of its call's context, for a call a front-end
+    process received (serving/frontend.py): its metadata, and abort() ending it with a
+    status code, a message and trailing metadata."""
+
+    def __init__(self, metadata: tuple):
+        self._metadata = metadata
+        self.trailing: tuple = ()
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing = tuple(metadata)
+
+    async def abort(self, code: grpc.StatusCode, details: str):
+        raise _Aborted(code, details)
+
+
+async def answer_forwarded(frontend: GrpcFrontend, method: str, request: bytes,
+                           metadata: tuple) -> tuple[bytes, str | None, str, tuple]:
+    """(response bytes, status code name or None, message, trailing metadata) of a call a
+    front-end process received: decoded, served and encoded here as if it came in here."""
+    found = frontend._messages.get(method)
+    if found is None:
+        return b"", grpc.StatusCode.UNIMPLEMENTED.name, f"no method {method!r}", ()
+    req_cls, _ = found
+    try:
+        decoded = req_cls.FromString(request)
+    except Exception:  # what grpcio answers a request it cannot deserialize
+        return b"", grpc.StatusCode.INTERNAL.name, "could not deserialize the request", ()
+    call = ForwardedCall(metadata)
+    try:
+        response = await getattr(frontend, _snake(method))(decoded, call)
+    except _Aborted as exc:
+        return b"", exc.code.name, exc.details, call.trailing
+    except Exception:  # as grpcio answers a method that raises
+        log.exception("gRPC %s failed", method)
+        return b"", grpc.StatusCode.UNKNOWN.name, "unexpected error in the method", ()
+    return response.SerializeToString(), None, "", ()
+
+
 def _failed(failure: Failure) -> Failure:
     return failure
 

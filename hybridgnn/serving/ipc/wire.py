@@ -32,6 +32,7 @@ INFER = 3  # an inference (encode_infer)
 FORWARD = 4  # any other HTTP request, as received (encode_forward)
 UNPARSED = 5  # JSON {"model", "version", "status"}: an inference the front end answered (no reply)
 STATS = 6  # JSON of the front end's counters now (no reply)
+GRPC = 7  # a gRPC call as received: method, authorization, the request's protobuf bytes
 # Engine -> front end
 SETUP = 101  # JSON: the settings the front end serves with
 ANSWER = 102  # an inference's outputs (encode_answer)
@@ -39,6 +40,7 @@ FAILED = 103  # JSON {"status", "message", "headers", "request_id"}: an inferenc
 REPLY = 104  # the answer to a FORWARD (encode_reply)
 STATE = 105  # JSON {"draining"}: the server's state changed
 STOP = 106  # close (stop accepting, answer what was accepted) and exit
+GRPC_REPLY = 107  # a gRPC call's answer: the response's protobuf bytes, or a status code and message
 
 FRAME = struct.Struct("<IBI")  # length (kind + id + payload), kind, id
 HEAD = struct.Struct("<I")
@@ -275,3 +277,31 @@ def decode_reply(payload: memoryview) -> tuple[int, str, dict[str, str] | None, 
         return int(head["status"]), str(head["type"]), head["headers"], bytes(body)
     except (KeyError, TypeError, ValueError) as exc:
         raise WireError(f"reply does not decode: {exc!r}") from None
+
+
+# --- gRPC calls ------------------------------------------------------------------------------
+def encode_grpc(rid: int, method: str, authorization: str, request: bytes) -> bytes:
+    return with_head(GRPC, rid, {"method": method, "auth": authorization}, request)
+
+
+def decode_grpc(payload: memoryview) -> tuple[str, str, bytes]:
+    head, body = split_head(payload)
+    try:
+        return str(head["method"]), str(head["auth"]), bytes(body)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"gRPC call does not decode: {exc!r}") from None
+
+
+def encode_grpc_reply(rid: int, response: bytes, code: str | None = None, message: str = "",
+                      trailing: tuple = ()) -> bytes:
+    """code: None for a response, else the grpc.StatusCode name the call ends with."""
+    return with_head(GRPC_REPLY, rid, {"code": code, "message": message, "trailing": [list(t) for t in trailing]},
+                     response)
+
+
+def decode_grpc_reply(payload: memoryview) -> tuple[str | None, str, tuple, bytes]:
+    head, body = split_head(payload)
+    try:
+        return head["code"], str(head["message"]), tuple((str(k), str(v)) for k, v in head["trailing"]), bytes(body)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"gRPC answer does not decode: {exc!r}") from None
