@@ -76,22 +76,46 @@ def log(msg: str) -> None:
 
 
 # --- the server process, seen from outside ---------------------------------------------------------
+def server_pids(pid: int) -> list[int]:
+    """The server's process and every process it started (front ends, workers), alive now."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
 def rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    """Resident memory of the server: its process and those it started (with --frontends N,
+    the front end a flood reaches is one of them)."""
+    total, seen = 0.0, False
+    for p in server_pids(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) / 1024
+                        seen = True
+        except OSError:
+            pass
+    return total if seen else None
 
 
 def fd_count(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
+    """Open descriptors of the server's processes (connections live in its front ends)."""
+    counts = []
+    for p in server_pids(pid):
+        try:
+            counts.append(len(os.listdir(f"/proc/{p}/fd")))
+        except OSError:
+            pass
+    return sum(counts) if counts else None
 
 
 def start_server(dataset: Path, model: Path, extra: list[str], label: str) -> Server:
