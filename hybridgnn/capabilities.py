@@ -22,6 +22,33 @@ def allowed_cores() -> set[int]:
 CPU_COUNT: int = len(allowed_cores())
 
 
+def cpu_quota_cores(cgroup_root: str = "/sys/fs/cgroup") -> float | None:
+    """The cores a CPU quota grants this process's cgroup (a container's CPU limit:
+    cgroup v2 cpu.max, else v1 cfs_quota/cfs_period), or None without a quota."""
+    import math
+
+    try:
+        with open(f"{cgroup_root}/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"{cgroup_root}/cpu/cpu.cfs_quota_us") as f:
+            quota = int(f.read())
+        with open(f"{cgroup_root}/cpu/cpu.cfs_period_us") as f:
+            period = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return None if quota <= 0 or period <= 0 or math.isinf(quota / period) else quota / period
+
+
+def usable_cores() -> int:
+    """Cores this process can keep busy: its affinity, lowered to a container's CPU quota."""
+    quota = cpu_quota_cores()
+    return CPU_COUNT if quota is None else max(1, min(CPU_COUNT, int(quota)))
+
+
 def has_cuda() -> bool:
     """Whether torch sees a CUDA device (imports torch; cached as HAS_CUDA)."""
     if "HAS_CUDA" not in globals():

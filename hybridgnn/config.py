@@ -49,8 +49,8 @@ def parse_frontends(text: str | int | None) -> int | None:
 
 
 def frontends_for(wanted: int | None, cores: int) -> int:
-    """How many front-end processes serve: `wanted`, or for auto one per 4 cores, at most
-    8 and at least 1 (a 2- or 4-core machine keeps HTTP in the engine's process: a second
+    """How many front-end processes serve: `wanted`, or for auto one per 4 cores (those the
+    process may use, within a container's CPU quota), at most 8 and at least 1 (a 2- or 4-core machine keeps HTTP in the engine's process: a second
     process would take the cores the engine's workers use)."""
     if wanted is not None:
         return wanted

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.capabilities import usable_cores
 from hybridgnn.config import ServeConfig, frontends_for
 from hybridgnn.serving.core.engine import Engine, open_engine
 from hybridgnn.serving.frontends import Frontends
@@ -124,7 +124,7 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
     service = service if service is not None else await start_engines(cfg, stats)
     server = Server(cfg, service, None)
     try:
-        count = frontends_for(cfg.server.frontends, CPU_COUNT)
+        count = frontends_for(cfg.server.frontends, usable_cores())
         if cfg.server.grpc_port is not None and count == 1:  # first: HTTP answers ready once it listens
             from hybridgnn.serving.grpc.service import (
                 GrpcFrontend,  # grpcio only when asked for

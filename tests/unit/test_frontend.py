@@ -100,3 +100,20 @@ def test_auto_front_ends_follow_the_cores():
     for bad in ("0", "-1", "two"):
         with pytest.raises(ValueError):
             parse_frontends(bad)
+
+
+def test_a_containers_cpu_quota_bounds_the_cores_auto_counts(tmp_path):
+    from hybridgnn.capabilities import cpu_quota_cores
+
+    assert cpu_quota_cores(str(tmp_path)) is None  # no cgroup files: no quota
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota_cores(str(tmp_path)) is None
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert cpu_quota_cores(str(tmp_path)) == 2.5
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota_cores(str(tmp_path)) is None
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("800000\n")
+    assert cpu_quota_cores(str(tmp_path)) == 8.0
