@@ -46,7 +46,7 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                            lambda inner: st.lists(inner, max_size=4), max_leaves=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(data=JSON_VALUES, datatype=st.sampled_from(["INT64", "INT32", "FP32", "UINT64", "BYTES", "BOOL", 7]),
        shape=st.one_of(st.lists(st.integers(0, 6), max_size=3), JSON_VALUES))
 def test_json_data_is_judged_by_the_engine_as_in_one_process(data, datatype, shape):
@@ -190,3 +190,15 @@ def test_a_forwarded_grpc_call_for_no_method_or_of_bad_bytes_ends_with_grpc_s_co
     none = asyncio.run(answer_forwarded(frontend, "NoSuchMethod", b"", ()))
     bad = asyncio.run(answer_forwarded(frontend, "ModelInfer", b"\xff\xff\xff", ()))
     assert none[1] == "UNIMPLEMENTED" and bad[1] == "INTERNAL" and bad[0] == b""
+
+
+def test_a_lone_surrogate_from_a_client_crosses_as_sent():
+    inp = InferInput("m", None, [Tensor("node_ids", "INT64", [1], [3])], {"mode": "\ud800"}, ["\udfff"], "\ud801")
+    out = wire.decode_infer(payload_of(wire.encode_infer(1, inp))[2])
+    assert (out.parameters, out.outputs, out.id) == ({"mode": "\ud800"}, ["\udfff"], "\ud801")
+
+
+def test_an_integer_past_64_bits_in_a_shape_crosses_as_sent():
+    inp = InferInput("m", None, [Tensor("node_ids", "INT64", -(1 << 63) - 1, None)])
+    out = wire.decode_infer(payload_of(wire.encode_infer(1, inp))[2])
+    assert out.inputs[0].shape == -(1 << 63) - 1 and type(out.inputs[0].shape) is int

@@ -67,18 +67,26 @@ def _dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _fast_dumps(obj) -> bytes:
+def _fast_dumps(obj) -> bytes | None:
     """JSON of a head known to hold only strings, ints that fit 64 bits, finite floats,
-    bools, None, lists and dicts with str keys (orjson when installed)."""
-    return _orjson.dumps(obj) if _orjson is not None else _dumps(obj)
+    bools, None, lists and dicts with str keys, by orjson; None without orjson or when it
+    refuses (a string holding a lone surrogate)."""
+    if _orjson is None:
+        return None
+    try:
+        return _orjson.dumps(obj)
+    except (TypeError, _orjson.JSONEncodeError):
+        return None
 
 
-def _loads(data: bytes):
-    if _orjson is not None:
-        try:
-            return _orjson.loads(data)
-        except _orjson.JSONDecodeError:  # NaN, huge integers: what only the stdlib writes
-            pass
+_PLAIN_HEAD = 1 << 31  # set in a head's length: the head was written by _fast_dumps
+
+
+def _loads(data: bytes, plain: bool = False):
+    """plain: a head _fast_dumps wrote (orjson reads it); else the standard library, which
+    reads back exactly what it wrote (orjson would read an integer past 64 bits as a float)."""
+    if plain and _orjson is not None:
+        return _orjson.loads(data)
     return json.loads(data)
 
 
@@ -89,8 +97,10 @@ def json_frame(kind: int, rid: int, obj) -> bytes:
 def with_head(kind: int, rid: int, head, *blobs: bytes | memoryview, plain: bool = False) -> bytes:
     """A frame whose payload is a JSON head then raw blobs. plain: the head holds only
     what _fast_dumps takes."""
-    h = _fast_dumps(head) if plain else _dumps(head)
-    return frame(kind, rid, HEAD.pack(len(h)), h, *blobs)
+    h = _fast_dumps(head) if plain else None
+    if h is None:
+        return frame(kind, rid, HEAD.pack(len(h := _dumps(head))), h, *blobs)
+    return frame(kind, rid, HEAD.pack(len(h) | _PLAIN_HEAD), h, *blobs)
 
 
 def split_head(payload: memoryview) -> tuple[object, memoryview]:
@@ -98,10 +108,12 @@ def split_head(payload: memoryview) -> tuple[object, memoryview]:
     if len(payload) < 4:
         raise WireError("payload too short for its head length")
     (n,) = HEAD.unpack_from(payload)
+    plain = bool(n & _PLAIN_HEAD)
+    n &= _PLAIN_HEAD - 1
     if n > len(payload) - 4:
         raise WireError("head longer than its payload")
     try:
-        head = _loads(bytes(payload[4:4 + n]))
+        head = _loads(bytes(payload[4:4 + n]), plain)
     except ValueError as exc:
         raise WireError(f"head is not JSON: {exc}") from None
     return head, payload[4 + n:]
