@@ -33,7 +33,7 @@ import signal
 import sys
 from urllib.parse import unquote
 
-from hybridgnn.errors import ServingError
+from hybridgnn.errors import BadRequest, ServingError
 from hybridgnn.serving.core.eager import Later, together
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
@@ -81,8 +81,9 @@ class EngineLink:
         if self.channel.closed:
             return False
         rid = self._next = (self._next + 1) & 0xFFFFFFFF
+        data = make_frame(rid)  # may raise (then nothing waits)
         self._pending[rid] = waiter
-        self.channel.send(make_frame(rid))
+        self.channel.send(data)
         self.sent += 1
         return True
 
@@ -156,9 +157,7 @@ class FrontendApi:
             inp, binary = parse_infer(request.body, request.headers.get(_HEADER_LENGTH), model, version,
                                       request.waited_s, request.standing)
         except ServingError as exc:
-            self.link.note(wire.json_frame(wire.UNPARSED, 0, {"model": model, "version": version,
-                                                                "status": exc.status}))
-            return self.refusals.reply_of(Failure(exc.status, exc.message, exc.headers()))
+            return self._unparsed(model, version, exc)
         except Exception:
             return self.internal_error("infer")
         later = Later()
@@ -174,9 +173,17 @@ class FrontendApi:
             except Exception:
                 return self.internal_error("infer answer")
 
-        if not self.link.request(lambda rid: wire.encode_infer(rid, inp), (later, answer, _GONE)):
-            return _GONE
-        return later
+        try:
+            sent = self.link.request(lambda rid: wire.encode_infer(rid, inp), (later, answer, _GONE))
+        except RecursionError:  # JSON data nested so deep that it cannot be written again
+            return self._unparsed(model, version, BadRequest(
+                "'data' is nested too deeply (an input's data is a list of numbers, or one list per row)"))
+        return later if sent else _GONE
+
+    def _unparsed(self, model: str, version: str | None, exc: ServingError) -> Reply:
+        """The answer to an inference refused here, counted by the engine as it counts its own."""
+        self.link.note(wire.json_frame(wire.UNPARSED, 0, {"model": model, "version": version, "status": exc.status}))
+        return self.refusals.reply_of(Failure(exc.status, exc.message, exc.headers()))
 
     def forward(self, method: str, path: str, request: Request):
         later = Later()

@@ -33,6 +33,7 @@ import tempfile
 import time
 
 from hybridgnn.config import ServeConfig
+from hybridgnn.errors import ServingError
 from hybridgnn.serving.core.eager import Later, when_done
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.reply import Reply, Request
@@ -107,8 +108,12 @@ class _Link:
             del self.hub.links[self.index]
 
     def _infer(self, rid: int, payload: memoryview) -> None:
-        inp = wire.decode_infer(payload)
         service = self.hub.api.service
+        try:
+            inp = wire.decode_infer(payload)
+        except ServingError as exc:  # a client's input that cannot be read back here (nested too deeply)
+            self._send(wire.encode_failure(rid, service.failure(exc, "infer")))
+            return
 
         def encode(answer):
             return wire.encode_answer(rid, answer)

@@ -117,3 +117,16 @@ def test_a_containers_cpu_quota_bounds_the_cores_auto_counts(tmp_path):
     assert cpu_quota_cores(str(tmp_path)) is None
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("800000\n")
     assert cpu_quota_cores(str(tmp_path)) == 8.0
+
+
+def test_data_nested_too_deep_to_write_again_is_refused_here(monkeypatch):
+    link = FakeLink()
+    api = FrontendApi(link, {})
+
+    def too_deep(rid, inp):
+        raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
+
+    monkeypatch.setattr(wire, "encode_infer", too_deep)
+    reply = api.infer(Request({"model": "m"}, {}, infer_body([1])))
+    assert reply.status == 400 and b"nested too deeply" in reply.body and not link.sent
+    assert wire.FRAME.unpack_from(link.notes[0])[1] == wire.UNPARSED

@@ -202,3 +202,15 @@ def test_an_integer_past_64_bits_in_a_shape_crosses_as_sent():
     inp = InferInput("m", None, [Tensor("node_ids", "INT64", -(1 << 63) - 1, None)])
     out = wire.decode_infer(payload_of(wire.encode_infer(1, inp))[2])
     assert out.inputs[0].shape == -(1 << 63) - 1 and type(out.inputs[0].shape) is int
+
+
+def test_json_data_too_deep_to_read_back_is_a_bad_request_not_a_broken_link(monkeypatch):
+    inp = InferInput("m", None, [Tensor("node_ids", "INT64", [1], [[["x"]]])])
+    frame = wire.encode_infer(1, inp)
+
+    def too_deep(payload):
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+
+    monkeypatch.setattr(wire, "loads", too_deep)
+    with pytest.raises(BadRequest, match="nested too deeply"):
+        wire.decode_infer(payload_of(frame)[2])

@@ -5,7 +5,9 @@ are `<u32 n>`, n bytes of a small JSON head, then raw bytes: tensors travel as t
 little-endian bytes (never JSON, never pickle), with name, dtype and shape in the head.
 An input whose JSON `data` is not a plain numeric list (strings, mixed or malformed
 values) travels as its JSON so the engine finds it bad with the same message it would
-give in one process; everything the engine accepts arrives as an array.
+give in one process (one exception: data nested so deep that it cannot be written again
+raises RecursionError here, and the front end refuses it itself); everything the engine
+accepts arrives as an array.
 
 The two ends are processes of one server (the engine starts its front ends), so a frame
 that does not decode is a bug, answered by closing the link (WireError).
@@ -23,6 +25,7 @@ try:  # the heads of most frames, at a fraction of the standard library's cost
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
+from hybridgnn.errors import BadRequest
 from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
 
 # Front end -> engine
@@ -201,7 +204,12 @@ def decode_infer(payload: memoryview) -> InferInput:
             elif how == "none":
                 inputs.append(Tensor(name, datatype, shape))
             elif how == "json":
-                inputs.append(Tensor(name, datatype, shape, loads(blob)))
+                try:
+                    data = loads(blob)
+                except RecursionError:  # read here nearer the stack's limit than the front end read it
+                    raise BadRequest("'data' is nested too deeply (an input's data is a list of numbers, or "
+                                     "one list per row)") from None
+                inputs.append(Tensor(name, datatype, shape, data))
             elif how in _LIST_DTYPES:
                 inputs.append(Tensor(name, datatype, shape, np.frombuffer(blob, dtype=how)))
             else:
