@@ -208,7 +208,11 @@ class LocalCluster:
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
         with open(cfg.run_dir / f"replica-{i}.log", "ab") as logf:  # the child keeps its own descriptor
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
-        (cfg.run_dir / f"replica-{i}.pid").write_text(str(proc.pid))
+        # written whole and renamed: a reader polling it never sees it empty (a restart rewrites it)
+        pid_file = cfg.run_dir / f"replica-{i}.pid"
+        tmp = pid_file.with_suffix(".pid.tmp")
+        tmp.write_text(str(proc.pid))
+        os.replace(tmp, pid_file)
         self._started_at[i] = time.monotonic()
         return proc
 
