@@ -36,7 +36,7 @@ def setting(default, help: str, *, flag: str | None = None, scale: float | None 
 
 
 def parse_frontends(text: str | int | None) -> int | None:
-    """--frontends: 'auto' -> None (frontends_for decides), else a count >= 1."""
+    """--frontends: 'auto' -> None (serving/frontends.py's frontends_for decides), else a count >= 1."""
     if text is None or str(text).strip().lower() == "auto":
         return None
     try:
@@ -46,15 +46,6 @@ def parse_frontends(text: str | int | None) -> int | None:
     if count < 1:
         raise ValueError(f"--frontends must be >= 1 (or auto), got {count}")
     return count
-
-
-def frontends_for(wanted: int | None, cores: int) -> int:
-    """How many front-end processes serve: `wanted`, or for auto one per 4 cores (those the
-    process may use, within a container's CPU quota), at most 8 and at least 1 (a 2- or 4-core machine keeps HTTP in the engine's process: a second
-    process would take the cores the engine's workers use)."""
-    if wanted is not None:
-        return wanted
-    return max(1, min(8, cores // 4))
 
 
 def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -319,7 +310,7 @@ class ServerConfig:
     # The event loop answers at most this many requests per turn; the rest wait, in
     # arrival order, for later turns, so completions and timers are never starved by a
     # flood of new requests (see serving/http/turns.py).
-    # Front-end processes around the one engine (None: auto, frontends_for): with more than
+    # Front-end processes around the one engine (None: auto, serving.frontends.frontends_for): with more than
     # one, each serves HTTP on the port and the engine's process serves none itself.
     frontends: int | None = setting(None, "front-end processes serving HTTP around the one engine: a number, or "
                                     "auto (one per 4 cores, at most 8; 1 on a 2-core machine: HTTP in the engine's "

@@ -52,7 +52,7 @@ from hybridgnn.serving.http.reply import (
 from hybridgnn.serving.http.server import HttpServer
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.ipc.channel import Channel
-from hybridgnn.serving.v2.types import Failure
+from hybridgnn.serving.v2.types import Failure, internal_failure
 
 log = logging.getLogger("hybridgnn.frontend")
 _HEADER_LENGTH = HEADER_LENGTH.lower()
@@ -144,11 +144,7 @@ class FrontendApi:
         return found
 
     def internal_error(self, where: str, exc: BaseException | None = None) -> Reply:
-        request_id = os.urandom(6).hex()
-        exc = exc if exc is not None else sys.exc_info()[1]
-        log.error("[%s] internal error in %s", request_id, where,
-                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
-        return Reply.json({"error": "internal server error", "request_id": request_id}, 500)
+        return self.refusals.reply_of(internal_failure(exc if exc is not None else sys.exc_info()[1], where, log))
 
     def infer(self, request: Request):
         params = request.params

@@ -45,6 +45,15 @@ _START_TIMEOUT_S = 120.0  # a front end imports numpy and httptools: seconds, no
 _RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)  # between restarts of a front end that keeps dying at start
 
 
+def frontends_for(wanted: int | None, cores: int) -> int:
+    """How many front-end processes serve: `wanted`, or for auto one per 4 cores (those the
+    process may use, within a container's CPU quota), at most 8 and at least 1 (a 2- or 4-core machine keeps HTTP in the engine's process: a second
+    process would take the cores the engine's workers use)."""
+    if wanted is not None:
+        return wanted
+    return max(1, min(8, cores // 4))
+
+
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to host:port (port 0: a free one) with SO_REUSEPORT, not listening:
     it holds the port for the front ends, which bind beside it. Refuses a port another
@@ -220,14 +229,15 @@ class Frontends:
         the port cannot be had; RuntimeError when a front end cannot start."""
         loop = asyncio.get_running_loop()
         s = self.cfg.server
-        self._held = reserve_port(s.host, s.port)
-        self.port = self._held.getsockname()[1]
-        if s.grpc_port is not None:
+        if s.grpc_port is not None:  # ImportError without grpcio, before anything is held
             from hybridgnn.serving.grpc.service import (
                 GrpcFrontend,  # grpcio only when asked for
             )
 
             self.grpc = GrpcFrontend(self.api.service)
+        self._held = reserve_port(s.host, s.port)
+        self.port = self._held.getsockname()[1]
+        if s.grpc_port is not None:
             self._grpc_held = reserve_port(s.host, s.grpc_port)
             self.grpc_port = self._grpc_held.getsockname()[1]
         self._dir = tempfile.mkdtemp(prefix="hybridgnn-")  # 0700: only this user reaches the engine

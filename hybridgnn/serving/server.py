@@ -13,9 +13,9 @@ import asyncio
 import logging
 
 from hybridgnn.capabilities import usable_cores
-from hybridgnn.config import ServeConfig, frontends_for
+from hybridgnn.config import ServeConfig
 from hybridgnn.serving.core.engine import Engine, open_engine
-from hybridgnn.serving.frontends import Frontends
+from hybridgnn.serving.frontends import Frontends, frontends_for
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.server import HttpServer
 from hybridgnn.serving.repository.loader import open_repository

@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from hybridgnn.config import frontends_for, parse_frontends
+from hybridgnn.config import parse_frontends
 from hybridgnn.serving.core.eager import Later
 from hybridgnn.serving.frontend import FrontendApi
+from hybridgnn.serving.frontends import frontends_for
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.v2.types import Failure, InferAnswer

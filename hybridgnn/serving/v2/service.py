@@ -47,6 +47,7 @@ from hybridgnn.serving.v2.types import (
     InferAnswer,
     InferInput,
     InferRequest,
+    internal_failure,
 )
 
 log = logging.getLogger("hybridgnn.serving.v2")
@@ -117,10 +118,7 @@ class V2Service:
                 return Failure(exc.status, exc.message, exc.headers())
         except Exception:  # a broken error must not take the answer with it
             log.exception("could not answer %r", exc)
-        request_id = os.urandom(6).hex()
-        log.error("[%s] internal error in %s", request_id, where,
-                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
-        return Failure(500, "internal server error", None, request_id)
+        return internal_failure(exc, where, log)
 
     # --- health and metadata ------------------------------------------------------------
     def ready(self) -> bool:

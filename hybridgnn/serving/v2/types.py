@@ -9,6 +9,7 @@ datatypes, shapes, ids, modes) is checked by the v2 service.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,3 +116,12 @@ class Failure:
         self.message = message
         self.headers = headers
         self.request_id = request_id
+
+
+def internal_failure(exc: BaseException | None, where: str, log) -> Failure:
+    """The answer to a bug (an exception no error class covers): a 500 whose request id the
+    log line, with the traceback, carries too, so a report can be matched to it."""
+    request_id = os.urandom(6).hex()
+    log.error("[%s] internal error in %s", request_id, where,
+              exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+    return Failure(500, "internal server error", None, request_id)
