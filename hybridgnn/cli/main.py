@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # say it with the subcommand's usage, which lists the flags it does take
         _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a launcher re-runs as each rank
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.run(args) or 0)

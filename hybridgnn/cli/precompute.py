@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 
@@ -21,11 +22,65 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16384, help="initial targets per batch (adapts)")
     p.add_argument("--order", choices=["natural", "rcm"], default="natural",
                    help="rcm: reverse Cuthill-McKee order so batches share inputs")
+    d = p.add_argument_group("distributed (torch.distributed: gloo on CPU, NCCL on GPUs)")
+    d.add_argument("--nprocs", type=int, default=1,
+                   help="ranks to start on this machine; under torchrun its environment says how many")
+    d.add_argument("--partition", choices=["auto", "metis", "ranges"], default="auto",
+                   help="how nodes are split over ranks: metis cuts fewer edges (needs pymetis), ranges "
+                        "are contiguous id ranges of equal edge counts; auto: metis when installed")
+    d.add_argument("--threads-per-rank", type=int, default=0,
+                   help="torch threads per rank; 0: this machine's cores divided by --nprocs")
+    d.add_argument("--timeout-s", type=float, default=1800.0,
+                   help="how long a rank waits for the others in a collective before failing the run")
+    d.add_argument("--chunk-mb", type=float, default=4.0, help="halo rows per message, in MB")
     p.set_defaults(run=run)
 
 
+def _distributed(args) -> int:
+    """This process is one rank (under torchrun, or started by --nprocs)."""
+    import torch
+
+    from hybridgnn.distributed.driver import DistributedConfig, run_rank
+    from hybridgnn.distributed.launch import ERROR_FILE_ENV, PEER_LOST
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        report = run_rank(args.dataset, args.model, _config(args),
+                          DistributedConfig(partition=args.partition, timeout_s=args.timeout_s,
+                                            chunk_bytes=max(1, int(args.chunk_mb * (1 << 20)))))
+    except Exception as exc:
+        line = " ".join(str(exc).split()) or type(exc).__name__
+        lost = isinstance(exc, torch.distributed.DistError) or "closed by peer" in line or "reset by peer" in line
+        where = os.environ.get(ERROR_FILE_ENV)
+        if where:  # started by --nprocs: the launcher says one line for the run
+            Path(where).write_text((PEER_LOST if lost else "") + line[:500])
+            return 1
+        raise
+    if report is not None:
+        print(json.dumps(report, indent=2))
+    return 0
+
+
+def _config(args):
+    from hybridgnn.embeddings.precompute import PrecomputeConfig
+
+    return PrecomputeConfig(batch_size=args.batch_size, dtype=args.dtype, device=args.device, order=args.order)
+
+
 def run(args) -> int:
-    from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return _distributed(args)
+    if args.nprocs < 1:
+        raise ValueError(f"--nprocs must be >= 1, got {args.nprocs}")
+    if args.nprocs > 1:
+        from hybridgnn.capabilities import usable_cores
+        from hybridgnn.distributed.launch import launch
+
+        threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
+        return launch(args.argv, args.nprocs, threads)
+    from hybridgnn.embeddings.precompute import precompute
     from hybridgnn.graph.store import GraphStore
     from hybridgnn.models.checkpoint import load_checkpoint
 
@@ -37,8 +92,7 @@ def run(args) -> int:
             "model was trained on dataset %s, precomputing for dataset %s", trained_on, graph.fingerprint)
     if model.in_dim != graph.feature_dim:
         raise ValueError(f"model expects {model.in_dim}-dim features, dataset has {graph.feature_dim}")
-    store = precompute(graph, model, args.model, PrecomputeConfig(batch_size=args.batch_size, dtype=args.dtype,
-                                                                  device=args.device, order=args.order))
+    store = precompute(graph, model, args.model, _config(args))
     print(json.dumps({"embeddings": str(store.root), "layers": [list(a.shape) for a in store.layers],
                       "precompute_s": round(store.state.get("precompute_s", 0.0), 2),
                       "computed_unix_s": store.computed_unix_s}, indent=2))

@@ -169,6 +169,43 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(exc).lower()
 
 
+class BatchSizer:
+    """DGI's batch size: it doubles while a batch's working set stays within a quarter of
+    the memory budget, and halves (lowering the ceiling for good) when a batch runs out
+    of memory; one sizer carries what it learnt from layer to layer."""
+
+    def __init__(self, cfg: PrecomputeConfig, device: torch.device):
+        self.batch = cfg.batch_size
+        self.ceiling = cfg.max_batch_size
+        self.budget = _memory_budget(cfg)
+        self.device = device
+
+    def run(self, targets: np.ndarray, step, in_dim: int, out_dim: int, on_done, *, done: int = 0,
+            label: str = "") -> None:
+        """step(batch of targets) -> (sources, edges) for every batch of targets[done:];
+        on_done(done, count) after each."""
+        while done < len(targets):
+            batch = targets[done:done + self.batch]
+            try:
+                num_sources, num_edges = step(batch)
+            except Exception as exc:
+                if not _is_oom(exc) or self.batch == 1:
+                    raise
+                self.batch = self.ceiling = max(1, self.batch // 2)
+                log.warning("out of memory at %s; batch size now %d", label, self.batch)
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            done += len(batch)
+            on_done(done, len(batch))
+            # Message passing materialises one message per edge (x_j gathered, and for
+            # attention a transformed copy too), so edges weigh in_dim + out_dim floats each.
+            used = ((num_sources * in_dim + len(batch) * out_dim) * 4
+                    + num_edges * (16 + 4 * (in_dim + out_dim)))
+            if used * 4 < self.budget and self.batch < self.ceiling:
+                self.batch = min(self.ceiling, self.batch * 2)
+
+
 def node_order(graph: GraphStore, order: str) -> np.ndarray:
     if order == "natural":
         return np.arange(graph.num_nodes, dtype=np.int64)
@@ -193,9 +230,10 @@ def _device_blocks(graph: GraphStore, device: torch.device, cfg: PrecomputeConfi
     return DeviceBlocks(graph, device, gcn)
 
 
-def _layer_batch(model, layer: int, graph: GraphStore, targets: np.ndarray, prev: torch.Tensor, device,
+def layer_batch(model, layer: int, graph, targets: np.ndarray, prev: torch.Tensor, device,
                  blocks: DeviceBlocks | None, scratch, norm_degree, has_loop) -> tuple[torch.Tensor, int, int]:
-    """Layer `layer`'s outputs for `targets`, with the block's source and edge counts."""
+    """Layer `layer`'s outputs for `targets`, with the block's source and edge counts. `graph` has
+    the CSR rows the block is built from (a GraphStore, or one rank's LocalPart in its own ids)."""
     with torch.inference_mode():
         if blocks is not None:  # everything on the device; prev is there too
             sources, ei = blocks.block(torch.from_numpy(targets).to(device))
@@ -214,6 +252,22 @@ def _layer_batch(model, layer: int, graph: GraphStore, targets: np.ndarray, prev
         return y, len(sources), int(ei.shape[1])
 
 
+def starting_state(root: Path, num_layers: int, dims: list[int], cfg: PrecomputeConfig) -> dict:
+    """Where a run starts: the saved progress in root/state.json when it was made by the
+    same model shape and settings (complete, or layer and nodes done), else from scratch."""
+    fresh = {"num_layers": num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
+             "layer": 0, "done": 0, "complete": False}
+    state_path = root / "state.json"
+    if not state_path.is_file():
+        return fresh
+    old = json.loads(state_path.read_text())
+    if not all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order")):
+        return fresh
+    if not old.get("complete"):
+        log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])
+    return old
+
+
 def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeConfig = PrecomputeConfig(),
                *, progress: bool = True) -> EmbeddingStore:
     """Run every layer over every node; resume from state.json when a previous run stopped.
@@ -225,24 +279,14 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     root = embeddings_dir(model_dir, graph.fingerprint)
     root.mkdir(parents=True, exist_ok=True)
     dims = layer_dims(model, graph.feature_dim, device)
-    fresh = {"num_layers": model.num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
-             "layer": 0, "done": 0, "complete": False}
-    state_path = root / "state.json"
-    state = fresh
-    if state_path.is_file():
-        old = json.loads(state_path.read_text())
-        if all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order")):
-            state = old
-            if old.get("complete"):
-                return EmbeddingStore.open(model_dir, graph.fingerprint)
-            log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])
+    state = starting_state(root, model.num_layers, dims, cfg)
+    if state.get("complete"):
+        return EmbeddingStore.open(model_dir, graph.fingerprint)
     order = node_order(graph, cfg.order)
     norm_degree, has_loop = gcn_degrees(graph) if model.gcn_normalised else (None, None)
     scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
-    budget = _memory_budget(cfg)
     blocks = _device_blocks(graph, device, cfg, max([graph.feature_dim, *dims]), model.gcn_normalised)
-    batch = cfg.batch_size
-    ceiling = cfg.max_batch_size  # lowered below any batch size that ran out of memory
+    sizer = BatchSizer(cfg, device)
     n = graph.num_nodes
     t_start = time.perf_counter()
     for layer in range(state["layer"], model.num_layers):
@@ -253,36 +297,22 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
         prev = host_tensor(prev_arr if prev_arr.dtype == np.float32 else np.asarray(prev_arr, dtype=np.float32))
         if blocks is not None:
             prev = prev.to(device)  # the whole input layer, once: batches gather from it in place
-        in_dim = prev.shape[1]
-        done = state["done"]
-        with tqdm(total=n, initial=done, desc=f"precompute layer {layer + 1}/{model.num_layers}", unit="node",
-                  unit_scale=True, disable=not progress) as bar:
-            while done < n:
-                targets = order[done:done + batch]
-                try:
-                    y, num_sources, num_edges = _layer_batch(model, layer, graph, targets, prev, device, blocks,
-                                                             scratch, norm_degree, has_loop)
-                    out[targets] = y.float().cpu().numpy().astype(out.dtype, copy=False)
-                except Exception as exc:
-                    if not _is_oom(exc) or batch == 1:
-                        raise
-                    batch = max(1, batch // 2)
-                    ceiling = batch
-                    log.warning("out of memory at layer %d; batch size now %d", layer + 1, batch)
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    continue
-                done += len(targets)
-                bar.update(len(targets))
+
+        def step(targets, layer=layer, prev=prev, out=out):
+            y, num_sources, num_edges = layer_batch(model, layer, graph, targets, prev, device, blocks,
+                                                     scratch, norm_degree, has_loop)
+            out[targets] = y.float().cpu().numpy().astype(out.dtype, copy=False)
+            return num_sources, num_edges
+
+        with tqdm(total=n, initial=state["done"], desc=f"precompute layer {layer + 1}/{model.num_layers}",
+                  unit="node", unit_scale=True, disable=not progress) as bar:
+            def done_with(done, count, layer=layer, bar=bar):
+                nonlocal state
+                bar.update(count)
                 state = {**state, "layer": layer, "done": done}
                 write_state(root, state)
-                # DGI: grow while the batch's working set stays well within the budget.
-                # Message passing materialises one message per edge (x_j gathered, and for
-                # attention a transformed copy too), so edges weigh in_dim + out_dim floats each.
-                used = ((num_sources * in_dim + len(targets) * dims[layer]) * 4
-                        + num_edges * (16 + 4 * (in_dim + dims[layer])))
-                if used * 4 < budget and batch < ceiling:
-                    batch = min(ceiling, batch * 2)
+
+            sizer.run(order, step, prev.shape[1], dims[layer], done_with, done=state["done"], label=f"layer {layer + 1}")
         out.flush()
         del out
         state = {**state, "layer": layer + 1, "done": 0}

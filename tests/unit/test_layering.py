@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hybridgnn"
 
 # bottom to top
 LAYERS = ["types", "errors", "config", "capabilities", "graph", "workload", "sampling", "features", "models",
-          "embeddings", "updates", "pipelines", "scheduler", "runtime", "serving", "telemetry", "profiling",
+          "embeddings", "updates", "pipelines", "scheduler", "runtime", "serving", "distributed", "telemetry", "profiling",
           "deploy", "demo", "bench", "cli"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 

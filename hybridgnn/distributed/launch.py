@@ -1,0 +1,113 @@
+"""Start N rank processes on this machine, as torchrun would, and watch them.
+
+Each rank is the same command line run with RANK, WORLD_SIZE and a rendezvous address
+in its environment. Rank 0 keeps the terminal (progress, the report); the others are
+quiet. When a rank fails, the rest are stopped and one line says which rank and why.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ERROR_FILE_ENV = "HYBRIDGNN_RANK_ERROR_FILE"
+PEER_LOST = "peer lost: "  # an error line of a rank that only saw another rank fail
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_environment(rank: int, world: int, port: int, threads: int, error_file: Path) -> dict[str, str]:
+    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+            "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+            "OMP_NUM_THREADS": str(threads), ERROR_FILE_ENV: str(error_file)}
+
+
+def _why(code: int, error_file: Path) -> str:
+    said = error_file.read_text().strip() if error_file.is_file() else ""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}" + (f" ({said})" if said else "")
+    return f"exited with code {code}" + (f": {said}" if said else "")
+
+
+def _culprit(failed: list[tuple[int, int]], errors: list[Path]) -> tuple[int, int]:
+    """The failed rank most likely to be the cause: one killed by a signal, else one whose
+    error is its own rather than a lost peer, else the first seen."""
+    def lost_peer(rank: int) -> bool:
+        return errors[rank].is_file() and errors[rank].read_text().startswith(PEER_LOST)
+
+    for rank, code in failed:
+        if code < 0:
+            return rank, code
+    for rank, code in failed:
+        if not lost_peer(rank):
+            return rank, code
+    return failed[0]
+
+
+def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -> int:
+    """Run `hybridgnn <argv>` as ranks 0..world-1 and return 0, or 1 with one line on stderr."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="hybridgnn-ranks-") as tmp:
+        errors = [Path(tmp) / f"rank-{r}.txt" for r in range(world)]
+        procs = []
+        for rank in range(world):
+            quiet = subprocess.DEVNULL if rank else None
+            procs.append(subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", *argv],
+                                          env=rank_environment(rank, world, port, threads, errors[rank]),
+                                          stdout=quiet, stderr=quiet))
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        stopping = []
+
+        def stop(signum, _frame):
+            stopping.append(signum)
+
+        for s in previous:
+            signal.signal(s, stop)
+        try:
+            failed: list[tuple[int, int]] = []
+            while not stopping:
+                codes = [p.poll() for p in procs]
+                failed += [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and r not in dict(failed)]
+                if failed or all(c == 0 for c in codes):
+                    break
+                time.sleep(poll_s)  # poll interval: ranks run for minutes
+            if failed or stopping:
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+                deadline = time.monotonic() + 10
+                for p in procs:
+                    try:
+                        p.wait(max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+            if stopping:
+                print(f"hybridgnn precompute: stopped by {signal.Signals(stopping[0]).name}; the store is "
+                      "not complete; run the same command again to resume from its last finished layer",
+                      file=sys.stderr)
+                return 1
+            if failed:
+                rank, code = _culprit(failed, errors)
+                print(f"hybridgnn precompute: rank {rank} of {world} {_why(code, errors[rank])}; the other ranks "
+                      "were stopped and the store is not complete; run the same command again to resume "
+                      "from its last finished layer", file=sys.stderr)
+                return 1
+            return 0
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)

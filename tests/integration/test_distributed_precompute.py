@@ -1,0 +1,171 @@
+"""`hybridgnn precompute --nprocs N`: real rank processes on 127.0.0.1 (gloo) give the
+single-process embeddings, fail as a whole with one line when a rank dies, and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.distributed.partition import metis_available
+from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute
+from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir
+from hybridgnn.graph.generate import generate_csbm
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.checkpoint import load_checkpoint, save_checkpoint, save_model
+from hybridgnn.models.gnn import GNN, ModelSpec
+
+METIS = "metis" if metis_available() else "ranges"
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("dist") / "csbm"
+    generate_csbm(path, num_nodes=2500, num_classes=4, feature_dim=12, avg_degree=7, feature_signal=0.3, seed=5)
+    return path
+
+
+def precompute_cli(dataset: Path, model: Path, *flags: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(dataset),
+                           "--model", str(model), *flags], capture_output=True, text=True, timeout=timeout_s)
+
+
+def single_and_distributed(tmp_path: Path, graph_dir: Path, model, *flags: str, dtype: str = "float32"):
+    """(single-process store, distributed store, the run's report) for the same saved model."""
+    graph = GraphStore.open(graph_dir)
+    single, dist = tmp_path / "single", tmp_path / "dist"
+    if isinstance(model, GNN):
+        save_checkpoint(model, single)
+    else:
+        save_model(model, single)
+    shutil.copytree(single, dist)
+    expected = precompute(graph, load_checkpoint(single)[0], single, PrecomputeConfig(dtype=dtype, batch_size=300),
+                          progress=False)
+    run = precompute_cli(graph_dir, dist, "--dtype", dtype, "--batch-size", "200", *flags)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = EmbeddingStore.open(dist, graph.fingerprint)
+    assert got is not None
+    return expected, got, json.loads(run.stdout)
+
+
+def assert_equal_stores(expected: EmbeddingStore, got: EmbeddingStore, atol: float = 1e-5) -> None:
+    assert len(expected.layers) == len(got.layers)
+    for a, b in zip(expected.layers, got.layers, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max()) <= atol
+    assert (expected.output is None) == (got.output is None)
+    if expected.output is not None:
+        assert float(np.abs(np.asarray(expected.output) - np.asarray(got.output)).max()) <= atol
+
+
+@pytest.mark.parametrize("kind,ranks,partition", [("sage", 2, "ranges"), ("gcn", 3, METIS), ("gat", 4, "ranges"),
+                                                  ("gcn", 2, "ranges"), ("sage", 4, METIS)])
+def test_ranks_give_the_single_process_embeddings(tmp_path, graph_dir, kind, ranks, partition):
+    torch.manual_seed(ranks)
+    model = GNN(ModelSpec(kind, 12, 16, 4, num_layers=3, heads=2)).eval()
+    expected, got, report = single_and_distributed(tmp_path, graph_dir, model, "--nprocs", str(ranks),
+                                                   "--partition", partition, "--chunk-mb", "0.01")
+    assert_equal_stores(expected, got)
+    assert report["ranks"] == ranks and report["partition"] == partition
+    assert len(report["layers"]) == 3
+    for layer in report["layers"]:
+        assert len(layer["bytes_sent"]) == ranks and sum(layer["bytes_sent"]) > 0  # real halos
+        assert sum(layer["bytes_sent"]) < layer["naive_bytes"]
+    assert 0 < report["edge_cut"]["fraction"] < 1
+    assert got.state["distributed"] == {"ranks": ranks, "partition": partition}
+
+
+def test_a_pyg_model_with_jumping_knowledge_and_half_precision(tmp_path, graph_dir):
+    from torch_geometric.nn.models import GraphSAGE
+
+    torch.manual_seed(1)
+    model = GraphSAGE(12, 16, num_layers=2, out_channels=4, jk="cat", aggr="max").eval()
+    expected, got, _ = single_and_distributed(tmp_path, graph_dir, model, "--nprocs", "3", dtype="float16")
+    assert_equal_stores(expected, got, atol=2e-3)  # one float16 rounding apart at most
+    assert got.output is not None
+
+
+def rank_pids(parent: int) -> dict[int, int]:
+    """{rank: pid} of the rank processes the launcher `parent` started."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if ppid == parent and b"RANK" in env:
+            found[int(env[b"RANK"])] = int(entry.name)
+    return found
+
+
+def test_a_killed_rank_fails_the_run_in_one_line_and_a_rerun_resumes(tmp_path, graph_dir):
+    torch.manual_seed(3)
+    model = GNN(ModelSpec("sage", 12, 16, 4, num_layers=4)).eval()
+    path = tmp_path / "m"
+    save_checkpoint(model, path)
+    graph = GraphStore.open(graph_dir)
+    root = embeddings_dir(path, graph.fingerprint)
+    cmd = [sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir), "--model",
+           str(path), "--nprocs", "3", "--partition", "ranges"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        victim = None
+        while time.monotonic() < deadline and launcher.poll() is None:
+            state = root / "state.json"
+            if state.is_file() and json.loads(state.read_text()).get("layer", 0) >= 1:
+                victim = rank_pids(launcher.pid).get(1)
+                if victim is not None:
+                    os.kill(victim, signal.SIGSTOP)  # held mid-run: the run cannot finish without it
+                    break
+            time.sleep(0.01)  # poll interval, bounded by the deadline
+        assert victim is not None, "rank 1 was not found running after layer 1"
+        os.kill(victim, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 1
+    lines = [line for line in err.splitlines() if line.startswith("hybridgnn precompute:")]
+    assert len(lines) == 1 and "rank 1 of 3 was killed by SIGKILL" in lines[0], err[-2000:]
+    state = json.loads((root / "state.json").read_text())
+    assert not state.get("complete") and 1 <= state["layer"] < 4
+    assert EmbeddingStore.open(path, graph.fingerprint) is None  # never served as it stands
+    assert not rank_pids(launcher.pid)
+    first_layer = (root / "layer_1.npy").stat().st_mtime_ns
+
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming precompute at layer {state['layer'] + 1}" in rerun.stderr
+    assert (root / "layer_1.npy").stat().st_mtime_ns == first_layer  # finished layers are kept
+    expected_dir = tmp_path / "single"
+    save_checkpoint(model, expected_dir)
+    expected = precompute(graph, load_checkpoint(expected_dir)[0], expected_dir, progress=False)
+    assert_equal_stores(expected, EmbeddingStore.open(path, graph.fingerprint))
+
+
+def test_a_rank_that_fails_by_itself_is_named_with_its_error(tmp_path, graph_dir):
+    model = GNN(ModelSpec("sage", 7, 8, 4, num_layers=2)).eval()  # 7-dim input; the graph has 12
+    save_checkpoint(model, tmp_path / "m")
+    run = precompute_cli(graph_dir, tmp_path / "m", "--nprocs", "2")
+    assert run.returncode == 1
+    lines = [line for line in run.stderr.splitlines() if line.startswith("hybridgnn precompute:")]
+    assert len(lines) == 1 and "exited with code 1: model expects 7-dim features, dataset has 12" in lines[0], \
+        run.stderr[-2000:]
+
+
+def test_bad_flags_are_one_line(tmp_path, graph_dir):
+    run = precompute_cli(graph_dir, tmp_path / "nothing", "--nprocs", "0")
+    assert run.returncode == 2 and "--nprocs must be >= 1" in run.stderr
