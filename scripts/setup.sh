@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs hybridgnn with its test, ops and fast extras.
+# Creates .venv (if missing) and installs hybridgnn with its test, ops, fast and distributed extras.
 # torch's CPU build goes in first: asking pip for plain `torch` would pull GBs of CUDA wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,6 @@ fi
 # Re-install only when pyproject.toml changed since the last install.
 stamp="$VENV/.hybridgnn-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  "$VENV/bin/pip" install -q -e ".[test,ops,fast]"
+  "$VENV/bin/pip" install -q -e ".[test,ops,fast,distributed]"
   touch "$stamp"
 fi

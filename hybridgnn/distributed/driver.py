@@ -198,7 +198,8 @@ def _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_chec
         per_rank: list = [None] * world  # also a barrier: every rank's rows are in the file
         dist.all_gather_object(per_rank, report.__dict__)
         if rank == 0:  # only now does the layer count as done
-            state = {**state, "layer": layer + 1, "done": 0}
+            state = {**state, "layer": layer + 1, "done": 0,
+                     "layer_s": [*state.get("layer_s", []), round(max(r["seconds"] for r in per_rank), 3)]}
             write_state(root, state)
             reports.append(per_rank)
             if progress:

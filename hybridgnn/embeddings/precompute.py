@@ -290,6 +290,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     n = graph.num_nodes
     t_start = time.perf_counter()
     for layer in range(state["layer"], model.num_layers):
+        t_layer = time.perf_counter()
         path = root / f"layer_{layer + 1}.npy"
         mode = "r+" if (path.is_file() and state["done"] > 0) else "w+"
         out = np.lib.format.open_memmap(path, mode=mode, dtype=DTYPES[cfg.dtype], shape=(n, dims[layer]))
@@ -315,7 +316,9 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
             sizer.run(order, step, prev.shape[1], dims[layer], done_with, done=state["done"], label=f"layer {layer + 1}")
         out.flush()
         del out
-        state = {**state, "layer": layer + 1, "done": 0}
+        # seconds per layer (of this run: a resumed layer counts only what it did after resuming)
+        state = {**state, "layer": layer + 1, "done": 0,
+                 "layer_s": [*state.get("layer_s", []), round(time.perf_counter() - t_layer, 3)]}
         write_state(root, state)
     if model.readout_needed:
         _readout_pass(model, root, n, device, DTYPES[cfg.dtype], progress)

@@ -169,3 +169,19 @@ def test_a_rank_that_fails_by_itself_is_named_with_its_error(tmp_path, graph_dir
 def test_bad_flags_are_one_line(tmp_path, graph_dir):
     run = precompute_cli(graph_dir, tmp_path / "nothing", "--nprocs", "0")
     assert run.returncode == 2 and "--nprocs must be >= 1" in run.stderr
+
+
+def test_the_same_command_runs_under_torchrun(tmp_path, graph_dir):
+    torch.manual_seed(4)
+    model = GNN(ModelSpec("gcn", 12, 8, 4, num_layers=2)).eval()
+    graph = GraphStore.open(graph_dir)
+    single, dist = tmp_path / "single", tmp_path / "dist"
+    save_checkpoint(model, single)
+    save_checkpoint(model, dist)
+    expected = precompute(graph, load_checkpoint(single)[0], single, progress=False)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir), "--model", str(dist),
+                          "--partition", "ranges"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["ranks"] == 2  # rank 0 reports; rank 1 says nothing
+    assert_equal_stores(expected, EmbeddingStore.open(dist, graph.fingerprint))

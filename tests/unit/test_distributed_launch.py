@@ -1,0 +1,52 @@
+"""The launcher's reading of failed ranks, and the driver's per-layer line and report."""
+
+import signal
+
+from hybridgnn.distributed.driver import DistributedConfig, _layer_line, _summary
+from hybridgnn.distributed.launch import PEER_LOST, _culprit, _why, rank_environment
+from hybridgnn.errors import ConfigError
+
+
+def test_the_culprit_is_a_killed_rank_then_one_with_its_own_error(tmp_path):
+    errors = [tmp_path / f"rank-{r}.txt" for r in range(3)]
+    errors[0].write_text(PEER_LOST + "Connection closed by peer")
+    errors[2].write_text("model expects 7-dim features")
+    assert _culprit([(0, 1), (1, -signal.SIGKILL), (2, 1)], errors) == (1, -signal.SIGKILL)
+    assert _culprit([(0, 1), (2, 1)], errors) == (2, 1)
+    assert _culprit([(0, 1)], errors) == (0, 1)
+
+
+def test_why_names_the_signal_or_the_error(tmp_path):
+    said = tmp_path / "r.txt"
+    assert _why(-signal.SIGKILL, said) == "was killed by SIGKILL"
+    said.write_text("out of memory\n")
+    assert _why(1, said) == "exited with code 1: out of memory"
+
+
+def test_each_rank_gets_its_rendezvous_and_thread_count(tmp_path):
+    env = rank_environment(2, 4, 29500, 3, tmp_path / "e")
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"], env["OMP_NUM_THREADS"]) == \
+        ("2", "4", "2", "29500", "3")
+
+
+def test_distributed_config_refuses_nonsense():
+    for bad in ({"timeout_s": 0}, {"chunk_bytes": 0}):
+        try:
+            DistributedConfig(**bad)
+        except ConfigError:
+            continue
+        raise AssertionError(f"{bad} accepted")
+
+
+def test_the_report_compares_bytes_with_sending_every_row_everywhere(tmp_path):
+    class Graph:
+        num_nodes, num_edges, feature_dim = 100, 1000, 8
+
+    per_rank = [{"layer": 1, "seconds": 2.0, "comm_wait_s": 0.5, "bytes_sent": 3_000_000, "rows": 10, "chunks": 1},
+                {"layer": 1, "seconds": 1.0, "comm_wait_s": 0.1, "bytes_sent": 1_000_000, "rows": 5, "chunks": 1}]
+    assert _layer_line(per_rank) == "layer 1: 2.00 s, halo wait up to 0.50 s, sent 4.0 MB (per rank: 3.0, 1.0 MB)"
+    report = _summary(tmp_path, Graph(), [4], {"precompute_s": 3.0, "computed_unix_s": 1.0}, "ranges", 2, 250,
+                      [per_rank])
+    assert report["edge_cut"] == {"edges": 250, "fraction": 0.25}
+    assert report["layers"][0]["naive_bytes"] == 1 * 100 * 8 * 4
+    assert report["layers"][0]["compute_s"] == [1.5, 0.9]
