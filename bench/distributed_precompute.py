@@ -66,21 +66,23 @@ def simulate(core_s_per_edge: list[float], widths: list[int], metis_factor: floa
              cores_per_rank: int, gbit_s: float, ranks: list[int]) -> list[dict]:
     """Per-layer time = max(compute, halo transfer) (they overlap), summed over layers.
     Halo rows per rank under a random cut: the distinct remote sources of a rank's E/N
-    in-edges among the V(1-1/N) remote nodes; METIS scales them by the measured factor."""
+    in-edges among the V(1-1/N) remote nodes; METIS scales them by the measured factor.
+    Memory: a rank's input and output rows of the widest layer, halo included."""
     bandwidth = gbit_s * 1e9 / 8
     rows = []
     for n in ranks:
         remote_nodes = nodes * (1 - 1 / n)
         remote_edges = edges / n * (1 - 1 / n)
-        halo = remote_nodes * (1 - math.exp(-remote_edges / remote_nodes)) if n > 1 else 0.0
+        halo = remote_nodes * (1 - math.exp(-remote_edges / remote_nodes)) * metis_factor if n > 1 else 0.0
         total = comm_total = compute_total = 0.0
         for c, width in zip(core_s_per_edge, widths, strict=True):
             compute = edges / n * c / cores_per_rank
-            comm = halo * metis_factor * width * 4 / bandwidth
+            comm = halo * width * 4 / bandwidth
             total += max(compute, comm)
             compute_total += compute
             comm_total += comm
-        rows.append({"ranks": n, "halo_rows_per_rank_M": round(halo * metis_factor / 1e6, 1),
+        rows.append({"gbit_s": gbit_s, "ranks": n, "halo_rows_per_rank_M": round(halo / 1e6, 1),
+                     "rows_memory_per_rank_GB": round((nodes / n + halo) * 2 * max(widths) * 4 / 1e9, 1),
                      "compute_s": round(compute_total, 1), "transfer_s": round(comm_total, 1),
                      "time_s": round(total, 1), "bound": "network" if comm_total > compute_total else "compute"})
     return rows
@@ -91,7 +93,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=200_000)
     ap.add_argument("--avg-degree", type=float, default=25.0)
     ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--gbit-s", type=float, default=100.0, help="network bandwidth of the simulated cluster")
+    ap.add_argument("--gbit-s", default="25,100", help="network bandwidths of the simulated cluster (per rank)")
     ap.add_argument("--cores-per-rank", type=int, default=32, help="cores of one simulated rank (machine)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -172,10 +174,12 @@ def main() -> None:
     factor = min(1.0, table[2].get("metis_vs_ranges", 1.0))  # products-like, 4 ranks
     report["scale_out"] = {
         "graph": "100M nodes, 2B edges, same model",
-        "assumptions": f"{args.cores_per_rank} cores per rank scaling linearly, {args.gbit_s:g} Gbit/s per rank, "
+        "assumptions": f"{args.cores_per_rank} cores per rank scaling linearly, {args.gbit_s} Gbit/s per rank, "
                        f"halo transfer overlapping compute, METIS halo factor {factor} (measured, 4 ranks)",
         "core_s_per_edge": [float(f"{c:.3g}") for c in core_s],
-        "rows": simulate(core_s, widths, factor, 1e8, 2e9, args.cores_per_rank, args.gbit_s, [1, 2, 4, 8, 16, 32, 64]),
+        "rows": [row for gbit in args.gbit_s.split(",")
+                 for row in simulate(core_s, widths, factor, 1e8, 2e9, args.cores_per_rank, float(gbit),
+                                     [1, 2, 4, 8, 16, 32, 64, 128, 256])],
     }
     report["single_process_wall_s"] = round(single_wall, 1)
     emit_report(report, args.out)

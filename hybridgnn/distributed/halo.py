@@ -77,11 +77,12 @@ class HaloPlan:
         # Tell each owner which of its rows this rank needs (global ids, in halo order).
         wanted = [torch.empty(int(self.counts[s, self.rank]), dtype=torch.int64) for s in range(self.world)]
         own_halo = torch.from_numpy(part.halo)
-        works = []
+        works, sending = [], []  # send buffers stay referenced until their sends finish
         for peer in self._peers():
             lo, hi = self.recv_offsets[peer], self.recv_offsets[peer + 1]
             if hi > lo:
-                works.append(dist.isend(self._to(own_halo[lo:hi]), peer))
+                sending.append(self._to(own_halo[lo:hi]))
+                works.append(dist.isend(sending[-1], peer))
             if wanted[peer].numel():
                 wanted[peer] = self._to(wanted[peer])
                 works.append(dist.irecv(wanted[peer], peer))
