@@ -67,6 +67,102 @@ def minus(a_sorted: np.ndarray, b: np.ndarray) -> np.ndarray:
 POLICIES = ("ratio", "random", "degree")
 
 
+def query_edges(edge_index: np.ndarray, n: int, q: int, undirected: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A request's edges as (sources, targets) sorted by target then source, without
+    duplicates or self-edges (the self-loop layers add anyway), both directions when
+    undirected. Query node j is id n + j."""
+    ei = np.asarray(edge_index, dtype=np.int64).reshape(2, -1)
+    if undirected and ei.size:
+        ei = np.concatenate([ei, ei[::-1]], axis=1)
+    ei = ei[:, ei[0] != ei[1]]
+    size = n + q  # one sorted key per edge, target-major: deduplicates and groups at once
+    key = unique_ints(ei[1] * size + ei[0])
+    return key % size, key // size
+
+
+def select_recompute(direct: np.ndarray, qsrc: np.ndarray, qdst: np.ndarray, n: int, gamma: float, policy: str,
+                     seed: int, in_degree) -> np.ndarray:
+    """SRPE's targets: the top ⌈γ·|direct|⌉ direct neighbours by `policy` (sorted ids).
+    in_degree(nodes) gives stored in-degrees."""
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be within [0, 1], got {gamma}")
+    k = math.ceil(gamma * len(direct))
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    if policy == "ratio":
+        from_query = qsrc >= n
+        nq = np.bincount(np.searchsorted(direct, qdst[from_query & (qdst < n)]), minlength=len(direct))
+        score = nq / (in_degree(direct) + nq)
+    elif policy == "degree":  # importance: the best-connected neighbours
+        score = np.asarray(in_degree(direct), dtype=np.float64)
+    elif policy == "random":
+        score = np.random.default_rng(seed).random(len(direct))
+    else:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    top = np.argsort(-score, kind="stable")[:k]
+    return direct[np.sort(top)]
+
+
+def levels(start: np.ndarray, hops: int, rows) -> list[np.ndarray]:
+    """Nodes by distance from a set: levels[0] = start (distance 1), levels[k] the new
+    nodes one more step along rows(nodes) -> (lengths, values); at most `hops` levels."""
+    if hops <= 0 or start.size == 0:
+        return []
+    found, seen, frontier = [start], start, start
+    for _ in range(hops - 1):
+        frontier = minus(unique_ints(rows(frontier)[1]), seen)
+        if frontier.size == 0:
+            break
+        found.append(frontier)
+        seen = unique_ints(np.concatenate([seen, frontier]))
+    return found
+
+
+def layer_sets(mode: str, num_layers: int, n: int, q: int, qsrc: np.ndarray, qdst: np.ndarray, *, gcn: bool,
+               gamma: float, policy: str, seed: int, in_degree, in_rows, out_rows) -> list[np.ndarray]:
+    """R_1..R_K of a new-node request (see the module docstring): the nodes whose layer-l
+    embedding is computed, query nodes first. The graph is read only through in_degree,
+    in_rows and out_rows, so a partitioned graph plans the same sets."""
+    K = num_layers
+    queries = np.arange(n, n + q)
+    direct = unique_ints(qdst[(qsrc >= n) & (qdst < n)])
+    if mode == "pe":
+        keep = np.empty(0, dtype=np.int64)
+    elif mode == "srpe":
+        keep = select_recompute(direct, qsrc, qdst, n, gamma, policy, seed, in_degree)
+    elif mode != "full":
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "full":
+        # Layer l changes at nodes the query edges reach within l steps along the way
+        # changes spread (to a node's readers; GCN one step further, as a direct
+        # neighbour's new degree reweights what it sends), and the queries read it
+        # within K-l steps along in-edges. On a symmetric graph both are one distance.
+        extra = 1 if gcn else 0
+        read = unique_ints(qsrc[(qdst >= n) & (qsrc < n)])
+        changed = levels(direct, K - 1 + extra, out_rows)
+        needed = levels(read, K - 1, in_rows)
+    sets = []
+    for layer in range(1, K + 1):
+        if layer == K:
+            sets.append(queries)
+        elif mode == "full":
+            reach = changed[: layer + extra]
+            want = needed[: K - layer]
+            both = (np.intersect1d(np.concatenate(reach), np.concatenate(want), assume_unique=True)
+                    if reach and want else np.empty(0, dtype=np.int64))
+            sets.append(np.concatenate([queries, both]))
+        else:
+            sets.append(np.concatenate([queries, keep]))
+    return sets
+
+
+def existing_layer_sets(targets: np.ndarray, num_layers: int, in_rows) -> list[np.ndarray]:
+    """R_1..R_K for existing nodes with full neighbourhoods from their features: layer l
+    computes the targets and every node within K - l steps along in-edges, targets first."""
+    found = levels(targets, num_layers, in_rows)
+    return [np.concatenate(found[: num_layers - layer + 1]) for layer in range(1, num_layers + 1)]
+
+
 @dataclass
 class NewNodeResult:
     logits: np.ndarray  # [q, out_dim] float32: the model's output
@@ -173,50 +269,16 @@ class NewNodeEvaluator:
               undirected: bool = True, policy: str = "ratio", seed: int = 0,
               fanouts: tuple[int, ...] | None = None) -> NewNodeResult:
         n, q = self.view.num_nodes, features.shape[0]
-        ei = np.asarray(edge_index, dtype=np.int64)
-        if undirected and ei.size:
-            ei = np.concatenate([ei, ei[::-1]], axis=1)
-        ei = ei[:, ei[0] != ei[1]]  # a query self-edge is the self-loop layers add anyway
-        # One sorted key per edge, target-major: deduplicates and groups by target at once.
-        size = n + q
-        key = unique_ints(ei[1] * size + ei[0])
-        qdst, qsrc = key // size, key % size
-        direct = unique_ints(qdst[(qsrc >= n) & (qdst < n)])
+        qsrc, qdst = query_edges(edge_index, n, q, undirected)
         queries = np.arange(n, n + q)
         if mode == "sampled":
             return self._sampled(features, queries, qsrc, qdst, fanouts)
         if self.store is None:
             raise Conflict(f"mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute`")
+        view = self.view
+        sets = layer_sets(mode, self.model.num_layers, n, q, qsrc, qdst, gcn=self.gcn, gamma=gamma, policy=policy,
+                          seed=seed, in_degree=view.in_degree, in_rows=view.in_rows, out_rows=view.out_rows)
         K = self.model.num_layers
-        if mode == "pe":
-            keep = np.empty(0, dtype=np.int64)
-        elif mode == "srpe":
-            keep = self._select(direct, qsrc, qdst, gamma, policy, seed)
-        elif mode == "full":
-            keep = direct
-        else:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "full":
-            # Layer l changes at nodes the query edges reach within l steps along the way
-            # changes spread (to a node's readers; GCN one step further, as a direct
-            # neighbour's new degree reweights what it sends), and the queries read it
-            # within K-l steps along in-edges. On a symmetric graph both are one distance.
-            extra = 1 if self.gcn else 0
-            read = unique_ints(qsrc[(qdst >= n) & (qsrc < n)])
-            changed = self._levels(direct, K - 1 + extra, self.view.out_rows)
-            needed = self._levels(read, K - 1, self.view.in_rows)
-        sets = []
-        for layer in range(1, K + 1):
-            if layer == K:
-                sets.append(queries)
-            elif mode == "full":
-                reach = changed[: layer + extra]
-                want = needed[: K - layer]
-                both = (np.intersect1d(np.concatenate(reach), np.concatenate(want), assume_unique=True)
-                        if reach and want else np.empty(0, dtype=np.int64))
-                sets.append(np.concatenate([queries, both]))
-            else:
-                sets.append(np.concatenate([queries, keep]))
         computed: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
         runs = self._runs(qdst)
         for layer in range(1, K + 1):
@@ -284,41 +346,6 @@ class NewNodeEvaluator:
             hit = targets[pos] == ids
             deg[hit] += counts[pos[hit]]
         return torch.from_numpy(deg), torch.from_numpy(loop)
-
-    def _select(self, direct, qsrc, qdst, gamma, policy, seed) -> np.ndarray:
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be within [0, 1], got {gamma}")
-        k = math.ceil(gamma * len(direct))
-        if k == 0:
-            return np.empty(0, dtype=np.int64)
-        n = self.view.num_nodes
-        if policy == "ratio":
-            from_query = qsrc >= n
-            nq = np.bincount(np.searchsorted(direct, qdst[from_query & (qdst < n)]), minlength=len(direct))
-            score = nq / (self.view.in_degree(direct) + nq)
-        elif policy == "degree":  # importance: the best-connected neighbours
-            score = self.view.in_degree(direct).astype(np.float64)
-        elif policy == "random":
-            score = np.random.default_rng(seed).random(len(direct))
-        else:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-        top = np.argsort(-score, kind="stable")[:k]
-        return direct[np.sort(top)]
-
-    @staticmethod
-    def _levels(start: np.ndarray, hops: int, rows) -> list[np.ndarray]:
-        """Nodes by distance from a set: levels[0] = start (distance 1), levels[k] the new
-        nodes one more step along rows(nodes) -> (lengths, values); at most `hops` levels."""
-        if hops <= 0 or start.size == 0:
-            return []
-        levels, seen, frontier = [start], start, start
-        for _ in range(hops - 1):
-            frontier = minus(unique_ints(rows(frontier)[1]), seen)
-            if frontier.size == 0:
-                break
-            levels.append(frontier)
-            seen = unique_ints(np.concatenate([seen, frontier]))
-        return levels
 
     @staticmethod
     def _runs(qdst: np.ndarray):

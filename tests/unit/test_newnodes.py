@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridgnn.embeddings.newnodes import NewNodeEvaluator
+from hybridgnn.embeddings.newnodes import NewNodeEvaluator, select_recompute
 from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.store import GraphStore, write_dataset
@@ -90,7 +90,8 @@ def test_ratio_policy_picks_neighbours_with_most_query_edges(tmp_path):
     direct = np.array([0, 1, 2])
     qsrc, qdst = np.concatenate([ei[0], ei[1]]), np.concatenate([ei[1], ei[0]])
     order = np.argsort(qdst, kind="stable")
-    pick = lambda g, p="ratio": ev._select(direct, qsrc[order], qdst[order], g, p, 0).tolist()  # noqa: E731
+    pick = lambda g, p="ratio": select_recompute(direct, qsrc[order], qdst[order], 6, g, p, 0,  # noqa: E731
+                                                 ev.view.in_degree).tolist()
     assert pick(0.34) == [0, 2]  # ceil(0.34·3) = 2: ratios 2/3 and 1/3 beat 1/5
     assert pick(0.3) == [0]
     assert pick(0.3, "degree") == [1]
