@@ -1,0 +1,275 @@
+"""Computation graph parallelism (Reforge §VI): a request served by every partition rank
+at once, each building its part of the computation graph from the edges it holds.
+
+Every rank runs the same calls with the same request (collective). The plan is the
+single-process one (embeddings.newnodes.layer_sets), reading the graph through
+collectives: a node's in-neighbours are the union of each rank's local ones, degrees
+come from owners. Per layer l, with targets R_l in one order everywhere:
+
+    each rank   aggregates the edges into R_l whose source it holds (its own nodes, and
+                the query nodes it is home to), from rows it has: features, its
+                precomputed rows, or what it computed at layer l-1
+    all-to-all  each target's partial state goes to the target's home: its owner, or
+                rank j mod N for query node j
+    home        merges the parts, applies the layer's update with the target's own row,
+                and keeps the result for layer l+1
+
+Rank 0 then collects the output nodes' rows of every layer and applies the readout.
+Nothing here fetches a remote feature or embedding row: only partial aggregates (one row
+per target per rank with an edge into it), GAT's target logit halves and the plan's ids
+cross ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hybridgnn.distributed.collectives import Collectives
+from hybridgnn.distributed.merge import split_model
+from hybridgnn.distributed.serving_part import ServingPart
+from hybridgnn.embeddings.newnodes import (
+    existing_layer_sets,
+    layer_sets,
+    minus,
+    query_edges,
+    unique_ints,
+)
+from hybridgnn.errors import Conflict
+from hybridgnn.models.decompose import decompose
+
+
+@dataclass
+class PartitionedResult:
+    logits: np.ndarray             # [k, out_dim] float32, in request order
+    embeddings: np.ndarray         # [k, hidden] float32: what the model's head reads
+    recomputed: int                # existing nodes computed below the last layer
+    bytes_moved: int | None = None  # payload bytes all ranks sent for this request
+
+
+class PartitionedEvaluator:
+    """This rank's half of every partitioned request (call the same methods on all ranks)."""
+
+    def __init__(self, part: ServingPart, model, coll: Collectives | None = None):
+        self.part = part
+        self.model = decompose(model)
+        self.splits = split_model(self.model)  # ConfigError when a layer has no merge function
+        self.gcn = self.model.gcn_normalised
+        self.coll = coll if coll is not None else Collectives()
+        self.rank, self.world = self.coll.rank, self.coll.world
+        if part.layers and len(part.layers) != self.model.num_layers:
+            raise ValueError(f"stored embeddings have {len(part.layers)} layers, the model {self.model.num_layers}")
+
+    # --- the graph as the plan reads it (collective) --------------------------------
+    def _in_rows(self, nodes: np.ndarray):
+        return None, self.coll.union(self.part.local_in(nodes)[1])
+
+    def _out_rows(self, nodes: np.ndarray):
+        return None, self.coll.union(self.part.local_out(nodes)[1])
+
+    def _in_degree(self, nodes: np.ndarray) -> np.ndarray:
+        values = torch.zeros(len(nodes), dtype=torch.float64)
+        own = self.part.owner_of(nodes) == self.rank
+        values[torch.from_numpy(own)] = torch.from_numpy(self.part.in_degree[self.part.position(nodes[own])]
+                                                         .astype(np.float64))
+        return self.coll.sum(values).numpy().astype(np.int64)
+
+    # --- requests -----------------------------------------------------------------
+    def infer_new(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
+                  undirected: bool = True, policy: str = "ratio", seed: int = 0,
+                  count_bytes: bool = False) -> PartitionedResult | None:
+        """New nodes (features [q, f], edges over ids < n + q) by mode full, pe or srpe;
+        the result on rank 0, None elsewhere."""
+        if mode not in ("full", "pe", "srpe"):
+            raise Conflict(f"new-node mode {mode!r} is not served on a partitioned graph (full, pe, srpe are)")
+        if not self.part.layers:
+            raise Conflict(f"mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute`")
+        n, q = self.part.num_nodes, int(features.shape[0])
+        qsrc, qdst = query_edges(edge_index, n, q, undirected)
+        self.coll.bytes_sent = 0
+        with torch.inference_mode():
+            sets = layer_sets(mode, self.model.num_layers, n, q, qsrc, qdst, gcn=self.gcn, gamma=gamma,
+                              policy=policy, seed=seed, in_degree=self._in_degree, in_rows=self._in_rows,
+                              out_rows=self._out_rows)
+            out = self._run(sets, np.ascontiguousarray(features, dtype=np.float32), qsrc, qdst,
+                            np.arange(n, n + q))
+        recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), np.arange(n, n + q))) if len(sets) > 1 else 0
+        return self._result(out, recomputed, count_bytes)
+
+    def infer_existing(self, node_ids: np.ndarray, *, count_bytes: bool = False) -> PartitionedResult | None:
+        """Existing nodes with full neighbourhoods, from features (no precomputed rows):
+        the model's exact output; on rank 0, None elsewhere."""
+        ids = np.asarray(node_ids, dtype=np.int64)
+        targets = unique_ints(ids)
+        empty = np.empty(0, dtype=np.int64)
+        self.coll.bytes_sent = 0
+        with torch.inference_mode():
+            sets = existing_layer_sets(targets, self.model.num_layers, self._in_rows)
+            out = self._run(sets, np.empty((0, 0), dtype=np.float32), empty, empty, targets)
+        if out is not None:
+            pos = np.searchsorted(targets, ids)
+            out = (out[0][pos], out[1][pos])
+        recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), targets)) if len(sets) > 1 else 0
+        return self._result(out, recomputed, count_bytes)
+
+    def _result(self, out, recomputed: int, count_bytes: bool) -> PartitionedResult | None:
+        moved = None
+        if count_bytes:
+            sent = self.coll.bytes_sent
+            moved = int(self.coll.sum(torch.tensor([float(sent)], dtype=torch.float64)).item())
+        if out is None:
+            return None
+        return PartitionedResult(out[0], out[1], recomputed, moved)
+
+    # --- execution ----------------------------------------------------------------
+    def _home(self, ids: np.ndarray) -> np.ndarray:
+        n = self.part.num_nodes
+        home = np.empty(len(ids), dtype=np.int64)
+        existing = ids < n
+        home[existing] = self.part.owner_of(ids[existing])
+        home[~existing] = (ids[~existing] - n) % self.world
+        return home
+
+    def _inputs(self, layer: int, ids: np.ndarray, features: np.ndarray, computed) -> torch.Tensor:
+        """Layer-`layer` rows of nodes homed here: computed at the previous layer where
+        the plan says so, else stored (features at 0, precomputed rows above), and a
+        query node's features from the request."""
+        n = self.part.num_nodes
+        out = torch.empty((len(ids), self._width(layer, features)), dtype=torch.float32)
+        done = np.zeros(len(ids), dtype=bool)
+        if computed is not None and len(computed[0]):
+            c_ids, c_rows = computed  # c_ids sorted
+            pos = np.minimum(np.searchsorted(c_ids, ids), len(c_ids) - 1)
+            done = c_ids[pos] == ids
+            out[torch.from_numpy(done)] = c_rows[torch.from_numpy(pos[done])]
+        stored = ~done & (ids < n)
+        if stored.any():
+            if layer > 0 and not self.part.layers:
+                raise RuntimeError("a node's stored row above layer 0 was needed without precomputed embeddings")
+            out[torch.from_numpy(stored)] = self.part.rows(layer, ids[stored])
+        query = ~done & (ids >= n)
+        if query.any():
+            if layer > 0:
+                raise RuntimeError("query nodes need computed inputs above layer 0")
+            out[torch.from_numpy(query)] = torch.from_numpy(features[ids[query] - n])
+        return out
+
+    def _width(self, layer: int, features: np.ndarray) -> int:
+        return int(self.part.features.shape[1]) if layer == 0 else self._widths[layer]
+
+    def _run(self, sets: list[np.ndarray], features, qsrc, qdst, outputs: np.ndarray):
+        """Run layers 1..K over the plan; rank 0 gets (logits, embeddings) of `outputs`
+        (the first len(outputs) targets of every layer)."""
+        rank = self.rank
+        query_nodes = unique_ints(qdst)
+        query_in = np.bincount(np.searchsorted(query_nodes, qdst), minlength=len(query_nodes))
+        self._widths = {0: int(self.part.features.shape[1])}
+        computed, kept = None, []
+        out_home = self._home(outputs)
+        mine_out = np.flatnonzero(out_home == rank)
+        kept.append(self._inputs(0, outputs[mine_out], features, None))
+        for layer in range(1, len(sets) + 1):
+            split = self.splits[layer - 1]
+            targets = sets[layer - 1]
+            home = self._home(targets)
+            mine = np.flatnonzero(home == rank)
+            src, dst = self._local_edges(targets, home, qsrc, qdst, split.self_loops)
+            sources = unique_ints(np.concatenate([src, targets[mine]]))
+            x_src = self._inputs(layer - 1, sources, features, computed)
+            x_own = x_src[torch.from_numpy(np.searchsorted(sources, targets[mine]))]
+            weight = None
+            if split.weighted:
+                deg_t = self._degrees(targets, mine, query_nodes, query_in)
+                deg_s = self._own_degrees(src, query_nodes, query_in)
+                weight = torch.from_numpy((1.0 / np.sqrt(deg_s * deg_t[dst])).astype(np.float32))
+            info = None
+            if split.needs_target_info:
+                local = split.target_info(x_own)
+                info = torch.zeros((len(targets), *local.shape[1:]), dtype=local.dtype)
+                info[torch.from_numpy(mine)] = local
+                info = self.coll.sum(info)
+            dst_t = torch.from_numpy(dst)
+            part = split.local(x_src, torch.from_numpy(np.searchsorted(sources, src)), dst_t, len(targets),
+                               info, weight)
+            touched = np.flatnonzero(np.bincount(dst, minlength=len(targets)) > 0)
+            outgoing = []
+            for r in range(self.world):
+                idx = touched[home[touched] == r]
+                outgoing.append((torch.from_numpy(idx), part[torch.from_numpy(idx)]))
+            idx_in, parts_in = self.coll.all_to_all(outgoing, split.width)
+            slot = np.full(len(targets), -1, dtype=np.int64)
+            slot[mine] = np.arange(len(mine))
+            y = split.finish(torch.from_numpy(slot[idx_in.numpy()]), parts_in, len(mine), x_own)
+            y = self.model.between_layers(layer - 1, y)
+            self._widths[layer] = int(y.shape[1])
+            order = np.argsort(targets[mine], kind="stable")
+            computed = (targets[mine][order], y[torch.from_numpy(order)])
+            kept.append(self._inputs(layer, outputs[mine_out], features, computed))
+        return self._collect(outputs, mine_out, kept)
+
+    def _local_edges(self, targets, home, qsrc, qdst, self_loops: str) -> tuple[np.ndarray, np.ndarray]:
+        """(source ids, target positions) of the edges into `targets` held here: graph
+        edges from own nodes, request edges from nodes homed here, and the self-loops the
+        layer adds for targets homed here."""
+        n, rank = self.part.num_nodes, self.rank
+        if len(targets) == 0:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty
+        existing = np.flatnonzero(targets < n)
+        lens, g_src = self.part.local_in(targets[existing])
+        g_dst = np.repeat(existing, lens)
+        order = np.argsort(targets, kind="stable")
+        q_src = q_dst = np.empty(0, dtype=np.int64)
+        if len(qdst):
+            pos = np.minimum(np.searchsorted(targets[order], qdst), len(targets) - 1)
+            hit = (targets[order][pos] == qdst) & (self._home(qsrc) == rank)
+            q_src, q_dst = qsrc[hit], order[pos[hit]]
+        src, dst = np.concatenate([g_src, q_src]), np.concatenate([g_dst, q_dst])
+        mine = np.flatnonzero(home == rank)
+        if self_loops == "all":
+            keep = src != targets[dst]
+            src, dst = np.concatenate([src[keep], targets[mine]]), np.concatenate([dst[keep], mine])
+        elif self_loops == "missing":
+            own_existing = mine[targets[mine] < n]
+            lacking = own_existing[~self.part.has_loop[self.part.position(targets[own_existing])]]
+            loops = np.concatenate([lacking, mine[targets[mine] >= n]])
+            src, dst = np.concatenate([src, targets[loops]]), np.concatenate([dst, loops])
+        return src.astype(np.int64), dst.astype(np.int64)
+
+    def _own_degrees(self, ids, query_nodes, query_in) -> np.ndarray:
+        """gcn_norm's degree of nodes homed here: in-degree, +1 without a self-loop (query
+        nodes have none), plus the request's edges into them."""
+        n = self.part.num_nodes
+        deg = np.ones(len(ids), dtype=np.float64)
+        existing = ids < n
+        pos = self.part.position(ids[existing])
+        deg[existing] = self.part.in_degree[pos] + ~self.part.has_loop[pos]
+        if len(query_nodes):
+            at = np.minimum(np.searchsorted(query_nodes, ids), len(query_nodes) - 1)
+            hit = query_nodes[at] == ids
+            deg[hit] += query_in[at[hit]]
+        return deg
+
+    def _degrees(self, targets, mine, query_nodes, query_in) -> np.ndarray:
+        """Every target's gcn_norm degree, each filled in by its home."""
+        values = torch.zeros(len(targets), dtype=torch.float64)
+        values[torch.from_numpy(mine)] = torch.from_numpy(self._own_degrees(targets[mine], query_nodes, query_in))
+        return self.coll.sum(values).numpy()
+
+    def _collect(self, outputs: np.ndarray, mine_out: np.ndarray, kept: list[torch.Tensor]):
+        """Rank 0 gathers the output nodes' rows of every layer and applies the readout."""
+        widths = [int(t.shape[1]) for t in kept]
+        rows = torch.cat(kept, dim=1) if mine_out.size else torch.zeros((0, sum(widths)))
+        outgoing = [(torch.empty(0, dtype=torch.int64), torch.zeros((0, sum(widths)))) for _ in range(self.world)]
+        outgoing[0] = (torch.from_numpy(mine_out), rows)
+        idx, got = self.coll.all_to_all(outgoing, sum(widths))
+        if self.rank != 0:
+            return None
+        table = torch.empty((len(outputs), sum(widths)))
+        table[idx] = got
+        layers = list(torch.split(table, widths, dim=1))
+        logits = self.model.readout(layers[1:])
+        hidden = self.model.embedding(layers[1:], layers[0])
+        return logits.float().numpy(), hidden.float().numpy()
