@@ -42,7 +42,7 @@ def requests():
     for seed, (q, k) in enumerate([(3, 4), (1, 2), (5, 3)]):
         feats, ei = random_query(N, F, q, k, seed)
         for mode in ("pe", "srpe", "full"):
-            out.append({"features": feats, "edge_index": ei, "mode": mode, "gamma": 0.5})
+            out.append({"features": feats, "edge_index": ei, "mode": mode, "gamma": 0.5, "fetch": seed == 0})
     out.append({"ids": np.array([5, 77, 5, 431, 599, 0])})
     return out
 
@@ -63,6 +63,9 @@ def test_partitioned_answers_equal_one_process(tmp_path, graph_dir, spec, world)
     got = serve_partitioned(tmp_path, graph_dir, model_dir, world, reqs, method)
     exact_all = full_graph_forward(graph, model)
     for req, res in zip(reqs, got, strict=True):
+        baseline = None
+        if req.get("fetch"):
+            res, baseline, baseline_bytes = res
         if "ids" in req:
             expected = exact_all[req["ids"]]
         else:
@@ -71,3 +74,7 @@ def test_partitioned_answers_equal_one_process(tmp_path, graph_dir, spec, world)
         err = np.abs(res.logits - expected).max()
         assert err <= 1e-5 * max(1.0, np.abs(expected).max()), (req.get("mode", "existing"), err)
         assert res.bytes_moved is not None and res.bytes_moved >= 0
+        if baseline is not None:  # rank 0 fetching what it reads computes the same
+            assert np.abs(baseline.logits - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max())
+            assert baseline.recomputed == res.recomputed
+            assert baseline_bytes > 0

@@ -27,6 +27,7 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         from hybridgnn.distributed.cgp import PartitionedEvaluator
+        from hybridgnn.distributed.fetch import fetch_and_infer
 
         graph = GraphStore.open(dataset)
         model = load_checkpoint(Path(model_dir))[0]
@@ -41,6 +42,9 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
             else:
                 res = ev.infer_new(req["features"], req["edge_index"], mode=req["mode"], gamma=req.get("gamma", 0.1),
                                    count_bytes=True)
+                if req.get("fetch"):
+                    res = (res, *fetch_and_infer(part, model, ev.coll, req["features"], req["edge_index"],
+                                                 mode=req["mode"], gamma=req.get("gamma", 0.1)))
             answers.append(res)
         if rank == 0:
             Path(out).write_bytes(pickle.dumps(answers))
@@ -50,7 +54,8 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
 
 def serve_partitioned(tmp: Path, dataset: Path, model_dir: Path, world: int, requests: list[dict],
                       method: str = "ranges") -> list:
-    """Rank 0's PartitionedResult for each request, from `world` spawned ranks."""
+    """Rank 0's PartitionedResult for each request, from `world` spawned ranks; with
+    "fetch" in a request, (that, the fetching baseline's NewNodeResult, its bytes)."""
     init = f"file://{tmp / f'rendezvous-{os.getpid()}-{world}-{method}'}"
     out = tmp / f"answers-{world}-{method}.pkl"
     mp.start_processes(_rank, args=(world, init, str(dataset), str(model_dir), method, requests, str(out)),
