@@ -15,6 +15,7 @@ new member joins friends of friends.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import pickle
 import sys
@@ -64,7 +65,8 @@ def _rank(rank, world, init, dataset, model_dir, method, requests, out):
     from hybridgnn.distributed.serving_part import open_serving_part
     from hybridgnn.models.checkpoint import load_checkpoint
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))  # a hang fails, never stalls
     graph = GraphStore.open(dataset)
     model = load_checkpoint(Path(model_dir))[0]
     store = EmbeddingStore.open(Path(model_dir), graph.fingerprint)

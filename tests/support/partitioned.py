@@ -3,6 +3,7 @@ requests with computation graph parallelism and write rank 0's answers to a file
 
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 from pathlib import Path
@@ -24,7 +25,8 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
     import torch
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))  # a hang fails, never stalls
     try:
         from hybridgnn.distributed.cgp import PartitionedEvaluator
         from hybridgnn.distributed.fetch import fetch_and_infer
