@@ -132,12 +132,12 @@ class PartitionedEvaluator:
         home[~existing] = (ids[~existing] - n) % self.world
         return home
 
-    def _inputs(self, layer: int, ids: np.ndarray, features: np.ndarray, computed) -> torch.Tensor:
+    def _inputs(self, layer: int, width: int, ids: np.ndarray, features: np.ndarray, computed) -> torch.Tensor:
         """Layer-`layer` rows of nodes homed here: computed at the previous layer where
         the plan says so, else stored (features at 0, precomputed rows above), and a
         query node's features from the request."""
         n = self.part.num_nodes
-        out = torch.empty((len(ids), self._width(layer, features)), dtype=torch.float32)
+        out = torch.empty((len(ids), width), dtype=torch.float32)
         done = np.zeros(len(ids), dtype=bool)
         if computed is not None and len(computed[0]):
             c_ids, c_rows = computed  # c_ids sorted
@@ -156,20 +156,17 @@ class PartitionedEvaluator:
             out[torch.from_numpy(query)] = torch.from_numpy(features[ids[query] - n])
         return out
 
-    def _width(self, layer: int, features: np.ndarray) -> int:
-        return int(self.part.features.shape[1]) if layer == 0 else self._widths[layer]
-
     def _run(self, sets: list[np.ndarray], features, qsrc, qdst, outputs: np.ndarray):
         """Run layers 1..K over the plan; rank 0 gets (logits, embeddings) of `outputs`
         (the first len(outputs) targets of every layer)."""
         rank = self.rank
         query_nodes = unique_ints(qdst)
         query_in = np.bincount(np.searchsorted(query_nodes, qdst), minlength=len(query_nodes))
-        self._widths = {0: int(self.part.features.shape[1])}
+        widths = [int(self.part.features.shape[1])]  # of each layer's rows, 0: features
         computed, kept = None, []
         out_home = self._home(outputs)
         mine_out = np.flatnonzero(out_home == rank)
-        kept.append(self._inputs(0, outputs[mine_out], features, None))
+        kept.append(self._inputs(0, widths[0], outputs[mine_out], features, None))
         for layer in range(1, len(sets) + 1):
             split = self.splits[layer - 1]
             targets = sets[layer - 1]
@@ -177,7 +174,7 @@ class PartitionedEvaluator:
             mine = np.flatnonzero(home == rank)
             src, dst = self._local_edges(targets, home, qsrc, qdst, split.self_loops)
             sources = unique_ints(np.concatenate([src, targets[mine]]))
-            x_src = self._inputs(layer - 1, sources, features, computed)
+            x_src = self._inputs(layer - 1, widths[layer - 1], sources, features, computed)
             x_own = x_src[torch.from_numpy(np.searchsorted(sources, targets[mine]))]
             weight = None
             if split.weighted:
@@ -203,10 +200,10 @@ class PartitionedEvaluator:
             slot[mine] = np.arange(len(mine))
             y = split.finish(torch.from_numpy(slot[idx_in.numpy()]), parts_in, len(mine), x_own)
             y = self.model.between_layers(layer - 1, y)
-            self._widths[layer] = int(y.shape[1])
+            widths.append(int(y.shape[1]))
             order = np.argsort(targets[mine], kind="stable")
             computed = (targets[mine][order], y[torch.from_numpy(order)])
-            kept.append(self._inputs(layer, outputs[mine_out], features, computed))
+            kept.append(self._inputs(layer, widths[layer], outputs[mine_out], features, computed))
         return self._collect(outputs, mine_out, kept)
 
     def _local_edges(self, targets, home, qsrc, qdst, self_loops: str) -> tuple[np.ndarray, np.ndarray]:

@@ -35,21 +35,25 @@ def _scatter_max(values: torch.Tensor, index: torch.Tensor, rows: int) -> torch.
     return out.scatter_reduce_(0, expanded, values, "amax", include_self=True)
 
 
-class SageSplit:
-    """SAGEConv with mean, sum or max aggregation (project and normalize included)."""
+class _PlainSplit:
+    """A layer whose parts need nothing of the target but its home's row."""
 
     self_loops = "none"
     weighted = False
     needs_target_info = False
+
+    def target_info(self, x_targets: torch.Tensor) -> None:
+        return None
+
+
+class SageSplit(_PlainSplit):
+    """SAGEConv with mean, sum or max aggregation (project and normalize included)."""
 
     def __init__(self, conv: SAGEConv):
         self.conv = conv
         self.aggr = {"add": "sum"}.get(conv.aggr, conv.aggr)
         self.in_dim = conv.lin_l.in_channels
         self.width = self.in_dim + 1
-
-    def target_info(self, x_targets: torch.Tensor) -> None:
-        return None
 
     def local(self, x_src, src, dst, num_targets, info=None, weight=None) -> torch.Tensor:
         if self.conv.project:
@@ -78,19 +82,15 @@ class SageSplit:
         return out
 
 
-class GcnSplit:
+class GcnSplit(_PlainSplit):
     """GCNConv with whole-graph degree weights (the caller supplies w_uv per edge)."""
 
     self_loops = "missing"
     weighted = True
-    needs_target_info = False
 
     def __init__(self, conv: GCNConv):
         self.conv = conv
         self.width = conv.lin.in_channels
-
-    def target_info(self, x_targets: torch.Tensor) -> None:
-        return None
 
     def local(self, x_src, src, dst, num_targets, info=None, weight=None) -> torch.Tensor:
         return _scatter_sum(x_src[src] * weight.unsqueeze(1), dst, num_targets)
