@@ -413,6 +413,39 @@ class UpdateConfig:
 
 
 @dataclass(frozen=True)
+class PartitionConfig:
+    """Serving a partitioned graph (`serve --partitions N`): N partition ranks each hold one
+    part of the graph, features and precomputed embeddings and answer every request
+    together (computation graph parallelism). 0: off (one process holds everything)."""
+
+    partitions: int = setting(0, "serve the graph split over this many partition ranks started on this machine "
+                              "(each holds one part; requests are computed by all of them, exactly); 0: off")
+    method: str = setting("auto", "how the graph is split: auto (METIS when pymetis is installed, else ranges), "
+                          "metis or ranges", flag="--partition", choices=("auto", "metis", "ranges"))
+    ranks: str | None = setting(None, "instead of starting ranks here: rank 0's address (host:port) of ranks "
+                                "started elsewhere (`hybridgnn rank` under torchrun); --partitions then gives "
+                                "their number")
+    timeout_s: float = setting(60.0, "how long a rank waits for the others in one step before the group is "
+                               "restarted (a rank that hangs)", flag="--partition-timeout-s")
+    heartbeat_s: float = 1.0  # rank 0 checks every rank this often when idle
+    restart_backoff_s: float = 1.0  # first wait before the group restarts (doubles, to 30 s)
+
+    def __post_init__(self):
+        if self.partitions < 0:
+            raise ValueError(f"--partitions must be >= 0, got {self.partitions}")
+        if self.ranks is not None and self.partitions < 1:
+            raise ValueError("--ranks needs --partitions N (the number of ranks started there)")
+        if self.method not in ("auto", "metis", "ranges"):
+            raise ValueError(f"--partition must be auto, metis or ranges, got {self.method!r}")
+        if self.timeout_s <= 0 or self.heartbeat_s <= 0 or self.restart_backoff_s <= 0:
+            raise ValueError("partition timeouts must be > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.partitions > 0
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """Serving from a profile (`hybridgnn profile`): the policy picks the PSGS threshold
     (latency | throughput | cpu | gpu operating points) or, with slo:<ms>, the threshold
@@ -478,6 +511,7 @@ class ServeConfig:
     updates: UpdateConfig = field(default_factory=UpdateConfig)
     policy: PolicyConfig = field(default_factory=lambda: PolicyConfig())
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    partitions: PartitionConfig = field(default_factory=PartitionConfig)
 
     def __post_init__(self):
         for pipe, expected in ((self.cpu_pipeline, "cpu"), (self.gpu_pipeline, "gpu")):
@@ -495,3 +529,9 @@ class ServeConfig:
         if self.gpu_pipeline is not None and self.updates.enabled:
             raise ValueError("graph updates run on the CPU pipeline only; drop the GPU pipeline (--device cpu) "
                              "or the update token")
+        if self.partitions.enabled:
+            if self.model_repository is not None:
+                raise ValueError("--partitions serves one model; drop --model-repository")
+            if self.updates.enabled:
+                raise ValueError("graph updates are not applied to a partitioned graph yet; drop the update token "
+                                 "or --partitions")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -239,3 +240,22 @@ class ServingStats:
     def exposition(self) -> tuple[bytes, str]:
         """The /metrics body and its content type."""
         return b"", "text/plain; version=0.0.4; charset=utf-8"
+
+
+class PartitionRanks(Protocol):
+    """The partition ranks a partitioned engine sends its requests to (serving/partitions.py
+    implements it). start() brings them up and returns their description; call() runs one
+    request on every rank and returns rank 0's answer (head, [logits, embeddings]),
+    blocking, one at a time; it raises ServiceUnavailable while the group is down."""
+
+    world: int
+    info: dict
+    up: bool
+    why_down: str
+    restarts: int
+
+    def start(self) -> dict: ...
+
+    def call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...]) -> tuple[dict, list[np.ndarray]]: ...
+
+    def close(self) -> None: ...

@@ -41,7 +41,7 @@ def _distributed(args) -> int:
     import torch
 
     from hybridgnn.distributed.driver import DistributedConfig, run_rank
-    from hybridgnn.distributed.launch import ERROR_FILE_ENV, PEER_LOST
+    from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PEER_LOST
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
     if threads > 0:

@@ -12,6 +12,7 @@ from hybridgnn.config import (
     BatcherConfig,
     DeviceMemoryConfig,
     NewNodeConfig,
+    PartitionConfig,
     PipelineConfig,
     PolicyConfig,
     RouterConfig,
@@ -75,7 +76,7 @@ def add_parser(sub) -> None:
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     # The rest come from the config dataclasses' fields (defaults, units and help live there).
     add_config_flags(p, ServerConfig, RouterConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
-                     UpdateConfig, DeviceMemoryConfig)
+                     UpdateConfig, DeviceMemoryConfig, PartitionConfig)
     p.set_defaults(run=run)
 
 
@@ -203,6 +204,7 @@ def build_config(args) -> ServeConfig:
         policy=PolicyConfig(profile=args.profile, policy=chosen_policy(args), adapt=args.adapt,
                             **config_values(args, PolicyConfig)),
         server=ServerConfig(**config_values(args, ServerConfig)),
+        partitions=PartitionConfig(**config_values(args, PartitionConfig)),
     )
 
 def run(args) -> int:

@@ -37,6 +37,7 @@ from hybridgnn.embeddings.newnodes import (
     query_edges,
     unique_ints,
 )
+from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.errors import Conflict
 from hybridgnn.models.decompose import decompose
 
@@ -113,6 +114,46 @@ class PartitionedEvaluator:
             out = (out[0][pos], out[1][pos])
         recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), targets)) if len(sets) > 1 else 0
         return self._result(out, recomputed, count_bytes)
+
+    def lookup(self, node_ids: np.ndarray, *, with_embeddings: bool = True,
+               count_bytes: bool = False) -> PartitionedResult | None:
+        """Existing nodes' precomputed rows, each from its owner: the stored outputs and
+        (with_embeddings) what the model's head reads, as one process answers a lookup; on
+        rank 0, None elsewhere."""
+        part = self.part
+        if not part.layers:
+            raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute`")
+        ids = np.asarray(node_ids, dtype=np.int64)
+        targets = unique_ints(ids)
+        mine = targets[part.owner_of(targets) == self.rank] if len(targets) else targets
+        pos = part.position(mine)
+        final = (part.output if part.output is not None else part.layers[-1])[torch.from_numpy(pos)]
+        parts = [final]
+        if with_embeddings:
+            with torch.inference_mode():
+                parts.append(torch.from_numpy(hidden_rows(
+                    self.model, [t.numpy() for t in part.layers], lambda p: part.features[torch.from_numpy(p)].numpy(),
+                    pos)))
+        self.coll.bytes_sent = 0
+        out = self._to_rank0(len(targets), np.searchsorted(targets, mine), torch.cat(parts, dim=1).float())
+        if out is not None:
+            at = np.searchsorted(targets, ids)
+            width = int(final.shape[1])
+            out = (out[at, :width].numpy(), out[at, width:].numpy())
+        return self._result(out, 0, count_bytes)
+
+    def _to_rank0(self, count: int, idx: np.ndarray, rows: torch.Tensor) -> torch.Tensor | None:
+        """Rows [k, w] for positions idx of a table of `count` rows, from every rank to rank 0:
+        the whole table there (every position sent by some rank), None elsewhere."""
+        width = int(rows.shape[1])
+        outgoing = [(torch.empty(0, dtype=torch.int64), torch.zeros((0, width))) for _ in range(self.world)]
+        outgoing[0] = (torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64)), rows)
+        got_idx, got = self.coll.all_to_all(outgoing, width)
+        if self.rank != 0:
+            return None
+        table = torch.empty((count, width))
+        table[got_idx] = got
+        return table
 
     def _result(self, out, recomputed: int, count_bytes: bool) -> PartitionedResult | None:
         moved = None
@@ -259,13 +300,9 @@ class PartitionedEvaluator:
         """Rank 0 gathers the output nodes' rows of every layer and applies the readout."""
         widths = [int(t.shape[1]) for t in kept]
         rows = torch.cat(kept, dim=1) if mine_out.size else torch.zeros((0, sum(widths)))
-        outgoing = [(torch.empty(0, dtype=torch.int64), torch.zeros((0, sum(widths)))) for _ in range(self.world)]
-        outgoing[0] = (torch.from_numpy(mine_out), rows)
-        idx, got = self.coll.all_to_all(outgoing, sum(widths))
-        if self.rank != 0:
+        table = self._to_rank0(len(outputs), mine_out, rows)
+        if table is None:
             return None
-        table = torch.empty((len(outputs), sum(widths)))
-        table[idx] = got
         layers = list(torch.split(table, widths, dim=1))
         logits = self.model.readout(layers[1:])
         hidden = self.model.embedding(layers[1:], layers[0])

@@ -7,29 +7,14 @@ quiet. When a rank fails, the rest are stopped and one line says which rank and 
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ERROR_FILE_ENV = "HYBRIDGNN_RANK_ERROR_FILE"
-PEER_LOST = "peer lost: "  # an error line of a rank that only saw another rank fail
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_environment(rank: int, world: int, port: int, threads: int, error_file: Path) -> dict[str, str]:
-    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-            "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-            "OMP_NUM_THREADS": str(threads), ERROR_FILE_ENV: str(error_file)}
+from hybridgnn.runtime.ranks import PEER_LOST, free_port, rank_environment
 
 
 def _why(code: int, error_file: Path) -> str:

@@ -35,6 +35,7 @@ class ServingPart:
     has_loop: np.ndarray        # [n] whether an own node lists itself
     features: torch.Tensor      # [n, f] own feature rows
     layers: list[torch.Tensor]  # per layer 1..K: [n, d] own precomputed rows (float32)
+    output: torch.Tensor | None = None  # [n, out] own stored outputs (jumping-knowledge models)
 
     def owner_of(self, ids: np.ndarray) -> np.ndarray:
         return self.partition.owner_of(ids)
@@ -70,7 +71,7 @@ class ServingPart:
     def memory_bytes(self) -> int:
         arrays = [self.nodes, self.out_indptr, self.out_targets, self.in_nodes, self.in_indptr, self.in_sources,
                   self.in_degree, self.has_loop]
-        tensors = [self.features, *self.layers]
+        tensors = [self.features, *self.layers] + ([self.output] if self.output is not None else [])
         return sum(a.nbytes for a in arrays) + sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -84,8 +85,10 @@ def _own_rows(table, nodes: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(rows)
 
 
-def open_serving_part(graph, partition: Partition, rank: int, layers: list | None) -> ServingPart:
-    """Rank `rank`'s share of `graph` (a GraphStore) and of the precomputed `layers`."""
+def open_serving_part(graph, partition: Partition, rank: int, layers: list | None,
+                      output=None) -> ServingPart:
+    """Rank `rank`'s share of `graph` (a GraphStore) and of the precomputed `layers` (and
+    `output`, a jumping-knowledge model's stored outputs)."""
     n = graph.num_nodes
     indptr = np.asarray(graph.indptr)
     nodes = partition.nodes_of(rank)
@@ -113,4 +116,5 @@ def open_serving_part(graph, partition: Partition, rank: int, layers: list | Non
         rank=rank, partition=partition, num_nodes=n, nodes=nodes, out_indptr=out_indptr,
         out_targets=dst[by_src], in_nodes=in_nodes, in_indptr=in_indptr, in_sources=src[by_dst],
         in_degree=(indptr[nodes + 1] - indptr[nodes]).astype(np.int64), has_loop=has_loop,
-        features=_own_rows(graph.features, nodes), layers=[_own_rows(a, nodes) for a in (layers or [])])
+        features=_own_rows(graph.features, nodes), layers=[_own_rows(a, nodes) for a in (layers or [])],
+        output=_own_rows(output, nodes) if output is not None else None)

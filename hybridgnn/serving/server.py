@@ -15,9 +15,11 @@ import logging
 from hybridgnn.capabilities import usable_cores
 from hybridgnn.config import ServeConfig
 from hybridgnn.serving.core.engine import Engine, open_engine
+from hybridgnn.serving.core.partitioned import PartitionedEngine
 from hybridgnn.serving.frontends import Frontends, frontends_for
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.server import HttpServer
+from hybridgnn.serving.partitions import RankGroup
 from hybridgnn.serving.repository.loader import open_repository
 from hybridgnn.serving.v2.service import V2Service
 from hybridgnn.types import ServingStats
@@ -109,7 +111,21 @@ async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> 
     chooses over one graph."""
     if cfg.model_repository is not None:
         return V2Service(await open_repository(cfg, stats))
+    if cfg.partitions.enabled:
+        return V2Service(await open_partitioned(cfg, stats))
     return V2Service(await open_engine(cfg, stats))
+
+
+async def open_partitioned(cfg: ServeConfig, stats: ServingStats | None = None) -> PartitionedEngine:
+    """A started engine over partition ranks (started here, or reached with --ranks); one
+    that fails to start stops its ranks before the error propagates."""
+    engine = await asyncio.to_thread(PartitionedEngine, cfg, RankGroup(cfg), stats)
+    try:
+        await engine.start()
+    except BaseException:
+        await asyncio.shield(engine.stop())
+        raise
+    return engine
 
 
 async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,

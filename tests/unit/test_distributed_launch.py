@@ -3,8 +3,9 @@
 import signal
 
 from hybridgnn.distributed.driver import DistributedConfig, _layer_line, _summary
-from hybridgnn.distributed.launch import PEER_LOST, _culprit, _why, rank_environment
+from hybridgnn.distributed.launch import _culprit, _why
 from hybridgnn.errors import ConfigError
+from hybridgnn.runtime.ranks import PEER_LOST, rank_environment
 
 
 def test_the_culprit_is_a_killed_rank_then_one_with_its_own_error(tmp_path):

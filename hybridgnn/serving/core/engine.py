@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hybridgnn.config import ServeConfig
-from hybridgnn.errors import Draining, Overloaded, RemovedNode
+from hybridgnn.errors import RemovedNode
 from hybridgnn.models.gnn import embedding_width
 from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.runtime.resources import Resources
@@ -29,6 +29,7 @@ from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.scheduler.control import PolicyControl
 from hybridgnn.scheduler.policy import Policy
 from hybridgnn.scheduler.router import Router
+from hybridgnn.serving.core.admitting import Admitting
 from hybridgnn.serving.core.batcher import MicroBatcher
 from hybridgnn.serving.core.graph_requests import GraphRequests
 from hybridgnn.serving.core.metadata import describe_engine
@@ -67,7 +68,10 @@ async def open_engine(cfg: ServeConfig, stats: ServingStats | None = None, *, ve
     return engine
 
 
-class Engine(SampledInference):
+class Engine(Admitting, SampledInference):
+    default_mode = "sampled"  # of existing-node requests that name none
+    serves_full = False  # existing nodes over whole neighbourhoods (partitioned engines do)
+
     def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None, *, version: str = "1",
                  base: Resources | None = None):
         """base: another engine's resources over the same graph, shared (a model repository)."""
@@ -135,16 +139,6 @@ class Engine(SampledInference):
         return describe_engine(self)
 
     @property
-    def pending(self) -> int:
-        return self._pending
-
-    @property
-    def queue_bound_s(self) -> float:
-        """Admission's bound on the predicted queueing delay (the front end's standing-queue
-        limits follow it)."""
-        return self._admission.bound_s
-
-    @property
     def graph_version(self) -> int:
         """The update log position applied here (0: none yet, or updates off)."""
         return self._follower.applied if self._follower is not None else 0
@@ -210,21 +204,6 @@ class Engine(SampledInference):
         self._admission.loop_lag.observe(now - due)
         self._lag_handle = self._loop.call_at(now + LAG_TICK_S, self._lag_tick, now + LAG_TICK_S)
 
-    def mark_unready(self) -> None:
-        """Report not-ready (balancers stop routing here) while still serving what arrives."""
-        self.ready = False
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Stop admitting; wait until every admitted request has its answer."""
-        self.draining = True
-        self.ready = False
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            log.error("drain timed out with %d requests pending", self._pending)
-            return False
-
     async def stop(self) -> None:
         """Stop every worker and release the resources (telemetry stops watching)."""
         if self._lag_handle is not None:
@@ -251,48 +230,6 @@ class Engine(SampledInference):
     def save_seed_log(self, path) -> None:
         """Write the per-node request counts (for `hybridgnn place --from-log`)."""
         self._placement.save_seed_log(path)
-
-    # --- admission -------------------------------------------------------------------
-    def admit(self, lane: str, work: float, waited_s: float = 0.0) -> float:
-        """Count one more request in flight on `lane`, or raise Draining / Overloaded (its
-        predicted queueing delay, plus waited_s already spent in the front end, past the
-        bound; or the hard cap on requests in flight). Returns the lane's predicted wait.
-        Every admit is matched by one release()."""
-        if self.draining or not self._started:
-            raise Draining("server is shutting down" if self.draining else "server is starting")
-        if self._pending >= self.cfg.batcher.max_pending_requests:
-            self._refused_in_flight_cap += 1
-            raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")
-        predicted = self._admission.admit(lane, work, waited_s)
-        self._pending += 1
-        self._idle.clear()
-        return predicted
-
-    def release(self) -> None:
-        self._pending -= 1
-        if self._pending == 0:
-            self._idle.set()
-
-    def lane(self, name: str):
-        """Admission's lane `name` (its queued work and measured service rate)."""
-        return self._admission.lanes[name]
-
-    def shed(self, waited_s: float, lane: str | None = None, seeds: int = 0) -> None:
-        """Raise Overloaded, before a request is decoded, if it already waited in the front
-        end past the delay bound, or (lane given) that lane would be past the bound with the
-        work its `seeds` are expected to bring (the mean PSGS per seed of admitted requests;
-        submit then judges the request's own PSGS)."""
-        if self._started and not self.draining:
-            self._admission.check(lane, seeds * self._admitted_seed_psgs if lane == "sampled" else 0.0, waited_s)
-
-    def shed_standing(self) -> bool:
-        """Whether a request the front end found waiting past the target of a queue that
-        stands there is refused (and counted so): yes unless the engine is starting or
-        draining, whose own answer (503) applies then."""
-        if self._started and not self.draining:
-            self._admission.count_standing()
-            return True
-        return False
 
     # --- beside the pipelines (graph_requests.py) ------------------------------------
     def check_alive(self, node_ids: np.ndarray) -> None:

@@ -343,10 +343,12 @@ class V2Service:
         if req.is_new_nodes:
             return self._new_nodes(req, engine, waited_s)
         engine.check_alive(req.node_ids)
-        mode = req.parameters.get("mode", "sampled")
+        mode = req.parameters.get("mode", engine.default_mode)
         if mode == "sampled":
             engine.submit(req.node_ids, on_done, waited_s)
             return None
+        if mode == "full" and engine.serves_full:
+            return engine.full(req.node_ids, waited_s)
         if mode == "precomputed":
             with_embeddings = "embeddings" in req.outputs
             result = engine.lookup_now(req.node_ids, with_embeddings=with_embeddings, waited_s=waited_s)

@@ -1,0 +1,248 @@
+"""One partition rank of a partitioned server (`serve --partitions N`, or `hybridgnn rank`
+under torchrun).
+
+Every rank loads only its part (serving_part.py) and runs the same loop: take the next
+call from rank 0 (a broadcast of its kind and payload), run it collectively
+(PartitionedEvaluator), and, on rank 0, send the answer back over the engine's link.
+Rank 0 listens for the engine; while no call comes it broadcasts a PING every
+heartbeat, so an idle group still notices a rank that died (the broadcast fails) and
+followers never wait past the process group's timeout. A rank that fails exits non-zero:
+the group is restarted whole (by the server, or torchrun's --max-restarts), as a
+process group cannot take back one rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hybridgnn.distributed.cgp import PartitionedEvaluator
+from hybridgnn.distributed.driver import environment
+from hybridgnn.distributed.partition import Partition, compute_partition, resolve_method
+from hybridgnn.distributed.serving_part import open_serving_part
+from hybridgnn.errors import ConfigError, ServingError
+from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
+from hybridgnn.serving.ipc import ranks as wire
+from hybridgnn.serving.ipc.wire import WireError
+
+log = logging.getLogger("hybridgnn.rank")
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    dataset: Path
+    model: Path
+    listen: str                  # rank 0's address for the engine (unix:<path> or host:port)
+    method: str = "auto"         # partitioning: auto, metis, ranges
+    timeout_s: float = 60.0      # the process group's timeout (a hung step fails)
+    heartbeat_s: float = 1.0     # rank 0 pings every rank this often while idle
+
+
+def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEvaluator, dict]:
+    """This rank's evaluator over its part, and (on every rank) the group's description."""
+    from hybridgnn.embeddings.store import EmbeddingStore
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.models.checkpoint import load_checkpoint
+    from hybridgnn.models.gnn import embedding_width
+
+    graph = GraphStore.open(opts.dataset)
+    model, _ = load_checkpoint(opts.model)
+    if model.in_dim != graph.feature_dim:
+        raise ConfigError(f"model {opts.model} expects {model.in_dim}-dim features but dataset {opts.dataset} "
+                          f"has {graph.feature_dim}")
+    store = EmbeddingStore.open(opts.model, graph.fingerprint)
+    partition = _partition(graph, resolve_method(opts.method), rank, world, store.root if store else None)
+    part = open_serving_part(graph, partition, rank, store.layers if store else None,
+                             store.output if store else None)
+    ev = PartitionedEvaluator(part, model)  # ConfigError: a layer without a merge function
+    memory = [None] * world
+    dist.all_gather_object(memory, part.memory_bytes())
+    info = {"ranks": world, "partition": partition.method, "num_nodes": graph.num_nodes,
+            "num_edges": graph.num_edges, "feature_dim": graph.feature_dim, "out_dim": model.out_dim,
+            "embedding_dim": embedding_width(model), "precomputed": store is not None,
+            "memory_bytes": memory, "pid": os.getpid()}
+    return ev, info
+
+
+def _partition(graph, method: str, rank: int, world: int, cache_root: Path | None) -> Partition:
+    """Rank 0 makes the partition (METIS reads its cache beside the embeddings) and the
+    others receive the owner array: no shared filesystem needed, one result everywhere."""
+    if method == "ranges":
+        return compute_partition(graph, method, world, None)
+    owner = torch.empty(graph.num_nodes, dtype=torch.int64)
+    if rank == 0:
+        owner = torch.from_numpy(np.asarray(compute_partition(graph, method, world, cache_root).owner,
+                                            dtype=np.int64).copy())
+    dist.broadcast(owner, 0)
+    return Partition(method, world, owner=owner.numpy())
+
+
+def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | None:
+    """One call on this rank; rank 0's answer frame (a result or the request's error)."""
+    head, arrays = wire.decode(payload)
+    t0 = time.perf_counter()
+    try:
+        if kind == wire.NEW_NODES:
+            res = ev.infer_new(arrays[0], arrays[1], mode=head["mode"], gamma=float(head["gamma"]),
+                               policy=head["policy"], seed=int(head.get("seed", 0)), count_bytes=True)
+        elif kind == wire.EXISTING:
+            res = ev.infer_existing(arrays[0], count_bytes=True)
+        elif kind == wire.LOOKUP:
+            res = ev.lookup(arrays[0], with_embeddings=bool(head["with_embeddings"]), count_bytes=True)
+        else:
+            raise WireError(f"unknown call kind {kind}")
+    except ServingError as exc:  # the request's own fault: every rank finds it the same way
+        return wire.encode(wire.ERROR, rid, {"status": exc.status, "message": exc.message})
+    if res is None:
+        return None
+    return wire.encode(wire.RESULT, rid, {"recomputed": res.recomputed, "bytes_moved": res.bytes_moved,
+                                        "compute_s": time.perf_counter() - t0}, (res.logits, res.embeddings))
+
+
+def _share(kind: int, payload: bytes | memoryview = b"") -> None:
+    """Rank 0: every rank gets this call's kind and payload."""
+    dist.broadcast(torch.tensor([kind, len(payload)], dtype=torch.int64), 0)
+    if len(payload):
+        dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8), 0)
+
+
+def _next_call() -> tuple[int, memoryview]:
+    """A follower: the next call rank 0 shares."""
+    header = torch.empty(2, dtype=torch.int64)
+    dist.broadcast(header, 0)
+    kind, size = int(header[0]), int(header[1])
+    buf = torch.empty(size, dtype=torch.uint8)
+    if size:
+        dist.broadcast(buf, 0)
+    return kind, memoryview(buf.numpy()).cast("B")
+
+
+def follow(ev: PartitionedEvaluator) -> None:
+    """A rank other than 0: run every shared call until STOP."""
+    while True:
+        kind, payload = _next_call()
+        if kind == wire.STOP:
+            return
+        if kind != wire.PING:
+            run(ev, kind, payload)
+
+
+def lead(ev: PartitionedEvaluator, info: dict, opts: RankOptions) -> None:
+    """Rank 0: serve the engine's calls (one link at a time) until STOP."""
+    server = wire.listen(opts.listen)
+    server.settimeout(opts.heartbeat_s)
+    log.info("partition rank 0 of %d listening on %s", info["ranks"], opts.listen)
+    try:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except (TimeoutError, socket.timeout):
+                if _orphaned():
+                    _share(wire.STOP)
+                    return
+                _share(wire.PING)
+                continue
+            link = wire.Link(conn)
+            try:
+                link.send(wire.encode(wire.HELLO, 0, info))
+                if _serve_link(ev, link, opts):
+                    return
+            except (ConnectionError, OSError, WireError) as exc:
+                log.warning("engine link closed: %s", exc)
+            finally:
+                link.close()
+    finally:
+        server.close()
+        if opts.listen.startswith("unix:"):
+            try:
+                os.unlink(opts.listen[5:])
+            except OSError:
+                pass
+
+
+def _orphaned() -> bool:
+    """Whether the server that started these ranks is gone (killed without stopping them)."""
+    parent = os.environ.get(PARENT_ENV)
+    return parent is not None and os.getppid() != int(parent)
+
+
+def _serve_link(ev: PartitionedEvaluator, link: wire.Link, opts: RankOptions) -> bool:
+    """Calls from one engine link until it closes (False) or says STOP (True)."""
+    while True:
+        try:
+            kind, rid, payload = link.recv(opts.heartbeat_s)
+        except (TimeoutError, socket.timeout):
+            if _orphaned():
+                _share(wire.STOP)
+                return True
+            _share(wire.PING)
+            continue
+        _share(kind, payload)
+        if kind == wire.STOP:
+            return True
+        if kind == wire.PING:
+            link.send(wire.encode(wire.RESULT, rid, {}))
+            continue
+        link.send(run(ev, kind, payload, rid))
+
+
+def serve_rank(opts: RankOptions) -> None:
+    """Join the process group (torchrun's or the server's environment) and serve as this rank."""
+    rank, world, _ = environment()
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout_s))
+    try:
+        ev, info = open_rank(opts, rank, world)
+        if rank == 0:
+            lead(ev, info, opts)
+        else:
+            follow(ev)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m hybridgnn.distributed.rank_server")
+    p.add_argument("--dataset", type=Path, required=True)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--listen", required=True)
+    p.add_argument("--partition", default="auto", choices=("auto", "metis", "ranges"))
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    opts = RankOptions(a.dataset, a.model, a.listen, a.partition, a.timeout_s, a.heartbeat_s)
+    return serve(opts)
+
+
+def serve(opts: RankOptions) -> int:
+    """serve_rank, with a failure as one line in the rank's error file (the server reads
+    it to say why the group stopped) and exit code 1."""
+    try:
+        serve_rank(opts)
+        return 0
+    except KeyboardInterrupt:
+        return 1
+    except (ConfigError, OSError, RuntimeError, ValueError, WireError) as exc:
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        where = os.environ.get(ERROR_FILE_ENV)
+        if where:
+            Path(where).write_text(text + "\n")
+        log.error("rank %s: %s", os.environ.get("RANK", "?"), text)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""What every engine kind shares: admission (lanes, the in-flight cap, shedding before
+decoding), requests in flight, readiness and drain. A subclass sets cfg, _admission,
+_admitted_seed_psgs, _pending, _idle, _started, _refused_in_flight_cap, draining, ready."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from hybridgnn.errors import Draining, Overloaded
+
+log = logging.getLogger("hybridgnn.serving.core.engine")
+
+
+class Admitting:
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def queue_bound_s(self) -> float:
+        """Admission's bound on the predicted queueing delay (the front end's standing-queue
+        limits follow it)."""
+        return self._admission.bound_s
+
+    def mark_unready(self) -> None:
+        """Report not-ready (balancers stop routing here) while still serving what arrives."""
+        self.ready = False
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop admitting; wait until every admitted request has its answer."""
+        self.draining = True
+        self.ready = False
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            log.error("drain timed out with %d requests pending", self._pending)
+            return False
+
+    def admit(self, lane: str, work: float, waited_s: float = 0.0) -> float:
+        """Count one more request in flight on `lane`, or raise Draining / Overloaded (its
+        predicted queueing delay, plus waited_s already spent in the front end, past the
+        bound; or the hard cap on requests in flight). Returns the lane's predicted wait.
+        Every admit is matched by one release()."""
+        if self.draining or not self._started:
+            raise Draining("server is shutting down" if self.draining else "server is starting")
+        if self._pending >= self.cfg.batcher.max_pending_requests:
+            self._refused_in_flight_cap += 1
+            raise Overloaded(f"{self._pending} requests in flight (limit {self.cfg.batcher.max_pending_requests})")
+        predicted = self._admission.admit(lane, work, waited_s)
+        self._pending += 1
+        self._idle.clear()
+        return predicted
+
+    def release(self) -> None:
+        self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
+
+    def lane(self, name: str):
+        """Admission's lane `name` (its queued work and measured service rate)."""
+        return self._admission.lanes[name]
+
+    def shed(self, waited_s: float, lane: str | None = None, seeds: int = 0) -> None:
+        """Raise Overloaded, before a request is decoded, if it already waited in the front
+        end past the delay bound, or (lane given) that lane would be past the bound with the
+        work its `seeds` are expected to bring (the mean PSGS per seed of admitted requests;
+        submit then judges the request's own PSGS)."""
+        if self._started and not self.draining:
+            self._admission.check(lane, seeds * self._admitted_seed_psgs if lane == "sampled" else 0.0, waited_s)
+
+    def shed_standing(self) -> bool:
+        """Whether a request the front end found waiting past the target of a queue that
+        stands there is refused (and counted so): yes unless the engine is starting or
+        draining, whose own answer (503) applies then."""
+        if self._started and not self.draining:
+            self._admission.count_standing()
+            return True
+        return False

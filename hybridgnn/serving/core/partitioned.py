@@ -1,0 +1,254 @@
+"""The engine of a partitioned server (`serve --partitions N`): admission, batching and
+answers as the single-process engine gives them, with every request computed by the
+partition ranks together (types.PartitionRanks, one call at a time).
+
+It holds no graph rows, features or embeddings: the dataset is opened for its
+description only (memory-mapped, never read whole) and the model for its shape.
+Requests of one kind that wait together go to the ranks as one call (existing-node ids
+concatenated), and rank 0 splits the call by partition: each rank computes from its
+own edges and rows. Modes: existing nodes `full` (whole neighbourhoods, the model's
+exact output; the default) and `precomputed` (rows from their owners); new nodes
+`full`, `pe`, `srpe`. Sampled modes are refused: their draws would differ from one
+process's, and answers are exact or refused.
+
+Event loop thread; calls run in a worker thread (RankGroup.call blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridgnn.config import ServeConfig, fanouts_for
+from hybridgnn.errors import BadRequest, Draining, Forbidden
+from hybridgnn.scheduler.admission import admission_for
+from hybridgnn.serving.core.admitting import Admitting
+from hybridgnn.serving.core.statistics import ModelStatistics
+from hybridgnn.types import (
+    EngineSnapshot,
+    PartitionRanks,
+    RequestResult,
+    ServingStats,
+    StageTimings,
+)
+
+log = logging.getLogger("hybridgnn.serving.core.engine")
+EXISTING_MODES = ("full", "precomputed")
+NEW_NODE_MODES = ("full", "pe", "srpe")
+
+
+@dataclass
+class _Call:
+    name: str                       # existing, lookup, new_nodes
+    head: dict
+    arrays: tuple
+    future: asyncio.Future
+    enqueued_s: float = field(default_factory=time.perf_counter)
+
+
+class PartitionedEngine(Admitting):
+    default_mode = "full"  # of existing-node requests that name none
+    serves_full = True
+
+    def __init__(self, cfg: ServeConfig, ranks: PartitionRanks, stats: ServingStats | None = None, *,
+                 version: str = "1"):
+        from hybridgnn.graph.store import GraphStore
+        from hybridgnn.models.checkpoint import load_checkpoint, model_kind
+        from hybridgnn.models.gnn import embedding_width
+
+        self.stats = stats if stats is not None else ServingStats()
+        self.model_version = version
+        self.model_stats = ModelStatistics()
+        self.graph = GraphStore.open(cfg.dataset_dir)  # its description: rows stay on disk
+        model, saved = load_checkpoint(cfg.model_dir)
+        if cfg.sampling.fanouts is None:
+            cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, fanouts=fanouts_for(saved)))
+        self.cfg = cfg
+        self.out_dim, self.embedding_dim, self.num_layers = model.out_dim, embedding_width(model), model.num_layers
+        self._kind, self._class = model_kind(saved), saved["class"]
+        del model
+        self.ranks = ranks
+        # one call at a time on the ranks: every lane has one server
+        self._admission = admission_for(dataclasses.replace(cfg, cpu_pipeline=dataclasses.replace(
+            cfg.cpu_pipeline, workers=1, processes=False, cpus=())), 1, 1.0, None, None)
+        self._admitted_seed_psgs = 1.0
+        self._refused_in_flight_cap = 0
+        self._pending = 0
+        self._idle = asyncio.Event()
+        self._started = False
+        self._queue: collections.deque[_Call] = collections.deque()
+        self._wake = asyncio.Event()
+        self._dispatcher: asyncio.Task | None = None
+        self.draining = False
+        self._ready = False
+        self.stats.watch(self.snapshot, ("partitioned",))
+
+    # --- state ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Started, not draining, and every partition rank up."""
+        return self._ready and self.ranks.up
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    graph_version = 0  # partitioned graphs take no updates (yet)
+    takes_updates = False
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(pending=self._pending, pending_capacity=self.cfg.batcher.max_pending_requests,
+                              ready=self.ready, queue_depths={"partitioned": len(self._queue)},
+                              psgs_threshold=float("inf"), max_batch_psgs=float("inf"), policy="none")
+
+    def metadata(self) -> dict:
+        info = self.ranks.info
+        precomputed = bool(info.get("precomputed"))
+        return {
+            "num_nodes": self.num_nodes, "num_edges": self.graph.num_edges, "feature_dim": self.graph.feature_dim,
+            "num_classes": self.out_dim, "logits_dim": self.out_dim, "embedding_dim": self.embedding_dim,
+            "fanouts": list(self.cfg.sampling.fanouts), "model_kind": self._kind, "model_class": self._class,
+            "num_layers": self.num_layers, "dataset": self.graph.name,
+            "dataset_fingerprint": self.graph.fingerprint, "pipelines": [], "policy": None,
+            "admission": {**self._admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
+            "max_request_nodes": self.cfg.server.max_request_nodes,
+            "modes": ["full"] + (["precomputed"] if precomputed else []),
+            "node_ids": self.graph.id_map.kind if self.graph.id_map is not None else "dense",
+            "new_node_modes": list(NEW_NODE_MODES) if precomputed else [],
+            "srpe_gamma": self.cfg.new_nodes.gamma, "updates_enabled": False, "graph_version": 0,
+            "partitions": {"ranks": self.ranks.world, "partition": info.get("partition"), "up": self.ranks.up,
+                           "restarts": self.ranks.restarts, "memory_bytes_per_rank": info.get("memory_bytes"),
+                           "why_down": None if self.ranks.up else self.ranks.why_down},
+        }
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        self._idle.set()
+        await asyncio.to_thread(self.ranks.start)
+        self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="partitioned-dispatch")
+        self._started = True
+        self.ready = True
+
+    async def stop(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        for call in self._queue:
+            if not call.future.done():
+                call.future.set_exception(Draining("server is shutting down"))
+        self._queue.clear()
+        try:
+            await asyncio.to_thread(self.ranks.close)
+        finally:
+            self.stats.unwatch(self.snapshot)
+
+    async def refresh_placement(self) -> dict:
+        raise LookupError("a partitioned server keeps no GPU feature cache")
+
+    def save_seed_log(self, path) -> None:
+        """Nothing to save: seeds are not counted here (no feature placement to plan)."""
+
+    # --- requests ------------------------------------------------------------------------
+    def check_alive(self, node_ids: np.ndarray) -> None:
+        """Every node is alive: a partitioned graph takes no updates."""
+
+    def submit(self, node_ids, on_done=None, waited_s: float = 0.0):
+        raise BadRequest("mode sampled is not served on a partitioned graph (its draws would differ from one "
+                         f"process's); this server offers modes {list(self.metadata()['modes'])}")
+
+    def full(self, node_ids: np.ndarray, waited_s: float = 0.0):
+        """Awaitable: existing nodes over their whole neighbourhoods (the model's exact output)."""
+        return self._request("new_nodes", "existing", {}, (np.asarray(node_ids, dtype=np.int64),), "partitioned_full",
+                             waited_s)
+
+    def lookup_now(self, node_ids: np.ndarray, *, with_embeddings: bool = True, waited_s: float = 0.0):
+        return None  # the rows are on their owners: always a call
+
+    def lookup(self, node_ids: np.ndarray, *, with_embeddings: bool = True, waited_s: float = 0.0):
+        return self._request("lookup", "lookup", {"with_embeddings": bool(with_embeddings)},
+                             (np.asarray(node_ids, dtype=np.int64),), "precomputed", waited_s)
+
+    def new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float, policy: str,
+                  num_nodes: int | None = None, waited_s: float = 0.0):
+        if mode not in NEW_NODE_MODES:
+            raise BadRequest(f"new-node mode {mode} is not served on a partitioned graph (its draws would differ "
+                             f"from one process's); this server offers {list(NEW_NODE_MODES)}")
+        head = {"mode": mode, "gamma": float(gamma), "policy": policy, "seed": 0}
+        return self._request("new_nodes", "new_nodes", head, (np.ascontiguousarray(features, dtype=np.float32),
+                                                              np.ascontiguousarray(edge_index, dtype=np.int64)),
+                             f"newnodes_{mode}", waited_s)
+
+    async def update_graph(self, update, waited_s: float = 0.0):
+        raise Forbidden("graph updates are not applied to a partitioned graph yet")
+
+    async def wait_for_version(self, wanted: int) -> bool:
+        return False
+
+    async def _request(self, lane_name: str, name: str, head: dict, arrays: tuple, path: str,
+                       waited_s: float) -> RequestResult:
+        self.admit(lane_name, 1.0, waited_s)
+        lane = self.lane(lane_name)
+        call = _Call(name, head, arrays, asyncio.get_running_loop().create_future())
+        self._queue.append(call)
+        self._wake.set()
+        try:
+            out, rows, seconds = await call.future
+            lane.observe(1.0, seconds)
+        finally:
+            lane.remove(1.0)
+            lane.completed(1.0, time.perf_counter())
+            self.release()
+        logits, hidden = rows
+        return RequestResult(logits, hidden, logits.argmax(axis=1).astype(np.int64) if logits.shape[1] else
+                             np.zeros(len(logits), np.int64), path, StageTimings(compute_s=float(out["compute_s"])))
+
+    # --- the ranks, one call at a time ---------------------------------------------------
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                group = self._take()
+                await self._run(group)
+
+    def _take(self) -> list[_Call]:
+        """The next call, with the existing-node calls of the same kind waiting behind it
+        (up to --max-batch-seeds ids): one batch for the ranks."""
+        first = self._queue.popleft()
+        group = [first]
+        if first.name in ("existing", "lookup"):
+            ids = len(first.arrays[0])
+            while (self._queue and self._queue[0].name == first.name and self._queue[0].head == first.head
+                   and ids + len(self._queue[0].arrays[0]) <= self.cfg.batcher.max_batch_seeds):
+                ids += len(self._queue[0].arrays[0])
+                group.append(self._queue.popleft())
+        return group
+
+    async def _run(self, group: list[_Call]) -> None:
+        first = group[0]
+        arrays = first.arrays if len(group) == 1 else (np.concatenate([c.arrays[0] for c in group]),)
+        t0 = time.perf_counter()
+        try:
+            out, rows = await asyncio.to_thread(self.ranks.call, first.name, first.head, arrays)
+        except Exception as exc:  # the group is down (503) or the request is bad for every rank
+            for c in group:
+                if not c.future.done():
+                    c.future.set_exception(exc)
+            return
+        seconds = (time.perf_counter() - t0) / len(group)
+        at = 0
+        for c in group:
+            k = len(c.arrays[0]) if len(group) > 1 else len(rows[0])
+            if not c.future.done():
+                c.future.set_result((out, (rows[0][at:at + k], rows[1][at:at + k]), seconds))
+            at += k

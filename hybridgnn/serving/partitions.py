@@ -1,0 +1,235 @@
+"""The partition ranks behind a partitioned engine (`serve --partitions N`) and the link to
+rank 0.
+
+Started here: N processes (`python -m hybridgnn.distributed.rank_server`) on this
+machine, in torchrun's environment (RANK, WORLD_SIZE, a rendezvous port), rank 0
+listening on a Unix socket in a private directory. With --ranks: ranks started
+elsewhere (torchrun), reached at rank 0's host:port.
+
+A supervisor thread keeps the group whole: when a rank dies (its process exits, or the
+link or a ping fails) the group is down at once, so readiness fails and calls get 503;
+the remaining ranks are stopped and the whole group restarted (a process group cannot
+take one rank back), with a growing wait between attempts. Ranks started elsewhere are
+restarted by their launcher (torchrun --max-restarts); the link is reopened when rank 0
+is back. A call is blocking and one at a time: run it off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.config import ServeConfig
+from hybridgnn.errors import ConfigError, ServiceUnavailable, ServingError
+from hybridgnn.runtime.ranks import PARENT_ENV, free_port, rank_environment
+from hybridgnn.serving.ipc import ranks as wire
+from hybridgnn.serving.ipc.wire import WireError
+
+log = logging.getLogger("hybridgnn.serve")
+MAX_BACKOFF_S = 30.0
+
+
+class RankGroup:
+    """Implements types.PartitionRanks for a partitioned engine."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg.partitions
+        self.world = self.cfg.partitions
+        self._dataset, self._model = cfg.dataset_dir, cfg.model_dir
+        self._local = self.cfg.ranks is None
+        self._dir = tempfile.mkdtemp(prefix="hybridgnn-ranks-")  # 0700: only this user reaches rank 0
+        self.address = self.cfg.ranks or f"unix:{os.path.join(self._dir, 'rank0.sock')}"
+        self._lock = threading.Lock()  # one call on the link at a time
+        self._link: wire.Link | None = None
+        self._procs: list[subprocess.Popen] = []
+        self._rid = 0
+        self._last_call = time.monotonic()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.info: dict = {}
+        self.up = False
+        self.why_down = "starting"
+        self.restarts = 0
+
+    # --- start and stop ----------------------------------------------------------------
+    def start(self, timeout_s: float = 600.0) -> dict:
+        """Start (or reach) the ranks and wait for rank 0's HELLO: the group's description.
+        ConfigError with the failing rank's own line when the group cannot start."""
+        self._bring_up(time.monotonic() + timeout_s)
+        self._thread = threading.Thread(target=self._supervise, name="partition-ranks", daemon=True)
+        self._thread.start()
+        return self.info
+
+    def _bring_up(self, deadline: float) -> None:
+        if self._local:
+            self._spawn()
+        link = self._connect(deadline)
+        try:
+            kind, _, payload = link.recv(max(0.1, deadline - time.monotonic()))
+            if kind != wire.HELLO:
+                raise WireError(f"rank 0 said {kind} before HELLO")
+            info, _ = wire.decode(payload)
+        except BaseException:
+            link.close()
+            raise
+        with self._lock:
+            self._link, self.info = link, info
+            self.up, self.why_down = True, ""
+            self._last_call = time.monotonic()
+
+    def _spawn(self) -> None:
+        port = free_port()
+        threads = max(1, CPU_COUNT // self.world)
+        self._errors = [Path(self._dir) / f"rank-{r}.txt" for r in range(self.world)]
+        for e in self._errors:
+            e.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "hybridgnn.distributed.rank_server", "--dataset", str(self._dataset),
+                "--model", str(self._model), "--listen", self.address, "--partition", self.cfg.method,
+                "--timeout-s", str(self.cfg.timeout_s), "--heartbeat-s", str(self.cfg.heartbeat_s),
+                "--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel())]
+        env = {PARENT_ENV: str(os.getpid())}
+        self._procs = [subprocess.Popen(argv, env={**rank_environment(r, self.world, port, threads, self._errors[r]),
+                                                   **env},
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=None if r == 0 else subprocess.DEVNULL,
+                                        start_new_session=True)  # a terminal's Ctrl-C is the server's to handle
+                       for r in range(self.world)]
+
+    def _dead_rank(self) -> str | None:
+        """'rank r exited ...' for the first rank process that ended (local ranks), else None."""
+        for r, p in enumerate(self._procs):
+            code = p.poll()
+            if code is not None:
+                said = self._errors[r].read_text().strip() if self._errors[r].is_file() else ""
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                return f"rank {r} of {self.world} {how}" + (f": {said}" if said else "")
+        return None
+
+    def _connect(self, deadline: float) -> wire.Link:
+        while True:
+            if self._local:
+                dead = self._dead_rank()
+                if dead is not None:
+                    self._stop_procs(grace_s=0.0)
+                    raise ConfigError(f"partition ranks could not start: {dead}")
+            try:
+                return wire.connect(self.address, 1.0)
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    self._stop_procs(grace_s=0.0)
+                    raise ConfigError(f"partition rank 0 did not answer at {self.address}: {exc}") from None
+            if self._stopping.wait(0.05):  # poll interval while ranks load their parts
+                raise ConfigError("stopped while the partition ranks started")
+
+    def close(self) -> None:
+        """Stop the supervisor and (ranks started here) the ranks; idempotent."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            link, self._link, self.up = self._link, None, False
+            if link is not None:
+                try:
+                    link.send(wire.encode(wire.STOP, 0, {}))
+                except OSError:
+                    pass
+                link.close()
+        self._stop_procs(grace_s=5.0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _stop_procs(self, grace_s: float = 2.0) -> None:
+        deadline = time.monotonic() + grace_s
+        for p in self._procs:
+            try:
+                p.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.terminate()
+        for p in self._procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._procs = []
+
+    # --- calls ---------------------------------------------------------------------------
+    def call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...]) -> tuple[dict, list[np.ndarray]]:
+        """One call (new_nodes, existing, lookup, ping) on every rank; rank 0's answer as
+        (head, arrays). ServiceUnavailable when the group is down or goes down meanwhile
+        (nothing is answered from a partial group); the request's own error otherwise."""
+        with self._lock:
+            if not self.up or self._link is None:
+                raise self._unavailable()
+            self._rid = (self._rid + 1) & 0xFFFFFFFF
+            try:
+                self._link.send(wire.encode(wire.CALLS[name], self._rid, head, arrays))
+                kind, rid, payload = self._link.recv(self.cfg.timeout_s + 5.0)
+                if rid != self._rid or kind not in (wire.RESULT, wire.ERROR):
+                    raise WireError(f"answer {kind} for call {rid}, expected one for {self._rid}")
+                out, rows = wire.decode(payload)
+            except (OSError, WireError) as exc:  # ConnectionError and TimeoutError are OSErrors
+                self._down(f"the link to rank 0 failed: {exc}")
+                raise self._unavailable() from None
+            finally:
+                self._last_call = time.monotonic()
+        if kind == wire.ERROR:
+            raise ServingError(str(out.get("message")), status=int(out.get("status", 500)))
+        return out, rows
+
+    def _unavailable(self) -> ServiceUnavailable:
+        return ServiceUnavailable(f"partition ranks are down ({self.why_down}); the server restarts them, retry",
+                                  retry_after_s=max(1.0, self.cfg.restart_backoff_s))
+
+    def _down(self, why: str) -> None:
+        """Mark the group down (callers hold the lock or the group has no link)."""
+        if self.up:
+            log.error("partitioned serving is down: %s", why)
+        self.up, self.why_down = False, why
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    # --- supervision ---------------------------------------------------------------------
+    def _supervise(self) -> None:
+        backoff = self.cfg.restart_backoff_s
+        while not self._stopping.wait(0.1):  # poll interval: a dead rank is seen within 0.1 s
+            if self.up:
+                dead = self._dead_rank() if self._local else None
+                if dead is not None:
+                    with self._lock:
+                        self._down(dead)
+                elif time.monotonic() - self._last_call > self.cfg.heartbeat_s:
+                    self._ping()
+                if self.up:
+                    backoff = self.cfg.restart_backoff_s
+                continue
+            self._stop_procs(grace_s=0.0)  # the rest wait in a collective that cannot finish
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+            try:
+                self._bring_up(time.monotonic() + max(60.0, self.cfg.timeout_s))
+            except (ConfigError, OSError, WireError) as exc:
+                log.error("partition ranks did not restart: %s; next attempt in %.0f s", exc, backoff)
+                continue
+            self.restarts += 1
+            log.info("partition ranks restarted (%d of %d up); serving again", self.world, self.world)
+
+    def _ping(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # a call is on the link: it checks the group itself
+        self._lock.release()
+        try:
+            self.call("ping", {}, ())
+        except ServingError:
+            pass  # call() marked the group down

@@ -1,0 +1,165 @@
+"""`hybridgnn serve --partitions N` as a user runs it: a real server with real partition
+rank processes on 127.0.0.1, asked over HTTP. Answers equal one process's; a killed rank
+turns readiness off and requests get 503 (never a wrong answer) until the group is back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from hybridgnn.embeddings.newnodes import NewNodeEvaluator
+from hybridgnn.embeddings.store import EmbeddingStore, hidden_rows
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.checkpoint import load_checkpoint
+from tests.support.partitioned import random_query
+from tests.support.reference import full_graph_forward
+from tests.support.server import ServerProcess
+
+URL = "/v2/models/hybridgnn/infer"
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is pid (the server's partition ranks)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return sorted(out)
+
+
+def _ids_body(ids, mode=None) -> dict:
+    body = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [len(ids)], "data": [int(i) for i in ids]}]}
+    if mode is not None:
+        body["parameters"] = {"mode": mode}
+    return body
+
+
+def _new_body(features: np.ndarray, edge_index: np.ndarray, mode: str, gamma: float) -> dict:
+    return {"inputs": [{"name": "features", "datatype": "FP32", "shape": list(features.shape),
+                        "data": features.ravel().tolist()},
+                       {"name": "edge_index", "datatype": "INT64", "shape": list(edge_index.shape),
+                        "data": edge_index.ravel().tolist()}],
+            "parameters": {"mode": mode, "gamma": gamma}}
+
+
+def _outputs(response) -> dict[str, np.ndarray]:
+    assert response.status_code == 200, response.text
+    return {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in response.json()["outputs"]}
+
+
+def _poll(url: str, want: int, deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/v2/health/ready", timeout=2).status_code == want:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+    raise AssertionError(f"readiness never answered {want} within {deadline_s}s")
+
+
+@pytest.fixture(scope="module")
+def partitioned_server(tiny_dataset, tiny_model_pe):
+    server = ServerProcess(tiny_dataset, tiny_model_pe, "--partitions", "2", "--partition", "ranges",
+                           "--max-wait-ms", "1").wait_ready(180)
+    yield server
+    assert server.stop() == 0, server.output()
+    assert not _children(server.proc.pid)
+
+
+def test_answers_equal_one_process(partitioned_server, tiny_dataset, tiny_model_pe):
+    url = partitioned_server.url
+    graph = GraphStore.open(tiny_dataset)
+    model = load_checkpoint(tiny_model_pe)[0].eval()
+    store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
+    ids = np.array([0, 17, 2999, 17, 1500, 42])
+
+    full = _outputs(requests.post(url + URL, json=_ids_body(ids), timeout=60))  # mode full: the default
+    np.testing.assert_allclose(full["logits"], full_graph_forward(graph, model)[ids], atol=1e-4)
+
+    looked = _outputs(requests.post(url + URL, json=_ids_body(ids, "precomputed"), timeout=60))
+    np.testing.assert_allclose(looked["logits"], store.lookup(ids), atol=1e-6)
+    np.testing.assert_allclose(looked["embeddings"], hidden_rows(model, store.layers, graph.features.__getitem__,
+                                                                 ids), atol=1e-6)
+
+    single = NewNodeEvaluator(graph, model, store)
+    feats, ei = random_query(graph.num_nodes, graph.feature_dim, 3, 4, seed=5)
+    for mode in ("full", "pe", "srpe"):
+        got = _outputs(requests.post(url + URL, json=_new_body(feats, ei, mode, 0.5), timeout=60))
+        want = single.infer(feats, ei, mode=mode, gamma=0.5)
+        np.testing.assert_allclose(got["logits"], want.logits, atol=1e-4, err_msg=mode)
+        np.testing.assert_allclose(got["embeddings"], want.embeddings, atol=1e-4, err_msg=mode)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(partitioned_server, tiny_dataset,
+                                                                   tiny_model_pe):
+    from concurrent.futures import ThreadPoolExecutor
+
+    graph = GraphStore.open(tiny_dataset)
+    store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, graph.num_nodes, size=int(rng.integers(1, 40))) for _ in range(24)]
+
+    def ask(ids):
+        return ids, requests.post(partitioned_server.url + URL, json=_ids_body(ids, "precomputed"), timeout=60)
+
+    with ThreadPoolExecutor(8) as pool:
+        for ids, r in pool.map(ask, batches):
+            if r.status_code == 429:  # admission under a loaded machine: refused, never wrong
+                continue
+            np.testing.assert_allclose(_outputs(r)["logits"], store.lookup(ids), atol=1e-6)
+
+
+def test_what_a_partitioned_graph_cannot_serve_exactly_is_refused(partitioned_server):
+    url = partitioned_server.url
+    r = requests.post(url + URL, json=_ids_body([1, 2], "sampled"), timeout=30)
+    assert r.status_code == 400 and "full" in r.json()["error"]
+    feats, ei = random_query(3000, 16, 1, 2, seed=1)
+    r = requests.post(url + URL, json=_new_body(feats, ei, "sampled", 0.1), timeout=30)
+    assert r.status_code == 400 and "srpe" in r.json()["error"]
+    r = requests.post(url + URL, json=_ids_body([3000]), timeout=30)
+    assert r.status_code == 400
+    meta = requests.get(url + "/v2/models/hybridgnn", timeout=30).json()["parameters"]
+    assert meta["partitions"]["ranks"] == 2 and meta["modes"] == ["full", "precomputed"]
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_rank_turns_readiness_off_and_the_group_rejoins(partitioned_server, tiny_dataset, tiny_model_pe,
+                                                                 victim):
+    url = partitioned_server.url
+    graph = GraphStore.open(tiny_dataset)
+    store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
+    ids = np.array([3, 1999, 2500])
+    _poll(url, 200, 60)
+    ranks = _children(partitioned_server.proc.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[victim], signal.SIGKILL)
+    statuses = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # every answer is 503 or the right rows, until the group is back
+        r = requests.post(url + URL, json=_ids_body(ids, "precomputed"), timeout=60)
+        statuses.add(r.status_code)
+        if r.status_code == 503:
+            assert "Retry-After" in r.headers and "partition ranks are down" in r.json()["error"]
+        else:
+            np.testing.assert_allclose(_outputs(r)["logits"], store.lookup(ids), atol=1e-6)
+            if 503 in statuses:
+                break
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+    assert statuses >= {503, 200}, statuses
+    _poll(url, 200, 5)
+    assert len(_children(partitioned_server.proc.pid)) == 2
+    meta = requests.get(url + "/v2/models/hybridgnn", timeout=30).json()["parameters"]["partitions"]
+    assert meta["up"] and meta["restarts"] >= 1
