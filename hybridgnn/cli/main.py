@@ -15,13 +15,14 @@ from hybridgnn.cli import (
     place,
     precompute,
     profile,
+    rank,
     serve,
     train,
     workload,
 )
 from hybridgnn.errors import ConfigError
 
-COMMANDS = (serve, cluster, dataset, model, workload, train, precompute, profile, place, bench)
+COMMANDS = (serve, cluster, dataset, model, workload, train, precompute, profile, place, bench, rank)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -195,11 +195,25 @@ def _serve_link(ev: PartitionedEvaluator, link: wire.Link, opts: RankOptions) ->
         link.send(run(ev, kind, payload, rid))
 
 
+def _join_group(rank: int, world: int, timeout: timedelta) -> None:
+    """The gloo process group. Under torchrun, through the agent's store with keys of this
+    attempt only: the default rendezvous re-forms no group after a restart here (a rank
+    reads the address a rank of the failed attempt left, torch 2.13)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        dist.init_process_group("gloo", timeout=timeout)
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"hybridgnn/attempt_{attempt}", store), rank=rank,
+                            world_size=world, timeout=timeout)
+
+
 def serve_rank(opts: RankOptions) -> None:
     """Join the process group (torchrun's or the server's environment) and serve as this rank."""
     rank, world, _ = environment()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout_s))
+    _join_group(rank, world, timedelta(seconds=opts.timeout_s))
     try:
         ev, info = open_rank(opts, rank, world)
         if rank == 0:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -139,10 +141,11 @@ class RankGroup:
         with self._lock:
             link, self._link, self.up = self._link, None, False
             if link is not None:
-                try:
-                    link.send(wire.encode(wire.STOP, 0, {}))
-                except OSError:
-                    pass
+                if self._local:  # ranks started elsewhere outlive this server: the next one reconnects
+                    try:
+                        link.send(wire.encode(wire.STOP, 0, {}))
+                    except OSError:
+                        pass
                 link.close()
         self._stop_procs(grace_s=5.0)
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -204,7 +207,7 @@ class RankGroup:
         backoff = self.cfg.restart_backoff_s
         while not self._stopping.wait(0.1):  # poll interval: a dead rank is seen within 0.1 s
             if self.up:
-                dead = self._dead_rank() if self._local else None
+                dead = self._dead_rank() if self._local else self._link_closed()
                 if dead is not None:
                     with self._lock:
                         self._down(dead)
@@ -224,6 +227,23 @@ class RankGroup:
                 continue
             self.restarts += 1
             log.info("partition ranks restarted (%d of %d up); serving again", self.world, self.world)
+
+    def _link_closed(self) -> str | None:
+        """Why the idle link to rank 0 is gone (it closed: rank 0 or its group failed), else None."""
+        if not self._lock.acquire(blocking=False):
+            return None  # a call is on the link: it sees a failure itself
+        try:
+            link = self._link
+            if link is None:
+                return None
+            readable, _, _ = select.select([link.sock], [], [], 0)
+            if readable and not link.sock.recv(1, socket.MSG_PEEK):  # nothing is due between calls: EOF
+                return "the link to rank 0 closed"
+            return None
+        except OSError as exc:
+            return f"the link to rank 0 failed: {exc}"
+        finally:
+            self._lock.release()
 
     def _ping(self) -> None:
         if not self._lock.acquire(blocking=False):

@@ -163,3 +163,54 @@ def test_a_killed_rank_turns_readiness_off_and_the_group_rejoins(partitioned_ser
     assert len(_children(partitioned_server.proc.pid)) == 2
     meta = requests.get(url + "/v2/models/hybridgnn", timeout=30).json()["parameters"]["partitions"]
     assert meta["up"] and meta["restarts"] >= 1
+
+
+def test_ranks_started_by_torchrun_serve_and_rejoin_after_torchrun_restarts_them(tiny_dataset, tiny_model_pe):
+    import subprocess
+    import sys
+
+    from tests.support.server import free_port, stop_process
+
+    graph = GraphStore.open(tiny_dataset)
+    store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
+    listen = f"127.0.0.1:{free_port()}"
+    torchrun = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "2",
+         "--master-port", str(free_port()), "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "rank",
+         "--dataset", str(tiny_dataset), "--model", str(tiny_model_pe), "--listen", listen, "--partition", "ranges"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = None
+    try:
+        server = ServerProcess(tiny_dataset, tiny_model_pe, "--partitions", "2", "--ranks", listen).wait_ready(180)
+        ids = np.array([4, 2222])
+        r = requests.post(server.url + URL, json=_ids_body(ids, "precomputed"), timeout=60)
+        np.testing.assert_allclose(_outputs(r)["logits"], store.lookup(ids), atol=1e-6)
+        agent_children = _children(torchrun.pid)
+        assert len(agent_children) == 2
+        os.kill(agent_children[-1], signal.SIGKILL)
+        _poll(server.url, 503, 30)
+        _poll(server.url, 200, 120)  # torchrun started the group again; the server linked to its rank 0
+        r = requests.post(server.url + URL, json=_ids_body(ids, "precomputed"), timeout=60)
+        np.testing.assert_allclose(_outputs(r)["logits"], store.lookup(ids), atol=1e-6)
+    finally:
+        if server is not None:
+            assert server.stop() == 0, server.output()
+        os.killpg(torchrun.pid, signal.SIGTERM)
+        stop_process(torchrun, 30)
+
+
+def test_a_model_without_merge_functions_is_refused_at_start_in_one_line(tmp_path, tiny_dataset):
+    import subprocess
+    import sys
+
+    from torch_geometric.nn.models import GIN
+
+    from hybridgnn.models.checkpoint import save_model
+
+    save_model(GIN(16, 8, 2, 4).eval(), tmp_path / "gin")
+    done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "ERROR", "serve", "--dataset",
+                           str(tiny_dataset), "--model", str(tmp_path / "gin"), "--partitions", "2", "--port", "0"],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hybridgnn serve: error:") and "GINConv" in last and "without --partitions" in last

@@ -52,15 +52,18 @@ def decode(payload: memoryview | bytes) -> tuple[dict, list[np.ndarray]]:
     if not isinstance(head, dict) or not isinstance(head.get("arrays"), list):
         raise WireError("head without its arrays")
     arrays, at = [], 0
-    for dtype, shape in head.pop("arrays"):
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape)) if shape else 1
-        size = count * dt.itemsize
-        if at + size > len(rest):
-            raise WireError("arrays longer than the payload")
-        arrays.append(np.frombuffer(rest[at:at + size], dtype=dt).reshape(shape).astype(dt.newbyteorder("="),
-                                                                                       copy=False))
-        at += size
+    try:
+        for dtype, shape in head.pop("arrays"):
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape)) if shape else 1
+            size = count * dt.itemsize
+            if at + size > len(rest) or count < 0:
+                raise WireError("arrays longer than the payload")
+            arrays.append(np.frombuffer(rest[at:at + size], dtype=dt).reshape(shape)
+                          .astype(dt.newbyteorder("="), copy=False))
+            at += size
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"array description: {exc}") from None
     return head, arrays
 
 
