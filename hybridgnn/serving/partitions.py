@@ -49,8 +49,8 @@ class RankGroup:
         self.world = self.cfg.partitions
         self._dataset, self._model = cfg.dataset_dir, cfg.model_dir
         self._local = self.cfg.ranks is None
-        self._dir = tempfile.mkdtemp(prefix="hybridgnn-ranks-")  # 0700: only this user reaches rank 0
-        self.address = self.cfg.ranks or f"unix:{os.path.join(self._dir, 'rank0.sock')}"
+        self._dir: str | None = None  # made at start (0700: only this user reaches rank 0)
+        self.address = self.cfg.ranks or ""
         self._lock = threading.Lock()  # one call on the link at a time
         self._link: wire.Link | None = None
         self._procs: list[subprocess.Popen] = []
@@ -67,6 +67,9 @@ class RankGroup:
     def start(self, timeout_s: float = 600.0) -> dict:
         """Start (or reach) the ranks and wait for rank 0's HELLO: the group's description.
         ConfigError with the failing rank's own line when the group cannot start."""
+        if self._local and self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="hybridgnn-ranks-")
+            self.address = f"unix:{os.path.join(self._dir, 'rank0.sock')}"
         self._bring_up(time.monotonic() + timeout_s)
         self._thread = threading.Thread(target=self._supervise, name="partition-ranks", daemon=True)
         self._thread.start()
@@ -148,7 +151,8 @@ class RankGroup:
                         pass
                 link.close()
         self._stop_procs(grace_s=5.0)
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _stop_procs(self, grace_s: float = 2.0) -> None:
         deadline = time.monotonic() + grace_s

@@ -174,3 +174,12 @@ def test_a_broken_rank_frame_is_a_wire_error_never_a_crash(junk):
     frame = wire.encode(wire.LOOKUP, 1, {}, (np.arange(4),))
     with pytest.raises(WireError):
         wire.decode(memoryview(frame)[9:-1])  # arrays longer than the payload
+
+
+def test_rank_addresses_are_checked():
+    assert wire._family("unix:/tmp/x.sock")[1] == "/tmp/x.sock"
+    assert wire._family("10.0.0.1:7700")[1] == ("10.0.0.1", 7700)
+    assert wire._family("[::1]:7700")[1] == ("::1", 7700)
+    for bad in ("10.0.0.1", "host:port", ":"):
+        with pytest.raises(ValueError, match="host:port"):
+            wire._family(bad)
