@@ -14,6 +14,7 @@ import logging
 
 from hybridgnn.capabilities import usable_cores
 from hybridgnn.config import ServeConfig
+from hybridgnn.serving.core.admitting import started
 from hybridgnn.serving.core.engine import Engine, open_engine
 from hybridgnn.serving.core.partitioned import PartitionedEngine
 from hybridgnn.serving.frontends import Frontends, frontends_for
@@ -119,13 +120,7 @@ async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> 
 async def open_partitioned(cfg: ServeConfig, stats: ServingStats | None = None) -> PartitionedEngine:
     """A started engine over partition ranks (started here, or reached with --ranks); one
     that fails to start stops its ranks before the error propagates."""
-    engine = await asyncio.to_thread(PartitionedEngine, cfg, RankGroup(cfg), stats)
-    try:
-        await engine.start()
-    except BaseException:
-        await asyncio.shield(engine.stop())
-        raise
-    return engine
+    return await started(await asyncio.to_thread(PartitionedEngine, cfg, RankGroup(cfg), stats))
 
 
 async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,

@@ -78,3 +78,14 @@ class Admitting:
             self._admission.count_standing()
             return True
         return False
+
+
+async def started(engine):
+    """`engine` once its start() returned; one whose start fails is stopped before the error
+    propagates, so nothing it started (workers, ranks) outlives it."""
+    try:
+        await engine.start()
+    except BaseException:
+        await asyncio.shield(engine.stop())
+        raise
+    return engine

@@ -29,7 +29,7 @@ from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.scheduler.control import PolicyControl
 from hybridgnn.scheduler.policy import Policy
 from hybridgnn.scheduler.router import Router
-from hybridgnn.serving.core.admitting import Admitting
+from hybridgnn.serving.core.admitting import Admitting, started
 from hybridgnn.serving.core.batcher import MicroBatcher
 from hybridgnn.serving.core.graph_requests import GraphRequests
 from hybridgnn.serving.core.metadata import describe_engine
@@ -60,12 +60,7 @@ async def open_engine(cfg: ServeConfig, stats: ServingStats | None = None, *, ve
     stopped before the error propagates, so its workers never outlive it."""
     engine = await asyncio.to_thread(Engine, cfg, stats, version=version,
                                      base=share_with._resources if share_with is not None else None)
-    try:
-        await engine.start()
-    except BaseException:
-        await asyncio.shield(engine.stop())
-        raise
-    return engine
+    return await started(engine)
 
 
 class Engine(Admitting, SampledInference):

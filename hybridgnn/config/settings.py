@@ -1,0 +1,89 @@
+"""What the configuration dataclasses are made of: the setting() field that is also a
+flag, HYBRIDGNN_<FLAG> environment defaults, and parsers of the flags' text forms
+(cores, byte sizes, front-end counts)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import field
+from pathlib import Path
+
+ENV_PREFIX = "HYBRIDGNN_"
+
+
+def env_default(name: str, default, cast=str):
+    """Value of HYBRIDGNN_<NAME> cast with `cast`, or `default` when unset."""
+    raw = os.environ.get(ENV_PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {cast.__name__}") from exc
+
+
+def setting(default, help: str, *, flag: str | None = None, scale: float | None = None, choices=None, parse=None):
+    """A config field that is also a command-line flag: its default lives here, once.
+    flag: the flag's name (default --<field-name>); scale: flag value = field value ×
+    scale (e.g. 1000 for a _s field shown in milliseconds); parse: the flag's type when
+    it is not the field's own (e.g. "1G" byte sizes). cli/flags.py builds the flags."""
+    meta = {"help": help, "flag": flag, "scale": scale, "choices": choices, "parse": parse}
+    return field(default=default, metadata=meta)
+
+
+def parse_frontends(text: str | int | None) -> int | None:
+    """--frontends: 'auto' -> None (serving/frontends.py's frontends_for decides), else a count >= 1."""
+    if text is None or str(text).strip().lower() == "auto":
+        return None
+    try:
+        count = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"--frontends takes a count or auto, got {text!r}") from None
+    if count < 1:
+        raise ValueError(f"--frontends must be >= 1 (or auto), got {count}")
+    return count
+
+
+def default_cache_dir() -> Path:
+    base = env_default("CACHE_DIR", None)
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridgnn"
+
+
+MAX_CORE = 4096  # Linux's usual CPU_SETSIZE is 1024; a typo like 1-100000000 must not build a huge set
+
+
+def parse_cpus(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """'2,3' or '2-5' or '0,4-7' -> the core numbers, ascending; '' -> ()."""
+    if isinstance(text, (tuple, list)):
+        return tuple(sorted({int(c) for c in text}))
+    cores: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"cores must be numbers or ranges like 0,2-3, got {text!r}") from None
+        if first < 0 or last < first or last >= MAX_CORE:
+            raise ValueError(f"cores must be numbers in [0, {MAX_CORE}) and ranges low-high, got {text!r}")
+        cores.update(range(first, last + 1))
+    return tuple(sorted(cores))
+
+
+def parse_bytes(text: str | int) -> int:
+    """'512M', '4G', '1.5GiB' or a plain number of bytes -> bytes (binary units)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        raw = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(raw[-1:], 1)
+        try:
+            value = int(float(raw[:-1] if scale > 1 else raw) * scale)
+        except ValueError as exc:
+            raise ValueError(f"expected a byte count such as 512M or 4G, got {text!r}") from exc
+    if value < 0:
+        raise ValueError(f"a byte count must be >= 0, got {text!r}")
+    return value
