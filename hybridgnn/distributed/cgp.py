@@ -200,52 +200,62 @@ class PartitionedEvaluator:
     def _run(self, sets: list[np.ndarray], features, qsrc, qdst, outputs: np.ndarray):
         """Run layers 1..K over the plan; rank 0 gets (logits, embeddings) of `outputs`
         (the first len(outputs) targets of every layer)."""
-        rank = self.rank
-        query_nodes = unique_ints(qdst)
-        query_in = np.bincount(np.searchsorted(query_nodes, qdst), minlength=len(query_nodes))
+        query = self._query(qdst)
         widths = [int(self.part.features.shape[1])]  # of each layer's rows, 0: features
         computed, kept = None, []
-        out_home = self._home(outputs)
-        mine_out = np.flatnonzero(out_home == rank)
+        mine_out = np.flatnonzero(self._home(outputs) == self.rank)
         kept.append(self._inputs(0, widths[0], outputs[mine_out], features, None))
         for layer in range(1, len(sets) + 1):
-            split = self.splits[layer - 1]
-            targets = sets[layer - 1]
-            home = self._home(targets)
-            mine = np.flatnonzero(home == rank)
-            src, dst = self._local_edges(targets, home, qsrc, qdst, split.self_loops)
-            sources = unique_ints(np.concatenate([src, targets[mine]]))
-            x_src = self._inputs(layer - 1, widths[layer - 1], sources, features, computed)
-            x_own = x_src[torch.from_numpy(np.searchsorted(sources, targets[mine]))]
-            weight = None
-            if split.weighted:
-                deg_t = self._degrees(targets, mine, query_nodes, query_in)
-                deg_s = self._own_degrees(src, query_nodes, query_in)
-                weight = torch.from_numpy((1.0 / np.sqrt(deg_s * deg_t[dst])).astype(np.float32))
-            info = None
-            if split.needs_target_info:
-                local = split.target_info(x_own)
-                info = torch.zeros((len(targets), *local.shape[1:]), dtype=local.dtype)
-                info[torch.from_numpy(mine)] = local
-                info = self.coll.sum(info)
-            dst_t = torch.from_numpy(dst)
-            part = split.local(x_src, torch.from_numpy(np.searchsorted(sources, src)), dst_t, len(targets),
-                               info, weight)
-            touched = np.flatnonzero(np.bincount(dst, minlength=len(targets)) > 0)
-            outgoing = []
-            for r in range(self.world):
-                idx = touched[home[touched] == r]
-                outgoing.append((torch.from_numpy(idx), part[torch.from_numpy(idx)]))
-            idx_in, parts_in = self.coll.all_to_all(outgoing, split.width)
-            slot = np.full(len(targets), -1, dtype=np.int64)
-            slot[mine] = np.arange(len(mine))
-            y = split.finish(torch.from_numpy(slot[idx_in.numpy()]), parts_in, len(mine), x_own)
-            y = self.model.between_layers(layer - 1, y)
-            widths.append(int(y.shape[1]))
-            order = np.argsort(targets[mine], kind="stable")
-            computed = (targets[mine][order], y[torch.from_numpy(order)])
+            computed = self.layer(layer, sets[layer - 1], widths[layer - 1], features, computed, qsrc, qdst, query)
+            widths.append(int(computed[1].shape[1]))
             kept.append(self._inputs(layer, widths[layer], outputs[mine_out], features, computed))
         return self._collect(outputs, mine_out, kept)
+
+    @staticmethod
+    def _query(qdst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(query nodes with request edges into them, how many each)."""
+        query_nodes = unique_ints(qdst)
+        return query_nodes, np.bincount(np.searchsorted(query_nodes, qdst), minlength=len(query_nodes))
+
+    def layer(self, layer: int, targets: np.ndarray, width: int, features: np.ndarray, computed, qsrc: np.ndarray,
+              qdst: np.ndarray, query=None) -> tuple[np.ndarray, torch.Tensor]:
+        """Layer `layer` (1..K) of `targets` (one order on every rank) from layer-(layer-1)
+        rows of `width` (computed: (sorted ids, rows) homed here, else stored); returns the
+        rows of the targets homed here, as (sorted ids, rows)."""
+        rank = self.rank
+        query_nodes, query_in = query if query is not None else self._query(qdst)
+        split = self.splits[layer - 1]
+        home = self._home(targets)
+        mine = np.flatnonzero(home == rank)
+        src, dst = self._local_edges(targets, home, qsrc, qdst, split.self_loops)
+        sources = unique_ints(np.concatenate([src, targets[mine]]))
+        x_src = self._inputs(layer - 1, width, sources, features, computed)
+        x_own = x_src[torch.from_numpy(np.searchsorted(sources, targets[mine]))]
+        weight = None
+        if split.weighted:
+            deg_t = self._degrees(targets, mine, query_nodes, query_in)
+            deg_s = self._own_degrees(src, query_nodes, query_in)
+            weight = torch.from_numpy((1.0 / np.sqrt(deg_s * deg_t[dst])).astype(np.float32))
+        info = None
+        if split.needs_target_info:
+            local = split.target_info(x_own)
+            info = torch.zeros((len(targets), *local.shape[1:]), dtype=local.dtype)
+            info[torch.from_numpy(mine)] = local
+            info = self.coll.sum(info)
+        dst_t = torch.from_numpy(dst)
+        part = split.local(x_src, torch.from_numpy(np.searchsorted(sources, src)), dst_t, len(targets), info, weight)
+        touched = np.flatnonzero(np.bincount(dst, minlength=len(targets)) > 0)
+        outgoing = []
+        for r in range(self.world):
+            idx = touched[home[touched] == r]
+            outgoing.append((torch.from_numpy(idx), part[torch.from_numpy(idx)]))
+        idx_in, parts_in = self.coll.all_to_all(outgoing, split.width)
+        slot = np.full(len(targets), -1, dtype=np.int64)
+        slot[mine] = np.arange(len(mine))
+        y = split.finish(torch.from_numpy(slot[idx_in.numpy()]), parts_in, len(mine), x_own)
+        y = self.model.between_layers(layer - 1, y)
+        order = np.argsort(targets[mine], kind="stable")
+        return targets[mine][order], y[torch.from_numpy(order)]
 
     def _local_edges(self, targets, home, qsrc, qdst, self_loops: str) -> tuple[np.ndarray, np.ndarray]:
         """(source ids, target positions) of the edges into `targets` held here: graph

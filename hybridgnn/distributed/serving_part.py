@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hybridgnn.distributed.keyed_rows import KeyedRows
 from hybridgnn.distributed.partition import Partition
-from hybridgnn.graph.csr import gather_rows
 
 SCAN_EDGES = 1 << 22  # edges read per step of the start-up scan (bounded memory)
 
@@ -24,21 +24,34 @@ SCAN_EDGES = 1 << 22  # edges read per step of the start-up scan (bounded memory
 class ServingPart:
     rank: int
     partition: Partition
-    num_nodes: int              # nodes of the whole graph
-    nodes: np.ndarray           # [n] owned global ids, ascending
-    out_indptr: np.ndarray      # [n+1] out-edges of own nodes ...
-    out_targets: np.ndarray     # ... their targets (global ids)
-    in_nodes: np.ndarray        # sorted targets of edges from own nodes ...
-    in_indptr: np.ndarray       # ... [len(in_nodes)+1]
-    in_sources: np.ndarray      # ... their sources (global ids, own nodes)
+    num_nodes: int              # nodes of the whole graph (grows with graph updates)
+    nodes: np.ndarray           # [n] owned global ids, ascending (new nodes are appended)
+    out_rows: KeyedRows         # own node -> its out-neighbours (global ids)
+    in_rows: KeyedRows          # any target -> its in-neighbours among own nodes
     in_degree: np.ndarray       # [n] whole-graph in-degree of own nodes
     has_loop: np.ndarray        # [n] whether an own node lists itself
     features: torch.Tensor      # [n, f] own feature rows
     layers: list[torch.Tensor]  # per layer 1..K: [n, d] own precomputed rows (float32)
     output: torch.Tensor | None = None  # [n, out] own stored outputs (jumping-knowledge models)
+    base_nodes: int = -1        # nodes of the stored graph (-1: num_nodes); later ones were added by updates
+    alive: np.ndarray | None = None  # [num_nodes] whether each node of the whole graph exists (updates remove)
+
+    def __post_init__(self):
+        if self.base_nodes < 0:
+            self.base_nodes = self.num_nodes
+        if self.alive is None:
+            self.alive = np.ones(self.num_nodes, dtype=bool)
 
     def owner_of(self, ids: np.ndarray) -> np.ndarray:
-        return self.partition.owner_of(ids)
+        """The owner rank of each node: the partition's for stored nodes, id mod the ranks
+        for nodes graph updates added (known to every rank without a message)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) == 0 or ids.max() < self.base_nodes:
+            return self.partition.owner_of(ids)
+        out = ids % self.partition.parts
+        stored = ids < self.base_nodes
+        out[stored] = self.partition.owner_of(ids[stored])
+        return out
 
     def position(self, ids: np.ndarray) -> np.ndarray:
         """Row of each own id in this rank's tables (ids must be own)."""
@@ -51,37 +64,25 @@ class ServingPart:
 
     def local_in(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lengths, sources): the own in-neighbours of any nodes (0 for those with none)."""
-        if len(self.in_nodes) == 0 or len(targets) == 0:
-            return np.zeros(len(targets), dtype=np.int64), np.empty(0, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.in_nodes, targets), len(self.in_nodes) - 1)
-        hit = self.in_nodes[pos] == targets
-        starts = np.where(hit, self.in_indptr[pos], 0)
-        lens = np.where(hit, self.in_indptr[pos + 1] - self.in_indptr[pos], 0)
-        offs = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-        return lens, self.in_sources[offs]
+        return self.in_rows.rows(targets)
 
     def local_out(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lengths, targets): out-neighbours of the own nodes among ids (others: none)."""
-        own = self.owner_of(ids) == self.rank if len(ids) else np.zeros(0, dtype=bool)
-        lens = np.zeros(len(ids), dtype=np.int64)
-        lens_own, targets = gather_rows(self.out_indptr, self.out_targets, self.position(ids[own]))
-        lens[own] = lens_own
-        return lens, targets
+        return self.out_rows.rows(ids)  # only own nodes have out-rows here
 
     def memory_bytes(self) -> int:
-        arrays = [self.nodes, self.out_indptr, self.out_targets, self.in_nodes, self.in_indptr, self.in_sources,
-                  self.in_degree, self.has_loop]
+        arrays = [self.nodes, self.in_degree, self.has_loop]
         tensors = [self.features, *self.layers] + ([self.output] if self.output is not None else [])
-        return sum(a.nbytes for a in arrays) + sum(t.numel() * t.element_size() for t in tensors)
+        return (sum(a.nbytes for a in arrays) + self.out_rows.nbytes + self.in_rows.nbytes
+                + sum(t.numel() * t.element_size() for t in tensors))
 
 
 def _own_rows(table, nodes: np.ndarray) -> torch.Tensor:
-    """A copy of `nodes`' rows of a (memory-mapped) table, as float32 unless float16."""
+    """A float32 copy of `nodes`' rows of a (memory-mapped) table: graph updates write to it."""
     if len(nodes) and nodes[-1] - nodes[0] + 1 == len(nodes):  # a range: one slice
-        rows = np.asarray(table[int(nodes[0]): int(nodes[-1]) + 1])
+        rows = np.array(table[int(nodes[0]): int(nodes[-1]) + 1], dtype=np.float32)
     else:
-        rows = np.asarray(table)[nodes]
-    rows = np.ascontiguousarray(rows, dtype=np.float32)
+        rows = np.asarray(table)[nodes].astype(np.float32, copy=False)
     return torch.from_numpy(rows)
 
 
@@ -113,8 +114,8 @@ def open_serving_part(graph, partition: Partition, rank: int, layers: list | Non
     has_loop = np.zeros(len(nodes), dtype=bool)
     has_loop[np.searchsorted(nodes, src[src == dst])] = True
     return ServingPart(
-        rank=rank, partition=partition, num_nodes=n, nodes=nodes, out_indptr=out_indptr,
-        out_targets=dst[by_src], in_nodes=in_nodes, in_indptr=in_indptr, in_sources=src[by_dst],
+        rank=rank, partition=partition, num_nodes=n, nodes=nodes,
+        out_rows=KeyedRows(nodes, out_indptr, dst[by_src]), in_rows=KeyedRows(in_nodes, in_indptr, src[by_dst]),
         in_degree=(indptr[nodes + 1] - indptr[nodes]).astype(np.int64), has_loop=has_loop,
         features=_own_rows(graph.features, nodes), layers=[_own_rows(a, nodes) for a in (layers or [])],
         output=_own_rows(output, nodes) if output is not None else None)

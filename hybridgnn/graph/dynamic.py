@@ -167,6 +167,74 @@ def _pairs_key(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
     return dst.astype(np.int64) * n + src.astype(np.int64)
 
 
+def check_batch(batch: UpdateBatch, n: int, f: int, alive: np.ndarray, has_edges) -> int:
+    """Raise UpdateError unless `batch` applies to a graph of `n` nodes with `f`-wide
+    features, `alive` nodes (a mask of at least n) and the edges has_edges(src, dst) says
+    are present; returns the number of new nodes. Deterministic: every holder of the same
+    graph refuses the same batch with the same message."""
+    a = 0 if batch.add_node_features is None else len(batch.add_node_features)
+    if a and (batch.add_node_features.ndim != 2 or batch.add_node_features.shape[1] != f):
+        raise UpdateError(f"new node features must be [count, {f}], got {list(batch.add_node_features.shape)}")
+    limit = n + a
+
+    def known(ids: np.ndarray, what: str, allow_new: bool) -> None:
+        if len(ids) == 0:
+            return
+        hi = limit if allow_new else n
+        bad = (ids < 0) | (ids >= hi)
+        ok_range = ids[~bad]
+        bad_dead = ok_range[(ok_range < n) & ~alive[np.minimum(ok_range, n - 1)]] if n else ok_range[:0]
+        if bad.any() or len(bad_dead):
+            first = int(ids[bad][0]) if bad.any() else int(bad_dead[0])
+            raise UpdateError(f"{what} names unknown node {first} (nodes are 0..{hi - 1}, "
+                              f"removed ones excluded)")
+
+    for name, arr in (("add_edges", batch.add_edges), ("remove_edges", batch.remove_edges)):
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise UpdateError(f"{name} must be [count, 2] (src, dst) pairs, got {list(arr.shape)}")
+    known(batch.remove_nodes, "remove_nodes", False)
+    if len(np.unique(batch.remove_nodes)) != len(batch.remove_nodes):
+        raise UpdateError("remove_nodes names a node twice")
+    known(batch.add_edges.ravel(), "add_edges", True)
+    known(batch.remove_edges.ravel(), "remove_edges", False)
+    known(batch.update_ids, "update_features", True)
+    if len(np.unique(batch.update_ids)) != len(batch.update_ids):
+        raise UpdateError("update_features names a node twice")
+    if len(batch.update_ids):
+        uf = batch.update_features
+        if uf is None or uf.ndim != 2 or uf.shape != (len(batch.update_ids), f):
+            got = None if uf is None else list(uf.shape)
+            raise UpdateError(f"update features must be [{len(batch.update_ids)}, {f}], got {got}")
+    gone = np.zeros(limit, dtype=bool)
+    gone[batch.remove_nodes] = True
+    for name, arr in (("add_edges", batch.add_edges), ("remove_edges", batch.remove_edges)):
+        if len(arr) and gone[arr].any():
+            raise UpdateError(f"{name} names a node this batch removes")
+        keys = _pairs_key(arr[:, 0], arr[:, 1], limit)
+        if len(np.unique(keys)) != len(keys):
+            raise UpdateError(f"{name} lists an edge twice")
+    if len(batch.update_ids) and gone[batch.update_ids].any():
+        raise UpdateError("update_features names a node this batch removes")
+    if len(batch.remove_edges):
+        rm = batch.remove_edges
+        if not has_edges(rm[:, 0], rm[:, 1]).all():
+            i = int(np.flatnonzero(~has_edges(rm[:, 0], rm[:, 1]))[0])
+            raise UpdateError(f"remove_edges: edge {rm[i].tolist()} is not in the graph")
+    if len(batch.add_edges):
+        ad = batch.add_edges
+        old = ad[(ad[:, 0] < n) & (ad[:, 1] < n)]
+        present = has_edges(old[:, 0], old[:, 1])
+        if present.any():
+            raise UpdateError(f"add_edges: edge {old[present][0].tolist()} is already in the graph "
+                              "(duplicate edges are not allowed)")
+        if len(batch.remove_edges):
+            both = np.isin(_pairs_key(ad[:, 0], ad[:, 1], limit),
+                           _pairs_key(batch.remove_edges[:, 0], batch.remove_edges[:, 1], limit))
+            if both.any():
+                raise UpdateError(f"edge {ad[both][0].tolist()} is both added and removed")
+    return a
+
+
 class DynamicGraph:
     """The current graph: a GraphStore plus patches. Read it under `lock.read()`."""
 
@@ -269,68 +337,7 @@ class DynamicGraph:
 
     def _check(self, batch: UpdateBatch) -> int:
         """Validate against the current graph; returns the number of new nodes."""
-        n, f = self.num_nodes, self.feature_dim
-        a = 0 if batch.add_node_features is None else len(batch.add_node_features)
-        if a and (batch.add_node_features.ndim != 2 or batch.add_node_features.shape[1] != f):
-            raise UpdateError(f"new node features must be [count, {f}], got {list(batch.add_node_features.shape)}")
-        limit = n + a
-
-        def known(ids: np.ndarray, what: str, allow_new: bool) -> None:
-            if len(ids) == 0:
-                return
-            hi = limit if allow_new else n
-            bad = (ids < 0) | (ids >= hi)
-            ok_range = ids[~bad]
-            bad_dead = ok_range[(ok_range < n) & ~self.alive[np.minimum(ok_range, n - 1)]] if n else ok_range[:0]
-            if bad.any() or len(bad_dead):
-                first = int(ids[bad][0]) if bad.any() else int(bad_dead[0])
-                raise UpdateError(f"{what} names unknown node {first} (nodes are 0..{hi - 1}, "
-                                  f"removed ones excluded)")
-
-        for name, arr in (("add_edges", batch.add_edges), ("remove_edges", batch.remove_edges)):
-            if arr.ndim != 2 or arr.shape[1] != 2:
-                raise UpdateError(f"{name} must be [count, 2] (src, dst) pairs, got {list(arr.shape)}")
-        known(batch.remove_nodes, "remove_nodes", False)
-        if len(np.unique(batch.remove_nodes)) != len(batch.remove_nodes):
-            raise UpdateError("remove_nodes names a node twice")
-        known(batch.add_edges.ravel(), "add_edges", True)
-        known(batch.remove_edges.ravel(), "remove_edges", False)
-        known(batch.update_ids, "update_features", True)
-        if len(np.unique(batch.update_ids)) != len(batch.update_ids):
-            raise UpdateError("update_features names a node twice")
-        if len(batch.update_ids):
-            uf = batch.update_features
-            if uf is None or uf.ndim != 2 or uf.shape != (len(batch.update_ids), f):
-                got = None if uf is None else list(uf.shape)
-                raise UpdateError(f"update features must be [{len(batch.update_ids)}, {f}], got {got}")
-        gone = np.zeros(limit, dtype=bool)
-        gone[batch.remove_nodes] = True
-        for name, arr in (("add_edges", batch.add_edges), ("remove_edges", batch.remove_edges)):
-            if len(arr) and gone[arr].any():
-                raise UpdateError(f"{name} names a node this batch removes")
-            keys = _pairs_key(arr[:, 0], arr[:, 1], limit)
-            if len(np.unique(keys)) != len(keys):
-                raise UpdateError(f"{name} lists an edge twice")
-        if len(batch.update_ids) and gone[batch.update_ids].any():
-            raise UpdateError("update_features names a node this batch removes")
-        if len(batch.remove_edges):
-            rm = batch.remove_edges
-            if not self.has_edges(rm[:, 0], rm[:, 1]).all():
-                i = int(np.flatnonzero(~self.has_edges(rm[:, 0], rm[:, 1]))[0])
-                raise UpdateError(f"remove_edges: edge {rm[i].tolist()} is not in the graph")
-        if len(batch.add_edges):
-            ad = batch.add_edges
-            old = ad[(ad[:, 0] < n) & (ad[:, 1] < n)]
-            present = self.has_edges(old[:, 0], old[:, 1])
-            if present.any():
-                raise UpdateError(f"add_edges: edge {old[present][0].tolist()} is already in the graph "
-                                  "(duplicate edges are not allowed)")
-            if len(batch.remove_edges):
-                both = np.isin(_pairs_key(ad[:, 0], ad[:, 1], limit),
-                               _pairs_key(batch.remove_edges[:, 0], batch.remove_edges[:, 1], limit))
-                if both.any():
-                    raise UpdateError(f"edge {ad[both][0].tolist()} is both added and removed")
-        return a
+        return check_batch(batch, self.num_nodes, self.feature_dim, self.alive, self.has_edges)
 
     def apply(self, batch: UpdateBatch, journal: Journal | None = None) -> AppliedUpdate:
         """Apply a batch entirely or, raising UpdateError, not at all. Call with lock.write()

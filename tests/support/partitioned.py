@@ -30,16 +30,27 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
     try:
         from hybridgnn.distributed.cgp import PartitionedEvaluator
         from hybridgnn.distributed.fetch import fetch_and_infer
+        from hybridgnn.distributed.part_updates import PartUpdater
+        from hybridgnn.errors import ServingError
 
         graph = GraphStore.open(dataset)
         model = load_checkpoint(Path(model_dir))[0]
         store = EmbeddingStore.open(Path(model_dir), graph.fingerprint)
         partition = compute_partition(graph, method, world, None)
-        part = open_serving_part(graph, partition, rank, store.layers if store is not None else None)
+        part = open_serving_part(graph, partition, rank, store.layers if store is not None else None,
+                                 store.output if store is not None else None)
         ev = PartitionedEvaluator(part, model)
+        updater = PartUpdater(ev)
         answers = []
         for req in requests:
-            if "ids" in req:
+            if "update" in req:
+                try:
+                    res = updater.apply(req["update"])
+                except ServingError as exc:  # a refused batch: every rank refuses it alike
+                    res = exc
+            elif "lookup" in req:
+                res = ev.lookup(req["lookup"])
+            elif "ids" in req:
                 res = ev.infer_existing(req["ids"], count_bytes=True)
             else:
                 res = ev.infer_new(req["features"], req["edge_index"], mode=req["mode"], gamma=req.get("gamma", 0.1),
@@ -57,7 +68,9 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
 def serve_partitioned(tmp: Path, dataset: Path, model_dir: Path, world: int, requests: list[dict],
                       method: str = "ranges") -> list:
     """Rank 0's PartitionedResult for each request, from `world` spawned ranks; with
-    "fetch" in a request, (that, the fetching baseline's NewNodeResult, its bytes)."""
+    "fetch" in a request, (that, the fetching baseline's NewNodeResult, its bytes); with
+    "update" (an UpdateBatch), PartUpdater's report or the error refusing it; with
+    "lookup" (ids), the precomputed rows."""
     init = f"file://{tmp / f'rendezvous-{os.getpid()}-{world}-{method}'}"
     out = tmp / f"answers-{world}-{method}.pkl"
     mp.start_processes(_rank, args=(world, init, str(dataset), str(model_dir), method, requests, str(out)),
