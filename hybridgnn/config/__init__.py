@@ -462,6 +462,3 @@ class ServeConfig:
         if self.partitions.enabled:
             if self.model_repository is not None:
                 raise ValueError("--partitions serves one model; drop --model-repository")
-            if self.updates.enabled:
-                raise ValueError("graph updates are not applied to a partitioned graph yet; drop the update token "
-                                 "or --partitions")

@@ -60,6 +60,7 @@ class PartitionedEvaluator:
         self.gcn = self.model.gcn_normalised
         self.coll = coll if coll is not None else Collectives()
         self.rank, self.world = self.coll.rank, self.coll.world
+        self.updater = None  # part_updates.PartUpdater, where the rank takes graph updates
         if part.layers and len(part.layers) != self.model.num_layers:
             raise ValueError(f"stored embeddings have {len(part.layers)} layers, the model {self.model.num_layers}")
 

@@ -27,9 +27,11 @@ import torch.distributed as dist
 
 from hybridgnn.distributed.cgp import PartitionedEvaluator
 from hybridgnn.distributed.driver import environment
+from hybridgnn.distributed.part_updates import PartUpdater
 from hybridgnn.distributed.partition import Partition, compute_partition, resolve_method
 from hybridgnn.distributed.serving_part import open_serving_part
 from hybridgnn.errors import ConfigError, ServingError
+from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
 from hybridgnn.serving.ipc import ranks as wire
 from hybridgnn.serving.ipc.wire import WireError
@@ -64,6 +66,7 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
     part = open_serving_part(graph, partition, rank, store.layers if store else None,
                              store.output if store else None)
     ev = PartitionedEvaluator(part, model)  # ConfigError: a layer without a merge function
+    ev.updater = PartUpdater(ev)
     memory = [None] * world
     dist.all_gather_object(memory, part.memory_bytes())
     info = {"ranks": world, "partition": partition.method, "num_nodes": graph.num_nodes,
@@ -91,8 +94,14 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
     head, arrays = wire.decode(payload)
     t0 = time.perf_counter()
     try:
+        if kind == wire.UPDATE:
+            return _update(ev, head, arrays, rid)
         if kind == wire.NEW_NODES:
-            res = ev.infer_new(arrays[0], arrays[1], mode=head["mode"], gamma=float(head["gamma"]),
+            edges, n = arrays[1], ev.part.num_nodes
+            named_from = int(head.get("num_nodes", n))  # query ids were numbered from the node count then
+            if named_from != n:
+                edges = np.where(edges >= named_from, edges + (n - named_from), edges)
+            res = ev.infer_new(arrays[0], edges, mode=head["mode"], gamma=float(head["gamma"]),
                                policy=head["policy"], seed=int(head.get("seed", 0)), count_bytes=True)
         elif kind == wire.EXISTING:
             res = ev.infer_existing(arrays[0], count_bytes=True)
@@ -106,6 +115,21 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
         return None
     return wire.encode(wire.RESULT, rid, {"recomputed": res.recomputed, "bytes_moved": res.bytes_moved,
                                         "compute_s": time.perf_counter() - t0}, (res.logits, res.embeddings))
+
+
+def _update(ev: PartitionedEvaluator, head: dict, arrays: list[np.ndarray], rid: int) -> bytes | None:
+    """A graph-update batch, checked only or applied (then the embeddings refreshed); the
+    report, or the error refusing the batch, is the same on every rank. A failure past the
+    check propagates: this rank's state is half-applied, so it exits and the group restarts."""
+    try:
+        batch = UpdateBatch.from_arrays(arrays)
+    except ValueError as exc:
+        raise WireError(str(exc)) from None
+    if head.get("check_only"):
+        report = {"new_nodes": ev.updater.check(batch)}
+    else:
+        report = ev.updater.apply(batch)
+    return wire.encode(wire.RESULT, rid, report) if ev.rank == 0 else None
 
 
 def _share(kind: int, payload: bytes | memoryview = b"") -> None:

@@ -140,6 +140,26 @@ class UpdateBatch:
         a = 0 if self.add_node_features is None else len(self.add_node_features)
         return len(self.add_edges) + len(self.remove_edges) + a + len(self.remove_nodes) + len(self.update_ids)
 
+    def arrays(self, feature_dim: int) -> tuple[np.ndarray, ...]:
+        """The batch as six arrays (a message's): edges added and removed, new nodes'
+        features, removed nodes, updated ids and their features (absent tables [0, f])."""
+        none = np.empty((0, feature_dim), dtype=np.float32)
+        return (np.asarray(self.add_edges, dtype=np.int64).reshape(-1, 2),
+                np.asarray(self.remove_edges, dtype=np.int64).reshape(-1, 2),
+                none if self.add_node_features is None else np.asarray(self.add_node_features, dtype=np.float32),
+                np.asarray(self.remove_nodes, dtype=np.int64), np.asarray(self.update_ids, dtype=np.int64),
+                none if self.update_features is None else np.asarray(self.update_features, dtype=np.float32))
+
+    @classmethod
+    def from_arrays(cls, arrays) -> UpdateBatch:
+        """The batch arrays() gave; ValueError when the arrays are not its six."""
+        if len(arrays) != 6 or any(np.asarray(a).dtype.kind != k for a, k in zip(arrays, "iifiif", strict=True)):
+            raise ValueError("a graph-update batch is six arrays: edges, edges, features, ids, ids, features")
+        add_edges, remove_edges, add_features, remove_nodes, update_ids, update_features = arrays
+        return cls(add_edges=add_edges, remove_edges=remove_edges,
+                   add_node_features=add_features if len(add_features) else None, remove_nodes=remove_nodes,
+                   update_ids=update_ids, update_features=update_features if len(update_ids) else None)
+
 
 @dataclass
 class AppliedUpdate:

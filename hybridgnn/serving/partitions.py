@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,9 @@ class RankGroup:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.info: dict = {}
+        # Called with a call function each time the group is formed, before it serves: a
+        # partitioned engine replays the graph-update log into the new ranks there.
+        self.prepare: Callable[[Callable], None] | None = None
         self.up = False
         self.why_down = "starting"
         self.restarts = 0
@@ -89,8 +93,18 @@ class RankGroup:
             raise
         with self._lock:
             self._link, self.info = link, info
-            self.up, self.why_down = True, ""
             self._last_call = time.monotonic()
+        if self.prepare is not None:
+            try:
+                self.prepare(self._call_preparing)
+            except Exception as exc:  # the group failed (or the replay did): start it again
+                with self._lock:
+                    self._down(f"preparing the ranks failed: {exc}")
+                raise ConfigError(f"partition ranks could not be prepared: {exc}") from None
+        with self._lock:
+            if self._link is None:  # lost while preparing
+                raise ConfigError(f"partition ranks went down while being prepared: {self.why_down}")
+            self.up, self.why_down = True, ""
 
     def _spawn(self) -> None:
         port = free_port()
@@ -174,8 +188,18 @@ class RankGroup:
         """One call (new_nodes, existing, lookup, ping) on every rank; rank 0's answer as
         (head, arrays). ServiceUnavailable when the group is down or goes down meanwhile
         (nothing is answered from a partial group); the request's own error otherwise."""
+        if not self.up:  # at once, not after a replay that holds the link
+            raise self._unavailable()
+        return self._call(name, head, arrays, preparing=False)
+
+    def _call_preparing(self, name: str, head: dict, arrays: tuple[np.ndarray, ...]) -> tuple[dict, list[np.ndarray]]:
+        """A call on a group that is formed but not yet serving (prepare's)."""
+        return self._call(name, head, arrays, preparing=True)
+
+    def _call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...], *, preparing: bool
+              ) -> tuple[dict, list[np.ndarray]]:
         with self._lock:
-            if not self.up or self._link is None:
+            if (not self.up and not preparing) or self._link is None:
                 raise self._unavailable()
             self._rid = (self._rid + 1) & 0xFFFFFFFF
             try:

@@ -285,7 +285,7 @@ class Follower:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="update-follower")
 
-    async def stop(self) -> None:
+    async def stop(self, why: str = "server is shutting down") -> None:
         for t in (self._task, self._background):
             if t is not None:
                 t.cancel()
@@ -295,7 +295,7 @@ class Follower:
         for futs in self._waiters.values():
             for f in futs:
                 if not f.done():
-                    f.set_exception(ServiceUnavailable("server is shutting down"))
+                    f.set_exception(ServiceUnavailable(why))
 
     async def _run(self) -> None:
         backoff = 0.05

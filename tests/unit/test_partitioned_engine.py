@@ -12,11 +12,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridgnn.config import PartitionConfig, SamplingConfig, ServeConfig
-from hybridgnn.errors import BadRequest, Conflict, ServiceUnavailable, ServingError
+from hybridgnn.config import PartitionConfig, SamplingConfig, ServeConfig, UpdateConfig
+from hybridgnn.errors import (
+    BadRequest,
+    Conflict,
+    RemovedNode,
+    ServiceUnavailable,
+    ServingError,
+    UpdateError,
+)
+from hybridgnn.graph.dynamic import UpdateBatch
+from hybridgnn.graph.store import GraphStore
 from hybridgnn.serving.core.partitioned import PartitionedEngine
+from hybridgnn.serving.core.updates import PendingUpdate
 from hybridgnn.serving.ipc import ranks as wire
 from hybridgnn.serving.ipc.wire import WireError
+from hybridgnn.updates.requests import LoggedRequest
 
 
 class StandInRanks:
@@ -24,24 +35,46 @@ class StandInRanks:
 
     world, restarts, why_down = 2, 0, ""
 
-    def __init__(self):
+    def __init__(self, num_nodes: int = 0):
         self.info, self.up = {}, False
         self.calls: list[tuple[str, dict, tuple]] = []
         self.gate = threading.Event()
         self.gate.set()
         self.fail: Exception | None = None
+        self.prepare = None
+        self.base_nodes = self.num_nodes = num_nodes  # what the stand-in graph has (updates add nodes)
 
     def start(self) -> dict:
-        self.up, self.info = True, {"ranks": 2, "partition": "ranges", "precomputed": True, "memory_bytes": [1, 1]}
+        self.info = {"ranks": 2, "partition": "ranges", "precomputed": True, "memory_bytes": [1, 1]}
+        self.restart()
         return self.info
 
+    def restart(self) -> None:
+        """A group formed anew: the stored graph, then prepare (the engine replays its log)."""
+        self.up, self.num_nodes = False, self.base_nodes
+        if self.prepare is not None:
+            self.prepare(self._call)
+        self.up = True
+
     def call(self, name, head, arrays):
-        self.gate.wait(10)
-        self.calls.append((name, head, arrays))
         if not self.up:
             raise ServiceUnavailable("partition ranks are down (rank 1 exited)", retry_after_s=1.0)
+        return self._call(name, head, arrays)
+
+    def _call(self, name, head, arrays):
+        self.gate.wait(10)
+        self.calls.append((name, head, arrays))
         if self.fail is not None:
             raise self.fail
+        if name == "update":  # a batch naming node 0 in remove_nodes is refused, like a rank would
+            batch = UpdateBatch.from_arrays(arrays)
+            if 0 in batch.remove_nodes:
+                raise ServingError("remove_nodes names unknown node 0", status=400)
+            added = 0 if batch.add_node_features is None else len(batch.add_node_features)
+            if not head["check_only"]:
+                self.num_nodes += added
+            return {"num_nodes": self.num_nodes, "new_nodes": added, "affected_per_layer": [added, 0],
+                    "propagate_s": 0.0}, []
         ids = arrays[0].astype(np.float32) if name != "new_nodes" else np.arange(len(arrays[0]), dtype=np.float32)
         logits = np.stack([ids, 2 * ids], axis=1)
         return {"recomputed": 0, "bytes_moved": 0, "compute_s": 0.001}, [logits, -ids[:, None]]
@@ -50,11 +83,11 @@ class StandInRanks:
         self.up = False
 
 
-def _run(scenario, ranks: StandInRanks | None = None):
+def _run(scenario, ranks: StandInRanks | None = None, **cfg_kw):
     async def main():
         ranks_ = ranks or StandInRanks()
         cfg = ServeConfig(dataset_dir=DATA[0], model_dir=DATA[1], sampling=SamplingConfig((5, 3)),
-                          partitions=PartitionConfig(partitions=2))
+                          partitions=PartitionConfig(partitions=2), **cfg_kw)
         engine = PartitionedEngine(cfg, ranks_)
         await engine.start()
         try:
@@ -116,7 +149,7 @@ def test_a_down_group_is_not_ready_and_its_answer_is_503_with_retry_after():
     _run(scenario)
 
 
-def test_sampled_modes_and_updates_are_refused_not_approximated():
+def test_sampled_modes_are_refused_not_approximated():
     async def scenario(engine, ranks):
         with pytest.raises(BadRequest, match="full"):
             engine.submit(np.array([1]))
@@ -136,11 +169,51 @@ def test_partition_config_is_checked():
         PartitionConfig(partitions=-1)
     with pytest.raises(ValueError, match="--ranks needs"):
         PartitionConfig(ranks="10.0.0.1:7000")
-    with pytest.raises(ValueError, match="graph updates"):
-        from hybridgnn.config import UpdateConfig
-
+    with pytest.raises(ValueError, match="one model"):
         ServeConfig(dataset_dir=DATA[0], model_dir=DATA[1], partitions=PartitionConfig(partitions=2),
-                    updates=UpdateConfig(token="secret-token"))
+                    model_repository=DATA[1])
+
+
+def _update(**inputs) -> PendingUpdate:
+    logged = LoggedRequest({k: np.asarray(v) for k, v in inputs.items()})
+    return PendingUpdate(logged, logged.num_updates)
+
+
+def test_updates_go_through_the_log_to_the_ranks_and_a_restarted_group_replays_them():
+    async def scenario(engine, ranks):
+        n = engine.num_nodes
+        assert engine.takes_updates and engine.graph_version == 0 and engine.metadata()["updates_enabled"]
+        f = engine.graph.feature_dim
+        out = await engine.update_graph(_update(add_node_features=np.ones((2, f), np.float32),
+                                                add_edges=np.array([[-1, 3], [4, -2]])))
+        assert out["graph_version"] == 1 and out["new_node_ids"] == [n, n + 1]
+        assert engine.num_nodes == n + 2 and engine.graph_version == 1
+        with pytest.raises(UpdateError, match="unknown node 0"):  # refused before it is logged
+            await engine.update_graph(_update(remove_nodes=np.array([0])))
+        out = await engine.update_graph(_update(remove_nodes=np.array([5])))
+        assert out["graph_version"] == 2
+        with pytest.raises(RemovedNode):
+            engine.check_alive(np.array([1, 5]))
+        assert await engine.wait_for_version(2) and not await engine.wait_for_version(3)
+        # query ids of a new-node request are numbered from the node count it was decoded at
+        await engine.new_nodes(np.zeros((1, f), np.float32), np.array([[n], [1]]), mode="pe", gamma=0.1,
+                               policy="ratio", num_nodes=n)
+        assert ranks.calls[-1][1]["num_nodes"] == n
+        # a restarted group starts from the stored graph: the log is replayed before it serves
+        before = len(ranks.calls)
+        await asyncio.to_thread(ranks.restart)
+        replayed = [c for c in ranks.calls[before:] if c[0] == "update" and not c[1]["check_only"]]
+        assert len(replayed) == 2 and ranks.num_nodes == n + 2
+        for _ in range(200):  # the swap runs on the event loop: poll with a deadline
+            if engine.updates._ready is None and engine.updates.view.call is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.graph_version == 2 and engine.num_nodes == n + 2
+        out = await engine.update_graph(_update(update_ids=np.array([2]), update_features=np.ones((1, f), np.float32)))
+        assert out["graph_version"] == 3
+
+    _run(scenario, StandInRanks(num_nodes=GraphStore.open(DATA[0]).num_nodes),
+         updates=UpdateConfig(token="secret-token", log="off"))
 
 
 arrays = st.lists(st.one_of(

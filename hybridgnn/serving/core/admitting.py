@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from hybridgnn.errors import Draining, Overloaded
 
@@ -61,6 +62,24 @@ class Admitting:
     def lane(self, name: str):
         """Admission's lane `name` (its queued work and measured service rate)."""
         return self._admission.lanes[name]
+
+    async def run_in_lane(self, lane_name: str, work: float, call, *args, waited_s: float = 0.0, **kwargs):
+        """Admit `work` on a lane (after waited_s already spent in the front end), await
+        call(*args, **kwargs), and release it. The lane's cost model learns from calls that
+        found it empty (their time is service, not wait)."""
+        self.admit(lane_name, work, waited_s)
+        lane = self.lane(lane_name)
+        alone = lane.queued <= work
+        t0 = time.perf_counter()
+        try:
+            return await call(*args, **kwargs)
+        finally:
+            lane.remove(work)
+            now = time.perf_counter()
+            if alone:
+                lane.observe(work, now - t0)
+            lane.completed(work, now)
+            self.release()
 
     def shed(self, waited_s: float, lane: str | None = None, seeds: int = 0) -> None:
         """Raise Overloaded, before a request is decoded, if it already waited in the front

@@ -39,23 +39,7 @@ class GraphRequests:
         return self.dynamic.num_nodes if self.dynamic is not None else self.graph.num_nodes
 
     async def run_in_lane(self, lane_name: str, work: float, call, *args, waited_s: float = 0.0, **kwargs):
-        """Admit `work` on a lane (after waited_s already spent in the front end), await
-        call(*args, **kwargs), and release it. The lane's cost model learns from calls that
-        found it empty (their time is service, not wait)."""
-        engine = self.engine
-        engine.admit(lane_name, work, waited_s)
-        lane = engine.lane(lane_name)
-        alone = lane.queued <= work
-        t0 = time.perf_counter()
-        try:
-            return await call(*args, **kwargs)
-        finally:
-            lane.remove(work)
-            now = time.perf_counter()
-            if alone:
-                lane.observe(work, now - t0)
-            lane.completed(work, now)
-            engine.release()
+        return await self.engine.run_in_lane(lane_name, work, call, *args, waited_s=waited_s, **kwargs)
 
     async def run_in_thread_lane(self, lane_name: str, work: float, fn, *args, waited_s: float = 0.0, **kwargs):
         """Admit `work` on a lane (after waited_s already spent in the front end) and run fn

@@ -9,7 +9,8 @@ concatenated), and rank 0 splits the call by partition: each rank computes from 
 own edges and rows. Modes: existing nodes `full` (whole neighbourhoods, the model's
 exact output; the default) and `precomputed` (rows from their owners); new nodes
 `full`, `pe`, `srpe`. Sampled modes are refused: their draws would differ from one
-process's, and answers are exact or refused.
+process's, and answers are exact or refused. Graph updates (with an update token) go
+through the update log to the ranks (partitioned_updates.py).
 
 Event loop thread; calls run in a worker thread (RankGroup.call blocks).
 """
@@ -26,9 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridgnn.config import ServeConfig, fanouts_for
-from hybridgnn.errors import BadRequest, Draining, Forbidden
+from hybridgnn.errors import BadRequest, Draining, Forbidden, RemovedNode
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.serving.core.admitting import Admitting
+from hybridgnn.serving.core.partitioned_updates import PartitionedUpdates
 from hybridgnn.serving.core.statistics import ModelStatistics
 from hybridgnn.types import (
     EngineSnapshot,
@@ -74,6 +76,9 @@ class PartitionedEngine(Admitting):
         self._kind, self._class = model_kind(saved), saved["class"]
         del model
         self.ranks = ranks
+        self.updates = PartitionedUpdates(cfg, self.graph, self.stats) if cfg.updates.enabled else None
+        if self.updates is not None:
+            ranks.prepare = self.updates.prepare  # every group formed replays the log before it serves
         # one call at a time on the ranks: every lane has one server
         self._admission = admission_for(dataclasses.replace(cfg, cpu_pipeline=dataclasses.replace(
             cfg.cpu_pipeline, workers=1, processes=False, cpus=())), 1, 1.0, None, None)
@@ -101,15 +106,30 @@ class PartitionedEngine(Admitting):
 
     @property
     def num_nodes(self) -> int:
-        return self.graph.num_nodes
+        """Node ids requests may name now (grows with graph updates)."""
+        view = self.updates.view if self.updates is not None else None
+        return view.num_nodes if view is not None else self.graph.num_nodes
 
-    graph_version = 0  # partitioned graphs take no updates (yet)
-    takes_updates = False
+    @property
+    def graph_version(self) -> int:
+        """The update log position the ranks have applied (0: none, or updates off)."""
+        f = self.updates.follower if self.updates is not None else None
+        return f.applied if f is not None else 0
+
+    @property
+    def takes_updates(self) -> bool:
+        return self.updates is not None
 
     def snapshot(self) -> EngineSnapshot:
+        f = self.updates.follower if self.updates is not None else None
+        a = self.updates.applier if self.updates is not None else None
         return EngineSnapshot(pending=self._pending, pending_capacity=self.cfg.batcher.max_pending_requests,
                               ready=self.ready, queue_depths={"partitioned": len(self._queue)},
-                              psgs_threshold=float("inf"), max_batch_psgs=float("inf"), policy="none")
+                              psgs_threshold=float("inf"), max_batch_psgs=float("inf"), policy="none",
+                              graph_version=self.graph_version, update_log_head=f.head_seen if f else 0,
+                              update_log_lag_s=f.lag_s() if f else 0.0,
+                              update_follower_failing=bool(f is not None and f.failed),
+                              update_staleness_s=a.staleness_s() if a else 0.0)
 
     def metadata(self) -> dict:
         info = self.ranks.info
@@ -125,7 +145,8 @@ class PartitionedEngine(Admitting):
             "modes": ["full"] + (["precomputed"] if precomputed else []),
             "node_ids": self.graph.id_map.kind if self.graph.id_map is not None else "dense",
             "new_node_modes": list(NEW_NODE_MODES) if precomputed else [],
-            "srpe_gamma": self.cfg.new_nodes.gamma, "updates_enabled": False, "graph_version": 0,
+            "srpe_gamma": self.cfg.new_nodes.gamma, "updates_enabled": self.takes_updates,
+            "graph_version": self.graph_version,
             "partitions": {"ranks": self.ranks.world, "partition": info.get("partition"), "up": self.ranks.up,
                            "restarts": self.ranks.restarts, "memory_bytes_per_rank": info.get("memory_bytes"),
                            "why_down": None if self.ranks.up else self.ranks.why_down},
@@ -134,7 +155,9 @@ class PartitionedEngine(Admitting):
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         self._idle.set()
-        await asyncio.to_thread(self.ranks.start)
+        await asyncio.to_thread(self.ranks.start)  # with updates: the log replayed into the ranks
+        if self.updates is not None:
+            await self.updates.start(self.ranks.call)
         self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="partitioned-dispatch")
         self._started = True
         self.ready = True
@@ -148,6 +171,8 @@ class PartitionedEngine(Admitting):
                 call.future.set_exception(Draining("server is shutting down"))
         self._queue.clear()
         try:
+            if self.updates is not None:
+                await self.updates.stop()
             await asyncio.to_thread(self.ranks.close)
         finally:
             self.stats.unwatch(self.snapshot)
@@ -160,7 +185,12 @@ class PartitionedEngine(Admitting):
 
     # --- requests ------------------------------------------------------------------------
     def check_alive(self, node_ids: np.ndarray) -> None:
-        """Every node is alive: a partitioned graph takes no updates."""
+        """Raise RemovedNode when a request names a node that a graph update removed."""
+        view = self.updates.view if self.updates is not None else None
+        if view is not None:
+            dead = view.removed(np.asarray(node_ids, dtype=np.int64))
+            if len(dead):
+                raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
 
     def submit(self, node_ids, on_done=None, waited_s: float = 0.0):
         raise BadRequest("mode sampled is not served on a partitioned graph (its draws would differ from one "
@@ -183,16 +213,33 @@ class PartitionedEngine(Admitting):
         if mode not in NEW_NODE_MODES:
             raise BadRequest(f"new-node mode {mode} is not served on a partitioned graph (its draws would differ "
                              f"from one process's); this server offers {list(NEW_NODE_MODES)}")
-        head = {"mode": mode, "gamma": float(gamma), "policy": policy, "seed": 0}
+        # query nodes are numbered from the node count the request was decoded against: the
+        # ranks renumber them if updates added nodes since
+        head = {"mode": mode, "gamma": float(gamma), "policy": policy, "seed": 0,
+                "num_nodes": int(num_nodes if num_nodes is not None else self.num_nodes)}
         return self._request("new_nodes", "new_nodes", head, (np.ascontiguousarray(features, dtype=np.float32),
                                                               np.ascontiguousarray(edge_index, dtype=np.int64)),
                              f"newnodes_{mode}", waited_s)
 
-    async def update_graph(self, update, waited_s: float = 0.0):
-        raise Forbidden("graph updates are not applied to a partitioned graph yet")
+    async def update_graph(self, update, waited_s: float = 0.0) -> dict:
+        """Queue a decoded graph update; resolves once the ranks applied it (graph and
+        embeddings), with its graph_version and the ids of new nodes."""
+        if self.updates is None:
+            raise Forbidden("graph updates are disabled; start the server with --update-token")
+        applier = self.updates.applier
+        if applier is None:
+            raise Draining("server is starting")
+        if self.draining:
+            raise Draining("server is shutting down")
+        return await self.run_in_lane("updates", float(max(1, update.num_updates)), applier.submit, update,
+                                      waited_s=waited_s)
 
     async def wait_for_version(self, wanted: int) -> bool:
-        return False
+        """Whether the ranks apply update log position `wanted` within --max-catch-up-ms."""
+        f = self.updates.follower if self.updates is not None else None
+        if f is None:
+            return False
+        return await f.wait_for(wanted, self.cfg.updates.max_catch_up_s)
 
     async def _request(self, lane_name: str, name: str, head: dict, arrays: tuple, path: str,
                        waited_s: float) -> RequestResult:

@@ -81,14 +81,21 @@ class UpdateApplier:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="graph-updates")
 
-    async def stop(self) -> None:
+    async def stop(self, why: str = "server is shutting down") -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for w in self._queue:  # a drain normally empties it first
             if not w.future.done():
-                w.future.set_exception(Draining("server is shutting down; nothing of this update was logged"))
+                w.future.set_exception(Draining(f"{why}; nothing of this update was logged"))
         self._queue.clear()
+
+    def hand_over(self, to: UpdateApplier) -> None:
+        """Move the updates queued here (none logged yet) to another applier, in order."""
+        to._queue[:0] = self._queue
+        self._queue.clear()
+        if to._queue:
+            to._wake.set()
 
     @property
     def pending(self) -> int:

@@ -31,11 +31,12 @@ EXISTING = 3  # arrays: node ids (full neighbourhoods, from features)
 LOOKUP = 4  # head {with_embeddings}; arrays: node ids (precomputed rows, from their owners)
 PING = 5  # no payload: every rank answers (a dead rank fails the step)
 STOP = 6  # every rank exits
+UPDATE = 7  # head {check_only}; arrays: a graph-update batch (UpdateBatch.arrays); answer: its report
 # rank 0 -> engine
 HELLO = 100  # head: the group's description (ranks, nodes, memory per rank, what it serves)
 RESULT = 101  # head {recomputed, bytes_moved, compute_s}; arrays: logits, embeddings
 ERROR = 102  # head {status, message}: the request is bad for every rank (the same on all)
-CALLS = {"new_nodes": NEW_NODES, "existing": EXISTING, "lookup": LOOKUP, "ping": PING}
+CALLS = {"new_nodes": NEW_NODES, "existing": EXISTING, "lookup": LOOKUP, "ping": PING, "update": UPDATE}
 
 
 def encode(kind: int, rid: int, head: dict, arrays: tuple[np.ndarray, ...] = ()) -> bytes:

@@ -1,0 +1,173 @@
+"""Graph updates on a partitioned graph (`serve --partitions N --update-token T`).
+
+The guarantees are the single-process server's, by the same parts: an accepted update
+is appended to the durable update log before it is acknowledged (UpdateApplier), every
+replica applies the log in position order (Follower), and an answer's graph_version is
+its log position (read-your-writes with parameters.min_graph_version). What differs is
+where a batch applies: RankGraph forwards it to the ranks (one UPDATE call), each rank
+applies what it owns and the ranks refresh the embeddings together
+(distributed/part_updates.py); this process keeps only the graph's description: node
+count, which nodes exist, and the names of added nodes.
+
+Ranks keep their state in memory only. Whenever the group is formed (at start, and
+after a rank died and the group was restarted) it starts from the stored dataset, so
+before it serves anything a new follower replays the whole log into it (RankGroup's
+prepare hook, on the supervisor's thread); then the new follower, view and applier
+replace the old ones on the event loop. An update whose entry was being applied when
+the group died is answered 503: retried with the same Idempotency-Key it gets its
+answer from the replay, applied once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridgnn.config import ServeConfig
+from hybridgnn.errors import ServiceUnavailable, ServingError, UpdateError
+from hybridgnn.graph.dynamic import UpdateBatch
+from hybridgnn.graph.idmap import IdMap
+from hybridgnn.serving.core.updates import UpdateApplier
+from hybridgnn.types import ServingStats
+from hybridgnn.updates.follower import Follower
+from hybridgnn.updates.log import open_update_log
+
+log = logging.getLogger("hybridgnn.updates")
+
+
+@dataclass
+class _Named:
+    id_map: IdMap | None  # the follower and applier read the graph's names as graph.base.id_map
+
+
+@dataclass
+class _Applied:
+    affected_nodes: int
+    propagate_s: float
+
+
+class RankGraph:
+    """The partitioned graph as the update follower and applier use it (both its graph
+    and its incremental embeddings): check and apply are calls to the ranks."""
+
+    patched_entries = 0  # nothing to compact here: the ranks fold their own patches
+
+    def __init__(self, num_nodes: int, feature_dim: int, id_map: IdMap | None, call: Callable):
+        self.num_nodes = num_nodes
+        self.feature_dim = feature_dim
+        self.base = _Named(id_map)
+        self.alive = np.ones(num_nodes, dtype=bool)
+        self.call = call  # RankGroup's: the preparing one during a replay, then the serving one
+        self.retired = False  # a newer group replaced the ranks this view was applying to
+
+    def _send(self, batch: UpdateBatch, check_only: bool) -> dict:
+        if self.retired:
+            raise ServiceUnavailable("the partition ranks were restarted; retry with the same Idempotency-Key")
+        try:
+            out, _ = self.call("update", {"check_only": check_only}, batch.arrays(self.feature_dim))
+        except ServiceUnavailable:
+            raise
+        except ServingError as exc:
+            if exc.status == 400:  # the ranks refused the batch, all alike: nothing of it applied
+                raise UpdateError(exc.message) from None
+            raise
+        return out
+
+    def check(self, batch_for) -> None:
+        """UpdateError if the batch (made for this node count) would not apply now."""
+        self._send(batch_for(self.num_nodes), check_only=True)
+
+    def compact(self) -> bool:
+        return False
+
+    def apply(self, batch: UpdateBatch, commit: Callable[[], None] | None = None) -> _Applied:
+        """Apply the batch on the ranks (all or nothing: UpdateError changes nothing), then
+        the description here, then commit (the new nodes' names)."""
+        out = self._send(batch, check_only=False)
+        n = int(out["num_nodes"])
+        if n > len(self.alive):
+            self.alive = np.concatenate([self.alive, np.ones(n - len(self.alive), dtype=bool)])
+        self.alive[np.asarray(batch.remove_nodes, dtype=np.int64)] = False
+        self.num_nodes = n
+        if commit is not None:
+            commit()
+        return _Applied(int(sum(out["affected_per_layer"])), float(out["propagate_s"]))
+
+    def removed(self, node_ids: np.ndarray) -> np.ndarray:
+        """The ids among node_ids that an update removed."""
+        alive = self.alive
+        return node_ids[~alive[np.minimum(node_ids, len(alive) - 1)]] if len(alive) else node_ids[:0]
+
+
+class PartitionedUpdates:
+    """The update log, follower, view and applier of a partitioned engine; the last three
+    are made anew each time the rank group is formed."""
+
+    def __init__(self, cfg: ServeConfig, graph, stats: ServingStats):
+        self.cfg, self.graph, self.stats = cfg, graph, stats
+        self.log = open_update_log(cfg.updates.log, graph.root, graph.fingerprint)
+        self._names = graph.id_map  # the dataset's own names (added nodes' come from the log)
+        self.view: RankGraph | None = None
+        self.follower: Follower | None = None
+        self.applier: UpdateApplier | None = None
+        self._ready: tuple[RankGraph, Follower] | None = None  # prepared, not yet in use
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._swapping: set[asyncio.Task] = set()
+
+    def prepare(self, call: Callable) -> None:
+        """(The rank supervisor's thread, group formed but not serving.) A new view and
+        follower from the dataset, with the whole log replayed into the new ranks."""
+        if self.view is not None:
+            self.view.retired = True  # its follower must not apply to the new ranks
+        names = IdMap(self._names.external) if self._names is not None else None
+        view = RankGraph(self.graph.num_nodes, self.graph.feature_dim, names, call)
+        follower = Follower(self.log, view, view, self.stats, self.cfg.updates)
+        follower.catch_up()
+        view.call = None  # set to the serving call when swapped in
+        self._ready = (view, follower)
+        if self._loop is not None:  # a restart: swap on the event loop
+            self._loop.call_soon_threadsafe(self._schedule_swap)
+
+    def _schedule_swap(self) -> None:
+        task = asyncio.ensure_future(self.swap())
+        self._swapping.add(task)
+        task.add_done_callback(self._swapping.discard)
+
+    async def start(self, serving_call: Callable) -> None:
+        """Put the view the first prepare made into service (after the ranks started)."""
+        self._serving_call = serving_call
+        self._loop = asyncio.get_running_loop()
+        await self.swap()
+
+    async def swap(self) -> None:
+        if self._ready is None:
+            return
+        (view, follower), self._ready = self._ready, None
+        view.call = self._serving_call
+        old_follower, old_applier = self.follower, self.applier
+        self.view, self.follower = view, follower
+        self.graph.id_map = view.base.id_map  # the names the front end maps request ids with
+        self.applier = UpdateApplier(self.cfg.updates, follower, view, self.stats)
+        if old_applier is not None:
+            old_applier.hand_over(self.applier)  # queued updates were not logged yet: they go on
+        follower.start()
+        self.applier.start()
+        why = "the partition ranks were restarted; retry with the same Idempotency-Key"
+        if old_applier is not None:
+            await old_applier.stop(why)
+        if old_follower is not None:
+            await old_follower.stop(why)
+        log.info("partitioned graph at update log position %d (%d nodes)", follower.applied, view.num_nodes)
+
+    async def stop(self) -> None:
+        for t in list(self._swapping):
+            t.cancel()
+        if self.applier is not None:
+            await self.applier.stop()
+        if self.follower is not None:
+            await self.follower.stop()
+        self.log.close()
