@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,23 +18,9 @@ from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint
 from tests.support.partitioned import random_query
 from tests.support.reference import full_graph_forward
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, children_of, poll_ready
 
 URL = "/v2/models/hybridgnn/infer"
-
-
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is pid (the server's partition ranks)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return sorted(out)
 
 
 def _ids_body(ids, mode=None) -> dict:
@@ -58,25 +43,13 @@ def _outputs(response) -> dict[str, np.ndarray]:
     return {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in response.json()["outputs"]}
 
 
-def _poll(url: str, want: int, deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url + "/v2/health/ready", timeout=2).status_code == want:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.05)  # poll interval, bounded by the deadline
-    raise AssertionError(f"readiness never answered {want} within {deadline_s}s")
-
-
 @pytest.fixture(scope="module")
 def partitioned_server(tiny_dataset, tiny_model_pe):
     server = ServerProcess(tiny_dataset, tiny_model_pe, "--partitions", "2", "--partition", "ranges",
                            "--max-wait-ms", "1").wait_ready(180)
     yield server
     assert server.stop() == 0, server.output()
-    assert not _children(server.proc.pid)
+    assert not children_of(server.proc.pid)
 
 
 def test_answers_equal_one_process(partitioned_server, tiny_dataset, tiny_model_pe):
@@ -142,8 +115,8 @@ def test_a_killed_rank_turns_readiness_off_and_the_group_rejoins(partitioned_ser
     graph = GraphStore.open(tiny_dataset)
     store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
     ids = np.array([3, 1999, 2500])
-    _poll(url, 200, 60)
-    ranks = _children(partitioned_server.proc.pid)
+    poll_ready(url, 200, 60)
+    ranks = children_of(partitioned_server.proc.pid)
     assert len(ranks) == 2
     os.kill(ranks[victim], signal.SIGKILL)
     statuses = set()
@@ -159,8 +132,8 @@ def test_a_killed_rank_turns_readiness_off_and_the_group_rejoins(partitioned_ser
                 break
         time.sleep(0.05)  # poll interval, bounded by the deadline
     assert statuses >= {503, 200}, statuses
-    _poll(url, 200, 5)
-    assert len(_children(partitioned_server.proc.pid)) == 2
+    poll_ready(url, 200, 5)
+    assert len(children_of(partitioned_server.proc.pid)) == 2
     meta = requests.get(url + "/v2/models/hybridgnn", timeout=30).json()["parameters"]["partitions"]
     assert meta["up"] and meta["restarts"] >= 1
 
@@ -185,11 +158,11 @@ def test_ranks_started_by_torchrun_serve_and_rejoin_after_torchrun_restarts_them
         ids = np.array([4, 2222])
         r = requests.post(server.url + URL, json=_ids_body(ids, "precomputed"), timeout=60)
         np.testing.assert_allclose(_outputs(r)["logits"], store.lookup(ids), atol=1e-6)
-        agent_children = _children(torchrun.pid)
+        agent_children = children_of(torchrun.pid)
         assert len(agent_children) == 2
         os.kill(agent_children[-1], signal.SIGKILL)
-        _poll(server.url, 503, 30)
-        _poll(server.url, 200, 120)  # torchrun started the group again; the server linked to its rank 0
+        poll_ready(server.url, 503, 30)
+        poll_ready(server.url, 200, 120)  # torchrun started the group again; the server linked to its rank 0
         r = requests.post(server.url + URL, json=_ids_body(ids, "precomputed"), timeout=60)
         np.testing.assert_allclose(_outputs(r)["logits"], store.lookup(ids), atol=1e-6)
     finally:

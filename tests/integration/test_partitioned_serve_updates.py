@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.integration.test_partitioned_serve import _children, _poll
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, children_of, poll_ready
 
 MODEL = "hybridgnn"
 TOKEN = "s3cret-token"
@@ -94,9 +93,9 @@ def test_updates_across_ranks_agree_with_one_process_and_survive_failures(tmp_pa
         assert r.status_code == 503 and "Retry-After" in r.headers
 
         # a killed rank: 503 until the group is back, then the same rows (the log replayed)
-        os.kill(_children(part.proc.pid)[1], signal.SIGKILL)
-        _poll(part.url, 503, 30)
-        _poll(part.url, 200, 120)
+        os.kill(children_of(part.proc.pid)[1], signal.SIGKILL)
+        poll_ready(part.url, 503, 30)
+        poll_ready(part.url, 200, 120)
         np.testing.assert_allclose(rows(part.url, ids)["logits"], want["logits"], atol=1e-5)
         assert version(part.url) == 4
 
@@ -104,7 +103,7 @@ def test_updates_across_ranks_agree_with_one_process_and_survive_failures(tmp_pa
         os.kill(part.proc.pid, signal.SIGKILL)
         part.proc.wait(30)
         deadline = time.monotonic() + 30
-        while _children(part.proc.pid) and time.monotonic() < deadline:  # orphaned ranks stop themselves
+        while children_of(part.proc.pid) and time.monotonic() < deadline:  # orphaned ranks stop themselves
             time.sleep(0.1)  # poll interval, bounded by the deadline
         part = start(tiny_dataset, tiny_model_pe, part_log, "--partitions", "2", "--partition", "ranges")
         assert version(part.url) == 4

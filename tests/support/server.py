@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from hybridgnn.deploy.cluster import http_ready
 
@@ -108,3 +109,31 @@ class ServerProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int:
         return stop_process(self.proc, timeout_s)
+
+
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is pid (the server's partition ranks)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return sorted(out)
+
+
+def poll_ready(url: str, want: int, deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    import requests
+
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/v2/health/ready", timeout=2).status_code == want:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+    raise AssertionError(f"readiness never answered {want} within {deadline_s}s")

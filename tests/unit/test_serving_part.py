@@ -42,7 +42,7 @@ def test_ranks_hold_every_edge_once_from_both_ends(tmp_path, monkeypatch, kind):
         loops = {v for v in p.nodes.tolist() if v in indices[indptr[v]:indptr[v + 1]]}
         assert set(p.nodes[p.has_loop].tolist()) == loops
         assert np.allclose(p.rows(1, p.nodes).numpy(), 2 * np.asarray(graph.features)[p.nodes])
-    assert sum(len(p.in_sources) for p in parts) == len(indices)
+    assert sum(len(p.in_rows.values) for p in parts) == len(indices)
     assert sum(p.memory_bytes() for p in parts) > 0
 
 
