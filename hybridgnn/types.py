@@ -253,9 +253,12 @@ class PartitionRanks(Protocol):
     up: bool
     why_down: str
     restarts: int
+    generation: int  # groups formed so far (a call naming an older one is refused)
+    prepare: Callable | None  # (call, hello) before each group formed serves (the update replay)
 
     def start(self) -> dict: ...
 
-    def call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...]) -> tuple[dict, list[np.ndarray]]: ...
+    def call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...], *,
+             generation: int | None = None) -> tuple[dict, list[np.ndarray]]: ...
 
     def close(self) -> None: ...

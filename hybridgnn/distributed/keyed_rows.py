@@ -41,7 +41,8 @@ class KeyedRows:
         self.patched = np.empty(0, dtype=np.int64)  # sorted keys whose row lives in the pool
         self.patch_start = np.empty(0, dtype=np.int64)
         self.patch_len = np.empty(0, dtype=np.int64)
-        self.pool = np.empty(0, dtype=np.int64)
+        self.pool = np.empty(0, dtype=np.int64)  # capacity doubles: appends copy O(pool) in all
+        self.pool_used = 0
 
     def rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lengths, concatenated rows) of `ids`, in their order."""
@@ -72,8 +73,15 @@ class KeyedRows:
         if len(ids) == 0:
             return
         lens = np.asarray(lens, dtype=np.int64)
-        starts = len(self.pool) + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-        self.pool = np.concatenate([self.pool, np.asarray(values, dtype=np.int64)])
+        values = np.asarray(values, dtype=np.int64)
+        starts = self.pool_used + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        need = self.pool_used + len(values)
+        if need > len(self.pool):
+            grown = np.empty(max(need, 2 * len(self.pool), 1024), dtype=np.int64)
+            grown[: self.pool_used] = self.pool[: self.pool_used]
+            self.pool = grown
+        self.pool[self.pool_used:need] = values
+        self.pool_used = need
         pos, found = _find(self.patched, ids)
         self.patch_start[pos[found]] = starts[found]
         self.patch_len[pos[found]] = lens[found]
@@ -83,7 +91,7 @@ class KeyedRows:
             self.patched = keys[order]
             self.patch_start = np.concatenate([self.patch_start, starts[~found]])[order]
             self.patch_len = np.concatenate([self.patch_len, lens[~found]])[order]
-        if len(self.pool) > max(1 << 16, len(self.values)):
+        if self.pool_used > max(1 << 16, len(self.values)):
             self.compact()
 
     def compact(self) -> None:

@@ -48,9 +48,19 @@ def _grown(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
 class PartUpdater:
     """This rank's half of every graph update (call the same methods on all ranks)."""
 
-    def __init__(self, ev: PartitionedEvaluator):
+    def __init__(self, ev: PartitionedEvaluator, reopen=None):
+        """reopen: () -> this rank's ServingPart as stored (reset's)."""
         self.ev, self.part, self.coll = ev, ev.part, ev.coll
-        self.version = 0  # batches applied
+        self.version = 0  # batches applied since the part was opened
+        self._reopen = reopen
+
+    def reset(self) -> None:
+        """Drop every update applied here: the part as stored again (a server that links to
+        ranks which outlived its predecessor replays its log from the start)."""
+        if self._reopen is None:
+            raise RuntimeError("this rank cannot reopen its part")
+        self.part = self.ev.part = self._reopen()
+        self.version = 0
 
     # --- reads of the current graph (collective) ------------------------------------------
     def has_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

@@ -63,10 +63,13 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
                           f"has {graph.feature_dim}")
     store = EmbeddingStore.open(opts.model, graph.fingerprint)
     partition = _partition(graph, resolve_method(opts.method), rank, world, store.root if store else None)
-    part = open_serving_part(graph, partition, rank, store.layers if store else None,
-                             store.output if store else None)
+    def stored_part():
+        return open_serving_part(graph, partition, rank, store.layers if store else None,
+                                 store.output if store else None)
+
+    part = stored_part()
     ev = PartitionedEvaluator(part, model)  # ConfigError: a layer without a merge function
-    ev.updater = PartUpdater(ev)
+    ev.updater = PartUpdater(ev, reopen=stored_part)
     memory = [None] * world
     dist.all_gather_object(memory, part.memory_bytes())
     info = {"ranks": world, "partition": partition.method, "num_nodes": graph.num_nodes,
@@ -96,6 +99,9 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
     try:
         if kind == wire.UPDATE:
             return _update(ev, head, arrays, rid)
+        if kind == wire.RESET:
+            ev.updater.reset()
+            return wire.encode(wire.RESULT, rid, {"updates_applied": 0}) if ev.rank == 0 else None
         if kind == wire.NEW_NODES:
             edges, n = arrays[1], ev.part.num_nodes
             named_from = int(head.get("num_nodes", n))  # query ids were numbered from the node count then
@@ -177,7 +183,9 @@ def lead(ev: PartitionedEvaluator, info: dict, opts: RankOptions) -> None:
                 continue
             link = wire.Link(conn)
             try:
-                link.send(wire.encode(wire.HELLO, 0, info))
+                # what this group applied since it started: a server linking to ranks that
+                # outlived its predecessor resets them before replaying its log
+                link.send(wire.encode(wire.HELLO, 0, {**info, "updates_applied": ev.updater.version}))
                 if _serve_link(ev, link, opts):
                     return
             except (ConnectionError, OSError, WireError) as exc:

@@ -40,6 +40,7 @@ from hybridgnn.serving.ipc.wire import WireError
 
 log = logging.getLogger("hybridgnn.serve")
 MAX_BACKOFF_S = 30.0
+UPDATE_WAIT_FACTOR = 10  # an update call waits this many times a request's bound for rank 0's answer
 
 
 class RankGroup:
@@ -60,10 +61,11 @@ class RankGroup:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.info: dict = {}
-        # Called with a call function each time the group is formed, before it serves: a
-        # partitioned engine replays the graph-update log into the new ranks there.
-        self.prepare: Callable[[Callable], None] | None = None
+        # Called with a call function and rank 0's HELLO each time the group is formed (or
+        # relinked), before it serves: a partitioned engine replays its update log there.
+        self.prepare: Callable[[Callable, dict], None] | None = None
         self.up = False
+        self.generation = 0  # counts the groups formed (and relinks): a call may name the one it is for
         self.why_down = "starting"
         self.restarts = 0
 
@@ -93,10 +95,11 @@ class RankGroup:
             raise
         with self._lock:
             self._link, self.info = link, info
+            self.generation += 1
             self._last_call = time.monotonic()
         if self.prepare is not None:
             try:
-                self.prepare(self._call_preparing)
+                self.prepare(self._call_preparing, {**info, "generation": self.generation})
             except Exception as exc:  # the group failed (or the replay did): start it again
                 with self._lock:
                     self._down(f"preparing the ranks failed: {exc}")
@@ -184,27 +187,35 @@ class RankGroup:
         self._procs = []
 
     # --- calls ---------------------------------------------------------------------------
-    def call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...]) -> tuple[dict, list[np.ndarray]]:
-        """One call (new_nodes, existing, lookup, ping) on every rank; rank 0's answer as
-        (head, arrays). ServiceUnavailable when the group is down or goes down meanwhile
-        (nothing is answered from a partial group); the request's own error otherwise."""
+    def call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...], *,
+             generation: int | None = None) -> tuple[dict, list[np.ndarray]]:
+        """One call (new_nodes, existing, lookup, ping, update) on every rank; rank 0's answer
+        as (head, arrays). ServiceUnavailable when the group is down or goes down meanwhile
+        (nothing is answered from a partial group), or is not the group `generation` names;
+        the request's own error otherwise."""
         if not self.up:  # at once, not after a replay that holds the link
             raise self._unavailable()
-        return self._call(name, head, arrays, preparing=False)
+        return self._call(name, head, arrays, preparing=False, generation=generation)
 
     def _call_preparing(self, name: str, head: dict, arrays: tuple[np.ndarray, ...]) -> tuple[dict, list[np.ndarray]]:
         """A call on a group that is formed but not yet serving (prepare's)."""
         return self._call(name, head, arrays, preparing=True)
 
-    def _call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...], *, preparing: bool
-              ) -> tuple[dict, list[np.ndarray]]:
+    def _call(self, name: str, head: dict, arrays: tuple[np.ndarray, ...], *, preparing: bool,
+              generation: int | None = None) -> tuple[dict, list[np.ndarray]]:
         with self._lock:
             if (not self.up and not preparing) or self._link is None:
                 raise self._unavailable()
+            if generation is not None and generation != self.generation:
+                raise ServiceUnavailable("the partition ranks were restarted meanwhile; retry",
+                                         retry_after_s=max(1.0, self.cfg.restart_backoff_s))
             self._rid = (self._rid + 1) & 0xFFFFFFFF
             try:
                 self._link.send(wire.encode(wire.CALLS[name], self._rid, head, arrays))
-                kind, rid, payload = self._link.recv(self.cfg.timeout_s + 5.0)
+                # An update's embedding refresh may run long; each of its collectives is
+                # still bounded by the ranks' own timeout, so a dead rank ends it anyway.
+                wait_s = (self.cfg.timeout_s + 5.0) * (UPDATE_WAIT_FACTOR if name == "update" else 1)
+                kind, rid, payload = self._link.recv(wait_s)
                 if rid != self._rid or kind not in (wire.RESULT, wire.ERROR):
                     raise WireError(f"answer {kind} for call {rid}, expected one for {self._rid}")
                 out, rows = wire.decode(payload)

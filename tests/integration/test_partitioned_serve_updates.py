@@ -120,3 +120,37 @@ def test_updates_across_ranks_agree_with_one_process_and_survive_failures(tmp_pa
 def _no_token_leak():
     yield
     os.environ.pop("HYBRIDGNN_UPDATE_TOKEN", None)
+
+
+def test_ranks_that_outlive_the_server_are_reset_before_the_next_one_replays(tmp_path, tiny_dataset, tiny_model_pe):
+    """Ranks under torchrun keep running when a server stops; the next server, replaying the
+    same log, must not apply its updates twice."""
+    import subprocess
+    import sys
+
+    from tests.support.server import free_port, stop_process
+
+    listen = f"127.0.0.1:{free_port()}"
+    torchrun = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+         "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "rank", "--dataset", str(tiny_dataset), "--model",
+         str(tiny_model_pe), "--listen", listen, "--partition", "ranges"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log, server = tmp_path / "log.sqlite", None
+    ids = np.array([5, 7, 3000])
+    try:
+        server = start(tiny_dataset, tiny_model_pe, log, "--partitions", "2", "--ranks", listen)
+        for inputs in UPDATES[:2]:
+            assert post_update(server.url, inputs).status_code == 200
+        first = rows(server.url, ids)["logits"]
+        assert server.stop() == 0, server.output()
+        server = start(tiny_dataset, tiny_model_pe, log, "--partitions", "2", "--ranks", listen)
+        assert version(server.url) == 2
+        meta = requests.get(f"{server.url}/v2/models/{MODEL}", timeout=10).json()["parameters"]
+        assert meta["num_nodes"] == 3002  # the two new nodes once, not twice
+        np.testing.assert_allclose(rows(server.url, ids)["logits"], first, atol=1e-6)
+    finally:
+        if server is not None and server.proc.poll() is None:
+            server.stop()
+        os.killpg(torchrun.pid, signal.SIGTERM)
+        stop_process(torchrun, 30)

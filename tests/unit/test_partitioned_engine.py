@@ -33,7 +33,7 @@ from hybridgnn.updates.requests import LoggedRequest
 class StandInRanks:
     """Answers like rank 0 would: logits = id * [1, 2], embeddings = -id; counts its calls."""
 
-    world, restarts, why_down = 2, 0, ""
+    world, restarts, why_down, generation = 2, 0, "", 0
 
     def __init__(self, num_nodes: int = 0):
         self.info, self.up = {}, False
@@ -49,15 +49,19 @@ class StandInRanks:
         self.restart()
         return self.info
 
-    def restart(self) -> None:
-        """A group formed anew: the stored graph, then prepare (the engine replays its log)."""
-        self.up, self.num_nodes = False, self.base_nodes
+    def restart(self, kept_updates: int = 0) -> None:
+        """A group formed anew (the stored graph), or relinked holding kept_updates applied
+        updates (ranks under torchrun outlive a server); then prepare (the engine replays
+        its log)."""
+        self.up, self.generation = False, self.generation + 1
+        if not kept_updates:
+            self.num_nodes = self.base_nodes
         if self.prepare is not None:
-            self.prepare(self._call)
+            self.prepare(self._call, {**self.info, "updates_applied": kept_updates, "generation": self.generation})
         self.up = True
 
-    def call(self, name, head, arrays):
-        if not self.up:
+    def call(self, name, head, arrays, *, generation=None):
+        if not self.up or (generation is not None and generation != self.generation):
             raise ServiceUnavailable("partition ranks are down (rank 1 exited)", retry_after_s=1.0)
         return self._call(name, head, arrays)
 
@@ -66,6 +70,9 @@ class StandInRanks:
         self.calls.append((name, head, arrays))
         if self.fail is not None:
             raise self.fail
+        if name == "reset":
+            self.num_nodes = self.base_nodes
+            return {"updates_applied": 0}, []
         if name == "update":  # a batch naming node 0 in remove_nodes is refused, like a rank would
             batch = UpdateBatch.from_arrays(arrays)
             if 0 in batch.remove_nodes:
@@ -200,7 +207,7 @@ def test_updates_go_through_the_log_to_the_ranks_and_a_restarted_group_replays_t
                                policy="ratio", num_nodes=n)
         assert ranks.calls[-1][1]["num_nodes"] == n
         # a restarted group starts from the stored graph: the log is replayed before it serves
-        before = len(ranks.calls)
+        old_view, before = engine.updates.view, len(ranks.calls)
         await asyncio.to_thread(ranks.restart)
         replayed = [c for c in ranks.calls[before:] if c[0] == "update" and not c[1]["check_only"]]
         assert len(replayed) == 2 and ranks.num_nodes == n + 2
@@ -209,6 +216,18 @@ def test_updates_go_through_the_log_to_the_ranks_and_a_restarted_group_replays_t
                 break
             await asyncio.sleep(0.01)
         assert engine.graph_version == 2 and engine.num_nodes == n + 2
+        with pytest.raises(ServiceUnavailable):  # the old view never reaches the new group
+            old_view.check(lambda count: UpdateBatch())
+        with pytest.raises(ServiceUnavailable):
+            old_view.call("update", {"check_only": True}, UpdateBatch().arrays(f))
+        # ranks that kept their updates (a relink) are reset before the replay: applied once
+        before = len(ranks.calls)
+        await asyncio.to_thread(ranks.restart, 2)
+        assert ranks.calls[before][0] == "reset" and ranks.num_nodes == n + 2
+        for _ in range(200):  # poll with a deadline for the swap
+            if engine.updates._ready is None and engine.updates.view.call is not None:
+                break
+            await asyncio.sleep(0.01)
         out = await engine.update_graph(_update(update_ids=np.array([2]), update_features=np.ones((1, f), np.float32)))
         assert out["graph_version"] == 3
 

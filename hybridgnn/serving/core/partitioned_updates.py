@@ -21,6 +21,7 @@ answer from the replay, applied once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ class RankGraph:
         self.base = _Named(id_map)
         self.alive = np.ones(num_nodes, dtype=bool)
         self.call = call  # RankGroup's: the preparing one during a replay, then the serving one
+        self.generation: int | None = None  # the rank group this view's state is on
         self.retired = False  # a newer group replaced the ranks this view was applying to
 
     def _send(self, batch: UpdateBatch, check_only: bool) -> dict:
@@ -117,14 +119,21 @@ class PartitionedUpdates:
         self._ready: tuple[RankGraph, Follower] | None = None  # prepared, not yet in use
         self._loop: asyncio.AbstractEventLoop | None = None
         self._swapping: set[asyncio.Task] = set()
+        self._stopped = False
 
-    def prepare(self, call: Callable) -> None:
+    def prepare(self, call: Callable, hello: dict) -> None:
         """(The rank supervisor's thread, group formed but not serving.) A new view and
-        follower from the dataset, with the whole log replayed into the new ranks."""
+        follower from the dataset, with the whole log replayed into the ranks (reset first
+        when they hold updates already: ranks under torchrun outlive a server)."""
         if self.view is not None:
             self.view.retired = True  # its follower must not apply to the new ranks
+        if hello.get("updates_applied"):
+            log.info("the partition ranks hold %d applied updates: resetting them to the stored graph",
+                     hello["updates_applied"])
+            call("reset", {}, ())
         names = IdMap(self._names.external) if self._names is not None else None
         view = RankGraph(self.graph.num_nodes, self.graph.feature_dim, names, call)
+        view.generation = hello.get("generation")
         follower = Follower(self.log, view, view, self.stats, self.cfg.updates)
         follower.catch_up()
         view.call = None  # set to the serving call when swapped in
@@ -133,6 +142,8 @@ class PartitionedUpdates:
             self._loop.call_soon_threadsafe(self._schedule_swap)
 
     def _schedule_swap(self) -> None:
+        if self._stopped:  # a group prepared while the server stops: nothing to swap in
+            return
         task = asyncio.ensure_future(self.swap())
         self._swapping.add(task)
         task.add_done_callback(self._swapping.discard)
@@ -147,7 +158,8 @@ class PartitionedUpdates:
         if self._ready is None:
             return
         (view, follower), self._ready = self._ready, None
-        view.call = self._serving_call
+        # only to the group it was replayed into: a newer one has a view of its own
+        view.call = functools.partial(self._serving_call, generation=view.generation)
         old_follower, old_applier = self.follower, self.applier
         self.view, self.follower = view, follower
         self.graph.id_map = view.base.id_map  # the names the front end maps request ids with
@@ -164,6 +176,7 @@ class PartitionedUpdates:
         log.info("partitioned graph at update log position %d (%d nodes)", follower.applied, view.num_nodes)
 
     async def stop(self) -> None:
+        self._stopped = True
         for t in list(self._swapping):
             t.cancel()
         if self.applier is not None:

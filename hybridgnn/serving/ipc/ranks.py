@@ -32,11 +32,12 @@ LOOKUP = 4  # head {with_embeddings}; arrays: node ids (precomputed rows, from t
 PING = 5  # no payload: every rank answers (a dead rank fails the step)
 STOP = 6  # every rank exits
 UPDATE = 7  # head {check_only}; arrays: a graph-update batch (UpdateBatch.arrays); answer: its report
+RESET = 8  # every rank drops the updates it applied (its part as stored again)
 # rank 0 -> engine
 HELLO = 100  # head: the group's description (ranks, nodes, memory per rank, what it serves)
 RESULT = 101  # head {recomputed, bytes_moved, compute_s}; arrays: logits, embeddings
 ERROR = 102  # head {status, message}: the request is bad for every rank (the same on all)
-CALLS = {"new_nodes": NEW_NODES, "existing": EXISTING, "lookup": LOOKUP, "ping": PING, "update": UPDATE}
+CALLS = {"new_nodes": NEW_NODES, "existing": EXISTING, "lookup": LOOKUP, "ping": PING, "update": UPDATE, "reset": RESET}
 
 
 def encode(kind: int, rid: int, head: dict, arrays: tuple[np.ndarray, ...] = ()) -> bytes:
