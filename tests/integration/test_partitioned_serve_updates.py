@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -101,10 +100,7 @@ def test_updates_across_ranks_agree_with_one_process_and_survive_failures(tmp_pa
 
         # the server killed with -9: a new one replays the durable log
         os.kill(part.proc.pid, signal.SIGKILL)
-        part.proc.wait(30)
-        deadline = time.monotonic() + 30
-        while children_of(part.proc.pid) and time.monotonic() < deadline:  # orphaned ranks stop themselves
-            time.sleep(0.1)  # poll interval, bounded by the deadline
+        part.proc.wait(30)  # its orphaned ranks stop themselves; the new server starts its own
         part = start(tiny_dataset, tiny_model_pe, part_log, "--partitions", "2", "--partition", "ranges")
         assert version(part.url) == 4
         np.testing.assert_allclose(rows(part.url, ids)["logits"], want["logits"], atol=1e-5)

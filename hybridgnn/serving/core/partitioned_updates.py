@@ -71,8 +71,6 @@ class RankGraph:
             raise ServiceUnavailable("the partition ranks were restarted; retry with the same Idempotency-Key")
         try:
             out, _ = self.call("update", {"check_only": check_only}, batch.arrays(self.feature_dim))
-        except ServiceUnavailable:
-            raise
         except ServingError as exc:
             if exc.status == 400:  # the ranks refused the batch, all alike: nothing of it applied
                 raise UpdateError(exc.message) from None
