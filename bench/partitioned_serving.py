@@ -3,7 +3,7 @@ every edge list, degree and row it reads from the owners (the baseline Reforge c
 with), on the same ranks, the same requests, in one run.
 
 For N = 2 and 3 ranks (METIS when pymetis is installed): per new-node mode (srpe with
-γ = 0.1, pe, full), the bytes all ranks send per request and p50/p99 latency of both
+γ = 0.1, pe, full, sampled with fanouts 10,10,10), the bytes all ranks send per request and p50/p99 latency of both
 ways, each request served both ways back to back; and the memory a rank holds (its edges,
 feature rows, precomputed rows) ÷ one process holding the whole graph and embeddings.
 A request is one new node linked to a random node and up to 9 of its neighbours, as a
@@ -36,7 +36,7 @@ from hybridgnn.graph.store import GraphStore  # noqa: E402
 from hybridgnn.models.checkpoint import save_checkpoint  # noqa: E402
 from hybridgnn.models.gnn import GNN, ModelSpec  # noqa: E402
 
-MODES = (("srpe", 0.1), ("pe", 0.0), ("full", 0.0))
+MODES = (("srpe", {"gamma": 0.1}), ("pe", {"gamma": 0.0}), ("full", {}), ("sampled", {"fanouts": (10, 10, 10)}))
 
 
 def make_requests(graph: GraphStore, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -76,15 +76,15 @@ def _rank(rank, world, init, dataset, model_dir, method, requests, out):
     memory = [None] * world
     dist.all_gather_object(memory, part.memory_bytes())
     rows = []
-    for mode, gamma in MODES:
+    for mode, kw in MODES:
         for i, (feats, ei) in enumerate(requests):
             dist.barrier()
             t0 = time.perf_counter()
-            cgp = ev.infer_new(feats, ei, mode=mode, gamma=gamma, count_bytes=True)
+            cgp = ev.infer_new(feats, ei, mode=mode, count_bytes=True, **kw)
             t1 = time.perf_counter()
             dist.barrier()
             t2 = time.perf_counter()
-            fetched, fetched_bytes = fetch_and_infer(part, model, ev.coll, feats, ei, mode=mode, gamma=gamma)
+            fetched, fetched_bytes = fetch_and_infer(part, model, ev.coll, feats, ei, mode=mode, **kw)
             t3 = time.perf_counter()
             if rank == 0 and i >= 3:  # the first requests warm caches and allocators
                 diff = float(np.abs(cgp.logits - fetched.logits).max())

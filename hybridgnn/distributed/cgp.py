@@ -35,11 +35,18 @@ from hybridgnn.embeddings.newnodes import (
     layer_sets,
     minus,
     query_edges,
+    sampled_fanouts,
     unique_ints,
 )
 from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.errors import Conflict
 from hybridgnn.models.decompose import decompose
+from hybridgnn.sampling.keyed import (
+    KeyedSample,
+    candidate_edges,
+    keep_smallest,
+    sample_keyed,
+)
 
 
 @dataclass
@@ -80,24 +87,29 @@ class PartitionedEvaluator:
 
     # --- requests -----------------------------------------------------------------
     def infer_new(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
-                  undirected: bool = True, policy: str = "ratio", seed: int = 0,
+                  undirected: bool = True, policy: str = "ratio", seed: int = 0, fanouts=None,
                   count_bytes: bool = False) -> PartitionedResult | None:
-        """New nodes (features [q, f], edges over ids < n + q) by mode full, pe or srpe;
-        the result on rank 0, None elsewhere."""
-        if mode not in ("full", "pe", "srpe"):
-            raise Conflict(f"new-node mode {mode!r} is not served on a partitioned graph (full, pe, srpe are)")
-        if not self.part.layers:
+        """New nodes (features [q, f], edges over ids < n + q) by mode full, pe, srpe or
+        sampled (fanouts); the result on rank 0, None elsewhere."""
+        if mode not in ("full", "pe", "srpe", "sampled"):
+            raise Conflict(f"new-node mode {mode!r} is not served on a partitioned graph (full, pe, srpe, "
+                           "sampled are)")
+        if mode != "sampled" and not self.part.layers:
             raise Conflict(f"mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute`")
         n, q = self.part.num_nodes, int(features.shape[0])
         qsrc, qdst = query_edges(edge_index, n, q, undirected)
+        queries = np.arange(n, n + q)
+        features = np.ascontiguousarray(features, dtype=np.float32)
         self.coll.bytes_sent = 0
         with torch.inference_mode():
+            if mode == "sampled":
+                sample = self._sample(queries, qsrc, qdst, sampled_fanouts(fanouts, self.model.num_layers), seed)
+                return self._result(self._run_sample(sample, features, qsrc, qdst), 0, count_bytes)
             sets = layer_sets(mode, self.model.num_layers, n, q, qsrc, qdst, gcn=self.gcn, gamma=gamma,
                               policy=policy, seed=seed, in_degree=self._in_degree, in_rows=self._in_rows,
                               out_rows=self._out_rows)
-            out = self._run(sets, np.ascontiguousarray(features, dtype=np.float32), qsrc, qdst,
-                            np.arange(n, n + q))
-        recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), np.arange(n, n + q))) if len(sets) > 1 else 0
+            out = self._run(sets, features, qsrc, qdst, queries)
+        recomputed = len(minus(unique_ints(np.concatenate(sets[:-1])), queries)) if len(sets) > 1 else 0
         return self._result(out, recomputed, count_bytes)
 
     def infer_existing(self, node_ids: np.ndarray, *, count_bytes: bool = False) -> PartitionedResult | None:
@@ -198,19 +210,66 @@ class PartitionedEvaluator:
             out[torch.from_numpy(query)] = torch.from_numpy(features[ids[query] - n])
         return out
 
-    def _run(self, sets: list[np.ndarray], features, qsrc, qdst, outputs: np.ndarray):
+    def _run(self, sets: list[np.ndarray], features, qsrc, qdst, outputs: np.ndarray, edges=None):
         """Run layers 1..K over the plan; rank 0 gets (logits, embeddings) of `outputs`
-        (the first len(outputs) targets of every layer)."""
+        (the first len(outputs) targets of every layer). edges(layer): that layer's edges
+        held here, in place of the graph's and the request's (see `layer`)."""
         query = self._query(qdst)
         widths = [int(self.part.features.shape[1])]  # of each layer's rows, 0: features
         computed, kept = None, []
         mine_out = np.flatnonzero(self._home(outputs) == self.rank)
         kept.append(self._inputs(0, widths[0], outputs[mine_out], features, None))
         for layer in range(1, len(sets) + 1):
-            computed = self.layer(layer, sets[layer - 1], widths[layer - 1], features, computed, qsrc, qdst, query)
+            computed = self.layer(layer, sets[layer - 1], widths[layer - 1], features, computed, qsrc, qdst, query,
+                                  edges=edges(layer) if edges is not None else None)
             widths.append(int(computed[1].shape[1]))
             kept.append(self._inputs(layer, widths[layer], outputs[mine_out], features, computed))
         return self._collect(outputs, mine_out, kept)
+
+    # --- mode sampled ---------------------------------------------------------------
+    def _sample(self, queries, qsrc, qdst, fanouts, seed: int) -> KeyedSample:
+        """One process's keyed sample (sampling.keyed), drawn collectively: per hop each rank
+        keeps the smallest keys among the in-edges it holds, and everyone the smallest of
+        all of those."""
+        n = self.part.num_nodes
+        held = self._home(qsrc) == self.rank  # a request edge is offered by its source's home
+        own_qsrc, own_qdst = qsrc[held], qdst[held]
+
+        def choose(frontier, fanout):
+            mine = keep_smallest(*candidate_edges(frontier, n, self.part.local_in, own_qsrc, own_qdst), seed, fanout)
+            every = self.coll.gather(np.stack(mine, axis=1))
+            dst, src, _ = keep_smallest(every[:, 0], every[:, 1], every[:, 2], seed, fanout)
+            return dst, src
+
+        return sample_keyed(queries, fanouts, choose)
+
+    def _run_sample(self, sample: KeyedSample, features, qsrc, qdst):
+        """The model on a keyed sample as stack_forward runs it in one process: layer l's
+        targets are the nodes within K - l hops, reading the edges drawn into them."""
+        K, n = self.model.num_layers, self.part.num_nodes
+        nodes = sample.nodes
+        sets = [nodes[: sample.within(K - layer)] for layer in range(1, K + 1)]
+        src_held = self._home(nodes[sample.src]) == self.rank
+        scale = np.ones(len(sample.src), dtype=np.float64)
+        if self.gcn:  # sampled_gcn_weights: d_v / s_v, whole in-degree (with the request's) over drawn
+            targets = sets[0]
+            degree = np.zeros(len(targets), dtype=np.float64)
+            existing = targets < n
+            degree[existing] = self._in_degree(targets[existing])
+            query_nodes, query_in = self._query(qdst)
+            if len(query_nodes):
+                at = np.minimum(np.searchsorted(query_nodes, targets), len(query_nodes) - 1)
+                hit = query_nodes[at] == targets
+                degree[hit] += query_in[at[hit]]
+            drawn = np.maximum(np.bincount(sample.dst, minlength=len(targets)), 1)
+            scale = (degree / drawn[: len(targets)])[sample.dst]
+
+        def edges(layer):
+            end = sample.edges_within(K - layer + 1)
+            held = np.flatnonzero(src_held[:end])
+            return nodes[sample.src[held]], sample.dst[held], scale[held]
+
+        return self._run(sets, features, qsrc, qdst, nodes[: sample.nodes_per_hop[0]], edges)
 
     @staticmethod
     def _query(qdst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -219,16 +278,22 @@ class PartitionedEvaluator:
         return query_nodes, np.bincount(np.searchsorted(query_nodes, qdst), minlength=len(query_nodes))
 
     def layer(self, layer: int, targets: np.ndarray, width: int, features: np.ndarray, computed, qsrc: np.ndarray,
-              qdst: np.ndarray, query=None) -> tuple[np.ndarray, torch.Tensor]:
+              qdst: np.ndarray, query=None, edges=None) -> tuple[np.ndarray, torch.Tensor]:
         """Layer `layer` (1..K) of `targets` (one order on every rank) from layer-(layer-1)
         rows of `width` (computed: (sorted ids, rows) homed here, else stored); returns the
-        rows of the targets homed here, as (sorted ids, rows)."""
+        rows of the targets homed here, as (sorted ids, rows). edges: (source ids, target
+        positions, GCN weight scales) of a sample's edges held here, read instead of every
+        graph and request edge (the layer still adds its self-loops)."""
         rank = self.rank
         query_nodes, query_in = query if query is not None else self._query(qdst)
         split = self.splits[layer - 1]
         home = self._home(targets)
         mine = np.flatnonzero(home == rank)
-        src, dst = self._local_edges(targets, home, qsrc, qdst, split.self_loops)
+        if edges is None:
+            src, dst, scale = *self._local_edges(targets, home, qsrc, qdst), None
+        else:
+            src, dst, scale = edges
+        src, dst, scale = self._self_loops(src, dst, scale, targets, home, split.self_loops)
         sources = unique_ints(np.concatenate([src, targets[mine]]))
         x_src = self._inputs(layer - 1, width, sources, features, computed)
         x_own = x_src[torch.from_numpy(np.searchsorted(sources, targets[mine]))]
@@ -236,7 +301,8 @@ class PartitionedEvaluator:
         if split.weighted:
             deg_t = self._degrees(targets, mine, query_nodes, query_in)
             deg_s = self._own_degrees(src, query_nodes, query_in)
-            weight = torch.from_numpy((1.0 / np.sqrt(deg_s * deg_t[dst])).astype(np.float32))
+            weight = 1.0 / np.sqrt(deg_s * deg_t[dst])
+            weight = torch.from_numpy((weight if scale is None else weight * scale).astype(np.float32))
         info = None
         if split.needs_target_info:
             local = split.target_info(x_own)
@@ -258,10 +324,9 @@ class PartitionedEvaluator:
         order = np.argsort(targets[mine], kind="stable")
         return targets[mine][order], y[torch.from_numpy(order)]
 
-    def _local_edges(self, targets, home, qsrc, qdst, self_loops: str) -> tuple[np.ndarray, np.ndarray]:
+    def _local_edges(self, targets, home, qsrc, qdst) -> tuple[np.ndarray, np.ndarray]:
         """(source ids, target positions) of the edges into `targets` held here: graph
-        edges from own nodes, request edges from nodes homed here, and the self-loops the
-        layer adds for targets homed here."""
+        edges from own nodes and request edges from nodes homed here."""
         n, rank = self.part.num_nodes, self.rank
         if len(targets) == 0:
             empty = np.empty(0, dtype=np.int64)
@@ -275,17 +340,28 @@ class PartitionedEvaluator:
             pos = np.minimum(np.searchsorted(targets[order], qdst), len(targets) - 1)
             hit = (targets[order][pos] == qdst) & (self._home(qsrc) == rank)
             q_src, q_dst = qsrc[hit], order[pos[hit]]
-        src, dst = np.concatenate([g_src, q_src]), np.concatenate([g_dst, q_dst])
-        mine = np.flatnonzero(home == rank)
-        if self_loops == "all":
+        return np.concatenate([g_src, q_src]).astype(np.int64), np.concatenate([g_dst, q_dst]).astype(np.int64)
+
+    def _self_loops(self, src, dst, scale, targets, home, rule: str):
+        """The edges plus the self-loops the layer adds for targets homed here ("all": one
+        per target, replacing any; "missing": where the graph has none), loops last with
+        weight scale 1."""
+        n = self.part.num_nodes
+        mine = np.flatnonzero(home == self.rank)
+        if rule == "all":
             keep = src != targets[dst]
-            src, dst = np.concatenate([src[keep], targets[mine]]), np.concatenate([dst[keep], mine])
-        elif self_loops == "missing":
+            src, dst, loops = src[keep], dst[keep], mine
+            scale = scale[keep] if scale is not None else None
+        elif rule == "missing":
             own_existing = mine[targets[mine] < n]
             lacking = own_existing[~self.part.has_loop[self.part.position(targets[own_existing])]]
             loops = np.concatenate([lacking, mine[targets[mine] >= n]])
-            src, dst = np.concatenate([src, targets[loops]]), np.concatenate([dst, loops])
-        return src.astype(np.int64), dst.astype(np.int64)
+        else:
+            return src, dst, scale
+        if scale is not None:
+            scale = np.concatenate([scale, np.ones(len(loops))])
+        return (np.concatenate([src, targets[loops]]).astype(np.int64), np.concatenate([dst, loops]).astype(np.int64),
+                scale)
 
     def _own_degrees(self, ids, query_nodes, query_in) -> np.ndarray:
         """gcn_norm's degree of nodes homed here: in-degree, +1 without a self-loop (query

@@ -1,7 +1,8 @@
 """Collectives a partitioned request needs, on any torch.distributed backend: all-to-all
 of variable row counts (gloo has no all_to_all, so counts go by all_gather and rows by
-point-to-point sends), the union of per-rank id sets, and sums of dense vectors. Every
-rank calls each of them in the same order; bytes sent are counted for the report."""
+point-to-point sends), the concatenation and union of per-rank id rows, and sums of
+dense vectors. Every rank calls each of them in the same order; bytes sent are counted
+for the report."""
 
 from __future__ import annotations
 
@@ -47,19 +48,26 @@ class Collectives:
             work.wait()
         return torch.cat(got_idx), torch.cat(got_rows).reshape(-1, width)
 
-    def union(self, mine: np.ndarray) -> np.ndarray:
-        """Sorted unique ids over every rank's `mine`."""
+    def gather(self, mine: np.ndarray) -> np.ndarray:
+        """Every rank's int64 rows `mine` [k, c] (c alike on all ranks), concatenated in
+        rank order."""
+        mine = np.asarray(mine, dtype=np.int64)
+        width = int(np.prod(mine.shape[1:]))
         sizes = self.counts(np.array([len(mine)]))[:, 0]
         longest = int(sizes.max()) if len(sizes) else 0
         if longest == 0:
-            return np.empty(0, dtype=np.int64)
-        padded = torch.full((longest,), -1, dtype=torch.int64)
-        padded[: len(mine)] = torch.from_numpy(np.asarray(mine, dtype=np.int64))
+            return np.empty((0, *mine.shape[1:]), dtype=np.int64)
+        padded = torch.zeros((longest, width), dtype=torch.int64)
+        padded[: len(mine)] = torch.from_numpy(mine.reshape(len(mine), width))
         table = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(table, padded)
-        self.bytes_sent += int(len(mine)) * 8 * (self.world - 1)
-        allids = torch.cat([t[: int(s)] for t, s in zip(table, sizes, strict=True)]).numpy()
-        return np.unique(allids)
+        self.bytes_sent += mine.size * 8 * (self.world - 1)
+        rows = torch.cat([t[: int(s)] for t, s in zip(table, sizes, strict=True)]).numpy()
+        return rows.reshape(len(rows), *mine.shape[1:])
+
+    def union(self, mine: np.ndarray) -> np.ndarray:
+        """Sorted unique ids over every rank's `mine`."""
+        return np.unique(self.gather(np.asarray(mine, dtype=np.int64).reshape(-1)))
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """Elementwise sum over ranks (each rank fills the entries it knows, zeros elsewhere)."""

@@ -21,7 +21,7 @@ DONE, IN_ROWS, OUT_ROWS, IN_DEGREE, HAS_LOOP, ROWS = range(6)
 class FetchingView:
     """NewNodeEvaluator's view of a partitioned graph, read from rank 0 by round trips."""
 
-    graph = None  # nothing to sample: mode `sampled` is not served this way
+    graph = None  # no stored graph here: every read, mode `sampled`'s in-rows too, is fetched
 
     def __init__(self, part: ServingPart, coll: Collectives, num_layers: int):
         self.part, self.coll = part, coll

@@ -108,7 +108,8 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
             if named_from != n:
                 edges = np.where(edges >= named_from, edges + (n - named_from), edges)
             res = ev.infer_new(arrays[0], edges, mode=head["mode"], gamma=float(head["gamma"]),
-                               policy=head["policy"], seed=int(head.get("seed", 0)), count_bytes=True)
+                               policy=head["policy"], seed=int(head.get("seed", 0)), fanouts=head.get("fanouts"),
+                               count_bytes=True)
         elif kind == wire.EXISTING:
             res = ev.infer_existing(arrays[0], count_bytes=True)
         elif kind == wire.LOOKUP:

@@ -9,7 +9,8 @@ R_l of nodes whose layer-l embedding is computed; every other node's input is it
     srpe  (γ)      R_l = Q ∪ S for l < K, S = the top ⌈γ·|D|⌉ direct neighbours D of Q by
                    query-edge ratio |N_Q(u)| / (|N(u)| + |N_Q(u)|) (same order as
                    |N_Q(u)|/|N(u)|, defined at degree 0); R_K = Q
-    sampled        no PEs: K-hop neighbour sampling over the graph plus the query edges
+    sampled        no PEs: K-hop keyed neighbour sampling (sampling.keyed) over the graph
+                   plus the query edges, one hop per layer
     full           R_l = {u : Q reaches u within l steps along edges (changes spread
                    to readers) and u reaches Q within K - l steps (Q reads it)}: exactly
                    the embeddings the query edges change and later layers read, so the
@@ -28,7 +29,6 @@ gives an isolated node of the graph.
 from __future__ import annotations
 
 import math
-import queue
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +41,7 @@ from hybridgnn.graph.host import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
 from hybridgnn.models.gnn import GNN
-from hybridgnn.sampling.cpu import CPUSampler
+from hybridgnn.sampling.keyed import candidate_edges, keep_smallest, sample_keyed
 
 MODES = ("full", "pe", "srpe", "sampled")
 
@@ -78,6 +78,17 @@ def query_edges(edge_index: np.ndarray, n: int, q: int, undirected: bool) -> tup
     size = n + q  # one sorted key per edge, target-major: deduplicates and groups at once
     key = unique_ints(ei[1] * size + ei[0])
     return key % size, key // size
+
+
+def sampled_fanouts(fanouts, num_layers: int) -> tuple[int, ...]:
+    """The fanouts mode `sampled` draws with: one hop per layer (hops past the last layer
+    would not change the answer)."""
+    if not fanouts:
+        raise ValueError("mode 'sampled' needs fanouts")
+    if len(fanouts) < num_layers:
+        raise ValueError(f"mode 'sampled' needs a fanout per layer: the model has {num_layers} layers, "
+                         f"the fanouts are {list(fanouts)}")
+    return tuple(int(f) for f in fanouts[:num_layers])
 
 
 def select_recompute(direct: np.ndarray, qsrc: np.ndarray, qdst: np.ndarray, n: int, gamma: float, policy: str,
@@ -261,9 +272,8 @@ class NewNodeEvaluator:
         self.model, self.store = model, store
         self.view = view if view is not None else StoredGraphView(graph, store.layers if store is not None else [],
                                                                   model.gcn_normalised)
-        self.graph = view.graph if view is not None else graph  # what the sampler samples
+        self.graph = view.graph if view is not None else graph
         self.gcn = model.gcn_normalised
-        self._samplers: queue.SimpleQueue = queue.SimpleQueue()  # one per concurrent request
 
     def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
               undirected: bool = True, policy: str = "ratio", seed: int = 0,
@@ -272,7 +282,7 @@ class NewNodeEvaluator:
         qsrc, qdst = query_edges(edge_index, n, q, undirected)
         queries = np.arange(n, n + q)
         if mode == "sampled":
-            return self._sampled(features, queries, qsrc, qdst, fanouts)
+            return self._sampled(features, queries, qsrc, qdst, fanouts, seed)
         if self.store is None:
             raise Conflict(f"mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute`")
         view = self.view
@@ -301,36 +311,32 @@ class NewNodeEvaluator:
             hidden = self.model.embedding(rows, torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)))
         return NewNodeResult(out.float().numpy(), recomputed, hidden.float().numpy())
 
-    def _sampled(self, features, queries, qsrc, qdst, fanouts) -> NewNodeResult:
-        """Neighbour sampling over the stored graph plus the query edges (an overlay the
-        sampler reads beside the CSR); no precomputed embeddings involved."""
-        if not fanouts:
-            raise ValueError("mode 'sampled' needs fanouts")
-        n = self.view.num_nodes
-        if isinstance(self.view, DynamicGraphView):
-            raise Conflict("new-node mode 'sampled' samples the stored graph, which graph updates have changed "
-                           "since; use mode full, pe or srpe, which read the current graph and embeddings")
-        targets, starts, _ = self._runs(qdst)
-        ov_indptr = np.append(starts, qdst.size).astype(np.int64)
-        try:
-            sampler = self._samplers.get_nowait()
-        except queue.Empty:
-            sampler = CPUSampler(self.graph, fanouts)
-        try:
-            sub = sampler.sample(queries, overlay=(targets, ov_indptr, qsrc), num_extra_nodes=len(queries))
-        finally:
-            self._samplers.put(sampler)
-        ids = sub.node_ids
+    def _sampled(self, features, queries, qsrc, qdst, fanouts, seed: int) -> NewNodeResult:
+        """Keyed neighbour sampling (sampling.keyed) over the graph plus the query edges, one
+        hop per layer; no precomputed embeddings involved. Keys make the draw a function of
+        the edges and the seed, so partition ranks draw the same sample."""
+        fanouts = sampled_fanouts(fanouts, self.model.num_layers)
+        view, n = self.view, self.view.num_nodes
+
+        def choose(frontier, fanout):
+            dst, src, _ = keep_smallest(*candidate_edges(frontier, n, view.in_rows, qsrc, qdst), seed, fanout)
+            return dst, src
+
+        sample = sample_keyed(queries, fanouts, choose)
+        ids = sample.nodes
         existing = ids < n
         x = torch.empty((len(ids), features.shape[1]), dtype=torch.float32)
-        x[torch.from_numpy(np.flatnonzero(existing))] = self.view.rows(0, ids[existing])
+        x[torch.from_numpy(np.flatnonzero(existing))] = view.rows(0, ids[existing])
         x[torch.from_numpy(np.flatnonzero(~existing))] = torch.from_numpy(features[ids[~existing] - n])
-        degrees = self._augmented_degrees(ids, targets, np.diff(ov_indptr)) if self.gcn else None
+        degrees = None
+        if self.gcn:
+            targets, _, counts = self._runs(qdst)
+            degrees = self._augmented_degrees(ids, targets, counts)
         with torch.inference_mode():
-            out, hidden = self.model(x, torch.from_numpy(sub.edge_index), sub.num_sampled_nodes,
-                                     sub.num_sampled_edges, degrees, with_embeddings=True)
-        rows = torch.from_numpy(sub.seed_index)
-        return NewNodeResult(out[rows].float().numpy(), 0, hidden[rows].float().numpy())
+            out, hidden = self.model(x, torch.from_numpy(sample.edge_index), sample.nodes_per_hop,
+                                     sample.edges_per_hop, degrees, with_embeddings=True)
+        q = len(queries)  # the seeds come first, in order
+        return NewNodeResult(out[:q].float().numpy(), 0, hidden[:q].float().numpy())
 
     def _augmented_degrees(self, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray):
         """(in-degree, has self-loop) of sample nodes `ids` in the graph plus the query edges

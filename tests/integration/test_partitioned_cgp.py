@@ -1,5 +1,5 @@
 """Computation graph parallelism on real gloo ranks: answers equal one process's, in
-every new-node mode the partitioned graph serves and for existing nodes."""
+every new-node mode (sampled included: keyed draws) and for existing nodes."""
 
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ def requests():
         feats, ei = random_query(N, F, q, k, seed)
         for mode in ("pe", "srpe", "full"):
             out.append({"features": feats, "edge_index": ei, "mode": mode, "gamma": 0.5, "fetch": seed == 0})
+        for fanouts in [(2, 3, 2), (4, 1, 3)]:  # keyed draws: the sample one process draws
+            out.append({"features": feats, "edge_index": ei, "mode": "sampled", "fanouts": fanouts,
+                        "fetch": seed == 0})
     out.append({"ids": np.array([5, 77, 5, 431, 599, 0])})
     return out
 
@@ -69,7 +72,8 @@ def test_partitioned_answers_equal_one_process(tmp_path, graph_dir, spec, world)
         if "ids" in req:
             expected = exact_all[req["ids"]]
         else:
-            expected = single.infer(req["features"], req["edge_index"], mode=req["mode"], gamma=req["gamma"]).logits
+            expected = single.infer(req["features"], req["edge_index"], mode=req["mode"], gamma=req.get("gamma", 0.1),
+                                    fanouts=req.get("fanouts")).logits
         assert res.logits.shape == expected.shape
         err = np.abs(res.logits - expected).max()
         assert err <= 1e-5 * max(1.0, np.abs(expected).max()), (req.get("mode", "existing"), err)

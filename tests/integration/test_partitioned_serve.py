@@ -69,9 +69,10 @@ def test_answers_equal_one_process(partitioned_server, tiny_dataset, tiny_model_
 
     single = NewNodeEvaluator(graph, model, store)
     feats, ei = random_query(graph.num_nodes, graph.feature_dim, 3, 4, seed=5)
-    for mode in ("full", "pe", "srpe"):
+    fanouts = requests.get(url + "/v2/models/hybridgnn", timeout=30).json()["parameters"]["fanouts"]
+    for mode in ("full", "pe", "srpe", "sampled"):
         got = _outputs(requests.post(url + URL, json=_new_body(feats, ei, mode, 0.5), timeout=60))
-        want = single.infer(feats, ei, mode=mode, gamma=0.5)
+        want = single.infer(feats, ei, mode=mode, gamma=0.5, fanouts=tuple(fanouts))
         np.testing.assert_allclose(got["logits"], want.logits, atol=1e-4, err_msg=mode)
         np.testing.assert_allclose(got["embeddings"], want.embeddings, atol=1e-4, err_msg=mode)
 
@@ -100,7 +101,7 @@ def test_what_a_partitioned_graph_cannot_serve_exactly_is_refused(partitioned_se
     r = requests.post(url + URL, json=_ids_body([1, 2], "sampled"), timeout=30)
     assert r.status_code == 400 and "full" in r.json()["error"]
     feats, ei = random_query(3000, 16, 1, 2, seed=1)
-    r = requests.post(url + URL, json=_new_body(feats, ei, "sampled", 0.1), timeout=30)
+    r = requests.post(url + URL, json=_new_body(feats, ei, "bogus", 0.1), timeout=30)
     assert r.status_code == 400 and "srpe" in r.json()["error"]
     r = requests.post(url + URL, json=_ids_body([3000]), timeout=30)
     assert r.status_code == 400

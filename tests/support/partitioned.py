@@ -54,10 +54,11 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
                 res = ev.infer_existing(req["ids"], count_bytes=True)
             else:
                 res = ev.infer_new(req["features"], req["edge_index"], mode=req["mode"], gamma=req.get("gamma", 0.1),
-                                   count_bytes=True)
+                                   fanouts=req.get("fanouts"), count_bytes=True)
                 if req.get("fetch"):
                     res = (res, *fetch_and_infer(part, model, ev.coll, req["features"], req["edge_index"],
-                                                 mode=req["mode"], gamma=req.get("gamma", 0.1)))
+                                                 mode=req["mode"], gamma=req.get("gamma", 0.1),
+                                                 fanouts=req.get("fanouts")))
             answers.append(res)
         if rank == 0:
             Path(out).write_bytes(pickle.dumps(answers))

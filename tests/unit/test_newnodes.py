@@ -109,6 +109,11 @@ def test_sampled_mode_with_unbounded_fanouts_equals_expanding_the_augmented_grap
     assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5
     small = ev.infer(feats, ei, mode="sampled", fanouts=(2, 2)).logits
     assert small.shape == got.shape and np.isfinite(small).all()
+    assert not np.allclose(small, got, rtol=1e-3)  # a real draw: fewer neighbours
+    again = ev.infer(feats, ei, mode="sampled", fanouts=(2, 2)).logits
+    np.testing.assert_array_equal(again, small)  # keyed: the same request draws the same sample
+    other = ev.infer(feats, ei, mode="sampled", fanouts=(2, 2), seed=1).logits
+    assert not np.allclose(other, small, rtol=1e-3)
 
 
 @pytest.mark.parametrize("kind", ["sage", "gat", "gcn"])
@@ -160,7 +165,9 @@ def test_after_graph_updates_new_nodes_read_the_current_graph_and_embeddings(set
     with dyn.lock.read():
         got = live.infer(feats, q_ei, mode="full").logits
         srpe = live.infer(feats, q_ei, mode="srpe", gamma=1.0).logits
+        sampled = live.infer(feats, q_ei, mode="sampled", fanouts=(1 << 30,) * layers).logits
     assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-4
+    assert np.abs(sampled - exact).max() / np.abs(exact).max() <= 1e-4  # keyed draws read the current graph
     if kind != "gcn":
         assert np.abs(srpe - exact).max() / np.abs(exact).max() <= 1e-4
     stale = ev.infer(feats, ei, mode="full").logits  # the stored graph: misses the updates

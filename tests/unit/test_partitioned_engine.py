@@ -156,17 +156,22 @@ def test_a_down_group_is_not_ready_and_its_answer_is_503_with_retry_after():
     _run(scenario)
 
 
-def test_sampled_modes_are_refused_not_approximated():
+def test_existing_node_sampling_is_refused_and_new_node_sampling_goes_to_the_ranks():
     async def scenario(engine, ranks):
         with pytest.raises(BadRequest, match="full"):
             engine.submit(np.array([1]))
         with pytest.raises(BadRequest, match="srpe"):
-            engine.new_nodes(np.zeros((1, 16), np.float32), np.array([[3000], [1]]), mode="sampled", gamma=0.1,
+            engine.new_nodes(np.zeros((1, 16), np.float32), np.array([[3000], [1]]), mode="bogus", gamma=0.1,
                              policy="ratio")
         assert engine.default_mode == "full" and engine.serves_full
         meta = engine.metadata()
         assert meta["modes"] == ["full", "precomputed"] and meta["partitions"]["ranks"] == 2
+        assert "sampled" in meta["new_node_modes"]
         assert not ranks.calls
+        await engine.new_nodes(np.zeros((1, 16), np.float32), np.array([[3000], [1]]), mode="sampled", gamma=0.1,
+                               policy="ratio")
+        (kind, head, _), = ranks.calls
+        assert head["mode"] == "sampled" and head["fanouts"] == list(engine.cfg.sampling.fanouts)
 
     _run(scenario)
 

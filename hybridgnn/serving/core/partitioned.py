@@ -8,9 +8,10 @@ Requests of one kind that wait together go to the ranks as one call (existing-no
 concatenated), and rank 0 splits the call by partition: each rank computes from its
 own edges and rows. Modes: existing nodes `full` (whole neighbourhoods, the model's
 exact output; the default) and `precomputed` (rows from their owners); new nodes
-`full`, `pe`, `srpe`. Sampled modes are refused: their draws would differ from one
-process's, and answers are exact or refused. Graph updates (with an update token) go
-through the update log to the ranks (partitioned_updates.py).
+`full`, `pe`, `srpe` and `sampled` (keyed draws, the same sample one process draws).
+Existing-node `sampled` is refused: the CPU and GPU samplers' draws would differ from
+one process's, and answers are exact or refused. Graph updates (with an update token)
+go through the update log to the ranks (partitioned_updates.py).
 
 Event loop thread; calls run in a worker thread (RankGroup.call blocks).
 """
@@ -42,7 +43,7 @@ from hybridgnn.types import (
 
 log = logging.getLogger("hybridgnn.serving.core.engine")
 EXISTING_MODES = ("full", "precomputed")
-NEW_NODE_MODES = ("full", "pe", "srpe")
+NEW_NODE_MODES = ("full", "pe", "srpe", "sampled")
 
 
 @dataclass
@@ -144,7 +145,7 @@ class PartitionedEngine(Admitting):
             "max_request_nodes": self.cfg.server.max_request_nodes,
             "modes": ["full"] + (["precomputed"] if precomputed else []),
             "node_ids": self.graph.id_map.kind if self.graph.id_map is not None else "dense",
-            "new_node_modes": list(NEW_NODE_MODES) if precomputed else [],
+            "new_node_modes": list(NEW_NODE_MODES) if precomputed else ["sampled"],
             "srpe_gamma": self.cfg.new_nodes.gamma, "updates_enabled": self.takes_updates,
             "graph_version": self.graph_version,
             "partitions": {"ranks": self.ranks.world, "partition": info.get("partition"), "up": self.ranks.up,
@@ -193,8 +194,8 @@ class PartitionedEngine(Admitting):
                 raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
 
     def submit(self, node_ids, on_done=None, waited_s: float = 0.0):
-        raise BadRequest("mode sampled is not served on a partitioned graph (its draws would differ from one "
-                         f"process's); this server offers modes {list(self.metadata()['modes'])}")
+        raise BadRequest("existing-node mode sampled is not served on a partitioned graph (its draws would differ "
+                         f"from one process's); this server offers modes {list(self.metadata()['modes'])}")
 
     def full(self, node_ids: np.ndarray, waited_s: float = 0.0):
         """Awaitable: existing nodes over their whole neighbourhoods (the model's exact output)."""
@@ -211,11 +212,11 @@ class PartitionedEngine(Admitting):
     def new_nodes(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str, gamma: float, policy: str,
                   num_nodes: int | None = None, waited_s: float = 0.0):
         if mode not in NEW_NODE_MODES:
-            raise BadRequest(f"new-node mode {mode} is not served on a partitioned graph (its draws would differ "
-                             f"from one process's); this server offers {list(NEW_NODE_MODES)}")
+            raise BadRequest(f"new-node mode {mode} is not served; this server offers {list(NEW_NODE_MODES)}")
         # query nodes are numbered from the node count the request was decoded against: the
         # ranks renumber them if updates added nodes since
         head = {"mode": mode, "gamma": float(gamma), "policy": policy, "seed": 0,
+                "fanouts": list(self.cfg.sampling.fanouts),
                 "num_nodes": int(num_nodes if num_nodes is not None else self.num_nodes)}
         return self._request("new_nodes", "new_nodes", head, (np.ascontiguousarray(features, dtype=np.float32),
                                                               np.ascontiguousarray(edge_index, dtype=np.int64)),
