@@ -43,7 +43,7 @@ from hybridgnn.errors import Conflict
 from hybridgnn.models.decompose import decompose
 from hybridgnn.sampling.keyed import (
     KeyedSample,
-    candidate_edges,
+    draw,
     keep_smallest,
     sample_keyed,
 )
@@ -236,7 +236,7 @@ class PartitionedEvaluator:
         own_qsrc, own_qdst = qsrc[held], qdst[held]
 
         def choose(frontier, fanout):
-            mine = keep_smallest(*candidate_edges(frontier, n, self.part.local_in, own_qsrc, own_qdst), seed, fanout)
+            mine = draw(frontier, n, self.part.local_in, own_qsrc, own_qdst, seed, fanout)
             every = self.coll.gather(np.stack(mine, axis=1))
             dst, src, _ = keep_smallest(every[:, 0], every[:, 1], every[:, 2], seed, fanout)
             return dst, src

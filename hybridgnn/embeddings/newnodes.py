@@ -41,7 +41,7 @@ from hybridgnn.graph.host import host_tensor
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
 from hybridgnn.models.gnn import GNN
-from hybridgnn.sampling.keyed import candidate_edges, keep_smallest, sample_keyed
+from hybridgnn.sampling.keyed import draw, sample_keyed
 
 MODES = ("full", "pe", "srpe", "sampled")
 
@@ -319,8 +319,7 @@ class NewNodeEvaluator:
         view, n = self.view, self.view.num_nodes
 
         def choose(frontier, fanout):
-            dst, src, _ = keep_smallest(*candidate_edges(frontier, n, view.in_rows, qsrc, qdst), seed, fanout)
-            return dst, src
+            return draw(frontier, n, view.in_rows, qsrc, qdst, seed, fanout)[:2]
 
         sample = sample_keyed(queries, fanouts, choose)
         ids = sample.nodes

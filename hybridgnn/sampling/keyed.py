@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 QUERY_COPY = 1 << 40
@@ -28,37 +29,42 @@ QUERY_COPY = 1 << 40
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
-_ODD = (np.uint64(0xD6E8FEB86659FD93), np.uint64(0xA0761D6478BD642F), np.uint64(0xE7037ED1A0B428DB))
+_ODD_DST = np.uint64(0xD6E8FEB86659FD93)
+_ODD_SRC = np.uint64(0xA0761D6478BD642F)
+_ODD_COPY = np.uint64(0xE7037ED1A0B428DB)
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (uint64 arrays wrap, as the hash needs)."""
+@numba.njit(cache=True, inline="always")
+def _mix(z):
+    """splitmix64's finaliser."""
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
 
 
+@numba.njit(cache=True, inline="always")
+def _key(seeded, dst, src, copy):
+    z = _mix(seeded ^ (np.uint64(dst) * _ODD_DST))
+    z = _mix(z ^ (np.uint64(src) * _ODD_SRC))
+    return _mix(z ^ (np.uint64(copy) * _ODD_COPY))
+
+
+def _seeded(seed: int) -> np.uint64:
+    return np.uint64((int(seed) * 0x9E3779B97F4A7C15) % 2**64)
+
+
+@numba.njit(cache=True)
+def _keys(seeded, dst, src, copy):
+    out = np.empty(dst.shape[0], np.uint64)
+    for e in range(dst.shape[0]):
+        out[e] = _key(seeded, dst[e], src[e], copy[e])
+    return out
+
+
 def edge_keys(seed: int, dst: np.ndarray, src: np.ndarray, copy: np.ndarray) -> np.ndarray:
     """The key of each candidate edge src -> dst (uint64)."""
-    z = np.full(len(dst), np.uint64(int(seed) % 2**64)) * _GOLDEN
-    for part, odd in zip((dst, src, copy), _ODD, strict=True):
-        z = _mix(z ^ (np.asarray(part, dtype=np.int64).view(np.uint64) * odd))
-    return z
-
-
-def copy_index(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
-    """For each edge, how many equal (dst, src) edges come before it (0 for most)."""
-    if len(dst) == 0:
-        return np.empty(0, dtype=np.int64)
-    order = np.lexsort((src, dst))
-    d, s = dst[order], src[order]
-    new = np.ones(len(d), dtype=bool)
-    new[1:] = (d[1:] != d[:-1]) | (s[1:] != s[:-1])
-    starts = np.flatnonzero(new)
-    run_start = np.repeat(starts, np.diff(np.append(starts, len(d))))
-    out = np.empty(len(d), dtype=np.int64)
-    out[order] = np.arange(len(d)) - run_start
-    return out
+    as64 = [np.ascontiguousarray(a, dtype=np.int64) for a in (dst, src, copy)]
+    return _keys(_seeded(seed), *as64)
 
 
 def bottom_k(dst: np.ndarray, src: np.ndarray, copy: np.ndarray, keys: np.ndarray, k: int) -> np.ndarray:
@@ -75,39 +81,79 @@ def bottom_k(dst: np.ndarray, src: np.ndarray, copy: np.ndarray, keys: np.ndarra
     return order[rank < k]
 
 
-def request_edges_into(frontier: np.ndarray, qsrc: np.ndarray, qdst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(dst, src) of the request's edges into frontier nodes (qdst sorted, as
-    embeddings.newnodes.query_edges gives them)."""
-    lo = np.searchsorted(qdst, frontier, side="left")
-    counts = np.searchsorted(qdst, frontier, side="right") - lo
-    total = int(counts.sum())
-    if total == 0:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty
-    first = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    at = first + np.arange(total)
-    return qdst[at], qsrc[at]
-
-
-def candidate_edges(frontier: np.ndarray, num_nodes: int, in_rows, qsrc: np.ndarray,
-                    qdst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dst, src, copy) of every candidate in-edge of the frontier: stored in-edges from
-    in_rows(existing nodes) -> (lengths, sources), then the given request edges."""
-    existing = frontier[frontier < num_nodes]
-    lens, g_src = in_rows(existing)
-    g_dst = np.repeat(existing, lens)
-    q_dst, q_src = request_edges_into(frontier, qsrc, qdst)
-    dst = np.concatenate([g_dst, q_dst]).astype(np.int64)
-    src = np.concatenate([np.asarray(g_src, dtype=np.int64), q_src]).astype(np.int64)
-    copy = np.concatenate([copy_index(g_dst, np.asarray(g_src, dtype=np.int64)),
-                           np.full(len(q_dst), QUERY_COPY, dtype=np.int64)])
-    return dst, src, copy
-
-
 def keep_smallest(dst, src, copy, seed: int, fanout: int):
-    """The (dst, src, copy) edges each target keeps: bottom_k by edge_keys."""
+    """Of candidate edges (dst, src, copy) in any order, those each target keeps (bottom_k
+    by edge_keys): how the parts' draws are merged."""
     keep = bottom_k(dst, src, copy, edge_keys(seed, dst, src, copy), fanout)
     return dst[keep], src[keep], copy[keep]
+
+
+@numba.njit(cache=True)
+def _draw(frontier, lens, g_src, q_start, q_len, qsrc, seeded, k):
+    """Per frontier node: its stored candidates (the next lens[i] of g_src) and request
+    candidates (qsrc[q_start[i]:][:q_len[i]], sorted), keyed; the k smallest kept, by
+    (key, src, copy), in that order."""
+    bound = 0
+    longest = 0
+    for i in range(frontier.shape[0]):
+        d = lens[i] + q_len[i]
+        bound += min(d, k)
+        longest = max(longest, d)
+    out_dst = np.empty(bound, np.int64)
+    out_src = np.empty(bound, np.int64)
+    out_copy = np.empty(bound, np.int64)
+    cand_src = np.empty(longest, np.int64)
+    cand_copy = np.empty(longest, np.int64)
+    cand_key = np.empty(longest, np.uint64)
+    off = 0
+    e = 0
+    for i in range(frontier.shape[0]):
+        v = frontier[i]
+        stored = np.sort(g_src[off:off + lens[i]])
+        off += lens[i]
+        # merge stored (by src, copies counted) and request candidates (by src): (src, copy) order
+        a = 0
+        b = 0
+        m = 0
+        qs = q_start[i]
+        while a < stored.shape[0] or b < q_len[i]:
+            if b >= q_len[i] or (a < stored.shape[0] and stored[a] <= qsrc[qs + b]):
+                u = stored[a]
+                c = 0 if a == 0 or stored[a - 1] != u else cand_copy[m - 1] + 1
+                a += 1
+            else:
+                u = qsrc[qs + b]
+                c = QUERY_COPY
+                b += 1
+            cand_src[m] = u
+            cand_copy[m] = c
+            cand_key[m] = _key(seeded, v, u, c)
+            m += 1
+        order = np.argsort(cand_key[:m], kind="mergesort")  # stable: ties stay in (src, copy) order
+        for t in range(min(m, k)):
+            j = order[t]
+            out_dst[e] = v
+            out_src[e] = cand_src[j]
+            out_copy[e] = cand_copy[j]
+            e += 1
+    return out_dst, out_src, out_copy
+
+
+def draw(frontier: np.ndarray, num_nodes: int, in_rows, qsrc: np.ndarray, qdst: np.ndarray, seed: int,
+         fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (dst, src, copy) edges each frontier node keeps of its candidates: stored
+    in-edges from in_rows(existing nodes) -> (lengths, sources), and the given request
+    edges (sorted by target, then source, as embeddings.newnodes.query_edges gives them).
+    Grouped by frontier node in frontier order, by key within one."""
+    frontier = np.ascontiguousarray(frontier, dtype=np.int64)
+    existing = frontier < num_nodes
+    lens = np.zeros(len(frontier), dtype=np.int64)
+    row_lens, g_src = in_rows(frontier[existing])
+    lens[existing] = row_lens
+    q_start = np.searchsorted(qdst, frontier, side="left")
+    q_len = np.searchsorted(qdst, frontier, side="right") - q_start
+    return _draw(frontier, lens, np.ascontiguousarray(g_src, dtype=np.int64), q_start.astype(np.int64), q_len,
+                 np.ascontiguousarray(qsrc, dtype=np.int64), _seeded(seed), int(fanout))
 
 
 @dataclass
@@ -133,36 +179,40 @@ class KeyedSample:
 
 def sample_keyed(seeds: np.ndarray, fanouts, choose: Callable[[np.ndarray, int], tuple]) -> KeyedSample:
     """K-hop sample around distinct seeds; choose(frontier ids, fanout) -> (dst ids, src
-    ids) of the edges kept into the frontier, grouped by target in ascending id."""
+    ids) of the edges kept into the frontier, grouped by target, by key within one."""
     nodes = np.asarray(seeds, dtype=np.int64)
-    if len(np.unique(nodes)) != len(nodes):
+    known_pos = np.argsort(nodes, kind="stable")
+    known = nodes[known_pos]  # every node so far, sorted, with its position
+    if len(known) > 1 and not (known[1:] != known[:-1]).all():
         raise ValueError("seeds of a keyed sample must be distinct")
-    known = np.sort(nodes)
     srcs, dsts = [], []
     nodes_per_hop, edges_per_hop = [len(nodes)], []
     lo = 0
     for fanout in fanouts:
         frontier = nodes[lo:]
         dst_ids, src_ids = choose(frontier, int(fanout))
-        # kept edges in frontier order (targets by position, then key)
-        f_sorted = np.argsort(frontier, kind="stable")
-        dst_local = f_sorted[np.searchsorted(frontier[f_sorted], dst_ids)] + lo
-        order = np.argsort(dst_local, kind="stable")
-        dst_local, src_ids = dst_local[order], src_ids[order]
-        at = np.minimum(np.searchsorted(known, src_ids), max(len(known) - 1, 0))
-        seen = known[at] == src_ids if len(known) else np.zeros(len(src_ids), dtype=bool)
-        fresh, first = np.unique(src_ids[~seen], return_index=True)
-        fresh = fresh[np.argsort(first, kind="stable")]  # in order of first appearance
-        start = len(nodes)
-        nodes = np.concatenate([nodes, fresh])
-        known_order = np.argsort(nodes, kind="stable")
-        known, known_pos = nodes[known_order], known_order
-        src_local = known_pos[np.searchsorted(known, src_ids)]
-        srcs.append(src_local)
+        by_id = np.argsort(frontier, kind="stable")
+        dst_local = by_id[np.searchsorted(frontier[by_id], dst_ids)] + lo
+        if len(dst_local) > 1 and (dst_local[1:] < dst_local[:-1]).any():  # to frontier order, keys kept in order
+            order = np.argsort(dst_local, kind="stable")
+            dst_local, src_ids = dst_local[order], src_ids[order]
+        uniq, first, inverse = np.unique(src_ids, return_index=True, return_inverse=True)
+        at = np.minimum(np.searchsorted(known, uniq), len(known) - 1)
+        seen = known[at] == uniq
+        pos = np.empty(len(uniq), dtype=np.int64)
+        pos[seen] = known_pos[at[seen]]
+        fresh = np.flatnonzero(~seen)
+        fresh = fresh[np.argsort(first[fresh], kind="stable")]  # in order of first appearance
+        pos[fresh] = len(nodes) + np.arange(len(fresh))
+        lo = len(nodes)
+        nodes = np.concatenate([nodes, uniq[fresh]])
+        new_sorted = np.flatnonzero(~seen)  # uniq is sorted, so these are too
+        slot = np.searchsorted(known, uniq[new_sorted])
+        known, known_pos = np.insert(known, slot, uniq[new_sorted]), np.insert(known_pos, slot, pos[new_sorted])
+        srcs.append(pos[inverse.reshape(-1)])
         dsts.append(dst_local)
         nodes_per_hop.append(len(fresh))
         edges_per_hop.append(len(src_ids))
-        lo = start
     empty = np.empty(0, dtype=np.int64)
     return KeyedSample(nodes, np.concatenate(srcs) if srcs else empty, np.concatenate(dsts) if dsts else empty,
                        np.array(nodes_per_hop, dtype=np.int64), np.array(edges_per_hop, dtype=np.int64))

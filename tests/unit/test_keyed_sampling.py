@@ -11,12 +11,9 @@ from hypothesis import strategies as st
 
 from hybridgnn.sampling.keyed import (
     QUERY_COPY,
-    bottom_k,
-    candidate_edges,
-    copy_index,
+    draw,
     edge_keys,
     keep_smallest,
-    request_edges_into,
     sample_keyed,
 )
 
@@ -33,24 +30,41 @@ def _as_set(dst, src, copy):
     return set(zip(dst.tolist(), src.tolist(), copy.tolist(), strict=True))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), max_size=120), st.integers(1, 4),
-       st.integers(1, 5), st.integers(0, 2**63))
-def test_each_part_keeping_its_smallest_then_the_smallest_of_those_is_the_global_draw(edges, parts, k, seed):
+def _rows_of(dst, src, n):
+    """in_rows over the edges (dst, src) among n nodes, each row in a scrambled order."""
+    order = np.lexsort((-src, dst))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))])
+    return _csr_rows(indptr, src[order])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), max_size=120),
+       st.lists(st.tuples(st.integers(0, 6), st.integers(31, 34)), max_size=12, unique=True),
+       st.integers(1, 4), st.integers(1, 5), st.integers(0, 2**63))
+def test_each_part_keeping_its_smallest_then_the_smallest_of_those_is_the_global_draw(edges, request, parts, k, seed):
     # Parts hold edges by source (as partition ranks do), so every copy of an edge is in one part.
+    n = 31  # ids 31.. are a request's new nodes: their edges come as request edges
     dst = np.array([d for d, _ in edges], dtype=np.int64)
     src = np.array([s for _, s in edges], dtype=np.int64)
-    whole = keep_smallest(dst, src, copy_index(dst, src), seed, k)
+    req = sorted(request)
+    qdst = np.array([d for d, _ in req], dtype=np.int64)
+    qsrc = np.array([s for _, s in req], dtype=np.int64)
+    frontier = np.array([4, 0, 6, 2, 1, 5, 3])
+    whole = draw(frontier, n, _rows_of(dst, src, n), qsrc, qdst, seed, k)
+    want = np.minimum(np.bincount(dst, minlength=7) + np.bincount(qdst, minlength=7), k)
+    assert (np.bincount(whole[0], minlength=7) == want).all()  # k each, all when fewer
+    position = np.empty(7, np.int64)
+    position[frontier] = np.arange(7)
+    assert (np.diff(position[whole[0]]) >= 0).all()  # grouped in frontier order
     kept = []
     for p in range(parts):
-        mine = src % parts == p
-        kept.append(np.stack(keep_smallest(dst[mine], src[mine], copy_index(dst[mine], src[mine]), seed, k)))
-    merged = np.concatenate(kept, axis=1) if kept else np.empty((3, 0), np.int64)
+        mine, qmine = src % parts == p, qsrc % parts == p
+        kept.append(np.stack(draw(frontier, n, _rows_of(dst[mine], src[mine], n), qsrc[qmine], qdst[qmine], seed, k)))
+    merged = np.concatenate(kept, axis=1)
     again = keep_smallest(merged[0], merged[1], merged[2], seed, k)
     assert _as_set(*again) == _as_set(*whole)
-    counts = np.bincount(whole[0], minlength=7)
-    assert (counts == np.minimum(np.bincount(dst, minlength=7), k)).all()  # all when few, else k
-    assert (np.diff(whole[0]) >= 0).all()  # grouped by target
+    for v in range(7):  # within a target, by key: the same order both ways
+        np.testing.assert_array_equal(whole[1][whole[0] == v], again[1][again[0] == v])
 
 
 def test_the_draw_is_a_uniform_subset():
@@ -79,16 +93,11 @@ def test_parallel_edges_and_request_edges_are_separate_candidates():
     # node 0 reads 1 twice (a multigraph) and a request edge from new node 3 (n = 3)
     indptr, indices = np.array([0, 2, 2, 2]), np.array([1, 1])
     qsrc, qdst = np.array([3, 0]), np.array([0, 3])
-    dst, src, copy = candidate_edges(np.array([0, 3]), 3, _csr_rows(indptr, indices), qsrc, qdst)
-    assert _as_set(dst, src, copy) == {(0, 1, 0), (0, 1, 1), (0, 3, QUERY_COPY), (3, 0, QUERY_COPY)}
-    assert (bottom_k(dst, src, copy, edge_keys(0, dst, src, copy), 5) >= 0).sum() == 4
-
-
-def test_request_edges_into_a_frontier_in_any_order():
-    qsrc, qdst = np.array([9, 8, 7, 9]), np.array([1, 1, 4, 5])  # sorted by target
-    dst, src = request_edges_into(np.array([5, 2, 1]), qsrc, qdst)
-    assert sorted(zip(dst.tolist(), src.tolist(), strict=True)) == [(1, 8), (1, 9), (5, 9)]
-    assert len(request_edges_into(np.array([0]), qsrc, qdst)[0]) == 0
+    got = draw(np.array([0, 3]), 3, _csr_rows(indptr, indices), qsrc, qdst, 0, 5)
+    assert _as_set(*got) == {(0, 1, 0), (0, 1, 1), (0, 3, QUERY_COPY), (3, 0, QUERY_COPY)}
+    one = draw(np.array([0]), 3, _csr_rows(indptr, indices), qsrc, qdst, 0, 1)
+    keys = edge_keys(0, np.zeros(3, np.int64), np.array([1, 1, 3]), np.array([0, 1, QUERY_COPY]))
+    assert one[2][0] == [0, 1, QUERY_COPY][int(np.argmin(keys))]  # the smallest key wins
 
 
 def _choose_all(indptr, indices, seed=0):
@@ -96,8 +105,7 @@ def _choose_all(indptr, indices, seed=0):
     empty = np.empty(0, np.int64)
 
     def choose(frontier, fanout):
-        dst, src, _ = keep_smallest(*candidate_edges(frontier, len(indptr) - 1, rows, empty, empty), seed, fanout)
-        return dst, src
+        return draw(frontier, len(indptr) - 1, rows, empty, empty, seed, fanout)[:2]
     return choose
 
 
