@@ -28,10 +28,13 @@ def add_parser(sub) -> None:
                    help="how the graph is split (every rank must be given the same)")
     p.add_argument("--timeout-s", type=float, default=PartitionConfig.timeout_s,
                    help="how long a rank waits for the others in one step before it fails")
+    p.add_argument("--device", default=PartitionConfig.device, choices=("cpu", "cuda"),
+                   help="cpu: exchange over gloo; cuda: over NCCL, one GPU per rank (by LOCAL_RANK)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from hybridgnn.distributed.rank_server import RankOptions, serve
 
-    return serve(RankOptions(args.dataset, args.model, args.listen, args.partition, args.timeout_s))
+    return serve(RankOptions(args.dataset, args.model, args.listen, args.partition, args.timeout_s,
+                             device=args.device))

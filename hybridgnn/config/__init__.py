@@ -357,6 +357,8 @@ class PartitionConfig:
                                 "their number")
     timeout_s: float = setting(60.0, "how long a rank waits for the others in one step before the group is "
                                "restarted (a rank that hangs)", flag="--partition-timeout-s")
+    device: str = setting("cpu", "where partition ranks exchange data: cpu (gloo) or cuda (NCCL, one GPU per "
+                          "rank, by local rank)", flag="--partition-device", choices=("cpu", "cuda"))
     heartbeat_s: float = 1.0  # rank 0 checks every rank this often when idle
     restart_backoff_s: float = 1.0  # first wait before the group restarts (doubles, to 30 s)
 
@@ -367,6 +369,8 @@ class PartitionConfig:
             raise ValueError("--ranks needs --partitions N (the number of ranks started there)")
         if self.method not in ("auto", "metis", "ranges"):
             raise ValueError(f"--partition must be auto, metis or ranges, got {self.method!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--partition-device must be cpu or cuda, got {self.device!r}")
         if self.timeout_s <= 0 or self.heartbeat_s <= 0 or self.restart_backoff_s <= 0:
             raise ValueError("partition timeouts must be > 0")
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from hybridgnn.distributed.collectives import Collectives
+from hybridgnn.distributed.collectives import Collectives, broadcast
 from hybridgnn.distributed.serving_part import ServingPart
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 
@@ -32,9 +31,8 @@ class FetchingView:
         return self.part.num_nodes
 
     def _ask(self, op: int, ids: np.ndarray, layer: int = 0):
-        header = torch.tensor([op, layer, len(ids)], dtype=torch.int64)
-        dist.broadcast(header, 0)
-        dist.broadcast(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), 0)
+        broadcast(torch.tensor([op, layer, len(ids)], dtype=torch.int64))
+        broadcast(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))
         self.coll.bytes_sent += 24 * (self.coll.world - 1) + len(ids) * 8 * (self.coll.world - 1)
         return answer(self.part, self.coll, op, layer, np.asarray(ids, dtype=np.int64))
 
@@ -68,7 +66,7 @@ class FetchingView:
         return out
 
     def done(self) -> None:
-        dist.broadcast(torch.tensor([DONE, 0, 0], dtype=torch.int64), 0)
+        broadcast(torch.tensor([DONE, 0, 0], dtype=torch.int64))
 
 
 def answer(part: ServingPart, coll: Collectives, op: int, layer: int, ids: np.ndarray):
@@ -96,14 +94,10 @@ def answer(part: ServingPart, coll: Collectives, op: int, layer: int, ids: np.nd
 def serve_fetches(part: ServingPart, coll: Collectives) -> None:
     """Ranks other than 0: answer rank 0's reads until it is done with the request."""
     while True:
-        header = torch.empty(3, dtype=torch.int64)
-        dist.broadcast(header, 0)
-        op, layer, count = (int(v) for v in header)
+        op, layer, count = (int(v) for v in broadcast(torch.empty(3, dtype=torch.int64)))
         if op == DONE:
             return
-        ids = torch.empty(count, dtype=torch.int64)
-        dist.broadcast(ids, 0)
-        answer(part, coll, op, layer, ids.numpy())
+        answer(part, coll, op, layer, broadcast(torch.empty(count, dtype=torch.int64)).numpy())
 
 
 def fetch_and_infer(part: ServingPart, model, coll: Collectives, features, edge_index, **kw):

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hybridgnn.distributed.cgp import PartitionedEvaluator
+from hybridgnn.distributed.collectives import broadcast
 from hybridgnn.distributed.driver import environment
 from hybridgnn.distributed.part_updates import PartUpdater
 from hybridgnn.distributed.partition import Partition, compute_partition, resolve_method
@@ -47,6 +48,7 @@ class RankOptions:
     method: str = "auto"         # partitioning: auto, metis, ranges
     timeout_s: float = 60.0      # the process group's timeout (a hung step fails)
     heartbeat_s: float = 1.0     # rank 0 pings every rank this often while idle
+    device: str = "cpu"          # cpu: gloo; cuda: NCCL, one GPU per rank (by local rank)
 
 
 def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEvaluator, dict]:
@@ -88,8 +90,7 @@ def _partition(graph, method: str, rank: int, world: int, cache_root: Path | Non
     if rank == 0:
         owner = torch.from_numpy(np.asarray(compute_partition(graph, method, world, cache_root).owner,
                                             dtype=np.int64).copy())
-    dist.broadcast(owner, 0)
-    return Partition(method, world, owner=owner.numpy())
+    return Partition(method, world, owner=broadcast(owner).numpy())
 
 
 def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | None:
@@ -141,19 +142,16 @@ def _update(ev: PartitionedEvaluator, head: dict, arrays: list[np.ndarray], rid:
 
 def _share(kind: int, payload: bytes | memoryview = b"") -> None:
     """Rank 0: every rank gets this call's kind and payload."""
-    dist.broadcast(torch.tensor([kind, len(payload)], dtype=torch.int64), 0)
+    broadcast(torch.tensor([kind, len(payload)], dtype=torch.int64))
     if len(payload):
-        dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8), 0)
+        broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
 
 
 def _next_call() -> tuple[int, memoryview]:
     """A follower: the next call rank 0 shares."""
-    header = torch.empty(2, dtype=torch.int64)
-    dist.broadcast(header, 0)
+    header = broadcast(torch.empty(2, dtype=torch.int64))
     kind, size = int(header[0]), int(header[1])
-    buf = torch.empty(size, dtype=torch.uint8)
-    if size:
-        dist.broadcast(buf, 0)
+    buf = broadcast(torch.empty(size, dtype=torch.uint8)) if size else torch.empty(0, dtype=torch.uint8)
     return kind, memoryview(buf.numpy()).cast("B")
 
 
@@ -228,25 +226,37 @@ def _serve_link(ev: PartitionedEvaluator, link: wire.Link, opts: RankOptions) ->
         link.send(run(ev, kind, payload, rid))
 
 
-def _join_group(rank: int, world: int, timeout: timedelta) -> None:
-    """The gloo process group. Under torchrun, through the agent's store with keys of this
+def _backend(device: str, local_rank: int) -> str:
+    """gloo on CPU; NCCL with this rank's GPU (its local rank) made current."""
+    if device != "cuda":
+        return "gloo"
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= visible:
+        raise ConfigError(f"--device cuda needs one GPU per rank on a machine: local rank {local_rank}, "
+                          f"{visible} GPU(s) visible")
+    torch.cuda.set_device(local_rank)
+    return "nccl"
+
+
+def _join_group(rank: int, world: int, timeout: timedelta, backend: str = "gloo") -> None:
+    """The process group. Under torchrun, through the agent's store with keys of this
     attempt only: the default rendezvous re-forms no group after a restart here (a rank
     reads the address a rank of the failed attempt left, torch 2.13)."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is None:
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout)
         return
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=timeout)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"hybridgnn/attempt_{attempt}", store), rank=rank,
+    dist.init_process_group(backend, store=dist.PrefixStore(f"hybridgnn/attempt_{attempt}", store), rank=rank,
                             world_size=world, timeout=timeout)
 
 
 def serve_rank(opts: RankOptions) -> None:
     """Join the process group (torchrun's or the server's environment) and serve as this rank."""
-    rank, world, _ = environment()
+    rank, world, local_rank = environment()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    _join_group(rank, world, timedelta(seconds=opts.timeout_s))
+    _join_group(rank, world, timedelta(seconds=opts.timeout_s), _backend(opts.device, local_rank))
     try:
         ev, info = open_rank(opts, rank, world)
         if rank == 0:
@@ -267,10 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partition", default="auto", choices=("auto", "metis", "ranges"))
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    opts = RankOptions(a.dataset, a.model, a.listen, a.partition, a.timeout_s, a.heartbeat_s)
+    opts = RankOptions(a.dataset, a.model, a.listen, a.partition, a.timeout_s, a.heartbeat_s, a.device)
     return serve(opts)
 
 

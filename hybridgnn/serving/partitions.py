@@ -118,6 +118,7 @@ class RankGroup:
         argv = [sys.executable, "-m", "hybridgnn.distributed.rank_server", "--dataset", str(self._dataset),
                 "--model", str(self._model), "--listen", self.address, "--partition", self.cfg.method,
                 "--timeout-s", str(self.cfg.timeout_s), "--heartbeat-s", str(self.cfg.heartbeat_s),
+                "--device", self.cfg.device,
                 "--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel())]
         env = {PARENT_ENV: str(os.getpid())}
         self._procs = [subprocess.Popen(argv, env={**rank_environment(r, self.world, port, threads, self._errors[r]),

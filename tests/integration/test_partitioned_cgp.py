@@ -82,3 +82,26 @@ def test_partitioned_answers_equal_one_process(tmp_path, graph_dir, spec, world)
             assert np.abs(baseline.logits - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max())
             assert baseline.recomputed == res.recomputed
             assert baseline_bytes > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [1, 2])
+def test_nccl_ranks_answer_as_one_process(tmp_path, graph_dir, world):
+    # --device cuda ranks: every exchange goes through NCCL on the rank's GPU
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"NCCL ranks need one GPU each: {torch.cuda.device_count()} visible")
+    torch.manual_seed(3)
+    graph = GraphStore.open(graph_dir)
+    model = GNN(ModelSpec("gat", F, 12, 4, num_layers=2, heads=2)).eval()
+    model_dir, single = saved_model(tmp_path, graph, model)
+    reqs = requests()
+    got = serve_partitioned(tmp_path, graph_dir, model_dir, world, reqs, "ranges", backend="nccl")
+    exact_all = full_graph_forward(graph, model)
+    for req, res in zip(reqs, got, strict=True):
+        if req.get("fetch"):
+            res, baseline, _ = res
+            assert np.abs(baseline.logits - res.logits).max() <= 1e-5 * max(1.0, np.abs(res.logits).max())
+        expected = exact_all[req["ids"]] if "ids" in req else single.infer(
+            req["features"], req["edge_index"], mode=req["mode"], gamma=req.get("gamma", 0.1),
+            fanouts=req.get("fanouts")).logits
+        assert np.abs(res.logits - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max())

@@ -20,12 +20,14 @@ from hybridgnn.models.checkpoint import load_checkpoint
 
 
 def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method: str, requests: list[dict],
-          out: str) -> None:
+          out: str, backend: str = "gloo") -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))  # a hang fails, never stalls
     try:
         from hybridgnn.distributed.cgp import PartitionedEvaluator
@@ -67,14 +69,14 @@ def _rank(rank: int, world: int, init: str, dataset: str, model_dir: str, method
 
 
 def serve_partitioned(tmp: Path, dataset: Path, model_dir: Path, world: int, requests: list[dict],
-                      method: str = "ranges") -> list:
+                      method: str = "ranges", backend: str = "gloo") -> list:
     """Rank 0's PartitionedResult for each request, from `world` spawned ranks; with
     "fetch" in a request, (that, the fetching baseline's NewNodeResult, its bytes); with
     "update" (an UpdateBatch), PartUpdater's report or the error refusing it; with
-    "lookup" (ids), the precomputed rows."""
-    init = f"file://{tmp / f'rendezvous-{os.getpid()}-{world}-{method}'}"
-    out = tmp / f"answers-{world}-{method}.pkl"
-    mp.start_processes(_rank, args=(world, init, str(dataset), str(model_dir), method, requests, str(out)),
+    "lookup" (ids), the precomputed rows. backend nccl: one GPU per rank."""
+    init = f"file://{tmp / f'rendezvous-{os.getpid()}-{world}-{method}-{backend}'}"
+    out = tmp / f"answers-{world}-{method}-{backend}.pkl"
+    mp.start_processes(_rank, args=(world, init, str(dataset), str(model_dir), method, requests, str(out), backend),
                        nprocs=world, join=True, start_method="spawn")
     return pickle.loads(out.read_bytes())
 

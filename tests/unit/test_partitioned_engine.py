@@ -9,12 +9,14 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridgnn.config import PartitionConfig, SamplingConfig, ServeConfig, UpdateConfig
 from hybridgnn.errors import (
     BadRequest,
+    ConfigError,
     Conflict,
     RemovedNode,
     ServiceUnavailable,
@@ -184,6 +186,17 @@ def test_partition_config_is_checked():
     with pytest.raises(ValueError, match="one model"):
         ServeConfig(dataset_dir=DATA[0], model_dir=DATA[1], partitions=PartitionConfig(partitions=2),
                     model_repository=DATA[1])
+    with pytest.raises(ValueError, match="--partition-device"):
+        PartitionConfig(partitions=2, device="tpu")
+
+
+def test_cuda_ranks_need_a_gpu_each():
+    from hybridgnn.distributed.rank_server import _backend
+
+    assert _backend("cpu", 5) == "gloo"
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ConfigError, match=f"local rank {visible}, {visible} GPU"):
+        _backend("cuda", visible)
 
 
 def _update(**inputs) -> PendingUpdate:
