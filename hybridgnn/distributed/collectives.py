@@ -5,8 +5,8 @@ dense vectors. Every rank calls each of them in the same order; bytes sent are c
 for the report.
 
 Callers hand in and get back host tensors whatever the backend: under NCCL (ranks with
---device cuda) each exchange goes through the rank's GPU, so the layers still compute
-on the host and only the transport changes."""
+--device cuda) each exchange goes through the rank's GPU (all_to_all_single, which
+NCCL has), so the layers still compute on the host and only the transport changes."""
 
 from __future__ import annotations
 
@@ -62,10 +62,12 @@ class Collectives:
         """outgoing[r] = (int64 index [k], rows [k, width]) for rank r (own rank included);
         returns what every rank sent here, concatenated: (index, rows)."""
         sizes = self.counts(np.array([len(idx) for idx, _ in outgoing]))
+        if self.device is not None:
+            return self._all_to_all_single(outgoing, sizes, width, dtype)
         got_idx = [self._empty(int(sizes[r, self.rank]), torch.int64) for r in range(self.world)]
         got_rows = [self._empty((int(sizes[r, self.rank]), width), dtype) for r in range(self.world)]
         got_idx[self.rank], got_rows[self.rank] = (self._out(t) for t in outgoing[self.rank])
-        ops = []  # one batch: NCCL would deadlock on two ranks' unbatched sends to each other
+        ops = []  # one batch, as gloo has no all_to_all
         for peer in self._peers():
             idx, rows = outgoing[peer]
             if len(idx):
@@ -78,6 +80,20 @@ class Collectives:
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
         return torch.cat(got_idx).cpu(), torch.cat(got_rows).reshape(-1, width).cpu()
+
+    def _all_to_all_single(self, outgoing, sizes: np.ndarray, width: int, dtype):
+        """all_to_all under NCCL, which has it: one call for the indices, one for the rows."""
+        sends = [int(len(idx)) for idx, _ in outgoing]
+        recvs = [int(v) for v in sizes[:, self.rank]]
+        idx = self._out(torch.cat([i.reshape(-1) for i, _ in outgoing]).to(torch.int64).contiguous())
+        rows = self._out(torch.cat([r.to(dtype).reshape(-1, width) for _, r in outgoing]).contiguous())
+        got_idx = self._empty(sum(recvs), torch.int64)
+        got_rows = self._empty((sum(recvs), width), dtype)
+        dist.all_to_all_single(got_idx, idx, recvs, sends)
+        dist.all_to_all_single(got_rows, rows, recvs, sends)
+        others = sum(sends) - sends[self.rank]
+        self.bytes_sent += others * 8 + others * width * rows.element_size()
+        return got_idx.cpu(), got_rows.cpu()
 
     def gather(self, mine: np.ndarray) -> np.ndarray:
         """Every rank's int64 rows `mine` [k, c] (c alike on all ranks), concatenated in
