@@ -8,9 +8,9 @@ in or of who reads them. Ranks that each hold part of v's in-edges therefore pic
 exactly one process's edges: each keeps its own smallest `fanout`, and the smallest
 `fanout` of those are the global ones.
 
-`copy` tells parallel edges apart: the j-th copy of a stored edge u -> v has copy j,
-a request's (deduplicated) edge copy QUERY_COPY, so a request edge that repeats a
-stored one is a second candidate, as in the CPU sampler's overlay.
+`copy` is 0 for a stored edge and QUERY_COPY for a request's, so the two are separate
+candidates with separate keys. Parallel stored edges share a key; they are the same
+edge, so whichever copy is kept, the sample is the same.
 
 Nodes join the sample in PyG's order: the seeds, then per hop the nodes reached for the
 first time, in the order of the kept edges (by target position, then key).
@@ -88,11 +88,21 @@ def keep_smallest(dst, src, copy, seed: int, fanout: int):
     return dst[keep], src[keep], copy[keep]
 
 
+@numba.njit(cache=True, inline="always")
+def _before(key_a, src_a, copy_a, key_b, src_b, copy_b):
+    """(key, src, copy) order: the key decides; ties (next to impossible) go by src, copy."""
+    if key_a != key_b:
+        return key_a < key_b
+    if src_a != src_b:
+        return src_a < src_b
+    return copy_a < copy_b
+
+
 @numba.njit(cache=True)
 def _draw(frontier, lens, g_src, q_start, q_len, qsrc, seeded, k):
     """Per frontier node: its stored candidates (the next lens[i] of g_src) and request
-    candidates (qsrc[q_start[i]:][:q_len[i]], sorted), keyed; the k smallest kept, by
-    (key, src, copy), in that order."""
+    candidates (qsrc[q_start[i]:][:q_len[i]]), keyed; the k smallest kept by (key, src,
+    copy), in that order (a sorted buffer of k: most candidates are one comparison)."""
     bound = 0
     longest = 0
     for i in range(frontier.shape[0]):
@@ -102,41 +112,90 @@ def _draw(frontier, lens, g_src, q_start, q_len, qsrc, seeded, k):
     out_dst = np.empty(bound, np.int64)
     out_src = np.empty(bound, np.int64)
     out_copy = np.empty(bound, np.int64)
-    cand_src = np.empty(longest, np.int64)
-    cand_copy = np.empty(longest, np.int64)
-    cand_key = np.empty(longest, np.uint64)
+    kk = min(k, longest)
+    top_key = np.empty(kk, np.uint64)
+    top_src = np.empty(kk, np.int64)
+    top_copy = np.empty(kk, np.int64)
     off = 0
     e = 0
     for i in range(frontier.shape[0]):
         v = frontier[i]
-        stored = np.sort(g_src[off:off + lens[i]])
-        off += lens[i]
-        # merge stored (by src, copies counted) and request candidates (by src): (src, copy) order
-        a = 0
-        b = 0
         m = 0
-        qs = q_start[i]
-        while a < stored.shape[0] or b < q_len[i]:
-            if b >= q_len[i] or (a < stored.shape[0] and stored[a] <= qsrc[qs + b]):
-                u = stored[a]
-                c = 0 if a == 0 or stored[a - 1] != u else cand_copy[m - 1] + 1
-                a += 1
+        for t in range(lens[i] + q_len[i]):
+            if t < lens[i]:
+                u = g_src[off + t]
+                c = 0
             else:
-                u = qsrc[qs + b]
+                u = qsrc[q_start[i] + t - lens[i]]
                 c = QUERY_COPY
-                b += 1
-            cand_src[m] = u
-            cand_copy[m] = c
-            cand_key[m] = _key(seeded, v, u, c)
-            m += 1
-        order = np.argsort(cand_key[:m], kind="mergesort")  # stable: ties stay in (src, copy) order
-        for t in range(min(m, k)):
-            j = order[t]
+            key = _key(seeded, v, u, c)
+            if m == kk and not _before(key, u, c, top_key[m - 1], top_src[m - 1], top_copy[m - 1]):
+                continue
+            j = m if m < kk else kk - 1
+            while j > 0 and _before(key, u, c, top_key[j - 1], top_src[j - 1], top_copy[j - 1]):
+                top_key[j] = top_key[j - 1]
+                top_src[j] = top_src[j - 1]
+                top_copy[j] = top_copy[j - 1]
+                j -= 1
+            top_key[j] = key
+            top_src[j] = u
+            top_copy[j] = c
+            if m < kk:
+                m += 1
+        off += lens[i]
+        for t in range(m):
             out_dst[e] = v
-            out_src[e] = cand_src[j]
-            out_copy[e] = cand_copy[j]
+            out_src[e] = top_src[t]
+            out_copy[e] = top_copy[t]
             e += 1
     return out_dst, out_src, out_copy
+
+
+@numba.njit(cache=True)
+def _place(ids, table_ids, table_pos, count, fresh):
+    """Positions of ids in the sample (an open-addressing table, -1 empty, size a power
+    of two), adding the ones not in it at count, count + 1, ... in order of first
+    appearance (also written to fresh); returns (positions, how many were added)."""
+    mask = np.uint64(table_ids.shape[0] - 1)
+    pos = np.empty(ids.shape[0], np.int64)
+    added = 0
+    for e in range(ids.shape[0]):
+        u = ids[e]
+        h = np.int64(_mix(np.uint64(u)) & mask)
+        while True:
+            if table_ids[h] == -1:
+                table_ids[h] = u
+                table_pos[h] = count + added
+                fresh[added] = u
+                added += 1
+                pos[e] = table_pos[h]
+                break
+            if table_ids[h] == u:
+                pos[e] = table_pos[h]
+                break
+            h = np.int64((np.uint64(h) + np.uint64(1)) & mask)
+    return pos, added
+
+
+class _Positions:
+    """Node id -> position in a sample, growing as nodes join (kept under half full)."""
+
+    def __init__(self, expected: int):
+        self.count = 0
+        self._ids = np.full(max(16, 1 << int(2 * max(expected, 1) - 1).bit_length()), -1, dtype=np.int64)
+        self._pos = np.empty(len(self._ids), dtype=np.int64)
+
+    def place(self, ids: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of ids, the ids that joined, in order); nodes: every node so far."""
+        if 2 * (self.count + len(ids)) > len(self._ids):
+            size = 1 << int(4 * (self.count + len(ids))).bit_length()
+            self._ids = np.full(size, -1, dtype=np.int64)
+            self._pos = np.empty(size, dtype=np.int64)
+            _place(nodes, self._ids, self._pos, 0, np.empty(len(nodes), dtype=np.int64))
+        fresh = np.empty(len(ids), dtype=np.int64)
+        pos, added = _place(np.ascontiguousarray(ids, dtype=np.int64), self._ids, self._pos, self.count, fresh)
+        self.count += added
+        return pos, fresh[:added]
 
 
 def draw(frontier: np.ndarray, num_nodes: int, in_rows, qsrc: np.ndarray, qdst: np.ndarray, seed: int,
@@ -180,36 +239,25 @@ class KeyedSample:
 def sample_keyed(seeds: np.ndarray, fanouts, choose: Callable[[np.ndarray, int], tuple]) -> KeyedSample:
     """K-hop sample around distinct seeds; choose(frontier ids, fanout) -> (dst ids, src
     ids) of the edges kept into the frontier, grouped by target, by key within one."""
-    nodes = np.asarray(seeds, dtype=np.int64)
-    known_pos = np.argsort(nodes, kind="stable")
-    known = nodes[known_pos]  # every node so far, sorted, with its position
-    if len(known) > 1 and not (known[1:] != known[:-1]).all():
+    nodes = np.ascontiguousarray(seeds, dtype=np.int64)
+    table = _Positions(len(nodes) * (1 + sum(int(min(f, 64)) for f in fanouts)))
+    _, joined = table.place(nodes, nodes[:0])
+    if len(joined) != len(nodes):
         raise ValueError("seeds of a keyed sample must be distinct")
     srcs, dsts = [], []
     nodes_per_hop, edges_per_hop = [len(nodes)], []
     lo = 0
     for fanout in fanouts:
-        frontier = nodes[lo:]
-        dst_ids, src_ids = choose(frontier, int(fanout))
-        by_id = np.argsort(frontier, kind="stable")
-        dst_local = by_id[np.searchsorted(frontier[by_id], dst_ids)] + lo
+        dst_ids, src_ids = choose(nodes[lo:], int(fanout))
+        dst_local, none = table.place(dst_ids, nodes)
+        assert len(none) == 0, "choose returned an edge into a node outside the frontier"
         if len(dst_local) > 1 and (dst_local[1:] < dst_local[:-1]).any():  # to frontier order, keys kept in order
             order = np.argsort(dst_local, kind="stable")
             dst_local, src_ids = dst_local[order], src_ids[order]
-        uniq, first, inverse = np.unique(src_ids, return_index=True, return_inverse=True)
-        at = np.minimum(np.searchsorted(known, uniq), len(known) - 1)
-        seen = known[at] == uniq
-        pos = np.empty(len(uniq), dtype=np.int64)
-        pos[seen] = known_pos[at[seen]]
-        fresh = np.flatnonzero(~seen)
-        fresh = fresh[np.argsort(first[fresh], kind="stable")]  # in order of first appearance
-        pos[fresh] = len(nodes) + np.arange(len(fresh))
+        src_local, fresh = table.place(src_ids, nodes)  # new nodes in order of first appearance
         lo = len(nodes)
-        nodes = np.concatenate([nodes, uniq[fresh]])
-        new_sorted = np.flatnonzero(~seen)  # uniq is sorted, so these are too
-        slot = np.searchsorted(known, uniq[new_sorted])
-        known, known_pos = np.insert(known, slot, uniq[new_sorted]), np.insert(known_pos, slot, pos[new_sorted])
-        srcs.append(pos[inverse.reshape(-1)])
+        nodes = np.concatenate([nodes, fresh])
+        srcs.append(src_local)
         dsts.append(dst_local)
         nodes_per_hop.append(len(fresh))
         edges_per_hop.append(len(src_ids))
