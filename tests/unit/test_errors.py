@@ -267,8 +267,7 @@ def test_update_errors_through_the_api(tiny_dataset, tiny_model_pe, tmp_path):
     assert out["deep"][0] == 400 and "nested too deeply" in out["deep"][1]["error"]
     assert out["ok"][0] == 200, out["ok"]
     assert out["new_node_after_update"][0] == 200  # evaluated on the current graph
-    status, body = out["sampled_new_node_after_update"]
-    assert status == 409 and "graph updates" in body["error"]
+    assert out["sampled_new_node_after_update"][0] == 200  # keyed draws read the current graph too
 
 
 def test_each_lane_admits_with_the_wait_in_the_front_end(tiny_dataset, tiny_model_pe, tmp_path):
