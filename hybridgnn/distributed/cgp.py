@@ -253,14 +253,9 @@ class PartitionedEvaluator:
         scale = np.ones(len(sample.src), dtype=np.float64)
         if self.gcn:  # sampled_gcn_weights: d_v / s_v, whole in-degree (with the request's) over drawn
             targets = sets[0]
-            degree = np.zeros(len(targets), dtype=np.float64)
+            degree = self._request_in(targets, *self._query(qdst)).astype(np.float64)
             existing = targets < n
-            degree[existing] = self._in_degree(targets[existing])
-            query_nodes, query_in = self._query(qdst)
-            if len(query_nodes):
-                at = np.minimum(np.searchsorted(query_nodes, targets), len(query_nodes) - 1)
-                hit = query_nodes[at] == targets
-                degree[hit] += query_in[at[hit]]
+            degree[existing] += self._in_degree(targets[existing])
             drawn = np.maximum(np.bincount(sample.dst, minlength=len(targets)), 1)
             scale = (degree / drawn[: len(targets)])[sample.dst]
 
@@ -371,11 +366,18 @@ class PartitionedEvaluator:
         existing = ids < n
         pos = self.part.position(ids[existing])
         deg[existing] = self.part.in_degree[pos] + ~self.part.has_loop[pos]
+        return deg + self._request_in(ids, query_nodes, query_in)
+
+    @staticmethod
+    def _request_in(ids, query_nodes, query_in) -> np.ndarray:
+        """How many of the request's edges go into each of ids (query_nodes sorted, with
+        query_in edges each: `_query`)."""
+        count = np.zeros(len(ids), dtype=np.int64)
         if len(query_nodes):
             at = np.minimum(np.searchsorted(query_nodes, ids), len(query_nodes) - 1)
             hit = query_nodes[at] == ids
-            deg[hit] += query_in[at[hit]]
-        return deg
+            count[hit] = query_in[at[hit]]
+        return count
 
     def _degrees(self, targets, mine, query_nodes, query_in) -> np.ndarray:
         """Every target's gcn_norm degree, each filled in by its home."""

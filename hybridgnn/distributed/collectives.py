@@ -64,14 +64,14 @@ class Collectives:
         sizes = self.counts(np.array([len(idx) for idx, _ in outgoing]))
         if self.device is not None:
             return self._all_to_all_single(outgoing, sizes, width, dtype)
-        got_idx = [self._empty(int(sizes[r, self.rank]), torch.int64) for r in range(self.world)]
-        got_rows = [self._empty((int(sizes[r, self.rank]), width), dtype) for r in range(self.world)]
-        got_idx[self.rank], got_rows[self.rank] = (self._out(t) for t in outgoing[self.rank])
-        ops = []  # one batch, as gloo has no all_to_all
+        got_idx = [torch.empty(int(sizes[r, self.rank]), dtype=torch.int64) for r in range(self.world)]
+        got_rows = [torch.empty((int(sizes[r, self.rank]), width), dtype=dtype) for r in range(self.world)]
+        got_idx[self.rank], got_rows[self.rank] = outgoing[self.rank]
+        ops = []  # gloo: one batch of point-to-point sends, as it has no all_to_all
         for peer in self._peers():
             idx, rows = outgoing[peer]
             if len(idx):
-                idx, rows = self._out(idx.contiguous()), self._out(rows.to(dtype).contiguous())
+                idx, rows = idx.contiguous(), rows.to(dtype).contiguous()
                 ops += [dist.P2POp(dist.isend, idx, peer, tag=0), dist.P2POp(dist.isend, rows, peer, tag=1)]
                 self.bytes_sent += idx.numel() * 8 + rows.numel() * rows.element_size()
             if got_idx[peer].numel():
@@ -79,7 +79,7 @@ class Collectives:
                         dist.P2POp(dist.irecv, got_rows[peer], peer, tag=1)]
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
-        return torch.cat(got_idx).cpu(), torch.cat(got_rows).reshape(-1, width).cpu()
+        return torch.cat(got_idx), torch.cat(got_rows).reshape(-1, width)
 
     def _all_to_all_single(self, outgoing, sizes: np.ndarray, width: int, dtype):
         """all_to_all under NCCL, which has it: one call for the indices, one for the rows."""
