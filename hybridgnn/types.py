@@ -12,6 +12,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+EdgeType = tuple[str, str, str]  # (source node type, relation, target node type), as PyG names them
+
 
 class _SubgraphSize:
     """Sizes both subgraph layouts report the same way."""
@@ -66,6 +68,33 @@ class TensorSubgraph(_SubgraphSize):
             num_sampled_nodes=np.asarray(self.num_sampled_nodes, dtype=np.int64),
             num_sampled_edges=np.asarray(self.num_sampled_edges, dtype=np.int64),
             seed_index=self.seed_index.cpu().numpy())
+
+
+@dataclass
+class TypedSampledSubgraph:
+    """A K-hop sample of a heterogeneous graph, in PyG's HeteroData layout.
+
+    Per node type t: node_ids[t] holds unique ids of type t, t's (deduplicated) seeds
+    first, then the nodes first reached at hop 1, 2, ...; num_sampled_nodes[t][k] counts
+    hop k's. Per edge type e = (s, rel, t): edge_index[e] is local, row 0 indexing
+    node_ids[s] (the sampled neighbour) and row 1 node_ids[t] (the node that
+    aggregates), ordered by hop; num_sampled_edges[e][k-1] counts hop k's. seed_index[t]
+    maps each requested seed of type t (duplicates allowed) to its local row.
+    """
+
+    node_ids: dict[str, np.ndarray]
+    edge_index: dict[EdgeType, np.ndarray]
+    num_sampled_nodes: dict[str, np.ndarray]
+    num_sampled_edges: dict[EdgeType, np.ndarray]
+    seed_index: dict[str, np.ndarray]
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(int(v.shape[0]) for v in self.node_ids.values())
+
+    @property
+    def num_edges(self) -> int:
+        return sum(int(v.shape[1]) for v in self.edge_index.values())
 
 
 @dataclass

@@ -38,11 +38,24 @@ def add_parser(sub) -> None:
     cs.add_argument("--seed", type=int, default=0)
     cs.set_defaults(run=run_generate)
 
-    imp = dsub.add_parser("import", help="import a PyG Data file (.pt), an .npz or a text edge list",
+    het = gsub.add_parser("hetero", help="heterogeneous graph: recsys (user, item) or academic (paper, author, "
+                                         "field), with reverse edge types", formatter_class=fmt)
+    het.add_argument("--out", type=Path, required=True)
+    het.add_argument("--schema", choices=["recsys", "academic"], default="recsys",
+                     help="recsys: user -rates-> item; academic: author -writes-> paper -has_topic-> field, cites")
+    het.add_argument("--num-nodes", type=int, default=20_000, help="nodes of the largest type")
+    het.add_argument("--avg-degree", type=float, default=10.0)
+    het.add_argument("--num-groups", type=int, default=5, help="communities (item classes, paper fields)")
+    het.add_argument("--seed", type=int, default=0)
+    het.set_defaults(run=run_generate)
+
+    imp = dsub.add_parser("import", help="import a PyG Data or HeteroData file (.pt), an .npz, a text edge list, "
+                                         "or a directory of edge lists per edge type",
                           formatter_class=fmt)
     imp.add_argument("source", type=Path)
     imp.add_argument("--out", type=Path, required=True)
-    imp.add_argument("--undirected", action="store_true", help="add every edge in both directions")
+    imp.add_argument("--undirected", action="store_true",
+                     help="add every edge in both directions (heterogeneous: a rev_<rel> type per edge type)")
     imp.add_argument("--feature-dim", type=int, default=64, help="random features when the source has none")
     imp.add_argument("--ids", choices=["auto", "dense", "map"], default="auto",
                      help="map node ids to dense ones and store the map (requests then use the original ids): "
@@ -58,17 +71,22 @@ def add_parser(sub) -> None:
 
 def run_generate(args) -> int:
     from hybridgnn.graph.generate import generate_csbm, generate_powerlaw
-    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.graph.hetero import open_any
+    from hybridgnn.graph.hetero_generate import generate_hetero
 
     t0 = time.perf_counter()
-    if args.kind == "powerlaw":
+    if args.kind == "hetero":
+        generate_hetero(args.out, kind=args.schema,
+                        num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_groups=args.num_groups,
+                        seed=args.seed)
+    elif args.kind == "powerlaw":
         generate_powerlaw(args.out, num_nodes=args.num_nodes, avg_degree=args.avg_degree, exponent=args.exponent,
                           max_degree=args.max_degree, feature_dim=args.feature_dim, seed=args.seed)
     else:
         generate_csbm(args.out, num_nodes=args.num_nodes, num_classes=args.num_classes,
                       feature_dim=args.feature_dim, avg_degree=args.avg_degree, homophily=args.homophily,
                       feature_signal=args.feature_signal, seed=args.seed)
-    info = GraphStore.open(args.out).describe()
+    info = open_any(args.out).describe()
     info["generate_s"] = round(time.perf_counter() - t0, 2)
     print(json.dumps(info, indent=2))
     return 0
@@ -78,20 +96,20 @@ def run_import(args) -> int:
     import shutil
 
     from hybridgnn.errors import ConfigError
+    from hybridgnn.graph.hetero import open_any
     from hybridgnn.graph.importers import import_graph
-    from hybridgnn.graph.store import GraphStore
 
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         if not args.force:
             raise ConfigError(f"{args.out} already exists; pass --force to replace it")
         shutil.rmtree(args.out) if args.out.is_dir() else args.out.unlink()
     import_graph(args.source, args.out, undirected=args.undirected, feature_dim=args.feature_dim, ids=args.ids)
-    print(json.dumps(GraphStore.open(args.out, validate="full").describe(), indent=2))
+    print(json.dumps(open_any(args.out, validate="full").describe(), indent=2))
     return 0
 
 
 def run_info(args) -> int:
-    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.graph.hetero import open_any
 
-    print(json.dumps(GraphStore.open(args.path, validate="full" if args.full else "quick").describe(), indent=2))
+    print(json.dumps(open_any(args.path, validate="full" if args.full else "quick").describe(), indent=2))
     return 0

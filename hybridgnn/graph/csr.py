@@ -70,20 +70,24 @@ def coo_to_csr(
     dedup: bool = True,
     drop_self_loops: bool = False,
     progress=None,
+    num_cols: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Build (indptr int64, indices int32/int64) from COO given as parallel lists of chunks.
 
     Chunks keep peak memory at one copy of the edges plus the output. With `dedup`, each
     row is sorted and repeated neighbours are removed (the sampling adjacency is 0/1).
+    num_cols: the column id space when it differs from the rows' (one edge type of a
+    heterogeneous graph: rows are target nodes, columns source nodes of another type).
     """
+    num_cols = num_nodes if num_cols is None else num_cols
     counts = np.zeros(num_nodes, dtype=np.int64)
     for r, c in zip(rows_chunks, cols_chunks, strict=True):
         _check_ids(r, num_nodes, "row")
-        _check_ids(c, num_nodes, "column")
+        _check_ids(c, num_cols, "column")
         _count(r, c, counts, drop_self_loops)
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    indices = np.empty(int(indptr[-1]), dtype=index_dtype(num_nodes))
+    indices = np.empty(int(indptr[-1]), dtype=index_dtype(num_cols))
     cursor = indptr[:-1].copy()
     for r, c in zip(rows_chunks, cols_chunks, strict=True):
         _scatter(r, c.astype(indices.dtype, copy=False), cursor, indices, drop_self_loops)

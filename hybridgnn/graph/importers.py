@@ -25,14 +25,14 @@ def _safe_pyg_globals() -> list:
     from torch_geometric.data import hetero_data as hetero_mod
     from torch_geometric.data import storage as storage_mod
 
-    # HeteroData is allowed to load only so that it can be refused with a clear message
     names = [(data_mod, "Data"), (data_mod, "DataEdgeAttr"), (data_mod, "DataTensorAttr"),
              (storage_mod, "GlobalStorage"), (storage_mod, "NodeStorage"), (storage_mod, "EdgeStorage"),
              (storage_mod, "BaseStorage"), (hetero_mod, "HeteroData")]
     return [getattr(m, n) for m, n in names if hasattr(m, n)]
 
 
-def _load_pyg(path: Path) -> dict:
+def _load_pyg(path: Path):
+    """A dict of arrays (a Data), or the HeteroData object itself."""
     try:
         with torch.serialization.safe_globals(_safe_pyg_globals()):
             obj = torch.load(path, map_location="cpu", weights_only=True)
@@ -45,8 +45,7 @@ def _load_pyg(path: Path) -> dict:
         raise DatasetError(f"cannot load {path} as a PyG Data file (loaded with weights_only=True, so only "
                            f"tensors and PyG's Data classes are accepted): {cause}") from exc
     if type(obj).__name__ == "HeteroData":
-        raise DatasetError(f"{path} holds a heterogeneous graph (HeteroData); hybridgnn serves homogeneous "
-                           "graphs: save data.to_homogeneous() instead")
+        return obj
     if isinstance(obj, (tuple, list)) and obj and isinstance(obj[0], dict):
         obj = obj[0]  # InMemoryDataset.save writes (data_dict, slices)
     if hasattr(obj, "to_dict"):
@@ -89,8 +88,9 @@ def import_graph(
     name: str | None = None,
     ids: str = "auto",
 ) -> Path:
-    """Convert `source` (.pt/.pth PyG Data, .npz with edge_index [and x, y, masks], or a text
-    edge list) into a dataset directory. Edges (s, t) mean t aggregates from s, as in PyG.
+    """Convert `source` (.pt/.pth PyG Data or HeteroData, .npz with edge_index [and x, y,
+    masks], a text edge list, or a directory of edge lists per edge type) into a dataset
+    directory. Edges (s, t) mean t aggregates from s, as in PyG.
     Without features, random Gaussian features of `feature_dim` are made (and recorded).
 
     ids: "dense" keeps integer ids as row numbers; "map" stores every distinct id with a
@@ -100,9 +100,21 @@ def import_graph(
     if ids not in ID_MODES:
         raise DatasetError(f"ids must be one of {ID_MODES}, got {ids!r}")
     src = Path(source)
+    if src.is_dir():
+        from hybridgnn.graph.hetero_import import import_hetero_edge_lists
+
+        return import_hetero_edge_lists(src, out, undirected=undirected, feature_dim=feature_dim, seed=seed,
+                                        name=name, ids=ids)
     if not src.is_file():
         raise DatasetError(f"{src} does not exist")
     data = _load_pyg(src) if src.suffix in (".pt", ".pth") else _load_edge_file(src)
+    if not isinstance(data, dict):
+        from hybridgnn.graph.hetero_import import import_hetero_data
+
+        if ids == "map":
+            raise DatasetError(f"{src}: --ids map needs an edge list (a HeteroData's rows are numbered by id)")
+        return import_hetero_data(data, src, out, undirected=undirected, feature_dim=feature_dim, seed=seed,
+                                  name=name)
     ei = data.get("edge_index")
     if ei is None:
         raise DatasetError(f"{src} has no edge_index")

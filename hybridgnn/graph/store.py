@@ -87,6 +87,16 @@ def write_dataset(
     return root
 
 
+def dataset_kind(path: str | Path) -> str:
+    """'hetero' for a heterogeneous dataset (graph/hetero.py), else 'homogeneous'."""
+    meta_path = Path(path) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "homogeneous"  # opening it says what is wrong
+    return "hetero" if isinstance(meta, dict) and meta.get("kind") == "hetero" else "homogeneous"
+
+
 def _load_id_map(root: Path) -> IdMap | None:
     try:
         return IdMap.load(root)
@@ -119,6 +129,10 @@ class GraphStore:
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
+        if isinstance(meta, dict) and meta.get("kind") == "hetero":
+            raise DatasetError(f"{root} is a heterogeneous dataset (node types "
+                               f"{[t.get('name') for t in meta.get('node_types', [])]}); this needs a "
+                               "homogeneous one")
 
         def load(name: str, required: bool = True):
             p = root / f"{name}.npy"

@@ -141,23 +141,33 @@ class TorchSampler:
 
     def _hop(self, frontier: torch.Tensor, frontier_local: torch.Tensor, fanout: int):
         """(sampled neighbours' global ids, their targets' local ids) for one hop."""
+        kernel_seed = None
         if self.kernel and fanout <= cuda_hop.MAX_FANOUT:
             self._hops_drawn += 1
-            tile = cuda_hop.sample_hop(self.indptr, self.indices, frontier, fanout,
-                                       int(_mix_seed(self._seed + self._hops_drawn)[0]))
-            valid = tile >= 0
-            return tile[valid], frontier_local.unsqueeze(1).expand(-1, fanout)[valid]
-        start = self.indptr[frontier]
-        degree = self.indptr[frontier + 1] - start
-        m = frontier.shape[0]
-        # A tile no wider than the largest degree: "take every neighbour" fanouts stay cheap.
-        width = min(fanout, int(degree.max())) if m else 0
-        column = torch.arange(width, device=self.device)
-        positions = column.expand(m, width).clone()
-        big = torch.nonzero(degree > fanout).squeeze(1)
-        if big.numel():
-            positions[big] = floyd_positions(degree[big], fanout, self._generator)
-        valid = column.unsqueeze(0) < degree.unsqueeze(1)
-        flat = (start.unsqueeze(1) + positions)[valid]
-        targets = frontier_local.unsqueeze(1).expand(m, width)[valid]
-        return self.indices[flat].to(torch.int64), targets
+            kernel_seed = int(_mix_seed(self._seed + self._hops_drawn)[0])
+        return draw_hop(self.indptr, self.indices, frontier, frontier_local, fanout, self._generator, kernel_seed)
+
+
+def draw_hop(indptr: torch.Tensor, indices: torch.Tensor, frontier: torch.Tensor, frontier_local: torch.Tensor,
+             fanout: int, generator: torch.Generator, kernel_seed: int | None = None):
+    """One hop over one CSR: (sampled neighbours' global ids, their targets' local ids).
+    kernel_seed: draw with the one-launch CUDA kernel (cuda_hop) seeded so; None: torch ops."""
+    if kernel_seed is not None:
+        tile = cuda_hop.sample_hop(indptr, indices, frontier, fanout, kernel_seed)
+        valid = tile >= 0
+        return tile[valid], frontier_local.unsqueeze(1).expand(-1, fanout)[valid]
+    device = indptr.device
+    start = indptr[frontier]
+    degree = indptr[frontier + 1] - start
+    m = frontier.shape[0]
+    # A tile no wider than the largest degree: "take every neighbour" fanouts stay cheap.
+    width = min(fanout, int(degree.max())) if m else 0
+    column = torch.arange(width, device=device)
+    positions = column.expand(m, width).clone()
+    big = torch.nonzero(degree > fanout).squeeze(1)
+    if big.numel():
+        positions[big] = floyd_positions(degree[big], fanout, generator)
+    valid = column.unsqueeze(0) < degree.unsqueeze(1)
+    flat = (start.unsqueeze(1) + positions)[valid]
+    targets = frontier_local.unsqueeze(1).expand(m, width)[valid]
+    return indices[flat].to(torch.int64), targets

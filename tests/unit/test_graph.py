@@ -196,19 +196,6 @@ def test_multi_label_y_is_skipped_with_one_line(tmp_path, caplog):
     assert any("multi-label" in r.getMessage() for r in caplog.records)
 
 
-def test_a_heterogeneous_graph_is_refused_in_one_line(tmp_path):
-    from torch_geometric.data import HeteroData
-
-    data = HeteroData()
-    data["paper"].x = torch.randn(4, 3)
-    data["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [1, 2]])
-    torch.save(data, tmp_path / "h.pt")
-    with pytest.raises(DatasetError) as info:
-        import_graph(tmp_path / "h.pt", tmp_path / "out")
-    assert "heterogeneous" in str(info.value) and "to_homogeneous()" in str(info.value)
-    assert "\n" not in str(info.value)
-
-
 def test_fields_the_models_do_not_read_are_named_not_dropped_silently(tmp_path, caplog):
     from torch_geometric.data import Data
 

@@ -1,0 +1,224 @@
+"""PSGS and FAP of heterogeneous graphs, over fanouts per edge type.
+
+Edge type e = (s, rel, t) has its 0/1 adjacency A_e (row v of type t lists its s-type
+candidates), deg_e = A_e·1 and r_{k,e} = min(deg_e, l_{k,e}) / deg_e (0 where deg_e = 0).
+A sample rooted at a node of type t expands, at hop k, every frontier node v of type t
+through every edge type into t, drawing min(deg_e(v), l_{k,e}) neighbours of each.
+
+    PSGS: w_t = 1 for every type; for k = K..1: w_t = 1 + Σ_{e=(s,·,t)} r_{k,e} ⊙ (A_e·w_s)
+          (then w_t[v] = expected sampled nodes, with multiplicity, rooted at v of type t)
+    FAP:  x_{t0} = p0 (the seed distribution over seed type t0), x_t = 0 otherwise;
+          for k = 1..K: x'_s = Σ_{e=(s,·,t)} A_eᵀ·(r_{k,e} ⊙ x_t); acc_s += x'_s
+          (acc_t[u] = expected feature reads of node u of type t per request)
+
+K SpMVs per edge type each. One chain gives PSGS for every seed type at once; FAP is per
+seed type. The homogeneous tables (tables.py) are the one-type, one-edge-type case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from hybridgnn.graph.hetero import HeteroGraphStore, edge_type_key
+from hybridgnn.types import EdgeType
+from hybridgnn.workload.tables import hop_ratios
+
+TypedFanouts = dict[EdgeType, tuple[int, ...]]
+TYPED_SEED_KINDS = ("uniform", "degree")
+MAX_FANOUT = 1 << 20
+
+
+def resolve_edge_type(edge_types: list[EdgeType], key) -> EdgeType:
+    """An edge type named as (src, rel, dst), 'src__rel__dst', or a relation name that only
+    one edge type has."""
+    if isinstance(key, (tuple, list)) and tuple(key) in edge_types:
+        return tuple(key)  # type: ignore[return-value]
+    if isinstance(key, str):
+        by_key = [e for e in edge_types if edge_type_key(e) == key]
+        if by_key:
+            return by_key[0]
+        by_rel = [e for e in edge_types if e[1] == key]
+        if len(by_rel) == 1:
+            return by_rel[0]
+        if len(by_rel) > 1:
+            raise ValueError(f"relation {key!r} names {len(by_rel)} edge types; name one as 'src__rel__dst': "
+                             f"{[edge_type_key(e) for e in by_rel]}")
+    raise ValueError(f"unknown edge type {key!r}; the graph has {[edge_type_key(e) for e in edge_types]}")
+
+
+def _hops(values, what: str) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"fanouts of {what} must be a list of integers per hop, got {values!r}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) <= MAX_FANOUT:
+            raise ValueError(f"fanouts of {what} must be integers in [0, {MAX_FANOUT}], got {v!r}")
+        out.append(int(v))
+    if not out:
+        raise ValueError(f"fanouts of {what} must name at least one hop")
+    return tuple(out)
+
+
+def typed_fanouts(edge_types: list[EdgeType], fanouts) -> TypedFanouts:
+    """Fanouts per edge type, as PyG's NeighborLoader takes them: one list per hop for
+    every edge type, or a dict {edge type: list} naming every edge type (0: not sampled
+    at that hop). Every list has the same number of hops."""
+    if isinstance(fanouts, Mapping):
+        out: TypedFanouts = {}
+        for key, values in fanouts.items():
+            etype = resolve_edge_type(edge_types, key)
+            if etype in out:
+                raise ValueError(f"fanouts name edge type {edge_type_key(etype)!r} twice")
+            out[etype] = _hops(values, edge_type_key(etype))
+        missing = [edge_type_key(e) for e in edge_types if e not in out]
+        if missing:
+            raise ValueError(f"fanouts must name every edge type (0 leaves one unsampled); missing {missing}")
+        out = {e: out[e] for e in edge_types}
+    else:
+        hops = _hops(fanouts, "every edge type")
+        out = {e: hops for e in edge_types}
+    if len({len(v) for v in out.values()}) > 1:
+        raise ValueError(f"fanouts must have one number of hops for every edge type, got "
+                         f"{ {edge_type_key(e): list(v) for e, v in out.items()} }")
+    return out
+
+
+def num_hops(fanouts: TypedFanouts) -> int:
+    return len(next(iter(fanouts.values()))) if fanouts else 0
+
+
+def typed_fanout_key(fanouts: TypedFanouts) -> str:
+    """A file-name-safe key: '15-10' when every edge type has the same fanouts, else a hash."""
+    distinct = set(fanouts.values())
+    if len(distinct) == 1:
+        return "-".join(str(v) for v in next(iter(distinct)))
+    canon = json.dumps(sorted([list(e), list(v)] for e, v in fanouts.items()))
+    return "t" + hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+
+def adjacency(graph: HeteroGraphStore, edge_type: EdgeType) -> sp.csr_matrix:
+    """A_e over the store's own arrays: [num dst nodes, num src nodes]."""
+    edge = graph.edges[edge_type]
+    src, _, dst = edge_type
+    indptr, indices = np.asarray(edge.indptr), np.asarray(edge.indices)
+    if edge.num_edges < 2**31 - 1 and indices.dtype == np.int32:
+        indptr = indptr.astype(np.int32)
+    data = np.ones(edge.num_edges, dtype=np.float32)
+    return sp.csr_matrix((data, indices, indptr), shape=(graph.num_nodes(dst), graph.num_nodes(src)), copy=False)
+
+
+def _chain(graph: HeteroGraphStore, fanouts: TypedFanouts):
+    """(A_e, r_{k,e} per hop) per edge type."""
+    return {e: (adjacency(graph, e), hop_ratios(graph.edges[e].degrees(), fanouts[e])) for e in graph.edges}
+
+
+def compute_typed_psgs(graph: HeteroGraphStore, fanouts: TypedFanouts, *, chain=None) -> dict[str, np.ndarray]:
+    chain = _chain(graph, fanouts) if chain is None else chain
+    w = {t: np.ones(graph.num_nodes(t)) for t in graph.nodes}
+    for k in reversed(range(num_hops(fanouts))):
+        nxt = {t: np.ones(graph.num_nodes(t)) for t in graph.nodes}
+        for (s, _, t), (a, ratios) in chain.items():
+            nxt[t] += ratios[k] * (a @ w[s])
+        w = nxt
+    return {t: v.astype(np.float32) for t, v in w.items()}
+
+
+def compute_typed_fap(graph: HeteroGraphStore, fanouts: TypedFanouts, seed_type: str, p0: np.ndarray, *,
+                      chain=None) -> dict[str, np.ndarray]:
+    chain = _chain(graph, fanouts) if chain is None else chain
+    x = {t: np.zeros(graph.num_nodes(t)) for t in graph.nodes}
+    x[seed_type] = np.asarray(p0, dtype=np.float64)
+    acc = {t: v.copy() for t, v in x.items()}
+    for k in range(num_hops(fanouts)):
+        nxt = {t: np.zeros(graph.num_nodes(t)) for t in graph.nodes}
+        for (s, _, t), (a, ratios) in chain.items():
+            nxt[s] += a.T @ (ratios[k] * x[t])
+        x = nxt
+        for t in acc:
+            acc[t] += x[t]
+    return {t: v.astype(np.float32) for t, v in acc.items()}
+
+
+def typed_seed_distribution(graph: HeteroGraphStore, seed_type: str, kind: str) -> np.ndarray:
+    """p0 over the nodes of seed_type: 'uniform', or 'degree' (in-edges of every edge type)."""
+    n = graph.num_nodes(seed_type)
+    if kind == "uniform" or n == 0:
+        return np.full(n, 1.0 / max(n, 1))
+    if kind == "degree":
+        deg = sum((graph.edges[e].degrees().astype(np.float64) for e in graph.edge_types_into(seed_type)),
+                  np.zeros(n))
+        return deg / deg.sum() if deg.sum() > 0 else np.full(n, 1.0 / n)
+    raise ValueError(f"the seed distribution of a heterogeneous graph must be one of {TYPED_SEED_KINDS}, "
+                     f"got {kind!r}")
+
+
+@dataclass
+class TypedWorkloadTables:
+    """PSGS per node type (as the seed type) and FAP per seed type, for one dataset,
+    typed fanouts and seed distribution."""
+
+    fanouts: TypedFanouts
+    seed_key: str
+    psgs: dict[str, np.ndarray]
+    fap: dict[str, dict[str, np.ndarray]]  # seed type -> node type -> expected reads
+    build_s: float = 0.0
+
+    def batch_psgs(self, node_type: str, node_ids: np.ndarray) -> float:
+        """The summed PSGS of seeds of one type (a pair request sums both ends')."""
+        return float(np.asarray(self.psgs[node_type])[node_ids].sum(dtype=np.float64))
+
+    @staticmethod
+    def directory(root: Path, fanouts: TypedFanouts) -> Path:
+        return Path(root) / "workload" / f"typed-{typed_fanout_key(fanouts)}"
+
+    def save(self, graph: HeteroGraphStore) -> Path:
+        d = self.directory(graph.root, self.fanouts)
+        d.mkdir(parents=True, exist_ok=True)
+        index = {t: i for i, t in enumerate(graph.node_types)}
+        for t, v in self.psgs.items():
+            np.save(d / f"psgs-{index[t]}.npy", v)
+        for seed_type, per_type in self.fap.items():
+            for t, v in per_type.items():
+                np.save(d / f"fap-{self.seed_key}-{index[seed_type]}-{index[t]}.npy", v)
+        return d
+
+    @classmethod
+    def build(cls, graph: HeteroGraphStore, fanouts, seed: str = "uniform") -> TypedWorkloadTables:
+        t0 = time.perf_counter()
+        tf = typed_fanouts(graph.edge_types, fanouts)
+        chain = _chain(graph, tf)
+        psgs = compute_typed_psgs(graph, tf, chain=chain)
+        fap = {t: compute_typed_fap(graph, tf, t, typed_seed_distribution(graph, t, seed), chain=chain)
+               for t in graph.node_types}
+        return cls(tf, seed, psgs, fap, time.perf_counter() - t0)
+
+    @classmethod
+    def load_or_build(cls, graph: HeteroGraphStore, fanouts, seed: str = "uniform", *,
+                      save: bool = True) -> TypedWorkloadTables:
+        """The tables stored beside the dataset, built (and saved) when absent or stale."""
+        tf = typed_fanouts(graph.edge_types, fanouts)
+        d = cls.directory(graph.root, tf)
+        types = graph.node_types
+        try:
+            psgs = {t: np.load(d / f"psgs-{i}.npy", mmap_mode="r") for i, t in enumerate(types)}
+            fap = {s: {t: np.load(d / f"fap-{seed}-{si}-{i}.npy", mmap_mode="r") for i, t in enumerate(types)}
+                   for si, s in enumerate(types)}
+            if all(psgs[t].shape == (graph.num_nodes(t),) for t in types):
+                return cls(tf, seed, psgs, fap)
+        except (OSError, ValueError):
+            pass
+        tables = cls.build(graph, tf, seed)
+        if save:
+            try:
+                tables.save(graph)
+            except OSError:
+                pass  # a read-only dataset directory still serves, just without the cache
+        return tables

@@ -1,0 +1,139 @@
+"""Typed PSGS and FAP (fanouts per edge type) against Monte-Carlo tree sampling, and the
+homogeneous tables as their one-type case."""
+
+import numpy as np
+import pytest
+
+from hybridgnn.graph.hetero import HeteroGraphStore
+from hybridgnn.graph.hetero_generate import generate_hetero
+from hybridgnn.graph.hetero_import import write_hetero_edges
+from hybridgnn.workload.tables import compute_fap, compute_psgs
+from hybridgnn.workload.typed import (
+    TypedWorkloadTables,
+    compute_typed_fap,
+    compute_typed_psgs,
+    typed_fanout_key,
+    typed_fanouts,
+    typed_seed_distribution,
+)
+from tests.support.graphs import make_graph, skewed_edges
+
+CITES, WRITES, REV_WRITES = ("paper", "cites", "paper"), ("author", "writes", "paper"), ("paper", "rev_writes", "author")
+
+
+@pytest.fixture(scope="module")
+def academic(tmp_path_factory):
+    path = tmp_path_factory.mktemp("typed") / "academic"
+    return HeteroGraphStore.open(generate_hetero(path, kind="academic", num_nodes=60, avg_degree=6, seed=3))
+
+
+def fanouts_of(graph):
+    """Different fanouts per edge type, one unsampled at hop 2."""
+    base = {e: [3, 2] for e in graph.edge_types}
+    base.update({CITES: [4, 3], WRITES: [2, 0]})
+    return typed_fanouts(graph.edge_types, base)
+
+
+def typed_monte_carlo(graph, seed_type, seeds, fanouts, rng):
+    """Expand every sampled node again at the next hop (no dedup): tree size per seed and
+    feature reads per node of every type, summed over all seeds."""
+    size = np.ones(len(seeds))
+    reads = {t: np.zeros(graph.num_nodes(t)) for t in graph.node_types}
+    reads[seed_type] += np.bincount(seeds, minlength=graph.num_nodes(seed_type))
+    empty = (np.empty(0, np.int64), np.empty(0, np.int64))
+    frontier = {t: empty for t in graph.node_types}
+    frontier[seed_type] = (seeds, np.arange(len(seeds)))
+    for k in range(len(next(iter(fanouts.values())))):
+        nxt = {t: [] for t in graph.node_types}
+        for e, data in graph.edges.items():
+            s, _, t = e
+            ids, owner = frontier[t]
+            indptr, indices = np.asarray(data.indptr), np.asarray(data.indices).astype(np.int64)
+            deg = indptr[ids + 1] - indptr[ids]
+            total = int(deg.sum())
+            group = np.repeat(np.arange(len(ids)), deg)
+            starts = np.repeat(np.cumsum(deg) - deg, deg)
+            cand = indices[np.repeat(indptr[ids], deg) + np.arange(total) - starts]
+            order = np.lexsort((rng.random(total), group))
+            keep = order[(np.arange(total) - starts) < np.repeat(np.minimum(deg, fanouts[e][k]), deg)]
+            nxt[s].append((cand[keep], owner[group[keep]]))
+        frontier = {t: (np.concatenate([p[0] for p in parts] or [empty[0]]),
+                        np.concatenate([p[1] for p in parts] or [empty[1]])) for t, parts in nxt.items()}
+        for t, (ids, owner) in frontier.items():
+            size += np.bincount(owner, minlength=len(seeds))
+            reads[t] += np.bincount(ids, minlength=graph.num_nodes(t))
+    return size, reads
+
+
+@pytest.mark.parametrize("seed_type", ["paper", "author", "field"])
+def test_typed_psgs_matches_monte_carlo(academic, seed_type):
+    rng = np.random.default_rng(0)
+    tf = fanouts_of(academic)
+    n, trials = academic.num_nodes(seed_type), 800
+    size, _ = typed_monte_carlo(academic, seed_type, np.repeat(np.arange(n), trials), tf, rng)
+    mc = size.reshape(n, trials)
+    psgs = compute_typed_psgs(academic, tf)[seed_type]
+    # within 5 standard errors of each node's Monte-Carlo mean (and 1 where nothing is sampled)
+    se = mc.std(1) / np.sqrt(trials)
+    assert np.all(np.abs(psgs - mc.mean(1)) <= 5 * se + 1e-3), np.abs(psgs - mc.mean(1)).max()
+
+
+@pytest.mark.parametrize("kind", ["uniform", "degree"])
+def test_typed_fap_matches_monte_carlo_per_type(academic, kind):
+    rng = np.random.default_rng(1)
+    tf = fanouts_of(academic)
+    p0 = typed_seed_distribution(academic, "paper", kind)
+    requests = 60_000
+    seeds = rng.choice(academic.num_nodes("paper"), size=requests, p=p0)
+    _, reads = typed_monte_carlo(academic, "paper", seeds, tf, rng)
+    fap = compute_typed_fap(academic, tf, "paper", p0)
+    for t in academic.node_types:
+        mc = reads[t] / requests
+        # within 6 standard errors (a node is read at most a few times per request)
+        assert np.all(np.abs(fap[t] - mc) <= 6 * np.sqrt(3 * fap[t] / requests) + 1e-4), t
+        assert abs(fap[t].sum() - mc.sum()) / fap[t].sum() < 0.03
+    # expected reads per request = expected PSGS of a seed drawn from p0
+    total = sum(float(v.sum()) for v in fap.values())
+    assert total == pytest.approx(float((p0 * compute_typed_psgs(academic, tf)["paper"]).sum()), rel=1e-5)
+
+
+def test_one_type_one_edge_type_is_the_homogeneous_table(tmp_path):
+    edges = np.array(skewed_edges())[:, ::-1].T  # (node, neighbour) rows as PyG (source, target)
+    homo = make_graph(tmp_path / "homo", skewed_edges(), 60)
+    write_hetero_edges(tmp_path / "het", {"v": {"features": np.zeros((60, 1), np.float32)}}, {("v", "to", "v"): edges})
+    het = HeteroGraphStore.open(tmp_path / "het")
+    tf = typed_fanouts(het.edge_types, [4, 3])
+    np.testing.assert_allclose(compute_typed_psgs(het, tf)["v"], compute_psgs(homo, (4, 3)), rtol=1e-6)
+    p0 = np.full(60, 1 / 60)
+    np.testing.assert_allclose(compute_typed_fap(het, tf, "v", p0)["v"], compute_fap(homo, (4, 3), p0), rtol=1e-6)
+
+
+def test_fanouts_per_layer_or_per_edge_type(academic):
+    types = academic.edge_types
+    assert set(typed_fanouts(types, [5, 3]).values()) == {(5, 3)}
+    given = {"cites": [4, 3], "author__writes__paper": [2, 0], **{e: [1, 1] for e in types if e not in (CITES, WRITES)}}
+    tf = typed_fanouts(types, given)
+    assert list(tf) == types and tf[CITES] == (4, 3) and tf[WRITES] == (2, 0)
+    assert typed_fanout_key(typed_fanouts(types, [5, 3])) == "5-3" and typed_fanout_key(tf).startswith("t")
+    with pytest.raises(ValueError, match="missing"):
+        typed_fanouts(types, {"cites": [4, 3]})
+    with pytest.raises(ValueError, match="unknown edge type 'likes'"):
+        typed_fanouts(types, {**given, "likes": [1, 1]})
+    with pytest.raises(ValueError, match="one number of hops"):
+        typed_fanouts(types, {**given, "cites": [4]})
+    for bad in ([], [-1], ["3"], [True], "15,10", 7):
+        with pytest.raises(ValueError, match="fanouts"):
+            typed_fanouts(types, bad)
+
+
+def test_tables_save_and_load_beside_the_dataset(academic):
+    built = TypedWorkloadTables.load_or_build(academic, [3, 2])
+    loaded = TypedWorkloadTables.load_or_build(academic, [3, 2])
+    assert isinstance(loaded.psgs["paper"], np.memmap)
+    for t in academic.node_types:
+        np.testing.assert_array_equal(built.psgs[t], loaded.psgs[t])
+        np.testing.assert_array_equal(built.fap["author"][t], loaded.fap["author"][t])
+    ids = np.array([0, 3, 3])
+    assert loaded.batch_psgs("paper", ids) == pytest.approx(float(np.asarray(built.psgs["paper"], np.float64)[ids].sum()))
+    with pytest.raises(ValueError, match="uniform"):
+        TypedWorkloadTables.build(academic, [3, 2], seed="requests.log")
