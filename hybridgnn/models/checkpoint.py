@@ -30,12 +30,19 @@ class CheckpointError(ConfigError):
     """A model directory is missing files, does not match its config, or fails its golden check."""
 
 
-def save_model(model: nn.Module, path: str | Path, *, fanouts: list[int] | tuple[int, ...] | None = None,
-               extra: dict | None = None) -> Path:
+def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict | None = None,
+               metadata=None) -> Path:
     """Write `model` as a model directory hybridgnn can serve; UnsupportedModel (one line)
     when it is off the allowlist or uses an option some serving path cannot run exactly.
 
-    fanouts: the serving default (one per layer); extra: more JSON kept in config.json."""
+    fanouts: the serving default (one per layer; for a heterogeneous model also a dict of
+    lists per edge type); extra: more JSON kept in config.json; metadata: the graph's
+    (node types, edge types), as HeteroData.metadata() gives them, for a model made with
+    to_hetero or HeteroConv (models/hetero_checkpoint.py)."""
+    if metadata is not None:
+        from hybridgnn.models.hetero_checkpoint import save_hetero_model
+
+        return save_hetero_model(model, path, metadata, fanouts=fanouts, extra=extra)
     root = Path(path)
     name, args = zoo.describe(model)
     was_training = model.training
@@ -86,6 +93,9 @@ def read_config(path: str | Path) -> dict:
         raise CheckpointError(f"{cfg_path} is not JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path} is not a JSON object")
+    if config.get("class") == "hybridgnn.HeteroGNN":
+        raise CheckpointError(f"{root} holds a heterogeneous model; serving, precompute and profiling read "
+                              "homogeneous models (load it with hybridgnn.models.hetero_checkpoint)")
     if "spec" in config and "class" not in config:
         raise CheckpointError(f"{root} was written by an older hybridgnn (no golden outputs to check it "
                               "against); save it again with hybridgnn.save_model")

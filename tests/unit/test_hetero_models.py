@@ -1,0 +1,163 @@
+"""Heterogeneous models: to_hetero and HeteroConv models read as HeteroGNN, golden-checked
+on save and load, equal to PyG's forward on whole graphs and on full typed samples."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.nn import (
+    GAT,
+    GCN,
+    GCNConv,
+    GraphConv,
+    GraphSAGE,
+    HeteroConv,
+    Linear,
+    SAGEConv,
+    to_hetero,
+)
+
+import hybridgnn
+from hybridgnn.graph.hetero import HeteroGraphStore
+from hybridgnn.graph.hetero_generate import generate_hetero
+from hybridgnn.models.checkpoint import CheckpointError, read_config
+from hybridgnn.models.hetero_checkpoint import load_hetero_model
+from hybridgnn.models.zoo import UnsupportedModel
+from hybridgnn.sampling.typed import TypedCPUSampler
+
+pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
+
+
+@pytest.fixture(scope="module", params=["recsys", "academic"])
+def graph(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("hm") / request.param
+    return HeteroGraphStore.open(generate_hetero(path, kind=request.param, num_nodes=120, avg_degree=5, seed=4))
+
+
+def whole(graph):
+    x = {t: torch.from_numpy(np.array(n.features)) for t, n in graph.nodes.items()}
+    ei = {}
+    for e, d in graph.edges.items():
+        dst = np.repeat(np.arange(d.indptr.shape[0] - 1), np.diff(d.indptr))
+        ei[e] = torch.from_numpy(np.stack([np.asarray(d.indices, dtype=np.int64), dst]))
+    return x, ei
+
+
+class HeteroSAGE(torch.nn.Module):
+    """A user's own HeteroConv model: convs, relu between layers, a head per type."""
+
+    def __init__(self, metadata, out_types):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([
+            HeteroConv({e: (GraphConv(-1, 16) if e[0] == e[2] else SAGEConv((-1, -1), 16)) for e in metadata[1]},
+                       aggr=aggr) for aggr in ("sum", "mean")])
+        self.lin = torch.nn.ModuleDict({t: Linear(-1, 3) for t in out_types})
+
+    def forward(self, x, edge_index):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = {t: v.relu() for t, v in x.items()}
+        return {t: self.lin[t](v) if t in self.lin else v for t, v in x.items()}
+
+
+def models(graph):
+    md = graph.metadata()
+    yield "to_hetero(GraphSAGE, sum)", to_hetero(GraphSAGE((-1, -1), 16, num_layers=2, out_channels=4), md, aggr="sum")
+    yield "to_hetero(GraphSAGE max, mean)", to_hetero(
+        GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4, aggr="max", act="elu"), md, aggr="mean")
+    yield "to_hetero(GAT)", to_hetero(GAT((-1, -1), 8, num_layers=2, out_channels=4, heads=2, add_self_loops=False),
+                                      md, aggr="max")
+    yield "HeteroConv", HeteroSAGE(md, md[0][:1])
+
+
+def test_saved_models_serve_pyg_answers_on_the_whole_graph_and_full_samples(graph, tmp_path):
+    x, ei = whole(graph)
+    for name, model in models(graph):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            model(x, ei)  # materialise lazy sizes, as training would
+        model.eval()
+        path = hybridgnn.save_model(model, tmp_path / name, metadata=graph.metadata(), fanouts=[1000, 1000])
+        config = json.loads((path / "config.json").read_text())
+        served = load_hetero_model(path, config)
+        with torch.no_grad():
+            want, got = model(x, ei), served(x, ei)
+        assert set(got) == set(want), name
+        for t in want:
+            torch.testing.assert_close(got[t], want[t], atol=1e-5, rtol=1e-5)
+        # fanouts >= the largest degree: a sample's seed rows are the whole graph's
+        seed_type = graph.node_types[0]
+        seeds = np.arange(0, graph.num_nodes(seed_type), 7)
+        sub = TypedCPUSampler(graph, [1000, 1000]).sample({seed_type: seeds})
+        xs = {t: x[t][torch.from_numpy(v)] for t, v in sub.node_ids.items() if v.size}
+        with torch.no_grad():
+            rows = served(xs, {e: torch.from_numpy(v) for e, v in sub.edge_index.items()})
+        torch.testing.assert_close(rows[seed_type][torch.from_numpy(sub.seed_index[seed_type])],
+                                   want[seed_type][torch.from_numpy(seeds)], atol=1e-5, rtol=1e-5)
+        assert config["fanouts"] == [1000, 1000] and config["class"] == "hybridgnn.HeteroGNN"
+
+
+def test_to_hetero_aggregation_is_found_not_assumed(graph, tmp_path):
+    x, ei = whole(graph)
+    for aggr in ("sum", "mean", "max", "min"):
+        model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=2), graph.metadata(), aggr=aggr)
+        with torch.no_grad():
+            model(x, ei)
+        path = hybridgnn.save_model(model, tmp_path / aggr, metadata=graph.metadata())
+        layers = json.loads((path / "config.json").read_text())["args"]["layers"]
+        if len({e for e in graph.edge_types if e[2] == graph.node_types[0]}) > 1:
+            assert {layer["aggr"] for layer in layers} == {aggr}
+
+
+def test_what_cannot_be_served_exactly_is_refused_in_one_line(tmp_path):
+    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
+    md = g.metadata()
+    x, ei = whole(g)
+
+    class Tanh(HeteroSAGE):  # an activation the modules do not show
+        def forward(self, x, edge_index):
+            for conv in self.convs:
+                x = {t: v.tanh() for t, v in conv(x, edge_index).items()}
+            return x
+
+    lazy = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=2), md)
+    normed = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=2, norm="batch"), md)
+    gcn = HeteroConv({e: GCNConv(-1, 4, add_self_loops=False) for e in md[1]})
+    with_gcn = torch.nn.Module()
+    with_gcn.convs = torch.nn.ModuleList([gcn])
+    tanh = Tanh(md, [])
+    for model in (normed, tanh):
+        with torch.no_grad():
+            model(x, ei)
+    cases = [(lazy, "run one forward pass"), (normed, "norms"), (with_gcn, "GCNConv is not served"),
+             (tanh, "cannot be served exactly"), (GCN(4, 8, 2), "is not a heterogeneous model")]
+    for model, message in cases:
+        with pytest.raises(UnsupportedModel, match=message) as info:
+            hybridgnn.save_model(model, tmp_path / "m", metadata=md)
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "m" / "config.json").exists()
+
+
+def test_loading_refuses_changed_weights_and_homogeneous_readers(tmp_path):
+    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
+    x, ei = whole(g)
+    model = HeteroSAGE(g.metadata(), ["item"])
+    with torch.no_grad():
+        model(x, ei)
+    path = hybridgnn.save_model(model, tmp_path / "m", metadata=g.metadata())
+    config = json.loads((path / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="heterogeneous model"):
+        read_config(path)  # serve/precompute read homogeneous models: named, not misread
+    state = torch.load(path / "model.pt", weights_only=True)
+    key = next(k for k in state if k.endswith("weight"))
+    state[key] = state[key] + 0.1
+    torch.save(state, path / "model.pt")
+    with pytest.raises(CheckpointError, match="golden outputs") as info:
+        load_hetero_model(path, config)
+    assert "\n" not in str(info.value)
+    del state[key]
+    torch.save(state, path / "model.pt")
+    with pytest.raises(CheckpointError, match="do not fit"):
+        load_hetero_model(path, config)
