@@ -8,7 +8,7 @@ from hybridgnn.errors import ConfigError
 
 
 def test_every_command_has_help(capsys):
-    for cmd in (["serve"], ["dataset", "generate", "powerlaw"], ["dataset", "generate", "csbm"],
+    for cmd in (["serve"], ["dataset", "generate", "powerlaw"], ["dataset", "generate", "csbm"], ["dataset", "generate", "hetero"],
                 ["dataset", "import"], ["dataset", "info"], ["workload", "build"], ["train"], ["precompute"],
                 ["bench"], ["model", "export"], ["model", "check"]):
         with pytest.raises(SystemExit) as info:
@@ -204,3 +204,37 @@ def test_keep_off_cores_changes_nothing_it_cannot_honour(monkeypatch):
     assert keep_off_cores(()) is None and keep_off_cores((0, 1)) is None and calls == []
     assert keep_off_cores((1,)) == {0}
     assert calls and all(cores == {0} for _, cores in calls)  # every thread of the process
+
+
+def test_heterogeneous_generate_tables_model_check_and_serve_refusal(tmp_path, capsys):
+    import torch
+    from torch_geometric.nn import GraphSAGE, to_hetero
+
+    import hybridgnn
+    from hybridgnn.graph.hetero import HeteroGraphStore
+
+    data = tmp_path / "rec"
+    assert main(["dataset", "generate", "hetero", "--out", str(data), "--schema", "recsys", "--num-nodes", "80",
+                 "--avg-degree", "4"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "hetero" and set(info["node_types"]) == {"user", "item"}
+    assert main(["workload", "build", "--dataset", str(data), "--fanouts", '{"rates": [3, 2], "rev_rates": [2, 2]}']) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["psgs_mean"]) == {"user", "item"} and out["psgs_mean"]["user"] > 1
+    assert main(["workload", "build", "--dataset", str(data), "--fanouts", '{"rates": [3]}']) == 2
+    assert "missing ['item__rev_rates__user']" in capsys.readouterr().err
+    graph = HeteroGraphStore.open(data)
+    x = {t: torch.from_numpy(np.array(n.features)) for t, n in graph.nodes.items()}
+    ei = {e: torch.from_numpy(np.stack([np.asarray(d.indices, np.int64),
+                                        np.repeat(np.arange(d.indptr.shape[0] - 1), np.diff(d.indptr))]))
+          for e, d in graph.edges.items()}
+    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=2), graph.metadata())
+    with torch.no_grad():
+        model(x, ei)
+    hybridgnn.save_model(model, tmp_path / "m", metadata=graph.metadata(), fanouts=[3, 2])
+    assert main(["model", "check", str(tmp_path / "m")]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["golden_check"] == "passed" and checked["in_dims"] == {"user": 16, "item": 24}
+    assert main(["serve", "--dataset", str(data), "--model", str(tmp_path / "m"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "heterogeneous dataset" in err and len(err.strip().splitlines()) == 1
