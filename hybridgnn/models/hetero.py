@@ -71,6 +71,11 @@ def conv_spec(conv: nn.Module) -> dict[str, Any]:
     elif kind == "gat":
         if conv.edge_dim is not None:
             raise UnsupportedModel("GATConv with edge_dim needs edge features, which hybridgnn does not serve")
+        if conv.add_self_loops:
+            # loops would join a target row to the source row of the same position, which
+            # only holds when both are the same nodes (never across types, nor in batches)
+            raise UnsupportedModel("GATConv in a heterogeneous model must have add_self_loops=False (add a self "
+                                   "edge type to the graph instead)")
         args.update(heads=int(conv.heads), concat=bool(conv.concat), negative_slope=float(conv.negative_slope),
                     add_self_loops=bool(conv.add_self_loops), bias=conv.bias is not None,
                     residual=bool(conv.residual))
