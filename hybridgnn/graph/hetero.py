@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.graph.idmap import ID_MAP_FILE, IdMap
-from hybridgnn.graph.store import DatasetError, dataset_kind
+from hybridgnn.graph.store import DatasetError, dataset_kind, read_meta
 from hybridgnn.types import EdgeType
 
 FORMAT_VERSION = 1
@@ -167,7 +167,7 @@ class HeteroGraphStore:
         """Open a heterogeneous dataset directory. validate: 'none', 'quick' (shapes,
         dtypes, endpoints) or 'full' (also every index in range, indptr monotone)."""
         root = Path(path)
-        meta = _read_meta(root)
+        meta = read_meta(root)
         if meta.get("kind") != "hetero":
             raise DatasetError(f"{root} holds a homogeneous dataset; open it with GraphStore")
         nodes: dict[str, NodeTypeData] = {}
@@ -275,19 +275,6 @@ class HeteroGraphStore:
             "num_edges": sum(d.num_edges for d in self.edges.values()),
             "fingerprint": self.fingerprint,
         }
-
-
-def _read_meta(root: Path) -> dict:
-    meta_path = root / "meta.json"
-    if not meta_path.is_file():
-        raise DatasetError(f"{root} is not a hybridgnn dataset: {meta_path} is missing")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
-    if not isinstance(meta, dict):
-        raise DatasetError(f"{meta_path} must hold a JSON object")
-    return meta
 
 
 def open_any(path: str | Path, *, validate: str = "quick"):

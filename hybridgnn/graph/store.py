@@ -87,14 +87,27 @@ def write_dataset(
     return root
 
 
-def dataset_kind(path: str | Path) -> str:
-    """'hetero' for a heterogeneous dataset (graph/hetero.py), else 'homogeneous'."""
-    meta_path = Path(path) / "meta.json"
+def read_meta(root: Path) -> dict:
+    """A dataset directory's meta.json (either kind); DatasetError naming what is wrong."""
+    meta_path = root / "meta.json"
+    if not meta_path.is_file():
+        raise DatasetError(f"{root} is not a hybridgnn dataset: {meta_path} is missing")
     try:
         meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise DatasetError(f"{meta_path} must hold a JSON object")
+    return meta
+
+
+def dataset_kind(path: str | Path) -> str:
+    """'hetero' for a heterogeneous dataset (graph/hetero.py), else 'homogeneous'."""
+    try:
+        meta = read_meta(Path(path))
+    except DatasetError:
         return "homogeneous"  # opening it says what is wrong
-    return "hetero" if isinstance(meta, dict) and meta.get("kind") == "hetero" else "homogeneous"
+    return "hetero" if meta.get("kind") == "hetero" else "homogeneous"
 
 
 def _load_id_map(root: Path) -> IdMap | None:
@@ -122,14 +135,8 @@ class GraphStore:
         """Open a dataset directory. validate: 'none', 'quick' (shapes, dtypes, endpoints)
         or 'full' (also every index in range and indptr monotone)."""
         root = Path(path)
-        meta_path = root / "meta.json"
-        if not meta_path.is_file():
-            raise DatasetError(f"{root} is not a hybridgnn dataset: {meta_path} is missing")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
-        if isinstance(meta, dict) and meta.get("kind") == "hetero":
+        meta = read_meta(root)
+        if meta.get("kind") == "hetero":
             raise DatasetError(f"{root} is a heterogeneous dataset (node types "
                                f"{[t.get('name') for t in meta.get('node_types', [])]}); this needs a "
                                "homogeneous one")

@@ -79,9 +79,12 @@ def _patched_row(indptr, indices, slot, row_start, row_len, pool, u):
 
 
 @numba.njit(nogil=True, cache=True)
-def _expand_patched(row, start, deg, fanout, j, nodes, n, src, dst, e, local, state, chosen):
-    """The kernel's per-node step for a row read through the patch table (the rare path,
-    kept out of line so the base path's loop stays as tight as before). Returns (n, e)."""
+def expand_row(row, start, deg, fanout, j, nodes, n, src, dst, e, local, state, chosen):
+    """One frontier node j's draw from its row (row[start:start+deg]): the chosen
+    neighbours join nodes (numbered through local) and edges (src, dst) from n and e.
+    Returns (n, e). The homogeneous kernel uses it for rows read through the patch table
+    (the rare path, kept out of line so the base path's loop stays tight); the typed
+    sampler for every row."""
     m = _choose(deg, fanout, state, chosen)
     for q in range(m):
         v = np.int64(row[start + chosen[q]])
@@ -144,7 +147,7 @@ def sample_khop(indptr, indices, seeds, fanouts, local, state, slot, row_start, 
             u = nodes[j]
             if patched and (u >= num_base or slot[u] >= 0):
                 row, start, deg = _patched_row(indptr, indices, slot, row_start, row_len, pool, u)
-                n, e = _expand_patched(row, start, deg, fanout, j, nodes, n, src, dst, e, local, state, chosen)
+                n, e = expand_row(row, start, deg, fanout, j, nodes, n, src, dst, e, local, state, chosen)
                 continue
             start = indptr[u]
             deg = indptr[u + 1] - start

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from hybridgnn.sampling import cuda_hop
-from hybridgnn.sampling.cpu import _choose, _grow, _mix_seed
+from hybridgnn.sampling.cpu import _grow, _mix_seed, expand_row
 from hybridgnn.sampling.gpu import draw_hop
 from hybridgnn.types import EdgeType, TypedSampledSubgraph
 
@@ -37,17 +37,8 @@ def typed_hop(indptr, indices, frontier, fanout, local, nodes, n, state, chosen)
     e = 0
     for j in range(frontier.shape[0]):
         u = frontier[j]
-        start = indptr[u]
-        m = _choose(indptr[u + 1] - start, fanout, state, chosen)
-        for q in range(m):
-            v = np.int64(indices[start + chosen[q]])
-            if local[v] < 0:
-                local[v] = n
-                nodes[n] = v
-                n += 1
-            src[e] = local[v]
-            dst[e] = j
-            e += 1
+        n, e = expand_row(indices, indptr[u], indptr[u + 1] - indptr[u], fanout, j, nodes, n, src, dst, e, local,
+                          state, chosen)
     return nodes, n, src, dst
 
 
