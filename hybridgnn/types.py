@@ -92,6 +92,42 @@ class TypedSampledSubgraph:
     def num_nodes(self) -> int:
         return sum(int(v.shape[0]) for v in self.node_ids.values())
 
+
+
+@dataclass
+class TypedQuery:
+    """One validated request to a heterogeneous model. kind "node": the outputs of
+    src_ids (node type src_type); "pair": the score of each (src_ids[i], dst_ids[i]);
+    "topk": for each src id, the k best of the candidates dst_ids (dst_type) by score.
+    Ids are internal (0..n-1 of their type)."""
+
+    kind: str
+    src_type: str
+    src_ids: np.ndarray
+    dst_type: str | None = None
+    dst_ids: np.ndarray | None = None
+    k: int = 0
+
+    def seeds(self) -> list[tuple[str, np.ndarray]]:
+        """The nodes whose outputs the answer reads, by type (both ends for scores)."""
+        if self.kind == "node":
+            return [(self.src_type, self.src_ids)]
+        return [(self.src_type, self.src_ids), (self.dst_type, self.dst_ids)]
+
+
+@dataclass
+class TypedResult:
+    """A heterogeneous request's answer: the outputs its kind has (others None), with the
+    pipeline that produced them and the batch's stage times."""
+
+    pipeline: str
+    timings: StageTimings
+    logits: np.ndarray | None = None  # node: the model's output rows
+    embeddings: np.ndarray | None = None  # node: the last layer's rows (what a head reads)
+    predictions: np.ndarray | None = None  # node: argmax of logits
+    scores: np.ndarray | None = None  # pair: float32 [n]
+    topk_index: np.ndarray | None = None  # topk: positions among the candidates [n, k] (best first)
+    topk_scores: np.ndarray | None = None  # topk: float32 [n, k]
     @property
     def num_edges(self) -> int:
         return sum(int(v.shape[1]) for v in self.edge_index.values())

@@ -31,18 +31,21 @@ class CheckpointError(ConfigError):
 
 
 def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict | None = None,
-               metadata=None) -> Path:
+               metadata=None, link_decoder=None) -> Path:
     """Write `model` as a model directory hybridgnn can serve; UnsupportedModel (one line)
     when it is off the allowlist or uses an option some serving path cannot run exactly.
 
     fanouts: the serving default (one per layer; for a heterogeneous model also a dict of
     lists per edge type); extra: more JSON kept in config.json; metadata: the graph's
     (node types, edge types), as HeteroData.metadata() gives them, for a model made with
-    to_hetero or HeteroConv (models/hetero_checkpoint.py)."""
+    to_hetero or HeteroConv (models/hetero_checkpoint.py); link_decoder: with metadata,
+    "dot" or a module that scores (z_src, z_dst) pairs of node outputs (models/link.py)."""
     if metadata is not None:
         from hybridgnn.models.hetero_checkpoint import save_hetero_model
 
-        return save_hetero_model(model, path, metadata, fanouts=fanouts, extra=extra)
+        return save_hetero_model(model, path, metadata, fanouts=fanouts, extra=extra, link_decoder=link_decoder)
+    if link_decoder is not None:
+        raise zoo.UnsupportedModel("link_decoder is for heterogeneous models (give metadata=data.metadata())")
     root = Path(path)
     name, args = zoo.describe(model)
     was_training = model.training

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch_geometric.nn import GATConv, GraphConv, SAGEConv
@@ -157,6 +158,24 @@ class HeteroGNN(nn.Module):
         for i in range(self.num_layers):
             x = self.layer(i, x, edge_index)
         return self.head(x)
+
+    def forward_sampled(self, x: dict[str, torch.Tensor], edge_index: dict[EdgeType, torch.Tensor],
+                        nodes_per_hop: dict[str, list[int]], edges_per_hop: dict[EdgeType, list[int]]):
+        """(last layer's rows, head's rows) of a typed sample's first nodes: layer i computes
+        only targets within L-1-i hops, over the edges drawn from them (PyG's
+        trim_to_layer), so the seeds' rows equal the whole sample's forward. The sample
+        lists each type's nodes by hop (nodes_per_hop) and each edge type's edges by the
+        hop they were drawn at (edges_per_hop), as the typed samplers give them."""
+        node_ends = {t: np.cumsum(v).tolist() for t, v in nodes_per_hop.items()}
+        edge_ends = {e: np.cumsum(v).tolist() for e, v in edges_per_hop.items()}
+        last = self.num_layers - 1
+        for i in range(self.num_layers):
+            hop = last - i  # the farthest hop whose targets layer i computes
+            x_dst = {t: v[: node_ends[t][min(hop, len(node_ends[t]) - 1)]] for t, v in x.items()}
+            edges = {e: ei[:, : edge_ends[e][hop]] if hop < len(edge_ends[e]) else ei
+                     for e, ei in edge_index.items()}
+            x = self.layer(i, x, edges, x_dst)
+        return x, self.head(x)
 
 
 def _combine(values: list[torch.Tensor], aggr: str) -> torch.Tensor:

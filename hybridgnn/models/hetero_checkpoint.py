@@ -34,6 +34,7 @@ from hybridgnn.models.hetero import (
     edge_key,
     load_weights,
 )
+from hybridgnn.models.link import save_decoder
 from hybridgnn.models.zoo import UnsupportedModel
 from hybridgnn.types import EdgeType
 
@@ -138,9 +139,11 @@ def _reference(model: nn.Module, x, edges) -> dict[str, torch.Tensor]:
     return {t: v.float() for t, v in out.items()}
 
 
-def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=None, extra: dict | None = None) -> Path:
+def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=None, extra: dict | None = None,
+                      link_decoder=None) -> Path:
     """Write a to_hetero or HeteroConv model as a model directory (see the module
-    docstring); UnsupportedModel (one line) when it cannot be served exactly."""
+    docstring); UnsupportedModel (one line) when it cannot be served exactly.
+    link_decoder: "dot" or a module scoring (z_src, z_dst) pairs (models/link.py)."""
     root = Path(path)
     was_training = model.training
     model.eval()
@@ -163,6 +166,8 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
               "in_dims": input_widths(rebuilt), "out_dims": {t: int(v.shape[1]) for t, v in expected.items()},
               **({"fanouts": _fanouts_json(fanouts)} if fanouts is not None else {}), **(extra or {})}
     root.mkdir(parents=True, exist_ok=True)
+    if link_decoder is not None:
+        config["link_decoder"] = save_decoder(root, link_decoder, config["out_dims"])
     golden = {f"x/{i}": x[t] for i, t in enumerate(rebuilt.node_types)}
     golden.update({f"edge_index/{j}": edges[e] for j, e in enumerate(rebuilt.edge_types)})
     golden.update({f"out/{rebuilt.node_types.index(t)}": v for t, v in expected.items()})

@@ -110,6 +110,12 @@ class Server:
 async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> V2Service:
     """The v2 service over what cfg serves: one engine, or every version a model repository
     chooses over one graph."""
+    from hybridgnn.graph.store import dataset_kind
+
+    if cfg.dataset_dir is not None and dataset_kind(cfg.dataset_dir) == "hetero":
+        from hybridgnn.serving.core.hetero import open_hetero_engine
+
+        return V2Service(await open_hetero_engine(cfg, stats))
     if cfg.model_repository is not None:
         return V2Service(await open_repository(cfg, stats))
     if cfg.partitions.enabled:

@@ -97,6 +97,16 @@ def test_saved_models_serve_pyg_answers_on_the_whole_graph_and_full_samples(grap
             rows = served(xs, {e: torch.from_numpy(v) for e, v in sub.edge_index.items()})
         torch.testing.assert_close(rows[seed_type][torch.from_numpy(sub.seed_index[seed_type])],
                                    want[seed_type][torch.from_numpy(seeds)], atol=1e-5, rtol=1e-5)
+        # the trimmed forward the server runs gives the same seed rows, full and small fanouts
+        for fanouts in ([1000, 1000], [3, 2]):
+            sub = TypedCPUSampler(graph, fanouts, seed=1).sample({seed_type: seeds})
+            xs = {t: x[t][torch.from_numpy(v)] for t, v in sub.node_ids.items() if v.size}
+            eis = {e: torch.from_numpy(v) for e, v in sub.edge_index.items()}
+            with torch.no_grad():
+                rows = served(xs, eis)
+                _, trimmed = served.forward_sampled(xs, eis, sub.num_sampled_nodes, sub.num_sampled_edges)
+            local = torch.from_numpy(sub.seed_index[seed_type])
+            torch.testing.assert_close(trimmed[seed_type][local], rows[seed_type][local], atol=1e-5, rtol=1e-5)
         assert config["fanouts"] == [1000, 1000] and config["class"] == "hybridgnn.HeteroGNN"
 
 

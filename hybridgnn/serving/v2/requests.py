@@ -12,7 +12,6 @@ from hybridgnn.errors import BadRequest, PayloadTooLarge, brief
 from hybridgnn.serving.core.updates import PendingUpdate
 from hybridgnn.serving.v2.tensors import (
     ID_DATATYPES,
-    ID_OUTPUT,
     INPUT_NAME,
     OUTPUT_NAMES,
     _sizes,
@@ -23,7 +22,7 @@ from hybridgnn.serving.v2.tensors import (
     validate_new_nodes,
     validate_node_ids,
 )
-from hybridgnn.serving.v2.types import InferInput, InferRequest, Tensor
+from hybridgnn.serving.v2.types import ID_OUTPUT, InferInput, InferRequest, Tensor
 from hybridgnn.updates.requests import UPDATE_INPUTS, LoggedRequest, build_request
 
 # name -> (accepted datatypes, layout): "ids" 1-D [n]; "matrix" [q, F]; "edges" [2, m]

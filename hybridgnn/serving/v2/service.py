@@ -40,7 +40,7 @@ from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
 from hybridgnn.serving.v2.describe import config_of, describe_model
 from hybridgnn.serving.v2.requests import declared_ids, decode_infer, decode_update
-from hybridgnn.serving.v2.tensors import ID_OUTPUT
+from hybridgnn.serving.v2.typed import TypedInferRequest, decode_typed
 from hybridgnn.serving.v2.types import (
     Failure,
     GraphUpdateInput,
@@ -216,10 +216,13 @@ class V2Service:
                 engine.shed(request.waited_s)
             else:
                 engine.shed(request.waited_s, "sampled", min(declared, server.max_request_nodes))
-            graph = engine.graph
-            req = decode_infer(request, max_nodes=server.max_request_nodes, num_nodes=engine.num_nodes,
-                               feature_dim=graph.feature_dim, id_map=graph.id_map,
-                               default_outputs=server.default_outputs)
+            if getattr(engine, "typed", False):  # a heterogeneous graph: typed requests
+                req = decode_typed(request, engine)
+            else:
+                graph = engine.graph
+                req = decode_infer(request, max_nodes=server.max_request_nodes, num_nodes=engine.num_nodes,
+                                   feature_dim=graph.feature_dim, id_map=graph.id_map,
+                                   default_outputs=server.default_outputs)
             out = Later()
 
             def answer(result, error: BaseException | None) -> None:
@@ -236,7 +239,10 @@ class V2Service:
                     reply = self._failed(exc, engine, fail)
                 out.set_result(reply)
 
-            pending = self._dispatch(req, engine, request.waited_s, answer)
+            if isinstance(req, TypedInferRequest):
+                pending = engine.infer(req.query, request.waited_s)
+            else:
+                pending = self._dispatch(req, engine, request.waited_s, answer)
         except Exception as exc:
             if target is not None:  # a request for a model this server has: its statistics count it
                 target.model_stats.failed(time.perf_counter() - started)
@@ -257,10 +263,7 @@ class V2Service:
     def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode):
         """The transport's 200 answer to a decoded inference from its result, counted."""
         t0 = time.perf_counter()
-        # The outputs are RequestResult's attributes of the same names, and the ids echoed
-        reply = encode(InferAnswer(model, engine.model_version, req.request_id,
-                                   [(name, getattr(result, name) if name != ID_OUTPUT else req.external_ids)
-                                    for name in req.outputs]))
+        reply = encode(InferAnswer(model, engine.model_version, req.request_id, req.answer_outputs(result)))
         done = time.perf_counter()
         stats = engine.stats
         stats.stage("respond", result.pipeline, done - t0)

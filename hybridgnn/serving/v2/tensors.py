@@ -16,7 +16,6 @@ ID_DATATYPES = ("INT64", "INT32")
 # logits: the model's output; embeddings: what its head reads (the hidden representation);
 # predictions: argmax of the logits
 OUTPUT_NAMES = ("logits", "embeddings", "predictions")
-ID_OUTPUT = "node_ids"  # the request's ids echoed, on datasets with an id map (external ids)
 MAX_NAME_BYTES = 1024  # one node name in a BYTES input
 INPUT_NAME = "node_ids"
 

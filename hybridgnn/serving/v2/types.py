@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MISSING = object()  # Tensor.data when the request gave neither data nor raw bytes
+ID_OUTPUT = "node_ids"  # the request's ids echoed, on datasets with an id map (external ids)
 
 
 class Tensor:
@@ -72,6 +73,11 @@ class InferRequest:
     @property
     def num_outputs(self) -> int:
         return int(self.features.shape[0] if self.features is not None else self.node_ids.shape[0])
+
+    def answer_outputs(self, result) -> list[tuple[str, np.ndarray]]:
+        """The outputs asked for, from a RequestResult's attributes of the same names (and
+        the ids echoed as the client named them)."""
+        return [(name, getattr(result, name) if name != ID_OUTPUT else self.external_ids) for name in self.outputs]
 
 
 class InferAnswer:

@@ -1,0 +1,386 @@
+"""The engine of a heterogeneous graph: node outputs per node type, link scores of pairs
+and the top-k of candidate sets, batched and routed like node requests.
+
+Requests wait in one queue; whenever a pipeline worker is free, the requests waiting
+(up to --max-batch-seeds seeds and the batch-PSGS bound) become one batch, sampled
+together, so a batch's PSGS is the sum of its requests' (each pair's both ends, each
+top-k's seeds and candidates) from the typed tables. The router sends it to the CPU or
+the GPU pipeline by that PSGS (Quiver's rule); each pipeline is a pool of worker threads,
+each with its own typed sampler (pipelines/hetero.py). Admission judges each request by
+its PSGS as on homogeneous graphs.
+
+Event loop thread, except the batches themselves (worker threads; results cross back
+through the loop's executor futures). Invariant: every admitted request's future is
+completed exactly once (result or error), including at stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hybridgnn.config import DEFAULT_FANOUT, ServeConfig
+from hybridgnn.errors import BatchFailed, ConfigError, Draining, Forbidden
+from hybridgnn.scheduler.admission import admission_for
+from hybridgnn.scheduler.router import Router
+from hybridgnn.serving.core.admitting import Admitting
+from hybridgnn.serving.core.statistics import ModelStatistics
+from hybridgnn.types import (
+    EngineSnapshot,
+    QueueLoad,
+    RoutePlan,
+    ServingStats,
+    TypedQuery,
+    TypedResult,
+)
+
+log = logging.getLogger("hybridgnn.serving.core.engine")
+
+
+@dataclass
+class _Job:
+    query: TypedQuery
+    psgs: float
+    future: asyncio.Future
+    predicted_wait_s: float
+    arrival_s: float = field(default_factory=time.perf_counter)
+
+    @property
+    def num_seeds(self) -> int:
+        return sum(len(ids) for _, ids in self.query.seeds())
+
+
+class _Workers:
+    """One pipeline's worker threads; each builds its own executor on first use."""
+
+    def __init__(self, name: str, device: str, workers: int, make):
+        self.name, self.device, self.workers = name, device, workers
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"hetero-{name}")
+        self.depth = 0  # batches submitted and not yet completed
+        self._make = make
+        self._local = threading.local()
+        self._numbers = itertools.count()
+
+    def executor(self):
+        ex = getattr(self._local, "executor", None)
+        if ex is None:
+            ex = self._local.executor = self._make(self.name, next(self._numbers))
+        return ex
+
+
+def served_fanouts(cfg: ServeConfig, config: dict):
+    """--fanouts (one list for every edge type), else the model's saved fanouts (a list or a
+    dict per edge type), else DEFAULT_FANOUT per layer."""
+    if cfg.sampling.fanouts is not None:
+        return list(cfg.sampling.fanouts)
+    return config.get("fanouts") or [DEFAULT_FANOUT] * int(config["num_layers"])
+
+
+class HeteroEngine(Admitting):
+    typed = True  # the v2 service decodes typed requests for it (node types, pairs, top-k)
+    default_mode = "sampled"
+    serves_full = False
+
+    def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None, *, version: str = "1"):
+        from hybridgnn.graph.hetero import HeteroGraphStore
+        from hybridgnn.models.checkpoint import CheckpointError
+        from hybridgnn.models.hetero_checkpoint import (
+            HETERO_CLASS,
+            input_widths,
+            load_hetero_model,
+        )
+        from hybridgnn.models.link import load_decoder
+        from hybridgnn.workload.typed import (
+            TypedWorkloadTables,
+            num_hops,
+            typed_fanouts,
+        )
+
+        self.stats = stats if stats is not None else ServingStats()
+        self.model_version = version
+        self.model_stats = ModelStatistics()
+        self.graph = graph = HeteroGraphStore.open(cfg.dataset_dir)
+        try:
+            config = json.loads((cfg.model_dir / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model directory {cfg.model_dir}: cannot read config.json: {exc}") from None
+        if not isinstance(config, dict) or config.get("class") != HETERO_CLASS:
+            raise ConfigError(f"dataset {cfg.dataset_dir} is heterogeneous but model {cfg.model_dir} is not (save a "
+                              "to_hetero or HeteroConv model with hybridgnn.save_model(..., metadata=data.metadata()))")
+        try:
+            self.model = load_hetero_model(cfg.model_dir, config)
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+        self._check_fits(cfg, input_widths(self.model))
+        self.out_dims: dict[str, int] = {t: int(v) for t, v in config["out_dims"].items()}
+        self.hidden_dims = {t: int(v) for t, v in self.out_dims.items()}
+        self.decoder, self.link_pairs = None, []
+        self.decoder_kind = None
+        if config.get("link_decoder") is not None:
+            try:
+                self.decoder, self.link_pairs = load_decoder(cfg.model_dir, config["link_decoder"], self.out_dims)
+            except (ValueError, CheckpointError) as exc:
+                raise ConfigError(f"model {cfg.model_dir}: {exc}") from None
+            self.decoder_kind = config["link_decoder"]["kind"]
+        try:
+            self.fanouts = typed_fanouts(graph.edge_types, served_fanouts(cfg, config))
+        except ValueError as exc:
+            raise ConfigError(f"fanouts: {exc}") from None
+        if num_hops(self.fanouts) < self.model.num_layers:
+            raise ConfigError(f"fanouts give {num_hops(self.fanouts)} hops but the model has {self.model.num_layers} "
+                              "layers")
+        self.cfg = cfg
+        self.model_class, self.num_layers = config["class"], self.model.num_layers
+        t0 = time.perf_counter()
+        self.tables = TypedWorkloadTables.load_or_build(graph, self.fanouts)
+        log.info("typed PSGS/FAP tables ready in %.2fs", time.perf_counter() - t0)
+        self._features = {t: n.features for t, n in graph.nodes.items()}
+        self._workers = {cfg.cpu_pipeline.name: _Workers(cfg.cpu_pipeline.name, cfg.cpu_pipeline.device,
+                                                         cfg.cpu_pipeline.workers, self._make_executor)}
+        if cfg.gpu_pipeline is not None:
+            g = cfg.gpu_pipeline
+            self._workers[g.name] = _Workers(g.name, g.device, g.workers, self._make_executor)
+        self._models = {w.device: self.model if w.device == "cpu" else self._on(w.device)
+                        for w in self._workers.values()}
+        self._router = Router(cfg.router, tuple(self._workers))
+        mean_psgs = float(np.mean(np.concatenate([np.asarray(v, np.float64) for v in self.tables.psgs.values()])))
+        if len(self._workers) > 1 and cfg.router.psgs_threshold is None:
+            self._router.set_threshold(cfg.router.default_gpu_batch_seeds * mean_psgs)
+        servers = sum(w.workers for w in self._workers.values())
+        self._admission = admission_for(cfg, servers, cfg.batcher.max_batch_seeds * mean_psgs, None, None)
+        self._sampled_lane = self._admission.lanes["sampled"]
+        self._admitted_seed_psgs = mean_psgs
+        self._refused_in_flight_cap = 0
+        self._pending = 0
+        self._idle = asyncio.Event()
+        self._started = False
+        self._waiting: collections.deque[_Job] = collections.deque()
+        self._in_flight: set[asyncio.Future] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
+        self.ready = False
+        self.stats.watch(self.snapshot, tuple(self._workers))
+
+    def _check_fits(self, cfg: ServeConfig, widths: dict[str, int]) -> None:
+        g, m = self.graph, self.model
+        missing = [list(e) for e in m.edge_types if e not in g.edges]
+        if missing or set(m.node_types) - set(g.node_types):
+            raise ConfigError(f"model {cfg.model_dir} was saved for node types {m.node_types} and edge types "
+                              f"{[list(e) for e in m.edge_types]}; dataset {cfg.dataset_dir} lacks "
+                              f"{missing or sorted(set(m.node_types) - set(g.node_types))}")
+        for e in m.layer_edges[0]:
+            for t in (e[0], e[2]):
+                if widths[t] != g.nodes[t].feature_dim:
+                    raise ConfigError(f"model {cfg.model_dir} reads {widths[t]}-wide features of node type {t!r} "
+                                      f"but dataset {cfg.dataset_dir} has {g.nodes[t].feature_dim}")
+
+    def _on(self, device: str):
+        import copy
+
+        return copy.deepcopy(self.model).to(device)
+
+    def _make_executor(self, pipeline: str, worker: int):
+        from hybridgnn.pipelines.hetero import TypedExecutor
+        from hybridgnn.sampling.typed import TypedCPUSampler, TypedTorchSampler
+
+        w = self._workers[pipeline]
+        seed = self.cfg.sampling.seed + worker + (1000 if pipeline == "gpu" else 0)
+        if pipeline == "gpu":
+            sampler = TypedTorchSampler.from_graph(self.graph, self.fanouts, device=w.device, seed=seed)
+        else:
+            sampler = TypedCPUSampler(self.graph, self.fanouts, seed=seed)
+        decoder = self.decoder.to(w.device) if hasattr(self.decoder, "to") else self.decoder
+        return TypedExecutor(sampler, self._features, self._models[w.device], decoder, w.device)
+
+    # --- what others read --------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return sum(self.graph.num_nodes(t) for t in self.graph.node_types)
+
+    @property
+    def graph_version(self) -> int:
+        return 0
+
+    @property
+    def takes_updates(self) -> bool:
+        return False
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(pending=self._pending, pending_capacity=self.cfg.batcher.max_pending_requests,
+                              ready=self.ready, queue_depths={n: w.depth for n, w in self._workers.items()},
+                              psgs_threshold=self._router.threshold, max_batch_psgs=self.cfg.batcher.max_batch_psgs,
+                              policy="none")
+
+    def metadata(self) -> dict:
+        g, thr = self.graph, self._router.threshold
+        return {
+            "graph": "heterogeneous", "dataset": g.name, "dataset_fingerprint": g.fingerprint,
+            "node_types": [{"name": t, "num_nodes": g.num_nodes(t), "feature_dim": g.nodes[t].feature_dim,
+                            "output_dim": self.out_dims.get(t), "node_ids": (g.nodes[t].id_map.kind if
+                                                                             g.nodes[t].id_map is not None else
+                                                                             "dense")} for t in g.node_types],
+            "edge_types": [list(e) for e in g.edge_types],
+            "fanouts": {"__".join(e): list(v) for e, v in self.fanouts.items()},
+            "model_class": self.model_class, "num_layers": self.num_layers,
+            "link_decoder": self.decoder_kind, "link_types": [list(p) for p in self.link_pairs],
+            "request_kinds": ["node"] + (["pair", "topk"] if self.decoder is not None else []),
+            "pipelines": list(self._workers), "devices": {n: w.device for n, w in self._workers.items()},
+            "psgs_threshold": "inf" if math.isinf(thr) else thr,
+            "admission": {**self._admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
+            "max_request_nodes": self.cfg.server.max_request_nodes, "modes": ["sampled"],
+            "updates_enabled": False, "graph_version": 0,
+        }
+
+    # --- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        torch.set_num_threads(self.cfg.cpu_pipeline.torch_threads)
+        self._idle.set()
+        warm = TypedQuery("node", next(iter(self.out_dims)), np.zeros(1, np.int64))
+        for name, w in self._workers.items():  # compiles the sampler and runs the model once, off the loop
+            await asyncio.wrap_future(w.pool.submit(lambda w=w, name=name: w.executor().run([warm], name)))
+        self._started = True
+        self.ready = True
+
+    async def stop(self) -> None:
+        for job in self._waiting:
+            self._resolve(job, error=Draining("server is shutting down"))
+        self._waiting.clear()
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+        for w in self._workers.values():
+            await asyncio.to_thread(w.pool.shutdown, wait=True)
+        self.stats.unwatch(self.snapshot)
+
+    async def refresh_placement(self) -> dict:
+        raise LookupError("a heterogeneous server keeps no GPU feature cache")
+
+    def save_seed_log(self, path) -> None:
+        """Nothing to save: no feature placement is planned for heterogeneous graphs."""
+
+    async def update_graph(self, update, waited_s: float = 0.0):
+        raise Forbidden("graph updates are not served for heterogeneous graphs")
+
+    async def wait_for_version(self, wanted: int) -> bool:
+        return False
+
+    # --- requests ----------------------------------------------------------------------
+    def query_psgs(self, query: TypedQuery) -> float:
+        """The request's PSGS: its seeds' (both ends, or seeds and candidates) summed."""
+        return sum(self.tables.batch_psgs(t, ids) for t, ids in query.seeds())
+
+    def infer(self, query: TypedQuery, waited_s: float = 0.0) -> asyncio.Future:
+        """Admit a validated query (or raise Overloaded / Draining); a future of its
+        TypedResult."""
+        psgs = self.query_psgs(query)
+        predicted = self.admit("sampled", psgs, waited_s)
+        job = _Job(query, psgs, self._loop.create_future(), predicted)
+        seeds = max(1, job.num_seeds)
+        self._admitted_seed_psgs += 0.05 * (psgs / seeds - self._admitted_seed_psgs)
+        self._waiting.append(job)
+        self._pump()
+        return job.future
+
+    def _pump(self) -> None:
+        """Start batches while a worker is free."""
+        free = sum(w.workers - w.depth for w in self._workers.values())
+        while self._waiting and free > 0:
+            jobs = self._take()
+            psgs = sum(j.psgs for j in jobs)
+            plan = self._router.route(psgs, {n: QueueLoad(w.depth, w.workers) for n, w in self._workers.items()})
+            self._run(jobs, plan)
+            free -= 1
+
+    def _take(self) -> list[_Job]:
+        b = self.cfg.batcher
+        first = self._waiting.popleft()
+        jobs, seeds, psgs = [first], first.num_seeds, first.psgs
+        while self._waiting and len(jobs) < b.max_batch_requests:
+            nxt = self._waiting[0]
+            if seeds + nxt.num_seeds > b.max_batch_seeds or psgs + nxt.psgs > b.max_batch_psgs:
+                break
+            jobs.append(self._waiting.popleft())
+            seeds += nxt.num_seeds
+            psgs += nxt.psgs
+        return jobs
+
+    def _run(self, jobs: list[_Job], plan: RoutePlan) -> None:
+        self.stats.routed(plan.pipeline, plan.reason)
+        w = self._workers[plan.pipeline]
+        w.depth += 1
+        began = time.perf_counter()
+        fut = self._loop.run_in_executor(w.pool, self._execute, w, [j.query for j in jobs])
+        self._in_flight.add(fut)
+        fut.add_done_callback(lambda f: self._complete(f, jobs, plan, began))
+
+    @staticmethod
+    def _execute(w: _Workers, queries: list[TypedQuery]) -> list[TypedResult]:
+        return w.executor().run(queries, w.name)
+
+    def _complete(self, fut: asyncio.Future, jobs: list[_Job], plan: RoutePlan, began: float) -> None:
+        self._in_flight.discard(fut)
+        self._workers[plan.pipeline].depth -= 1
+        error = fut.exception() if not fut.cancelled() else Draining("server is shutting down")
+        if error is not None:
+            self.stats.batch_failed(plan.pipeline)
+            try:
+                retry = self._router.fallback(plan)
+            except LookupError:
+                retry = None
+            if retry is not None and not isinstance(error, Draining):
+                self._run(jobs, retry)
+                return
+            log.error("a batch of %d heterogeneous requests failed on %s: %s", len(jobs), plan.pipeline, error,
+                      exc_info=error)
+            failure = BatchFailed(f"{type(error).__name__}: {error}")
+            for job in jobs:
+                self._resolve(job, error=failure)
+        else:
+            results = fut.result()
+            t = results[0].timings
+            service_s = t.sample_s + t.gather_s + t.compute_s
+            psgs = sum(j.psgs for j in jobs)
+            self.stats.batch_done(plan.pipeline, t, sum(j.num_seeds for j in jobs), len(jobs), psgs, 0)
+            self.model_stats.executed()
+            lane, now = self._sampled_lane, time.perf_counter()
+            lane.observe(psgs, service_s)
+            for job, result in zip(jobs, results, strict=True):
+                lane.calibrate(job.predicted_wait_s, began - job.arrival_s, self._admission.bound_s)
+                self.stats.stage("batching", plan.pipeline, began - job.arrival_s)
+                self._resolve(job, result)
+            lane.completed(psgs, now)
+        self._pump()
+
+    def _resolve(self, job: _Job, result: TypedResult | None = None, error: BaseException | None = None) -> None:
+        self._sampled_lane.remove(job.psgs)
+        self.release()
+        if not job.future.done():
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+
+
+async def open_hetero_engine(cfg: ServeConfig, stats: ServingStats | None = None, *,
+                             version: str = "1") -> HeteroEngine:
+    """A started engine for a heterogeneous dataset and model (built off the event loop)."""
+    from hybridgnn.serving.core.admitting import started
+
+    if cfg.model_repository is not None or cfg.partitions.enabled:
+        raise ConfigError("a heterogeneous graph is served from one --model directory, in one process (no "
+                          "--model-repository or --partitions)")
+    if cfg.updates.enabled:
+        raise ConfigError("graph updates are not served for heterogeneous graphs: start without --update-token")
+    engine = await asyncio.to_thread(HeteroEngine, cfg, stats, version=version)
+    return await started(engine)
