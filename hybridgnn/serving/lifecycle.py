@@ -62,7 +62,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     loop.add_signal_handler(signal.SIGHUP, refresh)
     saver = loop.create_task(_save_seed_log(engine, cfg)) if cfg.server.seed_log is not None else None
     log.info("serving %s on http://%s:%d (%d nodes, fanouts %s, %d CPU workers, %s)", server.describe(),
-             cfg.server.host, server.port, engine.graph.num_nodes, list(engine.cfg.sampling.fanouts),
+             cfg.server.host, server.port, engine.num_nodes, engine.metadata()["fanouts"],
              cfg.cpu_pipeline.workers, f"{server.frontends.count} front-end processes"
              if server.frontends is not None else "HTTP in this process")
     if on_ready is not None:

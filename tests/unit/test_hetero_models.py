@@ -11,11 +11,8 @@ from torch_geometric.nn import (
     GCN,
     GATConv,
     GCNConv,
-    GraphConv,
     GraphSAGE,
     HeteroConv,
-    Linear,
-    SAGEConv,
     to_hetero,
 )
 
@@ -26,6 +23,7 @@ from hybridgnn.models.checkpoint import CheckpointError, read_config
 from hybridgnn.models.hetero_checkpoint import load_hetero_model
 from hybridgnn.models.zoo import UnsupportedModel
 from hybridgnn.sampling.typed import TypedCPUSampler
+from tests.support.hetero import HeteroSAGE, whole
 
 pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
 
@@ -34,33 +32,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
 def graph(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("hm") / request.param
     return HeteroGraphStore.open(generate_hetero(path, kind=request.param, num_nodes=120, avg_degree=5, seed=4))
-
-
-def whole(graph):
-    x = {t: torch.from_numpy(np.array(n.features)) for t, n in graph.nodes.items()}
-    ei = {}
-    for e, d in graph.edges.items():
-        dst = np.repeat(np.arange(d.indptr.shape[0] - 1), np.diff(d.indptr))
-        ei[e] = torch.from_numpy(np.stack([np.asarray(d.indices, dtype=np.int64), dst]))
-    return x, ei
-
-
-class HeteroSAGE(torch.nn.Module):
-    """A user's own HeteroConv model: convs, relu between layers, a head per type."""
-
-    def __init__(self, metadata, out_types):
-        super().__init__()
-        self.convs = torch.nn.ModuleList([
-            HeteroConv({e: (GraphConv(-1, 16) if e[0] == e[2] else SAGEConv((-1, -1), 16)) for e in metadata[1]},
-                       aggr=aggr) for aggr in ("sum", "mean")])
-        self.lin = torch.nn.ModuleDict({t: Linear(-1, 3) for t in out_types})
-
-    def forward(self, x, edge_index):
-        for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index)
-            if i < len(self.convs) - 1:
-                x = {t: v.relu() for t, v in x.items()}
-        return {t: self.lin[t](v) if t in self.lin else v for t, v in x.items()}
 
 
 def models(graph):

@@ -144,6 +144,11 @@ class Engine(Admitting, SampledInference):
         return self._dynamic is not None
 
     @property
+    def max_feature_dim(self) -> int:
+        """The widest feature row a request may carry (transports bound elements by it)."""
+        return self.graph.feature_dim
+
+    @property
     def num_nodes(self) -> int:
         """Node ids requests may name now (grows with graph updates)."""
         d = self._dynamic

@@ -209,6 +209,11 @@ class HeteroEngine(Admitting):
         return sum(self.graph.num_nodes(t) for t in self.graph.node_types)
 
     @property
+    def max_feature_dim(self) -> int:
+        """Requests carry ids only (no feature rows): one element per id."""
+        return 1
+
+    @property
     def graph_version(self) -> int:
         return 0
 

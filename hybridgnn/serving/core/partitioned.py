@@ -106,6 +106,11 @@ class PartitionedEngine(Admitting):
         self._ready = value
 
     @property
+    def max_feature_dim(self) -> int:
+        """The widest feature row a request may carry (transports bound elements by it)."""
+        return self.graph.feature_dim
+
+    @property
     def num_nodes(self) -> int:
         """Node ids requests may name now (grows with graph updates)."""
         view = self.updates.view if self.updates is not None else None

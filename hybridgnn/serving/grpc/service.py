@@ -217,7 +217,7 @@ class GrpcFrontend:
         engine = None
         try:
             engine = service.model(request.model_name, request.model_version or None)
-            req = infer_input(request, 2 * engine.cfg.server.max_request_nodes * max(1, engine.graph.feature_dim))
+            req = infer_input(request, 2 * engine.cfg.server.max_request_nodes * max(1, engine.max_feature_dim))
         except Exception as exc:
             failure = service.failure(exc, "infer")
             (engine or service.engine).stats.answered(failure.status)  # counted as the service counts its own

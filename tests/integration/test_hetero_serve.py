@@ -1,0 +1,204 @@
+"""Heterogeneous models served for real: node outputs and link scores over HTTP equal
+plain PyG's whole-graph forward (fanouts >= the largest degree) for to_hetero(GraphSAGE)
+and a HeteroConv model on a two-type and a three-type graph; both pipelines (the GPU
+pipeline's code on CPU tensors); `hybridgnn serve` with tritonclient over HTTP and gRPC,
+and the errors a client gets for what it gets wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import hybridgnn
+from hybridgnn.config import PipelineConfig, RouterConfig, ServeConfig
+from hybridgnn.graph.hetero import HeteroGraphStore
+from hybridgnn.graph.hetero_generate import generate_hetero
+from tests.support.engine_client import with_client
+from tests.support.hetero import HeteroSAGE, built, sage, whole
+from tests.support.server import ServerProcess, free_port
+
+pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
+FULL = [1000, 1000]  # above every degree: samples hold whole neighbourhoods
+
+
+def _models(graph):
+    yield "to_hetero(GraphSAGE)", sage(graph)
+    yield "HeteroConv", HeteroSAGE(graph.metadata(), graph.node_types, out_channels=8)
+
+
+@pytest.fixture(scope="module", params=["recsys", "academic"])
+def served(request, tmp_path_factory):
+    """(graph, [(name, model dir, PyG's whole-graph outputs)]) for one schema."""
+    root = tmp_path_factory.mktemp(f"hs-{request.param}")
+    graph = HeteroGraphStore.open(generate_hetero(root / "g", kind=request.param, num_nodes=240, avg_degree=5,
+                                                  seed=3))
+    x, ei = whole(graph)
+    out = []
+    for i, (name, model) in enumerate(_models(graph)):
+        model = built(model, graph, seed=i)
+        with torch.no_grad():
+            want = model(x, ei)
+        path = hybridgnn.save_model(model, root / f"m{i}", metadata=graph.metadata(), fanouts=FULL,
+                                    link_decoder="dot")
+        out.append((name, path, want))
+    return graph, root / "g", out
+
+
+def _node(ntype, ids):
+    return {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [len(ids)], "data": list(map(int, ids))}],
+            "parameters": {"node_type": ntype}, "outputs": [{"name": "logits"}]}
+
+
+def _pair(s, d, src, dst):
+    return {"inputs": [{"name": "src_ids", "datatype": "INT64", "shape": [len(src)], "data": list(map(int, src))},
+                       {"name": "dst_ids", "datatype": "INT64", "shape": [len(dst)], "data": list(map(int, dst))}],
+            "parameters": {"src_type": s, "dst_type": d}}
+
+
+async def _post(client, body):
+    r = await client.post("/v2/models/hybridgnn/infer", json=body)
+    return r.status, await r.json()
+
+
+def _config(dataset, model, **kw) -> ServeConfig:
+    return ServeConfig(dataset_dir=dataset, model_dir=model, cpu_pipeline=PipelineConfig(workers=2), **kw)
+
+
+def test_served_outputs_and_scores_equal_pyg_on_the_whole_graph(served):
+    graph, dataset, models = served
+    rng = np.random.default_rng(0)
+
+    for name, path, want in models:
+        async def check(engine, client, want=want, name=name):
+            meta = (await (await client.get("/v2/models/hybridgnn")).json())["parameters"]
+            assert [t["name"] for t in meta["node_types"]] == graph.node_types
+            assert meta["edge_types"] == [list(e) for e in graph.edge_types] and meta["link_decoder"] == "dot"
+            bodies, expected = [], []
+            for t in want:  # every output type, all its nodes over a few requests sent at once
+                for chunk in np.array_split(np.arange(graph.num_nodes(t)), 4):
+                    bodies.append(_node(t, chunk))
+                    expected.append(want[t][chunk])
+            for s, d in meta["link_types"]:
+                src, dst = rng.integers(0, graph.num_nodes(s), 40), rng.integers(0, graph.num_nodes(d), 40)
+                bodies.append(_pair(s, d, src, dst))
+                expected.append((want[s][src] * want[d][dst]).sum(-1))
+            answers = await asyncio.gather(*(_post(client, b) for b in bodies))
+            for (status, j), exp in zip(answers, expected, strict=True):
+                assert status == 200, j
+                got = torch.tensor(j["outputs"][0]["data"]).reshape(exp.shape)
+                torch.testing.assert_close(got, exp, atol=1e-5, rtol=1e-5, msg=name)
+
+        asyncio.run(with_client(_config(dataset, path), check))
+
+
+def test_both_pipelines_route_by_typed_psgs_and_answer_alike(served):
+    graph, dataset, models = served
+    _, path, want = models[0]
+    t = graph.node_types[0]
+    ids = np.arange(0, graph.num_nodes(t), 5)
+
+    async def check(engine, client):
+        assert engine.metadata()["pipelines"] == ["cpu", "gpu"]
+        status, j = await _post(client, _node(t, ids))
+        assert status == 200, j
+        torch.testing.assert_close(torch.tensor(j["outputs"][0]["data"]).reshape(len(ids), -1), want[t][ids],
+                                   atol=1e-5, rtol=1e-5)
+        assert engine.snapshot().queue_depths == {"cpu": 0, "gpu": 0}
+        text = (await (await client.get("/metrics")).text())
+        routed = [ln for ln in text.splitlines() if ln.startswith("hybridgnn_routing_decisions_total")
+                  and 'pipeline="gpu"' in ln]
+        assert routed and float(routed[0].split()[-1]) >= 1, text[:2000]
+
+    cfg = _config(dataset, path, gpu_pipeline=PipelineConfig(name="gpu", device="cpu", workers=1),
+                  router=RouterConfig(psgs_threshold=0.0))  # every batch is "large": the GPU pipeline's code
+    asyncio.run(with_client(cfg, check))
+
+
+def test_top_k_and_errors_that_name_the_field(served):
+    graph, dataset, models = served
+    _, path, want = models[0]
+
+    async def check(engine, client):
+        s, d = engine.link_pairs[0]
+        cands = np.arange(min(30, graph.num_nodes(d)))
+        body = {"inputs": [{"name": "src_ids", "datatype": "INT64", "shape": [2], "data": [0, 1]},
+                           {"name": "candidate_ids", "datatype": "INT64", "shape": [len(cands)],
+                            "data": cands.tolist()}],
+                "parameters": {"src_type": s, "dst_type": d, "k": 4}}
+        status, j = await _post(client, body)
+        assert status == 200, j
+        out = {o["name"]: o for o in j["outputs"]}
+        best = torch.topk(want[s][[0, 1]] @ want[d][cands].T, 4, dim=1)
+        assert out["topk_ids"]["shape"] == [2, 4]
+        assert out["topk_ids"]["data"] == cands[best.indices.numpy()].reshape(-1).tolist()
+        torch.testing.assert_close(torch.tensor(out["topk_scores"]["data"]).reshape(2, 4), best.values,
+                                   atol=1e-5, rtol=1e-5)
+        n = graph.num_nodes(s)
+        for bad, words in ((_node("nope", [0]), "parameters.node_type: unknown node type 'nope'"),
+                           (_pair(s, d, [0, 1], [0]), "src_ids and dst_ids must have the same length"),
+                           (_pair(s, d, [n], [0]), f"src_ids: id {n} is out of range for node type {s!r}")):
+            status, j = await _post(client, bad)
+            assert status == 400 and words in j["error"], j
+
+    asyncio.run(with_client(_config(dataset, path), check))
+
+
+def test_hetero_refuses_what_it_does_not_serve(served, tmp_path):
+    graph, dataset, models = served
+    _, path, _ = models[0]
+    from hybridgnn.config import UpdateConfig
+    from hybridgnn.errors import ConfigError
+
+    cfg = dataclasses.replace(_config(dataset, path), updates=UpdateConfig(token="a-long-token"))
+    with pytest.raises(ConfigError, match="graph updates are not served for heterogeneous graphs"):
+        asyncio.run(with_client(cfg, None))
+    other = HeteroGraphStore.open(generate_hetero(tmp_path / "o", kind="recsys" if len(graph.node_types) == 3
+                                                  else "academic", num_nodes=60, avg_degree=3, seed=1))
+    with pytest.raises(ConfigError, match="lacks"):
+        asyncio.run(with_client(_config(other.root, path), None))
+
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+httpclient = pytest.importorskip("tritonclient.http")
+
+
+def test_hybridgnn_serve_answers_tritonclient_over_http_and_grpc(served):
+    graph, dataset, models = served
+    _, path, want = models[0]
+    port = free_port()
+    srv = ServerProcess(dataset, path, "--workers", "1", "--grpc-port", str(port)).wait_ready()
+    try:
+        g = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        h = httpclient.InferenceServerClient(srv.url.removeprefix("http://"))
+        meta = h.get_model_metadata("hybridgnn")
+        assert meta["parameters"]["edge_types"] == [list(e) for e in graph.edge_types]
+        assert {i["name"] for i in meta["inputs"]} == {"node_ids", "src_ids", "dst_ids", "candidate_ids"}
+        assert {o.name for o in g.get_model_metadata("hybridgnn").outputs} >= {"scores", "topk_ids"}
+        s, d = [tuple(p) for p in meta["parameters"]["link_types"]][0]
+        src, dst = np.array([0, 3, 5], np.int64), np.array([2, 2, 1], np.int64)
+        for client, mod in ((g, grpcclient), (h, httpclient)):
+            a, b = mod.InferInput("src_ids", [3], "INT64"), mod.InferInput("dst_ids", [3], "INT64")
+            a.set_data_from_numpy(src)
+            b.set_data_from_numpy(dst)
+            res = client.infer("hybridgnn", [a, b], parameters={"src_type": s, "dst_type": d},
+                               outputs=[mod.InferRequestedOutput("scores")])
+            np.testing.assert_allclose(res.as_numpy("scores"), (want[s][src] * want[d][dst]).sum(-1).numpy(),
+                                       atol=1e-5, rtol=1e-5)
+            n = mod.InferInput("node_ids", [2], "INT64")
+            n.set_data_from_numpy(np.array([1, 0], np.int64))
+            res = client.infer("hybridgnn", [n], parameters={"node_type": s})
+            np.testing.assert_allclose(res.as_numpy("logits"), want[s][[1, 0]].numpy(), atol=1e-5, rtol=1e-5)
+            with pytest.raises(mod.InferenceServerException) as err:
+                client.infer("hybridgnn", [a, n], parameters={"src_type": s, "dst_type": d})
+            assert "do not make a request" in err.value.message()
+        with pytest.raises(grpcclient.InferenceServerException) as err:
+            c = grpcclient.InferInput("node_ids", [1], "INT64")
+            c.set_data_from_numpy(np.array([0], np.int64))
+            g.infer("hybridgnn", [c], parameters={"node_type": "nope"})
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "node_type" in err.value.message()
+    finally:
+        assert srv.stop() == 0

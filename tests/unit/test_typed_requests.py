@@ -1,0 +1,132 @@
+"""Requests to a heterogeneous model decoded: node, pair and top-k requests, every
+refusal naming the input or parameter at fault, and (hypothesis) nothing a client sends
+raising anything but a 4xx."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hybridgnn.errors import BadRequest, PayloadTooLarge, ServingError
+from hybridgnn.graph.hetero import HeteroGraphStore
+from hybridgnn.graph.hetero_import import write_hetero_edges
+from hybridgnn.graph.idmap import IdMap
+from hybridgnn.models.link import dot
+from hybridgnn.serving.v2.typed import MAX_TOPK_PAIRS, decode_typed
+from hybridgnn.serving.v2.types import InferInput, Tensor
+from hybridgnn.types import TypedResult
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    names = np.array(["ann", "bob", "cy", "di"])
+    users, _ = IdMap.build(names)
+    nodes = {"user": {"features": np.zeros((4, 2), np.float32), "id_map": users},
+             "item": {"features": np.zeros((6, 3), np.float32)},
+             "tag": {"features": np.zeros((2, 1), np.float32)}}
+    root = write_hetero_edges(tmp_path_factory.mktemp("tr") / "g", nodes,
+                              {("user", "rates", "item"): np.array([[0, 1, 2], [0, 1, 5]]),
+                               ("tag", "of", "item"): np.array([[0, 1], [2, 3]])}, undirected=True)
+    return SimpleNamespace(graph=HeteroGraphStore.open(root), out_dims={"user": 4, "item": 4},
+                           decoder=dot, link_pairs=[("user", "item"), ("item", "item")],
+                           cfg=SimpleNamespace(server=SimpleNamespace(max_request_nodes=64)))
+
+
+def ids(name, values, datatype="INT64"):
+    return Tensor(name, datatype, [len(values)], list(values))
+
+
+def decode(engine, *inputs, outputs=None, **params):
+    return decode_typed(InferInput("m", None, list(inputs), params, outputs), engine)
+
+
+def test_the_three_request_kinds(engine):
+    node = decode(engine, ids("node_ids", [0, 5]), node_type="item")
+    assert node.query.kind == "node" and node.outputs == ("logits", "embeddings", "predictions")
+    named = decode(engine, ids("node_ids", ["cy", "ann"], "BYTES"), node_type="user", outputs=["logits"])
+    assert named.query.src_ids.tolist() == [2, 0] and named.outputs == ("logits",)
+    pair = decode(engine, ids("src_ids", ["bob"], "BYTES"), ids("dst_ids", [3]), src_type="user", dst_type="item")
+    assert (pair.query.kind, pair.query.src_ids.tolist(), pair.query.dst_ids.tolist()) == ("pair", [1], [3])
+    top = decode(engine, ids("src_ids", [1, 2]), ids("candidate_ids", [0, 4, 5]), src_type="item",
+                 dst_type="item", k=2)
+    assert top.query.kind == "topk" and top.query.k == 2 and top.outputs == ("topk_ids", "topk_scores")
+    result = TypedResult("cpu", None, topk_index=np.array([[2, 0], [1, 2]]), topk_scores=np.zeros((2, 2)))
+    assert top.answer_outputs(result)[0][1].tolist() == [[5, 0], [4, 5]]  # candidates as named
+
+
+def test_top_k_names_candidates_by_their_external_ids(engine):
+    both = SimpleNamespace(**{**vars(engine), "link_pairs": [*engine.link_pairs, ("item", "user")]})
+    top = decode(both, ids("src_ids", [0]), ids("candidate_ids", ["di", "ann"], "BYTES"), src_type="item",
+                 dst_type="user", k=1)
+    assert top.query.dst_ids.tolist() == [3, 0]
+    result = TypedResult("cpu", None, topk_index=np.array([[1]]), topk_scores=np.zeros((1, 1)))
+    assert top.answer_outputs(result)[0][1].tolist() == [["ann"]]
+
+
+@pytest.mark.parametrize("inputs, params, words", [
+    ([ids("node_ids", [0])], {}, "parameters.node_type is required"),
+    ([ids("node_ids", [0])], {"node_type": "movie"}, "parameters.node_type: unknown node type 'movie'"),
+    ([ids("node_ids", [0])], {"node_type": "tag"}, "parameters.node_type: unknown node type 'tag'"),
+    ([ids("node_ids", [6])], {"node_type": "item"}, "node_ids: id 6 is out of range for node type 'item'"),
+    ([ids("node_ids", [-1])], {"node_type": "item"}, "node_ids: id -1 is out of range"),
+    ([ids("node_ids", [0])], {"node_type": "user"}, "node_ids must be BYTES"),
+    ([ids("node_ids", ["zed"], "BYTES")], {"node_type": "user"}, "node_ids: unknown 'user' id 'zed'"),
+    ([ids("node_ids", ["x"], "BYTES")], {"node_type": "item"}, "node_ids must be INT64"),
+    ([ids("node_ids", [])], {"node_type": "item"}, "node_ids is empty"),
+    ([ids("src_ids", [0, 1]), ids("dst_ids", [1])], {"src_type": "item", "dst_type": "item"},
+     "src_ids and dst_ids must have the same length"),
+    ([ids("src_ids", [0]), ids("dst_ids", [9])], {"src_type": "item", "dst_type": "item"}, "dst_ids: id 9"),
+    ([ids("src_ids", [0]), ids("dst_ids", [1])], {"src_type": "item"}, "parameters.dst_type is required"),
+    ([ids("src_ids", [0]), ids("dst_ids", [1])], {"src_type": "item", "dst_type": "user"},
+     "parameters.dst_type: unknown node type 'user'"),
+    ([ids("src_ids", [0]), ids("dst_ids", [1])], {"src_type": "tag", "dst_type": "item"},
+     "parameters.src_type: unknown node type 'tag'"),
+    ([ids("src_ids", [0]), ids("candidate_ids", [1, 2])], {"src_type": "item", "dst_type": "item"},
+     "parameters.k must be an integer in \\[1, 2\\]"),
+    ([ids("src_ids", [0]), ids("candidate_ids", [1, 2])], {"src_type": "item", "dst_type": "item", "k": 3},
+     "parameters.k"),
+    ([ids("src_ids", [0]), ids("candidate_ids", [1, 2])], {"src_type": "item", "dst_type": "item", "k": True},
+     "parameters.k"),
+    ([ids("src_ids", [0])], {"src_type": "item", "dst_type": "item"}, "do not make a request"),
+    ([ids("node_ids", [0]), ids("src_ids", [0])], {}, "do not make a request"),
+    ([ids("features", [0])], {}, "unknown input 'features'"),
+])
+def test_refusals_name_the_field(engine, inputs, params, words):
+    with pytest.raises(BadRequest, match=words) as err:
+        decode(engine, *inputs, **params)
+    assert err.value.status == 400
+
+
+def test_limits_and_a_model_without_decoder(engine):
+    with pytest.raises(PayloadTooLarge, match="at most 64"):
+        decode(engine, ids("node_ids", [0] * 65), node_type="item")
+    big = SimpleNamespace(**{**vars(engine), "cfg": SimpleNamespace(server=SimpleNamespace(max_request_nodes=1 << 20))})
+    with pytest.raises(PayloadTooLarge, match="pairs to score"):
+        decode(big, ids("src_ids", [0] * 3000), ids("candidate_ids", [1] * (MAX_TOPK_PAIRS // 3000 + 1)),
+               src_type="item", dst_type="item", k=1)
+    bare = SimpleNamespace(**{**vars(engine), "decoder": None, "link_pairs": []})
+    with pytest.raises(BadRequest, match="no link decoder"):
+        decode(bare, ids("src_ids", [0]), ids("dst_ids", [1]), src_type="item", dst_type="item")
+    with pytest.raises(BadRequest, match="unknown output 'scores' for a node request"):
+        decode(engine, ids("node_ids", [0]), node_type="item", outputs=["scores"])
+
+
+_names = st.sampled_from(["node_ids", "src_ids", "dst_ids", "candidate_ids", "x", ""])
+_values = st.one_of(st.lists(st.integers(-10, 10), max_size=5), st.lists(st.text(max_size=3), max_size=5),
+                    st.lists(st.floats(allow_nan=True), max_size=3), st.none(), st.text(max_size=3))
+_tensor = st.builds(Tensor, _names, st.sampled_from(["INT64", "INT32", "BYTES", "FP32", "BOOL", 3]),
+                    st.one_of(st.lists(st.integers(-1, 6), max_size=3), st.none(), st.text(max_size=2)), _values)
+_params = st.dictionaries(st.sampled_from(["node_type", "src_type", "dst_type", "k", "mode"]),
+                          st.one_of(st.sampled_from(["user", "item", "tag", "x"]), st.integers(-2, 5), st.none(),
+                                    st.booleans(), st.lists(st.integers(), max_size=2)), max_size=4)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(inputs=st.lists(_tensor, max_size=3), params=st.one_of(_params, st.lists(st.integers(), max_size=1)))
+def test_nothing_a_client_sends_raises_but_a_4xx(engine, inputs, params):
+    try:
+        decode_typed(InferInput("m", None, inputs, params), engine)
+    except ServingError as exc:
+        assert 400 <= exc.status < 500
