@@ -206,7 +206,7 @@ def test_keep_off_cores_changes_nothing_it_cannot_honour(monkeypatch):
     assert calls and all(cores == {0} for _, cores in calls)  # every thread of the process
 
 
-def test_heterogeneous_generate_tables_model_check_and_serve_refusal(tmp_path, capsys):
+def test_heterogeneous_generate_tables_model_check_and_serve_refusals(tmp_path, capsys):
     import torch
     from torch_geometric.nn import GraphSAGE, to_hetero
 
@@ -235,6 +235,12 @@ def test_heterogeneous_generate_tables_model_check_and_serve_refusal(tmp_path, c
     assert main(["model", "check", str(tmp_path / "m")]) == 0
     checked = json.loads(capsys.readouterr().out)
     assert checked["golden_check"] == "passed" and checked["in_dims"] == {"user": 16, "item": 24}
-    assert main(["serve", "--dataset", str(data), "--model", str(tmp_path / "m"), "--port", "0"]) == 2
+    # what is not served for heterogeneous graphs is refused at start, in one line
+    assert main(["serve", "--dataset", str(data), "--model", str(tmp_path / "m"), "--port", "0",
+                 "--update-token", "long-enough-token"]) == 2
     err = capsys.readouterr().err
-    assert "heterogeneous dataset" in err and len(err.strip().splitlines()) == 1
+    assert "graph updates are not served for heterogeneous graphs" in err and len(err.strip().splitlines()) == 1
+    hybridgnn.save_model(GraphSAGE(16, 8, num_layers=2, out_channels=2), tmp_path / "homo")
+    assert main(["serve", "--dataset", str(data), "--model", str(tmp_path / "homo"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "is heterogeneous but model" in err and len(err.strip().splitlines()) == 1
