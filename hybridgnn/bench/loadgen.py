@@ -266,16 +266,22 @@ async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.nda
 
 async def run_load(url: str, model: str, *, rate: float, duration_s: float, nodes_per_request: int = 1,
                    binary: bool = True, seed: int = 0, num_nodes: int | None = None,
-                   timeout_s: float = 30.0, keep_latencies: bool = False, grpc_target: str | None = None) -> LoadResult:
+                   timeout_s: float = 30.0, keep_latencies: bool = False, grpc_target: str | None = None,
+                   make_bodies=None) -> LoadResult:
     """grpc_target (host:port): send KServe v2 gRPC requests there instead of REST to url
-    (url still answers the model's metadata when num_nodes is not given)."""
+    (url still answers the model's metadata when num_nodes is not given). make_bodies(rng,
+    count): the REST bodies (bytes, headers) to send instead of node_ids requests (e.g.
+    pair requests; nodes_per_request then counts what one body asks for)."""
     if rate <= 0 or duration_s <= 0:
         raise ValueError(f"rate and duration must be positive, got {rate} and {duration_s}")
-    if num_nodes is None:
+    if num_nodes is None and make_bodies is None:
         num_nodes = await fetch_num_nodes(url, model)
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration_s * 1.2) + 16))
     arrivals = arrivals[arrivals < duration_s]
+    if make_bodies is not None:
+        return await _replay(url, model, make_bodies(rng, len(arrivals)), arrivals, rate, duration_s,
+                             nodes_per_request, timeout_s, keep_latencies)
     ids = rng.integers(0, num_nodes, size=(len(arrivals), nodes_per_request))
     if grpc_target is not None:
         start = time.perf_counter()
@@ -283,7 +289,13 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
         return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, latencies, statuses,
                        keep_latencies, arrivals)
     encode = binary_body if binary else json_body
-    bodies = [encode(row) for row in ids]
+    return await _replay(url, model, [encode(row) for row in ids], arrivals, rate, duration_s, nodes_per_request,
+                         timeout_s, keep_latencies)
+
+
+async def _replay(url: str, model: str, bodies: list[tuple[bytes, dict]], arrivals: np.ndarray, rate: float,
+                  duration_s: float, nodes_per_request: int, timeout_s: float, keep_latencies: bool) -> LoadResult:
+    """Send bodies[i] at arrivals[i] seconds from now (open loop) and measure each answer."""
     parsed = urlsplit(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     path = f"/v2/models/{model}/infer"
@@ -334,14 +346,16 @@ def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: i
 
 async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: float, nodes_per_request: int,
                         start_rate: float = 100.0, max_rate: float = 1e6, binary: bool = True,
-                        bisect_steps: int = 4, log=print, grpc_target: str | None = None) -> tuple[float, LoadResult | None]:
+                        bisect_steps: int = 4, log=print, grpc_target: str | None = None,
+                        make_bodies=None) -> tuple[float, LoadResult | None]:
     """Highest offered rate whose p99 stays within slo_ms with nothing rejected or failed:
-    double until the SLO breaks, then bisect. Returns (rate, result at that rate)."""
-    num_nodes = await fetch_num_nodes(url, model)
+    double until the SLO breaks, then bisect. Returns (rate, result at that rate).
+    make_bodies: as run_load's."""
+    num_nodes = await fetch_num_nodes(url, model) if make_bodies is None else None
 
     async def trial(rate: float) -> LoadResult:
         res = await run_load(url, model, rate=rate, duration_s=duration_s, nodes_per_request=nodes_per_request,
-                             binary=binary, num_nodes=num_nodes, grpc_target=grpc_target)
+                             binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies)
         log(f"  rate {rate:9.1f} req/s -> ok {res.achieved_rps:9.1f} req/s, p99 {res.p99_ms:8.2f} ms, "
             f"rejected {res.rejected}, errors {res.errors}")
         return res
@@ -360,7 +374,7 @@ async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: floa
 
     # Warm the server (compiled kernels, first-call allocations) outside the measurement.
     await run_load(url, model, rate=start_rate, duration_s=1.0, nodes_per_request=nodes_per_request,
-                   binary=binary, num_nodes=num_nodes, grpc_target=grpc_target)
+                   binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies)
     good, good_res, bad = 0.0, None, None
     rate = start_rate
     while rate <= max_rate:

@@ -92,6 +92,7 @@ def test_top_k_names_candidates_by_their_external_ids(engine):
     ([ids("src_ids", [0])], {"src_type": "item", "dst_type": "item"}, "do not make a request"),
     ([ids("node_ids", [0]), ids("src_ids", [0])], {}, "do not make a request"),
     ([ids("features", [0])], {}, "unknown input 'features'"),
+    ([ids("node_ids", [0])], {"node_type": "item", "mode": "precomputed"}, "parameters.mode"),
 ])
 def test_refusals_name_the_field(engine, inputs, params, words):
     with pytest.raises(BadRequest, match=words) as err:

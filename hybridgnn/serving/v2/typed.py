@@ -88,6 +88,9 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
     params = request.parameters
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
+    if params.get("mode", "sampled") != "sampled":
+        raise BadRequest(f"parameters.mode: heterogeneous models are served in mode 'sampled' only, got "
+                         f"{brief(params['mode'])}")
     max_nodes = engine.cfg.server.max_request_nodes
     tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED, dict.fromkeys(INPUTS, 2 * max_nodes))
     graph, names = engine.graph, set(tensors)
