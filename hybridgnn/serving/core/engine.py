@@ -46,9 +46,6 @@ from hybridgnn.updates.follower import Follower
 
 log = logging.getLogger(__name__)
 
-# How often the loop-lag timer runs: often enough to see a lag well under the 100 ms
-# default bound, cheap enough (a few µs per tick) to cost nothing.
-LAG_TICK_S = 0.005
 OnDone = Callable[[RequestResult | None, BaseException | None], None]
 
 
@@ -108,7 +105,6 @@ class Engine(Admitting, SampledInference):
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._adapt_task: asyncio.Task | None = None
-        self._lag_handle: asyncio.TimerHandle | None = None
         self._pending = 0
         self._idle = asyncio.Event()
         self.draining = False  # refusing new requests (503) until admitted ones finish
@@ -185,7 +181,7 @@ class Engine(Admitting, SampledInference):
         self._started = True
         self._adapt_task = (asyncio.create_task(self._control.adapt_loop(self._apply_adapted), name="adapt")
                             if self.cfg.policy.adapt and self._control.profile is not None else None)
-        self._lag_tick(self._loop.time())
+        self.start_lag_ticks()
         if self._dynamic is not None:
             r = self._resources
             snap = r.snapshot
@@ -198,16 +194,9 @@ class Engine(Admitting, SampledInference):
             self._updates.start()
         self.ready = True
 
-    def _lag_tick(self, due: float) -> None:
-        """Feed admission how late this timer ran (the event loop's lag), every LAG_TICK_S."""
-        now = self._loop.time()
-        self._admission.loop_lag.observe(now - due)
-        self._lag_handle = self._loop.call_at(now + LAG_TICK_S, self._lag_tick, now + LAG_TICK_S)
-
     async def stop(self) -> None:
         """Stop every worker and release the resources (telemetry stops watching)."""
-        if self._lag_handle is not None:
-            self._lag_handle.cancel()
+        self.stop_lag_ticks()
         if self._updates is not None:
             await self._updates.stop()
         if self._follower is not None:

@@ -255,10 +255,12 @@ class HeteroEngine(Admitting):
         warm = TypedQuery("node", next(iter(self.out_dims)), np.zeros(1, np.int64))
         for name, w in self._workers.items():  # compiles the sampler and runs the model once, off the loop
             await asyncio.wrap_future(w.pool.submit(lambda w=w, name=name: w.executor().run([warm], name)))
+        self.start_lag_ticks()
         self._started = True
         self.ready = True
 
     async def stop(self) -> None:
+        self.stop_lag_ticks()
         for job in self._waiting:
             self._resolve(job, error=Draining("server is shutting down"))
         self._waiting.clear()
