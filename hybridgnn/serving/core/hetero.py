@@ -124,7 +124,6 @@ class HeteroEngine(Admitting):
             raise ConfigError(str(exc)) from None
         self._check_fits(cfg, input_widths(self.model))
         self.out_dims: dict[str, int] = {t: int(v) for t, v in config["out_dims"].items()}
-        self.hidden_dims = {t: int(v) for t, v in self.out_dims.items()}
         self.decoder, self.link_pairs = None, []
         self.decoder_kind = None
         if config.get("link_decoder") is not None:
