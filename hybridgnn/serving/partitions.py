@@ -41,6 +41,7 @@ from hybridgnn.serving.ipc.wire import WireError
 log = logging.getLogger("hybridgnn.serve")
 MAX_BACKOFF_S = 30.0
 UPDATE_WAIT_FACTOR = 10  # an update call waits this many times a request's bound for rank 0's answer
+DEAD_RANK_POLL_S = 0.1  # while a call waits for rank 0, the local rank processes are checked this often
 
 
 class RankGroup:
@@ -216,6 +217,7 @@ class RankGroup:
                 # An update's embedding refresh may run long; each of its collectives is
                 # still bounded by the ranks' own timeout, so a dead rank ends it anyway.
                 wait_s = (self.cfg.timeout_s + 5.0) * (UPDATE_WAIT_FACTOR if name == "update" else 1)
+                self._await_answer(wait_s)
                 kind, rid, payload = self._link.recv(wait_s)
                 if rid != self._rid or kind not in (wire.RESULT, wire.ERROR):
                     raise WireError(f"answer {kind} for call {rid}, expected one for {self._rid}")
@@ -228,6 +230,21 @@ class RankGroup:
         if kind == wire.ERROR:
             raise ServingError(str(out.get("message")), status=int(out.get("status", 500)))
         return out, rows
+
+    def _await_answer(self, wait_s: float) -> None:
+        """Return once rank 0's answer starts to arrive, watching the local rank processes
+        meanwhile: with a rank dead, rank 0 waits in a collective until the ranks' timeout,
+        and the call (a heartbeat ping included, which the supervisor itself makes) would
+        hide the failure that long. WireError naming the dead rank; TimeoutError past wait_s."""
+        if not self._local:
+            return
+        deadline = time.monotonic() + wait_s
+        while not select.select([self._link.sock], [], [], DEAD_RANK_POLL_S)[0]:
+            dead = self._dead_rank()
+            if dead is not None:
+                raise WireError(dead)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not answer within {wait_s:.0f} s")
 
     def _unavailable(self) -> ServiceUnavailable:
         return ServiceUnavailable(f"partition ranks are down ({self.why_down}); the server restarts them, retry",

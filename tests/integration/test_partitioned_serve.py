@@ -188,3 +188,37 @@ def test_a_model_without_merge_functions_is_refused_at_start_in_one_line(tmp_pat
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("hybridgnn serve: error:") and "GINConv" in last and "without --partitions" in last
+
+
+def test_a_call_waiting_on_rank_0_sees_a_local_rank_die_at_once(tmp_path):
+    """With a rank dead, rank 0 waits in a collective until the ranks' timeout; the call
+    (a heartbeat ping included) must not hide the failure that long."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from hybridgnn.serving.ipc.ranks import Link
+    from hybridgnn.serving.ipc.wire import WireError
+    from hybridgnn.serving.partitions import RankGroup
+
+    group = object.__new__(RankGroup)
+    ours, rank0 = socket.socketpair()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    group._local, group._link, group.world = True, Link(ours), 2
+    group._procs, group._errors = [alive, dead], [tmp_path / "rank-0.txt", tmp_path / "rank-1.txt"]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WireError, match="rank 1 of 2 exited with code 0"):
+            group._await_answer(60.0)  # rank 0 never answers
+        assert time.monotonic() - t0 < 5.0
+        group._procs = [alive]
+        rank0.send(b"x")  # an answer that starts arriving ends the wait
+        group._await_answer(60.0)
+    finally:
+        alive.kill()
+        alive.wait()
+        ours.close()
+        rank0.close()
