@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.graph.idmap import ID_MAP_FILE, IdMap
-from hybridgnn.graph.store import DatasetError, dataset_kind, read_meta
+from hybridgnn.graph.store import DatasetError, dataset_kind, load_npy, read_meta
 from hybridgnn.types import EdgeType
 
 FORMAT_VERSION = 1
@@ -142,14 +142,7 @@ def write_hetero_dataset(
 
 
 def _load(path: Path, required: bool = True):
-    if not path.is_file():
-        if required:
-            raise DatasetError(f"heterogeneous dataset lacks {path}")
-        return None
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        raise DatasetError(f"{path} is not a readable .npy array: {exc}") from exc
+    return load_npy(path, f"heterogeneous dataset lacks {path}" if required else None)
 
 
 class HeteroGraphStore:

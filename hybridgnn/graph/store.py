@@ -101,6 +101,19 @@ def read_meta(root: Path) -> dict:
     return meta
 
 
+def load_npy(path: Path, missing: str | None):
+    """A stored array, memory-mapped (never pickled). missing: the DatasetError message
+    when the file is absent (None: absent is allowed, and None is returned)."""
+    if not path.is_file():
+        if missing is not None:
+            raise DatasetError(missing)
+        return None
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise DatasetError(f"{path} is not a readable .npy array: {exc}") from exc
+
+
 def dataset_kind(path: str | Path) -> str:
     """'hetero' for a heterogeneous dataset (graph/hetero.py), else 'homogeneous'."""
     try:
@@ -142,15 +155,7 @@ class GraphStore:
                                "homogeneous one")
 
         def load(name: str, required: bool = True):
-            p = root / f"{name}.npy"
-            if not p.is_file():
-                if required:
-                    raise DatasetError(f"dataset {root} lacks {p.name}")
-                return None
-            try:
-                return np.load(p, mmap_mode="r", allow_pickle=False)
-            except ValueError as exc:
-                raise DatasetError(f"{p} is not a readable .npy array: {exc}") from exc
+            return load_npy(root / f"{name}.npy", f"dataset {root} lacks {name}.npy" if required else None)
 
         store = cls(
             root=root,

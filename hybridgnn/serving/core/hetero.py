@@ -54,11 +54,8 @@ class _Job:
     psgs: float
     future: asyncio.Future
     predicted_wait_s: float
+    num_seeds: int  # of both ends (pairs) or seeds and candidates (top-k)
     arrival_s: float = field(default_factory=time.perf_counter)
-
-    @property
-    def num_seeds(self) -> int:
-        return sum(len(ids) for _, ids in self.query.seeds())
 
 
 class _Workers:
@@ -291,9 +288,8 @@ class HeteroEngine(Admitting):
         TypedResult."""
         psgs = self.query_psgs(query)
         predicted = self.admit("sampled", psgs, waited_s)
-        job = _Job(query, psgs, self._loop.create_future(), predicted)
-        seeds = max(1, job.num_seeds)
-        self._admitted_seed_psgs += 0.05 * (psgs / seeds - self._admitted_seed_psgs)
+        job = _Job(query, psgs, self._loop.create_future(), predicted, sum(len(ids) for _, ids in query.seeds()))
+        self._admitted_seed_psgs += 0.05 * (psgs / max(1, job.num_seeds) - self._admitted_seed_psgs)
         self._waiting.append(job)
         self._pump()
         return job.future
