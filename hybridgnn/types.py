@@ -98,8 +98,9 @@ class TypedSampledSubgraph:
 class TypedQuery:
     """One validated request to a heterogeneous model. kind "node": the outputs of
     src_ids (node type src_type); "pair": the score of each (src_ids[i], dst_ids[i]);
-    "topk": for each src id, the k best of the candidates dst_ids (dst_type) by score.
-    Ids are internal (0..n-1 of their type)."""
+    "topk": for each src id, the k best of the candidates dst_ids (dst_type) by score
+    (whole_type: the candidates are every node of dst_type, dst_ids = 0..n-1). Ids are
+    internal (0..n-1 of their type)."""
 
     kind: str
     src_type: str
@@ -107,6 +108,7 @@ class TypedQuery:
     dst_type: str | None = None
     dst_ids: np.ndarray | None = None
     k: int = 0
+    whole_type: bool = False
 
     def seeds(self) -> list[tuple[str, np.ndarray]]:
         """The nodes whose outputs the answer reads, by type (both ends for scores)."""

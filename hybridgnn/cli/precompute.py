@@ -69,11 +69,35 @@ def _config(args):
     return PrecomputeConfig(batch_size=args.batch_size, dtype=args.dtype, device=args.device, order=args.order)
 
 
+def _hetero(args) -> int:
+    """A heterogeneous dataset: every node type's rows after every layer (and its head)."""
+    from hybridgnn.embeddings.hetero import hetero_precompute
+    from hybridgnn.graph.hetero import HeteroGraphStore
+    from hybridgnn.models.hetero_checkpoint import open_hetero_model
+
+    if args.nprocs > 1 or args.device != "cpu" or args.order != "natural":
+        raise ValueError("a heterogeneous graph is precomputed in one process on the CPU, in natural order "
+                         "(no --nprocs, --device or --order)")
+    graph = HeteroGraphStore.open(args.dataset)
+    model, _ = open_hetero_model(args.model, graph)
+    store = hetero_precompute(model, graph, args.model, batch_size=args.batch_size, dtype=args.dtype)
+    print(json.dumps({"embeddings": str(store.root),
+                      "node_types": {t: {str(i): list(a.shape) for i, a in layers.items()}
+                                     for t, layers in store.layers.items()},
+                      "precompute_s": round(store.state["precompute_s"], 2),
+                      "computed_unix_s": store.computed_unix_s}, indent=2))
+    return 0
+
+
 def run(args) -> int:
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _distributed(args)
     if args.nprocs < 1:
         raise ValueError(f"--nprocs must be >= 1, got {args.nprocs}")
+    from hybridgnn.graph.store import GraphStore, dataset_kind
+
+    if dataset_kind(args.dataset) == "hetero":
+        return _hetero(args)
     if args.nprocs > 1:
         from hybridgnn.capabilities import usable_cores
         from hybridgnn.distributed.launch import launch
@@ -81,7 +105,6 @@ def run(args) -> int:
         threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
         return launch(args.argv, args.nprocs, threads)
     from hybridgnn.embeddings.precompute import precompute
-    from hybridgnn.graph.store import GraphStore
     from hybridgnn.models.checkpoint import load_checkpoint
 
     graph = GraphStore.open(args.dataset)

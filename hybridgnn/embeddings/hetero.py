@@ -1,21 +1,42 @@
 """Layer-wise full-graph inference of a HeteroGNN (DGI per node type): layer by layer,
 every target type in batches of rows, each batch reading its rows' in-edges of every edge
-type into that type and the previous layer's rows of the source types.
+type into that type and the previous layer's rows of the source types; and the store its
+per-type, per-layer outputs are written to (precomputed embeddings of a heterogeneous
+graph), memory-mapped when served.
 
 Equals the model's forward over the whole graph (a test checks it to 1e-5): every
 convolution takes the (all sources, batch targets) pair, so nothing depends on which
 other rows share the batch. Memory: two layers' rows of every type.
+
+Store layout: <model_dir>/embeddings/<dataset fingerprint>/
+    types/<i>/layer_<l>.npy   [N_t, d] rows of node type i (the dataset's order) after
+                              layer l and its activation (what layer l+1 reads); a type
+                              no edge type of layer l reaches has none
+    types/<i>/output.npy      [N_t, d_out] after the type's head (absent without a head:
+                              the output is layer_L)
+    state.json                written last (complete: true); without it nothing is served
 """
 
 from __future__ import annotations
+
+import shutil
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hybridgnn.embeddings.store import embeddings_dir, mark_complete
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
 from hybridgnn.models.hetero import HeteroGNN
+
+STORE_KIND = "hetero"
+DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 def _block(edge, lo: int, hi: int) -> torch.Tensor:
@@ -27,35 +48,141 @@ def _block(edge, lo: int, hi: int) -> torch.Tensor:
     return torch.from_numpy(np.stack([sources.astype(np.int64), targets]))
 
 
-def hetero_layerwise(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: int = 16384,
-                     progress: bool = False) -> dict[str, np.ndarray]:
-    """Every node's output per node type (after the heads), float32 arrays [N_t, out_t]."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+def _check_types(model: HeteroGNN, graph: HeteroGraphStore) -> None:
     missing = [t for t in model.node_types if t not in graph.nodes]
     if missing or [tuple(e) for e in model.edge_types if e not in graph.edges]:
         raise ValueError(f"the model's types do not match the graph's: model {model.node_types} / "
                          f"{model.edge_types}, graph {graph.node_types} / {graph.edge_types}")
-    x = {t: torch.from_numpy(np.asarray(n.features)) for t, n in graph.nodes.items()}
+
+
+def layer_outputs(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: int = 16384,
+                  progress: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+    """Every node's rows per node type after each layer (and the activation between
+    layers), in order (layer 1 first)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    _check_types(model, graph)
+    with warnings.catch_warnings():  # read-only memory-mapped features, read only
+        warnings.simplefilter("ignore", UserWarning)
+        x = {t: torch.from_numpy(np.asarray(n.features)) for t, n in graph.nodes.items()}
     total = model.num_layers * sum(graph.num_nodes(t) for t in graph.node_types)
     bar = tqdm(total=total, unit="rows", desc="hetero layer-wise", disable=not progress)
+    try:
+        with torch.inference_mode():
+            for i in range(model.num_layers):
+                into = {t: [e for e in model.layer_edges[i] if e[2] == t] for t in graph.node_types}
+                nxt = {}
+                for t, edge_types in into.items():
+                    n = graph.num_nodes(t)
+                    if not edge_types:
+                        bar.update(n)
+                        continue  # a type no edge type of this layer reaches has no output (as in PyG)
+                    parts = []
+                    for lo in range(0, n, batch_size):
+                        hi = min(n, lo + batch_size)
+                        blocks = {e: _block(graph.edges[e], lo, hi) for e in edge_types}
+                        parts.append(model.layer(i, x, blocks, x_dst={t: x[t][lo:hi]})[t])
+                        bar.update(hi - lo)
+                    nxt[t] = torch.cat(parts) if parts else torch.empty(0)
+                x = nxt
+                yield x
+    finally:
+        bar.close()
+
+
+def hetero_layerwise(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: int = 16384,
+                     progress: bool = False) -> dict[str, np.ndarray]:
+    """Every node's output per node type (after the heads), float32 arrays [N_t, out_t]."""
+    x: dict[str, torch.Tensor] = {}
+    for x in layer_outputs(model, graph, batch_size=batch_size, progress=progress):
+        pass
     with torch.inference_mode():
-        for i in range(model.num_layers):
-            into = {t: [e for e in model.layer_edges[i] if e[2] == t] for t in graph.node_types}
-            nxt = {}
-            for t, edge_types in into.items():
-                n = graph.num_nodes(t)
-                if not edge_types:
-                    bar.update(n)
-                    continue  # a type no edge type of this layer reaches has no output (as in PyG)
-                parts = []
-                for lo in range(0, n, batch_size):
-                    hi = min(n, lo + batch_size)
-                    blocks = {e: _block(graph.edges[e], lo, hi) for e in edge_types}
-                    parts.append(model.layer(i, x, blocks, x_dst={t: x[t][lo:hi]})[t])
-                    bar.update(hi - lo)
-                nxt[t] = torch.cat(parts) if parts else torch.empty(0)
-            x = nxt
         out = model.head(x)
-    bar.close()
     return {t: v.float().numpy() for t, v in out.items()}
+
+
+def _save(path: Path, rows: torch.Tensor, dtype) -> None:
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, rows.float().numpy().astype(dtype, copy=False))
+    tmp.replace(path)
+
+
+def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str | Path, *,
+                      batch_size: int = 16384, dtype: str = "float32", progress: bool = True) -> HeteroEmbeddingStore:
+    """Run layer-wise inference and write every layer's rows of every type (and the heads'
+    outputs) as the store the server reads (module docstring). An existing store for this
+    model and dataset is replaced; an interrupted run leaves no state.json, so nothing
+    half-written is ever served, and a rerun starts over."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    root = embeddings_dir(Path(model_dir), graph.fingerprint)
+    if root.exists():
+        shutil.rmtree(root)
+    dirs = {t: root / "types" / str(i) for i, t in enumerate(graph.node_types)}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    layers: dict[str, list[int]] = {t: [] for t in graph.node_types}
+    x: dict[str, torch.Tensor] = {}
+    for i, x in enumerate(layer_outputs(model, graph, batch_size=batch_size, progress=progress), start=1):
+        for t, rows in x.items():
+            _save(dirs[t] / f"layer_{i}.npy", rows, DTYPES[dtype])
+            layers[t].append(i)
+    heads = [t for t in x if t in model.heads]
+    with torch.inference_mode():
+        for t in heads:
+            _save(dirs[t] / "output.npy", model.heads[t](x[t]), DTYPES[dtype])
+    state = {"kind": STORE_KIND, "num_layers": model.num_layers, "node_types": list(graph.node_types),
+             "layers": layers, "heads": heads, "dtype": dtype, "dataset_fingerprint": graph.fingerprint,
+             "precompute_s": time.perf_counter() - t0}
+    mark_complete(root, state)
+    store = HeteroEmbeddingStore.open(model_dir, graph.fingerprint)
+    assert store is not None
+    return store
+
+
+@dataclass
+class HeteroEmbeddingStore:
+    """A complete store (module docstring), memory-mapped. layers[t][l] is node type t's
+    rows after layer l (1-based), for the layers that reach t; output[t] what a request
+    for t's outputs reads (after its head)."""
+
+    root: Path
+    state: dict
+    layers: dict[str, dict[int, np.ndarray]]
+    output: dict[str, np.ndarray]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.state["num_layers"])
+
+    @property
+    def computed_unix_s(self) -> float:
+        return float(self.state["computed_unix_s"])
+
+    @classmethod
+    def open(cls, model_dir: str | Path, dataset_fingerprint: str) -> HeteroEmbeddingStore | None:
+        """The complete store for this model and dataset; None when absent or unfinished
+        (or written for a homogeneous graph)."""
+        import json
+
+        root = embeddings_dir(Path(model_dir), dataset_fingerprint)
+        try:
+            state = json.loads((root / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(state, dict) or not state.get("complete") or state.get("kind") != STORE_KIND:
+            return None
+        layers, output = {}, {}
+        for i, t in enumerate(state["node_types"]):
+            d = root / "types" / str(i)
+            layers[t] = {int(l): np.load(d / f"layer_{l}.npy", mmap_mode="r") for l in state["layers"][t]}
+            if t in state["heads"]:
+                output[t] = np.load(d / "output.npy", mmap_mode="r")
+            elif state["num_layers"] in layers[t]:
+                output[t] = layers[t][state["num_layers"]]
+        return cls(root=root, state=state, layers=layers, output=output)
+
+    def last(self, node_type: str) -> np.ndarray:
+        """Node type's rows after the last layer (what its head reads)."""
+        return self.layers[node_type][self.num_layers]

@@ -210,3 +210,30 @@ def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, che
             raise CheckpointError(f"{root} does not reproduce its golden outputs (tolerance {GOLDEN_TOLERANCE:g}), so "
                                   "it is not served: " + "; ".join(problems))
     return model
+
+
+def open_hetero_model(path: str | Path, graph) -> tuple[HeteroGNN, dict]:
+    """(model, config) of a heterogeneous model directory, checked (golden outputs) and
+    checked to fit `graph` (a HeteroGraphStore: its types and layer 0's feature widths);
+    CheckpointError in one line otherwise."""
+    root = Path(path)
+    try:
+        config = json.loads((root / CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"model directory {root}: cannot read {CONFIG}: {exc}") from None
+    if not isinstance(config, dict) or config.get("class") != HETERO_CLASS:
+        raise CheckpointError(f"dataset {graph.root} is heterogeneous but model {root} is not (save a to_hetero or "
+                              "HeteroConv model with hybridgnn.save_model(..., metadata=data.metadata()))")
+    model = load_hetero_model(root, config)
+    missing = [list(e) for e in model.edge_types if e not in graph.edges]
+    if missing or set(model.node_types) - set(graph.node_types):
+        raise CheckpointError(f"model {root} was saved for node types {model.node_types} and edge types "
+                              f"{[list(e) for e in model.edge_types]}; dataset {graph.root} lacks "
+                              f"{missing or sorted(set(model.node_types) - set(graph.node_types))}")
+    widths = input_widths(model)
+    for e in model.layer_edges[0]:
+        for t in (e[0], e[2]):
+            if widths[t] != graph.nodes[t].feature_dim:
+                raise CheckpointError(f"model {root} reads {widths[t]}-wide features of node type {t!r} but dataset "
+                                      f"{graph.root} has {graph.nodes[t].feature_dim}")
+    return model, config

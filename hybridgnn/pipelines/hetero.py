@@ -10,6 +10,7 @@ decoder are shared read-only.
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -62,31 +63,68 @@ class TypedExecutor:
 
     def _answer(self, q: TypedQuery, span, rows) -> dict:
         (s, lo, hi), *rest = span
-        h_src, z_src = rows[s][0][lo:hi], rows[s][1][lo:hi]
+        src = rows[s][0][lo:hi], rows[s][1][lo:hi]
         if q.kind == "node":
-            logits = z_src.float()
-            return {"logits": _np(logits), "embeddings": _np(h_src.float()),
-                    "predictions": _np(logits.argmax(1)) if logits.shape[1] else np.zeros(hi - lo, np.int64)}
+            return answer_query(q, self.decoder, src, None)
         d, dlo, dhi = rest[0]
-        z_dst = rows[d][1][dlo:dhi]
-        if q.kind == "pair":
-            return {"scores": _np(scores_of(self.decoder, z_src, z_dst))}
-        scores = self._all_pairs(z_src, z_dst)
-        best, where = torch.topk(scores, min(q.k, scores.shape[1]), dim=1)
-        return {"topk_index": _np(where), "topk_scores": _np(best)}
+        return answer_query(q, self.decoder, src, rows[d][1][dlo:dhi])
 
-    def _all_pairs(self, z_src: torch.Tensor, z_dst: torch.Tensor) -> torch.Tensor:
-        """Scores [n, m] of every (source, candidate)."""
-        if self.decoder is dot:
-            return (z_src.float() @ z_dst.float().t())
-        n, m = z_src.shape[0], z_dst.shape[0]
-        out = torch.empty((n, m), dtype=torch.float32, device=z_src.device)
-        rows_per_chunk = max(1, TOPK_CHUNK_PAIRS // max(1, m))
-        for lo in range(0, n, rows_per_chunk):
-            block = z_src[lo:lo + rows_per_chunk]
-            b = block.shape[0]
-            out[lo:lo + b] = scores_of(self.decoder, block.repeat_interleave(m, 0), z_dst.repeat(b, 1)).view(b, m)
-        return out
+
+class PrecomputedExecutor:
+    """Typed queries answered from precomputed rows (embeddings/hetero.py): no sampling and
+    no model, a gather of the rows the query names (for a top-k over a whole node type,
+    that type's every output row) and the link decoder. Thread-safe (reads only)."""
+
+    def __init__(self, store, decoder):
+        self.decoder = decoder
+        with warnings.catch_warnings():  # read-only memory-mapped rows, read only
+            warnings.simplefilter("ignore", UserWarning)
+            self._out = {t: torch.from_numpy(np.asarray(a)) for t, a in store.output.items()}
+            self._last = {t: torch.from_numpy(np.asarray(store.last(t))) for t in store.output}
+
+    def run(self, query: TypedQuery, with_embeddings: bool = True) -> TypedResult:
+        t0 = time.perf_counter()
+        src = torch.from_numpy(query.src_ids)
+        z_src = self._out[query.src_type][src].float()
+        h_src = self._last[query.src_type][src].float() if with_embeddings and query.kind == "node" else z_src
+        z_dst = None
+        if query.kind != "node":
+            every = self._out[query.dst_type]
+            z_dst = (every if query.whole_type else every[torch.from_numpy(query.dst_ids)]).float()
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            answer = answer_query(query, self.decoder, (h_src, z_src), z_dst)
+        timings = StageTimings(gather_s=t1 - t0, compute_s=time.perf_counter() - t1)
+        return TypedResult("precomputed", timings, **answer)
+
+
+def answer_query(q: TypedQuery, decoder, src: tuple[torch.Tensor, torch.Tensor], z_dst: torch.Tensor | None) -> dict:
+    """One query's outputs from its rows: src = (last layer's rows, outputs) of its source
+    ids; z_dst the outputs of its destinations or candidates (pairs and top-k)."""
+    h_src, z_src = src
+    if q.kind == "node":
+        logits = z_src.float()
+        return {"logits": _np(logits), "embeddings": _np(h_src.float()),
+                "predictions": _np(logits.argmax(1)) if logits.shape[1] else np.zeros(len(logits), np.int64)}
+    if q.kind == "pair":
+        return {"scores": _np(scores_of(decoder, z_src, z_dst))}
+    scores = all_pairs(decoder, z_src, z_dst)
+    best, where = torch.topk(scores, min(q.k, scores.shape[1]), dim=1)
+    return {"topk_index": _np(where), "topk_scores": _np(best)}
+
+
+def all_pairs(decoder, z_src: torch.Tensor, z_dst: torch.Tensor) -> torch.Tensor:
+    """Scores [n, m] of every (source, candidate)."""
+    if decoder is dot:
+        return (z_src.float() @ z_dst.float().t())
+    n, m = z_src.shape[0], z_dst.shape[0]
+    out = torch.empty((n, m), dtype=torch.float32, device=z_src.device)
+    rows_per_chunk = max(1, TOPK_CHUNK_PAIRS // max(1, m))
+    for lo in range(0, n, rows_per_chunk):
+        block = z_src[lo:lo + rows_per_chunk]
+        b = block.shape[0]
+        out[lo:lo + b] = scores_of(decoder, block.repeat_interleave(m, 0), z_dst.repeat(b, 1)).view(b, m)
+    return out
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,6 +146,58 @@ def test_top_k_and_errors_that_name_the_field(served):
             assert status == 400 and words in j["error"], j
 
     asyncio.run(with_client(_config(dataset, path), check))
+
+
+def test_precomputed_mode_answers_nodes_pairs_and_a_whole_type_top_k(served, tmp_path):
+    import shutil
+
+    from hybridgnn.embeddings.hetero import hetero_precompute
+    from hybridgnn.models.hetero_checkpoint import open_hetero_model
+
+    graph, dataset, models = served
+    _, saved, want = models[1]  # the HeteroConv model: heads on its outputs
+    path = Path(shutil.copytree(saved, tmp_path / "m"))
+
+    def precomputed(body):
+        return {**body, "parameters": {**body["parameters"], "mode": "precomputed"}}
+
+    async def before(engine, client):
+        assert engine.metadata()["modes"] == ["sampled"]
+        status, j = await _post(client, precomputed(_node(graph.node_types[0], [0])))
+        assert status == 409 and "hybridgnn precompute" in j["error"], j
+
+    asyncio.run(with_client(_config(dataset, path), before))
+    hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+
+    async def after(engine, client):
+        meta = (await (await client.get("/v2/models/hybridgnn")).json())["parameters"]
+        assert meta["modes"] == ["sampled", "precomputed"] and meta["embeddings_computed_unix_s"] > 0
+        s, d = meta["link_types"][0]
+        src = np.array([0, 2, 2, 7]) % graph.num_nodes(s)
+        dst = np.array([1, 0, 5, 3]) % graph.num_nodes(d)
+        k = 5
+        top = {"inputs": [{"name": "src_ids", "datatype": "INT64", "shape": [2], "data": src[:2].tolist()}],
+               "parameters": {"src_type": s, "dst_type": d, "k": k}}
+        bodies = [precomputed(_node(t, np.arange(graph.num_nodes(t)))) for t in want]
+        bodies += [precomputed(_pair(s, d, src, dst)), precomputed(top)]
+        answers = await asyncio.gather(*(_post(client, b) for b in bodies))
+        for (status, j), t in zip(answers, want, strict=False):
+            assert status == 200, j
+            got = torch.tensor(j["outputs"][0]["data"]).reshape(want[t].shape)
+            torch.testing.assert_close(got, want[t], atol=1e-5, rtol=1e-5)
+        (ps, pj), (ts, tj) = answers[-2:]
+        assert ps == 200 and ts == 200, (pj, tj)
+        torch.testing.assert_close(torch.tensor(pj["outputs"][0]["data"]), (want[s][src] * want[d][dst]).sum(-1),
+                                   atol=1e-5, rtol=1e-5)
+        out = {o["name"]: o for o in tj["outputs"]}
+        best = torch.topk(want[s][src[:2]] @ want[d].T, k, dim=1)  # over every node of the type
+        assert out["topk_ids"]["shape"] == [2, k] and out["topk_ids"]["data"] == best.indices.reshape(-1).tolist()
+        torch.testing.assert_close(torch.tensor(out["topk_scores"]["data"]).reshape(2, k), best.values,
+                                   atol=1e-5, rtol=1e-5)
+        status, j = await _post(client, {**top, "parameters": {**top["parameters"], "mode": "sampled"}})
+        assert status == 400 and "mode 'precomputed'" in j["error"], j
+
+    asyncio.run(with_client(_config(dataset, path), after))
 
 
 def test_hetero_refuses_what_it_does_not_serve(served, tmp_path):

@@ -65,6 +65,16 @@ def test_top_k_names_candidates_by_their_external_ids(engine):
     assert top.answer_outputs(result)[0][1].tolist() == [["ann"]]
 
 
+def test_a_top_k_over_a_whole_type_in_mode_precomputed(engine):
+    both = SimpleNamespace(**{**vars(engine), "link_pairs": [*engine.link_pairs, ("item", "user")]})
+    top = decode(both, ids("src_ids", [0, 5]), src_type="item", dst_type="user", k=2, mode="precomputed")
+    assert top.mode == "precomputed" and top.query.whole_type and top.query.dst_ids.tolist() == [0, 1, 2, 3]
+    result = TypedResult("precomputed", None, topk_index=np.array([[3, 0], [1, 2]]), topk_scores=np.zeros((2, 2)))
+    assert top.answer_outputs(result)[0][1].tolist() == [["di", "ann"], ["bob", "cy"]]  # the type's own names
+    node = decode(engine, ids("node_ids", [1]), node_type="item", mode="precomputed")
+    assert node.mode == "precomputed" and not node.query.whole_type
+
+
 @pytest.mark.parametrize("inputs, params, words", [
     ([ids("node_ids", [0])], {}, "parameters.node_type is required"),
     ([ids("node_ids", [0])], {"node_type": "movie"}, "parameters.node_type: unknown node type 'movie'"),
@@ -89,10 +99,11 @@ def test_top_k_names_candidates_by_their_external_ids(engine):
      "parameters.k"),
     ([ids("src_ids", [0]), ids("candidate_ids", [1, 2])], {"src_type": "item", "dst_type": "item", "k": True},
      "parameters.k"),
-    ([ids("src_ids", [0])], {"src_type": "item", "dst_type": "item"}, "do not make a request"),
+    ([ids("src_ids", [0])], {"src_type": "item", "dst_type": "item", "k": 1}, "needs parameters.mode 'precomputed'"),
+    ([ids("src_ids", [0])], {"src_type": "item", "dst_type": "item", "mode": "precomputed"}, "parameters.k"),
     ([ids("node_ids", [0]), ids("src_ids", [0])], {}, "do not make a request"),
     ([ids("features", [0])], {}, "unknown input 'features'"),
-    ([ids("node_ids", [0])], {"node_type": "item", "mode": "precomputed"}, "parameters.mode"),
+    ([ids("node_ids", [0])], {"node_type": "item", "mode": "full"}, "parameters.mode"),
 ])
 def test_refusals_name_the_field(engine, inputs, params, words):
     with pytest.raises(BadRequest, match=words) as err:

@@ -20,7 +20,6 @@ import asyncio
 import collections
 import concurrent.futures
 import itertools
-import json
 import logging
 import math
 import threading
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 
 from hybridgnn.config import DEFAULT_FANOUT, ServeConfig
-from hybridgnn.errors import BatchFailed, ConfigError, Draining, Forbidden
+from hybridgnn.errors import BatchFailed, ConfigError, Conflict, Draining, Forbidden
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.core.admitting import Admitting
@@ -46,6 +45,7 @@ from hybridgnn.types import (
 )
 
 log = logging.getLogger("hybridgnn.serving.core.engine")
+TOPK_UNIT_PAIRS = 1 << 16  # (seed, candidate) pairs a top-k lookup scores per unit of lookup work
 
 
 @dataclass
@@ -90,14 +90,12 @@ class HeteroEngine(Admitting):
     serves_full = False
 
     def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None, *, version: str = "1"):
+        from hybridgnn.embeddings.hetero import HeteroEmbeddingStore
         from hybridgnn.graph.hetero import HeteroGraphStore
         from hybridgnn.models.checkpoint import CheckpointError
-        from hybridgnn.models.hetero_checkpoint import (
-            HETERO_CLASS,
-            input_widths,
-            load_hetero_model,
-        )
+        from hybridgnn.models.hetero_checkpoint import open_hetero_model
         from hybridgnn.models.link import load_decoder
+        from hybridgnn.pipelines.hetero import PrecomputedExecutor
         from hybridgnn.workload.typed import (
             TypedWorkloadTables,
             num_hops,
@@ -109,17 +107,9 @@ class HeteroEngine(Admitting):
         self.model_stats = ModelStatistics()
         self.graph = graph = HeteroGraphStore.open(cfg.dataset_dir)
         try:
-            config = json.loads((cfg.model_dir / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"model directory {cfg.model_dir}: cannot read config.json: {exc}") from None
-        if not isinstance(config, dict) or config.get("class") != HETERO_CLASS:
-            raise ConfigError(f"dataset {cfg.dataset_dir} is heterogeneous but model {cfg.model_dir} is not (save a "
-                              "to_hetero or HeteroConv model with hybridgnn.save_model(..., metadata=data.metadata()))")
-        try:
-            self.model = load_hetero_model(cfg.model_dir, config)
+            self.model, config = open_hetero_model(cfg.model_dir, graph)
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from None
-        self._check_fits(cfg, input_widths(self.model))
         self.out_dims: dict[str, int] = {t: int(v) for t, v in config["out_dims"].items()}
         self.decoder, self.link_pairs = None, []
         self.decoder_kind = None
@@ -142,6 +132,17 @@ class HeteroEngine(Admitting):
         self.tables = TypedWorkloadTables.load_or_build(graph, self.fanouts)
         log.info("typed PSGS/FAP tables ready in %.2fs", time.perf_counter() - t0)
         self._features = {t: n.features for t, n in graph.nodes.items()}
+        self.embeddings = HeteroEmbeddingStore.open(cfg.model_dir, graph.fingerprint)
+        self._precomputed = None
+        if self.embeddings is not None:
+            lacking = sorted(set(self.out_dims) - set(self.embeddings.output))
+            if lacking:
+                raise ConfigError(f"the precomputed embeddings in {self.embeddings.root} lack node types {lacking}; "
+                                  "run `hybridgnn precompute` again")
+            self._precomputed = PrecomputedExecutor(self.embeddings, self.decoder)
+            log.info("precomputed embeddings of %s served (mode precomputed)", self.embeddings.root)
+        # Lookups leave the loop: a top-k over a whole node type is a matrix product.
+        self._lookup_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetero-lookup")
         self._workers = {cfg.cpu_pipeline.name: _Workers(cfg.cpu_pipeline.name, cfg.cpu_pipeline.device,
                                                          cfg.cpu_pipeline.workers, self._make_executor)}
         if cfg.gpu_pipeline is not None:
@@ -167,19 +168,6 @@ class HeteroEngine(Admitting):
         self.draining = False
         self.ready = False
         self.stats.watch(self.snapshot, tuple(self._workers))
-
-    def _check_fits(self, cfg: ServeConfig, widths: dict[str, int]) -> None:
-        g, m = self.graph, self.model
-        missing = [list(e) for e in m.edge_types if e not in g.edges]
-        if missing or set(m.node_types) - set(g.node_types):
-            raise ConfigError(f"model {cfg.model_dir} was saved for node types {m.node_types} and edge types "
-                              f"{[list(e) for e in m.edge_types]}; dataset {cfg.dataset_dir} lacks "
-                              f"{missing or sorted(set(m.node_types) - set(g.node_types))}")
-        for e in m.layer_edges[0]:
-            for t in (e[0], e[2]):
-                if widths[t] != g.nodes[t].feature_dim:
-                    raise ConfigError(f"model {cfg.model_dir} reads {widths[t]}-wide features of node type {t!r} "
-                                      f"but dataset {cfg.dataset_dir} has {g.nodes[t].feature_dim}")
 
     def _on(self, device: str):
         import copy
@@ -217,6 +205,11 @@ class HeteroEngine(Admitting):
     def takes_updates(self) -> bool:
         return False
 
+    @property
+    def modes(self) -> list[str]:
+        """parameters.mode values this server answers (precomputed: after `hybridgnn precompute`)."""
+        return ["sampled"] + (["precomputed"] if self._precomputed is not None else [])
+
     def snapshot(self) -> EngineSnapshot:
         return EngineSnapshot(pending=self._pending, pending_capacity=self.cfg.batcher.max_pending_requests,
                               ready=self.ready, queue_depths={n: w.depth for n, w in self._workers.items()},
@@ -239,7 +232,8 @@ class HeteroEngine(Admitting):
             "pipelines": list(self._workers), "devices": {n: w.device for n, w in self._workers.items()},
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "admission": {**self._admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
-            "max_request_nodes": self.cfg.server.max_request_nodes, "modes": ["sampled"],
+            "max_request_nodes": self.cfg.server.max_request_nodes, "modes": self.modes,
+            **({"embeddings_computed_unix_s": self.embeddings.computed_unix_s} if self.embeddings else {}),
             "updates_enabled": False, "graph_version": 0,
         }
 
@@ -262,8 +256,8 @@ class HeteroEngine(Admitting):
         self._waiting.clear()
         if self._in_flight:
             await asyncio.gather(*self._in_flight, return_exceptions=True)
-        for w in self._workers.values():
-            await asyncio.to_thread(w.pool.shutdown, wait=True)
+        for pool in [w.pool for w in self._workers.values()] + [self._lookup_pool]:
+            await asyncio.to_thread(pool.shutdown, wait=True)
         self.stats.unwatch(self.snapshot)
 
     async def refresh_placement(self) -> dict:
@@ -283,9 +277,18 @@ class HeteroEngine(Admitting):
         """The request's PSGS: its seeds' (both ends, or seeds and candidates) summed."""
         return sum(self.tables.batch_psgs(t, ids) for t, ids in query.seeds())
 
-    def infer(self, query: TypedQuery, waited_s: float = 0.0) -> asyncio.Future:
-        """Admit a validated query (or raise Overloaded / Draining); a future of its
-        TypedResult."""
+    def infer(self, query: TypedQuery, waited_s: float = 0.0, mode: str = "sampled",
+              with_embeddings: bool = True) -> asyncio.Future:
+        """Admit a validated query (or raise Overloaded / Draining; Conflict for mode
+        precomputed without precomputed embeddings); an awaitable of its TypedResult."""
+        if mode == "precomputed":
+            if self._precomputed is None:
+                raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute "
+                               f"--dataset {self.cfg.dataset_dir} --model {self.cfg.model_dir}` and restart")
+            # a lookup costs about one unit; a top-k scores every (seed, candidate) pair
+            work = 1.0 + (len(query.src_ids) * len(query.dst_ids) / TOPK_UNIT_PAIRS if query.kind == "topk" else 0.0)
+            return asyncio.ensure_future(self.run_in_lane("lookup", work, self._lookup, query, with_embeddings,
+                                                          waited_s=waited_s))
         psgs = self.query_psgs(query)
         predicted = self.admit("sampled", psgs, waited_s)
         job = _Job(query, psgs, self._loop.create_future(), predicted, sum(len(ids) for _, ids in query.seeds()))
@@ -293,6 +296,11 @@ class HeteroEngine(Admitting):
         self._waiting.append(job)
         self._pump()
         return job.future
+
+    async def _lookup(self, query: TypedQuery, with_embeddings: bool) -> TypedResult:
+        result = await asyncio.wrap_future(self._lookup_pool.submit(self._precomputed.run, query, with_embeddings))
+        self.stats.stage("compute", "precomputed", result.timings.gather_s + result.timings.compute_s)
+        return result
 
     def _pump(self) -> None:
         """Start batches while a worker is free."""

@@ -240,7 +240,7 @@ class V2Service:
                 out.set_result(reply)
 
             if isinstance(req, TypedInferRequest):
-                pending = engine.infer(req.query, request.waited_s)
+                pending = engine.infer(req.query, request.waited_s, req.mode, "embeddings" in req.outputs)
             else:
                 pending = self._dispatch(req, engine, request.waited_s, answer)
         except Exception as exc:

@@ -19,19 +19,25 @@ OUTPUTS = {"node": ("logits", "embeddings", "predictions"), "pair": ("scores",),
 # A top-k scores every (seed, candidate): their product is bounded so one request cannot
 # hold the workers (or memory) for long.
 MAX_TOPK_PAIRS = 1 << 22
+# k bounds the answer's size (n x k ids and scores), whatever the catalogue.
+MAX_K = 1 << 12
+MODES = ("sampled", "precomputed")
 _ACCEPTED = ("a heterogeneous model takes 'node_ids' with parameters.node_type (node outputs), 'src_ids' and "
              "'dst_ids' with parameters.src_type and dst_type (pair scores), or 'src_ids' and 'candidate_ids' with "
-             "parameters.src_type, dst_type and k (top-k)")
+             "parameters.src_type, dst_type and k (top-k; without candidate_ids, over every node of dst_type, in "
+             "mode precomputed)")
 
 
 class TypedInferRequest:
     """A validated request to a heterogeneous model: its query, the outputs to answer (in
     order) and the candidates as named (external ids, on a type with an id map)."""
 
-    __slots__ = ("query", "outputs", "request_id", "_dst_ids")
+    __slots__ = ("query", "outputs", "request_id", "_dst_ids", "mode")
 
-    def __init__(self, query: TypedQuery, outputs: tuple[str, ...], rid: str | None, dst_ids: np.ndarray | None):
+    def __init__(self, query: TypedQuery, outputs: tuple[str, ...], rid: str | None, dst_ids: np.ndarray | None,
+                 mode: str = "sampled"):
         self.query, self.outputs, self.request_id, self._dst_ids = query, outputs, rid, dst_ids
+        self.mode = mode
 
     @property
     def num_outputs(self) -> int:
@@ -88,9 +94,10 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
     params = request.parameters
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
-    if params.get("mode", "sampled") != "sampled":
-        raise BadRequest(f"parameters.mode: heterogeneous models are served in mode 'sampled' only, got "
-                         f"{brief(params['mode'])}")
+    mode = params.get("mode", "sampled")
+    if mode not in MODES:
+        raise BadRequest(f"parameters.mode: heterogeneous models are served in modes {list(MODES)} (precomputed "
+                         f"after `hybridgnn precompute`), got {brief(mode)}")
     max_nodes = engine.cfg.server.max_request_nodes
     tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED, dict.fromkeys(INPUTS, 2 * max_nodes))
     graph, names = engine.graph, set(tensors)
@@ -101,7 +108,7 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
     if names == {"node_ids"}:
         ntype = _type_param(params, "node_type", list(engine.out_dims), "node_ids")
         query = TypedQuery("node", ntype, _ids("node_ids", tensors["node_ids"], graph, ntype))
-    elif names in ({"src_ids", "dst_ids"}, {"src_ids", "candidate_ids"}):
+    elif names in ({"src_ids", "dst_ids"}, {"src_ids", "candidate_ids"}, {"src_ids"}):
         if engine.decoder is None:
             raise BadRequest("this model has no link decoder, so it answers node requests only (save it with "
                              "hybridgnn.save_model(..., link_decoder='dot') to score pairs)")
@@ -113,23 +120,33 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
             raise BadRequest(f"parameters.src_type/dst_type: the link decoder does not score ({src_type!r}, "
                              f"{dst_type!r}) pairs; it scores {pairs}")
         src = _ids("src_ids", tensors["src_ids"], graph, src_type)
-        dst = _ids(other, tensors[other], graph, dst_type)
+        whole = names == {"src_ids"}
+        if whole:  # a top-k over every node of dst_type: only precomputed rows make it cheap
+            if mode != "precomputed":
+                raise BadRequest("src_ids without dst_ids or candidate_ids asks for a top-k over every "
+                                 f"{dst_type!r} node, which needs parameters.mode 'precomputed'; send "
+                                 "candidate_ids to rank a candidate set in mode 'sampled'")
+            dst = np.arange(graph.num_nodes(dst_type), dtype=np.int64)
+        else:
+            dst = _ids(other, tensors[other], graph, dst_type)
         if other == "dst_ids":
             if len(src) != len(dst):
                 raise BadRequest(f"src_ids and dst_ids must have the same length (one pair each), got {len(src)} "
                                  f"and {len(dst)}")
             query = TypedQuery("pair", src_type, src, dst_type, dst)
         else:
+            named = f"every {dst_type!r} node" if whole else "candidate_ids"
             if len(src) * len(dst) > MAX_TOPK_PAIRS:
-                raise PayloadTooLarge(f"src_ids x candidate_ids = {len(src) * len(dst)} pairs to score; the limit "
-                                      f"is {MAX_TOPK_PAIRS}")
+                raise PayloadTooLarge(f"src_ids x {named} = {len(src) * len(dst)} pairs to score; the limit is "
+                                      f"{MAX_TOPK_PAIRS}")
             k = params.get("k")
-            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(dst):
-                raise BadRequest(f"parameters.k must be an integer in [1, {len(dst)}] (the number of candidates), "
-                                 f"got {brief(k)}")
-            query = TypedQuery("topk", src_type, src, dst_type, dst, k)
-            if graph.nodes[dst_type].id_map is not None:
-                dst_external = tensors["candidate_ids"].reshape(-1)
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(len(dst), MAX_K):
+                raise BadRequest(f"parameters.k must be an integer in [1, {min(len(dst), MAX_K)}] (at most the "
+                                 f"number of candidates, {len(dst)}), got {brief(k)}")
+            query = TypedQuery("topk", src_type, src, dst_type, dst, k, whole_type=whole)
+            id_map = graph.nodes[dst_type].id_map
+            if id_map is not None:
+                dst_external = id_map.external if whole else tensors["candidate_ids"].reshape(-1)
     else:
         raise BadRequest(f"inputs {sorted(names)} do not make a request; {_ACCEPTED}")
     available = OUTPUTS[query.kind]
@@ -141,4 +158,4 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
                 raise BadRequest(f"unknown output {brief(name)} for a {query.kind} request; available: "
                                  f"{list(available)}")
         outputs = tuple(dict.fromkeys(request.outputs))
-    return TypedInferRequest(query, outputs, request_id(request.id), dst_external)
+    return TypedInferRequest(query, outputs, request_id(request.id), dst_external, mode)

@@ -1,0 +1,126 @@
+"""Precomputed embeddings of a heterogeneous graph: the store `hybridgnn precompute`
+writes (every layer of every type, the heads' outputs), and requests answered from it
+(node outputs, pair scores, top-k over candidates or a whole type) equal the whole-graph
+forward."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import hybridgnn
+from hybridgnn.embeddings.hetero import HeteroEmbeddingStore, hetero_precompute
+from hybridgnn.graph.hetero import HeteroGraphStore
+from hybridgnn.graph.hetero_generate import generate_hetero
+from hybridgnn.models.checkpoint import CheckpointError
+from hybridgnn.models.hetero_checkpoint import open_hetero_model
+from hybridgnn.models.link import load_decoder
+from hybridgnn.pipelines.hetero import PrecomputedExecutor
+from hybridgnn.types import TypedQuery
+from tests.support.hetero import HeteroSAGE, MLPDecoder, built, sage, whole
+
+pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hp")
+    return HeteroGraphStore.open(generate_hetero(root / "g", kind="academic", num_nodes=150, avg_degree=4, seed=5))
+
+
+def _layers(model, x, ei):
+    """Each layer's rows of the PyG model (HeteroConv: its convs one by one), after the
+    activation between layers (what the next layer reads)."""
+    rows = []
+    with torch.no_grad():
+        for i, conv in enumerate(model.convs):
+            x = conv(x, ei)
+            if i < len(model.convs) - 1:
+                x = {t: v.relu() for t, v in x.items()}
+            rows.append(x)
+    return rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_store_holds_every_layer_and_output_of_every_type(graph, tmp_path, dtype):
+    model = built(HeteroSAGE(graph.metadata(), ["paper", "author"], out_channels=4), graph)
+    x, ei = whole(graph)
+    with torch.no_grad():
+        want = model(x, ei)
+    path = hybridgnn.save_model(model, tmp_path / "m", metadata=graph.metadata())
+    served, _ = open_hetero_model(path, graph)
+    store = hetero_precompute(served, graph, path, batch_size=13, dtype=dtype, progress=False)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    assert store.state["complete"] and store.num_layers == 2
+    for i, layer in enumerate(_layers(model, x, ei), start=1):
+        for t, rows in layer.items():
+            np.testing.assert_allclose(np.asarray(store.layers[t][i], np.float32), rows.numpy(), atol=tol, rtol=tol)
+    assert set(store.output) == set(want)
+    for t, rows in want.items():
+        np.testing.assert_allclose(np.asarray(store.output[t], np.float32), rows.numpy(), atol=tol, rtol=tol)
+    again = HeteroEmbeddingStore.open(path, graph.fingerprint)
+    assert again is not None and again.state == store.state
+    assert HeteroEmbeddingStore.open(path, "another-dataset") is None
+
+
+def test_a_store_without_its_state_is_not_served(graph, tmp_path):
+    path = hybridgnn.save_model(built(sage(graph), graph), tmp_path / "m", metadata=graph.metadata())
+    store = hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+    (store.root / "state.json").unlink()  # as after a run killed before its end
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint) is None
+    (store.root / "state.json").write_text("{not json")
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint) is None
+
+
+def test_a_model_that_does_not_fit_the_graph_is_refused_in_one_line(graph, tmp_path):
+    other = HeteroGraphStore.open(generate_hetero(tmp_path / "r", kind="recsys", num_nodes=60, avg_degree=3, seed=1))
+    path = hybridgnn.save_model(built(sage(other), other), tmp_path / "m", metadata=other.metadata())
+    with pytest.raises(CheckpointError, match="lacks") as info:
+        open_hetero_model(path, graph)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("decoder", ["dot", "mlp"])
+def test_precomputed_answers_equal_the_whole_graph(tmp_path, decoder):
+    graph = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=200, avg_degree=5, seed=2))
+    model = built(sage(graph), graph)
+    x, ei = whole(graph)
+    with torch.no_grad():
+        want = model(x, ei)
+    module = "dot" if decoder == "dot" else MLPDecoder(8)
+    path = hybridgnn.save_model(model, tmp_path / "m", metadata=graph.metadata(), link_decoder=module)
+    served, config = open_hetero_model(path, graph)
+    dec = load_decoder(path, config["link_decoder"], config["out_dims"])[0]
+    ex = PrecomputedExecutor(hetero_precompute(served, graph, path, progress=False), dec)
+    users, items = np.array([3, 0, 3, 41]), np.array([7, 7, 1, 0])
+    node = ex.run(TypedQuery("node", "user", users))
+    torch.testing.assert_close(torch.from_numpy(node.logits), want["user"][users], atol=1e-5, rtol=1e-5)
+    assert node.pipeline == "precomputed" and node.predictions.tolist() == want["user"][users].argmax(1).tolist()
+    score = (lambda a, b: (a * b).sum(-1)) if decoder == "dot" else module.eval()
+    pair = ex.run(TypedQuery("pair", "user", users, "item", items))
+    n_items = graph.num_nodes("item")
+    every_item = np.arange(n_items)
+    whole_topk = ex.run(TypedQuery("topk", "user", users[:2], "item", every_item, 5, whole_type=True))
+    cands = np.array([0, 5, 9, 11, 2])
+    cand_topk = ex.run(TypedQuery("topk", "user", users[:2], "item", cands, 3))
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(pair.scores), score(want["user"][users], want["item"][items]),
+                                   atol=1e-5, rtol=1e-5)
+        for top, ids, k in ((whole_topk, every_item, 5), (cand_topk, cands, 3)):
+            every = torch.stack([score(want["user"][[u] * len(ids)], want["item"][ids]) for u in users[:2]])
+            best = torch.topk(every, k, dim=1)
+            torch.testing.assert_close(torch.from_numpy(top.topk_scores), best.values, atol=1e-5, rtol=1e-5)
+            assert top.topk_index.tolist() == best.indices.tolist()
+
+
+def test_the_precompute_command_writes_the_store_for_a_heterogeneous_dataset(graph, tmp_path, capsys):
+    from hybridgnn.cli.main import main
+
+    path = hybridgnn.save_model(built(sage(graph), graph), tmp_path / "m", metadata=graph.metadata())
+    assert main(["precompute", "--dataset", str(graph.root), "--model", str(path), "--batch-size", "50"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["node_types"]) == set(graph.node_types)
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint) is not None
+    assert main(["precompute", "--dataset", str(graph.root), "--model", str(path), "--nprocs", "2"]) != 0
+    assert "in one process" in capsys.readouterr().err
