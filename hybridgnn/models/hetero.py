@@ -29,6 +29,9 @@ from hybridgnn.models.zoo import (
 from hybridgnn.types import EdgeType
 
 CROSS_AGGRS = ("sum", "mean", "max", "min")
+# Activations tried between the layers of to_hetero(<the user's own module>), where the
+# forward calls a function (x.relu(), F.elu(x)) that no module records.
+USER_ACTIVATIONS = ("relu", "elu", "leaky_relu", "gelu", "tanh", "sigmoid", "silu", None)
 CONVS: dict[str, type[nn.Module]] = {"sage": SAGEConv, "gat": GATConv, "graph": GraphConv}
 
 
@@ -215,14 +218,24 @@ def candidates_from_pyg(model: nn.Module, metadata) -> tuple[list[dict[str, Any]
     (weights(hetero) copies them). UnsupportedModel when no description can fit."""
     node_types, edge_types = list(metadata[0]), [tuple(e) for e in metadata[1]]
     convs = getattr(model, "convs", None)
-    if not isinstance(convs, nn.ModuleList) or not len(convs):
+    if convs is None and isinstance(model, torch.fx.GraphModule):
+        pass  # to_hetero of the user's own module: read from its graph below
+    elif not isinstance(convs, nn.ModuleList) or not len(convs):
         raise UnsupportedModel(f"{type(model).__name__} is not a heterogeneous model hybridgnn reads: expected "
-                               "to_hetero(<a torch_geometric.nn.models BasicGNN>) or a module whose `convs` is a "
+                               "to_hetero(<a BasicGNN or your own module>) or a module whose `convs` is a "
                                "ModuleList of HeteroConv")
     from torch_geometric.nn import HeteroConv
 
     heads: dict[str, nn.Module] = {}
-    if all(isinstance(c, HeteroConv) for c in convs):  # the user's own HeteroConv model
+    if convs is None:  # to_hetero(the user's own module)
+        per_layer, heads, act_module = _user_module_layers(model, node_types, edge_types)
+        # the cross-type aggregation is never recorded, and a functional activation (x.relu())
+        # is no module: every option is tried against the model's forward, and only one that
+        # reproduces it is kept
+        aggr_options = [[a] * len(per_layer) for a in CROSS_AGGRS]
+        act_options = ([_activation(act_module)] if act_module is not None
+                       else [{"act": a, "act_kwargs": None} for a in USER_ACTIVATIONS])
+    elif all(isinstance(c, HeteroConv) for c in convs):  # the user's own HeteroConv model
         per_layer = [{tuple(k) if isinstance(k, tuple) else tuple(k.split("__")): m for k, m in c.convs.items()}
                      for c in convs]
         aggr_options = [[c.aggr for c in convs]]
@@ -270,6 +283,81 @@ def candidates_from_pyg(model: nn.Module, metadata) -> tuple[list[dict[str, Any]
                             "layers": [{**layer, "aggr": a} for layer, a in zip(layers, aggrs, strict=True)],
                             **act, "heads": head_spec or None})
     return options, {"convs": state, "heads": {t: m.state_dict() for t, m in heads.items()}}
+
+
+def _user_module_layers(model: torch.fx.GraphModule, node_types: list[str], edge_types: list[EdgeType]):
+    """(convolutions per layer, heads) of to_hetero(<the user's own module>), read from the
+    graph to_hetero wrote: each message-passing child, in the order the forward first
+    calls it, is a layer (a ModuleDict with one convolution per edge type), and a child
+    of Linear per node type called after the last layer is the head. Any other module,
+    or a layer or head called out of that order (skip connections, jumping knowledge),
+    is refused in one line; functions between layers are confirmed by the golden check."""
+    from torch_geometric.nn import MessagePassing
+
+    by_key = {edge_key(e): e for e in edge_types}
+    layers: dict[str, dict[EdgeType, nn.Module]] = {}
+    heads: dict[str, nn.Module] = {}
+    head_owner = None
+    acts: list[nn.Module] = []
+    for node in model.graph.nodes:
+        if node.kwargs.get("training") is True and "dropout" in str(getattr(node.target, "__name__", node.target)):
+            raise UnsupportedModel("the model's forward calls dropout with training=True fixed by to_hetero's trace "
+                                   "(F.dropout(x, training=self.training) is read once, when to_hetero runs): use "
+                                   "torch.nn.Dropout, or call to_hetero on the module in eval mode")
+        if node.op != "call_module":
+            continue
+        owner, _, key = str(node.target).rpartition(".")
+        module = model.get_submodule(str(node.target))
+        if isinstance(module, MessagePassing):
+            if head_owner is not None:
+                raise UnsupportedModel(f"module {owner!r} runs after the head {head_owner!r}; hybridgnn serves "
+                                       "layers of convolutions followed by an optional Linear head")
+            if key not in by_key:
+                raise UnsupportedModel(f"module {str(node.target)!r} is a convolution for an edge type the metadata "
+                                       "does not list")
+            if owner in layers and owner != next(reversed(layers)):
+                raise UnsupportedModel(f"convolution {owner!r} is called again after a later layer (a skip or "
+                                       "shared layer), which hybridgnn does not serve")
+            layers.setdefault(owner, {})[by_key[key]] = module
+        elif type(module) in ACTIVATIONS and key in node_types:
+            acts.append(module)
+        elif isinstance(module, nn.Dropout) and key in node_types:
+            continue  # identity in eval mode, which is how models are served
+        elif type(module) in (nn.Linear, PygLinear) and key in node_types and layers:
+            last = next(reversed(layers))
+            if _modules_read(node) != {last}:
+                raise UnsupportedModel(f"module {owner!r} reads something other than the last layer {last!r} (a "
+                                       "skip connection?); hybridgnn serves a Linear head on the last layer's rows")
+            if head_owner not in (None, owner):
+                raise UnsupportedModel(f"two heads ({head_owner!r} and {owner!r}) after the last layer; hybridgnn "
+                                       "serves one Linear per node type")
+            head_owner = owner
+            heads[key] = module
+        else:
+            raise UnsupportedModel(f"module {str(node.target)!r} ({type(module).__name__}) is not served in a "
+                                   "to_hetero model: hybridgnn reads convolutions (SAGEConv, GATConv, GraphConv), "
+                                   "functional activations between them and a Linear head after the last one")
+    if not layers:
+        raise UnsupportedModel(f"{type(model).__name__} calls no convolution; save a to_hetero or HeteroConv model")
+    if len({type(a) for a in acts}) > 1:
+        raise UnsupportedModel(f"the model's activations differ ({sorted({type(a).__name__ for a in acts})}); "
+                               "hybridgnn serves one activation between layers")
+    return list(layers.values()), heads, acts[0] if acts else None
+
+
+def _modules_read(node) -> set[str]:
+    """The modules (owner names) whose outputs reach `node` through functions alone."""
+    found, seen, stack = set(), set(), list(node.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "call_module":
+            found.add(str(n.target).rpartition(".")[0])
+        else:
+            stack.extend(n.all_input_nodes)
+    return found
 
 
 def load_weights(hetero: HeteroGNN, weights: dict) -> None:

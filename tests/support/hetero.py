@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch_geometric.nn import (
+    GATConv,
     GraphConv,
     GraphSAGE,
     HeteroConv,
@@ -42,6 +43,27 @@ class HeteroSAGE(torch.nn.Module):
             if i < len(self.convs) - 1:
                 x = {t: v.relu() for t, v in x.items()}
         return {t: self.lin[t](v) if t in self.lin else v for t, v in x.items()}
+
+
+class OwnGNN(torch.nn.Module):
+    """A user's own homogeneous module, as PyG's to_hetero tutorial writes one: lazy
+    convolutions, a functional or module activation, dropout, a Linear head."""
+
+    def __init__(self, conv: str = "sage", act: str = "relu", head: bool = True):
+        super().__init__()
+        make = {"sage": lambda: SAGEConv((-1, -1), 16),
+                "gat": lambda: GATConv((-1, -1), 8, heads=2, add_self_loops=False)}[conv]
+        self.conv1, self.conv2 = make(), make()
+        self.act = torch.nn.ELU() if act == "elu-module" else None
+        self.drop = torch.nn.Dropout(0.3)
+        self.lin = Linear(-1, 5) if head else None
+
+    def forward(self, x, edge_index):
+        x = self.conv1(x, edge_index)
+        x = self.act(x) if self.act is not None else x.relu()
+        x = self.drop(x)
+        x = self.conv2(x, edge_index)
+        return self.lin(x) if self.lin is not None else x
 
 
 class MLPDecoder(torch.nn.Module):

@@ -23,7 +23,7 @@ from hybridgnn.models.checkpoint import CheckpointError, read_config
 from hybridgnn.models.hetero_checkpoint import load_hetero_model
 from hybridgnn.models.zoo import UnsupportedModel
 from hybridgnn.sampling.typed import TypedCPUSampler
-from tests.support.hetero import HeteroSAGE, whole
+from tests.support.hetero import HeteroSAGE, OwnGNN, whole
 
 pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
 
@@ -42,6 +42,8 @@ def models(graph):
     yield "to_hetero(GAT)", to_hetero(GAT((-1, -1), 8, num_layers=2, out_channels=4, heads=2, add_self_loops=False),
                                       md, aggr="max")
     yield "HeteroConv", HeteroSAGE(md, md[0][:1])
+    yield "to_hetero(own module, relu, head)", to_hetero(OwnGNN(), md, aggr="mean")
+    yield "to_hetero(own GAT module, ELU module)", to_hetero(OwnGNN("gat", "elu-module", head=False), md, aggr="sum")
 
 
 def test_saved_models_serve_pyg_answers_on_the_whole_graph_and_full_samples(graph, tmp_path):
@@ -156,6 +158,7 @@ def test_layerwise_inference_equals_the_whole_graph_forward(graph, tmp_path):
     for name, model in models(graph):
         with torch.no_grad():
             model(x, ei)
+        model.eval()
         path = hybridgnn.save_model(model, tmp_path / name, metadata=graph.metadata())
         served = load_hetero_model(path, json.loads((path / "config.json").read_text()))
         with torch.no_grad():
@@ -164,3 +167,66 @@ def test_layerwise_inference_equals_the_whole_graph_forward(graph, tmp_path):
         assert set(got) == set(want), name
         for t in want:
             np.testing.assert_allclose(got[t], want[t].numpy(), atol=1e-5, rtol=1e-5, err_msg=f"{name} {t}")
+
+
+class _Skip(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import Linear, SAGEConv
+
+        self.conv1, self.conv2, self.lin = SAGEConv((-1, -1), 8), SAGEConv((-1, -1), 8), Linear(-1, 8)
+
+    def forward(self, x, edge_index):
+        h = self.conv1(x, edge_index).relu()
+        return self.conv2(h, edge_index) + self.lin(x)  # a skip connection around the layers
+
+
+class _Normed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.conv1, self.conv2, self.norm = SAGEConv((-1, -1), 8), SAGEConv((-1, -1), 8), torch.nn.BatchNorm1d(8)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.norm(self.conv1(x, edge_index)).relu(), edge_index)
+
+
+class _Dropped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.conv1, self.conv2 = SAGEConv((-1, -1), 8), SAGEConv((-1, -1), 8)
+
+    def forward(self, x, edge_index):
+        x = torch.nn.functional.dropout(self.conv1(x, edge_index).relu(), p=0.5, training=self.training)
+        return self.conv2(x, edge_index)
+
+
+class _Tanh(torch.nn.Module):  # an activation that is tried, but a form (tanh after the last layer) that is not read
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.conv1, self.conv2 = SAGEConv((-1, -1), 8), SAGEConv((-1, -1), 8)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index).tanh()
+
+
+@pytest.mark.parametrize("module, words", [
+    (_Skip, "reads something other than the last layer"),
+    (_Normed, "BatchNorm1d"),
+    (_Dropped, "dropout with training=True"),
+    (_Tanh, "cannot be served exactly"),
+])
+def test_own_modules_hybridgnn_cannot_read_exactly_are_refused_in_one_line(graph, tmp_path, module, words):
+    x, ei = whole(graph)
+    model = to_hetero(module(), graph.metadata(), aggr="sum")  # traced in training mode, as users do
+    with torch.no_grad():
+        model(x, ei)
+    model.eval()
+    with pytest.raises(UnsupportedModel, match=words) as info:
+        hybridgnn.save_model(model, tmp_path / "m", metadata=graph.metadata())
+    assert "\n" not in str(info.value)
