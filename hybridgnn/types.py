@@ -118,6 +118,24 @@ class TypedQuery:
 
 
 @dataclass
+class TypedNewNodes:
+    """A validated new-node request to a heterogeneous model: q query nodes of node_type
+    (features [q, F]) and, per edge type, local edges [2, m] (query node j is
+    num_nodes(node_type) + j; reverse edge types already added), evaluated from the
+    precomputed embeddings in `mode` (full, pe, srpe with gamma and policy). With k > 0
+    the answer also ranks every node of dst_type by the link decoder's score."""
+
+    node_type: str
+    features: np.ndarray
+    edges: dict[EdgeType, np.ndarray]
+    mode: str = "srpe"
+    gamma: float = 0.1
+    policy: str = "ratio"
+    dst_type: str | None = None
+    k: int = 0
+
+
+@dataclass
 class TypedResult:
     """A heterogeneous request's answer: the outputs its kind has (others None), with the
     pipeline that produced them and the batch's stage times."""

@@ -270,6 +270,16 @@ class HeteroGraphStore:
         }
 
 
+def reverse_edge_type(edge_types: list[EdgeType], e: EdgeType) -> EdgeType | None:
+    """The edge type that reverses e as PyG's ToUndirected names it (rel <-> rev_rel), or
+    None."""
+    s, rel, t = e
+    for f in edge_types:
+        if f != e and f[0] == t and f[2] == s and (f[1] == f"rev_{rel}" or rel == f"rev_{f[1]}"):
+            return f
+    return None
+
+
 def open_any(path: str | Path, *, validate: str = "quick"):
     """A GraphStore or a HeteroGraphStore, whichever the directory holds."""
     from hybridgnn.graph.store import GraphStore

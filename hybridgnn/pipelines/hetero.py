@@ -97,6 +97,12 @@ class PrecomputedExecutor:
         timings = StageTimings(gather_s=t1 - t0, compute_s=time.perf_counter() - t1)
         return TypedResult("precomputed", timings, **answer)
 
+    def rank(self, query: TypedQuery, z_src: torch.Tensor) -> dict:
+        """topk_index and topk_scores of a whole-type top-k whose source rows are given
+        (new nodes' outputs) rather than stored."""
+        with torch.inference_mode():
+            return answer_query(query, self.decoder, (z_src, z_src), self._out[query.dst_type].float())
+
 
 def answer_query(q: TypedQuery, decoder, src: tuple[torch.Tensor, torch.Tensor], z_dst: torch.Tensor | None) -> dict:
     """One query's outputs from its rows: src = (last layer's rows, outputs) of its source

@@ -200,6 +200,64 @@ def test_precomputed_mode_answers_nodes_pairs_and_a_whole_type_top_k(served, tmp
     asyncio.run(with_client(_config(dataset, path), after))
 
 
+def test_new_nodes_over_http_equal_pyg_with_the_nodes_added(served, tmp_path):
+    import shutil
+
+    from hybridgnn.embeddings.hetero import hetero_precompute
+    from hybridgnn.graph.hetero import reverse_edge_type
+    from hybridgnn.models.hetero_checkpoint import open_hetero_model
+
+    graph, dataset, models = served
+    _, saved, want = models[0]
+    path = Path(shutil.copytree(saved, tmp_path / "m"))
+    hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+    t = graph.node_types[0]  # user (recsys) or paper (academic)
+    e = next(e for e in graph.edge_types if e[0] == t and reverse_edge_type(graph.edge_types, e) is not None)
+    rev, other, n = reverse_edge_type(graph.edge_types, e), e[2], graph.num_nodes(t)
+    rng = np.random.default_rng(4)
+    features = rng.standard_normal((2, graph.nodes[t].feature_dim)).astype(np.float32)
+    neighbors = rng.choice(graph.num_nodes(other), 5, replace=False)
+    query_index = np.array([0, 0, 0, 1, 1])
+    # PyG over the graph with both query nodes and their edges (and the reverse edges) added
+    x, ei = whole(graph)
+    x = {**x, t: torch.cat([x[t], torch.from_numpy(features)])}
+    added = torch.from_numpy(np.stack([n + query_index, neighbors]))
+    ei = {**ei, e: torch.cat([ei[e], added], 1), rev: torch.cat([ei[rev], added.flip(0)], 1)}
+    with torch.no_grad():  # the served model is golden-checked equal to the PyG model it was saved from
+        exact = open_hetero_model(path, graph)[0](x, ei)[t][n:]
+
+    async def check(engine, client):
+        meta = engine.metadata()
+        assert "new_nodes" in meta["request_kinds"]
+        body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [2, features.shape[1]],
+                            "data": features.reshape(-1).tolist()},
+                           {"name": "neighbor_ids", "datatype": "INT64", "shape": [5], "data": neighbors.tolist()},
+                           {"name": "query_index", "datatype": "INT64", "shape": [5], "data": query_index.tolist()}],
+                "parameters": {"node_type": t, "edge_type": "__".join(e), "mode": "full"}}
+        status, j = await _post(client, body)
+        assert status == 200, j
+        out = {o["name"]: o for o in j["outputs"]}
+        torch.testing.assert_close(torch.tensor(out["logits"]["data"]).reshape(exact.shape), exact, atol=1e-5,
+                                   rtol=1e-5)
+        pairs = [p for p in meta["link_types"] if p[0] == t]
+        if pairs:  # the new nodes' top-k of every node of a type, against its stored outputs
+            d = pairs[0][1]
+            ranked = {**body, "parameters": {**body["parameters"], "dst_type": d, "k": 3},
+                      "outputs": [{"name": "topk_ids"}, {"name": "topk_scores"}]}
+            status, j = await _post(client, ranked)
+            assert status == 200, j
+            best = torch.topk(exact @ want[d].T, 3, dim=1)
+            got = {o["name"]: o["data"] for o in j["outputs"]}
+            assert got["topk_ids"] == best.indices.reshape(-1).tolist()
+            torch.testing.assert_close(torch.tensor(got["topk_scores"]).reshape(2, 3), best.values, atol=1e-5,
+                                       rtol=1e-5)
+        bad = {**body, "parameters": {**body["parameters"], "edge_type": "nope"}}
+        status, j = await _post(client, bad)
+        assert status == 400 and "parameters.edge_type" in j["error"], j
+
+    asyncio.run(with_client(_config(dataset, path), check))
+
+
 def test_hetero_refuses_what_it_does_not_serve(served, tmp_path):
     graph, dataset, models = served
     _, path, _ = models[0]

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridgnn.errors import BadRequest, PayloadTooLarge, ServingError
+from hybridgnn.config import NewNodeConfig
+from hybridgnn.errors import BadRequest, Conflict, PayloadTooLarge, ServingError
 from hybridgnn.graph.hetero import HeteroGraphStore
 from hybridgnn.graph.hetero_import import write_hetero_edges
 from hybridgnn.graph.idmap import IdMap
@@ -30,8 +31,10 @@ def engine(tmp_path_factory):
                               {("user", "rates", "item"): np.array([[0, 1, 2], [0, 1, 5]]),
                                ("tag", "of", "item"): np.array([[0, 1], [2, 3]])}, undirected=True)
     return SimpleNamespace(graph=HeteroGraphStore.open(root), out_dims={"user": 4, "item": 4},
-                           decoder=dot, link_pairs=[("user", "item"), ("item", "item")],
-                           cfg=SimpleNamespace(server=SimpleNamespace(max_request_nodes=64)))
+                           decoder=dot, link_pairs=[("user", "item"), ("item", "item")], serves_new_nodes=True,
+                           max_feature_dim=3,
+                           cfg=SimpleNamespace(server=SimpleNamespace(max_request_nodes=64), dataset_dir="D",
+                                               model_dir="M", new_nodes=NewNodeConfig()))
 
 
 def ids(name, values, datatype="INT64"):
@@ -75,6 +78,64 @@ def test_a_top_k_over_a_whole_type_in_mode_precomputed(engine):
     assert node.mode == "precomputed" and not node.query.whole_type
 
 
+def feats(rows):
+    return Tensor("features", "FP32", [len(rows), len(rows[0])], [v for r in rows for v in r])
+
+
+def test_new_nodes_with_neighbours_by_relation(engine):
+    # two new users: user 0 rated items 1 and 5, user 1 rated item 5; reverse edges added
+    req = decode(engine, feats([[0.5, 1.0], [0.0, -1.0]]), ids("neighbor_ids", [1, 5, 5]),
+                 ids("query_index", [0, 0, 1]), node_type="user", edge_type="user__rates__item", mode="pe")
+    new = req.query
+    assert (new.node_type, new.mode, new.k) == ("user", "pe", 0) and req.outputs == ("logits", "embeddings",
+                                                                                       "predictions")
+    assert new.edges[("user", "rates", "item")].tolist() == [[4, 4, 5], [1, 5, 5]]  # query j is user 4 + j
+    assert new.edges[("item", "rev_rates", "user")].tolist() == [[1, 5, 5], [4, 4, 5]]
+    # a new item tagged and rated by named users (edge_type per neighbour), with its top-k items
+    req = decode(engine, feats([[1.0, 2.0, 3.0]]), ids("neighbor_ids", ["di", "ann"], "BYTES"),
+                 ids("edge_type", ["user__rates__item", "user__rates__item"], "BYTES"), node_type="item",
+                 dst_type="item", k=2)
+    assert req.query.edges[("user", "rates", "item")].tolist() == [[0, 3], [6, 6]]
+    assert req.query.mode == "srpe" and req.query.k == 2 and "topk_ids" in req.outputs
+    isolated = decode(engine, feats([[1.0, 2.0, 3.0]]), node_type="item")
+    assert isolated.query.edges == {}
+
+
+@pytest.mark.parametrize("inputs, params, words", [
+    ([feats([[1.0, 2.0]])], {}, "parameters.node_type is required"),
+    ([feats([[1.0, 2.0]])], {"node_type": "user", "mode": "sampled"}, "parameters.mode"),
+    ([feats([[1.0]])], {"node_type": "user"}, "features must have 2 columns"),
+    ([feats([[float("nan"), 1.0]])], {"node_type": "user"}, "finite"),
+    ([feats([[1.0, 2.0]]), ids("neighbor_ids", [1])], {"node_type": "user"}, "parameters.edge_type"),
+    ([feats([[1.0, 2.0]]), ids("neighbor_ids", [1])], {"node_type": "user", "edge_type": "tag__of__item"},
+     "not an edge type touching node type 'user'"),
+    ([feats([[1.0, 2.0]]), ids("neighbor_ids", [9])], {"node_type": "user", "edge_type": "user__rates__item"},
+     "neighbor_ids: id 9 is out of range for node type 'item'"),
+    ([feats([[1.0, 2.0], [1.0, 2.0]]), ids("neighbor_ids", [1])], {"node_type": "user",
+                                                                    "edge_type": "user__rates__item"},
+     "query_index is required"),
+    ([feats([[1.0, 2.0]]), ids("neighbor_ids", [1]), ids("query_index", [1])],
+     {"node_type": "user", "edge_type": "user__rates__item"}, "query_index must lie in"),
+    ([feats([[1.0, 2.0]]), ids("neighbor_ids", [1, 2]), ids("edge_type", ["user__rates__item"], "BYTES")],
+     {"node_type": "user"}, "edge_type must have one entry per neighbor_ids"),
+    ([feats([[1.0, 2.0]]), ids("node_ids", [1])], {"node_type": "user"}, "do not go with 'features'"),
+    ([feats([[1.0, 2.0]])], {"node_type": "user", "gamma": 2}, "parameters.gamma"),
+    ([feats([[1.0, 2.0, 3.0]])], {"node_type": "item", "k": 2}, "parameters.dst_type is required"),
+    ([feats([[1.0, 2.0, 3.0]])], {"node_type": "item", "k": 0, "dst_type": "item"}, "parameters.k"),
+    ([ids("neighbor_ids", [1])], {"node_type": "user"}, "needs 'features'"),
+])
+def test_new_node_refusals_name_the_field(engine, inputs, params, words):
+    with pytest.raises(BadRequest, match=words) as err:
+        decode(engine, *inputs, **params)
+    assert err.value.status == 400
+
+
+def test_new_nodes_without_precomputed_embeddings_are_a_conflict(engine):
+    bare = SimpleNamespace(**{**vars(engine), "serves_new_nodes": False})
+    with pytest.raises(Conflict, match="hybridgnn precompute"):
+        decode(bare, feats([[1.0, 2.0]]), node_type="user")
+
+
 @pytest.mark.parametrize("inputs, params, words", [
     ([ids("node_ids", [0])], {}, "parameters.node_type is required"),
     ([ids("node_ids", [0])], {"node_type": "movie"}, "parameters.node_type: unknown node type 'movie'"),
@@ -102,7 +163,7 @@ def test_a_top_k_over_a_whole_type_in_mode_precomputed(engine):
     ([ids("src_ids", [0])], {"src_type": "item", "dst_type": "item", "k": 1}, "needs parameters.mode 'precomputed'"),
     ([ids("src_ids", [0])], {"src_type": "item", "dst_type": "item", "mode": "precomputed"}, "parameters.k"),
     ([ids("node_ids", [0]), ids("src_ids", [0])], {}, "do not make a request"),
-    ([ids("features", [0])], {}, "unknown input 'features'"),
+    ([ids("weights", [0])], {}, "unknown input 'weights'"),
     ([ids("node_ids", [0])], {"node_type": "item", "mode": "full"}, "parameters.mode"),
 ])
 def test_refusals_name_the_field(engine, inputs, params, words):
@@ -125,18 +186,22 @@ def test_limits_and_a_model_without_decoder(engine):
         decode(engine, ids("node_ids", [0]), node_type="item", outputs=["scores"])
 
 
-_names = st.sampled_from(["node_ids", "src_ids", "dst_ids", "candidate_ids", "x", ""])
+_names = st.sampled_from(["node_ids", "src_ids", "dst_ids", "candidate_ids", "features", "neighbor_ids",
+                          "query_index", "edge_type", "x", ""])
 _values = st.one_of(st.lists(st.integers(-10, 10), max_size=5), st.lists(st.text(max_size=3), max_size=5),
                     st.lists(st.floats(allow_nan=True), max_size=3), st.none(), st.text(max_size=3))
 _tensor = st.builds(Tensor, _names, st.sampled_from(["INT64", "INT32", "BYTES", "FP32", "BOOL", 3]),
                     st.one_of(st.lists(st.integers(-1, 6), max_size=3), st.none(), st.text(max_size=2)), _values)
-_params = st.dictionaries(st.sampled_from(["node_type", "src_type", "dst_type", "k", "mode"]),
-                          st.one_of(st.sampled_from(["user", "item", "tag", "x"]), st.integers(-2, 5), st.none(),
-                                    st.booleans(), st.lists(st.integers(), max_size=2)), max_size=4)
+_params = st.dictionaries(st.sampled_from(["node_type", "src_type", "dst_type", "k", "mode", "edge_type", "gamma",
+                                           "policy"]),
+                          st.one_of(st.sampled_from(["user", "item", "tag", "x", "user__rates__item", "pe",
+                                                     "item__rev_rates__user", "precomputed"]),
+                                    st.integers(-2, 5), st.none(), st.floats(), st.booleans(),
+                                    st.lists(st.integers(), max_size=2)), max_size=5)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(inputs=st.lists(_tensor, max_size=3), params=st.one_of(_params, st.lists(st.integers(), max_size=1)))
+@given(inputs=st.lists(_tensor, max_size=4), params=st.one_of(_params, st.lists(st.integers(), max_size=1)))
 def test_nothing_a_client_sends_raises_but_a_4xx(engine, inputs, params):
     try:
         decode_typed(InferInput("m", None, inputs, params), engine)

@@ -40,6 +40,8 @@ from hybridgnn.types import (
     QueueLoad,
     RoutePlan,
     ServingStats,
+    StageTimings,
+    TypedNewNodes,
     TypedQuery,
     TypedResult,
 )
@@ -91,6 +93,7 @@ class HeteroEngine(Admitting):
 
     def __init__(self, cfg: ServeConfig, stats: ServingStats | None = None, *, version: str = "1"):
         from hybridgnn.embeddings.hetero import HeteroEmbeddingStore
+        from hybridgnn.embeddings.hetero_newnodes import HeteroNewNodes
         from hybridgnn.graph.hetero import HeteroGraphStore
         from hybridgnn.models.checkpoint import CheckpointError
         from hybridgnn.models.hetero_checkpoint import open_hetero_model
@@ -133,16 +136,19 @@ class HeteroEngine(Admitting):
         log.info("typed PSGS/FAP tables ready in %.2fs", time.perf_counter() - t0)
         self._features = {t: n.features for t, n in graph.nodes.items()}
         self.embeddings = HeteroEmbeddingStore.open(cfg.model_dir, graph.fingerprint)
-        self._precomputed = None
+        self._precomputed = self._new_nodes = None
         if self.embeddings is not None:
             lacking = sorted(set(self.out_dims) - set(self.embeddings.output))
             if lacking:
                 raise ConfigError(f"the precomputed embeddings in {self.embeddings.root} lack node types {lacking}; "
                                   "run `hybridgnn precompute` again")
             self._precomputed = PrecomputedExecutor(self.embeddings, self.decoder)
-            log.info("precomputed embeddings of %s served (mode precomputed)", self.embeddings.root)
+            self._new_nodes = HeteroNewNodes(graph, self.model, self.embeddings)
+            log.info("precomputed embeddings of %s served (mode precomputed, new nodes)", self.embeddings.root)
         # Lookups leave the loop: a top-k over a whole node type is a matrix product.
         self._lookup_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetero-lookup")
+        self._new_node_pool = concurrent.futures.ThreadPoolExecutor(cfg.cpu_pipeline.workers,
+                                                                    thread_name_prefix="hetero-newnodes")
         self._workers = {cfg.cpu_pipeline.name: _Workers(cfg.cpu_pipeline.name, cfg.cpu_pipeline.device,
                                                          cfg.cpu_pipeline.workers, self._make_executor)}
         if cfg.gpu_pipeline is not None:
@@ -194,8 +200,12 @@ class HeteroEngine(Admitting):
 
     @property
     def max_feature_dim(self) -> int:
-        """Requests carry ids only (no feature rows): one element per id."""
-        return 1
+        """The widest feature row a new-node request may carry."""
+        return max(self.graph.nodes[t].feature_dim for t in self.graph.node_types)
+
+    @property
+    def serves_new_nodes(self) -> bool:
+        return self._new_nodes is not None
 
     @property
     def graph_version(self) -> int:
@@ -228,7 +238,9 @@ class HeteroEngine(Admitting):
             "fanouts": {"__".join(e): list(v) for e, v in self.fanouts.items()},
             "model_class": self.model_class, "num_layers": self.num_layers,
             "link_decoder": self.decoder_kind, "link_types": [list(p) for p in self.link_pairs],
-            "request_kinds": ["node"] + (["pair", "topk"] if self.decoder is not None else []),
+            "request_kinds": ["node"] + (["pair", "topk"] if self.decoder is not None else [])
+            + (["new_nodes"] if self.serves_new_nodes else []),
+            "new_node_modes": ["full", "pe", "srpe"] if self.serves_new_nodes else [],
             "pipelines": list(self._workers), "devices": {n: w.device for n, w in self._workers.items()},
             "psgs_threshold": "inf" if math.isinf(thr) else thr,
             "admission": {**self._admission.describe(), "refused_in_flight_cap": self._refused_in_flight_cap},
@@ -256,7 +268,7 @@ class HeteroEngine(Admitting):
         self._waiting.clear()
         if self._in_flight:
             await asyncio.gather(*self._in_flight, return_exceptions=True)
-        for pool in [w.pool for w in self._workers.values()] + [self._lookup_pool]:
+        for pool in [w.pool for w in self._workers.values()] + [self._lookup_pool, self._new_node_pool]:
             await asyncio.to_thread(pool.shutdown, wait=True)
         self.stats.unwatch(self.snapshot)
 
@@ -281,6 +293,9 @@ class HeteroEngine(Admitting):
               with_embeddings: bool = True) -> asyncio.Future:
         """Admit a validated query (or raise Overloaded / Draining; Conflict for mode
         precomputed without precomputed embeddings); an awaitable of its TypedResult."""
+        if isinstance(query, TypedNewNodes):
+            return asyncio.ensure_future(self.run_in_lane("new_nodes", 1.0, self._new_node_answer, query,
+                                                          waited_s=waited_s))
         if mode == "precomputed":
             if self._precomputed is None:
                 raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute "
@@ -301,6 +316,26 @@ class HeteroEngine(Admitting):
         result = await asyncio.wrap_future(self._lookup_pool.submit(self._precomputed.run, query, with_embeddings))
         self.stats.stage("compute", "precomputed", result.timings.gather_s + result.timings.compute_s)
         return result
+
+    async def _new_node_answer(self, query: TypedNewNodes) -> TypedResult:
+        result = await asyncio.wrap_future(self._new_node_pool.submit(self._evaluate_new_nodes, query))
+        self.stats.stage("compute", result.pipeline, result.timings.compute_s)
+        return result
+
+    def _evaluate_new_nodes(self, query: TypedNewNodes) -> TypedResult:
+        """Query nodes' outputs from the precomputed embeddings (and, with k, the top-k of
+        every node of dst_type by the decoder's score against them); on a worker thread."""
+        t0 = time.perf_counter()
+        res = self._new_nodes.infer(query.node_type, query.features, query.edges, mode=query.mode,
+                                    gamma=query.gamma, policy=query.policy, seed=self.cfg.sampling.seed)
+        out = {"logits": res.logits, "embeddings": res.embeddings,
+               "predictions": res.logits.argmax(1) if res.logits.shape[1] else np.zeros(len(res.logits), np.int64)}
+        if query.k:
+            n = self.graph.num_nodes(query.dst_type)
+            ranked = TypedQuery("topk", query.node_type, np.zeros(0, np.int64), query.dst_type,
+                                np.arange(n, dtype=np.int64), query.k, whole_type=True)
+            out.update(self._precomputed.rank(ranked, torch.from_numpy(res.logits)))
+        return TypedResult(f"newnodes_{query.mode}", StageTimings(compute_s=time.perf_counter() - t0), **out)
 
     def _pump(self) -> None:
         """Start batches while a worker is free."""

@@ -46,6 +46,11 @@ def _describe_typed(engine, name: str, versions: list[str]) -> dict:
         outputs += [{"name": "scores", "datatype": "FP32", "shape": [-1]},
                     {"name": "topk_ids", "datatype": id_type, "shape": [-1, -1]},
                     {"name": "topk_scores", "datatype": "FP32", "shape": [-1, -1]}]
+    if engine.serves_new_nodes:
+        inputs += [{"name": "features", "datatype": "FP32", "shape": [-1, -1]},
+                   {"name": "neighbor_ids", "datatype": id_type, "shape": [-1]},
+                   {"name": "query_index", "datatype": "INT64", "shape": [-1]},
+                   {"name": "edge_type", "datatype": "BYTES", "shape": [-1]}]
     return {"name": name, "versions": versions, "platform": "pytorch_geometric", "inputs": inputs,
             "outputs": outputs, "parameters": engine.metadata()}
 

@@ -7,15 +7,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybridgnn.errors import BadRequest, PayloadTooLarge, brief
+from hybridgnn.errors import BadRequest, Conflict, PayloadTooLarge, brief
+from hybridgnn.graph.hetero import reverse_edge_type
 from hybridgnn.serving.v2.tensors import ID_DATATYPES, decode_inputs, request_id
 from hybridgnn.serving.v2.types import InferInput
-from hybridgnn.types import TypedQuery, TypedResult
+from hybridgnn.types import TypedNewNodes, TypedQuery, TypedResult
 
 _IDS = ((*ID_DATATYPES, "BYTES"), "ids")
-INPUTS = {"node_ids": _IDS, "src_ids": _IDS, "dst_ids": _IDS, "candidate_ids": _IDS}
+INPUTS = {"node_ids": _IDS, "src_ids": _IDS, "dst_ids": _IDS, "candidate_ids": _IDS,
+          "features": (("FP32",), "matrix"), "neighbor_ids": _IDS, "query_index": (ID_DATATYPES, "ids"),
+          "edge_type": (("BYTES",), "ids")}
+NEW_NODE_INPUTS = {"features", "neighbor_ids", "query_index", "edge_type"}
+NEW_NODE_MODES = ("full", "pe", "srpe")
+# Edges per query node a request may bring, as for homogeneous new-node requests.
+EDGES_PER_NODE = 64
 OUTPUTS = {"node": ("logits", "embeddings", "predictions"), "pair": ("scores",),
-           "topk": ("topk_ids", "topk_scores")}
+           "topk": ("topk_ids", "topk_scores"), "new": ("logits", "embeddings", "predictions"),
+           "new_topk": ("logits", "embeddings", "predictions", "topk_ids", "topk_scores")}
 # A top-k scores every (seed, candidate): their product is bounded so one request cannot
 # hold the workers (or memory) for long.
 MAX_TOPK_PAIRS = 1 << 22
@@ -23,9 +31,9 @@ MAX_TOPK_PAIRS = 1 << 22
 MAX_K = 1 << 12
 MODES = ("sampled", "precomputed")
 _ACCEPTED = ("a heterogeneous model takes 'node_ids' with parameters.node_type (node outputs), 'src_ids' and "
-             "'dst_ids' with parameters.src_type and dst_type (pair scores), or 'src_ids' and 'candidate_ids' with "
+             "'dst_ids' with parameters.src_type and dst_type (pair scores), 'src_ids' and 'candidate_ids' with "
              "parameters.src_type, dst_type and k (top-k; without candidate_ids, over every node of dst_type, in "
-             "mode precomputed)")
+             "mode precomputed), or 'features' with 'neighbor_ids', 'query_index' and 'edge_type' (new nodes)")
 
 
 class TypedInferRequest:
@@ -41,7 +49,8 @@ class TypedInferRequest:
 
     @property
     def num_outputs(self) -> int:
-        return int(len(self.query.src_ids))
+        q = self.query
+        return int(len(q.features) if isinstance(q, TypedNewNodes) else len(q.src_ids))
 
     def answer_outputs(self, result: TypedResult) -> list[tuple[str, np.ndarray]]:
         out = []
@@ -94,13 +103,19 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
     params = request.parameters
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
+    max_nodes = engine.cfg.server.max_request_nodes
+    limits = {**dict.fromkeys(INPUTS, 2 * max_nodes), "features": max_nodes * max(1, engine.max_feature_dim),
+              **dict.fromkeys(("neighbor_ids", "query_index", "edge_type"), EDGES_PER_NODE * max_nodes)}
+    tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED, limits)
+    graph, names = engine.graph, set(tensors)
+    if names & NEW_NODE_INPUTS:
+        query, dst_external = _new_nodes(tensors, params, engine)
+        return TypedInferRequest(query, _outputs(request, "new_topk" if query.k else "new"), request_id(request.id),
+                                 dst_external, query.mode)
     mode = params.get("mode", "sampled")
     if mode not in MODES:
         raise BadRequest(f"parameters.mode: heterogeneous models are served in modes {list(MODES)} (precomputed "
                          f"after `hybridgnn precompute`), got {brief(mode)}")
-    max_nodes = engine.cfg.server.max_request_nodes
-    tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED, dict.fromkeys(INPUTS, 2 * max_nodes))
-    graph, names = engine.graph, set(tensors)
     total = sum(v.size for v in tensors.values())
     if total > max_nodes:
         raise PayloadTooLarge(f"the request names {total} ids; at most {max_nodes} per request")
@@ -149,13 +164,132 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
                 dst_external = id_map.external if whole else tensors["candidate_ids"].reshape(-1)
     else:
         raise BadRequest(f"inputs {sorted(names)} do not make a request; {_ACCEPTED}")
-    available = OUTPUTS[query.kind]
+    return TypedInferRequest(query, _outputs(request, query.kind), request_id(request.id), dst_external, mode)
+
+
+def _outputs(request: InferInput, kind: str) -> tuple[str, ...]:
+    available = OUTPUTS[kind]
     if request.outputs is None:
-        outputs = available
+        return available
+    for name in request.outputs:
+        if name not in available:
+            what = "new-node" if kind.startswith("new") else kind
+            raise BadRequest(f"unknown output {brief(name)} for a {what} request; available: {list(available)}")
+    return tuple(dict.fromkeys(request.outputs))
+
+
+def _edge_type(name, graph, node_type: str, field: str):
+    """The edge type `name` ('src__rel__dst') names, one that touches node_type."""
+    by_name = {"__".join(e): e for e in graph.edge_types}
+    e = by_name.get(name) if isinstance(name, str) else None
+    touching = [n for n, e in by_name.items() if node_type in (e[0], e[2])]
+    if e is None or node_type not in (e[0], e[2]):
+        raise BadRequest(f"{field}: {brief(name)} is not an edge type touching node type {node_type!r}; one of "
+                         f"{touching}")
+    return e
+
+
+def _new_nodes(tensors: dict, params: dict, engine) -> tuple[TypedNewNodes, np.ndarray | None]:
+    """New query nodes of parameters.node_type: features [q, F], and for edge i the
+    existing node neighbor_ids[i] joined to query node query_index[i] (default 0) by
+    relation edge_type[i] (or parameters.edge_type for every edge). The query node is the
+    relation's source when it is of the source type, else its target; the reverse edge
+    type (rev_<rel>), where the graph has one, gets the reversed edge."""
+    graph, cfg = engine.graph, engine.cfg
+    if "features" not in tensors:
+        raise BadRequest("a new-node request needs 'features' (FP32 [q, F]): one row per query node")
+    extra = set(tensors) - NEW_NODE_INPUTS
+    if extra:
+        raise BadRequest(f"inputs {sorted(extra)} do not go with 'features' (a new-node request); {_ACCEPTED}")
+    if not getattr(engine, "serves_new_nodes", False):
+        raise Conflict("new-node requests need precomputed embeddings; run `hybridgnn precompute --dataset "
+                       f"{cfg.dataset_dir} --model {cfg.model_dir}` and restart")
+    node_type = _type_param(params, "node_type", list(engine.out_dims), "the query nodes")
+    features = tensors["features"]
+    q, width = features.shape
+    if q == 0 or q > cfg.server.max_request_nodes:
+        raise BadRequest(f"features must have 1 to {cfg.server.max_request_nodes} rows (query nodes), got {q}")
+    if width != graph.nodes[node_type].feature_dim:
+        raise BadRequest(f"features must have {graph.nodes[node_type].feature_dim} columns (node type "
+                         f"{node_type!r}'s feature width), got {width}")
+    if not np.all(np.isfinite(features)):
+        raise BadRequest("features must be finite (no NaN or infinity)")
+    mode = params.get("mode", cfg.new_nodes.default_mode)
+    if mode not in NEW_NODE_MODES:
+        raise BadRequest(f"parameters.mode: new-node requests to a heterogeneous model take {list(NEW_NODE_MODES)}, "
+                         f"got {brief(mode)}")
+    gamma = params.get("gamma", cfg.new_nodes.gamma)
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+        raise BadRequest(f"parameters.gamma must be a number within [0, 1], got {brief(gamma)}")
+    policy = params.get("policy", cfg.new_nodes.policy)
+    if policy not in ("ratio", "random", "degree"):
+        raise BadRequest(f"parameters.policy must be ratio, random or degree, got {brief(policy)}")
+    edges = _new_node_edges(tensors, params, graph, node_type, q)
+    k, dst_type, dst_external = params.get("k"), None, None
+    if k is not None:
+        pairs = [list(p) for p in engine.link_pairs]
+        if engine.decoder is None or not any(p[0] == node_type for p in pairs):
+            raise BadRequest(f"parameters.k: the model's link decoder does not score pairs from node type "
+                             f"{node_type!r} ({pairs or 'no decoder'})")
+        dst_type = _type_param(params, "dst_type", sorted({p[1] for p in pairs if p[0] == node_type}),
+                               "the candidates (every node of it)")
+        n_dst = graph.num_nodes(dst_type)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(n_dst, MAX_K):
+            raise BadRequest(f"parameters.k must be an integer in [1, {min(n_dst, MAX_K)}], got {brief(k)}")
+        if q * n_dst > MAX_TOPK_PAIRS:
+            raise PayloadTooLarge(f"query nodes x every {dst_type!r} node = {q * n_dst} pairs to score; the limit "
+                                  f"is {MAX_TOPK_PAIRS}")
+        id_map = graph.nodes[dst_type].id_map
+        dst_external = id_map.external if id_map is not None else np.arange(n_dst, dtype=np.int64)
+    return TypedNewNodes(node_type, np.ascontiguousarray(features, dtype=np.float32), edges, mode, float(gamma),
+                         policy, dst_type, int(k or 0)), dst_external
+
+
+def _new_node_edges(tensors: dict, params: dict, graph, node_type: str, q: int) -> dict:
+    """Local [2, m] edges per edge type of a new-node request (reverse types added)."""
+    if "neighbor_ids" not in tensors:
+        if "query_index" in tensors or "edge_type" in tensors:
+            raise BadRequest("query_index and edge_type describe edges; send the neighbours in 'neighbor_ids'")
+        return {}
+    neighbors = tensors["neighbor_ids"].reshape(-1)
+    m = len(neighbors)
+    index = tensors.get("query_index")
+    if index is None:
+        if q != 1:
+            raise BadRequest(f"query_index is required with {q} query nodes: the query node (0..{q - 1}) of each "
+                             "neighbour")
+        index = np.zeros(m, np.int64)
+    index = index.reshape(-1)
+    if len(index) != m:
+        raise BadRequest(f"query_index must have one entry per neighbor_ids entry ({m}), got {len(index)}")
+    if m and (int(index.min()) < 0 or int(index.max()) >= q):
+        raise BadRequest(f"query_index must lie in [0, {q}) (a row of features), found [{int(index.min())}, "
+                         f"{int(index.max())}]")
+    if "edge_type" in tensors:
+        names = tensors["edge_type"].reshape(-1)
+        if len(names) != m:
+            raise BadRequest(f"edge_type must have one entry per neighbor_ids entry ({m}), got {len(names)}")
+        relations = [str(v) for v in np.unique(names)]
+        kinds = {r: _edge_type(r, graph, node_type, "edge_type") for r in relations}
+        which = np.searchsorted(np.asarray(relations), names)
     else:
-        for name in request.outputs:
-            if name not in available:
-                raise BadRequest(f"unknown output {brief(name)} for a {query.kind} request; available: "
-                                 f"{list(available)}")
-        outputs = tuple(dict.fromkeys(request.outputs))
-    return TypedInferRequest(query, outputs, request_id(request.id), dst_external, mode)
+        if "edge_type" not in params:
+            raise BadRequest("parameters.edge_type (or an edge_type input, one per neighbour) is required: the "
+                             "relation joining each query node to its neighbour, as 'src__rel__dst'")
+        relations = [params["edge_type"]]
+        kinds = {relations[0]: _edge_type(relations[0], graph, node_type, "parameters.edge_type")}
+        which = np.zeros(m, np.int64)
+    edges: dict = {}
+    n_q = graph.num_nodes(node_type)
+    for j, r in enumerate(relations):
+        e = kinds[r]
+        at = np.flatnonzero(which == j)
+        other = e[2] if e[0] == node_type else e[0]
+        ids = _ids("neighbor_ids", neighbors[at], graph, other)
+        query = n_q + index[at].astype(np.int64)
+        pair = np.stack([query, ids]) if e[0] == node_type else np.stack([ids, query])
+        rev = reverse_edge_type(graph.edge_types, e)
+        for kind, ei in ((e, pair), (rev, pair[::-1])):
+            if kind is not None:
+                edges[kind] = np.concatenate([edges[kind], ei], axis=1) if kind in edges else ei
+    return {e: np.unique(ei, axis=1) for e, ei in edges.items()}
