@@ -20,5 +20,7 @@ def test_recommendation_example_serves_scores_and_top_k_as_pyg(tmp_path):
                            "--users", "400"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "served top-10 items of 20 users equal PyG's" in proc.stdout
+    assert "precomputed top-10 of every item for 20 users equal" in proc.stdout
+    assert "top-10 items (rated 5, mode full) equal" in proc.stdout
     err = float(proc.stdout.split("differ from PyG by at most ")[1].split()[0])
     assert err <= 1e-5
