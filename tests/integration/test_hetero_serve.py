@@ -277,9 +277,17 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 
 
-def test_hybridgnn_serve_answers_tritonclient_over_http_and_grpc(served):
+def test_hybridgnn_serve_answers_tritonclient_over_http_and_grpc(served, tmp_path):
+    import shutil
+
+    from hybridgnn.embeddings.hetero import hetero_precompute
+    from hybridgnn.models.hetero_checkpoint import open_hetero_model
+
     graph, dataset, models = served
-    _, path, want = models[0]
+    _, saved, want = models[0]
+    path = Path(shutil.copytree(saved, tmp_path / "m"))  # with precomputed embeddings: new nodes too
+    hetero_model = open_hetero_model(path, graph)[0]
+    hetero_precompute(hetero_model, graph, path, progress=False)
     port = free_port()
     srv = ServerProcess(dataset, path, "--workers", "1", "--grpc-port", str(port)).wait_ready()
     try:
@@ -287,7 +295,8 @@ def test_hybridgnn_serve_answers_tritonclient_over_http_and_grpc(served):
         h = httpclient.InferenceServerClient(srv.url.removeprefix("http://"))
         meta = h.get_model_metadata("hybridgnn")
         assert meta["parameters"]["edge_types"] == [list(e) for e in graph.edge_types]
-        assert {i["name"] for i in meta["inputs"]} == {"node_ids", "src_ids", "dst_ids", "candidate_ids"}
+        assert {i["name"] for i in meta["inputs"]} == {"node_ids", "src_ids", "dst_ids", "candidate_ids", "features",
+                                                        "neighbor_ids", "query_index", "edge_type"}
         assert {o.name for o in g.get_model_metadata("hybridgnn").outputs} >= {"scores", "topk_ids"}
         s, d = [tuple(p) for p in meta["parameters"]["link_types"]][0]
         src, dst = np.array([0, 3, 5], np.int64), np.array([2, 2, 1], np.int64)
@@ -306,6 +315,26 @@ def test_hybridgnn_serve_answers_tritonclient_over_http_and_grpc(served):
             with pytest.raises(mod.InferenceServerException) as err:
                 client.infer("hybridgnn", [a, n], parameters={"src_type": s, "dst_type": d})
             assert "do not make a request" in err.value.message()
+            # a new node of type s joined to two existing nodes, each edge's relation named (BYTES)
+            e = next(e for e in graph.edge_types if e[0] == s)
+            feats = np.full((1, graph.nodes[s].feature_dim), 0.5, np.float32)
+            inputs = [mod.InferInput("features", list(feats.shape), "FP32"),
+                      mod.InferInput("neighbor_ids", [2], "INT64"), mod.InferInput("edge_type", [2], "BYTES")]
+            inputs[0].set_data_from_numpy(feats)
+            inputs[1].set_data_from_numpy(np.array([0, 1], np.int64))
+            inputs[2].set_data_from_numpy(np.array(["__".join(e).encode()] * 2, dtype=np.object_))
+            res = client.infer("hybridgnn", inputs, parameters={"node_type": s, "mode": "full"})
+            x, ei = whole(graph)
+            n_s = graph.num_nodes(s)
+            x[s] = torch.cat([x[s], torch.from_numpy(feats)])
+            added = torch.tensor([[n_s, n_s], [0, 1]])
+            ei[e] = torch.cat([ei[e], added], 1)
+            rev = next((f for f in graph.edge_types if f[1] == f"rev_{e[1]}" and f[0] == e[2]), None)
+            if rev is not None:
+                ei[rev] = torch.cat([ei[rev], added.flip(0)], 1)
+            with torch.no_grad():
+                exact = hetero_model(x, ei)[s][n_s:]
+            np.testing.assert_allclose(res.as_numpy("logits"), exact.numpy(), atol=1e-5, rtol=1e-5)
         with pytest.raises(grpcclient.InferenceServerException) as err:
             c = grpcclient.InferInput("node_ids", [1], "INT64")
             c.set_data_from_numpy(np.array([0], np.int64))
