@@ -81,6 +81,10 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
                     except subprocess.TimeoutExpired:
                         p.kill()
                         p.wait()
+            if stopping or failed:
+                # rank 0 shares this stderr and may have been stopped mid-way through a progress
+                # bar's line: the verdict starts a line of its own
+                print(file=sys.stderr)
             if stopping:
                 print(f"hybridgnn precompute: stopped by {signal.Signals(stopping[0]).name}; the store is "
                       "not complete; run the same command again to resume from its last finished layer",
