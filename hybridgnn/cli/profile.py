@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
-from hybridgnn.cli.serve import add_worker_processes_flag
+from hybridgnn.cli.serve import add_cpu_lane_flag, add_worker_processes_flag
 from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
 
 
@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
                    help="pipelines to profile, as for serve (emulate: the GPU pipeline's code on CPU tensors)")
     p.add_argument("--workers", type=int, default=CPU_COUNT, help="CPU pipeline workers")
     add_worker_processes_flag(p)  # as `serve`: profiled and served workers run alike
+    add_cpu_lane_flag(p)  # the CPU lane is profiled as it is served (split: CPU sampling + device time)
     p.add_argument("--gpu-workers", type=int, default=2)
     p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"))
     p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva")
@@ -41,7 +42,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from hybridgnn.cli.serve import gpu_pipeline_config, worker_processes
+    from hybridgnn.cli.serve import (
+        cpu_lane_split,
+        gpu_pipeline_config,
+        worker_processes,
+    )
     from hybridgnn.config import (
         DeviceMemoryConfig,
         PipelineConfig,
@@ -62,12 +67,14 @@ def run(args) -> int:
         args.dataset, args.model = ensure_demo(args.cache_dir)
     model_cfg = read_config(args.model)
     fanouts = fanouts_for(model_cfg, flag=args.fanouts)
+    gpu = gpu_pipeline_config(args.device, args.gpu_workers)
+    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, False)
     serve_cfg = ServeConfig(
         dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
-        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers,
+        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers, split=split,
                                     processes=worker_processes(args.worker_processes, args.cpu_compute_device,
-                                                               False)),
-        gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
+                                                               False, split)),
+        gpu_pipeline=gpu,
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement))
     cfg = ProfileConfig(bins=args.bins, min_samples=args.min_samples, max_batch=args.max_batch,
                         budget_s=args.budget_s)

@@ -70,6 +70,7 @@ def add_parser(sub) -> None:
     p.add_argument("--cpu-compute-device", default=env_default("CPU_COMPUTE_DEVICE", "cpu"),
                    help="where the CPU pipeline gathers features and runs the model (cpu, or cuda: only sampling "
                         "stays on the CPU, as in Quiver)")
+    add_cpu_lane_flag(p)
     p.add_argument("--update-token", default=None,  # env read in build_config, so --help never prints it
                    help="enable POST /v2/models/{m}/graph for clients sending 'Authorization: Bearer <token>' "
                         "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
@@ -93,11 +94,34 @@ def add_worker_processes_flag(p, default: str = "auto") -> None:
                         "off with graph updates or --cpu-compute-device cuda")
 
 
-def worker_processes(choice: str, compute_device: str, updates: bool) -> bool:
-    """The --worker-processes choice resolved: auto means wherever processes can serve."""
+def worker_processes(choice: str, compute_device: str, updates: bool, split: bool = False) -> bool:
+    """The --worker-processes choice resolved: auto means wherever processes can serve (a
+    split CPU lane's workers hand batches to the device in this process: threads)."""
     if choice == "auto":
-        return compute_device == "cpu" and not updates
+        return compute_device == "cpu" and not updates and not split
     return choice == "on"
+
+
+def add_cpu_lane_flag(p) -> None:
+    p.add_argument("--cpu-lane", choices=("auto", "split", "model"), default=env_default("CPU_LANE", "auto"),
+                   help="what the CPU pipeline's workers do: split (Quiver's CPU lane: they only sample, and the "
+                        "GPU gathers features and runs the model for both lanes), model (they sample, gather and "
+                        "run the model on the CPU). auto (default): split on a CUDA GPU, model otherwise")
+
+
+def cpu_lane_split(choice: str, gpu: PipelineConfig | None, compute_device: str, updates: bool) -> bool:
+    """--cpu-lane resolved; ConfigError in one line for a split the server cannot run."""
+    if choice == "model":
+        return False
+    if choice == "split":
+        if gpu is None:
+            raise ConfigError("--cpu-lane split hands samples to the GPU pipeline: start with --device cuda (or "
+                              "--device emulate to run its code on CPU tensors)")
+        if compute_device != "cpu" or updates:
+            raise ConfigError("--cpu-lane split computes on the GPU pipeline's device: drop --cpu-compute-device "
+                              "and the update token")
+        return True
+    return gpu is not None and gpu.device.startswith("cuda") and compute_device == "cpu" and not updates
 
 
 def chosen_worker_cpus(text: str, processes: bool) -> tuple[int, ...]:
@@ -184,7 +208,12 @@ def build_config(args) -> ServeConfig:
     # None: each model's own (config.fanouts_for), filled in when it is loaded
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
-    processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token))
+    gpu = gpu_pipeline_config(args.device, args.gpu_workers)
+    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, bool(update_token))
+    processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token), split)
+    if split and processes:
+        raise ConfigError("--cpu-lane split runs its workers as threads (they hand batches to the GPU in this "
+                          "process): drop --worker-processes")
     worker_cpus = chosen_worker_cpus(args.worker_cpus, processes)
     workers = args.workers if args.workers is not None else (len(worker_cpus) or CPU_COUNT)
     return ServeConfig(
@@ -196,8 +225,8 @@ def build_config(args) -> ServeConfig:
         sampling=SamplingConfig(fanouts=fanouts, **config_values(args, SamplingConfig)),
         batcher=BatcherConfig(**config_values(args, BatcherConfig)),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=workers,
-                                    processes=processes, cpus=worker_cpus),
-        gpu_pipeline=gpu_pipeline_config(args.device, args.gpu_workers),
+                                    processes=processes, cpus=worker_cpus, split=split),
+        gpu_pipeline=gpu,
         gpu_memory=DeviceMemoryConfig(**config_values(args, DeviceMemoryConfig)),
         router=RouterConfig(spill=args.spill, **config_values(args, RouterConfig)),
         admission=AdmissionConfig(**config_values(args, AdmissionConfig)),

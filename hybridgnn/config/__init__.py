@@ -133,6 +133,9 @@ class PipelineConfig:
     # threads then keep to the other cores, so the front end's work (refusals under
     # overload included) never takes CPU from the batches
     cpus: tuple[int, ...] = ()
+    # Quiver's CPU lane (CPU pipeline only): its workers only sample, and the GPU pipeline's
+    # device gathers and runs the model for both lanes (pipelines/split.py)
+    split: bool = False
 
     def __post_init__(self):
         if self.workers < 1:
@@ -458,6 +461,11 @@ class ServeConfig:
         if self.cpu_pipeline.processes and (self.updates.enabled or self.cpu_pipeline.device != "cpu"):
             raise ValueError("worker processes serve a static graph on the CPU: drop --worker-processes, or the "
                              "update token and --cpu-compute-device")
+        if self.cpu_pipeline.split and (self.gpu_pipeline is None or self.cpu_pipeline.processes
+                                        or self.cpu_pipeline.device != "cpu" or self.updates.enabled):
+            raise ValueError("the split CPU lane samples on the CPU and computes on the GPU pipeline's device: it "
+                             "needs the GPU pipeline, worker threads (not processes), no --cpu-compute-device and no "
+                             "graph updates")
         if self.gpu_pipeline is not None and self.gpu_pipeline.processes:
             raise ValueError("worker processes are for the CPU pipeline; GPU workers share one CUDA context")
         if self.gpu_pipeline is not None and self.updates.enabled:

@@ -1,8 +1,11 @@
 """A pipeline: N worker threads, each with its own BatchExecutor, sharing one queue.
 
 Workers release the GIL in the compiled sampler and in torch ops, so threads overlap on
-multiple cores while reading the one shared graph. Every submitted batch reaches
-`on_done` exactly once, with a result or the exception that stopped it.
+multiple cores while reading the one shared graph. An executor with run_async (the split
+lane, pipelines/split.py) takes a batch off the worker once it is handed to the device:
+the worker takes the next one while the device works. Every submitted batch reaches
+`on_done` exactly once, with a result or the exception that stopped it (from the
+worker's thread, or from the device stage's).
 """
 
 from __future__ import annotations
@@ -67,18 +70,33 @@ class Pipeline:
                 return
             batch, plan = item
             timings = StageTimings(queue_wait_s=time.perf_counter() - batch.submitted_s)
+            start = getattr(executor, "run_async", None)
+            if start is not None:  # a split lane: the worker goes on once the batch is handed off
+                try:
+                    future = start(batch.seeds, timings)
+                except BaseException as exc:
+                    self._finish(batch, plan, None, exc)
+                    continue
+                future.add_done_callback(lambda f, batch=batch, plan=plan: self._finish(
+                    batch, plan, None if f.exception() else f.result(), f.exception()))
+                continue
             result, error = None, None
             try:
                 result = executor.run(batch.seeds, timings)
             except BaseException as exc:  # surfaced to the requests; the worker lives on
-                log.exception("batch of %d seeds failed in pipeline %s", batch.num_seeds, self.name)
                 error = exc
-            with self._lock:
-                self._depth -= 1
-            try:
-                self._on_done(batch, plan, result, error)
-            except Exception:
-                log.exception("completion callback failed in pipeline %s", self.name)
+            self._finish(batch, plan, result, error)
+
+    def _finish(self, batch: Batch, plan: RoutePlan, result: BatchResult | None, error: BaseException | None) -> None:
+        """A batch's end: out of the depth, then its callback (exactly once per batch)."""
+        if error is not None:
+            log.error("batch of %d seeds failed in pipeline %s", batch.num_seeds, self.name, exc_info=error)
+        with self._lock:
+            self._depth -= 1
+        try:
+            self._on_done(batch, plan, result, error)
+        except Exception:
+            log.exception("completion callback failed in pipeline %s", self.name)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Finish what is queued, then end the workers."""

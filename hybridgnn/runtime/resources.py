@@ -41,6 +41,7 @@ from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.process import ProcessExecutor
+from hybridgnn.pipelines.split import SplitExecutor
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.updates.log import UpdateLog, open_update_log
@@ -264,7 +265,12 @@ class Resources:
         """Compile the samplers (plain and with a query-edge overlay) and touch the model once,
         so the first request of either kind is not slow."""
         seeds = np.arange(min(4, self.graph.num_nodes), dtype=np.int64)
-        self.make_executor("cpu", 0, in_process=True).run(seeds)
+        executor = self.make_executor("cpu", 0, in_process=True)
+        try:
+            executor.run(seeds)
+        finally:
+            if hasattr(executor, "close"):
+                executor.close()
         if self.gpu_features is not None:
             self.make_executor("gpu", 0).run(seeds)
         n = self.graph.num_nodes
@@ -281,9 +287,13 @@ class Resources:
             return ProcessExecutor(self.cfg, worker, build_worker_executor)
         return self._make_cpu_executor(worker)
 
-    def _make_cpu_executor(self, worker: int) -> BatchExecutor:
+    def _make_cpu_executor(self, worker: int) -> BatchExecutor | SplitExecutor:
         graph = self.dynamic if self.dynamic is not None else self.graph
         sampler = CPUSampler(graph, self.cfg.sampling.fanouts, seed=self.cfg.sampling.seed + worker)
+        if self.cfg.cpu_pipeline.split:  # Quiver's CPU lane: the GPU pipeline's device does the rest
+            device = self.cfg.gpu_pipeline.device
+            return SplitExecutor(sampler, self.gpu_features, self.model_on(device), device,
+                                 degrees=self._gpu_degrees(device))
         lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
         device = self.cfg.cpu_pipeline.device
         return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock,
@@ -292,11 +302,16 @@ class Resources:
     def _make_gpu_executor(self, worker: int) -> DeviceExecutor:
         sampler = TorchSampler(self.device_graph.indptr, self.device_graph.indices, self.cfg.sampling.fanouts,
                                seed=self.cfg.sampling.seed + 1000 + worker)
-        if self.node_degrees is not None and self._device_degrees is None:  # one copy for every GPU worker
-            has_loop = self.node_degrees.lookup(np.arange(self.graph.num_nodes))[1]
-            self._device_degrees = DeviceNodeDegrees(self.device_graph.indptr, has_loop, sampler.device)
-        degrees = self._device_degrees
+        degrees = self._gpu_degrees(sampler.device)
         return DeviceExecutor(sampler, self.gpu_features, self.model_on(self.cfg.gpu_pipeline.device), degrees)
+
+    def _gpu_degrees(self, device) -> DeviceNodeDegrees | None:
+        """Whole-graph degrees on the GPU pipeline's device, for GCN (one copy for every
+        worker of either lane)."""
+        if self.node_degrees is not None and self._device_degrees is None:
+            has_loop = self.node_degrees.lookup(np.arange(self.graph.num_nodes))[1]
+            self._device_degrees = DeviceNodeDegrees(self.device_graph.indptr, has_loop, torch.device(device))
+        return self._device_degrees
 
     def close(self) -> None:
         """Release what is not garbage-collected: the pinned host registrations, the log."""

@@ -105,3 +105,32 @@ def test_refresh_without_a_gpu_cache_or_requests_is_a_clear_error(tiny_dataset, 
 
     asyncio.run(with_client(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model,
                                         sampling=SamplingConfig((5, 3))), cpu_only))
+
+
+def test_the_split_cpu_lane_serves_through_the_device_stage(tiny_dataset, tiny_model):
+    """--cpu-lane split: the CPU pipeline's workers sample; gathers go through the GPU
+    pipeline's device cache, and the answers are the GPU pipeline's."""
+    from hybridgnn.pipelines.split import SplitExecutor
+
+    everything = (1 << 30, 1 << 30)
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig(everything),
+                      cpu_pipeline=PipelineConfig(split=True, workers=2),
+                      gpu_pipeline=PipelineConfig(name="gpu", device="cpu", workers=1),
+                      gpu_memory=DeviceMemoryConfig(cache_bytes=16 * 1024), router=RouterConfig(float("inf")))
+
+    async def scenario(engine, client):
+        ids = [[i, (7 * i) % 3000, 2999 - i] for i in range(40)]
+        answers = await asyncio.gather(*(client.post("/v2/models/hybridgnn/infer", json=body(b)) for b in ids))
+        assert [r.status for r in answers] == [200] * len(ids)
+        got = [np.asarray((await r.json())["outputs"][0]["data"]).reshape(3, -1) for r in answers]
+        device = engine._resources.make_executor("gpu", 0)
+        for b, rows in zip(ids, got, strict=True):
+            np.testing.assert_allclose(rows, device.run(np.asarray(b)).logits, rtol=1e-5, atol=1e-5)
+        metrics = await (await client.get("/metrics")).text()
+        assert counter(metrics, "hybridgnn_routing_decisions_total", pipeline="gpu", reason="threshold") == 0
+        assert counter(metrics, "hybridgnn_gathered_rows_total", pipeline="cpu", tier="gpu") > 0  # the device cache
+        workers = engine._pipelines["cpu"]._executors
+        assert all(isinstance(w, SplitExecutor) for w in workers) and sum(w.handed_off for w in workers) >= 1
+        assert engine.pending == 0
+
+    asyncio.run(with_client(cfg, scenario))

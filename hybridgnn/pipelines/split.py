@@ -1,0 +1,166 @@
+"""Quiver's CPU lane (§4.2): CPU workers only sample; the device gathers and runs the model.
+
+A SplitExecutor belongs to one CPU worker. It samples on the worker's thread (the
+compiled CPU sampler), copies the sample into one of its staging slots (pinned host
+memory on a GPU, reused: no pinned allocation per batch) and hands the gather and the
+model to its device stage: a thread of its own with a CUDA stream of its own, so copies
+and kernels of different workers overlap on the device. run_async() returns as soon as
+the hand-off is made, and the worker samples its next batch while the device works on
+this one; at most `slots` batches per worker are past the hand-off at once (each holds a
+slot until its answer is back). On a CPU device the device stage is the same thread
+computing on CPU tensors: how CI exercises the hand-off and the overlap.
+
+The device stage gathers through the GPU pipeline's feature store (its FAP-ordered cache
+and zero-copy host rows) and runs the GPU pipeline's model copy, so both lanes share one
+device, one cache and one model, as the cost model (scheduler/queueing.py) assumes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import threading
+import time
+
+import numpy as np
+import torch
+
+from hybridgnn.types import BatchResult, StageTimings
+
+
+class _Slot:
+    """Staging buffers of one batch in flight: sample ids and edges, grown by doubling."""
+
+    def __init__(self, pinned: bool):
+        self.pinned = pinned
+        self.nodes = self._alloc((1024,))
+        self.edges = self._alloc((2, 4096))
+        self.seeds = self._alloc((256,))
+
+    def _alloc(self, shape) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.int64, pin_memory=self.pinned)
+
+    def _fit(self, buf: torch.Tensor, n: int) -> torch.Tensor:
+        size = buf.shape[-1]
+        if n <= size:
+            return buf
+        while size < n:
+            size *= 2
+        return self._alloc((*buf.shape[:-1], size))
+
+    def result_buffers(self, tensors) -> list[torch.Tensor]:
+        """Host buffers (pinned on a GPU) shaped like the device results, kept for reuse."""
+        bufs = getattr(self, "_out", None) or [None] * len(tensors)
+        for i, a in enumerate(tensors):
+            b = bufs[i]
+            if b is None or b.dtype != a.dtype or b.numel() < a.numel():
+                bufs[i] = torch.empty(max(a.numel(), 2 * (b.numel() if b is not None else 0)), dtype=a.dtype,
+                                      pin_memory=self.pinned)
+        self._out = bufs
+        return [b[: a.numel()].view(a.shape) for b, a in zip(bufs, tensors, strict=True)]
+
+    def stage(self, node_ids: np.ndarray, edge_index: np.ndarray, seed_index: np.ndarray) -> tuple[int, int, int]:
+        n, m, s = len(node_ids), edge_index.shape[1], len(seed_index)
+        self.nodes, self.edges, self.seeds = self._fit(self.nodes, n), self._fit(self.edges, m), self._fit(self.seeds, s)
+        self.nodes[:n].copy_(torch.from_numpy(np.ascontiguousarray(node_ids, dtype=np.int64)))
+        self.edges[:, :m].copy_(torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)))
+        self.seeds[:s].copy_(torch.from_numpy(np.ascontiguousarray(seed_index, dtype=np.int64)))
+        return n, m, s
+
+
+class SplitExecutor:
+    """One CPU worker's executor of the split lane (module docstring). sampler: the
+    worker's CPU sampler; features, model, degrees: the GPU pipeline's (shared)."""
+
+    def __init__(self, sampler, features, model, device: str | torch.device, degrees=None, slots: int = 2,
+                 read_lock=contextlib.nullcontext):
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.sampler, self.features, self.model = sampler, features, model
+        self.degrees = degrees if getattr(model, "gcn_normalised", False) else None
+        self.device = torch.device(device)
+        self.read_lock = read_lock
+        cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self._free = [_Slot(pinned=cuda) for _ in range(slots)]
+        self._slot_ready = threading.Condition()
+        self._stage = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="split-device")
+        self.handed_off = 0  # batches handed to the device stage (diagnostics and tests)
+
+    def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
+        """Sample, hand off and wait for the answer (what a plain worker loop calls)."""
+        return self.run_async(seeds, timings).result()
+
+    def run_async(self, seeds: np.ndarray, timings: StageTimings | None = None) -> concurrent.futures.Future:
+        """Sample on this thread, then a future of the batch's result from the device stage.
+        Blocks while every staging slot is in flight; sampling errors raise here."""
+        t = timings if timings is not None else StageTimings()
+        with self.read_lock():
+            t0 = time.perf_counter()
+            sub = self.sampler.sample(seeds)
+            t1 = time.perf_counter()
+        t.sample_s = t1 - t0
+        with self._slot_ready:
+            while not self._free:
+                self._slot_ready.wait()
+            slot = self._free.pop()
+        try:
+            sizes = slot.stage(sub.node_ids, sub.edge_index, sub.seed_index)
+            handed = time.perf_counter()
+            future = self._stage.submit(self._on_device, slot, sizes, list(sub.num_sampled_nodes),
+                                        list(sub.num_sampled_edges), int(sub.num_edges), t, handed)
+        except BaseException:
+            self._release(slot)
+            raise
+        self.handed_off += 1
+        return future
+
+    def _release(self, slot: _Slot) -> None:
+        with self._slot_ready:
+            self._free.append(slot)
+            self._slot_ready.notify()
+
+    def _on_device(self, slot: _Slot, sizes, nodes_per_hop, edges_per_hop, num_edges: int, t: StageTimings,
+                   handed: float) -> BatchResult:
+        """Gather and model on the device for one staged sample (the device stage's thread)."""
+        n, m, s = sizes
+        dev, stream = self.device, self.stream
+        sync = stream.synchronize if stream is not None else (lambda: None)
+        try:
+            with (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()), \
+                    torch.inference_mode():
+                t2 = time.perf_counter()
+                t.queue_wait_s += t2 - handed  # waited for the device stage
+                node_ids = slot.nodes[:n].to(dev, non_blocking=True)
+                edge_index = slot.edges[:, :m].to(dev, non_blocking=True)
+                seed_index = slot.seeds[:s].to(dev, non_blocking=True)
+                x, tiers = self.features.gather_counted(node_ids)
+                sync()
+                t3 = time.perf_counter()
+                degrees = self.degrees.tensors(node_ids) if self.degrees is not None else None
+                out, hidden = self.model(x, edge_index, nodes_per_hop, edges_per_hop, degrees, with_embeddings=True)
+                out, hidden = out[seed_index], hidden[seed_index]
+                logits, emb, pred = to_host((out.float(), hidden.float(), out.argmax(dim=1)), slot, sync)
+                t4 = time.perf_counter()
+        finally:
+            self._release(slot)  # the copies are done (synchronised above) or failed
+        t.gather_s, t.compute_s = t3 - t2, t4 - t3
+        return BatchResult(logits=logits, embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
+                           sampled_edges=num_edges, gathered_rows=tiers)
+
+    def close(self) -> None:
+        """Finish the batches handed off, then end the device stage's thread."""
+        self._stage.shutdown(wait=True)
+
+
+def to_host(tensors, slot: _Slot, sync) -> list[np.ndarray]:
+    """Device tensors as host arrays of their own: on a GPU through the slot's pinned
+    buffers with non-blocking copies (one synchronisation for all), then copied out, as
+    the slot is reused; on a CPU device as they are."""
+    if tensors[0].device.type != "cuda":
+        return [a.numpy() for a in tensors]
+    host = slot.result_buffers(tensors)
+    for dst, src in zip(host, tensors, strict=True):
+        dst.copy_(src, non_blocking=True)
+    sync()
+    return [h.numpy().copy() for h in host]
