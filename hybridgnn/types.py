@@ -221,6 +221,9 @@ class QueueLoad:
 
     depth: int  # batches queued or running
     workers: int
+    # a split CPU lane's batches handed to the GPU and not yet done: work on the device the
+    # GPU lane uses, which the router counts as the GPU's
+    on_device: int = 0
 
 
 @dataclass

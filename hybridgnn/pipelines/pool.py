@@ -52,7 +52,8 @@ class Pipeline:
         return self._depth
 
     def load(self) -> QueueLoad:
-        return QueueLoad(depth=self._depth, workers=self.cfg.workers)
+        on_device = sum(getattr(ex, "on_device", 0) for ex in self._executors)  # split workers' handed-off batches
+        return QueueLoad(depth=self._depth, workers=self.cfg.workers, on_device=on_device)
 
     def submit(self, batch: Batch, plan: RoutePlan) -> None:
         if self._stopped:

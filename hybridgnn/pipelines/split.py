@@ -86,6 +86,7 @@ class SplitExecutor:
         self._slot_ready = threading.Condition()
         self._stage = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="split-device")
         self.handed_off = 0  # batches handed to the device stage (diagnostics and tests)
+        self.on_device = 0  # of those, not yet finished (the router counts them as the GPU's load)
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         """Sample, hand off and wait for the answer (what a plain worker loop calls)."""
@@ -104,6 +105,7 @@ class SplitExecutor:
             while not self._free:
                 self._slot_ready.wait()
             slot = self._free.pop()
+            self.on_device += 1
         try:
             sizes = slot.stage(sub.node_ids, sub.edge_index, sub.seed_index)
             handed = time.perf_counter()
@@ -118,6 +120,7 @@ class SplitExecutor:
     def _release(self, slot: _Slot) -> None:
         with self._slot_ready:
             self._free.append(slot)
+            self.on_device -= 1
             self._slot_ready.notify()
 
     def _on_device(self, slot: _Slot, sizes, nodes_per_hop, edges_per_hop, num_edges: int, t: StageTimings,

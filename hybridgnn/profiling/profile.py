@@ -15,7 +15,7 @@ import numpy as np
 
 from hybridgnn.models.checkpoint import model_kind
 from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, run_closed_loop
-from hybridgnn.scheduler.curves import Curve, bin_statistics
+from hybridgnn.scheduler.curves import Curve, Samples, bin_statistics
 from hybridgnn.scheduler.policy import (
     SCHEMA_VERSION,
     Profile,
@@ -72,13 +72,18 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
                 log.warning("profile of %s stopped at the %.0f s budget before every PSGS bin had %d samples",
                             name, cfg.budget_s, cfg.min_samples)
             stats = bin_statistics(samples, gen.edges)
+            curves = {"mean": _curve_dict(Curve.fit(stats["psgs"], stats["mean_s"], stats["count"])),
+                      "tail": _curve_dict(Curve.fit(stats["psgs"], stats["tail_s"], stats["count"]))}
+            if pipeline.split and len(samples.device) == len(samples.psgs):
+                # the share of each batch the GPU does: the simulator queues it with the GPU lane's
+                shares = bin_statistics(Samples(samples.psgs, samples.device, samples.seeds), gen.edges)
+                curves["device"] = _curve_dict(Curve.fit(shares["psgs"], shares["mean_s"], shares["count"]))
             result["pipelines"][name] = {
                 "device": pipeline.device, "workers": pipeline.workers,
                 "torch_threads": pipeline.torch_threads, "processes": pipeline.processes,
-                "samples": len(samples.psgs),
+                "split": pipeline.split, "samples": len(samples.psgs),
                 "complete": complete, "seconds": time.perf_counter() - t0, "bins": stats,
-                "curves": {"mean": _curve_dict(Curve.fit(stats["psgs"], stats["mean_s"], stats["count"])),
-                           "tail": _curve_dict(Curve.fit(stats["psgs"], stats["tail_s"], stats["count"]))},
+                "curves": curves,
                 "raw": {"psgs": [round(v, 2) for v in samples.psgs],
                         "seconds": [round(v, 7) for v in samples.seconds]},
             }

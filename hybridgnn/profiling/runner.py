@@ -80,7 +80,7 @@ class BatchGenerator:
         return int(np.clip(np.searchsorted(self.edges, batch_psgs, side="right") - 1, 0, len(self.edges) - 2))
 
 
-def run_closed_loop(run_batch: Callable[[int, np.ndarray], None], workers: int, gen: BatchGenerator,
+def run_closed_loop(run_batch: Callable[[int, np.ndarray], object], workers: int, gen: BatchGenerator,
                     cfg: ProfileConfig, *, progress: Callable[[int], None] | None = None) -> tuple[Samples, bool]:
     """Drive `run_batch(worker, seeds)` from `workers` threads until every bin a batch can
     reach has min_samples, or the budget is spent. Returns (samples, complete)."""
@@ -106,11 +106,14 @@ def run_closed_loop(run_batch: Callable[[int, np.ndarray], None], workers: int, 
             while not stop.is_set():
                 seeds, psgs = gen.next()
                 t0 = time.perf_counter()
-                run_batch(worker, seeds)
+                result = run_batch(worker, seeds)
                 dt = time.perf_counter() - t0
                 gen.record(psgs)
+                t = getattr(result, "timings", None)
                 with lock:
                     samples.add(psgs, dt, int(seeds.size))
+                    if t is not None:  # the device's share (a split lane's gather and model)
+                        samples.device.append(t.gather_s + t.compute_s)
                     counts[gen.bin_of(psgs)] += 1
                     if progress is not None:
                         progress(1)

@@ -101,6 +101,9 @@ class DeviceCurves:
     cores_used: float = 0.0
     ratios: np.ndarray | None = None
     shares_gil: bool = True  # False: the workers run in processes of their own
+    # A split CPU lane (Quiver's): the mean seconds of each batch's device share (gather and
+    # model on the GPU it shares with the GPU lane); the rest is its host share (sampling)
+    device_share: Curve | None = None
 
     def get(self, which: str) -> Curve:
         return self.mean if which == "mean" else self.tail
@@ -122,6 +125,21 @@ class DeviceCurves:
         ratios = self.service_ratios() if tail else np.ones(1)
         return PipelineModel(self.mean.psgs, self.mean.seconds, ratios, self.workers, self.cores_used,
                              shares_gil=self.shares_gil)
+
+    def split_models(self, tail: bool = True):
+        """(host share, device share) of a split CPU lane as simulator pipelines: the device
+        share is its measured curve, the host share the mean curve less it (at least 1 %
+        of the mean: sampling never costs nothing)."""
+        from hybridgnn.scheduler.queueing import PipelineModel
+
+        if self.device_share is None:
+            raise ValueError("not a split lane: no device-share curve")
+        ratios = self.service_ratios() if tail else np.ones(1)
+        knots = np.asarray(self.mean.psgs)
+        mean = np.asarray(self.mean.seconds)
+        host = np.maximum(mean - np.minimum(self.device_share(knots), mean), 0.01 * mean)
+        return (PipelineModel(knots, host, ratios, self.workers, self.cores_used, shares_gil=self.shares_gil),
+                PipelineModel(self.device_share.psgs, self.device_share.seconds, ratios, 1, 0.0))
 
 
 @dataclass
@@ -211,7 +229,9 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
     pipelines as load grows (`load`, a ServingLoad). Device pipelines are chosen first;
     CPU pipelines are then charged the front-end cost of every request, theirs and the
     devices'. The CPU takes batches up to the latency-preferred crossing (or its own bound,
-    if lower), the GPU the rest; the batcher forms batches up to the largest bound.
+    if lower), the GPU the rest; the batcher forms batches up to the largest bound. A split
+    CPU lane (its curves carry a device share) shares the GPU with the GPU lane: their rates
+    are then chosen together on one simulated device (_shared_rates).
     seed_psgs: per-seed PSGS values requests are drawn from (a float: all seeds alike)."""
     from hybridgnn.scheduler.queueing import ServingLoad, Simulator, best_bound
 
@@ -244,6 +264,9 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
                          "requests queue behind one another)")
     for name in devices:
         limits.setdefault(name, 0.0)
+    if devices.get("cpu") is not None and devices["cpu"].device_share is not None and limits.get("gpu", 0) > 0:
+        # the split CPU lane's device share runs on the GPU the GPU lane uses: one server
+        rates, p99s = _shared_rates(devices, slo_s, seed_psgs, limits, rates, batching_wait_s, load, tail)
     max_batch = max(limits.values())
     if set(devices) == {"cpu", "gpu"}:
         cross, _ = crossing(devices["cpu"].tail, devices["gpu"].tail, lo, hi)
@@ -256,11 +279,37 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
     return SLOChoice(slo_s, threshold, max_batch, limits, seeds, max(p99s.values()))
 
 
+def _shared_rates(devices, slo_s: float, seed_psgs, limits: dict, rates: dict, batching_wait_s: float, load,
+                  tail: bool, steps: int = 11):
+    """Rates of both lanes on one GPU (scheduler/queueing.SharedDeviceSimulator): the GPU
+    lane at a share f of the rate it fits alone, the CPU lane at the most that then fits
+    with both lanes' p99 within the SLO; the f whose total is largest (ties: more on the
+    GPU). Returns (rates, p99s)."""
+    from hybridgnn.scheduler.queueing import SharedDeviceSimulator
+
+    host, device = devices["cpu"].split_models(tail)
+    sim = SharedDeviceSimulator(host, device, devices["gpu"].model(tail), seed_psgs, load,
+                                batching_wait_s=batching_wait_s)
+    gpu_alone = rates.get("gpu", 0.0)
+    hi = max(rates.get("cpu", 0.0), gpu_alone, 1.0) * 2
+    best = (-1.0, 0.0, 0.0, math.inf)
+    for f in np.linspace(1.0, 0.0, steps):
+        r_gpu = float(f) * gpu_alone
+        r_cpu, p99 = sim.max_cpu_rate(slo_s, max(limits["cpu"], 1e-9), r_gpu, limits["gpu"], hi)
+        if limits["cpu"] <= 0:
+            r_cpu = 0.0
+        if r_gpu + r_cpu > best[0] * (1 + 1e-6):
+            best = (r_gpu + r_cpu, r_gpu, r_cpu, p99)
+    _, r_gpu, r_cpu, p99 = best
+    return {"gpu": r_gpu, "cpu": r_cpu}, {"gpu": p99, "cpu": p99}
+
+
 @dataclass
 class Samples:
     psgs: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    device: list[float] = field(default_factory=list)  # per batch, where run_batch returned stage times
 
     def add(self, psgs: float, seconds: float, seeds: int) -> None:
         self.psgs.append(psgs)

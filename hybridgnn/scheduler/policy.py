@@ -45,8 +45,9 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def _device_curves(p: dict) -> DeviceCurves:
-    """A pipeline's curves with the cores its workers use (CPU-tensor pipelines only) and
-    its measured service spread (raw seconds ÷ the mean curve)."""
+    """A pipeline's curves with the cores its workers use (CPU-tensor pipelines only), its
+    measured service spread (raw seconds ÷ the mean curve) and, for a split CPU lane, the
+    device share of its batches (curves.device)."""
     mean, tail = Curve(**p["curves"]["mean"]), Curve(**p["curves"]["tail"])
     cores = p["workers"] * p.get("torch_threads", 1) if p.get("device", "cpu") == "cpu" else 0.0
     raw = p.get("raw") or {}
@@ -55,7 +56,9 @@ def _device_curves(p: dict) -> DeviceCurves:
         x, y = np.asarray(raw["psgs"], dtype=np.float64), np.asarray(raw["seconds"], dtype=np.float64)
         r = y / np.maximum(mean(x), 1e-12)
         ratios = r[np.isfinite(r) & (r > 0)]
-    return DeviceCurves(mean, tail, p["workers"], cores, ratios, shares_gil=not p.get("processes", False))
+    share = p["curves"].get("device")
+    return DeviceCurves(mean, tail, p["workers"], cores, ratios, shares_gil=not p.get("processes", False),
+                        device_share=Curve(**share) if share else None)
 
 
 def _curve_dict(c: Curve) -> dict:

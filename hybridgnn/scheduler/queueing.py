@@ -242,3 +242,156 @@ def best_bound(sim: Simulator, slo_s: float, lo: float, hi: float, candidates: i
     best = max(rate for _, rate, _ in scored)
     bound, rate, p99 = min((s for s in scored if s[1] >= (1 - tolerance) * best), key=lambda s: s[0])
     return BoundChoice(float(bound), float(rate), float(p99))
+
+
+class SharedDeviceSimulator:
+    """Both lanes on one GPU, the GPU one shared server (Quiver's hybrid with its CPU lane
+    split): a GPU-lane batch takes a GPU-lane worker and the GPU for its whole service; a
+    CPU-lane batch takes a CPU worker for its host share (sampling, stretched by the front
+    end's CPU use as CPU pipelines are) and then the GPU for its device share (gather and
+    model). The GPU serves batches one at a time in the order they reach it, whichever lane
+    they come from, so each lane's load delays the other's. Each lane has its own Poisson
+    arrivals and batcher (as the router splits batches by PSGS). shared=False gives each
+    lane a device of its own: the model this one replaces, kept for comparison.
+    """
+
+    def __init__(self, cpu_host: PipelineModel, cpu_device: PipelineModel, gpu: PipelineModel, seed_psgs,
+                 load: ServingLoad, *, batching_wait_s: float, requests: int = 4000, seed: int = 0,
+                 shared: bool = True):
+        seed_psgs = np.asarray(seed_psgs, dtype=np.float64)
+        if seed_psgs.size == 0:
+            raise ValueError("no per-seed PSGS values to draw requests from")
+        self.cpu_host, self.cpu_device, self.gpu = cpu_host, cpu_device, gpu
+        self.load, self.wait, self.shared = load, float(batching_wait_s), shared
+        k = max(1, round(load.request_seeds))
+        self._draws = {}
+        for j, lane in enumerate(("cpu", "gpu")):
+            rng = np.random.default_rng([seed, j])
+            req = rng.choice(seed_psgs, size=(requests, k)).sum(axis=1)
+            self._draws[lane] = (np.cumsum(rng.exponential(1.0, requests)).tolist(),
+                                 np.concatenate([[0.0], np.cumsum(req)]).tolist(),
+                                 rng.choice((gpu if lane == "gpu" else cpu_host).ratios, size=requests).tolist())
+        self.mean_request_psgs = float(seed_psgs.mean()) * k
+        self.warmup = requests // 10
+
+    def latencies(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float):
+        """Seconds from arrival to answer of each lane's requests after the warm-up:
+        {"cpu": array, "gpu": array} (a lane at rate 0 has none); inf when overloaded."""
+        total = cpu_rate + gpu_rate
+        load = self.load
+        stretch = self.cpu_host.stretch(total, load) * load.service_scale
+        loop_wait = frontend_wait_p99_s(total, load.frontend_cpu_s)
+        if not (math.isfinite(stretch) and math.isfinite(loop_wait)):
+            return {lane: np.full(1, math.inf) for lane, r in (("cpu", cpu_rate), ("gpu", gpu_rate)) if r > 0}
+        lanes = {}
+        for lane, rate, bound, workers in (("cpu", cpu_rate, cpu_bound, self.cpu_host.workers),
+                                           ("gpu", gpu_rate, gpu_bound, self.gpu.workers)):
+            if rate <= 0:
+                continue
+            unit, cum, ratios = self._draws[lane]
+            lanes[lane] = _Lane([a / rate for a in unit], cum, ratios, bound, workers)
+        events: list = []
+        seq = 0
+
+        def push(t: float, kind: str, lane: str, payload) -> None:
+            nonlocal seq
+            heapq.heappush(events, (t, seq, kind, lane, payload))
+            seq += 1
+
+        def schedule(name: str) -> None:
+            lane = lanes[name]
+            start = lane.next_start(self.wait)
+            if start is not None and start < lane.scheduled:
+                lane.version += 1
+                lane.scheduled = start
+                push(start, "start", name, lane.version)
+
+        for name in lanes:
+            schedule(name)
+        device_free = {"cpu": 0.0, "gpu": 0.0}  # one entry used when shared
+        scale = load.service_scale
+        while events:
+            t, _, kind, name, payload = heapq.heappop(events)
+            lane = lanes[name]
+            if kind == "start":
+                if payload != lane.version:
+                    continue  # superseded by an earlier start
+                lane.scheduled = math.inf
+                i, end, psgs, ratio = lane.take(t)
+                if name == "cpu":
+                    ready = t + self.cpu_host.mean_seconds(psgs) * ratio * stretch
+                    heapq.heappush(lane.free, ready)  # the worker hands off and goes on
+                    push(ready, "device", name, (i, end, psgs, ratio))
+                else:
+                    push(t, "device", name, (i, end, psgs, ratio))
+                schedule(name)
+            else:
+                i, end, psgs, ratio = payload
+                which = "gpu" if self.shared else name
+                model = self.cpu_device if name == "cpu" else self.gpu
+                finish = max(t, device_free[which]) + model.mean_seconds(psgs) * ratio * scale
+                device_free[which] = finish
+                lane.done[i:end] = finish
+                if name == "gpu":  # its worker waits for the device
+                    heapq.heappush(lane.free, finish)
+                    schedule(name)
+        extra = load.frontend_cpu_s + loop_wait
+        return {name: (lane.done - np.asarray(lane.arrivals) + extra)[self.warmup:] for name, lane in lanes.items()}
+
+    def p99(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float) -> float:
+        """p99 over every request of both lanes (what clients see)."""
+        lat = self.latencies(cpu_rate, cpu_bound, gpu_rate, gpu_bound)
+        both = np.concatenate(list(lat.values())) if lat else np.zeros(1)
+        return float(np.quantile(both, 0.99)) if np.all(np.isfinite(both)) else math.inf
+
+    def max_cpu_rate(self, slo_s: float, cpu_bound: float, gpu_rate: float, gpu_bound: float,
+                     hi: float, iterations: int = 9) -> tuple[float, float]:
+        """(highest CPU-lane requests/s with the GPU lane at gpu_rate and the p99 of both
+        within slo_s, that p99), by bisection below hi; (0, p99 of the GPU lane alone)
+        when none fits."""
+        base = self.p99(0.0, cpu_bound, gpu_rate, gpu_bound) if gpu_rate > 0 else 0.0
+        if base > slo_s:
+            return 0.0, base
+        lo, lo_p99 = 0.0, base
+        for _ in range(iterations):
+            mid = 0.5 * (lo + hi)
+            p = self.p99(mid, cpu_bound, gpu_rate, gpu_bound)
+            if p <= slo_s:
+                lo, lo_p99 = mid, p
+            else:
+                hi = mid
+        return lo, lo_p99
+
+
+class _Lane:
+    """One lane's requests and workers inside SharedDeviceSimulator."""
+
+    def __init__(self, arrivals: list[float], cum: list[float], ratios: list[float], bound: float, workers: int):
+        self.arrivals, self.cum, self.ratios, self.bound = arrivals, cum, ratios, bound
+        self.free = [0.0] * max(1, workers)  # heap of worker free times (known ones)
+        self.done = np.empty(len(arrivals))
+        self.i = self.batches = self.version = 0
+        self.scheduled = math.inf
+
+    def next_start(self, wait: float) -> float | None:
+        """When the next batch starts, given the workers' known free times (None: every
+        worker is busy until a time not known yet, or no request is left)."""
+        n, i = len(self.arrivals), self.i
+        if i >= n or not self.free:
+            return None
+        full_at = bisect.bisect_left(self.cum, self.cum[i] + self.bound, lo=i + 1)
+        t_full = self.arrivals[min(full_at - 1, n - 1)] if full_at <= n else math.inf
+        return max(self.free[0], min(self.arrivals[i] + wait, t_full))
+
+    def take(self, start: float) -> tuple[int, int, float, float]:
+        """The batch that starts at `start` on the earliest free worker: (first request,
+        end, its PSGS, its service ratio)."""
+        heapq.heappop(self.free)
+        i = self.i
+        by_time = bisect.bisect_right(self.arrivals, start, lo=i + 1)
+        by_bound = bisect.bisect_right(self.cum, self.cum[i] + self.bound, lo=i + 1) - 1
+        end = max(i + 1, min(by_time, by_bound))
+        ratio = self.ratios[self.batches % len(self.ratios)]
+        self.batches += 1
+        self.i = end
+        return i, end, self.cum[end] - self.cum[i], ratio

@@ -4,6 +4,10 @@ A batch whose PSGS is below the threshold goes to the CPU pipeline, otherwise to
 pipeline. When the chosen pipeline is saturated and the other has slack, the batch
 spills to the other one (unless spilling is off), unless it is larger than the other may take (spill
 limits, set by an SLO policy so that a spill never misses the SLO). With a single pipeline every batch goes there.
+
+The GPU is one device for both lanes: a split CPU lane's batches that are on the device
+(QueueLoad.on_device) count towards the GPU's load, so a batch never spills onto a GPU
+that the CPU lane's own device work keeps busy.
 """
 
 from __future__ import annotations
@@ -48,10 +52,17 @@ class Router:
             return RoutePlan(self.pipelines[0], batch_psgs, "only")
         chosen = CPU if batch_psgs < self.threshold else GPU
         other = GPU if chosen == CPU else CPU
+        loads = {CPU: loads[CPU], GPU: self.device_load(loads)}
         if (self.cfg.spill and self.saturated(loads[chosen]) and not self.saturated(loads[other])
                 and batch_psgs <= self.spill_limits.get(other, float("inf"))):
             return RoutePlan(other, batch_psgs, "spill")
         return RoutePlan(chosen, batch_psgs, "threshold")
+
+    @staticmethod
+    def device_load(loads: Mapping[str, QueueLoad]) -> QueueLoad:
+        """The GPU's load: its own lane's batches and the split CPU lane's on the device."""
+        gpu = loads[GPU]
+        return QueueLoad(gpu.depth + loads[CPU].on_device, gpu.workers)
 
     def fallback(self, plan: RoutePlan) -> RoutePlan:
         """Where a batch goes after its pipeline failed on it (a CUDA error, say)."""

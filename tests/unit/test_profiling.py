@@ -98,6 +98,26 @@ def test_slo_choice_keeps_each_device_within_its_limit():
         choose_for_slo({"gpu": gpu}, 0.003, 10.0, lo=10, hi=1e5)
 
 
+def test_slo_choice_puts_a_split_cpu_lane_and_the_gpu_lane_on_one_device():
+    """A split CPU lane's device share queues with the GPU lane: the rates chosen together
+    fit less than two devices would, and the CPU lane's device share decides how much."""
+    gpu = DeviceCurves(curve(lambda x: 2e-3 + 1e-7 * x), curve(lambda x: 4e-3 + 2e-7 * x), 2)
+    load = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
+
+    def chosen(device_share):
+        cpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-6 * x), curve(lambda x: 2e-3 + 2e-6 * x), 2, cores_used=2,
+                           device_share=device_share)
+        return choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.030, 10.0, batching_wait_s=0.002, lo=10, hi=1e5,
+                              load=load)
+
+    light = chosen(curve(lambda x: 2e-5 + 1e-9 * x))  # the device does little of a CPU-lane batch
+    heavy = chosen(curve(lambda x: 5e-4 + 5e-7 * x))  # half of it, 5x the GPU lane's cost per PSGS
+    # the heavy lane's device work displaces the GPU lane's: together they fit less
+    assert heavy.predicted_seeds_per_s < 0.97 * light.predicted_seeds_per_s
+    for c in (light, heavy):
+        assert c.predicted_p99_s <= 0.030 + 1e-9 and c.pipeline_limits["gpu"] > 0
+
+
 def test_slo_choice_charges_spread_and_front_end():
     cpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-6 * x), curve(lambda x: 3e-3 + 3e-6 * x), 2, cores_used=2)
     quiet = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
@@ -183,6 +203,25 @@ def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path)
 
     pngs = plot_profile(again, tmp_path / "p")
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_a_split_cpu_lane_is_profiled_as_served_with_its_device_share(tiny_dataset, tiny_model):
+    from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig
+    from hybridgnn.profiling.profile import build_profile
+    from hybridgnn.scheduler.policy import Profile
+
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)),
+                      cpu_pipeline=PipelineConfig(split=True, workers=2),
+                      gpu_pipeline=PipelineConfig(name="gpu", device="cpu", workers=1))
+    data = build_profile(cfg, ProfileConfig(bins=3, min_samples=5, max_batch=32, budget_s=15), progress=False)
+    cpu = data["pipelines"]["cpu"]
+    assert cpu["split"] is True and not data["pipelines"]["gpu"]["split"]
+    total, share = Curve(**cpu["curves"]["mean"]), Curve(**cpu["curves"]["device"])
+    assert np.all(share(total.psgs) <= total(total.psgs) * 1.5)  # a share of the batch's time (bins differ)
+    prof = Profile(data)
+    assert prof.devices["cpu"].device_share is not None and prof.devices["gpu"].device_share is None
+    pol = prof.policy("slo:500")  # chosen on one simulated device
+    assert pol.predicted_p99_s <= 0.5 + 1e-9 and pol.predicted_seeds_per_s > 0
 
 
 def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tiny_dataset, tiny_model, tmp_path):

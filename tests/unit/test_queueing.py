@@ -82,3 +82,46 @@ def test_service_scale_slows_every_batch():
     assert slow.p99(50.0, 50.0) > 1.6 * base.p99(50.0, 50.0)
     with pytest.raises(ValueError):
         ServingLoad(service_scale=0)
+
+
+def _shared(shared: bool = True, requests: int = 20000):
+    from hybridgnn.scheduler.queueing import SharedDeviceSimulator
+
+    # one request per batch (bound 1 < a request's PSGS of 5): the CPU lane samples for
+    # 4 ms on one of 4 workers, then takes the GPU for 1 ms; a GPU-lane batch takes it for 2 ms
+    return SharedDeviceSimulator(constant(0.004, workers=4, cores_used=0.0), constant(0.001),
+                                 constant(0.002, workers=2, cores_used=0.0), np.array([5.0]), QUIET,
+                                 batching_wait_s=0.0, requests=requests, shared=shared)
+
+
+def test_a_lone_lane_is_the_same_on_a_shared_or_own_device():
+    for shared in (True, False):
+        lat = _shared(shared).latencies(0.0, 1.0, 300.0, 1.0)["gpu"]  # GPU lane alone at 60 % of the device
+        rho = 300 * 0.002
+        assert lat.mean() == pytest.approx(0.002 + rho * 0.002 / (2 * (1 - rho)), rel=0.08)  # M/D/1
+    cpu_only = [_shared(s).latencies(200.0, 1.0, 0.0, 1.0)["cpu"] for s in (True, False)]
+    np.testing.assert_allclose(cpu_only[0], cpu_only[1])
+
+
+def test_the_lanes_queue_for_one_device():
+    """Two independent servers would fail each of these: the GPU lane at 60 % of the device
+    plus a CPU lane whose device share adds 50 % is past the device's capacity, though
+    each lane alone is well within its own."""
+    shared, own = _shared(True), _shared(False)
+    p_shared, p_own = shared.p99(500.0, 1.0, 300.0, 1.0), own.p99(500.0, 1.0, 300.0, 1.0)
+    assert p_own < 0.02 and (p_shared == math.inf or p_shared > 10 * p_own)
+    # below capacity the GPU lane still waits behind the CPU lane's device work
+    gpu_alone = shared.latencies(0.0, 1.0, 300.0, 1.0)["gpu"].mean()
+    gpu_beside = shared.latencies(150.0, 1.0, 300.0, 1.0)["gpu"].mean()
+    assert gpu_beside > 1.3 * gpu_alone
+    assert own.latencies(150.0, 1.0, 300.0, 1.0)["gpu"].mean() == pytest.approx(gpu_alone, rel=1e-9)
+    # so the CPU lane fits far less beside the GPU lane: the device's remaining 40 % at 1 ms
+    # per batch is at most 400 req/s, where its own device would take ~1,000
+    fit_shared = shared.max_cpu_rate(0.05, 1.0, 300.0, 1.0, hi=2000.0)[0]
+    fit_own = own.max_cpu_rate(0.05, 1.0, 300.0, 1.0, hi=2000.0)[0]
+    assert fit_shared < 400 < 800 < fit_own
+
+
+def test_cpu_lane_batches_reach_the_device_after_their_host_share():
+    lat = _shared(True, requests=2000).latencies(10.0, 1.0, 0.0, 1.0)["cpu"]  # nearly idle
+    assert lat.min() == pytest.approx(0.005, rel=1e-9)  # 4 ms sampling then 1 ms on the device

@@ -56,3 +56,11 @@ def test_spill_off_keeps_every_batch_where_the_threshold_puts_it():
     r = Router(RouterConfig(psgs_threshold=0, spill=False), ("cpu", "gpu"))
     plan = r.route(10, {"cpu": IDLE, "gpu": BUSY})
     assert (plan.pipeline, plan.reason) == ("gpu", "threshold")
+
+
+def test_a_split_cpu_lanes_device_work_counts_as_the_gpus_load():
+    r = Router(RouterConfig(psgs_threshold=100.0), ("cpu", "gpu"))
+    cpu_busy_on_device = QueueLoad(depth=10, workers=2, on_device=8)  # its batches wait for the GPU
+    assert r.route(10.0, {"cpu": cpu_busy_on_device, "gpu": IDLE}).reason == "threshold"  # no spill onto it
+    assert r.route(10.0, {"cpu": BUSY, "gpu": IDLE}).pipeline == "gpu"  # sampling backlog only: spill
+    assert Router.device_load({"cpu": cpu_busy_on_device, "gpu": IDLE}) == QueueLoad(8, 2)
