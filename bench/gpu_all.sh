@@ -86,7 +86,7 @@ for s in $STAGES; do
         ;;
     policies)
         stage policies 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 \
-            --policies "${POLICIES:-gpu,hybrid,hybrid_threads}" --profile "$PROFILE" --out "$OUTDIR/policies.json"
+            --policies "${POLICIES:-gpu,hybrid,hybrid_model}" --profile "$PROFILE" --out "$OUTDIR/policies.json"
         ;;
     fig10)
         stage fig10 290 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \

@@ -131,6 +131,7 @@ def test_the_split_cpu_lane_serves_through_the_device_stage(tiny_dataset, tiny_m
         assert counter(metrics, "hybridgnn_gathered_rows_total", pipeline="cpu", tier="gpu") > 0  # the device cache
         workers = engine._pipelines["cpu"]._executors
         assert all(isinstance(w, SplitExecutor) for w in workers) and sum(w.handed_off for w in workers) >= 1
+        assert engine.metadata()["cpu_lane"] == "split"
         assert engine.pending == 0
 
     asyncio.run(with_client(cfg, scenario))

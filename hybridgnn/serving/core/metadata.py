@@ -29,6 +29,8 @@ def describe_engine(engine) -> dict:
         "dataset_fingerprint": r.graph.fingerprint,
         "pipelines": list(engine._pipelines),
         "devices": {name: p.cfg.device for name, p in engine._pipelines.items()},
+        # split: the CPU pipeline samples and the GPU gathers and computes (Quiver's CPU lane)
+        "cpu_lane": "split" if engine.cfg.cpu_pipeline.split else "model",
         "gpu_cache_rows": (getattr(r.gpu_features.current, "cached_rows", None) if r.gpu_features is not None else 0),
         "placement_plan": str(engine.cfg.gpu_memory.placement_plan) if r.plan is not None else None,
         "psgs_threshold": "inf" if math.isinf(thr) else thr,
