@@ -7,7 +7,7 @@
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
-# STAGE: env tests sampler precompute precompute_cli profile policies fig10 overload
+# STAGE: env tests sampler lanecost precompute precompute_cli profile policies fig10 overload
 # (default: all but precompute_cli and overload, in that order; the products-scale graph
 # is generated first, beside the tests). overload is a CPU figure that needs the 16 cores:
 # the front end's overload targets with the load generator on cores of its own (a 2-core
@@ -19,7 +19,7 @@
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env tests sampler precompute profile policies fig10}  # precompute_cli, overload: ask for them
+STAGES=${*:-env tests sampler lanecost precompute profile policies fig10}  # precompute_cli, overload: ask for them
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 mkdir -p "$OUTDIR"
@@ -71,6 +71,9 @@ for s in $STAGES; do
         ;;
     sampler)
         stage sampler 150 $PY bench/gpu_sampler.py --seconds 0.5 --out "$OUTDIR/sampler.json"
+        ;;
+    lanecost)  # each lane's fixed cost per small batch: GPU lane, split CPU lane, CPU-model lane
+        stage lanecost 150 $PY bench/lane_cost.py --heavy --sizes 1,4,16,64 --batches 200 --out "$OUTDIR/lanecost.json"
         ;;
     precompute)
         stage precompute 230 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
