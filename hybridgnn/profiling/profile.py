@@ -3,12 +3,16 @@ what the hardware, dataset, model and fanouts were (scheduler/policy.py loads, c
 and chooses from it).
 
 The pipelines profiled are the serving engine's own executors (built from the same
-ServeConfig as `hybridgnn serve`), so a profile measures exactly what will serve.
+ServeConfig as `hybridgnn serve`), so a profile measures exactly what will serve. Where a
+split CPU lane shares the GPU with the GPU lane, each lane is profiled with the other
+one's work running on the device (other_lane_busy).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 
 import numpy as np
@@ -24,6 +28,35 @@ from hybridgnn.scheduler.policy import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def other_lane_busy(resources, serve_cfg, name: str, num_nodes: int, max_batch: int):
+    """While pipeline `name` is profiled, keep the other lane's device work going when the
+    two share the GPU (a split CPU lane): one worker of the other pipeline runs batches of
+    random seeds closed loop, so each lane is measured as it is served, beside the other.
+    Nothing else is loaded (no shared device: the lanes are measured alone)."""
+    other = "gpu" if name == "cpu" else "cpu"
+    if not serve_cfg.cpu_pipeline.split or serve_cfg.gpu_pipeline is None:
+        yield
+        return
+    executor = resources.make_executor(other, 10_000)  # a worker number no served worker has
+    stop = threading.Event()
+    rng = np.random.default_rng(1)
+
+    def load() -> None:
+        while not stop.is_set():
+            executor.run(rng.integers(0, num_nodes, max(1, max_batch // 8), dtype=np.int64))
+
+    thread = threading.Thread(target=load, name=f"profile-load-{other}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        if hasattr(executor, "close"):
+            executor.close()
 
 
 def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> dict:
@@ -61,8 +94,9 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
             bar = tqdm(desc=f"profile {name}", unit="batch", disable=not progress)
             t0 = time.perf_counter()
             try:
-                samples, complete = run_closed_loop(lambda w, seeds, ex=executors: ex[w].run(seeds), pipeline.workers,
-                                                    gen, cfg, progress=bar.update)
+                with other_lane_busy(resources, serve_cfg, name, psgs.size, cfg.max_batch):
+                    samples, complete = run_closed_loop(lambda w, seeds, ex=executors: ex[w].run(seeds),
+                                                        pipeline.workers, gen, cfg, progress=bar.update)
             finally:
                 bar.close()
                 for ex in executors:  # worker processes, when the pipeline has them
