@@ -145,8 +145,10 @@ class HeteroEngine(Admitting):
             self._precomputed = PrecomputedExecutor(self.embeddings, self.decoder)
             self._new_nodes = HeteroNewNodes(graph, self.model, self.embeddings)
             log.info("precomputed embeddings of %s served (mode precomputed, new nodes)", self.embeddings.root)
-        # Lookups leave the loop: a top-k over a whole node type is a matrix product.
-        self._lookup_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetero-lookup")
+        # Lookups leave the loop (a top-k over a whole node type is a matrix product), on as
+        # many threads as admission's lookup lane counts servers.
+        self._lookup_pool = concurrent.futures.ThreadPoolExecutor(cfg.cpu_pipeline.workers,
+                                                                  thread_name_prefix="hetero-lookup")
         self._new_node_pool = concurrent.futures.ThreadPoolExecutor(cfg.cpu_pipeline.workers,
                                                                     thread_name_prefix="hetero-newnodes")
         self._workers = {cfg.cpu_pipeline.name: _Workers(cfg.cpu_pipeline.name, cfg.cpu_pipeline.device,
