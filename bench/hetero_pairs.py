@@ -1,7 +1,8 @@
 """Served pairs/s within a p99 SLO for a heterogeneous link-prediction model (user
 -rates-> item, to_hetero(GraphSAGE), dot-product scores): `hybridgnn serve` with the
 model's fanouts (typed neighbour sampling, batched) and with fanouts above every degree
-(exact: whole neighbourhoods), against a naive PyG server that runs the model's full
+(exact: whole neighbourhoods), in mode precomputed (after `hybridgnn precompute`: rows
+read, no sampling and no model), against a naive PyG server that runs the model's full
 forward over the whole graph for every request (bench/naive_hetero_server.py). Same
 graph, model, machine and open-loop Poisson load generator; each request scores
 --pairs-per-request random (user, item) pairs.
@@ -53,7 +54,7 @@ def setup(num_nodes: int, avg_degree: float) -> tuple[Path, Path, HeteroGraphSto
     return root / "graph", root / "model", graph
 
 
-def pair_bodies(graph: HeteroGraphStore, pairs: int):
+def pair_bodies(graph: HeteroGraphStore, pairs: int, mode: str = "sampled"):
     n_users, n_items = graph.num_nodes("user"), graph.num_nodes("item")
 
     def make(rng, count: int) -> list[tuple[bytes, dict]]:
@@ -62,7 +63,7 @@ def pair_bodies(graph: HeteroGraphStore, pairs: int):
             src, dst = rng.integers(0, n_users, pairs).tolist(), rng.integers(0, n_items, pairs).tolist()
             body = json.dumps({"inputs": [{"name": "src_ids", "datatype": "INT64", "shape": [pairs], "data": src},
                                           {"name": "dst_ids", "datatype": "INT64", "shape": [pairs], "data": dst}],
-                               "parameters": {"src_type": "user", "dst_type": "item"}}).encode()
+                               "parameters": {"src_type": "user", "dst_type": "item", "mode": mode}}).encode()
             out.append((body, {"Content-Type": "application/json"}))
         return out
 
@@ -82,6 +83,22 @@ def measure(label: str, dataset: Path, model: Path, args, make, *extra: str, com
             "p50_ms": round(res.p50_ms, 2) if res else None, "p99_ms": round(res.p99_ms, 2) if res else None}
 
 
+def precomputed(dataset: Path, model: Path, graph: HeteroGraphStore, args) -> dict:
+    """Mode precomputed, after precomputing every node's rows (timed) into the model."""
+    import time
+
+    from hybridgnn.embeddings.hetero import HeteroEmbeddingStore, hetero_precompute
+    from hybridgnn.models.hetero_checkpoint import open_hetero_model
+
+    t0 = time.perf_counter()
+    if HeteroEmbeddingStore.open(model, graph.fingerprint) is None:
+        hetero_precompute(open_hetero_model(model, graph)[0], graph, model, progress=False)
+    took = time.perf_counter() - t0
+    res = measure("hybridgnn serve, mode precomputed", dataset, model, args,
+                  pair_bodies(graph, args.pairs_per_request, "precomputed"))
+    return {**res, "precompute_s": round(took, 2)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--slo-ms", type=float, default=50.0)
@@ -91,7 +108,8 @@ def main() -> int:
     ap.add_argument("--avg-degree", type=float, default=10.0)
     ap.add_argument("--duration-s", type=float, default=4.0, help="length of each load trial")
     ap.add_argument("--start-rate", type=float, default=5.0)
-    ap.add_argument("--servers", default="naive,hybridgnn,hybridgnn_exact", help="which to measure")
+    ap.add_argument("--servers", default="naive,hybridgnn,hybridgnn_exact,hybridgnn_precomputed",
+                    help="which to measure")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "hetero_pairs.json")
     args = ap.parse_args()
     raise_open_file_limit()
@@ -110,6 +128,7 @@ def main() -> int:
                                            dataset, model, args, make, "--fanouts",
                                            f"{max_degree + 1},{max_degree + 1}"),
     }
+    servers["hybridgnn_precomputed"] = lambda: precomputed(dataset, model, graph, args)
     results = {name: servers[name]() for name in args.servers.split(",")}
     naive = results.get("naive", {}).get("pairs_per_s")
     ratios = {k: (round(v["pairs_per_s"] / naive, 1) if naive else None) for k, v in results.items()
