@@ -106,11 +106,15 @@ def add_cpu_lane_flag(p) -> None:
     p.add_argument("--cpu-lane", choices=("auto", "split", "model"), default=env_default("CPU_LANE", "auto"),
                    help="what the CPU pipeline's workers do: split (Quiver's CPU lane: they only sample, and the "
                         "GPU gathers features and runs the model for both lanes), model (they sample, gather and "
-                        "run the model on the CPU). auto (default): split on a CUDA GPU, model otherwise")
+                        "run the model on the CPU). auto (default): split on a CUDA GPU, model otherwise (and when worker "
+                        "processes, graph updates or --cpu-compute-device are asked for)")
 
 
-def cpu_lane_split(choice: str, gpu: PipelineConfig | None, compute_device: str, updates: bool) -> bool:
-    """--cpu-lane resolved; ConfigError in one line for a split the server cannot run."""
+def cpu_lane_split(choice: str, gpu: PipelineConfig | None, compute_device: str, updates: bool,
+                   processes_asked: bool = False) -> bool:
+    """--cpu-lane resolved; ConfigError in one line for a split the server cannot run.
+    processes_asked: worker processes were asked for (--worker-processes on, --worker-cpus),
+    which auto honours by keeping the CPU-model lane."""
     if choice == "model":
         return False
     if choice == "split":
@@ -121,7 +125,8 @@ def cpu_lane_split(choice: str, gpu: PipelineConfig | None, compute_device: str,
             raise ConfigError("--cpu-lane split computes on the GPU pipeline's device: drop --cpu-compute-device "
                               "and the update token")
         return True
-    return gpu is not None and gpu.device.startswith("cuda") and compute_device == "cpu" and not updates
+    return (gpu is not None and gpu.device.startswith("cuda") and compute_device == "cpu" and not updates
+            and not processes_asked)
 
 
 def chosen_worker_cpus(text: str, processes: bool) -> tuple[int, ...]:
@@ -209,7 +214,8 @@ def build_config(args) -> ServeConfig:
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     gpu = gpu_pipeline_config(args.device, args.gpu_workers)
-    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, bool(update_token))
+    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, bool(update_token),
+                           processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))
     processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token), split)
     if split and processes:
         raise ConfigError("--cpu-lane split runs its workers as threads (they hand batches to the GPU in this "

@@ -240,6 +240,22 @@ class HeteroGraphStore:
     def num_nodes(self, node_type: str) -> int:
         return self.nodes[node_type].num_nodes
 
+    def symmetric(self, edge_type: EdgeType) -> bool:
+        """Whether a relation of a node type to itself holds every edge both ways (as
+        PyG's ToUndirected leaves one without a rev_ type); computed once per relation."""
+        cache = self.__dict__.setdefault("_symmetric", {})
+        if edge_type not in cache:
+            s, _, t = edge_type
+            edge = self.edges[edge_type]
+            if s != t:
+                cache[edge_type] = False
+            else:
+                n = self.num_nodes(t)
+                src = np.asarray(edge.indices, dtype=np.int64)
+                dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.asarray(edge.indptr)))
+                cache[edge_type] = bool(np.array_equal(np.sort(src * n + dst), np.sort(dst * n + src)))
+        return cache[edge_type]
+
     @property
     def fingerprint(self) -> str:
         return str(self.meta.get("fingerprint", ""))

@@ -325,7 +325,7 @@ def _user_module_layers(model: torch.fx.GraphModule, node_types: list[str], edge
             continue  # identity in eval mode, which is how models are served
         elif type(module) in (nn.Linear, PygLinear) and key in node_types and layers:
             last = next(reversed(layers))
-            if _modules_read(node) != {last}:
+            if _modules_read(node, model) != {last}:
                 raise UnsupportedModel(f"module {owner!r} reads something other than the last layer {last!r} (a "
                                        "skip connection?); hybridgnn serves a Linear head on the last layer's rows")
             if head_owner not in (None, owner):
@@ -345,15 +345,18 @@ def _user_module_layers(model: torch.fx.GraphModule, node_types: list[str], edge
     return list(layers.values()), heads, acts[0] if acts else None
 
 
-def _modules_read(node) -> set[str]:
-    """The modules (owner names) whose outputs reach `node` through functions alone."""
+def _modules_read(node, model: torch.fx.GraphModule) -> set[str]:
+    """The modules (owner names) whose outputs reach `node` through functions, dropout and
+    activation modules alone (those change no layer's rows in eval mode, or only
+    elementwise)."""
     found, seen, stack = set(), set(), list(node.all_input_nodes)
     while stack:
         n = stack.pop()
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "call_module":
+        if n.op == "call_module" and not isinstance(model.get_submodule(str(n.target)),
+                                                    (nn.Dropout, *ACTIVATIONS)):
             found.add(str(n.target).rpartition(".")[0])
         else:
             stack.extend(n.all_input_nodes)

@@ -63,7 +63,7 @@ class OwnGNN(torch.nn.Module):
         x = self.act(x) if self.act is not None else x.relu()
         x = self.drop(x)
         x = self.conv2(x, edge_index)
-        return self.lin(x) if self.lin is not None else x
+        return self.lin(self.drop(x)) if self.lin is not None else x  # dropout before the head, too
 
 
 class MLPDecoder(torch.nn.Module):

@@ -163,6 +163,7 @@ def test_the_cpu_lane_flag(tiny_dataset, tiny_model):
     assert cpu_lane_split("auto", gpu, "cpu", True) is False  # graph updates run on the CPU pipeline
     assert cpu_lane_split("split", emulated, "cpu", False) is True
     assert cpu_lane_split("model", gpu, "cpu", False) is False
+    assert cpu_lane_split("auto", gpu, "cpu", False, processes_asked=True) is False  # --worker-processes on
     with pytest.raises(ConfigError, match="--device cuda"):
         cpu_lane_split("split", None, "cpu", False)
     with pytest.raises(ValueError, match="split CPU lane"):

@@ -207,3 +207,20 @@ def test_nothing_a_client_sends_raises_but_a_4xx(engine, inputs, params):
         decode_typed(InferInput("m", None, inputs, params), engine)
     except ServingError as exc:
         assert 400 <= exc.status < 500
+
+
+def test_a_new_paper_on_a_relation_stored_both_ways_gets_both_directions(tmp_path):
+    nodes = {"paper": {"features": np.zeros((4, 2), np.float32)}}
+    both = write_hetero_edges(tmp_path / "u", nodes, {("paper", "cites", "paper"): np.array([[0, 1], [1, 2]])},
+                              undirected=True)
+    one = write_hetero_edges(tmp_path / "d", nodes, {("paper", "cites", "paper"): np.array([[0, 1], [1, 2]])})
+    got = {}
+    for name, root in (("both", both), ("one", one)):
+        eng = SimpleNamespace(graph=HeteroGraphStore.open(root), out_dims={"paper": 2}, decoder=None, link_pairs=[],
+                              serves_new_nodes=True, max_feature_dim=2,
+                              cfg=SimpleNamespace(server=SimpleNamespace(max_request_nodes=8), dataset_dir="D",
+                                                  model_dir="M", new_nodes=NewNodeConfig()))
+        got[name] = decode(eng, feats([[1.0, 2.0]]), ids("neighbor_ids", [3]), node_type="paper",
+                           edge_type="paper__cites__paper").query.edges[("paper", "cites", "paper")].tolist()
+    assert got["both"] == [[3, 4], [4, 3]]  # new paper 4 cites 3, and 3 reads 4 back
+    assert got["one"] == [[4], [3]]  # a directed relation: the query node is its source

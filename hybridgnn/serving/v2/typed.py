@@ -194,7 +194,8 @@ def _new_nodes(tensors: dict, params: dict, engine) -> tuple[TypedNewNodes, np.n
     existing node neighbor_ids[i] joined to query node query_index[i] (default 0) by
     relation edge_type[i] (or parameters.edge_type for every edge). The query node is the
     relation's source when it is of the source type, else its target; the reverse edge
-    type (rev_<rel>), where the graph has one, gets the reversed edge."""
+    type (rev_<rel>), where the graph has one, gets the reversed edge, and so does the
+    relation itself when it joins a type to itself and is stored both ways."""
     graph, cfg = engine.graph, engine.cfg
     if "features" not in tensors:
         raise BadRequest("a new-node request needs 'features' (FP32 [q, F]): one row per query node")
@@ -289,6 +290,8 @@ def _new_node_edges(tensors: dict, params: dict, graph, node_type: str, q: int) 
         query = n_q + index[at].astype(np.int64)
         pair = np.stack([query, ids]) if e[0] == node_type else np.stack([ids, query])
         rev = reverse_edge_type(graph.edge_types, e)
+        if rev is None and graph.symmetric(e):  # a relation stored both ways: the new edges too
+            rev = e
         for kind, ei in ((e, pair), (rev, pair[::-1])):
             if kind is not None:
                 edges[kind] = np.concatenate([edges[kind], ei], axis=1) if kind in edges else ei
