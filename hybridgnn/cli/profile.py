@@ -28,6 +28,10 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=CPU_COUNT, help="CPU pipeline workers")
     add_worker_processes_flag(p)  # as `serve`: profiled and served workers run alike
     add_cpu_lane_flag(p)  # the CPU lane is profiled as it is served (split: CPU sampling + device time)
+    p.add_argument("--other-lane-loaded", action="store_true",
+                   help="with a split CPU lane: profile each lane beside the other's work on the GPU (the curves "
+                        "then hold the contention); default: each alone, and slo:<ms> queues both lanes on one "
+                        "simulated GPU")
     p.add_argument("--gpu-workers", type=int, default=2)
     p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"))
     p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva")
@@ -77,7 +81,7 @@ def run(args) -> int:
         gpu_pipeline=gpu,
         gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement))
     cfg = ProfileConfig(bins=args.bins, min_samples=args.min_samples, max_batch=args.max_batch,
-                        budget_s=args.budget_s)
+                        budget_s=args.budget_s, other_lane_loaded=args.other_lane_loaded)
     profile = Profile(build_profile(serve_cfg, cfg))
     out = args.out or Path("profiles") / f"{profile.data['dataset']['name']}-{profile.data['model']['kind']}.json"
     profile.save(out)

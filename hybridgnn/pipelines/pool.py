@@ -19,6 +19,7 @@ from typing import Callable
 from hybridgnn.capabilities import name_os_thread
 from hybridgnn.config import PipelineConfig
 from hybridgnn.pipelines.executor import BatchExecutor
+from hybridgnn.pipelines.split import SPLIT_SLOTS
 from hybridgnn.types import Batch, BatchResult, QueueLoad, RoutePlan, StageTimings
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ class Pipeline:
     @property
     def depth(self) -> int:
         return self._depth
+
+    @property
+    def capacity(self) -> int:
+        """Batches the pipeline works on at once: one per worker, or, for split workers,
+        one per staging slot (a worker samples its next batch while its last is on the
+        device)."""
+        return self.cfg.workers * (SPLIT_SLOTS if self.cfg.split else 1)
 
     def load(self) -> QueueLoad:
         on_device = sum(getattr(ex, "on_device", 0) for ex in self._executors)  # split workers' handed-off batches

@@ -27,6 +27,8 @@ import torch
 
 from hybridgnn.types import BatchResult, StageTimings
 
+SPLIT_SLOTS = 2  # staging slots per worker: batches a worker has past the hand-off at once
+
 
 class _Slot:
     """Staging buffers of one batch in flight: sample ids and edges, grown by doubling."""
@@ -72,7 +74,7 @@ class SplitExecutor:
     """One CPU worker's executor of the split lane (module docstring). sampler: the
     worker's CPU sampler; features, model, degrees: the GPU pipeline's (shared)."""
 
-    def __init__(self, sampler, features, model, device: str | torch.device, degrees=None, slots: int = 2,
+    def __init__(self, sampler, features, model, device: str | torch.device, degrees=None, slots: int = SPLIT_SLOTS,
                  read_lock=contextlib.nullcontext):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")

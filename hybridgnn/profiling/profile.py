@@ -3,9 +3,10 @@ what the hardware, dataset, model and fanouts were (scheduler/policy.py loads, c
 and chooses from it).
 
 The pipelines profiled are the serving engine's own executors (built from the same
-ServeConfig as `hybridgnn serve`), so a profile measures exactly what will serve. Where a
-split CPU lane shares the GPU with the GPU lane, each lane is profiled with the other
-one's work running on the device (other_lane_busy).
+ServeConfig as `hybridgnn serve`), so a profile measures exactly what will serve. A split
+CPU lane also records the device's share of its batches, which an SLO choice queues on
+the GPU with the GPU lane's (or, with --other-lane-loaded, each lane is profiled beside
+the other's device work instead: other_lane_busy).
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def other_lane_busy(resources, serve_cfg, name: str, num_nodes: int, max_batch: int):
-    """While pipeline `name` is profiled, keep the other lane's device work going when the
-    two share the GPU (a split CPU lane): one worker of the other pipeline runs batches of
-    random seeds closed loop, so each lane is measured as it is served, beside the other.
-    Nothing else is loaded (no shared device: the lanes are measured alone)."""
+def other_lane_busy(resources, serve_cfg, name: str, num_nodes: int, max_batch: int, loaded: bool):
+    """With `loaded` (ProfileConfig.other_lane_loaded), while pipeline `name` is profiled,
+    keep the other lane's device work going when the two share the GPU (a split CPU lane):
+    one worker of the other pipeline runs batches of random seeds closed loop, so each lane
+    is measured beside the other. Otherwise nothing else runs: each lane is measured
+    alone, and an SLO choice puts the two on one simulated device instead (counting the
+    contention once, not twice)."""
     other = "gpu" if name == "cpu" else "cpu"
-    if not serve_cfg.cpu_pipeline.split or serve_cfg.gpu_pipeline is None:
+    if not loaded or not serve_cfg.cpu_pipeline.split or serve_cfg.gpu_pipeline is None:
         yield
         return
     executor = resources.make_executor(other, 10_000)  # a worker number no served worker has
@@ -83,10 +86,11 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
         # what requests are drawn from when an SLO choice simulates serving
         "seed_psgs_quantiles": [round(float(v), 3) for v in np.quantile(psgs, (np.arange(1024) + 0.5) / 1024)],
         "config": {"bins": cfg.bins, "min_samples": cfg.min_samples, "max_batch": cfg.max_batch,
-                   "buckets": cfg.buckets, "budget_s": cfg.budget_s},
+                   "buckets": cfg.buckets, "budget_s": cfg.budget_s, "other_lane_loaded": cfg.other_lane_loaded},
         "bin_edges": [float(e) for e in gen.edges],
         "pipelines": {},
     }
+    loaded = bool(cfg.other_lane_loaded and serve_cfg.cpu_pipeline.split and serve_cfg.gpu_pipeline is not None)
     try:
         for name, pipeline in pipelines.items():
             executors = [resources.make_executor(name, w) for w in range(pipeline.workers)]
@@ -94,7 +98,7 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
             bar = tqdm(desc=f"profile {name}", unit="batch", disable=not progress)
             t0 = time.perf_counter()
             try:
-                with other_lane_busy(resources, serve_cfg, name, psgs.size, cfg.max_batch):
+                with other_lane_busy(resources, serve_cfg, name, psgs.size, cfg.max_batch, loaded):
                     samples, complete = run_closed_loop(lambda w, seeds, ex=executors: ex[w].run(seeds),
                                                         pipeline.workers, gen, cfg, progress=bar.update)
             finally:
@@ -108,14 +112,15 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
             stats = bin_statistics(samples, gen.edges)
             curves = {"mean": _curve_dict(Curve.fit(stats["psgs"], stats["mean_s"], stats["count"])),
                       "tail": _curve_dict(Curve.fit(stats["psgs"], stats["tail_s"], stats["count"]))}
-            if pipeline.split and len(samples.device) == len(samples.psgs):
+            if pipeline.split and not loaded and len(samples.device) == len(samples.psgs):
                 # the share of each batch the GPU does: the simulator queues it with the GPU lane's
                 shares = bin_statistics(Samples(samples.psgs, samples.device, samples.seeds), gen.edges)
                 curves["device"] = _curve_dict(Curve.fit(shares["psgs"], shares["mean_s"], shares["count"]))
             result["pipelines"][name] = {
                 "device": pipeline.device, "workers": pipeline.workers,
                 "torch_threads": pipeline.torch_threads, "processes": pipeline.processes,
-                "split": pipeline.split, "samples": len(samples.psgs),
+                "split": pipeline.split, "other_lane_loaded": loaded,
+                "samples": len(samples.psgs),
                 "complete": complete, "seconds": time.perf_counter() - t0, "bins": stats,
                 "curves": curves,
                 "raw": {"psgs": [round(v, 2) for v in samples.psgs],

@@ -31,6 +31,10 @@ class ProfileConfig:
     buckets: int = 8  # PSGS quantile buckets seeds are drawn from
     budget_s: float = 300.0  # per pipeline
     seed: int = 0
+    # With a split CPU lane: profile each lane beside the other's device work (the curves
+    # then hold the contention, and an SLO choice treats the lanes as independent), instead
+    # of alone (the default: the SLO choice queues both on one simulated device)
+    other_lane_loaded: bool = False
 
     def __post_init__(self):
         if self.bins < 2 or self.min_samples < 1 or self.max_batch < 1 or self.buckets < 1:

@@ -296,11 +296,15 @@ def _shared_rates(devices, slo_s: float, seed_psgs, limits: dict, rates: dict, b
     for f in np.linspace(1.0, 0.0, steps):
         r_gpu = float(f) * gpu_alone
         r_cpu, p99 = sim.max_cpu_rate(slo_s, max(limits["cpu"], 1e-9), r_gpu, limits["gpu"], hi)
+        if p99 > slo_s:
+            continue  # the GPU lane alone at this rate already misses it (on the shared device's draws)
         if limits["cpu"] <= 0:
             r_cpu = 0.0
         if r_gpu + r_cpu > best[0] * (1 + 1e-6):
             best = (r_gpu + r_cpu, r_gpu, r_cpu, p99)
     _, r_gpu, r_cpu, p99 = best
+    if not math.isfinite(p99):  # nothing fits together (f = 0 always fits unless the CPU lane cannot)
+        return {"gpu": 0.0, "cpu": 0.0}, {"gpu": math.inf, "cpu": math.inf}
     return {"gpu": r_gpu, "cpu": r_cpu}, {"gpu": p99, "cpu": p99}
 
 

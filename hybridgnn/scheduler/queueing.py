@@ -249,7 +249,8 @@ class SharedDeviceSimulator:
     split): a GPU-lane batch takes a GPU-lane worker and the GPU for its whole service; a
     CPU-lane batch takes a CPU worker for its host share (sampling, stretched by the front
     end's CPU use as CPU pipelines are) and then the GPU for its device share (gather and
-    model). The GPU serves batches one at a time in the order they reach it, whichever lane
+    model), holding one of its worker's `slots` staging slots until the device is done
+    (the worker samples on meanwhile, as pipelines/split.py does). The GPU serves batches one at a time in the order they reach it, whichever lane
     they come from, so each lane's load delays the other's. Each lane has its own Poisson
     arrivals and batcher (as the router splits batches by PSGS). shared=False gives each
     lane a device of its own: the model this one replaces, kept for comparison.
@@ -257,12 +258,13 @@ class SharedDeviceSimulator:
 
     def __init__(self, cpu_host: PipelineModel, cpu_device: PipelineModel, gpu: PipelineModel, seed_psgs,
                  load: ServingLoad, *, batching_wait_s: float, requests: int = 4000, seed: int = 0,
-                 shared: bool = True):
+                 shared: bool = True, slots: int = 2):
         seed_psgs = np.asarray(seed_psgs, dtype=np.float64)
         if seed_psgs.size == 0:
             raise ValueError("no per-seed PSGS values to draw requests from")
         self.cpu_host, self.cpu_device, self.gpu = cpu_host, cpu_device, gpu
         self.load, self.wait, self.shared = load, float(batching_wait_s), shared
+        self.slots = int(slots)  # a CPU worker's batches past the hand-off (its staging slots)
         k = max(1, round(load.request_seeds))
         self._draws = {}
         for j, lane in enumerate(("cpu", "gpu")):
@@ -289,7 +291,8 @@ class SharedDeviceSimulator:
             if rate <= 0:
                 continue
             unit, cum, ratios = self._draws[lane]
-            lanes[lane] = _Lane([a / rate for a in unit], cum, ratios, bound, workers)
+            lanes[lane] = _Lane([a / rate for a in unit], cum, ratios, bound, workers,
+                                slots=self.slots if lane == "cpu" else 0)
         events: list = []
         seq = 0
 
@@ -334,7 +337,9 @@ class SharedDeviceSimulator:
                 lane.done[i:end] = finish
                 if name == "gpu":  # its worker waits for the device
                     heapq.heappush(lane.free, finish)
-                    schedule(name)
+                else:  # the batch's staging slot is free again
+                    heapq.heappush(lane.slot_free, finish)
+                schedule(name)
         extra = load.frontend_cpu_s + loop_wait
         return {name: (lane.done - np.asarray(lane.arrivals) + extra)[self.warmup:] for name, lane in lanes.items()}
 
@@ -366,9 +371,13 @@ class SharedDeviceSimulator:
 class _Lane:
     """One lane's requests and workers inside SharedDeviceSimulator."""
 
-    def __init__(self, arrivals: list[float], cum: list[float], ratios: list[float], bound: float, workers: int):
+    def __init__(self, arrivals: list[float], cum: list[float], ratios: list[float], bound: float, workers: int,
+                 slots: int = 0):
         self.arrivals, self.cum, self.ratios, self.bound = arrivals, cum, ratios, bound
         self.free = [0.0] * max(1, workers)  # heap of worker free times (known ones)
+        # slots > 0 (a split lane): a batch also holds one of workers x slots staging slots
+        # from its start until the device is done with it
+        self.slot_free = [0.0] * (max(1, workers) * slots) if slots > 0 else None
         self.done = np.empty(len(arrivals))
         self.i = self.batches = self.version = 0
         self.scheduled = math.inf
@@ -377,16 +386,19 @@ class _Lane:
         """When the next batch starts, given the workers' known free times (None: every
         worker is busy until a time not known yet, or no request is left)."""
         n, i = len(self.arrivals), self.i
-        if i >= n or not self.free:
+        if i >= n or not self.free or (self.slot_free is not None and not self.slot_free):
             return None
         full_at = bisect.bisect_left(self.cum, self.cum[i] + self.bound, lo=i + 1)
         t_full = self.arrivals[min(full_at - 1, n - 1)] if full_at <= n else math.inf
-        return max(self.free[0], min(self.arrivals[i] + wait, t_full))
+        ready = self.free[0] if self.slot_free is None else max(self.free[0], self.slot_free[0])
+        return max(ready, min(self.arrivals[i] + wait, t_full))
 
     def take(self, start: float) -> tuple[int, int, float, float]:
         """The batch that starts at `start` on the earliest free worker: (first request,
         end, its PSGS, its service ratio)."""
         heapq.heappop(self.free)
+        if self.slot_free is not None:
+            heapq.heappop(self.slot_free)
         i = self.i
         by_time = bisect.bisect_right(self.arrivals, start, lo=i + 1)
         by_bound = bisect.bisect_right(self.cum, self.cum[i] + self.bound, lo=i + 1) - 1

@@ -215,13 +215,18 @@ def test_a_split_cpu_lane_is_profiled_as_served_with_its_device_share(tiny_datas
                       gpu_pipeline=PipelineConfig(name="gpu", device="cpu", workers=1))
     data = build_profile(cfg, ProfileConfig(bins=3, min_samples=5, max_batch=32, budget_s=15), progress=False)
     cpu = data["pipelines"]["cpu"]
-    assert cpu["split"] is True and not data["pipelines"]["gpu"]["split"]
+    assert cpu["split"] is True and not data["pipelines"]["gpu"]["split"] and not cpu["other_lane_loaded"]
     total, share = Curve(**cpu["curves"]["mean"]), Curve(**cpu["curves"]["device"])
     assert np.all(share(total.psgs) <= total(total.psgs) * 1.5)  # a share of the batch's time (bins differ)
     prof = Profile(data)
     assert prof.devices["cpu"].device_share is not None and prof.devices["gpu"].device_share is None
     pol = prof.policy("slo:500")  # chosen on one simulated device
     assert pol.predicted_p99_s <= 0.5 + 1e-9 and pol.predicted_seeds_per_s > 0
+    # profiled beside the other lane's device work: the curves hold the contention, no share
+    loaded = build_profile(cfg, ProfileConfig(bins=2, min_samples=3, max_batch=16, budget_s=5,
+                                              other_lane_loaded=True), progress=False)
+    assert loaded["pipelines"]["cpu"]["other_lane_loaded"] and "device" not in loaded["pipelines"]["cpu"]["curves"]
+    assert Profile(loaded).devices["cpu"].device_share is None
 
 
 def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tiny_dataset, tiny_model, tmp_path):

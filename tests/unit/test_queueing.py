@@ -125,3 +125,17 @@ def test_the_lanes_queue_for_one_device():
 def test_cpu_lane_batches_reach_the_device_after_their_host_share():
     lat = _shared(True, requests=2000).latencies(10.0, 1.0, 0.0, 1.0)["cpu"]  # nearly idle
     assert lat.min() == pytest.approx(0.005, rel=1e-9)  # 4 ms sampling then 1 ms on the device
+
+
+def test_a_split_worker_samples_ahead_only_as_far_as_its_staging_slots():
+    from hybridgnn.scheduler.queueing import SharedDeviceSimulator
+
+    def sim(slots):  # one CPU worker: 1 ms of sampling, then 4 ms on the device
+        return SharedDeviceSimulator(constant(0.001, workers=1, cores_used=0.0), constant(0.004),
+                                     constant(0.002, cores_used=0.0), np.array([5.0]), QUIET,
+                                     batching_wait_s=0.0, requests=20000, slots=slots)
+
+    # 220 req/s: one slot makes each batch 5 ms end to end (200/s at most), two let the
+    # worker sample the next one meanwhile (the device, at 4 ms, is then the limit: 250/s)
+    one, two = sim(1).p99(220.0, 1.0, 0.0, 1.0), sim(2).p99(220.0, 1.0, 0.0, 1.0)
+    assert two < 0.2 and (one == math.inf or one > 5 * two)

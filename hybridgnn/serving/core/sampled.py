@@ -59,7 +59,7 @@ class SampledInference:
                                self._mean_request_psgs)
 
     def _has_capacity(self) -> bool:
-        return any(p.depth <= p.cfg.workers for p in self._pipelines.values())
+        return any(p.depth <= p.capacity for p in self._pipelines.values())
 
     def _dispatch(self, batch: Batch) -> None:
         try:
