@@ -19,7 +19,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    p.add_argument("--batch-size", type=int, default=16384, help="initial targets per batch (adapts)")
+    p.add_argument("--batch-size", type=int, default=16384,
+                   help="initial targets per batch (adapts; on a heterogeneous graph: targets per batch, fewer where "
+                        "their in-edges pass 1M, and a run cut short starts over)")
     p.add_argument("--order", choices=["natural", "rcm"], default="natural",
                    help="rcm: reverse Cuthill-McKee order so batches share inputs")
     d = p.add_argument_group("distributed (torch.distributed: gloo on CPU, NCCL on GPUs)")
@@ -75,9 +77,9 @@ def _hetero(args) -> int:
     from hybridgnn.graph.hetero import HeteroGraphStore
     from hybridgnn.models.hetero_checkpoint import open_hetero_model
 
-    if args.nprocs > 1 or args.device != "cpu" or args.order != "natural":
+    if args.nprocs > 1 or args.device != "cpu" or args.order != "natural" or "WORLD_SIZE" in os.environ:
         raise ValueError("a heterogeneous graph is precomputed in one process on the CPU, in natural order "
-                         "(no --nprocs, --device or --order)")
+                         "(no --nprocs, torchrun, --device or --order)")
     graph = HeteroGraphStore.open(args.dataset)
     model, _ = open_hetero_model(args.model, graph)
     store = hetero_precompute(model, graph, args.model, batch_size=args.batch_size, dtype=args.dtype)
@@ -90,14 +92,14 @@ def _hetero(args) -> int:
 
 
 def run(args) -> int:
+    from hybridgnn.graph.store import GraphStore, dataset_kind
+
+    if dataset_kind(args.dataset) == "hetero":  # also under torchrun: refused in one line there
+        return _hetero(args)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _distributed(args)
     if args.nprocs < 1:
         raise ValueError(f"--nprocs must be >= 1, got {args.nprocs}")
-    from hybridgnn.graph.store import GraphStore, dataset_kind
-
-    if dataset_kind(args.dataset) == "hetero":
-        return _hetero(args)
     if args.nprocs > 1:
         from hybridgnn.capabilities import usable_cores
         from hybridgnn.distributed.launch import launch

@@ -19,6 +19,8 @@ Store layout: <model_dir>/embeddings/<dataset fingerprint>/
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import shutil
 import time
 import warnings
@@ -35,7 +37,9 @@ from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
 from hybridgnn.models.hetero import HeteroGNN
 
+log = logging.getLogger(__name__)
 STORE_KIND = "hetero"
+MAX_BATCH_EDGES = 1 << 20  # in-edges per batch of target rows: bounds a block's messages
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -55,10 +59,24 @@ def _check_types(model: HeteroGNN, graph: HeteroGraphStore) -> None:
                          f"{model.edge_types}, graph {graph.node_types} / {graph.edge_types}")
 
 
+def row_batches(degrees: np.ndarray, batch_size: int, max_edges: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) ranges of target rows: at most batch_size rows and, where rows have many
+    in-edges, at most max_edges edges (one row whatever its degree)."""
+    cum = np.concatenate([[0], np.cumsum(degrees, dtype=np.int64)])
+    n, lo = len(degrees), 0
+    while lo < n:
+        by_edges = int(np.searchsorted(cum, cum[lo] + max_edges, side="right")) - 1
+        hi = max(lo + 1, min(n, lo + batch_size, by_edges))
+        yield lo, hi
+        lo = hi
+
+
 def layer_outputs(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: int = 16384,
-                  progress: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+                  max_edges: int = MAX_BATCH_EDGES, progress: bool = False) -> Iterator[dict[str, torch.Tensor]]:
     """Every node's rows per node type after each layer (and the activation between
-    layers), in order (layer 1 first)."""
+    layers), in order (layer 1 first). A batch holds at most batch_size target rows and
+    max_edges in-edges, so a type of popular nodes (millions of ratings) does not take a
+    block whose messages outgrow memory."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     _check_types(model, graph)
@@ -78,8 +96,8 @@ def layer_outputs(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: int 
                         bar.update(n)
                         continue  # a type no edge type of this layer reaches has no output (as in PyG)
                     parts = []
-                    for lo in range(0, n, batch_size):
-                        hi = min(n, lo + batch_size)
+                    degrees = sum(np.diff(np.asarray(graph.edges[e].indptr)) for e in edge_types)
+                    for lo, hi in row_batches(degrees, batch_size, max_edges):
                         blocks = {e: _block(graph.edges[e], lo, hi) for e in edge_types}
                         parts.append(model.layer(i, x, blocks, x_dst={t: x[t][lo:hi]})[t])
                         bar.update(hi - lo)
@@ -91,14 +109,23 @@ def layer_outputs(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: int 
 
 
 def hetero_layerwise(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: int = 16384,
-                     progress: bool = False) -> dict[str, np.ndarray]:
+                     max_edges: int = MAX_BATCH_EDGES, progress: bool = False) -> dict[str, np.ndarray]:
     """Every node's output per node type (after the heads), float32 arrays [N_t, out_t]."""
     x: dict[str, torch.Tensor] = {}
-    for x in layer_outputs(model, graph, batch_size=batch_size, progress=progress):
+    for x in layer_outputs(model, graph, batch_size=batch_size, max_edges=max_edges, progress=progress):
         pass
     with torch.inference_mode():
         out = model.head(x)
     return {t: v.float().numpy() for t, v in out.items()}
+
+
+def weights_fingerprint(model_dir: str | Path) -> str:
+    """SHA-256 prefix of a model directory's weights file (what the store was computed with)."""
+    h = hashlib.sha256()
+    with open(Path(model_dir) / "model.pt", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def _save(path: Path, rows: torch.Tensor, dtype) -> None:
@@ -132,7 +159,8 @@ def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str 
     with torch.inference_mode():
         for t in heads:
             _save(dirs[t] / "output.npy", model.heads[t](x[t]), DTYPES[dtype])
-    state = {"kind": STORE_KIND, "num_layers": model.num_layers, "node_types": list(graph.node_types),
+    state = {"kind": STORE_KIND, "model_fingerprint": weights_fingerprint(model_dir),
+             "num_layers": model.num_layers, "node_types": list(graph.node_types),
              "layers": layers, "heads": heads, "dtype": dtype, "dataset_fingerprint": graph.fingerprint,
              "precompute_s": time.perf_counter() - t0}
     mark_complete(root, state)
@@ -162,8 +190,9 @@ class HeteroEmbeddingStore:
 
     @classmethod
     def open(cls, model_dir: str | Path, dataset_fingerprint: str) -> HeteroEmbeddingStore | None:
-        """The complete store for this model and dataset; None when absent or unfinished
-        (or written for a homogeneous graph)."""
+        """The complete store for this model and dataset; None when absent, unfinished,
+        written for a homogeneous graph, or computed with other weights than the model's
+        now (a model saved again into the same directory: its rows are stale)."""
         import json
 
         root = embeddings_dir(Path(model_dir), dataset_fingerprint)
@@ -172,6 +201,10 @@ class HeteroEmbeddingStore:
         except (OSError, ValueError):
             return None
         if not isinstance(state, dict) or not state.get("complete") or state.get("kind") != STORE_KIND:
+            return None
+        if state.get("model_fingerprint") != weights_fingerprint(model_dir):
+            log.warning("precomputed embeddings in %s were computed with other weights than %s has now: not "
+                        "served (run `hybridgnn precompute` again)", root, model_dir)
             return None
         layers, output = {}, {}
         for i, t in enumerate(state["node_types"]):

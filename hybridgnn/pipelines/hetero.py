@@ -20,6 +20,8 @@ from hybridgnn.types import StageTimings, TypedQuery, TypedResult
 
 # Pairs a user decoder scores at once in a top-k (dot products are one matrix product).
 TOPK_CHUNK_PAIRS = 1 << 16
+# Candidate rows a top-k scores at once (bounds the float32 copy of a float16 table).
+TOPK_CHUNK_ROWS = 1 << 16
 
 
 class TypedExecutor:
@@ -90,7 +92,8 @@ class PrecomputedExecutor:
         z_dst = None
         if query.kind != "node":
             every = self._out[query.dst_type]
-            z_dst = (every if query.whole_type else every[torch.from_numpy(query.dst_ids)]).float()
+            # a whole type's rows stay as stored (top_k converts a chunk at a time)
+            z_dst = every if query.whole_type else every[torch.from_numpy(query.dst_ids)].float()
         t1 = time.perf_counter()
         with torch.inference_mode():
             answer = answer_query(query, self.decoder, (h_src, z_src), z_dst)
@@ -101,7 +104,7 @@ class PrecomputedExecutor:
         """topk_index and topk_scores of a whole-type top-k whose source rows are given
         (new nodes' outputs) rather than stored."""
         with torch.inference_mode():
-            return answer_query(query, self.decoder, (z_src, z_src), self._out[query.dst_type].float())
+            return answer_query(query, self.decoder, (z_src, z_src), self._out[query.dst_type])
 
 
 def answer_query(q: TypedQuery, decoder, src: tuple[torch.Tensor, torch.Tensor], z_dst: torch.Tensor | None) -> dict:
@@ -114,9 +117,28 @@ def answer_query(q: TypedQuery, decoder, src: tuple[torch.Tensor, torch.Tensor],
                 "predictions": _np(logits.argmax(1)) if logits.shape[1] else np.zeros(len(logits), np.int64)}
     if q.kind == "pair":
         return {"scores": _np(scores_of(decoder, z_src, z_dst))}
-    scores = all_pairs(decoder, z_src, z_dst)
-    best, where = torch.topk(scores, min(q.k, scores.shape[1]), dim=1)
+    best, where = top_k(decoder, z_src, z_dst, q.k)
     return {"topk_index": _np(where), "topk_scores": _np(best)}
+
+
+def top_k(decoder, z_src: torch.Tensor, z_dst: torch.Tensor, k: int,
+          chunk_rows: int = TOPK_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, candidate positions) of each source's k best candidates, best first, over
+    the candidates in chunks of rows: a float16 table of a whole node type is converted
+    a chunk at a time, and the scores held are [n, k + chunk], never [n, every candidate]."""
+    m = z_dst.shape[0]
+    k = min(k, m)
+    vals = idx = None
+    for lo in range(0, m, max(chunk_rows, k)):
+        block = z_dst[lo:lo + max(chunk_rows, k)].float()
+        scores = all_pairs(decoder, z_src, block)
+        v, i = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+        i = i + lo
+        if vals is not None:
+            v, pick = torch.topk(torch.cat([vals, v], 1), k, dim=1)
+            i = torch.gather(torch.cat([idx, i], 1), 1, pick)
+        vals, idx = v, i
+    return vals, idx
 
 
 def all_pairs(decoder, z_src: torch.Tensor, z_dst: torch.Tensor) -> torch.Tensor:

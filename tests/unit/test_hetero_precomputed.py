@@ -64,9 +64,13 @@ def test_the_store_holds_every_layer_and_output_of_every_type(graph, tmp_path, d
     assert HeteroEmbeddingStore.open(path, "another-dataset") is None
 
 
-def test_a_store_without_its_state_is_not_served(graph, tmp_path):
+def test_a_store_without_its_state_or_for_other_weights_is_not_served(graph, tmp_path):
     path = hybridgnn.save_model(built(sage(graph), graph), tmp_path / "m", metadata=graph.metadata())
     store = hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+    hybridgnn.save_model(built(sage(graph), graph, seed=9), path, metadata=graph.metadata())  # retrained, saved over
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint) is None  # stale rows are never served
+    store = hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint) is not None
     (store.root / "state.json").unlink()  # as after a run killed before its end
     assert HeteroEmbeddingStore.open(path, graph.fingerprint) is None
     (store.root / "state.json").write_text("{not json")
@@ -124,3 +128,28 @@ def test_the_precompute_command_writes_the_store_for_a_heterogeneous_dataset(gra
     assert HeteroEmbeddingStore.open(path, graph.fingerprint) is not None
     assert main(["precompute", "--dataset", str(graph.root), "--model", str(path), "--nprocs", "2"]) != 0
     assert "in one process" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+def test_top_k_in_chunks_equals_one_top_k(chunk):
+    from hybridgnn.models.link import dot
+    from hybridgnn.pipelines.hetero import top_k
+
+    g = torch.Generator().manual_seed(0)
+    z_src, z_dst = torch.randn(4, 8, generator=g), torch.randn(50, 8, generator=g).half()
+    want = torch.topk(z_src @ z_dst.float().T, 5, dim=1)
+    vals, idx = top_k(dot, z_src, z_dst, 5, chunk_rows=chunk)
+    assert idx.tolist() == want.indices.tolist()
+    torch.testing.assert_close(vals, want.values)
+
+
+def test_batches_of_target_rows_are_cut_by_their_in_edges(graph, tmp_path):
+    from hybridgnn.embeddings.hetero import hetero_layerwise, row_batches
+
+    assert list(row_batches(np.array([1, 1, 5, 1, 1, 1]), 4, 3)) == [(0, 2), (2, 3), (3, 6)]
+    assert list(row_batches(np.zeros(5, np.int64), 2, 1)) == [(0, 2), (2, 4), (4, 5)]
+    path = hybridgnn.save_model(built(sage(graph), graph), tmp_path / "m", metadata=graph.metadata())
+    model = open_hetero_model(path, graph)[0]
+    small, whole_rows = hetero_layerwise(model, graph, max_edges=7), hetero_layerwise(model, graph)
+    for t in whole_rows:
+        np.testing.assert_allclose(small[t], whole_rows[t], atol=1e-5, rtol=1e-5)

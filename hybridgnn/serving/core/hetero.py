@@ -143,7 +143,11 @@ class HeteroEngine(Admitting):
                 raise ConfigError(f"the precomputed embeddings in {self.embeddings.root} lack node types {lacking}; "
                                   "run `hybridgnn precompute` again")
             self._precomputed = PrecomputedExecutor(self.embeddings, self.decoder)
-            self._new_nodes = HeteroNewNodes(graph, self.model, self.embeddings)
+            try:
+                self._new_nodes = HeteroNewNodes(graph, self.model, self.embeddings)
+            except ValueError as exc:
+                raise ConfigError(f"precomputed embeddings in {self.embeddings.root}: {exc}; run `hybridgnn "
+                                  "precompute` again") from None
             log.info("precomputed embeddings of %s served (mode precomputed, new nodes)", self.embeddings.root)
         # Lookups leave the loop (a top-k over a whole node type is a matrix product), on as
         # many threads as admission's lookup lane counts servers.
