@@ -330,6 +330,8 @@ def test_hybridgnn_serve_answers_tritonclient_over_http_and_grpc(served, tmp_pat
             added = torch.tensor([[n_s, n_s], [0, 1]])
             ei[e] = torch.cat([ei[e], added], 1)
             rev = next((f for f in graph.edge_types if f[1] == f"rev_{e[1]}" and f[0] == e[2]), None)
+            if rev is None and graph.symmetric(e):  # a relation stored both ways (paper cites paper)
+                rev = e
             if rev is not None:
                 ei[rev] = torch.cat([ei[rev], added.flip(0)], 1)
             with torch.no_grad():
