@@ -232,9 +232,16 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
         assert srv.stop() == 0
 
 
-@pytest.mark.parametrize("frontends", FRONTENDS, ids=FRONTEND_IDS)
-def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model, frontends):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20", "--frontends", frontends).wait_ready()
+# the split CPU lane (its device stage on CPU tensors): batches handed to the device stage
+# when the signal comes are answered too
+SPLIT_LANE = ("--device", "emulate", "--cpu-lane", "split", "--psgs-threshold", "1e12")
+
+
+@pytest.mark.parametrize("frontends, extra", [*((f, ()) for f in FRONTENDS), ("1", SPLIT_LANE)],
+                         ids=[*FRONTEND_IDS, "split-lane"])
+def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model, frontends, extra):
+    srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20", "--frontends", frontends,
+                        *extra).wait_ready()
     outcomes, lock = [], threading.Condition()
     stop_clients = threading.Event()
 
