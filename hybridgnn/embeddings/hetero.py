@@ -19,7 +19,6 @@ Store layout: <model_dir>/embeddings/<dataset fingerprint>/
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import time
@@ -35,6 +34,7 @@ from tqdm.auto import tqdm
 from hybridgnn.embeddings.store import embeddings_dir, mark_complete
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
+from hybridgnn.models.checkpoint import weights_fingerprint
 from hybridgnn.models.hetero import HeteroGNN
 
 log = logging.getLogger(__name__)
@@ -117,15 +117,6 @@ def hetero_layerwise(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: i
     with torch.inference_mode():
         out = model.head(x)
     return {t: v.float().numpy() for t, v in out.items()}
-
-
-def weights_fingerprint(model_dir: str | Path) -> str:
-    """SHA-256 prefix of a model directory's weights file (what the store was computed with)."""
-    h = hashlib.sha256()
-    with open(Path(model_dir) / "model.pt", "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def _save(path: Path, rows: torch.Tensor, dtype) -> None:

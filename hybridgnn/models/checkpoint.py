@@ -10,6 +10,7 @@ option or a changed library therefore never serves.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -148,6 +149,16 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu"):
     """load_model, golden check included."""
     return load_model(path, map_location)
+
+
+def weights_fingerprint(model_dir: str | Path) -> str:
+    """SHA-256 prefix of a model directory's weights file: what profiles and precomputed
+    embeddings were made with."""
+    h = hashlib.sha256()
+    with open(Path(model_dir) / WEIGHTS, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def _torch_load(path: Path, map_location):

@@ -100,11 +100,18 @@ class PrecomputedExecutor:
         timings = StageTimings(gather_s=t1 - t0, compute_s=time.perf_counter() - t1)
         return TypedResult("precomputed", timings, **answer)
 
-    def rank(self, query: TypedQuery, z_src: torch.Tensor) -> dict:
-        """topk_index and topk_scores of a whole-type top-k whose source rows are given
-        (new nodes' outputs) rather than stored."""
+    def new_node_outputs(self, node_type: str, hidden: np.ndarray, logits: np.ndarray, dst_type: str | None,
+                         k: int) -> dict:
+        """Outputs of new nodes computed elsewhere (hidden rows and logits), and with k the
+        top-k of every node of dst_type by the decoder's score against their logits."""
+        none = np.zeros(0, np.int64)
+        rows = torch.from_numpy(hidden), torch.from_numpy(logits)
         with torch.inference_mode():
-            return answer_query(query, self.decoder, (z_src, z_src), self._out[query.dst_type])
+            out = answer_query(TypedQuery("node", node_type, none), self.decoder, rows, None)
+            if k:
+                whole = TypedQuery("topk", node_type, none, dst_type, none, k, whole_type=True)
+                out.update(answer_query(whole, self.decoder, rows, self._out[dst_type]))
+        return out
 
 
 def answer_query(q: TypedQuery, decoder, src: tuple[torch.Tensor, torch.Tensor], z_dst: torch.Tensor | None) -> dict:

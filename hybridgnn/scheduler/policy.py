@@ -5,7 +5,6 @@ picks, and the --adapt re-fit. Decisions only; `hybridgnn profile` builds profil
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.errors import ConfigError
+from hybridgnn.models.checkpoint import weights_fingerprint as model_fingerprint
 from hybridgnn.scheduler.curves import (
     Curve,
     DeviceCurves,
@@ -33,15 +33,6 @@ POLICIES = ("latency", "throughput", "cpu", "gpu")  # plus slo:<ms>
 
 class ProfileMismatch(ConfigError):
     """A profile made for another dataset, model or fanouts."""
-
-
-def model_fingerprint(model_dir: Path) -> str:
-    """SHA-256 prefix of the checkpoint's weights file."""
-    h = hashlib.sha256()
-    with open(Path(model_dir) / "model.pt", "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def _device_curves(p: dict) -> DeviceCurves:

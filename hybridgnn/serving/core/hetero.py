@@ -148,6 +148,8 @@ class HeteroEngine(Admitting):
             except ValueError as exc:
                 raise ConfigError(f"precomputed embeddings in {self.embeddings.root}: {exc}; run `hybridgnn "
                                   "precompute` again") from None
+            for e in graph.edge_types:  # what new-node decoding asks, found here, off the event loop
+                graph.symmetric(e)
             log.info("precomputed embeddings of %s served (mode precomputed, new nodes)", self.embeddings.root)
         # Lookups leave the loop (a top-k over a whole node type is a matrix product), on as
         # many threads as admission's lookup lane counts servers.
@@ -334,13 +336,8 @@ class HeteroEngine(Admitting):
         t0 = time.perf_counter()
         res = self._new_nodes.infer(query.node_type, query.features, query.edges, mode=query.mode,
                                     gamma=query.gamma, policy=query.policy, seed=self.cfg.sampling.seed)
-        out = {"logits": res.logits, "embeddings": res.embeddings,
-               "predictions": res.logits.argmax(1) if res.logits.shape[1] else np.zeros(len(res.logits), np.int64)}
-        if query.k:
-            n = self.graph.num_nodes(query.dst_type)
-            ranked = TypedQuery("topk", query.node_type, np.zeros(0, np.int64), query.dst_type,
-                                np.arange(n, dtype=np.int64), query.k, whole_type=True)
-            out.update(self._precomputed.rank(ranked, torch.from_numpy(res.logits)))
+        out = self._precomputed.new_node_outputs(query.node_type, res.embeddings, res.logits, query.dst_type,
+                                                 query.k)
         return TypedResult(f"newnodes_{query.mode}", StageTimings(compute_s=time.perf_counter() - t0), **out)
 
     def _pump(self) -> None:
