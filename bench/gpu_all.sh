@@ -7,11 +7,12 @@
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
-# STAGE: env tests sampler lanecost precompute precompute_cli profile policies fig10 overload
-# (default: all but precompute_cli and overload, in that order; the products-scale graph
+# STAGE: env tests sampler lanecost precompute precompute_cli profile policies fig10 overload frontends
+# (default: all but precompute_cli, overload and frontends, in that order; the products-scale graph
 # is generated first, beside the tests). overload is a CPU figure that needs the 16 cores:
 # the front end's overload targets with the load generator on cores of its own (a 2-core
-# machine cannot offer 4x its capacity without taking the server's CPU). Each stage
+# machine cannot offer 4x its capacity without taking the server's CPU). frontends is the
+# front-end processes' scaling figure, also CPU only, also needing the cores. Each stage
 # writes OUTDIR/<stage>.log (and .json where it has figures) under its own time limit,
 # so one that breaks leaves the others' results; a summary is printed last and written
 # to OUTDIR/summary.txt. With ARCHIVE=FILE.tgz set, OUTDIR is also packed into FILE
@@ -19,7 +20,7 @@
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env tests sampler lanecost precompute profile policies fig10}  # precompute_cli, overload: ask for them
+STAGES=${*:-env tests sampler lanecost precompute profile policies fig10}  # precompute_cli, overload, frontends: ask for them
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 mkdir -p "$OUTDIR"
@@ -100,6 +101,10 @@ for s in $STAGES; do
         stage overload 200 $PY bench/overload.py --servers current --parts sampled --nodes-per-request 64 \
             --start-rate 2000 --multiples 1,2,4 --duration-s 5 --client-cpus 0,1 \
             --server-flags="--device cpu" --current-flags="--worker-cpus 4-15" --json "$OUTDIR/overload.json"
+        ;;
+    frontends)  # CPU only: one-seed lookups served within p99 30 ms, 4 front ends / 1 (server on 8 cores)
+        stage frontends 240 $PY bench/frontend_scaling.py --frontends 1,4 --server-cpus 0-7 --client-cpus 8-15 \
+            --clients 6 --trial-s 2 --bisect 2 --out "$OUTDIR/frontends.json"
         ;;
     *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
     esac

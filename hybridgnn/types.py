@@ -305,6 +305,11 @@ class ServingStats:
     def answered(self, status: int, seeds: int = 0) -> None:
         """An inference request was answered with `status` (and `seeds` rows on success)."""
 
+    def answered_elsewhere(self, pipeline: str, seconds: np.ndarray, respond_s: np.ndarray, seeds: int) -> None:
+        """len(seconds) inference requests were answered 200 by a front-end process itself
+        (precomputed lookups): stage total `seconds` and respond `respond_s` each, `seeds`
+        rows in all; counted as answered() and stage() count the engine's own."""
+
     def policy_in_force(self, name: str, changed: bool) -> None:
         """The policy `name` is in force (changed: moved there by --adapt)."""
 

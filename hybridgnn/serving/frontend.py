@@ -31,6 +31,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from urllib.parse import unquote
 
 from hybridgnn.errors import BadRequest, ServingError
@@ -52,12 +53,14 @@ from hybridgnn.serving.http.reply import (
 from hybridgnn.serving.http.server import HttpServer
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.ipc.channel import Channel
+from hybridgnn.serving.v2.lookups import LocalLookups
 from hybridgnn.serving.v2.types import Failure, internal_failure
 
 log = logging.getLogger("hybridgnn.frontend")
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _STATS_PERIOD_S = 1.0
 _ROUTES_KEPT = 1024
+_COUNTS_KEPT = 65536  # lookups answered here and not yet sent to the engine to count, at most
 _GONE = Reply.error(503, "the engine process is gone; retry (another replica can answer)", RETRY)
 
 
@@ -65,8 +68,9 @@ class EngineLink:
     """The front end's end of its link to the engine: requests out, each answered by the
     frame that carries its id back."""
 
-    def __init__(self, on_state, on_lost):
+    def __init__(self, on_state, on_lost, on_flush=None):
         self.channel = Channel(self._on_message, self._lost)
+        self.on_flush = on_flush  # () -> None: the engine's FLUSH (send what was counted here, then FLUSHED)
         self.setup: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending: dict[int, tuple] = {}
         self._next = 0
@@ -101,6 +105,11 @@ class EngineLink:
         if kind == wire.STOP:
             self._on_state({"draining": True, "stop": True})
             return
+        if kind == wire.FLUSH:
+            if self.on_flush is not None:
+                self.on_flush()
+            self.channel.send(wire.frame(wire.FLUSHED, 0))
+            return
         waiter = self._pending.pop(rid, None)
         if waiter is None:
             raise wire.WireError(f"an answer to request {rid}, which waits for none")
@@ -128,6 +137,15 @@ class FrontendApi:
         self.refusals = Refusals()
         self.report = None  # () -> this process's STATS frame: sent before /metrics is forwarded
         self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}
+        self.bound_s = float(setup.get("queue_bound_s", 0.0))
+        self.local = _open_lookups(setup.get("lookups") or [])
+        link.on_flush = self.send_counts
+
+    def send_counts(self) -> None:
+        """Send the engine every lookup answered here since the last time, to count."""
+        if self.local is not None:
+            for head, seconds in self.local.counted.take():
+                self.link.note(wire.encode_local(head, seconds))
 
     def route(self, method: str, path: str):
         key = (method, path)
@@ -156,6 +174,10 @@ class FrontendApi:
             return self._unparsed(model, version, exc)
         except Exception:
             return self.internal_error("infer")
+        if self.local is not None and not self.draining:
+            found = self.local.answer(inp, self.bound_s)
+            if found is not None:
+                return self._answer_here(*found, binary)
         later = Later()
 
         def answer(kind: int, payload: memoryview) -> Reply:
@@ -175,6 +197,16 @@ class FrontendApi:
             return self._unparsed(model, version, BadRequest(
                 "'data' is nested too deeply (an input's data is a list of numbers, or one list per row)"))
         return later if sent else _GONE
+
+    def _answer_here(self, answer, started: float, rows: int, binary) -> Reply:
+        """A lookup answered here (v2/lookups.py), encoded and counted for the engine."""
+        encoding = time.perf_counter()
+        body, headers = encode_infer_response(answer, binary)
+        local = self.local
+        local.count(answer, started, encoding, rows)
+        if local.counted.size >= _COUNTS_KEPT:  # at thousands a second, before the report is due
+            self.send_counts()
+        return Reply(200, body, headers.pop("Content-Type"), headers or None)
 
     def _unparsed(self, model: str, version: str | None, exc: ServingError) -> Reply:
         """The answer to an inference refused here, counted by the engine as it counts its own."""
@@ -199,6 +231,18 @@ class FrontendApi:
                                                                  request.waited_s, request.standing),
                                  (later, answer, gone))
         return later if sent else _GONE
+
+
+def _open_lookups(specs: list[dict]) -> LocalLookups | None:
+    """The engine's stored rows this front end answers lookups from, or None (then the
+    engine answers them all)."""
+    if not specs:
+        return None
+    try:
+        return LocalLookups(specs)
+    except (OSError, ValueError) as exc:  # the engine still answers every lookup
+        log.warning("front end answers no lookups itself: cannot map the stored embeddings (%s)", exc)
+        return None
 
 
 _GRPC_GONE = ("UNAVAILABLE", "the engine process is gone; retry (another replica can answer)", (), b"")
@@ -291,6 +335,7 @@ async def serve(path: str, index: int) -> int:
 
     async def report() -> None:
         while True:
+            api.send_counts()
             link.note(api.report())
             await asyncio.sleep(_STATS_PERIOD_S)
 
@@ -307,6 +352,7 @@ async def serve(path: str, index: int) -> int:
     api.draining = True
     grace = setup["shutdown_grace_s"]
     await asyncio.gather(http.close(grace + 1), *([grpc_server.stop(grace)] if grpc_server is not None else []))
+    api.send_counts()
     return 0
 
 

@@ -39,9 +39,11 @@ from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.ipc.channel import Channel
+from hybridgnn.serving.v2.lookups import lookup_specs
 
 log = logging.getLogger("hybridgnn.serve")
 _START_TIMEOUT_S = 120.0  # a front end imports numpy and httptools: seconds, not minutes
+_FLUSH_TIMEOUT_S = 1.0  # a statistics read waits at most this long for the front ends' counts
 _RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)  # between restarts of a front end that keeps dying at start
 
 
@@ -87,6 +89,7 @@ class _Link:
         self.index: int | None = None
         self.channel = Channel(self._on_message, self._on_lost)
         self.report: dict = {}
+        self.flushed: asyncio.Future | None = None  # set by the FLUSHED that answers a FLUSH
 
     def _send(self, data: bytes) -> None:
         self.channel.send(data)
@@ -101,6 +104,12 @@ class _Link:
         elif kind == wire.UNPARSED:
             note = wire.loads(payload)
             self.hub.api.service.count_unparsed(note["model"], note["version"], int(note["status"]))
+        elif kind == wire.LOCAL:
+            model, version, seconds, respond_s, rows = wire.decode_local(payload)
+            self.hub.api.service.count_local(model, version, seconds, respond_s, rows)
+        elif kind == wire.FLUSHED:
+            if self.flushed is not None and not self.flushed.done():
+                self.flushed.set_result(None)
         elif kind == wire.STATS:
             self.report = wire.loads(payload)
         elif kind == wire.HELLO:
@@ -115,6 +124,16 @@ class _Link:
     def _on_lost(self, exc) -> None:
         if self.index is not None and self.hub.links.get(self.index) is self:
             del self.hub.links[self.index]
+        if self.flushed is not None and not self.flushed.done():
+            self.flushed.set_result(None)
+
+    def flush(self) -> asyncio.Future:
+        """Resolves once every lookup this front end answered itself so far is counted here."""
+        if self.flushed is None or self.flushed.done():
+            self.flushed = asyncio.get_running_loop().create_future()
+            if not self.channel.send(wire.frame(wire.FLUSH, 0)):
+                self.flushed.set_result(None)
+        return self.flushed
 
     def _infer(self, rid: int, payload: memoryview) -> None:
         service = self.hub.api.service
@@ -150,6 +169,18 @@ class _Link:
 
     def _forward(self, rid: int, payload: memoryview) -> None:
         method, path, headers, body, waited, standing = wire.decode_forward(payload)
+        if self.hub.counts_elsewhere and (path == "/metrics" or path.endswith("/stats")):
+            # what it reads counts lookups the front ends answered: count them all first
+            self.hub.spawn(self._forward_counted(rid, method, path, headers, body, waited, standing))
+            return
+        self._answer_forwarded(rid, method, path, headers, body, waited, standing)
+
+    async def _forward_counted(self, rid: int, *request) -> None:
+        await self.hub.flush()
+        self._answer_forwarded(rid, *request)
+
+    def _answer_forwarded(self, rid: int, method: str, path: str, headers: dict[str, str], body: bytes,
+                          waited: float, standing: bool) -> None:
         api = self.hub.api
         found = api.route(method, path)
         if isinstance(found, Reply):
@@ -178,6 +209,8 @@ class _Link:
         )
 
         metadata = (("authorization", authorization),) if authorization else ()
+        if method == "ModelStatistics" and self.hub.counts_elsewhere:
+            await self.hub.flush()
         response, code, message, trailing = await answer_forwarded(self.hub.grpc, method, request, metadata)
         self._send(wire.encode_grpc_reply(rid, response, code, message, trailing))
 
@@ -208,6 +241,19 @@ class Frontends:
         self._calls: set[asyncio.Task] = set()
         self._watchers: set[asyncio.Task] = set()
         self._stopping = False
+        self.lookups = lookup_specs(api.service)  # what front ends answer themselves (v2/lookups.py)
+
+    @property
+    def counts_elsewhere(self) -> bool:
+        """Whether front ends answer (and count) requests themselves: statistics then flush them first."""
+        return bool(self.lookups)
+
+    async def flush(self, timeout_s: float = _FLUSH_TIMEOUT_S) -> None:
+        """Return once every lookup the front ends answered so far is counted here (or after
+        timeout_s: a front end too busy to say so within it is counted at its next report)."""
+        waits = [link.flush() for link in list(self.links.values())]
+        if waits:
+            await asyncio.wait(waits, timeout=timeout_s)
 
     @property
     def path(self) -> str:
@@ -222,6 +268,7 @@ class Frontends:
                 "max_connections": max(1, s.max_connections // self.count),
                 "answers_per_turn": s.answers_per_turn, "queue_bound_s": self.api.engine.queue_bound_s,
                 "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining, "grpc_port": self.grpc_port,
+                "lookups": self.lookups,
                 "log_level": logging.getLogger().getEffectiveLevel()}
 
     async def start(self) -> None:

@@ -30,6 +30,9 @@ log = logging.getLogger("hybridgnn.serve")
 
 async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready=None) -> int:
     service = await start_engines(cfg, stats)
+    # The engines' heap (graph, model, torch) is most of what start-up leaves: frozen before
+    # anything listens, its one long collection never stalls a request.
+    freeze_startup_heap()
     # The stop signals are ours before anything listens: a client may see the server ready
     # (one front end up) while the others still start, and signal it then.
     stop = asyncio.Event()
@@ -50,7 +53,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
         return 2
     if server.grpc_port is not None:
         log.info("serving KServe v2 gRPC on %s:%d", cfg.server.host, server.grpc_port)
-    freeze_startup_heap()
+    freeze_startup_heap()  # what start_server added (short: the engines' heap is frozen already)
     background: set[asyncio.Task] = set()
     engine = server.engine  # server-wide state (seed counts) and the log line
 

@@ -21,6 +21,7 @@ import bisect
 import math
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
@@ -39,6 +40,17 @@ class _Series:
         if value == value:
             self.counts[bisect.bisect_left(self._bounds, value)] += 1
             self.total += value
+
+    def observe_many(self, values) -> None:
+        """observe() of each value, at once (an array of many)."""
+        values = np.asarray(values, dtype=np.float64)
+        values = values[~np.isnan(values)]
+        if len(values):
+            buckets = np.bincount(np.searchsorted(self._bounds, values, side="left"), minlength=len(self.counts))
+            counts = self.counts
+            for i in np.flatnonzero(buckets).tolist():
+                counts[i] += int(buckets[i])
+            self.total += float(values.sum())
 
 
 class _Count:

@@ -243,6 +243,14 @@ class Telemetry(ServingStats):
         if seeds:
             self._child(self.seeds, self.model, self.version).inc(seeds)
 
+    def answered_elsewhere(self, pipeline: str, seconds, respond_s, seeds: int) -> None:
+        m, v = self.model, self.version
+        self._child(self.stage_seconds, "respond", pipeline, m, v).observe_many(respond_s)
+        self._child(self.stage_seconds, "total", pipeline, m, v).observe_many(seconds)
+        self._child(self.requests, m, v, "200").inc(len(seconds))
+        if seeds:
+            self._child(self.seeds, m, v).inc(seeds)
+
     def policy_in_force(self, name: str, changed: bool) -> None:
         self.policy.clear()
         self.policy.labels(name).set(1)

@@ -197,3 +197,54 @@ def test_the_held_port_refuses_a_taken_one_and_lets_front_ends_bind_beside_it():
         beside.close()
     finally:
         held.close()
+
+
+def test_front_ends_answer_lookups_themselves_and_every_one_is_counted_at_once(tiny_dataset, tiny_model_pe):
+    """Precomputed lookups are answered by the front end that parsed them (nothing goes to
+    the engine), the same as a one-process server answers; a statistics read or a scrape at
+    the other front end, straight after, counts every one of them."""
+    lookups = [(ids, {"parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}, {"name": "embeddings"}]})
+               for ids in ([1], [5, 7], [2999, 0, 3])]
+    one = ServerProcess(tiny_dataset, tiny_model_pe, "--frontends", "1", "--workers", "1").wait_ready()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", one.port, timeout=30)
+        reference = [post(conn, ids, **kw) for ids, kw in lookups]
+    finally:
+        assert one.stop() == 0, one.output()
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--frontends", "2", "--workers", "1").wait_ready()
+    try:
+        pids = wait_for_frontends(srv.proc.pid, 2)
+        first, second = on(connection_to(srv.port, 0, pids)), on(connection_to(srv.port, 1, pids))
+        rounds = 20
+        for _ in range(rounds):
+            assert [post(first, ids, **kw) for ids, kw in lookups] == reference
+        first.request("GET", f"/v2/models/{MODEL}/stats")  # the same front end reads them: 0 ms late
+        mine = json.loads(first.getresponse().read())["model_stats"][0]
+        second.request("GET", f"/v2/models/{MODEL}/stats")  # the other front end, the same moment
+        stats = json.loads(second.getresponse().read())["model_stats"][0]
+        assert mine["inference_stats"]["success"]["count"] == stats["inference_stats"]["success"]["count"] == \
+            rounds * len(lookups)
+        assert stats["inference_count"] == rounds * sum(len(ids) for ids, _ in lookups)
+        def scrape() -> dict:  # at front end 1: front end 0 forwards nothing more
+            second.request("GET", "/metrics")
+            text = second.getresponse().read().decode()
+            return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                    for f in text_string_to_metric_families(text) for s in f.samples}
+
+        m = scrape()
+        assert m[("hybridgnn_requests_total", (("code", "200"), ("model", MODEL), ("version", "1")))] == \
+            rounds * len(lookups)
+        assert m[("hybridgnn_stage_seconds_count", (("model", MODEL), ("pipeline", "precomputed"),
+                                                    ("stage", "total"), ("version", "1")))] == rounds * len(lookups)
+        # none crossed to the engine: front end 0 sent it only its statistics read (its 1 s
+        # report, once it shows that read, shows every lookup it would have sent before it)
+        deadline = time.monotonic() + 5
+        while (sent := scrape().get(("hybridgnn_frontend_requests_total", (("frontend", "0"),)), 0)) < 1 \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)  # poll interval, bounded by the deadline
+        assert sent == 1
+        # a sampled request still goes to the engine
+        status, answer = post(first, [4], parameters={"mode": "sampled"})
+        assert status == 200 and answer["outputs"]
+    finally:
+        assert srv.stop() == 0, srv.output()

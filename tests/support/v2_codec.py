@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from hybridgnn.serving.http.codec import encode_infer_response as _encode
 from hybridgnn.serving.http.codec import parse_infer, parse_update
-from hybridgnn.serving.v2.requests import decode_infer, decode_update
+from hybridgnn.serving.v2.inference import decode_infer
+from hybridgnn.serving.v2.requests import decode_update
 from hybridgnn.serving.v2.types import InferAnswer
 
 

@@ -297,7 +297,7 @@ def test_declared_ids_reads_the_shape_without_validating(header, expected):
     0 whenever that is not a list of sizes (the decoder then says what is wrong), None
     for a request that is not a sampled inference of existing nodes."""
     from hybridgnn.serving.http.codec import parse_infer
-    from hybridgnn.serving.v2.requests import declared_ids
+    from hybridgnn.serving.v2.inference import declared_ids
 
     try:
         request, _ = parse_infer(json.dumps(header).encode(), None, "m", None)

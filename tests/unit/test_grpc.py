@@ -12,7 +12,7 @@ service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 from hybridgnn.errors import BadRequest, Conflict, Overloaded, ServiceUnavailable  # noqa: E402
 from hybridgnn.serving.grpc.schema import METHODS, message  # noqa: E402
 from hybridgnn.serving.grpc.service import grpc_code, infer_input  # noqa: E402
-from hybridgnn.serving.v2.requests import decode_infer  # noqa: E402
+from hybridgnn.serving.v2.inference import decode_infer  # noqa: E402
 
 WIRE_SAME = {14: 5}  # an enum field is an int32 on the wire
 

@@ -87,3 +87,17 @@ def test_label_values_are_shown_as_text():
     got = _samples(registry)
     assert got["w_requests_total", (("code", "200"),)] == 1
     assert got["w_seconds_count", (("code", "200"),)] == 1
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(values=st.lists(st.one_of(st.floats(0, 20), st.sampled_from(LATENCY_BUCKETS)), max_size=60))
+def test_observe_many_counts_as_observing_each(values):
+    """A batch of observations (lookups a front end answered, counted at once) lands in
+    the same buckets, count and sum as observing them one by one; NaN in neither."""
+    registry = CollectorRegistry()
+    one, many = (LoopHistogram(f"{n}_seconds", "doc", ["stage"], LATENCY_BUCKETS, registry) for n in ("one", "many"))
+    for value in values:
+        one.labels("s").observe(value)
+    many.labels("s").observe_many(values)
+    a, b = one.labels("s"), many.labels("s")
+    assert a.counts == b.counts and a.total == pytest.approx(b.total)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hybridgnn.errors import BadRequest
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.ipc.channel import Channel
-from hybridgnn.serving.v2.requests import _ACCEPTED_INPUTS, INPUTS
+from hybridgnn.serving.v2.inference import _ACCEPTED_INPUTS, INPUTS
 from hybridgnn.serving.v2.tensors import decode_inputs
 from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
 

@@ -229,6 +229,11 @@ class Engine(Admitting, SampledInference):
             if len(dead):
                 raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
 
+    def local_lookup_spec(self) -> dict | None:
+        """Front-end processes may answer this engine's precomputed lookups from its stored
+        rows (GraphRequests.local_lookup_spec says when, and with what)."""
+        return self._side.local_lookup_spec()
+
     def lookup_now(self, node_ids: np.ndarray, *, with_embeddings: bool = True, waited_s: float = 0.0):
         """A precomputed lookup answered now (a RequestResult), or None when it must wait
         (then lookup())."""

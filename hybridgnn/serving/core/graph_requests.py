@@ -96,6 +96,27 @@ class GraphRequests:
             logits, hidden = self._rows(node_ids, with_embeddings)
         return RequestResult(logits, hidden, logits.argmax(axis=1).astype(np.int64), "precomputed", StageTimings())
 
+    def local_lookup_spec(self) -> dict | None:
+        """What a front-end process needs to answer this engine's precomputed lookups itself
+        (serving/v2/lookups.py), or None when only the engine answers them: no stored
+        embeddings, or stored rows that change (graph updates), or ids mapped from external
+        names. `hidden` (the `embeddings` output's rows) is absent when they are not stored
+        rows (a jumping-knowledge readout, or a one-layer model's features)."""
+        store = self.embeddings
+        if store is None or self.dynamic is not None or self.incremental is not None or self.graph.id_map is not None:
+            return None
+        final = getattr(store.final, "filename", None)  # np.load(mmap_mode="r") arrays: a file to map again
+        if final is None:
+            return None
+        hidden = None
+        if not self.model.readout_needed and len(store.layers) >= 2:
+            hidden = getattr(store.layers[-2], "filename", None)
+        server = self.cfg.server
+        return {"version": self.engine.model_version, "final": str(final), "hidden": str(hidden) if hidden else None,
+                "num_nodes": int(self.graph.num_nodes), "feature_dim": self.graph.feature_dim,
+                "max_nodes": int(server.max_request_nodes), "default_mode": self.engine.default_mode,
+                "default_outputs": list(server.default_outputs) if server.default_outputs is not None else None}
+
     def _rows(self, node_ids: np.ndarray, with_embeddings: bool) -> tuple[np.ndarray, np.ndarray]:
         logits = self.embeddings.lookup(node_ids)
         hidden = (hidden_rows(self.model, self.embeddings.layers, self.graph.features.__getitem__, node_ids)

@@ -49,6 +49,19 @@ class ModelStatistics:
         self.inference_count += rows
         self.last_inference_ms = int(time.time() * 1000)
 
+    def answered_elsewhere(self, count: int, seconds: float, rows: int, respond_s: float) -> None:
+        """`count` requests answered 200 by a front-end process itself (precomputed lookups),
+        `seconds` and `respond_s` their sums: as answered() counts each, with stage times of
+        zero for the stages a lookup has none of."""
+        totals = self.totals
+        for stage, ns in (("success", seconds), ("compute_output", respond_s), ("queue", 0.0), ("compute_input", 0.0),
+                          ("compute_infer", 0.0)):
+            t = totals[stage]
+            t[0] += count
+            t[1] += int(ns * 1e9)
+        self.inference_count += rows
+        self.last_inference_ms = int(time.time() * 1000)
+
     def failed(self, seconds: float) -> None:
         self._add("fail", seconds)
         self.last_inference_ms = int(time.time() * 1000)

@@ -36,6 +36,8 @@ FORWARD = 4  # any other HTTP request, as received (encode_forward)
 UNPARSED = 5  # JSON {"model", "version", "status"}: an inference the front end answered (no reply)
 STATS = 6  # JSON of the front end's counters now (no reply)
 GRPC = 7  # a gRPC call as received: method, authorization, the request's protobuf bytes
+LOCAL = 8  # lookups the front end answered itself, to count (encode_local; no reply)
+FLUSHED = 9  # every LOCAL frame the engine's FLUSH asked for was sent before this one
 # Engine -> front end
 SETUP = 101  # JSON: the settings the front end serves with
 ANSWER = 102  # an inference's outputs (encode_answer)
@@ -44,6 +46,7 @@ REPLY = 104  # the answer to a FORWARD (encode_reply)
 STATE = 105  # JSON {"draining"}: the server's state changed
 STOP = 106  # close (stop accepting, answer what was accepted) and exit
 GRPC_REPLY = 107  # a gRPC call's answer: the response's protobuf bytes, or a status code and message
+FLUSH = 108  # send the LOCAL frames of every answer counted so far, then FLUSHED
 
 FRAME = struct.Struct("<IBI")  # length (kind + id + payload), kind, id
 HEAD = struct.Struct("<I")
@@ -325,3 +328,23 @@ def decode_grpc_reply(payload: memoryview) -> tuple[str | None, str, tuple, byte
         return head["code"], str(head["message"]), tuple((str(k), str(v)) for k, v in head["trailing"]), bytes(body)
     except (KeyError, TypeError, ValueError) as exc:
         raise WireError(f"gRPC answer does not decode: {exc!r}") from None
+
+
+# --- lookups answered in a front end (serving/v2/lookups.py) ---------------------------------
+def encode_local(head: dict, seconds: bytes) -> bytes:
+    """head {model, version, count, rows}; seconds: count float64 totals then count float64
+    encoding times, little-endian (LocalAnswers.take)."""
+    return with_head(LOCAL, 0, head, seconds, plain=True)
+
+
+def decode_local(payload: memoryview) -> tuple[str, str, np.ndarray, np.ndarray, int]:
+    """(model, version, seconds, respond seconds, rows) of a LOCAL frame."""
+    head, rest = split_head(payload)
+    try:
+        count = int(head["count"])
+        seconds = np.frombuffer(rest, dtype="<f8")
+        if count < 0 or len(seconds) != 2 * count:
+            raise WireError(f"{len(seconds)} times for {count} answers")
+        return str(head["model"]), str(head["version"]), seconds[:count], seconds[count:], int(head["rows"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"local answers do not decode: {exc!r}") from None

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import numpy as np
+
 from hybridgnn import __version__
 from hybridgnn.errors import (
     BadRequest,
@@ -39,7 +41,8 @@ from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
 from hybridgnn.serving.v2.describe import config_of, describe_model
-from hybridgnn.serving.v2.requests import declared_ids, decode_infer, decode_update
+from hybridgnn.serving.v2.inference import declared_ids, decode_infer
+from hybridgnn.serving.v2.requests import decode_update
 from hybridgnn.serving.v2.typed import TypedInferRequest, decode_typed
 from hybridgnn.serving.v2.types import (
     Failure,
@@ -290,6 +293,17 @@ class V2Service:
         else:
             engine.model_stats.failed(0.0)
         engine.stats.answered(status)
+
+    def count_local(self, model: str, version: str, seconds: np.ndarray, respond_s: np.ndarray, rows: int) -> None:
+        """Count lookups a front-end process answered itself (v2/lookups.py): seconds and
+        respond_s per answer, rows in all; as _answered counts the engine's own. A version
+        unloaded since is not counted."""
+        try:
+            engine = self.models.get(model, version)
+        except NotFound:
+            return
+        engine.stats.answered_elsewhere("precomputed", seconds, respond_s, rows)
+        engine.model_stats.answered_elsewhere(len(seconds), float(seconds.sum()), rows, float(respond_s.sum()))
 
     def refuse_standing(self, model: str, version: str | None, target_s: float, fail):
         """For an inference that waited past the target of a queue that stands in the front

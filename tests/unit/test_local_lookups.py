@@ -1,0 +1,236 @@
+"""Precomputed lookups a front-end process answers itself (serving/v2/lookups.py), against
+a real engine in this process (no sockets): the same bytes as the engine's own answer, the
+same counts once reported, and the engine still answers everything else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from hybridgnn.config import SamplingConfig, ServeConfig, UpdateConfig
+from hybridgnn.serving.core.engine import Engine
+from hybridgnn.serving.frontend import FrontendApi
+from hybridgnn.serving.http.api import Api
+from hybridgnn.serving.http.reply import Reply, Request
+from hybridgnn.serving.ipc import wire
+from hybridgnn.serving.v2.lookups import (
+    LOCAL_MAX_IDS,
+    LocalAnswers,
+    LocalLookups,
+    lookup_specs,
+)
+from hybridgnn.telemetry.metrics import Telemetry
+from tests.support.payloads import counter
+
+
+def sample(metrics: str, name: str, **labels) -> float:
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    raise AssertionError(f"{name} {labels} not in metrics")
+
+
+class RecordingLink:
+    """An engine link that records what the front end sends (nothing is answered)."""
+
+    def __init__(self):
+        self.sent: list[bytes] = []
+        self.notes: list[bytes] = []
+        self.on_flush = None
+
+    def request(self, make_frame, waiter) -> bool:
+        self.sent.append(make_frame(len(self.sent) + 1))
+        return True
+
+    def note(self, data: bytes) -> None:
+        self.notes.append(data)
+
+
+def run_engine(cfg: ServeConfig, scenario):
+    async def main():
+        engine = Engine(cfg, Telemetry(model=cfg.server.model_name))
+        await engine.start()
+        try:
+            return await scenario(Api(engine), engine)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+async def engine_reply(api: Api, body: bytes, headers: dict | None = None) -> Reply:
+    endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
+    reply = endpoint(Request(params, headers or {}, body))
+    return reply if isinstance(reply, Reply) else await reply
+
+
+def infer_body(ids, **kw) -> bytes:
+    return json.dumps({"inputs": [{"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": list(ids)}],
+                       **kw}).encode()
+
+
+def front_end(api: Api) -> tuple[FrontendApi, RecordingLink]:
+    link = RecordingLink()
+    setup = {"lookups": lookup_specs(api.service), "queue_bound_s": api.engine.queue_bound_s}
+    return FrontendApi(link, setup), link
+
+
+def here(fe: FrontendApi, body: bytes, headers: dict | None = None) -> Reply:
+    endpoint, params = fe.route("POST", "/v2/models/hybridgnn/infer")
+    return endpoint(Request(params, headers or {}, body))
+
+
+@pytest.fixture(scope="module")
+def pe_cfg(tiny_dataset, tiny_model_pe):
+    return ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)))
+
+
+LOOKUPS = [
+    infer_body([0, 5, 2999], parameters={"mode": "precomputed"}),
+    infer_body([7], parameters={"mode": "precomputed"}, outputs=[{"name": "embeddings"}], id="abc"),
+    infer_body([3, 3, 1], parameters={"mode": "precomputed", "binary_data_output": True}),
+    infer_body([11, 12], parameters={"mode": "precomputed"},
+               outputs=[{"name": "predictions"}, {"name": "logits", "parameters": {"binary_data": True}}]),
+    infer_body(list(range(LOCAL_MAX_IDS)), parameters={"mode": "precomputed"}, outputs=[{"name": "logits"}]),
+]
+FORWARDED = [
+    infer_body([1], parameters={"mode": "sampled"}),
+    infer_body([1]),  # the engine's default mode
+    infer_body([1], parameters={"mode": "precomputed", "min_graph_version": 0}),
+    infer_body([1], parameters={"mode": "precomputed", "something": 1}),
+    infer_body(list(range(LOCAL_MAX_IDS + 1)), parameters={"mode": "precomputed"}),
+    infer_body([3000], parameters={"mode": "precomputed"}),  # past the graph: the engine's 400
+    infer_body([-1], parameters={"mode": "precomputed"}),
+    infer_body([1], parameters={"mode": "precomputed"}, outputs=[{"name": "nope"}]),
+]
+
+
+def test_a_lookup_answered_here_is_the_engines_answer_byte_for_byte_and_the_rest_goes_to_it(pe_cfg):
+    async def scenario(api, engine):
+        fe, link = front_end(api)
+        assert fe.local is not None
+        pairs = []
+        for body in LOOKUPS:
+            mine = here(fe, body)
+            assert isinstance(mine, Reply), body[:120]
+            pairs.append((mine, await engine_reply(api, body)))
+        assert not link.sent
+        for i, body in enumerate(FORWARDED):
+            assert not isinstance(here(fe, body), Reply) and len(link.sent) == i + 1, body[:120]
+        return pairs
+
+    for mine, theirs in run_engine(pe_cfg, scenario):
+        assert (mine.status, mine.content_type, mine.headers, mine.body) == \
+            (theirs.status, theirs.content_type, theirs.headers, theirs.body)
+
+
+def test_a_front_end_that_drains_or_sees_a_standing_queue_leaves_lookups_to_the_engine(pe_cfg):
+    async def scenario(api, engine):
+        fe, link = front_end(api)
+        body = LOOKUPS[0]
+        endpoint, params = fe.route("POST", "/v2/models/hybridgnn/infer")
+        late = endpoint(Request(params, {}, body, waited_s=2 * fe.bound_s))
+        standing = endpoint(Request(params, {}, body, standing=True))
+        fe.draining = True
+        draining = here(fe, body)
+        return [late, standing, draining], link
+
+    replies, link = run_engine(pe_cfg, scenario)
+    assert not any(isinstance(r, Reply) for r in replies) and len(link.sent) == 3
+
+
+def test_lookups_answered_here_are_counted_by_the_engine_as_its_own(pe_cfg):
+    n = 5
+
+    async def scenario(api, engine):
+        fe, link = front_end(api)
+        body = infer_body([1, 2], parameters={"mode": "precomputed"})
+        for _ in range(n):
+            assert here(fe, body).status == 200
+        before = engine.model_stats.report("hybridgnn", "1")
+        fe.send_counts()
+        assert len(link.notes) == 1 and not fe.local.counted.size
+        kind = wire.FRAME.unpack_from(link.notes[0])[1]
+        assert kind == wire.LOCAL
+        model, version, seconds, respond_s, rows = wire.decode_local(memoryview(link.notes[0])[wire.FRAME.size:])
+        api.service.count_local(model, version, seconds, respond_s, rows)
+        after_local = engine.model_stats.report("hybridgnn", "1")
+        for _ in range(n):
+            assert (await engine_reply(api, body)).status == 200
+        after_engine = engine.model_stats.report("hybridgnn", "1")
+        return before, after_local, after_engine, engine.stats.exposition()[0].decode()
+
+    before, local, own, metrics = run_engine(pe_cfg, scenario)
+    assert before["inference_count"] == 0
+    # n answers counted from the front end, then n by the engine itself: the same counts
+    assert local["inference_count"] == 2 * n and own["inference_count"] == 4 * n
+    for stage, got in local["inference_stats"].items():
+        assert own["inference_stats"][stage]["count"] == 2 * got["count"], stage
+    assert local["inference_stats"]["success"]["count"] == n
+    assert counter(metrics, "hybridgnn_requests_total", code="200", model="hybridgnn", version="1") == 2 * n
+    assert counter(metrics, "hybridgnn_seeds_total", model="hybridgnn", version="1") == 4 * n
+    for stage in ("total", "respond"):
+        assert sample(metrics, "hybridgnn_stage_seconds_count", stage=stage, pipeline="precomputed",
+                      model="hybridgnn", version="1") == 2 * n
+
+
+def test_an_engine_whose_rows_change_or_are_not_stored_offers_no_lookups(tiny_dataset, tiny_model, tiny_model_pe,
+                                                                         tmp_path):
+    updating = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe, sampling=SamplingConfig((5, 3)),
+                           updates=UpdateConfig(token="12345678", log=str(tmp_path / "updates.sqlite")))
+    without = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
+
+    async def scenario(api, engine):
+        return lookup_specs(api.service), engine.local_lookup_spec()
+
+    for cfg in (updating, without):
+        specs, spec = run_engine(cfg, scenario)
+        assert specs == [] and spec is None
+
+
+def test_a_front_end_that_cannot_map_the_rows_answers_none_itself(tmp_path):
+    spec = {"model": "m", "version": "1", "final": str(tmp_path / "gone.npy"), "num_nodes": 3, "max_nodes": 8}
+    fe = FrontendApi(RecordingLink(), {"lookups": [spec], "queue_bound_s": 1.0})
+    assert fe.local is None
+
+
+def test_rows_that_do_not_cover_the_graph_are_refused(tmp_path):
+    np.save(tmp_path / "final.npy", np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="do not cover"):
+        LocalLookups([{"model": "m", "version": "1", "final": str(tmp_path / "final.npy"), "num_nodes": 3,
+                       "max_nodes": 8}])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["m", "n"]), st.floats(0, 10), st.floats(0, 1), st.integers(0, 64)),
+                max_size=40))
+def test_counts_taken_are_every_answer_added_once(answers):
+    counted = LocalAnswers()
+    for model, total, respond, rows in answers:
+        counted.add(model, "1", total, respond, rows)
+    assert counted.size == len(answers)
+    got = {}
+    for head, blob in counted.take():
+        frame = wire.encode_local(head, blob)
+        model, version, seconds, respond_s, rows = wire.decode_local(memoryview(frame)[wire.FRAME.size:])
+        got[model] = (seconds.tolist(), respond_s.tolist(), rows)
+    assert counted.size == 0 and counted.take() == []
+    for model in ("m", "n"):
+        mine = [a for a in answers if a[0] == model]
+        if mine:
+            assert got[model] == ([a[1] for a in mine], [a[2] for a in mine], sum(a[3] for a in mine))
+        else:
+            assert model not in got
+
+
+def test_a_local_frame_that_does_not_add_up_breaks_the_link():
+    frame = wire.encode_local({"model": "m", "version": "1", "count": 3, "rows": 1}, np.zeros(4, "<f8").tobytes())
+    with pytest.raises(wire.WireError):
+        wire.decode_local(memoryview(frame)[wire.FRAME.size:])
