@@ -31,16 +31,15 @@ import os
 import resource
 import signal
 import sys
-import time
 from urllib.parse import unquote
 
 from hybridgnn.errors import BadRequest, ServingError
 from hybridgnn.serving.core.eager import Later, together
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
-    encode_infer_response,
     parse_infer,
 )
+from hybridgnn.serving.http.lookups import HttpLookups, infer_reply
 from hybridgnn.serving.http.reply import (
     ABORT,
     RETRY,
@@ -53,14 +52,12 @@ from hybridgnn.serving.http.reply import (
 from hybridgnn.serving.http.server import HttpServer
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.ipc.channel import Channel
-from hybridgnn.serving.v2.lookups import LocalLookups
 from hybridgnn.serving.v2.types import Failure, internal_failure
 
 log = logging.getLogger("hybridgnn.frontend")
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _STATS_PERIOD_S = 1.0
 _ROUTES_KEPT = 1024
-_COUNTS_KEPT = 65536  # lookups answered here and not yet sent to the engine to count, at most
 _GONE = Reply.error(503, "the engine process is gone; retry (another replica can answer)", RETRY)
 
 
@@ -137,15 +134,13 @@ class FrontendApi:
         self.refusals = Refusals()
         self.report = None  # () -> this process's STATS frame: sent before /metrics is forwarded
         self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}
-        self.bound_s = float(setup.get("queue_bound_s", 0.0))
-        self.local = _open_lookups(setup.get("lookups") or [])
+        self.local = _open_lookups(setup.get("lookups") or [], float(setup.get("queue_bound_s", 0.0)), link)
         link.on_flush = self.send_counts
 
     def send_counts(self) -> None:
         """Send the engine every lookup answered here since the last time, to count."""
         if self.local is not None:
-            for head, seconds in self.local.counted.take():
-                self.link.note(wire.encode_local(head, seconds))
+            self.local.send_counts()
 
     def route(self, method: str, path: str):
         key = (method, path)
@@ -175,16 +170,15 @@ class FrontendApi:
         except Exception:
             return self.internal_error("infer")
         if self.local is not None and not self.draining:
-            found = self.local.answer(inp, self.bound_s)
-            if found is not None:
-                return self._answer_here(*found, binary)
+            reply = self.local.reply(inp, binary)
+            if reply is not None:
+                return reply
         later = Later()
 
         def answer(kind: int, payload: memoryview) -> Reply:
             try:
                 if kind == wire.ANSWER:
-                    body, headers = encode_infer_response(wire.decode_answer(payload, model), binary)
-                    return Reply(200, body, headers.pop("Content-Type"), headers or None)
+                    return infer_reply(wire.decode_answer(payload, model), binary)
                 if kind == wire.FAILED:
                     return self.refusals.reply_of(wire.decode_failure(payload))
                 raise wire.WireError(f"message kind {kind} answers an inference")
@@ -197,16 +191,6 @@ class FrontendApi:
             return self._unparsed(model, version, BadRequest(
                 "'data' is nested too deeply (an input's data is a list of numbers, or one list per row)"))
         return later if sent else _GONE
-
-    def _answer_here(self, answer, started: float, rows: int, binary) -> Reply:
-        """A lookup answered here (v2/lookups.py), encoded and counted for the engine."""
-        encoding = time.perf_counter()
-        body, headers = encode_infer_response(answer, binary)
-        local = self.local
-        local.count(answer, started, encoding, rows)
-        if local.counted.size >= _COUNTS_KEPT:  # at thousands a second, before the report is due
-            self.send_counts()
-        return Reply(200, body, headers.pop("Content-Type"), headers or None)
 
     def _unparsed(self, model: str, version: str | None, exc: ServingError) -> Reply:
         """The answer to an inference refused here, counted by the engine as it counts its own."""
@@ -233,13 +217,18 @@ class FrontendApi:
         return later if sent else _GONE
 
 
-def _open_lookups(specs: list[dict]) -> LocalLookups | None:
-    """The engine's stored rows this front end answers lookups from, or None (then the
-    engine answers them all)."""
+def _open_lookups(specs: list[dict], bound_s: float, link: EngineLink) -> HttpLookups | None:
+    """The lookups this front end answers from the engine's stored rows, their answers
+    counted by the engine; None when there are none (then the engine answers them all)."""
     if not specs:
         return None
+
+    def send(taken: list[tuple[dict, bytes]]) -> None:
+        for head, seconds in taken:
+            link.note(wire.encode_local(head, seconds))
+
     try:
-        return LocalLookups(specs)
+        return HttpLookups(specs, bound_s, send)
     except (OSError, ValueError) as exc:  # the engine still answers every lookup
         log.warning("front end answers no lookups itself: cannot map the stored embeddings (%s)", exc)
         return None

@@ -222,6 +222,7 @@ def test_a_lookup_error_inside_the_engine_is_a_500_not_a_409(tiny_dataset, tiny_
         raise LookupError("an internal table lacks a key")
 
     async def scenario(api, engine):
+        api.lookups = None  # the engine's own lookup, not the HTTP server's (tests/unit/test_local_lookups.py)
         monkeypatch.setattr(type(engine._side), "_rows", broken)  # under the inline and the awaited lookup
         return await call(api, json.dumps({
             "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}],

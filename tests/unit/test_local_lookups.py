@@ -66,6 +66,15 @@ def run_engine(cfg: ServeConfig, scenario):
 
 
 async def engine_reply(api: Api, body: bytes, headers: dict | None = None) -> Reply:
+    """The engine's own answer (V2Service.infer), not the HTTP server's lookup."""
+    lookups, api.lookups = api.lookups, None
+    try:
+        return await _reply(api, body, headers)
+    finally:
+        api.lookups = lookups
+
+
+async def _reply(api: Api, body: bytes, headers: dict | None = None) -> Reply:
     endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
     reply = endpoint(Request(params, headers or {}, body))
     return reply if isinstance(reply, Reply) else await reply
@@ -136,7 +145,7 @@ def test_a_front_end_that_drains_or_sees_a_standing_queue_leaves_lookups_to_the_
         fe, link = front_end(api)
         body = LOOKUPS[0]
         endpoint, params = fe.route("POST", "/v2/models/hybridgnn/infer")
-        late = endpoint(Request(params, {}, body, waited_s=2 * fe.bound_s))
+        late = endpoint(Request(params, {}, body, waited_s=2 * fe.local.bound_s))
         standing = endpoint(Request(params, {}, body, standing=True))
         fe.draining = True
         draining = here(fe, body)
@@ -156,7 +165,7 @@ def test_lookups_answered_here_are_counted_by_the_engine_as_its_own(pe_cfg):
             assert here(fe, body).status == 200
         before = engine.model_stats.report("hybridgnn", "1")
         fe.send_counts()
-        assert len(link.notes) == 1 and not fe.local.counted.size
+        assert len(link.notes) == 1 and not fe.local.local.counted.size
         kind = wire.FRAME.unpack_from(link.notes[0])[1]
         assert kind == wire.LOCAL
         model, version, seconds, respond_s, rows = wire.decode_local(memoryview(link.notes[0])[wire.FRAME.size:])
@@ -234,3 +243,26 @@ def test_a_local_frame_that_does_not_add_up_breaks_the_link():
     frame = wire.encode_local({"model": "m", "version": "1", "count": 3, "rows": 1}, np.zeros(4, "<f8").tobytes())
     with pytest.raises(wire.WireError):
         wire.decode_local(memoryview(frame)[wire.FRAME.size:])
+
+
+def test_the_http_server_in_the_engines_process_answers_lookups_itself_and_every_read_counts_them(pe_cfg):
+    """One process (--frontends 1): the Api answers a lookup as the engine does, without the
+    engine's inference path, and a statistics read or a scrape straight after counts it."""
+    async def scenario(api, engine):
+        assert api.lookups is not None
+        seen = []
+        original = api.service.infer
+        api.service.infer = lambda *a, **k: seen.append(a) or original(*a, **k)
+        mine = [await _reply(api, body) for body in LOOKUPS]
+        assert not seen  # none went through the engine's inference path
+        stats = api.service.statistics("hybridgnn")[0]
+        metrics = api.service.metrics()[0].decode()
+        theirs = [await engine_reply(api, body) for body in LOOKUPS]
+        assert len(seen) == len(LOOKUPS)
+        return mine, theirs, stats, metrics
+
+    mine, theirs, stats, metrics = run_engine(pe_cfg, scenario)
+    for a, b in zip(mine, theirs, strict=True):
+        assert (a.status, a.content_type, a.headers, a.body) == (b.status, b.content_type, b.headers, b.body)
+    assert stats["inference_stats"]["success"]["count"] == len(LOOKUPS)
+    assert sample(metrics, "hybridgnn_requests_total", model="hybridgnn", version="1", code="200") == len(LOOKUPS)

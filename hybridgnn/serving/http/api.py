@@ -15,16 +15,13 @@ from urllib.parse import unquote
 
 from hybridgnn.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from hybridgnn.serving.core.engine import Engine
-from hybridgnn.serving.http.codec import (
-    HEADER_LENGTH,
-    encode_infer_response,
-    parse_infer,
-    parse_update,
-)
+from hybridgnn.serving.http.codec import HEADER_LENGTH, parse_infer, parse_update
+from hybridgnn.serving.http.lookups import HttpLookups, infer_reply
 from hybridgnn.serving.http.reply import Endpoint, Refusals, Reply, Request, model_route
 from hybridgnn.serving.http.turns import standing_queue_limits
 from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
+from hybridgnn.serving.v2.lookups import count_taken, lookup_specs
 from hybridgnn.serving.v2.service import V2Service
 from hybridgnn.serving.v2.types import Failure, GraphUpdateInput, InferAnswer
 
@@ -43,6 +40,7 @@ class Api:
         self.engine = service.engine  # server-wide settings (limits) come from the first engine
         self._refusals = Refusals()
         self.standing_target_s = standing_queue_limits(self.engine.queue_bound_s)[0]
+        self.lookups = _lookups(service)  # answered by this process's HTTP server itself (http/lookups.py)
         self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}  # route()'s, kept
         s = service
         self._static = {
@@ -187,11 +185,13 @@ class Api:
                                       request.params.get("version"), request.waited_s, request.standing)
         except Exception as exc:
             return self._unparsed(request, exc)
+        if self.lookups is not None and not self.service.draining:
+            reply = self.lookups.reply(req, binary)
+            if reply is not None:
+                return reply
 
         def encode(answer: InferAnswer) -> Reply:
-            body, headers = encode_infer_response(answer, binary)
-            content_type = headers.pop("Content-Type")
-            return Reply(200, body, content_type, headers or None)
+            return infer_reply(answer, binary)
 
         return self.service.infer(req, encode, self.reply_of)
 
@@ -211,6 +211,20 @@ class Api:
                                   _auth(request), key, hashlib.sha256(request.body).hexdigest() if key else None,
                                   request.waited_s)
         return Reply.json(await self.service.update_graph(update))
+
+
+def _lookups(service: V2Service) -> HttpLookups | None:
+    """The precomputed lookups this process's HTTP server answers itself, counted straight
+    into the service (before every statistics read too); None when there are none."""
+    specs = lookup_specs(service)
+    if not specs:
+        return None
+    try:
+        lookups = HttpLookups(specs, service.engine.queue_bound_s, lambda taken: count_taken(service, taken))
+    except (OSError, ValueError):  # the engine answers every lookup, as it can
+        return None
+    service.count_from(lookups.send_counts)
+    return lookups
 
 
 def _auth(request: Request) -> str:

@@ -127,6 +127,15 @@ class LocalAnswers:
         return out
 
 
+def count_taken(service, taken: list[tuple[dict, bytes]]) -> None:
+    """Count LocalAnswers.take()'s answers in `service` (V2Service.count_local) in this
+    process (an HTTP server in the engine's own process answers lookups this way too)."""
+    for head, blob in taken:
+        seconds = np.frombuffer(blob, dtype="<f8")
+        n = int(head["count"])
+        service.count_local(head["model"], head["version"], seconds[:n], seconds[n:], int(head["rows"]))
+
+
 class LocalLookups:
     """The lookups a front end answers itself (see the module docstring)."""
 

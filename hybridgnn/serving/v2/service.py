@@ -83,6 +83,7 @@ class V2Service:
         self.engine = self.models.engines()[0]
         self._standing: dict[float, Failure] = {}  # refuse_standing()'s, by target
         self._refusals: dict[tuple, Failure] = {}  # failure()'s 429s and 503s, shared
+        self._uncounted: list[Callable[[], None]] = []  # count_from()'s
 
     @property
     def draining(self) -> bool:
@@ -148,13 +149,24 @@ class V2Service:
     def statistics(self, name: str | None = None, version: str | None = None) -> list[dict]:
         """Counts and cumulative nanoseconds per stage, as Triton's statistics extension
         has them, of one model (version) or every one."""
+        self.count_pending()
         if name is not None:
             self.models.get(name, version)  # NotFound naming what exists
         return [e.model_stats.report(n, v) for n, v, e in self.models.items()
                 if (name is None or n == name) and (version is None or v == version)]
 
     def metrics(self) -> tuple[bytes, str]:
+        self.count_pending()
         return self.engine.stats.exposition()
+
+    def count_from(self, source: Callable[[], None]) -> None:
+        """source() counts answers given outside infer() and not counted yet (lookups a
+        transport answered itself, v2/lookups.py); every statistics read calls it first."""
+        self._uncounted.append(source)
+
+    def count_pending(self) -> None:
+        for source in self._uncounted:
+            source()
 
     # --- repository extension -------------------------------------------------------------
     def index(self) -> list[dict]:

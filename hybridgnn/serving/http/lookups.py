@@ -1,0 +1,67 @@
+"""Precomputed lookups an HTTP server answers itself (serving/v2/lookups.py says which),
+as Replies: a front-end process does, and so does the HTTP server in the engine's own
+process, where a lookup needs no Later, no completion callback and no per-answer
+statistics calls. Answers are counted in batches: `send(taken)` gets LocalAnswers.take()'s
+entries at least once a second while lookups are answered (at most COUNTS_KEPT held),
+and whenever send_counts() is called (before every statistics read)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from hybridgnn.serving.http.codec import encode_infer_response
+from hybridgnn.serving.http.reply import Reply
+from hybridgnn.serving.v2.lookups import LocalLookups
+from hybridgnn.serving.v2.types import InferAnswer, InferInput
+
+log = logging.getLogger("hybridgnn.serve")
+COUNTS_KEPT = 65536  # answers held before they are sent to be counted, at most
+COUNT_PERIOD_S = 1.0
+
+
+def infer_reply(answer: InferAnswer, binary: dict[str, bool] | bool) -> Reply:
+    """The 200 Reply of an inference's answer, encoded as the client asked (JSON or binary)."""
+    body, headers = encode_infer_response(answer, binary)
+    content_type = headers.pop("Content-Type")
+    return Reply(200, body, content_type, headers or None)
+
+
+class HttpLookups:
+    def __init__(self, specs: list[dict], bound_s: float, send: Callable[[list[tuple[dict, bytes]]], None]):
+        """specs: v2.lookups.lookup_specs(); bound_s: admission's bound on the wait (a
+        request that waited longer goes to the engine, which refuses it). OSError or
+        ValueError when the stored rows cannot be mapped."""
+        self.local = LocalLookups(specs)
+        self.bound_s = bound_s
+        self._send = send
+        self._sent_at = time.perf_counter()
+        self._failed = False
+
+    def reply(self, request: InferInput, binary: dict[str, bool] | bool) -> Reply | None:
+        """The Reply to `request` if it is a lookup answered here, else None."""
+        try:
+            found = self.local.answer(request, self.bound_s)
+        except Exception:  # a fault here (never a client's: those go to the engine): the engine answers
+            if not self._failed:
+                self._failed = True
+                log.exception("a lookup failed in the HTTP server; the engine answers it (logged once)")
+            return None
+        if found is None:
+            return None
+        answer, started, rows = found
+        encoding = time.perf_counter()
+        reply = infer_reply(answer, binary)
+        counted = self.local.counted
+        self.local.count(answer, started, encoding, rows)
+        if counted.size >= COUNTS_KEPT or encoding - self._sent_at >= COUNT_PERIOD_S:
+            self.send_counts()
+        return reply
+
+    def send_counts(self) -> None:
+        """Send every answer not counted yet."""
+        self._sent_at = time.perf_counter()
+        taken = self.local.counted.take()
+        if taken:
+            self._send(taken)
