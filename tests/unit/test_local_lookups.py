@@ -266,3 +266,55 @@ def test_the_http_server_in_the_engines_process_answers_lookups_itself_and_every
         assert (a.status, a.content_type, a.headers, a.body) == (b.status, b.content_type, b.headers, b.body)
     assert stats["inference_stats"]["success"]["count"] == len(LOOKUPS)
     assert sample(metrics, "hybridgnn_requests_total", model="hybridgnn", version="1", code="200") == len(LOOKUPS)
+
+
+def _random_lookup(rng: np.random.Generator) -> bytes:
+    """A lookup body a client might send, good or bad: ids in or out of range (or not ints),
+    outputs in any order (or unknown), binary or JSON, an id, stray parameters."""
+    n = int(rng.choice([0, 1, 2, 5, 300, LOCAL_MAX_IDS + 1]))
+    ids = (rng.integers(0, 3000, size=n) if rng.random() < 0.8 else rng.integers(-2, 3002, size=n)).tolist()
+    data = ids if rng.random() < 0.9 else [str(i) for i in ids]
+    params: dict = {"mode": str(rng.choice(["precomputed", "precomputed", "sampled", "Precomputed"]))}
+    if rng.random() < 0.2:
+        params["binary_data_output"] = bool(rng.random() < 0.5)
+    if rng.random() < 0.1:
+        params[str(rng.choice(["min_graph_version", "gamma", "x"]))] = int(rng.integers(0, 3))
+    if rng.random() < 0.1:
+        del params["mode"]
+    body = {"inputs": [{"name": str(rng.choice(["node_ids", "node_ids", "nodes"])),
+                        "shape": [n] if rng.random() < 0.95 else [n + 1],
+                        "datatype": str(rng.choice(["INT64", "INT64", "INT32", "FP32"])), "data": data}],
+            "parameters": params}
+    if rng.random() < 0.5:
+        names = ["logits", "embeddings", "predictions", "nope"]
+        body["outputs"] = [{"name": str(rng.choice(names)), **({"parameters": {"binary_data": True}}
+                                                                if rng.random() < 0.3 else {})}
+                           for _ in range(int(rng.integers(0, 4)))]
+    if rng.random() < 0.3:
+        body["id"] = str(rng.choice(["a", "", "x" * 300])) if rng.random() < 0.8 else 7
+    return json.dumps(body).encode()
+
+
+def test_any_lookup_body_is_answered_here_as_the_engine_answers_it_or_left_to_the_engine(pe_cfg):
+    """Seeded fuzz (one engine for every case): a body the front end answers gets the
+    engine's bytes; every other (bad ones included) goes to the engine untouched."""
+    rng = np.random.default_rng(38)
+
+    async def scenario(api, engine):
+        fe, link = front_end(api)
+        answered = forwarded = 0
+        for _ in range(400):
+            body = _random_lookup(rng)
+            mine = here(fe, body)
+            if isinstance(mine, Reply):
+                theirs = await engine_reply(api, body)
+                assert (mine.status, mine.content_type, mine.headers, mine.body) == \
+                    (theirs.status, theirs.content_type, theirs.headers, theirs.body), body[:200]
+                answered += 1
+            else:
+                forwarded += 1
+                assert len(link.sent) == forwarded
+        return answered, forwarded
+
+    answered, forwarded = run_engine(pe_cfg, scenario)
+    assert answered >= 20 and forwarded >= 20, (answered, forwarded)
