@@ -318,3 +318,24 @@ def test_any_lookup_body_is_answered_here_as_the_engine_answers_it_or_left_to_th
 
     answered, forwarded = run_engine(pe_cfg, scenario)
     assert answered >= 20 and forwarded >= 20, (answered, forwarded)
+
+
+def test_rows_rewritten_since_the_engine_opened_them_are_not_answered_from(pe_cfg):
+    """A precompute that rewrote the files after the engine started: a front end (re)started
+    then would read other rows than the engine's, so it answers none itself."""
+    import os
+
+    async def scenario(api, engine):
+        specs = lookup_specs(api.service)
+        fine = FrontendApi(RecordingLink(), {"lookups": specs, "queue_bound_s": 1.0}).local is not None
+        final = specs[0]["final"]
+        st = os.stat(final)
+        os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        try:
+            rewritten = FrontendApi(RecordingLink(), {"lookups": specs, "queue_bound_s": 1.0}).local
+        finally:
+            os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return fine, rewritten
+
+    fine, rewritten = run_engine(pe_cfg, scenario)
+    assert fine and rewritten is None

@@ -6,6 +6,7 @@ graph version, and how its lane learns its cost."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -112,7 +113,12 @@ class GraphRequests:
         if not self.model.readout_needed and len(store.layers) >= 2:
             hidden = getattr(store.layers[-2], "filename", None)
         server = self.cfg.server
+        try:  # which files: a front end maps these very ones, or none (a precompute since rewrote them)
+            files = {str(f): _identity(f) for f in (final, hidden) if f}
+        except OSError:
+            return None
         return {"version": self.engine.model_version, "final": str(final), "hidden": str(hidden) if hidden else None,
+                "files": files,
                 "num_nodes": int(self.graph.num_nodes), "feature_dim": self.graph.feature_dim,
                 "max_nodes": int(server.max_request_nodes), "default_mode": self.engine.default_mode,
                 "default_outputs": list(server.default_outputs) if server.default_outputs is not None else None}
@@ -196,3 +202,9 @@ class GraphRequests:
             raise Draining("server is shutting down")
         return await self.run_in_lane("updates", float(max(1, req.num_updates)), applier.submit, req,
                                              waited_s=waited_s)
+
+
+def _identity(path) -> list[int]:
+    """(device, inode, size, modification ns) of a file: another file, or this one rewritten, differs."""
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]

@@ -14,7 +14,9 @@ What holds:
   draining, not waited past the admission bound. Everything else goes to the engine,
   errors included (its answer and its counts are the reference).
 - A request answered here is decoded by the engine's own decode_infer and answered with
-  the engine's rows, so its answer is the engine's answer byte for byte.
+  the engine's rows, so its answer is the engine's answer byte for byte. The files are
+  the engine's own (device, inode, size and modification time checked when they are
+  mapped): rows rewritten since, by a precompute, are never answered from here.
 - It is counted by the engine: the front end keeps each answer's seconds and rows and
   sends them in its reports (LocalAnswers.frame), which the engine adds to its
   statistics and telemetry (V2Service.count_local); at most a report period late, and
@@ -25,6 +27,7 @@ Imports no torch: the front end imports this module.
 
 from __future__ import annotations
 
+import os
 import time
 from array import array
 
@@ -71,6 +74,10 @@ class _Table:
     def __init__(self, spec: dict):
         self.model = spec["model"]
         self.version = spec["version"]
+        for path, identity in (spec.get("files") or {}).items():
+            st = os.stat(path)
+            if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns] != identity:
+                raise ValueError(f"{path} is not the file the engine serves (rewritten since it started)")
         self.final = np.load(spec["final"], mmap_mode="r")
         self.hidden = np.load(spec["hidden"], mmap_mode="r") if spec.get("hidden") else None
         self.num_nodes = int(spec["num_nodes"])
