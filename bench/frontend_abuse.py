@@ -156,8 +156,10 @@ def good_request_sync(target: Target, timeout_s: float = 5.0) -> dict:
         client.close()
 
 
-def infer_bytes(port: int, model: str, node: int) -> bytes:
-    body = b'{"inputs":[{"name":"node_ids","shape":[1],"datatype":"INT64","data":[%d]}]}' % node
+def infer_bytes(port: int, model: str, node: int, mode: bytes | None = None) -> bytes:
+    """A 1-seed JSON inference (mode: its parameters.mode, else the server's default)."""
+    params = b',"parameters":{"mode":"%s"}' % mode if mode else b""
+    body = b'{"inputs":[{"name":"node_ids","shape":[1],"datatype":"INT64","data":[%d]}]%s}' % (node, params)
     return (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % (model.encode(), HOST.encode(), port, len(body))) + body
 
@@ -359,7 +361,7 @@ def part_flood(args, dataset, model) -> dict:
         if args.flood_request == "live":
             req = b"GET /v2/health/live HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (HOST.encode(), srv.port)
         else:
-            req = infer_bytes(srv.port, target.model, 0)
+            req = infer_bytes(srv.port, target.model, 0, b"precomputed" if args.flood_request == "lookup" else None)
         chunk = memoryview(req * max(1, (256 * 1024) // len(req)))
         total = int(args.flood_mib * MiB)
         rss0 = rss_mib(pid)
@@ -1021,8 +1023,9 @@ def main() -> int:
     ap.add_argument("--json-out", type=Path, default=None, help="also write the JSON summary here")
     g = ap.add_argument_group("flood")
     g.add_argument("--flood-mib", type=float, default=1024.0, help="bytes of pipelined requests to send (MiB)")
-    g.add_argument("--flood-request", choices=["live", "infer"], default="live",
-                   help="GET /v2/health/live, or a 1-seed JSON inference")
+    g.add_argument("--flood-request", choices=["live", "infer", "lookup"], default="live",
+                   help="GET /v2/health/live, a 1-seed JSON inference, or a 1-seed precomputed lookup (the model "
+                        "needs its embeddings)")
     g.add_argument("--flood-stall-s", type=float, default=5.0, help="no progress this long: the server paused")
     g.add_argument("--rss-limit-mib", type=float, default=32.0, help="target: server RSS growth at most this")
     g = ap.add_argument_group("slowloris")
