@@ -104,6 +104,13 @@ def _thread_ids() -> list[int]:
         return [0]
 
 
+def file_identity(path) -> list[int]:
+    """[device, inode, size, modification ns] of a file: another file, or this one rewritten
+    since, differs."""
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
 def freeze_startup_heap() -> None:
     """Move every object alive now (imported modules, torch, the model, the graph's
     wrappers) out of the garbage collector's reach. Call once, when start-up is done:

@@ -65,9 +65,9 @@ class EngineLink:
     """The front end's end of its link to the engine: requests out, each answered by the
     frame that carries its id back."""
 
-    def __init__(self, on_state, on_lost, on_flush=None):
+    def __init__(self, on_state, on_lost):
         self.channel = Channel(self._on_message, self._lost)
-        self.on_flush = on_flush  # () -> None: the engine's FLUSH (send what was counted here, then FLUSHED)
+        self.on_flush = None  # () -> None: the engine's FLUSH (send what was counted here, then FLUSHED)
         self.setup: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending: dict[int, tuple] = {}
         self._next = 0
@@ -220,18 +220,12 @@ class FrontendApi:
 def _open_lookups(specs: list[dict], bound_s: float, link: EngineLink) -> HttpLookups | None:
     """The lookups this front end answers from the engine's stored rows, their answers
     counted by the engine; None when there are none (then the engine answers them all)."""
-    if not specs:
-        return None
 
     def send(taken: list[tuple[dict, bytes]]) -> None:
         for head, seconds in taken:
             link.note(wire.encode_local(head, seconds))
 
-    try:
-        return HttpLookups(specs, bound_s, send)
-    except (OSError, ValueError) as exc:  # the engine still answers every lookup
-        log.warning("front end answers no lookups itself: cannot map the stored embeddings (%s)", exc)
-        return None
+    return HttpLookups.open(specs, bound_s, send)
 
 
 _GRPC_GONE = ("UNAVAILABLE", "the engine process is gone; retry (another replica can answer)", (), b"")

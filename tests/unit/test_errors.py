@@ -35,6 +35,7 @@ from hybridgnn.errors import (
 )
 from hybridgnn.serving.http.api import Api, Reply, Request
 from hybridgnn.telemetry.metrics import Telemetry
+from tests.support.engine_api import run_api
 from tests.support.payloads import counter
 
 
@@ -145,20 +146,6 @@ def test_brief_keeps_client_values_short_and_printable():
 
 
 # --- through a real engine (no sockets): bodies that used to answer 500 ---------------------
-def run_api(cfg: ServeConfig, scenario):
-    from hybridgnn.serving.core.engine import Engine
-
-    async def main():
-        engine = Engine(cfg, Telemetry(model=cfg.server.model_name))
-        await engine.start()
-        try:
-            return await scenario(Api(engine), engine)
-        finally:
-            await engine.stop()
-
-    return asyncio.run(main())
-
-
 async def call(api: Api, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
     endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
     reply = endpoint(Request(params, headers or {}, body))

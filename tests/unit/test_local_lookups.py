@@ -4,7 +4,6 @@ same counts once reported, and the engine still answers everything else."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import numpy as np
@@ -14,7 +13,6 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridgnn.config import SamplingConfig, ServeConfig, UpdateConfig
-from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.frontend import FrontendApi
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.reply import Reply, Request
@@ -25,7 +23,7 @@ from hybridgnn.serving.v2.lookups import (
     LocalLookups,
     lookup_specs,
 )
-from hybridgnn.telemetry.metrics import Telemetry
+from tests.support.engine_api import run_api
 from tests.support.payloads import counter
 
 
@@ -51,18 +49,6 @@ class RecordingLink:
 
     def note(self, data: bytes) -> None:
         self.notes.append(data)
-
-
-def run_engine(cfg: ServeConfig, scenario):
-    async def main():
-        engine = Engine(cfg, Telemetry(model=cfg.server.model_name))
-        await engine.start()
-        try:
-            return await scenario(Api(engine), engine)
-        finally:
-            await engine.stop()
-
-    return asyncio.run(main())
 
 
 async def engine_reply(api: Api, body: bytes, headers: dict | None = None) -> Reply:
@@ -135,7 +121,7 @@ def test_a_lookup_answered_here_is_the_engines_answer_byte_for_byte_and_the_rest
             assert not isinstance(here(fe, body), Reply) and len(link.sent) == i + 1, body[:120]
         return pairs
 
-    for mine, theirs in run_engine(pe_cfg, scenario):
+    for mine, theirs in run_api(pe_cfg, scenario):
         assert (mine.status, mine.content_type, mine.headers, mine.body) == \
             (theirs.status, theirs.content_type, theirs.headers, theirs.body)
 
@@ -151,7 +137,7 @@ def test_a_front_end_that_drains_or_sees_a_standing_queue_leaves_lookups_to_the_
         draining = here(fe, body)
         return [late, standing, draining], link
 
-    replies, link = run_engine(pe_cfg, scenario)
+    replies, link = run_api(pe_cfg, scenario)
     assert not any(isinstance(r, Reply) for r in replies) and len(link.sent) == 3
 
 
@@ -176,7 +162,7 @@ def test_lookups_answered_here_are_counted_by_the_engine_as_its_own(pe_cfg):
         after_engine = engine.model_stats.report("hybridgnn", "1")
         return before, after_local, after_engine, engine.stats.exposition()[0].decode()
 
-    before, local, own, metrics = run_engine(pe_cfg, scenario)
+    before, local, own, metrics = run_api(pe_cfg, scenario)
     assert before["inference_count"] == 0
     # n answers counted from the front end, then n by the engine itself: the same counts
     assert local["inference_count"] == 2 * n and own["inference_count"] == 4 * n
@@ -200,7 +186,7 @@ def test_an_engine_whose_rows_change_or_are_not_stored_offers_no_lookups(tiny_da
         return lookup_specs(api.service), engine.local_lookup_spec()
 
     for cfg in (updating, without):
-        specs, spec = run_engine(cfg, scenario)
+        specs, spec = run_api(cfg, scenario)
         assert specs == [] and spec is None
 
 
@@ -261,7 +247,7 @@ def test_the_http_server_in_the_engines_process_answers_lookups_itself_and_every
         assert len(seen) == len(LOOKUPS)
         return mine, theirs, stats, metrics
 
-    mine, theirs, stats, metrics = run_engine(pe_cfg, scenario)
+    mine, theirs, stats, metrics = run_api(pe_cfg, scenario)
     for a, b in zip(mine, theirs, strict=True):
         assert (a.status, a.content_type, a.headers, a.body) == (b.status, b.content_type, b.headers, b.body)
     assert stats["inference_stats"]["success"]["count"] == len(LOOKUPS)
@@ -316,7 +302,7 @@ def test_any_lookup_body_is_answered_here_as_the_engine_answers_it_or_left_to_th
                 assert len(link.sent) == forwarded
         return answered, forwarded
 
-    answered, forwarded = run_engine(pe_cfg, scenario)
+    answered, forwarded = run_api(pe_cfg, scenario)
     assert answered >= 20 and forwarded >= 20, (answered, forwarded)
 
 
@@ -337,5 +323,5 @@ def test_rows_rewritten_since_the_engine_opened_them_are_not_answered_from(pe_cf
             os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
         return fine, rewritten
 
-    fine, rewritten = run_engine(pe_cfg, scenario)
+    fine, rewritten = run_api(pe_cfg, scenario)
     assert fine and rewritten is None

@@ -6,11 +6,11 @@ graph version, and how its lane learns its cost."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import numpy as np
 
+from hybridgnn.capabilities import file_identity
 from hybridgnn.embeddings.newnodes import DynamicGraphView, NewNodeEvaluator
 from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.errors import Conflict, Draining, Forbidden
@@ -114,7 +114,7 @@ class GraphRequests:
             hidden = getattr(store.layers[-2], "filename", None)
         server = self.cfg.server
         try:  # which files: a front end maps these very ones, or none (a precompute since rewrote them)
-            files = {str(f): _identity(f) for f in (final, hidden) if f}
+            files = {str(f): file_identity(f) for f in (final, hidden) if f}
         except OSError:
             return None
         return {"version": self.engine.model_version, "final": str(final), "hidden": str(hidden) if hidden else None,
@@ -202,9 +202,3 @@ class GraphRequests:
             raise Draining("server is shutting down")
         return await self.run_in_lane("updates", float(max(1, req.num_updates)), applier.submit, req,
                                              waited_s=waited_s)
-
-
-def _identity(path) -> list[int]:
-    """(device, inode, size, modification ns) of a file: another file, or this one rewritten, differs."""
-    st = os.stat(path)
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]

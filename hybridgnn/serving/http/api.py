@@ -216,14 +216,10 @@ class Api:
 def _lookups(service: V2Service) -> HttpLookups | None:
     """The precomputed lookups this process's HTTP server answers itself, counted straight
     into the service (before every statistics read too); None when there are none."""
-    specs = lookup_specs(service)
-    if not specs:
-        return None
-    try:
-        lookups = HttpLookups(specs, service.engine.queue_bound_s, lambda taken: count_taken(service, taken))
-    except (OSError, ValueError):  # the engine answers every lookup, as it can
-        return None
-    service.count_from(lookups.send_counts)
+    lookups = HttpLookups.open(lookup_specs(service), service.engine.queue_bound_s,
+                               lambda taken: count_taken(service, taken))
+    if lookups is not None:
+        service.count_from(lookups.send_counts)
     return lookups
 
 

@@ -39,6 +39,18 @@ class HttpLookups:
         self._sent_at = time.perf_counter()
         self._failed = False
 
+    @classmethod
+    def open(cls, specs: list[dict], bound_s: float, send: Callable[[list[tuple[dict, bytes]]], None]):
+        """HttpLookups, or None when there are no specs or their rows cannot be mapped (then
+        the engine answers every lookup; the reason is logged)."""
+        if not specs:
+            return None
+        try:
+            return cls(specs, bound_s, send)
+        except (OSError, ValueError) as exc:
+            log.warning("lookups are left to the engine: cannot map its stored embeddings (%s)", exc)
+            return None
+
     def reply(self, request: InferInput, binary: dict[str, bool] | bool) -> Reply | None:
         """The Reply to `request` if it is a lookup answered here, else None."""
         try:

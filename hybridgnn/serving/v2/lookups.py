@@ -18,7 +18,7 @@ What holds:
   the engine's own (device, inode, size and modification time checked when they are
   mapped): rows rewritten since, by a precompute, are never answered from here.
 - It is counted by the engine: the front end keeps each answer's seconds and rows and
-  sends them in its reports (LocalAnswers.frame), which the engine adds to its
+  sends them to the engine (LocalAnswers.take, as wire.encode_local frames), which adds them to its
   statistics and telemetry (V2Service.count_local); at most a report period late, and
   never late for a scrape or a statistics request, which flush every front end first.
 
@@ -27,18 +27,17 @@ Imports no torch: the front end imports this module.
 
 from __future__ import annotations
 
-import os
 import time
 from array import array
 
 import numpy as np
 
+from hybridgnn.capabilities import file_identity
 from hybridgnn.serving.v2.inference import decode_infer
 from hybridgnn.serving.v2.types import InferAnswer, InferInput
 
 LOCAL_MAX_IDS = 1024  # a gather of this many rows stays within tens of µs of the front end's loop
 _PARAMETERS = frozenset({"mode", "binary_data_output"})
-_PIPELINE = "precomputed"
 
 
 def lookup_specs(service) -> list[dict]:
@@ -75,8 +74,7 @@ class _Table:
         self.model = spec["model"]
         self.version = spec["version"]
         for path, identity in (spec.get("files") or {}).items():
-            st = os.stat(path)
-            if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns] != identity:
+            if file_identity(path) != identity:
                 raise ValueError(f"{path} is not the file the engine serves (rewritten since it started)")
         self.final = np.load(spec["final"], mmap_mode="r")
         self.hidden = np.load(spec["hidden"], mmap_mode="r") if spec.get("hidden") else None
@@ -161,7 +159,6 @@ class LocalLookups:
         """(the answer, when it was started, the rows it answers) to `request` if it is a
         lookup answered here, else None (the engine answers it). bound_s: admission's bound
         on waiting, past which the engine judges it."""
-        started = time.perf_counter()
         table = self._tables.get((request.model, request.version))
         if table is None or request.standing or request.waited_s > bound_s:
             return None
@@ -170,6 +167,7 @@ class LocalLookups:
             return None
         if params.get("mode", table.default_mode) != "precomputed":
             return None
+        started = time.perf_counter()
         try:
             req = decode_infer(request, max_nodes=table.max_nodes, num_nodes=table.num_nodes,
                                feature_dim=table.feature_dim, default_outputs=table.default_outputs)
