@@ -2,7 +2,10 @@
 few other small sizes) through the GPU lane (sample, gather and model on the device),
 the split CPU lane (sample on a CPU worker, then gather and model on the device: Quiver's)
 and the CPU-model lane (everything on the CPU), with the ratio of each to the GPU lane.
-Issue target on a GPU: the GPU lane's one-seed batch of three hops <= 0.5 ms.
+On a GPU the GPU lane runs twice, without and with CUDA graphs for the model's forward
+(gpu, gpu_graphs: pipelines/graphed.py), whatever HYBRIDGNN_CUDA_GRAPHS says, and the
+split lane as the environment sets it. Target on a GPU: the GPU lane's one-seed batch of
+three hops <= 0.5 ms (gpu_lane_one_seed_ms: the faster of the two GPU-lane runs).
 
 Without CUDA the device lanes run their code on CPU tensors (--device emulate) and the
 report says so: the ratios then measure code paths, not a GPU.
@@ -13,6 +16,7 @@ report says so: the ratios then measure code paths, not a GPU.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,13 +56,23 @@ def main() -> None:
     fanouts = fanouts_for(read_config(model_dir))
     device = "cuda" if HAS_CUDA else "cpu"
     sync = torch.cuda.synchronize if HAS_CUDA else (lambda: None)
-    lanes = {}
-    for lane, split in (("gpu", False), ("split_cpu", True), ("cpu_model", False)):
+    lanes, captured = {}, None
+    runs = [("gpu", False), ("split_cpu", True), ("cpu_model", False)]
+    if HAS_CUDA:
+        runs.insert(1, ("gpu_graphs", False))
+    graphs_env = os.environ.get("HYBRIDGNN_CUDA_GRAPHS")
+    for lane, split in runs:
+        if lane.startswith("gpu"):  # executors read the switch when they are made
+            os.environ["HYBRIDGNN_CUDA_GRAPHS"] = "1" if lane == "gpu_graphs" else "0"
+        elif graphs_env is None:
+            os.environ.pop("HYBRIDGNN_CUDA_GRAPHS", None)
+        else:
+            os.environ["HYBRIDGNN_CUDA_GRAPHS"] = graphs_env
         cfg = ServeConfig(dataset_dir=dataset, model_dir=model_dir, sampling=SamplingConfig(fanouts),
                           cpu_pipeline=PipelineConfig(workers=1, split=split),
                           gpu_pipeline=PipelineConfig(name="gpu", device=device, workers=1))
         resources = Resources.open(cfg)
-        executor = resources.make_executor("gpu" if lane == "gpu" else "cpu", 0, in_process=True)
+        executor = resources.make_executor("gpu" if lane.startswith("gpu") else "cpu", 0, in_process=True)
         rng = np.random.default_rng(0)
         rows = {}
         try:
@@ -70,6 +84,8 @@ def main() -> None:
                 rows[str(size)] = {"median_ms": round(float(np.median(times)), 4),
                                    "p99_ms": round(float(np.quantile(times, 0.99)), 4)}
                 print(lane, size, rows[str(size)], flush=True)
+            if lane == "gpu_graphs":
+                captured = getattr(executor.forward, "captured", None)
         finally:
             if hasattr(executor, "close"):
                 executor.close()
@@ -77,10 +93,12 @@ def main() -> None:
         lanes[lane] = rows
     ratios = {lane: {size: round(lanes[lane][size]["median_ms"] / lanes["gpu"][size]["median_ms"], 3)
                      for size in lanes["gpu"]} for lane in lanes if lane != "gpu"}
-    one = lanes["gpu"].get("1", {}).get("median_ms")
+    one = min((lanes[lane].get("1", {}).get("median_ms") for lane in ("gpu", "gpu_graphs") if lane in lanes),
+              key=lambda v: float("inf") if v is None else v)
     emit_report({"machine": machine(), "device": device if HAS_CUDA else "emulate (no GPU: device code on CPU tensors)",
                  "dataset": str(dataset), "fanouts": list(fanouts), "lanes_ms_per_batch": lanes,
                  "vs_gpu_lane_median": ratios, "gpu_lane_one_seed_ms": one,
+                 "graphs_over_eager_median": ratios.get("gpu_graphs"), "graph_buckets_captured": captured,
                  "gpu_lane_one_seed_within_0_5_ms": (one is not None and one <= 0.5) if HAS_CUDA else None}, args.out)
 
 

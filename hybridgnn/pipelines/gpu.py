@@ -2,7 +2,8 @@
 memory), gather through the device feature cache, run the model, copy results back.
 
 Each worker owns one CUDA stream (Quiver §4.3): its batches' kernels queue there, so
-workers overlap on the device while the host threads wait. Stage times are taken at
+workers overlap on the device while the host threads wait. With HYBRIDGNN_CUDA_GRAPHS=1
+a small batch's model forward is a CUDA graph replay (pipelines/graphed.py). Stage times are taken at
 stream synchronisation points, so they measure the device work, not launch time. On a
 CPU device the same code runs on CPU tensors and streams are no-ops (how CI and
 `hybridgnn profile` without a GPU exercise it).
@@ -19,6 +20,7 @@ import torch
 from hybridgnn.features.store import CachedFeatureStore
 from hybridgnn.graph.degrees import DeviceNodeDegrees
 from hybridgnn.models.gnn import GNN
+from hybridgnn.pipelines.graphed import model_forward
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.types import BatchResult, StageTimings
 
@@ -41,6 +43,8 @@ class DeviceExecutor:
             self.stream = None
             self._stream_ctx = contextlib.nullcontext
             self._sync = lambda: None
+        # Small batches replay CUDA graphs where enabled (pipelines/graphed.py).
+        self.forward = model_forward(model, sampler.fanouts, self.device, self.stream)
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         t = timings if timings is not None else StageTimings()
@@ -53,8 +57,7 @@ class DeviceExecutor:
             self._sync()
             t2 = time.perf_counter()
             degrees = self.degrees.tensors(sub.node_ids) if self.degrees is not None else None
-            out, hidden = self.model(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees,
-                                     with_embeddings=True)
+            out, hidden = self.forward(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees)
             out, hidden = out[sub.seed_index], hidden[sub.seed_index]
             pred = out.argmax(dim=1)
             if self.device.type == "cuda":

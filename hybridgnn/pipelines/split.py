@@ -25,6 +25,7 @@ import time
 import numpy as np
 import torch
 
+from hybridgnn.pipelines.graphed import model_forward
 from hybridgnn.types import BatchResult, StageTimings
 
 SPLIT_SLOTS = 2  # staging slots per worker: batches a worker has past the hand-off at once
@@ -84,6 +85,7 @@ class SplitExecutor:
         self.read_lock = read_lock
         cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self.forward = model_forward(model, sampler.fanouts, self.device, self.stream)  # graphs where enabled
         self._free = [_Slot(pinned=cuda) for _ in range(slots)]
         self._slot_ready = threading.Condition()
         self._stage = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="split-device")
@@ -143,7 +145,7 @@ class SplitExecutor:
                 sync()
                 t3 = time.perf_counter()
                 degrees = self.degrees.tensors(node_ids) if self.degrees is not None else None
-                out, hidden = self.model(x, edge_index, nodes_per_hop, edges_per_hop, degrees, with_embeddings=True)
+                out, hidden = self.forward(x, edge_index, nodes_per_hop, edges_per_hop, degrees)
                 out, hidden = out[seed_index], hidden[seed_index]
                 logits, emb, pred = to_host((out.float(), hidden.float(), out.argmax(dim=1)), slot, sync)
                 t4 = time.perf_counter()

@@ -1,0 +1,282 @@
+"""A small batch's model forward as a CUDA graph replay: bucketed, padded shapes.
+
+Why: a one-seed forward of a three-layer model is some fifty kernel launches and PyG's
+Python around each layer. On a GPU those launches, not the arithmetic, set what a small
+batch costs; a captured graph replays them in one call.
+
+Shapes. A bucket is a seed count b (1, 2, 4, ... up to `max_seeds`). Its slots per hop are
+the worst case the fanouts allow (hop k: b·f1·…·fk nodes and as many edges) plus one
+dummy node per hop, so every sample of at most b seeds fits. A sample is laid out hop by
+hop in its bucket's slots: hop k's nodes move to the start of hop k's node slots (local
+ids shifted by one offset per hop), hop k's edges to the start of hop k's edge slots, and
+the edge slots left over hold dummy edges from hop k's last node slot into hop k-1's (both
+dummies). A real target then receives only its real edges and reads only real rows, so
+its output is the unpadded sample's (up to the rounding of matrix products over more
+rows); dummy rows hold whatever they held and are never read. The layout is a few
+vectorised ops on the device (two bucketize, two index_copy, one copy of the dummy edges)
+and one small host-to-device copy of the per-hop offsets; no host waits.
+
+Which models. The capture decides: a layer stack whose forward waits on the device
+(GAT's self-loop removal, data-dependent shapes) cannot be captured, and GCN's degree
+weights are not offered (the caller passes degrees). Such batches run eagerly; a bucket
+whose capture failed is not tried again (logged once per reason). The first replay of
+each bucket is compared with the eager forward of the batch that made it; a mismatch
+retires the bucket. That batch is answered by the eager forward.
+
+One GraphedForward per worker (its static buffers are that worker's), used by one thread
+at a time on the worker's stream. Opt-in (HYBRIDGNN_CUDA_GRAPHS=1; HYBRIDGNN_CUDA_GRAPH_SEEDS
+sets max_seeds, default 64) until measured on a GPU: tests/gpu and bench/gpu_all.sh turn
+it on. On a CPU device the same padding and bookkeeping run with an eager "capture"
+(tests inject it), which is how CI checks them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SENTINEL = torch.iinfo(torch.int64).max  # a bound past every local id
+_CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process
+MAX_SLOTS = 1 << 18  # a bucket needing more node slots than this runs eagerly (its buffers and graph memory)
+
+
+@dataclass(frozen=True)
+class BucketShape:
+    """Slots of one bucket: nodes per hop (seeds first, each with one dummy slot past the
+    worst case) and edges per hop (hops 1..L)."""
+
+    seeds: int
+    nodes: tuple[int, ...]
+    edges: tuple[int, ...]
+
+    @classmethod
+    def worst_case(cls, seeds: int, fanouts: Sequence[int]) -> BucketShape:
+        nodes, edges, reach = [seeds + 1], [], seeds
+        for f in fanouts:
+            reach *= f
+            nodes.append(reach + 1)
+            edges.append(reach)
+        return cls(seeds, tuple(nodes), tuple(edges))
+
+    @property
+    def slots(self) -> int:
+        """Node slots (rows of the bucket's buffers)."""
+        return sum(self.nodes)
+
+    def fits(self, nodes_per_hop: Sequence[int], edges_per_hop: Sequence[int]) -> bool:
+        """Whether a sample's counts fit, a dummy node slot left in every hop."""
+        return (len(nodes_per_hop) == len(self.nodes) and len(edges_per_hop) == len(self.edges)
+                and all(n < cap for n, cap in zip(nodes_per_hop, self.nodes, strict=True))
+                and all(e <= cap for e, cap in zip(edges_per_hop, self.edges, strict=True)))
+
+
+def bucket_seeds(seeds: int, max_seeds: int) -> int | None:
+    """The bucket (a power of two) of a batch of `seeds` unique seeds, or None past max_seeds."""
+    if seeds < 1 or seeds > max_seeds:
+        return None
+    return 1 << (seeds - 1).bit_length()
+
+
+class _Bucket:
+    """Static buffers of one bucket and its replay (None until captured)."""
+
+    def __init__(self, shape: BucketShape, width: int, dtype: torch.dtype, device: torch.device):
+        self.shape = shape
+        starts = [0]
+        for n in shape.nodes:
+            starts.append(starts[-1] + n)
+        self.node_starts = starts  # slot where each hop's nodes begin (and the total)
+        estarts = [0]
+        for e in shape.edges:
+            estarts.append(estarts[-1] + e)
+        self.edge_starts = estarts
+        self.x = torch.zeros((starts[-1], width), dtype=dtype, device=device)
+        # Hop k's unused edge slots: its last node slot -> hop k-1's last node slot.
+        dummy = torch.empty((2, estarts[-1]), dtype=torch.int64, device=device)
+        for k, e in enumerate(shape.edges, start=1):
+            dummy[0, estarts[k - 1]:estarts[k - 1] + e] = starts[k + 1] - 1
+            dummy[1, estarts[k - 1]:estarts[k - 1] + e] = starts[k] - 1
+        self.dummy_edges = dummy
+        self.edge_index = dummy.clone()
+        self.replay: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.retired = False
+
+    def forward(self, model) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model on the static buffers, every slot counted."""
+        return model(self.x, self.edge_index, list(self.shape.nodes), list(self.shape.edges), None,
+                     with_embeddings=True)
+
+
+def cuda_graph_capture(stream: torch.cuda.Stream | None):
+    """A capture function for CUDA: records fn's kernels on `stream` (the worker's) into a
+    graph; other threads may keep launching meanwhile (thread-local capture mode)."""
+
+    def capture(fn: Callable[[], tuple[torch.Tensor, torch.Tensor]]):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                outs = fn()
+            finally:
+                graph.capture_end()
+
+        def replay() -> tuple[torch.Tensor, torch.Tensor]:
+            graph.replay()
+            return outs
+
+        return replay
+
+    return capture
+
+
+class GraphedForward:
+    """The model's forward (x, edge_index, nodes per hop, edges per hop, degrees) ->
+    (rows, embeddings), whose rows begin with the seeds': replayed from a CUDA graph where
+    the module docstring says it can be, else the model's own forward."""
+
+    def __init__(self, model, fanouts: Sequence[int], device: torch.device | str, *, max_seeds: int = 64,
+                 max_slots: int = MAX_SLOTS, capture: Callable | None = None,
+                 stream: torch.cuda.Stream | None = None):
+        self.model = model
+        self.fanouts = tuple(int(f) for f in fanouts)
+        self.device = torch.device(device)
+        self.max_seeds = max_seeds
+        self.max_slots = max_slots
+        self.layers = getattr(model, "num_layers", None)
+        # Graphs need bounded samples of exactly the model's depth.
+        self.usable = (max_seeds >= 1 and self.layers == len(self.fanouts) and all(f > 0 for f in self.fanouts))
+        self._capture = capture if capture is not None else cuda_graph_capture(stream)
+        self._buckets: dict[int, _Bucket] = {}
+        self._reasons: set[str] = set()  # why buckets were retired (each logged once)
+        cuda = self.device.type == "cuda"
+        layers = len(self.fanouts)
+        self._offsets_host = torch.zeros(4 * layers + 2, dtype=torch.int64, pin_memory=cuda)
+        self._offsets = torch.zeros(4 * layers + 2, dtype=torch.int64, device=self.device)
+        self._copied = torch.cuda.Event() if cuda else None  # the host offsets may be rewritten once set
+        self._arange = torch.arange(0, dtype=torch.int64, device=self.device)
+        self.replays = 0
+        self.eager = 0
+
+    def __call__(self, x: torch.Tensor, edge_index: torch.Tensor, nodes_per_hop: Sequence[int],
+                 edges_per_hop: Sequence[int], degrees=None) -> tuple[torch.Tensor, torch.Tensor]:
+        nodes, edges = [int(n) for n in nodes_per_hop], [int(e) for e in edges_per_hop]
+        b = bucket_seeds(nodes[0], self.max_seeds) if self.usable and degrees is None and nodes else None
+        bucket = self._bucket(b, x) if b is not None else None
+        if bucket is None or bucket.retired or not bucket.shape.fits(nodes, edges):
+            return self._eager(x, edge_index, nodes, edges, degrees)
+        self._lay_out(bucket, x, edge_index, nodes, edges)
+        if bucket.replay is None:
+            return self._first(bucket, x, edge_index, nodes, edges)
+        self.replays += 1
+        return bucket.replay()
+
+    def _eager(self, x, edge_index, nodes, edges, degrees):
+        self.eager += 1
+        return self.model(x, edge_index, nodes, edges, degrees, with_embeddings=True)
+
+    def _bucket(self, b: int, x: torch.Tensor) -> _Bucket | None:
+        bucket = self._buckets.get(b)
+        if bucket is None:
+            shape = BucketShape.worst_case(b, self.fanouts)
+            if shape.slots > self.max_slots:
+                return None
+            bucket = self._buckets[b] = _Bucket(shape, x.shape[1], x.dtype, self.device)
+        if x.dim() != 2 or x.dtype != bucket.x.dtype or x.shape[1] != bucket.x.shape[1]:
+            return None
+        return bucket
+
+    def _lay_out(self, bucket: _Bucket, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int],
+                 edges: list[int]) -> None:
+        """Write a sample into the bucket's static buffers (module docstring)."""
+        layers = len(edges)
+        starts, estarts = bucket.node_starts, bucket.edge_starts
+        real = [0]
+        for n in nodes:
+            real.append(real[-1] + n)
+        ereal = [0]
+        for e in edges:
+            ereal.append(ereal[-1] + e)
+        # Per hop: where its real nodes begin (bounds for bucketize) and how far they move;
+        # the same for edges. A sentinel closes each list of bounds.
+        offsets = ([*real[1:layers + 1], _SENTINEL] + [starts[k] - real[k] for k in range(layers + 1)]
+                   + [*ereal[1:layers], _SENTINEL] + [estarts[k] - ereal[k] for k in range(layers)])
+        if self._copied is not None:
+            self._copied.synchronize()  # the last batch's copy has read the host buffer
+        self._offsets_host.copy_(torch.tensor(offsets, dtype=torch.int64))
+        dev = self._offsets
+        dev.copy_(self._offsets_host, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        bounds, shift = dev[:layers + 1], dev[layers + 1:2 * layers + 2]
+        ebounds, eshift = dev[2 * layers + 2:3 * layers + 2], dev[3 * layers + 2:]
+        total, etotal = real[-1], ereal[-1]
+        rows = self._ids(max(total, etotal))
+        node_rows = rows[:total]
+        bucket.x.index_copy_(0, node_rows + shift[torch.bucketize(node_rows, bounds, right=True)], x[:total])
+        local = edge_index[:, :etotal].contiguous()  # a view of a staging buffer is not (the split lane on CPU)
+        moved = local + shift[torch.bucketize(local, bounds, right=True)]
+        edge_rows = rows[:etotal]
+        bucket.edge_index.copy_(bucket.dummy_edges)
+        bucket.edge_index.index_copy_(1, edge_rows + eshift[torch.bucketize(edge_rows, ebounds, right=True)], moved)
+
+    def _ids(self, n: int) -> torch.Tensor:
+        if self._arange.numel() < n:
+            self._arange = torch.arange(max(n, 2 * self._arange.numel()), dtype=torch.int64, device=self.device)
+        return self._arange
+
+    def _first(self, bucket: _Bucket, x, edge_index, nodes, edges):
+        """Capture a bucket on its first batch, check one replay against that batch's eager
+        forward, and answer the batch eagerly."""
+        want = self._eager(x, edge_index, nodes, edges, None)
+        seeds = nodes[0]
+        try:
+            with _CAPTURE_LOCK:
+                bucket.forward(self.model)  # once outside the capture: lazy initialisation, workspaces
+                replay = self._capture(lambda: bucket.forward(self.model))
+            got = replay()
+            same = all(torch.allclose(g[:seeds].float(), w[:seeds].float(), rtol=1e-4, atol=1e-5)
+                       for g, w in zip(got, want, strict=True))
+        except Exception as exc:  # a forward that cannot be captured: this bucket stays eager
+            self._retire(bucket, f"capture failed ({type(exc).__name__}: {str(exc)[:160]})")
+            return want
+        if not same:
+            self._retire(bucket, "a replay differed from the eager forward")
+            return want
+        bucket.replay = replay
+        log.info("CUDA graph captured for batches of up to %d seeds (%d node slots)", bucket.shape.seeds,
+                 bucket.node_starts[-1])
+        return want
+
+    def _retire(self, bucket: _Bucket, reason: str) -> None:
+        bucket.retired = True
+        if reason not in self._reasons:
+            self._reasons.add(reason)
+            log.warning("model forward of %d-seed batches runs without a CUDA graph: %s", bucket.shape.seeds, reason)
+
+    @property
+    def captured(self) -> list[int]:
+        """Buckets (seed counts) replayed from a graph."""
+        return sorted(b for b, bucket in self._buckets.items() if bucket.replay is not None and not bucket.retired)
+
+
+def model_forward(model, fanouts: Sequence[int], device: torch.device | str,
+                  stream: torch.cuda.Stream | None = None):
+    """The forward a worker calls: a GraphedForward on a CUDA device with
+    HYBRIDGNN_CUDA_GRAPHS=1, else the model's own (same signature)."""
+    device = torch.device(device)
+    if device.type == "cuda" and os.environ.get("HYBRIDGNN_CUDA_GRAPHS", "0") == "1":
+        max_seeds = int(os.environ.get("HYBRIDGNN_CUDA_GRAPH_SEEDS", "64"))
+        return GraphedForward(model, fanouts, device, max_seeds=max_seeds, stream=stream)
+
+    def eager(x, edge_index, nodes_per_hop, edges_per_hop, degrees=None):
+        return model(x, edge_index, nodes_per_hop, edges_per_hop, degrees, with_embeddings=True)
+
+    return eager
+
