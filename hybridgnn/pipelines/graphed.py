@@ -16,12 +16,12 @@ rows); dummy rows hold whatever they held and are never read. The layout is a fe
 vectorised ops on the device (two bucketize, two index_copy, one copy of the dummy edges)
 and one small host-to-device copy of the per-hop offsets; no host waits.
 
-Which models. The capture decides: a layer stack whose forward waits on the device
-(GAT's self-loop removal, data-dependent shapes) cannot be captured, and GCN's degree
-weights are not offered (the caller passes degrees). Such batches run eagerly; a bucket
-whose capture failed is not tried again (logged once per reason). The first replay of
-each bucket is compared with the eager forward of the batch that made it; a mismatch
-retires the bucket. That batch is answered by the eager forward.
+Which models: built-in GraphSAGE (`capturable`). A forward that waits on the device
+(GAT's and GCN's self-loop handling, data-dependent shapes) cannot be captured, and a
+failed capture leaves torch's allocator in a bad state, so nothing else is tried. If a
+capture fails all the same, no further one is tried in that worker (logged once). The
+first replay of each bucket is compared with the eager forward of the batch that made
+it; a mismatch retires the bucket. That batch is answered by the eager forward.
 
 One GraphedForward per worker (its static buffers are that worker's), used by one thread
 at a time on the worker's stream. Opt-in (HYBRIDGNN_CUDA_GRAPHS=1; HYBRIDGNN_CUDA_GRAPH_SEEDS
@@ -39,6 +39,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch_geometric.nn import MessagePassing, SAGEConv
+
+from hybridgnn.models.gnn import GNN
 
 log = logging.getLogger(__name__)
 
@@ -116,16 +119,26 @@ class _Bucket:
 
 def cuda_graph_capture(stream: torch.cuda.Stream | None):
     """A capture function for CUDA: records fn's kernels on `stream` (the worker's) into a
-    graph; other threads may keep launching meanwhile (thread-local capture mode)."""
+    graph; other threads may keep launching meanwhile (thread-local capture mode). A
+    worker's graphs share one memory pool: they replay one at a time on its stream, and
+    each replay's outputs are read before the next."""
+    pool = []
 
     def capture(fn: Callable[[], tuple[torch.Tensor, torch.Tensor]]):
+        if not pool:
+            pool.append(torch.cuda.graph_pool_handle())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
-            graph.capture_begin(capture_error_mode="thread_local")
+            graph.capture_begin(pool=pool[0], capture_error_mode="thread_local")
             try:
                 outs = fn()
-            finally:
-                graph.capture_end()
+            except BaseException:
+                try:  # end the capture; its own error ("a previous error during capture") would hide fn's
+                    graph.capture_end()
+                except Exception:  # noqa: BLE001 - fn's error is the one raised
+                    pass
+                raise
+            graph.capture_end()
 
         def replay() -> tuple[torch.Tensor, torch.Tensor]:
             graph.replay()
@@ -136,6 +149,15 @@ def cuda_graph_capture(stream: torch.cuda.Stream | None):
     return capture
 
 
+def capturable(model) -> bool:
+    """Models whose forward is known to launch kernels only (no host waits): built-in
+    GraphSAGE. A failed capture leaves torch's allocator (up to at least 2.11) believing a
+    capture is still under way, so graphs are never tried on anything else: GAT and GCN
+    synchronise (self-loop removal), and a user's own modules may."""
+    return (isinstance(model, GNN) and model.spec.kind == "sage"
+            and all(isinstance(m, SAGEConv) for m in model.modules() if isinstance(m, MessagePassing)))
+
+
 class GraphedForward:
     """The model's forward (x, edge_index, nodes per hop, edges per hop, degrees) ->
     (rows, embeddings), whose rows begin with the seeds': replayed from a CUDA graph where
@@ -143,7 +165,9 @@ class GraphedForward:
 
     def __init__(self, model, fanouts: Sequence[int], device: torch.device | str, *, max_seeds: int = 64,
                  max_slots: int = MAX_SLOTS, capture: Callable | None = None,
-                 stream: torch.cuda.Stream | None = None):
+                 stream: torch.cuda.Stream | None = None, any_model: bool = False):
+        """any_model: try graphs on a model `capturable` does not know (tests of the
+        padding with an eager capture)."""
         self.model = model
         self.fanouts = tuple(int(f) for f in fanouts)
         self.device = torch.device(device)
@@ -151,14 +175,16 @@ class GraphedForward:
         self.max_slots = max_slots
         self.layers = getattr(model, "num_layers", None)
         # Graphs need bounded samples of exactly the model's depth.
-        self.usable = (max_seeds >= 1 and self.layers == len(self.fanouts) and all(f > 0 for f in self.fanouts))
+        self.usable = (max_seeds >= 1 and self.layers == len(self.fanouts) and all(f > 0 for f in self.fanouts)
+                       and (any_model or capturable(model)))
         self._capture = capture if capture is not None else cuda_graph_capture(stream)
         self._buckets: dict[int, _Bucket] = {}
         self._reasons: set[str] = set()  # why buckets were retired (each logged once)
         cuda = self.device.type == "cuda"
         layers = len(self.fanouts)
         self._offsets_host = torch.zeros(4 * layers + 2, dtype=torch.int64, pin_memory=cuda)
-        self._offsets = torch.zeros(4 * layers + 2, dtype=torch.int64, device=self.device)
+        # empty, not zeros: a fill would run on this thread's stream, unordered with the worker's
+        self._offsets = torch.empty(4 * layers + 2, dtype=torch.int64, device=self.device)
         self._copied = torch.cuda.Event() if cuda else None  # the host offsets may be rewritten once set
         self._arange = torch.arange(0, dtype=torch.int64, device=self.device)
         self.replays = 0
@@ -182,13 +208,15 @@ class GraphedForward:
         return self.model(x, edge_index, nodes, edges, degrees, with_embeddings=True)
 
     def _bucket(self, b: int, x: torch.Tensor) -> _Bucket | None:
+        if x.dim() != 2:
+            return None
         bucket = self._buckets.get(b)
         if bucket is None:
             shape = BucketShape.worst_case(b, self.fanouts)
             if shape.slots > self.max_slots:
                 return None
             bucket = self._buckets[b] = _Bucket(shape, x.shape[1], x.dtype, self.device)
-        if x.dim() != 2 or x.dtype != bucket.x.dtype or x.shape[1] != bucket.x.shape[1]:
+        if x.dtype != bucket.x.dtype or x.shape[1] != bucket.x.shape[1]:
             return None
         return bucket
 
@@ -243,7 +271,8 @@ class GraphedForward:
             got = replay()
             same = all(torch.allclose(g[:seeds].float(), w[:seeds].float(), rtol=1e-4, atol=1e-5)
                        for g, w in zip(got, want, strict=True))
-        except Exception as exc:  # a forward that cannot be captured: this bucket stays eager
+        except Exception as exc:  # a forward that cannot be captured: no bucket is tried again
+            self.usable = False
             self._retire(bucket, f"capture failed ({type(exc).__name__}: {str(exc)[:160]})")
             return want
         if not same:

@@ -53,7 +53,7 @@ def test_a_padded_sample_answers_as_the_unpadded_one(tiny_dataset, kind, layers)
     model = GNN(ModelSpec(kind, graph.feature_dim, 16, 4, num_layers=layers)).eval()
     fanouts = (5, 3, 2)[:layers]
     calls = []
-    forward = GraphedForward(model, fanouts, "cpu", max_seeds=8, capture=eager_capture(calls))
+    forward = GraphedForward(model, fanouts, "cpu", max_seeds=8, capture=eager_capture(calls), any_model=True)
     rng = np.random.default_rng(layers)
     for size in (1, 1, 2, 3, 5, 8, 3):
         seeds = rng.choice(graph.num_nodes, size, replace=False)
@@ -84,7 +84,7 @@ def test_dummy_rows_never_reach_real_targets(tiny_dataset):
     torch.testing.assert_close(got[1][:3], want[1][:3])
 
 
-def test_a_capture_that_fails_leaves_its_bucket_eager_and_is_logged_once(tiny_dataset, caplog):
+def test_a_capture_that_fails_leaves_the_model_eager_and_is_logged_once(tiny_dataset, caplog):
     graph = GraphStore.open(tiny_dataset)
     model = GNN(ModelSpec("sage", graph.feature_dim, 8, 3, num_layers=2)).eval()
     tries = []
@@ -94,14 +94,13 @@ def test_a_capture_that_fails_leaves_its_bucket_eager_and_is_logged_once(tiny_da
         raise RuntimeError("operation not permitted when stream is capturing")
 
     forward = GraphedForward(model, (3, 3), "cpu", max_seeds=4, capture=failing)
-    sub, x, ei = sample_inputs(graph, (3, 3), [1])
-    want = eager(model, sub, x, ei)
     with caplog.at_level(logging.WARNING, logger="hybridgnn.pipelines.graphed"):
         with torch.inference_mode():
-            for _ in range(3):
+            for seeds in ([1], [1], [1, 2], [1, 2, 3]):  # other buckets are not tried either
+                sub, x, ei = sample_inputs(graph, (3, 3), seeds)
                 got = forward(x, ei, sub.num_sampled_nodes, sub.num_sampled_edges)
-                torch.testing.assert_close(got[0], want[0])
-    assert len(tries) == 1 and forward.captured == [] and forward.eager == 3
+                torch.testing.assert_close(got[0], eager(model, sub, x, ei)[0])
+    assert len(tries) == 1 and forward.captured == [] and forward.eager == 4 and not forward.usable
     assert sum("without a CUDA graph" in r.message for r in caplog.records) == 1
 
 
@@ -162,6 +161,16 @@ def test_a_sample_over_its_buckets_slots_runs_eagerly(tiny_dataset):
 def test_buckets_are_powers_of_two_up_to_the_limit():
     assert [bucket_seeds(n, 16) for n in (1, 2, 3, 4, 5, 9, 16)] == [1, 2, 4, 4, 8, 16, 16]
     assert bucket_seeds(17, 16) is None and bucket_seeds(0, 16) is None
+
+
+def test_graphs_are_tried_on_built_in_graphsage_only(tiny_dataset):
+    graph = GraphStore.open(tiny_dataset)
+    for kind, tried in (("sage", True), ("gat", False), ("gcn", False)):
+        model = GNN(ModelSpec(kind, graph.feature_dim, 8, 3, num_layers=2)).eval()
+        assert GraphedForward(model, (3, 3), "cpu", capture=eager_capture([])).usable is tried, kind
+    stack = torch.nn.Module()  # a user's own layer stack
+    stack.num_layers = 2
+    assert not GraphedForward(stack, (3, 3), "cpu", capture=eager_capture([])).usable
 
 
 def test_graphs_are_opt_in_and_only_on_cuda(monkeypatch, tiny_dataset):
