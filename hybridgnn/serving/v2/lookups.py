@@ -57,14 +57,18 @@ def lookup_specs(service) -> list[dict]:
 
 
 class _Rows:
-    """An answer's rows under the names InferRequest.answer_outputs reads."""
+    """An answer's rows under the names InferRequest.answer_outputs reads (predictions
+    computed only when asked for)."""
 
-    __slots__ = ("logits", "embeddings", "predictions")
+    __slots__ = ("logits", "embeddings")
 
     def __init__(self, logits: np.ndarray, embeddings: np.ndarray):
         self.logits = logits
         self.embeddings = embeddings
-        self.predictions = logits.argmax(axis=1).astype(np.int64)
+
+    @property
+    def predictions(self) -> np.ndarray:
+        return self.logits.argmax(axis=1).astype(np.int64)
 
 
 class _Table:
