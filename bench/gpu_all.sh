@@ -17,6 +17,13 @@
 # so one that breaks leaves the others' results; a summary is printed last and written
 # to OUTDIR/summary.txt. With ARCHIVE=FILE.tgz set, OUTDIR is also packed into FILE
 # after every stage (so a run cut short still leaves what it measured).
+#
+# The stages' limits add up to about 27 minutes. With less device time, run them in
+# calls of at most 10 minutes, back to back on the same warm machine (the products graph
+# made in the first stays in .cache), in this order of what they decide:
+#   1. env tests lanecost       (GPU tests, CUDA graphs and each lane's fixed cost; ~8 min)
+#   2. profile policies         (the shipped GPU profile; hybrid / best single device; ~8 min)
+#   3. frontends fig10 sampler  (front-end scaling, the SLO figure, the sampler; ~11 min)
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
