@@ -5,7 +5,9 @@ and the CPU-model lane (everything on the CPU), with the ratio of each to the GP
 On a GPU the GPU lane runs twice, without and with CUDA graphs for the model's forward
 (gpu, gpu_graphs: pipelines/graphed.py), whatever HYBRIDGNN_CUDA_GRAPHS says, and the
 split lane as the environment sets it. Target on a GPU: the GPU lane's one-seed batch of
-three hops <= 0.5 ms (gpu_lane_one_seed_ms: the faster of the two GPU-lane runs).
+three hops <= 0.5 ms (gpu_lane_one_seed_ms: the faster of the two GPU-lane runs). Each
+size also reports the median of each stage as the executor timed it (sample, gather,
+compute: the model and the copy of the results to the host), which says where it goes.
 
 Without CUDA the device lanes run their code on CPU tensors (--device emulate) and the
 report says so: the ratios then measure code paths, not a GPU.
@@ -34,14 +36,17 @@ from hybridgnn.models.checkpoint import read_config  # noqa: E402
 from hybridgnn.runtime.resources import Resources  # noqa: E402
 
 
-def per_batch_ms(executor, batches: list[np.ndarray], sync) -> list[float]:
-    times = []
+def per_batch_ms(executor, batches: list[np.ndarray], sync) -> tuple[list[float], dict[str, list[float]]]:
+    """Each batch's wall time, and its stages as the executor timed them (ms)."""
+    times, stages = [], {"sample": [], "gather": [], "compute": []}
     for seeds in batches:
         t0 = time.perf_counter()
-        executor.run(seeds)
+        t = executor.run(seeds).timings
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
-    return times
+        for name in stages:
+            stages[name].append(getattr(t, f"{name}_s") * 1e3)
+    return times, stages
 
 
 def main() -> None:
@@ -80,9 +85,10 @@ def main() -> None:
                 batches = [rng.integers(0, resources.graph.num_nodes, size, dtype=np.int64)
                            for _ in range(args.batches + 20)]
                 per_batch_ms(executor, batches[:20], sync)
-                times = per_batch_ms(executor, batches[20:], sync)
+                times, stages = per_batch_ms(executor, batches[20:], sync)
                 rows[str(size)] = {"median_ms": round(float(np.median(times)), 4),
-                                   "p99_ms": round(float(np.quantile(times, 0.99)), 4)}
+                                   "p99_ms": round(float(np.quantile(times, 0.99)), 4),
+                                   "stage_median_ms": {k: round(float(np.median(v)), 4) for k, v in stages.items()}}
                 print(lane, size, rows[str(size)], flush=True)
             if lane == "gpu_graphs":
                 captured = getattr(executor.forward, "captured", None)
