@@ -10,13 +10,19 @@ echo server (bench/echo_server.py) measured in the same run on the same machine.
    binary tensor extension: bytes on the wire per request (both directions) and server CPU
    per request, JSON ÷ binary.
 
-The CPU figure is user + system seconds from /proc of the server's process and every
-process it started (front ends, workers), before and after --requests requests, divided
-by the requests; the client (this process) is not counted. --rounds > 1 repeats each
-measurement and reports the median (of each server's CPU, and of each round's server ÷
-echo: the rounds interleave the servers, and the machine drifts between rounds).
+The CPU figure is the on-CPU time of the server's process and every process it started
+(front ends, workers), all threads, from the scheduler's accounting (/proc/.../sched;
+/proc stat where that is missing), read around each server's own requests and divided by
+them; the client (this process) is not counted. The one-seed figure is taken two ways
+(--modes), --requests per server per round, --rounds rounds (medians reported):
+- turns: the three servers run at once and take turns in chunks of --chunk requests, the
+  order rotating, so drift of the machine's speed falls on all of them alike;
+- alone: each server alone on the machine, one after another (started and stopped in
+  turn). On this 2-core VM the echo server costs about twice as much this way (about
+  60 against 30 µs per request: each request wakes an idle core), and the servers about
+  the same, so the ratio depends on the way.
 
-    .venv/bin/python bench/frontend_cpu.py [--requests 5000] [--rounds 3] [--out results.json]
+    .venv/bin/python bench/frontend_cpu.py [--requests 5000] [--rounds 3] [--chunk 1000] [--modes turns,alone]
 """
 
 from __future__ import annotations
@@ -35,10 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from bench.common import (  # noqa: E402
-    _stat_cpu_seconds,
-    descendants_cpu_seconds,
     emit_report,
     machine,
+    process_tree_cpu_seconds,
     serve_revision,
 )
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -48,7 +53,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text()) + descendants_cpu_seconds(pid)
+    return process_tree_cpu_seconds(pid)
 
 
 def http_request(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
@@ -87,18 +92,50 @@ def cpu_per_request(pid: int, port: int, wires: list[bytes], count: int) -> tupl
     after another, after a warm-up."""
     client = Client(port)
     try:
-        for i in range(min(500, count)):
-            status, answer = client.ask(wires[i % len(wires)])
-            assert status == 200, answer[:300]
-        before = tree_cpu_seconds(pid)
-        answered = 0
-        for i in range(count):
-            status, answer = client.ask(wires[i % len(wires)])
-            answered += len(answer)
-        spent = tree_cpu_seconds(pid) - before
+        warm_up(client, wires, min(500, count))
+        spent, answered = timed_chunk(pid, client, wires, count, 0)
     finally:
         client.close()
     return spent / count * 1e6, answered // count
+
+
+def warm_up(client: Client, wires: list[bytes], count: int) -> None:
+    for i in range(count):
+        status, answer = client.ask(wires[i % len(wires)])
+        assert status == 200, answer[:300]
+
+
+def timed_chunk(pid: int, client: Client, wires: list[bytes], count: int, start: int) -> tuple[float, int]:
+    """(server CPU seconds, answer bytes) of `count` requests one after another."""
+    before = tree_cpu_seconds(pid)
+    answered = 0
+    for i in range(start, start + count):
+        status, answer = client.ask(wires[i % len(wires)])
+        answered += len(answer)
+    return tree_cpu_seconds(pid) - before, answered
+
+
+def interleaved_cpu(servers: dict[str, tuple[int, int]], wires: list[bytes], count: int, chunk: int
+                    ) -> dict[str, float]:
+    """Server CPU µs per request of each server {name: (pid, port)}, all running at once,
+    measured in chunks of `chunk` requests taken in turn (the order rotating), `count`
+    requests each: drift of the machine's speed falls on every server alike. Each chunk's
+    CPU is read around that chunk only, so a server's idle timers while the others are
+    measured are not counted."""
+    clients = {name: Client(port) for name, (_, port) in servers.items()}
+    spent = dict.fromkeys(servers, 0.0)
+    try:
+        for name, client in clients.items():
+            warm_up(client, wires, 500)
+        names = list(servers)
+        for turn in range(max(1, count // chunk)):
+            for name in names[turn % len(names):] + names[:turn % len(names)]:
+                spent[name] += timed_chunk(servers[name][0], clients[name], wires, chunk, turn * chunk)[0]
+    finally:
+        for client in clients.values():
+            client.close()
+    done = max(1, count // chunk) * chunk
+    return {name: cpu / done * 1e6 for name, cpu in spent.items()}
 
 
 class EchoServer:
@@ -158,18 +195,27 @@ def wide_model(dataset: Path, hidden: int) -> Path:
     return model
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=5000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--hidden-dim", type=int, default=256)
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
-    dataset, model = ensure_demo()
-    meta = json.loads((Path(dataset) / "meta.json").read_text()) if (Path(dataset) / "meta.json").exists() else {}
-    num_nodes = int(meta.get("num_nodes", 50_000))
-    path = "/v2/models/hybridgnn/infer"
-    wires = one_seed_wires(num_nodes, path)
+def in_turns(dataset, model, wires, args) -> dict[str, list[float]]:
+    """All three servers running at once, taking turns (interleaved_cpu), per round."""
+    runs: dict[str, list[float]] = {"echo": [], "frontends 1": [], "frontends 2": []}
+    echo, servers = EchoServer(), {}
+    try:
+        for n in (1, 2):
+            servers[f"frontends {n}"] = serve_revision(None, dataset, model, "--frontends", str(n))
+        endpoints = {"echo": (echo.proc.pid, echo.port), **{k: (v.pid, v.port) for k, v in servers.items()}}
+        for _ in range(args.rounds):
+            for name, us in interleaved_cpu(endpoints, wires, args.requests, args.chunk).items():
+                runs[name].append(us)
+            print("turns", json.dumps({k: round(v[-1], 1) for k, v in runs.items()}), flush=True)
+    finally:
+        echo.stop()
+        for srv in servers.values():
+            srv.stop()
+    return runs
+
+
+def alone(dataset, model, wires, args) -> dict[str, list[float]]:
+    """Each server alone on the machine, one after another, per round."""
     runs: dict[str, list[float]] = {"echo": [], "frontends 1": [], "frontends 2": []}
     for _ in range(args.rounds):
         echo = EchoServer()
@@ -183,17 +229,34 @@ def main() -> None:
                 runs[f"frontends {n}"].append(cpu_per_request(srv.pid, srv.port, wires, args.requests)[0])
             finally:
                 srv.stop()
-        print(json.dumps({k: round(v[-1], 1) for k, v in runs.items()}), flush=True)
-    median = {k: statistics.median(v) for k, v in runs.items()}
-    # Each round measures the three servers one after another; this VM's speed drifts
-    # between rounds far more than within one, so the ratio is taken per round first.
-    per_round = {k: [server / echo for server, echo in zip(runs[k], runs["echo"], strict=True)]
-                 for k in ("frontends 1", "frontends 2")}
-    report = {"machine": machine(), "requests": args.requests, "rounds": args.rounds,
-              "one_seed_json_cpu_us": {k: round(v, 1) for k, v in median.items()},
-              "server_over_echo": {k: round(statistics.median(v), 2) for k, v in per_round.items()},
-              "server_over_echo_per_round": {k: [round(x, 2) for x in v] for k, v in per_round.items()},
-              "rounds_cpu_us": {k: [round(x, 1) for x in v] for k, v in runs.items()}}
+        print("alone", json.dumps({k: round(v[-1], 1) for k, v in runs.items()}), flush=True)
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--chunk", type=int, default=1000, help="requests per turn of each server (one-seed figure)")
+    ap.add_argument("--modes", default="turns,alone", help="turns (all servers up, taking turns), alone, or both")
+    ap.add_argument("--hidden-dim", type=int, default=256)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    dataset, model = ensure_demo()
+    meta = json.loads((Path(dataset) / "meta.json").read_text()) if (Path(dataset) / "meta.json").exists() else {}
+    num_nodes = int(meta.get("num_nodes", 50_000))
+    path = "/v2/models/hybridgnn/infer"
+    wires = one_seed_wires(num_nodes, path)
+    report = {"machine": machine(), "requests": args.requests, "rounds": args.rounds, "chunk": args.chunk}
+    for mode in args.modes.split(","):
+        runs = (in_turns if mode == "turns" else alone)(dataset, model, wires, args)
+        median = {k: statistics.median(v) for k, v in runs.items()}
+        per_round = {k: [server / echo for server, echo in zip(runs[k], runs["echo"], strict=True)]
+                     for k in ("frontends 1", "frontends 2")}
+        report[mode] = {"one_seed_json_cpu_us": {k: round(v, 1) for k, v in median.items()},
+                        "server_over_echo": {k: round(statistics.median(v), 2) for k, v in per_round.items()},
+                        "server_over_echo_per_round": {k: [round(x, 2) for x in v] for k, v in per_round.items()},
+                        "rounds_cpu_us": {k: [round(x, 1) for x in v] for k, v in runs.items()}}
     wide = wide_model(Path(dataset), args.hidden_dim)
     srv = serve_revision(None, dataset, wide)
     try:
