@@ -10,6 +10,8 @@ import logging
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hybridgnn.features.store import CachedFeatureStore
 from hybridgnn.graph.store import GraphStore
@@ -25,6 +27,7 @@ from hybridgnn.pipelines.graphed import (
 from hybridgnn.pipelines.split import SplitExecutor
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
+from tests.support.graphs import make_graph, skewed_edges
 
 
 def eager_capture(calls):
@@ -210,3 +213,25 @@ def test_both_device_lanes_answer_alike_through_padded_replays(tiny_dataset):
             for ex in (plain, graphed):
                 if hasattr(ex, "close"):
                     ex.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fanouts=st.lists(st.integers(1, 4), min_size=1, max_size=3), graph_seed=st.integers(0, 3),
+       seeds=st.lists(st.integers(0, 59), min_size=1, max_size=9), width=st.sampled_from([3, 8]),
+       sample_seed=st.integers(0, 1000))
+def test_padding_never_changes_an_answer(tmp_path_factory, fanouts, graph_seed, seeds, width, sample_seed):
+    """Any graph (hubs, isolated nodes, self-loops), depth, fanouts and seed set, duplicates
+    included: a padded replay answers as the model does on the sample itself."""
+    graph = make_graph(tmp_path_factory.mktemp("g"), skewed_edges(60, seed=graph_seed), 60, seed=graph_seed)
+    torch.manual_seed(sample_seed)
+    model = GNN(ModelSpec("sage", graph.feature_dim, width, 3, num_layers=len(fanouts))).eval()
+    forward = GraphedForward(model, fanouts, "cpu", max_seeds=16, capture=eager_capture([]))
+    sub, x, ei = sample_inputs(graph, tuple(fanouts), seeds, seed=sample_seed)
+    want = eager(model, sub, x, ei)
+    with torch.inference_mode():
+        forward(x, ei, sub.num_sampled_nodes, sub.num_sampled_edges)  # captures, answers eagerly
+        got = forward(x, ei, sub.num_sampled_nodes, sub.num_sampled_edges)  # a replay
+    assert forward.replays == 1
+    unique = int(sub.num_sampled_nodes[0])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g[:unique], w[:unique])
