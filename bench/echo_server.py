@@ -2,16 +2,27 @@
 body echoed back (keep-alive, Content-Length), nothing else. bench/frontend_cpu.py compares
 hybridgnn's CPU per request against it.
 
-    .venv/bin/python bench/echo_server.py --port 8099
+With --protocol, hybridgnn's own HTTP layer (serving/http: Connection, HttpServer, with
+its limits, turns and timers) answers every request with one fixed inference answer
+instead: what the protocol costs without any endpoint work.
+
+    .venv/bin/python bench/echo_server.py --port 8099 [--protocol]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from pathlib import Path
 
 import httptools
 import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+FIXED_ANSWER = (b'{"model_name":"hybridgnn","model_version":"1","outputs":[{"name":"logits","datatype":"FP32",'
+                b'"shape":[1,4],"data":[0.1,0.2,0.3,0.4]}]}')
 
 
 class Echo(asyncio.Protocol):
@@ -39,7 +50,31 @@ class Echo(asyncio.Protocol):
                              b"Connection: keep-alive\r\n\r\n%s" % (len(body), body))
 
 
-async def main(port: int) -> None:
+class FixedAnswer:
+    """The API hybridgnn's HTTP server carries, answering everything with FIXED_ANSWER."""
+
+    draining = False
+
+    def __init__(self):
+        from hybridgnn.serving.http.reply import Reply
+
+        self.reply = Reply(200, FIXED_ANSWER, "application/json")
+        self.error = Reply(500, b'{"error":"internal"}', "application/json")
+
+    def route(self, method: str, path: str):
+        return (lambda request: self.reply), {}
+
+    def internal_error(self, where: str, exc=None):
+        return self.error
+
+
+async def main(port: int, protocol: bool) -> None:
+    if protocol:
+        from hybridgnn.serving.http.server import HttpServer
+
+        server = HttpServer(FixedAnswer(), max_body_bytes=1 << 20)
+        await server.start("127.0.0.1", port)
+        await asyncio.Event().wait()
     server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", port, backlog=1024)
     async with server:
         await server.serve_forever()
@@ -48,4 +83,6 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    uvloop.run(main(ap.parse_args().port))
+    ap.add_argument("--protocol", action="store_true", help="hybridgnn's HTTP layer with one fixed answer")
+    args = ap.parse_args()
+    uvloop.run(main(args.port, args.protocol))

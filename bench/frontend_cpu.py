@@ -15,8 +15,10 @@ The CPU figure is the on-CPU time of the server's process and every process it s
 /proc stat where that is missing), read around each server's own requests and divided by
 them; the client (this process) is not counted. The one-seed figure is taken two ways
 (--modes), --requests per server per round, --rounds rounds (medians reported):
-- turns: the three servers run at once and take turns in chunks of --chunk requests, the
-  order rotating, so drift of the machine's speed falls on all of them alike;
+- turns: the servers run at once and take turns in chunks of --chunk requests, the order
+  rotating, so drift of the machine's speed falls on all of them alike; beside them runs
+  hybridgnn's HTTP layer answering one fixed answer (echo_server.py --protocol: what the
+  protocol costs before any endpoint work);
 - alone: each server alone on the machine, one after another (started and stopped in
   turn). On this 2-core VM the echo server costs about twice as much this way (about
   60 against 30 µs per request: each request wakes an idle core), and the servers about
@@ -139,11 +141,14 @@ def interleaved_cpu(servers: dict[str, tuple[int, int]], wires: list[bytes], cou
 
 
 class EchoServer:
-    def __init__(self):
+    """bench/echo_server.py (protocol: hybridgnn's HTTP layer with one fixed answer)."""
+
+    def __init__(self, protocol: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "echo_server.py"), "--port",
-                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                      str(self.port), *(["--protocol"] if protocol else [])],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -196,19 +201,22 @@ def wide_model(dataset: Path, hidden: int) -> Path:
 
 
 def in_turns(dataset, model, wires, args) -> dict[str, list[float]]:
-    """All three servers running at once, taking turns (interleaved_cpu), per round."""
-    runs: dict[str, list[float]] = {"echo": [], "frontends 1": [], "frontends 2": []}
-    echo, servers = EchoServer(), {}
+    """All the servers running at once, taking turns (interleaved_cpu), per round; beside
+    them hybridgnn's HTTP layer alone with a fixed answer ("protocol only")."""
+    runs: dict[str, list[float]] = {"echo": [], "protocol only": [], "frontends 1": [], "frontends 2": []}
+    echo, protocol, servers = EchoServer(), EchoServer(protocol=True), {}
     try:
         for n in (1, 2):
             servers[f"frontends {n}"] = serve_revision(None, dataset, model, "--frontends", str(n))
-        endpoints = {"echo": (echo.proc.pid, echo.port), **{k: (v.pid, v.port) for k, v in servers.items()}}
+        endpoints = {"echo": (echo.proc.pid, echo.port), "protocol only": (protocol.proc.pid, protocol.port),
+                     **{k: (v.pid, v.port) for k, v in servers.items()}}
         for _ in range(args.rounds):
             for name, us in interleaved_cpu(endpoints, wires, args.requests, args.chunk).items():
                 runs[name].append(us)
             print("turns", json.dumps({k: round(v[-1], 1) for k, v in runs.items()}), flush=True)
     finally:
         echo.stop()
+        protocol.stop()
         for srv in servers.values():
             srv.stop()
     return runs
@@ -252,7 +260,7 @@ def main() -> None:
         runs = (in_turns if mode == "turns" else alone)(dataset, model, wires, args)
         median = {k: statistics.median(v) for k, v in runs.items()}
         per_round = {k: [server / echo for server, echo in zip(runs[k], runs["echo"], strict=True)]
-                     for k in ("frontends 1", "frontends 2")}
+                     for k in runs if k != "echo"}
         report[mode] = {"one_seed_json_cpu_us": {k: round(v, 1) for k, v in median.items()},
                         "server_over_echo": {k: round(statistics.median(v), 2) for k, v in per_round.items()},
                         "server_over_echo_per_round": {k: [round(x, 2) for x in v] for k, v in per_round.items()},
