@@ -92,22 +92,8 @@ def process_tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of a process and every process it started (all threads): precise where
     the kernel's scheduler accounting is readable (_runtime_seconds), else user + system
     from /proc stat."""
-    pids, todo = [pid], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                children = [int(c) for c in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
-            except OSError:
-                continue
-            pids.extend(children)
-            todo.extend(children)
     total = 0.0
-    for p in pids:
+    for p in [pid, *descendants(pid)]:
         precise = _runtime_seconds(p)
         if precise is None:
             return _stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text()) + descendants_cpu_seconds(pid)
@@ -128,10 +114,9 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
-def descendants_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system, all threads) of a process's descendants still running,
-    e.g. a server's pipeline worker processes (Linux)."""
-    total, todo = 0.0, [pid]
+def descendants(pid: int) -> list[int]:
+    """The pids of a process's descendants still running (Linux)."""
+    found, todo = [], [pid]
     while todo:
         parent = todo.pop()
         try:
@@ -140,15 +125,23 @@ def descendants_cpu_seconds(pid: int) -> float:
             continue
         for tid in tids:
             try:
-                children = Path(f"/proc/{parent}/task/{tid}/children").read_text().split()
+                children = [int(c) for c in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
             except OSError:
                 continue
-            for child in map(int, children):
-                try:
-                    total += _stat_cpu_seconds(Path(f"/proc/{child}/stat").read_text())
-                except OSError:
-                    continue
-                todo.append(child)
+            found.extend(children)
+            todo.extend(children)
+    return found
+
+
+def descendants_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of a process's descendants still running,
+    e.g. a server's pipeline worker processes (Linux)."""
+    total = 0.0
+    for child in descendants(pid):
+        try:
+            total += _stat_cpu_seconds(Path(f"/proc/{child}/stat").read_text())
+        except OSError:
+            continue
     return total
 
 

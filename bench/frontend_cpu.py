@@ -54,10 +54,6 @@ from tests.support.server import free_port, stop_process  # noqa: E402
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    return process_tree_cpu_seconds(pid)
-
-
 def http_request(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
@@ -109,12 +105,12 @@ def warm_up(client: Client, wires: list[bytes], count: int) -> None:
 
 def timed_chunk(pid: int, client: Client, wires: list[bytes], count: int, start: int) -> tuple[float, int]:
     """(server CPU seconds, answer bytes) of `count` requests one after another."""
-    before = tree_cpu_seconds(pid)
+    before = process_tree_cpu_seconds(pid)
     answered = 0
     for i in range(start, start + count):
         status, answer = client.ask(wires[i % len(wires)])
         answered += len(answer)
-    return tree_cpu_seconds(pid) - before, answered
+    return process_tree_cpu_seconds(pid) - before, answered
 
 
 def interleaved_cpu(servers: dict[str, tuple[int, int]], wires: list[bytes], count: int, chunk: int

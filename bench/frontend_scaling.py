@@ -34,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench.common import emit_report, machine, serve_revision  # noqa: E402
-from bench.frontend_cpu import tree_cpu_seconds  # noqa: E402
+from bench.common import emit_report, machine, process_tree_cpu_seconds, serve_revision  # noqa: E402
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.config.settings import parse_cpus  # noqa: E402
@@ -83,10 +82,10 @@ class Load:
     def trial(self, url: str, rate: float, duration_s: float, server_pid: int) -> dict:
         self.trials += 1
         seeds = [self.trials * 1000 + i for i in range(self.clients)]
-        cpu0, t0 = tree_cpu_seconds(server_pid), time.perf_counter()
+        cpu0, t0 = process_tree_cpu_seconds(server_pid), time.perf_counter()
         parts = self.pool.starmap(_client_trial, [(url, rate / self.clients, duration_s, s) for s in seeds])
         wall = time.perf_counter() - t0
-        server_cpu = tree_cpu_seconds(server_pid) - cpu0
+        server_cpu = process_tree_cpu_seconds(server_pid) - cpu0
         lat = np.concatenate([np.asarray(p[0], dtype=np.float64) for p in parts])
         ok = lat[np.isfinite(lat)]
         client_cpu = sum(p[3] for p in parts)

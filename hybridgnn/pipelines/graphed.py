@@ -37,6 +37,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 from torch_geometric.nn import MessagePassing, SAGEConv
@@ -92,14 +93,8 @@ class _Bucket:
 
     def __init__(self, shape: BucketShape, width: int, dtype: torch.dtype, device: torch.device):
         self.shape = shape
-        starts = [0]
-        for n in shape.nodes:
-            starts.append(starts[-1] + n)
-        self.node_starts = starts  # slot where each hop's nodes begin (and the total)
-        estarts = [0]
-        for e in shape.edges:
-            estarts.append(estarts[-1] + e)
-        self.edge_starts = estarts
+        self.node_starts = starts = list(accumulate(shape.nodes, initial=0))  # where each hop begins; the total
+        self.edge_starts = estarts = list(accumulate(shape.edges, initial=0))
         self.x = torch.zeros((starts[-1], width), dtype=dtype, device=device)
         # Hop k's unused edge slots: its last node slot -> hop k-1's last node slot.
         dummy = torch.empty((2, estarts[-1]), dtype=torch.int64, device=device)
@@ -225,12 +220,7 @@ class GraphedForward:
         """Write a sample into the bucket's static buffers (module docstring)."""
         layers = len(edges)
         starts, estarts = bucket.node_starts, bucket.edge_starts
-        real = [0]
-        for n in nodes:
-            real.append(real[-1] + n)
-        ereal = [0]
-        for e in edges:
-            ereal.append(ereal[-1] + e)
+        real, ereal = list(accumulate(nodes, initial=0)), list(accumulate(edges, initial=0))
         # Per hop: where its real nodes begin (bounds for bucketize) and how far they move;
         # the same for edges. A sentinel closes each list of bounds.
         offsets = ([*real[1:layers + 1], _SENTINEL] + [starts[k] - real[k] for k in range(layers + 1)]
@@ -292,7 +282,7 @@ class GraphedForward:
     @property
     def captured(self) -> list[int]:
         """Buckets (seed counts) replayed from a graph."""
-        return sorted(b for b, bucket in self._buckets.items() if bucket.replay is not None and not bucket.retired)
+        return sorted(b for b, bucket in self._buckets.items() if bucket.replay is not None)  # never set if retired
 
 
 def model_forward(model, fanouts: Sequence[int], device: torch.device | str,
