@@ -83,7 +83,7 @@ for s in $STAGES; do
         stage sampler 150 $PY bench/gpu_sampler.py --seconds 0.5 --out "$OUTDIR/sampler.json"
         ;;
     lanecost)  # each lane's fixed cost per small batch: GPU lane, split CPU lane, CPU-model lane
-        stage lanecost 150 $PY bench/lane_cost.py --heavy --sizes 1,4,16,64 --batches 200 --out "$OUTDIR/lanecost.json"
+        stage lanecost 150 $PY bench/lane_cost.py --heavy --sizes 1,4,16 --batches 100 --out "$OUTDIR/lanecost.json"
         ;;
     precompute)
         stage precompute 230 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
