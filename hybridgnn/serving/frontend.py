@@ -346,8 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", type=int, required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s frontend-{args.index}: %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Signals to the process group reach the engine's process, which acts for all (SIGHUP
+    # refreshes its cache; a front end would die of it).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     from hybridgnn.capabilities import raise_open_file_limit, run_async
 
     raise_open_file_limit()

@@ -16,8 +16,8 @@ What holds:
   waits for 503, closes and exits, so no front end accepts without an engine behind it.
 - stop(): each front end closes as `hybridgnn serve` does (stops accepting, answers what
   it accepted, Connection: close), then exits; this process stops its engines after.
-  Front ends ignore SIGTERM and SIGINT: a signal to the whole process group drains
-  through this process, in that order.
+  Front ends ignore SIGTERM, SIGINT and SIGHUP: a signal to the whole process group acts
+  through this process (a drain: front ends first, then the engine).
 """
 
 from __future__ import annotations

@@ -33,12 +33,22 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     # The engines' heap (graph, model, torch) is most of what start-up leaves: frozen before
     # anything listens, its one long collection never stalls a request.
     freeze_startup_heap()
-    # The stop signals are ours before anything listens: a client may see the server ready
-    # (one front end up) while the others still start, and signal it then.
+    # Every signal we handle is ours before anything listens: a client may see the server
+    # ready (one front end up) while the others still start, and signal it then (SIGHUP's
+    # default action would kill the server).
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    background: set[asyncio.Task] = set()
+    engine = service.models.engines()[0]  # server-wide state (seed counts) and the log line
+
+    def refresh() -> None:  # SIGHUP: rebuild the GPU feature cache from the seeds seen so far
+        task = loop.create_task(_refresh_placement(engine))
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, refresh)
     try:
         server = await start_server(cfg, service=service)
     except ImportError as exc:
@@ -54,15 +64,6 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     if server.grpc_port is not None:
         log.info("serving KServe v2 gRPC on %s:%d", cfg.server.host, server.grpc_port)
     freeze_startup_heap()  # what start_server added (short: the engines' heap is frozen already)
-    background: set[asyncio.Task] = set()
-    engine = server.engine  # server-wide state (seed counts) and the log line
-
-    def refresh() -> None:  # SIGHUP: rebuild the GPU feature cache from the seeds seen so far
-        task = loop.create_task(_refresh_placement(engine))
-        background.add(task)
-        task.add_done_callback(background.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, refresh)
     saver = loop.create_task(_save_seed_log(engine, cfg)) if cfg.server.seed_log is not None else None
     log.info("serving %s on http://%s:%d (%d nodes, fanouts %s, %d CPU workers, %s)", server.describe(),
              cfg.server.host, server.port, engine.num_nodes, engine.metadata()["fanouts"],

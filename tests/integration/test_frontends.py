@@ -146,6 +146,26 @@ def test_a_front_end_killed_under_load_comes_back_and_the_other_loses_nothing(ti
     assert "front end 0" in out and "starting it again" in out, out
 
 
+def test_sighup_at_readiness_and_to_every_process_stops_nothing(tiny_dataset, tiny_model):
+    """SIGHUP (refresh the GPU cache) is handled from before anything listens, and front
+    ends ignore it: a signal to the process group must not kill them."""
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    try:
+        srv.proc.send_signal(signal.SIGHUP)  # the other front end may still be starting
+        pids = wait_for_frontends(srv.proc.pid, 2)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGHUP)
+        srv.proc.send_signal(signal.SIGHUP)
+        for index in (0, 1):
+            status, _ = post(on(connection_to(srv.port, index, pids)), [5])
+            assert status == 200
+        assert wait_for_frontends(srv.proc.pid, 2) == pids
+        restarts = samples(srv.url)
+        assert all(restarts.get(("hybridgnn_frontend_restarts_total", (("frontend", str(i)),)), 0) == 0 for i in (0, 1))
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
 def test_a_dead_engine_takes_its_front_ends_down(tiny_dataset, tiny_model):
     srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
     pids = wait_for_frontends(srv.proc.pid, 2)
