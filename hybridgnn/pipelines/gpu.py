@@ -20,7 +20,7 @@ import torch
 from hybridgnn.features.store import CachedFeatureStore
 from hybridgnn.graph.degrees import DeviceNodeDegrees
 from hybridgnn.models.gnn import GNN
-from hybridgnn.pipelines.graphed import model_forward
+from hybridgnn.pipelines.graphed import DEVICE_GATE, model_forward
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.types import BatchResult, StageTimings
 
@@ -48,7 +48,7 @@ class DeviceExecutor:
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         t = timings if timings is not None else StageTimings()
-        with self._stream_ctx(), torch.inference_mode():
+        with DEVICE_GATE.work(), self._stream_ctx(), torch.inference_mode():  # no call while a graph records
             t0 = time.perf_counter()
             sub = self.sampler.sample(torch.from_numpy(np.ascontiguousarray(seeds, dtype=np.int64)))
             self._sync()

@@ -1,14 +1,21 @@
 """Quiver's CPU lane (§4.2): CPU workers only sample; the device gathers and runs the model.
 
 A SplitExecutor belongs to one CPU worker. It samples on the worker's thread (the
-compiled CPU sampler), copies the sample into one of its staging slots (pinned host
-memory on a GPU, reused: no pinned allocation per batch) and hands the gather and the
-model to its device stage: a thread of its own with a CUDA stream of its own, so copies
-and kernels of different workers overlap on the device. run_async() returns as soon as
-the hand-off is made, and the worker samples its next batch while the device works on
-this one; at most `slots` batches per worker are past the hand-off at once (each holds a
-slot until its answer is back). On a CPU device the device stage is the same thread
-computing on CPU tensors: how CI exercises the hand-off and the overlap.
+compiled CPU sampler, which releases the GIL), copies the sample into one of its staging
+slots (pinned host memory on a GPU, reused: no pinned allocation per batch) and hands the
+gather and the model to the lane's device stage. run_async() returns as soon as the
+hand-off is made, and the worker samples its next batch while the device works on this
+one; at most `slots` batches per worker are past the hand-off at once (each holds a slot
+until its answer is back).
+
+One SplitDeviceStage serves every worker of the lane: a few threads (HYBRIDGNN_SPLIT_
+DEVICE_THREADS, default 1), each with a CUDA stream and a forward (CUDA graphs where
+enabled) of its own, taking staged samples first come, first served. Why not a thread
+per worker: on the H200, 16 workers each launching their own gathers and forwards spent
+their time waiting for the GIL (a one-seed batch took 20-90 ms in the split lane against
+1.5 ms for one worker alone); the launches are Python, so a few threads issue them
+fastest. On a CPU device the stage computes on CPU tensors: how CI exercises the
+hand-off, the sharing and the overlap.
 
 The device stage gathers through the GPU pipeline's feature store (its FAP-ordered cache
 and zero-copy host rows) and runs the GPU pipeline's model copy, so both lanes share one
@@ -19,13 +26,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import threading
 import time
 
 import numpy as np
 import torch
 
-from hybridgnn.pipelines.graphed import model_forward
+from hybridgnn.pipelines.graphed import DEVICE_GATE, model_forward
 from hybridgnn.types import BatchResult, StageTimings
 
 SPLIT_SLOTS = 2  # staging slots per worker: batches a worker has past the hand-off at once
@@ -71,26 +79,133 @@ class _Slot:
         return n, m, s
 
 
+def split_device_threads() -> int:
+    """Threads of the split lane's device stage (HYBRIDGNN_SPLIT_DEVICE_THREADS, default 1)."""
+    raw = os.environ.get("HYBRIDGNN_SPLIT_DEVICE_THREADS", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"HYBRIDGNN_SPLIT_DEVICE_THREADS must be a whole number >= 1, got {raw!r}")
+    return n
+
+
+class _DeviceThread:
+    """One thread of the device stage, with its stream and forward; `pending` counts the
+    batches submitted to it and not yet finished (guarded by the stage's lock)."""
+
+    def __init__(self, index: int, model, fanouts, device: torch.device):
+        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+        self.forward = model_forward(model, fanouts, device, self.stream)  # graphs where enabled
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"split-device-{index}")
+        self.pending = 0
+
+
+class SplitDeviceStage:
+    """The split lane's device stage (module docstring): gather and model for the staged
+    samples of every worker. features, model, degrees: the GPU pipeline's (shared)."""
+
+    def __init__(self, features, model, device: str | torch.device, fanouts, degrees=None, threads: int = 1):
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.features, self.model = features, model
+        self.degrees = degrees if getattr(model, "gcn_normalised", False) else None
+        self.device = torch.device(device)
+        self._threads = [_DeviceThread(i, model, fanouts, self.device) for i in range(threads)]
+        self._lock = threading.Lock()
+
+    @property
+    def forward(self):
+        """The first thread's forward (tests and benches read its replay counts)."""
+        return self._threads[0].forward
+
+    @forward.setter
+    def forward(self, fn) -> None:
+        for th in self._threads:
+            th.forward = fn
+
+    def submit(self, slot: _Slot, sizes, nodes_per_hop, edges_per_hop, num_edges: int, t: StageTimings,
+               handed: float, release) -> concurrent.futures.Future:
+        """A future of one staged sample's result; release(slot) runs once the slot's
+        buffers are no longer read (also when the device work fails)."""
+        with self._lock:
+            th = min(self._threads, key=lambda d: d.pending)  # the least loaded; ties to the first
+            th.pending += 1
+        try:
+            return th.pool.submit(self._on_device, th, slot, sizes, nodes_per_hop, edges_per_hop, num_edges, t,
+                                  handed, release)
+        except BaseException:
+            with self._lock:
+                th.pending -= 1
+            raise
+
+    def _on_device(self, th: _DeviceThread, slot: _Slot, sizes, nodes_per_hop, edges_per_hop, num_edges: int,
+                   t: StageTimings, handed: float, release) -> BatchResult:
+        """Gather and model on the device for one staged sample (on th's thread)."""
+        n, m, s = sizes
+        dev, stream = self.device, th.stream
+        sync = stream.synchronize if stream is not None else (lambda: None)
+        try:
+            with DEVICE_GATE.work(), (torch.cuda.stream(stream) if stream is not None
+                                      else contextlib.nullcontext()), torch.inference_mode():
+                t2 = time.perf_counter()
+                t.queue_wait_s += t2 - handed  # waited for the device stage
+                node_ids = slot.nodes[:n].to(dev, non_blocking=True)
+                edge_index = slot.edges[:, :m].to(dev, non_blocking=True)
+                seed_index = slot.seeds[:s].to(dev, non_blocking=True)
+                x, tiers = self.features.gather_counted(node_ids)
+                sync()
+                t3 = time.perf_counter()
+                degrees = self.degrees.tensors(node_ids) if self.degrees is not None else None
+                out, hidden = th.forward(x, edge_index, nodes_per_hop, edges_per_hop, degrees)
+                out, hidden = out[seed_index], hidden[seed_index]
+                logits, emb, pred = to_host((out.float(), hidden.float(), out.argmax(dim=1)), slot, sync)
+                t4 = time.perf_counter()
+        finally:
+            release(slot)  # the copies are done (synchronised above) or failed
+            with self._lock:
+                th.pending -= 1
+        t.gather_s, t.compute_s = t3 - t2, t4 - t3
+        return BatchResult(logits=logits, embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
+                           sampled_edges=num_edges, gathered_rows=tiers)
+
+    def close(self) -> None:
+        """Finish what was submitted, then end the threads."""
+        for th in self._threads:
+            th.pool.shutdown(wait=True)
+
+
 class SplitExecutor:
     """One CPU worker's executor of the split lane (module docstring). sampler: the
-    worker's CPU sampler; features, model, degrees: the GPU pipeline's (shared)."""
+    worker's CPU sampler; features, model, degrees: the GPU pipeline's (shared). stage:
+    the lane's shared device stage (Resources makes one); without it the executor makes
+    one of its own and closes it with itself."""
 
     def __init__(self, sampler, features, model, device: str | torch.device, degrees=None, slots: int = SPLIT_SLOTS,
-                 read_lock=contextlib.nullcontext):
+                 read_lock=contextlib.nullcontext, stage: SplitDeviceStage | None = None):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.sampler, self.features, self.model = sampler, features, model
-        self.degrees = degrees if getattr(model, "gcn_normalised", False) else None
         self.device = torch.device(device)
         self.read_lock = read_lock
-        cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(device=self.device) if cuda else None
-        self.forward = model_forward(model, sampler.fanouts, self.device, self.stream)  # graphs where enabled
-        self._free = [_Slot(pinned=cuda) for _ in range(slots)]
+        self._owns_stage = stage is None
+        self.stage = stage if stage is not None else SplitDeviceStage(features, model, self.device, sampler.fanouts,
+                                                                      degrees)
+        self._free = [_Slot(pinned=self.device.type == "cuda") for _ in range(slots)]
         self._slot_ready = threading.Condition()
-        self._stage = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="split-device")
         self.handed_off = 0  # batches handed to the device stage (diagnostics and tests)
         self.on_device = 0  # of those, not yet finished (the router counts them as the GPU's load)
+
+    @property
+    def forward(self):
+        return self.stage.forward
+
+    @forward.setter
+    def forward(self, fn) -> None:
+        if not self._owns_stage:
+            raise AttributeError("the device stage is shared: set its forward on the stage")
+        self.stage.forward = fn
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         """Sample, hand off and wait for the answer (what a plain worker loop calls)."""
@@ -111,10 +226,11 @@ class SplitExecutor:
             slot = self._free.pop()
             self.on_device += 1
         try:
-            sizes = slot.stage(sub.node_ids, sub.edge_index, sub.seed_index)
+            with DEVICE_GATE.work():  # a staging buffer that grows allocates pinned memory: a CUDA call
+                sizes = slot.stage(sub.node_ids, sub.edge_index, sub.seed_index)
             handed = time.perf_counter()
-            future = self._stage.submit(self._on_device, slot, sizes, list(sub.num_sampled_nodes),
-                                        list(sub.num_sampled_edges), int(sub.num_edges), t, handed)
+            future = self.stage.submit(slot, sizes, list(sub.num_sampled_nodes), list(sub.num_sampled_edges),
+                                       int(sub.num_edges), t, handed, self._release)
         except BaseException:
             self._release(slot)
             raise
@@ -125,39 +241,15 @@ class SplitExecutor:
         with self._slot_ready:
             self._free.append(slot)
             self.on_device -= 1
-            self._slot_ready.notify()
-
-    def _on_device(self, slot: _Slot, sizes, nodes_per_hop, edges_per_hop, num_edges: int, t: StageTimings,
-                   handed: float) -> BatchResult:
-        """Gather and model on the device for one staged sample (the device stage's thread)."""
-        n, m, s = sizes
-        dev, stream = self.device, self.stream
-        sync = stream.synchronize if stream is not None else (lambda: None)
-        try:
-            with (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()), \
-                    torch.inference_mode():
-                t2 = time.perf_counter()
-                t.queue_wait_s += t2 - handed  # waited for the device stage
-                node_ids = slot.nodes[:n].to(dev, non_blocking=True)
-                edge_index = slot.edges[:, :m].to(dev, non_blocking=True)
-                seed_index = slot.seeds[:s].to(dev, non_blocking=True)
-                x, tiers = self.features.gather_counted(node_ids)
-                sync()
-                t3 = time.perf_counter()
-                degrees = self.degrees.tensors(node_ids) if self.degrees is not None else None
-                out, hidden = self.forward(x, edge_index, nodes_per_hop, edges_per_hop, degrees)
-                out, hidden = out[seed_index], hidden[seed_index]
-                logits, emb, pred = to_host((out.float(), hidden.float(), out.argmax(dim=1)), slot, sync)
-                t4 = time.perf_counter()
-        finally:
-            self._release(slot)  # the copies are done (synchronised above) or failed
-        t.gather_s, t.compute_s = t3 - t2, t4 - t3
-        return BatchResult(logits=logits, embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
-                           sampled_edges=num_edges, gathered_rows=tiers)
+            self._slot_ready.notify_all()
 
     def close(self) -> None:
-        """Finish the batches handed off, then end the device stage's thread."""
-        self._stage.shutdown(wait=True)
+        """Wait for this worker's batches on the device; end the stage if it is its own."""
+        with self._slot_ready:
+            while self.on_device:
+                self._slot_ready.wait()
+        if self._owns_stage:
+            self.stage.close()
 
 
 def to_host(tensors, slot: _Slot, sync) -> list[np.ndarray]:

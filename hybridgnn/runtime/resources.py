@@ -13,6 +13,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import threading
 import time
 
 import numpy as np
@@ -41,7 +42,11 @@ from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.pipelines.executor import BatchExecutor
 from hybridgnn.pipelines.gpu import DeviceExecutor
 from hybridgnn.pipelines.process import ProcessExecutor
-from hybridgnn.pipelines.split import SplitExecutor
+from hybridgnn.pipelines.split import (
+    SplitDeviceStage,
+    SplitExecutor,
+    split_device_threads,
+)
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.updates.log import UpdateLog, open_update_log
@@ -122,6 +127,8 @@ class Resources:
         self.node_degrees = (NodeDegrees(self.dynamic if self.dynamic is not None else self.graph)
                              if self.model.gcn_normalised else None)
         self._device_degrees: DeviceNodeDegrees | None = None
+        self._split_stage: SplitDeviceStage | None = None  # the split lane's device stage, with its first worker
+        self._split_stage_lock = threading.Lock()  # workers are made on their own threads
         self.incremental = None
         if self.dynamic is not None and self.embeddings is not None:
             snap = self.snapshot
@@ -293,11 +300,21 @@ class Resources:
         if self.cfg.cpu_pipeline.split:  # Quiver's CPU lane: the GPU pipeline's device does the rest
             device = self.cfg.gpu_pipeline.device
             return SplitExecutor(sampler, self.gpu_features, self.model_on(device), device,
-                                 degrees=self._gpu_degrees(device))
+                                 stage=self._split_device_stage(device))
         lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
         device = self.cfg.cpu_pipeline.device
         return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock,
                              degrees=self.node_degrees)
+
+    def _split_device_stage(self, device) -> SplitDeviceStage:
+        """The split lane's one device stage, made with its first worker (every worker's
+        samples go through it; closed with these resources)."""
+        with self._split_stage_lock:
+            if self._split_stage is None:
+                self._split_stage = SplitDeviceStage(self.gpu_features, self.model_on(device), device,
+                                                     self.cfg.sampling.fanouts, self._gpu_degrees(device),
+                                                     threads=split_device_threads())
+            return self._split_stage
 
     def _make_gpu_executor(self, worker: int) -> DeviceExecutor:
         sampler = TorchSampler(self.device_graph.indptr, self.device_graph.indices, self.cfg.sampling.fanouts,
@@ -315,6 +332,9 @@ class Resources:
 
     def close(self) -> None:
         """Release what is not garbage-collected: the pinned host registrations, the log."""
+        if self._split_stage is not None:
+            self._split_stage.close()
+            self._split_stage = None
         if self.update_log is not None:
             self.update_log.close()
             self.update_log = None

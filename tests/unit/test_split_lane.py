@@ -190,3 +190,69 @@ def test_resources_build_split_workers_on_the_gpu_pipelines_store_and_model(tiny
         assert got.logits.shape == (3, model.out_dim)
     finally:
         res.close()
+
+
+def test_every_worker_of_a_resources_shares_one_device_stage(tiny_dataset, tiny_model, monkeypatch):
+    """16 workers each launching their own device work waited on the GIL (H200): the lane's
+    workers hand their samples to one stage, and closing one worker leaves it serving."""
+    from hybridgnn.config import SamplingConfig
+    from hybridgnn.runtime.resources import Resources
+
+    monkeypatch.setenv("HYBRIDGNN_SPLIT_DEVICE_THREADS", "1")
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((4, 3)),
+                      cpu_pipeline=PipelineConfig(split=True, workers=3),
+                      gpu_pipeline=PipelineConfig(name="gpu", device="cpu", workers=1))
+    res = Resources.open(cfg)
+    try:
+        workers = [res.make_executor("cpu", i) for i in range(3)]
+        assert len({id(w.stage) for w in workers}) == 1
+        names = set()
+        stage = workers[0].stage
+        seen = stage._on_device
+
+        def on_device(*args, **kw):
+            names.add(threading.current_thread().name)
+            return seen(*args, **kw)
+
+        stage._on_device = on_device
+        futures = [w.run_async(np.array([i, i + 7])) for i, w in enumerate(workers) for _ in range(2)]
+        results = [f.result(30) for f in futures]
+        assert all(r.logits.shape[0] == 2 for r in results)
+        assert len(names) == 1 and next(iter(names)).startswith("split-device-0")
+        workers[0].close()  # its batches are done; the stage serves on
+        assert workers[1].run(np.array([5])).logits.shape[0] == 1
+        for w in workers[1:]:
+            w.close()
+    finally:
+        res.close()
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "two"])
+def test_the_device_stage_thread_count_is_checked(monkeypatch, raw):
+    from hybridgnn.pipelines.split import split_device_threads
+
+    monkeypatch.setenv("HYBRIDGNN_SPLIT_DEVICE_THREADS", raw)
+    with pytest.raises(ValueError, match="HYBRIDGNN_SPLIT_DEVICE_THREADS"):
+        split_device_threads()
+
+
+def test_a_stage_of_two_threads_spreads_the_work(skewed_graph):
+    from hybridgnn.pipelines.split import SplitDeviceStage
+
+    model = _HeldModel(skewed_graph.feature_dim)
+    stage = SplitDeviceStage(CachedFeatureStore(skewed_graph.features, "cpu", 0), model, "cpu", EVERYTHING,
+                             threads=2)
+    workers = [SplitExecutor(CPUSampler(skewed_graph, EVERYTHING), stage.features, model, "cpu", stage=stage)
+               for _ in range(2)]
+    try:
+        futures = [w.run_async(np.array([i])) for i, w in enumerate(workers)]
+        assert model.entered.acquire(timeout=30) and model.entered.acquire(timeout=30)  # both on the device at once
+        model.go.set()
+        assert [f.result(30).logits.shape[0] for f in futures] == [1, 1]
+        with pytest.raises(AttributeError, match="shared"):
+            workers[0].forward = None
+    finally:
+        model.go.set()
+        for w in workers:
+            w.close()
+        stage.close()
