@@ -7,7 +7,7 @@
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
-# STAGE: env tests sampler lanecost precompute precompute_cli profile policies fig10 overload frontends
+# STAGE: env tests sampler lanecost precompute precompute_cli profile policies policies_http fig10 overload frontends
 # (default: all but precompute_cli, overload and frontends, in that order; the products-scale graph
 # is generated first, beside the tests). overload is a CPU figure that needs the 16 cores:
 # the front end's overload targets with the load generator on cores of its own (a 2-core
@@ -18,16 +18,19 @@
 # to OUTDIR/summary.txt. With ARCHIVE=FILE.tgz set, OUTDIR is also packed into FILE
 # after every stage (so a run cut short still leaves what it measured).
 #
-# The stages' limits add up to about 27 minutes. With less device time, run them in
-# calls of at most 10 minutes, back to back on the same warm machine (the products graph
-# made in the first stays in .cache), in this order of what they decide:
-#   1. env tests lanecost       (GPU tests, CUDA graphs and each lane's fixed cost; ~8 min)
-#   2. profile policies         (the shipped GPU profile; hybrid / best single device; ~8 min)
-#   3. frontends fig10 sampler  (front-end scaling, the SLO figure, the sampler; ~11 min)
+# The stages' limits add up to about 32 minutes; a session has 15 of device time (the
+# machine's start included). Run them in calls of at most 10 minutes, back to back on the
+# same warm machine (the products graph made in the first stays in data/), in this order
+# of what they decide. Measured on an H200 (2026-11-27): env 17 s, tests 103 s (with the
+# products graph beside them), lanecost 33 s, profile 22 s, sampler 73 s, frontends 80 s
+# (--trial-s 1.5 --bisect 1); policies took about 75 s per policy and mode.
+#   1. env tests lanecost profile policies   (in process: hybrid / best single; ~8 min)
+#   2. policies_http fig10                   (over HTTP; the SLO figure; ~9 min)
+#   3. sampler frontends precompute          (kernels, front-end scaling; ~7 min)
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env tests sampler lanecost precompute profile policies fig10}  # precompute_cli, overload, frontends: ask for them
+STAGES=${*:-env tests sampler lanecost precompute profile policies policies_http fig10}  # precompute_cli, overload, frontends: ask for them
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 mkdir -p "$OUTDIR"
@@ -97,9 +100,10 @@ for s in $STAGES; do
             --model data/products-sage3-256 --device cuda --budget-s 40 --min-samples 40 --out "$PROFILE"
         cp "${PROFILE%.json}".* "$OUTDIR"/ 2>/dev/null
         ;;
-    policies)
-        stage policies 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 \
-            --policies "${POLICIES:-gpu,hybrid,hybrid_model}" --profile "$PROFILE" --out "$OUTDIR/policies.json"
+    policies|policies_http)  # in process, then over HTTP: one stage each (a policy and mode takes ~75 s)
+        mode=engine; [ "$s" = policies ] || mode=http
+        stage "$s" 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 --modes $mode \
+            --policies "${POLICIES:-gpu,hybrid}" --profile "$PROFILE" --out "$OUTDIR/$s.json"
         ;;
     fig10)
         stage fig10 290 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \

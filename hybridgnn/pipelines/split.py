@@ -12,8 +12,8 @@ One SplitDeviceStage serves every worker of the lane: a few threads (HYBRIDGNN_S
 DEVICE_THREADS, default 1), each with a CUDA stream and a forward (CUDA graphs where
 enabled) of its own, taking staged samples first come, first served. Why not a thread
 per worker: on the H200, 16 workers each launching their own gathers and forwards spent
-their time waiting for the GIL (a one-seed batch took 20-90 ms in the split lane against
-1.5 ms for one worker alone); the launches are Python, so a few threads issue them
+their time waiting for the GIL (a split batch took 61-125 ms on average, against 1.5 ms
+for one worker alone); the launches are Python, so a few threads issue them
 fastest. On a CPU device the stage computes on CPU tensors: how CI exercises the
 hand-off, the sharing and the overlap.
 
