@@ -43,6 +43,7 @@ from bench.overload import encode, open_loop  # noqa: E402
 from hybridgnn.capabilities import HAS_CUDA  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.errors import ServingError  # noqa: E402
+from hybridgnn.types import ServingStats  # noqa: E402
 
 POLICIES = {
     "cpu": ["--device", "cpu"],
@@ -119,21 +120,25 @@ async def max_rate(trial, *, slo_ms: float, start_rate: float, bisect_steps: int
     def meets(r: dict) -> bool:
         return r["p99_ms"] <= slo_ms and r["refused"] == 0 and r["errors"] == 0 and r["ok"] == r["sent"]
 
-    await trial(start_rate / 2, warm=True)
-    good, good_res, bad, rate = 0.0, None, None, start_rate
-    while rate < 1e6:
+    async def tried(rate: float) -> dict:
         res = await trial(rate)
         print(f"  {label:14s} {rate:9.1f} req/s -> {res['seeds_per_s']:11.0f} seeds/s p99 {res['p99_ms']:8.2f} ms "
               f"refused {res['refused']} errors {res['errors']}", flush=True)
+        for lane, b in res.get("batches", {}).items():  # in process: each lane's batches
+            print(f"  {'':14s} {lane}: {json.dumps(b)}", flush=True)
+        return res
+
+    await trial(start_rate / 2, warm=True)
+    good, good_res, bad, rate = 0.0, None, None, start_rate
+    while rate < 1e6:
+        res = await tried(rate)
         if not meets(res):
             bad = rate
             break
         good, good_res, rate = rate, res, rate * 2
     for _ in range(bisect_steps if bad is not None else 0):
         mid = (good + bad) / 2 if good else bad / 2
-        res = await trial(mid)
-        print(f"  {label:14s} {mid:9.1f} req/s -> {res['seeds_per_s']:11.0f} seeds/s p99 {res['p99_ms']:8.2f} ms "
-              f"refused {res['refused']} errors {res['errors']}", flush=True)
+        res = await tried(mid)
         if meets(res):
             good, good_res = mid, res
         else:
@@ -145,16 +150,47 @@ def serve_args(dataset: Path, model: Path, flags: list[str]) -> list[str]:
     return ["serve", "--dataset", str(dataset), "--model", str(model), *flags]
 
 
+class BatchTally(ServingStats):
+    """Each lane's batches over one trial: how many, their seeds and requests, and the
+    median of each stage. It says where a lane's capacity goes (batches too small, a
+    stage too slow, a queue before the device)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.rows: dict[str, list[tuple[float, ...]]] = {}
+        self.t0 = time.perf_counter()
+
+    def batch_done(self, pipeline, timings, num_seeds, num_requests, psgs, sampled_edges, gathered_rows) -> None:
+        self.rows.setdefault(pipeline, []).append((num_seeds, num_requests, timings.queue_wait_s, timings.sample_s,
+                                                    timings.gather_s, timings.compute_s))
+
+    def summary(self) -> dict:
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        out = {}
+        for lane, rows in self.rows.items():
+            a = np.asarray(rows, dtype=np.float64)
+            out[lane] = {"batches_per_s": round(len(a) / wall, 1), "mean_seeds": round(float(a[:, 0].mean()), 1),
+                         "mean_requests": round(float(a[:, 1].mean()), 2),
+                         **{f"median_{k}_ms": round(float(np.median(a[:, i])) * 1e3, 3)
+                            for i, k in enumerate(("queue_wait", "sample", "gather", "compute"), start=2)}}
+        return out
+
+
 async def engine_level(dataset, model, flags, mix, args) -> dict:
     from hybridgnn.cli.main import build_parser
     from hybridgnn.cli.serve import build_config
     from hybridgnn.serving.core.engine import open_engine
 
     cfg = build_config(build_parser().parse_args(serve_args(dataset, model, flags)))
-    engine = await open_engine(cfg)
+    tally = BatchTally()
+    engine = await open_engine(cfg, tally)
     try:
         async def trial(rate, warm=False):
-            return await engine_trial(engine, mix, rate, 1.0 if warm else args.trial_s, seed=int(rate))
+            tally.reset()
+            res = await engine_trial(engine, mix, rate, 1.0 if warm else args.trial_s, seed=int(rate))
+            return {**res, "batches": tally.summary()}
         res = await max_rate(trial, slo_ms=args.slo_ms, start_rate=args.start_rate,
                              bisect_steps=args.bisect_steps, label="engine")
         return {**res, "diagnostics": diagnostics(engine.metadata())}
