@@ -60,13 +60,13 @@ def _client_init(cpus: list[int], num_nodes: int) -> None:
     raise_open_file_limit()
 
 
-def _client_trial(url: str, rate: float, duration_s: float, seed: int) -> tuple[list[float], int, int, float]:
+def _client_trial(url: str, rate: float, duration_s: float, seed: int) -> tuple[list[float], int, int, float, int]:
     """One client's share of a trial: (latencies ms of its answers, inf where refused or
-    failed; refused; errors; its CPU seconds)."""
+    failed; refused; errors; its CPU seconds; of the errors, connections it could not open)."""
     cpu0 = time.process_time()
     res = run_async(run_load(url, MODEL, rate=rate, duration_s=duration_s, seed=seed, keep_latencies=True,
                              make_bodies=lookup_bodies))
-    return res.latencies_ms, res.rejected, res.errors, time.process_time() - cpu0
+    return res.latencies_ms, res.rejected, res.errors, time.process_time() - cpu0, res.connect_errors
 
 
 class Load:
@@ -92,6 +92,7 @@ class Load:
         client_busy = client_cpu / wall
         return {"offered_rps": rate, "sent": int(len(lat)), "ok": int(len(ok)),
                 "rejected": int(sum(p[1] for p in parts)), "errors": int(sum(p[2] for p in parts)),
+                "connect_errors": int(sum(p[4] for p in parts)),
                 "achieved_rps": round(len(ok) / duration_s, 1),
                 "p50_ms": round(float(np.percentile(ok, 50)), 2) if len(ok) else None,
                 "p99_ms": round(float(np.percentile(ok, 99)), 2) if len(ok) else None,

@@ -59,6 +59,9 @@ class LoadResult:
     # after the start), when asked for
     latencies_ms: list[float] | None = None
     arrivals_s: list[float] | None = None
+    # of the errors, requests whose connection could not be opened (the client's ports or
+    # descriptors, or the server's listen backlog): a client limit, not an answer
+    connect_errors: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -103,6 +106,9 @@ def _http_request(host: str, port: int, path: str, body: bytes, headers: dict) -
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+_CONNECT_FAILED = -2  # a request's status when its connection could not be opened
 
 
 class _Connection(asyncio.Protocol):
@@ -186,6 +192,9 @@ class _ConnectionPool:
         try:
             await asyncio.get_running_loop().create_connection(lambda: conn, self.host, self.port)
         except OSError:
+            for i in conn.waiting:
+                self.finish(i, _CONNECT_FAILED)
+            conn.waiting = []
             conn.connection_lost(None)
 
     def finish(self, i: int, status: int) -> None:
@@ -341,6 +350,7 @@ def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: i
         max_ms=float(lat_ok.max()) if lat_ok.size else float("nan"),
         latencies_ms=np.where(ok, latencies * 1000.0, np.inf).tolist() if keep_latencies else None,
         arrivals_s=arrivals.tolist() if keep_latencies else None,
+        connect_errors=int((statuses == _CONNECT_FAILED).sum()),
     )
 
 

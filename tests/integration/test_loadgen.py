@@ -68,3 +68,15 @@ def test_latency_runs_from_the_scheduled_arrival_and_load_stays_open_loop():
 def test_requests_never_answered_fail_after_the_timeout():
     res = load("hang", rate=50, duration_s=0.2, timeout_s=0.5)
     assert res.ok == 0 and res.errors == res.sent > 0
+    assert res.connect_errors == 0  # the connections opened; the server never answered
+
+
+def test_connections_that_cannot_open_are_counted_as_the_clients_limit():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = asyncio.run(run_load(f"http://127.0.0.1:{port}", "ok", num_nodes=100, rate=100, duration_s=0.2,
+                               timeout_s=5))
+    assert res.sent > 0 and res.ok == 0 and res.errors == res.connect_errors == res.sent
