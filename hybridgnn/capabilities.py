@@ -1,12 +1,16 @@
-"""What this process can use, detected once (CUDA, uvloop, numba).
+"""What this process can use, detected once (CUDA, uvloop, numba), and the gate on its
+device calls that lets a CUDA graph capture run alone (DEVICE_GATE).
 
 HAS_CUDA is computed on first access, not at import: the CLI reads CPU_COUNT from here
 to parse its flags, and `--help` must not wait for torch to load."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import threading
+from collections.abc import Iterator
 
 HAS_UVLOOP: bool = importlib.util.find_spec("uvloop") is not None
 HAS_NUMBA: bool = importlib.util.find_spec("numba") is not None
@@ -174,3 +178,72 @@ def describe_line() -> str:
     d = describe()
     gpus = ", ".join(d.get("gpus", [])) or "no GPU"
     return f"{d['cpu']} ({d['cpu_count']} cores), {gpus}, torch {d['torch']}"
+
+
+class DeviceGate:
+    """Device work (many threads at once) against a CUDA graph capture (alone): on an
+    H200 a capture in thread-local mode still failed while another thread launched. A thread
+    inside work() may capture: its own hold is set aside meanwhile. Captures wait for the
+    threads inside work() to leave and keep new ones out (a waiting capture goes first),
+    so nothing else in the process calls into CUDA while one records."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._working = 0  # threads inside work()
+        self._capturing = False
+        self._waiting = 0  # captures waiting for the working threads to leave
+        self._depth = threading.local()
+
+    @contextlib.contextmanager
+    def work(self) -> Iterator[None]:
+        depth = getattr(self._depth, "n", 0)
+        if depth == 0:
+            with self._cond:
+                while self._capturing or self._waiting:
+                    self._cond.wait()
+                self._working += 1
+        self._depth.n = depth + 1
+        try:
+            yield
+        finally:
+            self._depth.n = depth
+            if depth == 0:
+                with self._cond:
+                    self._working -= 1
+                    if not self._working:
+                        self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        held = getattr(self._depth, "n", 0) > 0
+        with self._cond:
+            if held:
+                self._working -= 1
+            self._waiting += 1
+            try:
+                while self._capturing or self._working:
+                    self._cond.wait()
+            except BaseException:  # interrupted while waiting: as if it never asked
+                self._waiting -= 1
+                if held:
+                    self._working += 1
+                self._cond.notify_all()
+                raise
+            self._waiting -= 1
+            self._capturing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._capturing = False
+                if held:
+                    self._working += 1
+                self._cond.notify_all()
+
+    @property
+    def working(self) -> int:
+        """Threads inside work() now (tests)."""
+        return self._working
+
+
+DEVICE_GATE = DeviceGate()  # one per process: device work (executors, cache refreshes, setup) and captures

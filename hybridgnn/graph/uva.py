@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hybridgnn.capabilities import DEVICE_GATE
 from hybridgnn.graph.host import host_tensor
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class DeviceGraph:
     def close(self) -> None:
         """Unregister pinned buffers (once the kernels that read them are done)."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.registration.release()
+            with DEVICE_GATE.work():  # no CUDA call while a graph is captured
+                torch.cuda.synchronize(self.device)
+                self.registration.release()
         self._pinned_copies.clear()

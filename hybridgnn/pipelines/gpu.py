@@ -17,10 +17,11 @@ import time
 import numpy as np
 import torch
 
+from hybridgnn.capabilities import DEVICE_GATE
 from hybridgnn.features.store import CachedFeatureStore
 from hybridgnn.graph.degrees import DeviceNodeDegrees
 from hybridgnn.models.gnn import GNN
-from hybridgnn.pipelines.graphed import DEVICE_GATE, model_forward
+from hybridgnn.pipelines.graphed import model_forward
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.types import BatchResult, StageTimings
 

@@ -23,9 +23,9 @@ capture fails all the same, no further one is tried in that worker (logged once)
 first replay of each bucket is compared with the eager forward of the batch that made
 it; a mismatch retires the bucket. That batch is answered by the eager forward.
 
-Captures exclude every other device call of the process (DEVICE_GATE): the executors
-make theirs inside DEVICE_GATE.work(), and a capture waits until no thread is inside one
-and holds the rest out while it runs. The H200 showed why: a capture in thread-local mode
+Captures exclude every other device call of the process (capabilities.DEVICE_GATE): the
+executors make theirs inside DEVICE_GATE.work(), and a capture waits until no thread is
+inside one and holds the rest out while it runs. The H200 showed why: a capture in thread-local mode
 still failed while a server's other lanes were launching.
 
 One GraphedForward per worker (its static buffers are that worker's), used by one thread
@@ -37,84 +37,22 @@ it on. On a CPU device the same padding and bookkeeping run with an eager "captu
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 from torch_geometric.nn import MessagePassing, SAGEConv
 
+from hybridgnn.capabilities import DEVICE_GATE
 from hybridgnn.models.gnn import GNN
 
 log = logging.getLogger(__name__)
 
 _SENTINEL = torch.iinfo(torch.int64).max  # a bound past every local id
 MAX_SLOTS = 1 << 18  # a bucket needing more node slots than this runs eagerly (its buffers and graph memory)
-
-
-class DeviceGate:
-    """Device work (many threads at once) against a CUDA graph capture (alone). A thread
-    inside work() may capture: its own hold is set aside meanwhile. Captures wait for the
-    threads inside work() to leave and keep new ones out (a waiting capture goes first),
-    so nothing else in the process calls into CUDA while one records."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._working = 0  # threads inside work()
-        self._capturing = False
-        self._waiting = 0  # captures waiting for the working threads to leave
-        self._depth = threading.local()
-
-    @contextlib.contextmanager
-    def work(self) -> Iterator[None]:
-        depth = getattr(self._depth, "n", 0)
-        if depth == 0:
-            with self._cond:
-                while self._capturing or self._waiting:
-                    self._cond.wait()
-                self._working += 1
-        self._depth.n = depth + 1
-        try:
-            yield
-        finally:
-            self._depth.n = depth
-            if depth == 0:
-                with self._cond:
-                    self._working -= 1
-                    if not self._working:
-                        self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def capture(self) -> Iterator[None]:
-        held = getattr(self._depth, "n", 0) > 0
-        with self._cond:
-            if held:
-                self._working -= 1
-            self._waiting += 1
-            while self._capturing or self._working:
-                self._cond.wait()
-            self._waiting -= 1
-            self._capturing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._capturing = False
-                if held:
-                    self._working += 1
-                self._cond.notify_all()
-
-    @property
-    def working(self) -> int:
-        """Threads inside work() now (tests)."""
-        return self._working
-
-
-DEVICE_GATE = DeviceGate()  # one per process: every executor's device work and every capture
 
 
 @dataclass(frozen=True)

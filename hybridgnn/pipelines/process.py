@@ -41,8 +41,10 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
     import signal
 
     # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C
-    # sent to the whole process group must not kill it under a batch mid-drain.
+    # or a SIGHUP (the server's cache refresh) sent to the whole process group must not
+    # kill it under a batch mid-drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         if cpus:
             os.sched_setaffinity(0, cpus)  # before torch starts threads, which inherit it

@@ -33,7 +33,8 @@ import time
 import numpy as np
 import torch
 
-from hybridgnn.pipelines.graphed import DEVICE_GATE, model_forward
+from hybridgnn.capabilities import DEVICE_GATE
+from hybridgnn.pipelines.graphed import model_forward
 from hybridgnn.types import BatchResult, StageTimings
 
 SPLIT_SLOTS = 2  # staging slots per worker: batches a worker has past the hand-off at once
@@ -49,7 +50,10 @@ class _Slot:
         self.seeds = self._alloc((256,))
 
     def _alloc(self, shape) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch.int64, pin_memory=self.pinned)
+        if not self.pinned:
+            return torch.empty(shape, dtype=torch.int64)
+        with DEVICE_GATE.work():  # allocating pinned memory is a CUDA call
+            return torch.empty(shape, dtype=torch.int64, pin_memory=True)
 
     def _fit(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         size = buf.shape[-1]
@@ -122,8 +126,9 @@ class SplitDeviceStage:
 
     @forward.setter
     def forward(self, fn) -> None:
-        for th in self._threads:
-            th.forward = fn
+        if len(self._threads) > 1:  # a GraphedForward's buffers serve one thread at a time
+            raise AttributeError("a stage of several threads has a forward per thread")
+        self._threads[0].forward = fn
 
     def submit(self, slot: _Slot, sizes, nodes_per_hop, edges_per_hop, num_edges: int, t: StageTimings,
                handed: float, release) -> concurrent.futures.Future:
@@ -133,12 +138,21 @@ class SplitDeviceStage:
             th = min(self._threads, key=lambda d: d.pending)  # the least loaded; ties to the first
             th.pending += 1
         try:
-            return th.pool.submit(self._on_device, th, slot, sizes, nodes_per_hop, edges_per_hop, num_edges, t,
-                                  handed, release)
+            future = th.pool.submit(self._on_device, th, slot, sizes, nodes_per_hop, edges_per_hop, num_edges, t,
+                                    handed, release)
         except BaseException:
             with self._lock:
                 th.pending -= 1
             raise
+
+        def if_cancelled(f: concurrent.futures.Future) -> None:  # _on_device never ran: its finally neither
+            if f.cancelled():
+                release(slot)
+                with self._lock:
+                    th.pending -= 1
+
+        future.add_done_callback(if_cancelled)
+        return future
 
     def _on_device(self, th: _DeviceThread, slot: _Slot, sizes, nodes_per_hop, edges_per_hop, num_edges: int,
                    t: StageTimings, handed: float, release) -> BatchResult:
@@ -226,8 +240,7 @@ class SplitExecutor:
             slot = self._free.pop()
             self.on_device += 1
         try:
-            with DEVICE_GATE.work():  # a staging buffer that grows allocates pinned memory: a CUDA call
-                sizes = slot.stage(sub.node_ids, sub.edge_index, sub.seed_index)
+            sizes = slot.stage(sub.node_ids, sub.edge_index, sub.seed_index)
             handed = time.perf_counter()
             future = self.stage.submit(slot, sizes, list(sub.num_sampled_nodes), list(sub.num_sampled_edges),
                                        int(sub.num_edges), t, handed, self._release)
@@ -246,7 +259,7 @@ class SplitExecutor:
     def close(self) -> None:
         """Wait for this worker's batches on the device; end the stage if it is its own."""
         with self._slot_ready:
-            while self.on_device:
+            while self.on_device > 0:
                 self._slot_ready.wait()
         if self._owns_stage:
             self.stage.close()

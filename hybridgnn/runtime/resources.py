@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from hybridgnn.capabilities import HAS_CUDA
+from hybridgnn.capabilities import DEVICE_GATE, HAS_CUDA
 from hybridgnn.config import ServeConfig, fanouts_for
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
@@ -85,7 +85,8 @@ class Resources:
 
     @classmethod
     def open(cls, cfg: ServeConfig, base: Resources | None = None) -> Resources:
-        return cls(cfg, base)
+        with DEVICE_GATE.work():  # registers host memory, moves the model: no capture meanwhile
+            return cls(cfg, base)
 
     def __init__(self, cfg: ServeConfig, base: Resources | None = None):
         """base: the resources of another model served over the same graph; its dataset,
@@ -129,6 +130,7 @@ class Resources:
         self._device_degrees: DeviceNodeDegrees | None = None
         self._split_stage: SplitDeviceStage | None = None  # the split lane's device stage, with its first worker
         self._split_stage_lock = threading.Lock()  # workers are made on their own threads
+        self._closed = False
         self.incremental = None
         if self.dynamic is not None and self.embeddings is not None:
             snap = self.snapshot
@@ -310,6 +312,8 @@ class Resources:
         """The split lane's one device stage, made with its first worker (every worker's
         samples go through it; closed with these resources)."""
         with self._split_stage_lock:
+            if self._closed:
+                raise RuntimeError("these resources are closed: no new split-lane worker")
             if self._split_stage is None:
                 self._split_stage = SplitDeviceStage(self.gpu_features, self.model_on(device), device,
                                                      self.cfg.sampling.fanouts, self._gpu_degrees(device),
@@ -332,9 +336,11 @@ class Resources:
 
     def close(self) -> None:
         """Release what is not garbage-collected: the pinned host registrations, the log."""
-        if self._split_stage is not None:
-            self._split_stage.close()
-            self._split_stage = None
+        with self._split_stage_lock:
+            self._closed = True
+            stage, self._split_stage = self._split_stage, None
+        if stage is not None:
+            stage.close()
         if self.update_log is not None:
             self.update_log.close()
             self.update_log = None

@@ -51,15 +51,16 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     loop.add_signal_handler(signal.SIGHUP, refresh)
     try:
         server = await start_server(cfg, service=service)
-    except ImportError as exc:
-        log.error("--grpc-port needs grpcio and protobuf (pip install grpcio protobuf): %s", exc)
-        return 2
-    except RuntimeError as exc:  # a front-end process that cannot start (its own log lines say why)
-        log.error("%s", exc)
-        return 2
-    except OSError as exc:  # port taken, address not local, no permission: one line, no traceback
-        log.error("cannot listen on %s (HTTP %d, gRPC %s): %s", cfg.server.host, cfg.server.port,
-                  cfg.server.grpc_port, getattr(exc, "strerror", None) or exc)
+    except (ImportError, RuntimeError, OSError) as exc:
+        for task in list(background):  # a refresh asked for meanwhile ends before the engines stop
+            await asyncio.gather(task, return_exceptions=True)
+        if isinstance(exc, ImportError):
+            log.error("--grpc-port needs grpcio and protobuf (pip install grpcio protobuf): %s", exc)
+        elif isinstance(exc, OSError):  # port taken, address not local, no permission: one line
+            log.error("cannot listen on %s (HTTP %d, gRPC %s): %s", cfg.server.host, cfg.server.port,
+                      cfg.server.grpc_port, getattr(exc, "strerror", None) or exc)
+        else:  # a front-end process that cannot start (its own log lines say why)
+            log.error("%s", exc)
         return 2
     if server.grpc_port is not None:
         log.info("serving KServe v2 gRPC on %s:%d", cfg.server.host, server.grpc_port)

@@ -1,10 +1,10 @@
-"""DEVICE_GATE's contract (pipelines/graphed.py): device work runs side by side, a capture
+"""DEVICE_GATE's contract (capabilities.py): device work runs side by side, a capture
 runs alone (it waits for the work under way and holds new work out), a thread inside its
 own work can capture, and two such threads capturing at once do not deadlock."""
 
 import threading
 
-from hybridgnn.pipelines.graphed import DeviceGate
+from hybridgnn.capabilities import DeviceGate
 
 WAIT_S = 30
 

@@ -256,3 +256,19 @@ def test_a_stage_of_two_threads_spreads_the_work(skewed_graph):
         for w in workers:
             w.close()
         stage.close()
+
+
+def test_a_batch_cancelled_before_the_device_takes_it_gives_its_slot_back(skewed_graph):
+    model = _HeldModel(skewed_graph.feature_dim)
+    ex = _split(skewed_graph, model, slots=2)
+    try:
+        first = ex.run_async(np.array([0]))
+        assert model.entered.acquire(timeout=30)  # the device stage is busy with the first
+        second = ex.run_async(np.array([1]))  # waits in the stage's queue
+        assert second.cancel() and ex.on_device == 1 and len(ex._free) == 1
+        model.go.set()
+        assert first.result(30).logits.shape[0] == 1
+    finally:
+        model.go.set()
+        ex.close()  # returns: nothing is left on the device
+    assert ex.on_device == 0 and len(ex._free) == 2

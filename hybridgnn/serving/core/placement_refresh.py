@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.capabilities import DEVICE_GATE
 from hybridgnn.runtime.resources import Resources
 from hybridgnn.types import ServingStats
 
@@ -38,6 +39,15 @@ class PlacementRefresh:
         np.save(tmp, self.seed_counts)
         tmp.replace(path)
 
+    def _build(self, counts: np.ndarray, old):
+        """The new cache, FAP, order and the rows it keeps of the old one (a worker thread:
+        device copies, so inside the device gate, never on the event loop)."""
+        with DEVICE_GATE.work():
+            cache, fap, order = self.resources.cache_for_seed_counts(counts)
+            kept = int(np.intersect1d(np.flatnonzero(old.slot.cpu().numpy() >= 0),
+                                      np.flatnonzero(cache.slot.cpu().numpy() >= 0)).size)
+        return cache, fap, order, kept
+
     async def refresh(self) -> dict:
         """Recompute FAP from the seeds requested so far and swap in a device cache of the
         new hottest rows; requests keep flowing (see SwappableFeatureStore)."""
@@ -52,12 +62,10 @@ class PlacementRefresh:
             raise LookupError("no requests counted yet: nothing to compute a seed distribution from")
         old = r.gpu_features.current
         t0 = time.perf_counter()
-        cache, fap, order = await asyncio.to_thread(r.cache_for_seed_counts, counts)
+        cache, fap, order, kept = await asyncio.to_thread(self._build, counts, old)
         seconds = time.perf_counter() - t0
         r.gpu_features.swap(cache)
         self.stats.placement_refreshed()
-        kept = int(np.intersect1d(np.flatnonzero(old.slot.cpu().numpy() >= 0),
-                                  np.flatnonzero(cache.slot.cpu().numpy() >= 0)).size)
         report = {"cached_rows": cache.cached_rows, "rows_kept": kept, "requests_counted": int(counts.sum()),
                   "seconds": round(seconds, 3), "cached_fap_share": float(fap[order[:cache.cached_rows]].sum()
                                                                             / max(fap.sum(), 1e-12))}
