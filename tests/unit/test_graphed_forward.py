@@ -235,3 +235,47 @@ def test_padding_never_changes_an_answer(tmp_path_factory, fanouts, graph_seed, 
     unique = int(sub.num_sampled_nodes[0])
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g[:unique], w[:unique])
+
+
+def test_a_capture_waits_until_no_other_thread_is_inside_device_work(tiny_dataset):
+    """A capture runs alone in the process (capabilities.DEVICE_GATE): while another thread
+    is inside its device work the first batch of a bucket waits, and it captures once that
+    thread has left, with nobody inside."""
+    import threading
+
+    from hybridgnn.capabilities import DEVICE_GATE
+
+    graph = GraphStore.open(tiny_dataset)
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", graph.feature_dim, 8, 3, num_layers=2)).eval()
+    seen = []
+
+    def capture(fn):
+        seen.append(DEVICE_GATE.working)
+        return fn
+
+    forward = GraphedForward(model, (4, 3), "cpu", max_seeds=4, capture=capture)
+    sub, x, ei = sample_inputs(graph, (4, 3), [3])
+    inside, leave, answered = threading.Event(), threading.Event(), threading.Event()
+
+    def other_worker():
+        with DEVICE_GATE.work():
+            inside.set()
+            assert leave.wait(30)
+
+    def first_batch():
+        with DEVICE_GATE.work(), torch.inference_mode():  # as an executor calls it
+            forward(x, ei, sub.num_sampled_nodes, sub.num_sampled_edges)
+        answered.set()
+
+    other = threading.Thread(target=other_worker)
+    other.start()
+    assert inside.wait(30)
+    batch = threading.Thread(target=first_batch)
+    batch.start()
+    assert not answered.wait(0.3) and seen == []  # waiting for the other thread to leave
+    leave.set()
+    assert answered.wait(30)
+    other.join(30)
+    batch.join(30)
+    assert seen == [0] and forward.captured == [1] and DEVICE_GATE.working == 0
