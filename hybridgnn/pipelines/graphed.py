@@ -25,8 +25,8 @@ it; a mismatch retires the bucket. That batch is answered by the eager forward.
 
 Captures exclude every other device call of the process (capabilities.DEVICE_GATE): the
 executors make theirs inside DEVICE_GATE.work(), and a capture waits until no thread is
-inside one and holds the rest out while it runs. The H200 showed why: a capture in thread-local mode
-still failed while a server's other lanes were launching.
+inside one and holds the rest out while it runs. The H200 showed why: a capture in
+thread-local mode still failed while a server's other lanes were launching.
 
 One GraphedForward per worker (its static buffers are that worker's), used by one thread
 at a time on the worker's stream. Opt-in (HYBRIDGNN_CUDA_GRAPHS=1; HYBRIDGNN_CUDA_GRAPH_SEEDS

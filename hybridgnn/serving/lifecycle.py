@@ -52,8 +52,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     try:
         server = await start_server(cfg, service=service)
     except (ImportError, RuntimeError, OSError) as exc:
-        for task in list(background):  # a refresh asked for meanwhile ends before the engines stop
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*background, return_exceptions=True)  # a refresh asked for meanwhile ends first
         if isinstance(exc, ImportError):
             log.error("--grpc-port needs grpcio and protobuf (pip install grpcio protobuf): %s", exc)
         elif isinstance(exc, OSError):  # port taken, address not local, no permission: one line
@@ -85,8 +84,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
         saver.cancel()
         await asyncio.gather(saver, return_exceptions=True)
         engine.save_seed_log(cfg.server.seed_log)
-    for task in list(background):
-        await asyncio.gather(task, return_exceptions=True)
+    await asyncio.gather(*background, return_exceptions=True)
     await server.close()
     log.info("stopped (%s)", "drained" if drained else "drain timed out")
     return 0 if drained else 1
