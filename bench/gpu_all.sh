@@ -7,9 +7,10 @@
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
-# STAGE: env tests sampler lanecost precompute precompute_cli profile policies policies_http fig10 overload frontends
+# STAGE: env tests graph sampler lanecost precompute precompute_cli profile policies policies_http fig10 overload frontends
 # (default: all but precompute_cli, overload and frontends, in that order; the products-scale graph
-# is generated first, beside the tests). overload is a CPU figure that needs the 16 cores:
+# is generated first, beside the tests; graph makes it beside the hybrid server test alone, for
+# a fresh machine that needs no other test). overload is a CPU figure that needs the 16 cores:
 # the front end's overload targets with the load generator on cores of its own (a 2-core
 # machine cannot offer 4x its capacity without taking the server's CPU). frontends is the
 # front-end processes' scaling figure, also CPU only, also needing the cores. Each stage
@@ -51,7 +52,14 @@ export HYBRIDGNN_CUDA_GRAPHS=${HYBRIDGNN_CUDA_GRAPHS:-1}
 SUMMARY=$OUTDIR/summary.txt
 : > "$SUMMARY"
 [ -n "${GPU_NAME:-}" ] || GPU_NAME=$($PY -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo gpu)
-PROFILE=profiles/products-sage3-256-$GPU_NAME.json
+# Made by the profile stage on this machine and kept in data/ (ignored, so a later call on
+# the same warm machine finds it; the tree each call sends would overwrite profiles/). A
+# profile from another machine would not do: it names the model weights' file hash, and
+# the products model is regenerated on each machine. OUTDIR gets a copy to commit.
+PROFILE=data/products-sage3-256-$GPU_NAME.json
+need_profile() {  # need_profile STAGE: the profile stage ran on this machine
+    [ -f "$PROFILE" ] || { echo "$1: no $PROFILE: run the profile stage first on this machine" | tee -a "$SUMMARY"; return 1; }
+}
 
 stage() {  # stage NAME LIMIT_S COMMAND...: run with a time limit, log, note the outcome
     local name=$1 limit=$2; shift 2
@@ -74,10 +82,10 @@ for s in $STAGES; do
         stage env 60 bash -c "nvidia-smi; $PY -c 'from hybridgnn.capabilities import describe_line; print(describe_line())'; \
             $PY -c 'import torch, torch_geometric, numba, httptools; print(torch.__version__, torch_geometric.__version__, numba.__version__)'; nproc; free -g"
         ;;
-    tests)
+    tests|graph)  # graph: the products graph with only the hybrid server test beside it
         products > "$OUTDIR/products.log" 2>&1 &
         GEN=$!
-        stage tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu
+        [ "$s" = graph ] || stage tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu
         export HYBRIDGNN_TEST_DEVICE=cuda
         stage tests_hybrid_cuda 120 $PY -m pytest -q -p no:cacheprovider tests/integration/test_hybrid.py
         wait $GEN; echo "products graph: exit $? ($(tail -n 1 "$OUTDIR/products.log"))" | tee -a "$SUMMARY"
@@ -102,10 +110,12 @@ for s in $STAGES; do
         ;;
     policies|policies_http)  # in process, then over HTTP: one stage each (a policy and mode takes ~75 s)
         mode=engine; [ "$s" = policies ] || mode=http
+        need_profile "$s" || continue
         stage "$s" 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 --modes $mode \
             --policies "${POLICIES:-gpu,hybrid}" --profile "$PROFILE" --out "$OUTDIR/$s.json"
         ;;
     fig10)
+        need_profile fig10 || continue
         stage fig10 290 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \
             --nodes-per-request 16 --rounds 1 --duration-s 6 --warmup-s 2 --max-rate 4000
         ;;

@@ -35,10 +35,15 @@ def test_hybrid_server_routes_small_batches_to_cpu_and_large_ones_to_the_gpu_pip
             r = requests.post(f"{srv.url}/v2/models/hybridgnn/infer", json=body, timeout=30)
             return r.status_code, r.json()["outputs"][0]["shape"][0]
 
-        work = [[i] for i in range(30)] + [heavy] * 5
+        # Small requests first, then heavy ones: on a GPU the split CPU lane's batches on the
+        # device count as the GPU's load, and heavy batches sent beside them spill (correctly)
+        # to the CPU lane, so the phases are kept apart for the threshold route to show.
+        small, large = [[i] for i in range(30)], [heavy] * 5
         with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(infer, work))
-        assert results == [(200, len(ids)) for ids in work]
+            results = list(pool.map(infer, small))
+        with ThreadPoolExecutor(2) as pool:  # two GPU workers: never saturated (2 per worker)
+            results += list(pool.map(infer, large))
+        assert results == [(200, len(ids)) for ids in small + large]
         text = requests.get(f"{srv.url}/metrics", timeout=10).text
         routed = {(s.labels["pipeline"], s.labels["reason"]): s.value
                   for f in text_string_to_metric_families(text) if f.name == "hybridgnn_routing_decisions"
