@@ -152,12 +152,22 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu"):
 
 
 def weights_fingerprint(model_dir: str | Path) -> str:
-    """SHA-256 prefix of a model directory's weights file: what profiles and precomputed
-    embeddings were made with."""
+    """SHA-256 prefix of a model directory's weights: each state_dict entry's name, dtype,
+    shape and bytes, in name order. What profiles and precomputed embeddings were made
+    with. The file's own bytes would not do: torch.save writes a random serialization id,
+    so the same weights saved twice would differ."""
+    state = _torch_load(Path(model_dir) / WEIGHTS, "cpu")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{Path(model_dir) / WEIGHTS} holds a {type(state).__name__}, not a state_dict")
     h = hashlib.sha256()
-    with open(Path(model_dir) / WEIGHTS, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for name in sorted(state, key=str):
+        value = state[name]
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().contiguous()
+            h.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+            h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:  # weights_only admits plain values (a BatchNorm's counters are tensors; extras may not be)
+            h.update(f"{name}\0{value!r}\0".encode())
     return h.hexdigest()[:16]
 
 

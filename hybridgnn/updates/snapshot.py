@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.graph.store import write_dataset
+from hybridgnn.models.checkpoint import CONFIG, WEIGHTS, weights_fingerprint
 
 log = logging.getLogger("hybridgnn.updates")
 
@@ -38,12 +39,14 @@ FORMAT = 1
 
 
 def model_fingerprint(model_dir: Path) -> str:
-    """What identifies a model's embeddings: its config and weights."""
+    """What identifies a model's embeddings: its config and weights (their values, not
+    the weights file's bytes, which differ each time the same weights are saved)."""
     h = hashlib.sha256()
-    for name in ("config.json", "model.pt"):
-        path = Path(model_dir) / name
-        if path.is_file():
-            h.update(path.read_bytes())
+    config = Path(model_dir) / CONFIG
+    if config.is_file():
+        h.update(config.read_bytes())
+    if (Path(model_dir) / WEIGHTS).is_file():
+        h.update(weights_fingerprint(model_dir).encode())
     return h.hexdigest()[:16]
 
 

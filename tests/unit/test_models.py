@@ -7,6 +7,7 @@ from hybridgnn.models.checkpoint import (
     CheckpointError,
     load_checkpoint,
     save_checkpoint,
+    weights_fingerprint,
 )
 from hybridgnn.models.gnn import GNN, ModelSpec
 from hybridgnn.models.train import TrainConfig, accuracy, train
@@ -73,6 +74,29 @@ def test_weights_only_refuses_pickled_code(tmp_path):
     (tmp_path / "m" / "model.pt").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(CheckpointError, match=r"cannot load .*model.pt \(tensors only"):
         load_checkpoint(tmp_path / "m")
+
+
+def test_weights_fingerprint_names_the_values_not_the_file(tmp_path):
+    """The same weights in different files (torch.save may write a random serialization
+    id; another tool, another format) have one fingerprint, so a profile made with a
+    model generated on one machine matches the same model generated on another."""
+    from hybridgnn.updates.snapshot import model_fingerprint
+
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", 5, 8, 3))
+    save_checkpoint(model, tmp_path / "a")
+    save_checkpoint(model, tmp_path / "b")
+    torch.save(model.state_dict(), tmp_path / "b" / "model.pt", _use_new_zipfile_serialization=False)
+    assert (tmp_path / "a" / "model.pt").read_bytes() != (tmp_path / "b" / "model.pt").read_bytes()
+    assert weights_fingerprint(tmp_path / "a") == weights_fingerprint(tmp_path / "b")
+    assert model_fingerprint(tmp_path / "a") == model_fingerprint(tmp_path / "b")
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1e-6  # one value changed
+    save_checkpoint(model, tmp_path / "c")
+    assert weights_fingerprint(tmp_path / "c") != weights_fingerprint(tmp_path / "a")
+    (tmp_path / "c" / "model.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot load"):
+        weights_fingerprint(tmp_path / "c")
 
 
 def test_training_learns(tiny_dataset):
