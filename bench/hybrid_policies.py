@@ -14,7 +14,8 @@ Policies (same engine code, same graph, same model, same run):
                                                            CPU workers sample, the GPU gathers and computes)
     hybrid_model  --device cuda --cpu-lane model           the CPU lane also gathers and runs the model
     hybrid_threads  hybrid with --worker-processes off (--policies to add it)
-    hybrid_slo  --device cuda --profile P --policy slo:<SLO>   (with --profile: the profile's choice)
+    hybrid_slo  --device cuda --profile P --policy slo:<SLO> --request-seeds <the mix's mean>
+                                                           (with --profile: the profile's choice)
 
 For each, the highest offered rate whose p99 stays within --slo-ms with nothing refused:
 doubling from --start-rate, then bisection. The figure is hybrid ÷ the better single
@@ -238,15 +239,19 @@ def main() -> None:
     args = ap.parse_args()
     policies = args.policies.split(",")
     flags_of = dict(POLICIES)
-    if args.profile is not None:
-        flags_of["hybrid_slo"] = ["--device", "{gpu}", "--profile", str(args.profile), "--policy",
-                                  f"slo:{args.slo_ms:g}"]
-        policies.append("hybrid_slo")
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
     gpu = "cuda" if HAS_CUDA else "emulate"
     mix = request_mix(dataset, 4096, args.max_log2_size, seed=0)
+    mean_seeds = float(np.mean([m.size for m in mix]))
+    if args.profile is not None:
+        # The SLO choice is told the traffic's mean request size, as an operator who knows
+        # it would (--adapt measures it live); its default (8 seeds) would bound batches
+        # below one of this mix's mean requests.
+        flags_of["hybrid_slo"] = ["--device", "{gpu}", "--profile", str(args.profile), "--policy",
+                                  f"slo:{args.slo_ms:g}", "--request-seeds", f"{mean_seeds:.1f}"]
+        policies.append("hybrid_slo")
     report = {"machine": machine(), "gpu_pipeline": gpu if HAS_CUDA else "emulate (no GPU: its code on CPU tensors)",
-              "dataset": str(dataset), "slo_ms": args.slo_ms, "mean_request_seeds": float(np.mean([m.size for m in mix])),
+              "dataset": str(dataset), "slo_ms": args.slo_ms, "mean_request_seeds": mean_seeds,
               "results": {}}
     for mode in args.modes.split(","):
         for name in policies:

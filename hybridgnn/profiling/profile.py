@@ -100,7 +100,8 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
             try:
                 with other_lane_busy(resources, serve_cfg, name, psgs.size, cfg.max_batch, loaded):
                     samples, complete = run_closed_loop(lambda w, seeds, ex=executors: ex[w].run(seeds),
-                                                        pipeline.workers, gen, cfg, progress=bar.update)
+                                                        pipeline.workers, gen, cfg, progress=bar.update,
+                                                        own_service=bool(pipeline.split and not loaded))
             finally:
                 bar.close()
                 for ex in executors:  # worker processes, when the pipeline has them

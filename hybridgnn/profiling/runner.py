@@ -5,7 +5,8 @@ at a log-spaced PSGS bin (mostly the one with the fewest samples so far, so rare
 of the range fill as fast as common ones), takes its seeds from a bucket that can reach
 that bin within 1..max_batch seeds, and sizes itself to land there. Each pipeline runs closed loop with concurrency equal to its
 workers (each worker thread runs its next batch as soon as the last one ends): the
-pipeline is fully used, yet nothing queues, so a latency is the batch's own service time.
+pipeline is fully used, yet nothing queues, so a latency is the batch's own service time
+(a split lane's workers share one device stage, and its queue is taken out: own_service).
 Samples land in log-spaced PSGS bins; the run ends when every reachable bin holds
 `min_samples` (enough for a stable p99) or the time budget is spent.
 """
@@ -85,9 +86,14 @@ class BatchGenerator:
 
 
 def run_closed_loop(run_batch: Callable[[int, np.ndarray], object], workers: int, gen: BatchGenerator,
-                    cfg: ProfileConfig, *, progress: Callable[[int], None] | None = None) -> tuple[Samples, bool]:
+                    cfg: ProfileConfig, *, progress: Callable[[int], None] | None = None,
+                    own_service: bool = False) -> tuple[Samples, bool]:
     """Drive `run_batch(worker, seeds)` from `workers` threads until every bin a batch can
-    reach has min_samples, or the budget is spent. Returns (samples, complete)."""
+    reach has min_samples, or the budget is spent. Returns (samples, complete).
+    own_service: a batch's seconds leave out the queue wait its result reports
+    (timings.queue_wait_s): a split lane's workers queue for one shared device stage, a
+    queue the SLO simulator models itself (the device one server), so counting it here
+    too would charge it twice, and make the lane look slower than it is when not loaded."""
     samples = Samples()
     counts = np.zeros(len(gen.edges) - 1, dtype=np.int64)
     lock = threading.Lock()
@@ -114,6 +120,8 @@ def run_closed_loop(run_batch: Callable[[int, np.ndarray], object], workers: int
                 dt = time.perf_counter() - t0
                 gen.record(psgs)
                 t = getattr(result, "timings", None)
+                if own_service and t is not None:
+                    dt = max(dt - t.queue_wait_s, 1e-9)
                 with lock:
                     samples.add(psgs, dt, int(seeds.size))
                     if t is not None:  # the device's share (a split lane's gather and model)

@@ -246,7 +246,9 @@ def best_bound(sim: Simulator, slo_s: float, lo: float, hi: float, candidates: i
 
 class SharedDeviceSimulator:
     """Both lanes on one GPU, the GPU one shared server (Quiver's hybrid with its CPU lane
-    split): a GPU-lane batch takes a GPU-lane worker and the GPU for its whole service; a
+    split): a GPU-lane batch takes a GPU-lane worker for its whole service and the GPU for
+    its share of it (service ÷ the lane's workers, which the profile measured running
+    together, so that the lane alone is what Simulator makes of it); a
     CPU-lane batch takes a CPU worker for its host share (sampling, stretched by the front
     end's CPU use as CPU pipelines are) and then the GPU for its device share (gather and
     model), holding one of its worker's `slots` staging slots until the device is done
@@ -332,8 +334,14 @@ class SharedDeviceSimulator:
                 i, end, psgs, ratio = payload
                 which = "gpu" if self.shared else name
                 model = self.cpu_device if name == "cpu" else self.gpu
-                finish = max(t, device_free[which]) + model.mean_seconds(psgs) * ratio * scale
-                device_free[which] = finish
+                service = model.mean_seconds(psgs) * ratio * scale
+                start = max(t, device_free[which])
+                # A GPU-lane batch holds the device for its share: the lane's workers were
+                # profiled together (closed loop, one batch each in flight), so they
+                # overlap on the device and it finishes `workers` batches per service time.
+                # The split lane's device work runs on one stage thread, one batch at a time.
+                device_free[which] = start + (service / max(1, model.workers) if name == "gpu" else service)
+                finish = start + service
                 lane.done[i:end] = finish
                 if name == "gpu":  # its worker waits for the device
                     heapq.heappush(lane.free, finish)

@@ -111,7 +111,7 @@ def test_slo_choice_puts_a_split_cpu_lane_and_the_gpu_lane_on_one_device():
                               load=load)
 
     light = chosen(curve(lambda x: 2e-5 + 1e-9 * x))  # the device does little of a CPU-lane batch
-    heavy = chosen(curve(lambda x: 5e-4 + 5e-7 * x))  # half of it, 5x the GPU lane's cost per PSGS
+    heavy = chosen(curve(lambda x: 8e-4 + 8e-7 * x))  # most of it, 8x the GPU lane's cost per PSGS
     # the heavy lane's device work displaces the GPU lane's: together they fit less
     assert heavy.predicted_seeds_per_s < 0.97 * light.predicted_seeds_per_s
     for c in (light, heavy):
@@ -162,6 +162,35 @@ def test_generator_spans_the_psgs_range_and_runner_fills_every_bin():
     stats = bin_statistics(samples, gen.edges)
     assert len(stats["count"]) == 8 and min(stats["count"]) >= 20
     assert max(samples.psgs) / min(samples.psgs) > 100  # several decades
+
+
+def test_runner_leaves_out_a_shared_stage_queue_when_asked():
+    """Four workers that share one 4 ms device (a split lane's stage): each batch's own
+    service is 4 ms, though it waits for the other three; own_service records the former."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from hybridgnn.types import StageTimings
+
+    device = threading.Lock()
+
+    def shared(worker, seeds):
+        t = StageTimings()
+        handed = time.perf_counter()
+        with device:
+            t.queue_wait_s = time.perf_counter() - handed
+            time.sleep(0.004)
+        return SimpleNamespace(timings=t)
+
+    cfg = ProfileConfig(bins=2, min_samples=1, max_batch=4)
+    medians = {}
+    for own in (False, True):
+        gen = BatchGenerator(np.ones(100), cfg)
+        samples, _ = run_closed_loop(shared, 4, gen, cfg, own_service=own)
+        medians[own] = float(np.median(samples.seconds[20:]))  # past the start, all four queue
+    assert 0.004 <= medians[True] < 0.008, medians
+    assert medians[False] > 2.5 * medians[True], medians
 
 
 def test_runner_surfaces_a_pipeline_error():
