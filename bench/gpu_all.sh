@@ -45,10 +45,8 @@ fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export HYBRIDGNN_CACHE_DIR=${HYBRIDGNN_CACHE_DIR:-$ROOT/.cache}
 # The whole-batch sampling kernels, the one-kernel gather and CUDA graphs for small
-# batches' forwards are opt-in until measured on a GPU: this script measures them (set
-# any to 0 to measure without; lanecost measures the GPU lane both ways regardless).
-export HYBRIDGNN_CUDA_BATCH=${HYBRIDGNN_CUDA_BATCH:-1} HYBRIDGNN_CUDA_GATHER=${HYBRIDGNN_CUDA_GATHER:-1}
-export HYBRIDGNN_CUDA_GRAPHS=${HYBRIDGNN_CUDA_GRAPHS:-1}
+# batches' forwards are on by default (set any to 0 to measure without; lanecost
+# measures the GPU lane both ways regardless).
 SUMMARY=$OUTDIR/summary.txt
 : > "$SUMMARY"
 [ -n "${GPU_NAME:-}" ] || GPU_NAME=$($PY -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo gpu)

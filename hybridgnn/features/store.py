@@ -74,8 +74,8 @@ class CachedFeatureStore:
     """Feature rows for a pipeline on `device`: the hottest rows (FAP order) copied into
     device memory up to cache_bytes, the rest read from `host_table` (on CUDA a UVA view
     of pinned host memory, so the GPU reads them itself; on CPU the host matrix). Output:
-    one [n, F] tensor on `device`. With HYBRIDGNN_CUDA_GATHER=1 on a GPU with CuPy one
-    kernel reads hits and misses (features/cuda_gather.py); otherwise torch ops do,
+    one [n, F] tensor on `device`. On a GPU with CuPy one kernel reads hits and misses
+    (unless HYBRIDGNN_CUDA_GATHER=0) (features/cuda_gather.py); otherwise torch ops do,
     misses in sorted id order."""
 
     def __init__(self, features: np.ndarray, device: str | torch.device, cache_bytes: int,

@@ -2,8 +2,8 @@
 memory), gather through the device feature cache, run the model, copy results back.
 
 Each worker owns one CUDA stream (Quiver §4.3): its batches' kernels queue there, so
-workers overlap on the device while the host threads wait. With HYBRIDGNN_CUDA_GRAPHS=1
-a small batch's model forward is a CUDA graph replay (pipelines/graphed.py). Stage times are taken at
+workers overlap on the device while the host threads wait. A small batch's model forward
+is a CUDA graph replay (pipelines/graphed.py; HYBRIDGNN_CUDA_GRAPHS=0 turns it off). Stage times are taken at
 stream synchronisation points, so they measure the device work, not launch time. On a
 CPU device the same code runs on CPU tensors and streams are no-ops (how CI and
 `hybridgnn profile` without a GPU exercise it).

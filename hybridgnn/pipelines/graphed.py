@@ -29,9 +29,9 @@ inside one and holds the rest out while it runs. The H200 showed why: a capture 
 thread-local mode still failed while a server's other lanes were launching.
 
 One GraphedForward per worker (its static buffers are that worker's), used by one thread
-at a time on the worker's stream. Opt-in (HYBRIDGNN_CUDA_GRAPHS=1; HYBRIDGNN_CUDA_GRAPH_SEEDS
-sets max_seeds, default 64) until measured on a GPU: tests/gpu and bench/gpu_all.sh turn
-it on. On a CPU device the same padding and bookkeeping run with an eager "capture"
+at a time on the worker's stream. On by default on a CUDA device since an H200 measured it
+(a one-seed GPU-lane batch 0.68x eager) and served both lanes with it;
+HYBRIDGNN_CUDA_GRAPHS=0 turns it off, HYBRIDGNN_CUDA_GRAPH_SEEDS sets max_seeds (default 64). On a CPU device the same padding and bookkeeping run with an eager "capture"
 (tests inject it), which is how CI checks them.
 """
 
@@ -291,10 +291,10 @@ class GraphedForward:
 
 def model_forward(model, fanouts: Sequence[int], device: torch.device | str,
                   stream: torch.cuda.Stream | None = None):
-    """The forward a worker calls: a GraphedForward on a CUDA device with
-    HYBRIDGNN_CUDA_GRAPHS=1, else the model's own (same signature)."""
+    """The forward a worker calls: a GraphedForward on a CUDA device (unless
+    HYBRIDGNN_CUDA_GRAPHS=0), else the model's own (same signature)."""
     device = torch.device(device)
-    if device.type == "cuda" and os.environ.get("HYBRIDGNN_CUDA_GRAPHS", "0") == "1":
+    if device.type == "cuda" and os.environ.get("HYBRIDGNN_CUDA_GRAPHS", "1") != "0":
         max_seeds = int(os.environ.get("HYBRIDGNN_CUDA_GRAPH_SEEDS", "64"))
         return GraphedForward(model, fanouts, device, max_seeds=max_seeds, stream=stream)
 

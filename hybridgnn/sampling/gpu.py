@@ -10,7 +10,7 @@ New nodes are found through a dense global→local map owned by the sampler, so 
 per-node Python runs and no hash table is needed.
 
 On a GPU with CuPy installed each hop's draw is one CUDA kernel (sampling/cuda_hop.py);
-with HYBRIDGNN_CUDA_BATCH=1 the whole batch runs in kernels (new nodes numbered on the
+by default the whole batch runs in kernels (HYBRIDGNN_CUDA_BATCH=0: per hop) (new nodes numbered on the
 device by first occurrence, no host round trip between hops). This torch-op path is the
 reference both are tested against, and the fallback (fanouts above
 cuda_hop.MAX_FANOUT use it too).
