@@ -52,8 +52,10 @@ SUMMARY=$OUTDIR/summary.txt
 [ -n "${GPU_NAME:-}" ] || GPU_NAME=$($PY -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo gpu)
 # Made by the profile stage on this machine and kept in data/ (ignored, so a later call on
 # the same warm machine finds it; the tree each call sends would overwrite profiles/). A
-# profile from another machine would not do: it names the model weights' file hash, and
-# the products model is regenerated on each machine. OUTDIR gets a copy to commit.
+# profile names the weights it was made with, and the products model is regenerated on
+# each machine: one made elsewhere matches only if its weights come out the same (and
+# one made before aa44f38 named the weights file's bytes, which never do). OUTDIR gets a
+# copy to commit.
 PROFILE=data/products-sage3-256-$GPU_NAME.json
 need_profile() {  # need_profile STAGE: the profile stage ran on this machine
     [ -f "$PROFILE" ] || { echo "$1: no $PROFILE: run the profile stage first on this machine" | tee -a "$SUMMARY"; return 1; }

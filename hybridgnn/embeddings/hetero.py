@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from hybridgnn.embeddings.store import embeddings_dir, mark_complete
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
-from hybridgnn.models.checkpoint import weights_fingerprint
+from hybridgnn.models.checkpoint import weights_fingerprint, weights_match
 from hybridgnn.models.hetero import HeteroGNN
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ class HeteroEmbeddingStore:
             return None
         if not isinstance(state, dict) or not state.get("complete") or state.get("kind") != STORE_KIND:
             return None
-        if state.get("model_fingerprint") != weights_fingerprint(model_dir):
+        if not weights_match(state.get("model_fingerprint"), model_dir):
             log.warning("precomputed embeddings in %s were computed with other weights than %s has now: not "
                         "served (run `hybridgnn precompute` again)", root, model_dir)
             return None

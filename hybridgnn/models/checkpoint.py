@@ -10,6 +10,7 @@ option or a changed library therefore never serves.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -153,22 +154,64 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu"):
 
 def weights_fingerprint(model_dir: str | Path) -> str:
     """SHA-256 prefix of a model directory's weights: each state_dict entry's name, dtype,
-    shape and bytes, in name order. What profiles and precomputed embeddings were made
-    with. The file's own bytes would not do: torch.save writes a random serialization id,
-    so the same weights saved twice would differ."""
-    state = _torch_load(Path(model_dir) / WEIGHTS, "cpu")
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{Path(model_dir) / WEIGHTS} holds a {type(state).__name__}, not a state_dict")
+    shape and bytes, in name order (nested containers entry by entry). What profiles and
+    precomputed embeddings were made with. The file's own bytes would not do: torch.save
+    writes a random serialization id, so the same weights saved twice would differ.
+    Cached per file (path, size, modification time): servers check it several times."""
+    path = Path(model_dir) / WEIGHTS
+    try:
+        st = path.stat()
+    except OSError:
+        raise CheckpointError(f"model directory {path.parent} lacks {path.name}") from None
+    return _values_fingerprint(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def weights_match(stored: str | None, model_dir: str | Path) -> bool:
+    """Whether a fingerprint recorded with some artefact names this directory's weights:
+    today's (weights_fingerprint) or, for what was made before it, the weights file's
+    SHA-256 prefix."""
+    return stored is not None and stored in (weights_fingerprint(model_dir), _file_fingerprint(model_dir))
+
+
+def _file_fingerprint(model_dir: str | Path) -> str:
     h = hashlib.sha256()
-    for name in sorted(state, key=str):
-        value = state[name]
-        if isinstance(value, torch.Tensor):
-            tensor = value.detach().contiguous()
-            h.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-            h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-        else:  # weights_only admits plain values (a BatchNorm's counters are tensors; extras may not be)
-            h.update(f"{name}\0{value!r}\0".encode())
+    with open(Path(model_dir) / WEIGHTS, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=16)
+def _values_fingerprint(path: str, size: int, mtime_ns: int) -> str:
+    try:  # mapped, not read: a large model is hashed without a second copy in memory
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an old-format file cannot be mapped; _torch_load explains what cannot load
+        state = _torch_load(Path(path), "cpu")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state_dict")
+    h = hashlib.sha256()
+    try:
+        _hash_value(h, "", state)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"cannot fingerprint {path}: {exc}") from exc
+    return h.hexdigest()[:16]
+
+
+def _hash_value(h, name: str, value) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().resolve_conj().resolve_neg().contiguous()
+        h.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        h.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, not a copy
+    elif isinstance(value, dict):
+        h.update(f"{name}\0dict{len(value)}\0".encode())
+        for key in sorted(value, key=str):
+            _hash_value(h, f"{name}.{key}", value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(f"{name}\0{type(value).__name__}{len(value)}\0".encode())
+        for i, item in enumerate(value):
+            _hash_value(h, f"{name}[{i}]", item)
+    else:  # weights_only admits plain values beside tensors (numbers, strings, None)
+        h.update(f"{name}\0{value!r}\0".encode())
 
 
 def _torch_load(path: Path, map_location):

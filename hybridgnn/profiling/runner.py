@@ -5,7 +5,7 @@ at a log-spaced PSGS bin (mostly the one with the fewest samples so far, so rare
 of the range fill as fast as common ones), takes its seeds from a bucket that can reach
 that bin within 1..max_batch seeds, and sizes itself to land there. Each pipeline runs closed loop with concurrency equal to its
 workers (each worker thread runs its next batch as soon as the last one ends): the
-pipeline is fully used, yet nothing queues, so a latency is the batch's own service time
+pipeline is fully used, yet nothing else queues, so a latency is the batch's own service time
 (a split lane's workers share one device stage, and its queue is taken out: own_service).
 Samples land in log-spaced PSGS bins; the run ends when every reachable bin holds
 `min_samples` (enough for a stable p99) or the time budget is spent.

@@ -50,7 +50,12 @@ from hybridgnn.pipelines.split import (
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.updates.log import UpdateLog, open_update_log
-from hybridgnn.updates.snapshot import Snapshot, Snapshots, model_fingerprint
+from hybridgnn.updates.snapshot import (
+    Snapshot,
+    Snapshots,
+    legacy_model_fingerprint,
+    model_fingerprint,
+)
 from hybridgnn.workload.tables import WorkloadTables
 
 log = logging.getLogger(__name__)
@@ -177,6 +182,7 @@ class Resources:
         self.snapshots = Snapshots(u.snapshot_dir or self.graph.root / "snapshots",
                                    base_fingerprint=self.graph.fingerprint,
                                    model_fingerprint=model_fingerprint(self.cfg.model_dir),
+                                   also_model=legacy_model_fingerprint(self.cfg.model_dir),
                                    log_id=self.update_log.log_id,
                                    every=u.snapshot_every if self.update_log.durable else 0, keep=u.snapshot_keep)
         snap = self.snapshots.latest(with_embeddings=self.embeddings is not None)

@@ -178,10 +178,14 @@ def crossing(cpu: Curve, gpu: Curve, lo: float, hi: float, grid: int = 400) -> t
 
 
 def capacity(curves: DeviceCurves, psgs: float, mean_seed_psgs: float) -> float:
-    """Seeds/s one device sustains when all its workers run batches of this PSGS."""
+    """Seeds/s one device sustains when all its workers run batches of this PSGS; a split
+    lane at most what its one device stage finishes (one batch per device share)."""
     if psgs <= 0 or not math.isfinite(psgs):
         return 0.0
-    return curves.workers * (psgs / mean_seed_psgs) / max(float(curves.mean(psgs)), 1e-9)
+    batches = curves.workers / max(float(curves.mean(psgs)), 1e-9)
+    if curves.device_share is not None:
+        batches = min(batches, 1.0 / max(float(curves.device_share(psgs)), 1e-9))
+    return batches * psgs / mean_seed_psgs
 
 
 def operating_points(cpu: DeviceCurves, gpu: DeviceCurves, lo: float, hi: float,
@@ -264,8 +268,9 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
                          "requests queue behind one another)")
     for name in devices:
         limits.setdefault(name, 0.0)
-    if devices.get("cpu") is not None and devices["cpu"].device_share is not None and limits.get("gpu", 0) > 0:
+    if devices.get("cpu") is not None and devices["cpu"].device_share is not None and "gpu" in devices:
         # the split CPU lane's device share runs on the GPU the GPU lane uses: one server
+        # (and one stage for its workers, when the GPU lane takes nothing)
         rates, p99s = _shared_rates(devices, slo_s, seed_psgs, limits, rates, batching_wait_s, load, tail)
     max_batch = max(limits.values())
     if set(devices) == {"cpu", "gpu"}:

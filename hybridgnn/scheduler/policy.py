@@ -15,6 +15,7 @@ import numpy as np
 
 from hybridgnn.errors import ConfigError
 from hybridgnn.models.checkpoint import weights_fingerprint as model_fingerprint
+from hybridgnn.models.checkpoint import weights_match
 from hybridgnn.scheduler.curves import (
     Curve,
     DeviceCurves,
@@ -106,7 +107,7 @@ class Profile:
         if want["dataset"]["fingerprint"] != dataset_fingerprint:
             problems.append(f"dataset {want['dataset']['name']} ({want['dataset']['fingerprint']}), "
                             f"serving {dataset_fingerprint}")
-        if want["model"]["fingerprint"] != model_fingerprint(model_dir):
+        if not weights_match(want["model"]["fingerprint"], model_dir):
             problems.append(f"model weights {want['model']['fingerprint']}, serving {model_fingerprint(model_dir)}")
         if list(want["fanouts"]) != list(fanouts):
             problems.append(f"fanouts {want['fanouts']}, serving {list(fanouts)}")
@@ -141,9 +142,11 @@ class Profile:
                     else:
                         for k in row:
                             bins[k][j] = row[k]
-            data["pipelines"][name] = dict(pipe, bins=bins, curves={
-                "mean": _curve_dict(Curve.fit(bins["psgs"], bins["mean_s"], bins["count"])),
-                "tail": _curve_dict(Curve.fit(bins["psgs"], bins["tail_s"], bins["count"]))})
+            curves = {"mean": _curve_dict(Curve.fit(bins["psgs"], bins["mean_s"], bins["count"])),
+                      "tail": _curve_dict(Curve.fit(bins["psgs"], bins["tail_s"], bins["count"]))}
+            if "device" in pipe["curves"]:  # a split lane's device share, as profiled
+                curves["device"] = pipe["curves"]["device"]
+            data["pipelines"][name] = dict(pipe, bins=bins, curves=curves)
         out = Profile(data)
         out.devices = {n: d for n, d in out.devices.items() if n in self.devices}
         return out

@@ -252,8 +252,9 @@ class SharedDeviceSimulator:
     CPU-lane batch takes a CPU worker for its host share (sampling, stretched by the front
     end's CPU use as CPU pipelines are) and then the GPU for its device share (gather and
     model), holding one of its worker's `slots` staging slots until the device is done
-    (the worker samples on meanwhile, as pipelines/split.py does). The GPU serves batches one at a time in the order they reach it, whichever lane
-    they come from, so each lane's load delays the other's. Each lane has its own Poisson
+    (the worker samples on meanwhile, as pipelines/split.py does). The GPU takes batches in
+    the order they reach it, whichever lane they come from, so each lane's load delays
+    the other's. Each lane has its own Poisson
     arrivals and batcher (as the router splits batches by PSGS). shared=False gives each
     lane a device of its own: the model this one replaces, kept for comparison.
     """

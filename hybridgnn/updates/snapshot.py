@@ -41,12 +41,23 @@ FORMAT = 1
 def model_fingerprint(model_dir: Path) -> str:
     """What identifies a model's embeddings: its config and weights (their values, not
     the weights file's bytes, which differ each time the same weights are saved)."""
+    weights = Path(model_dir) / WEIGHTS
+    return _config_and(model_dir, weights_fingerprint(model_dir).encode() if weights.is_file() else b"")
+
+
+def legacy_model_fingerprint(model_dir: Path) -> str:
+    """What snapshots written before model_fingerprint named a model by (its config and
+    its weights file's bytes): they are still found."""
+    weights = Path(model_dir) / WEIGHTS
+    return _config_and(model_dir, weights.read_bytes() if weights.is_file() else b"")
+
+
+def _config_and(model_dir: Path, weights: bytes) -> str:
     h = hashlib.sha256()
     config = Path(model_dir) / CONFIG
     if config.is_file():
         h.update(config.read_bytes())
-    if (Path(model_dir) / WEIGHTS).is_file():
-        h.update(weights_fingerprint(model_dir).encode())
+    h.update(weights)
     return h.hexdigest()[:16]
 
 
@@ -71,10 +82,13 @@ class Snapshot:
 
 class Snapshots:
     def __init__(self, root: Path, *, base_fingerprint: str, model_fingerprint: str, log_id: str,
-                 every: int, keep: int = 2):
+                 every: int, keep: int = 2, also_model: str | None = None):
+        """also_model: another model fingerprint whose snapshots are this model's too (one
+        written before model_fingerprint changed: legacy_model_fingerprint)."""
         self.root = Path(root)
         self.base_fingerprint = base_fingerprint
         self.model_fingerprint = model_fingerprint
+        self._models = {model_fingerprint} | ({also_model} if also_model else set())
         self.log_id = log_id
         self.every = every  # log entries between snapshots (0: never write one)
         self.keep = max(1, keep)
@@ -96,7 +110,7 @@ class Snapshots:
                 continue
             if (meta.get("format") == FORMAT and meta.get("log_id") == self.log_id
                     and meta.get("base_fingerprint") == self.base_fingerprint
-                    and meta.get("model_fingerprint") == self.model_fingerprint):
+                    and meta.get("model_fingerprint") in self._models):
                 out.append((int(meta["position"]), path))
         return sorted(out)
 

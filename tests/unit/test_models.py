@@ -5,9 +5,11 @@ import torch
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import (
     CheckpointError,
+    _file_fingerprint,
     load_checkpoint,
     save_checkpoint,
     weights_fingerprint,
+    weights_match,
 )
 from hybridgnn.models.gnn import GNN, ModelSpec
 from hybridgnn.models.train import TrainConfig, accuracy, train
@@ -90,6 +92,10 @@ def test_weights_fingerprint_names_the_values_not_the_file(tmp_path):
     assert (tmp_path / "a" / "model.pt").read_bytes() != (tmp_path / "b" / "model.pt").read_bytes()
     assert weights_fingerprint(tmp_path / "a") == weights_fingerprint(tmp_path / "b")
     assert model_fingerprint(tmp_path / "a") == model_fingerprint(tmp_path / "b")
+    # what profiles and stores made before this scheme recorded (the file's hash) still match
+    assert weights_match(_file_fingerprint(tmp_path / "a"), tmp_path / "a")
+    assert not weights_match(_file_fingerprint(tmp_path / "a"), tmp_path / "b")
+    assert not weights_match(None, tmp_path / "a")
     with torch.no_grad():
         next(model.parameters()).view(-1)[0] += 1e-6  # one value changed
     save_checkpoint(model, tmp_path / "c")

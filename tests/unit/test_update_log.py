@@ -252,6 +252,9 @@ def test_a_snapshot_plus_the_rest_of_the_log_equals_the_whole_log(tmp_path):
                      log_id="another", every=2).latest(with_embeddings=True) is None
     assert Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m2",
                      log_id=log.log_id, every=2).latest(with_embeddings=True) is None
+    # ... unless it names m1 as what this model was called before (an older fingerprint)
+    assert Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m2",
+                     log_id=log.log_id, every=2, also_model="m1").latest(with_embeddings=True) is not None
 
 
 def test_snapshots_are_pruned_to_the_newest_few(tmp_path):
