@@ -15,8 +15,10 @@ sized for the largest frontier possible), then three launches that number the ne
 reached nodes without sorting: every copy of an unseen node bids its tile position with
 atomicMin, the lowest bid wins, a cumsum over the winners gives their local ids (so new
 nodes are numbered by first occurrence, deterministically), and every tile entry is
-relabelled through the sampler's global->local map. The host waits twice per batch: to
-read the per-hop counts, and to compact the padded tiles into the edge list.
+relabelled through the sampler's global->local map. The host waits once per batch, to
+read the per-hop counts; the padded tiles are then compacted into the edge list by
+scatter to known positions (compact_edges), not by a boolean index, which would wait
+again for its size.
 
 Available when CuPy imports and the tensors are on a CUDA device; `available()` says.
 HYBRIDGNN_CUDA_HOP=0 turns it off (the torch-op hop then runs). `sample_batch` is on by
@@ -253,5 +255,18 @@ def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, unique_seeds: torc
     node_ids = nodes[:ends[-1]].clone()  # not a view pinning the worst-case buffer
     local[node_ids] = -1
     num_sampled_nodes = [ends[i + 1] - ends[i] for i in range(len(fanouts) + 1)]
-    edge_index = torch.stack([src[keep], dst[keep]])
+    edge_index = compact_edges(src, dst, keep, sum(num_sampled_edges))
     return node_ids, edge_index, num_sampled_nodes, num_sampled_edges
+
+
+def compact_edges(src: torch.Tensor, dst: torch.Tensor, keep: torch.Tensor, count: int) -> torch.Tensor:
+    """[2, count] edge list of the kept (src, dst) pairs, in order: what
+    torch.stack([src[keep], dst[keep]]) gives when `count` pairs are kept, without the
+    boolean index's wait for the device to say how many (the caller knows). Each kept
+    pair is scattered to its rank among the kept; the others to one spare column."""
+    rank = torch.cumsum(keep, 0) - 1
+    where = torch.where(keep, rank, count)
+    out = torch.empty((2, count + 1), dtype=src.dtype, device=src.device)
+    out[0].scatter_(0, where, src)
+    out[1].scatter_(0, where, dst)
+    return out[:, :count]

@@ -1,6 +1,7 @@
 """The host-side plans of the CUDA kernels (chunk width, threads per row, argument
 checks): pure Python, so they run without a GPU; the kernels themselves are in tests/gpu."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,3 +33,16 @@ def test_device_batch_sampler_refuses_what_it_cannot_run_before_launching():
         cuda_hop.sample_batch(indptr, indices, seeds, [cuda_hop.MAX_FANOUT + 1], [0], scratch, scratch)
     with pytest.raises(ValueError, match="int64 indptr"):
         cuda_hop.sample_batch(indptr.int(), indices, seeds, [3], [0], scratch, scratch)
+
+
+def test_compacting_known_many_edges_equals_the_boolean_index():
+    """sample_batch compacts its padded tiles with compact_edges (no wait for the count,
+    which it already read): the same edges in the same order as src[keep], dst[keep]."""
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 1000):
+        src = torch.as_tensor(rng.integers(-1, 50, n))
+        dst = torch.as_tensor(rng.integers(0, 50, n))
+        keep = src >= 0
+        got = cuda_hop.compact_edges(src, dst, keep, int(keep.sum()))
+        assert torch.equal(got, torch.stack([src[keep], dst[keep]]))
+        assert got.shape == (2, int(keep.sum()))
