@@ -153,6 +153,9 @@ def test_sighup_at_readiness_and_to_every_process_stops_nothing(tiny_dataset, ti
     try:
         srv.proc.send_signal(signal.SIGHUP)  # the other front end may still be starting
         pids = wait_for_frontends(srv.proc.pid, 2)
+        for index in (0, 1):  # both serving: each has set its signals (a process just exec'd has not)
+            status, _ = post(on(connection_to(srv.port, index, pids)), [4])
+            assert status == 200
         for pid in pids.values():
             os.kill(pid, signal.SIGHUP)
         srv.proc.send_signal(signal.SIGHUP)
