@@ -23,13 +23,21 @@ What holds:
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":
+    # First, before the imports below: the engine acts for the process group on SIGINT,
+    # SIGTERM and SIGHUP, and a front end still importing when one arrives would die of it
+    # (CI saw a SIGHUP to a front end that had just been started kill the server's start).
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, signal.SIG_IGN)
+
 import argparse
 import asyncio
 import functools
 import logging
 import os
 import resource
-import signal
 import sys
 from urllib.parse import unquote
 
