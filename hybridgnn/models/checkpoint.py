@@ -170,15 +170,20 @@ def weights_match(stored: str | None, model_dir: str | Path) -> bool:
     """Whether a fingerprint recorded with some artefact names this directory's weights:
     today's (weights_fingerprint) or, for what was made before it, the weights file's
     SHA-256 prefix."""
-    return stored is not None and stored in (weights_fingerprint(model_dir), _file_fingerprint(model_dir))
+    # the file is hashed only when today's fingerprint does not match
+    return stored is not None and (stored == weights_fingerprint(model_dir) or stored == _file_fingerprint(model_dir))
 
 
 def _file_fingerprint(model_dir: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(Path(model_dir) / WEIGHTS, "rb") as f:
+    return hash_file(hashlib.sha256(), Path(model_dir) / WEIGHTS).hexdigest()[:16]
+
+
+def hash_file(h, path: Path):
+    """h (a hashlib object) updated with the file's bytes, read in 1 MiB chunks."""
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()[:16]
+    return h
 
 
 @functools.lru_cache(maxsize=16)

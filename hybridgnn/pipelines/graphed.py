@@ -31,8 +31,9 @@ thread-local mode still failed while a server's other lanes were launching.
 One GraphedForward per worker (its static buffers are that worker's), used by one thread
 at a time on the worker's stream. On by default on a CUDA device since an H200 measured it
 (a one-seed GPU-lane batch 0.68x eager) and served both lanes with it;
-HYBRIDGNN_CUDA_GRAPHS=0 turns it off, HYBRIDGNN_CUDA_GRAPH_SEEDS sets max_seeds (default 64). On a CPU device the same padding and bookkeeping run with an eager "capture"
-(tests inject it), which is how CI checks them.
+HYBRIDGNN_CUDA_GRAPHS=0 turns it off, HYBRIDGNN_CUDA_GRAPH_SEEDS sets max_seeds (default
+64). On a CPU device the same padding and bookkeeping run with an eager "capture" (tests
+inject it), which is how CI checks them.
 """
 
 from __future__ import annotations

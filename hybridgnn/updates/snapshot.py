@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.graph.store import write_dataset
-from hybridgnn.models.checkpoint import CONFIG, WEIGHTS, weights_fingerprint
+from hybridgnn.models.checkpoint import CONFIG, WEIGHTS, hash_file, weights_fingerprint
 
 log = logging.getLogger("hybridgnn.updates")
 
@@ -41,24 +41,26 @@ FORMAT = 1
 def model_fingerprint(model_dir: Path) -> str:
     """What identifies a model's embeddings: its config and weights (their values, not
     the weights file's bytes, which differ each time the same weights are saved)."""
-    weights = Path(model_dir) / WEIGHTS
-    return _config_and(model_dir, weights_fingerprint(model_dir).encode() if weights.is_file() else b"")
+    h = _config_hash(model_dir)
+    if (Path(model_dir) / WEIGHTS).is_file():
+        h.update(weights_fingerprint(model_dir).encode())
+    return h.hexdigest()[:16]
 
 
 def legacy_model_fingerprint(model_dir: Path) -> str:
     """What snapshots written before model_fingerprint named a model by (its config and
     its weights file's bytes): they are still found."""
+    h = _config_hash(model_dir)
     weights = Path(model_dir) / WEIGHTS
-    return _config_and(model_dir, weights.read_bytes() if weights.is_file() else b"")
+    return (hash_file(h, weights) if weights.is_file() else h).hexdigest()[:16]
 
 
-def _config_and(model_dir: Path, weights: bytes) -> str:
+def _config_hash(model_dir: Path):
     h = hashlib.sha256()
     config = Path(model_dir) / CONFIG
     if config.is_file():
         h.update(config.read_bytes())
-    h.update(weights)
-    return h.hexdigest()[:16]
+    return h
 
 
 @dataclass
