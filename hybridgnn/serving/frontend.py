@@ -170,6 +170,11 @@ class FrontendApi:
     def infer(self, request: Request):
         params = request.params
         model, version = params["model"], params.get("version")
+        local = self.local
+        if local is not None and not self.draining:
+            reply = local.quick_reply(request, model, version)
+            if reply is not None:
+                return reply
         try:
             inp, binary = parse_infer(request.body, request.headers.get(_HEADER_LENGTH), model, version,
                                       request.waited_s, request.standing)

@@ -15,10 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from hybridgnn.config import SamplingConfig, ServeConfig, UpdateConfig
 from hybridgnn.serving.frontend import FrontendApi
 from hybridgnn.serving.http.api import Api
+from hybridgnn.serving.http.codec import parse_infer
+from hybridgnn.serving.http.lookups import HttpLookups
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.v2.lookups import (
     LOCAL_MAX_IDS,
+    QUICK_MAX_IDS,
     LocalAnswers,
     LocalLookups,
     lookup_specs,
@@ -325,3 +328,136 @@ def test_rows_rewritten_since_the_engine_opened_them_are_not_answered_from(pe_cf
 
     fine, rewritten = run_api(pe_cfg, scenario)
     assert fine and rewritten is None
+
+
+QUICK = [
+    infer_body([0], parameters={"mode": "precomputed"}),
+    infer_body([2999, 0, 2999], parameters={"mode": "precomputed"}),
+    infer_body([7], parameters={"mode": "precomputed"}, outputs=[{"name": "logits"}]),
+    infer_body([7, 8], parameters={"mode": "precomputed"}, outputs=[{"name": "predictions"}, {"name": "embeddings"},
+                                                                     {"name": "predictions"}]),
+    infer_body([5], parameters={"mode": "precomputed"}, outputs=[], id="req-1"),
+    infer_body([5], parameters={"mode": "precomputed"}, id=12),
+    infer_body(list(range(QUICK_MAX_IDS)), parameters={"mode": "precomputed"}, outputs=[{"name": "logits"}]),
+]
+NOT_QUICK = [  # each is answered some other way (here by the general lane, or by the engine)
+    infer_body([True], parameters={"mode": "precomputed"}),
+    infer_body([1], parameters={"mode": "precomputed", "binary_data_output": False}),
+    infer_body([1], parameters={"mode": "sampled"}),
+    infer_body([1]),  # the engine's default mode is sampled
+    infer_body([-1], parameters={"mode": "precomputed"}),
+    infer_body([3000], parameters={"mode": "precomputed"}),
+    infer_body(list(range(QUICK_MAX_IDS + 1)), parameters={"mode": "precomputed"}),
+    infer_body([1], parameters={"mode": "precomputed"}, id=True),
+    infer_body([1], parameters={"mode": "precomputed"}, outputs=[{"name": "logits", "parameters": {}}]),
+    infer_body([1], parameters={"mode": "precomputed"}, outputs=[{"name": "nope"}]),
+    infer_body([1], parameters={"mode": "precomputed"}, model_name="hybridgnn"),
+    json.dumps({"inputs": [{"name": "node_ids", "shape": [1.0], "datatype": "INT64", "data": [1]}],
+                "parameters": {"mode": "precomputed"}}).encode(),
+    json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT32", "data": [1]}],
+                "parameters": {"mode": "precomputed"}}).encode(),
+    json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [[1]]}],
+                "parameters": {"mode": "precomputed"}}).encode(),
+    b'{"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1' + b'0' * 30 + b']}],'
+    b' "parameters": {"mode": "precomputed"}}',
+    b'{"inputs": [',
+]
+
+
+def test_the_quick_lane_answers_the_commonest_lookups_with_the_general_lanes_bytes_and_nothing_else(pe_cfg):
+    """HttpLookups.quick_reply answers the plain JSON lookups most clients send straight from
+    the body; its bytes are those of the general lane (parse_infer, then reply()) and of the
+    engine. Anything else it leaves (None) to the general lane, which decides it."""
+    async def scenario(api, engine):
+        fe, _ = front_end(api)
+        local, out = fe.local, []
+        for body in QUICK:
+            quick = local.quick_reply(Request({}, {}, body), "hybridgnn", None)
+            assert quick is not None, body[:120]
+            general = local.reply(*parse_infer(body, None, "hybridgnn", None))
+            out.append((quick, general, await engine_reply(api, body)))
+        for body in NOT_QUICK:
+            assert local.quick_reply(Request({}, {}, body), "hybridgnn", None) is None, body[:120]
+        body = QUICK[0]
+        assert local.quick_reply(Request({}, {}, body), "other", None) is None
+        assert local.quick_reply(Request({}, {}, body, standing=True), "hybridgnn", None) is None
+        assert local.quick_reply(Request({}, {}, body, waited_s=1e9), "hybridgnn", None) is None
+        assert local.quick_reply(Request({}, {"inference-header-content-length": str(len(body))}, body),
+                                 "hybridgnn", None) is None
+        return out
+
+    for replies in run_api(pe_cfg, scenario):
+        assert len({(r.status, r.content_type, str(r.headers), r.body) for r in replies}) == 1
+
+
+def test_any_lookup_the_quick_lane_answers_is_answered_as_the_general_lane_answers_it(pe_cfg):
+    """Seeded fuzz over _random_lookup's bodies: whenever the quick lane answers, the general
+    lane gives the same bytes; and it does answer a good share of them."""
+    rng = np.random.default_rng(39)
+
+    async def scenario(api, engine):
+        fe, _ = front_end(api)
+        quick_answers = 0
+        for _ in range(1500):
+            body = _random_lookup(rng)
+            quick = fe.local.quick_reply(Request({}, {}, body), "hybridgnn", None)
+            if quick is None:
+                continue
+            quick_answers += 1
+            general = fe.local.reply(*parse_infer(body, None, "hybridgnn", None))
+            assert general is not None, body[:200]
+            assert (quick.status, quick.content_type, quick.headers, quick.body) == \
+                (general.status, general.content_type, general.headers, general.body), body[:200]
+        return quick_answers
+
+    assert run_api(pe_cfg, scenario) >= 30
+
+
+@pytest.fixture(scope="module")
+def http_lookups(pe_cfg):
+    """HttpLookups over the engine's stored rows, outside the engine (no counts sent)."""
+    async def scenario(api, engine):
+        return lookup_specs(api.service), api.engine.queue_bound_s
+
+    specs, bound_s = run_api(pe_cfg, scenario)
+    return HttpLookups(specs, bound_s, lambda taken: None)
+
+
+_JSON_SCALARS = st.none() | st.booleans() | st.integers(-3, 3003) | st.floats(allow_nan=False, width=32) | \
+    st.text(max_size=4)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.integers(-2, 3002) | _JSON_SCALARS, max_size=QUICK_MAX_IDS + 2),
+       shape=st.sampled_from(["n", "n+1", "float", "2d", "missing"]),
+       params=st.sampled_from([{"mode": "precomputed"}, {}, None, {"mode": "precomputed", "x": 1}, [],
+                               {"mode": "precomputed", "binary_data_output": True}]),
+       outputs=st.none() | st.lists(st.sampled_from(["logits", "embeddings", "predictions", "node_ids", 3]),
+                                    max_size=4),
+       rid=st.none() | _JSON_SCALARS, extra=st.sampled_from([None, "model_name", "inputs2"]))
+def test_the_quick_lane_never_answers_otherwise_than_the_general_lane(http_lookups, ids, shape, params, outputs,
+                                                                     rid, extra):
+    """Property: for bodies near the quick lane's form (one field off at a time, or several),
+    quick_reply never raises, and what it answers the general lane answers byte for byte."""
+    n = len(ids)
+    tensor = {"name": "node_ids", "datatype": "INT64", "data": ids,
+              "shape": {"n": [n], "n+1": [n + 1], "float": [float(n)], "2d": [1, n]}.get(shape)}
+    if shape == "missing":
+        del tensor["shape"]
+    body: dict = {"inputs": [tensor]}
+    if params is not None:
+        body["parameters"] = params
+    if outputs is not None:
+        body["outputs"] = [{"name": name} for name in outputs]
+    if rid is not None:
+        body["id"] = rid
+    if extra is not None:
+        body[extra] = 1
+    raw = json.dumps(body).encode()
+    quick = http_lookups.quick_reply(Request({}, {}, raw), "hybridgnn", None)
+    if quick is None:
+        return
+    general = http_lookups.reply(*parse_infer(raw, None, "hybridgnn", None))
+    assert general is not None
+    assert (quick.status, quick.content_type, quick.headers, quick.body) == \
+        (general.status, general.content_type, general.headers, general.body)

@@ -180,6 +180,11 @@ class Api:
                                                    self.standing_target_s, self.reply_of)
             if refused is not None:
                 return refused
+        lookups = self.lookups
+        if lookups is not None and not self.service.draining:
+            reply = lookups.quick_reply(request, request.params["model"], request.params.get("version"))
+            if reply is not None:
+                return reply
         try:
             req, binary = parse_infer(request.body, request.headers.get(_HEADER_LENGTH), request.params["model"],
                                       request.params.get("version"), request.waited_s, request.standing)

@@ -11,14 +11,20 @@ import logging
 import time
 from collections.abc import Callable
 
-from hybridgnn.serving.http.codec import encode_infer_response
-from hybridgnn.serving.http.reply import Reply
+from hybridgnn.serving.http.codec import (
+    HEADER_LENGTH,
+    encode_infer_response,
+    quick_loads,
+)
+from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.v2.lookups import LocalLookups
 from hybridgnn.serving.v2.types import InferAnswer, InferInput
 
 log = logging.getLogger("hybridgnn.serve")
 COUNTS_KEPT = 65536  # answers held before they are sent to be counted, at most
 COUNT_PERIOD_S = 1.0
+QUICK_MAX_BODY = 2048  # bytes; a longer body is parsed once, by the general way
+_BINARY_HEADER = HEADER_LENGTH.lower()  # request headers reach endpoints with lower-case names
 
 
 def infer_reply(answer: InferAnswer, binary: dict[str, bool] | bool) -> Reply:
@@ -51,6 +57,20 @@ class HttpLookups:
             log.warning("lookups are left to the engine: cannot map its stored embeddings (%s)", exc)
             return None
 
+    def quick_reply(self, request: Request, model: str, version: str | None) -> Reply | None:
+        """The Reply to the commonest lookup (LocalLookups.quick says which) straight from
+        its body, before any v2 object is made; None for anything else, which then takes
+        the general way (parse_infer, then reply()). Same bytes either way."""
+        body = request.body
+        if len(body) > QUICK_MAX_BODY or request.standing or request.waited_s > self.bound_s \
+                or _BINARY_HEADER in request.headers:
+            return None
+        try:
+            found = self.local.quick(quick_loads(body), model, version)
+        except Exception:  # not JSON (the general way says why), or a fault: the general way answers
+            return None
+        return self._answered(found, False)
+
     def reply(self, request: InferInput, binary: dict[str, bool] | bool) -> Reply | None:
         """The Reply to `request` if it is a lookup answered here, else None."""
         try:
@@ -60,6 +80,10 @@ class HttpLookups:
                 self._failed = True
                 log.exception("a lookup failed in the HTTP server; the engine answers it (logged once)")
             return None
+        return self._answered(found, binary)
+
+    def _answered(self, found, binary: dict[str, bool] | bool) -> Reply | None:
+        """The Reply of a lookup's answer (encoded, then counted), or None without one."""
         if found is None:
             return None
         answer, started, rows = found

@@ -38,7 +38,6 @@ import asyncio
 import collections
 import logging
 import time
-from http import HTTPStatus
 
 import httptools
 
@@ -47,8 +46,11 @@ from hybridgnn.serving.http.reply import ABORT, Reply, Request
 
 log = logging.getLogger(__name__)
 
-_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+_KEEP_ALIVE = b"Connection: keep-alive\r\n\r\n"
+_CLOSE = b"Connection: close\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_FIELD_NAMES: dict[bytes, str] = {}  # header field names as sent -> lower-case text (on_header's, kept)
+_FIELD_NAMES_KEPT = 512
 _LINGER_QUIET_S = 1.0  # lingering after a refusal ends after this long without input
 _LINGER_MAX_S = 2.0  # ... or this long after it began, however the client trickles
 
@@ -59,7 +61,7 @@ class _Message:
     __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10", "head_size",
                  "received")
 
-    def __init__(self):
+    def __init__(self, received: float):
         self.url = b""
         self.headers: dict[str, str] = {}
         self.hosts = 0
@@ -69,7 +71,7 @@ class _Message:
         self.keep_alive = True
         self.http10 = False
         self.head_size = 0  # the head's fields, as parsed (the feed-level bound catches one never ending)
-        self.received = time.monotonic()  # its first byte was read (parsed) then
+        self.received = received  # its first byte was read (parsed) then (monotonic)
 
 
 class _Reject(Exception):
@@ -221,8 +223,8 @@ class Connection(asyncio.Protocol):
 
     # --- llhttp callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self.msg = _Message()
-        self.started = time.monotonic()
+        self.started = now = time.monotonic()
+        self.msg = _Message(now)
         self.in_head = True
         self.head_bytes = 0
         self.began = True
@@ -231,7 +233,11 @@ class Connection(asyncio.Protocol):
         self.msg.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1").lower()
+        key = _FIELD_NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(_FIELD_NAMES) < _FIELD_NAMES_KEPT and len(name) <= 64:  # names a client makes up stay few
+                _FIELD_NAMES[name] = key
         msg = self.msg
         msg.head_size += len(name) + len(value) + 4
         headers = msg.headers
@@ -374,15 +380,11 @@ class Connection(asyncio.Protocol):
 
     def _encode_new(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
         body = reply.body
-        parts = [_STATUS_LINES.get(reply.status) or f"HTTP/1.1 {reply.status} Unknown\r\n".encode(),
-                 b"Content-Type: ", reply.content_type.encode(), b"\r\nContent-Length: ", str(len(body)).encode(),
-                 b"\r\nDate: ", self.server.date.get(), b"\r\nServer: hybridgnn\r\n"]
+        start, rest = self.server.head_parts(reply.status, reply.content_type)
         if reply.headers:
-            parts.extend(f"{k}: {v}\r\n".encode() for k, v in reply.headers.items())
-        parts.append(b"Connection: keep-alive\r\n\r\n" if keep_alive else b"Connection: close\r\n\r\n")
-        if not head_only:
-            parts.append(body)
-        return b"".join(parts)
+            rest += b"".join(f"{k}: {v}\r\n".encode() for k, v in reply.headers.items())
+        return b"%s%d%s%s%s" % (start, len(body), rest, _KEEP_ALIVE if keep_alive else _CLOSE,
+                                b"" if head_only else body)
 
     def _write(self, reply: Reply, msg: _Message, head_only: bool) -> None:
         """Send the answer to msg; without keep-alive it says "Connection: close", and the

@@ -12,12 +12,14 @@ import resource
 import socket
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.reply import RETRY, Reply, Routes
 from hybridgnn.serving.http.turns import Turns, standing_queue_limits
 
 log = logging.getLogger("hybridgnn.serving.http.protocol")
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _FD_RESERVE = 256  # descriptors kept free for files, the engine's pipes and the listener
 
 
@@ -69,6 +71,8 @@ class HttpServer:
         self.date = _Date()
         self._kept: dict[tuple[Reply, bool, bool], bytes] = {}  # kept_encoding's, for the current Date
         self._kept_date = b""
+        self._heads: dict[tuple[int, str], tuple[bytes, bytes]] = {}  # head_parts', for the current Date
+        self._heads_date = b""
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
 
@@ -84,6 +88,22 @@ class HttpServer:
         if wire is None:
             wire = self._kept[key] = encode(reply, keep_alive, head_only)
         return wire
+
+    def head_parts(self, status: int, content_type: str) -> tuple[bytes, bytes]:
+        """An answer's head around its Content-Length value: (status line, Content-Type and
+        the field name; the rest of that line, Date and Server), made once per second for
+        each status and content type (the server's own replies name a handful)."""
+        date = self.date.get()
+        if date is not self._heads_date:
+            self._heads.clear()
+            self._heads_date = date
+        key = (status, content_type)
+        parts = self._heads.get(key)
+        if parts is None:
+            line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode()
+            parts = self._heads[key] = (line + b"Content-Type: " + content_type.encode() + b"\r\nContent-Length: ",
+                                        b"\r\nDate: " + date + b"\r\nServer: hybridgnn\r\n")
+        return parts
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
         """Listen on host:port. reuse_port: beside the other front-end processes on that

@@ -34,10 +34,15 @@ import numpy as np
 
 from hybridgnn.capabilities import file_identity
 from hybridgnn.serving.v2.inference import decode_infer
+from hybridgnn.serving.v2.tensors import INPUT_NAME, OUTPUT_NAMES, request_id
 from hybridgnn.serving.v2.types import InferAnswer, InferInput
 
 LOCAL_MAX_IDS = 1024  # a gather of this many rows stays within tens of µs of the front end's loop
+QUICK_MAX_IDS = 64  # the quick lane's checks are a Python loop over the ids
 _PARAMETERS = frozenset({"mode", "binary_data_output"})
+_QUICK_KEYS = frozenset({"inputs", "parameters", "outputs", "id"})
+_QUICK_TENSOR_KEYS = frozenset({"name", "datatype", "shape", "data"})
+_PRECOMPUTED = {"mode": "precomputed"}
 
 
 def lookup_specs(service) -> list[dict]:
@@ -88,6 +93,9 @@ class _Table:
         default = spec.get("default_outputs")
         self.default_outputs = tuple(default) if default is not None else None
         self.default_mode = spec.get("default_mode", "sampled")
+        # What a request naming no outputs gets (decode_infer's rule, on a dataset without an id map).
+        self.quick_outputs = (OUTPUT_NAMES if self.default_outputs is None
+                              else tuple(n for n in OUTPUT_NAMES if n in self.default_outputs))
         if self.final.shape[0] != self.num_nodes or (self.hidden is not None and self.hidden.shape[0] != self.num_nodes):
             raise ValueError(f"stored rows of {self.model!r} do not cover its {self.num_nodes} nodes")
         # Indexed as plain arrays (a memmap's own indexing makes a memmap of the rows).
@@ -185,6 +193,62 @@ class LocalLookups:
         rows = table.rows(req.node_ids, with_embeddings)
         answer = InferAnswer(table.model, table.version, req.request_id, req.answer_outputs(rows))
         return answer, started, req.num_outputs
+
+    def quick(self, header, model: str, version: str | None) -> tuple[InferAnswer, float, int] | None:
+        """What answer() gives for the commonest lookup, from its parsed JSON body alone,
+        without building the request's v2 objects: one INT64 node_ids input of at most
+        QUICK_MAX_IDS ids in range, mode precomputed (named, or the default), outputs
+        named only by name (or none), an optional id; no binary data, no other parameter
+        or key. None for anything else (then the caller takes answer()'s way, which
+        decides it with the engine's own decoding). The answer is answer()'s, value for
+        value: the tests hold the two lanes to the same bytes. The caller checks the
+        request's wait and the queue (answer()'s first checks)."""
+        table = self._tables.get((model, version))
+        if table is None or type(header) is not dict or not _QUICK_KEYS.issuperset(header):
+            return None
+        params = header.get("parameters")
+        if params != _PRECOMPUTED and not (table.default_mode == "precomputed" and (params is None or params == {})):
+            return None
+        inputs = header.get("inputs")
+        if type(inputs) is not list or len(inputs) != 1:
+            return None
+        tensor = inputs[0]
+        if type(tensor) is not dict or tensor.keys() != _QUICK_TENSOR_KEYS or tensor["name"] != INPUT_NAME \
+                or tensor["datatype"] != "INT64":
+            return None
+        ids, shape = tensor["data"], tensor["shape"]
+        if type(ids) is not list or type(shape) is not list or len(shape) != 1:
+            return None
+        n = len(ids)
+        if not 0 < n <= min(QUICK_MAX_IDS, table.max_nodes) or type(shape[0]) is not int or shape[0] != n:
+            return None
+        num_nodes = table.num_nodes
+        for i in ids:
+            if type(i) is not int or i < 0 or i >= num_nodes:
+                return None
+        requested = header.get("outputs")
+        if requested is None:
+            outputs = table.quick_outputs
+        else:
+            if type(requested) is not list:
+                return None
+            names = []
+            for out in requested:
+                if type(out) is not dict or len(out) != 1 or out.get("name") not in OUTPUT_NAMES:
+                    return None
+                names.append(out["name"])
+            outputs = tuple(dict.fromkeys(names))
+        try:
+            rid = request_id(header.get("id"))
+        except Exception:
+            return None
+        started = time.perf_counter()
+        with_embeddings = "embeddings" in outputs
+        if with_embeddings and table.hidden is None:
+            return None
+        rows = table.rows(np.array(ids, dtype=np.int64), with_embeddings)
+        answer = InferAnswer(table.model, table.version, rid, [(name, getattr(rows, name)) for name in outputs])
+        return answer, started, n
 
     def count(self, answer: InferAnswer, started: float, encoding: float, rows: int) -> None:
         """Count an answer made here once it is encoded (encoding: perf_counter when its
