@@ -61,6 +61,10 @@ def lookup_specs(service) -> list[dict]:
     return specs
 
 
+_NO_EMBEDDINGS = np.empty((1, 0), np.float32)  # one row's embeddings when none were asked for (never written)
+_NO_EMBEDDINGS.flags.writeable = False
+
+
 class _Rows:
     """An answer's rows under the names InferRequest.answer_outputs reads (predictions
     computed only when asked for)."""
@@ -94,6 +98,7 @@ class _Table:
         self.default_outputs = tuple(default) if default is not None else None
         self.default_mode = spec.get("default_mode", "sampled")
         # What a request naming no outputs gets (decode_infer's rule, on a dataset without an id map).
+        self.quick_max_ids = min(QUICK_MAX_IDS, self.max_nodes)
         self.quick_outputs = (OUTPUT_NAMES if self.default_outputs is None
                               else tuple(n for n in OUTPUT_NAMES if n in self.default_outputs))
         if self.final.shape[0] != self.num_nodes or (self.hidden is not None and self.hidden.shape[0] != self.num_nodes):
@@ -108,6 +113,15 @@ class _Table:
             hidden = np.asarray(self._hidden[node_ids], dtype=np.float32)
         else:
             hidden = np.empty((len(node_ids), 0), np.float32)
+        return _Rows(logits, hidden)
+
+    def row(self, node_id: int, with_embeddings: bool) -> _Rows:
+        """rows([node_id]), as views of one row (a slice costs a fraction of a gather)."""
+        logits = np.asarray(self._final[node_id:node_id + 1], dtype=np.float32)
+        if with_embeddings:
+            hidden = np.asarray(self._hidden[node_id:node_id + 1], dtype=np.float32)
+        else:
+            hidden = _NO_EMBEDDINGS
         return _Rows(logits, hidden)
 
 
@@ -220,7 +234,7 @@ class LocalLookups:
         if type(ids) is not list or type(shape) is not list or len(shape) != 1:
             return None
         n = len(ids)
-        if not 0 < n <= min(QUICK_MAX_IDS, table.max_nodes) or type(shape[0]) is not int or shape[0] != n:
+        if not 0 < n <= table.quick_max_ids or type(shape[0]) is not int or shape[0] != n:
             return None
         num_nodes = table.num_nodes
         for i in ids:
@@ -238,15 +252,18 @@ class LocalLookups:
                     return None
                 names.append(out["name"])
             outputs = tuple(dict.fromkeys(names))
-        try:
-            rid = request_id(header.get("id"))
-        except Exception:
-            return None
+        rid = header.get("id")
+        if rid is not None:
+            try:
+                rid = request_id(rid)
+            except Exception:
+                return None
         started = time.perf_counter()
         with_embeddings = "embeddings" in outputs
         if with_embeddings and table.hidden is None:
             return None
-        rows = table.rows(np.array(ids, dtype=np.int64), with_embeddings)
+        rows = table.row(ids[0], with_embeddings) if n == 1 else table.rows(np.array(ids, dtype=np.int64),
+                                                                             with_embeddings)
         answer = InferAnswer(table.model, table.version, rid, [(name, getattr(rows, name)) for name in outputs])
         return answer, started, n
 

@@ -1,0 +1,74 @@
+"""The engine's loop-lag timer (serving/core/admitting.py): fast ticks while requests come,
+slow ones once nothing was admitted for a while, fast again at the next admission."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from hybridgnn.scheduler.admission import Admission, Lane
+from hybridgnn.serving.core import admitting
+from hybridgnn.serving.core.admitting import Admitting
+
+
+class _Engine(Admitting):
+    def __init__(self):
+        self._admission = Admission(0.1, [Lane("lookup", servers=1)])
+        self._pending = 0
+        self._idle = asyncio.Event()
+        self._started = True
+        self.draining = False
+        self._refused_in_flight_cap = 0
+        self._admitted_seed_psgs = 1.0
+
+        class _Cfg:
+            class batcher:
+                max_pending_requests = 100
+
+        self.cfg = _Cfg()
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.001)
+
+
+def test_lag_ticks_slow_down_when_idle_and_speed_up_at_the_next_admission(monkeypatch):
+    monkeypatch.setattr(admitting, "LAG_TICK_S", 0.001)
+    monkeypatch.setattr(admitting, "LAG_IDLE_AFTER_TICKS", 5)
+    monkeypatch.setattr(admitting, "LAG_IDLE_TICK_S", 3600.0)
+
+    async def main():
+        engine = _Engine()
+        engine.start_lag_ticks()
+        try:
+            await _until(lambda: engine._lag_idle)
+            slow_due = engine._lag_handle.when()
+            assert slow_due - asyncio.get_running_loop().time() > 60  # the idle period, not the fast one
+            engine.admit("lookup", 1.0)  # a request: fast ticks at once, and none idle while it is in flight
+            assert not engine._lag_idle and engine._lag_handle.when() < slow_due
+            await asyncio.sleep(0.03)  # 30 fast ticks with a request in flight
+            assert not engine._lag_idle
+            engine._admission.lanes["lookup"].remove(1.0)
+            engine.release()
+            await _until(lambda: engine._lag_idle)
+            engine.shed(0.0)  # a refusal checked before decoding counts as activity too
+            assert not engine._lag_idle
+        finally:
+            engine.stop_lag_ticks()
+
+    asyncio.run(main())
+
+
+def test_stopped_lag_ticks_are_not_woken():
+    async def main():
+        engine = _Engine()
+        engine.start_lag_ticks()
+        engine.stop_lag_ticks()
+        engine.admit("lookup", 1.0)
+        assert engine._lag_handle.cancelled()
+
+    asyncio.run(main())
