@@ -150,8 +150,12 @@ def main_thread_cpu_seconds(pid: int) -> float:
     return _stat_cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat").read_text())
 
 
-def heavy_setup():
-    """The products-scale graph and a 3-layer SAGE (hidden 256) with random weights."""
+HEAVY_FANOUTS = {3: [15, 10, 5], 2: [15, 10]}  # 2 layers: Quiver's products setting
+
+
+def heavy_setup(layers: int = 3):
+    """The products-scale graph and a SAGE of `layers` layers (hidden 256, fanouts
+    HEAVY_FANOUTS[layers]) with random weights."""
     import torch
 
     from hybridgnn.graph.store import GraphStore
@@ -159,12 +163,13 @@ def heavy_setup():
     from hybridgnn.models.gnn import GNN, ModelSpec
 
     ensure_products(PRODUCTS)
-    model_dir = PRODUCTS.parent / "products-sage3-256"
+    model_dir = PRODUCTS.parent / f"products-sage{layers}-256"
     if not (model_dir / "golden.pt").is_file():
         graph = GraphStore.open(PRODUCTS)
         torch.manual_seed(0)
-        model = GNN(ModelSpec("sage", graph.feature_dim, 256, 47, num_layers=3)).eval()
-        save_checkpoint(model, model_dir, extra={"fanouts": [15, 10, 5], "dataset_fingerprint": graph.fingerprint})
+        model = GNN(ModelSpec("sage", graph.feature_dim, 256, 47, num_layers=layers)).eval()
+        save_checkpoint(model, model_dir, extra={"fanouts": HEAVY_FANOUTS[layers],
+                                                 "dataset_fingerprint": graph.fingerprint})
     return PRODUCTS, model_dir
 
 

@@ -7,7 +7,8 @@
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
-# STAGE: env tests graph sampler lanecost precompute precompute_cli profile policies policies_http fig10 overload frontends
+# STAGE: env tests graph sampler lanecost precompute precompute_cli profile policies policies_http fig10 quiver
+#        overload frontends
 # (default: all but precompute_cli, overload and frontends, in that order; the products-scale graph
 # is generated first, beside the tests; graph makes it beside the hybrid server test alone, for
 # a fresh machine that needs no other test). overload is a CPU figure that needs the 16 cores:
@@ -30,10 +31,11 @@
 #   1. env tests lanecost profile policies   (in process: hybrid / best single; ~5 min)
 #   2. policies_http fig10                   (over HTTP; the SLO figure; ~6 min)
 #   3. sampler frontends precompute          (kernels, front-end scaling; ~7 min)
+#   4. quiver                                (the 2-layer [15,10] comparison; ~3 min, not yet timed)
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env tests sampler lanecost precompute profile policies policies_http fig10}  # precompute_cli, overload, frontends: ask for them
+STAGES=${*:-env tests sampler lanecost precompute profile policies policies_http fig10}  # precompute_cli, quiver, overload, frontends: ask for them
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 mkdir -p "$OUTDIR"
@@ -115,6 +117,11 @@ for s in $STAGES; do
         need_profile "$s" || continue
         stage "$s" 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 50 --modes $mode \
             --policies "${POLICIES:-gpu,hybrid}" --profile "$PROFILE" --out "$OUTDIR/$s.json"
+        ;;
+    quiver)  # the 2-layer [15,10] SAGE of Quiver's products setting, in process, GPU only and hybrid
+        $PY -c "from bench.common import heavy_setup; print(heavy_setup(2))" > "$OUTDIR/quiver-model.log" 2>&1
+        stage quiver 300 $PY bench/hybrid_policies.py --heavy --layers 2 --slo-ms 30 --trial-s 2.5 --start-rate 50 \
+            --modes engine --policies gpu,hybrid --out "$OUTDIR/quiver.json"
         ;;
     fig10)
         need_profile fig10 || continue
