@@ -4,9 +4,12 @@ hybridgnn's CPU per request against it.
 
 With --protocol, hybridgnn's own HTTP layer (serving/http: Connection, HttpServer, with
 its limits, turns and timers) answers every request with one fixed inference answer
-instead: what the protocol costs without any endpoint work.
+instead: what the protocol costs without any endpoint work. With --work-us N the echo
+server first busy-waits N µs per request: what N µs of work costs in place on this
+machine (a server that answers later lets the client's core sleep, and waking it costs
+more than the work on a VM), the yardstick for reading the others' ratios.
 
-    .venv/bin/python bench/echo_server.py --port 8099 [--protocol]
+    .venv/bin/python bench/echo_server.py --port 8099 [--protocol | --work-us 20]
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 import httptools
@@ -26,6 +30,8 @@ FIXED_ANSWER = (b'{"model_name":"hybridgnn","model_version":"1","outputs":[{"nam
 
 
 class Echo(asyncio.Protocol):
+    work_s = 0.0  # busy-waited per request (--work-us)
+
     def __init__(self):
         self.parser = httptools.HttpRequestParser(self)
         self.transport = None
@@ -46,6 +52,10 @@ class Echo(asyncio.Protocol):
     def on_message_complete(self):
         body = b"".join(self.body)
         self.body = []
+        if self.work_s:
+            until = time.perf_counter() + self.work_s
+            while time.perf_counter() < until:
+                pass
         self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                              b"Connection: keep-alive\r\n\r\n%s" % (len(body), body))
 
@@ -84,5 +94,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--protocol", action="store_true", help="hybridgnn's HTTP layer with one fixed answer")
+    ap.add_argument("--work-us", type=float, default=0.0, help="the echo server busy-waits this long per request")
     args = ap.parse_args()
+    Echo.work_s = args.work_us * 1e-6
     uvloop.run(main(args.port, args.protocol))

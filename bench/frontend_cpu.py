@@ -16,21 +16,31 @@ The CPU figure is the on-CPU time of the server's process and every process it s
 them; the client (this process) is not counted. The one-seed figure is taken two ways
 (--modes), --requests per server per round, --rounds rounds (medians reported):
 - turns: the servers run at once and take turns in chunks of --chunk requests, the order
-  rotating, so drift of the machine's speed falls on all of them alike; beside them runs
+  rotating, so drift of the machine's speed falls on all of them alike; beside them run
   hybridgnn's HTTP layer answering one fixed answer (echo_server.py --protocol: what the
-  protocol costs before any endpoint work);
+  protocol costs before any endpoint work) and the echo server busy-waiting 20 µs per
+  request (--work-us: what a little work costs in place here, the yardstick for the
+  others: a server that answers later lets the client's core sleep, and on a VM waking
+  it costs more than the work);
 - alone: each server alone on the machine, one after another (started and stopped in
   turn). On this 2-core VM the echo server costs about twice as much this way (about
   60 against 30 µs per request: each request wakes an idle core), and the servers about
   the same, so the ratio depends on the way.
 
+With --cpu N everything (this bench, every server and its processes) runs on core N: a
+request then costs what its work costs, since no core sleeps while another works and no
+sleeping core is woken (on this VM the turns' ratios then agree within a few per cent
+from round to round, where unpinned runs differ by 1.5x between runs).
+
     .venv/bin/python bench/frontend_cpu.py [--requests 5000] [--rounds 3] [--chunk 1000] [--modes turns,alone]
+    .venv/bin/python bench/frontend_cpu.py --modes turns --cpu 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -52,6 +62,8 @@ from hybridgnn.demo import ensure_demo  # noqa: E402
 from tests.support.server import free_port, stop_process  # noqa: E402
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+WORK_US = 20.0  # the yardstick server's busy work per request
+WORKED = f"echo + {WORK_US:g} µs of work"
 
 
 def http_request(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
@@ -137,13 +149,15 @@ def interleaved_cpu(servers: dict[str, tuple[int, int]], wires: list[bytes], cou
 
 
 class EchoServer:
-    """bench/echo_server.py (protocol: hybridgnn's HTTP layer with one fixed answer)."""
+    """bench/echo_server.py (protocol: hybridgnn's HTTP layer with one fixed answer;
+    work_us: the echo server busy-waits that long per request)."""
 
-    def __init__(self, protocol: bool = False):
+    def __init__(self, protocol: bool = False, work_us: float = 0.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "echo_server.py"), "--port",
-                                      str(self.port), *(["--protocol"] if protocol else [])],
+                                      str(self.port), *(["--protocol"] if protocol else []),
+                                      *(["--work-us", f"{work_us:g}"] if work_us else [])],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
@@ -198,13 +212,16 @@ def wide_model(dataset: Path, hidden: int) -> Path:
 
 def in_turns(dataset, model, wires, args) -> dict[str, list[float]]:
     """All the servers running at once, taking turns (interleaved_cpu), per round; beside
-    them hybridgnn's HTTP layer alone with a fixed answer ("protocol only")."""
-    runs: dict[str, list[float]] = {"echo": [], "protocol only": [], "frontends 1": [], "frontends 2": []}
-    echo, protocol, servers = EchoServer(), EchoServer(protocol=True), {}
+    them hybridgnn's HTTP layer alone with a fixed answer ("protocol only") and the echo
+    server doing WORK_US of busy work per request ("echo + work")."""
+    runs: dict[str, list[float]] = {"echo": [], WORKED: [], "protocol only": [], "frontends 1": [],
+                                    "frontends 2": []}
+    echo, worked, protocol, servers = EchoServer(), EchoServer(work_us=WORK_US), EchoServer(protocol=True), {}
     try:
         for n in (1, 2):
             servers[f"frontends {n}"] = serve_revision(None, dataset, model, "--frontends", str(n))
-        endpoints = {"echo": (echo.proc.pid, echo.port), "protocol only": (protocol.proc.pid, protocol.port),
+        endpoints = {"echo": (echo.proc.pid, echo.port), WORKED: (worked.proc.pid, worked.port),
+                     "protocol only": (protocol.proc.pid, protocol.port),
                      **{k: (v.pid, v.port) for k, v in servers.items()}}
         for _ in range(args.rounds):
             for name, us in interleaved_cpu(endpoints, wires, args.requests, args.chunk).items():
@@ -212,6 +229,7 @@ def in_turns(dataset, model, wires, args) -> dict[str, list[float]]:
             print("turns", json.dumps({k: round(v[-1], 1) for k, v in runs.items()}), flush=True)
     finally:
         echo.stop()
+        worked.stop()
         protocol.stop()
         for srv in servers.values():
             srv.stop()
@@ -243,15 +261,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=1000, help="requests per turn of each server (one-seed figure)")
     ap.add_argument("--modes", default="turns,alone", help="turns (all servers up, taking turns), alone, or both")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="pin this bench and every server it starts to this one core: no core sleeps while "
+                         "another works, so no wake-up of a sleeping core is counted (the steadiest figure)")
     ap.add_argument("--hidden-dim", type=int, default=256)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})  # the servers started from here inherit it
     dataset, model = ensure_demo()
     meta = json.loads((Path(dataset) / "meta.json").read_text()) if (Path(dataset) / "meta.json").exists() else {}
     num_nodes = int(meta.get("num_nodes", 50_000))
     path = "/v2/models/hybridgnn/infer"
     wires = one_seed_wires(num_nodes, path)
-    report = {"machine": machine(), "requests": args.requests, "rounds": args.rounds, "chunk": args.chunk}
+    report = {"machine": machine(), "requests": args.requests, "rounds": args.rounds, "chunk": args.chunk,
+              "pinned_cpu": args.cpu}
     for mode in args.modes.split(","):
         runs = (in_turns if mode == "turns" else alone)(dataset, model, wires, args)
         median = {k: statistics.median(v) for k, v in runs.items()}
