@@ -200,7 +200,7 @@ class Connection(asyncio.Protocol):
         (431). A head is counted from the first slice after the one it began in, so what is
         held stays below 1.25 × max_header_bytes; many small requests in one read never add up."""
         limit = self.server.max_header_bytes
-        step = max(1, limit // 4)
+        step = self.server.head_step
         while data:
             if not self.in_head:
                 self.parser.feed_data(data)
@@ -315,20 +315,24 @@ class Connection(asyncio.Protocol):
 
     def _answer(self, msg: _Message) -> None:
         head_only = msg.method == "HEAD"
-        url = msg.url
-        if not url.startswith(b"/"):
-            try:
-                url = httptools.parse_url(url).path or b""  # absolute-form: http://host/path
-            except httptools.HttpParserInvalidURLError:
-                url = b""
+        server = self.server
+        found = server.routes.get((msg.method, msg.url))  # clients ask the same few targets
+        if found is None:
+            url = msg.url
             if not url.startswith(b"/"):
-                self._write(Reply.error(400, "the request target must be a path"), msg, head_only)
+                try:
+                    url = httptools.parse_url(url).path or b""  # absolute-form: http://host/path
+                except httptools.HttpParserInvalidURLError:
+                    url = b""
+                if not url.startswith(b"/"):
+                    self._write(Reply.error(400, "the request target must be a path"), msg, head_only)
+                    return
+            path = url.split(b"?", 1)[0].decode("latin-1")
+            found = server.api.route(msg.method, path)
+            if isinstance(found, Reply):
+                self._write(found, msg, head_only)
                 return
-        path = url.split(b"?", 1)[0].decode("latin-1")
-        found = self.server.api.route(msg.method, path)
-        if isinstance(found, Reply):
-            self._write(found, msg, head_only)
-            return
+            server.keep_route(msg.method, msg.url, found)
         endpoint, params = found
         body = msg.body[0] if len(msg.body) == 1 else b"".join(msg.body)
         try:
@@ -337,7 +341,7 @@ class Connection(asyncio.Protocol):
             # client's own earlier requests is not waiting for the server (HTTP/1.1 answers
             # in order), and admission must not refuse it for that on an idle server.
             waited = time.monotonic() - max(msg.received, self.free_since)
-            reply = endpoint(Request(params, msg.headers, body, waited, self.server.turns.over_target(waited)))
+            reply = endpoint(Request(params, msg.headers, body, waited, server.turns.over_target(waited)))
         except Exception:
             reply = self.server.api.internal_error(f"{msg.method} {path}")
         if isinstance(reply, Later) and reply.done():  # answered in the call (a lookup): no callback,

@@ -73,7 +73,9 @@ class Routes(Protocol):
     draining: bool  # the server is shutting down: every answer says Connection: close
 
     def route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
-        """The endpoint and route parameters for method+path, or the Reply (404, 405)."""
+        """The endpoint and route parameters for method+path, or the Reply (404, 405). The
+        server keeps a route found for a request target and asks only for new ones: the
+        answer for a method and path must not change (endpoints judge what they serve)."""
 
     def internal_error(self, where: str, exc: BaseException | None = None) -> Reply:
         """The answer to an exception that escaped an endpoint or the HTTP layer."""

@@ -20,6 +20,8 @@ from hybridgnn.serving.http.turns import Turns, standing_queue_limits
 
 log = logging.getLogger("hybridgnn.serving.http.protocol")
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+_ROUTES_KEPT = 1024
+_ROUTE_TARGET_KEPT = 256  # bytes
 _FD_RESERVE = 256  # descriptors kept free for files, the engine's pipes and the listener
 
 
@@ -60,6 +62,8 @@ class HttpServer:
         self.turns = Turns(answers_per_turn, *standing_queue_limits(queue_bound_s))
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
+        self.head_step = max(1, max_header_bytes // 4)  # a head is fed to llhttp in slices of this many bytes
+        self.routes: dict[tuple[str, bytes], tuple] = {}  # (method, request target) -> the API's route (keep_route)
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_connections = connection_limit(max_connections)
@@ -88,6 +92,14 @@ class HttpServer:
         if wire is None:
             wire = self._kept[key] = encode(reply, keep_alive, head_only)
         return wire
+
+    def keep_route(self, method: str, target: bytes, found: tuple) -> None:
+        """Keep the API's route for a request target (short ones: a client can make up any
+        number of them, so the table is emptied when full)."""
+        if len(target) <= _ROUTE_TARGET_KEPT:
+            if len(self.routes) >= _ROUTES_KEPT:
+                self.routes.clear()
+            self.routes[(method, target)] = found
 
     def head_parts(self, status: int, content_type: str) -> tuple[bytes, bytes]:
         """An answer's head around its Content-Length value: (status line, Content-Type and
