@@ -343,7 +343,7 @@ class Connection(asyncio.Protocol):
             waited = time.monotonic() - max(msg.received, self.free_since)
             reply = endpoint(Request(params, msg.headers, body, waited, server.turns.over_target(waited)))
         except Exception:
-            reply = self.server.api.internal_error(f"{msg.method} {path}")
+            reply = server.api.internal_error(f"{msg.method} {msg.url[:200].decode('latin-1')}")
         if isinstance(reply, Later) and reply.done():  # answered in the call (a lookup): no callback,
             reply = reply.result()  # so _advance's loop answers the next, without recursing
             if reply is ABORT:
