@@ -119,7 +119,6 @@ for s in $STAGES; do
             --policies "${POLICIES:-gpu,hybrid}" --profile "$PROFILE" --out "$OUTDIR/$s.json"
         ;;
     quiver)  # the 2-layer [15,10] SAGE of Quiver's products setting, in process, GPU only and hybrid
-        $PY -c "from bench.common import heavy_setup; print(heavy_setup(2))" > "$OUTDIR/quiver-model.log" 2>&1
         stage quiver 300 $PY bench/hybrid_policies.py --heavy --layers 2 --slo-ms 30 --trial-s 2.5 --start-rate 50 \
             --modes engine --policies gpu,hybrid --out "$OUTDIR/quiver.json"
         ;;

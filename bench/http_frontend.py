@@ -57,8 +57,9 @@ def lookup_bodies(num_nodes: int):
 def measure(dataset, model, rev: str | None, args) -> dict:
     extra = ("--frontends", str(args.frontends)) if args.frontends is not None else ()  # older revisions lack it
     srv = serve_revision(rev, dataset, model, "--worker-processes", *extra)
-    bodies = lookup_bodies(json.loads((Path(dataset) / "meta.json").read_text())["num_nodes"]) \
-        if args.mode == "precomputed" else None
+    meta = Path(dataset) / "meta.json"
+    num_nodes = json.loads(meta.read_text())["num_nodes"] if meta.exists() else 50_000  # the demo's
+    bodies = lookup_bodies(num_nodes) if args.mode == "precomputed" else None
 
     def load(duration_s: float):
         return run_async(run_load(srv.url, "hybridgnn", rate=args.rate, duration_s=duration_s,

@@ -51,7 +51,6 @@ from hybridgnn.serving.http.lookups import HttpLookups, infer_reply
 from hybridgnn.serving.http.reply import (
     ABORT,
     RETRY,
-    Endpoint,
     Refusals,
     Reply,
     Request,
@@ -65,7 +64,6 @@ from hybridgnn.serving.v2.types import Failure, internal_failure
 log = logging.getLogger("hybridgnn.frontend")
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _STATS_PERIOD_S = 1.0
-_ROUTES_KEPT = 1024
 _GONE = Reply.error(503, "the engine process is gone; retry (another replica can answer)", RETRY)
 
 
@@ -141,7 +139,6 @@ class FrontendApi:
         self.draining = bool(setup.get("draining"))
         self.refusals = Refusals()
         self.report = None  # () -> this process's STATS frame: sent before /metrics is forwarded
-        self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}
         self.local = _open_lookups(setup.get("lookups") or [], float(setup.get("queue_bound_s", 0.0)), link)
         link.on_flush = self.send_counts
 
@@ -151,18 +148,11 @@ class FrontendApi:
             self.local.send_counts()
 
     def route(self, method: str, path: str):
-        key = (method, path)
-        found = self._routes.get(key)
-        if found is None:
-            params = model_route(unquote(path) if "%" in path else path)
-            if method == "POST" and params is not None and params.pop("action", None) == "infer":
-                found = (self.infer, params)
-            else:
-                found = (functools.partial(self.forward, method, path), {})
-            if len(self._routes) >= _ROUTES_KEPT:  # paths a client makes up cannot grow it
-                self._routes.clear()
-            self._routes[key] = found
-        return found
+        """The endpoint for method+path (the HTTP server keeps it per request target)."""
+        params = model_route(unquote(path) if "%" in path else path)
+        if method == "POST" and params is not None and params.pop("action", None) == "infer":
+            return self.infer, params
+        return functools.partial(self.forward, method, path), {}
 
     def internal_error(self, where: str, exc: BaseException | None = None) -> Reply:
         return self.refusals.reply_of(internal_failure(exc if exc is not None else sys.exc_info()[1], where, log))

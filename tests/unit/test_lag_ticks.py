@@ -63,12 +63,35 @@ def test_lag_ticks_slow_down_when_idle_and_speed_up_at_the_next_admission(monkey
     asyncio.run(main())
 
 
-def test_stopped_lag_ticks_are_not_woken():
+def test_lag_ticks_stopped_while_idle_are_not_woken_and_standing_refusals_wake_them(monkeypatch):
+    monkeypatch.setattr(admitting, "LAG_TICK_S", 0.001)
+    monkeypatch.setattr(admitting, "LAG_IDLE_AFTER_TICKS", 5)
+    monkeypatch.setattr(admitting, "LAG_IDLE_TICK_S", 3600.0)
+
     async def main():
         engine = _Engine()
         engine.start_lag_ticks()
+        await _until(lambda: engine._lag_idle)
+        assert engine.shed_standing()  # a refusal for a standing queue is activity too
+        assert not engine._lag_idle
+        await _until(lambda: engine._lag_idle)
+        stopped = engine._lag_handle
         engine.stop_lag_ticks()
-        engine.admit("lookup", 1.0)
-        assert engine._lag_handle.cancelled()
+        engine.admit("lookup", 1.0)  # after stop: no tick is scheduled again
+        assert engine._lag_handle is stopped and stopped.cancelled()
 
     asyncio.run(main())
+
+
+def test_a_wake_after_the_loop_closed_does_nothing(monkeypatch):
+    monkeypatch.setattr(admitting, "LAG_IDLE_AFTER_TICKS", 0)
+    monkeypatch.setattr(admitting, "LAG_IDLE_TICK_S", 3600.0)
+    engine = _Engine()
+
+    async def main():
+        engine.start_lag_ticks()
+        assert engine._lag_idle  # no quiet ticks needed: idle from the first
+
+    asyncio.run(main())  # the loop closes with the engine never stopped
+    engine.admit("lookup", 1.0)
+    assert not engine._lag_idle

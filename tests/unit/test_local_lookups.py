@@ -461,3 +461,46 @@ def test_the_quick_lane_never_answers_otherwise_than_the_general_lane(http_looku
     assert general is not None
     assert (quick.status, quick.content_type, quick.headers, quick.body) == \
         (general.status, general.content_type, general.headers, general.body)
+
+
+def _synthetic_lookups(tmp_path, **spec) -> HttpLookups:
+    """HttpLookups over small stored rows written here (no engine): 10 nodes, 3 logits, 4
+    embedding columns (float16, as a compact store keeps them)."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "final.npy", rng.standard_normal((10, 3)).astype(np.float32))
+    np.save(tmp_path / "hidden.npy", rng.standard_normal((10, 4)).astype(np.float16))
+    base = {"model": "m", "version": "1", "final": str(tmp_path / "final.npy"), "hidden": str(tmp_path / "hidden.npy"),
+            "num_nodes": 10, "feature_dim": 5, "max_nodes": 1024, "default_outputs": None, "default_mode": "sampled"}
+    return HttpLookups([{**base, **spec}], 1.0, lambda taken: None)
+
+
+@pytest.mark.parametrize("spec", [{}, {"default_mode": "precomputed"}, {"default_outputs": ["predictions", "logits"]},
+                                  {"default_mode": "precomputed", "default_outputs": ["embeddings"]},
+                                  {"max_nodes": 3}])
+def test_the_quick_lane_follows_each_models_defaults_and_limits_as_the_general_lane_does(tmp_path, spec):
+    lookups = _synthetic_lookups(tmp_path, **spec)
+    tensor = {"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [4]}
+    bodies = [{"inputs": [tensor], "parameters": {"mode": "precomputed"}},
+              {"inputs": [tensor]}, {"inputs": [tensor], "parameters": {}},
+              {"inputs": [{**tensor, "shape": [4], "data": [1, 2, 3, 9]}], "parameters": {"mode": "precomputed"}},
+              {"inputs": [{**tensor, "parameters": {"binary_data_size": 0}}], "parameters": {"mode": "precomputed"}},
+              {"inputs": [tensor], "parameters": {"mode": "precomputed"}, "outputs": [{"name": "embeddings"}]}]
+    answered = []
+    for version in (None, "1", "2"):
+        for i, body in enumerate(bodies):
+            raw = json.dumps(body).encode()
+            quick = lookups.quick_reply(Request({}, {}, raw), "m", version)
+            try:
+                general = lookups.reply(*parse_infer(raw, None, "m", version))
+            except Exception:  # refused by the general way's parsing: the quick lane must not answer
+                general = None
+            if quick is None:
+                continue
+            answered.append((version, i))
+            assert general is not None, (spec, version, body)
+            assert (quick.status, quick.content_type, quick.headers, quick.body) == \
+                (general.status, general.content_type, general.headers, general.body), (spec, version, body)
+    assert {(None, 0), ("1", 0)} <= set(answered)  # the plain lookup, in every setting
+    if spec.get("default_mode") == "precomputed":  # and without naming the mode
+        assert {(None, 1), (None, 2)} <= set(answered)
+    assert not any(v == "2" for v, _ in answered)  # a version this server does not serve

@@ -88,6 +88,8 @@ class Admitting:
         def wake() -> None:
             self._lag_idle = False
             quiet[0] = 0
+            if loop.is_closed():  # an engine whose loop ended without stop(): nothing to tick on
+                return
             self._lag_handle.cancel()
             due = loop.time() + LAG_TICK_S
             self._lag_handle = loop.call_at(due, tick, due)
@@ -143,6 +145,9 @@ class Admitting:
         """Whether a request the front end found waiting past the target of a queue that
         stands there is refused (and counted so): yes unless the engine is starting or
         draining, whose own answer (503) applies then."""
+        self._admitted += 1
+        if self._lag_idle:
+            self._wake_lag_ticks()
         if self._started and not self.draining:
             self._admission.count_standing()
             return True

@@ -63,22 +63,30 @@ class HttpLookups:
         the general way (parse_infer, then reply()). Same bytes either way."""
         body = request.body
         if len(body) > QUICK_MAX_BODY or request.standing or request.waited_s > self.bound_s \
-                or _BINARY_HEADER in request.headers:
+                or _BINARY_HEADER in request.headers or not self.local.may_quick(body, model, version):
+            return None  # the general way parses it (once)
+        try:
+            header = quick_loads(body)
+        except Exception:  # not JSON (the general way says why), or past a parser's limits
             return None
         try:
-            found = self.local.quick(quick_loads(body), model, version)
-        except Exception:  # not JSON (the general way says why), or a fault: the general way answers
+            found = self.local.quick(header, model, version)
+        except Exception:  # a fault here (never a client's): the general way answers
+            self._fault("the quick lane")
             return None
         return self._answered(found, False)
+
+    def _fault(self, where: str) -> None:
+        if not self._failed:
+            self._failed = True
+            log.exception("a lookup failed in %s of the HTTP server; the engine answers it (logged once)", where)
 
     def reply(self, request: InferInput, binary: dict[str, bool] | bool) -> Reply | None:
         """The Reply to `request` if it is a lookup answered here, else None."""
         try:
             found = self.local.answer(request, self.bound_s)
         except Exception:  # a fault here (never a client's: those go to the engine): the engine answers
-            if not self._failed:
-                self._failed = True
-                log.exception("a lookup failed in the HTTP server; the engine answers it (logged once)")
+            self._fault("the lookups")
             return None
         return self._answered(found, binary)
 

@@ -236,7 +236,9 @@ class Connection(asyncio.Protocol):
         key = _FIELD_NAMES.get(name)
         if key is None:
             key = name.decode("latin-1").lower()
-            if len(_FIELD_NAMES) < _FIELD_NAMES_KEPT and len(name) <= 64:  # names a client makes up stay few
+            if len(name) <= 64:
+                if len(_FIELD_NAMES) >= _FIELD_NAMES_KEPT:  # names a client makes up cannot grow it
+                    _FIELD_NAMES.clear()
                 _FIELD_NAMES[name] = key
         msg = self.msg
         msg.head_size += len(name) + len(value) + 4
@@ -343,7 +345,7 @@ class Connection(asyncio.Protocol):
             waited = time.monotonic() - max(msg.received, self.free_since)
             reply = endpoint(Request(params, msg.headers, body, waited, server.turns.over_target(waited)))
         except Exception:
-            reply = server.api.internal_error(f"{msg.method} {msg.url[:200].decode('latin-1')}")
+            reply = server.api.internal_error(f"{msg.method} {msg.url.split(b'?', 1)[0][:200].decode('latin-1')}")
         if isinstance(reply, Later) and reply.done():  # answered in the call (a lookup): no callback,
             reply = reply.result()  # so _advance's loop answers the next, without recursing
             if reply is ABORT:

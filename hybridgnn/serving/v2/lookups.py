@@ -208,6 +208,13 @@ class LocalLookups:
         answer = InferAnswer(table.model, table.version, req.request_id, req.answer_outputs(rows))
         return answer, started, req.num_outputs
 
+    def may_quick(self, body: bytes, model: str, version: str | None) -> bool:
+        """Whether quick() may answer this body, judged before parsing it: a table serves
+        the model, and the body names mode precomputed or that is the default (a sampled
+        inference, the main load, is then parsed once, by the general way)."""
+        table = self._tables.get((model, version))
+        return table is not None and (table.default_mode == "precomputed" or b"precomputed" in body)
+
     def quick(self, header, model: str, version: str | None) -> tuple[InferAnswer, float, int] | None:
         """What answer() gives for the commonest lookup, from its parsed JSON body alone,
         without building the request's v2 objects: one INT64 node_ids input of at most
