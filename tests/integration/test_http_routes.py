@@ -1,7 +1,8 @@
 """The HTTP connection keeps the API's route per request target (serving/http/server.py
 keep_route): a target seen before is answered by the same endpoint without asking the API
 again, an endpoint that raises still gets a 500 on a kept route, and the table stays
-bounded whatever targets a client makes up. No sockets: a transport that records."""
+bounded whatever targets a client makes up. No sockets (a transport that records), but
+the HTTP connection itself, so it lives beside the protocol tests."""
 
 from __future__ import annotations
 
