@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hybridgnn.scheduler.admission import Admission, Lane
+import pytest
+
+from hybridgnn.scheduler.admission import Admission, Lane, LoopLag
 from hybridgnn.serving.core import admitting
 from hybridgnn.serving.core.admitting import Admitting
 
@@ -28,6 +30,20 @@ class _Engine(Admitting):
         self.cfg = _Cfg()
 
 
+class _CountedLag(LoopLag):
+    """A LoopLag that counts the ticks it is fed."""
+
+    __slots__ = ("ticks",)
+
+    def __init__(self):
+        super().__init__()
+        self.ticks = 0
+
+    def observe(self, late_s: float) -> None:
+        self.ticks += 1
+        super().observe(late_s)
+
+
 async def _until(condition, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -36,10 +52,15 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_lag_ticks_slow_down_when_idle_and_speed_up_at_the_next_admission(monkeypatch):
+@pytest.fixture
+def fast_ticks(monkeypatch):
+    """1 ms ticks, idle after 5 quiet ones, and an idle period no test outlasts."""
     monkeypatch.setattr(admitting, "LAG_TICK_S", 0.001)
     monkeypatch.setattr(admitting, "LAG_IDLE_AFTER_TICKS", 5)
     monkeypatch.setattr(admitting, "LAG_IDLE_TICK_S", 3600.0)
+
+
+def test_lag_ticks_slow_down_when_idle_and_speed_up_at_the_next_admission(fast_ticks):
 
     async def main():
         engine = _Engine()
@@ -50,7 +71,9 @@ def test_lag_ticks_slow_down_when_idle_and_speed_up_at_the_next_admission(monkey
             assert slow_due - asyncio.get_running_loop().time() > 60  # the idle period, not the fast one
             engine.admit("lookup", 1.0)  # a request: fast ticks at once, and none idle while it is in flight
             assert not engine._lag_idle and engine._lag_handle.when() < slow_due
-            await asyncio.sleep(0.03)  # 30 fast ticks with a request in flight
+            counted = _CountedLag()
+            engine._admission.loop_lag = counted
+            await _until(lambda: counted.ticks >= 30)  # far past 5 quiet ticks, with a request in flight
             assert not engine._lag_idle
             engine._admission.lanes["lookup"].remove(1.0)
             engine.release()
@@ -63,10 +86,7 @@ def test_lag_ticks_slow_down_when_idle_and_speed_up_at_the_next_admission(monkey
     asyncio.run(main())
 
 
-def test_lag_ticks_stopped_while_idle_are_not_woken_and_standing_refusals_wake_them(monkeypatch):
-    monkeypatch.setattr(admitting, "LAG_TICK_S", 0.001)
-    monkeypatch.setattr(admitting, "LAG_IDLE_AFTER_TICKS", 5)
-    monkeypatch.setattr(admitting, "LAG_IDLE_TICK_S", 3600.0)
+def test_lag_ticks_stopped_while_idle_are_not_woken_and_standing_refusals_wake_them(fast_ticks):
 
     async def main():
         engine = _Engine()

@@ -26,8 +26,6 @@ from hybridgnn.serving.v2.service import V2Service
 from hybridgnn.serving.v2.types import Failure, GraphUpdateInput, InferAnswer
 
 _HEADER_LENGTH = HEADER_LENGTH.lower()  # request headers reach endpoints with lower-case names
-_ROUTES_KEPT = 1024  # routes found that Api.route keeps (of paths up to _ROUTE_KEPT_CHARS)
-_ROUTE_KEPT_CHARS = 256
 # Methods each path shape accepts; GET endpoints also answer HEAD.
 _MODEL_ROUTES = {"": "GET", "ready": "GET", "infer": "POST", "graph": "POST", "config": "GET", "stats": "GET"}
 
@@ -41,7 +39,6 @@ class Api:
         self._refusals = Refusals()
         self.standing_target_s = standing_queue_limits(self.engine.queue_bound_s)[0]
         self.lookups = _lookups(service)  # answered by this process's HTTP server itself (http/lookups.py)
-        self._routes: dict[tuple[str, str], tuple[Endpoint, dict[str, str]]] = {}  # route()'s, kept
         s = service
         self._static = {
             "/v2/health/live": self._guarded(lambda r: Reply.json({"live": True}), "live"),
@@ -68,17 +65,9 @@ class Api:
 
     # --- routing ---------------------------------------------------------------------
     def route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
-        """The endpoint and route parameters for method+path, or a 404/405 Reply. Routes
-        found are kept (clients ask the same few paths; the parameters are only read)."""
-        key = (method, path)
-        found = self._routes.get(key)
-        if found is None:
-            found = self._route(method, path)
-            if not isinstance(found, Reply) and len(path) <= _ROUTE_KEPT_CHARS:
-                if len(self._routes) >= _ROUTES_KEPT:  # paths a client makes up cannot grow it
-                    self._routes.clear()
-                self._routes[key] = found
-        return found
+        """The endpoint and route parameters for method+path, or a 404/405 Reply (the HTTP
+        server keeps a route found per request target; the parameters are only read)."""
+        return self._route(method, path)
 
     def _route(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | Reply:
         if "%" in path:
