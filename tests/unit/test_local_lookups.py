@@ -496,6 +496,8 @@ def test_the_quick_lane_follows_each_models_defaults_and_limits_as_the_general_l
                 general = None
             if quick is None:
                 continue
+            again = lookups.quick_reply(Request({}, {}, raw), "m", version)  # from its kept form, if kept
+            assert again is not None and _same(again, quick), (spec, version, body)
             answered.append((version, i))
             assert general is not None, (spec, version, body)
             assert (quick.status, quick.content_type, quick.headers, quick.body) == \
@@ -504,3 +506,91 @@ def test_the_quick_lane_follows_each_models_defaults_and_limits_as_the_general_l
     if spec.get("default_mode") == "precomputed":  # and without naming the mode
         assert {(None, 1), (None, 2)} <= set(answered)
     assert not any(v == "2" for v, _ in answered)  # a version this server does not serve
+
+
+def _same(a: Reply, b: Reply) -> bool:
+    return (a.status, a.content_type, a.headers, a.body) == (b.status, b.content_type, b.headers, b.body)
+
+
+def test_a_kept_form_answers_any_ids_without_parsing_with_the_general_lanes_bytes(pe_cfg, monkeypatch):
+    """Once the quick lane answered a body, a body of the same form (its text but the ids)
+    is answered from the kept form, without parsing the JSON, with the bytes of the
+    general lane and of the engine: one or many ids, one or several outputs, repeated."""
+    from hybridgnn.serving.http import lookups as http_lookups_module
+
+    rng = np.random.default_rng(40)
+    kept = [b for b in QUICK if "id" not in json.loads(b)]
+
+    async def scenario(api, engine):
+        fe, _ = front_end(api)
+        local = fe.local
+        for body in kept:
+            assert local.quick_reply(Request({}, {}, body), "hybridgnn", None) is not None
+        with monkeypatch.context() as m:
+            m.setattr(http_lookups_module, "quick_loads", lambda data: pytest.fail("a kept form was parsed"))
+            out = []
+            for body in kept:
+                n = len(json.loads(body)["inputs"][0]["data"])
+                for _ in range(5):
+                    ids = rng.integers(0, 3000, size=n).tolist()
+                    tensor = json.loads(body)
+                    tensor["inputs"][0]["data"] = ids
+                    again = json.dumps(tensor).encode()
+                    out.append((again, local.quick_reply(Request({}, {}, again), "hybridgnn", None)))
+        for again, formed in out:
+            assert formed is not None, again[:120]
+            general = local.reply(*parse_infer(again, None, "hybridgnn", None))
+            assert _same(formed, general) and _same(formed, await engine_reply(api, again)), again[:160]
+        return len(out)
+
+    assert run_api(pe_cfg, scenario) == 5 * len(kept)
+
+
+def test_bodies_whose_ids_cannot_be_read_from_their_text_keep_no_form(http_lookups):
+    """A form is kept only where the ids the text shows are the input's data: not with a
+    request id (each client's own), not where the key is escaped, not with a second
+    `"data"` in the body (the last is the one parsed); the others are still answered, by
+    the quick lane."""
+    tensor = '{"name": "node_ids", "shape": [1], "datatype": "INT64", %s: [5]}'
+    bodies = [
+        infer_body([5], parameters={"mode": "precomputed"}, id="a"),
+        ('{"inputs": [%s], "parameters": {"mode": "precomputed"}}' % (tensor % '"d\\u0061ta"')).encode(),
+    ]
+    http_lookups._forms.clear()
+    for body in bodies:
+        assert http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None) is not None, body
+    assert not http_lookups._forms
+    data_twice = ('{"inputs": [%s], "parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}]}'
+                  % (tensor % '"data": [6], "data"')).encode()  # the last "data" is the one parsed
+    answered = http_lookups.quick_reply(Request({}, {}, data_twice), "hybridgnn", None)
+    assert answered is None or not http_lookups._forms
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet="0123456789 ,\n\t-+.eE[]\"x", max_size=24))
+def test_a_kept_form_with_any_ids_text_answers_as_the_general_lane_or_leaves_it(http_lookups, text):
+    """Property: a body of a kept form with anything in place of its ids (bad numbers,
+    leading zeros, too many or too few, out of range, not numbers) is answered with the
+    general lane's bytes, or left to it (None)."""
+    for n in (1, 3):
+        template = infer_body(list(range(n)), parameters={"mode": "precomputed"}, outputs=[{"name": "logits"}])
+        assert http_lookups.quick_reply(Request({}, {}, template), "hybridgnn", None) is not None
+        start = template.index(b'"data": [') + len(b'"data": [')
+        end = template.index(b"]", start)
+        body = template[:start] + text.encode() + template[end:]
+        formed = http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None)
+        if formed is None:
+            continue
+        general = http_lookups.reply(*parse_infer(body, None, "hybridgnn", None))
+        assert general is not None and _same(formed, general), body
+
+
+def test_kept_forms_are_bounded(http_lookups, monkeypatch):
+    from hybridgnn.serving.http import lookups as http_lookups_module
+
+    monkeypatch.setattr(http_lookups_module, "FORMS_KEPT", 4)
+    http_lookups._forms.clear()
+    for spaces in range(10):  # the same lookup in ten forms
+        body = infer_body([1], parameters={"mode": "precomputed"}).replace(b"{", b"{" + b" " * spaces, 1)
+        assert http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None) is not None
+        assert len(http_lookups._forms) <= 4

@@ -148,27 +148,64 @@ def _dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def encode_infer_response(answer: InferAnswer, binary: dict[str, bool] | bool) -> tuple[bytes, dict[str, str]]:
-    """(body, headers) of a 200 answer. binary: per output name, or for all; binary outputs
-    follow the JSON header in output order."""
-    entries, blobs = [], []
-    for name, arr in answer.outputs:
-        as_is = SENT_AS_IS.get(arr.dtype)  # inline: called for every output of every answer
-        datatype = as_is or datatype_of(arr)
-        entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
-        if binary if type(binary) is bool else binary.get(name, False):
-            raw = arr.tobytes() if as_is else raw_tensor(arr, datatype)  # tobytes: C order, whatever the strides
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            entry["data"] = arr.reshape(-1).tolist()
-        entries.append(entry)
+def _output_entry(name: str, arr, binary: bool, data=None) -> tuple[dict, bytes | None]:
+    """An output's entry in the answer's JSON header (with `data` in place of the values if
+    given), and its raw bytes when sent binary."""
+    as_is = SENT_AS_IS.get(arr.dtype)  # inline: called for every output of every answer
+    datatype = as_is or datatype_of(arr)
+    entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+    if binary:
+        raw = arr.tobytes() if as_is else raw_tensor(arr, datatype)  # tobytes: C order, whatever the strides
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        return entry, raw
+    entry["data"] = arr.reshape(-1).tolist() if data is None else data
+    return entry, None
+
+
+def _answer_header(answer: InferAnswer, entries: list[dict]) -> dict:
     header = {"model_name": answer.model, "outputs": entries}
     if answer.version is not None:
         header["model_version"] = answer.version
     if answer.id is not None:
         header["id"] = answer.id
-    head = _dumps(header)
+    return header
+
+
+def encode_infer_response(answer: InferAnswer, binary: dict[str, bool] | bool) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of a 200 answer. binary: per output name, or for all; binary outputs
+    follow the JSON header in output order."""
+    entries, blobs = [], []
+    for name, arr in answer.outputs:
+        entry, raw = _output_entry(name, arr, binary if type(binary) is bool else binary.get(name, False))
+        entries.append(entry)
+        if raw is not None:
+            blobs.append(raw)
+    head = _dumps(_answer_header(answer, entries))
     if not blobs:
         return head, {"Content-Type": "application/json"}
     return head + b"".join(blobs), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
+
+
+def json_data(arr) -> bytes:
+    """An output's `data` as a JSON answer writes it."""
+    return _dumps(arr.reshape(-1).tolist())
+
+
+def json_answer_parts(answer: InferAnswer) -> list[bytes] | None:
+    """The JSON body of `answer` around its outputs' data: parts[0], json_data(output 0),
+    parts[1], ... parts[k] joined are encode_infer_response(answer, False)'s body, and so is
+    the same with other outputs of the same names, shapes and datatypes. None when the
+    parts cannot be told apart (a name holds the marker)."""
+    entries, marks = [], []
+    for i, (name, arr) in enumerate(answer.outputs):
+        mark = f"\x00hybridgnn-data-{i}\x00"
+        entries.append(_output_entry(name, arr, False, mark)[0])
+        marks.append(_dumps(mark))
+    head = _dumps(_answer_header(answer, entries))
+    parts = []
+    for mark in marks:
+        if head.count(mark) != 1:
+            return None
+        part, head = head.split(mark)
+        parts.append(part)
+    return [*parts, head]

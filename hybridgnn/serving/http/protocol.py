@@ -1,6 +1,6 @@
 """The HTTP/1.1 connection: one asyncio protocol per connection on uvloop (server.py
-listens and keeps them), requests parsed by llhttp (httptools), answers from
-serving/http/api.py.
+listens and keeps them), requests parsed by llhttp (httptools), or by whole.py when one
+read holds exactly one plain request, answers from serving/http/api.py.
 
 Why its own server: at one seed per request the front end, not the model, bounds a
 batching server on a few cores. Here a request costs the parser's callbacks and one
@@ -43,14 +43,13 @@ import httptools
 
 from hybridgnn.serving.core.eager import Later, when_done
 from hybridgnn.serving.http.reply import ABORT, Reply, Request
+from hybridgnn.serving.http.whole import field_name
 
 log = logging.getLogger(__name__)
 
 _KEEP_ALIVE = b"Connection: keep-alive\r\n\r\n"
 _CLOSE = b"Connection: close\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_FIELD_NAMES: dict[bytes, str] = {}  # header field names as sent -> lower-case text (on_header's, kept)
-_FIELD_NAMES_KEPT = 512
 _LINGER_QUIET_S = 1.0  # lingering after a refusal ends after this long without input
 _LINGER_MAX_S = 2.0  # ... or this long after it began, however the client trickles
 
@@ -88,7 +87,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
                  "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn",
-                 "free_since")
+                 "free_since", "upgraded")
 
     def __init__(self, server):
         self.server = server
@@ -113,6 +112,7 @@ class Connection(asyncio.Protocol):
         self.free_since = 0.0  # when the last answer went out (monotonic): a pipelined request waits from then
         self.idle_since = time.monotonic()
         self.continue_owed = False
+        self.upgraded = False  # llhttp stopped at an Upgrade: nothing after it is read
         self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
         self.last_data = 0.0
 
@@ -158,6 +158,14 @@ class Connection(asyncio.Protocol):
             return  # dropped: the client is still sending what was refused
         if self.fatal is not None:
             return  # the rest of the stream is not parsed once a request was refused
+        if self.msg is None and not (self.queue or self.busy or self.upgraded):
+            msg = self._whole(data)  # a client that waits for each answer: one whole request
+            if msg is not None:
+                self.queue.append(msg)
+                if self.server.max_pipelined <= 1:
+                    self._pause_reading()  # as on_message_complete does at max_pipelined
+                self._take_or_wait()
+                return
         try:
             self._feed(data)
         except _Reject as exc:  # raised here, not from a callback (those come wrapped)
@@ -174,9 +182,24 @@ class Connection(asyncio.Protocol):
             # as plain HTTP, then close, since llhttp parses no further on this connection.
             if self.queue:
                 self.queue[-1].keep_alive = False
+            self.upgraded = True  # llhttp parses nothing more on this connection
             self._pause_reading()
         except httptools.HttpParserError as exc:
             self._refuse(400, f"malformed HTTP request: {str(exc)[:120] or type(exc).__name__}")
+        self._take_or_wait()
+
+    def _whole(self, data: bytes) -> _Message | None:
+        """The request `data` holds whole, parsed without llhttp (whole.py says when), or None."""
+        found = self.server.whole.parse(data)
+        if found is None:
+            return None
+        msg = _Message(time.monotonic())
+        msg.method, msg.url, msg.headers, body = found
+        msg.body = [body]
+        return msg
+
+    def _take_or_wait(self) -> None:
+        """Answer what is queued now, or in a later turn if this one's share is spent."""
         if self.waiting_turn:
             return
         if self.queue and not (self.busy or self.write_paused) and not self.server.turns.take():
@@ -233,13 +256,7 @@ class Connection(asyncio.Protocol):
         self.msg.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = _FIELD_NAMES.get(name)
-        if key is None:
-            key = name.decode("latin-1").lower()
-            if len(name) <= 64:
-                if len(_FIELD_NAMES) >= _FIELD_NAMES_KEPT:  # names a client makes up cannot grow it
-                    _FIELD_NAMES.clear()
-                _FIELD_NAMES[name] = key
+        key = field_name(name)
         msg = self.msg
         msg.head_size += len(name) + len(value) + 4
         headers = msg.headers

@@ -50,7 +50,8 @@ class Request:
     (from its first byte read, or from the answer before it on a pipelining connection if
     that came later, to its endpoint running), which admission counts, and
     whether it waited past the target of a queue that stands (then an inference is
-    refused; other endpoints answer)."""
+    refused; other endpoints answer). Endpoints only read params and headers: requests to
+    one target share their params, and requests with one head their headers."""
 
     __slots__ = ("params", "headers", "body", "waited_s", "standing")
 

@@ -17,6 +17,7 @@ from http import HTTPStatus
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.reply import RETRY, Reply, Routes
 from hybridgnn.serving.http.turns import Turns, standing_queue_limits
+from hybridgnn.serving.http.whole import WholeRequests
 
 log = logging.getLogger("hybridgnn.serving.http.protocol")
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
@@ -63,6 +64,7 @@ class HttpServer:
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.head_step = max(1, max_header_bytes // 4)  # a head is fed to llhttp in slices of this many bytes
+        self.whole = WholeRequests(max_header_bytes, max_body_bytes)  # one whole request in a read, parsed at once
         self.routes: dict[tuple[str, bytes], tuple] = {}  # (method, request target) -> the API's route (keep_route)
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s

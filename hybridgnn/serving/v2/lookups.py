@@ -107,6 +107,12 @@ class _Table:
         self._final = np.asarray(self.final)
         self._hidden = np.asarray(self.hidden) if self.hidden is not None else None
 
+    def stored(self, name: str) -> np.ndarray | None:
+        """The rows whose row i is output `name` of node i as row() answers it, read as they
+        are stored (float32 logits or embeddings), or None where row() converts or computes."""
+        rows = {"logits": self._final, "embeddings": self._hidden}.get(name)
+        return rows if rows is not None and rows.dtype == np.float32 else None
+
     def rows(self, node_ids: np.ndarray, with_embeddings: bool) -> _Rows:
         logits = np.asarray(self._final[node_ids], dtype=np.float32)
         if with_embeddings:
@@ -208,6 +214,10 @@ class LocalLookups:
         answer = InferAnswer(table.model, table.version, req.request_id, req.answer_outputs(rows))
         return answer, started, req.num_outputs
 
+    def table(self, model: str, version: str | None) -> _Table | None:
+        """The stored rows that answer a model (and version, None: the one served), if any."""
+        return self._tables.get((model, version))
+
     def may_quick(self, body: bytes, model: str, version: str | None) -> bool:
         """Whether quick() may answer this body, judged before parsing it: a table serves
         the model, and the body names mode precomputed or that is the default (a sampled
@@ -273,9 +283,3 @@ class LocalLookups:
                                                                              with_embeddings)
         answer = InferAnswer(table.model, table.version, rid, [(name, getattr(rows, name)) for name in outputs])
         return answer, started, n
-
-    def count(self, answer: InferAnswer, started: float, encoding: float, rows: int) -> None:
-        """Count an answer made here once it is encoded (encoding: perf_counter when its
-        encoding began)."""
-        done = time.perf_counter()
-        self.counted.add(answer.model, answer.version, done - started, done - encoding, rows)

@@ -1,0 +1,128 @@
+"""A connection that reads one whole plain request at a time parses it without llhttp's
+callbacks (serving/http/whole.py): whatever a client sends, in whatever pieces, the
+connection answers exactly as it does when llhttp parses everything. No sockets (a
+transport that records), but the HTTP connection itself, so it lives beside the protocol
+tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridgnn.serving.http.protocol import Connection
+from hybridgnn.serving.http.reply import Reply
+from hybridgnn.serving.http.server import HttpServer
+
+
+class _Transport:
+    def __init__(self):
+        self.out: list[bytes] = []
+        self.closed = False
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.out.append(b"<FIN>")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _EchoApi:
+    """Answers every request with what the endpoint read of it."""
+
+    draining = False
+
+    def route(self, method: str, path: str):
+        if path.startswith("/nope"):
+            return Reply.error(404, f"no route for {path}")
+        return (lambda request: Reply.json({"method": method, "path": path, "params": request.params,
+                                            "headers": request.headers, "body": request.body.decode("latin-1")})), {}
+
+    def internal_error(self, where: str, exc=None) -> Reply:
+        return Reply.error(500, f"internal error in {where}")
+
+
+_DATE = re.compile(rb"\r\nDate: [^\r]*")
+
+
+def serve(reads: list[bytes], whole: bool, max_pipelined: int = 8) -> tuple[bytes, bool, bool]:
+    """(everything written, with Date lines blanked; closed; lingering) after `reads`."""
+    async def main():
+        server = HttpServer(_EchoApi(), max_body_bytes=64, max_header_bytes=512, answers_per_turn=1 << 20,
+                            max_pipelined=max_pipelined)
+        if not whole:
+            server.whole.parse = lambda data: None
+        conn, transport = Connection(server), _Transport()
+        conn.connection_made(transport)
+        for data in reads:
+            conn.data_received(data)
+        return _DATE.sub(b"\r\nDate: -", b"".join(transport.out)), transport.closed, bool(conn.lingering)
+
+    return asyncio.run(main())
+
+
+def request(method="POST", target="/infer", version="HTTP/1.1", fields=("Host: a",), body=b"", length="right"):
+    lines = [f"{method} {target} {version}", *fields]
+    if length == "right" and (body or method == "POST"):
+        lines.append(f"Content-Length: {len(body)}")
+    elif length not in ("right", "none"):
+        lines.append(f"Content-Length: {length}")
+    return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body
+
+
+def test_plain_requests_one_per_read_are_answered_as_llhttp_parses_them():
+    reads = [request(body=b'{"a": 1}'), request(fields=("Host: a", "X-Id: 7", "Connection: keep-alive")),
+             request("GET", "/x?y=1", body=b""), request(target="/nope"), request(body=b"abc")]
+    assert serve(reads, True) == serve(reads, False)
+    out = serve(reads, True)[0]
+    assert out.count(b"HTTP/1.1 200 OK") == 4 and out.count(b"404 Not Found") == 1
+    assert json.loads(out.split(b"\r\n\r\n")[1].split(b"HTTP/1.1")[0])["headers"] == {
+        "host": "a", "content-length": "8"}
+
+
+_FIELDS = st.lists(st.sampled_from(["Host: a", "Host: b", "X-Id: 1", "Content-Type: application/json",
+                                    "Connection: close", "Connection: keep-alive", "Transfer-Encoding: chunked",
+                                    "Expect: 100-continue", "Upgrade: h2c", "X: \x01", "X: caf\xe9",
+                                    "Content-Length: 2", "X-Long: " + "v" * 600]), max_size=4)
+
+
+@st.composite
+def requests(draw) -> bytes:
+    body = draw(st.binary(max_size=80))
+    return request(method=draw(st.sampled_from(["POST"] * 6 + ["GET", "HEAD", "PUT"])),
+                   target=draw(st.sampled_from(["/infer", "/infer", "/x?y=1", "/nope", "/a%20b", "*"])),
+                   version=draw(st.sampled_from(["HTTP/1.1"] * 6 + ["HTTP/1.0", "HTTP/2.0"])),
+                   fields=["Host: a", *draw(_FIELDS)] if draw(st.integers(0, 9)) else draw(_FIELDS),
+                   body=body, length=draw(st.sampled_from(["right"] * 6 + ["none", "0", "100", "x"])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=st.lists(requests(), min_size=1, max_size=5), each=st.booleans(),
+       cuts=st.lists(st.integers(0, 400), max_size=4), pipelined=st.sampled_from([1, 8]))
+def test_any_stream_in_any_pieces_is_answered_as_when_llhttp_parses_it_all(stream, each, cuts, pipelined):
+    """Property: requests good and bad, one per read (as a client that waits for each answer
+    sends them) or cut anywhere (partial, pipelined), get the same bytes, the same close and
+    the same lingering as with llhttp alone."""
+    if each:
+        reads = stream
+    else:
+        data = b"".join(stream)
+        points = sorted({min(c, len(data)) for c in cuts})
+        reads = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True) if data[a:b]]
+    assert serve(reads, True, pipelined) == serve(reads, False, pipelined)
