@@ -33,7 +33,7 @@ sleeping core is woken (on this VM the turns' ratios then agree within a few per
 from round to round, where unpinned runs differ by 1.5x between runs).
 
     .venv/bin/python bench/frontend_cpu.py [--requests 5000] [--rounds 3] [--chunk 1000] [--modes turns,alone]
-    .venv/bin/python bench/frontend_cpu.py --modes turns --cpu 1
+    .venv/bin/python bench/frontend_cpu.py --modes turns --cpu 1 [--varied] [--no-wide] [--baseline-rev REV]
 """
 
 from __future__ import annotations
@@ -173,12 +173,18 @@ class EchoServer:
         stop_process(self.proc)
 
 
-def one_seed_wires(num_nodes: int, path: str) -> list[bytes]:
+def one_seed_wires(num_nodes: int, path: str, varied: bool = False) -> list[bytes]:
+    """One-seed lookups as a client sends them: the same body but the id, the same head but
+    Content-Length. varied: each request also names its own request id, in a header and in
+    the body, as a tracing client does (4,096 distinct requests, so the server keeps none of
+    their heads or bodies' forms)."""
     rng = np.random.default_rng(0)
+    count = 4096 if varied else 256
     return [http_request(path, json.dumps({
-        "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [int(i)]}],
-        "parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}]}).encode())
-        for i in rng.integers(0, num_nodes, 256)]
+        "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [int(node)]}],
+        "parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}],
+        **({"id": f"r{k}"} if varied else {})}).encode(), {"X-Request-Id": f"r{k}"} if varied else None)
+        for k, node in enumerate(rng.integers(0, num_nodes, count))]
 
 
 def wide_wires(num_nodes: int, path: str, binary: bool, seeds: int = 64) -> list[bytes]:
@@ -220,6 +226,10 @@ def in_turns(dataset, model, wires, args) -> dict[str, list[float]]:
     try:
         for n in (1, 2):
             servers[f"frontends {n}"] = serve_revision(None, dataset, model, "--frontends", str(n))
+        if args.baseline_rev:  # the same server from another revision, beside this one
+            runs[f"frontends 1 at {args.baseline_rev}"] = []
+            servers[f"frontends 1 at {args.baseline_rev}"] = serve_revision(args.baseline_rev, dataset, model,
+                                                                            "--frontends", "1")
         endpoints = {"echo": (echo.proc.pid, echo.port), WORKED: (worked.proc.pid, worked.port),
                      "protocol only": (protocol.proc.pid, protocol.port),
                      **{k: (v.pid, v.port) for k, v in servers.items()}}
@@ -264,7 +274,12 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=None,
                     help="pin this bench and every server it starts to this one core: no core sleeps while "
                          "another works, so no wake-up of a sleeping core is counted (the steadiest figure)")
+    ap.add_argument("--varied", action="store_true",
+                    help="one-seed requests that each name their own request id (header and body), as a tracing "
+                         "client sends them: nothing of them repeats for the server to keep")
     ap.add_argument("--hidden-dim", type=int, default=256)
+    ap.add_argument("--baseline-rev", help="in turns, also `--frontends 1` from this git revision")
+    ap.add_argument("--no-wide", dest="wide", action="store_false", help="skip the 64-seed JSON / binary figure")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.cpu is not None:
@@ -273,9 +288,9 @@ def main() -> None:
     meta = json.loads((Path(dataset) / "meta.json").read_text()) if (Path(dataset) / "meta.json").exists() else {}
     num_nodes = int(meta.get("num_nodes", 50_000))
     path = "/v2/models/hybridgnn/infer"
-    wires = one_seed_wires(num_nodes, path)
+    wires = one_seed_wires(num_nodes, path, args.varied)
     report = {"machine": machine(), "requests": args.requests, "rounds": args.rounds, "chunk": args.chunk,
-              "pinned_cpu": args.cpu}
+              "pinned_cpu": args.cpu, "varied": args.varied}
     for mode in args.modes.split(","):
         runs = (in_turns if mode == "turns" else alone)(dataset, model, wires, args)
         median = {k: statistics.median(v) for k, v in runs.items()}
@@ -285,6 +300,17 @@ def main() -> None:
                         "server_over_echo": {k: round(statistics.median(v), 2) for k, v in per_round.items()},
                         "server_over_echo_per_round": {k: [round(x, 2) for x in v] for k, v in per_round.items()},
                         "rounds_cpu_us": {k: [round(x, 1) for x in v] for k, v in runs.items()}}
+        base = f"frontends 1 at {args.baseline_rev}"
+        if base in runs:
+            report[mode]["baseline_over_frontends_1"] = round(statistics.median(
+                b / f for b, f in zip(runs[base], runs["frontends 1"], strict=True)), 2)
+    if args.wide:
+        report["wide"] = wide_figure(dataset, num_nodes, path, args)
+    emit_report(report, args.out)
+
+
+def wide_figure(dataset, num_nodes: int, path: str, args) -> dict:
+    """Bytes and server CPU per 64-seed request of embeddings, JSON against binary."""
     wide = wide_model(Path(dataset), args.hidden_dim)
     srv = serve_revision(None, dataset, wide)
     try:
@@ -296,11 +322,10 @@ def main() -> None:
             sizes[kind] = sum(len(w) for w in ws) // len(ws) + samples[0][1]
     finally:
         srv.stop()
-    report["wide"] = {"seeds": 64, "embedding_dim": args.hidden_dim, "bytes_per_request": sizes,
-                      "cpu_us_per_request": {k: round(v, 1) for k, v in cpu.items()},
-                      "json_over_binary": {"bytes": round(sizes["json"] / sizes["binary"], 2),
-                                           "cpu": round(cpu["json"] / cpu["binary"], 2)}}
-    emit_report(report, args.out)
+    return {"seeds": 64, "embedding_dim": args.hidden_dim, "bytes_per_request": sizes,
+            "cpu_us_per_request": {k: round(v, 1) for k, v in cpu.items()},
+            "json_over_binary": {"bytes": round(sizes["json"] / sizes["binary"], 2),
+                                 "cpu": round(cpu["json"] / cpu["binary"], 2)}}
 
 
 if __name__ == "__main__":
