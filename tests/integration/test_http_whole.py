@@ -58,6 +58,11 @@ class _EchoApi:
         return Reply.error(500, f"internal error in {where}")
 
 
+class _SeenAll(set):
+    def __contains__(self, head) -> bool:
+        return True
+
+
 _DATE = re.compile(rb"\r\nDate: [^\r]*")
 
 
@@ -66,7 +71,9 @@ def serve(reads: list[bytes], whole: bool, max_pipelined: int = 8) -> tuple[byte
     async def main():
         server = HttpServer(_EchoApi(), max_body_bytes=64, max_header_bytes=512, answers_per_turn=1 << 20,
                             max_pipelined=max_pipelined)
-        if not whole:
+        if whole:
+            server.whole._seen = _SeenAll()  # every head is parsed here from its first time
+        else:
             server.whole.parse = lambda data: None
         conn, transport = Connection(server), _Transport()
         conn.connection_made(transport)
@@ -126,3 +133,24 @@ def test_any_stream_in_any_pieces_is_answered_as_when_llhttp_parses_it_all(strea
         points = sorted({min(c, len(data)) for c in cuts})
         reads = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True) if data[a:b]]
     assert serve(reads, True, pipelined) == serve(reads, False, pipelined)
+
+
+def test_a_client_whose_heads_never_repeat_is_left_to_llhttp_between_tries():
+    """After WHOLE_MISSES reads in a row that whole.py could not take, a connection feeds
+    the next WHOLE_REST to llhttp without asking it; every request is still answered."""
+    from hybridgnn.serving.http import protocol
+
+    async def main():
+        server = HttpServer(_EchoApi(), max_body_bytes=64, answers_per_turn=1 << 20)
+        asked = []
+        parse = server.whole.parse
+        server.whole.parse = lambda data: asked.append(1) or parse(data)
+        conn, transport = Connection(server), _Transport()
+        conn.connection_made(transport)
+        reads = protocol.WHOLE_MISSES + protocol.WHOLE_REST + 1
+        for i in range(reads):
+            conn.data_received(request(fields=("Host: a", f"X-Request-Id: {i}"), body=b"{}"))
+        return len(asked), b"".join(transport.out).count(b"HTTP/1.1 200 OK"), reads
+
+    asked, answered, reads = asyncio.run(main())
+    assert answered == reads and asked == protocol.WHOLE_MISSES + 1

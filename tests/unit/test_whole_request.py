@@ -161,24 +161,34 @@ def test_what_it_parses_llhttp_parses_the_same_way(method, target, version, host
     assert parser.get_http_version() == "1.1" and parser.should_keep_alive(), data
 
 
-def test_kept_heads_are_not_parsed_again_and_stay_bounded(monkeypatch):
+def test_a_head_is_parsed_here_from_its_second_time_then_kept_and_all_stays_bounded(monkeypatch):
     requests = WholeRequests(65536, 1 << 20)
+    expected = parse(request())
     calls = []
-    real = whole.whole_request
-    monkeypatch.setattr(whole, "whole_request", lambda *a: calls.append(1) or real(*a))
+    real = whole.plain_head
+    monkeypatch.setattr(whole, "plain_head", lambda *a: calls.append(1) or real(*a))
+    assert requests.parse(request()) is None and not calls  # seen once: llhttp's
     first = requests.parse(request())
     again = requests.parse(request())
-    assert first == again and len(calls) == 1
+    assert first == again == expected and len(calls) == 1
     assert again[2] is first[2]  # one dict of fields per kept head: endpoints only read them
     other = request(body=BODY.replace(b"7", b"8"))  # same head, same length
     assert requests.parse(other)[3] == BODY.replace(b"7", b"8") and len(calls) == 1
     assert requests.parse(request() + b"x") is None  # a kept head, a body longer than its length
     assert requests.parse(request()[:-1]) is None
-    assert requests.parse(request(fields=["Host: a", "Connection: close"])) is None
-    assert requests.parse(request(fields=["Host: a", "Connection: close"])) is None and len(calls) == 3
+    closing = request(fields=["Host: a", "Connection: close"])
+    assert [requests.parse(closing) for _ in range(4)] == [None] * 4 and len(calls) == 2  # kept as llhttp's
     monkeypatch.setattr(whole, "HEADS_KEPT", 4)
-    for i in range(20):
-        assert requests.parse(request(fields=[f"Host: {i}"])) is not None
-        assert len(requests._kept) <= 4
+    monkeypatch.setattr(whole, "HEADS_SEEN", 8)
+    for i in range(40):
+        fresh = request(fields=[f"Host: {i}"])
+        assert requests.parse(fresh) is None and requests.parse(fresh) is not None
+        assert len(requests._kept) <= 4 and len(requests._seen) <= 8
+    for i in range(40):  # heads that never repeat: each is llhttp's, and nothing grows
+        assert requests.parse(request(fields=[f"Host: {i}", f"X-Request-Id: {i}"])) is None
+        assert len(requests._seen) <= 8
     tight = WholeRequests(65536, len(BODY) - 1)  # the limits are the server's own
-    assert tight.parse(request()) is None
+    assert [tight.parse(request()) for _ in range(3)] == [None] * 3
+    long_head = request(fields=["Host: a", "X: " + "v" * whole.HEAD_KEPT_BYTES])
+    assert parse(long_head) is not None
+    assert [requests.parse(long_head) for _ in range(3)] == [None] * 3  # a long head is always llhttp's

@@ -43,13 +43,15 @@ import httptools
 
 from hybridgnn.serving.core.eager import Later, when_done
 from hybridgnn.serving.http.reply import ABORT, Reply, Request
-from hybridgnn.serving.http.whole import field_name
+from hybridgnn.serving.http.whole import FIELD_NAMES, field_name
 
 log = logging.getLogger(__name__)
 
 _KEEP_ALIVE = b"Connection: keep-alive\r\n\r\n"
 _CLOSE = b"Connection: close\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+WHOLE_MISSES = 8  # reads in a row whole.py could not take, after which ...
+WHOLE_REST = 64  # ... this many go straight to llhttp
 _LINGER_QUIET_S = 1.0  # lingering after a refusal ends after this long without input
 _LINGER_MAX_S = 2.0  # ... or this long after it began, however the client trickles
 
@@ -87,7 +89,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
                  "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn",
-                 "free_since", "upgraded")
+                 "free_since", "upgraded", "whole_misses", "whole_rest")
 
     def __init__(self, server):
         self.server = server
@@ -113,6 +115,8 @@ class Connection(asyncio.Protocol):
         self.idle_since = time.monotonic()
         self.continue_owed = False
         self.upgraded = False  # llhttp stopped at an Upgrade: nothing after it is read
+        self.whole_misses = 0  # reads in a row whole.py could not take
+        self.whole_rest = 0  # reads left that go to llhttp without asking whole.py
         self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
         self.last_data = 0.0
 
@@ -159,13 +163,16 @@ class Connection(asyncio.Protocol):
         if self.fatal is not None:
             return  # the rest of the stream is not parsed once a request was refused
         if self.msg is None and not (self.queue or self.busy or self.upgraded):
-            msg = self._whole(data)  # a client that waits for each answer: one whole request
-            if msg is not None:
-                self.queue.append(msg)
-                if self.server.max_pipelined <= 1:
-                    self._pause_reading()  # as on_message_complete does at max_pipelined
-                self._take_or_wait()
-                return
+            if self.whole_rest:  # whole.py missed WHOLE_MISSES reads in a row: llhttp's for a while
+                self.whole_rest -= 1
+            else:
+                msg = self._whole(data)  # a client that waits for each answer: one whole request
+                if msg is not None:
+                    self.queue.append(msg)
+                    if self.server.max_pipelined <= 1:
+                        self._pause_reading()  # as on_message_complete does at max_pipelined
+                    self._take_or_wait()
+                    return
         try:
             self._feed(data)
         except _Reject as exc:  # raised here, not from a callback (those come wrapped)
@@ -189,10 +196,18 @@ class Connection(asyncio.Protocol):
         self._take_or_wait()
 
     def _whole(self, data: bytes) -> _Message | None:
-        """The request `data` holds whole, parsed without llhttp (whole.py says when), or None."""
+        """The request `data` holds whole, parsed without llhttp (whole.py says when), or None.
+        After WHOLE_MISSES reads in a row it could not take (a client whose heads never
+        repeat), the next WHOLE_REST reads go to llhttp without asking, so such a client
+        costs llhttp's parse alone."""
         found = self.server.whole.parse(data)
         if found is None:
+            self.whole_misses += 1
+            if self.whole_misses >= WHOLE_MISSES:
+                self.whole_misses = 0
+                self.whole_rest = WHOLE_REST
             return None
+        self.whole_misses = 0
         msg = _Message(time.monotonic())
         msg.method, msg.url, msg.headers, body = found
         msg.body = [body]
@@ -256,7 +271,7 @@ class Connection(asyncio.Protocol):
         self.msg.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = field_name(name)
+        key = FIELD_NAMES.get(name) or field_name(name)  # called per field: the kept name inline
         msg = self.msg
         msg.head_size += len(name) + len(value) + 4
         headers = msg.headers
