@@ -154,3 +154,10 @@ def test_a_client_whose_heads_never_repeat_is_left_to_llhttp_between_tries():
 
     asked, answered, reads = asyncio.run(main())
     assert answered == reads and asked == protocol.WHOLE_MISSES + 1
+
+
+def test_a_head_split_over_reads_then_whole_requests_then_blank_lines_are_bounded_as_by_llhttp():
+    """A head that ended in a read counts no more against the next one's bound (as when
+    llhttp begins the next message), however the requests before it were parsed."""
+    reads = [b"GET /x HTTP/1.1\r\nHo", b"st: a\r\n\r\n", b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"] + [b"\r\n"] * 252
+    assert serve(reads, True) == serve(reads, False)

@@ -566,6 +566,32 @@ def test_bodies_whose_ids_cannot_be_read_from_their_text_keep_no_form(http_looku
     assert answered is None or not http_lookups._forms
 
 
+_SHADOWED = '{"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", %s}], ' \
+    '"parameters": {"mode": "precomputed"}, "outputs": [{"name": "logits"}]}'
+
+
+@pytest.mark.parametrize("template", [
+    _SHADOWED % '"data": [%d], "d\\u0061ta": [7]',  # the literal "data" shadowed by an escaped one
+    '{"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [%d]}], "\\u0069nputs": '
+    '[{"name": "node_ids", "shape": [1], "datatype": "INT64", "d\\u0061ta": [7]}], "parameters": {"mode": '
+    '"precomputed"}}',
+    '{"parameters": {"data": [%d]}, "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", '
+    '"d\\u0061ta": [7]}], "parameters": {"mode": "precomputed"}}',
+])
+def test_a_literal_data_that_a_duplicate_key_shadows_keeps_no_form(http_lookups, template):
+    """Keys spelled with escapes can make the one literal `"data"` a key the parser then
+    shadows: a body with an escape keeps no form, so later ids in the shadowed list are
+    never read as the input's."""
+    http_lookups._forms.clear()
+    first = (template % 7).encode()
+    assert http_lookups.quick_reply(Request({}, {}, first), "hybridgnn", None) is not None
+    assert not http_lookups._forms
+    other = (template % 3).encode()
+    quick = http_lookups.quick_reply(Request({}, {}, other), "hybridgnn", None)
+    assert quick is not None and _same(quick, http_lookups.reply(*parse_infer(other, None, "hybridgnn", None)))
+    assert quick.body == http_lookups.quick_reply(Request({}, {}, first), "hybridgnn", None).body  # node 7's
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(alphabet="0123456789 ,\n\t-+.eE[]\"x", max_size=24))
 def test_a_kept_form_with_any_ids_text_answers_as_the_general_lane_or_leaves_it(http_lookups, text):

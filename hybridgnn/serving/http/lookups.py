@@ -11,8 +11,9 @@ Three ways, each answering the same bytes as the next (the tests hold them to it
   cut out) with the answer's bytes around the data (codec.json_answer_parts); a body of
   a kept form is answered by reading its ids from the text and the rows, without parsing
   the JSON or making any v2 object. Its ids are a list of 1 to 64 JSON integers, and its
-  form holds exactly one `"data"`, so they are that input's data: the body parses as the
-  kept one did, with these ids.
+  form holds exactly one `"data"` and no escape (which could spell a key another way, so
+  that a later duplicate shadows the literal one), so they are that input's data: the
+  body parses as the kept one did, with these ids.
 - the quick lane (LocalLookups.quick): the body parsed once, checked field by field;
 - the general way: parse_infer, then LocalLookups.answer, which decodes as the engine does.
 """
@@ -131,8 +132,11 @@ class HttpLookups:
                    answer: InferAnswer) -> None:
         """Keep the form of a body the quick lane answered, if its ids are the ones its text
         shows (the form's one `"data"`) and the answer's parts can be told apart."""
-        if answer.id is not None or body.count(b'"data"') != 1:
-            return  # an id is the client's own per request: its forms would not repeat
+        if answer.id is not None or body.count(b'"data"') != 1 or b"\\" in body:
+            # An id is the client's own per request: its forms would not repeat. An escape
+            # can spell a key another way ("d\u0061ta"), so that the one literal "data" is
+            # a key the parser then shadows: without escapes it is the input's own.
+            return
         if header["inputs"][0]["data"] != [int(i) for i in ids.group(1).split(b",")]:
             return
         parts = json_answer_parts(answer)

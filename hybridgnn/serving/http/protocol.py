@@ -208,6 +208,7 @@ class Connection(asyncio.Protocol):
                 self.whole_rest = WHOLE_REST
             return None
         self.whole_misses = 0
+        self.head_bytes = 0  # as on_message_begin: a head that ended in this read counts no more
         msg = _Message(time.monotonic())
         msg.method, msg.url, msg.headers, body = found
         msg.body = [body]

@@ -44,20 +44,24 @@ _FIELD = re.compile("(" + _TOKEN.decode() + r"):[ \t]*((?:[!-~]+(?:[ \t]+[!-~]+)
 # a request with one is left to them.
 _LEFT_TO_LLHTTP = frozenset({"transfer-encoding", "expect", "upgrade", "proxy-connection"})
 
-FIELD_NAMES: dict[bytes | str, str] = {}  # header field names as sent (bytes or text) -> lower-case text, kept
+# Header field names as sent -> lower-case text, kept: llhttp's (bytes) and _FIELD's (text)
+# apart (b"Host" and "Host" hash alike: one table would compare them, a BytesWarning under -b).
+FIELD_NAMES: dict[bytes, str] = {}
+_TEXT_NAMES: dict[str, str] = {}
 FIELD_NAMES_KEPT = 512
 
 
 def field_name(name: bytes | str) -> str:
     """A header field's name as endpoints read it: lower-case text (kept: clients send the
-    same few; names a client makes up cannot grow the table past FIELD_NAMES_KEPT)."""
-    key = FIELD_NAMES.get(name)
+    same few; names a client makes up cannot grow a table past FIELD_NAMES_KEPT)."""
+    kept = FIELD_NAMES if type(name) is bytes else _TEXT_NAMES
+    key = kept.get(name)
     if key is None:
         key = (name.decode("latin-1") if type(name) is bytes else name).lower()
         if len(name) <= 64:
-            if len(FIELD_NAMES) >= FIELD_NAMES_KEPT:
-                FIELD_NAMES.clear()
-            FIELD_NAMES[name] = key
+            if len(kept) >= FIELD_NAMES_KEPT:
+                kept.clear()
+            kept[name] = key
     return key
 
 
@@ -77,7 +81,7 @@ def plain_head(head: bytes, max_header_bytes: int, max_body_bytes: int
     # most this: nearer its bound, it decides.
     if len(head) + 4 + len(fields) > max_header_bytes:
         return None
-    names = FIELD_NAMES
+    names = _TEXT_NAMES
     headers = {names.get(name) or field_name(name): value for name, value in fields}
     if len(headers) != len(fields) or "host" not in headers or not _LEFT_TO_LLHTTP.isdisjoint(headers):
         return None
