@@ -2,9 +2,11 @@
 few other small sizes) through the GPU lane (sample, gather and model on the device),
 the split CPU lane (sample on a CPU worker, then gather and model on the device: Quiver's)
 and the CPU-model lane (everything on the CPU), with the ratio of each to the GPU lane.
-On a GPU the GPU lane runs twice, without and with CUDA graphs for the model's forward
-(gpu, gpu_graphs: pipelines/graphed.py), whatever HYBRIDGNN_CUDA_GRAPHS says, and the
-split lane as the environment sets it. Target on a GPU: the GPU lane's one-seed batch of
+On a GPU the GPU lane runs three times: without and with CUDA graphs for the model's
+forward (gpu, gpu_graphs: pipelines/graphed.py), whatever HYBRIDGNN_CUDA_GRAPHS says, and
+with graphs but small batches sampled by the batch kernels instead of one launch
+(gpu_graphs_batch_kernels: HYBRIDGNN_CUDA_SMALL=0); the split lane runs as the environment
+sets it. Target on a GPU: the GPU lane's one-seed batch of
 three hops <= 0.5 ms (gpu_lane_one_seed_ms: the faster of the two GPU-lane runs). Each
 size also reports the median of each stage as the executor timed it (sample, gather,
 compute: the model and the copy of the results to the host), which says where it goes.
@@ -35,6 +37,24 @@ from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.models.checkpoint import read_config  # noqa: E402
 from hybridgnn.runtime.resources import Resources  # noqa: E402
 
+# Each GPU-lane run sets these (the others keep the environment's): gpu_graphs_batch_kernels
+# samples small batches with the batch kernels instead of one launch (sampling/cuda_small.py).
+LANE_SWITCHES = {
+    "gpu": {"HYBRIDGNN_CUDA_GRAPHS": "0"},
+    "gpu_graphs": {"HYBRIDGNN_CUDA_GRAPHS": "1"},
+    "gpu_graphs_batch_kernels": {"HYBRIDGNN_CUDA_GRAPHS": "1", "HYBRIDGNN_CUDA_SMALL": "0"},
+}
+_ENVIRONMENT = {name: os.environ.get(name) for switches in LANE_SWITCHES.values() for name in switches}
+
+
+def set_switches(switches: dict[str, str]) -> None:
+    for name, original in _ENVIRONMENT.items():
+        value = switches.get(name, original)
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
 
 def per_batch_ms(executor, batches: list[np.ndarray], sync) -> tuple[list[float], dict[str, list[float]]]:
     """Each batch's wall time, and its stages as the executor timed them (ms)."""
@@ -47,6 +67,13 @@ def per_batch_ms(executor, batches: list[np.ndarray], sync) -> tuple[list[float]
         for name in stages:
             stages[name].append(getattr(t, f"{name}_s") * 1e3)
     return times, stages
+
+
+def _over(lanes: dict, lane: str, peer: str) -> dict | None:
+    """Median of `lane` ÷ median of `peer`, per size (None unless both ran)."""
+    if lane not in lanes or peer not in lanes:
+        return None
+    return {size: round(lanes[lane][size]["median_ms"] / lanes[peer][size]["median_ms"], 3) for size in lanes[lane]}
 
 
 def main() -> None:
@@ -64,15 +91,9 @@ def main() -> None:
     lanes, captured = {}, None
     runs = [("gpu", False), ("split_cpu", True), ("cpu_model", False)]
     if HAS_CUDA:
-        runs.insert(1, ("gpu_graphs", False))
-    graphs_env = os.environ.get("HYBRIDGNN_CUDA_GRAPHS")
+        runs[1:1] = [("gpu_graphs", False), ("gpu_graphs_batch_kernels", False)]
     for lane, split in runs:
-        if lane.startswith("gpu"):  # executors read the switch when they are made
-            os.environ["HYBRIDGNN_CUDA_GRAPHS"] = "1" if lane == "gpu_graphs" else "0"
-        elif graphs_env is None:
-            os.environ.pop("HYBRIDGNN_CUDA_GRAPHS", None)
-        else:
-            os.environ["HYBRIDGNN_CUDA_GRAPHS"] = graphs_env
+        set_switches(LANE_SWITCHES.get(lane, {}))  # executors and samplers read them when they are made
         cfg = ServeConfig(dataset_dir=dataset, model_dir=model_dir, sampling=SamplingConfig(fanouts),
                           cpu_pipeline=PipelineConfig(workers=1, split=split),
                           gpu_pipeline=PipelineConfig(name="gpu", device=device, workers=1))
@@ -105,6 +126,7 @@ def main() -> None:
                  "dataset": str(dataset), "fanouts": list(fanouts), "lanes_ms_per_batch": lanes,
                  "vs_gpu_lane_median": ratios, "gpu_lane_one_seed_ms": one,
                  "graphs_over_eager_median": ratios.get("gpu_graphs"), "graph_buckets_captured": captured,
+                 "one_launch_over_batch_kernels_median": _over(lanes, "gpu_graphs", "gpu_graphs_batch_kernels"),
                  "gpu_lane_one_seed_within_0_5_ms": (one is not None and one <= 0.5) if HAS_CUDA else None}, args.out)
 
 

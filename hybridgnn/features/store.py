@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -65,6 +66,17 @@ class DynamicFeatureStore:
         return torch.from_numpy(self.graph.features(node_ids))
 
 
+def gather_pending(store, node_ids) -> tuple[torch.Tensor, Callable[[], dict[str, int]]]:
+    """(rows, tiers): tiers() gives gather_counted's per-tier counts, to be called once the
+    stream's work is done. A store that counts on the device (CachedFeatureStore's one
+    kernel) then adds no wait of its own to the batch; the others count at once."""
+    pending = getattr(store, "gather_pending", None)
+    if pending is not None:
+        return pending(node_ids)
+    rows, tiers = store.gather_counted(node_ids)
+    return rows, lambda: tiers
+
+
 def hottest_first(fap: np.ndarray) -> np.ndarray:
     """Node ids by descending feature access probability (ties by id, so plans are stable)."""
     return np.argsort(-np.asarray(fap, dtype=np.float64), kind="stable")
@@ -101,11 +113,26 @@ class CachedFeatureStore:
         self._one_kernel = cuda_gather.usable(self.cache, self.host, self.slot)
 
     def gather_counted(self, node_ids) -> tuple[torch.Tensor, dict[str, int]]:
+        out, tiers = self.gather_pending(node_ids)
+        return out, tiers()
+
+    def gather_pending(self, node_ids) -> tuple[torch.Tensor, Callable[[], dict[str, int]]]:
+        """gather_counted with the hit count left on the device until tiers() (see
+        store.gather_pending): the one-kernel gather then needs no wait of its own."""
         ids = torch.as_tensor(node_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         if self._one_kernel:
             out, hits = cuda_gather.gather_cached(ids, self.slot, self.cache, self.host)
-            hit_count = int(hits)
-            return out, {"gpu": hit_count, "host": int(ids.shape[0]) - hit_count}
+            n = int(ids.shape[0])
+
+            def tiers() -> dict[str, int]:
+                hit_count = int(hits)
+                return {"gpu": hit_count, "host": n - hit_count}
+
+            return out, tiers
+        out, counts = self._gather_with_ops(ids)
+        return out, lambda: counts
+
+    def _gather_with_ops(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
         slot = self.slot[ids]
         hit = slot >= 0
         out = torch.empty((ids.shape[0], self.feature_dim), dtype=self.cache.dtype, device=self.device)
@@ -147,6 +174,9 @@ class SwappableFeatureStore:
 
     def gather_counted(self, node_ids):
         return self.current.gather_counted(node_ids)
+
+    def gather_pending(self, node_ids):
+        return gather_pending(self.current, node_ids)
 
     def gather(self, node_ids):
         return self.current.gather(node_ids)

@@ -3,10 +3,12 @@ memory), gather through the device feature cache, run the model, copy results ba
 
 Each worker owns one CUDA stream (Quiver §4.3): its batches' kernels queue there, so
 workers overlap on the device while the host threads wait. A small batch's model forward
-is a CUDA graph replay (pipelines/graphed.py; HYBRIDGNN_CUDA_GRAPHS=0 turns it off). Stage times are taken at
-stream synchronisation points, so they measure the device work, not launch time. On a
+is a CUDA graph replay (pipelines/graphed.py; HYBRIDGNN_CUDA_GRAPHS=0 turns it off). Stage
+times measure the device work, not launch time. On a
 CPU device the same code runs on CPU tensors and streams are no-ops (how CI and
-`hybridgnn profile` without a GPU exercise it).
+`hybridgnn profile` without a GPU exercise it). The sampler waits once, for its counts;
+the gather and the model then run without a wait between them (the gather is timed by
+CUDA events, pipelines/stage_clock.py), and the batch waits once more, for its results.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import numpy as np
 import torch
 
 from hybridgnn.capabilities import DEVICE_GATE
-from hybridgnn.features.store import CachedFeatureStore
+from hybridgnn.features.store import CachedFeatureStore, gather_pending
 from hybridgnn.graph.degrees import DeviceNodeDegrees
 from hybridgnn.models.gnn import GNN
 from hybridgnn.pipelines.graphed import model_forward
+from hybridgnn.pipelines.stage_clock import StageClock
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.types import BatchResult, StageTimings
 
@@ -44,6 +47,7 @@ class DeviceExecutor:
             self.stream = None
             self._stream_ctx = contextlib.nullcontext
             self._sync = lambda: None
+        self._gather_clock = StageClock(self.device)
         # Small batches replay CUDA graphs where enabled (pipelines/graphed.py).
         self.forward = model_forward(model, sampler.fanouts, self.device, self.stream)
 
@@ -54,9 +58,9 @@ class DeviceExecutor:
             sub = self.sampler.sample(torch.from_numpy(np.ascontiguousarray(seeds, dtype=np.int64)))
             self._sync()
             t1 = time.perf_counter()
-            x, tiers = self.features.gather_counted(sub.node_ids)
-            self._sync()
-            t2 = time.perf_counter()
+            self._gather_clock.start()  # timed by events: no wait between gather and model
+            x, tiers = gather_pending(self.features, sub.node_ids)
+            self._gather_clock.stop()
             degrees = self.degrees.tensors(sub.node_ids) if self.degrees is not None else None
             out, hidden = self.forward(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees)
             out, hidden = out[sub.seed_index], hidden[sub.seed_index]
@@ -71,6 +75,7 @@ class DeviceExecutor:
             else:
                 logits, emb, prd = out.float().numpy(), hidden.float().numpy(), pred.numpy()
             t3 = time.perf_counter()
-        t.sample_s, t.gather_s, t.compute_s = t1 - t0, t2 - t1, t3 - t2
+            gather_s = min(self._gather_clock.seconds(), t3 - t1)
+        t.sample_s, t.gather_s, t.compute_s = t1 - t0, gather_s, t3 - t1 - gather_s
         return BatchResult(logits=logits, embeddings=emb, predictions=prd.astype(np.int64, copy=False), timings=t,
-                           sampled_edges=sub.num_edges, gathered_rows=tiers)
+                           sampled_edges=sub.num_edges, gathered_rows=tiers())

@@ -44,7 +44,7 @@ from hybridgnn.graph.rawkernel import (
 
 MAX_FANOUT = 64  # per-thread scratch of picked positions; larger fanouts use the torch hop
 
-_SOURCE = r"""
+DRAW_SOURCE = r"""
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     z += 0x9E3779B97F4A7C15ULL;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -74,7 +74,9 @@ __device__ __forceinline__ void draw_row(const long long* __restrict__ indptr, c
         row[j] = (long long)indices[start + t];
     }
 }
+"""
 
+_SOURCE = DRAW_SOURCE + r"""
 extern "C" __global__ void sample_hop(const long long* __restrict__ indptr, const INDEX_T* __restrict__ indices,
                                       const long long* __restrict__ frontier, long long rows, int fanout,
                                       unsigned long long seed, long long* __restrict__ out) {

@@ -10,10 +10,12 @@ New nodes are found through a dense global→local map owned by the sampler, so 
 per-node Python runs and no hash table is needed.
 
 On a GPU with CuPy installed each hop's draw is one CUDA kernel (sampling/cuda_hop.py);
-by default the whole batch runs in kernels (HYBRIDGNN_CUDA_BATCH=0: per hop) (new nodes numbered on the
-device by first occurrence, no host round trip between hops). This torch-op path is the
-reference both are tested against, and the fallback (fanouts above
-cuda_hop.MAX_FANOUT use it too).
+by default the whole batch runs in kernels (HYBRIDGNN_CUDA_BATCH=0: per hop), new nodes
+numbered on the device by first occurrence, no host round trip between hops; a small
+batch runs whole in one launch of one block (sampling/cuda_small.py,
+HYBRIDGNN_CUDA_SMALL=0 turns it off), checked against the batch kernels on its first.
+This torch-op path is the reference they are tested against, and the fallback (fanouts
+above cuda_hop.MAX_FANOUT use it too).
 
 The output contract is SampledSubgraph's (seeds first, then nodes by the hop that first
 reached them; local edge_index ordered by hop), held as tensors on the sampler's device.
@@ -21,11 +23,15 @@ reached them; local edge_index ordered by hop), held as tensors on the sampler's
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from hybridgnn.sampling import cuda_hop
+from hybridgnn.sampling import cuda_hop, cuda_small
 from hybridgnn.sampling.cpu import _mix_seed
 from hybridgnn.types import TensorSubgraph
+
+log = logging.getLogger(__name__)
 
 
 def floyd_positions(degrees: torch.Tensor, fanout: int, generator: torch.Generator) -> torch.Tensor:
@@ -73,6 +79,10 @@ class TorchSampler:
             raise ValueError(f"the CUDA sampling kernel needs CuPy, a CUDA device and int64 indptr "
                              f"(device {self.device}, indptr {indptr.dtype})")
         self.kernel = can if kernel is None else bool(kernel)
+        # Small batches in one launch (cuda_small), checked against sample_batch on the first.
+        self._small = (cuda_small.SmallBatches(indptr, indices, self.fanouts)
+                       if self.kernel and cuda_small.max_tile() > 0 else None)
+        self._small_checked = False
         self.reseed(seed)
 
     @classmethod
@@ -99,6 +109,9 @@ class TorchSampler:
         if seeds.device.type == "cpu":
             # De-duplicated where the ids are: on the device, unique waits for its output's size.
             unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
+            if (self._small is not None and cuda_hop.batch_enabled()
+                    and self._small.fits(int(unique_seeds.shape[0]))):
+                return self._sample_small(unique_seeds, seed_index)
             unique_seeds = unique_seeds.to(self.device, non_blocking=True)
             seed_index = seed_index.to(self.device, non_blocking=True)
         else:
@@ -133,16 +146,46 @@ class TorchSampler:
 
     def _sample_on_device(self, unique_seeds: torch.Tensor, seed_index: torch.Tensor) -> TensorSubgraph:
         """Every hop in CUDA kernels, numbering new nodes by first occurrence (cuda_hop)."""
-        if self._bid is None:
-            self._bid = torch.full((self.num_nodes,), cuda_hop.INT64_MAX, dtype=torch.int64, device=self.device)
-        hop_seeds = []
-        for _ in self.fanouts:
-            self._hops_drawn += 1
-            hop_seeds.append(int(_mix_seed(self._seed + self._hops_drawn)[0]))
+        hop_seeds = self._next_hop_seeds()
         node_ids, edge_index, nodes, edges = cuda_hop.sample_batch(
-            self.indptr, self.indices, unique_seeds, self.fanouts, hop_seeds, self._local, self._bid)
+            self.indptr, self.indices, unique_seeds, self.fanouts, hop_seeds, self._local, self._scratch_bid())
         return TensorSubgraph(node_ids=node_ids, edge_index=edge_index, num_sampled_nodes=nodes,
                               num_sampled_edges=edges, seed_index=seed_index)
+
+    def _sample_small(self, unique_seeds: torch.Tensor, seed_index: torch.Tensor) -> TensorSubgraph:
+        """A small batch in one launch (cuda_small). Its first is also sampled by
+        sample_batch with the same random seeds: they must agree exactly, else this
+        sampler keeps to sample_batch (logged) and answers with its sample."""
+        hop_seeds = self._next_hop_seeds()
+        count = int(unique_seeds.shape[0])
+        staged, at = self._small.stage(unique_seeds, seed_index, hop_seeds)
+        got = self._small.sample(staged, count, self._local, self._scratch_bid())
+        if not self._small_checked:
+            want = cuda_hop.sample_batch(self.indptr, self.indices, staged[at - count:at], self.fanouts, hop_seeds,
+                                         self._local, self._scratch_bid())
+            same = (got[2:] == want[2:] and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]))
+            self._small_checked = True
+            if not same:
+                log.warning("the one-launch sampler disagreed with the batch kernels on its first batch; "
+                            "this worker samples small batches with the batch kernels")
+                self._small = None
+                got = want
+        node_ids, edge_index, nodes, edges = got
+        return TensorSubgraph(node_ids=node_ids, edge_index=edge_index, num_sampled_nodes=nodes,
+                              num_sampled_edges=edges, seed_index=staged[at:])
+
+    def _next_hop_seeds(self) -> list[int]:
+        """One random seed per hop for the kernels, advancing this sampler's stream."""
+        seeds = []
+        for _ in self.fanouts:
+            self._hops_drawn += 1
+            seeds.append(int(_mix_seed(self._seed + self._hops_drawn)[0]))
+        return seeds
+
+    def _scratch_bid(self) -> torch.Tensor:
+        if self._bid is None:  # made on first use: the CPU paths never need it
+            self._bid = torch.full((self.num_nodes,), cuda_hop.INT64_MAX, dtype=torch.int64, device=self.device)
+        return self._bid
 
     def _hop(self, frontier: torch.Tensor, frontier_local: torch.Tensor, fanout: int):
         """(sampled neighbours' global ids, their targets' local ids) for one hop."""

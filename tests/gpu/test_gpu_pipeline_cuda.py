@@ -243,3 +243,39 @@ def test_one_kernel_gather_equals_the_torch_op_gather(tmp_path, monkeypatch, dty
         (a, ta), (b, tb) = fast.gather_counted(ids), slow.gather_counted(ids)
         assert torch.equal(a.cpu(), torch.from_numpy(feats[ids])) and torch.equal(a, b) and ta == tb
     reg.release()
+
+
+@pytest.mark.parametrize("placement", ["uva", "gpu"])
+def test_one_launch_small_batches_equal_the_batch_kernels(tmp_path, monkeypatch, placement):
+    """cuda_small's one-block kernel samples what sample_batch samples, bit for bit, with
+    the same per-hop random seeds, over many batches (rows above and below the fanouts,
+    repeated seeds, batches past one block's width), and leaves the scratch maps clean."""
+    pytest.importorskip("cupy")
+    from hybridgnn.sampling import cuda_hop, cuda_small
+
+    monkeypatch.setenv("HYBRIDGNN_CUDA_BATCH", "1")
+    graph = _bounded_degree_graph(tmp_path / "g", num_nodes=3000, max_degree=40)
+    dg = DeviceGraph(graph, "cuda", placement)
+    local = torch.full((3000,), -1, dtype=torch.int64, device="cuda")
+    bid = torch.full((3000,), cuda_hop.INT64_MAX, dtype=torch.int64, device="cuda")
+    rng = np.random.default_rng(0)
+    for fanouts in ((15, 10, 5), (25, 10), (3,), (40, 40)):
+        small = cuda_small.SmallBatches(dg.indptr, dg.indices, fanouts, limit=10**6)
+        for count in (1, 1, 2, 7, 35, 300):
+            seeds = torch.from_numpy(rng.choice(3000, count, replace=False).astype(np.int64))
+            hop_seeds = [int(x) for x in rng.integers(0, 1 << 62, len(fanouts))]
+            staged, at = small.stage(seeds, torch.arange(count), hop_seeds)
+            got = small.sample(staged, count, local, bid)
+            want = cuda_hop.sample_batch(dg.indptr, dg.indices, seeds.cuda(), fanouts, hop_seeds, local, bid)
+            assert got[2:] == want[2:], (fanouts, count)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (fanouts, count)
+            assert torch.equal(staged[at:].cpu(), torch.arange(count))
+    assert bool((local == -1).all()) and bool((bid == cuda_hop.INT64_MAX).all())
+    # through the sampler: small batches take the one launch, keep it after the first check
+    sampler = TorchSampler(dg.indptr, dg.indices, (15, 10, 5), seed=3, kernel=True)
+    assert sampler._small is not None
+    for _ in range(20):
+        sub = sampler.sample(rng.integers(0, 3000, int(rng.integers(1, 20))))
+        assert sub.edge_index.is_contiguous() and int(sub.edge_index.max()) < sub.node_ids.shape[0]
+    assert sampler._small is not None and sampler._small_checked
+    dg.close()
