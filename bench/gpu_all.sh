@@ -48,9 +48,10 @@ if ! $PY -c "import httptools" 2>/dev/null; then
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export HYBRIDGNN_CACHE_DIR=${HYBRIDGNN_CACHE_DIR:-$ROOT/.cache}
-# The whole-batch sampling kernels, the one-kernel gather and CUDA graphs for small
-# batches' forwards are on by default (set any to 0 to measure without; lanecost
-# measures the GPU lane both ways regardless).
+# The whole-batch sampling kernels, the one-launch sampler for small batches, the
+# one-kernel gather and CUDA graphs for small batches' forwards are on by default (set
+# any to 0 to measure without; lanecost measures the GPU lane with and without graphs,
+# and with graphs but without the one-launch sampler, regardless).
 SUMMARY=$OUTDIR/summary.txt
 : > "$SUMMARY"
 [ -n "${GPU_NAME:-}" ] || GPU_NAME=$($PY -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo gpu)

@@ -232,7 +232,7 @@ class GraphedForward:
                    + [*ereal[1:layers], _SENTINEL] + [estarts[k] - ereal[k] for k in range(layers)])
         if self._copied is not None:
             self._copied.synchronize()  # the last batch's copy has read the host buffer
-        self._offsets_host.copy_(torch.tensor(offsets, dtype=torch.int64))
+        self._offsets_host.numpy()[:] = offsets  # written in place: no tensor made per batch
         dev = self._offsets
         dev.copy_(self._offsets_host, non_blocking=True)
         if self._copied is not None:

@@ -155,11 +155,20 @@ class TorchSampler:
     def _sample_small(self, unique_seeds: torch.Tensor, seed_index: torch.Tensor) -> TensorSubgraph:
         """A small batch in one launch (cuda_small). Its first is also sampled by
         sample_batch with the same random seeds: they must agree exactly, else this
-        sampler keeps to sample_batch (logged) and answers with its sample."""
+        sampler keeps to sample_batch (logged) and answers with its sample; so it does
+        if the kernel cannot run at all (a compiler error, say)."""
         hop_seeds = self._next_hop_seeds()
         count = int(unique_seeds.shape[0])
         staged, at = self._small.stage(unique_seeds, seed_index, hop_seeds)
-        got = self._small.sample(staged, count, self._local, self._scratch_bid())
+        try:
+            got = self._small.sample(staged, count, self._local, self._scratch_bid())
+        except Exception as exc:  # noqa: BLE001 - before its check passed, the kernel is optional
+            if self._small_checked:
+                raise
+            log.warning("the one-launch sampler failed on its first batch (%s: %s); this worker samples "
+                        "small batches with the batch kernels", type(exc).__name__, str(exc)[:200])
+            self._small = None
+            return self._sample_on_device(staged[at - count:at], staged[at:])
         if not self._small_checked:
             want = cuda_hop.sample_batch(self.indptr, self.indices, staged[at - count:at], self.fanouts, hop_seeds,
                                          self._local, self._scratch_bid())

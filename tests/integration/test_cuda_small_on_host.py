@@ -42,7 +42,10 @@ def _run(exe: Path, indptr, indices, seeds, fanouts, hop_seeds):
     payload = b"".join(np.asarray(a, dtype="<i8").tobytes() for a in
                        ([len(indptr) - 1, len(indices), hops, count], indptr, indices, params))
     done = subprocess.run([str(exe)], input=payload, capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    err = done.stderr.decode(errors="replace")
+    if done.returncode != 0 and "FATAL: ThreadSanitizer" in err and "data race" not in err:
+        pytest.skip(f"ThreadSanitizer cannot run here: {err.strip().splitlines()[0][:200]}")  # e.g. the kernel's ASLR
+    assert done.returncode == 0, err[-3000:]
     out = np.frombuffer(done.stdout, dtype="<i8")
     counts = out[:2 * hops + 2]
     bounds, per_hop = counts[:hops + 2].tolist(), counts[hops + 2:].tolist()

@@ -122,3 +122,19 @@ def _seeds_of(seed: int, hops: int, drawn: int) -> list[int]:
 
     base = int(_mix_seed(seed)[0]) & 0x7FFF_FFFF_FFFF_FFFF
     return [int(_mix_seed(base + drawn + i + 1)[0]) for i in range(hops)]
+
+
+def test_a_kernel_that_cannot_run_leaves_the_batch_kernels_in_charge(monkeypatch, caplog):
+    indptr, indices = _csr()
+    monkeypatch.setattr(cuda_hop, "sample_batch", _reference_batch)
+    sampler = TorchSampler(indptr, indices, (5, 3), seed=4)
+
+    class Broken(_ReferenceSmall):
+        def sample(self, staged, count, local, bid):
+            raise RuntimeError("nvrtc: error: identifier undefined")
+
+    sampler._small = Broken(indptr, indices, (5, 3), limit=10**6)
+    with caplog.at_level(logging.WARNING, logger="hybridgnn.sampling.gpu"):
+        sub = sampler.sample(np.array([9, 4, 9]))
+    assert sampler._small is None and "failed on its first batch (RuntimeError: nvrtc" in caplog.text
+    assert sub.seed_index.tolist() == [1, 0, 1] and sorted(sub.node_ids[:2].tolist()) == [4, 9]

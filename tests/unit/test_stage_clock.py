@@ -6,7 +6,12 @@ import time
 import numpy as np
 import torch
 
-from hybridgnn.features.store import CachedFeatureStore, HostFeatureStore, SwappableFeatureStore, gather_pending
+from hybridgnn.features.store import (
+    CachedFeatureStore,
+    HostFeatureStore,
+    SwappableFeatureStore,
+    gather_pending,
+)
 from hybridgnn.pipelines.stage_clock import StageClock
 
 
