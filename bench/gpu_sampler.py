@@ -2,7 +2,9 @@
 
 Sampler: sampled edges/s of the device sampler (TorchSampler with its CUDA kernels, over
 the UVA-pinned graph and over a device-memory copy; and, as references over the device
-copy, the per-hop kernel with host-side numbering and the torch-op hop) against the compiled CPU sampler on one thread and on all
+copy, the per-hop kernel with host-side numbering and the torch-op hop; and, for batches
+small enough, the one-launch sampler from seeds on the host against the batch kernels
+from the same) against the compiled CPU sampler on one thread and on all
 cores, for batch sizes 1 .. 4096 and fanouts 15,10,5 and 25,10 on the products-scale
 graph, with the crossover batch size (the smallest batch where the device beats all
 CPU cores). Gather: GB/s of the served feature-cache gather on all-hit ids (device
@@ -73,20 +75,24 @@ def cpu_rate(graph, fanouts, batch, threads, seconds, rng) -> float:
 
 
 def device_rate(dg: DeviceGraph, fanouts, batch, seconds, rng, kernel: bool | None = None,
-                whole_batch: bool | None = None) -> float:
-    """whole_batch: force the all-kernel batch path on or off (None: as the environment says)."""
+                whole_batch: bool | None = None, host_seeds: bool = False) -> float:
+    """whole_batch: force the all-kernel batch path on or off (None: as the environment says).
+    host_seeds: seeds start on the host, as a served request's do (the one-launch sampler
+    for small batches takes only those); otherwise they are on the device already."""
     if whole_batch is not None:
         saved = os.environ.get("HYBRIDGNN_CUDA_BATCH")
         os.environ["HYBRIDGNN_CUDA_BATCH"] = "1" if whole_batch else "0"
         try:
-            return device_rate(dg, fanouts, batch, seconds, rng, kernel)
+            return device_rate(dg, fanouts, batch, seconds, rng, kernel, host_seeds=host_seeds)
         finally:
             if saved is None:
                 del os.environ["HYBRIDGNN_CUDA_BATCH"]
             else:
                 os.environ["HYBRIDGNN_CUDA_BATCH"] = saved
     sampler = TorchSampler(dg.indptr, dg.indices, fanouts, kernel=kernel)
-    work = [torch.from_numpy(rng.integers(0, dg.indptr.shape[0] - 1, size=batch)).to(dg.device) for _ in range(16)]
+    work = [torch.from_numpy(rng.integers(0, dg.indptr.shape[0] - 1, size=batch)) for _ in range(16)]
+    if not host_seeds:
+        work = [w.to(dg.device) for w in work]
 
     def run():
         edges = sum(sampler.sample(s).num_edges for s in work)
@@ -173,12 +179,27 @@ def main() -> None:
                 row["device_gpu_torch_ops"] = device_rate(placements["gpu"], fanouts, b, args.seconds, rng, kernel=False)
                 row["device_gpu_per_hop_kernel"] = device_rate(placements["gpu"], fanouts, b, args.seconds, rng,
                                                                whole_batch=False)
+                small = TorchSampler(placements["gpu"].indptr, placements["gpu"].indices, fanouts)._small
+                if small is not None and small.fits(b):  # from host seeds: one launch against the batch kernels
+                    row["device_gpu_host_seeds_one_launch"] = device_rate(placements["gpu"], fanouts, b, args.seconds,
+                                                                          rng, host_seeds=True)
+                    saved = os.environ.get("HYBRIDGNN_CUDA_SMALL")
+                    os.environ["HYBRIDGNN_CUDA_SMALL"] = "0"  # read when the sampler is made
+                    try:
+                        row["device_gpu_host_seeds_batch_kernels"] = device_rate(
+                            placements["gpu"], fanouts, b, args.seconds, rng, host_seeds=True)
+                    finally:
+                        os.environ.pop("HYBRIDGNN_CUDA_SMALL")
+                        if saved is not None:
+                            os.environ["HYBRIDGNN_CUDA_SMALL"] = saved
+                    row["device_one_launch_vs_batch_kernels"] = round(
+                        row["device_gpu_host_seeds_one_launch"] / row["device_gpu_host_seeds_batch_kernels"], 2)
             best = max(row[f"device_{n}"] for n in placements)
             row["device_vs_cpu_1_thread"] = round(best / row["cpu_1_thread"], 2)
             row["device_vs_cpu_all"] = round(best / row[f"cpu_{CPU_COUNT}_threads"], 2)
             if crossover is None and row["device_vs_cpu_all"] > 1:
                 crossover = b
-            row = {k: (round(v / 1e6, 3) if isinstance(v, float) and not k.startswith("device_vs") else v)
+            row = {k: (round(v / 1e6, 3) if isinstance(v, float) and "_vs_" not in k else v)
                    for k, v in row.items()}  # rates in M sampled edges/s
             print(json.dumps(row), flush=True)
             report["sampler"].append(row)
