@@ -211,12 +211,14 @@ class SmallBatches:
         staged = torch.empty(size, dtype=torch.int64, device=self.device)
         staged.copy_(host, non_blocking=True)
         if self._copied is not None:
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
         return staged, 2 * hops + count
 
     def sample(self, staged: torch.Tensor, count: int, local: torch.Tensor, bid: torch.Tensor):
         """(node_ids, edge_index, nodes per hop, edges per hop) of the staged batch, in one
-        launch and one wait. local and bid: the caller's scratch maps (cuda_hop.sample_batch)."""
+        launch and one wait. local and bid: the caller's scratch maps (cuda_hop.sample_batch).
+        node_ids and edge_index are views of one worst-case buffer (at most about 1.2 MB at
+        the default limit), kept alive with them rather than copied out by two more launches."""
         hops = len(self.fanouts)
         rows, tile_cap, total_tiles = worst_case(count, self.fanouts, self.num_nodes)
         node_cap = min(count + total_tiles, max(self.num_nodes, count))

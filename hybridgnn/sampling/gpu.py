@@ -153,35 +153,43 @@ class TorchSampler:
                               num_sampled_edges=edges, seed_index=seed_index)
 
     def _sample_small(self, unique_seeds: torch.Tensor, seed_index: torch.Tensor) -> TensorSubgraph:
-        """A small batch in one launch (cuda_small). Its first is also sampled by
-        sample_batch with the same random seeds: they must agree exactly, else this
-        sampler keeps to sample_batch (logged) and answers with its sample; so it does
-        if the kernel cannot run at all (a compiler error, say)."""
+        """A small batch in one launch (cuda_small). The first is sampled by sample_batch
+        too, first, with the same random seeds, and answered with that sample: the one
+        launch must give it exactly and leave the scratch maps clean, else (or if it
+        cannot run at all: a compiler error, say) this sampler keeps to sample_batch,
+        logged, with its maps reset."""
         hop_seeds = self._next_hop_seeds()
         count = int(unique_seeds.shape[0])
         staged, at = self._small.stage(unique_seeds, seed_index, hop_seeds)
-        try:
+        if self._small_checked:
             got = self._small.sample(staged, count, self._local, self._scratch_bid())
-        except Exception as exc:  # noqa: BLE001 - before its check passed, the kernel is optional
-            if self._small_checked:
-                raise
-            log.warning("the one-launch sampler failed on its first batch (%s: %s); this worker samples "
-                        "small batches with the batch kernels", type(exc).__name__, str(exc)[:200])
-            self._small = None
-            return self._sample_on_device(staged[at - count:at], staged[at:])
-        if not self._small_checked:
-            want = cuda_hop.sample_batch(self.indptr, self.indices, staged[at - count:at], self.fanouts, hop_seeds,
-                                         self._local, self._scratch_bid())
-            same = (got[2:] == want[2:] and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]))
-            self._small_checked = True
-            if not same:
-                log.warning("the one-launch sampler disagreed with the batch kernels on its first batch; "
-                            "this worker samples small batches with the batch kernels")
-                self._small = None
-                got = want
+        else:
+            got = self._check_small(staged[at - count:at], count, staged, hop_seeds)
         node_ids, edge_index, nodes, edges = got
         return TensorSubgraph(node_ids=node_ids, edge_index=edge_index, num_sampled_nodes=nodes,
                               num_sampled_edges=edges, seed_index=staged[at:])
+
+    def _check_small(self, unique_seeds: torch.Tensor, count: int, staged: torch.Tensor, hop_seeds: list[int]):
+        """sample_batch's sample of the first small batch, and the one launch's against it."""
+        self._small_checked = True
+        local, bid = self._local, self._scratch_bid()
+        want = cuda_hop.sample_batch(self.indptr, self.indices, unique_seeds, self.fanouts, hop_seeds, local, bid)
+        try:
+            got = self._small.sample(staged, count, local, bid)
+            clean = bool((local == -1).all()) and bool((bid == cuda_hop.INT64_MAX).all())
+            problem = None if clean else "left its scratch maps dirty"
+            if problem is None and not (got[2:] == want[2:] and torch.equal(got[0], want[0])
+                                        and torch.equal(got[1], want[1])):
+                problem = "sampled other than the batch kernels"
+        except Exception as exc:  # noqa: BLE001 - until its check has passed, the kernel is optional
+            problem = f"failed ({type(exc).__name__}: {str(exc)[:200]})"
+        if problem is not None:
+            local.fill_(-1)
+            bid.fill_(cuda_hop.INT64_MAX)
+            self._small = None
+            log.warning("the one-launch sampler %s on its first batch; this worker samples small batches with "
+                        "the batch kernels", problem)
+        return want
 
     def _next_hop_seeds(self) -> list[int]:
         """One random seed per hop for the kernels, advancing this sampler's stream."""

@@ -263,7 +263,7 @@ def test_one_launch_small_batches_equal_the_batch_kernels(tmp_path, monkeypatch,
         small = cuda_small.SmallBatches(dg.indptr, dg.indices, fanouts, limit=10**6)
         for count in (1, 1, 2, 7, 35, 300):
             seeds = torch.from_numpy(rng.choice(3000, count, replace=False).astype(np.int64))
-            hop_seeds = [int(x) for x in rng.integers(0, 1 << 62, len(fanouts))]
+            hop_seeds = [int(x) for x in rng.integers(0, 1 << 64, len(fanouts), dtype=np.uint64)]  # top bit too
             staged, at = small.stage(seeds, torch.arange(count), hop_seeds)
             got = small.sample(staged, count, local, bid)
             want = cuda_hop.sample_batch(dg.indptr, dg.indices, seeds.cuda(), fanouts, hop_seeds, local, bid)

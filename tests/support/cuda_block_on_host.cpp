@@ -25,10 +25,12 @@ std::barrier<>* host_barrier = nullptr;
 
 inline void __syncthreads() { host_barrier->arrive_and_wait(); }
 
+// Relaxed, as CUDA's atomics are: a seq_cst shim would order threads that a GPU does not,
+// and hide a missing barrier from ThreadSanitizer.
 inline long long atomicMin(long long* address, long long value) {
     std::atomic_ref<long long> cell(*address);
-    long long seen = cell.load();
-    while (value < seen && !cell.compare_exchange_weak(seen, value)) {
+    long long seen = cell.load(std::memory_order_relaxed);
+    while (value < seen && !cell.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
     }
     return seen;
 }

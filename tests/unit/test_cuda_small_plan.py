@@ -111,7 +111,7 @@ def test_the_first_small_batch_is_checked_against_the_batch_kernels(monkeypatch,
     assert second.node_ids[0].item() == 11
     if wrong:
         assert sampler._small is None and small.calls == 1
-        assert "disagreed with the batch kernels" in caplog.text
+        assert "sampled other than the batch kernels on its first batch" in caplog.text
     else:
         assert sampler._small is small and small.calls == 2 and not caplog.text
 
@@ -136,5 +136,26 @@ def test_a_kernel_that_cannot_run_leaves_the_batch_kernels_in_charge(monkeypatch
     sampler._small = Broken(indptr, indices, (5, 3), limit=10**6)
     with caplog.at_level(logging.WARNING, logger="hybridgnn.sampling.gpu"):
         sub = sampler.sample(np.array([9, 4, 9]))
-    assert sampler._small is None and "failed on its first batch (RuntimeError: nvrtc" in caplog.text
+    assert sampler._small is None and "failed (RuntimeError: nvrtc" in caplog.text
     assert sub.seed_index.tolist() == [1, 0, 1] and sorted(sub.node_ids[:2].tolist()) == [4, 9]
+
+
+def test_a_kernel_that_leaves_its_maps_dirty_is_dropped_and_the_maps_reset(monkeypatch, caplog):
+    """The check's answer comes from the batch kernels, run first on clean maps; a one
+    launch that then leaves a stale entry (on a node the batch never reached, say) is
+    dropped and the maps are reset, so no later batch reads the stale entry."""
+    indptr, indices = _csr()
+    monkeypatch.setattr(cuda_hop, "sample_batch", _reference_batch)
+    sampler = TorchSampler(indptr, indices, (5, 3), seed=4)
+
+    class Dirty(_ReferenceSmall):
+        def sample(self, staged, count, local, bid):
+            local[49] = 3
+            bid[48] = 0
+            return super().sample(staged, count, local, bid)
+
+    sampler._small = Dirty(indptr, indices, (5, 3), limit=10**6)
+    with caplog.at_level(logging.WARNING, logger="hybridgnn.sampling.gpu"):
+        sampler.sample(np.array([1]))
+    assert sampler._small is None and "left its scratch maps dirty" in caplog.text
+    assert bool((sampler._local == -1).all()) and bool((sampler._bid == cuda_hop.INT64_MAX).all())
