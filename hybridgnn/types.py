@@ -51,13 +51,16 @@ class SampledSubgraph(_SubgraphSize):
 @dataclass
 class TensorSubgraph(_SubgraphSize):
     """SampledSubgraph's fields as tensors on one device (counts stay on the host: the
-    model's per-layer trimming needs them as Python ints)."""
+    model's per-layer trimming needs them as Python ints). host_seed_index: seed_index on
+    the host as well, where the sampler had it there (seeds from a request), so results
+    can be put in the request's order without a gather on the device."""
 
     node_ids: torch.Tensor
     edge_index: torch.Tensor
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
     seed_index: torch.Tensor
+    host_seed_index: np.ndarray | None = None
 
     def edge_index_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         return self.edge_index.to(device, non_blocking=True)

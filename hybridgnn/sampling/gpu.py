@@ -106,16 +106,22 @@ class TorchSampler:
         # checked where the ids are (on the host for a request: no device round trip)
         if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= self.num_nodes):
             raise ValueError(f"seed ids must lie in [0, {self.num_nodes})")
-        if seeds.device.type == "cpu":
-            # De-duplicated where the ids are: on the device, unique waits for its output's size.
-            unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
+        # De-duplicated where the ids are: on the device, unique waits for its output's size.
+        unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
+        if seeds.device.type != "cpu":
+            return self._sample_unique(unique_seeds, seed_index)
+        sub = self._sample_unique(unique_seeds, seed_index, on_host=True)
+        sub.host_seed_index = seed_index.numpy()
+        return sub
+
+    def _sample_unique(self, unique_seeds: torch.Tensor, seed_index: torch.Tensor, on_host: bool = False
+                       ) -> TensorSubgraph:
+        if on_host:
             if (self._small is not None and cuda_hop.batch_enabled()
                     and self._small.fits(int(unique_seeds.shape[0]))):
                 return self._sample_small(unique_seeds, seed_index)
             unique_seeds = unique_seeds.to(self.device, non_blocking=True)
             seed_index = seed_index.to(self.device, non_blocking=True)
-        else:
-            unique_seeds, seed_index = torch.unique(seeds, return_inverse=True)
         if self.kernel and max(self.fanouts) <= cuda_hop.MAX_FANOUT and cuda_hop.batch_enabled():
             return self._sample_on_device(unique_seeds, seed_index)
         nodes = [unique_seeds]
