@@ -12,9 +12,10 @@ ids shifted by one offset per hop), hop k's edges to the start of hop k's edge s
 the edge slots left over hold dummy edges from hop k's last node slot into hop k-1's (both
 dummies). A real target then receives only its real edges and reads only real rows, so
 its output is the unpadded sample's (up to the rounding of matrix products over more
-rows); dummy rows hold whatever they held and are never read. The layout is a few
-vectorised ops on the device (two bucketize, two index_copy, one copy of the dummy edges)
-and one small host-to-device copy of the per-hop offsets; no host waits.
+rows); dummy rows hold whatever they held and are never read. The layout is one small
+host-to-device copy of the per-hop offsets, then one kernel launch on a GPU with CuPy
+(pipelines/cuda_lay_out.py; HYBRIDGNN_CUDA_LAYOUT=0 turns it off), else a few
+vectorised ops (bucketize, index_copy, one copy of the dummy edges); no host waits.
 
 Which models: built-in GraphSAGE (`capturable`). A forward that waits on the device
 (GAT's and GCN's self-loop handling, data-dependent shapes) cannot be captured, and a
@@ -49,6 +50,7 @@ from torch_geometric.nn import MessagePassing, SAGEConv
 
 from hybridgnn.capabilities import DEVICE_GATE
 from hybridgnn.models.gnn import GNN
+from hybridgnn.pipelines import cuda_lay_out
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +184,10 @@ class GraphedForward:
         self._reasons: set[str] = set()  # why buckets were retired (each logged once)
         cuda = self.device.type == "cuda"
         layers = len(self.fanouts)
-        self._offsets_host = torch.zeros(4 * layers + 2, dtype=torch.int64, pin_memory=cuda)
+        self._offsets_host = torch.zeros(4 * layers + 6, dtype=torch.int64, pin_memory=cuda)
         # empty, not zeros: a fill would run on this thread's stream, unordered with the worker's
-        self._offsets = torch.empty(4 * layers + 2, dtype=torch.int64, device=self.device)
+        self._offsets = torch.empty(4 * layers + 6, dtype=torch.int64, device=self.device)
+        self._layout_kernel = cuda_lay_out.available(self.device)  # one launch instead of the torch ops
         self._copied = torch.cuda.Event() if cuda else None  # the host offsets may be rewritten once set
         self._arange = torch.arange(0, dtype=torch.int64, device=self.device)
         self.replays = 0
@@ -226,17 +229,14 @@ class GraphedForward:
         layers = len(edges)
         starts, estarts = bucket.node_starts, bucket.edge_starts
         real, ereal = list(accumulate(nodes, initial=0)), list(accumulate(edges, initial=0))
+        if self._layout_kernel:
+            plan = self._stage(cuda_lay_out.plan(nodes, edges, starts, estarts))
+            cuda_lay_out.lay_out(x, edge_index, plan, layers, real[-1], bucket.x, bucket.edge_index)
+            return
         # Per hop: where its real nodes begin (bounds for bucketize) and how far they move;
         # the same for edges. A sentinel closes each list of bounds.
-        offsets = ([*real[1:layers + 1], _SENTINEL] + [starts[k] - real[k] for k in range(layers + 1)]
-                   + [*ereal[1:layers], _SENTINEL] + [estarts[k] - ereal[k] for k in range(layers)])
-        if self._copied is not None:
-            self._copied.synchronize()  # the last batch's copy has read the host buffer
-        self._offsets_host.numpy()[:] = offsets  # written in place: no tensor made per batch
-        dev = self._offsets
-        dev.copy_(self._offsets_host, non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        dev = self._stage([*real[1:layers + 1], _SENTINEL] + [starts[k] - real[k] for k in range(layers + 1)]
+                          + [*ereal[1:layers], _SENTINEL] + [estarts[k] - ereal[k] for k in range(layers)])
         bounds, shift = dev[:layers + 1], dev[layers + 1:2 * layers + 2]
         ebounds, eshift = dev[2 * layers + 2:3 * layers + 2], dev[3 * layers + 2:]
         total, etotal = real[-1], ereal[-1]
@@ -248,6 +248,18 @@ class GraphedForward:
         edge_rows = rows[:etotal]
         bucket.edge_index.copy_(bucket.dummy_edges)
         bucket.edge_index.index_copy_(1, edge_rows + eshift[torch.bucketize(edge_rows, ebounds, right=True)], moved)
+
+    def _stage(self, values: list[int]) -> torch.Tensor:
+        """values on the device, copied from the reused pinned buffer (no tensor made per batch)."""
+        n = len(values)
+        if self._copied is not None:
+            self._copied.synchronize()  # the last batch's copy has read the host buffer
+        self._offsets_host.numpy()[:n] = values
+        dev = self._offsets[:n]
+        dev.copy_(self._offsets_host[:n], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        return dev
 
     def _ids(self, n: int) -> torch.Tensor:
         if self._arange.numel() < n:

@@ -14,7 +14,7 @@ from hybridgnn.graph.store import GraphStore
 from hybridgnn.graph.uva import DeviceGraph
 from hybridgnn.models.gnn import GNN, ModelSpec
 from hybridgnn.pipelines.gpu import DeviceExecutor
-from hybridgnn.pipelines.graphed import GraphedForward
+from hybridgnn.pipelines.graphed import GraphedForward, bucket_seeds
 from hybridgnn.pipelines.split import SplitExecutor
 from hybridgnn.sampling.cpu import CPUSampler
 from hybridgnn.sampling.gpu import TorchSampler
@@ -100,3 +100,32 @@ def test_the_split_lane_replays_graphs_too(tiny_dataset, monkeypatch):
         graphed.close()
         plain.close()
         dg.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_one_launch_lay_out_writes_what_the_torch_ops_write(tiny_dataset, monkeypatch, dtype):
+    """pipelines/cuda_lay_out.py against GraphedForward's torch ops on the device, for
+    real samples of every bucket, edge rows apart in memory (a staging slot's view)."""
+    pytest.importorskip("cupy")
+    graph = GraphStore.open(tiny_dataset)
+    model = GNN(ModelSpec("sage", graph.feature_dim, 8, 4, num_layers=3)).eval().to("cuda")
+    monkeypatch.setenv("HYBRIDGNN_CUDA_LAYOUT", "1")
+    kernel = GraphedForward(model, FANOUTS, "cuda", max_seeds=16, capture=lambda fn: fn)
+    monkeypatch.setenv("HYBRIDGNN_CUDA_LAYOUT", "0")
+    ops = GraphedForward(model, FANOUTS, "cuda", max_seeds=16, capture=lambda fn: fn)
+    assert kernel._layout_kernel and not ops._layout_kernel
+    rng = np.random.default_rng(0)
+    for size in (1, 2, 3, 5, 8, 16):
+        sub = CPUSampler(graph, FANOUTS, seed=size).sample(rng.choice(graph.num_nodes, size, replace=False))
+        x = torch.randn((sub.num_nodes, graph.feature_dim), device="cuda").to(dtype)
+        staging = torch.full((2, sub.num_edges + 5), -1, dtype=torch.int64, device="cuda")
+        staging[:, :sub.num_edges] = torch.from_numpy(sub.edge_index).cuda()
+        edge_index = staging[:, :sub.num_edges]
+        nodes, edges = list(sub.num_sampled_nodes), list(sub.num_sampled_edges)
+        a, b = kernel._bucket(bucket_seeds(size, 16), x), ops._bucket(bucket_seeds(size, 16), x)
+        a.x.zero_()
+        b.x.zero_()
+        kernel._lay_out(a, x, edge_index, nodes, edges)
+        ops._lay_out(b, x, edge_index, nodes, edges)
+        torch.cuda.synchronize()
+        assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index), size

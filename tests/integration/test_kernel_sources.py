@@ -7,11 +7,13 @@ import subprocess
 import pytest
 
 from hybridgnn.features import cuda_gather
+from hybridgnn.pipelines import cuda_lay_out
 from hybridgnn.sampling import cuda_hop, cuda_small
 
 NVCC = shutil.which("nvcc")
 SOURCES = ([(f"cuda_hop-{t}", cuda_hop.kernel_source(t)) for t in ("int32", "int64")]
            + [(f"cuda_small-{t}", cuda_small.kernel_source(t)) for t in ("int32", "int64")]
+           + [(f"cuda_lay_out-{w}", cuda_lay_out.kernel_source(w)) for w in (8, 4, 2, 1)]
            + [(f"cuda_gather-{w}", cuda_gather.kernel_source(w)) for w in (16, 8, 4, 2, 1)])
 
 

@@ -8,50 +8,10 @@
 // indices[nnz] (as int64, narrowed to HOST_INDEX_T), params[2 * hops + count].
 // stdout (int64): counts[2 * hops + 2], nodes[total nodes], edges[2 * total edges],
 // then 1 if the scratch maps were left as found, else 0.
-#include <atomic>
-#include <barrier>
-#include <cstdint>
-#include <cstdio>
-#include <limits>
 #include <thread>
-#include <vector>
 
-struct HostDim3 {
-    unsigned int x = 0, y = 0, z = 0;
-};
-thread_local HostDim3 threadIdx;
-HostDim3 blockIdx, blockDim, gridDim;
-std::barrier<>* host_barrier = nullptr;
-
-inline void __syncthreads() { host_barrier->arrive_and_wait(); }
-
-// Relaxed, as CUDA's atomics are: a seq_cst shim would order threads that a GPU does not,
-// and hide a missing barrier from ThreadSanitizer.
-inline long long atomicMin(long long* address, long long value) {
-    std::atomic_ref<long long> cell(*address);
-    long long seen = cell.load(std::memory_order_relaxed);
-    while (value < seen && !cell.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-    }
-    return seen;
-}
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__ __restrict
-#define __shared__ static
+#include "cuda_host_shim.h"
 #include "kernel.inc"
-
-static std::vector<long long> read_int64(size_t n) {
-    std::vector<long long> out(n);
-    if (n && std::fread(out.data(), sizeof(long long), n, stdin) != n) {
-        std::fprintf(stderr, "short input\n");
-        std::exit(2);
-    }
-    return out;
-}
-
-static void write_int64(const long long* data, size_t n) { std::fwrite(data, sizeof(long long), n, stdout); }
 
 int main() {
     std::vector<long long> head = read_int64(4);
