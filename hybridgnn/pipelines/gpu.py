@@ -69,7 +69,7 @@ class DeviceExecutor:
             self._sync()
             t1 = time.perf_counter()
             self._gather_clock.start()  # timed by events: no wait between gather and model
-            x, tiers = gather_pending(self.features, sub.node_ids)
+            x, pending_tiers = gather_pending(self.features, sub.node_ids)
             self._gather_clock.stop()
             degrees = self.degrees.tensors(sub.node_ids) if self.degrees is not None else None
             out, hidden = self.forward(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees)
@@ -85,6 +85,7 @@ class DeviceExecutor:
                 logits, emb, prd = self._to_host((out.float(), hidden.float(), out.argmax(dim=1)))
             t3 = time.perf_counter()
             gather_s = min(self._gather_clock.seconds(), t3 - t1)
+            tiers = pending_tiers()  # on the worker's stream, whose work is done
         t.sample_s, t.gather_s, t.compute_s = t1 - t0, gather_s, t3 - t1 - gather_s
         return BatchResult(logits=logits, embeddings=emb, predictions=prd.astype(np.int64, copy=False), timings=t,
-                           sampled_edges=sub.num_edges, gathered_rows=tiers())
+                           sampled_edges=sub.num_edges, gathered_rows=tiers)

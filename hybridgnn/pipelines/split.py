@@ -172,7 +172,7 @@ class SplitDeviceStage:
                 edge_index = slot.edges[:, :m].to(dev, non_blocking=True)
                 seed_index = slot.seeds[:s].to(dev, non_blocking=True)
                 th.gather_clock.start()  # timed by events: no wait between gather and model
-                x, tiers = gather_pending(self.features, node_ids)
+                x, pending_tiers = gather_pending(self.features, node_ids)
                 th.gather_clock.stop()
                 degrees = self.degrees.tensors(node_ids) if self.degrees is not None else None
                 out, hidden = th.forward(x, edge_index, nodes_per_hop, edges_per_hop, degrees)
@@ -180,6 +180,7 @@ class SplitDeviceStage:
                 logits, emb, pred = to_host((out.float(), hidden.float(), out.argmax(dim=1)), slot, sync)
                 t4 = time.perf_counter()
                 gather_s = min(th.gather_clock.seconds(), t4 - t2)
+                tiers = pending_tiers()  # on this thread's stream, whose work is done
         except BaseException:
             with contextlib.suppress(Exception):
                 sync()  # no copy launched above may still read the slot's pinned buffers once it is reused
@@ -190,7 +191,7 @@ class SplitDeviceStage:
                 th.pending -= 1
         t.gather_s, t.compute_s = gather_s, t4 - t2 - gather_s
         return BatchResult(logits=logits, embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
-                           sampled_edges=num_edges, gathered_rows=tiers())
+                           sampled_edges=num_edges, gathered_rows=tiers)
 
     def close(self) -> None:
         """Finish what was submitted, then end the threads."""
