@@ -110,8 +110,8 @@ def lay_out(x: torch.Tensor, edge_index: torch.Tensor, staged_plan: torch.Tensor
             bucket_x: torch.Tensor, bucket_edges: torch.Tensor) -> None:
     """Write the sample (x: its [total_nodes, F] rows; edge_index: [2, E] local ids) into
     the bucket's buffers, on the current torch stream. staged_plan: plan() on the device."""
-    if edge_index.stride(1) != 1:
-        edge_index = edge_index.contiguous()
+    if edge_index.dtype != torch.int64 or edge_index.stride(1) != 1:  # the kernel reads int64 rows
+        edge_index = edge_index.to(torch.int64).contiguous()
     x = x[:total_nodes].contiguous()
     row_elems = int(x.shape[1]) if x.dim() == 2 else 0
     edge_slots = int(bucket_edges.shape[1])

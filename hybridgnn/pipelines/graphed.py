@@ -231,8 +231,13 @@ class GraphedForward:
         real, ereal = list(accumulate(nodes, initial=0)), list(accumulate(edges, initial=0))
         if self._layout_kernel:
             plan = self._stage(cuda_lay_out.plan(nodes, edges, starts, estarts))
-            cuda_lay_out.lay_out(x, edge_index, plan, layers, real[-1], bucket.x, bucket.edge_index)
-            return
+            try:
+                cuda_lay_out.lay_out(x, edge_index, plan, layers, real[-1], bucket.x, bucket.edge_index)
+                return
+            except Exception as exc:  # noqa: BLE001 - it cannot run (a compiler error, say): the torch ops can
+                self._layout_kernel = False
+                log.warning("the one-launch bucket lay-out failed (%s: %s); this worker lays batches out with "
+                            "torch ops", type(exc).__name__, str(exc)[:200])
         # Per hop: where its real nodes begin (bounds for bucketize) and how far they move;
         # the same for edges. A sentinel closes each list of bounds.
         dev = self._stage([*real[1:layers + 1], _SENTINEL] + [starts[k] - real[k] for k in range(layers + 1)]

@@ -42,15 +42,18 @@ def test_hottest_first_orders_by_fap_with_stable_ties():
     assert hottest_first(np.array([0.1, 0.5, 0.1, 0.9])).tolist() == [3, 1, 0, 2]
 
 
-def test_device_executor_matches_the_cpu_executor_when_sampling_is_deterministic(tiny_dataset, tiny_model):
+@pytest.mark.parametrize("seeds", [[3, 17, 17, 400, 2999], [2999, 3, 17, 3, 400], [5], []])
+def test_device_executor_matches_the_cpu_executor_when_sampling_is_deterministic(tiny_dataset, tiny_model, seeds):
+    """Answers in the request's order (unsorted, repeated seeds), empty batches too."""
     graph = GraphStore.open(tiny_dataset)
     model, _ = load_checkpoint(tiny_model)
-    seeds = np.array([3, 17, 17, 400, 2999])
+    seeds = np.array(seeds, dtype=np.int64)
     cpu = BatchExecutor(CPUSampler(graph, EVERYTHING), HostFeatureStore(graph.features), model).run(seeds)
     dg = DeviceGraph(graph, "cpu")
     dev = DeviceExecutor(TorchSampler(dg.indptr, dg.indices, EVERYTHING),
                          CachedFeatureStore(graph.features, "cpu", 64 * 1024), model).run(seeds)
     np.testing.assert_allclose(dev.logits, cpu.logits, rtol=1e-5, atol=1e-5)
+    assert dev.logits.shape[0] == len(seeds) and dev.embeddings.shape[0] == len(seeds)
     assert np.array_equal(dev.predictions, cpu.predictions)
     assert dev.sampled_edges == cpu.sampled_edges
     assert sum(dev.gathered_rows.values()) == sum(cpu.gathered_rows.values())

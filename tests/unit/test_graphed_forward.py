@@ -279,3 +279,26 @@ def test_a_capture_waits_until_no_other_thread_is_inside_device_work(tiny_datase
     other.join(30)
     batch.join(30)
     assert seen == [0] and forward.captured == [1] and DEVICE_GATE.working == 0
+
+
+def test_a_lay_out_kernel_that_cannot_run_leaves_the_torch_ops_in_charge(tiny_dataset, monkeypatch, caplog):
+    from hybridgnn.pipelines import cuda_lay_out
+
+    graph = GraphStore.open(tiny_dataset)
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", graph.feature_dim, 8, 3, num_layers=2)).eval()
+    forward = GraphedForward(model, (4, 4), "cpu", max_seeds=4, capture=eager_capture([]))
+    forward._layout_kernel = True
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("nvrtc: error: identifier undefined")
+
+    monkeypatch.setattr(cuda_lay_out, "lay_out", broken)
+    sub, x, ei = sample_inputs(graph, (4, 4), [7, 8, 9])
+    want = eager(model, sub, x, ei)
+    with caplog.at_level(logging.WARNING, logger="hybridgnn.pipelines.graphed"), torch.inference_mode():
+        for _ in range(2):  # captured on the first, replayed on the second
+            got = forward(x, ei, sub.num_sampled_nodes, sub.num_sampled_edges)
+            torch.testing.assert_close(got[0][:3], want[0][:3])
+    assert not forward._layout_kernel and forward.replays == 1
+    assert caplog.text.count("one-launch bucket lay-out failed (RuntimeError: nvrtc") == 1
