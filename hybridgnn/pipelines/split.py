@@ -170,14 +170,18 @@ class SplitDeviceStage:
                 t.queue_wait_s += t2 - handed  # waited for the device stage
                 node_ids = slot.nodes[:n].to(dev, non_blocking=True)
                 edge_index = slot.edges[:, :m].to(dev, non_blocking=True)
-                seed_index = slot.seeds[:s].to(dev, non_blocking=True)
                 th.gather_clock.start()  # timed by events: no wait between gather and model
                 x, pending_tiers = gather_pending(self.features, node_ids)
                 th.gather_clock.stop()
                 degrees = self.degrees.tensors(node_ids) if self.degrees is not None else None
                 out, hidden = th.forward(x, edge_index, nodes_per_hop, edges_per_hop, degrees)
-                out, hidden = out[seed_index], hidden[seed_index]
-                logits, emb, pred = to_host((out.float(), hidden.float(), out.argmax(dim=1)), slot, sync)
+                # The unique seeds' rows come first: copy those, then put them in the
+                # request's order and take the argmax on the host (the seed index is there).
+                count = nodes_per_hop[0]
+                unique_logits, unique_emb = to_host((out[:count].float(), hidden[:count].float()), slot, sync)
+                seed_index = slot.seeds[:s].numpy()
+                logits, emb = unique_logits[seed_index], unique_emb[seed_index]
+                pred = logits.argmax(axis=1)
                 t4 = time.perf_counter()
                 gather_s = min(th.gather_clock.seconds(), t4 - t2)
                 tiers = pending_tiers()  # on this thread's stream, whose work is done

@@ -33,12 +33,14 @@ def _batch(seeds):
     return Batch(requests=[], seeds=seeds, offsets=np.array([0, len(seeds)]), psgs=0.0, closed_s=time.perf_counter())
 
 
-@pytest.mark.parametrize("kind", ["sage", "gcn"])
-def test_the_split_lane_answers_as_the_cpu_model_lane(tiny_dataset, kind):
+@pytest.mark.parametrize("kind,seeds", [("sage", [3, 17, 17, 400, 2999]), ("gcn", [3, 17, 17, 400, 2999]),
+                                        ("sage", [2999, 3, 17, 3, 400]), ("sage", [])])
+def test_the_split_lane_answers_as_the_cpu_model_lane(tiny_dataset, kind, seeds):
+    """In the request's order (unsorted, repeated seeds), empty batches too."""
     graph = GraphStore.open(tiny_dataset)
     torch.manual_seed(0)
     model = GNN(ModelSpec(kind, graph.feature_dim, 8, 3)).eval()
-    seeds = np.array([3, 17, 17, 400, 2999])
+    seeds = np.array(seeds, dtype=np.int64)
     cpu = BatchExecutor(CPUSampler(graph, (5, 3), seed=7), HostFeatureStore(graph.features), model,
                         degrees=NodeDegrees(graph)).run(seeds)
     dg = DeviceGraph(graph, "cpu")
