@@ -3,12 +3,14 @@ memory), gather through the device feature cache, run the model, copy results ba
 
 Each worker owns one CUDA stream (Quiver §4.3): its batches' kernels queue there, so
 workers overlap on the device while the host threads wait. A small batch's model forward
-is a CUDA graph replay (pipelines/graphed.py; HYBRIDGNN_CUDA_GRAPHS=0 turns it off). Stage
-times measure the device work, not launch time. On a
-CPU device the same code runs on CPU tensors and streams are no-ops (how CI and
-`hybridgnn profile` without a GPU exercise it). The sampler waits once, for its counts;
-the gather and the model then run without a wait between them (the gather is timed by
-CUDA events, pipelines/stage_clock.py), and the batch waits once more, for its results.
+is a CUDA graph replay (pipelines/graphed.py; HYBRIDGNN_CUDA_GRAPHS=0 turns it off).
+
+The host waits twice per batch: the sampler for its counts, and the end for the results.
+The gather and the model run without a wait between them; stage times come from CUDA
+events (pipelines/stage_clock.py), so they measure the device work, not launch time. The
+results are copied for the unique seeds only and put in the request's order on the host.
+On a CPU device the same code runs on CPU tensors and streams are no-ops (how CI and
+`hybridgnn profile` without a GPU exercise it).
 """
 
 from __future__ import annotations
