@@ -26,6 +26,7 @@ from hybridgnn.features.store import CachedFeatureStore, gather_pending
 from hybridgnn.graph.degrees import DeviceNodeDegrees
 from hybridgnn.models.gnn import GNN
 from hybridgnn.pipelines.graphed import model_forward
+from hybridgnn.pipelines.host_results import HostResults
 from hybridgnn.pipelines.stage_clock import StageClock
 from hybridgnn.sampling.gpu import TorchSampler
 from hybridgnn.types import BatchResult, StageTimings
@@ -50,18 +51,9 @@ class DeviceExecutor:
             self._stream_ctx = contextlib.nullcontext
             self._sync = lambda: None
         self._gather_clock = StageClock(self.device)
+        self._results = HostResults(pinned=self.device.type == "cuda")
         # Small batches replay CUDA graphs where enabled (pipelines/graphed.py).
         self.forward = model_forward(model, sampler.fanouts, self.device, self.stream)
-
-    def _to_host(self, tensors) -> list[np.ndarray]:
-        """Host arrays of these device tensors: on a GPU through pinned buffers, one wait for all."""
-        if self.device.type != "cuda":
-            return [a.numpy() for a in tensors]
-        host = [torch.empty(a.shape, dtype=a.dtype, pin_memory=True) for a in tensors]
-        for dst, src in zip(host, tensors, strict=True):
-            dst.copy_(src, non_blocking=True)
-        self._sync()
-        return [h.numpy() for h in host]
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         t = timings if timings is not None else StageTimings()
@@ -75,16 +67,9 @@ class DeviceExecutor:
             self._gather_clock.stop()
             degrees = self.degrees.tensors(sub.node_ids) if self.degrees is not None else None
             out, hidden = self.forward(x, sub.edge_index, sub.num_sampled_nodes, sub.num_sampled_edges, degrees)
-            if sub.host_seed_index is not None:
-                # The unique seeds' rows come first: copy those, put them in the request's
-                # order and take the argmax on the host (three launches fewer on a GPU).
-                count = sub.num_sampled_nodes[0]
-                unique_logits, unique_emb = self._to_host((out[:count].float(), hidden[:count].float()))
-                logits, emb = unique_logits[sub.host_seed_index], unique_emb[sub.host_seed_index]
-                prd = logits.argmax(axis=1)
-            else:
-                out, hidden = out[sub.seed_index], hidden[sub.seed_index]
-                logits, emb, prd = self._to_host((out.float(), hidden.float(), out.argmax(dim=1)))
+            # seeds from the host: the sampler kept their index there (TensorSubgraph)
+            logits, emb, prd = self._results.answer(out, hidden, sub.num_sampled_nodes[0], sub.host_seed_index,
+                                                    self._sync)
             t3 = time.perf_counter()
             gather_s = min(self._gather_clock.seconds(), t3 - t1)
             tiers = pending_tiers()  # on the worker's stream, whose work is done

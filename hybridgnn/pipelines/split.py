@@ -36,6 +36,7 @@ import torch
 from hybridgnn.capabilities import DEVICE_GATE
 from hybridgnn.features.store import gather_pending
 from hybridgnn.pipelines.graphed import model_forward
+from hybridgnn.pipelines.host_results import HostResults
 from hybridgnn.pipelines.stage_clock import StageClock
 from hybridgnn.types import BatchResult, StageTimings
 
@@ -50,6 +51,7 @@ class _Slot:
         self.nodes = self._alloc((1024,))
         self.edges = self._alloc((2, 4096))
         self.seeds = self._alloc((256,))
+        self.results = HostResults(pinned)
 
     def _alloc(self, shape) -> torch.Tensor:
         if not self.pinned:
@@ -64,17 +66,6 @@ class _Slot:
         while size < n:
             size *= 2
         return self._alloc((*buf.shape[:-1], size))
-
-    def result_buffers(self, tensors) -> list[torch.Tensor]:
-        """Host buffers (pinned on a GPU) shaped like the device results, kept for reuse."""
-        bufs = getattr(self, "_out", None) or [None] * len(tensors)
-        for i, a in enumerate(tensors):
-            b = bufs[i]
-            if b is None or b.dtype != a.dtype or b.numel() < a.numel():
-                bufs[i] = torch.empty(max(a.numel(), 2 * (b.numel() if b is not None else 0)), dtype=a.dtype,
-                                      pin_memory=self.pinned)
-        self._out = bufs
-        return [b[: a.numel()].view(a.shape) for b, a in zip(bufs, tensors, strict=True)]
 
     def stage(self, node_ids: np.ndarray, edge_index: np.ndarray, seed_index: np.ndarray) -> tuple[int, int, int]:
         n, m, s = len(node_ids), edge_index.shape[1], len(seed_index)
@@ -175,13 +166,7 @@ class SplitDeviceStage:
                 th.gather_clock.stop()
                 degrees = self.degrees.tensors(node_ids) if self.degrees is not None else None
                 out, hidden = th.forward(x, edge_index, nodes_per_hop, edges_per_hop, degrees)
-                # The unique seeds' rows come first: copy those, then put them in the
-                # request's order and take the argmax on the host (the seed index is there).
-                count = nodes_per_hop[0]
-                unique_logits, unique_emb = to_host((out[:count].float(), hidden[:count].float()), slot, sync)
-                seed_index = slot.seeds[:s].numpy()
-                logits, emb = unique_logits[seed_index], unique_emb[seed_index]
-                pred = logits.argmax(axis=1)
+                logits, emb, pred = slot.results.answer(out, hidden, nodes_per_hop[0], slot.seeds[:s].numpy(), sync)
                 t4 = time.perf_counter()
                 gather_s = min(th.gather_clock.seconds(), t4 - t2)
                 tiers = pending_tiers()  # on this thread's stream, whose work is done
@@ -276,16 +261,3 @@ class SplitExecutor:
                 self._slot_ready.wait()
         if self._owns_stage:
             self.stage.close()
-
-
-def to_host(tensors, slot: _Slot, sync) -> list[np.ndarray]:
-    """Device tensors as host arrays of their own: on a GPU through the slot's pinned
-    buffers with non-blocking copies (one synchronisation for all), then copied out, as
-    the slot is reused; on a CPU device as they are."""
-    if tensors[0].device.type != "cuda":
-        return [a.numpy() for a in tensors]
-    host = slot.result_buffers(tensors)
-    for dst, src in zip(host, tensors, strict=True):
-        dst.copy_(src, non_blocking=True)
-    sync()
-    return [h.numpy().copy() for h in host]

@@ -193,6 +193,17 @@ def sample_hop(indptr: torch.Tensor, indices: torch.Tensor, frontier: torch.Tens
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def worst_case(count: int, fanouts: tuple[int, ...], num_nodes: int) -> tuple[tuple[int, ...], int, int]:
+    """(largest frontier per hop, largest hop's tile entries, total tile entries) of a
+    batch of `count` distinct seeds: what the kernels' buffers are sized for."""
+    rows = [count]
+    for f in fanouts[:-1]:
+        rows.append(min(rows[-1] * f, num_nodes))
+    tiles = [r * f for r, f in zip(rows, fanouts, strict=True)]
+    return tuple(rows), max(tiles), sum(tiles)
+
+
 def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, unique_seeds: torch.Tensor, fanouts,
                  hop_seeds, local: torch.Tensor, bid: torch.Tensor):
     """A whole K-hop batch on the device: (node_ids, edge_index, nodes per hop, edges per
@@ -209,10 +220,8 @@ def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, unique_seeds: torc
     count = int(unique_seeds.shape[0])
     # Largest frontier each hop can have: the tiles and grids are sized for it, so no hop
     # waits for the previous one's count.
-    max_rows = [count]
-    for f in fanouts[:-1]:
-        max_rows.append(min(max_rows[-1] * f, num_nodes))
-    capacity = min(count + sum(r * f for r, f in zip(max_rows, fanouts, strict=True)), num_nodes)
+    max_rows, _, total_tiles = worst_case(count, tuple(fanouts), num_nodes)
+    capacity = min(count + total_tiles, num_nodes)
     name = str(indices.dtype).removeprefix("torch.")
     src_parts, dst_parts = [], []
     try:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from hybridgnn.graph.rawkernel import compile_module, on_torch_stream, ptr
-from hybridgnn.sampling.cuda_hop import DRAW_SOURCE, MAX_FANOUT
+from hybridgnn.sampling.cuda_hop import DRAW_SOURCE, MAX_FANOUT, worst_case
 
 THREADS = 256  # the block's width: one chunk of tile positions per barrier round
 MAX_HOPS = 8  # the per-hop bounds live in shared memory
@@ -160,23 +160,13 @@ def _kernel(index_dtype: str):
     return compile_module(kernel_source(index_dtype)).get_function("sample_small")
 
 
-def worst_case(count: int, fanouts, num_nodes: int) -> tuple[list[int], int, int]:
-    """(largest frontier per hop, largest hop's tile entries, total tile entries) of a
-    batch of `count` distinct seeds: what the buffers are sized for."""
-    rows = [count]
-    for f in fanouts[:-1]:
-        rows.append(min(rows[-1] * f, num_nodes))
-    tiles = [r * f for r, f in zip(rows, fanouts, strict=True)]
-    return rows, max(tiles), sum(tiles)
-
-
 class SmallBatches:
     """One worker's one-launch sampler (module docstring): owns a pinned staging buffer,
     used by one thread at a time on the current torch stream."""
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts, *, limit: int | None = None):
         self.indptr, self.indices = indptr, indices
-        self.fanouts = [int(f) for f in fanouts]
+        self.fanouts = tuple(int(f) for f in fanouts)
         self.num_nodes = int(indptr.shape[0]) - 1
         self.limit = max_tile() if limit is None else int(limit)
         self.device = indptr.device
@@ -220,7 +210,7 @@ class SmallBatches:
         node_ids and edge_index are views of one worst-case buffer (at most about 1.2 MB at
         the default limit), kept alive with them rather than copied out by two more launches."""
         hops = len(self.fanouts)
-        rows, tile_cap, total_tiles = worst_case(count, self.fanouts, self.num_nodes)
+        _, tile_cap, total_tiles = worst_case(count, self.fanouts, self.num_nodes)
         node_cap = min(count + total_tiles, max(self.num_nodes, count))
         edge_cap = total_tiles
         sizes = [tile_cap, node_cap, 2 * edge_cap, edge_cap, 2 * hops + 2]

@@ -25,8 +25,8 @@ def _csr(num_nodes=50, seed=0):
 
 
 def test_worst_case_sizes_follow_the_fanouts_and_the_graph():
-    assert cuda_small.worst_case(1, [15, 10, 5], 10**6) == ([1, 15, 150], 750, 915)
-    assert cuda_small.worst_case(2, [3, 3], 4) == ([2, 4], 12, 18)  # a frontier never exceeds the graph
+    assert cuda_hop.worst_case(1, (15, 10, 5), 10**6) == ((1, 15, 150), 750, 915)
+    assert cuda_hop.worst_case(2, (3, 3), 4) == ((2, 4), 12, 18)  # a frontier never exceeds the graph
 
 
 def test_it_takes_batches_up_to_its_limit_and_kernels_it_can_run():
