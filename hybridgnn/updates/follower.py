@@ -292,6 +292,9 @@ class Follower:
                 await asyncio.gather(t, return_exceptions=True)
         if self._stepping is not None:  # let the step in flight finish before the log closes
             await asyncio.wait([self._stepping], timeout=30)
+            # No one awaits the step after _run's cancellation; take its outcome here (or when
+            # it ends) so its failure is not logged as "never retrieved" from a finaliser.
+            self._stepping.add_done_callback(_drop_outcome)
         for futs in self._waiters.values():
             for f in futs:
                 if not f.done():
@@ -401,3 +404,9 @@ class Follower:
             _, _, fut = heapq.heappop(heap)
             if not fut.done():
                 fut.set_result(True)
+
+
+def _drop_outcome(future: asyncio.Future) -> None:
+    """Mark a step's outcome as read: it failed during shutdown, when no request waits on it."""
+    if not future.cancelled():
+        future.exception()

@@ -6,6 +6,8 @@ core whose name is one of them (x not self or cls) fails, in hybridgnn/ and benc
 import ast
 from pathlib import Path
 
+from tests.support.source import parse_file
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "hybridgnn" / "serving" / "core"
 ENGINE_MODULES = [CORE / "engine.py", CORE / "sampled.py"]
@@ -14,7 +16,7 @@ ENGINE_MODULES = [CORE / "engine.py", CORE / "sampled.py"]
 def private_engine_names(modules=ENGINE_MODULES) -> set[str]:
     names = set()
     for path in modules:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_file(path)):
             if isinstance(node, ast.ClassDef) and node.name in ("Engine", "SampledInference"):
                 for inner in ast.walk(node):
                     if (isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
@@ -30,7 +32,7 @@ def private_engine_names(modules=ENGINE_MODULES) -> set[str]:
 def touches(paths, private: set[str], root: Path = ROOT) -> list[str]:
     found = []
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_file(path)):
             if (isinstance(node, ast.Attribute) and node.attr in private
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
                 found.append(f"{path.relative_to(root)}:{node.lineno} reads .{node.attr}")

@@ -6,6 +6,8 @@ import ast
 import sys
 from pathlib import Path
 
+from tests.support.source import parse_file
+
 PACKAGE = Path(__file__).resolve().parents[2] / "hybridgnn"
 
 # bottom to top
@@ -26,7 +28,7 @@ def _layer_of(module: str) -> str | None:
 
 def _imports(path):
     """(line, module) of every absolute import in a file, function-local ones included."""
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module
         elif isinstance(node, ast.Import):

@@ -5,6 +5,8 @@ counts, function-local and conditional ones included (ast.walk reaches them all)
 import ast
 from pathlib import Path
 
+from tests.support.source import parse_file
+
 PACKAGE = Path(__file__).resolve().parents[2] / "hybridgnn"
 TEST_ONLY = {"hypothesis", "pytest", "_pytest", "tests"}
 
@@ -28,7 +30,7 @@ def test_no_package_module_imports_hypothesis_or_pytest():
     modules = sorted(PACKAGE.rglob("*.py"))
     assert len(modules) > 50, f"found only {len(modules)} modules under {PACKAGE}"
     for path in modules:
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse_file(path)
         for lineno, module in _imported_modules(tree):
             if module.split(".")[0] in TEST_ONLY:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno} imports {module}")
@@ -56,7 +58,7 @@ def _module_level_imports(path: Path) -> set[str]:
                 visit(getattr(node, "orelse", []))
                 for h in getattr(node, "handlers", []):
                     visit(h.body)
-    visit(ast.parse(path.read_text()).body)
+    visit(parse_file(path).body)
     return found
 
 

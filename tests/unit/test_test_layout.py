@@ -7,12 +7,14 @@ no servers, no child processes."""
 import ast
 from pathlib import Path
 
+from tests.support.source import parse_file
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _imports_of(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module in ("tests", "tests.support"):  # `from tests.support import server` names a module
                 names.update(f"{node.module}.{alias.name}" for alias in node.names)
@@ -63,7 +65,7 @@ def test_every_name_a_bench_script_imports_exists():
 
     missing = []
     for path in sorted((ROOT / "bench").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_file(path)):
             if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
                     and (node.module.split(".")[0] in ("hybridgnn", "bench") or _is_support(node.module))):
                 continue
