@@ -65,14 +65,14 @@ def run(args) -> int:
 
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to profile the demo)")
+    gpu = gpu_pipeline_config(args.device, args.gpu_workers)  # flag mistakes before the demo's generation
+    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, False)
     if args.dataset is None:
         from hybridgnn.demo import ensure_demo
 
         args.dataset, args.model = ensure_demo(args.cache_dir)
     model_cfg = read_config(args.model)
     fanouts = fanouts_for(model_cfg, flag=args.fanouts)
-    gpu = gpu_pipeline_config(args.device, args.gpu_workers)
-    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, False)
     serve_cfg = ServeConfig(
         dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers, split=split,

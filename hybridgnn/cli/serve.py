@@ -191,7 +191,22 @@ def _reads_as_model(path: Path) -> bool:
 
 
 def build_config(args) -> ServeConfig:
+    # Flags are checked before anything slow (the demo's first generation takes ~30 s),
+    # so a mistake is answered at once.
     check_ranges(args)
+    policy = chosen_policy(args)
+    # None: each model's own (config.fanouts_for), filled in when it is loaded
+    fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
+    update_token = args.update_token or env_default("UPDATE_TOKEN", None)
+    gpu = gpu_pipeline_config(args.device, args.gpu_workers)
+    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, bool(update_token),
+                           processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))
+    processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token), split)
+    if split and processes:
+        raise ConfigError("--cpu-lane split runs its workers as threads (they hand batches to the GPU in this "
+                          "process): drop --worker-processes")
+    worker_cpus = chosen_worker_cpus(args.worker_cpus, processes)
+    workers = args.workers if args.workers is not None else (len(worker_cpus) or CPU_COUNT)
 
     if args.model_repository is not None:
         if args.model is not None or args.dataset is None:
@@ -210,18 +225,6 @@ def build_config(args) -> ServeConfig:
         from hybridgnn.demo import ensure_demo
 
         args.dataset, args.model = ensure_demo(args.cache_dir)
-    # None: each model's own (config.fanouts_for), filled in when it is loaded
-    fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
-    update_token = args.update_token or env_default("UPDATE_TOKEN", None)
-    gpu = gpu_pipeline_config(args.device, args.gpu_workers)
-    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, bool(update_token),
-                           processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))
-    processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token), split)
-    if split and processes:
-        raise ConfigError("--cpu-lane split runs its workers as threads (they hand batches to the GPU in this "
-                          "process): drop --worker-processes")
-    worker_cpus = chosen_worker_cpus(args.worker_cpus, processes)
-    workers = args.workers if args.workers is not None else (len(worker_cpus) or CPU_COUNT)
     return ServeConfig(
         new_nodes=NewNodeConfig(**config_values(args, NewNodeConfig)),
         updates=UpdateConfig(token=update_token, **config_values(args, UpdateConfig)),
@@ -236,7 +239,7 @@ def build_config(args) -> ServeConfig:
         gpu_memory=DeviceMemoryConfig(**config_values(args, DeviceMemoryConfig)),
         router=RouterConfig(spill=args.spill, **config_values(args, RouterConfig)),
         admission=AdmissionConfig(**config_values(args, AdmissionConfig)),
-        policy=PolicyConfig(profile=args.profile, policy=chosen_policy(args), adapt=args.adapt,
+        policy=PolicyConfig(profile=args.profile, policy=policy, adapt=args.adapt,
                             **config_values(args, PolicyConfig)),
         server=ServerConfig(**config_values(args, ServerConfig)),
         partitions=PartitionConfig(**config_values(args, PartitionConfig)),

@@ -7,6 +7,18 @@ from hybridgnn.cli.main import build_parser, main
 from hybridgnn.errors import ConfigError
 
 
+@pytest.fixture(autouse=True)
+def _no_demo(monkeypatch):
+    """No test here generates the demo (~30 s, into the user's cache): a flag mistake
+    with no --dataset must be answered before the demo is made."""
+    import hybridgnn.demo
+
+    def no_demo(*_args, **_kwargs):
+        raise AssertionError("the demo was generated before the flags were checked")
+
+    monkeypatch.setattr(hybridgnn.demo, "ensure_demo", no_demo)
+
+
 def test_every_command_has_help(capsys):
     for cmd in (["serve"], ["dataset", "generate", "powerlaw"], ["dataset", "generate", "csbm"], ["dataset", "generate", "hetero"],
                 ["dataset", "import"], ["dataset", "info"], ["workload", "build"], ["train"], ["precompute"],
