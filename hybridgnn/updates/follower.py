@@ -292,9 +292,6 @@ class Follower:
                 await asyncio.gather(t, return_exceptions=True)
         if self._stepping is not None:  # let the step in flight finish before the log closes
             await asyncio.wait([self._stepping], timeout=30)
-            # No one awaits the step after _run's cancellation; take its outcome here (or when
-            # it ends) so its failure is not logged as "never retrieved" from a finaliser.
-            self._stepping.add_done_callback(_drop_outcome)
         for futs in self._waiters.values():
             for f in futs:
                 if not f.done():
@@ -307,6 +304,12 @@ class Follower:
             self._stepping = loop.run_in_executor(None, self.step)
             try:
                 done = await asyncio.shield(self._stepping)
+            except asyncio.CancelledError:
+                # The shield lets go of the step: no one reads its outcome now, so it is
+                # taken when the step ends (else its failure is logged as "never retrieved"
+                # from a finaliser, at any time, on any thread).
+                self._stepping.add_done_callback(_drop_outcome)
+                raise
             except Exception as exc:
                 # What applied before the failure is answered; the failing entry is tried
                 # again (from the request it stopped at) after a pause.

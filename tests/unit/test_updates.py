@@ -114,7 +114,7 @@ def test_the_follower_compacts_in_the_background(tmp_path):
 
 def test_a_step_that_fails_during_stop_is_not_left_for_a_finaliser_to_log(tmp_path, caplog):
     """The step in flight when the follower stops is awaited by no one: its failure must
-    be taken by stop, not logged later as "Future exception was never retrieved" by
+    be taken when it ends, not logged later as "Future exception was never retrieved" by
     whichever finaliser runs (CPython 3.11 parses source to format that traceback, which
     breaks an ast.parse the collection interrupts)."""
     dyn, inc, tel = _parts(tmp_path)

@@ -175,8 +175,9 @@ class PartitionedUpdates:
 
     async def stop(self) -> None:
         self._stopped = True
-        for t in list(self._swapping):
-            t.cancel()
+        # A swap in flight has its new follower and applier in place and is retiring the
+        # old ones: let it finish (bounded by their stops), so every follower started stops.
+        await asyncio.gather(*self._swapping, return_exceptions=True)
         if self.applier is not None:
             await self.applier.stop()
         if self.follower is not None:
