@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from hybridgnn.config import UpdateConfig
-from hybridgnn.errors import ServiceUnavailable, ServingError
+from hybridgnn.errors import Draining, ServiceUnavailable, ServingError
 from hybridgnn.graph.dynamic import UpdateError
+from hybridgnn.serving.core.updates import UpdateApplier
 from hybridgnn.telemetry.metrics import Telemetry
 from hybridgnn.updates.requests import build_request, encode_entry, to_batch
 from tests.support.graphs import dynamic_setup
@@ -139,6 +140,48 @@ def test_a_step_that_fails_during_stop_is_not_left_for_a_finaliser_to_log(tmp_pa
         follower._stepping = None
         gc.collect()
     assert "never retrieved" not in caplog.text
+
+
+@pytest.mark.parametrize("blocked_in", ["check", "append"])
+def test_an_applier_stopped_with_a_group_in_hand_answers_every_request_in_it(tmp_path, blocked_in):
+    """A group taken from the queue is no longer the queue's: stopping the applier while
+    the group is checked or appended must still answer each request (503), saying whether
+    the update may have been logged."""
+    dyn, inc, tel = _parts(tmp_path)
+    follower = follower_for(dyn, inc, stats=tel)
+    applier = UpdateApplier(follower.cfg, follower, follower.graph, follower.stats)
+    req = decode_update_request(body(t("update_ids", [1], "INT64"), t("update_features", np.ones((1, 4)), "FP32")),
+                                None, feature_dim=4, max_updates=100)
+    inside, release = threading.Event(), threading.Event()
+
+    def blocking(original):
+        def run(*args):
+            inside.set()
+            release.wait(10)
+            return original(*args)
+        return run
+
+    if blocked_in == "check":
+        applier._refusals = blocking(applier._refusals)
+    else:
+        follower.log.append = blocking(follower.log.append)
+
+    async def submit_then_stop():
+        applier.start()
+        answer = applier.submit(req)
+        assert await asyncio.to_thread(inside.wait, 10)  # the group is in hand
+        await applier.stop("stopping for the test")
+        release.set()
+        with pytest.raises(ServingError) as info:
+            await asyncio.wait_for(answer, 5)
+        return info.value
+
+    err = asyncio.run(submit_then_stop())
+    assert err.status == 503 and "stopping for the test" in str(err)
+    if blocked_in == "check":
+        assert isinstance(err, Draining) and "nothing of this update was logged" in str(err)
+    else:
+        assert isinstance(err, ServiceUnavailable) and "Idempotency-Key" in str(err)
 
 
 hypothesis = pytest.importorskip("hypothesis")

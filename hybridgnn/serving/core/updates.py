@@ -77,11 +77,13 @@ class UpdateApplier:
         self._wake = asyncio.Event()
         self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # idempotency key -> (body sha256, future)
         self._task: asyncio.Task | None = None
+        self._stop_why = "server is shutting down"
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="graph-updates")
 
     async def stop(self, why: str = "server is shutting down") -> None:
+        self._stop_why = why  # what a group cut short by the cancellation is told
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -147,6 +149,7 @@ class UpdateApplier:
         """Refuse what would not apply, append the rest as one entry, and answer each
         request from the entry's outcomes when the follower has applied it."""
         log_ = self.follower.log
+        appending = False
         try:
             errors = await asyncio.to_thread(self._refusals, [w.update for w in group])
             if any(e is not None for e in errors):
@@ -163,9 +166,19 @@ class UpdateApplier:
             if not group:
                 return
             entry = [w.update.logged for w in group]
-            # The append goes on in its thread even if this task is cancelled: shielded, so
-            # a logged update is still answered.
+            # The append goes on in its thread even if this task is cancelled (shielded: an
+            # entry is never half-written); whether it lands is then unknown here.
+            appending = True
             position = await asyncio.shield(asyncio.to_thread(lambda: log_.append(encode_entry(entry))))
+        except asyncio.CancelledError:
+            # Stopped with this group taken from the queue: each request hears now.
+            cut_short = (ServiceUnavailable(f"{self._stop_why}; the update may have been logged: retry with the "
+                                            "same Idempotency-Key (applied once), or read graph_version first")
+                         if appending else Draining(f"{self._stop_why}; nothing of this update was logged"))
+            for w in group:
+                if not w.future.done():
+                    w.future.set_exception(cut_short)
+            raise
         except Exception as exc:
             if not isinstance(exc, ServingError):
                 log.exception("logging a graph update failed")
