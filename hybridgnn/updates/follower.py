@@ -84,6 +84,7 @@ class Follower:
         self._live_version_waiters = 0
         self._seq = itertools.count()
         self._stepping: asyncio.Future | None = None
+        self._let_go_of: asyncio.Future | None = None  # a step whose awaiter was cancelled
         self._task: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
         self.snapshots = snapshots  # updates.snapshot.Snapshots, or None (no snapshots written)
@@ -290,8 +291,16 @@ class Follower:
             if t is not None:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
-        if self._stepping is not None:  # let the step in flight finish before the log closes
-            await asyncio.wait([self._stepping], timeout=30)
+        stepping = self._stepping
+        if stepping is not None:  # let the step in flight finish before the log closes
+            await asyncio.wait([stepping], timeout=30)
+        if stepping is not None and stepping is self._let_go_of and stepping.done() and not stepping.cancelled():
+            # _run was stopped while this step applied: what it applied is answered as
+            # applied, not as a bare 503.
+            failed = stepping.exception() is not None
+            for position, outcomes in self.done_before_failure if failed else stepping.result():
+                self._resolve(position, outcomes)
+            self._release_versions()
         for futs in self._waiters.values():
             for f in futs:
                 if not f.done():
@@ -305,10 +314,9 @@ class Follower:
             try:
                 done = await asyncio.shield(self._stepping)
             except asyncio.CancelledError:
-                # The shield lets go of the step: no one reads its outcome now, so it is
-                # taken when the step ends (else its failure is logged as "never retrieved"
-                # from a finaliser, at any time, on any thread).
-                self._stepping.add_done_callback(_drop_outcome)
+                # The shield lets go of the step: no one reads its outcome now (stop may).
+                self._stepping.add_done_callback(discard_outcome)
+                self._let_go_of = self._stepping
                 raise
             except Exception as exc:
                 # What applied before the failure is answered; the failing entry is tried
@@ -409,7 +417,9 @@ class Follower:
                 fut.set_result(True)
 
 
-def _drop_outcome(future: asyncio.Future) -> None:
-    """Mark a step's outcome as read: it failed during shutdown, when no request waits on it."""
+def discard_outcome(future: asyncio.Future) -> None:
+    """Done callback for work that was let go of (its awaiter was cancelled while the work
+    runs on in a thread): mark its outcome read, so a failure is not logged as "never
+    retrieved" from a finaliser, at any time, on any thread."""
     if not future.cancelled():
         future.exception()

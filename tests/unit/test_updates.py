@@ -170,18 +170,84 @@ def test_an_applier_stopped_with_a_group_in_hand_answers_every_request_in_it(tmp
         applier.start()
         answer = applier.submit(req)
         assert await asyncio.to_thread(inside.wait, 10)  # the group is in hand
+        asyncio.get_running_loop().call_later(0.05, release.set)  # ends after the cancellation
         await applier.stop("stopping for the test")
-        release.set()
+        logged = follower.log.head()  # a stop lets an append in flight end before the log closes
         with pytest.raises(ServingError) as info:
             await asyncio.wait_for(answer, 5)
-        return info.value
+        return info.value, logged
 
-    err = asyncio.run(submit_then_stop())
+    err, logged = asyncio.run(submit_then_stop())
+    assert logged == (1 if blocked_in == "append" else 0)
     assert err.status == 503 and "stopping for the test" in str(err)
     if blocked_in == "check":
         assert isinstance(err, Draining) and "nothing of this update was logged" in str(err)
     else:
         assert isinstance(err, ServiceUnavailable) and "Idempotency-Key" in str(err)
+
+
+@pytest.mark.parametrize("same_body", [True, False])
+def test_a_retry_whose_first_attempt_applies_before_its_check_gets_the_first_answer(tmp_path, same_body):
+    """A retry is queued while its first attempt (cut short, but logged) is not applied
+    yet; by the retry's check the first has applied, so the check refuses it (the edge
+    exists now). It must get the first answer, replayed, not a 400 (or a 409 if the body
+    differs)."""
+    dyn, inc, tel = _parts(tmp_path)
+    follower = follower_for(dyn, inc, stats=tel)
+    applier = UpdateApplier(follower.cfg, follower, follower.graph, follower.stats)
+    edge = body(t("add_edges", [[0, 59]], "INT64"))
+    first = decode_update_request(edge, None, feature_dim=4, max_updates=100, idempotency_key="K1", body_sha256="a")
+    retry = decode_update_request(edge, None, feature_dim=4, max_updates=100, idempotency_key="K1",
+                                  body_sha256="a" if same_body else "b")
+    check = applier._refusals
+
+    def first_applies_then_check(updates):
+        follower.log.append(encode_entry([first.logged]))
+        follower.step()
+        return check(updates)
+
+    applier._refusals = first_applies_then_check
+
+    async def retry_once():
+        applier.start()
+        try:
+            return (await asyncio.gather(applier.submit(retry), return_exceptions=True))[0]
+        finally:
+            await applier.stop()
+
+    answer = asyncio.run(retry_once())
+    assert follower.answer_for("K1") is not None and dyn.version == 1
+    if same_body:
+        assert answer["replayed"] is True and answer["graph_version"] == 1
+    else:
+        assert isinstance(answer, ServingError) and answer.status == 409
+
+
+def test_an_entry_applied_by_a_step_the_stop_waited_for_is_answered_as_applied(tmp_path):
+    dyn, inc, tel = _parts(tmp_path)
+    follower = follower_for(dyn, inc, stats=tel)
+    req = decode_update_request(body(t("add_edges", [[0, 59]], "INT64")), None, feature_dim=4, max_updates=100)
+    follower.log.append(encode_entry([req.logged]))
+    stepping, release = threading.Event(), threading.Event()
+    step = follower.step
+
+    def slow_step(*args):
+        stepping.set()
+        release.wait(10)
+        return step(*args)
+
+    follower.step = slow_step
+
+    async def stop_mid_step():
+        answer = follower.outcomes(1)
+        follower.start()
+        assert await asyncio.to_thread(stepping.wait, 10)
+        asyncio.get_running_loop().call_later(0.05, release.set)  # the step ends after _run's cancellation
+        await follower.stop()
+        return await asyncio.wait_for(answer, 5)
+
+    (outcome,) = asyncio.run(stop_mid_step())
+    assert outcome["graph_version"] == 1 and dyn.version == 1
 
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -29,7 +29,7 @@ from hybridgnn.errors import (
     UpdateError,
 )
 from hybridgnn.types import ServingStats
-from hybridgnn.updates.follower import ANSWER_WAIT_S, Follower
+from hybridgnn.updates.follower import ANSWER_WAIT_S, Follower, discard_outcome
 from hybridgnn.updates.requests import (
     LoggedRequest,
     UpdateRequest,
@@ -39,6 +39,8 @@ from hybridgnn.updates.requests import (
 )
 
 log = logging.getLogger("hybridgnn.updates")
+
+APPEND_WAIT_S = 30.0  # how long a stop waits for a log append in flight before the log closes
 
 
 @dataclass
@@ -78,6 +80,7 @@ class UpdateApplier:
         self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # idempotency key -> (body sha256, future)
         self._task: asyncio.Task | None = None
         self._stop_why = "server is shutting down"
+        self._append: asyncio.Future | None = None  # the log append in flight, if any
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="graph-updates")
@@ -87,6 +90,8 @@ class UpdateApplier:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._append is not None:  # the log is closed after this stop: let the append end first
+            await asyncio.wait([self._append], timeout=APPEND_WAIT_S)
         for w in self._queue:  # a drain normally empties it first
             if not w.future.done():
                 w.future.set_exception(Draining(f"{why}; nothing of this update was logged"))
@@ -117,8 +122,7 @@ class UpdateApplier:
             if seen is not None or key in self._inflight:
                 first = seen[0] if seen is not None else self._inflight[key][0]
                 if first != digest:
-                    raise Conflict(f"Idempotency-Key {key!r} was used with a different update; use a new key "
-                                   "for a new update")
+                    raise _key_conflict(key)
                 if seen is None:
                     return self._inflight[key][1]
                 fut = loop.create_future()
@@ -159,7 +163,7 @@ class UpdateApplier:
                     await self.follower.wait_for(head, self.cfg.max_catch_up_s)
                     errors = await asyncio.to_thread(self._refusals, [w.update for w in group])
             for w, err in zip(group, errors, strict=True):
-                if err is not None:
+                if err is not None and not self._replayed(w):
                     self.stats.updates_rejected()
                     w.future.set_exception(err)
             group = [w for w, err in zip(group, errors, strict=True) if err is None]
@@ -169,8 +173,11 @@ class UpdateApplier:
             # The append goes on in its thread even if this task is cancelled (shielded: an
             # entry is never half-written); whether it lands is then unknown here.
             appending = True
-            position = await asyncio.shield(asyncio.to_thread(lambda: log_.append(encode_entry(entry))))
+            self._append = asyncio.ensure_future(asyncio.to_thread(lambda: log_.append(encode_entry(entry))))
+            position = await asyncio.shield(self._append)
         except asyncio.CancelledError:
+            if appending:
+                self._append.add_done_callback(discard_outcome)
             # Stopped with this group taken from the queue: each request hears now.
             cut_short = (ServiceUnavailable(f"{self._stop_why}; the update may have been logged: retry with the "
                                             "same Idempotency-Key (applied once), or read graph_version first")
@@ -213,6 +220,20 @@ class UpdateApplier:
 
         self.follower.outcomes(position).add_done_callback(answer)
 
+    def _replayed(self, w: _Waiting) -> bool:
+        """Whether a request refused by the check is a retry of one the follower applied
+        meanwhile (its first attempt was logged after it was queued): it gets the first
+        answer, as at submit, not the refusal the applied update now causes."""
+        key = w.update.logged.idempotency_key
+        seen = self.follower.answer_for(key) if key is not None else None
+        if seen is None:
+            return False
+        if seen[0] != w.update.logged.body_sha256:
+            w.future.set_exception(_key_conflict(key))
+        else:
+            w.future.set_result({**seen[1], "replayed": True})
+        return True
+
     def _refusals(self, updates: list[PendingUpdate]) -> list[ServingError | None]:
         """For each update, the error it would get alone on the graph as it is now."""
         out: list[ServingError | None] = []
@@ -230,3 +251,7 @@ class UpdateApplier:
             except ServingError as exc:
                 out.append(exc)
         return out
+
+
+def _key_conflict(key: str) -> Conflict:
+    return Conflict(f"Idempotency-Key {key!r} was used with a different update; use a new key for a new update")
