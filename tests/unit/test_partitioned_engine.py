@@ -18,6 +18,7 @@ from hybridgnn.errors import (
     BadRequest,
     ConfigError,
     Conflict,
+    Draining,
     RemovedNode,
     ServiceUnavailable,
     ServingError,
@@ -154,6 +155,28 @@ def test_a_down_group_is_not_ready_and_its_answer_is_503_with_retry_after():
                                    policy="ratio")
         assert err.value.status == 409
         assert engine.pending == 0 and engine.ready
+
+    _run(scenario)
+
+
+def test_a_stop_answers_the_group_the_ranks_are_serving():
+    """The dispatcher takes a group out of the queue before it calls the ranks; a stop
+    during the call must answer that group too (503), not only what still queues."""
+    async def scenario(engine, ranks):
+        in_call, call = threading.Event(), ranks.call
+
+        def blocked_call(*args, **kwargs):
+            in_call.set()
+            return call(*args, **kwargs)
+
+        ranks.call = blocked_call
+        ranks.gate.clear()  # the ranks' call blocks until the gate opens
+        answer = asyncio.ensure_future(engine.full(np.array([1, 2])))
+        assert await asyncio.to_thread(in_call.wait, 10)  # the group is in hand
+        asyncio.get_running_loop().call_later(0.05, ranks.gate.set)
+        await engine.stop()
+        with pytest.raises(Draining):
+            await asyncio.wait_for(answer, 5)
 
     _run(scenario)
 

@@ -272,7 +272,13 @@ class PartitionedEngine(Admitting):
             self._wake.clear()
             while self._queue:
                 group = self._take()
-                await self._run(group)
+                try:
+                    await self._run(group)
+                except asyncio.CancelledError:  # stopped with this group out of the queue: it hears now
+                    for c in group:
+                        if not c.future.done():
+                            c.future.set_exception(Draining("server is shutting down"))
+                    raise
 
     def _take(self) -> list[_Call]:
         """The next call, with the existing-node calls of the same kind waiting behind it
