@@ -57,6 +57,7 @@ def run(args) -> int:
         SamplingConfig,
         ServeConfig,
         fanouts_for,
+        parse_fanouts,
     )
     from hybridgnn.models.checkpoint import read_config
     from hybridgnn.profiling.profile import build_profile
@@ -65,23 +66,23 @@ def run(args) -> int:
 
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to profile the demo)")
-    gpu = gpu_pipeline_config(args.device, args.gpu_workers)  # flag mistakes before the demo's generation
+    # Every flag is checked before the demo is made (its first generation takes ~30 s).
+    gpu = gpu_pipeline_config(args.device, args.gpu_workers)
     split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, False)
+    cpu = PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers, split=split,
+                         processes=worker_processes(args.worker_processes, args.cpu_compute_device, False, split))
+    gpu_memory = DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement)
+    cfg = ProfileConfig(bins=args.bins, min_samples=args.min_samples, max_batch=args.max_batch,
+                        budget_s=args.budget_s, other_lane_loaded=args.other_lane_loaded)
+    if args.fanouts:
+        parse_fanouts(args.fanouts)
     if args.dataset is None:
         from hybridgnn.demo import ensure_demo
 
         args.dataset, args.model = ensure_demo(args.cache_dir)
-    model_cfg = read_config(args.model)
-    fanouts = fanouts_for(model_cfg, flag=args.fanouts)
-    serve_cfg = ServeConfig(
-        dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
-        cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers, split=split,
-                                    processes=worker_processes(args.worker_processes, args.cpu_compute_device,
-                                                               False, split)),
-        gpu_pipeline=gpu,
-        gpu_memory=DeviceMemoryConfig(cache_bytes=args.gpu_cache_bytes, graph_placement=args.graph_placement))
-    cfg = ProfileConfig(bins=args.bins, min_samples=args.min_samples, max_batch=args.max_batch,
-                        budget_s=args.budget_s, other_lane_loaded=args.other_lane_loaded)
+    fanouts = fanouts_for(read_config(args.model), flag=args.fanouts)
+    serve_cfg = ServeConfig(dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
+                            cpu_pipeline=cpu, gpu_pipeline=gpu, gpu_memory=gpu_memory)
     profile = Profile(build_profile(serve_cfg, cfg))
     out = args.out or Path("profiles") / f"{profile.data['dataset']['name']}-{profile.data['model']['kind']}.json"
     profile.save(out)

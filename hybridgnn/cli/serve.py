@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT, allowed_cores
@@ -221,11 +222,8 @@ def build_config(args) -> ServeConfig:
         args.model = readable[0]  # server-wide defaults; each version gets its own fanouts when served
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to serve the demo)")
-    if args.dataset is None:
-        from hybridgnn.demo import ensure_demo
-
-        args.dataset, args.model = ensure_demo(args.cache_dir)
-    return ServeConfig(
+    # The whole configuration is checked before the demo is made; its paths come after.
+    cfg = ServeConfig(
         new_nodes=NewNodeConfig(**config_values(args, NewNodeConfig)),
         updates=UpdateConfig(token=update_token, **config_values(args, UpdateConfig)),
         dataset_dir=args.dataset,
@@ -244,6 +242,12 @@ def build_config(args) -> ServeConfig:
         server=ServerConfig(**config_values(args, ServerConfig)),
         partitions=PartitionConfig(**config_values(args, PartitionConfig)),
     )
+    if args.dataset is None:
+        from hybridgnn.demo import ensure_demo
+
+        args.dataset, args.model = ensure_demo(args.cache_dir)
+        cfg = dataclasses.replace(cfg, dataset_dir=args.dataset, model_dir=args.model)
+    return cfg
 
 def run(args) -> int:
     from hybridgnn.serving.lifecycle import run as run_server

@@ -116,6 +116,17 @@ def test_a_policy_without_a_profile_is_refused_in_one_line(capsys):
     assert "--policy slo:20 needs --profile" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv", [
+    ["serve", "--update-token", "short"], ["serve", "--workers", "0"], ["serve", "--max-batch-seeds", "0"],
+    ["serve", "--device", "cpu", "--cpu-lane", "split"], ["profile", "--fanouts", "x,y"], ["profile", "--workers", "0"],
+])
+def test_flag_mistakes_with_the_demo_are_refused_before_it_is_made(argv, capsys):
+    """(_no_demo fails any test that makes the demo.)"""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+
+
 def test_first_hour_mistakes_get_one_line_or_the_subcommand_usage(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["dataset", "import", "x.txt", "--out", "y", "--bogus"])

@@ -142,9 +142,15 @@ class PartitionedUpdates:
     def _schedule_swap(self) -> None:
         if self._stopped:  # a group prepared while the server stops: nothing to swap in
             return
-        task = asyncio.ensure_future(self.swap())
+        task = asyncio.ensure_future(self._swap_or_log())
         self._swapping.add(task)
         task.add_done_callback(self._swapping.discard)
+
+    async def _swap_or_log(self) -> None:
+        try:
+            await self.swap()
+        except Exception:  # no one awaits a restart's swap: say it here
+            log.exception("putting the restarted partition ranks into service failed")
 
     async def start(self, serving_call: Callable) -> None:
         """Put the view the first prepare made into service (after the ranks started)."""

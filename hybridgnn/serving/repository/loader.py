@@ -145,8 +145,12 @@ class Repository:
             self.base = next(iter(self.models.engines()), None)
 
         async def retire() -> None:
-            await engine.drain(self.cfg.server.drain_timeout_s)
-            await engine.stop()
+            try:
+                await engine.drain(self.cfg.server.drain_timeout_s)
+                await engine.stop()
+            except Exception:  # no one awaits this task: say it here
+                log.exception("unloading model %s version %s failed", name, version)
+                return
             log.info("model %s version %s unloaded", name, version)
 
         task = asyncio.create_task(retire(), name=f"retire-{name}-{version}")
