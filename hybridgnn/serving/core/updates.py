@@ -118,16 +118,15 @@ class UpdateApplier:
         loop = asyncio.get_running_loop()
         key, digest = update.logged.idempotency_key, update.logged.body_sha256
         if key is not None:
-            seen = self.follower.answer_for(key)
-            if seen is not None or key in self._inflight:
-                first = seen[0] if seen is not None else self._inflight[key][0]
-                if first != digest:
-                    raise _key_conflict(key)
-                if seen is None:
-                    return self._inflight[key][1]
+            replay = self._replay(key, digest)
+            if replay is not None:
                 fut = loop.create_future()
-                fut.set_result({**seen[1], "replayed": True})
+                fut.set_result(replay)
                 return fut
+            if key in self._inflight:
+                if self._inflight[key][0] != digest:
+                    raise _key_conflict(key)
+                return self._inflight[key][1]
         fut = loop.create_future()
         self._queue.append(_Waiting(update, fut))
         if key is not None:
@@ -220,19 +219,29 @@ class UpdateApplier:
 
         self.follower.outcomes(position).add_done_callback(answer)
 
+    def _replay(self, key: str, digest: str) -> dict | None:
+        """The first answer to the applied request that carried `key`, marked "replayed"
+        (None if none applied); Conflict if that request had another body."""
+        seen = self.follower.answer_for(key)
+        if seen is None:
+            return None
+        if seen[0] != digest:
+            raise _key_conflict(key)
+        return {**seen[1], "replayed": True}
+
     def _replayed(self, w: _Waiting) -> bool:
         """Whether a request refused by the check is a retry of one the follower applied
         meanwhile (its first attempt was logged after it was queued): it gets the first
         answer, as at submit, not the refusal the applied update now causes."""
         key = w.update.logged.idempotency_key
-        seen = self.follower.answer_for(key) if key is not None else None
-        if seen is None:
-            return False
-        if seen[0] != w.update.logged.body_sha256:
-            w.future.set_exception(_key_conflict(key))
-        else:
-            w.future.set_result({**seen[1], "replayed": True})
-        return True
+        try:
+            replay = self._replay(key, w.update.logged.body_sha256) if key is not None else None
+        except Conflict as exc:
+            w.future.set_exception(exc)
+            return True
+        if replay is not None:
+            w.future.set_result(replay)
+        return replay is not None
 
     def _refusals(self, updates: list[PendingUpdate]) -> list[ServingError | None]:
         """For each update, the error it would get alone on the graph as it is now."""
