@@ -98,9 +98,14 @@ class SampledInference:
                 retry = self._router.fallback(plan)
             except LookupError:
                 retry = None
-            if retry is not None:
+            if retry is None:
+                self._fail(batch, error)
+                return
+            try:
                 self._submit_to(batch, retry)
-            else:
+            except Exception as exc:  # the fallback is stopped (a drain) or refuses: answer now
+                log.warning("could not fall back to %s after %s failed a batch: %s", retry.pipeline, plan.pipeline,
+                            exc)
                 self._fail(batch, error)
             return
         stats.batch_done(plan.pipeline, result.timings, batch.num_seeds, len(batch.requests), batch.psgs,

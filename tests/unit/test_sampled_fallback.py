@@ -1,0 +1,77 @@
+"""A batch that fails on the GPU falls back to the CPU pipeline; when that fallback
+cannot take it (stopped by a drain, say), its requests are answered with the failure
+at once, never left waiting."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridgnn.errors import BatchFailed
+from hybridgnn.serving.core.sampled import SampledInference
+from hybridgnn.types import Batch, InferenceRequest, RoutePlan
+
+
+class _Stats:
+    def batch_failed(self, pipeline):
+        self.failed = pipeline
+
+    def routed(self, pipeline, reason):
+        self.routed_to = (pipeline, reason)
+
+
+class _Router:
+    def fallback(self, plan):
+        return RoutePlan("cpu", plan.batch_psgs, "fallback")
+
+
+class _Pipeline:
+    def __init__(self, stopped: bool):
+        self.stopped, self.taken = stopped, []
+
+    def submit(self, batch, plan):
+        if self.stopped:
+            raise RuntimeError("pipeline cpu is stopped")
+        self.taken.append((batch, plan))
+
+
+class _Lane:
+    def remove(self, psgs):
+        pass
+
+
+class _Batcher:
+    def capacity_freed(self):
+        pass
+
+
+class _Engine(SampledInference):
+    def __init__(self, cpu: _Pipeline):
+        self.stats, self._router, self._batcher, self._sampled_lane = _Stats(), _Router(), _Batcher(), _Lane()
+        self._pipelines = {"cpu": cpu}
+        self.released = 0
+
+    def release(self):
+        self.released += 1
+
+
+def _batch(answers: list) -> Batch:
+    requests = [InferenceRequest(node_ids=np.array([i], dtype=np.int64), on_done=lambda r, e: answers.append((r, e)),
+                                 arrival_s=0.0, psgs=1.0) for i in range(3)]
+    return Batch(requests=requests, seeds=np.arange(3, dtype=np.int64), offsets=np.arange(4, dtype=np.int64),
+                 psgs=3.0, closed_s=0.0)
+
+
+def test_a_failed_gpu_batch_goes_to_the_cpu_pipeline():
+    cpu = _Pipeline(stopped=False)
+    engine, answers = _Engine(cpu), []
+    batch = _batch(answers)
+    engine._complete(batch, RoutePlan("gpu", 3.0, "threshold"), None, RuntimeError("CUDA error"))
+    assert [p.reason for _, p in cpu.taken] == ["fallback"] and cpu.taken[0][0] is batch
+    assert answers == [] and engine.stats.routed_to == ("cpu", "fallback")
+
+
+def test_when_the_fallback_is_stopped_every_request_is_answered_with_the_failure():
+    engine, answers = _Engine(_Pipeline(stopped=True)), []
+    engine._complete(_batch(answers), RoutePlan("gpu", 3.0, "threshold"), None, RuntimeError("CUDA error"))
+    assert len(answers) == 3 and engine.released == 3
+    assert all(r is None and isinstance(e, BatchFailed) and "CUDA error" in str(e) for r, e in answers)
