@@ -36,6 +36,15 @@ def post(conn: http.client.HTTPConnection, ids, **kw) -> tuple[int, dict]:
     return r.status, json.loads(r.read())
 
 
+def post_once(sock: socket.socket, ids) -> tuple[int, dict]:
+    """post() on a connection of its own, closed after the answer."""
+    conn = on(sock)
+    try:
+        return post(conn, ids)
+    finally:
+        conn.close()
+
+
 def on(sock: socket.socket) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection("127.0.0.1", sock.getpeername()[1], timeout=30)
     conn.sock = sock
@@ -87,6 +96,8 @@ def test_requests_at_both_front_ends_are_batched_together(tiny_dataset, tiny_mod
         assert all(s >= 1 for s in sent), sent
         assert m[("hybridgnn_frontend_up", (("frontend", "0"),))] == 1
         assert m[("hybridgnn_frontend_resident_memory_bytes", (("frontend", "1"),))] > 0
+        for conn in conns:
+            conn.close()
     finally:
         assert srv.stop() == 0, srv.output()
 
@@ -126,6 +137,8 @@ def test_a_front_end_killed_under_load_comes_back_and_the_other_loses_nothing(ti
         stop.set()
         for t in threads:
             t.join(30)
+        for conn in survivors + victims:
+            conn.close()
         # every request on the surviving front end's connections was answered: served, or refused
         # by admission with 429 (six clients on two cores may overload it, which is an answer too)
         served = [a for s, a in results["survivor"] if s == 200]
@@ -136,7 +149,7 @@ def test_a_front_end_killed_under_load_comes_back_and_the_other_loses_nothing(ti
         assert all(r[0] in (200, 429) for r in results["victim"] if r[0] != "error"), results["victim"][-3:]
         assert back[0] != pids[0] and back[1] == pids[1]
         # the new front end serves
-        status, _ = post(on(connection_to(srv.port, 0, back)), [5])
+        status, _ = post_once(connection_to(srv.port, 0, back), [5])
         assert status == 200
         m = samples(srv.url)
         assert m[("hybridgnn_frontend_restarts_total", (("frontend", "0"),))] == 1
@@ -154,13 +167,13 @@ def test_sighup_at_readiness_and_to_every_process_stops_nothing(tiny_dataset, ti
         srv.proc.send_signal(signal.SIGHUP)  # the other front end may still be starting
         pids = wait_for_frontends(srv.proc.pid, 2)
         for index in (0, 1):  # both serving: each has set its signals (a process just exec'd has not)
-            status, _ = post(on(connection_to(srv.port, index, pids)), [4])
+            status, _ = post_once(connection_to(srv.port, index, pids), [4])
             assert status == 200
         for pid in pids.values():
             os.kill(pid, signal.SIGHUP)
         srv.proc.send_signal(signal.SIGHUP)
         for index in (0, 1):
-            status, _ = post(on(connection_to(srv.port, index, pids)), [5])
+            status, _ = post_once(connection_to(srv.port, index, pids), [5])
             assert status == 200
         assert wait_for_frontends(srv.proc.pid, 2) == pids
         restarts = samples(srv.url)
@@ -200,7 +213,8 @@ def test_front_ends_hold_no_torch_and_little_memory(tiny_dataset, tiny_model):
     try:
         pids = wait_for_frontends(srv.proc.pid, 2)
         for pid in pids.values():
-            maps = open(f"/proc/{pid}/maps").read()
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
             assert "libtorch" not in maps
         assert frontend_pids(srv.proc.pid) == pids
     finally:
@@ -232,6 +246,7 @@ def test_front_ends_answer_lookups_themselves_and_every_one_is_counted_at_once(t
     try:
         conn = http.client.HTTPConnection("127.0.0.1", one.port, timeout=30)
         reference = [post(conn, ids, **kw) for ids, kw in lookups]
+        conn.close()
     finally:
         assert one.stop() == 0, one.output()
     srv = ServerProcess(tiny_dataset, tiny_model_pe, "--frontends", "2", "--workers", "1").wait_ready()
@@ -269,5 +284,7 @@ def test_front_ends_answer_lookups_themselves_and_every_one_is_counted_at_once(t
         # a sampled request still goes to the engine
         status, answer = post(first, [4], parameters={"mode": "sampled"})
         assert status == 200 and answer["outputs"]
+        first.close()
+        second.close()
     finally:
         assert srv.stop() == 0, srv.output()

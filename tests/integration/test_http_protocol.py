@@ -79,13 +79,25 @@ def run(fn, **server_kwargs):
         try:
             return await fn(server)
         finally:
+            close_opened()
             await server.close(1.0)
 
     return asyncio.run(main())
 
 
+_opened: list[asyncio.StreamWriter] = []
+
+
+def close_opened() -> None:
+    """Close what connect() opened and a test left open, on the loop that opened it."""
+    while _opened:
+        _opened.pop().close()
+
+
 async def connect(server):
-    return await asyncio.open_connection("127.0.0.1", server.port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    _opened.append(writer)
+    return reader, writer
 
 
 async def closed_by_server(reader) -> bool:
@@ -440,7 +452,10 @@ def test_close_answers_requests_in_flight_past_the_deadline_with_503():
     async def main():
         server = HttpServer(EchoApi(), max_body_bytes=1000)
         await server.start("127.0.0.1", 0)
-        await go(server)
+        try:
+            await go(server)
+        finally:
+            close_opened()
 
     asyncio.run(main())
 

@@ -97,18 +97,29 @@ class ServerProcess:
         cmd = [*program, "--dataset", str(dataset), *model_args, "--port", str(self.port), *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        self._output: str | None = None
 
     def wait_ready(self, timeout_s: float = 120.0) -> "ServerProcess":
         await_ready(self, "server", timeout_s)
         return self
 
     def output(self) -> str:
+        """Everything the exited server printed (read once, then kept)."""
         if self.proc.poll() is None:
             return "(still running)"
-        return self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
+        if self._output is None:
+            self._output = ""
+            if self.proc.stdout:
+                with self.proc.stdout:
+                    self._output = self.proc.stdout.read().decode(errors="replace")
+        return self._output
 
     def stop(self, timeout_s: float = 30.0) -> int:
         return stop_process(self.proc, timeout_s)
+
+    def __del__(self):  # output() was never asked for: the pipe goes with us, not to a warning
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def children_of(pid: int) -> list[int]:
