@@ -47,7 +47,8 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(data=JSON_VALUES, datatype=st.sampled_from(["INT64", "INT32", "FP32", "UINT64", "BYTES", "BOOL", 7]),
+@given(data=JSON_VALUES, datatype=st.one_of(st.sampled_from(["INT64", "INT32", "FP32", "UINT64", "BYTES", "BOOL", 7]),
+                                            JSON_VALUES, st.dictionaries(st.text(max_size=3), JSON_VALUES, max_size=2)),
        shape=st.one_of(st.lists(st.integers(0, 6), max_size=3), JSON_VALUES))
 def test_json_data_is_judged_by_the_engine_as_in_one_process(data, datatype, shape):
     """Whatever a client's JSON input holds, the engine decodes the crossed tensor to the

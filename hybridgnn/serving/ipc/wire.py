@@ -137,7 +137,7 @@ def _list_array(t: Tensor) -> np.ndarray | None:
     """The array the engine would make of a numeric input's JSON data (np.asarray, as
     v2.tensors.decode_tensor does), or None when that data is anything else."""
     data = t.data
-    if type(data) is not list or t.datatype not in _NUMERIC:
+    if type(data) is not list or type(t.datatype) is not str or t.datatype not in _NUMERIC:
         return None
     try:
         arr = np.asarray(data)

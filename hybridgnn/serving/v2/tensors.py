@@ -17,12 +17,17 @@ ID_DATATYPES = ("INT64", "INT32")
 # predictions: argmax of the logits
 OUTPUT_NAMES = ("logits", "embeddings", "predictions")
 MAX_NAME_BYTES = 1024  # one node name in a BYTES input
+# Names decode into a fixed-width array: every element as wide as the longest. Its size
+# is bounded by what the client sent (4x its characters) or this, whichever is larger,
+# so a few long names among many short ones cannot make a small body cost gigabytes.
+MAX_NAMES_FIXED_WIDTH_BYTES = 64 << 20
 INPUT_NAME = "node_ids"
 
 
 # A shape dimension beyond this is refused before any arithmetic on it (no request holds
 # 2**48 values; larger ones make products and messages slow or unprintable).
 MAX_DIM = 1 << 48
+_INT64_MAX = (1 << 63) - 1
 
 
 def _sizes(shape) -> bool:
@@ -103,11 +108,22 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
             raise BadRequest(f"input {name!r}: 'data' must be a (nested) list of {kind}: {exc}") from exc
     allowed = "iuf" if datatype == "FP32" else "iu"
     if arr.size and arr.dtype.kind not in allowed:
+        if arr.dtype.kind == "f" and not isinstance(data, np.ndarray):
+            _refuse_beyond_int64(name, data)  # numpy makes ints past int64 mixed with others float64
         raise BadRequest(f"input {name!r}: 'data' must hold {kind} only, found {arr.dtype.name} values")
     if arr.size != count:
         raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
+    if arr.dtype.kind == "u" and out_dtype is np.int64 and arr.size and (top := int(arr.max())) > _INT64_MAX:
+        raise BadRequest(f"input {name!r}: {top} is beyond the largest 64-bit signed integer ({_INT64_MAX})")
     arr = arr.astype(out_dtype).reshape(-1)
     return arr.reshape(shape) if layout != "ids" else arr
+
+
+def _refuse_beyond_int64(name: str, data: list) -> None:
+    """BadRequest naming the first integer in data beyond int64, if there is one."""
+    for v in np.asarray(data, dtype=object).reshape(-1):
+        if type(v) is int and not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise BadRequest(f"input {name!r}: {v} is beyond the largest 64-bit signed integer ({_INT64_MAX})")
 
 
 def decode_bytes(t: Tensor, count: int) -> np.ndarray:
@@ -128,9 +144,10 @@ def decode_bytes(t: Tensor, count: int) -> np.ndarray:
         if pos != size_all:
             raise BadRequest(f"input {name!r}: {size_all - pos} bytes left after {count} elements")
         try:
-            return np.array([v.decode("utf-8") for v in values], dtype=str).reshape(-1)
+            names = [v.decode("utf-8") for v in values]
         except UnicodeDecodeError as exc:
             raise BadRequest(f"input {name!r}: node names must be UTF-8: {exc}") from exc
+        return _fixed_width(name, names)
     data = t.data
     if isinstance(data, list) and data and all(isinstance(v, list) for v in data):
         data = [v for row in data for v in row]  # row-major nesting, as for the numeric types (one level)
@@ -138,7 +155,20 @@ def decode_bytes(t: Tensor, count: int) -> np.ndarray:
             isinstance(v, str) and len(v) <= MAX_NAME_BYTES for v in data):
         raise BadRequest(f"input {name!r}: BYTES 'data' must be a list (flat, or one list per row) of {count} strings "
                          f"(each at most {MAX_NAME_BYTES} characters)")
-    return np.array(data, dtype=str).reshape(-1)
+    return _fixed_width(name, data)
+
+
+def _fixed_width(name: str, names: list[str]) -> np.ndarray:
+    """names as one fixed-width string array, refused (413) before it is made if it would
+    be far larger than the names themselves."""
+    if not names:
+        return np.array(names, dtype=str)
+    lengths = list(map(len, names))
+    width_bytes = 4 * len(names) * max(lengths)  # numpy stores 4 bytes per character
+    if width_bytes > max(MAX_NAMES_FIXED_WIDTH_BYTES, 16 * sum(lengths)):
+        raise PayloadTooLarge(f"input {name!r}: {len(names)} names padded to the longest ({max(lengths)} characters) "
+                              f"would take {width_bytes >> 20} MiB; send names of similar lengths, or fewer")
+    return np.array(names, dtype=str).reshape(-1)
 
 
 def _check_shape(name, shape, layout):

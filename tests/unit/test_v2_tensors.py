@@ -1,0 +1,68 @@
+"""Decoding v2 input tensors: node names (BYTES) in JSON and binary form, the bound on
+what names may cost once padded, and integers beyond INT64."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridgnn.errors import BadRequest, PayloadTooLarge
+from hybridgnn.serving.v2 import tensors
+from hybridgnn.serving.v2.tensors import decode_tensor
+from hybridgnn.serving.v2.types import Tensor
+
+
+def _raw_names(names: list[str]) -> bytes:
+    out = bytearray()
+    for n in names:
+        b = n.encode()
+        out += len(b).to_bytes(4, "little") + b
+    return bytes(out)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_names_decode_in_order_from_json_and_binary(binary):
+    names = ["alice", "bob", "ünïcode", ""]
+    t = (Tensor("node_ids", "BYTES", [4], raw=_raw_names(names)) if binary
+         else Tensor("node_ids", "BYTES", [4], data=names))
+    assert decode_tensor(t, ("BYTES",), "ids").tolist() == names
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_one_long_name_among_many_short_ones_is_refused_before_the_padded_array_is_made(binary, monkeypatch):
+    monkeypatch.setattr(tensors, "MAX_NAMES_FIXED_WIDTH_BYTES", 1 << 20)
+    names = ["a"] * 20_000 + ["x" * 1000]  # padded: 20,001 x 1,000 x 4 bytes = 80 MB from 40 kB of names
+    t = (Tensor("edge_index", "BYTES", [2, 10_000 + 1], raw=_raw_names(names + ["b"])) if binary
+         else Tensor("edge_index", "BYTES", [2, 10_000 + 1], data=names + ["b"]))
+    with pytest.raises(PayloadTooLarge, match="padded to the longest"):
+        decode_tensor(t, ("BYTES",), "edges")
+
+
+def test_names_of_similar_lengths_pass_the_padding_bound_at_any_count(monkeypatch):
+    monkeypatch.setattr(tensors, "MAX_NAMES_FIXED_WIDTH_BYTES", 1 << 10)
+    names = [f"user-{i:06d}" for i in range(5_000)]  # padded 4x the characters: within the bound
+    out = decode_tensor(Tensor("node_ids", "BYTES", [5_000], data=names), ("BYTES",), "ids")
+    assert out.shape == (5_000,) and out[4_999] == "user-004999"
+
+
+@pytest.mark.parametrize("value", [1 << 63, (1 << 64) - 1])
+def test_an_integer_beyond_int64_is_named_not_wrapped_negative(value):
+    t = Tensor("node_ids", "INT64", [2], data=[1, value])
+    with pytest.raises(BadRequest, match=f"{value} is beyond the largest 64-bit signed integer"):
+        decode_tensor(t, ("INT64", "INT32"), "ids")
+
+
+def test_the_largest_int64_still_decodes():
+    t = Tensor("node_ids", "INT64", [1], data=[(1 << 63) - 1])
+    assert decode_tensor(t, ("INT64",), "ids").tolist() == [(1 << 63) - 1]
+
+
+def test_an_integer_alone_beyond_int64_is_named_too():
+    t = Tensor("node_ids", "INT64", [1], data=[(1 << 64) - 1])
+    with pytest.raises(BadRequest, match="18446744073709551615 is beyond"):
+        decode_tensor(t, ("INT64",), "ids")
+
+
+def test_a_float_among_ids_is_still_called_a_float():
+    t = Tensor("node_ids", "INT64", [2], data=[1, 2.5])
+    with pytest.raises(BadRequest, match="integers only, found float64"):
+        decode_tensor(t, ("INT64",), "ids")
