@@ -347,6 +347,25 @@ def test_draining_says_connection_close_and_close_answers_in_flight():
     run(go)
 
 
+def test_requests_pipelined_behind_one_in_flight_when_draining_begins_are_all_answered():
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n0.2"
+                     b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\nGET /async HTTP/1.1\r\nHost: t\r\n\r\n")
+        deadline = asyncio.get_running_loop().time() + 5
+        while not any(len(c.queue) == 2 for c in server.connections):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.005)
+        server.api.engine.draining = True
+        answers = [await read_response(reader) for _ in range(3)]
+        assert [status for status, _, _ in answers] == [200, 200, 200]
+        assert [h["connection"] for _, h, _ in answers] == ["keep-alive", "keep-alive", "close"]
+        assert json.loads(answers[2][2]) == {"async": True}
+        assert await closed_by_server(reader)
+
+    run(go)
+
+
 def test_bare_lf_in_the_head_is_refused_not_desynced():
     """A Content-Length after a bare LF must not be skipped (the body answered as a second request)."""
     async def go(server):

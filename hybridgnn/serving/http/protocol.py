@@ -427,8 +427,13 @@ class Connection(asyncio.Protocol):
 
     def _write(self, reply: Reply, msg: _Message, head_only: bool) -> None:
         """Send the answer to msg; without keep-alive it says "Connection: close", and the
-        connection lingers until the client closes (requests after it are not read)."""
-        keep_alive = msg.keep_alive and not self.server.draining()
+        connection lingers until the client closes (requests after it are not read). While
+        draining, the requests already queued behind msg are still answered (the engine
+        refuses new work 503) and the last of them says "close"; nothing more is read."""
+        keep_alive = msg.keep_alive
+        if keep_alive and self.server.draining():
+            keep_alive = bool(self.queue)
+            self._pause_reading()
         self.transport.write(self._encode(reply, keep_alive, head_only))
         self.free_since = time.monotonic()
         if not keep_alive:
