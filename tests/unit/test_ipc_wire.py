@@ -131,6 +131,41 @@ def test_the_channel_reassembles_frames_split_anywhere_and_joined_in_one_read():
     assert got == [(wire.STATS, i, i) for i in range(20)]
 
 
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=6),
+       cuts=st.lists(st.integers(0, 1 << 16), max_size=20))
+def test_frames_of_any_size_cut_anywhere_arrive_whole_and_in_order(sizes, cuts):
+    frames = [wire.json_frame(wire.STATS, i, {"n": i, "pad": "x" * size}) for i, size in enumerate(sizes)]
+    stream = b"".join(frames)
+    cuts = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+
+    async def scenario():
+        got = []
+        ch = Channel(lambda kind, rid, p: got.append((rid, len(wire.loads(p)["pad"]))))
+        ch.connection_made(_Transport())
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            ch.data_received(stream[a:b])
+        return got, ch.closed
+
+    assert asyncio.run(scenario()) == (list(enumerate(sizes)), False)
+
+
+def test_a_large_frame_read_in_small_pieces_arrives_once_with_the_frame_after_it():
+    big = wire.json_frame(wire.STATS, 1, {"pad": "y" * (4 << 20)})
+    small = wire.json_frame(wire.STATS, 2, {"pad": ""})
+    stream = big + small
+
+    async def scenario():
+        got = []
+        ch = Channel(lambda kind, rid, p: got.append((rid, len(wire.loads(p)["pad"]))))
+        ch.connection_made(_Transport())
+        for a in range(0, len(stream), 1 << 16):
+            ch.data_received(stream[a:a + (1 << 16)])
+        return got
+
+    assert asyncio.run(scenario()) == [(1, 4 << 20), (2, 0)]
+
+
 def test_a_frame_that_does_not_decode_closes_the_channel():
     async def scenario():
         lost = []

@@ -26,6 +26,7 @@ class Channel(asyncio.Protocol):
         self.connected = asyncio.get_running_loop().create_future()
         self.closed = False
         self._buffer = bytearray()
+        self._wanted = 0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -43,11 +44,14 @@ class Channel(asyncio.Protocol):
         buf = self._buffer
         if buf:
             buf += data
+            if len(buf) < self._wanted:
+                return  # a large frame still arriving: append only (copying it per read is quadratic)
             view = memoryview(bytes(buf))
             buf.clear()
         else:
             view = memoryview(data)
         pos, end = 0, len(view)
+        wanted = FRAME.size  # bytes the unfinished frame at pos needs, once known
         try:
             while end - pos >= FRAME.size:
                 length, kind, rid = FRAME.unpack_from(view, pos)
@@ -55,6 +59,7 @@ class Channel(asyncio.Protocol):
                     raise WireError(f"frame length {length}")
                 stop = pos + 4 + length
                 if stop > end:
+                    wanted = stop - pos
                     break
                 self.on_message(kind, rid, view[pos + FRAME.size:stop])
                 pos = stop
@@ -64,6 +69,7 @@ class Channel(asyncio.Protocol):
             return
         if pos < end:
             self._buffer += view[pos:]
+            self._wanted = wanted
 
     def eof_received(self) -> bool:
         return False  # close our end too
