@@ -82,8 +82,12 @@ class Server:
         return all(await asyncio.gather(*(e.drain(self.cfg.server.drain_timeout_s) for e in self.engines)))
 
     async def close(self) -> None:
-        """Close the listeners (in-flight answers go out) and stop every engine."""
+        """Close the listeners (in-flight answers go out) and stop every engine. Graph
+        updates stop first: an update still in hand past the drain is answered with what
+        became of it, not with the listeners' "retry" (which could apply it twice)."""
         s = self.cfg.server
+        for e in self.engines:
+            await e.stop_updates()
         if self.http is not None:
             await self.http.close(s.shutdown_grace_s + 1)
         if self.frontends is not None:

@@ -194,6 +194,13 @@ class Engine(Admitting, SampledInference):
             self._updates.start()
         self.ready = True
 
+    async def stop_updates(self) -> None:
+        """Take no more graph updates; those in hand are answered now (applied, or 503
+        saying whether they may have been logged), while the transports can still carry
+        the answers. stop() does this too."""
+        if self._updates is not None:
+            await self._updates.stop()
+
     async def stop(self) -> None:
         """Stop every worker and release the resources (telemetry stops watching)."""
         self.stop_lag_ticks()

@@ -269,6 +269,9 @@ class HeteroEngine(Admitting):
         self._started = True
         self.ready = True
 
+    async def stop_updates(self) -> None:
+        """Nothing to stop: heterogeneous graphs take no updates."""
+
     async def stop(self) -> None:
         self.stop_lag_ticks()
         for job in self._waiting:

@@ -168,6 +168,11 @@ class PartitionedEngine(Admitting):
         self._started = True
         self.ready = True
 
+    async def stop_updates(self) -> None:
+        """As Engine.stop_updates."""
+        if self.updates is not None:
+            await self.updates.stop_applying()
+
     async def stop(self) -> None:
         if self._dispatcher is not None:
             self._dispatcher.cancel()

@@ -179,13 +179,18 @@ class PartitionedUpdates:
             await old_follower.stop(why)
         log.info("partitioned graph at update log position %d (%d nodes)", follower.applied, view.num_nodes)
 
-    async def stop(self) -> None:
+    async def stop_applying(self) -> None:
+        """Take no more updates; answer those in hand (as UpdateApplier.stop). No swap
+        starts after this."""
         self._stopped = True
         # A swap in flight has its new follower and applier in place and is retiring the
         # old ones: let it finish (bounded by their stops), so every follower started stops.
         await asyncio.gather(*self._swapping, return_exceptions=True)
         if self.applier is not None:
             await self.applier.stop()
+
+    async def stop(self) -> None:
+        await self.stop_applying()
         if self.follower is not None:
             await self.follower.stop()
         self.log.close()
