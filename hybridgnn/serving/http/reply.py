@@ -111,10 +111,12 @@ class Refusals:
         self._kept: dict = {}
 
     def reply_of(self, failure) -> Reply:
-        reply = self._kept.get(failure)
-        if reply is not None:
-            return reply
+        # By value, not by the Failure: a front end decodes a new one from every answer.
         headers = failure.headers
+        key = (failure.status, failure.message, tuple(headers.items()) if headers else None)
+        reply = self._kept.get(key)
+        if reply is not None and failure.request_id is None:
+            return reply
         if failure.status in (429, 503) and not (headers and "Retry-After" in headers):
             headers = {**headers, **RETRY} if headers else RETRY
         if failure.request_id is not None:
@@ -123,6 +125,6 @@ class Refusals:
         if failure.status in (429, 503):
             if len(self._kept) >= _REFUSALS_KEPT:
                 self._kept.clear()
-            self._kept[failure] = reply
+            self._kept[key] = reply
             reply.shared = True
         return reply
