@@ -10,8 +10,9 @@ own interpreter. The graph, features and workload tables are memory-mapped files
 children read the same page-cache pages as the server: nothing is copied per worker
 except the model weights.
 
-A child that dies (killed, out of memory) fails the batch it held with an error the
-requests see, and is started again for the next batch.
+A child that dies (killed, out of memory) or hangs (no answer within BATCH_TIMEOUT_S)
+fails the batch it held with an error the requests see, and is started again for the
+next batch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from hybridgnn.types import BatchResult, StageTimings
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # building a child's executor opens the dataset and loads the model
+# A child that answers no batch for this long is hung (stopped, deadlocked): it is killed,
+# its batch fails, and the next batch starts a new one. Far past any batch's time, and
+# past any client's patience, so it never cuts a slow batch short that someone awaits.
+BATCH_TIMEOUT_S = 120.0
 
 
 class WorkerProcessError(RuntimeError):
@@ -121,6 +126,11 @@ class ProcessExecutor:
             self._start()
         try:
             self._conn.send_bytes(np.ascontiguousarray(seeds, dtype=np.int64).tobytes())
+            if not self._conn.poll(BATCH_TIMEOUT_S):
+                self._proc.kill()
+                self.close()
+                raise WorkerProcessError(f"CPU worker process {self.worker} answered no batch within "
+                                         f"{BATCH_TIMEOUT_S:.0f} s and was killed; it restarts for the next one")
             kind, payload = self._conn.recv()
         except (EOFError, OSError) as exc:
             time.sleep(0)  # let the exit code settle

@@ -44,6 +44,24 @@ def test_process_worker_matches_the_in_process_one_and_survives_its_child(tiny_d
     assert ex._proc is None
 
 
+def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_replaced(tiny_dataset, tiny_model, monkeypatch):
+    from hybridgnn.pipelines import process
+
+    monkeypatch.setattr(process, "BATCH_TIMEOUT_S", 1.0)
+    ex = ProcessExecutor(config(tiny_dataset, tiny_model), 0, build_worker_executor)
+    try:
+        seeds = np.array([3, 17])
+        expected = ex.run(seeds).logits
+        hung = ex._proc
+        os.kill(hung.pid, signal.SIGSTOP)  # alive, but never answers
+        with pytest.raises(WorkerProcessError, match="answered no batch within 1 s"):
+            ex.run(seeds)
+        assert ex._proc is None and not hung.is_alive()
+        np.testing.assert_array_equal(ex.run(seeds).logits, expected)
+    finally:
+        ex.close()
+
+
 def test_engine_serves_through_worker_processes_and_stops_them(tiny_dataset, tiny_model):
     cfg = config(tiny_dataset, tiny_model, fanouts=(5, 3), processes=True)
 
