@@ -190,9 +190,10 @@ class FrontendApi:
 
         try:
             sent = self.link.request(lambda rid: wire.encode_infer(rid, inp), (later, answer, _GONE))
-        except RecursionError:  # JSON data nested so deep that it cannot be written again
+        except RecursionError:  # JSON (data or parameters) nested so deep that it cannot be written again
             return self._unparsed(model, version, BadRequest(
-                "'data' is nested too deeply (an input's data is a list of numbers, or one list per row)"))
+                "the request is nested too deeply (an input's data is a list of numbers, or one list per row; "
+                "parameters hold plain values)"))
         return later if sent else _GONE
 
     def _unparsed(self, model: str, version: str | None, exc: ServingError) -> Reply:
