@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hybridgnn.config import PartitionConfig, SamplingConfig, ServeConfig, UpdateConfig
 from hybridgnn.errors import (
     BadRequest,
+    BatchFailed,
     ConfigError,
     Conflict,
     Draining,
@@ -316,3 +317,35 @@ def test_rank_addresses_are_checked():
     for bad in ("10.0.0.1", "host:port", ":"):
         with pytest.raises(ValueError, match="host:port"):
             wire._family(bad)
+
+
+class MisshapenRanks(StandInRanks):
+    """Rank 0 of another build: its first answers come in a shape this engine cannot slice."""
+
+    def __init__(self, answers: list):
+        super().__init__()
+        self.answers = answers
+
+    def _call(self, name, head, arrays):
+        if name == "existing" and self.answers:
+            self.calls.append((name, head, arrays))
+            return {"recomputed": 0, "bytes_moved": 0, "compute_s": 0.001}, self.answers.pop(0)
+        return super()._call(name, head, arrays)
+
+
+def test_a_misshapen_answer_from_rank_0_fails_its_request_and_the_next_is_served():
+    bad = [[], [np.zeros((3, 2), np.float32), np.zeros((3, 1), np.float32)]]  # no rows; rows for 3 of 2 ids
+
+    async def scenario(engine, ranks):
+        outcomes = []
+        for ids in ([1], [1, 2], [5]):
+            try:
+                outcomes.append((await asyncio.wait_for(engine.full(np.array(ids)), 10)).logits[:, 0].tolist())
+            except BatchFailed as exc:
+                outcomes.append(str(exc))
+        return outcomes
+
+    first, second, served = _run(scenario, MisshapenRanks(bad))
+    assert "partition rank 0 answered 'existing' with rows []" in first
+    assert "not two arrays of 2 rows" in second
+    assert served == [5.0]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridgnn.config import ServeConfig, fanouts_for
-from hybridgnn.errors import BadRequest, Draining, Forbidden, RemovedNode
+from hybridgnn.errors import BadRequest, BatchFailed, Draining, Forbidden, RemovedNode
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.serving.core.admitting import Admitting
 from hybridgnn.serving.core.partitioned_updates import PartitionedUpdates
@@ -280,10 +280,11 @@ class PartitionedEngine(Admitting):
                 try:
                     await self._run(group)
                 except asyncio.CancelledError:  # stopped with this group out of the queue: it hears now
-                    for c in group:
-                        if not c.future.done():
-                            c.future.set_exception(Draining("server is shutting down"))
+                    _fail(group, Draining("server is shutting down"))
                     raise
+                except Exception as exc:  # a bug here must not end the loop that answers every call
+                    log.exception("partitioned dispatch failed a group of %d calls", len(group))
+                    _fail(group, BatchFailed(f"{type(exc).__name__}: {exc}"))
 
     def _take(self) -> list[_Call]:
         """The next call, with the existing-node calls of the same kind waiting behind it
@@ -305,10 +306,14 @@ class PartitionedEngine(Admitting):
         try:
             out, rows = await asyncio.to_thread(self.ranks.call, first.name, first.head, arrays)
         except Exception as exc:  # the group is down (503) or the request is bad for every rank
-            for c in group:
-                if not c.future.done():
-                    c.future.set_exception(exc)
+            _fail(group, exc)
             return
+        sent = len(arrays[0]) if first.name in ("existing", "lookup") else None
+        if not (len(rows) == 2 and len(rows[0]) == len(rows[1]) and (sent is None or len(rows[0]) == sent)):
+            # a rank of another build (--ranks) can answer in another shape: refuse, never mis-slice
+            shapes = [getattr(r, "shape", None) for r in rows]
+            raise BatchFailed(f"partition rank 0 answered {first.name!r} with rows {shapes}, "
+                              f"not two arrays of {sent if sent is not None else 'equal'} rows")
         seconds = (time.perf_counter() - t0) / len(group)
         at = 0
         for c in group:
@@ -316,3 +321,10 @@ class PartitionedEngine(Admitting):
             if not c.future.done():
                 c.future.set_result((out, (rows[0][at:at + k], rows[1][at:at + k]), seconds))
             at += k
+
+
+def _fail(group: list[_Call], exc: BaseException) -> None:
+    """Answer every call of group not yet answered with exc."""
+    for c in group:
+        if not c.future.done():
+            c.future.set_exception(exc)
