@@ -17,7 +17,7 @@ import numpy as np
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.hetero import check_type_name, edge_type_key, write_hetero_dataset
 from hybridgnn.graph.idmap import IdMap
-from hybridgnn.graph.store import DatasetError
+from hybridgnn.graph.store import DatasetError, load_arrays
 from hybridgnn.types import EdgeType
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def import_hetero_edge_lists(source: Path, out, *, undirected: bool = False, fea
     random_types, mapped = [], []
     for i, ntype in enumerate(node_types):
         x_path, y_path = source / f"{ntype}.x.npy", source / f"{ntype}.y.npy"
-        x = np.load(x_path, allow_pickle=False) if x_path.is_file() else None
+        x = _one_array(x_path) if x_path.is_file() else None
         ends = [(e, side) for e in raw for side in (0, 1) if e[2 * side] == ntype]
         columns = [_as_ids(raw[e][side]) for e, side in ends]
         if any(c.dtype.kind == "U" for c in columns):  # names in one file: every id of the type is a name
@@ -166,7 +166,7 @@ def import_hetero_edge_lists(source: Path, out, *, undirected: bool = False, fea
             random_types.append(ntype)
         rows = {"features": np.asarray(x, dtype=np.float32)}
         if y_path.is_file():
-            rows["labels"] = np.load(y_path, allow_pickle=False).reshape(-1)
+            rows["labels"] = _one_array(y_path).reshape(-1)
             if rows["labels"].shape[0] != num_nodes:
                 raise DatasetError(f"{y_path.name} must hold {num_nodes} labels, got {rows['labels'].shape[0]}")
         if id_map is not None:
@@ -212,3 +212,10 @@ def _type_id_map(ntype: str, values: np.ndarray, mode: str, *, has_rows: bool, s
     log.warning("%s: ids of node type %r stored as dense ids 0..%d with a map; requests name them by the "
                 "original ids", source, ntype, len(id_map) - 1)
     return id_map
+
+
+def _one_array(path: Path) -> np.ndarray:
+    arr = load_arrays(path)
+    if isinstance(arr, dict):
+        raise DatasetError(f"{path}: one .npy array was expected")
+    return arr

@@ -11,7 +11,7 @@ import torch
 
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.idmap import IdMap
-from hybridgnn.graph.store import MASK_NAMES, DatasetError, write_dataset
+from hybridgnn.graph.store import MASK_NAMES, DatasetError, load_arrays, write_dataset
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,9 @@ def _load_pyg(path: Path):
 
 def _load_edge_file(path: Path) -> dict:
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            out = {k: z[k] for k in z.files}
+        out = load_arrays(path)
+        if not isinstance(out, dict):
+            raise DatasetError(f"{path}: an .npz of named arrays was expected")
         if "edge_index" not in out and {"src", "dst"} <= out.keys():
             out["edge_index"] = np.stack([out.pop("src"), out.pop("dst")])
         return out

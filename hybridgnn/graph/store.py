@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,25 @@ MASK_NAMES = ("train_mask", "val_mask", "test_mask")
 
 class DatasetError(ConfigError):
     """A dataset directory is missing, incomplete or inconsistent."""
+
+
+# What numpy raises for a .npy or .npz file that is truncated, corrupt or not one at all.
+UNREADABLE_ARRAY = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
+    """A user's .npy (its array) or .npz (its arrays by name), read whole without pickle;
+    DatasetError in one line when the file is not a readable one."""
+    try:
+        with open(path, "rb") as f:
+            loaded = np.load(f, allow_pickle=False)
+            if isinstance(loaded, np.lib.npyio.NpzFile):
+                with loaded:
+                    return {k: loaded[k] for k in loaded.files}
+            return loaded
+    except UNREADABLE_ARRAY as exc:
+        raise DatasetError(f"{path}: not a readable {Path(path).suffix or 'numpy'} file "
+                           f"({type(exc).__name__}: {exc})") from exc
 
 
 def _fingerprint(indptr: np.ndarray, indices: np.ndarray, feature_dim: int) -> str:

@@ -205,3 +205,11 @@ def test_fields_the_models_do_not_read_are_named_not_dropped_silently(tmp_path, 
         out = import_graph(tmp_path / "g.pt", tmp_path / "out")
     assert "edge_attr" in caplog.text
     assert GraphStore.open(out).meta.get("ignored_fields", ["edge_attr"]) == ["edge_attr"]
+
+
+@pytest.mark.parametrize("corrupt", [lambda b: b[:len(b) // 2], lambda b: b"PK\x03\x04garbage", lambda b: b""])
+def test_an_unreadable_npz_is_refused_in_one_line(tmp_path, corrupt):
+    np.savez(tmp_path / "g.npz", edge_index=np.array([[0, 1], [1, 2]]))
+    (tmp_path / "bad.npz").write_bytes(corrupt((tmp_path / "g.npz").read_bytes()))
+    with pytest.raises(DatasetError, match=r"bad\.npz: not a readable \.npz file"):
+        import_graph(tmp_path / "bad.npz", tmp_path / "out")
