@@ -123,11 +123,25 @@ class Plan:
 
     @classmethod
     def load(cls, directory: str | Path) -> Plan:
+        """The plan `save` wrote to directory; ValueError (OSError for a missing file) in one
+        line when it is not one."""
         d = Path(directory)
-        meta = json.loads((d / "plan.json").read_text())
-        topo = Topology.from_dict({k: v for k, v in meta["topology"].items() if k != "source"}, source="plan")
-        arrays = {n: np.load(d / f"{n}.npy", allow_pickle=False) for n in ("tier", "server", "clique", "gpu", "row")}
-        return cls(topo, meta["method"], int(meta["row_bytes"]), **arrays)
+        try:
+            meta = json.loads((d / "plan.json").read_text())
+        except (json.JSONDecodeError, RecursionError, UnicodeDecodeError) as exc:
+            raise ValueError(f"plan.json is not valid JSON: {exc}") from exc
+        try:
+            topo = Topology.from_dict({k: v for k, v in meta["topology"].items() if k != "source"}, source="plan")
+            method, row_bytes = str(meta["method"]), int(meta["row_bytes"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"plan.json is not a `hybridgnn place` plan ({type(exc).__name__}: {exc})") from exc
+        arrays = {}
+        for n in ("tier", "server", "clique", "gpu", "row"):
+            try:
+                arrays[n] = np.load(d / f"{n}.npy", allow_pickle=False)
+            except (ValueError, EOFError) as exc:  # truncated or not an array (OSError: missing, as said)
+                raise ValueError(f"{n}.npy is not a readable array: {exc}") from exc
+        return cls(topo, method, row_bytes, **arrays)
 
 
 def _rows_within_groups(*keys: np.ndarray) -> np.ndarray:

@@ -115,6 +115,13 @@ class Topology:
         if unknown:
             raise ValueError(f"unknown topology fields {sorted(unknown)}; known: {sorted(known)}")
         values = dict(data)
+        for key in ("servers", "gpus_per_server", "nvlink_cliques", "numa_nodes"):
+            if key in values and type(values[key]) is not int:
+                raise ValueError(f"topology field {key} must be a whole number, got {values[key]!r}")
+        for key, kind in (("network", str), ("links", dict)):
+            if key in values and not isinstance(values[key], kind):
+                raise ValueError(f"topology field {key} must be a {'string' if kind is str else 'mapping'}, "
+                                 f"got {values[key]!r}")
         for key in ("gpu_memory_bytes", "host_memory_bytes", "disk_bytes"):
             if key in values:
                 values[key] = parse_bytes(values[key] if isinstance(values[key], int) else str(values[key]))
@@ -133,11 +140,14 @@ class Topology:
                 import yaml
             except ImportError:
                 raise ValueError("YAML topology files need pyyaml (pip install pyyaml), or write JSON") from None
-            data = yaml.safe_load(text)
+            try:
+                data = yaml.safe_load(text)
+            except (yaml.YAMLError, RecursionError) as exc:
+                raise ValueError(f"topology {path} is not valid YAML: {exc}") from exc
         else:
             try:
                 data = json.loads(text)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, RecursionError) as exc:
                 raise ValueError(f"topology {path} is not valid JSON: {exc}") from exc
         return cls.from_dict(data, source=str(path))
 

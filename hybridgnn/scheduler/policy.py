@@ -80,6 +80,9 @@ class Profile:
         self.seed_psgs = np.asarray(data.get("seed_psgs_quantiles") or [self.mean_seed_psgs], dtype=np.float64)
         edges = data["bin_edges"]
         self.lo, self.hi = float(edges[0]), float(edges[-1])
+        # what check_matches reads, read now: a profile lacking it is refused at load
+        str(data["dataset"]["fingerprint"]), str(data["dataset"]["name"]), str(data["model"]["fingerprint"])
+        list(data["fanouts"])
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -87,12 +90,15 @@ class Profile:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise FileNotFoundError(f"no profile at {path}; make one with `hybridgnn profile`") from None
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"profile {path} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"profile {path} holds a JSON {type(data).__name__}, not a `hybridgnn profile` object")
         try:
             return cls(data)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"profile {path} lacks a field this build needs: {exc}") from exc
+        except (KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(f"profile {path} lacks a field this build needs, or has one of another type: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -140,3 +140,31 @@ def test_fap_beats_hash_on_a_skewed_graph_with_nvlink(skewed_graph):
     fap_ms = simulate(fap_plan(fap, t, ROW), batches).quantile_ms(0.99)
     hash_ms = simulate(hash_plan(skewed_graph.num_nodes, t, ROW), batches).quantile_ms(0.99)
     assert fap_ms <= hash_ms
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"servers": "abc"}, "servers must be a whole number"),
+    ({"gpus_per_server": 2.5}, "gpus_per_server must be a whole number"),
+    ({"servers": True}, "servers must be a whole number"),
+    ({"network": 3}, "network must be a string"),
+    ({"links": []}, "links must be a mapping"),
+])
+def test_topology_fields_of_the_wrong_type_are_named(tmp_path, fields, match):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match=match):
+        Topology.load(path)
+
+
+def test_a_plan_that_is_not_one_is_refused_in_one_line(tmp_path):
+    saved = fap_plan(FAP, topo(), ROW).save(tmp_path / "plan")
+    good = (saved / "plan.json").read_text()
+    for text, match in (("[]", "not a `hybridgnn place` plan"), ("{", "not valid JSON"),
+                        (good.replace('"servers": 1', '"servers": "abc"'), "servers must be a whole number")):
+        (saved / "plan.json").write_text(text)
+        with pytest.raises(ValueError, match=match):
+            Plan.load(saved)
+    (saved / "plan.json").write_text(good)
+    (saved / "tier.npy").write_bytes((saved / "tier.npy").read_bytes()[:60])
+    with pytest.raises(ValueError, match="tier.npy is not a readable array"):
+        Plan.load(saved)

@@ -235,6 +235,15 @@ def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path)
         again.policy("fastest")
     with pytest.raises(ValueError, match="slo:<milliseconds>"):
         again.policy("slo:soon")
+    import json
+
+    bad = tmp_path / "bad.json"
+    for edit, match in ((lambda d: [], "holds a JSON list"), (lambda d: {**d, "dataset": None}, "TypeError"),
+                        (lambda d: {k: v for k, v in d.items() if k != "fanouts"}, "KeyError: 'fanouts'"),
+                        (lambda d: {**d, "bin_edges": []}, "IndexError")):
+        bad.write_text(json.dumps(edit(data)))
+        with pytest.raises(ValueError, match=match):
+            Profile.load(bad)
     from hybridgnn.profiling.plot import plot_profile
 
     pngs = plot_profile(again, tmp_path / "p")
