@@ -40,6 +40,15 @@ def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
 DEFAULT_FANOUT = 10
 
 
+def _refuse_nan(cfg) -> None:
+    """ValueError naming the first NaN setting: every comparison with NaN is false, so a
+    check such as `timeout <= 0` would let it through and silently turn the limit off."""
+    for name in cfg.__dataclass_fields__:
+        value = getattr(cfg, name)
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"{name} must be a number, got NaN")
+
+
 def fanouts_for(saved: dict, *, flag=None, repository=None) -> tuple[int, ...]:
     """The fanouts a model is served and profiled with, by one precedence: the --fanouts
     flag, then its repository's <model>/config.json, then those it was saved with (its
@@ -59,6 +68,7 @@ class SamplingConfig:
     seed: int = setting(0, "sampling seed")
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.fanouts is None:
             return
         if len(self.fanouts) == 0:
@@ -85,6 +95,7 @@ class BatcherConfig:
     max_batch_psgs: float = math.inf
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.max_batch_seeds < 1:
             raise ValueError(f"max_batch_seeds must be >= 1, got {self.max_batch_seeds}")
         if self.max_batch_requests < 1:
@@ -110,6 +121,7 @@ class AdmissionConfig:
         "else 100)", flag="--max-queue-delay-ms", scale=1000.0)
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.max_queue_delay_s is not None and not 0 < self.max_queue_delay_s <= 60:
             raise ValueError(f"max_queue_delay_s must be within (0, 60] seconds, got {self.max_queue_delay_s}")
 
@@ -138,6 +150,7 @@ class PipelineConfig:
     split: bool = False
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.torch_threads < 1:
@@ -169,6 +182,7 @@ class DeviceMemoryConfig:
     placement_server: int = setting(0, "which server of the --placement plan this replica is")
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.placement_server < 0:
             raise ValueError(f"placement_server must be >= 0, got {self.placement_server}")
         if self.cache_bytes < 0:
@@ -196,6 +210,7 @@ class RouterConfig:
     spill: bool = True
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.psgs_threshold is not None and not (self.psgs_threshold >= 0):
             raise ValueError(f"psgs_threshold must be >= 0, got {self.psgs_threshold}")
         if self.saturation_batches_per_worker <= 0:
@@ -252,6 +267,7 @@ class ServerConfig:
                                     "next turn, so answers to admitted requests are not starved by new ones")
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.frontends is not None and self.frontends < 1:
             raise ValueError(f"frontends must be >= 1 (or auto), got {self.frontends}")
         if self.answers_per_turn < 1:
@@ -292,6 +308,7 @@ class NewNodeConfig:
     policy: str = "ratio"
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.default_mode not in ("full", "pe", "srpe"):
             raise ValueError(f"default_mode must be full, pe or srpe, got {self.default_mode!r}")
         if not 0.0 <= self.gamma <= 1.0:
@@ -328,6 +345,7 @@ class UpdateConfig:
                                     "balancer retries elsewhere)", flag="--max-catch-up-ms", scale=1000.0)
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.token is not None and len(self.token) < 8:
             raise ValueError("the update token must be at least 8 characters")
         if self.max_batch_updates < 1 or self.max_request_updates < 1:
@@ -366,6 +384,7 @@ class PartitionConfig:
     restart_backoff_s: float = 1.0  # first wait before the group restarts (doubles, to 30 s)
 
     def __post_init__(self):
+        _refuse_nan(self)
         if self.partitions < 0:
             raise ValueError(f"--partitions must be >= 0, got {self.partitions}")
         if self.ranks is not None and self.partitions < 1:
@@ -411,6 +430,7 @@ class PolicyConfig:
                                    "model metadata shows it)")
 
     def __post_init__(self):
+        _refuse_nan(self)
         if not (self.policy in ("latency", "throughput", "cpu", "gpu")
                 or self.policy.startswith(("slo:", "slo-mean:"))):
             raise ValueError(f"policy must be latency, throughput, cpu, gpu or slo:<ms>, got {self.policy!r}")
@@ -451,6 +471,7 @@ class ServeConfig:
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
 
     def __post_init__(self):
+        _refuse_nan(self)
         for pipe, expected in ((self.cpu_pipeline, "cpu"), (self.gpu_pipeline, "gpu")):
             if pipe is None:
                 continue

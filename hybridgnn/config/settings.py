@@ -82,7 +82,7 @@ def parse_bytes(text: str | int) -> int:
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(raw[-1:], 1)
         try:
             value = int(float(raw[:-1] if scale > 1 else raw) * scale)
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:  # OverflowError: inf, 1e999G
             raise ValueError(f"expected a byte count such as 512M or 4G, got {text!r}") from exc
     if value < 0:
         raise ValueError(f"a byte count must be >= 0, got {text!r}")

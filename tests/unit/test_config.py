@@ -108,3 +108,20 @@ def test_a_repository_version_takes_the_flag_over_its_config_json(tmp_path):
     assert version_config(base, model, 1).sampling.fanouts == (8, 4)
     flagged = dataclasses.replace(base, sampling=SamplingConfig(fanouts=(3, 2)))
     assert version_config(flagged, model, 1).sampling.fanouts == (3, 2)
+
+
+def test_nan_is_refused_for_every_setting_that_is_a_number():
+    """NaN passes every `x <= 0` check; each config class refuses it by name instead."""
+    import hybridgnn.config as config
+
+    classes = [c for c in vars(config).values() if isinstance(c, type) and c.__module__ == config.__name__
+               and dataclasses.is_dataclass(c) and c is not config.ServeConfig]
+    checked = 0
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            default = cls.__dataclass_fields__[f.name].default
+            if isinstance(default, float):
+                with pytest.raises(ValueError, match=f"{f.name} must be a number, got NaN"):
+                    cls(**{f.name: float("nan")})
+                checked += 1
+    assert checked >= 15

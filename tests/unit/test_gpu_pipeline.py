@@ -61,8 +61,9 @@ def test_device_executor_matches_the_cpu_executor_when_sampling_is_deterministic
 
 def test_config_checks():
     assert parse_bytes("512M") == 512 << 20 and parse_bytes("1.5GiB") == 3 << 29 and parse_bytes("0") == 0
-    with pytest.raises(ValueError, match="byte count"):
-        parse_bytes("lots")
+    for text in ("lots", "inf", "1e999G", "nan"):
+        with pytest.raises(ValueError, match="byte count"):
+            parse_bytes(text)
     with pytest.raises(ValueError, match="graph_placement"):
         DeviceMemoryConfig(graph_placement="disk")
     with pytest.raises(ValueError, match="pipeline device"):
