@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from hybridgnn.config import read_json
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("model", help="export a PyTorch Geometric model for serving, or check a model directory")
@@ -91,7 +93,7 @@ def _print_summary(model_dir: Path) -> int:
     from hybridgnn.models.checkpoint import CONFIG, load_model
 
     try:
-        saved = json.loads((Path(model_dir) / CONFIG).read_text())
+        saved = read_json(Path(model_dir) / CONFIG)
     except (OSError, ValueError):
         saved = {}  # load_model names what is wrong
     if isinstance(saved, dict) and saved.get("class") == "hybridgnn.HeteroGNN":

@@ -50,7 +50,7 @@ def parse_typed_fanouts(text: str):
     if text.startswith("{"):
         try:
             return json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ConfigError(f"--fanouts is not a valid JSON object: {exc}") from exc
     try:
         return [int(v) for v in text.replace(" ", "").split(",") if v]

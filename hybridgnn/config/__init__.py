@@ -8,6 +8,7 @@ Units are in the names (_s seconds, _bytes bytes).
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from hybridgnn.config.settings import (  # noqa: F401 (callers import these from
     parse_bytes,
     parse_cpus,
     parse_frontends,
+    read_json,
     setting,
 )
 
@@ -26,7 +28,14 @@ from hybridgnn.config.settings import (  # noqa: F401 (callers import these from
 def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     """'15,10,5' -> (15, 10, 5); hop 1 (neighbours of the seeds) comes first."""
     if isinstance(text, (tuple, list)):
-        values = tuple(int(v) for v in text)
+        # whole numbers only: int() would read 2.9 as 2 and true as 1
+        whole = not any(type(v) is bool for v in text)
+        try:
+            values = tuple(operator.index(v) for v in text)
+        except TypeError:
+            whole = False
+        if not whole:
+            raise ValueError(f"fanouts must be whole numbers, got {list(text)!r}")
     else:
         try:
             values = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)

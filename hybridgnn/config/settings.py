@@ -4,6 +4,7 @@ flag, HYBRIDGNN_<FLAG> environment defaults, and parsers of the flags' text form
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import field
 from pathlib import Path
@@ -87,3 +88,14 @@ def parse_bytes(text: str | int) -> int:
     if value < 0:
         raise ValueError(f"a byte count must be >= 0, got {text!r}")
     return value
+
+
+def read_json(path: str | Path):
+    """The JSON a file holds; ValueError saying why when it is not valid UTF-8 JSON
+    (nested too deeply included, which json raises as RecursionError); OSError as is."""
+    try:
+        return json.loads(Path(path).read_text())
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hybridgnn.config import read_json
 from hybridgnn.embeddings.store import embeddings_dir, mark_complete
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
@@ -184,11 +185,9 @@ class HeteroEmbeddingStore:
         """The complete store for this model and dataset; None when absent, unfinished,
         written for a homogeneous graph, or computed with other weights than the model's
         now (a model saved again into the same directory: its rows are stale)."""
-        import json
-
         root = embeddings_dir(Path(model_dir), dataset_fingerprint)
         try:
-            state = json.loads((root / "state.json").read_text())
+            state = read_json(root / "state.json")
         except (OSError, ValueError):
             return None
         if not isinstance(state, dict) or not state.get("complete") or state.get("kind") != STORE_KIND:

@@ -9,7 +9,6 @@ arrays; progress is checkpointed after each batch, so an interrupted run resumes
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hybridgnn.config import read_json
 from hybridgnn.embeddings.store import (
     EmbeddingStore,
     embeddings_dir,
@@ -260,8 +260,11 @@ def starting_state(root: Path, num_layers: int, dims: list[int], cfg: Precompute
     state_path = root / "state.json"
     if not state_path.is_file():
         return fresh
-    old = json.loads(state_path.read_text())
-    if not all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order")):
+    try:
+        old = read_json(state_path)
+    except ValueError:  # not a state this build wrote whole: start afresh
+        return fresh
+    if not isinstance(old, dict) or not all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order")):
         return fresh
     if not old.get("complete"):
         log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.config import read_json
+
 
 def embeddings_dir(model_dir: Path, dataset_fingerprint: str) -> Path:
     return Path(model_dir) / "embeddings" / dataset_fingerprint
@@ -43,8 +45,11 @@ class EmbeddingStore:
         state_path = root / "state.json"
         if not state_path.is_file():
             return None
-        state = json.loads(state_path.read_text())
-        if not state.get("complete"):
+        try:
+            state = read_json(state_path)
+        except ValueError:  # not a state a finished precompute wrote: no stored embeddings
+            return None
+        if not isinstance(state, dict) or not state.get("complete"):
             return None
         layers = [np.load(root / f"layer_{i + 1}.npy", mmap_mode="r") for i in range(state["num_layers"])]
         output = np.load(root / "output.npy", mmap_mode="r") if state.get("output") else None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.config import read_json
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.idmap import ID_MAP_FILE, IdMap
 
@@ -114,9 +115,9 @@ def read_meta(root: Path) -> dict:
     if not meta_path.is_file():
         raise DatasetError(f"{root} is not a hybridgnn dataset: {meta_path} is missing")
     try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
+        meta = read_json(meta_path)
+    except ValueError as exc:
+        raise DatasetError(f"{meta_path} is {exc}") from exc
     if not isinstance(meta, dict):
         raise DatasetError(f"{meta_path} must hold a JSON object")
     return meta

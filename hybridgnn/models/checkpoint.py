@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hybridgnn.config import read_json
 from hybridgnn.errors import ConfigError
 from hybridgnn.models import golden, zoo
 from hybridgnn.models.decompose import decompose
@@ -93,9 +94,9 @@ def read_config(path: str | Path) -> dict:
         raise CheckpointError(f"model directory {root} lacks {CONFIG} (write one with hybridgnn.save_model "
                               "or `hybridgnn model export`)")
     try:
-        config = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{cfg_path} is not JSON: {exc}") from exc
+        config = read_json(cfg_path)
+    except ValueError as exc:
+        raise CheckpointError(f"{cfg_path} is {exc}") from exc
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path} is not a JSON object")
     if config.get("class") == "hybridgnn.HeteroGNN":

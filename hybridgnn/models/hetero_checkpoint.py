@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hybridgnn.config import read_json
 from hybridgnn.models.checkpoint import (
     CONFIG,
     FORMAT,
@@ -221,7 +222,7 @@ def open_hetero_model(path: str | Path, graph) -> tuple[HeteroGNN, dict]:
     CheckpointError in one line otherwise."""
     root = Path(path)
     try:
-        config = json.loads((root / CONFIG).read_text())
+        config = read_json(root / CONFIG)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"model directory {root}: cannot read {CONFIG}: {exc}") from None
     if not isinstance(config, dict) or config.get("class") != HETERO_CLASS:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridgnn.config import read_json
 from hybridgnn.models.golden import GOLDEN_TOLERANCE, max_relative_error
 from hybridgnn.models.zoo import UnsupportedModel
 
@@ -318,7 +319,7 @@ def load_decoder(root: Path, entry: dict, out_dims: dict[str, int]):
         decoder = dot
     else:
         try:
-            nodes = json.loads((root / DECODER_GRAPH).read_text())["nodes"]
+            nodes = read_json(root / DECODER_GRAPH)["nodes"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{root / DECODER_GRAPH} cannot be read: {exc}") from None
         decoder = GraphDecoder(nodes, {k[len("tensor/"):]: v for k, v in saved.items() if k.startswith("tensor/")})

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.config import read_json
 from hybridgnn.graph.store import write_dataset
 from hybridgnn.models.checkpoint import CONFIG, WEIGHTS, hash_file, weights_fingerprint
 
@@ -107,8 +108,8 @@ class Snapshots:
             if not path.is_dir() or path.name.startswith(".") or not info.is_file():
                 continue
             try:
-                meta = json.loads(info.read_text())
-            except (OSError, json.JSONDecodeError):
+                meta = read_json(info)
+            except (OSError, ValueError):
                 continue
             if (meta.get("format") == FORMAT and meta.get("log_id") == self.log_id
                     and meta.get("base_fingerprint") == self.base_fingerprint
@@ -122,7 +123,7 @@ class Snapshots:
         if not mine:
             return None
         position, path = mine[-1]
-        meta = json.loads((path / "snapshot.json").read_text())
+        meta = read_json(path / "snapshot.json")
 
         def load(name: str) -> np.ndarray:
             return np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)

@@ -125,3 +125,15 @@ def test_nan_is_refused_for_every_setting_that_is_a_number():
                     cls(**{f.name: float("nan")})
                 checked += 1
     assert checked >= 15
+
+
+def test_read_json_says_why_a_file_is_not_json(tmp_path):
+    from hybridgnn.config import read_json
+
+    path = tmp_path / "c.json"
+    for text, why in (("[" * 100_000, "nested too deeply"), ("{", "Expecting"), (b"\xff\xfe{", "codec")):
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(ValueError, match=f"not valid JSON: .*{why}"):
+            read_json(path)
+    path.write_text('{"a": [1]}')
+    assert read_json(path) == {"a": [1]}

@@ -30,6 +30,7 @@ def test_versions_and_policies(tmp_path):
     })
     (repo / "a" / "notes").mkdir()  # not a version
     (repo / "a" / "0").mkdir()  # versions are positive
+    (repo / "a" / "010").mkdir()  # and named as numbers are written (10 is there already)
     models = scan_repository(repo)
     assert {n: m.chosen for n, m in models.items()} == {"a": [10], "b": [2, 3], "c": [1, 3], "d": [4, 5]}
     assert models["b"].fanouts == (5, 3) and models["a"].fanouts is None
@@ -37,7 +38,9 @@ def test_versions_and_policies(tmp_path):
 
 
 @pytest.mark.parametrize("config, match", [
-    ("{not json", "not readable JSON"),
+    ("{not json", "not valid JSON"),
+    ("[" * 100_000, "nested too deeply"),
+    ({"fanouts": [2.9, True]}, "fanouts must be whole numbers"),
     ([1], "JSON object"),
     ({"version_policy": {"latest": {"num_versions": 0}}}, "num_versions"),
     ({"version_policy": {"specific": {"versions": ["1"]}}}, "positive integers"),

@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridgnn.config import fanouts_for, parse_fanouts
+from hybridgnn.config import fanouts_for, parse_fanouts, read_json
 from hybridgnn.errors import ConfigError, brief
 
 CONFIG = "config.json"
@@ -106,15 +105,17 @@ def scan_repository(root: Path, *, strict: bool = True) -> dict[str, RepositoryM
 
 
 def _read_model(path: Path) -> RepositoryModel:
+    # "7", not "007": one directory per version number (Triton's layout)
     versions = sorted(int(p.name) for p in path.iterdir()
-                      if p.is_dir() and p.name.isdigit() and p.name.isascii() and int(p.name) > 0)
+                      if p.is_dir() and p.name.isdigit() and p.name.isascii() and p.name == str(int(p.name))
+                      and int(p.name) > 0)
     cfg_path = path / CONFIG
     spec: dict = {}
     if cfg_path.is_file():
         try:
-            spec = json.loads(cfg_path.read_text())
+            spec = read_json(cfg_path)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{cfg_path}: not readable JSON: {exc}") from exc
+            raise ConfigError(f"{cfg_path}: {exc}") from exc
         if not isinstance(spec, dict):
             raise ConfigError(f"{cfg_path}: must be a JSON object")
     fanouts = None
