@@ -14,6 +14,7 @@ import logging
 
 from hybridgnn.capabilities import usable_cores
 from hybridgnn.config import ServeConfig
+from hybridgnn.errors import ConfigError
 from hybridgnn.serving.core.admitting import started
 from hybridgnn.serving.core.engine import Engine, open_engine
 from hybridgnn.serving.core.partitioned import PartitionedEngine
@@ -24,6 +25,7 @@ from hybridgnn.serving.partitions import RankGroup
 from hybridgnn.serving.repository.loader import open_repository
 from hybridgnn.serving.v2.service import V2Service
 from hybridgnn.types import ServingStats
+from hybridgnn.updates.log import logged_updates, parse_log_url
 
 log = logging.getLogger("hybridgnn.serve")
 
@@ -114,6 +116,7 @@ class Server:
 async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> V2Service:
     """The v2 service over what cfg serves: one engine, or every version a model repository
     chooses over one graph."""
+    refuse_unfollowed_updates(cfg)
     from hybridgnn.graph.store import dataset_kind
 
     if cfg.dataset_dir is not None and dataset_kind(cfg.dataset_dir) == "hetero":
@@ -163,6 +166,21 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
         await asyncio.shield(server.close())
         raise
     return server
+
+
+def refuse_unfollowed_updates(cfg: ServeConfig) -> None:
+    """ConfigError when the dataset's update log holds acknowledged updates that this
+    server, with updates off, would not apply: it would serve the graph as it was before
+    them, unlike every replica that follows the log."""
+    applies = cfg.updates.enabled and cfg.model_repository is None  # a repository's token guards loads only
+    if applies or cfg.dataset_dir is None or cfg.updates.log == "off":
+        return
+    logged = logged_updates(cfg.updates.log, cfg.dataset_dir)
+    if logged:
+        url = parse_log_url(cfg.updates.log, cfg.dataset_dir)
+        raise ConfigError(f"the update log {url} holds {logged} acknowledged graph updates, which a server without "
+                          "the update token does not apply: set HYBRIDGNN_UPDATE_TOKEN (or --update-token) to serve "
+                          "the updated graph, or pass --update-log off to serve the dataset as stored")
 
 
 def http_server(service: V2Service | Engine, cfg: ServeConfig) -> HttpServer:

@@ -197,6 +197,27 @@ def parse_log_url(url: str | None, dataset_dir: Path) -> str:
     return f"sqlite://{Path(url).resolve()}"
 
 
+def logged_updates(url: str | None, dataset_dir: Path) -> int:
+    """The last position of a SQLite update log that exists (0: none, empty, or a log
+    this process does not open without updates on: Redis, off). Read-only; opens nothing
+    it would have to create."""
+    url = parse_log_url(url, dataset_dir)
+    if not url.startswith("sqlite://"):
+        return 0
+    path = Path(url[len("sqlite://"):])
+    if not path.is_file():
+        return 0
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            row = db.execute("SELECT MAX(position) FROM entries").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:  # not a log (no entries table), or unreadable: nothing to follow
+        return 0
+    return int(row[0] or 0)
+
+
 def open_update_log(url: str | None, dataset_dir: Path, dataset_fingerprint: str) -> UpdateLog:
     """The log a server with updates on appends to and follows."""
     url = parse_log_url(url, dataset_dir)

@@ -342,3 +342,26 @@ def test_reads_waiting_for_a_version_are_released_in_order_and_bounded(tmp_path,
         assert not await asyncio.wait_for(pending.pop(), 6.0) is None
 
     asyncio.run(scenario())
+
+
+def test_a_server_without_the_token_is_refused_where_the_log_holds_acknowledged_updates(tmp_path):
+    from hybridgnn.config import ServeConfig, UpdateConfig
+    from hybridgnn.serving.server import refuse_unfollowed_updates
+    from hybridgnn.updates.log import logged_updates
+
+    cfg = ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path)
+    refuse_unfollowed_updates(cfg)  # no log: nothing to follow
+    assert logged_updates(None, tmp_path) == 0
+    log = SqliteLog(tmp_path / "updates.sqlite", "abc")
+    refuse_unfollowed_updates(cfg)  # an empty log
+    log.append(b"entry")
+    log.append(b"entry")
+    log.close()
+    assert logged_updates(None, tmp_path) == 2
+    with pytest.raises(ConfigError, match="holds 2 acknowledged graph updates.*--update-log off"):
+        refuse_unfollowed_updates(cfg)
+    refuse_unfollowed_updates(ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path, updates=UpdateConfig(log="off")))
+    refuse_unfollowed_updates(ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path,
+                                          updates=UpdateConfig(token="long-enough-token")))
+    (tmp_path / "other.sqlite").write_text("not a database")
+    assert logged_updates(str(tmp_path / "other.sqlite"), tmp_path) == 0
