@@ -24,3 +24,20 @@ def test_help_and_flag_errors_load_neither_torch_nor_numpy():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:] + out.stderr[-500:]
     assert "usage: hybridgnn serve" in out.stdout and "expected one argument" in out.stderr
+
+
+def test_serving_without_the_token_a_dataset_whose_log_holds_updates_is_one_line_and_exit_2(
+        tiny_dataset, tiny_model, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from hybridgnn.updates.log import SqliteLog
+
+    monkeypatch.delenv("HYBRIDGNN_UPDATE_TOKEN", raising=False)
+    dataset = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset, dataset)
+    log = SqliteLog(dataset / "updates.sqlite", "any")
+    log.append(b"an acknowledged update")
+    log.close()
+    assert main(["serve", "--dataset", str(dataset), "--model", str(tiny_model), "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "holds 1 acknowledged graph updates" in err and "--update-log off" in err and err.count("\n") == 1
