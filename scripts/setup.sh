@@ -10,8 +10,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  "$VENV/bin/pip" install -q "$TORCH_SPEC" \
-    || "$VENV/bin/pip" install -q "$TORCH_SPEC" --index-url https://download.pytorch.org/whl/cpu
+  # PyTorch's CPU index first (PyPI's Linux torch is the CUDA build); where that index cannot
+  # be reached (a registry mirror only), fail fast and take the registry's torch.
+  "$VENV/bin/pip" install -q --retries 0 --timeout 20 "$TORCH_SPEC" --index-url https://download.pytorch.org/whl/cpu \
+    || "$VENV/bin/pip" install -q "$TORCH_SPEC"
 fi
 # Re-install only when pyproject.toml changed since the last install.
 stamp="$VENV/.hybridgnn-installed"

@@ -366,9 +366,14 @@ def test_a_sampled_inference_whose_declared_ids_would_pass_the_bound_is_refused_
         many = int(80 / per_seed) + 1  # ~80 ms more: past the bound
         refused = endpoint(Request(params, {}, body(many), 0.0))
         decoded = endpoint(Request(params, {}, body(1), 0.0))
-        return refused, decoded, lane.queued
+        huge = [endpoint(Request(params, {}, json.dumps(
+            {"inputs": [{"name": "node_ids", "shape": [10**11], "datatype": "INT64", "data": [1]}],
+             "parameters": {"mode": mode}}).encode(), 0.0)) for mode in ("sampled", "precomputed")]
+        return refused, decoded, lane.queued, huge
 
-    refused, decoded, queued = run_api(cfg, scenario)
+    refused, decoded, queued, huge = run_api(cfg, scenario)
+    for reply in huge:  # too many ids is the request's fault at any load: 400, never a 429 to retry
+        assert answer(reply)[:2] == (400, {"error": "node_ids holds 100000000000 ids; at most 8192 per request"})
     status, message, headers = answer(refused)
     assert status == 429 and headers["Retry-After"], message
     assert message["error"].startswith("server overloaded: predicted queueing delay")

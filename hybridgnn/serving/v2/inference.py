@@ -34,6 +34,15 @@ _ACCEPTED_INPUTS = (f"this model takes {INPUT_NAME!r} (INT64 [n]) for existing n
                     "and 'edge_index' (INT64 [2, m]) for new nodes")
 
 
+def declared_node_ids(request: InferInput) -> int:
+    """The product of the node_ids input's declared shape (0 when there is none, or its
+    shape is not a list of sizes), whatever the mode; nothing is decoded."""
+    for t in request.inputs:
+        if t.name == INPUT_NAME and _sizes(t.shape):
+            return math.prod(t.shape)
+    return 0
+
+
 def declared_ids(request: InferInput) -> int | None:
     """How many node ids a sampled inference declares (the product of its node_ids input's
     shape; 0 when that is not a list of sizes), or None when it is not one: it names

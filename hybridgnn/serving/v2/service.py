@@ -41,8 +41,9 @@ from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
 from hybridgnn.serving.v2.describe import config_of, describe_model
-from hybridgnn.serving.v2.inference import declared_ids, decode_infer
+from hybridgnn.serving.v2.inference import declared_ids, declared_node_ids, decode_infer
 from hybridgnn.serving.v2.requests import decode_update
+from hybridgnn.serving.v2.tensors import INPUT_NAME
 from hybridgnn.serving.v2.typed import TypedInferRequest, decode_typed
 from hybridgnn.serving.v2.types import (
     Failure,
@@ -227,6 +228,9 @@ class V2Service:
             # rest of a refusal.
             declared = declared_ids(request)
             server = engine.cfg.server
+            named = 0 if getattr(engine, "typed", False) else declared_node_ids(request)
+            if named > server.max_request_nodes:  # the request's own fault at any load (a 429 would be retried)
+                raise BadRequest(f"{INPUT_NAME} holds {named} ids; at most {server.max_request_nodes} per request")
             if declared is None:
                 engine.shed(request.waited_s)
             else:
