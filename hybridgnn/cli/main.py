@@ -20,6 +20,7 @@ from hybridgnn.cli import (
     train,
     workload,
 )
+from hybridgnn.config.settings import ENV_PREFIX
 from hybridgnn.errors import ConfigError
 
 COMMANDS = (serve, cluster, dataset, model, workload, train, precompute, profile, place, bench, rank)
@@ -47,11 +48,28 @@ def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentP
         current = subs[0].choices[name]
 
 
+def _check_defaults(command: argparse.ArgumentParser, args) -> None:
+    """argparse checks choices only of values given on the command line: a default from
+    a HYBRIDGNN_* variable is checked here, with the same error."""
+    for action in command._actions:
+        value = getattr(args, action.dest, None)
+        if action.choices is not None and value is not None and value not in action.choices \
+                and not isinstance(action, argparse._SubParsersAction):
+            env = ENV_PREFIX + action.option_strings[-1][2:].upper().replace("-", "_")
+            command.error(f"argument {'/'.join(action.option_strings)}: invalid choice {value!r} (from {env}; "
+                          f"choose from {', '.join(map(str, action.choices))})")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # flag defaults read HYBRIDGNN_* variables
+    except ValueError as exc:
+        print(f"hybridgnn: error: {exc}", file=sys.stderr)
+        return 2
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # say it with the subcommand's usage, which lists the flags it does take
         _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    _check_defaults(_command_parser(parser, args), args)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what a launcher re-runs as each rank
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -22,6 +22,7 @@ from hybridgnn.config import (
     ServerConfig,
     UpdateConfig,
     env_default,
+    env_flag,
     parse_cpus,
     parse_fanouts,
 )
@@ -54,7 +55,7 @@ def add_parser(sub) -> None:
                         "(cuda when a GPU is visible), emulate (the GPU pipeline's code on CPU tensors, for "
                         "testing and profiling without a GPU)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
-                   default=env_default("SPILL", True, lambda v: v not in ("0", "")),
+                   default=env_default("SPILL", True, env_flag),
                    help="never move a batch to the other pipeline when its own is saturated (with "
                         "--psgs-threshold 0: GPU only, for single-device baselines)")
     p.add_argument("--profile", type=Path, default=env_default("PROFILE", None, Path),
@@ -63,7 +64,7 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", default=env_default("POLICY", None),
                    help="with --profile: latency | throughput | cpu | gpu (operating points) or slo:<ms> (most "
                         f"predicted throughput with predicted p99 within <ms>); default {PolicyConfig.policy}")
-    p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, lambda v: v not in ("0", "")),
+    p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, env_flag),
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
     p.add_argument("--gpu-workers", type=int, default=env_default("GPU_WORKERS", PipelineConfig.workers, int),

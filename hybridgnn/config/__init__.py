@@ -17,6 +17,7 @@ from hybridgnn.config.settings import (  # noqa: F401 (callers import these from
     MAX_CORE,
     default_cache_dir,
     env_default,
+    env_flag,
     parse_bytes,
     parse_cpus,
     parse_frontends,

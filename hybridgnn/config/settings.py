@@ -13,14 +13,27 @@ ENV_PREFIX = "HYBRIDGNN_"
 
 
 def env_default(name: str, default, cast=str):
-    """Value of HYBRIDGNN_<NAME> cast with `cast`, or `default` when unset."""
+    """Value of HYBRIDGNN_<NAME> cast with `cast`, or `default` when unset; ValueError
+    naming the variable when the cast refuses it."""
     raw = os.environ.get(ENV_PREFIX + name)
     if raw is None or raw == "":
         return default
     try:
         return cast(raw)
-    except ValueError as exc:
-        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {cast.__name__}") from exc
+    except (ValueError, TypeError, OverflowError) as exc:
+        kind = "boolean" if cast is env_flag else getattr(cast, "__name__", "value")
+        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {kind}: {exc}") from exc
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(value: str) -> bool:
+    """A boolean from the environment: 1/true/yes/on or 0/false/no/off (any case)."""
+    v = value.strip().lower()
+    if v in _TRUE or v in _FALSE:
+        return v in _TRUE
+    raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
 
 
 def setting(default, help: str, *, flag: str | None = None, scale: float | None = None, choices=None, parse=None):

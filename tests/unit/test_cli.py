@@ -267,3 +267,18 @@ def test_heterogeneous_generate_tables_model_check_and_serve_refusals(tmp_path, 
     assert main(["serve", "--dataset", str(data), "--model", str(tmp_path / "homo"), "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "is heterogeneous but model" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"HYBRIDGNN_DEVICE": "gpu"}, "argument --device: invalid choice 'gpu' (from HYBRIDGNN_DEVICE"),
+    ({"HYBRIDGNN_PORT": "abc"}, "HYBRIDGNN_PORT='abc' is not a valid int"),
+    ({"HYBRIDGNN_SPILL": "maybe"}, "HYBRIDGNN_SPILL='maybe' is not a valid boolean"),
+])
+def test_settings_from_the_environment_are_checked_as_flags_are(env, said, monkeypatch, capsys):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        code = main(["serve"])
+    except SystemExit as exit_:  # argparse's own error path, with the usage
+        code = exit_.code
+    assert code == 2 and said in capsys.readouterr().err

@@ -9,6 +9,7 @@ from hybridgnn.config import (
     SamplingConfig,
     ServerConfig,
     env_default,
+    env_flag,
     parse_cpus,
     parse_fanouts,
 )
@@ -74,6 +75,12 @@ def test_env_default(monkeypatch):
     with pytest.raises(ValueError, match="HYBRIDGNN_PORT"):
         env_default("PORT", 8000, int)
     assert env_default("NOT_SET_ANYWHERE", 5, int) == 5
+    for raw, want in (("false", False), ("0", False), ("Off", False), ("true", True), ("1", True), ("YES", True)):
+        monkeypatch.setenv("HYBRIDGNN_SPILL", raw)
+        assert env_default("SPILL", None, env_flag) is want
+    monkeypatch.setenv("HYBRIDGNN_SPILL", "maybe")
+    with pytest.raises(ValueError, match="HYBRIDGNN_SPILL='maybe' is not a valid boolean"):
+        env_default("SPILL", True, env_flag)
 
 
 def test_fanouts_come_from_one_precedence():
