@@ -136,6 +136,14 @@ def import_graph(
         cols.append(t)
     indptr, indices = coo_to_csr(rows, cols, num_nodes, dedup=True)
     extra = {"source": str(src), "undirected": undirected}
+    merged = _repeated_edges(t, s, num_nodes, len(indices) if not undirected else None)
+    if merged:
+        # A graph stores each edge once: an aggregation that counts a repeated edge twice
+        # (sum, mean, GCN) would otherwise differ from the model on edge_index as given.
+        log.warning("%s: %d of %d edges repeat an earlier one and are stored once; a model whose aggregation counts "
+                    "repeats (sum, mean, GCN) is served as on the coalesced graph (torch_geometric.utils.coalesce "
+                    "gives the same edges in PyG)", src, merged, len(t))
+        extra["repeated_edges_merged"] = merged
     if x is None:
         x = np.random.default_rng(seed).standard_normal((num_nodes, feature_dim), dtype=np.float32)
         extra["random_features"] = True
@@ -187,3 +195,12 @@ def _map_ids(src: Path, ei: np.ndarray, mode: str, *, has_rows: bool) -> tuple[I
     log.warning("%s: node ids %s; stored as dense ids 0..%d with a map, and requests name nodes by the original "
                 "ids", src, why, len(id_map) - 1)
     return id_map, dense
+
+
+def _repeated_edges(targets: np.ndarray, sources: np.ndarray, num_nodes: int, stored: int | None) -> int:
+    """How many of the given edges repeat an earlier (target, source) pair. stored: the
+    edges the CSR kept when it was built from these edges alone (saves a second pass)."""
+    if stored is not None:
+        return len(targets) - stored
+    keys = targets.astype(np.int64) * max(num_nodes, 1) + sources  # one int per pair (n^2 < 2^63 for n < 3e9)
+    return len(keys) - len(np.unique(keys))

@@ -213,3 +213,15 @@ def test_an_unreadable_npz_is_refused_in_one_line(tmp_path, corrupt):
     (tmp_path / "bad.npz").write_bytes(corrupt((tmp_path / "g.npz").read_bytes()))
     with pytest.raises(DatasetError, match=r"bad\.npz: not a readable \.npz file"):
         import_graph(tmp_path / "bad.npz", tmp_path / "out")
+
+
+@pytest.mark.parametrize("undirected", [False, True])
+def test_repeated_edges_are_stored_once_counted_and_said(tmp_path, caplog, undirected):
+    np.savez(tmp_path / "g.npz", edge_index=np.array([[0, 1, 1, 2, 0], [1, 2, 2, 0, 1]]))  # (1,2), (0,1) twice
+    import_graph(tmp_path / "g.npz", tmp_path / "out", undirected=undirected, feature_dim=3)
+    g = GraphStore.open(tmp_path / "out")
+    assert g.meta["repeated_edges_merged"] == 2 and "2 of 5 edges repeat an earlier one" in caplog.text
+    assert g.num_edges == (6 if undirected else 3)
+    np.savez(tmp_path / "h.npz", edge_index=np.array([[0, 1], [1, 0]]))
+    import_graph(tmp_path / "h.npz", tmp_path / "plain", undirected=True, feature_dim=3)  # both ways is no repeat
+    assert "repeated_edges_merged" not in GraphStore.open(tmp_path / "plain").meta
