@@ -111,5 +111,7 @@ def run_import(args) -> int:
 def run_info(args) -> int:
     from hybridgnn.graph.hetero import open_any
 
-    print(json.dumps(open_any(args.path, validate="full" if args.full else "quick").describe(), indent=2))
+    description = open_any(args.path, validate="full" if args.full else "quick").describe()
+    description["validated"] = "every index (--full)" if args.full else "sizes and meta.json (--full checks every index)"
+    print(json.dumps(description, indent=2))
     return 0

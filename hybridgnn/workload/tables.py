@@ -100,8 +100,10 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     ids = ids.astype(np.int64, copy=False)
     if ids.size == 0:
         raise ValueError(f"request log {path} holds no node ids")
-    if ids.min() < 0 or ids.max() >= n:
-        raise ValueError(f"request log {path} has ids outside [0, {n}): [{ids.min()}, {ids.max()}]")
+    outside = (ids < 0) | (ids >= n)
+    if outside.any():
+        raise ValueError(f"request log {path} has {int(outside.sum())} ids outside the graph's [0, {n}), the first "
+                         f"{int(ids[np.argmax(outside)])}")
     counts = np.bincount(ids, minlength=n).astype(np.float64)
     digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
     return counts / counts.sum(), f"log-{digest}"

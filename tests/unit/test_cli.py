@@ -44,7 +44,12 @@ def test_generate_build_train_info(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["layers"] == [[600, 8], [600, 3]] and out["computed_unix_s"] > 0
     assert main(["dataset", "info", str(data), "--full"]) == 0
-    assert json.loads(capsys.readouterr().out)["labelled"] is True
+    info = json.loads(capsys.readouterr().out)
+    assert info["labelled"] is True and info["validated"] == "every index (--full)"
+    (tmp_path / "seeds.txt").write_text("1 5 600 7 -2\n")
+    assert main(["workload", "build", "--dataset", str(data), "--fanouts", "4,2", "--seeds",
+                 str(tmp_path / "seeds.txt")]) == 2
+    assert "has 2 ids outside the graph's [0, 600), the first 600" in capsys.readouterr().err
 
 
 def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
