@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.simulate < 0 or args.batch_size < 1:  # before any work (the plan is saved before simulating)
+        raise ValueError(f"--simulate must be >= 0 and --batch-size >= 1, got {args.simulate} and {args.batch_size}")
     import numpy as np
 
     from hybridgnn.config import parse_fanouts

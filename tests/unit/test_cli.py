@@ -287,3 +287,9 @@ def test_settings_from_the_environment_are_checked_as_flags_are(env, said, monke
     except SystemExit as exit_:  # argparse's own error path, with the usage
         code = exit_.code
     assert code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--simulate", "-2"], ["--simulate", "3", "--batch-size", "0"]])
+def test_place_refuses_a_bad_simulation_before_any_work(flags, tmp_path, capsys):
+    assert main(["place", "--dataset", str(tmp_path / "not-opened"), *flags]) == 2
+    assert "--simulate must be >= 0 and --batch-size >= 1" in capsys.readouterr().err
