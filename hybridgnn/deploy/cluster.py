@@ -148,6 +148,10 @@ def restart_delay(previous_s: float | None, uptime_s: float, base_s: float) -> f
     return min(previous_s * 2, RESTART_BACKOFF_MAX_S)
 
 
+class _StopRequested(Exception):
+    """SIGTERM or SIGINT arrived while the cluster was starting."""
+
+
 @dataclass
 class LocalCluster:
     cfg: ClusterConfig
@@ -158,6 +162,7 @@ class LocalCluster:
     _last_delay: dict[int, float] = field(default_factory=dict)
     _restart_at: dict[int, float] = field(default_factory=dict)
     _recorded: set[int] = field(default_factory=set)  # pids whose exit is recorded
+    stop_requested: bool = False  # set by SIGTERM/SIGINT: a start in progress gives up at once
 
     @property
     def url(self) -> str:
@@ -242,6 +247,7 @@ class LocalCluster:
         pending = set(range(self.cfg.replicas))
         deadline = time.monotonic() + self.cfg.ready_timeout_s
         while pending:
+            self._check_stop()
             for i in sorted(pending):
                 if self.replicas[i].poll() is not None:
                     raise RuntimeError(f"replica {i} exited with {self.replicas[i].returncode} while starting; "
@@ -255,11 +261,16 @@ class LocalCluster:
     def _wait(self, ok, what: str, proc: subprocess.Popen) -> None:
         deadline = time.monotonic() + self.cfg.ready_timeout_s
         while not ok():
+            self._check_stop()
             if proc.poll() is not None:
                 raise RuntimeError(f"exited with {proc.returncode} while waiting for {what}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out waiting for {what}")
             time.sleep(0.05)
+
+    def _check_stop(self) -> None:
+        if self.stop_requested:
+            raise _StopRequested
 
     def reap(self, stopping: bool = False) -> None:
         """Record how replicas that have ended exited (replica-<i>.exit: the latest exit
@@ -300,18 +311,19 @@ class LocalCluster:
 
     def run_until_signal(self) -> int:
         """Start, then supervise until SIGTERM/SIGINT or the balancer dies; returns an exit code."""
-        stop = False
-
         def _stop(signum, frame):
-            nonlocal stop
-            stop = True
+            self.stop_requested = True
 
         old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.start()
+            try:
+                self.start()
+            except _StopRequested:
+                log.info("stopped while starting")
+                return 0
             print(f"cluster ready on {self.url} ({self.cfg.replicas} replicas behind {self.cfg.balancer}); "
                   f"Ctrl-C stops it", flush=True)
-            while not stop:
+            while not self.stop_requested:
                 self.reap()
                 self.restart_dead()
                 if self.balancer is not None and self.balancer.poll() is not None:

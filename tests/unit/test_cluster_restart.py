@@ -55,3 +55,22 @@ def test_no_restart_leaves_it_down(tmp_path):
 def test_backoff_must_be_positive():
     with pytest.raises(ValueError, match="restart_backoff_s"):
         ClusterConfig(restart_backoff_s=0)
+
+
+def test_a_stop_while_replicas_start_ends_the_wait_at_once_and_exits_0(tmp_path, monkeypatch):
+    import time
+
+    cluster = LocalCluster(ClusterConfig(replicas=1, run_dir=tmp_path, ready_timeout_s=300))
+    monkeypatch.setattr("hybridgnn.deploy.cluster.http_ready", lambda url: False)  # never ready
+    stopped = []
+    monkeypatch.setattr(cluster, "stop", lambda: stopped.append(True))
+
+    def start():
+        cluster.replicas.append(FakeProc(11))
+        cluster.stop_requested = True  # as the SIGTERM handler does, while the replicas start
+        cluster._wait_replicas_ready()
+
+    monkeypatch.setattr(cluster, "start", start)
+    t0 = time.monotonic()
+    assert cluster.run_until_signal() == 0
+    assert time.monotonic() - t0 < 5 and stopped == [True]
