@@ -12,17 +12,17 @@ def add_parser(sub) -> None:
                                    "latency percentiles measured from the scheduled arrival (no coordinated "
                                    "omission). With --slo-ms, searches for the highest rate within that p99.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--model", default="hybridgnn")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help='server (or balancer) to load')
+    p.add_argument("--model", default="hybridgnn", help='model name in the request path')
     p.add_argument("--rate", type=float, default=200.0, help="offered requests per second")
-    p.add_argument("--duration-s", type=float, default=10.0)
-    p.add_argument("--nodes-per-request", type=int, default=1)
+    p.add_argument("--duration-s", type=float, default=10.0, help='seconds of load')
+    p.add_argument("--nodes-per-request", type=int, default=1, help='node ids per request')
     p.add_argument("--json-body", action="store_true", help="send JSON instead of the binary tensor extension")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http",
                    help="grpc: KServe v2 over gRPC to --grpc-target (the model's size still comes from --url)")
     p.add_argument("--grpc-target", default="127.0.0.1:8001", help="host:port of the server's --grpc-port")
     p.add_argument("--slo-ms", type=float, default=None, help="find the highest rate with p99 within this")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the node ids sent")
     p.set_defaults(run=run)
 
 

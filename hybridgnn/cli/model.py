@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     c = actions.add_parser("check", help="rebuild a model directory's model and verify its golden outputs",
                            description="Prints what the directory holds and whether it can be served; exits 2 "
                                        "with the reason when it cannot.")
-    c.add_argument("model_dir", type=Path)
+    c.add_argument("model_dir", type=Path, help="model directory to check")
     c.set_defaults(run=run_check)
 
 

@@ -32,15 +32,17 @@ def add_parser(sub) -> None:
                    help="with a split CPU lane: profile each lane beside the other's work on the GPU (the curves "
                         "then hold the contention); default: each alone, and slo:<ms> queues both lanes on one "
                         "simulated GPU")
-    p.add_argument("--gpu-workers", type=int, default=2)
-    p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"))
-    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva")
-    p.add_argument("--cpu-compute-device", default="cpu")
+    p.add_argument("--gpu-workers", type=int, default=2, help="GPU pipeline workers")
+    p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"),
+                   help="GPU feature cache, hottest rows by FAP (bytes)")
+    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva",
+                   help="where the GPU sampler reads the graph: pinned host memory (uva) or device memory")
+    p.add_argument("--cpu-compute-device", default="cpu", help="where the CPU lane runs the model (as serve's flag)")
     p.add_argument("--bins", type=int, default=12, help="log-spaced PSGS bins")
     p.add_argument("--min-samples", type=int, default=100, help="batches per bin (for a stable p99)")
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch (seeds)")
     p.add_argument("--budget-s", type=float, default=300.0, help="time limit per pipeline")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG/SVG plots")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
     p.set_defaults(run=run)
 

@@ -293,3 +293,20 @@ def test_settings_from_the_environment_are_checked_as_flags_are(env, said, monke
 def test_place_refuses_a_bad_simulation_before_any_work(flags, tmp_path, capsys):
     assert main(["place", "--dataset", str(tmp_path / "not-opened"), *flags]) == 2
     assert "--simulate must be >= 0 and --batch-size >= 1" in capsys.readouterr().err
+
+
+def test_every_flag_and_argument_says_what_it_is():
+    import argparse
+
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not action.help:
+                missing.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), ["hybridgnn"])
+    assert not missing, missing
