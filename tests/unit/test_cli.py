@@ -310,3 +310,10 @@ def test_every_flag_and_argument_says_what_it_is():
 
     walk(build_parser(), ["hybridgnn"])
     assert not missing, missing
+
+
+def test_rank_outside_torchrun_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["rank", "--dataset", "d", "--model", "m"]) == 2
+    assert "RANK and WORLD_SIZE not set: start ranks with torchrun" in capsys.readouterr().err
