@@ -118,11 +118,17 @@ class Snapshots:
         return sorted(out)
 
     def latest(self, *, with_embeddings: bool) -> Snapshot | None:
-        """The newest snapshot to start from, or None."""
-        mine = self._mine()
-        if not mine:
-            return None
-        position, path = mine[-1]
+        """The newest snapshot that loads, to start from, or None. One that does not load
+        (pruned by another replica as this one opened it, a disk error) is passed over for
+        the one before it: the log keeps every entry, so an older start only replays more."""
+        for position, path in reversed(self._mine()):
+            try:
+                return self._load(position, path, with_embeddings)
+            except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+                log.warning("snapshot %s does not load (%s: %s); trying an older one", path, type(exc).__name__, exc)
+        return None
+
+    def _load(self, position: int, path: Path, with_embeddings: bool) -> Snapshot:
         meta = read_json(path / "snapshot.json")
 
         def load(name: str) -> np.ndarray:
@@ -141,7 +147,7 @@ class Snapshots:
                         features=load("features"), alive=np.load(path / "alive.npy", allow_pickle=False),
                         added_ids=load("added_ids") if meta.get("added_ids") else None,
                         layers=layers, output=output, aggregates=aggregates,
-                        keys=[tuple(k) for k in json.loads((path / "keys.json").read_text())])
+                        keys=[tuple(k) for k in read_json(path / "keys.json")])
 
     def due(self, position: int) -> bool:
         """Whether a snapshot at `position` is wanted: `every` entries past the newest one,

@@ -267,6 +267,22 @@ def test_snapshots_are_pruned_to_the_newest_few(tmp_path):
     assert sorted(p.name[:12] for p in (tmp_path / "snaps").iterdir()) == ["000000000002", "000000000003"]
 
 
+def test_a_snapshot_that_does_not_load_is_passed_over_for_the_one_before(tmp_path, caplog):
+    dyn, inc = dynamic_setup(tmp_path / "g")
+    snaps = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                      log_id="L", every=1, keep=3)
+    for position in (1, 2):
+        snaps.write(snaps.capture(position, dyn, inc, {}))
+    newest = sorted((tmp_path / "snaps").iterdir())[-1]
+    (newest / "indptr.npy").unlink()  # as when another replica prunes it while this one opens it
+    again = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                      log_id="L", every=1)
+    assert again.latest(with_embeddings=True).position == 1 and "does not load" in caplog.text
+    for path in (tmp_path / "snaps").iterdir():
+        (path / "indptr.npy").unlink(missing_ok=True)
+    assert again.latest(with_embeddings=True) is None  # none loads: start from the dataset, replay the log
+
+
 def _named(tmp_path):
     """dynamic_setup's graph with its nodes named n0..n59 (an id map)."""
     from hybridgnn.graph.idmap import IdMap
