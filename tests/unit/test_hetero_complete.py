@@ -1,0 +1,35 @@
+"""The heterogeneous engine's batch completion: an executor that answers a different
+number of queries than the batch holds fails every job of it, none is left unanswered."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from hybridgnn.errors import BatchFailed
+from hybridgnn.serving.core.hetero import HeteroEngine, _Job
+from hybridgnn.types import RoutePlan
+
+
+def test_a_result_count_that_does_not_match_the_batch_fails_every_job():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        engine = HeteroEngine.__new__(HeteroEngine)  # only what _complete touches
+        released = []
+        engine._in_flight = set()
+        engine._workers = {"cpu": SimpleNamespace(depth=1)}
+        engine.stats = SimpleNamespace(batch_failed=lambda pipeline: None)
+        engine._router = SimpleNamespace(fallback=lambda plan: (_ for _ in ()).throw(LookupError("none")))
+        engine._sampled_lane = SimpleNamespace(remove=lambda psgs: None)
+        engine.release = lambda: released.append(1)
+        engine._pump = lambda: None
+        jobs = [_Job(query=None, psgs=1.0, future=loop.create_future(), predicted_wait_s=0.0, num_seeds=1)
+                for _ in range(3)]
+        done = loop.create_future()
+        done.set_result(["only one result"])
+        engine._complete(done, jobs, RoutePlan("cpu", 3.0, "only"), 0.0)
+        return [j.future.exception() for j in jobs], released
+
+    errors, released = asyncio.run(scenario())
+    assert len(released) == 3
+    assert all(isinstance(e, BatchFailed) and "answered 1 of 3 queries" in str(e) for e in errors)
