@@ -54,8 +54,10 @@ def _check_defaults(command: argparse.ArgumentParser, args) -> None:
     a HYBRIDGNN_* variable is checked here, with the same error."""
     for action in command._actions:
         value = getattr(args, action.dest, None)
-        if action.choices is not None and value is not None and value not in action.choices \
-                and not isinstance(action, argparse._SubParsersAction):
+        if action.choices is None or value is None or isinstance(value, list) or not action.option_strings \
+                or isinstance(action, argparse._SubParsersAction):
+            continue  # positionals and lists come from the command line, which argparse checked
+        if value not in action.choices:
             env = ENV_PREFIX + action.option_strings[-1][2:].upper().replace("-", "_")
             command.error(f"argument {'/'.join(action.option_strings)}: invalid choice {value!r} (from {env}; "
                           f"choose from {', '.join(map(str, action.choices))})")

@@ -242,7 +242,7 @@ class ServerConfig:
                                        "this often and load them in the background (0: only on POST "
                                        "/v2/repository/models/{m}/load)")
     model_name: str = setting("hybridgnn", "name in /v2/models/{name}")
-    max_request_nodes: int = setting(8192, "most node ids one request may name (400 beyond)")
+    max_request_nodes: int = setting(8192, "most node ids one request may name (400 beyond; 413 for a heterogeneous model)")
     max_body_bytes: int = 16 * 1024 * 1024
     drain_timeout_s: float = setting(30.0, "on SIGTERM, how long admitted requests may take to finish")
     shutdown_grace_s: float = setting(0.5, "after draining, keep answering 503 this long before closing the "

@@ -10,7 +10,7 @@ own interpreter. The graph, features and workload tables are memory-mapped files
 children read the same page-cache pages as the server: nothing is copied per worker
 except the model weights.
 
-A child that dies (killed, out of memory) or hangs (no answer within BATCH_TIMEOUT_S)
+A child that dies (killed, out of memory) or hangs (no answer within the batch timeout)
 fails the batch it held with an error the requests see, and is started again for the
 next batch.
 """
@@ -19,20 +19,31 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import multiprocessing
 import time
 
 import numpy as np
 
+from hybridgnn.config import env_default
 from hybridgnn.types import BatchResult, StageTimings
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # building a child's executor opens the dataset and loads the model
 # A child that answers no batch for this long is hung (stopped, deadlocked): it is killed,
-# its batch fails, and the next batch starts a new one. Far past any batch's time, and
-# past any client's patience, so it never cuts a slow batch short that someone awaits.
-BATCH_TIMEOUT_S = 120.0
+# its batch fails, and the next batch starts a new one. Far past a batch's time, even a
+# first one paging its rows in from slow storage; HYBRIDGNN_WORKER_BATCH_TIMEOUT_S sets
+# it (0: never).
+DEFAULT_BATCH_TIMEOUT_S = 300.0
+
+
+def batch_timeout_s() -> float | None:
+    """The hung-child timeout from the environment (None: off)."""
+    value = env_default("WORKER_BATCH_TIMEOUT_S", DEFAULT_BATCH_TIMEOUT_S, float)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"HYBRIDGNN_WORKER_BATCH_TIMEOUT_S must be a number of seconds >= 0, got {value}")
+    return value or None
 
 
 class WorkerProcessError(RuntimeError):
@@ -95,6 +106,7 @@ class ProcessExecutor:
         self.cfg = dataclasses.replace(cfg, cpu_pipeline=in_child, gpu_pipeline=None, policy=type(cfg.policy)())
         self.worker = worker
         self._build = build
+        self.batch_timeout_s = batch_timeout_s()
         self._ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads' locks
         self._proc = None
         self._conn = None
@@ -124,17 +136,18 @@ class ProcessExecutor:
             log.warning("CPU worker process %d is not running; starting it again", self.worker)
             self.close()
             self._start()
+        conn, proc = self._conn, self._proc  # close() from the pipeline's stop may clear them meanwhile
         try:
-            self._conn.send_bytes(np.ascontiguousarray(seeds, dtype=np.int64).tobytes())
-            if not self._conn.poll(BATCH_TIMEOUT_S):
-                self._proc.kill()
+            conn.send_bytes(np.ascontiguousarray(seeds, dtype=np.int64).tobytes())
+            if self.batch_timeout_s is not None and not conn.poll(self.batch_timeout_s):
+                proc.kill()
                 self.close()
                 raise WorkerProcessError(f"CPU worker process {self.worker} answered no batch within "
-                                         f"{BATCH_TIMEOUT_S:.0f} s and was killed; it restarts for the next one")
-            kind, payload = self._conn.recv()
+                                         f"{self.batch_timeout_s:g} s and was killed; it restarts for the next one")
+            kind, payload = conn.recv()
         except (EOFError, OSError) as exc:
             time.sleep(0)  # let the exit code settle
-            code = self._proc.exitcode if self._proc is not None else None
+            code = proc.exitcode
             raise WorkerProcessError(f"CPU worker process {self.worker} exited (code {code}) during a batch; "
                                      "it restarts for the next one") from exc
         if kind != "ok":

@@ -178,9 +178,13 @@ def refuse_unfollowed_updates(cfg: ServeConfig) -> None:
     logged = logged_updates(cfg.updates.log, cfg.dataset_dir)
     if logged:
         url = parse_log_url(cfg.updates.log, cfg.dataset_dir)
-        raise ConfigError(f"the update log {url} holds {logged} acknowledged graph updates, which a server without "
-                          "the update token does not apply: set HYBRIDGNN_UPDATE_TOKEN (or --update-token) to serve "
-                          "the updated graph, or pass --update-log off to serve the dataset as stored")
+        held = f"the update log {url} holds {logged} entries of acknowledged graph updates"
+        if cfg.model_repository is not None:
+            raise ConfigError(f"{held}, and a model repository's versions serve no graph updates: pass --update-log "
+                              "off to serve the dataset as stored")
+        raise ConfigError(f"{held}, which a server without the update token does not apply: set "
+                          "HYBRIDGNN_UPDATE_TOKEN (or --update-token) to serve the updated graph, or pass "
+                          "--update-log off to serve the dataset as stored")
 
 
 def http_server(service: V2Service | Engine, cfg: ServeConfig) -> HttpServer:

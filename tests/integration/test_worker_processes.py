@@ -45,9 +45,7 @@ def test_process_worker_matches_the_in_process_one_and_survives_its_child(tiny_d
 
 
 def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_replaced(tiny_dataset, tiny_model, monkeypatch):
-    from hybridgnn.pipelines import process
-
-    monkeypatch.setattr(process, "BATCH_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "1")
     ex = ProcessExecutor(config(tiny_dataset, tiny_model), 0, build_worker_executor)
     try:
         seeds = np.array([3, 17])

@@ -374,7 +374,7 @@ def test_a_server_without_the_token_is_refused_where_the_log_holds_acknowledged_
     log.append(b"entry")
     log.close()
     assert logged_updates(None, tmp_path) == 2
-    with pytest.raises(ConfigError, match="holds 2 acknowledged graph updates.*--update-log off"):
+    with pytest.raises(ConfigError, match="holds 2 entries of acknowledged graph updates.*--update-log off"):
         refuse_unfollowed_updates(cfg)
     refuse_unfollowed_updates(ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path, updates=UpdateConfig(log="off")))
     refuse_unfollowed_updates(ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path,

@@ -186,6 +186,23 @@ def test_an_applier_stopped_with_a_group_in_hand_answers_every_request_in_it(tmp
         assert isinstance(err, ServiceUnavailable) and "Idempotency-Key" in str(err)
 
 
+def test_an_update_submitted_after_the_applier_stopped_is_refused_not_queued(tmp_path):
+    dyn, inc, tel = _parts(tmp_path)
+    follower = follower_for(dyn, inc, stats=tel)
+    applier = UpdateApplier(follower.cfg, follower, follower.graph, follower.stats)
+    req = decode_update_request(body(t("update_ids", [1], "INT64"), t("update_features", np.ones((1, 4)), "FP32")),
+                                None, feature_dim=4, max_updates=100)
+
+    async def stop_then_submit():
+        applier.start()
+        await applier.stop("stopping for the test")
+        applier.submit(req)
+
+    with pytest.raises(Draining, match="stopping for the test; nothing of this update was logged"):
+        asyncio.run(stop_then_submit())
+    assert applier.pending == 0
+
+
 @pytest.mark.parametrize("same_body", [True, False])
 def test_a_retry_whose_first_attempt_applies_before_its_check_gets_the_first_answer(tmp_path, same_body):
     """A retry is queued while its first attempt (cut short, but logged) is not applied

@@ -383,8 +383,10 @@ class HeteroEngine(Admitting):
         self._in_flight.discard(fut)
         self._workers[plan.pipeline].depth -= 1
         error = fut.exception() if not fut.cancelled() else Draining("server is shutting down")
-        if error is None and len(fut.result()) != len(jobs):  # never leave a job of the batch unanswered
-            error = RuntimeError(f"the executor answered {len(fut.result())} of {len(jobs)} queries")
+        if error is None and (not isinstance(fut.result(), list) or len(fut.result()) != len(jobs)):
+            # never leave a job of the batch unanswered
+            got = len(fut.result()) if isinstance(fut.result(), list) else type(fut.result()).__name__
+            error = RuntimeError(f"the executor answered {got} of {len(jobs)} queries")
         if error is not None:
             self.stats.batch_failed(plan.pipeline)
             try:

@@ -312,8 +312,11 @@ class PartitionedEngine(Admitting):
         if not (len(rows) == 2 and len(rows[0]) == len(rows[1]) and (sent is None or len(rows[0]) == sent)):
             # a rank of another build (--ranks) can answer in another shape: refuse, never mis-slice
             shapes = [getattr(r, "shape", None) for r in rows]
-            raise BatchFailed(f"partition rank 0 answered {first.name!r} with rows {shapes}, "
-                              f"not two arrays of {sent if sent is not None else 'equal'} rows")
+            failure = BatchFailed(f"partition rank 0 answered {first.name!r} with rows {shapes}, "
+                                  f"not two arrays of {sent if sent is not None else 'equal'} rows")
+            log.error("%s", failure)
+            _fail(group, failure)
+            return
         seconds = (time.perf_counter() - t0) / len(group)
         at = 0
         for c in group:

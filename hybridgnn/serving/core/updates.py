@@ -127,6 +127,8 @@ class UpdateApplier:
                 if self._inflight[key][0] != digest:
                     raise _key_conflict(key)
                 return self._inflight[key][1]
+        if self._task is not None and self._task.done():  # stopped: nothing would take it from the queue
+            raise Draining(f"{self._stop_why}; nothing of this update was logged")
         fut = loop.create_future()
         self._queue.append(_Waiting(update, fut))
         if key is not None:

@@ -103,9 +103,9 @@ _REFUSALS_KEPT = 256  # distinct refusal answers kept (messages name a bound and
 
 
 class Refusals:
-    """The Reply to a v2 Failure. A refusal (429/503) is one shared Reply per Failure (the
-    v2 service shares those per message, and the server keeps each Reply's bytes): under
-    overload they are answered by the thousand per second, with a few messages."""
+    """The Reply to a v2 Failure. A refusal (429/503) is one shared Reply per status,
+    message and headers (the server keeps each Reply's bytes): under overload they are
+    answered by the thousand per second, with a few messages."""
 
     def __init__(self):
         self._kept: dict = {}

@@ -217,6 +217,10 @@ class V2Service:
         engine, target = self.engine, None
         try:
             engine = target = self.models.get(request.model, request.version)
+            server = engine.cfg.server
+            named = 0 if getattr(engine, "typed", False) else declared_node_ids(request)
+            if named > server.max_request_nodes:  # the request's own fault at any load (a 429 or 503 is retried)
+                raise BadRequest(f"{INPUT_NAME} holds {named} ids; at most {server.max_request_nodes} per request")
             params = request.parameters
             if isinstance(params, dict) and "min_graph_version" in params:
                 wanted = graph_version_param(params["min_graph_version"])
@@ -227,10 +231,6 @@ class V2Service:
             # bring. Under overload most requests are refused, and a decode costs more than the
             # rest of a refusal.
             declared = declared_ids(request)
-            server = engine.cfg.server
-            named = 0 if getattr(engine, "typed", False) else declared_node_ids(request)
-            if named > server.max_request_nodes:  # the request's own fault at any load (a 429 would be retried)
-                raise BadRequest(f"{INPUT_NAME} holds {named} ids; at most {server.max_request_nodes} per request")
             if declared is None:
                 engine.shed(request.waited_s)
             else:
