@@ -144,17 +144,3 @@ def test_read_json_says_why_a_file_is_not_json(tmp_path):
             read_json(path)
     path.write_text('{"a": [1]}')
     assert read_json(path) == {"a": [1]}
-
-
-def test_the_worker_batch_timeout_comes_from_the_environment(monkeypatch):
-    from hybridgnn.pipelines.process import DEFAULT_BATCH_TIMEOUT_S, batch_timeout_s
-
-    assert batch_timeout_s() == DEFAULT_BATCH_TIMEOUT_S
-    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "0")
-    assert batch_timeout_s() is None  # never
-    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "2.5")
-    assert batch_timeout_s() == 2.5
-    for bad in ("-1", "nan", "soon"):
-        monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", bad)
-        with pytest.raises(ValueError, match="HYBRIDGNN_WORKER_BATCH_TIMEOUT_S"):
-            batch_timeout_s()
