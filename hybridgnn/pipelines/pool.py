@@ -41,7 +41,13 @@ class Pipeline:
         self._stopped = False
 
     def start(self) -> None:
+        if self.cfg.processes:  # each loads the model and compiles its sampler: seconds with nothing else said
+            log.info("%s pipeline: starting %d worker process(es)", self.cfg.name, self.cfg.workers)
+        t0 = time.perf_counter()
         executors = [self._make_executor(i) for i in range(self.cfg.workers)]  # built here so errors surface at start
+        if self.cfg.processes:
+            log.info("%s pipeline: %d worker process(es) ready in %.1f s", self.cfg.name, self.cfg.workers,
+                     time.perf_counter() - t0)
         self._executors = executors
         for i, ex in enumerate(executors):
             th = threading.Thread(target=self._work, args=(ex,), name=f"{self.name}-worker-{i}", daemon=True)
