@@ -12,11 +12,11 @@ def add_parser(sub) -> None:
                                    "latency percentiles measured from the scheduled arrival (no coordinated "
                                    "omission). With --slo-ms, searches for the highest rate within that p99.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--url", default="http://127.0.0.1:8000", help='server (or balancer) to load')
-    p.add_argument("--model", default="hybridgnn", help='model name in the request path')
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server (or balancer) to load")
+    p.add_argument("--model", default="hybridgnn", help="model name in the request path")
     p.add_argument("--rate", type=float, default=200.0, help="offered requests per second")
-    p.add_argument("--duration-s", type=float, default=10.0, help='seconds of load')
-    p.add_argument("--nodes-per-request", type=int, default=1, help='node ids per request')
+    p.add_argument("--duration-s", type=float, default=10.0, help="seconds of load")
+    p.add_argument("--nodes-per-request", type=int, default=1, help="node ids per request")
     p.add_argument("--json-body", action="store_true", help="send JSON instead of the binary tensor extension")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http",
                    help="grpc: KServe v2 over gRPC to --grpc-target (the model's size still comes from --url)")

@@ -18,10 +18,10 @@ def add_parser(sub) -> None:
                     "after `--` go to every `hybridgnn serve`. "
                     "The run directory holds the balancer config, logs, and replica-<i>.pid/.exit files.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--replicas", type=int, default=env_default("REPLICAS", 3, int), help='serve replicas to run')
+    p.add_argument("--replicas", type=int, default=env_default("REPLICAS", 3, int), help="serve replicas to run")
     p.add_argument("--balancer", choices=BALANCERS, default=env_default("BALANCER", "haproxy"),
-                   help='load balancer in front of them')
-    p.add_argument("--host", default="127.0.0.1", help='address the balancer and replicas listen on')
+                   help="load balancer in front of them")
+    p.add_argument("--host", default="127.0.0.1", help="address the balancer and replicas listen on")
     p.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="the balancer's port")
     p.add_argument("--base-port", type=int, default=8001, help="port of the first replica")
     p.add_argument("--run-dir", type=Path, default=Path("run/cluster"),

@@ -18,43 +18,44 @@ def add_parser(sub) -> None:
     pl = gsub.add_parser("powerlaw", help="skewed-degree Chung-Lu graph (ogbn-products scale: "
                                           "--num-nodes 2400000 --avg-degree 51.5 --feature-dim 100)",
                          formatter_class=fmt)
-    pl.add_argument("--out", type=Path, required=True, help='dataset directory to write')
-    pl.add_argument("--num-nodes", type=int, default=100_000, help='nodes')
+    pl.add_argument("--out", type=Path, required=True, help="dataset directory to write")
+    pl.add_argument("--num-nodes", type=int, default=100_000, help="nodes")
     pl.add_argument("--avg-degree", type=float, default=20.0, help="directed edges per node (after dedup)")
     pl.add_argument("--exponent", type=float, default=2.1, help="degree power-law exponent")
     pl.add_argument("--max-degree", type=int, default=None, help="cap on a node's degree (none: the power law's own)")
-    pl.add_argument("--feature-dim", type=int, default=100, help='random features per node')
-    pl.add_argument("--seed", type=int, default=0, help='random seed')
+    pl.add_argument("--feature-dim", type=int, default=100, help="random features per node")
+    pl.add_argument("--seed", type=int, default=0, help="random seed")
     pl.set_defaults(run=run_generate)
 
     cs = gsub.add_parser("csbm", help="labelled contextual stochastic block model", formatter_class=fmt)
-    cs.add_argument("--out", type=Path, required=True, help='dataset directory to write')
-    cs.add_argument("--num-nodes", type=int, default=20_000, help='nodes')
-    cs.add_argument("--num-classes", type=int, default=8, help='classes (communities)')
-    cs.add_argument("--feature-dim", type=int, default=64, help='features per node')
-    cs.add_argument("--avg-degree", type=float, default=12.0, help='mean in-degree')
+    cs.add_argument("--out", type=Path, required=True, help="dataset directory to write")
+    cs.add_argument("--num-nodes", type=int, default=20_000, help="nodes")
+    cs.add_argument("--num-classes", type=int, default=8, help="classes (communities)")
+    cs.add_argument("--feature-dim", type=int, default=64, help="features per node")
+    cs.add_argument("--avg-degree", type=float, default=12.0, help="mean in-degree")
     cs.add_argument("--homophily", type=float, default=0.7, help="share of edges inside a class")
     cs.add_argument("--feature-signal", type=float, default=0.12, help="std of the class means per dimension")
-    cs.add_argument("--seed", type=int, default=0, help='random seed')
+    cs.add_argument("--seed", type=int, default=0, help="random seed")
     cs.set_defaults(run=run_generate)
 
     het = gsub.add_parser("hetero", help="heterogeneous graph: recsys (user, item) or academic (paper, author, "
                                          "field), with reverse edge types", formatter_class=fmt)
-    het.add_argument("--out", type=Path, required=True, help='dataset directory to write')
+    het.add_argument("--out", type=Path, required=True, help="dataset directory to write")
     het.add_argument("--schema", choices=["recsys", "academic"], default="recsys",
                      help="recsys: user -rates-> item; academic: author -writes-> paper -has_topic-> field, cites")
     het.add_argument("--num-nodes", type=int, default=20_000, help="nodes of the largest type")
-    het.add_argument("--avg-degree", type=float, default=10.0, help='mean in-degree per edge type')
+    het.add_argument("--avg-degree", type=float, default=10.0, help="mean in-degree per edge type")
     het.add_argument("--num-groups", type=int, default=5, help="communities (item classes, paper fields)")
-    het.add_argument("--seed", type=int, default=0, help='random seed')
+    het.add_argument("--seed", type=int, default=0, help="random seed")
     het.set_defaults(run=run_generate)
 
     imp = dsub.add_parser("import", help="import a PyG Data or HeteroData file (.pt), an .npz, a text edge list, "
                                          "or a directory of edge lists per edge type",
                           formatter_class=fmt)
     imp.add_argument("source", type=Path,
-                   help='a PyG Data/HeteroData file (.pt), an edge list (.txt/.csv/.tsv), an .npz, or a directory of edge lists per type')
-    imp.add_argument("--out", type=Path, required=True, help='dataset directory to write')
+                     help="a PyG Data/HeteroData file (.pt), an edge list (.txt/.csv/.tsv), an .npz, or a directory "
+                          "of edge lists per type")
+    imp.add_argument("--out", type=Path, required=True, help="dataset directory to write")
     imp.add_argument("--undirected", action="store_true",
                      help="add every edge in both directions (heterogeneous: a rev_<rel> type per edge type)")
     imp.add_argument("--feature-dim", type=int, default=64, help="random features when the source has none")
@@ -65,7 +66,7 @@ def add_parser(sub) -> None:
     imp.set_defaults(run=run_import)
 
     info = dsub.add_parser("info", help="print a dataset's summary as JSON")
-    info.add_argument("path", type=Path, help='dataset directory')
+    info.add_argument("path", type=Path, help="dataset directory")
     info.add_argument("--full", action="store_true", help="validate every index (slower)")
     info.set_defaults(run=run_info)
 
@@ -113,6 +114,7 @@ def run_info(args) -> int:
     from hybridgnn.graph.hetero import open_any
 
     description = open_any(args.path, validate="full" if args.full else "quick").describe()
-    description["validated"] = "every index (--full)" if args.full else "sizes and meta.json (--full checks every index)"
+    description["validated"] = ("every index (--full)" if args.full
+                                else "sizes and meta.json (--full checks every index)")
     print(json.dumps(description, indent=2))
     return 0

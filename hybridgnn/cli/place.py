@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
                                    "plan beside the dataset. --simulate estimates each batch's gather time (the "
                                    "slowest tier it touches) under this plan and the baselines.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, required=True, help='dataset directory')
+    p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop, hop 1 first (the FAP table's)")
     p.add_argument("--topology", type=Path, default=None,
                    help="JSON or YAML topology file (default: detect this machine)")
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
                    help="request log: node ids (.npy or text) or per-node counts (.counts.npy, what serve --seed-log "
                         "writes); same as --seeds LOG")
     p.add_argument("--method", choices=["fap", "hash", "degree", "importance"], default="fap",
-                   help='how rows are placed')
+                   help="how rows are placed")
     p.add_argument("--out", type=Path, default=None, help="plan directory (default <dataset>/placement/<name>)")
     p.add_argument("--simulate", type=int, default=0, metavar="BATCHES",
                    help="also simulate this many sampled batches under every method")

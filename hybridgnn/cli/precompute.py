@@ -15,10 +15,10 @@ def add_parser(sub) -> None:
                                    "embeddings to <model>/embeddings/<dataset fingerprint>/layer_<i>.npy. "
                                    "An interrupted run resumes where it stopped.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, required=True, help='dataset directory')
-    p.add_argument("--model", type=Path, required=True, help='model directory (the embeddings are written beside it)')
+    p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
+    p.add_argument("--model", type=Path, required=True, help="model directory (the embeddings are written beside it)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help='stored embedding precision')
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="stored embedding precision")
     p.add_argument("--batch-size", type=int, default=16384,
                    help="initial targets per batch (adapts; on a heterogeneous graph: targets per batch, fewer where "
                         "their in-edges pass 1M, and a run cut short starts over)")

@@ -40,8 +40,8 @@ def run(args) -> int:
 
     missing = [name for name in ("RANK", "WORLD_SIZE") if name not in os.environ]
     if missing:  # a usage mistake, said before any work (a rank's own failures exit 1)
-        raise ConfigError(f"{' and '.join(missing)} not set: start ranks with torchrun, e.g. `torchrun --nproc-per-node "
-                          "2 --no-python hybridgnn rank --dataset D --model M --listen 127.0.0.1:7700`")
+        raise ConfigError(f"{' and '.join(missing)} not set: start ranks with torchrun, e.g. `torchrun "
+                          "--nproc-per-node 2 --no-python hybridgnn rank --dataset D --model M --listen 127.0.0.1:7700`")
     from hybridgnn.distributed.rank_server import RankOptions, serve
 
     return serve(RankOptions(args.dataset, args.model, args.listen, args.partition, args.timeout_s,

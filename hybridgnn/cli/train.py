@@ -10,18 +10,18 @@ from pathlib import Path
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model on a labelled dataset",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, required=True, help='dataset directory')
+    p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
     p.add_argument("--out", type=Path, required=True, help="model directory to write")
-    p.add_argument("--kind", choices=["sage", "gcn", "gat"], default="sage", help='model layers')
-    p.add_argument("--hidden-dim", type=int, default=64, help='hidden width')
-    p.add_argument("--num-layers", type=int, default=2, help='layers (one hop each)')
+    p.add_argument("--kind", choices=["sage", "gcn", "gat"], default="sage", help="model layers")
+    p.add_argument("--hidden-dim", type=int, default=64, help="hidden width")
+    p.add_argument("--num-layers", type=int, default=2, help="layers (one hop each)")
     p.add_argument("--heads", type=int, default=4, help="GAT attention heads")
-    p.add_argument("--dropout", type=float, default=0.3, help='dropout while training')
-    p.add_argument("--fanouts", default="10,5", help='neighbours sampled per hop, hop 1 first (saved with the model)')
-    p.add_argument("--epochs", type=int, default=5, help='passes over the training nodes')
-    p.add_argument("--batch-size", type=int, default=512, help='seeds per training batch')
-    p.add_argument("--lr", type=float, default=0.005, help='Adam learning rate')
-    p.add_argument("--seed", type=int, default=0, help='random seed')
+    p.add_argument("--dropout", type=float, default=0.3, help="dropout while training")
+    p.add_argument("--fanouts", default="10,5", help="neighbours sampled per hop, hop 1 first (saved with the model)")
+    p.add_argument("--epochs", type=int, default=5, help="passes over the training nodes")
+    p.add_argument("--batch-size", type=int, default=512, help="seeds per training batch")
+    p.add_argument("--lr", type=float, default=0.005, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
     p.set_defaults(run=run)
 
 

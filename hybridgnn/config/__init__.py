@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from hybridgnn.config.settings import (  # noqa: F401 (callers import these from hybridgnn.config)
     ENV_PREFIX,
     MAX_CORE,
+    config_class,
     default_cache_dir,
     env_default,
     env_flag,
@@ -30,13 +31,9 @@ def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     """'15,10,5' -> (15, 10, 5); hop 1 (neighbours of the seeds) comes first."""
     if isinstance(text, (tuple, list)):
         # whole numbers only: int() would read 2.9 as 2 and true as 1
-        whole = not any(type(v) is bool for v in text)
-        try:
-            values = tuple(operator.index(v) for v in text)
-        except TypeError:
-            whole = False
-        if not whole:
+        if any(type(v) is bool or not hasattr(v, "__index__") for v in text):
             raise ValueError(f"fanouts must be whole numbers, got {list(text)!r}")
+        values = tuple(operator.index(v) for v in text)
     else:
         try:
             values = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)
@@ -50,15 +47,6 @@ def parse_fanouts(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
 DEFAULT_FANOUT = 10
 
 
-def _refuse_nan(cfg) -> None:
-    """ValueError naming the first NaN setting: every comparison with NaN is false, so a
-    check such as `timeout <= 0` would let it through and silently turn the limit off."""
-    for name in cfg.__dataclass_fields__:
-        value = getattr(cfg, name)
-        if isinstance(value, float) and math.isnan(value):
-            raise ValueError(f"{name} must be a number, got NaN")
-
-
 def fanouts_for(saved: dict, *, flag=None, repository=None) -> tuple[int, ...]:
     """The fanouts a model is served and profiled with, by one precedence: the --fanouts
     flag, then its repository's <model>/config.json, then those it was saved with (its
@@ -69,7 +57,7 @@ def fanouts_for(saved: dict, *, flag=None, repository=None) -> tuple[int, ...]:
     return (DEFAULT_FANOUT,) * int(saved["num_layers"])
 
 
-@dataclass(frozen=True)
+@config_class
 class SamplingConfig:
     """K-hop uniform sampling without replacement; fanouts[0] applies to the seeds' neighbours.
     fanouts None: the model's (fanouts_for), resolved when the model is loaded."""
@@ -78,7 +66,6 @@ class SamplingConfig:
     seed: int = setting(0, "sampling seed")
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.fanouts is None:
             return
         if len(self.fanouts) == 0:
@@ -88,7 +75,7 @@ class SamplingConfig:
                 raise ValueError(f"every fanout must be a positive integer, got {self.fanouts!r}")
 
 
-@dataclass(frozen=True)
+@config_class
 class BatcherConfig:
     """Micro-batching: a batch closes at max_batch_seeds seeds, max_batch_requests requests,
     or max_wait_s after its first request, whichever comes first."""
@@ -105,7 +92,6 @@ class BatcherConfig:
     max_batch_psgs: float = math.inf
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.max_batch_seeds < 1:
             raise ValueError(f"max_batch_seeds must be >= 1, got {self.max_batch_seeds}")
         if self.max_batch_requests < 1:
@@ -118,7 +104,7 @@ class BatcherConfig:
             raise ValueError(f"max_batch_psgs must be > 0, got {self.max_batch_psgs}")
 
 
-@dataclass(frozen=True)
+@config_class
 class AdmissionConfig:
     """Requests are admitted while the queueing delay they would see (queued work over each
     lane's measured service rate) stays within max_queue_delay_s; past it, 429 + Retry-After.
@@ -131,7 +117,6 @@ class AdmissionConfig:
         "else 100)", flag="--max-queue-delay-ms", scale=1000.0)
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.max_queue_delay_s is not None and not 0 < self.max_queue_delay_s <= 60:
             raise ValueError(f"max_queue_delay_s must be within (0, 60] seconds, got {self.max_queue_delay_s}")
 
@@ -139,7 +124,7 @@ class AdmissionConfig:
 DEFAULT_QUEUE_DELAY_S = 0.1
 
 
-@dataclass(frozen=True)
+@config_class
 class PipelineConfig:
     """One sample→gather→compute pipeline: `workers` threads share one queue."""
 
@@ -160,7 +145,6 @@ class PipelineConfig:
     split: bool = False
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.torch_threads < 1:
@@ -174,7 +158,7 @@ class PipelineConfig:
 GRAPH_PLACEMENTS = ("uva", "gpu")
 
 
-@dataclass(frozen=True)
+@config_class
 class DeviceMemoryConfig:
     """What the GPU pipeline keeps where: the hottest feature rows by FAP fill cache_bytes
     of device memory; the topology is read zero-copy from pinned host memory (uva) or
@@ -192,7 +176,6 @@ class DeviceMemoryConfig:
     placement_server: int = setting(0, "which server of the --placement plan this replica is")
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.placement_server < 0:
             raise ValueError(f"placement_server must be >= 0, got {self.placement_server}")
         if self.cache_bytes < 0:
@@ -201,7 +184,7 @@ class DeviceMemoryConfig:
             raise ValueError(f"graph_placement must be one of {GRAPH_PLACEMENTS}, got {self.graph_placement!r}")
 
 
-@dataclass(frozen=True)
+@config_class
 class RouterConfig:
     """Batches with PSGS below the threshold go to the CPU pipeline, the rest to the GPU one.
     Without a GPU pipeline the threshold is +inf."""
@@ -220,7 +203,6 @@ class RouterConfig:
     spill: bool = True
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.psgs_threshold is not None and not (self.psgs_threshold >= 0):
             raise ValueError(f"psgs_threshold must be >= 0, got {self.psgs_threshold}")
         if self.saturation_batches_per_worker <= 0:
@@ -229,7 +211,7 @@ class RouterConfig:
             )
 
 
-@dataclass(frozen=True)
+@config_class
 class ServerConfig:
     # The outputs a request that names none gets (None: all); a repository model's
     # config.json sets it ("outputs": ["logits"]).
@@ -242,7 +224,8 @@ class ServerConfig:
                                        "this often and load them in the background (0: only on POST "
                                        "/v2/repository/models/{m}/load)")
     model_name: str = setting("hybridgnn", "name in /v2/models/{name}")
-    max_request_nodes: int = setting(8192, "most node ids one request may name (400 beyond; 413 for a heterogeneous model)")
+    max_request_nodes: int = setting(8192, "most node ids one request may name (400 beyond; 413 for a heterogeneous "
+                                     "model)")
     max_body_bytes: int = 16 * 1024 * 1024
     drain_timeout_s: float = setting(30.0, "on SIGTERM, how long admitted requests may take to finish")
     shutdown_grace_s: float = setting(0.5, "after draining, keep answering 503 this long before closing the "
@@ -277,7 +260,6 @@ class ServerConfig:
                                     "next turn, so answers to admitted requests are not starved by new ones")
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.frontends is not None and self.frontends < 1:
             raise ValueError(f"frontends must be >= 1 (or auto), got {self.frontends}")
         if self.answers_per_turn < 1:
@@ -306,7 +288,7 @@ class ServerConfig:
             raise ValueError(f"unready_delay_s must be within [0, 300], got {self.unready_delay_s}")
 
 
-@dataclass(frozen=True)
+@config_class
 class NewNodeConfig:
     """New-node requests: the mode used when a request names none, and SRPE's default
     recompute budget γ (share of the query nodes' direct neighbours recomputed)."""
@@ -318,7 +300,6 @@ class NewNodeConfig:
     policy: str = "ratio"
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.default_mode not in ("full", "pe", "srpe"):
             raise ValueError(f"default_mode must be full, pe or srpe, got {self.default_mode!r}")
         if not 0.0 <= self.gamma <= 1.0:
@@ -327,7 +308,7 @@ class NewNodeConfig:
             raise ValueError(f"policy must be ratio, random or degree, got {self.policy!r}")
 
 
-@dataclass(frozen=True)
+@config_class
 class UpdateConfig:
     """Graph updates over HTTP (POST /v2/models/{m}/graph). Disabled unless a token is set;
     requests must carry "Authorization: Bearer <token>"."""
@@ -355,7 +336,6 @@ class UpdateConfig:
                                     "balancer retries elsewhere)", flag="--max-catch-up-ms", scale=1000.0)
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.token is not None and len(self.token) < 8:
             raise ValueError("the update token must be at least 8 characters")
         if self.max_batch_updates < 1 or self.max_request_updates < 1:
@@ -373,7 +353,7 @@ class UpdateConfig:
         return self.token is not None
 
 
-@dataclass(frozen=True)
+@config_class
 class PartitionConfig:
     """Serving a partitioned graph (`serve --partitions N`): N partition ranks each hold one
     part of the graph, features and precomputed embeddings and answer every request
@@ -394,7 +374,6 @@ class PartitionConfig:
     restart_backoff_s: float = 1.0  # first wait before the group restarts (doubles, to 30 s)
 
     def __post_init__(self):
-        _refuse_nan(self)
         if self.partitions < 0:
             raise ValueError(f"--partitions must be >= 0, got {self.partitions}")
         if self.ranks is not None and self.partitions < 1:
@@ -411,7 +390,7 @@ class PartitionConfig:
         return self.partitions > 0
 
 
-@dataclass(frozen=True)
+@config_class
 class PolicyConfig:
     """Serving from a profile (`hybridgnn profile`): the policy picks the PSGS threshold
     (latency | throughput | cpu | gpu operating points) or, with slo:<ms>, the threshold
@@ -440,7 +419,6 @@ class PolicyConfig:
                                    "model metadata shows it)")
 
     def __post_init__(self):
-        _refuse_nan(self)
         if not (self.policy in ("latency", "throughput", "cpu", "gpu")
                 or self.policy.startswith(("slo:", "slo-mean:"))):
             raise ValueError(f"policy must be latency, throughput, cpu, gpu or slo:<ms>, got {self.policy!r}")
@@ -455,7 +433,7 @@ class PolicyConfig:
 
 
 
-@dataclass(frozen=True)
+@config_class
 class ServeConfig:
     """Everything `hybridgnn serve` needs; CLI flags map onto these fields."""
 
@@ -481,7 +459,6 @@ class ServeConfig:
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
 
     def __post_init__(self):
-        _refuse_nan(self)
         for pipe, expected in ((self.cpu_pipeline, "cpu"), (self.gpu_pipeline, "gpu")):
             if pipe is None:
                 continue

@@ -5,8 +5,9 @@ flag, HYBRIDGNN_<FLAG> environment defaults, and parsers of the flags' text form
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV_PREFIX = "HYBRIDGNN_"
@@ -34,6 +35,24 @@ def env_flag(value: str) -> bool:
     if v in _TRUE or v in _FALSE:
         return v in _TRUE
     raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
+
+
+def config_class(cls):
+    """A frozen dataclass whose checks first refuse NaN in any field by name: every
+    comparison with NaN is false, so `timeout <= 0` would let it through and silently
+    turn the limit off."""
+    own = cls.__dict__.get("__post_init__")
+
+    def __post_init__(self):
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, float) and math.isnan(value):
+                raise ValueError(f"{name} must be a number, got NaN")
+        if own is not None:
+            own(self)
+
+    cls.__post_init__ = __post_init__
+    return dataclass(frozen=True)(cls)
 
 
 def setting(default, help: str, *, flag: str | None = None, scale: float | None = None, choices=None, parse=None):

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.features.topology import Topology
+from hybridgnn.graph.store import load_arrays
 
 GPU, HOST, DISK = 0, 1, 2
 TIER_NAMES = ("gpu", "host", "disk")
@@ -135,12 +136,7 @@ class Plan:
             method, row_bytes = str(meta["method"]), int(meta["row_bytes"])
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"plan.json is not a `hybridgnn place` plan ({type(exc).__name__}: {exc})") from exc
-        arrays = {}
-        for n in ("tier", "server", "clique", "gpu", "row"):
-            try:
-                arrays[n] = np.load(d / f"{n}.npy", allow_pickle=False)
-            except (ValueError, EOFError) as exc:  # truncated or not an array (OSError: missing, as said)
-                raise ValueError(f"{n}.npy is not a readable array: {exc}") from exc
+        arrays = {n: load_arrays(d / f"{n}.npy") for n in ("tier", "server", "clique", "gpu", "row")}
         return cls(topo, method, row_bytes, **arrays)
 
 

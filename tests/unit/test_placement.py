@@ -166,5 +166,5 @@ def test_a_plan_that_is_not_one_is_refused_in_one_line(tmp_path):
             Plan.load(saved)
     (saved / "plan.json").write_text(good)
     (saved / "tier.npy").write_bytes((saved / "tier.npy").read_bytes()[:60])
-    with pytest.raises(ValueError, match="tier.npy is not a readable array"):
+    with pytest.raises(ValueError, match=r"tier\.npy: not a readable \.npy file"):
         Plan.load(saved)

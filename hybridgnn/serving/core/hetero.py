@@ -383,10 +383,11 @@ class HeteroEngine(Admitting):
         self._in_flight.discard(fut)
         self._workers[plan.pipeline].depth -= 1
         error = fut.exception() if not fut.cancelled() else Draining("server is shutting down")
-        if error is None and (not isinstance(fut.result(), list) or len(fut.result()) != len(jobs)):
-            # never leave a job of the batch unanswered
-            got = len(fut.result()) if isinstance(fut.result(), list) else type(fut.result()).__name__
-            error = RuntimeError(f"the executor answered {got} of {len(jobs)} queries")
+        if error is None:  # never leave a job of the batch unanswered
+            results = fut.result()
+            if not isinstance(results, list) or len(results) != len(jobs):
+                got = len(results) if isinstance(results, list) else type(results).__name__
+                error = RuntimeError(f"the executor answered {got} of {len(jobs)} queries")
         if error is not None:
             self.stats.batch_failed(plan.pipeline)
             try:

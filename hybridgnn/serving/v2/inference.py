@@ -43,24 +43,17 @@ def declared_node_ids(request: InferInput) -> int:
     return 0
 
 
-def declared_ids(request: InferInput) -> int | None:
-    """How many node ids a sampled inference declares (the product of its node_ids input's
-    shape; 0 when that is not a list of sizes), or None when it is not one: it names
-    another mode, or sends new nodes (features, edge_index). Nothing is validated
-    (decode_infer does that): this is what admission can judge a request's work by before
-    decoding it."""
+def declared_ids(request: InferInput, named: int | None = None) -> int | None:
+    """How many node ids a sampled inference declares (declared_node_ids, or `named` when
+    the caller has it already), or None when it is not one: it names another mode, or
+    sends new nodes (features, edge_index). Nothing is validated (decode_infer does that):
+    this is what admission can judge a request's work by before decoding it."""
     params = request.parameters
     if isinstance(params, dict) and params.get("mode", "sampled") != "sampled":
         return None
-    declared = 0
-    for t in request.inputs:
-        name = t.name
-        if name == INPUT_NAME:
-            if _sizes(t.shape):
-                declared = math.prod(t.shape)
-        elif name == "features" or name == "edge_index":
-            return None
-    return declared
+    if any(t.name == "features" or t.name == "edge_index" for t in request.inputs):
+        return None
+    return declared_node_ids(request) if named is None else named
 
 
 def decode_infer(request: InferInput, *, max_nodes: int, num_nodes: int, feature_dim: int | None = None,

@@ -218,8 +218,9 @@ class V2Service:
         try:
             engine = target = self.models.get(request.model, request.version)
             server = engine.cfg.server
-            named = 0 if getattr(engine, "typed", False) else declared_node_ids(request)
-            if named > server.max_request_nodes:  # the request's own fault at any load (a 429 or 503 is retried)
+            named = declared_node_ids(request)
+            if named > server.max_request_nodes and not getattr(engine, "typed", False):
+                # the request's own fault at any load (a 429 or 503 would be retried); typed: their own limit
                 raise BadRequest(f"{INPUT_NAME} holds {named} ids; at most {server.max_request_nodes} per request")
             params = request.parameters
             if isinstance(params, dict) and "min_graph_version" in params:
@@ -230,7 +231,7 @@ class V2Service:
             # (a sampled inference) the lane with the work its declared ids are expected to
             # bring. Under overload most requests are refused, and a decode costs more than the
             # rest of a refusal.
-            declared = declared_ids(request)
+            declared = declared_ids(request, named)
             if declared is None:
                 engine.shed(request.waited_s)
             else:

@@ -17,9 +17,10 @@ ID_DATATYPES = ("INT64", "INT32")
 # predictions: argmax of the logits
 OUTPUT_NAMES = ("logits", "embeddings", "predictions")
 MAX_NAME_BYTES = 1024  # one node name in a BYTES input
-# Names decode into a fixed-width array: every element as wide as the longest. Its size
-# is bounded by what the client sent (4x its characters) or this, whichever is larger,
-# so a few long names among many short ones cannot make a small body cost gigabytes.
+# Names decode into a fixed-width array: every element as wide as the longest. It may
+# take 4x what the names take unpadded (16 bytes a character sent), or this, whichever
+# is larger, so a few long names among many short ones cannot make a small body cost
+# gigabytes.
 MAX_NAMES_FIXED_WIDTH_BYTES = 64 << 20
 INPUT_NAME = "node_ids"
 
@@ -114,7 +115,7 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
     if arr.size != count:
         raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
     if arr.dtype.kind == "u" and out_dtype is np.int64 and arr.size and (top := int(arr.max())) > _INT64_MAX:
-        raise BadRequest(f"input {name!r}: {top} is beyond the largest 64-bit signed integer ({_INT64_MAX})")
+        raise _beyond_int64(name, top)
     arr = arr.astype(out_dtype).reshape(-1)
     return arr.reshape(shape) if layout != "ids" else arr
 
@@ -123,7 +124,11 @@ def _refuse_beyond_int64(name: str, data: list) -> None:
     """BadRequest naming the first integer in data beyond int64, if there is one."""
     for v in np.asarray(data, dtype=object).reshape(-1):
         if type(v) is int and not -_INT64_MAX - 1 <= v <= _INT64_MAX:
-            raise BadRequest(f"input {name!r}: {v} is beyond the largest 64-bit signed integer ({_INT64_MAX})")
+            raise _beyond_int64(name, v)
+
+
+def _beyond_int64(name: str, value: int) -> BadRequest:
+    return BadRequest(f"input {name!r}: {value} is beyond the largest 64-bit signed integer ({_INT64_MAX})")
 
 
 def decode_bytes(t: Tensor, count: int) -> np.ndarray:
