@@ -20,18 +20,17 @@
 # to OUTDIR/summary.txt. With ARCHIVE=FILE.tgz set, OUTDIR is also packed into FILE
 # after every stage (so a run cut short still leaves what it measured).
 #
-# The stages' limits add up to about 32 minutes; a session has 15 of device time (the
-# machine's start included). Run them in calls of at most 10 minutes, back to back on the
-# same warm machine: it is given back 30 s after a call, and a fresh one has neither the
-# products graph nor the profile in data/ (then begin with `graph profile`). Measured on
-# an H200 (2026-11-27): env 16 s, tests 50 s and the hybrid CUDA test 48 s (the products
-# graph, ~40 s, beside them), lanecost 26 s, profile 19-25 s, policies 107 s (engine)
-# and 115-164 s (http) for gpu,hybrid,hybrid_slo, sampler 73 s, frontends 80 s
-# (--trial-s 1.5 --bisect 1); a fresh machine's start about a minute. In this order:
-#   1. env tests lanecost profile policies   (in process: hybrid / best single; ~5 min)
-#   2. policies_http fig10                   (over HTTP; the SLO figure; ~6 min)
-#   3. sampler frontends precompute          (kernels, front-end scaling; ~7 min)
-#   4. quiver                                (the 2-layer [15,10] comparison; ~3 min, not yet timed)
+# The stages' limits add up to about 32 minutes; a session has 15 of device time, the
+# machine's start (about a minute) and its idle waits between calls included. Run them in
+# two calls, back to back on the same warm machine (it is given back 30 s after a call, and
+# a fresh one has neither the products graph nor the profile in data/: then begin with
+# `graph profile`). Measured on an H200 (2026-11-27): env 16 s, tests 50 s and the hybrid
+# CUDA test 48-67 s (the products graph, ~40 s, beside them), lanecost 26 s, profile
+# 19-25 s, policies 107 s (engine) and 115-164 s (http) for gpu,hybrid,hybrid_slo,
+# sampler 73 s, frontends 80 s (--trial-s 1.5 --bisect 1). For the figures still open:
+#   1. env tests lanecost profile policies policies_http   (~7.5 min)
+#   2. fig10 quiver                                         (~4 min; quiver not yet timed)
+# and, when a session has time left, sampler frontends precompute (~7 min).
 set -u
 OUTDIR=${1:?usage: bench/gpu_all.sh OUTDIR [STAGE ...]}
 shift
