@@ -98,8 +98,9 @@ def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class IncrementalEmbeddings:
     """Per-layer embeddings (in memory, float32) kept in step with a DynamicGraph.
 
-    layers[i] holds layer i+1's output for every node id (rows of removed nodes are 0);
-    it is the array served, so it grows (by reallocation) as nodes are added."""
+    layers[i] holds layer i+1's output for every node id (rows of removed nodes are 0) in
+    its first num_nodes rows; it is the array served, so it grows (by reallocation, with
+    room to spare) as nodes are added."""
 
     def __init__(self, graph: DynamicGraph, model, layers: list[np.ndarray], cfg: IncrementalConfig | None = None,
                  *, output: np.ndarray | None = None, aggregates: list[np.ndarray | None] | None = None):
@@ -262,11 +263,13 @@ class IncrementalEmbeddings:
 
     def _grow(self, n: int) -> None:
         """Room for n nodes: new arrays (and new lists of them), so a rollback that restores
-        the old references undoes the growth."""
+        the old references undoes the growth. Capacity grows by at least an eighth, so batches
+        that each add a few nodes do not each copy every layer (rows past num_nodes are zero:
+        a batch writes only its nodes' rows, journalled)."""
         def grown(a):
             if a is None or a.shape[0] >= n:
                 return a
-            out = np.zeros((n,) + a.shape[1:], dtype=a.dtype)
+            out = np.zeros((max(n, a.shape[0] + a.shape[0] // 8 + 64),) + a.shape[1:], dtype=a.dtype)
             out[: a.shape[0]] = a
             return out
 

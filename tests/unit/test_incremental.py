@@ -217,6 +217,28 @@ def test_updating_the_features_of_a_node_the_batch_adds(name, tmp_path):
     _assert_matches_full(dyn, model, inc, tmp_path, "u")
 
 
+def test_batches_that_add_nodes_do_not_copy_every_layer_each_time(tmp_path):
+    # Growth is amortised: a copy of every layer and aggregate per batch that adds a node
+    # cost O(nodes x width) per batch (272 ms against 2 ms for an edge, at 300k nodes).
+    dyn, model, inc = _setup("sage-mean", tmp_path)
+    rng = np.random.default_rng(0)
+
+    def add_node():
+        n = dyn.num_nodes
+        inc.apply(UpdateBatch(add_node_features=rng.normal(size=(1, F_DIM)).astype(np.float32),
+                              add_edges=np.array([[n, 3], [5, n]])))
+
+    def arrays():
+        return [*inc.layers, *(a for a in inc.aggregates if a is not None)]
+
+    add_node()
+    grown = arrays()
+    for _ in range(4):
+        add_node()
+    assert all(a is b for a, b in zip(arrays(), grown, strict=True))
+    _assert_matches_full(dyn, model, inc, tmp_path, "g")
+
+
 class InjectedFault(RuntimeError):
     pass
 
