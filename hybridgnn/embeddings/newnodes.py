@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -97,7 +98,8 @@ def select_recompute(direct: np.ndarray, qsrc: np.ndarray, qdst: np.ndarray, n: 
     in_degree(nodes) gives stored in-degrees."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be within [0, 1], got {gamma}")
-    k = math.ceil(gamma * len(direct))
+    # ⌈γ·|D|⌉ of γ as written (0.07 · 100 is 7.000000000000001 in floats, whose ceiling is 8)
+    k = math.ceil(Fraction(repr(float(gamma))) * len(direct))
     if k == 0:
         return np.empty(0, dtype=np.int64)
     if policy == "ratio":

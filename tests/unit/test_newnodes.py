@@ -100,6 +100,17 @@ def test_ratio_policy_picks_neighbours_with_most_query_edges(tmp_path):
         pick(1.5)
 
 
+@pytest.mark.parametrize("gamma, size, k", [(0.07, 100, 7), (0.14, 50, 7), (0.29, 100, 29), (0.1, 3, 1),
+                                             (1e-9, 5, 1), (0.5, 0, 0)])
+def test_srpe_recomputes_the_ceiling_of_gamma_times_the_direct_neighbours(gamma, size, k):
+    # γ·|D| in floats can land just above a whole number (0.07 · 100 = 7.000000000000001):
+    # its ceiling picked one neighbour more than ⌈γ·|D|⌉.
+    direct = np.arange(size, dtype=np.int64)
+    none = np.empty(0, np.int64)
+    got = select_recompute(direct, none, none, size, gamma, "degree", 0, lambda v: np.ones(len(v)))
+    assert len(got) == k
+
+
 @pytest.mark.parametrize("kind", ["sage", "gat"])
 def test_sampled_mode_with_unbounded_fanouts_equals_expanding_the_augmented_graph(setup, tmp_path, kind):
     # GCN too: the sample is weighted by the augmented graph's whole degrees.
