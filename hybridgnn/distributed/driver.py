@@ -134,7 +134,7 @@ def _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_chec
     plan_msg: list = [None]
     if rank == 0:  # one rank decides where to start and makes the partition; the rest follow
         root.mkdir(parents=True, exist_ok=True)
-        state = starting_state(root, model.num_layers, dims, cfg)
+        state = starting_state(root, model.num_layers, dims, cfg, model_dir)
         partition = None if state.get("complete") else compute_partition(graph, method, world, root)
         plan_msg = [{"state": state}]
     dist.broadcast_object_list(plan_msg, src=0)

@@ -24,6 +24,7 @@ from hybridgnn.embeddings.store import (
     EmbeddingStore,
     embeddings_dir,
     mark_complete,
+    weights_of,
     write_state,
 )
 from hybridgnn.graph.csr import gather_rows
@@ -252,11 +253,12 @@ def layer_batch(model, layer: int, graph, targets: np.ndarray, prev: torch.Tenso
         return y, len(sources), int(ei.shape[1])
 
 
-def starting_state(root: Path, num_layers: int, dims: list[int], cfg: PrecomputeConfig) -> dict:
+def starting_state(root: Path, num_layers: int, dims: list[int], cfg: PrecomputeConfig, model_dir: Path) -> dict:
     """Where a run starts: the saved progress in root/state.json when it was made by the
-    same model shape and settings (complete, or layer and nodes done), else from scratch."""
+    same model shape, weights and settings (complete, or layer and nodes done), else from
+    scratch (a model saved again into model_dir makes its stored rows stale)."""
     fresh = {"num_layers": num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
-             "layer": 0, "done": 0, "complete": False}
+             "model_fingerprint": weights_of(model_dir), "layer": 0, "done": 0, "complete": False}
     state_path = root / "state.json"
     if not state_path.is_file():
         return fresh
@@ -264,7 +266,8 @@ def starting_state(root: Path, num_layers: int, dims: list[int], cfg: Precompute
         old = read_json(state_path)
     except ValueError:  # not a state this build wrote whole: start afresh
         return fresh
-    if not isinstance(old, dict) or not all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order")):
+    if not isinstance(old, dict) or not all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order",
+                                                                          "model_fingerprint")):
         return fresh
     if not old.get("complete"):
         log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])
@@ -282,7 +285,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     root = embeddings_dir(model_dir, graph.fingerprint)
     root.mkdir(parents=True, exist_ok=True)
     dims = layer_dims(model, graph.feature_dim, device)
-    state = starting_state(root, model.num_layers, dims, cfg)
+    state = starting_state(root, model.num_layers, dims, cfg, model_dir)
     if state.get("complete"):
         return EmbeddingStore.open(model_dir, graph.fingerprint)
     order = node_order(graph, cfg.order)

@@ -4,12 +4,14 @@ Layout: <model_dir>/embeddings/<dataset fingerprint>/
     layer_1.npy .. layer_L.npy   [N, d_i] float32 or float16 (layer_L = the model's output)
     output.npy                   [N, d_out]: the output of a jumping-knowledge model, which
                                  mixes every layer's rows (absent otherwise)
-    state.json                   progress (for resuming) and, when complete, computed_unix_s
+    state.json                   progress (for resuming), the weights they are computed with
+                                 (model_fingerprint) and, when complete, computed_unix_s
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from hybridgnn.config import read_json
+
+log = logging.getLogger(__name__)
 
 
 def embeddings_dir(model_dir: Path, dataset_fingerprint: str) -> Path:
@@ -51,6 +55,11 @@ class EmbeddingStore:
             return None
         if not isinstance(state, dict) or not state.get("complete"):
             return None
+        made_with = state.get("model_fingerprint")  # absent in stores written before it was recorded
+        if made_with is not None and made_with != weights_of(model_dir):
+            log.warning("precomputed embeddings in %s were computed with other weights than %s has now: not "
+                        "served (run `hybridgnn precompute` again)", root, model_dir)
+            return None
         layers = [np.load(root / f"layer_{i + 1}.npy", mmap_mode="r") for i in range(state["num_layers"])]
         output = np.load(root / "output.npy", mmap_mode="r") if state.get("output") else None
         return cls(root=root, layers=layers, state=state, output=output)
@@ -60,6 +69,14 @@ class EmbeddingStore:
         # indexed as a plain array: a memmap's own indexing makes a memmap of the rows, at
         # several times the cost of the copy for the few rows a request names
         return np.asarray(np.asarray(self.final)[node_ids], dtype=np.float32)
+
+
+def weights_of(model_dir: Path) -> str | None:
+    """The fingerprint of the weights in model_dir (what embeddings computed now are
+    computed with), or None for a directory without weights (a model given in code)."""
+    from hybridgnn.models.checkpoint import WEIGHTS, weights_fingerprint
+
+    return weights_fingerprint(model_dir) if (Path(model_dir) / WEIGHTS).is_file() else None
 
 
 def hidden_rows(model, layers: list[np.ndarray], features, node_ids: np.ndarray) -> np.ndarray:

@@ -84,6 +84,25 @@ def test_resume_after_interruption(skewed_graph, tmp_path, monkeypatch):
     np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
 
 
+def test_a_model_saved_again_into_its_directory_gets_fresh_embeddings(skewed_graph, tmp_path):
+    # The stored rows were keyed by the dataset alone: a model retrained and saved into the
+    # same directory was served its predecessor's embeddings, and precompute kept them.
+    from hybridgnn.models.checkpoint import save_model
+
+    torch.manual_seed(0)
+    first = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    save_model(first, tmp_path / "m")
+    precompute(skewed_graph, first, tmp_path / "m", progress=False)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is not None
+    torch.manual_seed(1)
+    second = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    save_model(second, tmp_path / "m")
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is None  # stale: not served
+    store = precompute(skewed_graph, second, tmp_path / "m", progress=False)
+    np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, second), rtol=1e-4, atol=1e-5)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is not None
+
+
 def test_float16_and_oom_halving(skewed_graph, tmp_path, monkeypatch):
     model = GNN(ModelSpec("gcn", skewed_graph.feature_dim, 8, 3)).eval()
     real = GNN.layer
