@@ -95,6 +95,11 @@ class NotFound(ServingError):
 class RemovedNode(NotFound):
     """A request names a node that a graph update removed (404)."""
 
+    @classmethod
+    def among(cls, removed_ids) -> RemovedNode:
+        """The error for a request naming removed_ids (a non-empty sequence; the first is named)."""
+        return cls(f"node {int(removed_ids[0])} was removed from the graph")
+
 
 class MethodNotAllowed(ServingError):
     status, reason = 405, "method_not_allowed"

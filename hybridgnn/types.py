@@ -216,6 +216,9 @@ class BatchResult:
     sampled_edges: int = 0
     gathered_rows: dict[str, int] = field(default_factory=dict)  # feature tier -> rows read from it
     embeddings: np.ndarray | None = None  # float32 [n, hidden]: what the model's head reads
+    # bool [n]: seeds a graph update had removed when the batch read the graph (None: none
+    # were); their requests are answered as a read of a removed node, not with these rows
+    removed: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

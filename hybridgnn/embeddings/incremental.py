@@ -448,7 +448,7 @@ class IncrementalEmbeddings:
         # for a batch that removed its node (whose rows are now zeros, not an answer).
         dead = node_ids[~self.graph.alive[node_ids]]
         if len(dead):
-            raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
+            raise RemovedNode.among(dead)
         logits = np.array(self.final[node_ids], dtype=np.float32)
         if not with_embeddings:
             return logits, np.empty((len(node_ids), 0), np.float32)

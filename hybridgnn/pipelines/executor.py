@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -19,7 +20,8 @@ class BatchExecutor:
     """Owns a sampler (per-worker scratch); shares the feature store and model."""
 
     def __init__(self, sampler: Sampler, features: FeatureStore, model: GNN, device: str = "cpu",
-                 read_lock=contextlib.nullcontext, degrees: NodeDegrees | None = None):
+                 read_lock=contextlib.nullcontext, degrees: NodeDegrees | None = None,
+                 alive: Callable[[], np.ndarray] | None = None):
         self.sampler = sampler
         # Whole-graph degrees for degree-normalised models (GCN), read with the sample.
         self.degrees = degrees if model.gcn_normalised else None
@@ -28,10 +30,17 @@ class BatchExecutor:
         self.device = torch.device(device)
         # Sample and gather see one version of a changing graph (DynamicGraph.lock.read).
         self.read_lock = read_lock
+        # A changing graph's alive mask, read in that version: a request checked when it
+        # arrived may have waited for the update that removed its node.
+        self.alive = alive
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         t = timings if timings is not None else StageTimings()
         with self.read_lock():
+            removed = None
+            if self.alive is not None:
+                removed = ~self.alive()[seeds]
+                removed = removed if removed.any() else None
             t0 = time.perf_counter()
             sub = self.sampler.sample(seeds)
             t1 = time.perf_counter()
@@ -49,5 +58,4 @@ class BatchExecutor:
         t3 = time.perf_counter()
         t.sample_s, t.gather_s, t.compute_s = t1 - t0, t2 - t1, t3 - t2
         return BatchResult(logits=logits, embeddings=emb, predictions=pred.astype(np.int64, copy=False), timings=t,
-                           sampled_edges=sub.num_edges,
-                           gathered_rows=tiers)
+                           sampled_edges=sub.num_edges, gathered_rows=tiers, removed=removed)

@@ -312,7 +312,8 @@ class Resources:
         lock = self.dynamic.lock.read if self.dynamic is not None else contextlib.nullcontext
         device = self.cfg.cpu_pipeline.device
         return BatchExecutor(sampler, self.features, self.model_on(device), device=device, read_lock=lock,
-                             degrees=self.node_degrees)
+                             degrees=self.node_degrees,
+                             alive=(lambda: self.dynamic.alive) if self.dynamic is not None else None)
 
     def _split_device_stage(self, device) -> SplitDeviceStage:
         """The split lane's one device stage, made with its first worker (every worker's

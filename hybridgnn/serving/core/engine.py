@@ -234,7 +234,7 @@ class Engine(Admitting, SampledInference):
         if dynamic is not None:
             dead = node_ids[~dynamic.alive[node_ids]]
             if len(dead):
-                raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
+                raise RemovedNode.among(dead)
 
     def local_lookup_spec(self) -> dict | None:
         """Front-end processes may answer this engine's precomputed lookups from its stored

@@ -201,7 +201,7 @@ class PartitionedEngine(Admitting):
         if view is not None:
             dead = view.removed(np.asarray(node_ids, dtype=np.int64))
             if len(dead):
-                raise RemovedNode(f"node {int(dead[0])} was removed from the graph")
+                raise RemovedNode.among(dead)
 
     def submit(self, node_ids, on_done=None, waited_s: float = 0.0):
         raise BadRequest("existing-node mode sampled is not served on a partitioned graph (its draws would differ "

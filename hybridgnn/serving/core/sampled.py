@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hybridgnn.errors import BatchFailed
+from hybridgnn.errors import BatchFailed, RemovedNode
 from hybridgnn.scheduler.admission import full_batch_work
 from hybridgnn.serving.core.eager import EagerFuture, together
 from hybridgnn.types import (
@@ -126,7 +126,7 @@ class SampledInference:
         bound = admission.bound_s
         slo = admission.slo is not None
         offs = batch.offsets.tolist()  # Python ints slice faster than numpy scalars
-        logits, embeddings, predictions = result.logits, result.embeddings, result.predictions
+        logits, embeddings, predictions, removed = result.logits, result.embeddings, result.predictions, result.removed
         pipeline, timings, closed_s = plan.pipeline, result.timings, batch.closed_s
         with together():  # the batch's answers are made first, then leave back to back
             for i, req in enumerate(batch.requests):
@@ -135,6 +135,9 @@ class SampledInference:
                     admission.observe_latency(req.waited_s + now - req.arrival_s)
                 stats.stage("batching", pipeline, closed_s - req.arrival_s)
                 lo, hi = offs[i], offs[i + 1]
+                if removed is not None and removed[lo:hi].any():
+                    self._resolve(req, exception=RemovedNode.among(batch.seeds[lo:hi][removed[lo:hi]]))
+                    continue
                 self._resolve(req, RequestResult(logits[lo:hi], embeddings[lo:hi], predictions[lo:hi], pipeline,
                                                  timings))
         lane.completed(batch.psgs, done_s)
