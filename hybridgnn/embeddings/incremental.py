@@ -316,15 +316,17 @@ class IncrementalEmbeddings:
         return up.old_in_degree + fill * ~up.old_self_loop(nodes, self._has_loop(nodes))
 
     def _propagate(self, up: AppliedUpdate) -> tuple[list[int], list[int]]:
-        dead = up.removed_nodes
-        alive_mask = np.ones(self.graph.num_nodes, dtype=bool)
-        alive_mask[dead] = False
+        dead = np.unique(up.removed_nodes)
+
+        def alive_mask(nodes: np.ndarray) -> np.ndarray:  # of the batch's nodes: never the graph's size
+            return ~np.isin(nodes, dead) if len(dead) else np.ones(len(nodes), dtype=bool)
+
         # Layer-0 change: features (updated and new nodes); old rows of new nodes are zero.
-        keep = alive_mask[up.feature_nodes]
+        keep = alive_mask(up.feature_nodes)
         order = np.argsort(up.feature_nodes[keep])
         changed, old_rows = up.feature_nodes[keep][order], up.old_features[keep][order]
         affected_counts, changed_counts = [], []
-        changed_any = [up.new_nodes[alive_mask[up.new_nodes]]]
+        changed_any = [up.new_nodes[alive_mask(up.new_nodes)]]
         touched = up.rows_changed
         old_gcn = {i: self._old_gcn_degree(i, up) for i in range(self.model.num_layers)
                    if isinstance(self.model.convs[i], GCNConv)}
@@ -343,7 +345,7 @@ class IncrementalEmbeddings:
                 targets = np.concatenate([outs, changed, up.added[:, 1], up.removed[:, 1], up.new_nodes,
                                           gcn_deg_changed])
             targets = self._unique(targets)
-            targets = targets[alive_mask[targets]]
+            targets = targets[alive_mask(targets)]
             out = self._recompute(i, targets) if kind == "recompute" else self._combine(i, targets)
             old = self.layers[i][targets]
             diff = ~_rows_equal(old, out) if self.cfg.prune else np.ones(len(targets), dtype=bool)
