@@ -31,6 +31,7 @@ from hybridgnn.distributed.driver import environment
 from hybridgnn.distributed.part_updates import PartUpdater
 from hybridgnn.distributed.partition import Partition, compute_partition, resolve_method
 from hybridgnn.distributed.serving_part import open_serving_part
+from hybridgnn.embeddings.newnodes import unique_ints
 from hybridgnn.errors import ConfigError, ServingError
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
@@ -103,6 +104,7 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
         if kind == wire.RESET:
             ev.updater.reset()
             return wire.encode(wire.RESULT, rid, {"updates_applied": 0}) if ev.rank == 0 else None
+        removed = None
         if kind == wire.NEW_NODES:
             edges, n = arrays[1], ev.part.num_nodes
             named_from = int(head.get("num_nodes", n))  # query ids were numbered from the node count then
@@ -111,18 +113,34 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
             res = ev.infer_new(arrays[0], edges, mode=head["mode"], gamma=float(head["gamma"]),
                                policy=head["policy"], seed=int(head.get("seed", 0)), fanouts=head.get("fanouts"),
                                count_bytes=True)
-        elif kind == wire.EXISTING:
-            res = ev.infer_existing(arrays[0], count_bytes=True)
-        elif kind == wire.LOOKUP:
-            res = ev.lookup(arrays[0], with_embeddings=bool(head["with_embeddings"]), count_bytes=True)
+        elif kind in (wire.EXISTING, wire.LOOKUP):
+            # The engine checked these ids when it decoded their requests; an update applied
+            # since may have removed some (their rows are stale, their neighbourhoods empty).
+            # The call may carry several requests: the engine fails those naming one (404).
+            removed = _removed(ev, arrays[0])
+            if kind == wire.EXISTING:
+                res = ev.infer_existing(arrays[0], count_bytes=True)
+            else:
+                res = ev.lookup(arrays[0], with_embeddings=bool(head["with_embeddings"]), count_bytes=True)
         else:
             raise WireError(f"unknown call kind {kind}")
     except ServingError as exc:  # the request's own fault: every rank finds it the same way
         return wire.encode(wire.ERROR, rid, {"status": exc.status, "message": exc.message})
     if res is None:
         return None
-    return wire.encode(wire.RESULT, rid, {"recomputed": res.recomputed, "bytes_moved": res.bytes_moved,
-                                        "compute_s": time.perf_counter() - t0}, (res.logits, res.embeddings))
+    out = {"recomputed": res.recomputed, "bytes_moved": res.bytes_moved, "compute_s": time.perf_counter() - t0}
+    if removed is not None and len(removed):
+        out["removed"] = removed.tolist()
+    return wire.encode(wire.RESULT, rid, out, (res.logits, res.embeddings))
+
+
+def _removed(ev: PartitionedEvaluator, ids: np.ndarray) -> np.ndarray:
+    """The distinct ids among `ids` that a graph update removed (every rank holds which
+    nodes exist, so every rank finds the same)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    alive = ev.part.alive
+    ids = ids[(ids >= 0) & (ids < len(alive))]
+    return unique_ints(ids[~alive[ids]])
 
 
 def _update(ev: PartitionedEvaluator, head: dict, arrays: list[np.ndarray], rid: int) -> bytes | None:

@@ -318,11 +318,17 @@ class PartitionedEngine(Admitting):
             _fail(group, failure)
             return
         seconds = (time.perf_counter() - t0) / len(group)
+        # ids an update removed after their requests were checked at decode: the ranks name them
+        removed = np.asarray(out.get("removed", ()) if sent is not None else (), dtype=np.int64)
         at = 0
         for c in group:
             k = len(c.arrays[0]) if len(group) > 1 else len(rows[0])
+            dead = c.arrays[0][np.isin(c.arrays[0], removed)] if len(removed) else removed
             if not c.future.done():
-                c.future.set_result((out, (rows[0][at:at + k], rows[1][at:at + k]), seconds))
+                if len(dead):
+                    c.future.set_exception(RemovedNode.among(dead))
+                else:
+                    c.future.set_result((out, (rows[0][at:at + k], rows[1][at:at + k]), seconds))
             at += k
 
 

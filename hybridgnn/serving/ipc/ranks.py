@@ -35,7 +35,7 @@ UPDATE = 7  # head {check_only}; arrays: a graph-update batch (UpdateBatch.array
 RESET = 8  # every rank drops the updates it applied (its part as stored again)
 # rank 0 -> engine
 HELLO = 100  # head: the group's description (ranks, nodes, memory per rank, what it serves)
-RESULT = 101  # head {recomputed, bytes_moved, compute_s}; arrays: logits, embeddings
+RESULT = 101  # head {recomputed, bytes_moved, compute_s[, removed]}; arrays: logits, embeddings
 ERROR = 102  # head {status, message}: the request is bad for every rank (the same on all)
 CALLS = {"new_nodes": NEW_NODES, "existing": EXISTING, "lookup": LOOKUP, "ping": PING, "update": UPDATE, "reset": RESET}
 

@@ -1,0 +1,146 @@
+"""A partitioned engine over one real partition rank run in this process (the rank's own
+call loop, rank_server.run, on a one-rank collective stand-in): a request checked at
+decode whose node a graph update removed before the ranks served it is a 404, as on one
+process; the other requests of its batch are answered as before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from hybridgnn.config import PartitionConfig, SamplingConfig, ServeConfig, UpdateConfig
+from hybridgnn.distributed import rank_server
+from hybridgnn.distributed.cgp import PartitionedEvaluator
+from hybridgnn.distributed.part_updates import PartUpdater
+from hybridgnn.distributed.partition import compute_partition
+from hybridgnn.distributed.serving_part import open_serving_part
+from hybridgnn.embeddings.store import EmbeddingStore
+from hybridgnn.errors import RemovedNode, ServiceUnavailable, ServingError
+from hybridgnn.graph.store import GraphStore
+from hybridgnn.models.checkpoint import load_checkpoint
+from hybridgnn.serving.core.partitioned import PartitionedEngine
+from hybridgnn.serving.core.updates import PendingUpdate
+from hybridgnn.serving.ipc import ranks as wire
+from hybridgnn.updates.requests import LoggedRequest
+
+
+class OneRankCollectives:
+    """Collectives of a group of one: everything stays here."""
+
+    rank, world, bytes_sent, device = 0, 1, 0, None
+
+    def counts(self, mine):
+        return np.asarray(mine, dtype=np.int64).reshape(1, -1)
+
+    def all_to_all(self, outgoing, width, dtype=torch.float32):
+        idx, rows = outgoing[0]
+        return idx, rows.to(dtype).reshape(-1, width)
+
+    def gather(self, mine):
+        return np.asarray(mine, dtype=np.int64)
+
+    def union(self, mine):
+        return np.unique(np.asarray(mine, dtype=np.int64).reshape(-1))
+
+    def sum(self, values):
+        return values.clone()
+
+
+class OneRank:
+    """types.PartitionRanks over one rank in this process, served by the rank's own loop
+    (rank_server.run); a closed gate holds a call before the rank takes it."""
+
+    world, restarts, why_down = 1, 0, ""
+
+    def __init__(self, dataset, model_dir):
+        graph = GraphStore.open(dataset)
+        model = load_checkpoint(model_dir)[0]
+        store = EmbeddingStore.open(model_dir, graph.fingerprint)
+        partition = compute_partition(graph, "ranges", 1, None)
+
+        def stored():
+            return open_serving_part(graph, partition, 0, store.layers, store.output)
+
+        self.ev = PartitionedEvaluator(stored(), model, OneRankCollectives())
+        self.ev.updater = PartUpdater(self.ev, reopen=stored)
+        self.info = {"ranks": 1, "partition": "ranges", "precomputed": True, "memory_bytes": [1]}
+        self.up, self.generation, self.prepare = False, 0, None
+        self.gate, self.waiting = threading.Event(), threading.Event()
+        self.gate.set()
+        self._lock = threading.Lock()
+
+    def start(self) -> dict:
+        self.generation += 1
+        if self.prepare is not None:
+            self.prepare(self._call, {**self.info, "updates_applied": 0, "generation": self.generation})
+        self.up = True
+        return self.info
+
+    def call(self, name, head, arrays, *, generation=None):
+        if not self.up or (generation is not None and generation != self.generation):
+            raise ServiceUnavailable("down", retry_after_s=1.0)
+        if name != "update":
+            self.waiting.set()
+            self.gate.wait(10)
+        return self._call(name, head, arrays)
+
+    def _call(self, name, head, arrays):
+        with self._lock:  # one call at a time, as on the link to rank 0
+            frame = rank_server.run(self.ev, wire.CALLS[name], memoryview(wire.encode(0, 0, head, arrays))[9:])
+        kind = frame[4]
+        out, rows = wire.decode(memoryview(frame)[9:])
+        if kind == wire.ERROR:
+            raise ServingError(str(out["message"]), status=int(out["status"]))
+        return out, rows
+
+    def close(self) -> None:
+        self.up = False
+
+
+def _remove(*nodes) -> PendingUpdate:
+    logged = LoggedRequest({"remove_nodes": np.asarray(nodes, dtype=np.int64)})
+    return PendingUpdate(logged, logged.num_updates)
+
+
+def _run(scenario, dataset, model_dir):
+    async def main():
+        ranks = OneRank(dataset, model_dir)
+        cfg = ServeConfig(dataset_dir=dataset, model_dir=model_dir, sampling=SamplingConfig((5, 3)),
+                          partitions=PartitionConfig(partitions=1), updates=UpdateConfig(token="12345678", log="off"))
+        engine = PartitionedEngine(cfg, ranks)
+        await engine.start()
+        try:
+            return await scenario(engine, ranks)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["lookup", "full"])
+def test_a_request_whose_node_was_removed_before_the_ranks_served_it_is_a_404(tiny_dataset, tiny_model_pe, kind):
+    async def scenario(engine, ranks):
+        ask = engine.lookup if kind == "lookup" else engine.full
+        want = (await ask(np.array([3]))).logits
+        engine.check_alive(np.array([7, 3]))  # decoded while node 7 is alive
+        ranks.gate.clear()  # the ranks are busy: the requests wait for them
+        busy = asyncio.ensure_future(ask(np.array([1])))
+        assert await asyncio.to_thread(ranks.waiting.wait, 10)
+        queued = [asyncio.ensure_future(ask(np.array(ids))) for ids in ([7, 3], [3])]  # one batch, later
+        await asyncio.sleep(0.05)
+        out = await engine.update_graph(_remove(7))  # applied before the ranks serve them
+        assert out["graph_version"] == 1
+        ranks.gate.set()
+        await busy
+        removed, kept = await asyncio.gather(*queued, return_exceptions=True)
+        return want, removed, kept
+
+    want, removed, kept = _run(scenario, tiny_dataset, tiny_model_pe)
+    assert isinstance(removed, RemovedNode) and str(removed) == "node 7 was removed from the graph", removed
+    assert not isinstance(kept, BaseException), kept
+    np.testing.assert_allclose(kept.logits, want, atol=1e-6)
+
