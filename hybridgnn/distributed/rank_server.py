@@ -32,7 +32,7 @@ from hybridgnn.distributed.part_updates import PartUpdater
 from hybridgnn.distributed.partition import Partition, compute_partition, resolve_method
 from hybridgnn.distributed.serving_part import open_serving_part
 from hybridgnn.embeddings.newnodes import unique_ints
-from hybridgnn.errors import ConfigError, ServingError
+from hybridgnn.errors import ConfigError, RemovedNode, ServingError
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
 from hybridgnn.serving.ipc import ranks as wire
@@ -110,6 +110,9 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
             named_from = int(head.get("num_nodes", n))  # query ids were numbered from the node count then
             if named_from != n:
                 edges = np.where(edges >= named_from, edges + (n - named_from), edges)
+            dead = _removed(ev, edges[edges < n])  # an edge to a removed node: 404, as on one process
+            if len(dead):
+                raise RemovedNode.among(dead)
             res = ev.infer_new(arrays[0], edges, mode=head["mode"], gamma=float(head["gamma"]),
                                policy=head["policy"], seed=int(head.get("seed", 0)), fanouts=head.get("fanouts"),
                                count_bytes=True)

@@ -144,3 +144,22 @@ def test_a_request_whose_node_was_removed_before_the_ranks_served_it_is_a_404(ti
     assert not isinstance(kept, BaseException), kept
     np.testing.assert_allclose(kept.logits, want, atol=1e-6)
 
+
+def test_a_new_node_request_with_an_edge_to_a_removed_node_is_a_404(tiny_dataset, tiny_model_pe):
+    async def scenario(engine, ranks):
+        n, f = engine.num_nodes, engine.graph.feature_dim
+        await engine.update_graph(_remove(7))
+        outcomes = []
+        for mode in ("pe", "full", "sampled"):
+            try:
+                await engine.new_nodes(np.ones((1, f), np.float32), np.array([[n, n], [7, 3]]), mode=mode, gamma=0.1,
+                                       policy="ratio", num_nodes=n)
+                outcomes.append(None)
+            except ServingError as exc:
+                outcomes.append(exc)
+        await engine.new_nodes(np.ones((1, f), np.float32), np.array([[n], [3]]), mode="pe", gamma=0.1,
+                               policy="ratio", num_nodes=n)  # no removed node named: served
+        return outcomes
+
+    for exc in _run(scenario, tiny_dataset, tiny_model_pe):
+        assert isinstance(exc, ServingError) and exc.status == 404 and "node 7 was removed" in str(exc), exc
