@@ -89,7 +89,7 @@ class PartUpdater:
     # --- the update --------------------------------------------------------------------------
     def apply(self, batch: UpdateBatch) -> dict:
         """Check and apply one batch here, then refresh the embeddings; the report (same on
-        every rank): node count, affected and changed nodes per layer, seconds."""
+        every rank): node and edge counts, affected and changed nodes per layer, seconds."""
         t0 = time.perf_counter()
         added_nodes = self.check(batch)
         part, rank = self.part, self.ev.rank
@@ -128,7 +128,9 @@ class PartUpdater:
         affected, changed = self._refresh(unique_ints(np.concatenate([update_ids, new_nodes])), touched,
                                           new_nodes) if part.layers else ([], [])
         self.version += 1
-        return {"num_nodes": n, "new_nodes": len(new_nodes), "affected_per_layer": affected,
+        # the whole graph's edge count: each edge is counted by its target's owner
+        num_edges = int(self.coll.sum(torch.tensor([float(part.in_degree.sum())], dtype=torch.float64)).item())
+        return {"num_nodes": n, "num_edges": num_edges, "new_nodes": len(new_nodes), "affected_per_layer": affected,
                 "changed_per_layer": changed, "apply_s": apply_s, "propagate_s": time.perf_counter() - t0 - apply_s}
 
     def _removed_edges(self, batch: UpdateBatch, removed_nodes: np.ndarray, limit: int) -> np.ndarray:

@@ -39,8 +39,12 @@ def rows(url, ids, mode="precomputed", **params):
     return {o["name"]: np.array(o["data"], dtype=np.float32).reshape(o["shape"]) for o in r.json()["outputs"]}
 
 
+def meta(url):
+    return requests.get(f"{url}/v2/models/{MODEL}", timeout=10).json()["parameters"]
+
+
 def version(url):
-    return requests.get(f"{url}/v2/models/{MODEL}", timeout=10).json()["parameters"]["graph_version"]
+    return meta(url)["graph_version"]
 
 
 def start(dataset, model, log, *extra):
@@ -65,7 +69,7 @@ def test_updates_across_ranks_agree_with_one_process_and_survive_failures(tmp_pa
     part_log = tmp_path / "partitioned.sqlite"
     part = start(tiny_dataset, tiny_model_pe, part_log, "--partitions", "2", "--partition", "ranges")
     try:
-        answers = []
+        answers, stored_edges = [], meta(part.url)["num_edges"]
         for i, inputs in enumerate(UPDATES):
             a, b = post_update(single.url, inputs), post_update(part.url, inputs, key=f"u{i}")
             assert a.status_code == b.status_code == 200, (a.text, b.text)
@@ -80,6 +84,7 @@ def test_updates_across_ranks_agree_with_one_process_and_survive_failures(tmp_pa
         bad = post_update(part.url, [tensor("remove_edges", [[5, 6]], "INT64")])
         assert bad.status_code == 400 and "not in the graph" in bad.json()["error"]
         assert version(part.url) == version(single.url) == 4
+        assert meta(part.url)["num_edges"] == meta(single.url)["num_edges"] != stored_edges  # as served now
 
         ids = np.array([0, 5, 7, 10, 11, 42, 1200, 2500, 2999, 3000, 3001])
         want = rows(single.url, ids)
@@ -88,6 +93,11 @@ def test_updates_across_ranks_agree_with_one_process_and_survive_failures(tmp_pa
         np.testing.assert_allclose(got["embeddings"], want["embeddings"], atol=1e-5)
         r = infer(part.url, {"inputs": [tensor("node_ids", [17], "INT64")], "parameters": {"mode": "full"}})
         assert r.status_code == 404 and "removed" in r.json()["error"]
+        query = {"inputs": [tensor("features", np.zeros((1, 16)), "FP32"), tensor("edge_index", [[3002], [17]], "INT64")],
+                 "parameters": {"mode": "pe"}}  # an edge to a removed node
+        for url in (single.url, part.url):
+            r = infer(url, query)
+            assert r.status_code == 404 and "node 17 was removed" in r.json()["error"], r.text
         r = infer(part.url, {"inputs": [tensor("node_ids", [1], "INT64")], "parameters": {"min_graph_version": 99}})
         assert r.status_code == 503 and "Retry-After" in r.headers
 

@@ -117,6 +117,12 @@ class PartitionedEngine(Admitting):
         return view.num_nodes if view is not None else self.graph.num_nodes
 
     @property
+    def num_edges(self) -> int:
+        """Edges of the graph the ranks serve (changes with graph updates)."""
+        view = self.updates.view if self.updates is not None else None
+        return view.num_edges if view is not None else self.graph.num_edges
+
+    @property
     def graph_version(self) -> int:
         """The update log position the ranks have applied (0: none, or updates off)."""
         f = self.updates.follower if self.updates is not None else None
@@ -141,7 +147,7 @@ class PartitionedEngine(Admitting):
         info = self.ranks.info
         precomputed = bool(info.get("precomputed"))
         return {
-            "num_nodes": self.num_nodes, "num_edges": self.graph.num_edges, "feature_dim": self.graph.feature_dim,
+            "num_nodes": self.num_nodes, "num_edges": self.num_edges, "feature_dim": self.graph.feature_dim,
             "num_classes": self.out_dim, "logits_dim": self.out_dim, "embedding_dim": self.embedding_dim,
             "fanouts": list(self.cfg.sampling.fanouts), "model_kind": self._kind, "model_class": self._class,
             "num_layers": self.num_layers, "dataset": self.graph.name,

@@ -7,7 +7,7 @@ its log position (read-your-writes with parameters.min_graph_version). What diff
 where a batch applies: RankGraph forwards it to the ranks (one UPDATE call), each rank
 applies what it owns and the ranks refresh the embeddings together
 (distributed/part_updates.py); this process keeps only the graph's description: node
-count, which nodes exist, and the names of added nodes.
+and edge counts, which nodes exist, and the names of added nodes.
 
 Ranks keep their state in memory only. Whenever the group is formed (at start, and
 after a rank died and the group was restarted) it starts from the stored dataset, so
@@ -57,8 +57,9 @@ class RankGraph:
 
     patched_entries = 0  # nothing to compact here: the ranks fold their own patches
 
-    def __init__(self, num_nodes: int, feature_dim: int, id_map: IdMap | None, call: Callable):
+    def __init__(self, num_nodes: int, feature_dim: int, id_map: IdMap | None, call: Callable, num_edges: int = 0):
         self.num_nodes = num_nodes
+        self.num_edges = num_edges  # of the graph the ranks serve (their update reports say it)
         self.feature_dim = feature_dim
         self.base = _Named(id_map)
         self.alive = np.ones(num_nodes, dtype=bool)
@@ -93,6 +94,7 @@ class RankGraph:
             self.alive = np.concatenate([self.alive, np.ones(n - len(self.alive), dtype=bool)])
         self.alive[np.asarray(batch.remove_nodes, dtype=np.int64)] = False
         self.num_nodes = n
+        self.num_edges = int(out.get("num_edges", self.num_edges))
         if commit is not None:
             commit()
         return _Applied(int(sum(out["affected_per_layer"])), float(out["propagate_s"]))
@@ -130,7 +132,7 @@ class PartitionedUpdates:
                      hello["updates_applied"])
             call("reset", {}, ())
         names = IdMap(self._names.external) if self._names is not None else None
-        view = RankGraph(self.graph.num_nodes, self.graph.feature_dim, names, call)
+        view = RankGraph(self.graph.num_nodes, self.graph.feature_dim, names, call, self.graph.num_edges)
         view.generation = hello.get("generation")
         follower = Follower(self.log, view, view, self.stats, self.cfg.updates)
         follower.catch_up()

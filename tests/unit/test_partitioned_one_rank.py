@@ -1,7 +1,8 @@
 """A partitioned engine over one real partition rank run in this process (the rank's own
 call loop, rank_server.run, on a one-rank collective stand-in): a request checked at
 decode whose node a graph update removed before the ranks served it is a 404, as on one
-process; the other requests of its batch are answered as before."""
+process, the other requests of its batch answered as before; the graph's description
+follows the updates."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hybridgnn.distributed.partition import compute_partition
 from hybridgnn.distributed.serving_part import open_serving_part
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.errors import RemovedNode, ServiceUnavailable, ServingError
+from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.serving.core.partitioned import PartitionedEngine
@@ -101,9 +103,13 @@ class OneRank:
         self.up = False
 
 
-def _remove(*nodes) -> PendingUpdate:
-    logged = LoggedRequest({"remove_nodes": np.asarray(nodes, dtype=np.int64)})
+def _update(**inputs) -> PendingUpdate:
+    logged = LoggedRequest({k: np.asarray(v) for k, v in inputs.items()})
     return PendingUpdate(logged, logged.num_updates)
+
+
+def _remove(*nodes) -> PendingUpdate:
+    return _update(remove_nodes=np.asarray(nodes, dtype=np.int64))
 
 
 def _run(scenario, dataset, model_dir):
@@ -163,3 +169,26 @@ def test_a_new_node_request_with_an_edge_to_a_removed_node_is_a_404(tiny_dataset
 
     for exc in _run(scenario, tiny_dataset, tiny_model_pe):
         assert isinstance(exc, ServingError) and exc.status == 404 and "node 7 was removed" in str(exc), exc
+
+
+def test_metadata_counts_the_edges_of_the_graph_the_ranks_serve(tiny_dataset, tiny_model_pe):
+    graph = GraphStore.open(tiny_dataset)
+    n, f = graph.num_nodes, graph.feature_dim
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    present = [int(indices[indptr[10]]), 10]
+    batches = [dict(add_node_features=np.ones((2, f), np.float32), add_edges=np.array([[n, 3], [4, n + 1], [n, n]])),
+               dict(remove_nodes=np.array([7]), remove_edges=np.array([present]))]
+    one_process = DynamicGraph(graph)
+    for b in batches:
+        one_process.apply(UpdateBatch(**b))
+
+    async def scenario(engine, ranks):
+        counts = [engine.metadata()["num_edges"]]
+        for b in batches:
+            await engine.update_graph(_update(**b))
+            counts.append(engine.metadata()["num_edges"])
+        return counts
+
+    stored, added, now = _run(scenario, tiny_dataset, tiny_model_pe)
+    assert (stored, added) == (graph.num_edges, graph.num_edges + 3)
+    assert now == one_process.num_edges < added
