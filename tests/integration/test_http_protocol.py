@@ -9,6 +9,7 @@ import json
 import pytest
 
 from hybridgnn.serving.http.api import Reply
+from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.server import HttpServer
 
 
@@ -452,6 +453,46 @@ def test_a_client_that_never_reads_does_not_grow_the_server():
         writer.transport.abort()
 
     run(go, max_body_bytes=1000)
+
+
+class _Recorder:
+    """A transport that records what is written (no socket)."""
+
+    def __init__(self):
+        self.out: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_one_read_of_many_tiny_pipelined_requests_is_parsed_only_as_they_are_answered():
+    """A read (up to 256 KB with uvloop) of thousands of tiny pipelined requests from a client
+    that reads no answers: max_pipelined, and at most those of the one slice that got there,
+    are parsed and held (a parsed request costs about twenty times its bytes: a 256 KB read
+    held 2 MB); the rest waits as bytes and is answered, in order, once the client reads again."""
+    async def main():
+        server = HttpServer(EchoApi(), max_body_bytes=1000, max_header_bytes=4096, answers_per_turn=1 << 20)
+        conn, transport = Connection(server), _Recorder()
+        conn.connection_made(transport)
+        conn.pause_writing()  # the client reads nothing: its answers wait in the write buffer
+        n = 8000
+        conn.data_received(b"".join(b"GET /echo HTTP/1.1\r\nHost: t\r\nX-I: %d\r\n\r\n" % i for i in range(n)))
+        held = len(conn.queue)
+        conn.resume_writing()
+        return held, server.max_pipelined + server.head_step // 30, b"".join(transport.out), conn
+
+    held, bound, out, conn = asyncio.run(main())
+    assert held <= bound, f"{held} parsed requests held for a client that reads nothing"
+    assert out.count(b"HTTP/1.1 200 OK") == 8000 and not conn.queue and not conn.unfed
+    ids = [int(json.loads(part.split(b"\r\n\r\n", 1)[1])["headers"]["x-i"])
+           for part in out.split(b"HTTP/1.1 200 OK")[1:]]
+    assert ids == list(range(8000))
 
 
 def test_close_answers_requests_in_flight_past_the_deadline_with_503():

@@ -13,9 +13,12 @@ What holds:
   400; a head over max_header_bytes is a 431, a body over max_body_bytes a 413; other
   HTTP versions 505. Each such answer is JSON and closes the connection, after the
   answers to the requests before it.
-- Memory per connection is bounded: reading pauses while more than `max_pipelined`
-  requests wait or the write buffer is over its high-water mark (a client that sends
-  and never reads holds at most a few hundred KiB).
+- Memory per connection is bounded: once `max_pipelined` requests are parsed and wait,
+  the bytes read past them wait unparsed until those are answered (llhttp is fed in
+  slices of a quarter of max_header_bytes, so a slice more may have been parsed), and
+  reading pauses while they wait or the write buffer is over its high-water mark (a
+  client that sends and never reads holds at most a few hundred KiB, however small its
+  requests).
 - Connections are capped (`max_connections`; past it a new one gets 503 + Retry-After
   and is closed). A request must arrive whole within `request_timeout_s` of its first
   byte (408 otherwise); a connection idle between requests for `idle_timeout_s` is
@@ -89,7 +92,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
                  "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn",
-                 "free_since", "upgraded", "whole_misses", "whole_rest")
+                 "free_since", "upgraded", "whole_misses", "whole_rest", "unfed")
 
     def __init__(self, server):
         self.server = server
@@ -117,6 +120,7 @@ class Connection(asyncio.Protocol):
         self.upgraded = False  # llhttp stopped at an Upgrade: nothing after it is read
         self.whole_misses = 0  # reads in a row whole.py could not take
         self.whole_rest = 0  # reads left that go to llhttp without asking whole.py
+        self.unfed = b""  # read, not parsed yet: max_pipelined requests were waiting (_feed)
         self.lingering = 0.0  # after a refusal: when we half-closed (0: not lingering)
         self.last_data = 0.0
 
@@ -162,6 +166,9 @@ class Connection(asyncio.Protocol):
             return  # dropped: the client is still sending what was refused
         if self.fatal is not None:
             return  # the rest of the stream is not parsed once a request was refused
+        if self.unfed:  # parsed once the requests waiting are answered (reading is paused till then)
+            self.unfed += data
+            return
         if self.msg is None and not (self.queue or self.busy or self.upgraded):
             if self.whole_rest:  # whole.py missed WHOLE_MISSES reads in a row: llhttp's for a while
                 self.whole_rest -= 1
@@ -173,6 +180,11 @@ class Connection(asyncio.Protocol):
                         self._pause_reading()  # as on_message_complete does at max_pipelined
                     self._take_or_wait()
                     return
+        self._parse(data)
+        self._take_or_wait()
+
+    def _parse(self, data: bytes) -> None:
+        """Feed data to llhttp; a request it refuses is answered after those queued before it."""
         try:
             self._feed(data)
         except _Reject as exc:  # raised here, not from a callback (those come wrapped)
@@ -193,7 +205,6 @@ class Connection(asyncio.Protocol):
             self._pause_reading()
         except httptools.HttpParserError as exc:
             self._refuse(400, f"malformed HTTP request: {str(exc)[:120] or type(exc).__name__}")
-        self._take_or_wait()
 
     def _whole(self, data: bytes) -> _Message | None:
         """The request `data` holds whole, parsed without llhttp (whole.py says when), or None.
@@ -233,18 +244,25 @@ class Connection(asyncio.Protocol):
         self._advance()
 
     def _feed(self, data: bytes) -> None:
-        """Feed llhttp, bounding the head: llhttp holds a header field in memory until it
-        ends, so while a head is being read the bytes go in slices of a quarter of
-        max_header_bytes, and a head that outlasts slices worth max_header_bytes is refused
-        (431). A head is counted from the first slice after the one it began in, so what is
-        held stays below 1.25 × max_header_bytes; many small requests in one read never add up."""
+        """Feed llhttp in slices of a quarter of max_header_bytes, bounding the head and the
+        requests parsed. The head: llhttp holds a header field in memory until it ends, and
+        a head that outlasts slices worth max_header_bytes is refused (431). A head is
+        counted from the first slice after the one it began in, so what is held stays below
+        1.25 × max_header_bytes; many small requests in one read never add up. The requests:
+        once max_pipelined wait, the rest of the read is kept unparsed (`unfed`) and parsed
+        when they are answered, so a read of thousands of tiny pipelined requests is held as
+        its bytes, not as thousands of parsed ones."""
         limit = self.server.max_header_bytes
         step = self.server.head_step
+        pipelined = self.server.max_pipelined
         while data:
-            if not self.in_head:
-                self.parser.feed_data(data)
+            if len(self.queue) >= pipelined:
+                self.unfed = data
                 return
             piece, data = (data, b"") if len(data) <= step else (data[:step], data[step:])
+            if not self.in_head:
+                self.parser.feed_data(piece)
+                continue
             self.began = False
             self.parser.feed_data(piece)
             if self.in_head and not self.began:
@@ -255,7 +273,7 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         # The client will send nothing more: answer what it asked, then close.
         self.eof = True
-        if self.lingering or not (self.busy or self.queue):
+        if self.lingering or not (self.busy or self.queue or self.unfed):
             self.close()
             return False
         return True
@@ -329,10 +347,16 @@ class Connection(asyncio.Protocol):
     # --- answering ----------------------------------------------------------------------
     def _advance(self) -> None:
         """Answer queued requests in order until one is in flight, the write buffer is full
-        or the queue is empty; then resume reading if there is room again."""
-        while not (self.busy or self.closed or self.write_paused) and self.queue:
-            self._answer(self.queue.popleft())
-        if self.closed or self.busy or self.queue:
+        or the queue is empty (then parse what was read past them, and go on); then resume
+        reading if there is room again."""
+        while True:
+            while not (self.busy or self.closed or self.write_paused) and self.queue:
+                self._answer(self.queue.popleft())
+            if self.closed or self.busy or self.queue or self.write_paused or not self.unfed:
+                break
+            data, self.unfed = self.unfed, b""
+            self._parse(data)
+        if self.closed or self.busy or self.queue or self.unfed:
             return
         if self.fatal is not None:
             self.transport.write(self._encode(self.fatal, False))
@@ -446,6 +470,7 @@ class Connection(asyncio.Protocol):
         headers = self.server.retry if status in (429, 503) else None
         self.fatal = Reply.error(status, message, headers)
         self.msg = None
+        self.unfed = b""
         self.started = None
         self.continue_owed = False
         self._pause_reading()
@@ -457,6 +482,7 @@ class Connection(asyncio.Protocol):
         now = time.monotonic()
         self.lingering = self.last_data = now
         self.queue.clear()
+        self.unfed = b""
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._resume_reading()
@@ -468,13 +494,14 @@ class Connection(asyncio.Protocol):
             return
         if self.write_paused and now - self.write_paused_since > server.request_timeout_s:
             self.abort()  # the client stopped reading its answers
-        elif self.started is not None and now - self.started > server.request_timeout_s and self.fatal is None:
+        elif self.started is not None and now - self.started > server.request_timeout_s and self.fatal is None \
+                and not self.unfed:  # unfed: the rest of it was read, and waits for the answers before it
             self._refuse(408, f"request not received whole within {server.request_timeout_s:g} s")
             self._advance()
         elif self.lingering:
             if now - self.last_data > _LINGER_QUIET_S or now - self.lingering > _LINGER_MAX_S:
                 self.close()
-        elif not (self.busy or self.queue or self.started is not None) and now - self.idle_since > \
+        elif not (self.busy or self.queue or self.unfed or self.started is not None) and now - self.idle_since > \
                 server.idle_timeout_s:
             self.close()
 
@@ -484,7 +511,7 @@ class Connection(asyncio.Protocol):
         deadline ends it)."""
         if self.fresh:
             return
-        if not (self.busy or self.queue or self.started is not None):
+        if not (self.busy or self.queue or self.unfed or self.started is not None):
             self.close()
 
     def give_up(self) -> None:
@@ -492,10 +519,11 @@ class Connection(asyncio.Protocol):
         balancer retries it elsewhere) and close."""
         if self.closed:
             return
-        if self.busy or self.queue or self.started is not None:
+        if self.busy or self.queue or self.unfed or self.started is not None:
             self.in_flight = None
             self.busy = False
             self.queue.clear()
+            self.unfed = b""
             self.transport.write(self._encode(Reply.error(
                 503, "server shut down before this request could be answered; retry", self.server.retry), False))
         self.close()
