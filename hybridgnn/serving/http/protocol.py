@@ -255,11 +255,16 @@ class Connection(asyncio.Protocol):
         limit = self.server.max_header_bytes
         step = self.server.head_step
         pipelined = self.server.max_pipelined
-        while data:
+        # slices of a view: slicing the bytes would copy the rest of a large read per slice
+        view = memoryview(data) if len(data) > step else data
+        at, end = 0, len(data)
+        while at < end:
             if len(self.queue) >= pipelined:
-                self.unfed = data
+                self.unfed = bytes(view[at:])
                 return
-            piece, data = (data, b"") if len(data) <= step else (data[:step], data[step:])
+            cut = min(end, at + step)
+            piece = view if at == 0 and cut == end else view[at:cut]
+            at = cut
             if not self.in_head:
                 self.parser.feed_data(piece)
                 continue
