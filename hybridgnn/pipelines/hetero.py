@@ -51,7 +51,7 @@ class TypedExecutor:
         t1 = time.perf_counter()
         dev = self.device
         x = {t: torch.from_numpy(np.take(self.features[t], ids, axis=0)).to(dev)
-             for t, ids in sub.node_ids.items() if ids.size}
+             for t, ids in sub.node_ids.items()}
         edges = {e: torch.from_numpy(ei).to(dev) for e, ei in sub.edge_index.items()}
         t2 = time.perf_counter()
         with torch.inference_mode():

@@ -63,3 +63,30 @@ def test_one_batch_answers_every_kind_as_the_whole_graph_does(setup, sampler, de
     torch.testing.assert_close(torch.from_numpy(top.topk_scores), best.values, atol=1e-5, rtol=1e-5)
     assert top.topk_index.tolist() == best.indices.tolist()
     assert node_u.timings is pair.timings  # one batch: one sample, one forward
+
+
+@pytest.mark.parametrize("sampler", ["cpu", "torch"])
+def test_a_sample_without_nodes_of_a_type_still_runs_that_types_convolutions(tmp_path, sampler):
+    """A user who rates nothing: the sample holds no item, yet rev_rates' SAGEConv still
+    adds its root term (lin_r(x_user) + bias) to the user's row, as over the whole graph."""
+    from hybridgnn.graph.hetero_import import write_hetero_edges
+
+    rng = np.random.default_rng(0)
+    rates = np.stack([rng.integers(0, 20, 60), rng.integers(0, 20, 60)])  # users 20..29 rate nothing
+    follows = np.stack([rng.integers(0, 20, 40), rng.integers(0, 20, 40)])
+    nodes = {"user": {"features": rng.standard_normal((30, 6)).astype(np.float32)},
+             "item": {"features": rng.standard_normal((20, 5)).astype(np.float32)}}
+    graph = HeteroGraphStore.open(write_hetero_edges(
+        tmp_path / "g", nodes, {("user", "rates", "item"): rates, ("user", "follows", "user"): follows},
+        undirected=True, name="g"))
+    model = built(sage(graph), graph)
+    x, ei = whole(graph)
+    with torch.no_grad():
+        want = model(x, ei)
+    path = hybridgnn.save_model(model, tmp_path / "m", metadata=graph.metadata(), link_decoder="dot")
+    served = load_hetero_model(path, json.loads((path / "config.json").read_text()))
+    make = TypedCPUSampler if sampler == "cpu" else TypedTorchSampler.from_graph
+    ex = TypedExecutor(make(graph, FULL), {t: n.features for t, n in graph.nodes.items()}, served, None)
+    lonely = np.array([25, 27])
+    got, = ex.run([TypedQuery("node", "user", lonely)], "cpu")
+    torch.testing.assert_close(torch.from_numpy(got.logits), want["user"][lonely], atol=1e-5, rtol=1e-5)
