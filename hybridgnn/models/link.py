@@ -266,6 +266,20 @@ def _scored_pairs(decoder, z: dict[str, torch.Tensor]) -> dict[tuple[str, str], 
     return out
 
 
+def _batch_dependent(decoder, z: dict[str, torch.Tensor], pairs: dict) -> tuple[str, str] | None:
+    """The first scored (src type, dst type) whose golden scores change when each pair is
+    scored alone (a decoder that mixes rows: its answer would depend on the batch)."""
+    for (s, d), want in pairs.items():
+        try:
+            with torch.inference_mode():
+                alone = torch.cat([scores_of(decoder, z[s][i:i + 1], z[d][i:i + 1]) for i in range(GOLDEN_PAIRS)])
+        except Exception:  # fails on one pair, which a request may send
+            return s, d
+        if max_relative_error(alone, want) > GOLDEN_TOLERANCE:
+            return s, d
+    return None
+
+
 def save_decoder(root: Path, decoder, out_dims: dict[str, int]) -> dict:
     """Write a link decoder ("dot" or a module) beside a model; its config.json entry
     ({"kind", "pairs"}). UnsupportedModel (one line) when it cannot be served exactly."""
@@ -291,6 +305,11 @@ def save_decoder(root: Path, decoder, out_dims: dict[str, int]) -> dict:
             if got is None or max_relative_error(got, want) > GOLDEN_TOLERANCE:
                 raise UnsupportedModel(f"the link decoder's traced graph does not reproduce its scores for node types "
                                        f"{key}; it cannot be served exactly")
+        mixed = _batch_dependent(rebuilt, z, pairs)
+        if mixed is not None:
+            raise UnsupportedModel(f"the link decoder's score of a pair depends on the other pairs scored with it (a "
+                                   f"softmax, mean or max over rows?) for node types {mixed}; the server scores pairs "
+                                   "in batches of any size, so it cannot be served exactly")
         kind = "graph"
         golden = {f"tensor/{k}": v for k, v in tensors.items()}
         (root / DECODER_GRAPH).write_text(json.dumps({"nodes": nodes}, indent=1) + "\n")

@@ -125,3 +125,21 @@ def test_graph_decoder_refuses_methods_on_non_tensors():
              {"op": "output", "args": [{"n": "bad"}]}]
     with pytest.raises(ValueError, match="on a int"):
         GraphDecoder(nodes, {})(torch.ones(2, 3), torch.ones(2, 3))
+
+
+def test_a_decoder_whose_scores_depend_on_the_other_pairs_is_refused(tmp_path):
+    """Scores normalised over the rows scored together would change with the batch a
+    request shares (or a top-k's chunk), so they cannot be served exactly."""
+    class Softmax(nn.Module):
+        def forward(self, a, b):
+            return (a * b).sum(-1).softmax(0)
+
+    class Centred(nn.Module):
+        def forward(self, a, b):
+            d = (a * b).sum(-1)
+            return d - d.mean()
+
+    for module in (Softmax(), Centred()):
+        with pytest.raises(UnsupportedModel, match="depends on the other pairs") as err:
+            save_decoder(tmp_path / "x", module, WIDTHS)
+        assert "\n" not in str(err.value)
