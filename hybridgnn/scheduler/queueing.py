@@ -358,13 +358,38 @@ class SharedDeviceSimulator:
         both = np.concatenate(list(lat.values())) if lat else np.zeros(1)
         return float(np.quantile(both, 0.99)) if np.all(np.isfinite(both)) else math.inf
 
+    def cpu_capacity(self, cpu_bound: float, gpu_rate: float, gpu_bound: float) -> float:
+        """Requests/s the CPU lane sustains with batches at its bound beside the GPU lane at
+        gpu_rate (batches at its bound): the least of what its workers sample and what the
+        device has left after the GPU lane's share (all of its own device, shared=False).
+        As Simulator.capacity, a bound on the bisection: a few thousand requests at a high
+        rate are a few batches, too few for a simulated p99 to show the device overloaded."""
+        scale = self.load.service_scale
+        mean = max(self.mean_request_psgs, 1e-9)
+
+        def per_batch(bound: float) -> tuple[float, float]:  # (PSGS, requests) of a batch at the bound
+            psgs = max(bound, mean)
+            return psgs, psgs / mean
+
+        psgs, n = per_batch(cpu_bound)
+        host = self.cpu_host.workers * n / max(self.cpu_host.mean_seconds(psgs) * scale, 1e-12)
+        device_left = 1.0
+        if self.shared and gpu_rate > 0:
+            g_psgs, g_n = per_batch(gpu_bound)  # the device's time per GPU-lane batch: service ÷ its workers
+            device_left -= gpu_rate / g_n * self.gpu.mean_seconds(g_psgs) * scale / max(1, self.gpu.workers)
+        device = max(device_left, 0.0) * n / max(self.cpu_device.mean_seconds(psgs) * scale, 1e-12)
+        return min(host, device)
+
     def max_cpu_rate(self, slo_s: float, cpu_bound: float, gpu_rate: float, gpu_bound: float,
                      hi: float, iterations: int = 9) -> tuple[float, float]:
         """(highest CPU-lane requests/s with the GPU lane at gpu_rate and the p99 of both
-        within slo_s, that p99), by bisection below hi; (0, p99 of the GPU lane alone)
-        when none fits."""
+        within slo_s, that p99), by bisection below hi and 1.05 x cpu_capacity; (0, p99 of
+        the GPU lane alone) when none fits."""
         base = self.p99(0.0, cpu_bound, gpu_rate, gpu_bound) if gpu_rate > 0 else 0.0
         if base > slo_s:
+            return 0.0, base
+        hi = min(hi, 1.05 * self.cpu_capacity(cpu_bound, gpu_rate, gpu_bound))
+        if hi <= 0:
             return 0.0, base
         lo, lo_p99 = 0.0, base
         for _ in range(iterations):
