@@ -59,6 +59,12 @@ class Curve:
             raise ValueError("a curve needs as many latencies as PSGS knots, and at least one")
         if any(b <= a for a, b in zip(self.psgs, self.psgs[1:], strict=False)):
             raise ValueError("curve knots must increase")
+        # a NaN knot or latency makes every comparison false (a threshold from nothing), an
+        # infinite one no crossing, a zero latency an infinite batch bound (and a division
+        # by zero in the simulator): a profile holding one is refused at load, not served
+        if not all(math.isfinite(v) and v > 0 for v in (*self.psgs, *self.seconds)):
+            raise ValueError(f"a curve's PSGS knots and latencies must be finite and positive, got knots "
+                             f"{list(self.psgs)} and seconds {list(self.seconds)}")
 
     def __call__(self, psgs) -> np.ndarray:
         x = np.maximum(np.asarray(psgs, dtype=float), 1e-9)

@@ -46,6 +46,17 @@ def test_curve_interpolates_in_log_space_and_grows_proportionally_beyond():
     assert c.max_psgs_within(0.5) == 0.0 and c.max_psgs_within(6.0) == pytest.approx(2000.0)
 
 
+@pytest.mark.parametrize("seconds", [[float("nan"), 3.0], [1.0, math.inf], [0.0, 0.0], [-1.0, 3.0]])
+def test_a_curve_with_a_latency_that_is_not_finite_and_positive_is_refused(seconds):
+    """NaN compares false (a threshold from nothing), inf never crosses, and zero made an
+    SLO choice divide by zero: a profile holding one is refused (a ValueError, which
+    serve reports as a configuration error), not served."""
+    with pytest.raises(ValueError, match="finite and positive"):
+        Curve([10.0, 1000.0], seconds)
+    with pytest.raises(ValueError, match="finite and positive"):
+        Curve([float("nan"), 1000.0], [1.0, 3.0])
+
+
 def test_noisy_bins_fit_a_monotone_curve():
     rng = np.random.default_rng(0)
     truth = 1e-3 + 2e-7 * X
