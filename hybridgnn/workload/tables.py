@@ -109,6 +109,13 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     return counts / counts.sum(), f"log-{digest}"
 
 
+def _read_fingerprint(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
 @dataclass
 class WorkloadTables:
     """PSGS and FAP for one dataset, fanouts and seed distribution."""
@@ -118,6 +125,7 @@ class WorkloadTables:
     psgs: np.ndarray
     fap: np.ndarray
     build_s: float = 0.0
+    graph_fingerprint: str | None = None  # the graph they were computed on (saved beside them)
 
     def __post_init__(self):
         # Plain ndarray views of the (often memory-mapped) arrays: indexing a np.memmap
@@ -150,11 +158,20 @@ class WorkloadTables:
         d = Path(root) / "workload"
         return d / f"psgs_{fanout_key(fanouts)}.npy", d / f"fap_{fanout_key(fanouts)}_{seed_key}.npy"
 
+    @staticmethod
+    def fingerprint_path(table: Path) -> Path:
+        """Where the fingerprint of the graph a table was computed on is kept: a dataset
+        rewritten in place with as many nodes must not be served its old graph's tables."""
+        return table.with_suffix(".graph")
+
     def save(self, root: Path) -> tuple[Path, Path]:
         psgs_path, fap_path = self.paths(root, self.fanouts, self.seed_key)
         psgs_path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(psgs_path, self.psgs)
-        np.save(fap_path, self.fap)
+        for path, table in ((psgs_path, self.psgs), (fap_path, self.fap)):
+            self.fingerprint_path(path).unlink(missing_ok=True)  # never a new table beside an old fingerprint
+            np.save(path, table)
+            if self.graph_fingerprint is not None:
+                self.fingerprint_path(path).write_text(self.graph_fingerprint + "\n")
         return psgs_path, fap_path
 
     @classmethod
@@ -164,18 +181,19 @@ class WorkloadTables:
         a = sampling_matrix(graph)
         psgs = compute_psgs(graph, fanouts, matrix=a)
         fap = compute_fap(graph, fanouts, p0, matrix=a)
-        return cls(tuple(fanouts), key, psgs, fap, time.perf_counter() - t0)
+        return cls(tuple(fanouts), key, psgs, fap, time.perf_counter() - t0, graph.fingerprint)
 
     @classmethod
     def load_or_build(cls, graph: GraphStore, fanouts, seed: str | Path = "uniform", *, save: bool = True) -> "WorkloadTables":
         """Load the tables stored beside the dataset, building (and saving) them when absent."""
         _, key = seed_distribution(graph, seed) if seed not in SEED_KINDS else (None, str(seed))
         psgs_path, fap_path = cls.paths(graph.root, fanouts, key)
-        if psgs_path.is_file() and fap_path.is_file():
+        if psgs_path.is_file() and fap_path.is_file() and all(
+                _read_fingerprint(cls.fingerprint_path(p)) == graph.fingerprint for p in (psgs_path, fap_path)):
             psgs = np.load(psgs_path, mmap_mode="r")
             fap = np.load(fap_path, mmap_mode="r")
             if psgs.shape == (graph.num_nodes,) and fap.shape == (graph.num_nodes,):
-                return cls(tuple(fanouts), key, psgs, fap)
+                return cls(tuple(fanouts), key, psgs, fap, graph_fingerprint=graph.fingerprint)
         tables = cls.build(graph, fanouts, seed)
         if save:
             try:

@@ -92,6 +92,21 @@ def test_tables_save_load_and_batch_lookup(skewed_graph):
     assert loaded.batch_psgs(ids) == pytest.approx(float(np.asarray(built.psgs, np.float64)[ids].sum()))
 
 
+def test_tables_of_a_dataset_rewritten_in_place_are_not_reused(tmp_path):
+    """Tables are found by fanouts and seed key beside the dataset: rewritten with as many
+    nodes and other edges, it gets tables of its own graph, not the old one's."""
+    from tests.support.graphs import make_graph
+
+    old = make_graph(tmp_path / "g", [(0, 1), (1, 2), (2, 0)], 3)
+    WorkloadTables.load_or_build(old, FANOUTS, "degree")
+    new = make_graph(tmp_path / "g", [(0, 1), (0, 2), (1, 0), (1, 2)], 3)
+    tables = WorkloadTables.load_or_build(new, FANOUTS, "degree")
+    np.testing.assert_allclose(tables.psgs, compute_psgs(new, FANOUTS))
+    np.testing.assert_allclose(tables.fap, compute_fap(new, FANOUTS, seed_distribution(new, "degree")[0]), rtol=1e-6)
+    again = WorkloadTables.load_or_build(new, FANOUTS, "degree")  # saved with the new graph's fingerprint: loaded
+    assert isinstance(again.psgs.base, np.memmap) and again.graph_fingerprint == new.fingerprint
+
+
 @hypothesis.settings(max_examples=200, deadline=None)
 @hypothesis.given(ids=st.lists(st.integers(0, 24), min_size=0, max_size=20))
 def test_batch_psgs_is_the_same_sum_for_few_and_many_ids(ids):
