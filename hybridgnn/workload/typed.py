@@ -36,6 +36,13 @@ TYPED_SEED_KINDS = ("uniform", "degree")
 MAX_FANOUT = 1 << 20
 
 
+def _graph_file(seed_key: str) -> str:
+    """The file naming the graph that the PSGS and seed_key's FAP tables beside it were
+    computed on (one per seed kind: saving one kind's tables rewrites the PSGS, not the
+    other kinds' FAP)."""
+    return f"graph-{seed_key}"
+
+
 def resolve_edge_type(edge_types: list[EdgeType], key) -> EdgeType:
     """An edge type named as (src, rel, dst), 'src__rel__dst', or a relation name that only
     one edge type has."""
@@ -180,14 +187,18 @@ class TypedWorkloadTables:
         return Path(root) / "workload" / f"typed-{typed_fanout_key(fanouts)}"
 
     def save(self, graph: HeteroGraphStore) -> Path:
+        """The tables beside the dataset, then (last) the fingerprint of the graph they were
+        computed on: a dataset rewritten in place never finds another graph's tables."""
         d = self.directory(graph.root, self.fanouts)
         d.mkdir(parents=True, exist_ok=True)
+        (d / _graph_file(self.seed_key)).unlink(missing_ok=True)
         index = {t: i for i, t in enumerate(graph.node_types)}
         for t, v in self.psgs.items():
             np.save(d / f"psgs-{index[t]}.npy", v)
         for seed_type, per_type in self.fap.items():
             for t, v in per_type.items():
                 np.save(d / f"fap-{self.seed_key}-{index[seed_type]}-{index[t]}.npy", v)
+        (d / _graph_file(self.seed_key)).write_text(graph.fingerprint + "\n")
         return d
 
     @classmethod
@@ -208,6 +219,8 @@ class TypedWorkloadTables:
         d = cls.directory(graph.root, tf)
         types = graph.node_types
         try:
+            if (d / _graph_file(seed)).read_text().strip() != graph.fingerprint:
+                raise ValueError("computed on another graph")
             psgs = {t: np.load(d / f"psgs-{i}.npy", mmap_mode="r") for i, t in enumerate(types)}
             fap = {s: {t: np.load(d / f"fap-{seed}-{si}-{i}.npy", mmap_mode="r") for i, t in enumerate(types)}
                    for si, s in enumerate(types)}

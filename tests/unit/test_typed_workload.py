@@ -137,3 +137,22 @@ def test_tables_save_and_load_beside_the_dataset(academic):
     assert loaded.batch_psgs("paper", ids) == pytest.approx(float(np.asarray(built.psgs["paper"], np.float64)[ids].sum()))
     with pytest.raises(ValueError, match="uniform"):
         TypedWorkloadTables.build(academic, [3, 2], seed="requests.log")
+
+
+def test_typed_tables_of_a_dataset_rewritten_in_place_are_not_reused(tmp_path):
+    """As for one node type: a dataset rewritten with as many nodes of each type and other
+    edges gets tables of its own graph, for each seed kind, not the old graph's."""
+    path = tmp_path / "academic"
+    old = HeteroGraphStore.open(generate_hetero(path, kind="academic", num_nodes=60, avg_degree=6, seed=3))
+    for seed in ("uniform", "degree"):
+        TypedWorkloadTables.load_or_build(old, [3, 2], seed)
+    new = HeteroGraphStore.open(generate_hetero(path, kind="academic", num_nodes=60, avg_degree=6, seed=4))
+    assert new.fingerprint != old.fingerprint
+    assert all(new.num_nodes(t) == old.num_nodes(t) for t in new.node_types)
+    TypedWorkloadTables.load_or_build(new, [3, 2], "degree")  # rewrites the PSGS beside the uniform FAP
+    for seed in ("degree", "uniform"):
+        loaded = TypedWorkloadTables.load_or_build(new, [3, 2], seed)
+        fresh = TypedWorkloadTables.build(new, [3, 2], seed)
+        for t in new.node_types:
+            np.testing.assert_allclose(loaded.psgs[t], fresh.psgs[t], rtol=1e-6)
+            np.testing.assert_allclose(loaded.fap["author"][t], fresh.fap["author"][t], rtol=1e-6)
