@@ -11,6 +11,7 @@ import pytest
 from hybridgnn.serving.http.api import Reply
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.server import HttpServer
+from tests.support.transport import RecordingTransport
 
 
 class _Engine:
@@ -455,22 +456,6 @@ def test_a_client_that_never_reads_does_not_grow_the_server():
     run(go, max_body_bytes=1000)
 
 
-class _Recorder:
-    """A transport that records what is written (no socket)."""
-
-    def __init__(self):
-        self.out: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 def test_one_read_of_many_tiny_pipelined_requests_is_parsed_only_as_they_are_answered():
     """A read (up to 256 KB with uvloop) of thousands of tiny pipelined requests from a client
     that reads no answers: max_pipelined, and at most those of the one slice that got there,
@@ -478,7 +463,7 @@ def test_one_read_of_many_tiny_pipelined_requests_is_parsed_only_as_they_are_ans
     held 2 MB); the rest waits as bytes and is answered, in order, once the client reads again."""
     async def main():
         server = HttpServer(EchoApi(), max_body_bytes=1000, max_header_bytes=4096, answers_per_turn=1 << 20)
-        conn, transport = Connection(server), _Recorder()
+        conn, transport = Connection(server), RecordingTransport()
         conn.connection_made(transport)
         conn.pause_writing()  # the client reads nothing: its answers wait in the write buffer
         n = 8000

@@ -12,20 +12,7 @@ from hybridgnn.serving.http import server as http_server
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.reply import Reply
 from hybridgnn.serving.http.server import HttpServer
-
-
-class _Transport:
-    def __init__(self):
-        self.out: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+from tests.support.transport import RecordingTransport
 
 
 class _Api:
@@ -58,7 +45,7 @@ def _serve(requests: list[bytes]) -> tuple[_Api, list[bytes], HttpServer]:
     async def main():
         api = _Api()
         server = HttpServer(api, max_body_bytes=1 << 20, answers_per_turn=1 << 20)
-        conn, transport = Connection(server), _Transport()
+        conn, transport = Connection(server), RecordingTransport()
         conn.connection_made(transport)
         for wire in requests:
             conn.data_received(wire)
