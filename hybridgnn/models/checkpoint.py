@@ -57,6 +57,9 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
         stack = decompose(model)
         graph = golden.golden_graph(stack.in_dim)
         expected = golden.reference_outputs(model, graph)
+        if not bool(torch.isfinite(expected).all()):
+            raise zoo.UnsupportedModel(f"{type(model).__name__} gives non-finite outputs (NaN or inf) on the golden "
+                                       "graph, so its answers cannot be checked; look for NaN or inf weights")
         # What load_model will do, done now: rebuild from the description, load the weights
         # strictly and run every path, so a model that would be refused is never written.
         rebuilt = zoo.build(name, args)

@@ -110,7 +110,12 @@ def sampled_outputs(stack, graph: GoldenGraph) -> tuple[np.ndarray, torch.Tensor
 
 
 def max_relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| relative to b's largest magnitude (at least 1); inf for different
+    shapes or any non-finite value: NaN compares false with every tolerance, so NaN
+    outputs (NaN weights, or golden answers overwritten with NaN) would otherwise pass."""
     if a.shape != b.shape:
+        return float("inf")
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
         return float("inf")
     scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
     return float((a - b).abs().max()) / scale if a.numel() else 0.0
