@@ -142,6 +142,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
         if graph.x.ndim != 2 or graph.x.shape[1] != stack.in_dim:
             raise CheckpointError(f"{root / GOLDEN} has {tuple(graph.x.shape)} inputs for a "
                                   f"{stack.in_dim}-feature model")
+        _check_golden_graph(graph, root / GOLDEN)
         problems = golden.mismatches(model, stack, graph, expected)
         if problems:
             raise CheckpointError(f"{root} does not reproduce its golden outputs (tolerance "
@@ -149,6 +150,19 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
                                   + "; the weights, an option or the library version differ from what was saved")
         config = {**config, "golden_check_s": time.perf_counter() - t0}
     return stack, config
+
+
+def _check_golden_graph(graph: golden.GoldenGraph, path: Path) -> None:
+    """CheckpointError unless the saved golden graph can be evaluated: it holds the golden
+    seeds and its edges are (source, target) pairs of its nodes. A damaged file otherwise
+    failed inside the model's forward with a traceback."""
+    n, ei = graph.x.shape[0], graph.edge_index
+    if n <= max(golden.GOLDEN_SEEDS):
+        raise CheckpointError(f"{path} holds a graph of {n} nodes; golden graphs have {golden.GOLDEN_NODES}")
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise CheckpointError(f"{path} has an edge_index of shape {tuple(ei.shape)}, not [2, edges]")
+    if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+        raise CheckpointError(f"{path} has edges to nodes outside its {n}")
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu"):

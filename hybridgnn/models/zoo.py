@@ -99,8 +99,9 @@ def build(name: str, args: dict[str, Any]) -> nn.Module:
         if cls is GNN:
             return GNN(ModelSpec(**args))
         return cls(**args)
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise ConfigError(f"cannot build {name} from {args}: {exc}") from exc
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError, AssertionError, OverflowError) as exc:
+        # PyG's constructors assert (an unknown jk) and torch raises RuntimeError (a negative width)
+        raise ConfigError(f"cannot build {name} from {args}: {exc or type(exc).__name__}") from exc
 
 
 def _activation(act) -> dict[str, Any]:

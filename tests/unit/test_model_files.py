@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch_geometric.nn.models import GraphSAGE
 
+from hybridgnn.errors import ConfigError
 from hybridgnn.models.checkpoint import CheckpointError, load_model, save_model
 from hybridgnn.models.zoo import UnsupportedModel
 
@@ -50,3 +51,34 @@ def test_a_model_with_non_finite_outputs_is_not_saved(tmp_path):
     with pytest.raises(UnsupportedModel, match="non-finite outputs"):
         save_model(model, tmp_path / "m")
     assert not (tmp_path / "m" / "config.json").exists()
+
+
+def _edit_golden(path, **changes):
+    saved = torch.load(path / "golden.pt", weights_only=True)
+    torch.save({**saved, **{k: v(saved) for k, v in changes.items()}}, path / "golden.pt")
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"x": lambda g: g["x"][:10], "out": lambda g: g["out"][:10],
+      "edge_index": lambda g: g["edge_index"][:, (g["edge_index"] < 10).all(0)]}, "graph of 10 nodes"),
+    ({"edge_index": lambda g: g["edge_index"] + 1000}, "edges to nodes outside"),
+    ({"edge_index": lambda g: g["edge_index"][0]}, r"edge_index of shape \(\d+,\)"),
+])
+def test_a_damaged_golden_graph_is_refused_in_one_line(model_dir, changes, match):
+    # These failed inside the model's forward (IndexError) with a traceback.
+    _edit_golden(model_dir, **changes)
+    _refused(model_dir, match)
+
+
+@pytest.mark.parametrize("key, value", [("jk", "bogus"), ("hidden_channels", -3)])
+def test_constructor_arguments_the_class_rejects_are_one_line(model_dir, key, value):
+    # PyG asserts on an unknown jk and torch raises RuntimeError on a negative width:
+    # both escaped as tracebacks from `hybridgnn model check` and serve.
+    import json
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["args"][key] = value
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="cannot build torch_geometric.GraphSAGE") as info:
+        load_model(model_dir)
+    assert "\n" not in str(info.value)
