@@ -105,7 +105,8 @@ def build(name: str, args: dict[str, Any]) -> nn.Module:
 
 
 def _activation(act) -> dict[str, Any]:
-    if act is None:
+    # PyG resolves no activation named "identity": nn.Identity is written as act=None, the same model
+    if act is None or type(act) is nn.Identity:
         return {"act": None}
     entry = ACTIVATIONS.get(type(act))
     if entry is None:

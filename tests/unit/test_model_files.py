@@ -82,3 +82,23 @@ def test_constructor_arguments_the_class_rejects_are_one_line(model_dir, key, va
     with pytest.raises(ConfigError, match="cannot build torch_geometric.GraphSAGE") as info:
         load_model(model_dir)
     assert "\n" not in str(info.value)
+
+
+def _golden_forward_matches(model, path):
+    from hybridgnn.models import golden
+
+    stack, cfg = load_model(path)
+    graph = golden.golden_graph(F)
+    with torch.inference_mode():
+        want = model(graph.x, graph.edge_index)
+        assert golden.max_relative_error(golden.layerwise_outputs(stack, graph), want) <= 1e-5
+    return cfg
+
+
+def test_an_identity_activation_module_is_saved_as_no_activation(tmp_path):
+    # nn.Identity() was written as act="identity", which PyG cannot resolve: save_model
+    # failed with a ValueError listing every torch activation.
+    torch.manual_seed(0)
+    model = GraphSAGE(F, 8, 2, 3, act=torch.nn.Identity()).eval()
+    save_model(model, tmp_path / "m")
+    assert _golden_forward_matches(model, tmp_path / "m")["args"]["act"] is None
