@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch_geometric.nn import GCNConv
+from torch_geometric.nn import Linear as PygLinear
 
 from hybridgnn.models.gnn import GNN, apply_conv, head_input, stack_forward
 
@@ -41,7 +42,7 @@ class LayerStack(nn.Module):
 
     @property
     def in_dim(self) -> int:
-        return int(self.model.in_channels)
+        return input_width(self.model)
 
     @property
     def out_dim(self) -> int:
@@ -89,6 +90,22 @@ class LayerStack(nn.Module):
                 with_embeddings: bool = False):
         return stack_forward(self, x, edge_index, num_sampled_nodes, num_sampled_edges, degrees,
                              with_embeddings=with_embeddings)
+
+
+def input_width(model: nn.Module):
+    """A BasicGNN's feature width: in_channels, or for a lazy model (in_channels=-1) the
+    width its first layer took on its first forward; ValueError (one line) before that.
+    A bipartite (tuple) in_channels is returned as it is."""
+    width = model.in_channels
+    if not isinstance(width, int) or width > 0:
+        return width
+    # the first layer's first linear map reads the features (SAGE lin_l, GAT/GCN lin, GIN's MLP);
+    # the golden check confirms the width
+    first = next((m for m in model.convs[0].modules() if isinstance(m, PygLinear)), None)
+    if first is None or int(first.in_channels) <= 0:
+        raise ValueError(f"{type(model).__name__} has lazy in_channels={width} and has not run yet, so its feature "
+                         "width is unknown: run one forward pass first, or give in_channels")
+    return int(first.in_channels)
 
 
 def decompose(model: nn.Module):

@@ -20,6 +20,7 @@ from torch_geometric.nn.norm import BatchNorm, LayerNorm
 from torch_geometric.nn.resolver import activation_resolver
 
 from hybridgnn.errors import ConfigError
+from hybridgnn.models.decompose import input_width
 from hybridgnn.models.gnn import GNN, ModelSpec
 
 # name in config.json -> class; the names are stable, the import paths may move.
@@ -69,8 +70,12 @@ def describe(model: nn.Module) -> tuple[str, dict[str, Any]]:
     if model.jk_mode not in JK_MODES:
         raise UnsupportedModel(f"jumping knowledge jk={model.jk_mode!r} is not supported; supported: "
                                f"{', '.join(map(repr, JK_MODES))}")
+    try:
+        in_channels = input_width(model)  # a lazy (-1) model is written down with the width it took
+    except ValueError as exc:
+        raise UnsupportedModel(str(exc)) from exc
     args: dict[str, Any] = {
-        "in_channels": model.in_channels,
+        "in_channels": in_channels,
         "hidden_channels": model.hidden_channels,
         "num_layers": model.num_layers,
         "out_channels": model.out_channels,
@@ -80,7 +85,7 @@ def describe(model: nn.Module) -> tuple[str, dict[str, Any]]:
         **_activation(model.act),
         **_norm(model),
     }
-    if not isinstance(model.in_channels, int):
+    if not isinstance(in_channels, int):
         raise UnsupportedModel("bipartite in_channels (a tuple) are not supported: one node type only")
     args.update(_conv_options(type(model), model))
     return name, args

@@ -102,3 +102,23 @@ def test_an_identity_activation_module_is_saved_as_no_activation(tmp_path):
     model = GraphSAGE(F, 8, 2, 3, act=torch.nn.Identity()).eval()
     save_model(model, tmp_path / "m")
     assert _golden_forward_matches(model, tmp_path / "m")["args"]["act"] is None
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GraphSAGE(-1, 8, 2, 3),
+    lambda: __import__("torch_geometric.nn.models", fromlist=["GAT"]).GAT(-1, 8, 2, 3, heads=2, residual=True),
+    lambda: __import__("torch_geometric.nn.models", fromlist=["GIN"]).GIN(-1, 8, 2, 3),
+    lambda: __import__("torch_geometric.nn.models", fromlist=["GCN"]).GCN(-1, 8, 2, 3),
+])
+def test_a_lazy_model_that_has_run_is_saved_with_the_width_it_took(make, tmp_path):
+    # in_channels=-1 was written down as -1: save_model failed with numpy's "negative
+    # dimensions are not allowed" (and before a forward, the same).
+    torch.manual_seed(0)
+    model = make().eval()
+    with pytest.raises(UnsupportedModel, match="lazy in_channels=-1 .* run one forward pass first"):
+        save_model(model, tmp_path / "early")
+    with torch.no_grad():
+        model(torch.zeros(2, F), torch.zeros(2, 0, dtype=torch.long))
+    save_model(model, tmp_path / "m")
+    cfg = _golden_forward_matches(model, tmp_path / "m")
+    assert cfg["args"]["in_channels"] == cfg["in_dim"] == F
