@@ -164,6 +164,9 @@ def _conv_options(cls, model) -> dict[str, Any]:
         if first.improved or first.cached or not first.add_self_loops or not first.normalize:
             raise UnsupportedModel("GCN options improved, cached, add_self_loops=False and normalize=False are not "
                                    "supported: the layer-wise paths use GCN's default normalisation")
+        if _aggr(first) not in ("add", "sum"):
+            raise UnsupportedModel(f"GCN with aggr={first.aggr!r} is not supported: the layer-wise paths sum GCN's "
+                                   "normalised messages (aggr='add')")
         return {"bias": first.bias is not None}
     if cls is GAT:
         v2 = isinstance(first, GATv2Conv)
@@ -174,12 +177,13 @@ def _conv_options(cls, model) -> dict[str, Any]:
         # so the first layer says what the user chose.
         options = {"v2": v2, "heads": int(first.heads), "concat": bool(first.concat),
                    "negative_slope": float(first.negative_slope), "add_self_loops": bool(first.add_self_loops),
-                   "bias": getattr(first, "bias", None) is not None, "residual": bool(first.residual)}
+                   "bias": getattr(first, "bias", None) is not None, "residual": bool(first.residual),
+                   "aggr": _aggr(first)}
         if v2:
             options["share_weights"] = bool(first.share_weights)
         return options
     _require(convs, GINConv)  # GIN
-    return {"train_eps": isinstance(first.eps, nn.Parameter), "eps": float(first.initial_eps)}
+    return {"train_eps": isinstance(first.eps, nn.Parameter), "eps": float(first.initial_eps), "aggr": _aggr(first)}
 
 
 def _require(convs, conv_cls) -> None:

@@ -122,3 +122,22 @@ def test_a_lazy_model_that_has_run_is_saved_with_the_width_it_took(make, tmp_pat
     save_model(model, tmp_path / "m")
     cfg = _golden_forward_matches(model, tmp_path / "m")
     assert cfg["args"]["in_channels"] == cfg["in_dim"] == F
+
+
+@pytest.mark.parametrize("cls, aggr", [("GIN", "max"), ("GIN", "mean"), ("GAT", "mean")])
+def test_the_aggregation_of_gin_and_gat_is_written_down(cls, aggr, tmp_path):
+    # GINConv and GATConv take aggr through BasicGNN's kwargs; it was not written down, so
+    # the rebuilt model summed and save_model refused with "the model's own forward differs".
+    import torch_geometric.nn.models as pyg
+
+    torch.manual_seed(0)
+    model = getattr(pyg, cls)(F, 8, 2, 3, aggr=aggr).eval()
+    save_model(model, tmp_path / "m")
+    assert _golden_forward_matches(model, tmp_path / "m")["args"]["aggr"] == aggr
+
+
+def test_gcn_with_another_aggregation_is_refused_naming_it(tmp_path):
+    from torch_geometric.nn.models import GCN
+
+    with pytest.raises(UnsupportedModel, match="GCN with aggr='mean' is not supported"):
+        save_model(GCN(F, 8, 2, 3, aggr="mean"), tmp_path / "m")
