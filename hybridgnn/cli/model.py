@@ -59,7 +59,7 @@ def run_export(args) -> int:
 
     from hybridgnn.config import parse_fanouts
     from hybridgnn.errors import ConfigError
-    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.checkpoint import load_failure, save_model
 
     model = _factory(args.factory)()
     if not isinstance(model, torch.nn.Module):
@@ -69,8 +69,7 @@ def run_export(args) -> int:
     try:
         state = torch.load(args.weights, map_location="cpu", weights_only=True)
     except Exception as exc:  # unpickling errors come in several types; say only the cause
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"cannot load {args.weights} (tensors only, weights_only=True): {first}") from exc
+        raise ConfigError(f"cannot load {args.weights} (tensors only, weights_only=True): {load_failure(exc)}") from exc
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # a training checkpoint that wraps it
     try:

@@ -243,8 +243,22 @@ def _torch_load(path: Path, map_location):
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # unpickling errors come in several types; say only the cause
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"cannot load {path} (tensors only, weights_only=True): {first}") from exc
+        raise CheckpointError(f"cannot load {path} (tensors only, weights_only=True): {load_failure(exc)}") from exc
+
+
+def load_failure(exc: BaseException) -> str:
+    """One line saying why torch.load(weights_only=True) failed. For a file holding more
+    than tensors, torch's first line advises loading it with weights_only=False (running
+    its code); say what it holds instead (the line naming the refused global)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith("Weights only load failed"):
+        # "WeightsUnpickler error: Unsupported global: GLOBAL x ..." or "Trying to load unsupported GLOBAL x ..."
+        cause = next((line for line in lines[1:] if "GLOBAL" in line), "")
+        cause = cause.removeprefix("WeightsUnpickler error:").strip().split(". ")[0].rstrip(".")
+        return "it holds objects other than tensors, which are never unpickled" + (f" ({cause})" if cause else "")
+    return lines[0]
 
 
 def _load_state(model: nn.Module, state, root: Path) -> None:

@@ -141,3 +141,18 @@ def test_gcn_with_another_aggregation_is_refused_naming_it(tmp_path):
 
     with pytest.raises(UnsupportedModel, match="GCN with aggr='mean' is not supported"):
         save_model(GCN(F, 8, 2, 3, aggr="mean"), tmp_path / "m")
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("payload ran",))
+
+
+def test_a_pickle_payload_is_refused_naming_what_it_holds_not_advising_weights_only_false(model_dir, capsys):
+    # torch's first line advised re-running torch.load with weights_only=False, and the
+    # refused global was dropped.
+    torch.save({"convs.0.lin_l.weight": _Payload()}, model_dir / "model.pt")
+    with pytest.raises(CheckpointError, match=r"objects other than tensors.*GLOBAL .*print") as info:
+        load_model(model_dir)
+    assert "weights_only` set to `False`" not in str(info.value) and "\n" not in str(info.value)
+    assert "payload ran" not in capsys.readouterr().out
