@@ -155,11 +155,15 @@ def split_layer(conv, index: int):
         return SageSplit(conv)
     if type(conv) is GCNConv:
         return GcnSplit(conv)
-    if type(conv) is GATConv and conv.edge_dim is None:
+    # GAT's merge sums the softmax-weighted messages (and GCN's its normalised ones): another
+    # aggregation (GAT(aggr="mean") is servable on one process) has no merge here
+    summed = conv.aggr in ("add", "sum") if isinstance(conv.aggr, str) else False
+    if type(conv) is GATConv and conv.edge_dim is None and summed:
         return GatSplit(conv)
-    detail = f" with aggr={conv.aggr!r}" if type(conv) is SAGEConv else ""
+    detail = f" with aggr={conv.aggr!r}" if type(conv) in (SAGEConv, GATConv) else ""
     raise ConfigError(f"layer {index} ({kind}{detail}) has no merge function for partitioned serving "
-                      "(supported: SAGEConv mean/sum/max, GCNConv, GATConv); serve it without --partitions")
+                      "(supported: SAGEConv mean/sum/max, GCNConv, GATConv with its sum); serve it without "
+                      "--partitions")
 
 
 def split_model(model) -> list:

@@ -103,3 +103,6 @@ def test_layers_without_a_merge_function_are_refused_in_one_line():
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="aggr='std'"):
         split_layer(SAGEConv(4, 4, aggr="std"), 0)
+    # GAT's merge sums its softmax-weighted messages: a mean of them (servable on one process) has none
+    with pytest.raises(ConfigError, match=r"GATConv with aggr='mean'"):
+        split_layer(GATConv(4, 4, heads=2, aggr="mean"), 0)
