@@ -136,6 +136,10 @@ def _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_chec
         root.mkdir(parents=True, exist_ok=True)
         state = starting_state(root, model.num_layers, dims, cfg, model_dir)
         partition = None if state.get("complete") else compute_partition(graph, method, world, root)
+        if not state.get("complete"):
+            # before any layer file is rewritten: a complete store made with other settings
+            # is no longer served, and a run that fails leaves no store marked complete
+            write_state(root, state)
         plan_msg = [{"state": state}]
     dist.broadcast_object_list(plan_msg, src=0)
     state = plan_msg[0]["state"]

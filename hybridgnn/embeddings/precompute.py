@@ -288,6 +288,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     state = starting_state(root, model.num_layers, dims, cfg, model_dir)
     if state.get("complete"):
         return EmbeddingStore.open(model_dir, graph.fingerprint)
+    write_state(root, state)  # before a layer file is rewritten: an old complete store is no longer served
     order = node_order(graph, cfg.order)
     norm_degree, has_loop = gcn_degrees(graph) if model.gcn_normalised else (None, None)
     scratch = np.full(graph.num_nodes, -1, dtype=np.int64)

@@ -185,3 +185,34 @@ def test_the_same_command_runs_under_torchrun(tmp_path, graph_dir):
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout)["ranks"] == 2  # rank 0 reports; rank 1 says nothing
     assert_equal_stores(expected, EmbeddingStore.open(dist, graph.fingerprint))
+
+
+def test_a_rerun_that_rewrites_a_complete_store_unmarks_it_before_touching_a_layer(tmp_path, graph_dir, monkeypatch):
+    """A complete store recomputed with other settings (here float16) is no longer served
+    from the moment its layer files are rewritten: a rank failing in the first layer left
+    the old state.json saying complete over a half-written layer_1.npy."""
+    from hybridgnn.distributed import driver
+    from hybridgnn.runtime.ranks import free_port
+
+    torch.manual_seed(4)
+    path = tmp_path / "m"
+    save_checkpoint(GNN(ModelSpec("sage", 12, 8, 4, num_layers=2)).eval(), path)
+    graph = GraphStore.open(graph_dir)
+    precompute(graph, load_checkpoint(path)[0], path, PrecomputeConfig(dtype="float32"), progress=False)
+    assert EmbeddingStore.open(path, graph.fingerprint) is not None
+
+    opened = []
+
+    def failing_open(layer_path, *args):
+        opened.append(json.loads((layer_path.parent / "state.json").read_text()))
+        raise RuntimeError("rank failed in its first layer")
+
+    monkeypatch.setattr(driver, "_open_layer", failing_open)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RuntimeError, match="first layer"):
+        driver.run_rank(graph_dir, path, PrecomputeConfig(dtype="float16"),
+                        driver.DistributedConfig(partition="ranges", timeout_s=60), progress=False)
+    assert opened and not opened[0].get("complete") and opened[0]["dtype"] == "float16"
+    assert EmbeddingStore.open(path, graph.fingerprint) is None

@@ -84,6 +84,31 @@ def test_resume_after_interruption(skewed_graph, tmp_path, monkeypatch):
     np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
 
 
+def test_a_rerun_with_other_settings_that_dies_in_its_first_batch_leaves_no_complete_store(skewed_graph, tmp_path,
+                                                                                          monkeypatch):
+    # state.json said complete (float32) until the first batch of the float16 rerun was
+    # done, while layer_1.npy had already been recreated empty: a rerun dying in between
+    # left a store of zeros that was served.
+    from hybridgnn.models.checkpoint import save_model
+
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    save_model(model, tmp_path / "m")
+    precompute(skewed_graph, model, tmp_path / "m", progress=False)
+
+    real = GNN.layer
+
+    def dies(self, *a, **kw):
+        if a[3] > 1:  # a batch, not the one-node shape probe
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(GNN, "layer", dies)
+    with pytest.raises(KeyboardInterrupt):
+        precompute(skewed_graph, model, tmp_path / "m", PrecomputeConfig(dtype="float16"), progress=False)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is None
+
+
 def test_a_model_saved_again_into_its_directory_gets_fresh_embeddings(skewed_graph, tmp_path):
     # The stored rows were keyed by the dataset alone: a model retrained and saved into the
     # same directory was served its predecessor's embeddings, and precompute kept them.
