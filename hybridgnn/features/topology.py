@@ -181,7 +181,13 @@ def peer_cliques(gpus: int, can_access) -> list[list[int]]:
         else:
             groups.append([d])
     size = min(len(g) for g in groups) if groups else 0
-    while size > 1 and gpus % size:
+
+    def all_peers(ids: list[int]) -> bool:
+        return all(can_access(a, b) for a in ids for b in ids if a != b)
+
+    # plans number a clique's GPUs consecutively (GPU g in clique g // size): every such
+    # range must be a real clique, or rows are dealt over GPUs that are not peers
+    while size > 1 and (gpus % size or not all(all_peers(list(range(i, i + size))) for i in range(0, gpus, size))):
         size -= 1
     return [list(range(i, i + size)) for i in range(0, gpus, size)] if size else []
 

@@ -106,6 +106,18 @@ def test_peer_cliques_from_peer_access():
     assert peer_cliques(3, lambda a, b: False) == [[0], [1], [2]]
 
 
+def test_peer_cliques_never_group_gpus_that_are_not_peers():
+    # cut to consecutive ranges, the groups were [0,1],[2,3] though GPU 0 reaches only 2 (and
+    # 2 of 8 uneven [0,1,2],[3..7] became [2,3]): rows were dealt across non-peers
+    def peers(*groups):
+        pairs = {(a, b) for g in groups for a in g for b in g}
+        return lambda a, b: (a, b) in pairs
+
+    assert peer_cliques(4, peers([0, 2], [1, 3])) == [[0], [1], [2], [3]]
+    assert peer_cliques(8, peers([0, 1, 2], [3, 4, 5, 6, 7])) == [[i] for i in range(8)]
+    assert peer_cliques(6, peers([0, 1, 2, 3], [4, 5])) == [[0, 1], [2, 3], [4, 5]]
+
+
 def test_snake_balances_fap_mass():
     fap = np.sort(np.random.default_rng(0).exponential(1.0, 1000))[::-1]
     mass = np.bincount(snake(1000, 4), weights=fap, minlength=4)
