@@ -21,6 +21,7 @@ be made and checked:
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,6 +80,14 @@ class Topology:
         unknown = set(self.links) - set(DEFAULT_LINKS)
         if unknown:
             raise ValueError(f"unknown links {sorted(unknown)}; known: {sorted(DEFAULT_LINKS)}")
+        for name, spec in self.links.items():
+            if not isinstance(spec, dict) or set(spec) - {"bandwidth_gbps", "latency_us"}:
+                raise ValueError(f"link {name} must be a mapping of bandwidth_gbps and latency_us, got {spec!r}")
+            for key, value in spec.items():
+                if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                        or value < 0 or (key == "bandwidth_gbps" and value == 0)):
+                    raise ValueError(f"link {name} {key} must be a finite number "
+                                     f"{'> 0' if key == 'bandwidth_gbps' else '>= 0'}, got {value!r}")
 
     @property
     def gpus_per_clique(self) -> int:

@@ -160,6 +160,12 @@ def test_fap_beats_hash_on_a_skewed_graph_with_nvlink(skewed_graph):
     ({"servers": True}, "servers must be a whole number"),
     ({"network": 3}, "network must be a string"),
     ({"links": []}, "links must be a mapping"),
+    ({"links": {"pcie": 5}}, "link pcie must be a mapping"),
+    ({"links": {"pcie": {"bw": 5}}}, "link pcie must be a mapping"),
+    ({"links": {"pcie": {"bandwidth_gbps": 0}}}, "bandwidth_gbps must be a finite number > 0"),
+    ({"links": {"disk": {"bandwidth_gbps": "x"}}}, "bandwidth_gbps must be a finite number"),
+    ({"links": {"nvlink": {"latency_us": -1}}}, "latency_us must be a finite number >= 0"),
+    ({"links": {"nvlink": {"latency_us": float("nan")}}}, "latency_us must be a finite number"),
 ])
 def test_topology_fields_of_the_wrong_type_are_named(tmp_path, fields, match):
     path = tmp_path / "t.json"
