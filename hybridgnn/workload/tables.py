@@ -84,8 +84,8 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
         raise ValueError(f"seed distribution must be one of {SEED_KINDS} or a request-log file; {kind!r} is neither")
     if path.name.endswith(".counts.npy"):  # per-node request counts, as `serve --seed-log` writes
         counts = np.asarray(np.load(path, allow_pickle=False), dtype=np.float64).reshape(-1)
-        if counts.shape != (n,) or (counts < 0).any() or counts.sum() <= 0:
-            raise ValueError(f"seed counts {path} must hold {n} non-negative counts, not all zero")
+        if counts.shape != (n,) or not np.isfinite(counts).all() or (counts < 0).any() or counts.sum() <= 0:
+            raise ValueError(f"seed counts {path} must hold {n} finite non-negative counts, not all zero")
         digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
         return counts / counts.sum(), f"log-{digest}"
     if path.suffix == ".npy":

@@ -186,3 +186,15 @@ def test_a_plan_that_is_not_one_is_refused_in_one_line(tmp_path):
     (saved / "tier.npy").write_bytes((saved / "tier.npy").read_bytes()[:60])
     with pytest.raises(ValueError, match=r"tier\.npy: not a readable \.npy file"):
         Plan.load(saved)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_request_counts_that_are_not_finite_are_refused(skewed_graph, tmp_path, bad):
+    # NaN counts passed the >= 0 and sum > 0 checks: FAP, and every tier's share, were NaN
+    from hybridgnn.workload.tables import seed_distribution
+
+    counts = np.ones(skewed_graph.num_nodes)
+    counts[3] = bad
+    np.save(tmp_path / "seeds.counts.npy", counts)
+    with pytest.raises(ValueError, match="finite non-negative counts"):
+        seed_distribution(skewed_graph, str(tmp_path / "seeds.counts.npy"))
