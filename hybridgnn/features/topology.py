@@ -65,6 +65,8 @@ class Topology:
     def __post_init__(self):
         if self.servers < 1:
             raise ValueError(f"servers must be >= 1, got {self.servers}")
+        if self.numa_nodes < 1:
+            raise ValueError(f"numa_nodes must be >= 1, got {self.numa_nodes}")
         if self.gpus_per_server < 0:
             raise ValueError(f"gpus_per_server must be >= 0, got {self.gpus_per_server}")
         if self.gpus_per_server and not (1 <= self.nvlink_cliques <= self.gpus_per_server
@@ -133,6 +135,9 @@ class Topology:
                                  f"got {values[key]!r}")
         for key in ("gpu_memory_bytes", "host_memory_bytes", "disk_bytes"):
             if key in values:
+                if isinstance(values[key], bool):  # an int to Python: `true` would be one byte
+                    raise ValueError(f"topology field {key} must be a size (bytes, or text such as 16G), "
+                                     f"got {values[key]!r}")
                 values[key] = parse_bytes(values[key] if isinstance(values[key], int) else str(values[key]))
         if "nvlink_cliques" not in values and values.get("gpus_per_server"):
             values["nvlink_cliques"] = values["gpus_per_server"]  # default: no NVLink

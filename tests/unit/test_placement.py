@@ -166,6 +166,8 @@ def test_fap_beats_hash_on_a_skewed_graph_with_nvlink(skewed_graph):
     ({"links": {"disk": {"bandwidth_gbps": "x"}}}, "bandwidth_gbps must be a finite number"),
     ({"links": {"nvlink": {"latency_us": -1}}}, "latency_us must be a finite number >= 0"),
     ({"links": {"nvlink": {"latency_us": float("nan")}}}, "latency_us must be a finite number"),
+    ({"gpu_memory_bytes": True}, "gpu_memory_bytes must be a size"),
+    ({"numa_nodes": 0}, "numa_nodes must be >= 1"),
 ])
 def test_topology_fields_of_the_wrong_type_are_named(tmp_path, fields, match):
     path = tmp_path / "t.json"
