@@ -43,6 +43,7 @@ def _distributed(args) -> int:
     import torch
 
     from hybridgnn.distributed.driver import DistributedConfig, run_rank
+    from hybridgnn.errors import ConfigError
     from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PEER_LOST
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
@@ -58,7 +59,8 @@ def _distributed(args) -> int:
         where = os.environ.get(ERROR_FILE_ENV)
         if where:  # started by --nprocs: the launcher says one line for the run
             Path(where).write_text((PEER_LOST if lost else "") + line[:500])
-            return 1
+            # 2: the input's fault (a setting, the data), which running again will not mend
+            return 2 if isinstance(exc, (ConfigError, ValueError)) and not lost else 1
         raise
     if report is not None:
         print(json.dumps(report, indent=2))

@@ -92,10 +92,12 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
                 return 1
             if failed:
                 rank, code = _culprit(failed, errors)
+                # a rank exits 2 on a fault of the input (a setting, the data): running again will not mend it
+                advice = ("fix that and run the command again" if code == 2 else
+                          "run the same command again to resume from its last finished layer")
                 print(f"hybridgnn precompute: rank {rank} of {world} {_why(code, errors[rank])}; the other ranks "
-                      "were stopped and the store is not complete; run the same command again to resume "
-                      "from its last finished layer", file=sys.stderr)
-                return 1
+                      f"were stopped and the store is not complete; {advice}", file=sys.stderr)
+                return 2 if code == 2 else 1
             return 0
         finally:
             for s, handler in previous.items():

@@ -160,10 +160,11 @@ def test_a_rank_that_fails_by_itself_is_named_with_its_error(tmp_path, graph_dir
     model = GNN(ModelSpec("sage", 7, 8, 4, num_layers=2)).eval()  # 7-dim input; the graph has 12
     save_checkpoint(model, tmp_path / "m")
     run = precompute_cli(graph_dir, tmp_path / "m", "--nprocs", "2")
-    assert run.returncode == 1
+    assert run.returncode == 2  # the input's fault: running again would not mend it, and the line says so
     lines = [line for line in run.stderr.splitlines() if line.startswith("hybridgnn precompute:")]
-    assert len(lines) == 1 and "exited with code 1: model expects 7-dim features, dataset has 12" in lines[0], \
+    assert len(lines) == 1 and "exited with code 2: model expects 7-dim features, dataset has 12" in lines[0], \
         run.stderr[-2000:]
+    assert "fix that and run the command again" in lines[0] and "resume" not in lines[0]
 
 
 def test_bad_flags_are_one_line(tmp_path, graph_dir):
