@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import http.client
 import logging
+import ctypes
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,6 +138,45 @@ def http_ready(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def child_setup(cores: set[int] | None = None):
+    """preexec_fn for a replica or the balancer: pin it to `cores` (if any) and have the
+    kernel send it SIGTERM when the supervisor dies (Linux), so a supervisor killed with
+    -9 leaves no replica or balancer holding its port; one whose supervisor is already
+    gone exits at once."""
+    libc = _libc()  # loaded here: the child only calls it
+    parent = os.getpid()
+
+    def setup() -> None:
+        if libc is not None and hasattr(libc, "prctl"):
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # died before prctl took hold
+                os._exit(1)
+        if cores:
+            os.sched_setaffinity(0, cores)
+    return setup
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on host:port (a bind as a server would make it fails)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 RESTART_BACKOFF_MAX_S = 30.0
 STABLE_UPTIME_S = 60.0  # up this long, a replica's earlier crashes no longer lengthen its backoff
 
@@ -188,6 +229,12 @@ class LocalCluster:
 
     def start(self) -> None:
         cfg = self.cfg
+        # Anything already on these ports (say, an earlier cluster's replica) would answer the
+        # readiness checks in place of this cluster's own processes.
+        for port in (cfg.port, *range(cfg.base_port, cfg.base_port + cfg.replicas)):
+            if port_in_use(cfg.host, port):
+                raise RuntimeError(f"port {port} on {cfg.host} is in use (a replica or balancer of another "
+                                   "cluster still running?)")
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in cfg.run_dir.glob("replica-*.*"):
             stale.unlink()
@@ -198,7 +245,7 @@ class LocalCluster:
         self._wait_replicas_ready()
         with open(cfg.run_dir / f"{cfg.balancer}.log", "wb") as logf:
             self.balancer = subprocess.Popen(balancer_command(cfg.balancer, config), stdout=logf,
-                                             stderr=subprocess.STDOUT)
+                                             stderr=subprocess.STDOUT, preexec_fn=child_setup())
         self._wait(lambda: http_ready(self.url), "the balancer to route to a ready replica", self.balancer)
         (cfg.run_dir / "ready").write_text(self.url + "\n")
         log.info("cluster ready: %s -> %s (%s)", self.url, ", ".join(cfg.backends), cfg.balancer)
@@ -209,10 +256,9 @@ class LocalCluster:
         cmd = [sys.executable, "-m", "hybridgnn.cli.main", "serve", *cfg.replica_serve_args(i),
                "--host", cfg.host, "--port", str(cfg.base_port + i)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        cores = cfg.replica_cores(i)
-        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+        setup = child_setup(cfg.replica_cores(i))
         with open(cfg.run_dir / f"replica-{i}.log", "ab") as logf:  # the child keeps its own descriptor
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, preexec_fn=setup)
         # written whole and renamed: a reader polling it never sees it empty (a restart rewrites it)
         pid_file = cfg.run_dir / f"replica-{i}.pid"
         tmp = pid_file.with_suffix(".pid.tmp")
