@@ -59,6 +59,8 @@ class ClusterConfig:
         if self.port in range(self.base_port, self.base_port + self.replicas):
             raise ValueError(f"balancer port {self.port} collides with replica ports "
                              f"{self.base_port}..{self.base_port + self.replicas - 1}")
+        if not self.ready_timeout_s > 0:
+            raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
         if not self.restart_backoff_s > 0:
             raise ValueError(f"restart_backoff_s must be > 0, got {self.restart_backoff_s}")
         for flag in ("--port", "--host"):

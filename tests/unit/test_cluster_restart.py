@@ -74,3 +74,9 @@ def test_a_stop_while_replicas_start_ends_the_wait_at_once_and_exits_0(tmp_path,
     t0 = time.monotonic()
     assert cluster.run_until_signal() == 0
     assert time.monotonic() - t0 < 5 and stopped == [True]
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, float("nan")])
+def test_a_ready_timeout_that_is_not_positive_is_refused_before_anything_starts(timeout_s):
+    with pytest.raises(ValueError, match="ready_timeout_s must be > 0"):
+        ClusterConfig(ready_timeout_s=timeout_s)
