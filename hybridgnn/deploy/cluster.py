@@ -8,9 +8,9 @@ signal drains the replicas (SIGTERM), then stops the balancer.
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import logging
-import ctypes
 import os
 import shutil
 import signal
