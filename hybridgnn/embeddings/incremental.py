@@ -34,7 +34,6 @@ from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 from hybridgnn.embeddings.kernels import mark_unique, spread_rows
 from hybridgnn.embeddings.precompute import block_from_rows
 from hybridgnn.embeddings.store import hidden_rows
-from hybridgnn.errors import RemovedNode
 from hybridgnn.graph.dynamic import AppliedUpdate, DynamicGraph, UpdateBatch
 from hybridgnn.graph.journal import Journal, fault_point, maybe
 from hybridgnn.models.decompose import decompose
@@ -448,9 +447,7 @@ class IncrementalEmbeddings:
     def _rows(self, node_ids: np.ndarray, with_embeddings: bool) -> tuple[np.ndarray, np.ndarray]:
         # Checked again here, under the read lock: a lookup checked at decode may have waited
         # for a batch that removed its node (whose rows are now zeros, not an answer).
-        dead = node_ids[~self.graph.alive[node_ids]]
-        if len(dead):
-            raise RemovedNode.among(dead)
+        self.graph.check_alive(node_ids)
         logits = np.array(self.final[node_ids], dtype=np.float32)
         if not with_embeddings:
             return logits, np.empty((len(node_ids), 0), np.float32)

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hybridgnn.errors import (
+    RemovedNode,
     UpdateError,  # an update batch that cannot apply; nothing of it was applied
 )
 from hybridgnn.graph.csr import gather_rows
@@ -334,6 +335,13 @@ class DynamicGraph:
         out[base] = self.base.features[nodes[base]]
         out[~base] = self.feat_pool[s[~base]]
         return out
+
+    def check_alive(self, node_ids: np.ndarray) -> None:
+        """RemovedNode when node_ids (valid ids) name a node an update removed; read under
+        the lock for an answer about one version."""
+        dead = node_ids[~self.alive[node_ids]]
+        if len(dead):
+            raise RemovedNode.among(dead)
 
     def has_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Whether each (src, dst) edge is present now."""

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from hybridgnn.config import ServeConfig
-from hybridgnn.errors import RemovedNode
 from hybridgnn.models.gnn import embedding_width
 from hybridgnn.pipelines.pool import Pipeline
 from hybridgnn.runtime.resources import Resources
@@ -230,11 +229,8 @@ class Engine(Admitting, SampledInference):
     # --- beside the pipelines (graph_requests.py) ------------------------------------
     def check_alive(self, node_ids: np.ndarray) -> None:
         """Raise RemovedNode when a request names a node that a graph update removed."""
-        dynamic = self._dynamic
-        if dynamic is not None:
-            dead = node_ids[~dynamic.alive[node_ids]]
-            if len(dead):
-                raise RemovedNode.among(dead)
+        if self._dynamic is not None:
+            self._dynamic.check_alive(node_ids)
 
     def local_lookup_spec(self) -> dict | None:
         """Front-end processes may answer this engine's precomputed lookups from its stored
