@@ -291,11 +291,13 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
 
 
 def _shared_rates(devices, slo_s: float, seed_psgs, limits: dict, rates: dict, batching_wait_s: float, load,
-                  tail: bool, steps: int = 11):
+                  tail: bool, steps: int = 21):
     """Rates of both lanes on one GPU (scheduler/queueing.SharedDeviceSimulator): the GPU
     lane at a share f of the rate it fits alone, the CPU lane at the most that then fits
     with both lanes' p99 within the SLO; the f whose total is largest (ties: more on the
-    GPU). Returns (rates, p99s)."""
+    GPU). f runs down from 1 in steps, with 0.99 and 0.98 beside: the GPU lane's own rate
+    leaves only its headroom, so the CPU lane's room opens just below it. Returns (rates,
+    p99s)."""
     from hybridgnn.scheduler.queueing import SharedDeviceSimulator
 
     host, device = devices["cpu"].split_models(tail)
@@ -304,7 +306,7 @@ def _shared_rates(devices, slo_s: float, seed_psgs, limits: dict, rates: dict, b
     gpu_alone = rates.get("gpu", 0.0)
     hi = max(rates.get("cpu", 0.0), gpu_alone, 1.0) * 2
     best = (-1.0, 0.0, 0.0, math.inf)
-    for f in np.linspace(1.0, 0.0, steps):
+    for f in np.unique(np.concatenate([np.linspace(0.0, 1.0, steps), [0.98, 0.99]]))[::-1]:
         r_gpu = float(f) * gpu_alone
         r_cpu, p99 = sim.max_cpu_rate(slo_s, max(limits["cpu"], 1e-9), r_gpu, limits["gpu"], hi)
         if p99 > slo_s:
