@@ -99,6 +99,13 @@ def test_new_nodes_with_neighbours_by_relation(engine):
     assert req.query.mode == "srpe" and req.query.k == 2 and "topk_ids" in req.outputs
     isolated = decode(engine, feats([[1.0, 2.0, 3.0]]), node_type="item")
     assert isolated.query.edges == {}
+    # empty neighbour lists are isolated nodes too, whichever way the relation is given
+    # (an empty edge_type input was served so, a parameters.edge_type was a 400)
+    for relation in ({"edge_type": "user__rates__item"}, {}):
+        empty = [ids("edge_type", [], "BYTES")] if not relation else []
+        req = decode(engine, feats([[1.0, 2.0, 3.0]]), ids("neighbor_ids", []), *empty, node_type="item",
+                     **relation)
+        assert req.query.edges == {}
 
 
 @pytest.mark.parametrize("inputs, params, words", [

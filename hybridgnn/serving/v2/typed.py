@@ -285,6 +285,8 @@ def _new_node_edges(tensors: dict, params: dict, graph, node_type: str, q: int) 
     for j, r in enumerate(relations):
         e = kinds[r]
         at = np.flatnonzero(which == j)
+        if at.size == 0:  # an empty neighbour list: isolated query nodes, however the relation is given
+            continue
         other = e[2] if e[0] == node_type else e[0]
         ids = _ids("neighbor_ids", neighbors[at], graph, other)
         query = n_q + index[at].astype(np.int64)
