@@ -348,7 +348,8 @@ class LocalCluster:
                 proc.wait()
         self.reap(stopping=True)
         if self.balancer is not None and self.balancer.poll() is None:
-            # haproxy -db and nginx (daemon off) both stop gracefully on SIGTERM/SIGQUIT.
+            # SIGTERM is a hard stop for both (haproxy -db, nginx daemon off); nothing is in
+            # flight through the balancer once every replica behind it has drained and exited.
             self.balancer.send_signal(signal.SIGTERM)
             try:
                 self.balancer.wait(10)
