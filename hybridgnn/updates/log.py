@@ -16,6 +16,8 @@ is never replayed against another.
 from __future__ import annotations
 
 import abc
+import collections
+import itertools
 import sqlite3
 import threading
 import time
@@ -62,31 +64,45 @@ class UpdateLog(abc.ABC):
 
 
 class MemoryLog(UpdateLog):
-    """--update-log off: the same order and answers, kept in this process only."""
+    """--update-log off: the same order and answers, kept in this process only. Entries
+    its one reader has read past are dropped, unless `keep_all` (a partitioned group
+    replays the whole log into its ranks whenever it is formed)."""
 
     durable = False
 
-    def __init__(self):
+    def __init__(self, keep_all: bool = False):
         self.url = "off"
         self.log_id = f"memory-{uuid.uuid4().hex}"
-        self._entries: list[LogEntry] = []
+        self.keep_all = keep_all
+        self._entries: collections.deque[LogEntry] = collections.deque()
+        self._head = 0
         self._cond = threading.Condition()
 
     def append(self, body: bytes) -> int:
         with self._cond:
-            entry = LogEntry(len(self._entries) + 1, time.time(), body)
-            self._entries.append(entry)
+            self._head += 1
+            self._entries.append(LogEntry(self._head, time.time(), body))
             self._cond.notify_all()
-            return entry.position
+            return self._head
 
     def read(self, after: int, limit: int, block_s: float = 0.0) -> list[LogEntry]:
         with self._cond:
-            if len(self._entries) <= after and block_s > 0:
+            if not self.keep_all:  # the reader has applied everything up to `after`
+                while self._entries and self._entries[0].position <= after:
+                    self._entries.popleft()
+            first = self._entries[0].position if self._entries else self._head + 1
+            if after + 1 < first:
+                raise LookupError(f"entries {after + 1}..{first - 1} of the in-memory update log were dropped "
+                                  "once read")
+            if self._head <= after and block_s > 0:
                 self._cond.wait(block_s)
-            return self._entries[after:after + limit]
+            return list(itertools.islice(self._entries, after + 1 - first, after + 1 - first + limit))
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def head(self) -> int:
-        return len(self._entries)
+        return self._head
 
 
 class SqliteLog(UpdateLog):
@@ -218,11 +234,13 @@ def logged_updates(url: str | None, dataset_dir: Path) -> int:
     return int(row[0] or 0)
 
 
-def open_update_log(url: str | None, dataset_dir: Path, dataset_fingerprint: str) -> UpdateLog:
-    """The log a server with updates on appends to and follows."""
+def open_update_log(url: str | None, dataset_dir: Path, dataset_fingerprint: str,
+                    replayed: bool = False) -> UpdateLog:
+    """The log a server with updates on appends to and follows (replayed: read again from
+    the start whenever a partitioned group is formed, so an in-memory log keeps it all)."""
     url = parse_log_url(url, dataset_dir)
     if url == "off":
-        return MemoryLog()
+        return MemoryLog(keep_all=replayed)
     if url.startswith("redis://"):
         from hybridgnn.updates.redis_log import (
             RedisLog,  # redis-py only where a Redis log is used

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -381,3 +382,21 @@ def test_a_server_without_the_token_is_refused_where_the_log_holds_acknowledged_
                                           updates=UpdateConfig(token="long-enough-token")))
     (tmp_path / "other.sqlite").write_text("not a database")
     assert logged_updates(str(tmp_path / "other.sqlite"), tmp_path) == 0
+
+
+def test_an_in_memory_log_drops_what_its_reader_applied_unless_it_is_replayed():
+    log, kept = MemoryLog(), MemoryLog(keep_all=True)
+    for m in (log, kept):
+        for i in range(5):
+            m.append(b"e%d" % i)
+    assert [e.position for e in log.read(0, 2)] == [1, 2] and len(log) == 5
+    assert [e.body for e in log.read(2, 10)] == [b"e2", b"e3", b"e4"] and len(log) == 3
+    assert log.read(5, 10) == [] and len(log) == 0 and log.head() == 5
+    assert log.append(b"e5") == 6 and [e.position for e in log.read(5, 10)] == [6]
+    with pytest.raises(LookupError, match="dropped"):
+        log.read(0, 10)
+    # a partitioned group reads the whole log again whenever it is formed
+    assert [e.position for e in kept.read(5, 10)] == [] and len(kept) == 5
+    assert [e.position for e in kept.read(0, 10)] == [1, 2, 3, 4, 5]
+    assert open_update_log("off", Path("."), "abc", replayed=True).keep_all
+    assert not open_update_log("off", Path("."), "abc").keep_all

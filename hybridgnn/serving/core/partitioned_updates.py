@@ -111,7 +111,7 @@ class PartitionedUpdates:
 
     def __init__(self, cfg: ServeConfig, graph, stats: ServingStats):
         self.cfg, self.graph, self.stats = cfg, graph, stats
-        self.log = open_update_log(cfg.updates.log, graph.root, graph.fingerprint)
+        self.log = open_update_log(cfg.updates.log, graph.root, graph.fingerprint, replayed=True)
         self._names = graph.id_map  # the dataset's own names (added nodes' come from the log)
         self.view: RankGraph | None = None
         self.follower: Follower | None = None
