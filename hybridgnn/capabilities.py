@@ -1,4 +1,4 @@
-"""What this process can use, detected once (CUDA, uvloop, numba), and the gate on its
+"""What this process can use, detected once (CUDA, uvloop, cores), and the gate on its
 device calls that lets a CUDA graph capture run alone (DEVICE_GATE).
 
 HAS_CUDA is computed on first access, not at import: the CLI reads CPU_COUNT from here
@@ -13,7 +13,6 @@ import threading
 from collections.abc import Iterator
 
 HAS_UVLOOP: bool = importlib.util.find_spec("uvloop") is not None
-HAS_NUMBA: bool = importlib.util.find_spec("numba") is not None
 
 
 def allowed_cores() -> set[int]:
