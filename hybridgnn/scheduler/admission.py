@@ -140,10 +140,6 @@ class Lane:
         self._short_waits: collections.deque[float] = collections.deque(maxlen=CALIBRATION_SAMPLES)
         self._since_floor = 0
 
-    def cost_s(self, work: float) -> float:
-        """Predicted seconds of one batch of this much work (0 before any measurement)."""
-        return 0.0 if self._slope is None else self._a + self._slope * work
-
     def delay_s(self, extra: float = 0.0) -> float:
         """Seconds until work `extra` added now would be done, queued work first (the
         model's prediction, scaled by the calibration, and at least the floor)."""
@@ -344,9 +340,6 @@ class Admission:
                 "loop_lag_s": self.loop_lag.lag_s,
                 "slo": self.slo.describe() if self.slo is not None else None,
                 "lanes": {name: lane.describe() for name, lane in self.lanes.items()}}
-
-    def delays_s(self) -> dict[str, float]:
-        return {name: lane.delay_s() for name, lane in self.lanes.items()}
 
 
 def delay_bound_s(configured_s: float | None, slo_s: float | None, batching_wait_s: float,

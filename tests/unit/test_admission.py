@@ -40,7 +40,8 @@ def test_the_cost_fit_recovers_a_fixed_and_a_per_unit_cost():
     lane = Lane("sampled", servers=2, full_batch=1000)
     for work in [10, 50, 100, 400, 800, 1000] * 10:
         lane.observe(work, 0.002 + 1e-5 * work)  # 2 ms per batch + 10 µs per PSGS
-    assert lane.cost_s(1000) == pytest.approx(0.012, rel=1e-3)
+    fit = lane.describe()
+    assert fit["batch_cost_s"] + 1000 * fit["cost_per_work_s"] == pytest.approx(0.012, rel=1e-3)
     lane.add(3000)  # three full batches over two servers
     assert lane.delay_s() == pytest.approx((3 * 0.002 + 3000 * 1e-5) / 2, rel=1e-3)
 
