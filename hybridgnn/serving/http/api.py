@@ -13,7 +13,7 @@ import sys
 from collections.abc import Awaitable
 from urllib.parse import unquote
 
-from hybridgnn.errors import MethodNotAllowed, NotFound, PayloadTooLarge
+from hybridgnn.errors import MethodNotAllowed, NotFound
 from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.http.codec import HEADER_LENGTH, parse_infer, parse_update
 from hybridgnn.serving.http.lookups import HttpLookups, infer_reply
@@ -140,10 +140,6 @@ class Api:
 
     def _not_allowed(self, method: str, path: str, allow: str) -> Reply:
         return self.error_reply(MethodNotAllowed(f"method {method} not allowed on {path}", allow))
-
-    def body_too_large(self) -> Reply:
-        return self.error_reply(PayloadTooLarge(
-            f"request body too large (limit {self.engine.cfg.server.max_body_bytes} bytes)"))
 
     @property
     def draining(self) -> bool:
