@@ -104,11 +104,6 @@ class KeyedRows:
         self.values = values
         self._clear_patches()
 
-    def row_keys(self) -> np.ndarray:
-        """Every key with a non-empty row, sorted."""
-        keys = np.union1d(self.keys, self.patched)
-        return keys[self.rows(keys)[0] > 0]
-
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.keys, self.indptr, self.values, self.patched, self.patch_start,
