@@ -370,10 +370,6 @@ class Frontends:
         return {i: {**(self.links[i].report if i in self.links else {}), "up": i in self.links,
                     "restarts": self.restarts[i]} for i in range(self.count)}
 
-    @property
-    def pids(self) -> list[int | None]:
-        return [p.pid if p is not None and p.returncode is None else None for p in self._procs]
-
     async def stop(self, timeout_s: float) -> None:
         """Close every front end (each answers what it accepted, for up to timeout_s), then
         the link's socket and the port."""
@@ -384,7 +380,7 @@ class Frontends:
         for link in list(self.links.values()):
             link.channel.send(wire.frame(wire.STOP, 0))
         if live:
-            _, late = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=timeout_s + 5)
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=timeout_s + 5)
             for p in live:
                 if p.returncode is None:
                     log.warning("front end pid %d did not exit in time; killing it", p.pid)
