@@ -23,7 +23,7 @@ import collections
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,7 +42,6 @@ from hybridgnn.types import (
 )
 
 log = logging.getLogger("hybridgnn.serving.core.engine")
-EXISTING_MODES = ("full", "precomputed")
 NEW_NODE_MODES = ("full", "pe", "srpe", "sampled")
 
 
@@ -52,7 +51,6 @@ class _Call:
     head: dict
     arrays: tuple
     future: asyncio.Future
-    enqueued_s: float = field(default_factory=time.perf_counter)
 
 
 class PartitionedEngine(Admitting):
