@@ -75,7 +75,6 @@ class Link:
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self._buf = bytearray()
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
