@@ -311,9 +311,6 @@ class CPUSampler:
     def _num_nodes(self) -> int:
         return self._graph.num_nodes
 
-    def reseed(self, seed: int) -> None:
-        self._state = _mix_seed(seed)
-
     def _arrays(self):
         if not self._dynamic:
             return self._indptr, self._indices, _NO_PATCH, _NO_PATCH, _NO_PATCH, self._indices[:0]

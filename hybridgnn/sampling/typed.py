@@ -78,9 +78,6 @@ class TypedCPUSampler:
         self._chosen = np.empty(max([1] + [max(v) for v in self.fanouts.values()]), np.int64)
         self._state = _mix_seed(seed)
 
-    def reseed(self, seed: int) -> None:
-        self._state = _mix_seed(seed)
-
     def sample(self, seeds: dict[str, np.ndarray]) -> TypedSampledSubgraph:
         seeds = check_seeds(seeds, self._num_nodes)
         nodes, count, seed_index = {}, {}, {}
