@@ -65,7 +65,6 @@ class UpdateReport:
     new_nodes: list[int]
     affected_per_layer: list[int]
     changed_per_layer: list[int]
-    layer_kinds: list[str]
     apply_s: float
     propagate_s: float
 
@@ -305,8 +304,7 @@ class IncrementalEmbeddings:
         t2 = time.perf_counter()
         return UpdateReport(version=self.graph.version, num_updates=batch.num_updates,
                             new_nodes=up.new_nodes.tolist(), affected_per_layer=affected,
-                            changed_per_layer=changed_counts, layer_kinds=list(self.kinds),
-                            apply_s=t1 - t0, propagate_s=t2 - t1)
+                            changed_per_layer=changed_counts, apply_s=t1 - t0, propagate_s=t2 - t1)
 
     def _old_gcn_degree(self, i: int, up: AppliedUpdate) -> np.ndarray:
         """GCN degree before the batch of the nodes whose rows changed."""
