@@ -6,7 +6,8 @@ and only these, to their status. Anything else raised while answering is a bug: 
 The table (class: status):
     BadRequest 400 (UpdateError 400), Unauthorized 401, Forbidden 403, NotFound 404
     (RemovedNode 404), MethodNotAllowed 405 (+ Allow), Conflict 409, PayloadTooLarge 413,
-    Overloaded 429 (+ Retry-After), BatchFailed 500, Draining 503 (+ Retry-After);
+    Overloaded 429 (+ Retry-After), BatchFailed 500, Draining 503 and
+    ServiceUnavailable 503 (both + Retry-After);
     any other exception: 500 {"error": "internal server error", "request_id": ...}.
 Code that finds an input bad raises the fitting class where it finds it; nothing maps
 LookupError or ValueError to a 4xx (those are bugs, and answer 500).
