@@ -1,12 +1,13 @@
 """One graph in host memory, shared by CPU workers and GPU kernels (UVA zero-copy).
 
-`pin_in_place` registers an existing host buffer (the dataset's mmap'd arrays) with
-cudaHostRegister, so the pages are locked and mapped into the GPU's address space;
-with unified virtual addressing the device pointer equals the host pointer, and
+`HostRegistration.register` registers an existing host buffer (the dataset's mmap'd
+arrays) with cudaHostRegister, so the pages are locked and mapped into the GPU's address
+space; with unified virtual addressing the device pointer equals the host pointer, and
 `uva_view` wraps it as a CUDA tensor without copying. CPU samplers keep reading the
 same numpy arrays: the graph exists once. Where registration is refused (some kernels
-refuse read-only file mappings), `DeviceGraph` copies the array into one pinned
-allocation and the caller swaps its arrays for that copy (still one copy in memory).
+refuse read-only file mappings), `DeviceGraph.host_visible` copies the array once into a
+pinned allocation that the device reads instead (the CPU side keeps reading the original,
+so that array is then held twice).
 
 `DeviceGraph` gives the GPU sampler its CSR tensors for a placement:
     uva  topology stays in pinned host memory, read zero-copy by the kernels

@@ -2,11 +2,13 @@
 type into a node type combined by a cross-type aggregation, a per-type activation between
 layers and optional per-type linear heads (HeteroGNN).
 
-PyG users build these with `to_hetero(BasicGNN, metadata, aggr)` or with `HeteroConv`
-layers; `from_pyg` reads either back as a HeteroGNN description (JSON) plus a state_dict
-mapped onto it, so a model directory names an architecture and never code. Whatever
-`from_pyg` cannot read exactly (other convolutions, norms, jumping knowledge) is refused
-in one line; what it reads is confirmed against the model's own forward (hetero_golden).
+PyG users build these with `to_hetero(BasicGNN, metadata, aggr)` (or of their own
+module) or with `HeteroConv` layers; `candidates_from_pyg` reads either back as HeteroGNN
+descriptions (JSON; one per option the modules do not record, such as to_hetero's
+cross-type aggregation) plus a state_dict mapped onto them, so a model directory names an
+architecture and never code. Whatever it cannot read exactly (other convolutions, norms,
+jumping knowledge) is refused in one line; saving keeps the description that reproduces
+the model's own forward on a generated graph (hetero_checkpoint.py).
 """
 
 from __future__ import annotations
