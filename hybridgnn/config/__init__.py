@@ -2,7 +2,7 @@
 
 Each checks its values in __post_init__ and quotes the bad value in the error, so a
 wrong flag fails at start-up with a message rather than deep inside a worker.
-Units are in the names (_s seconds, _bytes bytes).
+Units are in the names (_s seconds, _us microseconds, _bytes bytes).
 """
 
 from __future__ import annotations
@@ -248,14 +248,14 @@ class ServerConfig:
     # what the process's descriptor limit leaves room for).
     max_connections: int = setting(10_000, "open connections beyond this get 503 + Retry-After (capped by the "
                                    "descriptor limit)")
-    # The event loop answers at most this many requests per turn; the rest wait, in
-    # arrival order, for later turns, so completions and timers are never starved by a
-    # flood of new requests (see serving/http/turns.py).
     # Front-end processes around the one engine (None: auto, serving.frontends.frontends_for): with more than
     # one, each serves HTTP on the port and the engine's process serves none itself.
     frontends: int | None = setting(None, "front-end processes serving HTTP around the one engine: a number, or "
                                     "auto (one per 4 cores, at most 8; 1 on a 2-core machine: HTTP in the engine's "
                                     "own process)", parse=parse_frontends)
+    # The event loop answers at most this many requests per turn; the rest wait, in
+    # arrival order, for later turns, so completions and timers are never starved by a
+    # flood of new requests (see serving/http/turns.py).
     answers_per_turn: int = setting(64, "requests the event loop answers per turn of the loop; more wait for the "
                                     "next turn, so answers to admitted requests are not starved by new ones")
 
