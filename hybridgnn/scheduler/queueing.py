@@ -337,7 +337,7 @@ class SharedDeviceSimulator:
             self.wait, stretch, load.service_scale, self.shared)
         extra = load.frontend_cpu_s + loop_wait
         return {lane: (finish - arrivals[lane] + extra)[self.warmup:]
-                for lane, finish in zip(("cpu", "gpu"), done) if rates[lane] > 0}
+                for lane, finish in zip(("cpu", "gpu"), done, strict=True) if rates[lane] > 0}
 
     def p99(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float) -> float:
         """p99 over every request of both lanes (what clients see)."""
