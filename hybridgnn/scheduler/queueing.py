@@ -305,6 +305,8 @@ class SharedDeviceSimulator:
         self.cpu_host, self.cpu_device, self.gpu = cpu_host, cpu_device, gpu
         self.load, self.wait, self.shared = load, float(batching_wait_s), shared
         self.slots = int(slots)  # a CPU worker's batches past the hand-off (its staging slots)
+        if self.slots < 1:
+            raise ValueError(f"a split worker needs at least one staging slot, got {slots}")
         k = max(1, round(load.request_seeds))
         self._draws = {}
         for j, lane in enumerate(("cpu", "gpu")):
@@ -391,21 +393,24 @@ _NONE = np.empty(0)  # a lane offered no requests
 
 
 @numba.njit(cache=True)
-def _next_start(arrivals, cum, i, bound, free, slots, wait) -> float:
-    """When a lane's next batch starts, given its workers' known free times (free, and
-    slots for a split lane; inf: busy until a time not known yet); NaN when a worker (or
-    a staging slot) has no known free time, or no request is left."""
+def _next_start(arrivals, cum, i, bound, ready, wait) -> float:
+    """When a lane's next batch starts, its earliest worker (and staging slot) free at
+    `ready` (NaN: none has a known free time); NaN also when no request is left."""
     n = arrivals.shape[0]
-    if i >= n:
-        return math.nan
-    ready = free.min()
-    if slots.shape[0] > 0:
-        ready = max(ready, slots.min())
-    if ready == math.inf:
+    if i >= n or ready != ready:
         return math.nan
     full_at = i + 1 + np.searchsorted(cum[i + 1:], cum[i] + bound, side="left")
     t_full = arrivals[min(full_at - 1, n - 1)] if full_at <= n else math.inf
     return max(ready, min(arrivals[i] + wait, t_full))
+
+
+@numba.njit(cache=True)
+def _ready(free, n_free, slots, n_slots, has_slots) -> float:
+    """When a lane's earliest worker (and, for a split lane, staging slot) is free: the
+    tops of their heaps; NaN when one heap is empty (all busy until a time not known yet)."""
+    if n_free == 0 or (has_slots and n_slots == 0):
+        return math.nan
+    return max(free[0], slots[0]) if has_slots else free[0]
 
 
 @numba.njit(cache=True)
@@ -416,51 +421,59 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
     """When each request of the CPU lane (index 0) and the GPU lane (1) is answered: the
     event loop SharedDeviceSimulator describes. Events run in (time, sequence) order: a
     lane's next batch start (one pending per lane, in `start_at`) and batches reaching
-    the device (a pool of the batches handed off and not yet on it)."""
+    the device (a binary heap of (time, sequence) over the batches handed off)."""
     arrivals = (arr_c, arr_g)
     cums = (cum_c, cum_g)
     ratios = (ratios_c, ratios_g)
     bounds = (bound_c, bound_g)
-    free = (np.zeros(max(1, workers_c)), np.zeros(max(1, workers_g)))
-    slots = (np.zeros(max(1, workers_c) * slots_per_worker), np.zeros(0))
     done = (np.empty(arr_c.shape[0]), np.empty(arr_g.shape[0]))
+    # min-heaps of each lane's known worker free times and the split lane's staging slots'
+    # (a busy worker, or a slot whose batch is not yet off the device, is out of its heap)
+    free = (np.zeros(max(1, workers_c)), np.zeros(max(1, workers_g)))
+    n_free = np.array([max(1, workers_c), max(1, workers_g)], dtype=np.int64)
+    slots = np.zeros(max(1, workers_c) * slots_per_worker)
+    n_slots = slots.shape[0]
     first = np.zeros(2, dtype=np.int64)
     batches = np.zeros(2, dtype=np.int64)
     start_at = np.full(2, math.inf)
     start_seq = np.zeros(2, dtype=np.int64)
     device_free = np.zeros(2)  # per lane's own device; entry 1 only when shared
-    cap = 64
-    ev_t, ev_seq = np.empty(cap), np.empty(cap, dtype=np.int64)
-    ev_lane, ev_first, ev_end = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64)
-    ev_psgs, ev_ratio = np.empty(cap), np.empty(cap)
-    pending = 0
+    most = arr_c.shape[0] + arr_g.shape[0]  # batches, at most one per request
+    heap_t, heap_seq, heap_batch = np.empty(most), np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64)
+    b_lane, b_first, b_end = np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64)
+    b_psgs, b_ratio = np.empty(most), np.empty(most)
+    pending = 0  # batches in the heap
+    made = 0  # batches formed
     seq = 0
     for lane in range(2):
-        start = _next_start(arrivals[lane], cums[lane], first[lane], bounds[lane], free[lane], slots[lane], wait)
+        ready = _ready(free[lane], n_free[lane], slots, n_slots, lane == 0)
+        start = _next_start(arrivals[lane], cums[lane], first[lane], bounds[lane], ready, wait)
         if start == start:
             start_at[lane], start_seq[lane] = start, seq
             seq += 1
     while True:
-        # the earliest event by (time, sequence): a start, or a batch reaching the device
-        lane, j = -1, -1
+        # the earliest event by (time, sequence): a start, or the batch atop the heap
+        lane = -1
         t, tseq = math.inf, 0
         for k in range(2):
             if start_at[k] < t or (start_at[k] == t and t < math.inf and start_seq[k] < tseq):
                 lane, t, tseq = k, start_at[k], start_seq[k]
-        for k in range(pending):
-            if ev_t[k] < t or (ev_t[k] == t and ev_seq[k] < tseq):
-                j, t, tseq = k, ev_t[k], ev_seq[k]
-        if j >= 0:
-            lane = ev_lane[j]
+        on_device = pending > 0 and (heap_t[0] < t or (heap_t[0] == t and heap_seq[0] < tseq))
+        if on_device:
+            t, j = heap_t[0], heap_batch[0]
+            pending -= 1
+            _heap_pop(heap_t, heap_seq, heap_batch, pending)
+            lane = b_lane[j]
         elif lane < 0:
             break
-        arr, cum = arrivals[lane], cums[lane]
-        if j < 0:  # the lane's batch starts on its earliest free worker
+        arr, cum, workers = arrivals[lane], cums[lane], free[lane]
+        if not on_device:  # the lane's batch starts on its earliest free worker
             start_at[lane] = math.inf
-            w = np.argmin(free[lane])
-            free[lane][w] = math.inf
-            if slots[lane].shape[0] > 0:
-                slots[lane][np.argmin(slots[lane])] = math.inf
+            n_free[lane] -= 1
+            _min_heap_pop(workers, n_free[lane])
+            if lane == 0:
+                n_slots -= 1
+                _min_heap_pop(slots, n_slots)
             i = first[lane]
             by_time = i + 1 + np.searchsorted(arr[i + 1:], t, side="right")
             by_bound = i + np.searchsorted(cum[i + 1:], cum[i] + bounds[lane], side="right")
@@ -472,22 +485,15 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
             at = t
             if lane == 0:  # the worker hands off after sampling and goes on
                 at = t + _interp_seconds(host_kx, host_ky, host_last, psgs) * ratio * stretch
-                free[lane][w] = at
-            if pending == cap:
-                cap *= 2
-                ev_t, ev_seq, ev_psgs, ev_ratio = _grow(ev_t, cap), _grow(ev_seq, cap), _grow(ev_psgs, cap), \
-                    _grow(ev_ratio, cap)
-                ev_lane, ev_first, ev_end = _grow(ev_lane, cap), _grow(ev_first, cap), _grow(ev_end, cap)
-            ev_t[pending], ev_seq[pending], ev_lane[pending] = at, seq, lane
-            ev_first[pending], ev_end[pending], ev_psgs[pending], ev_ratio[pending] = i, end, psgs, ratio
+                _min_heap_push(workers, n_free[lane], at)
+                n_free[lane] += 1
+            b_lane[made], b_first[made], b_end[made], b_psgs[made], b_ratio[made] = lane, i, end, psgs, ratio
+            _heap_push(heap_t, heap_seq, heap_batch, pending, at, seq, made)
             pending += 1
+            made += 1
             seq += 1
         else:  # a batch reaches the device
-            i, end, psgs, ratio = ev_first[j], ev_end[j], ev_psgs[j], ev_ratio[j]
-            pending -= 1
-            ev_t[j], ev_seq[j], ev_lane[j] = ev_t[pending], ev_seq[pending], ev_lane[pending]
-            ev_first[j], ev_end[j], ev_psgs[j], ev_ratio[j] = ev_first[pending], ev_end[pending], \
-                ev_psgs[pending], ev_ratio[pending]
+            i, end, psgs, ratio = b_first[j], b_end[j], b_psgs[j], b_ratio[j]
             which = 1 if shared else lane
             if lane == 0:
                 service = _interp_seconds(dev_kx, dev_ky, dev_last, psgs) * ratio * scale
@@ -502,10 +508,13 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
             finish = start + service
             done[lane][i:end] = finish
             if lane == 1:  # its worker waited for the device
-                free[lane][np.argmax(free[lane])] = finish
+                _min_heap_push(workers, n_free[lane], finish)
+                n_free[lane] += 1
             else:  # the batch's staging slot is free again
-                slots[lane][np.argmax(slots[lane])] = finish
-        start = _next_start(arr, cum, first[lane], bounds[lane], free[lane], slots[lane], wait)
+                _min_heap_push(slots, n_slots, finish)
+                n_slots += 1
+        ready = _ready(workers, n_free[lane], slots, n_slots, lane == 0)
+        start = _next_start(arr, cum, first[lane], bounds[lane], ready, wait)
         if start == start and start < start_at[lane]:
             start_at[lane], start_seq[lane] = start, seq
             seq += 1
@@ -513,7 +522,72 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
 
 
 @numba.njit(cache=True)
-def _grow(a, n):
-    out = np.empty(n, dtype=a.dtype)
-    out[:a.shape[0]] = a
-    return out
+def _min_heap_push(h, n, v) -> None:
+    """Add v to the min-heap h[:n]."""
+    h[n] = v
+    i = n
+    while i > 0:
+        up = (i - 1) // 2
+        if h[up] <= h[i]:
+            break
+        h[up], h[i] = h[i], h[up]
+        i = up
+
+
+@numba.njit(cache=True)
+def _min_heap_pop(h, n) -> None:
+    """Drop the least of a min-heap that then holds h[:n] (its last entry moves up top)."""
+    h[0] = h[n]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and h[child + 1] < h[child]:
+            child += 1
+        if h[i] <= h[child]:
+            break
+        h[i], h[child] = h[child], h[i]
+        i = child
+
+
+@numba.njit(cache=True)
+def _heap_before(ht, hs, a, b) -> bool:
+    return ht[a] < ht[b] or (ht[a] == ht[b] and hs[a] < hs[b])
+
+
+@numba.njit(cache=True)
+def _heap_swap(ht, hs, hb, a, b) -> None:
+    ht[a], ht[b] = ht[b], ht[a]
+    hs[a], hs[b] = hs[b], hs[a]
+    hb[a], hb[b] = hb[b], hb[a]
+
+
+@numba.njit(cache=True)
+def _heap_push(ht, hs, hb, n, t, s, b) -> None:
+    """Add (t, s) with payload b to the heap of n entries."""
+    ht[n], hs[n], hb[n] = t, s, b
+    i = n
+    while i > 0:
+        up = (i - 1) // 2
+        if not _heap_before(ht, hs, i, up):
+            break
+        _heap_swap(ht, hs, hb, i, up)
+        i = up
+
+
+@numba.njit(cache=True)
+def _heap_pop(ht, hs, hb, n) -> None:
+    """Drop the first entry of a heap that then holds n entries (its last moves up top)."""
+    ht[0], hs[0], hb[0] = ht[n], hs[n], hb[n]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _heap_before(ht, hs, child + 1, child):
+            child += 1
+        if not _heap_before(ht, hs, child, i):
+            break
+        _heap_swap(ht, hs, hb, i, child)
+        i = child
