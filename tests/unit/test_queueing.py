@@ -156,6 +156,8 @@ def test_a_split_worker_samples_ahead_only_as_far_as_its_staging_slots():
     # worker sample the next one meanwhile (the device, at 4 ms, is then the limit: 250/s)
     one, two = sim(1).p99(220.0, 1.0, 0.0, 1.0), sim(2).p99(220.0, 1.0, 0.0, 1.0)
     assert two < 0.2 and (one == math.inf or one > 5 * two)
+    with pytest.raises(ValueError, match="staging slot"):
+        sim(0)
 
 
 # The event loops as first written in Python (one step per batch and per event), kept as
