@@ -284,6 +284,8 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
         threshold = min(cross, limits["cpu"]) if limits["cpu"] > 0 else 0.0
         if limits["gpu"] <= 0:
             threshold = math.inf
+        if threshold == 0:  # the router sends the CPU only what spills from a saturated GPU
+            rates["cpu"] = 0.0
     else:
         threshold = math.inf if "cpu" in devices else 0.0
     seeds = sum(rates.values()) * max(1, round(load.request_seeds))

@@ -391,3 +391,16 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
     edges = np.asarray(prof.data["bin_edges"])
     xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
     asyncio.run(background())
+
+
+def test_slo_choice_counts_no_cpu_rate_where_the_gpu_takes_every_batch():
+    """The GPU's tail is below the CPU's at every PSGS, so the threshold is 0: the CPU
+    pipeline sees only what spills from a saturated GPU, and the prediction (which
+    bench/slo_batching offers load from) is the GPU's alone."""
+    cpu = DeviceCurves(curve(lambda x: 4e-3 + 1e-6 * x), curve(lambda x: 8e-3 + 2e-6 * x), 2, cores_used=2)
+    gpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-8 * x), curve(lambda x: 2e-3 + 2e-8 * x), 2)
+    load = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
+    both = choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.030, 10.0, lo=10, hi=1e5, load=load)
+    alone = choose_for_slo({"gpu": gpu}, 0.030, 10.0, lo=10, hi=1e5, load=load)
+    assert both.psgs_threshold == 0 and both.pipeline_limits["cpu"] > 0  # the CPU may still take spills
+    assert both.predicted_seeds_per_s == pytest.approx(alone.predicted_seeds_per_s)
