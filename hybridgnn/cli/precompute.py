@@ -93,11 +93,29 @@ def _hetero(args) -> int:
     return 0
 
 
+def check_device(device: str) -> None:
+    """--device in one line: a name torch parses, and a CUDA device this machine has."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"--device must be cpu or cuda[:i], got {device!r}") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:i], got {device!r}")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: no CUDA device is visible (torch.cuda.is_available() is False)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def run(args) -> int:
     from hybridgnn.graph.store import GraphStore, dataset_kind
 
     if dataset_kind(args.dataset) == "hetero":  # also under torchrun: refused in one line there
         return _hetero(args)
+    check_device(args.device)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _distributed(args)
     if args.nprocs < 1:

@@ -317,3 +317,25 @@ def test_rank_outside_torchrun_is_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main(["rank", "--dataset", "d", "--model", "m"]) == 2
     assert "RANK and WORLD_SIZE not set: start ranks with torchrun" in capsys.readouterr().err
+
+
+def test_precompute_device_mistakes_are_one_line(tmp_path, capsys, monkeypatch):
+    """--device cuda on a machine without CUDA, or a name torch does not parse, is one
+    line with exit 2 before anything runs (it was a traceback from model.to)."""
+    import torch
+
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m")]
+    assert main(argv + ["--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda: no CUDA device is visible" in err
+    assert main(argv + ["--device", "gpu0"]) == 2
+    assert "--device must be cpu or cuda[:i], got 'gpu0'" in capsys.readouterr().err
+    assert not (tmp_path / "m" / "embeddings").exists()
