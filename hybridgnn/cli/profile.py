@@ -49,6 +49,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from hybridgnn.cli.serve import (
+        check_cpu_compute_device,
         cpu_lane_split,
         gpu_pipeline_config,
         worker_processes,
@@ -70,6 +71,7 @@ def run(args) -> int:
         raise ValueError("give both --dataset and --model, or neither (to profile the demo)")
     # Every flag is checked before the demo is made (its first generation takes ~30 s).
     gpu = gpu_pipeline_config(args.device, args.gpu_workers)
+    check_cpu_compute_device(args.cpu_compute_device)
     split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, False)
     cpu = PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=args.workers, split=split,
                          processes=worker_processes(args.worker_processes, args.cpu_compute_device, False, split))

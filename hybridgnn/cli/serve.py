@@ -164,6 +164,16 @@ def gpu_pipeline_config(device: str, workers: int) -> PipelineConfig | None:
     return PipelineConfig(name="gpu", device="cuda" if device == "cuda" else "cpu", workers=workers)
 
 
+def check_cpu_compute_device(device: str) -> None:
+    """--cpu-compute-device cuda[:i] on a machine without CUDA: one line, before anything
+    starts (it failed as a traceback when the first worker moved the model)."""
+    from hybridgnn.capabilities import HAS_CUDA
+
+    if device.startswith("cuda") and not HAS_CUDA:
+        raise ValueError(f"--cpu-compute-device {device}: no CUDA device is visible "
+                         "(torch.cuda.is_available() is False)")
+
+
 def check_ranges(args) -> None:
     """Flag ranges in the flags' own units (the config dataclasses check seconds)."""
     wait_ms = flag_value(args, BatcherConfig, "max_wait_s")
@@ -201,6 +211,7 @@ def build_config(args) -> ServeConfig:
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     gpu = gpu_pipeline_config(args.device, args.gpu_workers)
+    check_cpu_compute_device(args.cpu_compute_device)
     split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, bool(update_token),
                            processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))
     processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token), split)

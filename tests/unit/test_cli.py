@@ -339,3 +339,15 @@ def test_precompute_device_mistakes_are_one_line(tmp_path, capsys, monkeypatch):
     assert main(argv + ["--device", "gpu0"]) == 2
     assert "--device must be cpu or cuda[:i], got 'gpu0'" in capsys.readouterr().err
     assert not (tmp_path / "m" / "embeddings").exists()
+
+
+def test_cpu_compute_device_cuda_without_cuda_is_one_line(tmp_path, capsys, monkeypatch):
+    """serve and profile refuse --cpu-compute-device cuda without a CUDA device before
+    anything starts (the first worker's model.to raised a traceback)."""
+    import hybridgnn.capabilities
+
+    monkeypatch.setattr(hybridgnn.capabilities, "HAS_CUDA", False, raising=False)
+    for command in ("serve", "profile"):
+        assert main([command, "--cpu-compute-device", "cuda", "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--cpu-compute-device cuda: no CUDA device is visible" in err, err
