@@ -154,7 +154,8 @@ class GraphRequests:
         the request is evaluated on the graph and embeddings as they are then. waited_s: what
         it already waited in the front end (its lane's admission adds it)."""
         if self.new_nodes is None and mode != "sampled":
-            raise Conflict("new-node requests need precomputed embeddings; run `hybridgnn precompute`")
+            raise Conflict(f"new-node mode {mode!r} needs precomputed embeddings; run `hybridgnn precompute` "
+                           "and restart, or send parameters.mode 'sampled'")
         t0 = time.perf_counter()
         kw = dict(mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
         if self.dynamic is not None and self.dynamic.version > 0:
