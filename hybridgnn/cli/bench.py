@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 
 
 def add_parser(sub) -> None:
@@ -11,7 +12,7 @@ def add_parser(sub) -> None:
                        description="Sends requests at Poisson arrival times and reports achieved throughput and "
                                    "latency percentiles measured from the scheduled arrival (no coordinated "
                                    "omission). With --slo-ms, searches for the highest rate within that p99.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server (or balancer) to load")
     p.add_argument("--model", default="hybridgnn", help="model name in the request path")
     p.add_argument("--rate", type=float, default=200.0, help="offered requests per second")

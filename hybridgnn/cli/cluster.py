@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 from hybridgnn.config import env_default
 from hybridgnn.deploy.balancer import BALANCERS
 
@@ -17,7 +18,7 @@ def add_parser(sub) -> None:
                     "replicas and stops the balancer; a replica that exits is started again after a backoff. Arguments "
                     "after `--` go to every `hybridgnn serve`. "
                     "The run directory holds the balancer config, logs, and replica-<i>.pid/.exit files.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--replicas", type=int, default=env_default("REPLICAS", 3, int), help="serve replicas to run")
     p.add_argument("--balancer", choices=BALANCERS, default=env_default("BALANCER", "haproxy"),
                    help="load balancer in front of them")

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
+
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("dataset", help="generate, import or describe datasets")
     dsub = p.add_subparsers(dest="dataset_command", metavar="ACTION", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
 
     gen = dsub.add_parser("generate", help="generate a synthetic dataset")
     gsub = gen.add_subparsers(dest="kind", metavar="KIND", required=True)

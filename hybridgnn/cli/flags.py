@@ -12,6 +12,20 @@ from pathlib import Path
 
 from hybridgnn.config import env_default
 
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" only where it tells the reader something: not when the help
+    already says what the default is, not for no value (None or "": the help says what
+    happens then) and not for on/off switches (their name says it; --no-spill read
+    "(default: True)")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.nargs == 0 or action.default is None or action.default == "":
+            return text
+        return super()._get_help_string(action)
+
+
 _TYPES = {"int": int, "float": float, "str": str, "Path": Path}
 
 

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
 from pathlib import Path
 
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 from hybridgnn.config import read_json
 
 
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     e = actions.add_parser(
-        "export", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "export", formatter_class=DefaultsHelpFormatter,
         help="build a model with your factory function, load its weights and write a model directory",
         description="Calls FACTORY (module:function, imported from the current directory or PYTHONPATH) with no "
                     "arguments to build the model, loads WEIGHTS (a state_dict saved with torch.save; tensors "

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from pathlib import Path
+
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 
 
 def add_parser(sub) -> None:
@@ -15,7 +16,7 @@ def add_parser(sub) -> None:
                                    "algorithm, or a baseline with --method), prints a table per tier and saves the "
                                    "plan beside the dataset. --simulate estimates each batch's gather time (the "
                                    "slowest tier it touches) under this plan and the baselines.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop, hop 1 first (the FAP table's)")
     p.add_argument("--topology", type=Path, default=None,

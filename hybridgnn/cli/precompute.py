@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 from pathlib import Path
+
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 
 
 def add_parser(sub) -> None:
@@ -14,7 +15,7 @@ def add_parser(sub) -> None:
                        description="Runs the model layer by layer over all nodes and writes each layer's "
                                    "embeddings to <model>/embeddings/<dataset fingerprint>/layer_<i>.npy. "
                                    "An interrupted run resumes where it stopped.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
     p.add_argument("--model", type=Path, required=True, help="model directory (the embeddings are written beside it)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")

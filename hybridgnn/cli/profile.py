@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 from hybridgnn.cli.serve import add_cpu_lane_flag, add_worker_processes_flag
 from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
 
@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                                    "samples for a stable p99 or the time budget is spent. Fits monotone mean and "
                                    "p99 curves, finds the four operating points, and writes a JSON profile plus a "
                                    "PNG and SVG plot. Serve with it: hybridgnn serve --profile P --policy ...",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dataset", type=Path, default=None, help="dataset directory (default: the demo)")
     p.add_argument("--model", type=Path, default=None, help="model directory (default: the demo)")
     p.add_argument("--fanouts", default=None, help="per-hop fanouts (default: the model's)")
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch (seeds)")
     p.add_argument("--budget-s", type=float, default=300.0, help="time limit per pipeline")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG/SVG plots")
-    p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
+    p.add_argument("--cache-dir", type=Path, default=None, help="the demo graph and model live in <this>/demo (default: ~/.cache/hybridgnn)")
     p.set_defaults(run=run)
 
 

@@ -4,9 +4,9 @@ serves through them. `serve --partitions N` alone starts its ranks itself."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 from hybridgnn.config import PartitionConfig
 
 
@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                                    "HOST:PORT`). Every rank loads only its part of the dataset, features and "
                                    "precomputed embeddings. A rank that fails exits non-zero; torchrun's "
                                    "--max-restarts starts the group again and the server reconnects.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dataset", type=Path, required=True, help="dataset directory (the same path on every machine)")
     p.add_argument("--model", type=Path, required=True,
                    help="model directory, with its precomputed embeddings (the same path on every machine)")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT, allowed_cores
-from hybridgnn.cli.flags import add_config_flags, config_values, flag_value
+from hybridgnn.cli.flags import (
+    DefaultsHelpFormatter,
+    add_config_flags,
+    config_values,
+    flag_value,
+)
 from hybridgnn.config import (
     AdmissionConfig,
     BatcherConfig,
@@ -34,9 +38,10 @@ def add_parser(sub) -> None:
                        description="Serve a model over HTTP (KServe v2). With no --dataset/--model, the demo graph "
                                    "and model are generated and trained into the cache directory on first run. "
                                    "Every flag can also be set as HYBRIDGNN_<FLAG> (e.g. HYBRIDGNN_PORT=9000).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, default=env_default("DATASET", None, Path), help="dataset directory")
-    p.add_argument("--model", type=Path, default=env_default("MODEL", None, Path), help="model directory")
+                       formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--dataset", type=Path, default=env_default("DATASET", None, Path), help="dataset directory (with --model; neither: the demo)")
+    p.add_argument("--model", type=Path, default=env_default("MODEL", None, Path),
+                   help="model directory (with --dataset; neither: the demo)")
     p.add_argument("--model-repository", type=Path, default=env_default("MODEL_REPOSITORY", None, Path),
                    help="instead of --model: a repository of <name>/<version>/ model directories (and optional "
                         "<name>/config.json: version_policy, fanouts), all served over --dataset")
@@ -76,7 +81,7 @@ def add_parser(sub) -> None:
     p.add_argument("--update-token", default=None,  # env read in build_config, so --help never prints it
                    help="enable POST /v2/models/{m}/graph for clients sending 'Authorization: Bearer <token>' "
                         "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="where the demo graph and model live")
+    p.add_argument("--cache-dir", type=Path, default=None, help="the demo graph and model live in <this>/demo (default: ~/.cache/hybridgnn)")
     # The rest come from the config dataclasses' fields (defaults, units and help live there).
     add_config_flags(p, ServerConfig, RouterConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
                      UpdateConfig, DeviceMemoryConfig, PartitionConfig)

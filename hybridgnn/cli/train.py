@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+from hybridgnn.cli.flags import DefaultsHelpFormatter
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model on a labelled dataset",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
     p.add_argument("--out", type=Path, required=True, help="model directory to write")
     p.add_argument("--kind", choices=["sage", "gcn", "gat"], default="sage", help="model layers")

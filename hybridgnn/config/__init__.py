@@ -251,8 +251,8 @@ class ServerConfig:
     # Front-end processes around the one engine (None: auto, serving.frontends.frontends_for): with more than
     # one, each serves HTTP on the port and the engine's process serves none itself.
     frontends: int | None = setting(None, "front-end processes serving HTTP around the one engine: a number, or "
-                                    "auto (one per 4 cores, at most 8; 1 on a 2-core machine: HTTP in the engine's "
-                                    "own process)", parse=parse_frontends)
+                                    "auto (the default: one per 4 cores, at most 8; 1 below 8 cores: HTTP in the "
+                                    "engine's own process)", parse=parse_frontends)
     # The event loop answers at most this many requests per turn; the rest wait, in
     # arrival order, for later turns, so completions and timers are never starved by a
     # flood of new requests (see serving/http/turns.py).

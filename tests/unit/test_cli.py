@@ -351,3 +351,20 @@ def test_cpu_compute_device_cuda_without_cuda_is_one_line(tmp_path, capsys, monk
         assert main([command, "--cpu-compute-device", "cuda", "--device", "cpu"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--cpu-compute-device cuda: no CUDA device is visible" in err, err
+
+
+def test_help_says_each_default_once_and_never_none(capsys):
+    """A flag whose help already says its default gets no second "(default: None)", and
+    switches get no "(default: True)" (--no-spill read as if spilling were off)."""
+    import re
+
+    for cmd in (["serve"], ["profile"], ["cluster"], ["precompute"], ["place"], ["bench"], ["train"], ["rank"],
+                ["dataset", "import"], ["dataset", "generate", "powerlaw"], ["model", "export"], ["workload", "build"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(cmd + ["--help"])
+        text = capsys.readouterr().out
+        for option in re.split(r"\n  (?=-)", text):
+            flat = " ".join(option.split())
+            assert flat.count("(default") <= 1, (cmd, flat)
+            for bad in ("(default: None)", "(default: True)", "(default: False)", "(default: )"):
+                assert bad not in flat, (cmd, flat)
