@@ -20,13 +20,20 @@ from hybridgnn.cli import (
     train,
     workload,
 )
-from hybridgnn.config.settings import ENV_PREFIX
+from hybridgnn.config.settings import ENV_PREFIX, BadEnvValue, deferred_env_errors
 from hybridgnn.errors import ConfigError
 
 COMMANDS = (serve, cluster, dataset, model, workload, train, precompute, profile, place, bench, rank)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Flag defaults read HYBRIDGNN_* variables; one a flag cannot take is refused only
+    by the command that reads it (_check_defaults)."""
+    with deferred_env_errors():
+        return _build_parser()
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybridgnn", description="Workload-aware GPU/CPU hybrid GNN inference serving.")
     parser.add_argument("--version", action="version", version=f"hybridgnn {__version__}")
@@ -54,6 +61,9 @@ def _check_defaults(command: argparse.ArgumentParser, args) -> None:
     a HYBRIDGNN_* variable is checked here, with the same error."""
     for action in command._actions:
         value = getattr(args, action.dest, None)
+        if isinstance(value, BadEnvValue):
+            print(f"hybridgnn {args.command}: error: {value.message}", file=sys.stderr)
+            sys.exit(2)
         if action.choices is None or value is None or isinstance(value, list) or not action.option_strings \
                 or isinstance(action, argparse._SubParsersAction):
             continue  # positionals and lists come from the command line, which argparse checked

@@ -13,9 +13,36 @@ from pathlib import Path
 ENV_PREFIX = "HYBRIDGNN_"
 
 
+class BadEnvValue:
+    """A HYBRIDGNN_<NAME> value its flag cannot take, kept as the flag's default while the
+    command line's parsers are built (deferred_env_errors): the command that reads the
+    flag refuses it in one line (cli.main); every other command runs, so a variable meant
+    for `serve` does not break `hybridgnn dataset info`."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"invalid: {self.message}"
+
+
+_DEFERRING = []  # non-empty inside deferred_env_errors()
+
+
+class deferred_env_errors:  # noqa: N801 (a context manager, used as a statement)
+    """Within it, env_default returns a BadEnvValue instead of raising."""
+
+    def __enter__(self):
+        _DEFERRING.append(True)
+
+    def __exit__(self, *exc):
+        _DEFERRING.pop()
+
+
 def env_default(name: str, default, cast=str):
     """Value of HYBRIDGNN_<NAME> cast with `cast`, or `default` when unset; ValueError
-    naming the variable when the cast refuses it."""
+    naming the variable when the cast refuses it (a BadEnvValue holding that message
+    within deferred_env_errors())."""
     raw = os.environ.get(ENV_PREFIX + name)
     if raw is None or raw == "":
         return default
@@ -23,7 +50,10 @@ def env_default(name: str, default, cast=str):
         return cast(raw)
     except (ValueError, TypeError, OverflowError) as exc:
         kind = "boolean" if cast is env_flag else getattr(cast, "__name__", "value")
-        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {kind}: {exc}") from exc
+        message = f"{ENV_PREFIX}{name}={raw!r} is not a valid {kind}: {exc}"
+        if _DEFERRING:
+            return BadEnvValue(message)
+        raise ValueError(message) from exc
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -368,3 +368,23 @@ def test_help_says_each_default_once_and_never_none(capsys):
             assert flat.count("(default") <= 1, (cmd, flat)
             for bad in ("(default: None)", "(default: True)", "(default: False)", "(default: )"):
                 assert bad not in flat, (cmd, flat)
+
+
+def test_a_bad_environment_value_is_refused_only_by_the_command_that_reads_it(tmp_path, capsys, monkeypatch):
+    """HYBRIDGNN_PORT=abc (meant for serve) once broke every command, --help included; now
+    `serve` and `cluster` refuse it in one line, a --port flag overrides it, and other
+    commands run."""
+    monkeypatch.setenv("HYBRIDGNN_PORT", "abc")
+    monkeypatch.setenv("HYBRIDGNN_MAX_WAIT_MS", "soon")
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d")]) == 0
+    capsys.readouterr()
+    for argv, variable in ((["serve"], "HYBRIDGNN_"), (["cluster"], "HYBRIDGNN_PORT='abc' is not a valid int")):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"hybridgnn {argv[0]}: error: {variable}"), err
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--port", "18100"])  # the flag wins over the variable; the other bad one still refuses
+    assert "HYBRIDGNN_MAX_WAIT_MS='soon' is not a valid float" in capsys.readouterr().err
