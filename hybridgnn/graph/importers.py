@@ -73,7 +73,10 @@ def _load_edge_file(path: Path) -> dict:
                 warnings.simplefilter("ignore", UserWarning)
                 edges = np.loadtxt(path, dtype=str, comments="#", ndmin=2)
         except ValueError as exc:
-            raise DatasetError(f"{path}: an edge list needs two columns 'src dst' per line: {exc}") from exc
+            why = str(exc).split("; use `usecols`")[0]  # numpy's advice names its own keyword, not a flag
+            raise DatasetError(f"{path}: an edge list needs two columns 'src dst' per line: {why}") from exc
+    if edges.shape[0] == 0:
+        raise DatasetError(f"{path} holds no edges (expected 'src dst' lines)")
     if edges.shape[1] < 2:
         raise DatasetError(f"{path}: an edge list needs two columns 'src dst', found {edges.shape[1]}")
     return {"edge_index": edges[:, :2].T.copy()}
@@ -118,7 +121,8 @@ def import_graph(
                                   name=name)
     ei = data.get("edge_index")
     if ei is None:
-        raise DatasetError(f"{src} has no edge_index")
+        keys = f" (it holds {sorted(data)})" if src.suffix == ".npz" else ""
+        raise DatasetError(f"{src} has no edge_index (or src and dst arrays){keys}")
     ei = np.asarray(ei)
     if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iuU":
         raise DatasetError(f"edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")

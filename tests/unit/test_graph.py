@@ -141,8 +141,15 @@ def test_import_npz_and_edge_list(tmp_path):
     import_graph(tmp_path / "e.txt", tmp_path / "b")
     assert GraphStore.open(tmp_path / "b").num_edges == 3
     (tmp_path / "bad.txt").write_text("0 1 2\n3\n")
-    with pytest.raises(DatasetError, match="two columns"):
+    with pytest.raises(DatasetError, match="two columns") as info:
         import_graph(tmp_path / "bad.txt", tmp_path / "c")
+    assert "usecols" not in str(info.value)  # numpy's advice names its own keyword, not a flag
+    (tmp_path / "empty.txt").write_text("# only a comment\n")
+    with pytest.raises(DatasetError, match="holds no edges"):
+        import_graph(tmp_path / "empty.txt", tmp_path / "c")
+    np.savez(tmp_path / "other.npz", foo=np.arange(3))
+    with pytest.raises(DatasetError, match=r"has no edge_index \(or src and dst arrays\) \(it holds \['foo'\]\)"):
+        import_graph(tmp_path / "other.npz", tmp_path / "c")
     np.savez(tmp_path / "neg.npz", edge_index=np.array([[0, -1], [1, 0]]))
     with pytest.raises(DatasetError, match="must lie in"):
         import_graph(tmp_path / "neg.npz", tmp_path / "d", ids="dense")
