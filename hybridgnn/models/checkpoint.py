@@ -257,6 +257,10 @@ def load_failure(exc: BaseException) -> str:
         # "WeightsUnpickler error: Unsupported global: GLOBAL x ..." or "Trying to load unsupported GLOBAL x ..."
         cause = next((line for line in lines[1:] if "GLOBAL" in line), "")
         cause = cause.removeprefix("WeightsUnpickler error:").strip().split(". ")[0].rstrip(".")
+        if not cause:
+            operand = next((line for line in lines[1:] if line.startswith("Unsupported operand")), "")
+            if operand:  # not a pickle at all (a text file, a truncated download)
+                return f"it is not a file torch.save wrote ({operand})"
         return "it holds objects other than tensors, which are never unpickled" + (f" ({cause})" if cause else "")
     return lines[0]
 

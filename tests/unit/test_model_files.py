@@ -156,3 +156,10 @@ def test_a_pickle_payload_is_refused_naming_what_it_holds_not_advising_weights_o
         load_model(model_dir)
     assert "weights_only` set to `False`" not in str(info.value) and "\n" not in str(info.value)
     assert "payload ran" not in capsys.readouterr().out
+
+
+def test_weights_that_are_not_a_torch_file_say_so(model_dir):
+    """A text file or a truncated download in place of model.pt: the message says it is
+    not a torch.save file (it said it held objects other than tensors)."""
+    (model_dir / "model.pt").write_text("1 2 3\n")
+    _refused(model_dir, r"it is not a file torch.save wrote \(Unsupported operand")
