@@ -133,6 +133,11 @@ def load_npy(path: Path, missing: str | None):
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":  # numpy calls any such file pickled and advises loading it unsafely
+            raise DatasetError(f"{path} is not a readable .npy array: it has no .npy header (damaged or "
+                               "overwritten?)") from exc
         raise DatasetError(f"{path} is not a readable .npy array: {exc}") from exc
 
 

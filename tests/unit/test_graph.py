@@ -232,3 +232,14 @@ def test_repeated_edges_are_stored_once_counted_and_said(tmp_path, caplog, undir
     np.savez(tmp_path / "h.npz", edge_index=np.array([[0, 1], [1, 0]]))
     import_graph(tmp_path / "h.npz", tmp_path / "plain", undirected=True, feature_dim=3)  # both ways is no repeat
     assert "repeated_edges_merged" not in GraphStore.open(tmp_path / "plain").meta
+
+
+def test_a_damaged_array_file_is_named_without_advice_to_unpickle_it(tmp_path):
+    """A file that is not .npy at all (overwritten, damaged): numpy called it pickled data
+    and advised loading it unsafely; the error says it has no .npy header."""
+    np.savez(tmp_path / "g.npz", src=np.array([0, 1]), dst=np.array([1, 2]))
+    import_graph(tmp_path / "g.npz", tmp_path / "d")
+    (tmp_path / "d" / "indptr.npy").write_text("junk\n")
+    with pytest.raises(DatasetError, match="indptr.npy is not a readable .npy array: it has no .npy header") as info:
+        GraphStore.open(tmp_path / "d")
+    assert "unsafely" not in str(info.value) and "pickle" not in str(info.value)
