@@ -140,6 +140,7 @@ class RankGroup:
         return None
 
     def _connect(self, deadline: float) -> wire.Link:
+        note_at = time.monotonic() + 2.0  # ranks elsewhere (--ranks): say what the server waits for
         while True:
             if self._local:
                 dead = self._dead_rank()
@@ -149,9 +150,14 @@ class RankGroup:
             try:
                 return wire.connect(self.address, 1.0)
             except OSError as exc:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     self._stop_procs(grace_s=0.0)
                     raise ConfigError(f"partition rank 0 did not answer at {self.address}: {exc}") from None
+                if not self._local and now >= note_at:
+                    log.warning("waiting for partition rank 0 at %s (%s; start the ranks with `hybridgnn rank` "
+                                "under torchrun); giving up in %.0f s", self.address, exc, deadline - now)
+                    note_at = now + 30.0
             if self._stopping.wait(0.05):  # poll interval while ranks load their parts
                 raise ConfigError("stopped while the partition ranks started")
 
