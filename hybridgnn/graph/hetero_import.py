@@ -196,9 +196,14 @@ def _type_id_map(ntype: str, values: np.ndarray, mode: str, *, has_rows: bool, s
     """The id map of one node type's ids, or None when they stay as they are (as the
     homogeneous importer decides: names and sparse ids are mapped under 'auto')."""
     if values.dtype.kind == "U":
-        if mode == "dense" or has_rows:
-            raise DatasetError(f"{source}: ids of node type {ntype!r} are not integers (e.g. "
-                               f"{str(values.flat[0])!r}); drop {ntype}.x.npy or use --ids map")
+        example = str(values.flat[0])
+        if has_rows:  # row i of <type>.x.npy is node i: names cannot say which row is theirs
+            raise DatasetError(f"{source}: ids of node type {ntype!r} are not integers (e.g. {example!r}), so "
+                               f"the rows of {ntype}.x.npy cannot be matched to them: number the nodes 0..n-1 "
+                               f"(row i is node i) or drop {ntype}.x.npy")
+        if mode == "dense":
+            raise DatasetError(f"{source}: ids of node type {ntype!r} are not integers (e.g. {example!r}); "
+                               "--ids dense keeps integer ids as row numbers: use --ids auto or map")
     elif mode == "dense" or (mode == "auto" and has_rows):
         return None
     else:

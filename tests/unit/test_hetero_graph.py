@@ -138,3 +138,19 @@ def test_generated_graphs_have_every_type_and_reverse_edges(tmp_path, kind, type
     for s, rel, d in g.edge_types:
         assert (d, f"rev_{rel}", s) in g.edges or (d, rel[4:], s) in g.edges or s == d
     assert len({n.feature_dim for n in g.nodes.values()}) == types  # widths differ per type
+
+
+@pytest.mark.parametrize("ids", ["auto", "map"])
+def test_named_ids_with_a_feature_file_say_what_to_do(tmp_path, ids):
+    """Names in an edge list and a <type>.x.npy beside it: the message once advised --ids
+    map, which is refused the same way (rows are numbered by id)."""
+    src = tmp_path / "lists"
+    src.mkdir()
+    (src / "user__rates__item.txt").write_text("alice 0\nbob 1\n")
+    np.save(src / "user.x.npy", np.zeros((2, 3), np.float32))
+    with pytest.raises(DatasetError, match=r"rows of user.x.npy cannot be matched to them") as info:
+        import_graph(src, tmp_path / "d", ids=ids)
+    assert "--ids map" not in str(info.value)
+    with pytest.raises(DatasetError, match=r"--ids dense keeps integer ids"):
+        (src / "user.x.npy").unlink()
+        import_graph(src, tmp_path / "d", ids="dense")
