@@ -23,6 +23,7 @@ from hybridgnn.cli import (
 from hybridgnn.config.settings import ENV_PREFIX, BadEnvValue, deferred_env_errors
 from hybridgnn.errors import ConfigError
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 COMMANDS = (serve, cluster, dataset, model, workload, train, precompute, profile, place, bench, rank)
 
 
@@ -37,12 +38,25 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybridgnn", description="Workload-aware GPU/CPU hybrid GNN inference serving.")
     parser.add_argument("--version", action="version", version=f"hybridgnn {__version__}")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, type=str.upper,
                         help="log lines at this level and above (default: INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
+    _log_level_after_commands(parser)
     return parser
+
+
+def _log_level_after_commands(parser: argparse.ArgumentParser) -> None:
+    """`hybridgnn serve --log-level DEBUG` as `hybridgnn --log-level DEBUG serve`: users
+    put the flag after the command too (it was refused there as unrecognized)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in set(action.choices.values()):
+                if not any("--log-level" in a.option_strings for a in command._actions):
+                    command.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
+                                         default=argparse.SUPPRESS, help="as before the command")
+                _log_level_after_commands(command)
 
 
 def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:

@@ -388,3 +388,16 @@ def test_a_bad_environment_value_is_refused_only_by_the_command_that_reads_it(tm
     with pytest.raises(SystemExit) as info:
         main(["serve", "--port", "18100"])  # the flag wins over the variable; the other bad one still refuses
     assert "HYBRIDGNN_MAX_WAIT_MS='soon' is not a valid float" in capsys.readouterr().err
+
+
+def test_log_level_is_taken_after_the_command_too_in_any_case():
+    """`hybridgnn serve --log-level DEBUG` was refused as an unrecognized argument, and
+    `debug` as an invalid choice."""
+    parser = build_parser()
+    assert parser.parse_args(["dataset", "info", "d", "--log-level", "debug"]).log_level == "DEBUG"
+    assert parser.parse_args(["--log-level", "warning", "serve"]).log_level == "WARNING"
+    assert parser.parse_args(["serve", "--log-level=ERROR"]).log_level == "ERROR"
+    assert parser.parse_args(["--log-level", "ERROR", "serve"]).log_level == "ERROR"  # not reset by serve's
+    assert parser.parse_args(["serve"]).log_level == "INFO"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--log-level", "LOUD"])
