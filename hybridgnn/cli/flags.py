@@ -37,9 +37,26 @@ def _dest(cls, f: dataclasses.Field) -> str:
     return f"{cls.__name__}.{f.name}"
 
 
+class FlagValueError(argparse.ArgumentTypeError, ValueError):
+    """A flag's text its parser refuses: argparse prints the parser's own message (it said
+    "invalid <lambda> value" or "invalid parse_frontends value"), and env_default still
+    sees a ValueError for a HYBRIDGNN_* variable."""
+
+
+def flag_parser(parse):
+    """`parse` as an argparse type whose refusals say why."""
+    def convert(text):
+        try:
+            return parse(text)
+        except (ValueError, OverflowError) as exc:
+            raise FlagValueError(str(exc)) from None
+    convert.__name__ = "value"  # env_default: "HYBRIDGNN_X='...' is not a valid value: <why>"
+    return convert
+
+
 def _type(f: dataclasses.Field):
     if f.metadata.get("parse") is not None:
-        return f.metadata["parse"]
+        return flag_parser(f.metadata["parse"])
     name = str(f.type).replace(" | None", "").strip()
     if name not in _TYPES:
         raise TypeError(f"{f.name}: no flag type for annotation {f.type!r}")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, flag_parser
 from hybridgnn.cli.serve import add_cpu_lane_flag, add_worker_processes_flag
 from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
 
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                         "then hold the contention); default: each alone, and slo:<ms> queues both lanes on one "
                         "simulated GPU")
     p.add_argument("--gpu-workers", type=int, default=2, help="GPU pipeline workers")
-    p.add_argument("--gpu-cache-bytes", type=parse_bytes, default=parse_bytes("1G"),
+    p.add_argument("--gpu-cache-bytes", type=flag_parser(parse_bytes), default=parse_bytes("1G"),
                    help="GPU feature cache, hottest rows by FAP (bytes)")
     p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva",
                    help="where the GPU sampler reads the graph: pinned host memory (uva) or device memory")

@@ -401,3 +401,15 @@ def test_log_level_is_taken_after_the_command_too_in_any_case():
     assert parser.parse_args(["serve"]).log_level == "INFO"
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--log-level", "LOUD"])
+
+
+def test_a_flag_value_its_parser_refuses_says_why(capsys):
+    """argparse said "invalid <lambda> value: '1X'" and "invalid parse_frontends value: '0'"."""
+    for argv, why in ((["serve", "--gpu-cache-bytes", "1X"], "expected a byte count such as 512M or 4G, got '1X'"),
+                      (["serve", "--frontends", "0"], "--frontends must be >= 1 (or auto), got 0"),
+                      (["profile", "--gpu-cache-bytes", "1X"], "expected a byte count")):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert why in err and "<lambda>" not in err and "parse_frontends" not in err, err
