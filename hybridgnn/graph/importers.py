@@ -167,8 +167,9 @@ def import_graph(
     masks = {k: np.asarray(data[k], dtype=bool) for k in MASK_NAMES if data.get(k) is not None}
     ignored = sorted(ignored_extra + [k for k in data if k not in _USED_KEYS and k not in MASK_NAMES])
     if ignored:
-        # e.g. edge_attr: the served models read node features and structure only
-        log.warning("%s: not imported (the served models do not read them): %s", src, ", ".join(ignored))
+        unread = [k for k in ignored if k not in ignored_extra]  # a multi-label y had its own line
+        if unread:  # e.g. edge_attr: the served models read node features and structure only
+            log.warning("%s: not imported (the served models do not read them): %s", src, ", ".join(unread))
         extra["ignored_fields"] = ignored
     if id_map is not None:
         extra["id_map"] = id_map.kind
