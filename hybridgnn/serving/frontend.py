@@ -241,7 +241,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
     answer (the response's bytes, or a status code and message) ends the call here."""
     import grpc
 
-    from hybridgnn.serving.grpc.schema import METHODS, SERVICE
+    from hybridgnn.serving.grpc.schema import METHODS, SERVICE, bind_grpc
 
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", setup["max_body_bytes"]),
                                       ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)],
@@ -269,8 +269,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
 
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         SERVICE, {name: forwarding(name) for name in METHODS}),))
-    if server.add_insecure_port(f"{setup['host']}:{setup['grpc_port']}") == 0:
-        raise OSError(f"cannot listen for gRPC on {setup['host']}:{setup['grpc_port']}")
+    bind_grpc(server, setup["host"], setup["grpc_port"])
     await server.start()
     return server
 

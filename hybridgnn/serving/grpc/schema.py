@@ -163,3 +163,16 @@ _POOL.Add(_file())
 def message(name: str):
     """The message class inference.<name> (nested names with dots)."""
     return _message_class(_POOL.FindMessageTypeByName(f"{PACKAGE}.{name}"))
+
+
+def bind_grpc(server, host: str, port: int) -> int:
+    """server.add_insecure_port as one OSError when the port cannot be had: grpcio returns
+    0 or, in newer versions, raises RuntimeError "Failed to bind ...; set GRPC_VERBOSITY=debug"."""
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {host}:{port} (the port is in use, or the address is not "
+                      "this machine's)")
+    return bound

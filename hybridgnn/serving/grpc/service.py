@@ -16,7 +16,13 @@ import logging
 import grpc
 
 from hybridgnn.errors import BadRequest, PayloadTooLarge, status_of
-from hybridgnn.serving.grpc.schema import DATA_TYPES, METHODS, SERVICE, message
+from hybridgnn.serving.grpc.schema import (
+    DATA_TYPES,
+    METHODS,
+    SERVICE,
+    bind_grpc,
+    message,
+)
 from hybridgnn.serving.v2.service import V2Service
 from hybridgnn.serving.v2.tensors import datatype_of, raw_tensor
 from hybridgnn.serving.v2.types import Failure, InferAnswer, InferInput, Tensor
@@ -104,9 +110,7 @@ class GrpcFrontend:
             handlers[name] = grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req_cls.FromString,
                                                                  response_serializer=resp_cls.SerializeToString)
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        bound = self.server.add_insecure_port(f"{host}:{port}")
-        if bound == 0:
-            raise OSError(f"cannot listen for gRPC on {host}:{port}")
+        bound = bind_grpc(self.server, host, port)
         self.port = bound
         await self.server.start()
         return bound
@@ -297,3 +301,4 @@ def _failed(failure: Failure) -> Failure:
 
 def _snake(name: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+
