@@ -266,9 +266,37 @@ def build_config(args) -> ServeConfig:
         cfg = dataclasses.replace(cfg, dataset_dir=args.dataset, model_dir=args.model)
     return cfg
 
+def check_ports_free(host: str, ports) -> None:
+    """The listen ports, probed before anything slow (the demo's first generation, the
+    worker processes): a port another server holds was reported only once the workers had
+    started. Errors other than a port in use or an address not this machine's are left to
+    the start, which says them."""
+    import errno
+    import socket
+
+    for port in ports:
+        if not port or not 0 < port < 65536:  # 0: any free one; out of range: ServerConfig says so
+            continue
+        probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind((host, port))
+        except socket.gaierror as exc:
+            raise ConfigError(f"--host {host}: {exc.strerror}") from None
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is in use (another server still running?)") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(f"--host {host} is not an address of this machine") from None
+        finally:
+            probe.close()
+
+
 def run(args) -> int:
     from hybridgnn.serving.lifecycle import run as run_server
     from hybridgnn.telemetry.metrics import Telemetry
 
+    check_ports_free(flag_value(args, ServerConfig, "host"),
+                     (flag_value(args, ServerConfig, "port"), flag_value(args, ServerConfig, "grpc_port")))
     cfg = build_config(args)
     return run_server(cfg, Telemetry(model=cfg.server.model_name))
