@@ -103,8 +103,11 @@ def read_config(path: str | Path) -> dict:
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path} is not a JSON object")
     if config.get("class") == "hybridgnn.HeteroGNN":
-        raise CheckpointError(f"{root} holds a heterogeneous model; serving, precompute and profiling read "
-                              "homogeneous models (load it with hybridgnn.models.hetero_checkpoint)")
+        # read_config is the homogeneous readers' door (a homogeneous dataset, profile, place):
+        # a heterogeneous model is served and precomputed over a heterogeneous dataset
+        raise CheckpointError(f"{root} holds a heterogeneous model, which is served and precomputed over a "
+                              "heterogeneous dataset only (`hybridgnn dataset import` of its HeteroData), "
+                              "not profiled")
     if "spec" in config and "class" not in config:
         raise CheckpointError(f"{root} was written by an older hybridgnn (no golden outputs to check it "
                               "against); save it again with hybridgnn.save_model")
