@@ -207,7 +207,8 @@ def _reads_as_model(path: Path) -> bool:
         return False
 
 
-def build_config(args) -> ServeConfig:
+def build_config(args, probe_ports: bool = False) -> ServeConfig:
+    """probe_ports: refuse listen ports in use before anything slow (the demo's first run)."""
     # Flags are checked before anything slow (the demo's first generation takes ~30 s),
     # so a mistake is answered at once.
     check_ranges(args)
@@ -259,6 +260,8 @@ def build_config(args) -> ServeConfig:
         server=ServerConfig(**config_values(args, ServerConfig)),
         partitions=PartitionConfig(**config_values(args, PartitionConfig)),
     )
+    if probe_ports:
+        check_ports_free(cfg.server.host, (cfg.server.port, cfg.server.grpc_port))
     if args.dataset is None:
         from hybridgnn.demo import ensure_demo
 
@@ -296,7 +299,5 @@ def run(args) -> int:
     from hybridgnn.serving.lifecycle import run as run_server
     from hybridgnn.telemetry.metrics import Telemetry
 
-    check_ports_free(flag_value(args, ServerConfig, "host"),
-                     (flag_value(args, ServerConfig, "port"), flag_value(args, ServerConfig, "grpc_port")))
-    cfg = build_config(args)
+    cfg = build_config(args, probe_ports=True)
     return run_server(cfg, Telemetry(model=cfg.server.model_name))

@@ -72,7 +72,7 @@ def test_a_config_error_from_the_engine_is_one_line_and_exit_2(tmp_path, tiny_mo
 
     generate_csbm(tmp_path / "other", num_nodes=200, feature_dim=7, seed=0)
     capsys.readouterr()
-    assert main(["serve", "--dataset", str(tmp_path / "other"), "--model", str(tiny_model)]) == 2
+    assert main(["serve", "--dataset", str(tmp_path / "other"), "--model", str(tiny_model), "--port", "0"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(lines) == 1 and lines[0].startswith("hybridgnn serve: error:") and "16-dim features" in lines[0]
 
