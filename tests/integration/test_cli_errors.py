@@ -41,3 +41,25 @@ def test_serving_without_the_token_a_dataset_whose_log_holds_updates_is_one_line
     assert main(["serve", "--dataset", str(dataset), "--model", str(tiny_model), "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert "holds 1 entries of acknowledged graph updates" in err and "--update-log off" in err and err.count("\n") == 1
+
+
+def test_a_port_in_use_is_refused_before_anything_slow(capsys, monkeypatch):
+    """It was said only after the worker processes had started (and, on a first run, after
+    the demo was generated: the test fails if it is)."""
+    import socket
+
+    import hybridgnn.demo
+
+    def no_demo(*_args, **_kwargs):
+        raise AssertionError("the demo was generated before the port was checked")
+
+    monkeypatch.setattr(hybridgnn.demo, "ensure_demo", no_demo)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv in (["serve", "--port", str(port)], ["serve", "--port", "0", "--grpc-port", str(port)]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err == f"hybridgnn serve: error: port {port} on 127.0.0.1 is in use (another server still running?)\n"

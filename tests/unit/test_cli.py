@@ -413,18 +413,3 @@ def test_a_flag_value_its_parser_refuses_says_why(capsys):
         assert info.value.code == 2
         err = capsys.readouterr().err
         assert why in err and "<lambda>" not in err and "parse_frontends" not in err, err
-
-
-def test_a_port_in_use_is_refused_before_anything_slow(capsys):
-    """It was said only after the worker processes had started (and, on a first run, after
-    the demo was generated: the fixture fails the test if it is)."""
-    import socket
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        for argv in (["serve", "--port", str(port)], ["serve", "--port", "0", "--grpc-port", str(port)]):
-            assert main(argv) == 2
-            err = capsys.readouterr().err
-            assert err == f"hybridgnn serve: error: port {port} on 127.0.0.1 is in use (another server still running?)\n"

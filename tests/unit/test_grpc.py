@@ -95,23 +95,3 @@ def test_huge_declared_inputs_are_413s_before_any_element_is_decoded():
         [b""] * 100_000)
     with pytest.raises(PayloadTooLarge, match="100000 elements"):
         infer_input(typed, max_elements=1000)
-
-
-def test_a_grpc_port_in_use_is_one_oserror_saying_so():
-    """grpcio raises RuntimeError 'Failed to bind ...; set GRPC_VERBOSITY=debug' (older ones
-    return 0): the server's start-up line says the port is in use instead."""
-    import socket
-    from concurrent import futures
-
-    import grpc
-
-    from hybridgnn.serving.grpc.schema import bind_grpc
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        server = grpc.server(futures.ThreadPoolExecutor(1))
-        with pytest.raises(OSError, match=f"cannot listen for gRPC on 127.0.0.1:{port} \\(the port is in use"):
-            bind_grpc(server, "127.0.0.1", port)
-        server.stop(None)
