@@ -154,10 +154,13 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if HAS_CUDA else "cpu")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not HAS_CUDA:
+        sys.exit(f"{ap.prog}: --device {args.device}: CUDA is not available here (without it the device rows run on "
+                 "CPU tensors: --device cpu, the default)")
     if args.dataset == PRODUCTS:
         ensure_products(args.dataset)
     graph = GraphStore.open(args.dataset)
-    device = torch.device(args.device)
     torch.set_num_threads(1 if device.type == "cpu" else CPU_COUNT)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     placements = {"uva": DeviceGraph(graph, device, "uva")}

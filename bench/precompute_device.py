@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--devices", default="cpu,cuda" if HAS_CUDA else "cpu")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if not HAS_CUDA and any(d.startswith("cuda") for d in args.devices.split(",")):
+        sys.exit(f"{ap.prog}: --devices {args.devices}: CUDA is not available here (--devices cpu, the default "
+                 "without it, times the CPU side alone)")
     dataset, model_dir = heavy_setup() if args.heavy else ensure_demo()
     torch.set_num_threads(CPU_COUNT)
     graph = GraphStore.open(dataset)
@@ -57,6 +60,8 @@ def main() -> None:
             if device != "cpu":
                 report[f"{device}_vs_cpu_speedup"] = round(report["seconds"]["cpu"] / report["seconds"][device], 2)
                 report[f"{device}_max_abs_diff_vs_cpu"] = float(np.abs(out - ref).max())
+    else:
+        report["ratio"] = "none: one device timed (the ratio needs cpu and a GPU in --devices)"
     emit_report(report, args.out)
 
 
