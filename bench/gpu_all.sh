@@ -9,7 +9,8 @@
 #
 # STAGE: env tests graph sampler lanecost precompute precompute_cli profile policies policies_http fig10 quiver
 #        overload frontends
-# (default: all but precompute_cli, overload and frontends, in that order; the products-scale graph
+# (default: env tests sampler lanecost precompute profile policies policies_http fig10, in that
+# order: all but graph, precompute_cli, quiver, overload and frontends; the products-scale graph
 # is generated first, beside the tests; graph makes it beside the hybrid server test alone, for
 # a fresh machine that needs no other test). overload is a CPU figure that needs the 16 cores:
 # the front end's overload targets with the load generator on cores of its own (a 2-core
