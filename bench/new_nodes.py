@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -116,8 +117,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
     work = Path(tempfile.mkdtemp(prefix="hybridgnn-newnodes-"))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the graphs and models generated for this run
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    rng = np.random.default_rng(0)
     full = GraphStore.open(generate_csbm(work / "full", num_nodes=args.num_nodes, seed=11))
     base_ids, held = split(full, rng)
     b = len(base_ids)
