@@ -71,6 +71,10 @@ def main() -> None:
                          "throughput = the THROUGHPUT settings, baseline = defaults as of --baseline-rev)")
     ap.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision the baseline server runs")
     args = ap.parse_args()
+    wanted = set(args.servers.split(","))
+    unknown = wanted - {"off", "defaults", "throughput", "baseline"}
+    if unknown:  # before the naive server's minutes of measurement, not after
+        ap.error(f"unknown --servers entries {sorted(unknown)}; take off, defaults, throughput, baseline")
     raise_open_file_limit()
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
     naive_runs = {}
@@ -81,11 +85,6 @@ def main() -> None:
     measured = {t: r for t, r in naive_runs.items() if r is not None}
     naive_threads = max(measured, key=lambda t: measured[t].seeds_per_s) if measured else None
     naive = measured.get(naive_threads)
-    wanted = set(args.servers.split(","))
-
-    unknown = wanted - {"off", "defaults", "throughput", "baseline"}
-    if unknown:
-        ap.error(f"unknown --servers entries {sorted(unknown)}; take off, defaults, throughput, baseline")
 
     def maybe(name, extra, label, rev=None):
         return measure(dataset, model, extra, args, label, rev=rev)[1] if name in wanted else None
