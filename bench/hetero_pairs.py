@@ -7,7 +7,7 @@ forward over the whole graph for every request (bench/naive_hetero_server.py). S
 graph, model, machine and open-loop Poisson load generator; each request scores
 --pairs-per-request random (user, item) pairs.
 
-    .venv/bin/python bench/hetero_pairs.py [--slo-ms 50] [--pairs-per-request 16] [--num-nodes 4000]
+    .venv/bin/python bench/hetero_pairs.py [--slo-ms 50] [--pairs-per-request 16] [--num-nodes 4000] [--out F]
 """
 
 from __future__ import annotations
@@ -110,8 +110,13 @@ def main() -> int:
     ap.add_argument("--start-rate", type=float, default=5.0)
     ap.add_argument("--servers", default="naive,hybridgnn,hybridgnn_exact,hybridgnn_precomputed",
                     help="which to measure")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "hetero_pairs.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the report here (bench/results/hetero_pairs.json is the committed one)")
     args = ap.parse_args()
+    known = ("naive", "hybridgnn", "hybridgnn_exact", "hybridgnn_precomputed")
+    unknown = sorted(set(args.servers.split(",")) - set(known))
+    if unknown:
+        ap.error(f"unknown --servers entries {unknown}; take {', '.join(known)}")
     raise_open_file_limit()
     dataset, model, graph = setup(args.num_nodes, args.avg_degree)
     max_degree = max(int(np.diff(d.indptr).max()) for d in graph.edges.values())
