@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import heavy_setup, machine, thread_cpu_seconds  # noqa: E402
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
-from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
+from hybridgnn.capabilities import HAS_CUDA, raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.scheduler.policy import Profile  # noqa: E402
 from hybridgnn.scheduler.queueing import ServingLoad  # noqa: E402
@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda", "emulate"], default="cpu",
                     help="pipelines profiled and served (cuda: CPU and GPU, hybrid routing)")
     args = ap.parse_args()
+    if args.device == "cuda" and not HAS_CUDA:
+        sys.exit(f"{ap.prog}: --device cuda: CUDA is not available here (--device emulate runs the GPU pipeline's "
+                 "code on CPU tensors)")
     raise_open_file_limit()
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
     path = args.profile or Path(tempfile.mkdtemp(prefix="hybridgnn-slo-")) / "demo-cpu.json"
@@ -169,6 +172,11 @@ def main() -> None:
             "answered_p99_ms": round(float(np.quantile(lat[np.isfinite(lat)], 0.99)), 2) if np.isfinite(lat).any()
             else None,
             "rejected": sum(r.rejected for r in results), "errors": sum(r.errors for r in results)}
+    fixed = report["results"]["fixed_batch"]
+    report["vs_fixed_batch"] = {  # each PSGS bound against the fixed batch size, same run
+        name: {"within_slo": round(r["within_slo"] / fixed["within_slo"], 3) if fixed["within_slo"] else None,
+               "seeds_per_s": round(r["seeds_per_s"] / fixed["seeds_per_s"], 3) if fixed["seeds_per_s"] else None}
+        for name, r in report["results"].items() if name != "fixed_batch"}
     print(json.dumps(report, indent=2))
 
 
