@@ -236,6 +236,15 @@ def revision_env(rev: str | None) -> tuple[Path, dict[str, str]]:
     return worktree, env
 
 
+def serve_accepts(rev: str | None, flag: str) -> bool:
+    """Whether `hybridgnn serve` of git revision `rev` (None: this tree) takes `flag`, from
+    its own --help (flags are generated from the settings, so no source text says it)."""
+    cwd, env = revision_env(rev)
+    shown = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "serve", "--help"], cwd=cwd, env=env,
+                           capture_output=True, text=True, check=True).stdout
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", shown) is not None
+
+
 class RevisionServer:
     """`hybridgnn serve --dataset D --model M --port P *extra` running the code of git
     revision `rev` (its worktree first on PYTHONPATH and the working directory; same

@@ -56,6 +56,7 @@ from bench.common import (  # noqa: E402
     emit_report,
     machine,
     process_tree_cpu_seconds,
+    serve_accepts,
     serve_revision,
 )
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -228,8 +229,9 @@ def in_turns(dataset, model, wires, args) -> dict[str, list[float]]:
             servers[f"frontends {n}"] = serve_revision(None, dataset, model, "--frontends", str(n))
         if args.baseline_rev:  # the same server from another revision, beside this one
             runs[f"frontends 1 at {args.baseline_rev}"] = []
-            servers[f"frontends 1 at {args.baseline_rev}"] = serve_revision(args.baseline_rev, dataset, model,
-                                                                            "--frontends", "1")
+            # a revision from before --frontends serves HTTP in the engine's process: what --frontends 1 is
+            one = ("--frontends", "1") if serve_accepts(args.baseline_rev, "--frontends") else ()
+            servers[f"frontends 1 at {args.baseline_rev}"] = serve_revision(args.baseline_rev, dataset, model, *one)
         endpoints = {"echo": (echo.proc.pid, echo.port), WORKED: (worked.proc.pid, worked.port),
                      "protocol only": (protocol.proc.pid, protocol.port),
                      **{k: (v.pid, v.port) for k, v in servers.items()}}
