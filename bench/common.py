@@ -22,6 +22,13 @@ from hybridgnn.capabilities import describe_line
 from tests.support.server import await_ready, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
+# The processes a bench starts with `python -m hybridgnn...` (servers, generators, profiles)
+# import hybridgnn from their working directory first, else from the venv's editable
+# install, which may be another checkout: run from anywhere but the repository root, they
+# ran that checkout's code beside this one's. This tree goes first on their PYTHONPATH
+# (revision_env puts a revision's worktree before it).
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(ROOT):
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 DATA = Path(os.environ.get("HYBRIDGNN_BENCH_DATA", ROOT / "data"))
 PRODUCTS = DATA / "products-powerlaw"
 PRODUCTS_ARGS = ["--num-nodes", "2400000", "--avg-degree", "51.5", "--feature-dim", "100", "--seed", "0"]
