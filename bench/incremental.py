@@ -108,6 +108,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
     plan = [tuple(int(v) for v in p.split(":")) for p in args.batches.split(",")]
+    unknown = sorted(set(args.graphs.split(",")) - {"arxiv", "products"})
+    if unknown:  # any other name ran the arxiv graph under that name
+        ap.error(f"unknown --graphs entries {unknown}; take arxiv, products")
     print(machine())
     results = []
     for gname in args.graphs.split(","):
