@@ -113,6 +113,14 @@ class Resources:
             raise ConfigError(
                 f"fanouts {cfg.sampling.fanouts} give {len(cfg.sampling.fanouts)} hops but the model has "
                 f"{self.model.num_layers} layers; give one fanout per layer")
+        if len(cfg.sampling.fanouts) > self.model.num_layers:
+            # hops past the last layer cannot change an answer: sampling them is work for
+            # nothing, and the workload tables would cost batches by hops never used
+            log.warning("fanouts %s give %d hops but the model has %d layers; sampling the first %d",
+                        list(cfg.sampling.fanouts), len(cfg.sampling.fanouts), self.model.num_layers,
+                        self.model.num_layers)
+            cfg = self.cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
+                cfg.sampling, fanouts=tuple(cfg.sampling.fanouts[:self.model.num_layers])))
         trained_on = self.model_config.get("dataset_fingerprint")
         if trained_on and trained_on != self.graph.fingerprint:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)

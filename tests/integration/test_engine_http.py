@@ -108,6 +108,22 @@ def test_mismatched_model_and_dataset_are_refused(tiny_dataset, tiny_model, tmp_
         Engine(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5,))))
 
 
+def test_fanouts_past_the_models_layers_are_not_sampled(tiny_dataset, tiny_model, caplog):
+    """A hop past the last layer cannot change an answer; it was sampled for nothing."""
+    import logging
+
+    cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3, 2)))
+
+    async def scenario(engine, client):
+        r = await client.post("/v2/models/hybridgnn/infer", json=body([1, 2]))
+        return r.status, tuple(engine.cfg.sampling.fanouts)
+
+    with caplog.at_level(logging.WARNING):
+        assert asyncio.run(with_client(cfg, scenario)) == (200, (5, 3))
+    assert any("give 3 hops but the model has 2 layers; sampling the first 2" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_precomputed_mode_without_embeddings_is_a_clear_4xx(tiny_dataset, tiny_model):
     cfg = ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig((5, 3)))
 
