@@ -81,7 +81,7 @@ def build_profile(serve_cfg, cfg: ProfileConfig, *, progress: bool = True) -> di
                     "num_nodes": resources.graph.num_nodes, "num_edges": resources.graph.num_edges},
         "model": {"kind": model_kind(resources.model_config), "num_layers": resources.model.num_layers,
                   "fingerprint": model_fingerprint(serve_cfg.model_dir)},
-        "fanouts": list(serve_cfg.sampling.fanouts),
+        "fanouts": list(resources.cfg.sampling.fanouts),  # as served (the model's, cut to its layers)
         "mean_seed_psgs": float(psgs.mean()),
         # what requests are drawn from when an SLO choice simulates serving
         "seed_psgs_quantiles": [round(float(v), 3) for v in np.quantile(psgs, (np.arange(1024) + 0.5) / 1024)],
