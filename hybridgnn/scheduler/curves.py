@@ -274,6 +274,7 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
                          "requests queue behind one another)")
     for name in devices:
         limits.setdefault(name, 0.0)
+    alone = (dict(rates), dict(p99s))  # each device's choice before the shared one
     if devices.get("cpu") is not None and devices["cpu"].device_share is not None and "gpu" in devices:
         # the split CPU lane's device share runs on the GPU the GPU lane uses: one server
         # (and one stage for its workers, when the GPU lane takes nothing)
@@ -284,8 +285,10 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
         threshold = min(cross, limits["cpu"]) if limits["cpu"] > 0 else 0.0
         if limits["gpu"] <= 0:
             threshold = math.inf
-        if threshold == 0:  # the router sends the CPU only what spills from a saturated GPU
-            rates["cpu"] = 0.0
+        if threshold == 0 and "gpu" in alone[0]:
+            # the router sends the CPU only what spills from a saturated GPU: the GPU serves
+            # what it fits alone (a shared choice may have split the load otherwise)
+            rates, p99s = {"gpu": alone[0]["gpu"]}, {"gpu": alone[1]["gpu"]}
     else:
         threshold = math.inf if "cpu" in devices else 0.0
     seeds = sum(rates.values()) * max(1, round(load.request_seeds))
