@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 from hybridgnn.config import env_default
@@ -97,3 +98,33 @@ def flag_value(args: argparse.Namespace, cls, name: str):
     """The parsed value of one setting, in the flag's unit."""
     f = next(f for f in settings(cls) if f.name == name)
     return getattr(args, _dest(cls, f))
+
+
+def _flags_by_field() -> dict[str, str]:
+    """{field name: its flag} for every setting of hybridgnn.config whose flag takes the
+    field's own unit and whose name no other setting's flag shares."""
+    import hybridgnn.config as config
+
+    seen: dict[str, set[str]] = {}
+    for cls in vars(config).values():
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            for f in settings(cls):
+                seen.setdefault(f.name, set()).add("" if f.metadata.get("scale") else _flag(f))
+    return {name: flags.pop() for name, flags in seen.items() if len(flags) == 1 and "" not in flags}
+
+
+def in_flag_words(message: str) -> str:
+    """A config error as the command line says it: the settings it names (max_pending_requests,
+    gamma at the start) as their flags (--max-pending, --srpe-gamma). Names of several
+    words anywhere, one word only as the subject ("gamma must ..."): a lone word such as
+    "log" or "policy" is too often plain English."""
+    flags = _flags_by_field()
+
+    def flag(match: re.Match) -> str:
+        return flags.get(match.group(0), match.group(0))
+
+    message = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", flag, message)
+    head = re.match(r"([a-z]+) must\b", message)
+    if head and head.group(1) in flags:
+        message = flags[head.group(1)] + message[len(head.group(1)):]
+    return message

@@ -20,6 +20,7 @@ from hybridgnn.cli import (
     train,
     workload,
 )
+from hybridgnn.cli.flags import in_flag_words
 from hybridgnn.config.settings import ENV_PREFIX, BadEnvValue, deferred_env_errors
 from hybridgnn.errors import ConfigError
 
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         # A dataset, model, profile or flags that do not fit (ConfigError; the config
         # dataclasses raise ValueError for a bad flag): one clear line, exit 2.
         message = " ".join(str(exc).split())
+        if not isinstance(exc, (ConfigError, FileNotFoundError)):  # a config dataclass's: name the flags
+            message = in_flag_words(message)
         print(f"hybridgnn {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

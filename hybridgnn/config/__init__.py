@@ -338,13 +338,10 @@ class UpdateConfig:
     def __post_init__(self):
         if self.token is not None and len(self.token) < 8:
             raise ValueError("the update token must be at least 8 characters")
-        if self.max_batch_updates < 1 or self.max_request_updates < 1:
-            raise ValueError(f"update limits must be >= 1, got {self.max_batch_updates}, {self.max_request_updates}")
-        if self.compact_patched_entries < 1:
-            raise ValueError(f"compact_patched_entries must be >= 1, got {self.compact_patched_entries}")
-        if self.snapshot_every < 0 or self.snapshot_keep < 1 or self.max_catch_up_s < 0:
-            raise ValueError(f"snapshot_every must be >= 0, snapshot_keep >= 1, max_catch_up_s >= 0; got "
-                             f"{self.snapshot_every}, {self.snapshot_keep}, {self.max_catch_up_s}")
+        for name, least in (("max_batch_updates", 1), ("max_request_updates", 1), ("compact_patched_entries", 1),
+                            ("snapshot_every", 0), ("snapshot_keep", 1), ("max_catch_up_s", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if self.propagation not in ("auto", "recompute"):
             raise ValueError(f"propagation must be auto or recompute, got {self.propagation!r}")
 

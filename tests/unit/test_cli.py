@@ -413,3 +413,19 @@ def test_a_flag_value_its_parser_refuses_says_why(capsys):
         assert info.value.code == 2
         err = capsys.readouterr().err
         assert why in err and "<lambda>" not in err and "parse_frontends" not in err, err
+
+
+def test_a_setting_the_config_refuses_is_named_by_its_flag(capsys):
+    """The config's checks name fields: `--max-pending 0` said 'max_pending_requests must
+    be >= 1', a name the user never typed."""
+    for argv, said in ((["serve", "--max-pending", "0"], "--max-pending must be >= 1, got 0"),
+                       (["serve", "--srpe-gamma", "2"], "--srpe-gamma must be within [0, 1], got 2.0"),
+                       (["serve", "--update-token", "12345678", "--update-batch", "0"],
+                        "--update-batch must be >= 1, got 0")):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"hybridgnn serve: error: {said}\n"
+    from hybridgnn.cli.flags import in_flag_words
+
+    # a lone word that names a setting is left alone unless it is the subject
+    assert in_flag_words("the update log must be reachable") == "the update log must be reachable"
+    assert in_flag_words("gamma must be within [0, 1]") == "--srpe-gamma must be within [0, 1]"
