@@ -370,7 +370,8 @@ class LocalCluster:
             except _StopRequested:
                 log.info("stopped while starting")
                 return 0
-            print(f"cluster ready on {self.url} ({self.cfg.replicas} replicas behind {self.cfg.balancer}); "
+            replicas = f"{self.cfg.replicas} replica{'s' if self.cfg.replicas != 1 else ''}"
+            print(f"cluster ready on {self.url} ({replicas} behind {self.cfg.balancer}); "
                   f"Ctrl-C stops it", flush=True)
             while not self.stop_requested:
                 self.reap()
