@@ -33,6 +33,11 @@ def _safe_pyg_globals() -> list:
 
 def _load_pyg(path: Path):
     """A dict of arrays (a Data), or the HeteroData object itself."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not (head.startswith(b"PK") or head[:1] == b"\x80"):  # torch.save writes a zip (a pickle before 1.6)
+        raise DatasetError(f"cannot load {path} as a PyG Data file: it is not a file torch.save wrote (a text "
+                           "file, or a truncated download?)")
     try:
         with torch.serialization.safe_globals(_safe_pyg_globals()):
             obj = torch.load(path, map_location="cpu", weights_only=True)

@@ -132,6 +132,14 @@ def test_import_refuses_code_in_pickles(tmp_path):
         import_graph(tmp_path / "evil.pt", tmp_path / "out")
 
 
+def test_import_of_a_file_torch_did_not_write_says_so(tmp_path):
+    """torch.load said "101" (a KeyError) of a text file, "Unsupported operand" of others."""
+    for name, content in (("text.pt", b"hello world\n"), ("noise.pt", bytes(range(7, 107))), ("empty.pt", b"")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DatasetError, match="not a file torch.save wrote"):
+            import_graph(tmp_path / name, tmp_path / "out")
+
+
 def test_import_npz_and_edge_list(tmp_path):
     np.savez(tmp_path / "g.npz", src=np.array([0, 1]), dst=np.array([1, 2]))
     import_graph(tmp_path / "g.npz", tmp_path / "a", undirected=True, feature_dim=5)
