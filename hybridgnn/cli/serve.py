@@ -197,6 +197,17 @@ def chosen_policy(args) -> str:
     return args.policy
 
 
+def _why_unserved(m) -> str:
+    """Why a repository model has no version to serve, in a few words."""
+    if not m.available:
+        others = sorted(p.name for p in m.root.iterdir() if p.is_dir())[:3]
+        return (f"{m.name}/ has no version directory (1/, 2/, ...)"
+                + (f", only {', '.join(o + '/' for o in others)}" if others else ""))
+    if not m.chosen:
+        return f"{m.name}/: its version policy chooses none of {m.available}"
+    return f"{m.name}/: version {', '.join(map(str, m.chosen))} holds no hybridgnn model (config.json)"
+
+
 def _reads_as_model(path: Path) -> bool:
     from hybridgnn.models.checkpoint import read_config
 
@@ -232,11 +243,12 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
             raise ValueError("--model-repository takes the place of --model and needs --dataset")
         from hybridgnn.serving.repository.layout import scan_repository
 
-        chosen = [m.version_dir(v) for m in scan_repository(args.model_repository).values() for v in m.chosen]
+        models = scan_repository(args.model_repository)
+        chosen = [m.version_dir(v) for m in models.values() for v in m.chosen]
         readable = [d for d in chosen if _reads_as_model(d)]
         if not readable:
             raise ValueError(f"model repository {args.model_repository}: no version directory chosen by a version "
-                             "policy holds a readable model")
+                             "policy holds a readable model (" + "; ".join(map(_why_unserved, models.values())) + ")")
         args.model = readable[0]  # server-wide defaults; each version gets its own fanouts when served
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to serve the demo)")

@@ -429,3 +429,12 @@ def test_a_setting_the_config_refuses_is_named_by_its_flag(capsys):
     # a lone word that names a setting is left alone unless it is the subject
     assert in_flag_words("the update log must be reachable") == "the update log must be reachable"
     assert in_flag_words("gamma must be within [0, 1]") == "--srpe-gamma must be within [0, 1]"
+
+
+def test_a_repository_with_nothing_to_serve_says_why_per_model(tmp_path, capsys):
+    (tmp_path / "repo" / "x" / "one").mkdir(parents=True)  # a version directory must be a number
+    (tmp_path / "repo" / "y" / "3").mkdir(parents=True)  # a number, but no model in it
+    assert main(["serve", "--dataset", str(tmp_path), "--model-repository", str(tmp_path / "repo")]) == 2
+    err = capsys.readouterr().err
+    assert "x/ has no version directory (1/, 2/, ...), only one/" in err
+    assert "y/: version 3 holds no hybridgnn model (config.json)" in err and err.count("\n") == 1
