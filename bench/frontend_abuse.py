@@ -975,8 +975,10 @@ def table(report: dict) -> str:
     if s and "exception" not in s:
         rows.append(("slowloris", (f"{s['closed_by_server_within_T_plus_1']}/{s['connected']} closed (FIN) within T+1, "
                                   f"max {s['closed_after_first_byte_s']['max']} s; server released all "
-                                  f"{s['server_released_all_s_after_last_first_byte']} s after the last first byte; "
-                                  f"good {s['good_keepalive']['ok']}/{s['good_keepalive']['requests']} keep-alive, "
+                                  + (f"{s['server_released_all_s_after_last_first_byte']} s after the last first byte; "
+                                     if s["server_released_all_s_after_last_first_byte"] is not None
+                                     else "connections: not seen within the watch; ")
+                                  + f"good {s['good_keepalive']['ok']}/{s['good_keepalive']['requests']} keep-alive, "
                                   f"{s['good_fresh']['ok']}/{s['good_fresh']['requests']} fresh"),
                      f"all closed within T+1 = {s['request_timeout_s'] + 1:g} s", s["pass"]))
     c = p.get("connflood")

@@ -197,7 +197,9 @@ def main() -> None:
             r = report["reload"] = reload(args, dataset, model, tmp)
             print(f"reload under {args.reload_rate:g} req/s: switched {r['reload_s']} s after the copy (precompute "
                   f"included); {r['failed']} of {r['sent']} requests failed; p99 before {r['p99_before_ms']} ms, "
-                  f"during {r['p99_during_ms']} ms, after {r['p99_after_ms']} ms", flush=True)
+                  f"during {r['p99_during_ms']} ms, after "
+                  + (f"{r['p99_after_ms']} ms" if r["p99_after_ms"] is not None
+                     else "none (the switch came after the load ended: raise --reload-duration-s)"), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"machine: {report['machine']}")
