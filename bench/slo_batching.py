@@ -96,6 +96,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "profile", "--dataset",
                         str(dataset), "--model", str(model), "--device", args.device, "--budget-s", "240", "--no-plot",
                         "--out", str(path), *extra], check=True)
+        print(f"profile: {path} (pass it as --profile to skip profiling next time)", flush=True)
     prof = Profile.load(path)
     # Two calibration runs, near the offer the defaults predict and at half of it, measure
     # how much longer than profiled batches run (service_stretch) and the load generator's
