@@ -237,21 +237,29 @@ class Simulator:
         """(highest requests/s whose load, RATE_HEADROOM higher, still has a simulated p99
         <= slo_s; the p99 at that rate), by bisection. (0, p99 at 1 % of capacity) when even
         that load misses the SLO: lighter load leaves a request the same batching wait and
-        service."""
-        hi = 1.05 * self.capacity(bound)
-        probe = hi * 0.01
+        service.
+
+        A rate is taken only where its own p99 fits too: simulated p99 is not monotone in
+        the rate (a different rate forms other batches, drawing other service ratios), so
+        the p99 of a rate RATE_HEADROOM lower than one that fits may itself miss the SLO."""
+        more = 1 + RATE_HEADROOM
+        hi = 1.05 * self.capacity(bound) / more
+        probe = hi * more * 0.01
         p = self.p99(probe, bound)
         if p > slo_s:
             return 0.0, p
-        lo = probe
+        lo = probe / more
+        lo_p99 = self.p99(lo, bound)
+        if lo_p99 > slo_s:
+            return 0.0, lo_p99
         for _ in range(iterations):
             mid = 0.5 * (lo + hi)
-            if self.p99(mid, bound) <= slo_s:
-                lo = mid
+            p = self.p99(mid, bound) if self.p99(mid * more, bound) <= slo_s else math.inf
+            if p <= slo_s:
+                lo, lo_p99 = mid, p
             else:
                 hi = mid
-        rate = lo / (1 + RATE_HEADROOM)
-        return rate, self.p99(rate, bound)
+        return lo, lo_p99
 
 
 @dataclass(frozen=True)
@@ -374,19 +382,23 @@ class SharedDeviceSimulator:
         """(highest CPU-lane requests/s that, beside the GPU lane at gpu_rate, keeps the p99
         of both within slo_s even with both lanes' load RATE_HEADROOM higher; the p99 at
         that rate), by bisection below hi and 1.05 x cpu_capacity; (0, p99 of the GPU lane
-        alone) when none fits."""
+        alone) when none fits. As Simulator.max_rate, a CPU rate is taken only where the p99
+        at it (not only RATE_HEADROOM higher) fits too."""
         more = 1 + RATE_HEADROOM
+        base = self.p99(0.0, cpu_bound, gpu_rate, gpu_bound) if gpu_rate > 0 else 0.0
         if gpu_rate > 0 and self.p99(0.0, cpu_bound, gpu_rate * more, gpu_bound) > slo_s:
-            return 0.0, self.p99(0.0, cpu_bound, gpu_rate, gpu_bound)
+            return 0.0, base
         hi = min(hi, 1.05 * self.cpu_capacity(cpu_bound, gpu_rate, gpu_bound))
-        lo = 0.0
+        lo, lo_p99 = 0.0, base
         for _ in range(iterations if hi > 0 else 0):
             mid = 0.5 * (lo + hi)
-            if self.p99(mid * more, cpu_bound, gpu_rate * more, gpu_bound) <= slo_s:
-                lo = mid
+            p = (self.p99(mid, cpu_bound, gpu_rate, gpu_bound)
+                 if self.p99(mid * more, cpu_bound, gpu_rate * more, gpu_bound) <= slo_s else math.inf)
+            if p <= slo_s:
+                lo, lo_p99 = mid, p
             else:
                 hi = mid
-        return lo, self.p99(lo, cpu_bound, gpu_rate, gpu_bound) if lo > 0 or gpu_rate > 0 else 0.0
+        return lo, lo_p99
 
 
 _NONE = np.empty(0)  # a lane offered no requests

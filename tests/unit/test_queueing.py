@@ -320,3 +320,49 @@ def test_the_predicted_rate_holds_its_slo_in_the_long_run(monkeypatch, headroom)
         assert worst <= slo
     else:
         assert worst > 1.2 * slo
+
+
+_CURVE = ([1.0, 50.0, 5000.0], [0.002, 0.004, 0.03])
+
+
+def _plain_sim(seed: int, requests: int = 2000):
+    rng = np.random.default_rng(seed)
+    load = ServingLoad(request_seeds=int(rng.integers(1, 3)), frontend_cpu_s=float(rng.choice([0.0, 20e-6])), cores=4)
+    sim = Simulator(PipelineModel(*_CURVE, rng.lognormal(0, 0.4, 50), int(rng.integers(1, 4)), 1.0),
+                    rng.lognormal(3, 1, 50), load, batching_wait_s=float(rng.choice([0.0, 0.002, 0.01])),
+                    requests=requests, seed=seed)
+    return sim, float(rng.choice([0.02, 0.05, 0.1])), float(rng.choice([30.0, 300.0, 3000.0]))
+
+
+def test_a_rate_called_within_the_slo_has_its_own_p99_within_it():
+    """Simulated p99 is not monotone in the rate: the rate RATE_HEADROOM below a load that
+    fits may itself miss the SLO (it did for 1 in 10 of these); max_rate must not
+    return such a rate, and the p99 it returns is the one at that rate."""
+    from hybridgnn.scheduler.queueing import RATE_HEADROOM
+
+    for seed in range(30):
+        sim, slo, bound = _plain_sim(seed)
+        rate, p99 = sim.max_rate(slo, bound)
+        if rate > 0:
+            assert p99 == sim.p99(rate, bound) and p99 <= slo, (seed, rate, p99, slo)
+            assert sim.p99(rate * (1 + RATE_HEADROOM), bound) <= slo
+
+
+def test_a_cpu_lane_rate_called_within_the_slo_has_its_own_p99_within_it():
+    from hybridgnn.scheduler.queueing import RATE_HEADROOM, SharedDeviceSimulator
+
+    more = 1 + RATE_HEADROOM
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        spread = rng.lognormal(0, 0.4, 50)
+        sim = SharedDeviceSimulator(PipelineModel(*_CURVE, spread, int(rng.integers(1, 4)), 1.0),
+                                    PipelineModel([1.0, 5000.0], [0.0005, 0.006], np.ones(1), 1, 0.0),
+                                    PipelineModel(*_CURVE, spread, int(rng.integers(1, 4)), 0.0),
+                                    rng.lognormal(3, 1, 50), QUIET, batching_wait_s=float(rng.choice([0.0, 0.002])),
+                                    requests=2000, seed=seed)
+        slo, gpu_rate = float(rng.choice([0.02, 0.05])), float(rng.choice([0.0, 100.0, 400.0]))
+        rate, p99 = sim.max_cpu_rate(slo, 300.0, gpu_rate, 3000.0, hi=5000.0)
+        if rate > 0:
+            assert p99 == sim.p99(rate, 300.0, gpu_rate, 3000.0) and p99 <= slo, (seed, rate, p99, slo)
+            assert sim.p99(rate * more, 300.0, gpu_rate * more, 3000.0) <= slo
+
