@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hybridgnn.scheduler.queueing import (
     PipelineModel,
@@ -366,3 +368,46 @@ def test_a_cpu_lane_rate_called_within_the_slo_has_its_own_p99_within_it():
             assert p99 == sim.p99(rate, 300.0, gpu_rate, 3000.0) and p99 <= slo, (seed, rate, p99, slo)
             assert sim.p99(rate * more, 300.0, gpu_rate * more, 3000.0) <= slo
 
+
+_PSGS = st.one_of(st.lists(st.sampled_from([1.0, 2.0, 5.0, 10.0]), min_size=1, max_size=3),  # ties at the bound
+                  st.lists(st.floats(0.5, 500.0), min_size=1, max_size=5))
+_BOUND = st.one_of(st.sampled_from([0.1, 1.0, 5.0, 10.0, 20.0, math.inf]), st.floats(0.1, 3000.0))
+_WAIT = st.sampled_from([0.0, 0.0005, 0.003, 0.05])
+_RATE = st.sampled_from([0.0, 30.0, 300.0, 2000.0]) | st.floats(1.0, 3000.0)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(psgs=_PSGS, seeds=st.integers(1, 3), workers=st.integers(1, 4), wait=_WAIT, bound=_BOUND,
+       rate=st.floats(1.0, 5000.0), n=st.integers(1, 120), seed=st.integers(0, 3),
+       frontend=st.sampled_from([0.0, 20e-6]))
+def test_the_compiled_batcher_is_the_python_one_on_any_small_config(psgs, seeds, workers, wait, bound, rate, n,
+                                                                     seed, frontend):
+    load = ServingLoad(request_seeds=seeds, frontend_cpu_s=frontend, cores=4)
+    sim = Simulator(PipelineModel(*_CURVE, np.random.default_rng(seed).lognormal(0, 0.4, 7), workers, 1.0),
+                    np.asarray(psgs), load, batching_wait_s=wait, requests=n, seed=seed)
+    got = sim.latencies(rate, bound)
+    if np.all(np.isfinite(got)):  # else the front end is past its cap: nothing simulated
+        np.testing.assert_allclose(got - frontend - frontend_wait(rate, load),
+                                   _reference_plain(sim, rate, bound)[sim.warmup:], rtol=1e-12, atol=1e-15)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(psgs=_PSGS, seeds=st.integers(1, 3), cpu_workers=st.integers(1, 4), gpu_workers=st.integers(1, 6),
+       slots=st.integers(1, 3), wait=_WAIT, cpu_bound=_BOUND, gpu_bound=_BOUND, cpu_rate=_RATE, gpu_rate=_RATE,
+       n=st.integers(1, 120), seed=st.integers(0, 3), shared=st.booleans())
+def test_the_compiled_two_lane_loop_is_the_python_one_on_any_small_config(psgs, seeds, cpu_workers, gpu_workers,
+                                                                          slots, wait, cpu_bound, gpu_bound, cpu_rate,
+                                                                          gpu_rate, n, seed, shared):
+    from hybridgnn.scheduler.queueing import SharedDeviceSimulator
+
+    spread = np.random.default_rng(seed).lognormal(0, 0.4, 7)
+    sim = SharedDeviceSimulator(PipelineModel(*_CURVE, spread, cpu_workers, 0.0),
+                                PipelineModel([1.0, 5000.0], [0.0005, 0.006], np.ones(1), 1, 0.0),
+                                PipelineModel(*_CURVE, spread, gpu_workers, 0.0), np.asarray(psgs),
+                                ServingLoad(request_seeds=seeds, frontend_cpu_s=0.0, cores=4),
+                                batching_wait_s=wait, requests=n, seed=seed, shared=shared, slots=slots)
+    got = sim.latencies(cpu_rate, cpu_bound, gpu_rate, gpu_bound)
+    want = _reference_shared(sim, cpu_rate, cpu_bound, gpu_rate, gpu_bound)
+    assert set(got) == set(want)
+    for lane in got:
+        np.testing.assert_allclose(got[lane], want[lane][sim.warmup:], rtol=1e-12, atol=1e-15)
