@@ -117,13 +117,16 @@ def in_flag_words(message: str) -> str:
     """A config error as the command line says it: the settings it names (max_pending_requests,
     gamma at the start) as their flags (--max-pending, --srpe-gamma). Names of several
     words anywhere, one word only as the subject ("gamma must ..."): a lone word such as
-    "log" or "policy" is too often plain English."""
+    "log" or "policy" is too often plain English. Names inside paths, file names and quoted
+    values are the user's text and stay as they are."""
     flags = _flags_by_field()
 
     def flag(match: re.Match) -> str:
         return flags.get(match.group(0), match.group(0))
 
-    message = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", flag, message)
+    # a name standing alone: not part of a path, a file name or a quoted value (a user's
+    # /data/seed_log.npy or 'a_b' stays as given)
+    message = re.sub(r"(?<![\w./\\'\"-])[a-z]+(?:_[a-z]+)+(?![\w/\\'\"-]|\.\w)", flag, message)
     head = re.match(r"([a-z]+) must\b", message)
     if head and head.group(1) in flags:
         message = flags[head.group(1)] + message[len(head.group(1)):]

@@ -431,6 +431,19 @@ def test_a_setting_the_config_refuses_is_named_by_its_flag(capsys):
     assert in_flag_words("gamma must be within [0, 1]") == "--srpe-gamma must be within [0, 1]"
 
 
+def test_a_setting_s_name_in_the_user_s_own_text_is_left_as_given(capsys):
+    """Paths, file names and quoted values are the user's: `--seed-log /data/seed_log.npy`
+    was echoed back as /data/--seed-log.npy."""
+    from hybridgnn.cli.flags import in_flag_words
+
+    assert main(["serve", "--seed-log", "/data/seed_log.npy"]) == 2
+    assert capsys.readouterr().err.endswith("got /data/seed_log.npy\n")
+    for text in ("cannot read /srv/snapshot_dir/x", "got 'max_connections'", "C:\\runs\\seed_log.npy"):
+        assert in_flag_words(text) == text
+    assert (in_flag_words("request_seeds >= 1, frontend_cpu_us >= 0 (max_batch_seeds).")
+            == "--request-seeds >= 1, --frontend-cpu-us >= 0 (--max-batch-seeds).")
+
+
 def test_a_repository_with_nothing_to_serve_says_why_per_model(tmp_path, capsys):
     (tmp_path / "repo" / "x" / "one").mkdir(parents=True)  # a version directory must be a number
     (tmp_path / "repo" / "y" / "3").mkdir(parents=True)  # a number, but no model in it
