@@ -94,10 +94,10 @@ class StandInRanks:
         self.up = False
 
 
-def _run(scenario, ranks: StandInRanks | None = None, **cfg_kw):
+def _run(scenario, ranks: StandInRanks | None = None, fanouts=(5, 3), **cfg_kw):
     async def main():
         ranks_ = ranks or StandInRanks()
-        cfg = ServeConfig(dataset_dir=DATA[0], model_dir=DATA[1], sampling=SamplingConfig((5, 3)),
+        cfg = ServeConfig(dataset_dir=DATA[0], model_dir=DATA[1], sampling=SamplingConfig(fanouts),
                           partitions=PartitionConfig(partitions=2), **cfg_kw)
         engine = PartitionedEngine(cfg, ranks_)
         await engine.start()
@@ -349,3 +349,19 @@ def test_a_misshapen_answer_from_rank_0_fails_its_request_and_the_next_is_served
     assert "partition rank 0 answered 'existing' with rows []" in first
     assert "not two arrays of 2 rows" in second
     assert served == [5.0]
+
+
+def test_fanouts_past_the_models_layers_are_cut_as_a_single_process_server_cuts_them(caplog):
+    """Resources cuts fanouts to the model's layers (metadata, describe and the new-node
+    head say so); a partitioned server reported and sent the hops it never samples."""
+    import logging
+
+    async def scenario(engine, ranks):
+        await engine.new_nodes(np.zeros((1, 16), np.float32), np.array([[3000], [1]]), mode="sampled", gamma=0.1,
+                               policy="ratio")
+        return engine.metadata()["fanouts"], [h["fanouts"] for name, h, _ in ranks.calls if h.get("mode")]
+
+    with caplog.at_level(logging.WARNING):
+        listed, sent = _run(scenario, fanouts=(5, 3, 2))
+    assert listed == [5, 3] and sent == [[5, 3]]
+    assert any("sampling the first 2" in r.getMessage() for r in caplog.records)
