@@ -7,6 +7,7 @@ Units are in the names (_s seconds, _us microseconds, _bytes bytes).
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 from dataclasses import field
@@ -55,6 +56,19 @@ def fanouts_for(saved: dict, *, flag=None, repository=None) -> tuple[int, ...]:
         if given:
             return parse_fanouts(given)
     return (DEFAULT_FANOUT,) * int(saved["num_layers"])
+
+
+def fanouts_served(fanouts, num_layers: int) -> tuple[int, ...]:
+    """`fanouts` cut to one per layer, with a warning when that drops hops: a hop past the
+    last layer cannot change an answer, so sampling it is work for nothing (and the
+    workload tables would cost batches by hops never used). Fewer than the layers are the
+    caller's to refuse."""
+    fanouts = tuple(int(f) for f in fanouts)
+    if len(fanouts) > num_layers:
+        logging.getLogger("hybridgnn.serve").warning(
+            "fanouts %s give %d hops but the model has %d layers; sampling the first %d", list(fanouts), len(fanouts),
+            num_layers, num_layers)
+    return fanouts[:num_layers]
 
 
 @config_class

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hybridgnn.capabilities import DEVICE_GATE, HAS_CUDA
-from hybridgnn.config import ServeConfig, fanouts_for
+from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
@@ -113,14 +113,8 @@ class Resources:
             raise ConfigError(
                 f"fanouts {cfg.sampling.fanouts} give {len(cfg.sampling.fanouts)} hops but the model has "
                 f"{self.model.num_layers} layers; give one fanout per layer")
-        if len(cfg.sampling.fanouts) > self.model.num_layers:
-            # hops past the last layer cannot change an answer: sampling them is work for
-            # nothing, and the workload tables would cost batches by hops never used
-            log.warning("fanouts %s give %d hops but the model has %d layers; sampling the first %d",
-                        list(cfg.sampling.fanouts), len(cfg.sampling.fanouts), self.model.num_layers,
-                        self.model.num_layers)
-            cfg = self.cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
-                cfg.sampling, fanouts=tuple(cfg.sampling.fanouts[:self.model.num_layers])))
+        cfg = self.cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
+            cfg.sampling, fanouts=fanouts_served(cfg.sampling.fanouts, self.model.num_layers)))
         trained_on = self.model_config.get("dataset_fingerprint")
         if trained_on and trained_on != self.graph.fingerprint:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybridgnn.config import ServeConfig, fanouts_for
+from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served
 from hybridgnn.errors import BadRequest, BatchFailed, Draining, Forbidden, RemovedNode
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.serving.core.admitting import Admitting
@@ -70,11 +70,8 @@ class PartitionedEngine(Admitting):
         model, saved = load_checkpoint(cfg.model_dir)
         if cfg.sampling.fanouts is None:
             cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, fanouts=fanouts_for(saved)))
-        if len(cfg.sampling.fanouts) > model.num_layers:  # as Resources: the hops served, what metadata says
-            log.warning("fanouts %s give %d hops but the model has %d layers; sampling the first %d",
-                        list(cfg.sampling.fanouts), len(cfg.sampling.fanouts), model.num_layers, model.num_layers)
-            cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
-                cfg.sampling, fanouts=tuple(cfg.sampling.fanouts[:model.num_layers])))
+        cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
+            cfg.sampling, fanouts=fanouts_served(cfg.sampling.fanouts, model.num_layers)))
         self.cfg = cfg
         self.out_dim, self.embedding_dim, self.num_layers = model.out_dim, embedding_width(model), model.num_layers
         self._kind, self._class = model_kind(saved), saved["class"]
