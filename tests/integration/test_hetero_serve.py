@@ -96,6 +96,31 @@ def test_served_outputs_and_scores_equal_pyg_on_the_whole_graph(served):
         asyncio.run(with_client(_config(dataset, path), check))
 
 
+def test_fanouts_past_the_models_layers_are_not_sampled(served, caplog):
+    """A hop past the last layer cannot change an answer: it is cut (with a warning), and
+    the answers stay PyG's whole-graph ones."""
+    import logging
+
+    from hybridgnn.config import SamplingConfig
+
+    graph, dataset, models = served
+    _, path, want = models[0]
+    t = graph.node_types[0]
+    ids = np.arange(0, graph.num_nodes(t), 7)
+
+    async def check(engine, client):
+        status, j = await _post(client, _node(t, ids))
+        assert status == 200, j
+        torch.testing.assert_close(torch.tensor(j["outputs"][0]["data"]).reshape(len(ids), -1), want[t][ids],
+                                   atol=1e-5, rtol=1e-5)
+        return {len(f) for f in engine.fanouts.values()}
+
+    with caplog.at_level(logging.WARNING):
+        hops = asyncio.run(with_client(_config(dataset, path, sampling=SamplingConfig((1000, 1000, 1000))), check))
+    assert hops == {2}
+    assert any("give 3 hops but the model has 2 layers" in r.getMessage() for r in caplog.records)
+
+
 def test_both_pipelines_route_by_typed_psgs_and_answer_alike(served):
     graph, dataset, models = served
     _, path, want = models[0]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hybridgnn.config import DEFAULT_FANOUT, ServeConfig
+from hybridgnn.config import DEFAULT_FANOUT, ServeConfig, fanouts_served
 from hybridgnn.errors import BatchFailed, ConfigError, Conflict, Draining, Forbidden
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.scheduler.router import Router
@@ -129,6 +129,9 @@ class HeteroEngine(Admitting):
         if num_hops(self.fanouts) < self.model.num_layers:
             raise ConfigError(f"fanouts give {num_hops(self.fanouts)} hops but the model has {self.model.num_layers} "
                               "layers")
+        if num_hops(self.fanouts) > self.model.num_layers:  # as a homogeneous server: the hops an answer uses
+            fanouts_served(next(iter(self.fanouts.values())), self.model.num_layers)  # says so
+            self.fanouts = {e: f[:self.model.num_layers] for e, f in self.fanouts.items()}
         self.cfg = cfg
         self.model_class, self.num_layers = config["class"], self.model.num_layers
         t0 = time.perf_counter()
