@@ -162,10 +162,14 @@ def _interp_seconds(kx: np.ndarray, ky: np.ndarray, last_psgs: float, psgs: floa
 
 @numba.njit(cache=True)
 def _finish_times(arrivals: np.ndarray, cum: np.ndarray, ratios: np.ndarray, kx: np.ndarray, ky: np.ndarray,
-                  last_psgs: float, workers: int, wait: float, bound: float, stretch: float) -> np.ndarray:
+                  last_psgs: float, workers: int, wait: float, bound: float, stretch: float,
+                  budget: float = math.inf, warmup: int = 0, late_limit: int = 0) -> tuple[np.ndarray, bool]:
     """When each request's batch finishes: the batcher and `workers` workers of one
-    pipeline (the loop Simulator.latencies describes), one batch per iteration."""
+    pipeline (the loop Simulator.latencies describes), one batch per iteration. With a
+    finite budget, stops early (True) once more than late_limit requests past the warm-up
+    take longer than it: their p99 is then over it, whatever the rest do."""
     n = arrivals.shape[0]
+    late = 0
     free = np.zeros(max(1, workers))  # when each worker is next free
     done = np.empty(n)
     i = 0
@@ -181,10 +185,22 @@ def _finish_times(arrivals: np.ndarray, cum: np.ndarray, ratios: np.ndarray, kx:
         end = max(i + 1, min(by_time, by_bound))
         finish = start + _interp_seconds(kx, ky, last_psgs, cum[end] - cum[i]) * ratios[batch % n] * stretch
         done[i:end] = finish
+        if budget < math.inf:
+            for j in range(max(i, warmup), end):
+                if finish - arrivals[j] > budget:
+                    late += 1
+            if late > late_limit:
+                return done, True
         free[w] = finish
         batch += 1
         i = end
-    return done
+    return done, False
+
+
+def _late_limit(n: int) -> int:
+    """The most of n latencies that may exceed a bound while their p99 (numpy's linear
+    quantile) still might not: with more, the value at rank floor(0.99 (n - 1)) exceeds it."""
+    return n - math.floor(0.99 * (n - 1)) - 1
 
 
 class Simulator:
@@ -209,21 +225,26 @@ class Simulator:
         self.batch_ratios = rng.choice(pipeline.ratios, size=requests)
         self.warmup = requests // 10
 
-    def latencies(self, requests_per_s: float, bound: float) -> np.ndarray:
-        """Seconds from arrival to response for every request after the warm-up."""
+    def latencies(self, requests_per_s: float, bound: float, within: float = math.inf) -> np.ndarray:
+        """Seconds from arrival to response for every request after the warm-up; [inf]
+        once their p99 is sure to exceed `within` (the simulation stops there)."""
         stretch = self.pipeline.stretch(requests_per_s + self.background_rps, self.load) * self.load.service_scale
         loop_wait = frontend_wait_p99_s(requests_per_s + self.background_rps, self.load.frontend_cpu_s)
         if not (math.isfinite(stretch) and math.isfinite(loop_wait)):
             return np.full(1, math.inf)
         arrivals = self.unit_arrivals / requests_per_s
-        done = _finish_times(arrivals, self.cum_psgs, self.batch_ratios, self.pipeline.knots_log_psgs,
-                             self.pipeline.knots_seconds, self.pipeline.last_psgs, self.pipeline.workers,
-                             self.wait, float(bound), stretch)
-        lat = done - arrivals + self.load.frontend_cpu_s + loop_wait
-        return lat[self.warmup:]
+        extra = self.load.frontend_cpu_s + loop_wait
+        done, over = _finish_times(arrivals, self.cum_psgs, self.batch_ratios, self.pipeline.knots_log_psgs,
+                                   self.pipeline.knots_seconds, self.pipeline.last_psgs, self.pipeline.workers,
+                                   self.wait, float(bound), stretch, within - extra, self.warmup,
+                                   _late_limit(len(arrivals) - self.warmup))
+        if over:
+            return np.full(1, math.inf)
+        return (done - arrivals + extra)[self.warmup:]
 
-    def p99(self, requests_per_s: float, bound: float) -> float:
-        lat = self.latencies(requests_per_s, bound)
+    def p99(self, requests_per_s: float, bound: float, within: float = math.inf) -> float:
+        """The simulated p99; inf as soon as it is sure to exceed `within`."""
+        lat = self.latencies(requests_per_s, bound, within)
         return float(np.quantile(lat, 0.99)) if np.all(np.isfinite(lat)) else math.inf
 
     def capacity(self, bound: float) -> float:
@@ -254,7 +275,7 @@ class Simulator:
             return 0.0, lo_p99
         for _ in range(iterations):
             mid = 0.5 * (lo + hi)
-            p = self.p99(mid, bound) if self.p99(mid * more, bound) <= slo_s else math.inf
+            p = self.p99(mid, bound, slo_s) if self.p99(mid * more, bound, slo_s) <= slo_s else math.inf
             if p <= slo_s:
                 lo, lo_p99 = mid, p
             else:
@@ -325,9 +346,11 @@ class SharedDeviceSimulator:
         self.mean_request_psgs = float(seed_psgs.mean()) * k
         self.warmup = requests // 10
 
-    def latencies(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float):
+    def latencies(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float,
+                  within: float = math.inf):
         """Seconds from arrival to answer of each lane's requests after the warm-up:
-        {"cpu": array, "gpu": array} (a lane at rate 0 has none); inf when overloaded."""
+        {"cpu": array, "gpu": array} (a lane at rate 0 has none); inf when overloaded, or
+        once the p99 of both is sure to exceed `within` (the simulation stops there)."""
         total = cpu_rate + gpu_rate
         load = self.load
         stretch = self.cpu_host.stretch(total, load) * load.service_scale
@@ -338,20 +361,25 @@ class SharedDeviceSimulator:
         arrivals = {lane: self._draws[lane][0] / r if r > 0 else _NONE for lane, r in rates.items()}
         (_, cum_c, ratios_c), (_, cum_g, ratios_g) = self._draws["cpu"], self._draws["gpu"]
         host, device, gpu = self.cpu_host, self.cpu_device, self.gpu
-        done = _shared_finish_times(
+        extra = load.frontend_cpu_s + loop_wait
+        counted = sum(len(a) - self.warmup for lane, a in arrivals.items() if rates[lane] > 0)
+        done, over = _shared_finish_times(
             arrivals["cpu"], cum_c, ratios_c, float(cpu_bound), host.workers, self.slots,
             arrivals["gpu"], cum_g, ratios_g, float(gpu_bound), gpu.workers,
             host.knots_log_psgs, host.knots_seconds, host.last_psgs,
             device.knots_log_psgs, device.knots_seconds, device.last_psgs,
             gpu.knots_log_psgs, gpu.knots_seconds, gpu.last_psgs,
-            self.wait, stretch, load.service_scale, self.shared)
-        extra = load.frontend_cpu_s + loop_wait
+            self.wait, stretch, load.service_scale, self.shared, within - extra, self.warmup, _late_limit(counted))
+        if over:
+            return {lane: np.full(1, math.inf) for lane, r in rates.items() if r > 0}
         return {lane: (finish - arrivals[lane] + extra)[self.warmup:]
                 for lane, finish in zip(("cpu", "gpu"), done, strict=True) if rates[lane] > 0}
 
-    def p99(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float) -> float:
-        """p99 over every request of both lanes (what clients see)."""
-        lat = self.latencies(cpu_rate, cpu_bound, gpu_rate, gpu_bound)
+    def p99(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float,
+            within: float = math.inf) -> float:
+        """p99 over every request of both lanes (what clients see); inf as soon as it is
+        sure to exceed `within`."""
+        lat = self.latencies(cpu_rate, cpu_bound, gpu_rate, gpu_bound, within)
         both = np.concatenate(list(lat.values())) if lat else np.zeros(1)
         return float(np.quantile(both, 0.99)) if np.all(np.isfinite(both)) else math.inf
 
@@ -392,8 +420,8 @@ class SharedDeviceSimulator:
         lo, lo_p99 = 0.0, base
         for _ in range(iterations if hi > 0 else 0):
             mid = 0.5 * (lo + hi)
-            p = (self.p99(mid, cpu_bound, gpu_rate, gpu_bound)
-                 if self.p99(mid * more, cpu_bound, gpu_rate * more, gpu_bound) <= slo_s else math.inf)
+            p = (self.p99(mid, cpu_bound, gpu_rate, gpu_bound, slo_s)
+                 if self.p99(mid * more, cpu_bound, gpu_rate * more, gpu_bound, slo_s) <= slo_s else math.inf)
             if p <= slo_s:
                 lo, lo_p99 = mid, p
             else:
@@ -429,11 +457,12 @@ def _ready(free, n_free, slots, n_slots, has_slots) -> float:
 def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_worker,
                          arr_g, cum_g, ratios_g, bound_g, workers_g,
                          host_kx, host_ky, host_last, dev_kx, dev_ky, dev_last, gpu_kx, gpu_ky, gpu_last,
-                         wait, stretch, scale, shared):
+                         wait, stretch, scale, shared, budget=math.inf, warmup=0, late_limit=0):
     """When each request of the CPU lane (index 0) and the GPU lane (1) is answered: the
     event loop SharedDeviceSimulator describes. Events run in (time, sequence) order: a
     lane's next batch start (one pending per lane, in `start_at`) and batches reaching
-    the device (a binary heap of (time, sequence) over the batches handed off)."""
+    the device (a binary heap of (time, sequence) over the batches handed off). A finite
+    budget stops it early, as _finish_times, counting both lanes' requests past the warm-up."""
     arrivals = (arr_c, arr_g)
     cums = (cum_c, cum_g)
     ratios = (ratios_c, ratios_g)
@@ -456,6 +485,7 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
     b_psgs, b_ratio = np.empty(most), np.empty(most)
     pending = 0  # batches in the heap
     made = 0  # batches formed
+    late = 0  # requests past the warm-up answered later than the budget
     seq = 0
     for lane in range(2):
         ready = _ready(free[lane], n_free[lane], slots, n_slots, lane == 0)
@@ -519,6 +549,12 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
             device_free[which] = start + (service / max(1, workers_g) if lane == 1 else service)
             finish = start + service
             done[lane][i:end] = finish
+            if budget < math.inf:
+                for r in range(max(i, warmup), end):
+                    if finish - arr[r] > budget:
+                        late += 1
+                if late > late_limit:
+                    return done, True
             if lane == 1:  # its worker waited for the device
                 _min_heap_push(workers, n_free[lane], finish)
                 n_free[lane] += 1
@@ -530,7 +566,7 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
         if start == start and start < start_at[lane]:
             start_at[lane], start_seq[lane] = start, seq
             seq += 1
-    return done
+    return done, False
 
 
 @numba.njit(cache=True)

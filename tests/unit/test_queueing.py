@@ -411,3 +411,33 @@ def test_the_compiled_two_lane_loop_is_the_python_one_on_any_small_config(psgs, 
     assert set(got) == set(want)
     for lane in got:
         np.testing.assert_allclose(got[lane], want[lane][sim.warmup:], rtol=1e-12, atol=1e-15)
+
+
+def test_a_simulation_stops_early_only_once_its_p99_is_sure_to_miss():
+    """`within` ends a simulation as soon as enough requests are late that the p99 must
+    exceed it: below it the p99 is the same as the whole run's, above it the same or inf."""
+    from hybridgnn.scheduler.queueing import SharedDeviceSimulator
+
+    rng = np.random.default_rng(3)
+    curve = ([1.0, 50.0, 5000.0], [0.002, 0.004, 0.03])
+    stopped = 0
+    for trial in range(12):
+        spread = rng.lognormal(0, 0.5, 100)
+        plain = Simulator(PipelineModel(*curve, spread, 1 + trial % 3, 1.0), rng.lognormal(3, 1, 50),
+                          ServingLoad(request_seeds=1, frontend_cpu_s=1e-5, cores=2), batching_wait_s=0.001,
+                          requests=3000, seed=trial)
+        shared = SharedDeviceSimulator(PipelineModel(*curve, spread, 3, 0.0),
+                                       PipelineModel([1.0, 5000.0], [0.0005, 0.006], np.ones(1), 1, 0.0),
+                                       PipelineModel(*curve, spread, 2, 0.0), rng.lognormal(3, 1, 50), QUIET,
+                                       batching_wait_s=0.0005, requests=3000, seed=trial)
+        for rate in (50.0, 300.0, 900.0):
+            for within in (0.005, 0.02, 0.1):
+                for full, early in ((plain.p99(rate, 300.0), plain.p99(rate, 300.0, within)),
+                                    (shared.p99(rate / 3, 40.0, rate, 500.0),
+                                     shared.p99(rate / 3, 40.0, rate, 500.0, within))):
+                    if full <= within:
+                        assert early == full
+                    else:
+                        assert early == full or early == math.inf
+                        stopped += early == math.inf and full < math.inf
+    assert stopped > 10  # the early stop is taken, not only allowed
