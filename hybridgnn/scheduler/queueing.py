@@ -185,16 +185,24 @@ def _finish_times(arrivals: np.ndarray, cum: np.ndarray, ratios: np.ndarray, kx:
         end = max(i + 1, min(by_time, by_bound))
         finish = start + _interp_seconds(kx, ky, last_psgs, cum[end] - cum[i]) * ratios[batch % n] * stretch
         done[i:end] = finish
-        if budget < math.inf:
-            for j in range(max(i, warmup), end):
-                if finish - arrivals[j] > budget:
-                    late += 1
-            if late > late_limit:
-                return done, True
+        late += _late(arrivals, max(i, warmup), end, finish, budget)
+        if late > late_limit:
+            return done, True
         free[w] = finish
         batch += 1
         i = end
     return done, False
+
+
+@numba.njit(cache=True)
+def _late(arrivals, lo: int, hi: int, finish: float, budget: float) -> int:
+    """How many of requests lo..hi-1, answered at `finish`, took longer than budget."""
+    count = 0
+    if budget < math.inf:
+        for j in range(lo, hi):
+            if finish - arrivals[j] > budget:
+                count += 1
+    return count
 
 
 def _late_limit(n: int) -> int:
@@ -549,12 +557,9 @@ def _shared_finish_times(arr_c, cum_c, ratios_c, bound_c, workers_c, slots_per_w
             device_free[which] = start + (service / max(1, workers_g) if lane == 1 else service)
             finish = start + service
             done[lane][i:end] = finish
-            if budget < math.inf:
-                for r in range(max(i, warmup), end):
-                    if finish - arr[r] > budget:
-                        late += 1
-                if late > late_limit:
-                    return done, True
+            late += _late(arr, max(i, warmup), end, finish, budget)
+            if late > late_limit:
+                return done, True
             if lane == 1:  # its worker waited for the device
                 _min_heap_push(workers, n_free[lane], finish)
                 n_free[lane] += 1
