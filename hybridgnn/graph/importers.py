@@ -11,7 +11,13 @@ import torch
 
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.idmap import IdMap
-from hybridgnn.graph.store import MASK_NAMES, DatasetError, load_arrays, write_dataset
+from hybridgnn.graph.store import (
+    MASK_NAMES,
+    DatasetError,
+    load_arrays,
+    write_dataset,
+    written_by_torch_save,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +39,7 @@ def _safe_pyg_globals() -> list:
 
 def _load_pyg(path: Path):
     """A dict of arrays (a Data), or the HeteroData object itself."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not (head.startswith(b"PK") or head[:1] == b"\x80"):  # torch.save writes a zip (a pickle before 1.6)
+    if not written_by_torch_save(path):
         raise DatasetError(f"cannot load {path} as a PyG Data file: it is not a file torch.save wrote (a text "
                            "file, or a truncated download?)")
     try:

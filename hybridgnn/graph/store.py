@@ -41,6 +41,14 @@ class DatasetError(ConfigError):
 UNREADABLE_ARRAY = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
+def written_by_torch_save(path: Path) -> bool:
+    """Whether a file starts as torch.save writes one: a zip (a pickle before torch 1.6).
+    A text file or noise fails torch.load with messages such as "101" (a KeyError)."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return head == b"PK" or head[:1] == b"\x80"
+
+
 def load_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
     """A user's .npy (its array) or .npz (its arrays by name), read whole without pickle;
     DatasetError in one line when the file is not a readable one."""

@@ -22,6 +22,7 @@ from torch import nn
 
 from hybridgnn.config import read_json
 from hybridgnn.errors import ConfigError
+from hybridgnn.graph.store import written_by_torch_save
 from hybridgnn.models import golden, zoo
 from hybridgnn.models.decompose import decompose
 
@@ -243,6 +244,9 @@ def _hash_value(h, name: str, value) -> None:
 def _torch_load(path: Path, map_location):
     if not path.is_file():
         raise CheckpointError(f"model directory {path.parent} lacks {path.name}")
+    if not written_by_torch_save(path):
+        raise CheckpointError(f"cannot load {path}: it is not a file torch.save wrote (a text file, or a truncated "
+                              "download?)")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # unpickling errors come in several types; say only the cause
@@ -262,7 +266,7 @@ def load_failure(exc: BaseException) -> str:
         cause = cause.removeprefix("WeightsUnpickler error:").strip().split(". ")[0].rstrip(".")
         if not cause:
             operand = next((line for line in lines[1:] if line.startswith("Unsupported operand")), "")
-            if operand:  # not a pickle at all (a text file, a truncated download)
+            if operand:  # a pickle's header, then not a pickle (a truncated or damaged file)
                 return f"it is not a file torch.save wrote ({operand})"
         return "it holds objects other than tensors, which are never unpickled" + (f" ({cause})" if cause else "")
     return lines[0]

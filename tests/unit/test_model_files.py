@@ -162,4 +162,6 @@ def test_weights_that_are_not_a_torch_file_say_so(model_dir):
     """A text file or a truncated download in place of model.pt: the message says it is
     not a torch.save file (it said it held objects other than tensors)."""
     (model_dir / "model.pt").write_text("1 2 3\n")
+    _refused(model_dir, r"it is not a file torch.save wrote")
+    (model_dir / "model.pt").write_bytes(b"\x80\x02" + b"1 2 3\n")  # a pickle's header, then not one
     _refused(model_dir, r"it is not a file torch.save wrote \(Unsupported operand")
