@@ -59,17 +59,12 @@ def run_export(args) -> int:
 
     from hybridgnn.config import parse_fanouts
     from hybridgnn.errors import ConfigError
-    from hybridgnn.models.checkpoint import load_failure, save_model
+    from hybridgnn.models.checkpoint import load_tensors, save_model
 
     model = _factory(args.factory)()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{args.factory} returned a {type(model).__name__}, not a torch.nn.Module")
-    if not args.weights.is_file():
-        raise ConfigError(f"weights file {args.weights} does not exist")
-    try:
-        state = torch.load(args.weights, map_location="cpu", weights_only=True)
-    except Exception as exc:  # unpickling errors come in several types; say only the cause
-        raise ConfigError(f"cannot load {args.weights} (tensors only, weights_only=True): {load_failure(exc)}") from exc
+    state = load_tensors(args.weights, missing=f"weights file {args.weights} does not exist")
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # a training checkpoint that wraps it
     try:

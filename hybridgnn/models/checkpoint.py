@@ -129,7 +129,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
     root = Path(path)
     config = read_config(root)
     model = zoo.build(config["class"], config["args"])
-    state = _torch_load(root / WEIGHTS, map_location)
+    state = load_tensors(root / WEIGHTS, map_location)
     _load_state(model, state, root)
     model.eval()
     stack = decompose(model)
@@ -137,7 +137,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
         raise CheckpointError(f"{root / CONFIG}: in_dim/out_dim/num_layers do not match its class arguments")
     if check:
         t0 = time.perf_counter()
-        saved = _torch_load(root / GOLDEN, "cpu")
+        saved = load_tensors(root / GOLDEN, "cpu")
         try:
             graph = golden.GoldenGraph(saved["x"].float(), saved["edge_index"].long())
             expected = saved["out"].float()
@@ -212,8 +212,8 @@ def hash_file(h, path: Path):
 def _values_fingerprint(path: str, size: int, mtime_ns: int) -> str:
     try:  # mapped, not read: a large model is hashed without a second copy in memory
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # an old-format file cannot be mapped; _torch_load explains what cannot load
-        state = _torch_load(Path(path), "cpu")
+    except Exception:  # an old-format file cannot be mapped; load_tensors explains what cannot load
+        state = load_tensors(Path(path), "cpu")
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state_dict")
     h = hashlib.sha256()
@@ -241,9 +241,12 @@ def _hash_value(h, name: str, value) -> None:
         h.update(f"{name}\0{value!r}\0".encode())
 
 
-def _torch_load(path: Path, map_location):
+def load_tensors(path: Path, map_location="cpu", *, missing: str | None = None):
+    """torch.load(weights_only=True) of a file, or a CheckpointError in one line: `missing`
+    (default: the model directory lacks the file), not a torch.save file, or what the
+    unpickler refused (load_failure)."""
     if not path.is_file():
-        raise CheckpointError(f"model directory {path.parent} lacks {path.name}")
+        raise CheckpointError(missing or f"model directory {path.parent} lacks {path.name}")
     if not written_by_torch_save(path):
         raise CheckpointError(f"cannot load {path}: it is not a file torch.save wrote (a text file, or a truncated "
                               "download?)")

@@ -26,7 +26,7 @@ from hybridgnn.models.checkpoint import (
     WEIGHTS,
     CheckpointError,
     _atomic_save,
-    _torch_load,
+    load_tensors,
 )
 from hybridgnn.models.golden import GOLDEN_TOLERANCE, max_relative_error
 from hybridgnn.models.hetero import (
@@ -195,14 +195,14 @@ def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, che
         model = HeteroGNN(**config["args"])
     except (TypeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"{root / CONFIG}: cannot build a HeteroGNN from its arguments: {exc}") from exc
-    state = _torch_load(root / WEIGHTS, map_location)
+    state = load_tensors(root / WEIGHTS, map_location)
     try:
         model.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError) as exc:
         raise CheckpointError(f"weights in {root / WEIGHTS} do not fit the HeteroGNN its config describes") from exc
     model.eval()
     if check:
-        saved = _torch_load(root / GOLDEN, "cpu")
+        saved = load_tensors(root / GOLDEN, "cpu")
         try:
             x = {t: saved[f"x/{i}"].float() for i, t in enumerate(model.node_types)}
             edges = {e: saved[f"edge_index/{j}"].long() for j, e in enumerate(model.edge_types)}

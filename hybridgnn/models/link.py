@@ -328,12 +328,12 @@ def save_decoder(root: Path, decoder, out_dims: dict[str, int]) -> dict:
 def load_decoder(root: Path, entry: dict, out_dims: dict[str, int]):
     """The decoder a model directory's config.json names (entry: its link_decoder), checked
     against its golden scores; ValueError (one line) when it is damaged or differs."""
-    from hybridgnn.models.checkpoint import _torch_load
+    from hybridgnn.models.checkpoint import load_tensors
 
     if not isinstance(entry, dict) or entry.get("kind") not in ("dot", "graph") or not isinstance(
             entry.get("pairs"), list):
         raise ValueError(f"{root}/config.json: link_decoder must be {{'kind': 'dot' | 'graph', 'pairs': [...]}}")
-    saved = _torch_load(root / DECODER_TENSORS, "cpu")
+    saved = load_tensors(root / DECODER_TENSORS, "cpu")
     if entry["kind"] == "dot":
         decoder = dot
     else:

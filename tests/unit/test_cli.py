@@ -113,6 +113,13 @@ def test_model_export_and_check(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "m2").exists()
     assert main(["model", "export", "--factory", "nomodule_here:build", "--weights", "w.pt", "--out", "m3"]) == 2
     assert "cannot import 'nomodule_here'" in capsys.readouterr().err
+    # weights that are missing or not a torch file: the loader's own one line
+    (tmp_path / "text.pt").write_text("hello\n")
+    for weights, said in (("none.pt", "weights file none.pt does not exist"),
+                          ("text.pt", "it is not a file torch.save wrote")):
+        assert main(["model", "export", "--factory", "my_factory_mod:build", "--weights", weights, "--out", "m4"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
 
 
 def test_a_policy_without_a_profile_is_refused_in_one_line(capsys):
