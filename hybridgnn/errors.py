@@ -7,7 +7,7 @@ The table (class: status):
     BadRequest 400 (UpdateError 400), Unauthorized 401, Forbidden 403, NotFound 404
     (RemovedNode 404), MethodNotAllowed 405 (+ Allow), Conflict 409, PayloadTooLarge 413,
     Overloaded 429 (+ Retry-After), BatchFailed 500, Draining 503 and
-    ServiceUnavailable 503 (both + Retry-After);
+    ServiceUnavailable 503 (LogTrimmed 503) (both + Retry-After);
     any other exception: 500 {"error": "internal server error", "request_id": ...}.
 Code that finds an input bad raises the fitting class where it finds it; nothing maps
 LookupError or ValueError to a 4xx (those are bugs, and answer 500).
@@ -144,6 +144,18 @@ class ServiceUnavailable(ServingError):
     Retry-After: a balancer retries on another replica)."""
 
     status, reason = 503, "unavailable"
+
+
+class LogTrimmed(ServiceUnavailable):
+    """A reader asked for entries that were trimmed from the log: it cannot catch up from
+    where it is (a replica restarts from a snapshot at or after the log's first position
+    minus one)."""
+
+    def __init__(self, url: str, after: int, first: int, *, replica: str = "this replica"):
+        super().__init__(f"the update log {url} holds entries from position {first} on (older ones were trimmed, "
+                         f"--update-log-retain), but {replica} is at position {after}: it needs a snapshot at "
+                         f"position {first - 1} or later (copy one from another replica into its --snapshot-dir)")
+        self.after, self.first_held = after, first
 
 
 class BatchFailed(ServingError):

@@ -345,6 +345,10 @@ class UpdateConfig:
                                         "log after it")
     snapshot_every: int = setting(1000, "write a snapshot every this many log entries (0: never)")
     snapshot_keep: int = setting(2, "snapshots kept per log and model (older ones are removed)")
+    log_retain: int = setting(0, "trim the update log: drop the entries every kept snapshot covers, keeping at "
+                              "least this many of the newest (0: keep every entry). A replica whose newest "
+                              "snapshot is older than the log's first entry is refused at start",
+                              flag="--update-log-retain")
     max_catch_up_s: float = setting(1.0, "an infer request with parameters.min_graph_version waits at most this "
                                     "long for this replica to apply that version, else 503 + Retry-After (a "
                                     "balancer retries elsewhere)", flag="--max-catch-up-ms", scale=1000.0)
@@ -353,11 +357,13 @@ class UpdateConfig:
         if self.token is not None and len(self.token) < 8:
             raise ValueError("the update token must be at least 8 characters")
         for name, least in (("max_batch_updates", 1), ("max_request_updates", 1), ("compact_patched_entries", 1),
-                            ("snapshot_every", 0), ("snapshot_keep", 1), ("max_catch_up_s", 0)):
+                            ("snapshot_every", 0), ("snapshot_keep", 1), ("log_retain", 0), ("max_catch_up_s", 0)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if self.propagation not in ("auto", "recompute"):
             raise ValueError(f"propagation must be auto or recompute, got {self.propagation!r}")
+        if self.log_retain and not self.snapshot_every:
+            raise ValueError("log_retain trims what snapshots cover: it needs snapshot_every > 0")
 
     @property
     def enabled(self) -> bool:
@@ -493,3 +499,6 @@ class ServeConfig:
         if self.partitions.enabled:
             if self.model_repository is not None:
                 raise ValueError("--partitions serves one model; drop --model-repository")
+            if self.updates.log_retain:
+                raise ValueError("a partitioned server replays the whole update log each time its ranks start, so "
+                                 "it keeps every entry: drop --update-log-retain")

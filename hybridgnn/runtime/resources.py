@@ -24,7 +24,7 @@ from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
-from hybridgnn.errors import ConfigError
+from hybridgnn.errors import ConfigError, LogTrimmed
 from hybridgnn.features.gather import TieredFeatureStore
 from hybridgnn.features.placement import Plan
 from hybridgnn.features.store import (
@@ -191,6 +191,10 @@ class Resources:
         if snap is not None and self.embeddings is not None and snap.layers is None:
             log.info("snapshot %s has no embeddings for this model: starting from the dataset", snap.path)
             snap = None
+        start, first = (snap.position if snap is not None else 0), self.update_log.first()
+        if first > start + 1:  # the entries after `start` were trimmed: this replica cannot catch up
+            origin = f"snapshot {snap.path}" if snap is not None else "the dataset (no snapshot)"
+            raise ConfigError(str(LogTrimmed(self.update_log.url, start, first, replica=f"this replica's start, {origin},")))
         if snap is None:
             return
         head = self.update_log.head()

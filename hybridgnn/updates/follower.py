@@ -29,7 +29,13 @@ from collections.abc import Callable
 import numpy as np
 
 from hybridgnn.config import UpdateConfig
-from hybridgnn.errors import Conflict, ServiceUnavailable, ServingError, UpdateError
+from hybridgnn.errors import (
+    Conflict,
+    LogTrimmed,
+    ServiceUnavailable,
+    ServingError,
+    UpdateError,
+)
 from hybridgnn.graph.journal import Journal
 from hybridgnn.types import ServingStats, UpdateStats
 from hybridgnn.updates.log import LogEntry, UpdateLog
@@ -123,8 +129,28 @@ class Follower:
             return compact
         if self.snapshots is not None and self.snapshots.due(self.applied):
             captured = self.snapshots.capture(self.applied, self.graph, self.incremental, self.keys)
-            return lambda: self.snapshots.write(captured)
+
+            def snapshot() -> None:
+                self.snapshots.write(captured)
+                self.trim_log()
+            return snapshot
         return None
+
+    def trim_log(self) -> int:
+        """With log_retain set: drop the log's entries that every kept snapshot covers,
+        beyond the newest log_retain, so a replica starting from any kept snapshot (the
+        newest may not load) still finds the rest. Returns how many entries went."""
+        retain = self.cfg.log_retain
+        oldest = self.snapshots.oldest_position() if retain and self.snapshots is not None else None
+        if oldest is None:
+            return 0
+        upto = min(oldest, self.log.head() - retain)
+        if upto < self.log.first():
+            return 0
+        gone = self.log.trim(upto)
+        if gone:
+            log.info("trimmed the update log %s up to position %d (%d entries)", self.log.url, upto, gone)
+        return gone
 
     def catch_up(self) -> int:
         """Apply every entry up to the log's head as it is now (at start, before serving);
@@ -323,8 +349,8 @@ class Follower:
                 # again (from the request it stopped at) after a pause.
                 for position, outcomes in self.done_before_failure:
                     self._resolve(position, outcomes)
-                if isinstance(exc, ServiceUnavailable):  # the log is unreachable
-                    self._failed(str(exc), backoff)
+                if isinstance(exc, ServiceUnavailable):  # the log is unreachable, or trimmed past us
+                    self._failed(str(exc), backoff, stranded=isinstance(exc, LogTrimmed))
                 else:  # an apply that failed for a reason of this replica (memory, a bug)
                     log.exception("applying update log position %d failed; retrying", self.applied + 1)
                     self._failed(f"applying position {self.applied + 1} failed: {exc}", backoff,
@@ -340,10 +366,14 @@ class Follower:
                 self._release_versions()
                 self._start_job()
 
-    def _failed(self, why: str, backoff: float, position: int | None = None) -> None:
+    def _failed(self, why: str, backoff: float, position: int | None = None, stranded: bool = False) -> None:
         """Note a failed step; the requests waiting on the entry that failed to apply (if
-        one did) hear now, as a 503 (their retry with the same Idempotency-Key is safe)."""
-        if self.failed != why:
+        one did) hear now, as a 503 (their retry with the same Idempotency-Key is safe).
+        stranded: the log was trimmed past this replica, which retrying cannot mend (an
+        error, not a warning; the replica keeps serving reads at the version it has)."""
+        if self.failed != why and stranded:
+            log.error("update follower: %s", why)
+        elif self.failed != why:
             log.warning("update follower: %s (retrying every %.2fs at most)", why, backoff)
         self.failed = why
         for f in self._waiters.pop(position, []) if position is not None else []:

@@ -11,6 +11,11 @@ machine may share the file), Redis Streams (updates/redis_log.py: replicas on se
 machines), and memory (--update-log off: nothing survives a restart). Each log records
 the dataset it belongs to and a random id of its own, so a snapshot taken from one log
 is never replayed against another.
+
+Trimming (`--update-log-retain N`): entries every kept snapshot covers, beyond the newest
+N, may be dropped (trim). The last entry is never dropped, so positions go on; a reader
+that asks for entries from before the first one still held is refused (LogTrimmed), never
+handed a gap.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridgnn.errors import ConfigError, ServiceUnavailable
+from hybridgnn.errors import ConfigError, LogTrimmed, ServiceUnavailable
 
 SCHEMA = 2
 POLL_S = 0.005  # how often a reader looks for entries other processes appended (SQLite)
@@ -59,8 +64,26 @@ class UpdateLog(abc.ABC):
     def head(self) -> int:
         """The last appended position (0: empty)."""
 
+    def first(self) -> int:
+        """The first position still held: entries before it were trimmed (1: none were)."""
+        return 1
+
+    def trim(self, upto: int) -> int:
+        """Drop the entries at positions <= upto, never the last one; returns how many went."""
+        return 0
+
     def close(self) -> None:
         pass
+
+
+def check_dense(update_log: UpdateLog, after: int, got: list[LogEntry]) -> list[LogEntry]:
+    """`got` (read after `after`), or LogTrimmed when it does not start at after + 1
+    because the entries between were trimmed."""
+    if got and got[0].position != after + 1:
+        first = update_log.first()
+        if after + 1 < first:
+            raise LogTrimmed(update_log.url, after, first)
+    return got
 
 
 class MemoryLog(UpdateLog):
@@ -103,6 +126,10 @@ class MemoryLog(UpdateLog):
 
     def head(self) -> int:
         return self._head
+
+    def first(self) -> int:
+        with self._cond:
+            return self._entries[0].position if self._entries else self._head + 1
 
 
 class SqliteLog(UpdateLog):
@@ -178,7 +205,7 @@ class SqliteLog(UpdateLog):
             got = self._select(after, limit)
             left = deadline - time.monotonic()
             if got or left <= 0:
-                return got
+                return check_dense(self, after, got)
             with self._appended:
                 self._appended.wait(min(left, POLL_S))
 
@@ -186,6 +213,34 @@ class SqliteLog(UpdateLog):
         with self._read_lock:
             row = self._reader.execute("SELECT MAX(position) FROM entries").fetchone()
         return int(row[0] or 0)
+
+    def first(self) -> int:
+        with self._read_lock:
+            row = self._reader.execute("SELECT value FROM meta WHERE key = 'trimmed_upto'").fetchone()
+        return int(row[0]) + 1 if row else 1
+
+    def trim(self, upto: int) -> int:
+        # The last row stays: SQLite numbers a new row one past the largest there, so
+        # positions never restart. The freed pages are reused by later appends.
+        with self._write_lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    head = int(self._db.execute("SELECT MAX(position) FROM entries").fetchone()[0] or 0)
+                    row = self._db.execute("SELECT value FROM meta WHERE key = 'trimmed_upto'").fetchone()
+                    upto = min(upto, head - 1)
+                    if upto <= (int(row[0]) if row else 0):
+                        self._db.execute("COMMIT")
+                        return 0
+                    gone = self._db.execute("DELETE FROM entries WHERE position <= ?", (upto,)).rowcount
+                    self._db.execute("INSERT OR REPLACE INTO meta VALUES ('trimmed_upto', ?)", (str(upto),))
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise ServiceUnavailable(f"the update log {self.path} refused the trim: {exc}") from exc
+        return int(gone)
 
     def __len__(self) -> int:
         with self._read_lock:

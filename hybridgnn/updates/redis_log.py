@@ -18,12 +18,23 @@ import uuid
 from urllib.parse import urlparse
 
 from hybridgnn.errors import ConfigError, ServiceUnavailable
-from hybridgnn.updates.log import LogEntry, UpdateLog
+from hybridgnn.updates.log import LogEntry, UpdateLog, check_dense
 
 _APPEND = """
 local position = redis.call('INCR', KEYS[2])
 redis.call('XADD', KEYS[1], position .. '-0', 'body', ARGV[1], 't', ARGV[2])
 return position
+"""
+
+# Trims up to ARGV[1] but never the last entry, and records how far (only ever forward)
+# in the same atomic step, so a reader that finds a gap knows it was a trim.
+_TRIM = """
+local upto = math.min(tonumber(ARGV[1]), tonumber(redis.call('GET', KEYS[2]) or '0') - 1)
+if upto <= tonumber(redis.call('HGET', KEYS[3], 'trimmed_upto') or '0') then
+  return 0
+end
+redis.call('HSET', KEYS[3], 'trimmed_upto', upto)
+return redis.call('XTRIM', KEYS[1], 'MINID', (upto + 1) .. '-0')
 """
 
 
@@ -64,6 +75,7 @@ class RedisLog(UpdateLog):
             self._redis.hsetnx(self._meta, "log_id", uuid.uuid4().hex)
             meta = {k.decode(): v.decode() for k, v in self._redis.hgetall(self._meta).items()}
             self._append = self._redis.register_script(_APPEND)
+            self._trim = self._redis.register_script(_TRIM)
         except self._redis_errors as exc:
             raise ConfigError(f"cannot reach the update log {url}: {exc}") from exc
         if meta.get("dataset_fingerprint") != dataset_fingerprint:
@@ -90,11 +102,23 @@ class RedisLog(UpdateLog):
             for entry_id, fields in items:
                 position = int(entry_id.split(b"-")[0])
                 out.append(LogEntry(position, float(fields[b"t"]), bytes(fields[b"body"])))
-        return out
+        return check_dense(self, after, out)
 
     def head(self) -> int:
         try:
             return int(self._redis.get(self._seq) or 0)
+        except self._redis_errors as exc:
+            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
+
+    def first(self) -> int:
+        try:
+            return int(self._redis.hget(self._meta, "trimmed_upto") or 0) + 1
+        except self._redis_errors as exc:
+            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
+
+    def trim(self, upto: int) -> int:
+        try:
+            return int(self._trim(keys=[self.stream, self._seq, self._meta], args=[int(upto)]))
         except self._redis_errors as exc:
             raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
 

@@ -117,10 +117,16 @@ class Snapshots:
                 out.append((int(meta["position"]), path))
         return sorted(out)
 
+    def oldest_position(self) -> int | None:
+        """The log position of the oldest kept snapshot of this log and model (None: none)."""
+        mine = self._mine()
+        return mine[0][0] if mine else None
+
     def latest(self, *, with_embeddings: bool) -> Snapshot | None:
         """The newest snapshot that loads, to start from, or None. One that does not load
         (pruned by another replica as this one opened it, a disk error) is passed over for
-        the one before it: the log keeps every entry, so an older start only replays more."""
+        the one before it: the log keeps every entry any kept snapshot needs (a trim stops at
+        the oldest), so an older start only replays more."""
         for position, path in reversed(self._mine()):
             try:
                 return self._load(position, path, with_embeddings)

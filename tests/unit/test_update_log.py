@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridgnn.errors import ConfigError, Conflict, ServiceUnavailable
+from hybridgnn.errors import ConfigError, Conflict, LogTrimmed, ServiceUnavailable
 from hybridgnn.graph.dynamic import DynamicGraph
 from hybridgnn.updates.log import MemoryLog, SqliteLog, open_update_log, parse_log_url
 from hybridgnn.updates.requests import (
@@ -400,3 +400,85 @@ def test_an_in_memory_log_drops_what_its_reader_applied_unless_it_is_replayed():
     assert [e.position for e in kept.read(0, 10)] == [1, 2, 3, 4, 5]
     assert open_update_log("off", Path("."), "abc", replayed=True).keep_all
     assert not open_update_log("off", Path("."), "abc").keep_all
+
+
+def test_a_trimmed_sqlite_log_keeps_its_last_entry_and_refuses_a_reader_from_before_it(tmp_path):
+    log = SqliteLog(tmp_path / "u.sqlite", "abc")
+    for i in range(10):
+        log.append(b"e%d" % i)
+    assert log.first() == 1 and log.trim(0) == 0
+    assert log.trim(4) == 4 and log.first() == 5 and len(log) == 6
+    assert log.trim(3) == 0 and log.first() == 5  # only ever forward
+    assert [e.position for e in log.read(4, 3)] == [5, 6, 7]
+    assert [e.position for e in log.read(7, 10)] == [8, 9, 10]
+    with pytest.raises(LogTrimmed, match="from position 5 on .* at position 2: it needs a snapshot at position 4"):
+        log.read(2, 10)
+    assert log.trim(100) == 5 and log.first() == 10 and log.head() == 10  # the last entry stays ...
+    assert log.append(b"e10") == 11  # ... so positions go on
+    log.close()
+    again = SqliteLog(tmp_path / "u.sqlite", "abc")
+    assert again.first() == 10 and [e.position for e in again.read(9, 10)] == [10, 11]
+    assert again.read(11, 10) == []  # caught up: nothing, not an error
+    assert MemoryLog().first() == 1
+
+
+def test_a_follower_trims_what_every_kept_snapshot_covers_beyond_the_newest_entries(tmp_path):
+    from hybridgnn.config import UpdateConfig
+
+    dyn, inc = dynamic_setup(tmp_path / "live")
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    snaps = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                      log_id=log.log_id, every=3, keep=2)
+    cfg = UpdateConfig(token="12345678", snapshot_every=3, snapshot_keep=2, log_retain=2)
+    follower = follower_for(dyn, inc, log, snapshots=snaps, cfg=cfg)
+    body = encode_entry([_requests()[0].logged])  # the same feature update each time: always applies
+    positions = []
+    for _ in range(4):
+        for _ in range(3):
+            log.append(body)
+        follower.step(block_s=0)
+        job, follower._job = follower._job, None
+        job()  # a snapshot at 3, 6, 9, 12 (two kept), then the trim
+        positions.append((snaps.oldest_position(), log.first()))
+    # the oldest kept snapshot bounds the trim: 3 (alone), then 3, 6, 9 as the oldest of two
+    assert positions == [(3, 2), (3, 4), (6, 7), (9, 10)]
+    # a replica from the oldest kept snapshot still catches up; one from the dataset cannot
+    fresh_dyn, fresh_inc = dynamic_setup(tmp_path / "restart")
+    snap = snaps.latest(with_embeddings=True)
+    fresh_dyn.restore(snap.indptr, snap.indices, snap.features, snap.alive, snap.graph_version)
+    assert follower_for(fresh_dyn, fresh_inc, log, position=snap.position).catch_up() == 12 - snap.position
+    with pytest.raises(LogTrimmed, match="at position 0"):
+        follower_for(*dynamic_setup(tmp_path / "late"), log).step(block_s=0)
+    # without log_retain nothing is trimmed
+    assert follower_for(dyn, inc, log, snapshots=snaps).trim_log() == 0 and log.first() == 10
+
+
+def test_retaining_the_log_needs_snapshots_and_a_partitioned_server_keeps_it_all(tmp_path):
+    from hybridgnn.config import PartitionConfig, ServeConfig, UpdateConfig
+
+    with pytest.raises(ValueError, match="needs snapshot_every > 0"):
+        UpdateConfig(token="12345678", log_retain=5, snapshot_every=0)
+    with pytest.raises(ValueError, match="log_retain must be >= 0"):
+        UpdateConfig(log_retain=-1)
+    with pytest.raises(ValueError, match="drop --update-log-retain"):
+        ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path, partitions=PartitionConfig(partitions=2),
+                    updates=UpdateConfig(token="12345678", log_retain=5))
+
+
+def test_a_partitioned_server_refuses_a_log_another_server_trimmed(tmp_path):
+    from types import SimpleNamespace
+
+    from hybridgnn.config import ServeConfig, UpdateConfig
+    from hybridgnn.serving.core.partitioned_updates import PartitionedUpdates
+    from hybridgnn.types import ServingStats
+
+    log = SqliteLog(tmp_path / "u.sqlite", "abc")
+    for i in range(4):
+        log.append(b"e%d" % i)
+    cfg = ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path,
+                      updates=UpdateConfig(token="12345678", log=str(tmp_path / "u.sqlite")))
+    graph = SimpleNamespace(root=tmp_path, fingerprint="abc", id_map=None)
+    PartitionedUpdates(cfg, graph, ServingStats()).log.close()  # untrimmed: fine
+    log.trim(2)
+    with pytest.raises(ConfigError, match="holds entries from position 3 on.*replays the whole log"):
+        PartitionedUpdates(cfg, graph, ServingStats())

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridgnn.config import ServeConfig
-from hybridgnn.errors import ServiceUnavailable, ServingError, UpdateError
+from hybridgnn.errors import ConfigError, ServiceUnavailable, ServingError, UpdateError
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.graph.idmap import IdMap
 from hybridgnn.serving.core.updates import UpdateApplier
@@ -112,6 +112,12 @@ class PartitionedUpdates:
     def __init__(self, cfg: ServeConfig, graph, stats: ServingStats):
         self.cfg, self.graph, self.stats = cfg, graph, stats
         self.log = open_update_log(cfg.updates.log, graph.root, graph.fingerprint, replayed=True)
+        first = self.log.first()
+        if first > 1:  # another server on this log trims it (--update-log-retain)
+            self.log.close()
+            raise ConfigError(f"the update log {self.log.url} was trimmed (it holds entries from position {first} "
+                              "on), but a partitioned server replays the whole log each time its ranks start: give "
+                              "it a log of its own")
         self._names = graph.id_map  # the dataset's own names (added nodes' come from the log)
         self.view: RankGraph | None = None
         self.follower: Follower | None = None
