@@ -30,6 +30,7 @@ import numpy as np
 
 from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import (
+    ConfigError,
     Conflict,
     LogTrimmed,
     ServiceUnavailable,
@@ -154,14 +155,18 @@ class Follower:
 
     def catch_up(self) -> int:
         """Apply every entry up to the log's head as it is now (at start, before serving);
-        returns how many were applied."""
+        returns how many were applied. ConfigError (a refusal to start) when the log was
+        trimmed past this replica."""
         head, start, t0 = self.log.head(), self.applied, time.perf_counter()
         if head > self.applied:
             log.info("catching up with the update log %s: positions %d..%d", self.log.url, self.applied + 1, head)
         next_report = self.applied + 1000
         while self.applied < head:
-            if not self.step(256, BLOCK_S):
-                break
+            try:
+                if not self.step(256, BLOCK_S):
+                    break
+            except LogTrimmed as exc:  # another replica trimmed past this one since it chose its start
+                raise ConfigError(str(exc)) from exc
             if self.applied >= next_report:
                 log.info("applied update log position %d of %d", self.applied, head)
                 next_report = self.applied + 1000

@@ -482,3 +482,18 @@ def test_a_partitioned_server_refuses_a_log_another_server_trimmed(tmp_path):
     log.trim(2)
     with pytest.raises(ConfigError, match="holds entries from position 3 on.*replays the whole log"):
         PartitionedUpdates(cfg, graph, ServingStats())
+
+
+def test_a_log_trimmed_past_a_starting_replica_refuses_it_in_one_line_not_a_traceback(tmp_path):
+    # Another replica trims past this one's snapshot after it chose it (Resources checked
+    # log.first() then) but before its catch-up read the log: a refusal at start, like the
+    # one Resources gives, not an uncaught LogTrimmed.
+    dyn, inc = dynamic_setup(tmp_path / "live")
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    body = encode_entry([_requests()[0].logged])
+    for _ in range(6):
+        log.append(body)
+    log.trim(4)
+    with pytest.raises(ConfigError, match="holds entries from position 5 on .* at position 0") as caught:
+        follower_for(dyn, inc, log).catch_up()
+    assert isinstance(caught.value.__cause__, LogTrimmed)
