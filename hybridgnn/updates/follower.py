@@ -98,6 +98,7 @@ class Follower:
         self._job: Callable[[], None] | None = None  # a compaction or snapshot write to run in the background
         self._job_running = False
         self.failed: str | None = None  # why the last step failed (cleared by a good one)
+        self._stopping = False  # stop() began: the log may be closed under a background job
 
     # --- applying (worker thread) ----------------------------------------------------------
     def step(self, limit: int = READ_LIMIT, block_s: float = BLOCK_S) -> list[tuple[int, list[Outcome]]]:
@@ -133,7 +134,8 @@ class Follower:
 
             def snapshot() -> None:
                 self.snapshots.write(captured)
-                self.trim_log()
+                if not self._stopping:  # stopping does not wait for this write; the log closes after
+                    self.trim_log()
             return snapshot
         return None
 
@@ -318,6 +320,7 @@ class Follower:
         self._task = asyncio.create_task(self._run(), name="update-follower")
 
     async def stop(self, why: str = "server is shutting down") -> None:
+        self._stopping = True
         for t in (self._task, self._background):
             if t is not None:
                 t.cancel()

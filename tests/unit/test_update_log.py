@@ -497,3 +497,28 @@ def test_a_log_trimmed_past_a_starting_replica_refuses_it_in_one_line_not_a_trac
     with pytest.raises(ConfigError, match="holds entries from position 5 on .* at position 0") as caught:
         follower_for(dyn, inc, log).catch_up()
     assert isinstance(caught.value.__cause__, LogTrimmed)
+
+
+def test_a_snapshot_written_while_the_server_stops_does_not_trim_the_closed_log(tmp_path):
+    # Stopping does not wait for a snapshot write in flight, and the server closes the log
+    # right after: the trim that follows the write is left to the next start, not an
+    # error (a traceback at shutdown) on a closed log.
+    from hybridgnn.config import UpdateConfig
+
+    dyn, inc = dynamic_setup(tmp_path / "live")
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    snaps = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                      log_id=log.log_id, every=3, keep=1)
+    follower = follower_for(dyn, inc, log, snapshots=snaps,
+                            cfg=UpdateConfig(token="12345678", snapshot_every=3, snapshot_keep=1, log_retain=1))
+    for _ in range(4):
+        log.append(encode_entry([_requests()[0].logged]))
+    follower.step(limit=3, block_s=0)
+    job, follower._job = follower._job, None  # captured at 3, to write in the background
+    asyncio.run(follower.stop())
+    log.close()
+    job()
+    assert snaps.oldest_position() == 3  # written; the log is trimmed after the next one
+    again = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    assert again.first() == 1 and again.head() == 4
+    again.close()
