@@ -24,7 +24,7 @@ from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served
 from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
-from hybridgnn.errors import ConfigError, LogTrimmed
+from hybridgnn.errors import ConfigError, LogTrimmed, ServiceUnavailable
 from hybridgnn.features.gather import TieredFeatureStore
 from hybridgnn.features.placement import Plan
 from hybridgnn.features.store import (
@@ -195,6 +195,11 @@ class Resources:
         if first > start + 1:  # the entries after `start` were trimmed: this replica cannot catch up
             origin = f"snapshot {snap.path}" if snap is not None else "the dataset (no snapshot)"
             raise ConfigError(str(LogTrimmed(self.update_log.url, start, first, replica=f"this replica's start, {origin},")))
+        if u.log_retain:  # a log that cannot be trimmed (Redis before 6.2) is refused now, not after each snapshot
+            try:
+                self.update_log.trim(0)  # trims nothing
+            except ServiceUnavailable as exc:
+                raise ConfigError(str(exc)) from exc
         if snap is None:
             return
         head = self.update_log.head()

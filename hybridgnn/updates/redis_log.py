@@ -27,8 +27,11 @@ return position
 """
 
 # Trims up to ARGV[1] but never the last entry, and records how far (only ever forward)
-# in the same atomic step, so a reader that finds a gap knows it was a trim.
+# in the same atomic step, so a reader that finds a gap knows it was a trim. A script is
+# not rolled back when a command in it fails: the first line (which removes nothing) fails
+# on a server without XTRIM MINID (before Redis 6.2) before anything is written.
 _TRIM = """
+redis.call('XTRIM', KEYS[1], 'MINID', '0-0')
 local upto = math.min(tonumber(ARGV[1]), tonumber(redis.call('GET', KEYS[2]) or '0') - 1)
 if upto <= tonumber(redis.call('HGET', KEYS[3], 'trimmed_upto') or '0') then
   return 0
@@ -63,6 +66,7 @@ class RedisLog(UpdateLog):
         except ImportError as exc:  # pragma: no cover - a dependency, present unless uninstalled
             raise ConfigError("a Redis update log needs redis-py (pip install redis)") from exc
         self._redis_errors = (redis.RedisError, OSError)
+        self._refused = redis.ResponseError  # the server answered, with an error
         host, port, db, self.stream = parse_redis_url(url)
         self.url = url
         self._seq, self._meta = f"{self.stream}:seq", f"{self.stream}:meta"
@@ -119,6 +123,9 @@ class RedisLog(UpdateLog):
     def trim(self, upto: int) -> int:
         try:
             return int(self._trim(keys=[self.stream, self._seq, self._meta], args=[int(upto)]))
+        except self._refused as exc:
+            raise ServiceUnavailable(f"the update log {self.url} cannot be trimmed ({exc}): --update-log-retain "
+                                     "trims the stream with XTRIM MINID, which needs Redis 6.2 or newer") from exc
         except self._redis_errors as exc:
             raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hybridgnn.errors import LogTrimmed
+from hybridgnn.errors import LogTrimmed, ServiceUnavailable
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.updates.log import SqliteLog
 from tests.support.durability import add_node_body, graph_state, send_update
@@ -84,3 +84,29 @@ def test_a_redis_log_trims_like_the_sqlite_one(tmp_path):
         assert log.trim(100) == 5 and log.first() == 10 and log.head() == 10
         assert log.append(b"e10") == 11 and [e.position for e in log.read(9, 10)] == [10, 11]
         log.close()
+
+
+def test_a_redis_server_that_cannot_trim_is_refused_at_start_and_records_no_trim(tiny_dataset, tiny_model_pe,
+                                                                                  tmp_path):
+    # XTRIM MINID came in Redis 6.2 (older servers, e.g. 6.0, answer a syntax error); a
+    # server with XTRIM renamed away fails the same way. A failed trim must not leave
+    # the log saying it was trimmed (replicas would be refused for entries still there),
+    # and a server asked to trim such a log is refused at start in one line.
+    require_tool("redis-server")
+    from hybridgnn.updates.redis_log import RedisLog
+
+    with RedisServer(tmp_path / "redis", extra_args=("--rename-command", "XTRIM", "")) as redis_server:
+        url = redis_server.url("updates")
+        log = RedisLog(url, GraphStore.open(tiny_dataset).fingerprint)
+        for i in range(6):
+            log.append(b"e%d" % i)
+        with pytest.raises(ServiceUnavailable, match="needs Redis 6.2 or newer"):
+            log.trim(3)
+        assert log.first() == 1 and [e.position for e in log.read(0, 10)] == [1, 2, 3, 4, 5, 6]
+        log.close()
+        srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--update-token", TOKEN,
+                            "--update-log", url, "--snapshot-dir", str(tmp_path / "snaps"),
+                            "--update-log-retain", "2")
+        assert srv.proc.wait(120) == 2
+        out = srv.output()
+        assert "needs Redis 6.2 or newer" in out and "Traceback" not in out, out

@@ -19,7 +19,8 @@ class RedisServer:
     """redis-server with an append-only file fsynced on every write (what an update log
     needs), on 127.0.0.1, in its own directory."""
 
-    def __init__(self, workdir: Path, binary: str | None = None):
+    def __init__(self, workdir: Path, binary: str | None = None, extra_args: tuple[str, ...] = ()):
+        self.extra_args = tuple(extra_args)  # more redis-server options
         self.binary = binary or shutil.which("redis-server")
         if self.binary is None:
             raise FileNotFoundError("redis-server is not installed (Debian: apt-get install redis-server)")
@@ -36,7 +37,7 @@ class RedisServer:
 
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes"],
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes", *self.extra_args],
             stdout=open(self.workdir / "redis.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
