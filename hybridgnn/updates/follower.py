@@ -99,6 +99,7 @@ class Follower:
         self._job_running = False
         self.failed: str | None = None  # why the last step failed (cleared by a good one)
         self._stopping = False  # stop() began: the log may be closed under a background job
+        self.stranded: str | None = None  # why this replica cannot apply the log again (trimmed past it)
 
     # --- applying (worker thread) ----------------------------------------------------------
     def step(self, limit: int = READ_LIMIT, block_s: float = BLOCK_S) -> list[tuple[int, list[Outcome]]]:
@@ -379,6 +380,8 @@ class Follower:
         one did) hear now, as a 503 (their retry with the same Idempotency-Key is safe).
         stranded: the log was trimmed past this replica, which retrying cannot mend (an
         error, not a warning; the replica keeps serving reads at the version it has)."""
+        if stranded:
+            self.stranded = why
         if self.failed != why and stranded:
             log.error("update follower: %s", why)
         elif self.failed != why:

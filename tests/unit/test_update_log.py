@@ -522,3 +522,35 @@ def test_a_snapshot_written_while_the_server_stops_does_not_trim_the_closed_log(
     again = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
     assert again.first() == 1 and again.head() == 4
     again.close()
+
+
+def test_a_replica_the_log_was_trimmed_past_refuses_updates_at_once_and_logs_nothing(tmp_path):
+    # Stranded (it can never apply the log again), it would append each update (which the
+    # other replicas apply) and answer it 503 only after ANSWER_WAIT_S: it says so now.
+    from hybridgnn.serving.core.updates import UpdateApplier
+
+    dyn, inc = dynamic_setup(tmp_path / "g")
+    log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
+    for _ in range(4):
+        log.append(encode_entry([_requests()[0].logged]))
+    log.trim(3)  # another replica's trim, past this one (at 0)
+    follower = follower_for(dyn, inc, log)
+    applier = UpdateApplier(follower.cfg, follower, dyn, follower.stats)
+
+    async def scenario():
+        follower.start()
+        applier.start()
+        try:
+            for _ in range(200):
+                if follower.failed:
+                    break
+                await asyncio.sleep(0.01)
+            assert "holds entries from position 4 on" in follower.failed
+            with pytest.raises(ServiceUnavailable, match="from position 4 on.*nothing of this update was logged"):
+                applier.submit(_requests()[1])
+        finally:
+            await applier.stop()
+            await follower.stop()
+
+    asyncio.run(scenario())
+    assert log.head() == 4 and dyn.version == 0

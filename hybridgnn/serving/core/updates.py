@@ -129,6 +129,9 @@ class UpdateApplier:
                 return self._inflight[key][1]
         if self._task is not None and self._task.done():  # stopped: nothing would take it from the queue
             raise Draining(f"{self._stop_why}; nothing of this update was logged")
+        if self.follower.stranded is not None:  # it would be logged (and applied elsewhere), never answered here
+            raise ServiceUnavailable(f"{self.follower.stranded}; nothing of this update was logged (another replica "
+                                     "takes it)")
         fut = loop.create_future()
         self._queue.append(_Waiting(update, fut))
         if key is not None:
