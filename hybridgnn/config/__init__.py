@@ -364,6 +364,9 @@ class UpdateConfig:
             raise ValueError(f"propagation must be auto or recompute, got {self.propagation!r}")
         if self.log_retain and not self.snapshot_every:
             raise ValueError("log_retain trims what snapshots cover: it needs snapshot_every > 0")
+        if self.log_retain and self.log == "off":
+            raise ValueError("an in-memory update log (--update-log off) keeps only what is not yet applied: drop "
+                             "log_retain")
 
     @property
     def enabled(self) -> bool:

@@ -178,7 +178,7 @@ def refuse_unfollowed_updates(cfg: ServeConfig) -> None:
     logged = logged_updates(cfg.updates.log, cfg.dataset_dir)
     if logged:
         url = parse_log_url(cfg.updates.log, cfg.dataset_dir)
-        held = f"the update log {url} holds {logged} entries of acknowledged graph updates"
+        held = f"the update log {url} holds acknowledged graph updates (up to position {logged})"
         if cfg.model_repository is not None:
             raise ConfigError(f"{held}, and a model repository's versions serve no graph updates: pass --update-log "
                               "off to serve the dataset as stored")

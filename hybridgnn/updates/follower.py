@@ -379,7 +379,7 @@ class Follower:
         """Note a failed step; the requests waiting on the entry that failed to apply (if
         one did) hear now, as a 503 (their retry with the same Idempotency-Key is safe).
         stranded: the log was trimmed past this replica, which retrying cannot mend (an
-        error, not a warning; the replica keeps serving reads at the version it has)."""
+        error, not a warning; the engine then reports not ready and refuses updates)."""
         if stranded:
             self.stranded = why
         if self.failed != why and stranded:

@@ -33,6 +33,9 @@ from pathlib import Path
 from hybridgnn.errors import ConfigError, LogTrimmed, ServiceUnavailable
 
 SCHEMA = 2
+# A log's schema once it has been trimmed: builds from before trimming read only SCHEMA
+# and would not notice the missing entries, so they refuse it; this build reads both.
+TRIMMED_SCHEMA = 3
 POLL_S = 0.005  # how often a reader looks for entries other processes appended (SQLite)
 
 
@@ -168,8 +171,9 @@ class SqliteLog(UpdateLog):
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"cannot open the update log {self.path}: {exc} (graph updates need a "
                               "writable log; --update-log off keeps them in memory only)") from exc
-        if meta.get("schema") != str(SCHEMA):
+        if meta.get("schema") not in (str(SCHEMA), str(TRIMMED_SCHEMA)):
             raise ConfigError(f"update log {self.path} has schema {meta.get('schema')}; this build reads {SCHEMA} "
+                              f"and {TRIMMED_SCHEMA} "
                               "(move the old file away to start a new log)")
         if meta.get("dataset_fingerprint") != dataset_fingerprint:
             raise ConfigError(f"update log {self.path} belongs to dataset {meta.get('dataset_fingerprint')}, not "
@@ -234,6 +238,7 @@ class SqliteLog(UpdateLog):
                         return 0
                     gone = self._db.execute("DELETE FROM entries WHERE position <= ?", (upto,)).rowcount
                     self._db.execute("INSERT OR REPLACE INTO meta VALUES ('trimmed_upto', ?)", (str(upto),))
+                    self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(TRIMMED_SCHEMA),))
                     self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")

@@ -6,6 +6,7 @@ with one line. The SQLite log and a Redis stream (a real redis-server) trim alik
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from hybridgnn.updates.log import SqliteLog
 from tests.support.durability import add_node_body, graph_state, send_update
 from tests.support.ops_tools import require_tool
 from tests.support.replication import RedisServer
-from tests.support.server import ServerProcess, await_ready
+from tests.support.server import ServerProcess, await_ready, metrics_text, poll_ready
 
 pytestmark = [pytest.mark.ops]
 
@@ -110,3 +111,35 @@ def test_a_redis_server_that_cannot_trim_is_refused_at_start_and_records_no_trim
         assert srv.proc.wait(120) == 2
         out = srv.output()
         assert "needs Redis 6.2 or newer" in out and "Traceback" not in out, out
+
+
+def test_a_running_replica_the_log_is_trimmed_past_reports_not_ready_and_refuses_updates(tiny_dataset, tiny_model_pe,
+                                                                                          tmp_path):
+    # Another replica's trim overtakes this one while it is paused (SIGSTOP stands in for a
+    # long stall): once it runs again it can never apply the log, so it says so, leaves
+    # the balancer's rotation and refuses updates at once instead of logging them.
+    log_path = tmp_path / "updates.sqlite"
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--update-token", TOKEN, "--update-log",
+                        str(log_path), "--snapshot-dir", str(tmp_path / "snaps"), "--log-level", "INFO").wait_ready()
+    try:
+        base = graph_state(srv.url)
+        status, out = send_update(srv.url, TOKEN, "first", add_node_body(0, 1, base["feature_dim"]))
+        assert status == 200, out
+        srv.proc.send_signal(signal.SIGSTOP)
+        try:
+            log = SqliteLog(log_path, GraphStore.open(tiny_dataset).fingerprint)
+            for i in range(4):
+                log.append(b"written by another replica %d" % i)
+            assert log.trim(4) == 4 and log.first() == 5
+            log.close()
+        finally:
+            srv.proc.send_signal(signal.SIGCONT)
+        poll_ready(srv.url, 503, 30)
+        status, out = send_update(srv.url, TOKEN, "second", add_node_body(1, 2, base["feature_dim"]))
+        assert status == 503 and "nothing of this update was logged" in out["error"], out
+        assert graph_state(srv.url)["graph_version"] == 1
+        assert "hybridgnn_update_follower_failing 1.0" in metrics_text(srv.url)
+    finally:
+        srv.stop()
+    out = srv.output()
+    assert "holds entries from position 5 on" in out and "Traceback" not in out, out

@@ -375,7 +375,7 @@ def test_a_server_without_the_token_is_refused_where_the_log_holds_acknowledged_
     log.append(b"entry")
     log.close()
     assert logged_updates(None, tmp_path) == 2
-    with pytest.raises(ConfigError, match="holds 2 entries of acknowledged graph updates.*--update-log off"):
+    with pytest.raises(ConfigError, match=r"holds acknowledged graph updates \(up to position 2\).*--update-log off"):
         refuse_unfollowed_updates(cfg)
     refuse_unfollowed_updates(ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path, updates=UpdateConfig(log="off")))
     refuse_unfollowed_updates(ServeConfig(dataset_dir=tmp_path, model_dir=tmp_path,
@@ -554,3 +554,21 @@ def test_a_replica_the_log_was_trimmed_past_refuses_updates_at_once_and_logs_not
 
     asyncio.run(scenario())
     assert log.head() == 4 and dyn.version == 0
+
+
+def test_a_trimmed_sqlite_log_is_marked_for_builds_that_would_not_see_the_gap(tmp_path):
+    import sqlite3
+
+    from hybridgnn.config import UpdateConfig
+
+    log = SqliteLog(tmp_path / "u.sqlite", "abc")
+    for i in range(3):
+        log.append(b"e%d" % i)
+    schema = "SELECT value FROM meta WHERE key = 'schema'"
+    assert sqlite3.connect(tmp_path / "u.sqlite").execute(schema).fetchone()[0] == "2"
+    log.trim(1)
+    log.close()
+    assert sqlite3.connect(tmp_path / "u.sqlite").execute(schema).fetchone()[0] == "3"
+    assert SqliteLog(tmp_path / "u.sqlite", "abc").first() == 2  # this build reads it
+    with pytest.raises(ValueError, match="drop log_retain"):
+        UpdateConfig(token="12345678", log="off", log_retain=5)

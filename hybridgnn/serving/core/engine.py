@@ -107,10 +107,21 @@ class Engine(Admitting, SampledInference):
         self._pending = 0
         self._idle = asyncio.Event()
         self.draining = False  # refusing new requests (503) until admitted ones finish
-        self.ready = False  # what /v2/health/ready reports; turns False before draining starts
+        self._ready = False
         self.stats.watch(self.snapshot, tuple(self._pipelines))
 
     # --- what others read --------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """What /v2/health/ready reports: set once started, cleared before draining starts;
+        False too while the update log is trimmed past this replica (it never catches up
+        again, so a balancer sends its reads to replicas that do)."""
+        return self._ready and (self._follower is None or self._follower.stranded is None)
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+
     def snapshot(self) -> EngineSnapshot:
         """This engine's state now (telemetry reads it at scrape time)."""
         f, d = self._follower, self._dynamic
