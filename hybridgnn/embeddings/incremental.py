@@ -20,6 +20,7 @@ before or after a batch, never in between.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 
 from hybridgnn.embeddings.kernels import mark_unique, spread_rows
-from hybridgnn.embeddings.precompute import block_from_rows
+from hybridgnn.embeddings.precompute import block_from_rows, layer_dims
 from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.graph.dynamic import AppliedUpdate, DynamicGraph, UpdateBatch
 from hybridgnn.graph.journal import Journal, fault_point, maybe
@@ -450,3 +451,21 @@ class IncrementalEmbeddings:
         if not with_embeddings:
             return logits, np.empty((len(node_ids), 0), np.float32)
         return logits, hidden_rows(self.model, self.layers, self.graph.features, node_ids)
+
+
+def computed_layers(graph: DynamicGraph, model, cfg: IncrementalConfig | None = None) -> list[np.ndarray]:
+    """Every node's rows at every layer, computed layer by layer over the graph as it is,
+    each node from its 1-hop block (what precompute gives on the same graph). For a replica
+    that starts from a snapshot's graph holding no embeddings of its model."""
+    dims = layer_dims(decompose(model), graph.feature_dim)
+    n = graph.num_nodes
+    blank = [np.zeros((n, d), dtype=np.float32) for d in dims]
+    # recompute mode keeps no aggregates, so nothing is derived from the blank rows
+    work = IncrementalEmbeddings(graph, model, blank, dataclasses.replace(cfg or IncrementalConfig(), mode="recompute"))
+    nodes = np.arange(n, dtype=np.int64)
+    with graph.lock.read():
+        for i in range(len(dims)):
+            t0 = time.perf_counter()
+            work.layers[i][:] = work._recompute(i, nodes)
+            log.info("computed layer %d of %d for %d nodes in %.1fs", i + 1, len(dims), n, time.perf_counter() - t0)
+    return work.layers

@@ -21,7 +21,11 @@ import torch
 
 from hybridgnn.capabilities import DEVICE_GATE, HAS_CUDA
 from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served
-from hybridgnn.embeddings.incremental import IncrementalConfig, IncrementalEmbeddings
+from hybridgnn.embeddings.incremental import (
+    IncrementalConfig,
+    IncrementalEmbeddings,
+    computed_layers,
+)
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.errors import ConfigError, LogTrimmed, ServiceUnavailable
@@ -141,11 +145,15 @@ class Resources:
         self.incremental = None
         if self.dynamic is not None and self.embeddings is not None:
             snap = self.snapshot
-            self.incremental = IncrementalEmbeddings(self.dynamic, self.model,
-                                                     snap.layers if snap is not None else self.embeddings.layers,
-                                                     IncrementalConfig(mode=cfg.updates.propagation),
-                                                     output=snap.output if snap is not None else self.embeddings.output,
-                                                     aggregates=snap.aggregates if snap is not None else None)
+            inc_cfg = IncrementalConfig(mode=cfg.updates.propagation)
+            if snap is not None and snap.layers is None:  # a graph only (another model's snapshot)
+                layers, output, aggregates = computed_layers(self.dynamic, self.model, inc_cfg), None, None
+            elif snap is not None:
+                layers, output, aggregates = snap.layers, snap.output, snap.aggregates
+            else:
+                layers, output, aggregates = self.embeddings.layers, self.embeddings.output, None
+            self.incremental = IncrementalEmbeddings(self.dynamic, self.model, layers, inc_cfg, output=output,
+                                                     aggregates=aggregates)
             log.info("graph updates on: embedding aggregates ready in %.1fs (layers: %s)",
                      self.incremental.init_s, ", ".join(self.incremental.kinds))
         self.plan = base.plan if base is not None else self._load_plan()
@@ -192,9 +200,17 @@ class Resources:
             log.info("snapshot %s has no embeddings for this model: starting from the dataset", snap.path)
             snap = None
         start, first = (snap.position if snap is not None else 0), self.update_log.first()
-        if first > start + 1:  # the entries after `start` were trimmed: this replica cannot catch up
-            origin = f"snapshot {snap.path}" if snap is not None else "the dataset (no snapshot)"
-            raise ConfigError(str(LogTrimmed(self.update_log.url, start, first, replica=f"this replica's start, {origin},")))
+        if first > start + 1:  # the entries after `start` were trimmed: this model's start cannot catch up
+            graph_only = self.snapshots.latest_graph(at_least=first - 1)
+            if graph_only is None:
+                origin = f"snapshot {snap.path}" if snap is not None else "the dataset (no snapshot)"
+                raise ConfigError(str(LogTrimmed(self.update_log.url, start, first,
+                                                 replica=f"this replica's start, {origin},")))
+            # Another model's snapshot has the graph (what the log did to it); this model's
+            # embeddings are computed over it below.
+            log.info("the update log %s holds entries from position %d on, after this model's newest snapshot: "
+                     "starting from the graph of snapshot %s", self.update_log.url, first, graph_only.path)
+            snap = graph_only
         if u.log_retain:  # a log that cannot be trimmed (Redis before 6.2) is refused now, not after each snapshot
             try:
                 self.update_log.trim(0)  # trims nothing

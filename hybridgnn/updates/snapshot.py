@@ -98,8 +98,9 @@ class Snapshots:
         self.last_position = 0
         self.written = 0
 
-    def _mine(self) -> list[tuple[int, Path]]:
-        """(position, path) of the complete snapshots of this log and model, oldest first."""
+    def _mine(self, any_model: bool = False) -> list[tuple[int, Path]]:
+        """(position, path) of the complete snapshots of this log and model (any_model: of
+        this log, whatever model wrote them), oldest first."""
         if not self.root.is_dir():
             return []
         out = []
@@ -113,7 +114,7 @@ class Snapshots:
                 continue
             if (meta.get("format") == FORMAT and meta.get("log_id") == self.log_id
                     and meta.get("base_fingerprint") == self.base_fingerprint
-                    and meta.get("model_fingerprint") in self._models):
+                    and (any_model or meta.get("model_fingerprint") in self._models)):
                 out.append((int(meta["position"]), path))
         return sorted(out)
 
@@ -130,6 +131,19 @@ class Snapshots:
         for position, path in reversed(self._mine()):
             try:
                 return self._load(position, path, with_embeddings)
+            except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+                log.warning("snapshot %s does not load (%s: %s); trying an older one", path, type(exc).__name__, exc)
+        return None
+
+    def latest_graph(self, at_least: int) -> Snapshot | None:
+        """The newest snapshot of this log at position `at_least` or later that loads,
+        whichever model wrote it, without embeddings (a graph to start from; this model's
+        embeddings are then computed over it), or None."""
+        for position, path in reversed(self._mine(any_model=True)):
+            if position < at_least:
+                break
+            try:
+                return self._load(position, path, with_embeddings=False)
             except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
                 log.warning("snapshot %s does not load (%s: %s); trying an older one", path, type(exc).__name__, exc)
         return None

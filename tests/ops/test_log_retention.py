@@ -9,6 +9,7 @@ import shutil
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from hybridgnn.errors import LogTrimmed, ServiceUnavailable
@@ -143,3 +144,58 @@ def test_a_running_replica_the_log_is_trimmed_past_reports_not_ready_and_refuses
         srv.stop()
     out = srv.output()
     assert "holds entries from position 5 on" in out and "Traceback" not in out, out
+
+
+def _other_model(tiny_dataset, tiny_model_pe, out):
+    """The tiny model with other weights (so another model fingerprint), precomputed."""
+    import torch
+
+    from hybridgnn.embeddings.precompute import precompute
+    from hybridgnn.models.checkpoint import load_checkpoint, save_checkpoint
+
+    model, _ = load_checkpoint(tiny_model_pe)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    graph = GraphStore.open(tiny_dataset)
+    save_checkpoint(model, out, extra={"dataset_fingerprint": graph.fingerprint, "fanouts": [5, 3]})
+    precompute(graph, load_checkpoint(out)[0], out, progress=False)
+    return out
+
+
+def test_a_model_with_other_weights_starts_on_a_trimmed_log_from_another_models_snapshot(tiny_dataset, tiny_model_pe,
+                                                                                          tmp_path):
+    # A new model has no snapshot of its own, and the log no longer reaches back to the
+    # dataset: it starts from the graph of the other model's snapshot, computes its own
+    # embeddings over it and replays the rest, serving what an offline precompute of the
+    # final graph with its weights gives.
+    from tests.support.replication import offline_rebuild, served_logits
+
+    log_path, snaps = tmp_path / "updates.sqlite", tmp_path / "snaps"
+    flags = ("--workers", "1", "--update-token", TOKEN, "--update-log", str(log_path), "--snapshot-dir", str(snaps),
+             "--snapshot-every", "4", "--snapshot-keep", "1", "--update-log-retain", "2")
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, *flags).wait_ready()
+    try:
+        base = graph_state(srv.url)
+        for k in range(11):
+            status, out = send_update(srv.url, TOKEN, f"m{k}", add_node_body(k, 3 * k, base["feature_dim"]))
+            assert status == 200, out
+        log = SqliteLog(log_path, GraphStore.open(tiny_dataset).fingerprint)
+        deadline = time.monotonic() + 60
+        while log.first() == 1:
+            assert time.monotonic() < deadline, "the log was not trimmed"
+            time.sleep(0.05)  # poll interval; bounded by the deadline
+        log.close()
+    finally:
+        assert srv.stop() == 0
+    other = _other_model(tiny_dataset, tiny_model_pe, tmp_path / "other")
+    srv = ServerProcess(tiny_dataset, other, *flags, "--log-level", "INFO")
+    try:
+        await_ready(srv, "server of the other model", 120)
+        now = graph_state(srv.url)
+        assert now["graph_version"] == 11 and now["num_nodes"] == base["num_nodes"] + 11
+        alive, want = offline_rebuild(tiny_dataset, other, f"sqlite://{log_path}", tmp_path / "offline", snaps)
+        np.testing.assert_allclose(served_logits(srv.url, alive), want, atol=1e-4)
+    finally:
+        assert srv.stop() == 0
+    assert "starting from the graph of snapshot" in srv.output()

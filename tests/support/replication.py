@@ -99,10 +99,12 @@ def wait_for_version(url: str, version: int, timeout_s: float = 60.0) -> dict:
         time.sleep(0.05)  # poll interval; bounded by the deadline
 
 
-def offline_rebuild(dataset: Path, model_dir: Path, log_url: str, workdir: Path) -> tuple[np.ndarray, np.ndarray]:
+def offline_rebuild(dataset: Path, model_dir: Path, log_url: str, workdir: Path,
+                    snapshot_dir: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(alive node ids, their logits) of the final graph, computed independently of any
     server: the log applied to the stored dataset (graph only), written as a new dataset
-    and precomputed layer by layer from scratch."""
+    and precomputed layer by layer from scratch. snapshot_dir: start from the graph of the
+    newest snapshot of the log there (whichever model wrote it), as a trimmed log needs."""
     from hybridgnn.config import UpdateConfig
     from hybridgnn.embeddings.precompute import precompute
     from hybridgnn.graph.dynamic import DynamicGraph
@@ -115,8 +117,16 @@ def offline_rebuild(dataset: Path, model_dir: Path, log_url: str, workdir: Path)
     base = GraphStore.open(dataset)
     dyn = DynamicGraph(base)
     log = open_update_log(log_url, dataset, base.fingerprint)
+    position = 0
+    if snapshot_dir is not None:
+        from hybridgnn.updates.snapshot import Snapshots
+
+        snap = Snapshots(snapshot_dir, base_fingerprint=base.fingerprint, model_fingerprint="-", log_id=log.log_id,
+                         every=0).latest_graph(at_least=0)
+        dyn.restore(snap.indptr, snap.indices, snap.features, snap.alive, snap.graph_version)
+        position = snap.position
     try:
-        Follower(log, dyn, None, ServingStats(), UpdateConfig(token="offline-rebuild")).catch_up()
+        Follower(log, dyn, None, ServingStats(), UpdateConfig(token="offline-rebuild"), position=position).catch_up()
     finally:
         log.close()
     n = dyn.num_nodes

@@ -572,3 +572,35 @@ def test_a_trimmed_sqlite_log_is_marked_for_builds_that_would_not_see_the_gap(tm
     assert SqliteLog(tmp_path / "u.sqlite", "abc").first() == 2  # this build reads it
     with pytest.raises(ValueError, match="drop log_retain"):
         UpdateConfig(token="12345678", log="off", log_retain=5)
+
+
+def test_computed_layers_equal_the_embeddings_kept_fresh_by_incremental_updates(tmp_path):
+    from hybridgnn.embeddings.incremental import computed_layers
+
+    dyn, inc = dynamic_setup(tmp_path)
+    for a, b in zip(computed_layers(dyn, inc.model), inc.layers, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)  # what precompute gave on the stored graph
+    run_updates(follower_for(dyn, inc), _requests())
+    assert dyn.version > 0
+    alive = np.flatnonzero(dyn.alive[:dyn.num_nodes])  # (the kept rows have room to grow beyond)
+    for a, b in zip(computed_layers(dyn, inc.model), inc.layers, strict=True):
+        assert len(a) == dyn.num_nodes
+        np.testing.assert_allclose(a[alive], b[alive], atol=1e-5)  # and on the updated graph
+
+
+def test_a_graph_to_start_from_may_come_from_another_models_snapshot(tmp_path):
+    dyn, inc = dynamic_setup(tmp_path / "g")
+    for model, position in (("m1", 4), ("m2", 7)):
+        Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint=model, log_id="L",
+                  every=1).write(Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint,
+                                           model_fingerprint=model, log_id="L", every=1)
+                                 .capture(position, dyn, inc, {"k": ("d", {"new_node_ids": []})}))
+    new = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m3", log_id="L",
+                    every=1)
+    assert new.latest(with_embeddings=True) is None  # none of its own
+    graph = new.latest_graph(at_least=5)
+    assert graph.position == 7 and graph.layers is None and graph.keys == [("k", "d", {"new_node_ids": []})]
+    assert new.latest_graph(at_least=8) is None
+    other_log = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m3",
+                          log_id="other", every=1)
+    assert other_log.latest_graph(at_least=0) is None  # another log's are never used
