@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import contextlib
 import itertools
 import sqlite3
 import threading
@@ -163,7 +164,7 @@ class SqliteLog(UpdateLog):
                     self._db.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                _rollback(self._db)
                 raise
             # Reads come from the follower while an append may hold the writer connection
             # through its fsync: a second connection reads (WAL lets it).
@@ -241,7 +242,7 @@ class SqliteLog(UpdateLog):
                     self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(TRIMMED_SCHEMA),))
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    _rollback(self._db)
                     raise
             except sqlite3.Error as exc:
                 raise ServiceUnavailable(f"the update log {self.path} refused the trim: {exc}") from exc
@@ -255,6 +256,14 @@ class SqliteLog(UpdateLog):
         with self._write_lock, self._read_lock:
             self._db.close()
             self._reader.close()
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if one is still open: a failure that ended it
+    already (SQLite rolls back on some errors) must surface, not the ROLLBACK's own."""
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
 
 
 def parse_log_url(url: str | None, dataset_dir: Path) -> str:
