@@ -12,7 +12,8 @@
    dataset, a client posting add-node updates one after another; at --kills random
    points (after 1..40 acknowledged updates) the server is killed with SIGKILL and
    restarted on the same log (snapshots every --snapshot-every entries, so a restart
-   loads one and replays the rest); after each restart every acknowledged update must be
+   loads one and replays the rest; --retain N trims the log as it goes); after each restart
+   every acknowledged update must be
    there and none half applied (tests/support/durability.py). Prints acknowledged
    updates, lost ones, half-applied ones, and the restart time against the log length.
 
@@ -127,7 +128,8 @@ def kill_points(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hgnn-kill-"))
     copy = tmp / "dataset"
     shutil.copytree(dataset, copy)
-    flags = ("--workers", "1", "--update-token", TOKEN, "--snapshot-every", str(args.snapshot_every))
+    flags = ("--workers", "1", "--update-token", TOKEN, "--snapshot-every", str(args.snapshot_every),
+             "--update-log-retain", str(args.retain))
     rng = random.Random(args.seed)
     acked: list[int] = []
     restarts, problems = [], []
@@ -157,8 +159,15 @@ def kill_points(args) -> dict:
                   f"in the log, restart to ready {ready_s:.2f}s, problems {len(found)}", flush=True)
     finally:
         srv.stop()
+        log = (SqliteLog(copy / "updates.sqlite", GraphStore.open(copy).fingerprint)
+               if (copy / "updates.sqlite").is_file() else None)
+        held = (log.first(), log.head()) if log is not None else (0, 0)
+        if log is not None:
+            log.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"kills": args.kills, "acknowledged": len(acked), "problems": problems, "restarts": restarts}
+    print(f"  the log holds positions {held[0]}..{held[1]} at the end", flush=True)
+    return {"kills": args.kills, "acknowledged": len(acked), "problems": problems, "restarts": restarts,
+            "log_positions_held": list(held)}
 
 
 def main() -> None:
@@ -171,6 +180,8 @@ def main() -> None:
     ap.add_argument("--batches-100", type=int, default=20)
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--snapshot-every", type=int, default=250, help="kill part: the server's --snapshot-every")
+    ap.add_argument("--retain", type=int, default=0,
+                    help="kill part: the server's --update-log-retain (0: the log keeps every entry)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
