@@ -604,3 +604,55 @@ def test_a_graph_to_start_from_may_come_from_another_models_snapshot(tmp_path):
     other_log = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m3",
                           log_id="other", every=1)
     assert other_log.latest_graph(at_least=0) is None  # another log's are never used
+
+
+def test_two_handles_on_one_sqlite_log_never_see_a_gap_a_repeat_or_a_restart(tmp_path_factory):
+    """Random interleavings of appends, trims and reads through two handles on one file (as
+    two replicas sharing it): positions only grow and are never reused; a read returns the
+    entries right after where it asked, in order, or LogTrimmed when the trim passed it;
+    first() only moves forward and never past the last entry."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.tuples(st.sampled_from(["append", "trim", "read", "reopen"]), st.integers(0, 1),
+                             st.integers(0, 40)), min_size=1, max_size=60)
+
+    @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(ops)
+    def check(steps):
+        path = tmp_path_factory.mktemp("log") / "u.sqlite"
+        handles = [SqliteLog(path, "abc"), SqliteLog(path, "abc")]
+        bodies: dict[int, bytes] = {}
+        last, first = 0, 1
+        try:
+            for op, h, n in steps:
+                log = handles[h]
+                if op == "append":
+                    body = b"entry %d" % len(bodies)
+                    position = log.append(body)
+                    assert position == last + 1 and position not in bodies
+                    bodies[position], last = body, position
+                elif op == "trim":
+                    gone = log.trim(n)
+                    want = max(0, min(n, last - 1) - (first - 1))
+                    assert gone == want
+                    first = max(first, min(n, last - 1) + 1)
+                elif op == "read":
+                    after = n % (last + 1)
+                    if after + 1 < first:
+                        with pytest.raises(LogTrimmed):
+                            log.read(after, 5)
+                    else:
+                        got = log.read(after, 5)
+                        assert [e.position for e in got] == list(range(after + 1, min(last, after + 5) + 1))
+                        assert all(e.body == bodies[e.position] for e in got)
+                else:  # a restart of that replica
+                    log.close()
+                    handles[h] = SqliteLog(path, "abc")
+                assert handles[0].first() == handles[1].first() == first <= max(last, 1)
+                assert handles[0].head() == handles[1].head() == last
+        finally:
+            for log in handles:
+                log.close()
+
+    check()
