@@ -59,8 +59,24 @@ class IdMap:
 
     @classmethod
     def load(cls, dataset_dir: str | Path) -> IdMap | None:
+        """The map stored in dataset_dir (None when it has none); ValueError saying why
+        when the file is not one: unreadable, or not one strictly increasing 1-D array
+        (lookups binary-search it, so unsorted or repeated ids would name other nodes)."""
         path = Path(dataset_dir) / ID_MAP_FILE
-        return cls(np.load(path, mmap_mode="r", allow_pickle=False)) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            external = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, EOFError) as exc:
+            raise ValueError(f"cannot read it ({type(exc).__name__}: {exc})") from exc
+        except ValueError as exc:
+            raise ValueError(f"not a readable .npy array ({exc})") from exc
+        if external.ndim != 1:
+            raise ValueError(f"it must be 1-D (one external id per node), got shape {external.shape}")
+        if external.dtype.kind in "iU" and external.shape[0] > 1 and not bool(np.all(external[1:] > external[:-1])):
+            raise ValueError("its ids must be distinct and in increasing order (as `hybridgnn dataset import` "
+                             "writes them)")
+        return cls(external)
 
     def save(self, dataset_dir: str | Path) -> Path:
         path = Path(dataset_dir) / ID_MAP_FILE

@@ -140,13 +140,58 @@ def load_npy(path: Path, missing: str | None):
         return None
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
+    except OSError as exc:  # unreadable (permissions, an I/O error)
+        raise DatasetError(f"{path} cannot be read: {exc}") from exc
+    except (ValueError, EOFError) as exc:  # EOFError: an empty file
         with open(path, "rb") as f:
             magic = f.read(6)
         if magic != b"\x93NUMPY":  # numpy calls any such file pickled and advises loading it unsafely
             raise DatasetError(f"{path} is not a readable .npy array: it has no .npy header (damaged or "
                                "overwritten?)") from exc
         raise DatasetError(f"{path} is not a readable .npy array: {exc}") from exc
+
+
+# Rows (and indices) checked per step by check_csr: bounded temporaries on graphs of
+# billions of edges (~50 ms per 100M indices).
+_CSR_CHECK_STEP = 1 << 24
+
+
+def check_csr(indptr: np.ndarray, indices: np.ndarray, num_cols: int, what: str = "") -> None:
+    """DatasetError unless indptr never decreases and every index lies in [0, num_cols):
+    the compiled samplers and scipy's products read rows without bounds checks, so a
+    damaged index array (a flipped bit, a truncated write) would otherwise make them read
+    and write outside their arrays (a segmentation fault). Every open checks it: it reads
+    each index once, in chunks. indptr's ends are checked by the caller. what: a prefix
+    naming the CSR (an edge type's)."""
+    step = _CSR_CHECK_STEP
+    for lo in range(0, indptr.shape[0] - 1, step):
+        seg = np.asarray(indptr[lo:lo + step + 1])
+        down = np.flatnonzero(seg[1:] < seg[:-1])
+        if down.size:
+            row = lo + int(down[0])
+            raise DatasetError(f"{what}indptr must be non-decreasing; it falls at row {row} "
+                               f"({int(seg[down[0]])} -> {int(seg[down[0] + 1])}): damaged?")
+    if not indices.shape[0]:
+        return
+    low = high = None
+    for lo in range(0, indices.shape[0], step):
+        seg = np.asarray(indices[lo:lo + step])
+        a, b = int(seg.min()), int(seg.max())
+        low, high = a if low is None else min(low, a), b if high is None else max(high, b)
+    if low < 0 or high >= num_cols:
+        raise DatasetError(f"{what}indices must lie in [0, {num_cols}), found [{low}, {high}]")
+
+
+def check_index_dtypes(indptr: np.ndarray, indices: np.ndarray, what: str = "") -> None:
+    """DatasetError unless indptr is a signed integer array and indices an integer one,
+    both in this machine's byte order: what the compiled samplers can read (an unsigned
+    or byte-swapped indptr failed in the first request's sampling, not at open)."""
+    if indptr.dtype.kind != "i" or indices.dtype.kind not in "iu":
+        raise DatasetError(f"{what}indptr must be a signed integer array (int64) and indices an integer array, "
+                           f"got {indptr.dtype} and {indices.dtype}")
+    if not (indptr.dtype.isnative and indices.dtype.isnative):
+        raise DatasetError(f"{what}indptr and indices must be stored in this machine's byte order (.npy "
+                           f"little-endian), got {indptr.dtype.str} and {indices.dtype.str}")
 
 
 def dataset_kind(path: str | Path) -> str:
@@ -180,8 +225,9 @@ class GraphStore:
 
     @classmethod
     def open(cls, path: str | Path, *, validate: str = "quick") -> "GraphStore":
-        """Open a dataset directory. validate: 'none', 'quick' (shapes, dtypes, endpoints)
-        or 'full' (also every index in range and indptr monotone)."""
+        """Open a dataset directory. validate: 'none', 'quick' (shapes, dtypes, endpoints,
+        indptr monotone and every index in range: what sampling needs to stay within the
+        arrays) or 'full' (the same)."""
         root = Path(path)
         meta = read_meta(root)
         if meta.get("kind") == "hetero":
@@ -207,13 +253,12 @@ class GraphStore:
         return store
 
     def validate(self, *, full: bool = False) -> None:
-        n = self.indptr.shape[0] - 1
-        if self.indptr.ndim != 1 or n < 0:
+        """Shapes, dtypes, meta.json's counts, and (check_csr) indptr monotone with every
+        index in range. full: the same checks (every open reads every index now)."""
+        if self.indptr.ndim != 1 or self.indptr.shape[0] < 1:
             raise DatasetError(f"indptr must be 1-D of length num_nodes+1, got shape {self.indptr.shape}")
-        if self.indptr.dtype.kind not in "iu" or self.indices.dtype.kind not in "iu":
-            raise DatasetError(
-                f"indptr and indices must be integer arrays, got {self.indptr.dtype} and {self.indices.dtype}"
-            )
+        n = self.indptr.shape[0] - 1
+        check_index_dtypes(self.indptr, self.indices)
         if self.indices.ndim != 1:
             raise DatasetError(f"indices must be 1-D, got shape {self.indices.shape}")
         if n > 0 and (int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.shape[0]):
@@ -225,22 +270,25 @@ class GraphStore:
             raise DatasetError(f"features must be [num_nodes={n}, F], got shape {self.features.shape}")
         if self.features.dtype != np.float32:
             raise DatasetError(f"features must be float32, got {self.features.dtype}")
-        if self.labels is not None and self.labels.shape != (n,):
-            raise DatasetError(f"labels must be [num_nodes={n}], got shape {self.labels.shape}")
+        if self.labels is not None and (self.labels.shape != (n,) or self.labels.dtype.kind not in "iu"):
+            raise DatasetError(f"labels must be integer [num_nodes={n}], got {self.labels.dtype} {self.labels.shape}")
         for key, mask in self.masks.items():
             if mask.shape != (n,) or mask.dtype != bool:
                 raise DatasetError(f"{key} must be bool [num_nodes={n}], got {mask.dtype} {mask.shape}")
-        for key, expected in (("num_nodes", n), ("num_edges", self.indices.shape[0])):
-            if key in self.meta and int(self.meta[key]) != expected:
+        for key, expected in (("num_nodes", n), ("num_edges", self.indices.shape[0]), ("num_classes", None)):
+            if key not in self.meta:
+                continue
+            try:
+                value = int(self.meta[key])
+            except (TypeError, ValueError, OverflowError):
+                value = -1
+            if value < 0 or value != self.meta[key]:
+                raise DatasetError(f"meta.json's {key} must be a whole number >= 0, got {self.meta[key]!r}")
+            if expected is not None and value != expected:
                 raise DatasetError(f"meta.json says {key}={self.meta[key]} but the arrays hold {expected}")
         if self.id_map is not None and len(self.id_map) != n:
             raise DatasetError(f"{ID_MAP_FILE} names {len(self.id_map)} nodes but the graph has {n}")
-        if full and self.indices.shape[0]:
-            if np.any(np.diff(self.indptr) < 0):
-                raise DatasetError("indptr must be non-decreasing")
-            lo, hi = int(self.indices.min()), int(self.indices.max())
-            if lo < 0 or hi >= n:
-                raise DatasetError(f"indices must lie in [0, {n}), found [{lo}, {hi}]")
+        check_csr(self.indptr, self.indices, n)  # quick too: the samplers' memory safety rests on it
 
     @property
     def num_nodes(self) -> int:

@@ -61,11 +61,66 @@ def test_validation_errors_are_clear(tmp_path, override, match):
         GraphStore.open(root)
 
 
-def test_full_validation_catches_bad_indices(tmp_path):
-    root = _write_bad(tmp_path, indices=np.array([1, 7], dtype=np.int32))
-    GraphStore.open(root)  # quick validation does not read every index
-    with pytest.raises(DatasetError, match=r"indices must lie in \[0, 2\)"):
-        GraphStore.open(root, validate="full")
+@pytest.mark.parametrize("validate", ["quick", "full"])
+@pytest.mark.parametrize("override, match", [
+    ({"indices": np.array([1, 7], dtype=np.int32)}, r"indices must lie in \[0, 2\), found \[1, 7\]"),
+    ({"indices": np.array([-3, 0], dtype=np.int32)}, r"indices must lie in \[0, 2\), found \[-3, 0\]"),
+    ({"indptr": np.array([0, 5, 2])}, "indptr must be non-decreasing; it falls at row 1"),
+])
+def test_every_open_catches_indices_the_samplers_would_read_outside_their_arrays(tmp_path, override, match,
+                                                                                  validate):
+    """The compiled samplers do not bounds-check: quick validation (what serve, train and
+    precompute open with) let these through, and the first sample crashed the process."""
+    root = _write_bad(tmp_path, **override)
+    with pytest.raises(DatasetError, match=match):
+        GraphStore.open(root, validate=validate)
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"indptr": np.array([0, 1, 2], dtype=np.uint64)}, "indptr must be a signed integer array"),
+    ({"indptr": np.array([0, 1, 2], dtype=">i8")}, "byte order"),
+    ({"indptr": np.int64(0)}, r"indptr must be 1-D of length num_nodes\+1, got shape \(\)"),
+    ({"labels": np.zeros(2, np.float32)}, "labels must be integer"),
+])
+def test_index_arrays_the_samplers_cannot_read_are_refused_at_open(tmp_path, override, match):
+    root = _write_bad(tmp_path, **override)
+    with pytest.raises(DatasetError, match=match):
+        GraphStore.open(root)
+
+
+@pytest.mark.parametrize("value", [None, [2], "two", 2.5, -2, float("nan")])
+def test_a_meta_count_that_is_not_a_whole_number_is_one_dataset_error(tmp_path, value):
+    import json
+
+    root = _write_bad(tmp_path)
+    meta = json.loads((root / "meta.json").read_text())
+    (root / "meta.json").write_text(json.dumps({**meta, "num_nodes": value}))
+    with pytest.raises(DatasetError, match="meta.json's num_nodes must be a whole number"):
+        GraphStore.open(root)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x93NUMPY", b"garbage"])
+def test_an_empty_or_damaged_array_file_is_one_dataset_error(tmp_path, content):
+    root = _write_bad(tmp_path)
+    (root / "indptr.npy").write_bytes(content)
+    with pytest.raises(DatasetError, match="indptr.npy is not a readable .npy array"):
+        GraphStore.open(root)
+
+
+@pytest.mark.parametrize("ids, match", [
+    (np.array([5, 5]), "distinct and in increasing order"),
+    (np.array(["b", "a"]), "distinct and in increasing order"),
+    (np.zeros((2, 1), np.int64), "must be 1-D"),
+    (b"", "cannot read it"),
+])
+def test_an_id_map_that_lookups_would_misread_is_refused(tmp_path, ids, match):
+    root = _write_bad(tmp_path)
+    if isinstance(ids, bytes):
+        (root / "node_ids.npy").write_bytes(ids)
+    else:
+        np.save(root / "node_ids.npy", ids)
+    with pytest.raises(DatasetError, match=match):
+        GraphStore.open(root)
 
 
 def test_missing_dataset(tmp_path):

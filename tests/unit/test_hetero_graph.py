@@ -126,9 +126,17 @@ def test_validation_names_the_broken_edge_type(tmp_path):
     indices = np.load(tmp_path / "h" / "edges" / str(j) / "indices.npy")
     indices[0] = 10_000
     np.save(tmp_path / "h" / "edges" / str(j) / "indices.npy", indices)
-    HeteroGraphStore.open(tmp_path / "h")  # quick validation reads shapes only
-    with pytest.raises(DatasetError, match=r"user__rates__item.*\[0, 40\)"):
-        HeteroGraphStore.open(tmp_path / "h", validate="full")
+    # quick validation too (what serving opens with): the typed sampler reads rows without
+    # bounds checks, so an index outside its source type would read past its arrays
+    for validate in ("quick", "full"):
+        with pytest.raises(DatasetError, match=r"user__rates__item.*\[0, 40\)"):
+            HeteroGraphStore.open(tmp_path / "h", validate=validate)
+    indices[0] = 0
+    np.save(tmp_path / "h" / "edges" / str(j) / "indices.npy", indices)
+    indptr = np.load(tmp_path / "h" / "edges" / str(j) / "indptr.npy")
+    np.save(tmp_path / "h" / "edges" / str(j) / "indptr.npy", indptr.astype(np.uint64))
+    with pytest.raises(DatasetError, match=r"user__rates__item.*indptr must be signed integer"):
+        HeteroGraphStore.open(tmp_path / "h")
 
 
 @pytest.mark.parametrize("kind, types", [("recsys", 2), ("academic", 3)])

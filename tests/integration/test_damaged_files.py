@@ -1,0 +1,39 @@
+"""Files a user (or a damaged disk) hands the CLI, run as the command is: each bad one is
+one error line and exit 2, never a traceback, a crash or a hang."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(done: subprocess.CompletedProcess, command: str, *expected: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hybridgnn {command}: error: "), done.stderr[-2000:]
+    for text in expected:
+        assert text in lines[0], lines[0]
+
+
+def test_serving_a_dataset_with_an_index_past_its_nodes_is_one_line_not_a_crash(tiny_dataset, tiny_model, tmp_path):
+    """It was opened with quick validation, which read no index: the compiled sampler then
+    read outside its arrays and the server died of a segmentation fault (exit -11)."""
+    from tests.support.server import free_port
+
+    dataset = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset, dataset, ignore=shutil.ignore_patterns("workload"))
+    indices = np.load(dataset / "indices.npy")
+    indices[7] = 1 << 30
+    np.save(dataset / "indices.npy", indices)
+    done = _cli("serve", "--dataset", str(dataset), "--model", str(tiny_model), "--device", "cpu",
+                "--port", str(free_port()))
+    _one_error_line(done, "serve", "indices must lie in [0, 3000)", str(1 << 30))
