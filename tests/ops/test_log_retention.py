@@ -25,6 +25,16 @@ pytestmark = [pytest.mark.ops]
 TOKEN = "retain-token-123"
 
 
+def trimmed_log(log_path, dataset, timeout_s: float = 60.0) -> SqliteLog:
+    """The log at log_path once a server has trimmed it (after a snapshot, in the background)."""
+    log = SqliteLog(log_path, GraphStore.open(dataset).fingerprint)
+    deadline = time.monotonic() + timeout_s
+    while log.first() == 1:
+        assert time.monotonic() < deadline, "the log was not trimmed"
+        time.sleep(0.05)  # poll interval; bounded by the deadline
+    return log
+
+
 def test_a_trimmed_log_restarts_from_its_snapshot_and_refuses_a_replica_without_one(tiny_dataset, tiny_model_pe,
                                                                                       tmp_path):
     dataset = tmp_path / "dataset"
@@ -42,11 +52,7 @@ def test_a_trimmed_log_restarts_from_its_snapshot_and_refuses_a_replica_without_
             assert status == 200, out
         # a snapshot (every 4 entries, written in the background) and then the trim, up to
         # the snapshot and no nearer the head than 3
-        log = SqliteLog(log_path, GraphStore.open(dataset).fingerprint)
-        deadline = time.monotonic() + 60
-        while log.first() == 1:
-            assert time.monotonic() < deadline, "the log was not trimmed"
-            time.sleep(0.05)  # poll interval; bounded by the deadline
+        log = trimmed_log(log_path, dataset)
         first = log.first()
         snapshot = max(int(p.name[:12]) for p in snaps.iterdir() if not p.name.startswith("."))
         assert 1 < first <= min(snapshot, 13 - 3) + 1 and len(log) == 13 - first + 1
@@ -180,12 +186,7 @@ def test_a_model_with_other_weights_starts_on_a_trimmed_log_from_another_models_
         for k in range(11):
             status, out = send_update(srv.url, TOKEN, f"m{k}", add_node_body(k, 3 * k, base["feature_dim"]))
             assert status == 200, out
-        log = SqliteLog(log_path, GraphStore.open(tiny_dataset).fingerprint)
-        deadline = time.monotonic() + 60
-        while log.first() == 1:
-            assert time.monotonic() < deadline, "the log was not trimmed"
-            time.sleep(0.05)  # poll interval; bounded by the deadline
-        log.close()
+        trimmed_log(log_path, tiny_dataset).close()
     finally:
         assert srv.stop() == 0
     other = _other_model(tiny_dataset, tiny_model_pe, tmp_path / "other")
