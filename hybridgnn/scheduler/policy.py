@@ -36,11 +36,38 @@ class ProfileMismatch(ConfigError):
     """A profile made for another dataset, model or fanouts."""
 
 
+# The SLO choice simulates every worker (scheduler/simloops.py: a slot per worker, scanned
+# per batch), so its time grows with them: 1,024 take ~6 s on two cores, a billion would
+# allocate gigabytes and never finish. No machine profiles more.
+MAX_PROFILE_WORKERS = 1024
+
+
+def _whole(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"a profile's {name} must be a whole number in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _positive(name: str, values) -> np.ndarray:
+    """values (a number or a list of them) as floats, each finite and > 0; ValueError otherwise."""
+    if isinstance(values, bool) or isinstance(values, (dict, str)):
+        raise ValueError(f"a profile's {name} must be positive numbers, got {values!r}")
+    try:
+        out = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"a profile's {name} must be positive numbers, got {str(values)[:80]}") from None
+    if out.ndim > 1 or not np.all(np.isfinite(out) & (out > 0)):
+        raise ValueError(f"a profile's {name} must be finite positive numbers, got {str(values)[:80]}")
+    return out
+
+
 def _device_curves(p: dict) -> DeviceCurves:
     """A pipeline's curves with the cores its workers use (CPU-tensor pipelines only), its
     measured service spread (raw seconds ÷ the mean curve) and, for a split CPU lane, the
     device share of its batches (curves.device)."""
     mean, tail = Curve(**p["curves"]["mean"]), Curve(**p["curves"]["tail"])
+    _whole("workers", p["workers"], 1, MAX_PROFILE_WORKERS)
+    _whole("torch_threads", p.get("torch_threads", 1), 1, MAX_PROFILE_WORKERS)
     cores = p["workers"] * p.get("torch_threads", 1) if p.get("device", "cpu") == "cpu" else 0.0
     raw = p.get("raw") or {}
     ratios = None
@@ -75,10 +102,17 @@ class Profile:
             raise ValueError(f"profile schema_version {data.get('schema_version')!r}; this build reads "
                              f"{SCHEMA_VERSION}")
         self.data = data
+        if not data["pipelines"]:
+            raise ValueError("the profile has no pipelines")
         self.devices = {name: _device_curves(p) for name, p in data["pipelines"].items()}
-        self.mean_seed_psgs = float(data["mean_seed_psgs"])
-        self.seed_psgs = np.asarray(data.get("seed_psgs_quantiles") or [self.mean_seed_psgs], dtype=np.float64)
-        edges = data["bin_edges"]
+        # every value below is divided by or its logarithm taken: zero, negative and
+        # non-finite ones are refused here, not met as a ZeroDivisionError or a NaN choice
+        self.mean_seed_psgs = float(_positive("mean_seed_psgs", data["mean_seed_psgs"]))
+        self.seed_psgs = _positive("seed_psgs_quantiles", data.get("seed_psgs_quantiles") or [self.mean_seed_psgs])
+        edges = _positive("bin_edges", data["bin_edges"])
+        if edges.size < 2 or np.any(edges[1:] <= edges[:-1]):
+            raise ValueError(f"a profile's bin_edges must be at least two increasing numbers, got "
+                             f"{str(data['bin_edges'])[:80]}")
         self.lo, self.hi = float(edges[0]), float(edges[-1])
         # what check_matches reads, read now: a profile lacking it is refused at load
         str(data["dataset"]["fingerprint"]), str(data["dataset"]["name"]), str(data["model"]["fingerprint"])
@@ -90,6 +124,8 @@ class Profile:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise FileNotFoundError(f"no profile at {path}; make one with `hybridgnn profile`") from None
+        except OSError as exc:  # a directory, no permission, an I/O error
+            raise ValueError(f"cannot read profile {path}: {exc.strerror or exc}") from None
         except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"profile {path} is not valid JSON: {exc}") from exc
         if not isinstance(data, dict):

@@ -37,3 +37,24 @@ def test_serving_a_dataset_with_an_index_past_its_nodes_is_one_line_not_a_crash(
     done = _cli("serve", "--dataset", str(dataset), "--model", str(tiny_model), "--device", "cpu",
                 "--port", str(free_port()))
     _one_error_line(done, "serve", "indices must lie in [0, 3000)", str(1 << 30))
+
+
+def test_serving_with_a_profile_naming_a_billion_workers_is_one_line_not_a_hang(tiny_dataset, tiny_model, tmp_path):
+    """The SLO choice simulated every worker: a billion allocated 8 GB and never finished."""
+    import json
+    from pathlib import Path
+
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.models.checkpoint import weights_fingerprint
+    from tests.support.server import free_port
+
+    profile = json.loads((Path(__file__).parents[2] / "profiles" / "demo-sage-2core-epyc.json").read_text())
+    profile["dataset"]["fingerprint"] = GraphStore.open(tiny_dataset).fingerprint  # made for this pair
+    profile["model"]["fingerprint"] = weights_fingerprint(tiny_model)
+    profile["fanouts"] = [5, 3]
+    profile["pipelines"]["cpu"]["workers"] = 10**9
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    done = _cli("serve", "--dataset", str(tiny_dataset), "--model", str(tiny_model), "--device", "cpu",
+                "--profile", str(path), "--policy", "slo:30", "--port", str(free_port()), timeout=120)
+    _one_error_line(done, "serve", "workers must be a whole number in [1, 1024], got 1000000000")

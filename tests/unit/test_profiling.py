@@ -269,7 +269,7 @@ def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path)
     bad = tmp_path / "bad.json"
     for edit, match in ((lambda d: [], "holds a JSON list"), (lambda d: {**d, "dataset": None}, "TypeError"),
                         (lambda d: {k: v for k, v in d.items() if k != "fanouts"}, "KeyError: 'fanouts'"),
-                        (lambda d: {**d, "bin_edges": []}, "IndexError")):
+                        (lambda d: {**d, "bin_edges": []}, "bin_edges must be at least two increasing numbers")):
         bad.write_text(json.dumps(edit(data)))
         with pytest.raises(ValueError, match=match):
             Profile.load(bad)
@@ -404,3 +404,117 @@ def test_slo_choice_counts_no_cpu_rate_where_the_gpu_takes_every_batch():
     alone = choose_for_slo({"gpu": gpu}, 0.030, 10.0, lo=10, hi=1e5, load=load)
     assert both.psgs_threshold == 0 and both.pipeline_limits["cpu"] > 0  # the CPU may still take spills
     assert both.predicted_seeds_per_s == pytest.approx(alone.predicted_seeds_per_s)
+
+
+DEMO_PROFILE = __import__("pathlib").Path(__file__).parents[2] / "profiles" / "demo-sage-2core-epyc.json"
+
+
+def _edited_profile(tmp_path, edit):
+    import copy
+    import json
+
+    data = json.loads(DEMO_PROFILE.read_text())
+    edit(data := copy.deepcopy(data))
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def edit(data):
+        for k in keys[:-1]:
+            data = data[k]
+        data[keys[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, match", [
+    # a billion workers: the SLO simulation allocated a slot per worker (8 GB) and scanned
+    # them all per batch; 65,536 took 6.5 minutes
+    (_set("pipelines", "gpu", "workers", 10**9), r"workers must be a whole number in \[1, 1024\]"),
+    (_set("pipelines", "cpu", "workers", 0), "workers must be"),  # predicted negative or zero throughput
+    (_set("pipelines", "cpu", "workers", "2"), "workers must be"),  # a TypeError past the loader
+    (_set("pipelines", "cpu", "workers", float("inf")), "workers must be"),  # OverflowError
+    (_set("pipelines", "cpu", "torch_threads", "x"), "torch_threads must be"),
+    (_set("mean_seed_psgs", 0), "mean_seed_psgs must be finite positive"),  # ZeroDivisionError
+    (_set("mean_seed_psgs", float("nan")), "mean_seed_psgs must be finite positive"),
+    (_set("seed_psgs_quantiles", [0.0]), "seed_psgs_quantiles must be finite positive"),  # ZeroDivisionError
+    (_set("seed_psgs_quantiles", [-5.0, float("nan")]), "seed_psgs_quantiles must be finite positive"),
+    (_set("seed_psgs_quantiles", [[1, 2], [3]]), "seed_psgs_quantiles must be positive numbers"),
+    (_set("bin_edges", [0, 100]), "bin_edges must be finite positive"),  # "math domain error"
+    (_set("bin_edges", [100, 10]), "bin_edges must be at least two increasing"),
+    (_set("pipelines", {}), "no pipelines"),  # "min() arg is an empty sequence"
+])
+@pytest.mark.parametrize("spec", ["slo:30", "latency"])
+def test_a_profile_with_values_the_choice_cannot_use_is_refused_at_load(tmp_path, edit, match, spec):
+    from hybridgnn.scheduler.policy import Profile
+
+    path = _edited_profile(tmp_path, edit)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        Profile.load(path).policy(spec, load=ServingLoad(cores=2))
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_profile_path_that_is_a_directory_is_a_value_error(tmp_path):
+    from hybridgnn.scheduler.policy import Profile
+
+    with pytest.raises(ValueError, match="cannot read profile"):
+        Profile.load(tmp_path)
+
+
+
+
+def _json_values():
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4))
+    return st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+                        max_leaves=8)
+
+
+FIELDS = [("mean_seed_psgs",), ("seed_psgs_quantiles",), ("bin_edges",), ("pipelines",), ("pipelines", "cpu"),
+          ("pipelines", "cpu", "workers"), ("pipelines", "gpu", "torch_threads"), ("pipelines", "cpu", "curves"),
+          ("pipelines", "cpu", "curves", "mean"), ("pipelines", "gpu", "curves", "tail", "seconds"),
+          ("pipelines", "cpu", "curves", "mean", "psgs"), ("pipelines", "cpu", "raw"),
+          ("pipelines", "gpu", "raw", "seconds"), ("pipelines", "cpu", "curves", "device"), ("dataset",),
+          ("fanouts",)]
+
+
+def test_any_json_in_any_profile_field_loads_or_is_one_value_error():
+    """Whatever a damaged or hand-edited profile holds in a field, loading it and taking an
+    operating point either works or raises ValueError (what serve turns into one line)."""
+    import copy
+    import json
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from hybridgnn.scheduler.policy import Profile
+
+    base = json.loads(DEMO_PROFILE.read_text())
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.sampled_from(FIELDS), _json_values())
+    def check(field, value):
+        data = copy.deepcopy(base)
+        target = data
+        for k in field[:-1]:
+            target = target[k]
+        target[field[-1]] = value
+        try:
+            prof = Profile(data)
+        except ValueError:
+            return
+        except (KeyError, TypeError, IndexError, AttributeError):
+            return  # what Profile.load turns into its one-line ValueError
+        try:
+            prof.policy("latency")
+        except ValueError:
+            pass
+
+    check()
