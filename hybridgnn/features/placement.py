@@ -63,7 +63,35 @@ class Plan:
     row: np.ndarray  # int64: row within its (tier, server, clique, gpu) store
 
     def __post_init__(self):
+        self.check_arrays()
         self.check_capacities()
+
+    def check_arrays(self) -> None:
+        """ValueError unless the per-row arrays are what a plan holds: one integer entry per
+        node each, tiers 0..2, servers, cliques and GPUs within the topology (or -1: every
+        one) and rows >= 0. A plan read from disk is indexed with them."""
+        t = self.topology
+        if isinstance(self.row_bytes, bool) or not isinstance(self.row_bytes, (int, np.integer)) \
+                or self.row_bytes < 1:
+            raise ValueError(f"row_bytes must be a whole number >= 1, got {self.row_bytes!r}")
+        arrays = {"tier": self.tier, "server": self.server, "clique": self.clique, "gpu": self.gpu, "row": self.row}
+        for name, a in arrays.items():
+            if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype.kind not in "iu":
+                raise ValueError(f"a plan's {name} must be a 1-D integer array, got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)} {np.shape(a)}")
+        lengths = {name: a.shape[0] for name, a in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"a plan's arrays must have one entry per node each, got lengths {lengths}")
+        n = lengths["tier"]
+        for name, lo, hi in (("tier", GPU, DISK), ("server", EVERY, t.servers - 1),
+                             ("clique", EVERY, max(t.nvlink_cliques, 1) - 1),
+                             ("gpu", EVERY, max(t.gpus_per_clique, 1) - 1)):
+            a = arrays[name]
+            if n and (int(a.min()) < lo or int(a.max()) > hi):
+                raise ValueError(f"a plan's {name} values must lie in [{lo}, {hi}] for its topology "
+                                 f"({t.describe()}), found [{int(a.min())}, {int(a.max())}]")
+        if n and int(self.row.min()) < 0:
+            raise ValueError(f"a plan's row values must be >= 0, found {int(self.row.min())}")
 
     @property
     def num_nodes(self) -> int:
@@ -79,21 +107,30 @@ class Plan:
         t = self.topology
         if t.gpus_per_server == 0 and bool((self.tier == GPU).any()):
             raise ValueError(f"{self.method} plan puts rows on GPUs, but the topology has none")
-        for s in range(t.servers):
-            here = (self.server == s) | (self.server == EVERY)
-            for tier, name in enumerate(TIER_NAMES):
-                sel = here & (self.tier == tier)
-                if tier == GPU:
-                    for c in range(t.nvlink_cliques):
-                        in_c = sel & ((self.clique == c) | (self.clique == EVERY))
-                        for k in range(t.gpus_per_clique):
-                            n = int((in_c & ((self.gpu == k) | (self.gpu == EVERY))).sum())
-                            if n > cap["gpu"]:
-                                raise ValueError(f"{self.method} plan puts {n} rows on GPU {k} of clique {c} of "
-                                                 f"server {s}, capacity {cap['gpu']}")
-                elif int(sel.sum()) > cap[name]:
-                    raise ValueError(f"{self.method} plan puts {int(sel.sum())} rows in {name} of server {s}, "
-                                     f"capacity {cap[name]}")
+        every = self.server == EVERY
+
+        def per_server(sel: np.ndarray) -> tuple[int, int]:
+            """(server, rows of sel it holds: its own and every server's) for the fullest
+            server: one pass over the rows, not one per server."""
+            own = np.bincount(self.server[sel & ~every].astype(np.int64), minlength=t.servers)
+            counts = own + int((sel & every).sum())
+            s = int(np.argmax(counts))
+            return s, int(counts[s])
+
+        for tier, name in enumerate(TIER_NAMES):
+            sel = self.tier == tier
+            if tier == GPU:
+                for c in range(t.nvlink_cliques):
+                    in_c = sel & ((self.clique == c) | (self.clique == EVERY))
+                    for k in range(t.gpus_per_clique):
+                        s, n = per_server(in_c & ((self.gpu == k) | (self.gpu == EVERY)))
+                        if n > cap["gpu"]:
+                            raise ValueError(f"{self.method} plan puts {n} rows on GPU {k} of clique {c} of "
+                                             f"server {s}, capacity {cap['gpu']}")
+            else:
+                s, n = per_server(sel)
+                if n > cap[name]:
+                    raise ValueError(f"{self.method} plan puts {n} rows in {name} of server {s}, capacity {cap[name]}")
 
     def summary(self, fap: np.ndarray) -> list[dict]:
         """Per tier: distinct nodes, FAP mass share (expected share of reads it serves),
@@ -133,7 +170,7 @@ class Plan:
             raise ValueError(f"plan.json is not valid JSON: {exc}") from exc
         try:
             topo = Topology.from_dict({k: v for k, v in meta["topology"].items() if k != "source"}, source="plan")
-            method, row_bytes = str(meta["method"]), int(meta["row_bytes"])
+            method, row_bytes = str(meta["method"]), meta["row_bytes"]
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"plan.json is not a `hybridgnn place` plan ({type(exc).__name__}: {exc})") from exc
         arrays = {n: load_arrays(d / f"{n}.npy") for n in ("tier", "server", "clique", "gpu", "row")}

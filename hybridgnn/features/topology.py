@@ -38,6 +38,11 @@ DEFAULT_LINKS = {
     "disk": {"bandwidth_gbps": 3.0, "latency_us": 90.0},  # memory-mapped NVMe, page cache cold
 }
 NETWORKS = ("infiniband", "ethernet", "none")
+# Plans hold a server, clique and GPU number per row as int16, and make and check a plan
+# with a pass over the rows per server and per GPU: a topology of a billion servers never
+# finished. These bounds are past any machine or cluster a plan is made for.
+MAX_SERVERS = 4096
+MAX_GPUS_PER_SERVER = 256
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,10 @@ class Topology:
     source: str = "file"
 
     def __post_init__(self):
-        if self.servers < 1:
-            raise ValueError(f"servers must be >= 1, got {self.servers}")
+        if not 1 <= self.servers <= MAX_SERVERS:
+            raise ValueError(f"servers must be within [1, {MAX_SERVERS}], got {self.servers}")
+        if self.gpus_per_server > MAX_GPUS_PER_SERVER:
+            raise ValueError(f"gpus_per_server must be at most {MAX_GPUS_PER_SERVER}, got {self.gpus_per_server}")
         if self.numa_nodes < 1:
             raise ValueError(f"numa_nodes must be >= 1, got {self.numa_nodes}")
         if self.gpus_per_server < 0:
@@ -148,7 +155,10 @@ class Topology:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no topology file at {path}")
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read topology {path}: {exc}") from None
         if path.suffix in (".yaml", ".yml"):
             try:
                 import yaml

@@ -58,3 +58,31 @@ def test_serving_with_a_profile_naming_a_billion_workers_is_one_line_not_a_hang(
     done = _cli("serve", "--dataset", str(tiny_dataset), "--model", str(tiny_model), "--device", "cpu",
                 "--profile", str(path), "--policy", "slo:30", "--port", str(free_port()), timeout=120)
     _one_error_line(done, "serve", "workers must be a whole number in [1, 1024], got 1000000000")
+
+
+def test_placing_on_a_billion_servers_is_one_line_not_a_hang(tiny_dataset, tmp_path):
+    """Making and checking a plan passed over the rows once per server: it never finished."""
+    import json
+
+    topology = tmp_path / "topo.json"
+    topology.write_text(json.dumps({"servers": 10**9, "network": "infiniband", "host_memory_bytes": "1G"}))
+    done = _cli("place", "--dataset", str(tiny_dataset), "--fanouts", "5,3", "--topology", str(topology),
+                "--out", str(tmp_path / "plan"), timeout=120)
+    _one_error_line(done, "place", "servers must be within [1, 4096], got 1000000000")
+
+
+def test_serving_with_a_plan_of_zero_byte_rows_is_one_line(tiny_dataset, tiny_model, tmp_path):
+    """row_bytes 0 in plan.json was a ZeroDivisionError traceback (capacities in rows)."""
+    import json
+
+    from hybridgnn.features.placement import make_plan
+    from hybridgnn.features.topology import Topology
+    from tests.support.server import free_port
+
+    plan = make_plan("hash", num_nodes=3000, topology=Topology(host_memory_bytes=1 << 30), row_bytes=64)
+    saved = plan.save(tmp_path / "plan")
+    meta = json.loads((saved / "plan.json").read_text())
+    (saved / "plan.json").write_text(json.dumps({**meta, "row_bytes": 0}))
+    done = _cli("serve", "--dataset", str(tiny_dataset), "--model", str(tiny_model), "--device", "cpu",
+                "--placement", str(saved), "--port", str(free_port()), timeout=120)
+    _one_error_line(done, "serve", "row_bytes must be a whole number >= 1, got 0")

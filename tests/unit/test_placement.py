@@ -2,6 +2,7 @@
 (Quiver Fig. 8's four cases), baselines under the same capacities, the simulator."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -200,3 +201,66 @@ def test_request_counts_that_are_not_finite_are_refused(skewed_graph, tmp_path, 
     np.save(tmp_path / "seeds.counts.npy", counts)
     with pytest.raises(ValueError, match="finite non-negative counts"):
         seed_distribution(skewed_graph, str(tmp_path / "seeds.counts.npy"))
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"servers": 10**9, "network": "infiniband"}, r"servers must be within \[1, 4096\]"),
+    ({"gpus_per_server": 10**6}, "gpus_per_server must be at most 256"),
+])
+def test_a_topology_too_large_to_plan_for_is_refused_at_once(tmp_path, fields, match):
+    """A billion servers: making or checking a plan passes over the rows once per server
+    (and int16 server numbers wrap past 32,767), so `place` and `serve --placement` never
+    finished."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match=match):
+        Topology.load(path)
+
+
+def test_a_topology_file_that_is_not_text_is_a_value_error(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match="cannot read topology"):
+        Topology.load(path)
+
+
+def _saved_plan(tmp_path):
+    t = topo(servers=2, gpus_per_server=2, nvlink_cliques=1, network="infiniband")
+    return fap_plan(FAP, t, ROW).save(tmp_path / "plan")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m, a: m.update(row_bytes=0), "row_bytes must be a whole number >= 1"),  # ZeroDivisionError
+    (lambda m, a: m["topology"].update(servers=10**9), r"servers must be within \[1, 4096\]"),  # no end
+    (lambda m, a: a.update(row=a["row"][:1]), "one entry per node each"),  # IndexError serving from it
+    (lambda m, a: a.update(tier=a["tier"].astype(np.float64)), "tier must be a 1-D integer array"),
+    (lambda m, a: a.update(tier=np.full_like(a["tier"], 7)), r"tier values must lie in \[0, 2\]"),
+    (lambda m, a: a.update(server=np.full_like(a["server"], 5)), r"server values must lie in \[-1, 1\]"),
+    (lambda m, a: a.update(gpu=np.full_like(a["gpu"], 9)), r"gpu values must lie in \[-1, 1\]"),
+    (lambda m, a: a.update(row=a["row"] - 100), "row values must be >= 0"),
+])
+def test_a_damaged_plan_is_refused_at_load(tmp_path, edit, match):
+    saved = _saved_plan(tmp_path)
+    meta = json.loads((saved / "plan.json").read_text())
+    arrays = {n: np.load(saved / f"{n}.npy") for n in ("tier", "server", "clique", "gpu", "row")}
+    edit(meta, arrays)
+    (saved / "plan.json").write_text(json.dumps(meta))
+    for n, a in arrays.items():
+        np.save(saved / f"{n}.npy", a)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        Plan.load(saved)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_capacities_are_checked_per_server_in_one_pass(tmp_path):
+    """The check passed over every row once per server: 4,096 servers now cost one pass."""
+    t = Topology(servers=4096, gpus_per_server=1, nvlink_cliques=1, gpu_memory_bytes=ROW, host_memory_bytes=ROW,
+                 network="infiniband")
+    plan = hash_plan(20_000, t, ROW)
+    t0 = time.perf_counter()
+    plan.check_capacities()
+    assert time.perf_counter() - t0 < 1
+    plan.tier[plan.server == 7] = HOST  # server 7's GPU rows onto its host: one row more than it holds
+    with pytest.raises(ValueError, match="rows in host of server 7, capacity 1"):
+        plan.check_capacities()
