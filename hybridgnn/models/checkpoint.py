@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -128,8 +129,9 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
     UnsupportedModel (one line each) when it cannot be served exactly."""
     root = Path(path)
     config = read_config(root)
-    model = zoo.build(config["class"], config["args"])
     state = load_tensors(root / WEIGHTS, map_location)
+    check_fits(lambda: zoo.build(config["class"], config["args"]), state, root, config["args"].get("num_layers"))
+    model = zoo.build(config["class"], config["args"])
     _load_state(model, state, root)
     model.eval()
     stack = decompose(model)
@@ -147,6 +149,9 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
             raise CheckpointError(f"{root / GOLDEN} has {tuple(graph.x.shape)} inputs for a "
                                   f"{stack.in_dim}-feature model")
         _check_golden_graph(graph, root / GOLDEN)
+        if expected.ndim != 2 or expected.shape[0] != graph.x.shape[0]:  # the seeds' rows are read from it
+            raise CheckpointError(f"{root / GOLDEN} holds {tuple(expected.shape)} outputs for a graph of "
+                                  f"{graph.x.shape[0]} nodes")
         problems = golden.mismatches(model, stack, graph, expected)
         if problems:
             raise CheckpointError(f"{root} does not reproduce its golden outputs (tolerance "
@@ -273,6 +278,25 @@ def load_failure(exc: BaseException) -> str:
                 return f"it is not a file torch.save wrote ({operand})"
         return "it holds objects other than tensors, which are never unpickled" + (f" ({cause})" if cause else "")
     return lines[0]
+
+
+def check_fits(build, state, root: Path, num_layers=None) -> None:
+    """CheckpointError unless the module build() makes holds exactly the tensors (names and
+    shapes) of state, found with it built on the meta device, where nothing is allocated:
+    config.json's widths and depth were otherwise allocated as it said before the weights
+    were compared (a width of 10**9 asked for gigabytes, a million layers took minutes and
+    gigabytes of modules). num_layers: the depth config.json gives, refused before any
+    build when state holds fewer tensors (every layer has weights of its own)."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{root / WEIGHTS} holds a {type(state).__name__}, not a state_dict")
+    if isinstance(num_layers, int) and num_layers > len(state):
+        raise CheckpointError(f"{root / CONFIG} gives {num_layers} layers but {root / WEIGHTS} holds only "
+                              f"{len(state)} tensors")
+    with torch.device("meta"):
+        probe = build()
+    with warnings.catch_warnings():  # copying into a meta parameter is a no-op, and says so
+        warnings.simplefilter("ignore")
+        _load_state(probe, state, root)
 
 
 def _load_state(model: nn.Module, state, root: Path) -> None:

@@ -26,6 +26,7 @@ from hybridgnn.models.checkpoint import (
     WEIGHTS,
     CheckpointError,
     _atomic_save,
+    check_fits,
     load_tensors,
 )
 from hybridgnn.models.golden import GOLDEN_TOLERANCE, max_relative_error
@@ -191,11 +192,16 @@ def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, che
     """The HeteroGNN of a model directory whose config.json names it; CheckpointError (one
     line) when its weights do not fit or it does not reproduce its golden answers."""
     root = Path(path)
-    try:
-        model = HeteroGNN(**config["args"])
-    except (TypeError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"{root / CONFIG}: cannot build a HeteroGNN from its arguments: {exc}") from exc
     state = load_tensors(root / WEIGHTS, map_location)
+    try:
+        # built on the meta device first: widths config.json gives are allocated only once
+        # the weights are known to have them
+        check_fits(lambda: HeteroGNN(**config["args"]), state, root)
+        model = HeteroGNN(**config["args"])
+    except CheckpointError as exc:
+        raise CheckpointError(f"weights in {root / WEIGHTS} do not fit the HeteroGNN its config describes") from exc
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{root / CONFIG}: cannot build a HeteroGNN from its arguments: {exc}") from exc
     try:
         model.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError) as exc:
@@ -209,11 +215,37 @@ def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, che
             expected = {t: saved[f"out/{i}"].float() for i, t in enumerate(model.node_types) if f"out/{i}" in saved}
         except (KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{root / GOLDEN} is not a heterogeneous golden-outputs file: {exc}") from exc
-        problems = mismatches(model, x, edges, expected)
+        _check_golden(x, edges, expected, root / GOLDEN)
+        try:
+            problems = mismatches(model, x, edges, expected)
+        except RuntimeError as exc:  # inputs whose widths the layers do not take
+            raise CheckpointError(f"{root / GOLDEN}: the model does not run on its golden graph: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
         if problems:
             raise CheckpointError(f"{root} does not reproduce its golden outputs (tolerance {GOLDEN_TOLERANCE:g}), so "
                                   "it is not served: " + "; ".join(problems))
     return model
+
+
+def _check_golden(x: dict, edges: dict, expected: dict, path: Path) -> None:
+    """CheckpointError unless the saved golden graph can be evaluated: 2-D inputs per node
+    type, edges that are (source, target) pairs of their types' nodes, and outputs (at
+    least one type's) with a row per node. A damaged file failed inside the forward with
+    an IndexError (or a StopIteration with no outputs) traceback."""
+    for t, v in x.items():
+        if v.ndim != 2 or v.shape[0] == 0:
+            raise CheckpointError(f"{path} has inputs of shape {tuple(v.shape)} for node type {t!r}, not [nodes, F]")
+    for (s, _, t), ei in edges.items():
+        if ei.ndim != 2 or ei.shape[0] != 2:
+            raise CheckpointError(f"{path} has an edge_index of shape {tuple(ei.shape)}, not [2, edges]")
+        if ei.numel() and (int(ei.min()) < 0 or int(ei[0].max()) >= x[s].shape[0] or int(ei[1].max()) >= x[t].shape[0]):
+            raise CheckpointError(f"{path} has edges to nodes outside their types' golden nodes")
+    if not expected:
+        raise CheckpointError(f"{path} holds no golden outputs")
+    for t, v in expected.items():
+        if v.ndim != 2 or v.shape[0] != x[t].shape[0]:
+            raise CheckpointError(f"{path} holds {tuple(v.shape)} outputs for node type {t!r} of "
+                                  f"{x[t].shape[0]} golden nodes")
 
 
 def open_hetero_model(path: str | Path, graph) -> tuple[HeteroGNN, dict]:

@@ -86,3 +86,15 @@ def test_serving_with_a_plan_of_zero_byte_rows_is_one_line(tiny_dataset, tiny_mo
     done = _cli("serve", "--dataset", str(tiny_dataset), "--model", str(tiny_model), "--device", "cpu",
                 "--placement", str(saved), "--port", str(free_port()), timeout=120)
     _one_error_line(done, "serve", "row_bytes must be a whole number >= 1, got 0")
+
+
+def test_checking_a_model_whose_golden_outputs_are_cut_short_is_one_line(tiny_model, tmp_path):
+    """The sampled path read the golden seeds' rows from them: an IndexError traceback."""
+    import torch
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    saved = torch.load(model / "golden.pt", weights_only=True)
+    torch.save({**saved, "out": saved["out"][:3]}, model / "golden.pt")
+    done = _cli("model", "check", str(model), timeout=120)
+    _one_error_line(done, "model", "golden.pt holds (3, 4) outputs for a graph of 40 nodes")

@@ -152,6 +152,43 @@ def test_loading_refuses_changed_weights_and_homogeneous_readers(tmp_path):
         load_hetero_model(path, config)
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda g: g.update({"edge_index/0": g["edge_index/0"] + 1000}), "edges to nodes outside"),  # IndexError
+    (lambda g: g.update({"edge_index/0": g["edge_index/0"] - 1000}), "edges to nodes outside"),
+    (lambda g: g.update({"x/0": g["x/0"][:, 0]}), r"inputs of shape \(\d+,\)"),  # IndexError
+    (lambda g: g.update({"x/0": g["x/0"][:, :1]}), "does not run on its golden graph"),  # RuntimeError
+    (lambda g: g.update({"out/0": g["out/0"][:2]}), r"holds \(2, \d+\) outputs"),  # IndexError
+    (lambda g: [g.pop(k) for k in list(g) if k.startswith("out/")], "holds no golden outputs"),  # StopIteration
+])
+def test_a_damaged_heterogeneous_golden_file_is_refused_in_one_line(tmp_path, edit, match):
+    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
+    x, ei = whole(g)
+    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4), g.metadata(), aggr="sum")
+    with torch.no_grad():
+        model(x, ei)
+    path = hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata())
+    config = json.loads((path / "config.json").read_text())
+    saved = torch.load(path / "golden.pt", weights_only=True)
+    edit(saved)
+    torch.save(saved, path / "golden.pt")
+    with pytest.raises(CheckpointError, match=match) as info:
+        load_hetero_model(path, config)
+    assert "\n" not in str(info.value)
+
+
+def test_a_heterogeneous_config_wider_than_its_weights_is_refused_before_it_is_allocated(tmp_path):
+    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
+    x, ei = whole(g)
+    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4), g.metadata(), aggr="sum")
+    with torch.no_grad():
+        model(x, ei)
+    path = hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata())
+    config = json.loads(json.dumps(json.loads((path / "config.json").read_text())).replace(
+        '"out_channels": 8', '"out_channels": 10000000000'))  # 10^10-wide layers: hundreds of GB
+    with pytest.raises(CheckpointError, match="do not fit the HeteroGNN"):
+        load_hetero_model(path, config)
+
+
 def test_layerwise_inference_equals_the_whole_graph_forward(graph, tmp_path):
     from hybridgnn.embeddings.hetero import hetero_layerwise
 

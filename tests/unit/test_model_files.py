@@ -70,6 +70,35 @@ def test_a_damaged_golden_graph_is_refused_in_one_line(model_dir, changes, match
     _refused(model_dir, match)
 
 
+@pytest.mark.parametrize("changes, match", [
+    ({"out": lambda g: g["out"][:3]}, r"holds \(3, 3\) outputs for a graph of 40 nodes"),  # IndexError
+    ({"out": lambda g: g["out"][:, 0]}, r"holds \(40,\) outputs"),
+])
+def test_golden_outputs_without_a_row_per_golden_node_are_refused_in_one_line(model_dir, changes, match):
+    _edit_golden(model_dir, **changes)
+    _refused(model_dir, match)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    # a million layers were built (minutes, gigabytes of modules) before the weights were read
+    ("num_layers", 10**6, "gives 1000000 layers but .* holds only 6 tensors"),
+    # widths were allocated as config.json said (here 400 GB) before the weights were compared
+    ("hidden_channels", 10**10, "do not fit GraphSAGE: tensor shapes differ"),
+    ("in_channels", 10**10, "do not fit GraphSAGE: tensor shapes differ"),
+])
+def test_config_widths_and_depth_the_weights_do_not_have_are_refused_before_anything_is_allocated(
+        model_dir, key, value, match):
+    import json
+    import time
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["args"][key] = value
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    t0 = time.perf_counter()
+    _refused(model_dir, match)
+    assert time.perf_counter() - t0 < 5
+
+
 @pytest.mark.parametrize("key, value", [("jk", "bogus"), ("hidden_channels", -3)])
 def test_constructor_arguments_the_class_rejects_are_one_line(model_dir, key, value):
     # PyG asserts on an unknown jk and torch raises RuntimeError on a negative width:
