@@ -13,6 +13,7 @@ K SpMVs each, O(K·|E|). Tables are float32 .npy files in <dataset>/workload/.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from hybridgnn.graph.store import GraphStore
+
+log = logging.getLogger(__name__)
 
 SEED_KINDS = ("uniform", "degree")
 
@@ -109,6 +112,28 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     return counts / counts.sum(), f"log-{digest}"
 
 
+def _cached_table(path: Path, num_nodes: int) -> np.ndarray | None:
+    """A stored table, memory-mapped, or None (it is then computed again) when the file is
+    not one: unreadable (empty, truncated, overwritten), of another shape, not floats, or
+    holding a value that is not finite and >= 0. A damaged cache was a traceback or a
+    misleading one-line error at startup, or served NaN and negative PSGS to the router."""
+    try:
+        table = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        log.warning("workload table %s is not readable (%s: %s): computing it again", path, type(exc).__name__, exc)
+        return None
+    if table.ndim == 1 and table.dtype.kind == "f" and table.shape[0] != num_nodes:
+        return None  # a table of an earlier graph size: computed again, as before
+    if table.shape != (num_nodes,) or table.dtype.kind != "f":
+        log.warning("workload table %s holds %s %s, not float [%d]: computing it again", path, table.dtype,
+                    table.shape, num_nodes)
+        return None
+    if not (bool(np.isfinite(table).all()) and not bool((table < 0).any())):
+        log.warning("workload table %s holds values that are not finite and >= 0: computing it again", path)
+        return None
+    return table
+
+
 def _read_fingerprint(path: Path) -> str | None:
     try:
         return path.read_text().strip()
@@ -190,9 +215,9 @@ class WorkloadTables:
         psgs_path, fap_path = cls.paths(graph.root, fanouts, key)
         if psgs_path.is_file() and fap_path.is_file() and all(
                 _read_fingerprint(cls.fingerprint_path(p)) == graph.fingerprint for p in (psgs_path, fap_path)):
-            psgs = np.load(psgs_path, mmap_mode="r")
-            fap = np.load(fap_path, mmap_mode="r")
-            if psgs.shape == (graph.num_nodes,) and fap.shape == (graph.num_nodes,):
+            psgs = _cached_table(psgs_path, graph.num_nodes)
+            fap = _cached_table(fap_path, graph.num_nodes) if psgs is not None else None
+            if psgs is not None and fap is not None:
                 return cls(tuple(fanouts), key, psgs, fap, graph_fingerprint=graph.fingerprint)
         tables = cls.build(graph, fanouts, seed)
         if save:

@@ -98,3 +98,20 @@ def test_checking_a_model_whose_golden_outputs_are_cut_short_is_one_line(tiny_mo
     torch.save({**saved, "out": saved["out"][:3]}, model / "golden.pt")
     done = _cli("model", "check", str(model), timeout=120)
     _one_error_line(done, "model", "golden.pt holds (3, 4) outputs for a graph of 40 nodes")
+
+
+def test_a_truncated_workload_table_cache_is_computed_again_not_a_traceback(tiny_dataset, tmp_path):
+    """A cached table cut short (a full disk, a killed write) was an EOFError traceback."""
+    import json
+
+    dataset = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset, dataset, ignore=shutil.ignore_patterns("workload", "placement"))
+    topology = tmp_path / "topo.json"
+    topology.write_text(json.dumps({"host_memory_bytes": "1G"}))
+    place = ("place", "--dataset", str(dataset), "--fanouts", "5,3", "--topology", str(topology))
+    assert _cli(*place, "--out", str(tmp_path / "p1"), timeout=120).returncode == 0  # writes the tables
+    psgs = dataset / "workload" / "psgs_5-3.npy"
+    psgs.write_bytes(psgs.read_bytes()[:64])
+    done = _cli(*place, "--out", str(tmp_path / "p2"), timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "is not readable" in done.stderr and "computing it again" in done.stderr

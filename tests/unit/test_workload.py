@@ -107,6 +107,28 @@ def test_tables_of_a_dataset_rewritten_in_place_are_not_reused(tmp_path):
     assert isinstance(again.psgs.base, np.memmap) and again.graph_fingerprint == new.fingerprint
 
 
+@pytest.mark.parametrize("damage", [
+    lambda p: p.write_bytes(b""),  # EOFError traceback at startup
+    lambda p: p.write_bytes(p.read_bytes()[:100]),  # truncated: EOFError
+    lambda p: p.write_bytes(b"garbage"),  # "contains pickled data ... load it unsafely": exit 2
+    lambda p: np.save(p, np.full(60, np.nan, np.float32)),  # NaN PSGS routed
+    lambda p: np.save(p, np.full(60, -1.0, np.float32)),
+    lambda p: np.save(p, np.array(["x"] * 60)),  # string PSGS: every request failed
+    lambda p: np.save(p, np.ones((60, 1), np.float32)),
+])
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_damaged_cached_table_is_computed_again(skewed_graph, damage, which):
+    built = WorkloadTables.load_or_build(skewed_graph, FANOUTS)
+    path = WorkloadTables.paths(skewed_graph.root, FANOUTS, "uniform")[which]
+    damage(path)
+    again = WorkloadTables.load_or_build(skewed_graph, FANOUTS)
+    np.testing.assert_array_equal(again.psgs, built.psgs)
+    np.testing.assert_array_equal(again.fap, built.fap)
+    reread = WorkloadTables.load_or_build(skewed_graph, FANOUTS)  # and saved again, whole
+    assert isinstance(reread.psgs.base, np.memmap) and isinstance(reread.fap.base, np.memmap)
+    np.testing.assert_array_equal(reread.fap, built.fap)
+
+
 @hypothesis.settings(max_examples=200, deadline=None)
 @hypothesis.given(ids=st.lists(st.integers(0, 24), min_size=0, max_size=20))
 def test_batch_psgs_is_the_same_sum_for_few_and_many_ids(ids):
