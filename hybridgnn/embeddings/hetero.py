@@ -156,9 +156,42 @@ def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str 
              "layers": layers, "heads": heads, "dtype": dtype, "dataset_fingerprint": graph.fingerprint,
              "precompute_s": time.perf_counter() - t0}
     mark_complete(root, state)
-    store = HeteroEmbeddingStore.open(model_dir, graph.fingerprint)
+    store = HeteroEmbeddingStore.open(model_dir, graph.fingerprint, {t: graph.num_nodes(t) for t in graph.node_types})
     assert store is not None
     return store
+
+
+def _stored_array(path: Path, rows: int | None) -> np.ndarray:
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:  # missing, empty, truncated or overwritten
+        raise ValueError(f"{path.name} of {path.parent.name} is not readable ({type(exc).__name__})") from exc
+    if a.ndim != 2 or a.dtype.kind != "f" or (rows is not None and a.shape[0] != rows):
+        raise ValueError(f"{path} holds {a.dtype} {a.shape}, not float [{rows if rows is not None else 'rows'}, width]")
+    return a
+
+
+def _stored_arrays(root: Path, state: dict, num_nodes: dict[str, int] | None):
+    """(layers, output) of a complete store's state.json, every array checked to be float
+    [rows, width] with one row per node of its type (num_nodes, else as its type's others)."""
+    made = state.get("computed_unix_s")
+    if isinstance(made, bool) or not isinstance(made, (int, float)):
+        raise ValueError(f"state.json's computed_unix_s is {made!r}")
+    num_layers = state["num_layers"]
+    layers, output = {}, {}
+    for i, t in enumerate(state["node_types"]):
+        d = root / "types" / str(i)
+        rows = num_nodes.get(t) if num_nodes is not None else None
+        layers[t] = {}
+        for layer in state["layers"][t]:
+            a = _stored_array(d / f"layer_{int(layer)}.npy", rows)
+            rows = a.shape[0]
+            layers[t][int(layer)] = a
+        if t in state["heads"]:
+            output[t] = _stored_array(d / "output.npy", rows)
+        elif num_layers in layers[t]:
+            output[t] = layers[t][num_layers]
+    return layers, output
 
 
 @dataclass
@@ -181,10 +214,12 @@ class HeteroEmbeddingStore:
         return float(self.state["computed_unix_s"])
 
     @classmethod
-    def open(cls, model_dir: str | Path, dataset_fingerprint: str) -> HeteroEmbeddingStore | None:
+    def open(cls, model_dir: str | Path, dataset_fingerprint: str,
+             num_nodes: dict[str, int] | None = None) -> HeteroEmbeddingStore | None:
         """The complete store for this model and dataset; None when absent, unfinished,
-        written for a homogeneous graph, or computed with other weights than the model's
-        now (a model saved again into the same directory: its rows are stale)."""
+        written for a homogeneous graph, computed with other weights than the model's
+        now (a model saved again into the same directory: its rows are stale), or damaged
+        (logged). num_nodes: rows per node type, which every stored array must have."""
         root = embeddings_dir(Path(model_dir), dataset_fingerprint)
         try:
             state = read_json(root / "state.json")
@@ -196,14 +231,14 @@ class HeteroEmbeddingStore:
             log.warning("precomputed embeddings in %s were computed with other weights than %s has now: not "
                         "served (run `hybridgnn precompute` again)", root, model_dir)
             return None
-        layers, output = {}, {}
-        for i, t in enumerate(state["node_types"]):
-            d = root / "types" / str(i)
-            layers[t] = {int(l): np.load(d / f"layer_{l}.npy", mmap_mode="r") for l in state["layers"][t]}
-            if t in state["heads"]:
-                output[t] = np.load(d / "output.npy", mmap_mode="r")
-            elif state["num_layers"] in layers[t]:
-                output[t] = layers[t][state["num_layers"]]
+        try:
+            layers, output = _stored_arrays(root, state, num_nodes)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # a traceback at startup (a missing or truncated file, a state.json edited) or
+            # an IndexError for the nodes past a truncated file's rows, before
+            log.warning("precomputed embeddings in %s are damaged (%s: %s): not served (run `hybridgnn precompute` "
+                        "again)", root, type(exc).__name__, exc)
+            return None
         return cls(root=root, state=state, layers=layers, output=output)
 
     def last(self, node_type: str) -> np.ndarray:

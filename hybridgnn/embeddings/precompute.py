@@ -287,7 +287,11 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     dims = layer_dims(model, graph.feature_dim, device)
     state = starting_state(root, model.num_layers, dims, cfg, model_dir)
     if state.get("complete"):
-        return EmbeddingStore.open(model_dir, graph.fingerprint)
+        store = EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes)
+        if store is not None:
+            return store
+        (root / "state.json").unlink()  # complete but damaged (logged): computed again from scratch
+        state = starting_state(root, model.num_layers, dims, cfg, model_dir)
     write_state(root, state)  # before a layer file is rewritten: an old complete store is no longer served
     order = node_order(graph, cfg.order)
     norm_degree, has_loop = gcn_degrees(graph) if model.gcn_normalised else (None, None)
@@ -331,7 +335,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
         _readout_pass(model, root, n, device, DTYPES[cfg.dtype], progress)
         state = {**state, "output": True}
     state = mark_complete(root, {**state, "precompute_s": time.perf_counter() - t_start})
-    return EmbeddingStore.open(model_dir, graph.fingerprint)
+    return EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes)
 
 
 def _readout_pass(model, root: Path, n: int, device, dtype, progress: bool, chunk: int = 65536) -> None:

@@ -43,8 +43,10 @@ class EmbeddingStore:
         return float(self.state["computed_unix_s"])
 
     @classmethod
-    def open(cls, model_dir: Path, dataset_fingerprint: str) -> "EmbeddingStore | None":
-        """The complete store for this model and dataset, or None when absent or unfinished."""
+    def open(cls, model_dir: Path, dataset_fingerprint: str, num_nodes: int | None = None) -> "EmbeddingStore | None":
+        """The complete store for this model and dataset, or None when absent, unfinished
+        or damaged (logged: its rows are then computed or sampled, never misread).
+        num_nodes: the dataset's, which every stored layer must have a row for."""
         root = embeddings_dir(model_dir, dataset_fingerprint)
         state_path = root / "state.json"
         if not state_path.is_file():
@@ -60,8 +62,12 @@ class EmbeddingStore:
             log.warning("precomputed embeddings in %s were computed with other weights than %s has now: not "
                         "served (run `hybridgnn precompute` again)", root, model_dir)
             return None
-        layers = [np.load(root / f"layer_{i + 1}.npy", mmap_mode="r") for i in range(state["num_layers"])]
-        output = np.load(root / "output.npy", mmap_mode="r") if state.get("output") else None
+        try:
+            layers, output = _stored_arrays(root, state, num_nodes)
+        except ValueError as exc:
+            log.warning("precomputed embeddings in %s are damaged (%s): not served (run `hybridgnn precompute` "
+                        "again)", root, exc)
+            return None
         return cls(root=root, layers=layers, state=state, output=output)
 
     def lookup(self, node_ids: np.ndarray) -> np.ndarray:
@@ -69,6 +75,46 @@ class EmbeddingStore:
         # indexed as a plain array: a memmap's own indexing makes a memmap of the rows, at
         # several times the cost of the copy for the few rows a request names
         return np.asarray(np.asarray(self.final)[node_ids], dtype=np.float32)
+
+
+def _stored_array(path: Path) -> np.ndarray:
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:  # missing, empty, truncated or overwritten
+        raise ValueError(f"{path.name} is not readable: {type(exc).__name__}") from exc
+    if a.ndim != 2 or a.dtype.kind != "f":
+        raise ValueError(f"{path.name} holds {a.dtype} {a.shape}, not float rows")
+    return a
+
+
+def _stored_arrays(root: Path, state: dict, num_nodes: int | None) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """(layers, output) a complete state.json names, each checked to be a float [rows, width]
+    array with the same rows (num_nodes, when given) and the widths state.json records;
+    ValueError naming the first that is not. A damaged store was a traceback at startup,
+    or served an IndexError for the nodes past a truncated layer's rows."""
+    num_layers, dims = state.get("num_layers"), state.get("dims")
+    made = state.get("computed_unix_s")
+    if isinstance(made, bool) or not isinstance(made, (int, float)):  # what metadata answers with
+        raise ValueError(f"state.json's computed_unix_s is {made!r}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"state.json's num_layers is {num_layers!r}")
+    if dims is not None and (not isinstance(dims, list) or len(dims) != num_layers):
+        raise ValueError(f"state.json's dims {dims!r} do not list {num_layers} layers")
+    rows = num_nodes
+    layers = []
+    for i in range(num_layers):
+        a = _stored_array(root / f"layer_{i + 1}.npy")
+        rows = a.shape[0] if rows is None else rows
+        if a.shape[0] != rows or (dims is not None and a.shape[1] != dims[i]):
+            raise ValueError(f"layer_{i + 1}.npy holds {a.shape}, not [{rows}, "
+                             f"{dims[i] if dims is not None else a.shape[1]}]")
+        layers.append(a)
+    output = None
+    if state.get("output"):
+        output = _stored_array(root / "output.npy")
+        if output.shape[0] != rows:
+            raise ValueError(f"output.npy holds {output.shape[0]} rows, not {rows}")
+    return layers, output
 
 
 def weights_of(model_dir: Path) -> str | None:

@@ -115,3 +115,31 @@ def test_a_truncated_workload_table_cache_is_computed_again_not_a_traceback(tiny
     done = _cli(*place, "--out", str(tmp_path / "p2"), timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "is not readable" in done.stderr and "computing it again" in done.stderr
+
+
+def test_serving_over_a_truncated_embedding_store_serves_by_sampling_and_precompute_remakes_it(
+        tiny_dataset, tiny_model_pe, tmp_path):
+    """A layer file cut short was a traceback (serve, precompute) or, with its header
+    intact, an IndexError for every node past its rows."""
+    import requests
+
+    from hybridgnn.graph.store import GraphStore
+    from tests.support.server import ServerProcess
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_pe, model)
+    layer = model / "embeddings" / GraphStore.open(tiny_dataset).fingerprint / "layer_2.npy"
+    np.save(layer, np.load(layer)[:10])
+    srv = ServerProcess(tiny_dataset, model, "--device", "cpu").wait_ready()
+    try:
+        body = {"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [2999]}]}
+        answer = requests.post(f"{srv.url}/v2/models/hybridgnn/infer", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        stored = requests.post(f"{srv.url}/v2/models/hybridgnn/infer", timeout=30,
+                               json={**body, "parameters": {"mode": "precomputed"}})
+        assert stored.status_code == 409, stored.text  # none served: not a 500 from past its rows
+    finally:
+        assert srv.stop() == 0
+    done = _cli("precompute", "--dataset", str(tiny_dataset), "--model", str(model), timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert np.load(layer).shape[0] == 3000

@@ -77,6 +77,24 @@ def test_a_store_without_its_state_or_for_other_weights_is_not_served(graph, tmp
     assert HeteroEmbeddingStore.open(path, graph.fingerprint) is None
 
 
+@pytest.mark.parametrize("damage", [
+    lambda root: (root / "types" / "0" / "layer_1.npy").write_bytes(b""),  # EOFError traceback
+    lambda root: (root / "types" / "0" / "layer_1.npy").unlink(),  # FileNotFoundError traceback
+    lambda root: np.save(root / "types" / "0" / "layer_2.npy",  # IndexError past its rows
+                         np.load(root / "types" / "0" / "layer_2.npy")[:3]),
+    lambda root: np.save(root / "types" / "0" / "layer_2.npy", np.full((3, 2), "x")),
+    lambda root: (root / "state.json").write_text(json.dumps(
+        {**json.loads((root / "state.json").read_text()), "layers": None})),  # TypeError traceback
+])
+def test_a_damaged_store_is_not_served(graph, tmp_path, damage, caplog):
+    path = hybridgnn.save_model(built(sage(graph), graph), tmp_path / "m", metadata=graph.metadata())
+    store = hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+    damage(store.root)
+    rows = {t: graph.num_nodes(t) for t in graph.node_types}
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint, rows) is None
+    assert "are damaged" in caplog.text
+
+
 def test_a_model_that_does_not_fit_the_graph_is_refused_in_one_line(graph, tmp_path):
     other = HeteroGraphStore.open(generate_hetero(tmp_path / "r", kind="recsys", num_nodes=60, avg_degree=3, seed=1))
     path = hybridgnn.save_model(built(sage(other), other), tmp_path / "m", metadata=other.metadata())

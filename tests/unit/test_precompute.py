@@ -170,3 +170,38 @@ def test_models_that_cannot_be_decomposed_are_refused(skewed_graph, tmp_path):
         precompute(skewed_graph, model, tmp_path / "a")
     with pytest.raises(ValueError, match="cannot decompose|not a stack"):
         precompute(skewed_graph, torch.nn.Linear(4, 3), tmp_path / "b")
+
+
+def _layer(root, i):
+    return root / f"layer_{i}.npy"
+
+
+@pytest.mark.parametrize("damage", [
+    lambda root, n: _layer(root, 1).write_bytes(b""),  # EOFError traceback at startup
+    lambda root, n: _layer(root, 2).write_bytes(_layer(root, 2).read_bytes()[:200]),  # "mmap length ..." exit 2
+    lambda root, n: _layer(root, 2).unlink(),  # FileNotFoundError traceback
+    lambda root, n: np.save(_layer(root, 2), np.load(_layer(root, 2))[:10]),  # IndexError per request
+    lambda root, n: np.save(_layer(root, 2), np.load(_layer(root, 2))[:, 0]),  # 1-D rows served
+    lambda root, n: np.save(_layer(root, 2), np.zeros((n, 9), np.float32)),  # another width served
+    lambda root, n: np.save(_layer(root, 2), np.full((n, 3), "x")),
+    lambda root, n: _edit_state(root, num_layers="2"),  # TypeError traceback
+    lambda root, n: _edit_state(root, num_layers=0),  # IndexError traceback
+    lambda root, n: _edit_state(root, output=True),  # FileNotFoundError: no output.npy
+    lambda root, n: _edit_state(root, computed_unix_s="yesterday"),  # ValueError answering metadata
+])
+def test_a_damaged_store_is_not_served_and_precompute_makes_it_again(skewed_graph, tmp_path, damage, caplog):
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    precompute(skewed_graph, model, tmp_path / "m", progress=False)
+    n = skewed_graph.num_nodes
+    damage(embeddings_dir(tmp_path / "m", skewed_graph.fingerprint), n)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, n) is None
+    assert "are damaged" in caplog.text
+    store = precompute(skewed_graph, model, tmp_path / "m", progress=False)  # it returned None, or the damage
+    np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, n) is not None
+
+
+def _edit_state(root, **changes):
+    state = json.loads((root / "state.json").read_text())
+    (root / "state.json").write_text(json.dumps({**state, **changes}))
