@@ -85,8 +85,9 @@ class SamplingConfig:
         if len(self.fanouts) == 0:
             raise ValueError("fanouts must name at least one hop, got ()")
         for f in self.fanouts:
-            if not isinstance(f, int) or f <= 0:
-                raise ValueError(f"every fanout must be a positive integer, got {self.fanouts!r}")
+            # below 2**63: the samplers take them as int64 (a larger one was an OverflowError)
+            if not isinstance(f, int) or not 0 < f < 1 << 63:
+                raise ValueError(f"every fanout must be a positive integer (below 2**63), got {self.fanouts!r}")
 
 
 @config_class

@@ -123,15 +123,15 @@ def sample_khop(indptr, indices, seeds, fanouts, local, state, slot, row_start, 
     src = np.empty(16, np.int64)
     dst = np.empty(16, np.int64)
     e = 0
-    max_fanout = 1
-    for k in range(num_hops):
-        max_fanout = max(max_fanout, fanouts[k])
-    chosen = np.empty(max_fanout, np.int64)
+    # positions drawn in one row: grown to the widest min(degree, fanout) of each hop, not
+    # sized by the fanout ("every neighbour" fanouts such as 10**10 allocated that many)
+    chosen = np.empty(16, np.int64)
     lo = 0
     hi = n
     for k in range(num_hops):
         fanout = fanouts[k]
         bound = 0
+        widest = 0
         for j in range(lo, hi):
             u = nodes[j]
             if patched:
@@ -139,6 +139,8 @@ def sample_khop(indptr, indices, seeds, fanouts, local, state, slot, row_start, 
             else:
                 deg = indptr[u + 1] - indptr[u]
             bound += min(deg, fanout)
+            widest = max(widest, min(deg, fanout))
+        chosen = _grow(chosen, widest)
         src = _grow(src, e + bound)
         dst = _grow(dst, e + bound)
         nodes = _grow(nodes, n + bound)
@@ -219,10 +221,9 @@ def sample_khop_overlay(indptr, indices, seeds, fanouts, local, state, ov_nodes,
     src = np.empty(16, np.int64)
     dst = np.empty(16, np.int64)
     e = 0
-    max_fanout = 1
-    for k in range(num_hops):
-        max_fanout = max(max_fanout, fanouts[k])
-    chosen = np.empty(max_fanout, np.int64)
+    # positions drawn in one row: grown to the widest min(degree, fanout) of each hop, not
+    # sized by the fanout ("every neighbour" fanouts such as 10**10 allocated that many)
+    chosen = np.empty(16, np.int64)
     lo = 0
     hi = n
     for k in range(num_hops):
@@ -231,6 +232,7 @@ def sample_khop_overlay(indptr, indices, seeds, fanouts, local, state, ov_nodes,
         base_deg = np.zeros(hi - lo, np.int64)
         slot = np.full(hi - lo, -1, np.int64)
         bound = 0
+        widest = 0
         for j in range(lo, hi):
             u = nodes[j]
             d = indptr[u + 1] - indptr[u] if u < num_base else 0
@@ -241,6 +243,8 @@ def sample_khop_overlay(indptr, indices, seeds, fanouts, local, state, ov_nodes,
                     slot[j - lo] = p
                     d += ov_indptr[p + 1] - ov_indptr[p]
             bound += min(d, fanout)
+            widest = max(widest, min(d, fanout))
+        chosen = _grow(chosen, widest)
         src = _grow(src, e + bound)
         dst = _grow(dst, e + bound)
         nodes = _grow(nodes, n + bound)

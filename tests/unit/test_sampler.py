@@ -130,6 +130,28 @@ def test_overlay_candidates_are_drawn_uniformly_with_stored_ones(tmp_path):
         sampler.sample(np.array([21]), overlay=overlay, num_extra_nodes=10)
 
 
+@pytest.mark.parametrize("huge", [10**10, 10**12])
+def test_an_every_neighbour_fanout_samples_every_neighbour_without_allocating_the_fanout(skewed_graph, huge):
+    """The compiled sampler sized its scratch by the largest fanout: a model saved with
+    fanouts of 10**10 ("take every neighbour") failed every batch with a MemoryError."""
+    seeds = np.arange(12)
+    want = CPUSampler(skewed_graph, (1000, 1000)).sample(seeds)  # above every degree: every neighbour
+    got = CPUSampler(skewed_graph, (huge, huge)).sample(seeds)
+    np.testing.assert_array_equal(got.node_ids, want.node_ids)
+    np.testing.assert_array_equal(got.edge_index, want.edge_index)
+    overlay = (np.array([0]), np.array([0, 2]), np.array([1, 2]))
+    want = CPUSampler(skewed_graph, (1000, 1000)).sample(seeds, overlay=overlay)
+    got = CPUSampler(skewed_graph, (huge, huge)).sample(seeds, overlay=overlay)
+    np.testing.assert_array_equal(got.node_ids, want.node_ids)
+
+
+def test_a_fanout_past_int64_is_one_value_error():
+    from hybridgnn.config import parse_fanouts
+
+    with pytest.raises(ValueError, match="below 2\\*\\*63"):  # an OverflowError in the sampler
+        parse_fanouts([10**30])
+
+
 def test_dynamic_graph_is_sampled_as_it_is_now(tmp_path):
     from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
 
