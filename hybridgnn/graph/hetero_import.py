@@ -61,7 +61,13 @@ def write_hetero_edges(out, node_rows: dict[str, dict], edges: dict[EdgeType, np
 
 
 def _random_features(num_nodes: int, feature_dim: int, seed: int, index: int) -> np.ndarray:
-    return np.random.default_rng([seed, index]).standard_normal((num_nodes, feature_dim), dtype=np.float32)
+    if num_nodes < 0:
+        raise DatasetError(f"num_nodes must be >= 0, got {num_nodes}")
+    try:
+        return np.random.default_rng([seed, index]).standard_normal((num_nodes, feature_dim), dtype=np.float32)
+    except MemoryError:  # num_nodes 10**12 asked for terabytes (a traceback)
+        raise DatasetError(f"random features for {num_nodes:,} nodes ({feature_dim} each) do not fit in memory; "
+                           "with sparse ids, --ids map numbers only the ones used") from None
 
 
 def import_hetero_data(data, source: Path, out, *, undirected: bool = False, feature_dim: int = 64,
@@ -88,7 +94,9 @@ def import_hetero_data(data, source: Path, out, *, undirected: bool = False, fea
     for i, ntype in enumerate(node_types):
         check_type_name(ntype, "node type")
         store = data[ntype]
-        x = store["x"].numpy() if "x" in store else None
+        x = np.asarray(store["x"]) if "x" in store else None
+        if x is not None and x.dtype.kind not in "biuf":
+            raise DatasetError(f"{source}: x of node type {ntype!r} must be a numeric array, got {x.dtype}")
         counted = [int(ei[0].max()) + 1 for (s, _, _), ei in edges.items() if s == ntype and ei.size]
         counted += [int(ei[1].max()) + 1 for (_, _, d), ei in edges.items() if d == ntype and ei.size]
         num_nodes = (x.shape[0] if x is not None else

@@ -136,18 +136,33 @@ def import_graph(
     if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iuU":
         raise DatasetError(f"edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
     x = data.get("x")
-    id_map, ei = _map_ids(src, ei, ids, has_rows=x is not None or data.get("num_nodes") is not None)
-    num_nodes = int(data.get("num_nodes") or 0) or (
-        x.shape[0] if x is not None else (int(ei.max()) + 1 if ei.size else 0)
-    )
+    if x is not None:
+        x = np.asarray(x)
+        if x.ndim != 2 or x.dtype.kind not in "biuf":
+            raise DatasetError(f"{src}: x must be a numeric array [num_nodes, F], got {x.dtype} {x.shape}")
+    given = data.get("num_nodes")
+    if given is not None:
+        given = np.asarray(given)
+        if given.ndim != 0 or given.dtype.kind not in "iu" or int(given) < 0:
+            raise DatasetError(f"{src}: num_nodes must be a whole number >= 0, got {data.get('num_nodes')!r}")
+        given = int(given)
+    id_map, ei = _map_ids(src, ei, ids, has_rows=x is not None or given is not None)
+    num_nodes = given or (x.shape[0] if x is not None else (int(ei.max()) + 1 if ei.size else 0))
     if ei.size and (ei.min() < 0 or ei.max() >= num_nodes):
         raise DatasetError(f"edge_index ids must lie in [0, {num_nodes}), found [{ei.min()}, {ei.max()}]")
+    for k in MASK_NAMES:
+        if data.get(k) is not None and np.shape(data[k]) != (num_nodes,):
+            raise DatasetError(f"{src}: {k} must have num_nodes={num_nodes} entries, got shape {np.shape(data[k])}")
     s, t = ei[0].astype(np.int64), ei[1].astype(np.int64)
     rows, cols = [t], [s]  # row t lists the sources t aggregates from
     if undirected:
         rows.append(s)
         cols.append(t)
-    indptr, indices = coo_to_csr(rows, cols, num_nodes, dedup=True)
+    try:
+        indptr, indices = coo_to_csr(rows, cols, num_nodes, dedup=True)
+    except MemoryError:  # a row pointer per node: ids up to 10**12 asked for 8 TB (a traceback)
+        raise DatasetError(f"{src}: {num_nodes:,} nodes do not fit in memory"
+                           + (" (sparse ids: --ids map numbers only the ones used)" if id_map is None else "")) from None
     extra = {"source": str(src), "undirected": undirected}
     merged = _repeated_edges(t, s, num_nodes, len(indices) if not undirected else None)
     if merged:
@@ -158,7 +173,11 @@ def import_graph(
                     "gives the same edges in PyG)", src, merged, len(t))
         extra["repeated_edges_merged"] = merged
     if x is None:
-        x = np.random.default_rng(seed).standard_normal((num_nodes, feature_dim), dtype=np.float32)
+        try:
+            x = np.random.default_rng(seed).standard_normal((num_nodes, feature_dim), dtype=np.float32)
+        except MemoryError:
+            raise DatasetError(f"{src}: random features for {num_nodes:,} nodes ({feature_dim} each) do not fit in "
+                               "memory") from None
         extra["random_features"] = True
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[0] != num_nodes:
@@ -168,6 +187,12 @@ def import_graph(
     if labels is not None and np.ndim(labels) == 2 and np.shape(labels)[1] > 1:
         log.warning("%s: y is multi-label [%d, %d]; not imported (a dataset stores one class per node, and "
                     "serving does not read labels)", src, *np.shape(labels))
+        labels, ignored_extra = None, ["y"]
+    elif labels is not None and not _class_numbers(np.asarray(labels)):
+        # cast to int64, NaN became -2**63 and 0.5 became 0: classes that were never there
+        log.warning("%s: y holds %s values that are not class numbers (regression targets?); not imported "
+                    "(a dataset stores one class per node, and serving does not read labels)", src,
+                    np.asarray(labels).dtype)
         labels, ignored_extra = None, ["y"]
     if labels is not None:
         labels = np.asarray(labels).reshape(-1)
@@ -187,6 +212,14 @@ def import_graph(
     if id_map is not None:
         id_map.save(path)
     return path
+
+
+def _class_numbers(y: np.ndarray) -> bool:
+    """Whether y holds whole numbers (class ids, -1 for unlabelled) that int64 keeps."""
+    if y.dtype.kind in "biu":
+        return True
+    return y.dtype.kind == "f" and bool(np.isfinite(y).all()) and bool(np.array_equal(y, np.round(y))) and (
+        not y.size or float(np.abs(y).max()) < 2**62)
 
 
 def _map_ids(src: Path, ei: np.ndarray, mode: str, *, has_rows: bool) -> tuple[IdMap | None, np.ndarray]:

@@ -143,3 +143,11 @@ def test_serving_over_a_truncated_embedding_store_serves_by_sampling_and_precomp
     done = _cli("precompute", "--dataset", str(tiny_dataset), "--model", str(model), timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert np.load(layer).shape[0] == 3000
+
+
+def test_importing_an_edge_list_naming_node_10_to_the_12_is_one_line(tmp_path):
+    """Dense ids that high asked for terabytes: a MemoryError traceback."""
+    edges = tmp_path / "edges.txt"
+    edges.write_text("0 1000000000000\n1 2\n")
+    done = _cli("dataset", "import", str(edges), "--out", str(tmp_path / "out"), "--ids", "dense", timeout=120)
+    _one_error_line(done, "dataset", "1,000,000,000,001 nodes do not fit in memory")

@@ -195,6 +195,40 @@ def test_import_of_a_file_torch_did_not_write_says_so(tmp_path):
             import_graph(tmp_path / name, tmp_path / "out")
 
 
+def test_importing_ids_too_many_to_hold_is_one_dataset_error(tmp_path):
+    """Dense ids up to 10**12 (or a Data's num_nodes of 10**12) asked for terabytes: a
+    MemoryError traceback."""
+    (tmp_path / "e.txt").write_text("0 1000000000000\n1 2\n")
+    with pytest.raises(DatasetError, match="1,000,000,000,001 nodes do not fit in memory.*--ids map"):
+        import_graph(tmp_path / "e.txt", tmp_path / "a", ids="dense")
+    torch.save({"edge_index": torch.tensor([[0, 1], [1, 2]]), "num_nodes": 10**12}, tmp_path / "g.pt")
+    with pytest.raises(DatasetError, match="nodes do not fit in memory"):
+        import_graph(tmp_path / "g.pt", tmp_path / "b")
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"num_nodes": -5}, "num_nodes must be a whole number >= 0, got -5"),
+    ({"num_nodes": "many"}, "num_nodes must be a whole number >= 0"),  # "invalid literal for int()"
+    ({"x": "abc"}, "x must be a numeric array"),  # AttributeError traceback
+    ({"x": torch.zeros(3, 2, dtype=torch.complex64)}, "x must be a numeric array"),  # imaginary parts dropped
+    ({"x": torch.zeros(3, 2), "train_mask": torch.ones(7, dtype=torch.bool)}, "train_mask must have num_nodes=3"),
+])
+def test_a_data_file_with_fields_of_the_wrong_kind_is_one_dataset_error_and_writes_nothing(tmp_path, fields, match):
+    torch.save({"edge_index": torch.tensor([[0, 1], [1, 2]]), **fields}, tmp_path / "g.pt")
+    with pytest.raises(DatasetError, match=match):
+        import_graph(tmp_path / "g.pt", tmp_path / "out")
+    assert not (tmp_path / "out" / "meta.json").exists()  # the mask was refused only once written
+
+
+@pytest.mark.parametrize("y", [torch.tensor([0.0, float("nan"), 1.0]), torch.tensor([0.25, 1.5, 2.0])])
+def test_a_y_that_is_not_class_numbers_is_skipped_not_cast(tmp_path, y, caplog):
+    # cast to int64, NaN became -2**63 (and num_classes wrong) and 0.25 became class 0
+    torch.save({"edge_index": torch.tensor([[0, 1], [1, 2]]), "x": torch.zeros(3, 2), "y": y}, tmp_path / "g.pt")
+    import_graph(tmp_path / "g.pt", tmp_path / "out")
+    g = GraphStore.open(tmp_path / "out")
+    assert g.labels is None and g.meta["ignored_fields"] == ["y"] and "not class numbers" in caplog.text
+
+
 def test_import_npz_and_edge_list(tmp_path):
     np.savez(tmp_path / "g.npz", src=np.array([0, 1]), dst=np.array([1, 2]))
     import_graph(tmp_path / "g.npz", tmp_path / "a", undirected=True, feature_dim=5)

@@ -102,6 +102,20 @@ def test_bad_edge_list_directories_are_named(tmp_path, files, message):
     assert "\n" not in str(info.value)
 
 
+def test_a_node_type_too_large_to_hold_or_with_non_numeric_rows_is_one_dataset_error(tmp_path):
+    data = small_hetero()
+    del data["user"].x
+    data["user"].num_nodes = 10**12  # random features asked for terabytes: a MemoryError traceback
+    torch.save(data, tmp_path / "g.pt")
+    with pytest.raises(DatasetError, match="random features for 1,000,000,000,000 nodes"):
+        import_graph(tmp_path / "g.pt", tmp_path / "d")
+    data = small_hetero()
+    data["user"].x = torch.zeros(data["user"].x.shape, dtype=torch.complex64)  # cast dropping the imaginary part
+    torch.save(data, tmp_path / "g.pt")
+    with pytest.raises(DatasetError, match="x of node type 'user' must be a numeric array"):
+        import_graph(tmp_path / "g.pt", tmp_path / "d")
+
+
 def test_edge_ids_outside_a_type_are_refused(tmp_path):
     data = small_hetero()
     data["user", "rates", "item"].edge_index = torch.tensor([[0], [7]])
