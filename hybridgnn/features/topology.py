@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hybridgnn.config import parse_bytes
+from hybridgnn.errors import brief
 
 # GB/s and µs per one-sided read path; a request's gather waits for its slowest path.
 DEFAULT_LINKS = {
@@ -83,20 +84,20 @@ class Topology:
         if min(self.gpu_memory_bytes, self.host_memory_bytes, self.disk_bytes) < 0:
             raise ValueError("capacities must be >= 0")
         if self.network not in NETWORKS:
-            raise ValueError(f"network must be one of {NETWORKS}, got {self.network!r}")
+            raise ValueError(f"network must be one of {NETWORKS}, got {brief(self.network)}")
         if self.servers > 1 and self.network == "none":
             raise ValueError("several servers need a network: infiniband or ethernet")
         unknown = set(self.links) - set(DEFAULT_LINKS)
         if unknown:
-            raise ValueError(f"unknown links {sorted(unknown)}; known: {sorted(DEFAULT_LINKS)}")
+            raise ValueError(f"unknown links {brief(sorted(map(str, unknown)))}; known: {sorted(DEFAULT_LINKS)}")
         for name, spec in self.links.items():
             if not isinstance(spec, dict) or set(spec) - {"bandwidth_gbps", "latency_us"}:
-                raise ValueError(f"link {name} must be a mapping of bandwidth_gbps and latency_us, got {spec!r}")
+                raise ValueError(f"link {name} must be a mapping of bandwidth_gbps and latency_us, got {brief(spec)}")
             for key, value in spec.items():
                 if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                         or value < 0 or (key == "bandwidth_gbps" and value == 0)):
                     raise ValueError(f"link {name} {key} must be a finite number "
-                                     f"{'> 0' if key == 'bandwidth_gbps' else '>= 0'}, got {value!r}")
+                                     f"{'> 0' if key == 'bandwidth_gbps' else '>= 0'}, got {brief(value)}")
 
     @property
     def gpus_per_clique(self) -> int:
@@ -131,20 +132,22 @@ class Topology:
         known = {f for f in cls.__dataclass_fields__ if f != "source"}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"unknown topology fields {sorted(unknown)}; known: {sorted(known)}")
+            raise ValueError(f"unknown topology fields {brief(sorted(map(str, unknown)))}; known: {sorted(known)}")
         values = dict(data)
         for key in ("servers", "gpus_per_server", "nvlink_cliques", "numa_nodes"):
             if key in values and type(values[key]) is not int:
-                raise ValueError(f"topology field {key} must be a whole number, got {values[key]!r}")
+                raise ValueError(f"topology field {key} must be a whole number, got {brief(values[key])}")
         for key, kind in (("network", str), ("links", dict)):
             if key in values and not isinstance(values[key], kind):
                 raise ValueError(f"topology field {key} must be a {'string' if kind is str else 'mapping'}, "
-                                 f"got {values[key]!r}")
+                                 f"got {brief(values[key])}")
         for key in ("gpu_memory_bytes", "host_memory_bytes", "disk_bytes"):
             if key in values:
-                if isinstance(values[key], bool):  # an int to Python: `true` would be one byte
+                # bool is an int to Python (`true` would be one byte); a list or a mapping was
+                # str()-ed whole (a YAML alias bomb expanded to gigabytes)
+                if isinstance(values[key], bool) or not isinstance(values[key], (int, float, str)):
                     raise ValueError(f"topology field {key} must be a size (bytes, or text such as 16G), "
-                                     f"got {values[key]!r}")
+                                     f"got {brief(values[key])}")
                 values[key] = parse_bytes(values[key] if isinstance(values[key], int) else str(values[key]))
         if "nvlink_cliques" not in values and values.get("gpus_per_server"):
             values["nvlink_cliques"] = values["gpus_per_server"]  # default: no NVLink

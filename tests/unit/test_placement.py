@@ -264,3 +264,30 @@ def test_capacities_are_checked_per_server_in_one_pass(tmp_path):
     plan.tier[plan.server == 7] = HOST  # server 7's GPU rows onto its host: one row more than it holds
     with pytest.raises(ValueError, match="rows in host of server 7, capacity 1"):
         plan.check_capacities()
+
+
+@pytest.mark.parametrize("field", ["servers", "network", "gpu_memory_bytes", "links"])
+def test_a_yaml_alias_bomb_in_a_topology_is_one_short_value_error(tmp_path, field):
+    """The error message repr()-ed (and a size str()-ed) the value whole: nine aliases of
+    nine expanded to 387 million strings, gigabytes, before a line was printed."""
+    pytest.importorskip("yaml")
+    levels = ['&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    levels += [f"&{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)]
+    bomb = f"[{', '.join(levels)}]"
+    path = tmp_path / "t.yaml"
+    path.write_text(f"{field}: {{pcie: {bomb}}}\n" if field == "links" else f"{field}: {bomb}\n")
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        Topology.load(path)
+    assert time.perf_counter() - t0 < 5 and len(str(info.value)) < 1000
+
+
+def test_topology_keys_that_are_not_text_are_named_not_a_type_error(tmp_path):
+    pytest.importorskip("yaml")
+    path = tmp_path / "t.yaml"
+    path.write_text("1: 2\nfoo: 3\n")  # sorting 1 and 'foo' was a TypeError traceback
+    with pytest.raises(ValueError, match="unknown topology fields"):
+        Topology.load(path)
+    path.write_text("links: {1: 2, foo: 3}\n")
+    with pytest.raises(ValueError, match="unknown links"):
+        Topology.load(path)
