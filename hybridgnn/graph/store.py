@@ -60,6 +60,15 @@ def load_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
                     return {k: loaded[k] for k in loaded.files}
             return loaded
     except UNREADABLE_ARRAY as exc:
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(6)
+        except OSError:
+            magic = b""
+        if magic and magic != b"\x93NUMPY" and not magic.startswith(b"PK"):
+            # numpy calls any such file pickled and advises loading it unsafely
+            raise DatasetError(f"{path}: not a readable {Path(path).suffix or 'numpy'} file (it has no .npy or "
+                               ".npz header: damaged or overwritten?)") from exc
         raise DatasetError(f"{path}: not a readable {Path(path).suffix or 'numpy'} file "
                            f"({type(exc).__name__}: {exc})") from exc
 

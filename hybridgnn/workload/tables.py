@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from hybridgnn.graph.store import GraphStore
+from hybridgnn.graph.store import DatasetError, GraphStore, load_arrays
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,13 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     if not path.is_file():
         raise ValueError(f"seed distribution must be one of {SEED_KINDS} or a request-log file; {kind!r} is neither")
     if path.name.endswith(".counts.npy"):  # per-node request counts, as `serve --seed-log` writes
-        counts = np.asarray(np.load(path, allow_pickle=False), dtype=np.float64).reshape(-1)
+        counts = np.asarray(_request_log_array(path), dtype=np.float64).reshape(-1)
         if counts.shape != (n,) or not np.isfinite(counts).all() or (counts < 0).any() or counts.sum() <= 0:
             raise ValueError(f"seed counts {path} must hold {n} finite non-negative counts, not all zero")
         digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
         return counts / counts.sum(), f"log-{digest}"
     if path.suffix == ".npy":
-        ids = np.asarray(np.load(path, allow_pickle=False)).reshape(-1)
+        ids = np.asarray(_request_log_array(path)).reshape(-1)
         if ids.size and ids.dtype.kind not in "iu":
             raise ValueError(f"request log {path} must hold integer node ids, got {ids.dtype}")
     else:
@@ -110,6 +110,17 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     counts = np.bincount(ids, minlength=n).astype(np.float64)
     digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
     return counts / counts.sum(), f"log-{digest}"
+
+
+def _request_log_array(path: Path) -> np.ndarray:
+    """The array of a request-log .npy; DatasetError (one line) for a file that is not one:
+    an empty one was an EOFError traceback, noise numpy's advice to load it unsafely."""
+    arrays = load_arrays(path)
+    if isinstance(arrays, dict):
+        raise DatasetError(f"{path}: a .npy array was expected, not an .npz archive")
+    if arrays.dtype.kind not in "biuf":
+        raise DatasetError(f"{path}: request logs hold numbers, got {arrays.dtype}")
+    return arrays
 
 
 def _cached_table(path: Path, num_nodes: int) -> np.ndarray | None:

@@ -81,6 +81,20 @@ def test_seed_distribution_from_request_log(skewed_graph, tmp_path):
         seed_distribution(skewed_graph, "zipf")
 
 
+@pytest.mark.parametrize("name", ["log.npy", "log.counts.npy"])
+@pytest.mark.parametrize("content, match", [
+    (b"", r"not a readable \.npy file \(EOFError"),  # an EOFError traceback
+    (b"garbage", "it has no .npy or .npz header"),  # numpy's advice to load it unsafely
+])
+def test_a_request_log_that_is_not_an_array_is_one_dataset_error(skewed_graph, tmp_path, name, content, match):
+    from hybridgnn.graph.store import DatasetError
+
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DatasetError, match=match) as info:
+        seed_distribution(skewed_graph, str(tmp_path / name))
+    assert "unsafely" not in str(info.value)
+
+
 def test_tables_save_load_and_batch_lookup(skewed_graph):
     built = WorkloadTables.load_or_build(skewed_graph, FANOUTS)
     psgs_path, fap_path = WorkloadTables.paths(skewed_graph.root, FANOUTS, "uniform")
