@@ -70,7 +70,11 @@ class IdMap:
         except (OSError, EOFError) as exc:
             raise ValueError(f"cannot read it ({type(exc).__name__}: {exc})") from exc
         except ValueError as exc:
-            raise ValueError(f"not a readable .npy array ({exc})") from exc
+            with open(path, "rb") as f:
+                header = f.read(6) == b"\x93NUMPY"
+            # numpy calls a file without the header pickled and advises loading it unsafely
+            raise ValueError(f"not a readable .npy array ({exc})" if header else
+                             "not a readable .npy array: it has no .npy header (damaged or overwritten?)") from exc
         if external.ndim != 1:
             raise ValueError(f"it must be 1-D (one external id per node), got shape {external.shape}")
         if external.dtype.kind in "iU" and external.shape[0] > 1 and not bool(np.all(external[1:] > external[:-1])):

@@ -112,6 +112,7 @@ def test_an_empty_or_damaged_array_file_is_one_dataset_error(tmp_path, content):
     (np.array(["b", "a"]), "distinct and in increasing order"),
     (np.zeros((2, 1), np.int64), "must be 1-D"),
     (b"", "cannot read it"),
+    (b"garbage", "it has no .npy header"),
 ])
 def test_an_id_map_that_lookups_would_misread_is_refused(tmp_path, ids, match):
     root = _write_bad(tmp_path)
