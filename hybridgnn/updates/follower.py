@@ -309,7 +309,8 @@ class Follower:
     # --- the replica's view (event loop) -----------------------------------------------------
     def lag_s(self) -> float:
         """Seconds since the oldest entry this replica has read but not applied was appended
-        (0 when caught up with what it has read)."""
+        (0 when caught up with what it has read); for a stranded replica (the log trimmed
+        past it), at least the seconds since it found that out."""
         since = self._behind_since
         return max(0.0, time.time() - since) if since is not None else 0.0
 
@@ -382,6 +383,10 @@ class Follower:
         error, not a warning; the engine then reports not ready and refuses updates)."""
         if stranded:
             self.stranded = why
+            if self._behind_since is None:
+                # the entries it lacks were trimmed with their append times: its lag reads
+                # as at least the time since it found out, not 0 (caught up)
+                self._behind_since = time.time()
         if self.failed != why and stranded:
             log.error("update follower: %s", why)
         elif self.failed != why:

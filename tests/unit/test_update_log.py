@@ -546,6 +546,10 @@ def test_a_replica_the_log_was_trimmed_past_refuses_updates_at_once_and_logs_not
                     break
                 await asyncio.sleep(0.01)
             assert "holds entries from position 4 on" in follower.failed
+            # its lag reads as growing, not 0 (caught up): it will never apply the entries
+            t0 = follower.lag_s()
+            await asyncio.sleep(0.02)
+            assert follower.lag_s() >= t0 + 0.02
             with pytest.raises(ServiceUnavailable, match="from position 4 on.*nothing of this update was logged"):
                 applier.submit(_requests()[1])
         finally:
