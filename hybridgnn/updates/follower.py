@@ -100,6 +100,7 @@ class Follower:
         self.failed: str | None = None  # why the last step failed (cleared by a good one)
         self._stopping = False  # stop() began: the log may be closed under a background job
         self.stranded: str | None = None  # why this replica cannot apply the log again (trimmed past it)
+        self.applying: int | None = None  # the entry a failed step failed in (None: it failed reading)
 
     # --- applying (worker thread) ----------------------------------------------------------
     def step(self, limit: int = READ_LIMIT, block_s: float = BLOCK_S) -> list[tuple[int, list[Outcome]]]:
@@ -109,12 +110,15 @@ class Follower:
         again from where it stopped."""
         done: list[tuple[int, list[Outcome]]] = []
         self.done_before_failure = done
+        self.applying = None
         entries = self.log.read(self.applied, limit, block_s)
         for i, entry in enumerate(entries):
             self.head_seen = max(self.head_seen, entries[-1].position)
             self._behind_since = entry.appended_unix_s
+            self.applying = entry.position
             done.append((entry.position, self.apply_entry(entry)))
             self._behind_since = entries[i + 1].appended_unix_s if i + 1 < len(entries) else None
+        self.applying = None
         if done and self._job is None and not self._job_running:
             self._job = self._maintenance()
         return done
@@ -359,8 +363,11 @@ class Follower:
                 # again (from the request it stopped at) after a pause.
                 for position, outcomes in self.done_before_failure:
                     self._resolve(position, outcomes)
-                if isinstance(exc, ServiceUnavailable):  # the log is unreachable, or trimmed past us
-                    self._failed(str(exc), backoff, stranded=isinstance(exc, LogTrimmed))
+                if isinstance(exc, ServiceUnavailable):
+                    # the log is unreachable or trimmed past us (reading), or what applies it
+                    # is down (a partitioned graph's ranks, applying): the requests waiting on
+                    # that entry hear now, not after ANSWER_WAIT_S
+                    self._failed(str(exc), backoff, stranded=isinstance(exc, LogTrimmed), position=self.applying)
                 else:  # an apply that failed for a reason of this replica (memory, a bug)
                     log.exception("applying update log position %d failed; retrying", self.applied + 1)
                     self._failed(f"applying position {self.applied + 1} failed: {exc}", backoff,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -660,3 +661,42 @@ def test_two_handles_on_one_sqlite_log_never_see_a_gap_a_repeat_or_a_restart(tmp
                 log.close()
 
     check()
+
+
+def test_an_update_whose_apply_finds_its_executor_down_is_answered_at_once_not_after_answer_wait(tmp_path):
+    # A partitioned graph's ranks down while the follower applies a logged update: its
+    # request heard nothing for ANSWER_WAIT_S (30 s). It now hears the 503 at once, and a
+    # retry with the same Idempotency-Key gets the first answer once the entry applies.
+    from hybridgnn.serving.core.updates import UpdateApplier
+
+    dyn, inc = dynamic_setup(tmp_path)
+    follower = follower_for(dyn, inc)
+    applier = UpdateApplier(follower.cfg, follower, dyn, follower.stats)
+    real, down = inc.apply, [True]
+
+    def ranks(batch, commit=None):
+        if down[0]:
+            raise ServiceUnavailable("partition ranks are down (rank 1 exited)")
+        return real(batch, commit)
+
+    inc.apply = ranks
+    update = decode_update_request(update_body(("update_ids", [1], "INT64"), ("update_features", np.ones((1, 4)), "FP32")),
+                                   None, feature_dim=4, max_updates=100, idempotency_key="K1", body_sha256="a")
+
+    async def scenario():
+        follower.start()
+        applier.start()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ServiceUnavailable, match="logged but could not be applied here yet: partition ranks"):
+                await asyncio.wait_for(applier.submit(update), 10)
+            assert time.monotonic() - t0 < 5
+            down[0] = False
+            await follower.wait_for(1, 10)
+            return await applier.submit(update)
+        finally:
+            await applier.stop()
+            await follower.stop()
+
+    answer = asyncio.run(scenario())
+    assert answer["graph_version"] == 1 and answer["replayed"] and dyn.version == 1 and follower.log.head() == 1
