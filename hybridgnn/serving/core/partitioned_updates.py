@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -123,6 +124,10 @@ class PartitionedUpdates:
         self.follower: Follower | None = None
         self.applier: UpdateApplier | None = None
         self._ready: tuple[RankGraph, Follower] | None = None  # prepared, not yet in use
+        # prepare (the supervisor's thread) puts a view in _ready and swap (the event loop)
+        # takes it: unlocked, a prepare between swap's read and its clearing was lost, and
+        # the ranks served no update until the next restart
+        self._ready_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._swapping: set[asyncio.Task] = set()
         self._stopped = False
@@ -143,7 +148,8 @@ class PartitionedUpdates:
         follower = Follower(self.log, view, view, self.stats, self.cfg.updates)
         follower.catch_up()
         view.call = None  # set to the serving call when swapped in
-        self._ready = (view, follower)
+        with self._ready_lock:
+            self._ready = (view, follower)
         if self._loop is not None:  # a restart: swap on the event loop
             self._loop.call_soon_threadsafe(self._schedule_swap)
 
@@ -167,9 +173,11 @@ class PartitionedUpdates:
         await self.swap()
 
     async def swap(self) -> None:
-        if self._ready is None:
+        with self._ready_lock:
+            ready, self._ready = self._ready, None
+        if ready is None:
             return
-        (view, follower), self._ready = self._ready, None
+        view, follower = ready
         # only to the group it was replayed into: a newer one has a view of its own
         view.call = functools.partial(self._serving_call, generation=view.generation)
         old_follower, old_applier = self.follower, self.applier
