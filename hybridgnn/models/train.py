@@ -63,18 +63,41 @@ def accuracy(model: GNN, graph: GraphStore, sampler: CPUSampler, mask_name: str)
     return float((pred == np.asarray(graph.labels)[ids]).mean())
 
 
+def _class_count(graph: GraphStore, train_ids: np.ndarray) -> int:
+    """The classes the model predicts: meta.json's num_classes, at least 2. ValueError (one
+    line) when no node is in train_mask, a training node's label is not in [0, num_classes)
+    (the loss failed mid-epoch with an IndexError), or num_classes exceeds the node count
+    (labels mis-imported: a million-fold output layer was allocated before anything else)."""
+    if train_ids.size == 0:
+        raise ValueError(f"dataset {graph.root} has no node in train_mask: nothing to train on")
+    classes = max(graph.num_classes, 2)
+    if classes > max(graph.num_nodes, 2):
+        raise ValueError(f"dataset {graph.root} says num_classes={graph.num_classes:,} for {graph.num_nodes:,} nodes: "
+                         "more classes than nodes (are the labels class numbers?)")
+    labels = np.asarray(graph.labels)[train_ids]
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= classes:
+        raise ValueError(f"dataset {graph.root}: training nodes' labels lie in [{low}, {high}], not in "
+                         f"[0, {classes}) (num_classes); unlabelled nodes (-1) must not be in train_mask")
+    return classes
+
+
 def train(graph: GraphStore, cfg: TrainConfig, *, progress: bool = True) -> tuple[GNN, dict]:
     if graph.labels is None or "train_mask" not in graph.masks:
         raise ValueError(f"dataset {graph.root} has no labels/train_mask; training needs a labelled dataset (e.g. csbm)")
+    train_ids = np.flatnonzero(np.asarray(graph.masks["train_mask"]))
+    classes = _class_count(graph, train_ids)
     torch.manual_seed(cfg.seed)
-    spec = ModelSpec(cfg.kind, graph.feature_dim, cfg.hidden_dim, max(graph.num_classes, 2),
-                     cfg.num_layers, cfg.heads, cfg.dropout)
-    model = GNN(spec)
+    spec = ModelSpec(cfg.kind, graph.feature_dim, cfg.hidden_dim, classes, cfg.num_layers, cfg.heads, cfg.dropout)
+    try:
+        model = GNN(spec)
+    except MemoryError:
+        raise ValueError(f"a model of {classes:,} classes and hidden width {cfg.hidden_dim} does not fit in "
+                         "memory") from None
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = CPUSampler(graph, cfg.fanouts, seed=cfg.seed)
     feats = host_tensor(graph.features)
     labels = torch.from_numpy(np.asarray(graph.labels))
-    train_ids = np.flatnonzero(np.asarray(graph.masks["train_mask"]))
     rng = np.random.default_rng(cfg.seed)
     history = []
     t0 = time.perf_counter()

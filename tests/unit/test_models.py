@@ -1,8 +1,11 @@
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from hybridgnn.graph.store import GraphStore
+from hybridgnn.graph.csr import coo_to_csr
+from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models.checkpoint import (
     CheckpointError,
     _file_fingerprint,
@@ -116,3 +119,35 @@ def test_training_learns(tiny_dataset):
 def test_training_needs_labels(skewed_graph):
     with pytest.raises(ValueError, match="labelled"):
         train(skewed_graph, TrainConfig(epochs=1), progress=False)
+
+
+def test_training_refuses_labels_it_cannot_learn_in_one_line(tmp_path):
+    # Each was a traceback: an IndexError inside the loss (a label -1 or past num_classes
+    # among the training nodes), a ZeroDivisionError (an empty train_mask), or an output
+    # layer of num_classes columns allocated as meta.json said.
+    from tests.support.graphs import skewed_edges
+
+    edges = np.asarray(skewed_edges(), dtype=np.int64)
+    indptr, indices = coo_to_csr([edges[:, 0]], [edges[:, 1]], 60, dedup=True, drop_self_loops=False)
+    feats = np.zeros((60, 4), np.float32)
+    every = np.ones(60, bool)
+
+    def dataset(name, labels, train_mask=every, **meta):
+        root = write_dataset(tmp_path / name, indptr=indptr, indices=indices, features=feats, labels=labels,
+                             masks={"train_mask": train_mask})
+        if meta:
+            saved = json.loads((root / "meta.json").read_text())
+            (root / "meta.json").write_text(json.dumps({**saved, **meta}))
+        return GraphStore.open(root)
+
+    labels = np.arange(60) % 3
+    with pytest.raises(ValueError, match=r"labels lie in \[-1, 2\].*unlabelled nodes \(-1\) must not be in train_mask"):
+        train(dataset("unlabelled", np.where(np.arange(60) == 5, -1, labels)), TrainConfig(epochs=1), progress=False)
+    with pytest.raises(ValueError, match=r"lie in \[0, 2\], not in \[0, 2\)"):
+        train(dataset("past", labels, num_classes=2), TrainConfig(epochs=1), progress=False)
+    with pytest.raises(ValueError, match="num_classes=1,000,000,000,000 for 60 nodes: more classes than nodes"):
+        train(dataset("huge", labels, num_classes=10**12), TrainConfig(epochs=1), progress=False)
+    with pytest.raises(ValueError, match="no node in train_mask"):
+        train(dataset("empty", labels, train_mask=np.zeros(60, bool)), TrainConfig(epochs=1), progress=False)
+    model, _ = train(dataset("fine", labels), TrainConfig(hidden_dim=8, fanouts=(3, 2), epochs=1), progress=False)
+    assert model.spec.out_dim == 3
