@@ -152,6 +152,17 @@ def test_loading_refuses_changed_weights_and_homogeneous_readers(tmp_path):
         load_hetero_model(path, config)
 
 
+def _saved_recsys_sage(tmp_path):
+    """A 2-layer GraphSAGE made heterogeneous over a small recsys graph, saved (with golden
+    outputs) in tmp_path / "m"."""
+    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
+    x, ei = whole(g)
+    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4), g.metadata(), aggr="sum")
+    with torch.no_grad():
+        model(x, ei)
+    return hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata())
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda g: g.update({"edge_index/0": g["edge_index/0"] + 1000}), "edges to nodes outside"),  # IndexError
     (lambda g: g.update({"edge_index/0": g["edge_index/0"] - 1000}), "edges to nodes outside"),
@@ -161,12 +172,7 @@ def test_loading_refuses_changed_weights_and_homogeneous_readers(tmp_path):
     (lambda g: [g.pop(k) for k in list(g) if k.startswith("out/")], "holds no golden outputs"),  # StopIteration
 ])
 def test_a_damaged_heterogeneous_golden_file_is_refused_in_one_line(tmp_path, edit, match):
-    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
-    x, ei = whole(g)
-    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4), g.metadata(), aggr="sum")
-    with torch.no_grad():
-        model(x, ei)
-    path = hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata())
+    path = _saved_recsys_sage(tmp_path)
     config = json.loads((path / "config.json").read_text())
     saved = torch.load(path / "golden.pt", weights_only=True)
     edit(saved)
@@ -177,12 +183,7 @@ def test_a_damaged_heterogeneous_golden_file_is_refused_in_one_line(tmp_path, ed
 
 
 def test_a_heterogeneous_config_wider_than_its_weights_is_refused_before_it_is_allocated(tmp_path):
-    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
-    x, ei = whole(g)
-    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4), g.metadata(), aggr="sum")
-    with torch.no_grad():
-        model(x, ei)
-    path = hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata())
+    path = _saved_recsys_sage(tmp_path)
     config = json.loads(json.dumps(json.loads((path / "config.json").read_text())).replace(
         '"out_channels": 8', '"out_channels": 10000000000'))  # 10^10-wide layers: hundreds of GB
     with pytest.raises(CheckpointError, match="do not fit the HeteroGNN"):
