@@ -277,6 +277,33 @@ def test_updates_go_through_the_log_to_the_ranks_and_a_restarted_group_replays_t
          updates=UpdateConfig(token="secret-token", log="off"))
 
 
+def test_a_replay_that_fails_names_the_log_position_it_failed_at():
+    # A logged update whose apply kills a rank fails every replay at the same position: the
+    # restart's error line says where, so a group dying over and over is told apart from
+    # one that died once meanwhile.
+    async def scenario(engine, ranks):
+        f = engine.graph.feature_dim
+        for i in range(3):
+            await engine.update_graph(_update(update_ids=np.array([i + 1]), update_features=np.ones((1, f), np.float32)))
+        real = ranks._call
+        applied = []
+
+        def dies_on_the_second(name, head, arrays):
+            if name == "update" and not head["check_only"]:
+                applied.append(1)
+                if len(applied) == 2:
+                    raise ServiceUnavailable("partition ranks are down (rank 1 exited with -9)")
+            return real(name, head, arrays)
+
+        ranks._call = dies_on_the_second
+        with pytest.raises(ServiceUnavailable, match=r"replaying the update log into the ranks failed at position 2: "
+                                                     r"partition ranks are down \(rank 1 exited with -9\)"):
+            await asyncio.to_thread(ranks.restart)
+
+    _run(scenario, StandInRanks(num_nodes=GraphStore.open(DATA[0]).num_nodes),
+         updates=UpdateConfig(token="secret-token", log="off"))
+
+
 arrays = st.lists(st.one_of(
     st.lists(st.integers(-2**40, 2**40), max_size=20).map(lambda v: np.array(v, dtype=np.int64)),
     st.lists(st.floats(width=32, allow_nan=False), max_size=12).map(lambda v: np.array(v, np.float32).reshape(-1, 1)),

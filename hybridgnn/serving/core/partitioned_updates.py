@@ -146,7 +146,14 @@ class PartitionedUpdates:
         view = RankGraph(self.graph.num_nodes, self.graph.feature_dim, names, call, self.graph.num_edges)
         view.generation = hello.get("generation")
         follower = Follower(self.log, view, view, self.stats, self.cfg.updates)
-        follower.catch_up()
+        try:
+            follower.catch_up()
+        except Exception as exc:
+            # the group is restarted and replays again: the position says whether one entry
+            # fails every time (its apply kills a rank) or the group just died meanwhile
+            where = (f"at position {follower.applying}" if follower.applying is not None
+                     else f"after position {follower.applied}")
+            raise ServiceUnavailable(f"replaying the update log into the ranks failed {where}: {exc}") from exc
         view.call = None  # set to the serving call when swapped in
         with self._ready_lock:
             self._ready = (view, follower)
