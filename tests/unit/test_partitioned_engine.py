@@ -392,3 +392,16 @@ def test_fanouts_past_the_models_layers_are_cut_as_a_single_process_server_cuts_
         listed, sent = _run(scenario, fanouts=(5, 3, 2))
     assert listed == [5, 3] and sent == [[5, 3]]
     assert any("sampling the first 2" in r.getMessage() for r in caplog.records)
+
+
+def test_a_batch_the_ranks_refuse_is_one_400_that_says_so_once():
+    from hybridgnn.serving.core.partitioned_updates import RankGraph
+
+    def refuse(name, head, arrays):  # as RankGroup.call raises rank 0's ERROR answer
+        raise ServingError(UpdateError("add_edges names unknown node 17").message, status=400)
+
+    view = RankGraph(10, 4, None, refuse)
+    with pytest.raises(UpdateError) as caught:
+        view.check(lambda n: UpdateBatch())
+    assert caught.value.status == 400
+    assert caught.value.message == "update rejected, nothing applied: add_edges names unknown node 17"

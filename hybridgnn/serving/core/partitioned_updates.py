@@ -75,7 +75,8 @@ class RankGraph:
             out, _ = self.call("update", {"check_only": check_only}, batch.arrays(self.feature_dim))
         except ServingError as exc:
             if exc.status == 400:  # the ranks refused the batch, all alike: nothing of it applied
-                raise UpdateError(exc.message) from None
+                # rank 0 sends UpdateError's message whole: its prefix once, not twice
+                raise UpdateError(exc.message.removeprefix(UpdateError.prefix)) from None
             raise
         return out
 
