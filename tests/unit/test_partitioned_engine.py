@@ -405,3 +405,25 @@ def test_a_batch_the_ranks_refuse_is_one_400_that_says_so_once():
         view.check(lambda n: UpdateBatch())
     assert caught.value.status == 400
     assert caught.value.message == "update rejected, nothing applied: add_edges names unknown node 17"
+
+
+def test_an_update_that_fails_with_503_teaches_the_lane_nothing_of_its_service_time():
+    """A call that waited for a hung rank group and then got 503 took the group's
+    timeout, not service: learnt, the lane would refuse concurrent updates (429) long
+    after the group is back."""
+    async def scenario(engine, ranks):
+        async def served():
+            return {}
+
+        async def group_down():
+            await asyncio.sleep(0.5)  # stands for a call held by a hung rank until its timeout
+            raise ServiceUnavailable("partition ranks are down (the link to rank 0 failed)")
+
+        for _ in range(10):
+            await engine.run_in_lane("updates", 1.0, served)
+        fast = engine.lane("updates").model_delay_s(4.0)
+        with pytest.raises(ServiceUnavailable):
+            await engine.run_in_lane("updates", 1.0, group_down)
+        assert engine.lane("updates").model_delay_s(4.0) <= fast + 0.01
+
+    _run(scenario)

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 
-from hybridgnn.errors import Draining, Overloaded
+from hybridgnn.errors import Draining, Overloaded, ServingError
 
 log = logging.getLogger("hybridgnn.serving.core.engine")
 # How often the loop-lag timer runs while requests come: often enough to see a lag well
@@ -115,17 +115,25 @@ class Admitting:
     async def run_in_lane(self, lane_name: str, work: float, call, *args, waited_s: float = 0.0, **kwargs):
         """Admit `work` on a lane (after waited_s already spent in the front end), await
         call(*args, **kwargs), and release it. The lane's cost model learns from calls that
-        found it empty (their time is service, not wait)."""
+        found it empty (their time is service, not wait) and were answered or refused (4xx):
+        a 503 or a failure took whatever its cause took (a down rank group's timeout), and
+        learnt as service it would refuse the lane's work (429) long after."""
         self.admit(lane_name, work, waited_s)
         lane = self.lane(lane_name)
         alone = lane.queued <= work
+        served = False
         t0 = time.perf_counter()
         try:
-            return await call(*args, **kwargs)
+            result = await call(*args, **kwargs)
+            served = True
+            return result
+        except ServingError as exc:
+            served = exc.status < 500
+            raise
         finally:
             lane.remove(work)
             now = time.perf_counter()
-            if alone:
+            if alone and served:
                 lane.observe(work, now - t0)
             lane.completed(work, now)
             self.release()
