@@ -462,6 +462,16 @@ class Follower:
                 self._version_waiters = [w for w in self._version_waiters if not w[2].done()]
                 heapq.heapify(self._version_waiters)
 
+    def adopt_version_waiters(self, other: Follower) -> None:
+        """Take the reads waiting in `other` for a graph version (a follower that replaces
+        it: stopped, it would never release them, and they would time out as not caught
+        up although this one applies the version); those it has applied go at once."""
+        for w in other._version_waiters:
+            if not w[2].done():
+                heapq.heappush(self._version_waiters, w)
+        other._version_waiters = []
+        self._release_versions()
+
     def _release_versions(self) -> None:
         heap = self._version_waiters
         while heap and heap[0][0] <= self.applied:

@@ -427,3 +427,22 @@ def test_an_update_that_fails_with_503_teaches_the_lane_nothing_of_its_service_t
         assert engine.lane("updates").model_delay_s(4.0) <= fast + 0.01
 
     _run(scenario)
+
+
+def test_a_read_waiting_for_a_graph_version_gets_it_from_the_group_that_replaced_the_ranks():
+    async def scenario(engine, ranks):
+        f = engine.graph.feature_dim
+        waiting = asyncio.ensure_future(engine.wait_for_version(1))  # a version another replica writes
+        await asyncio.sleep(0)  # let it wait on the follower in service now
+        old = engine.updates.follower
+        await asyncio.to_thread(ranks.restart)
+        for _ in range(200):  # the swap runs on the event loop: poll with a deadline
+            if engine.updates.follower is not old and engine.updates.view.call is not None:
+                break
+            await asyncio.sleep(0.01)
+        out = await engine.update_graph(_update(update_ids=np.array([2]), update_features=np.ones((1, f), np.float32)))
+        assert out["graph_version"] == 1
+        assert await asyncio.wait_for(waiting, 2.0)  # within the 5 s catch-up bound: released, not timed out
+
+    _run(scenario, StandInRanks(num_nodes=GraphStore.open(DATA[0]).num_nodes),
+         updates=UpdateConfig(token="secret-token", log="off", max_catch_up_s=5.0))

@@ -194,6 +194,8 @@ class PartitionedUpdates:
         self.applier = UpdateApplier(self.cfg.updates, follower, view, self.stats)
         if old_applier is not None:
             old_applier.hand_over(self.applier)  # queued updates were not logged yet: they go on
+        if old_follower is not None:
+            follower.adopt_version_waiters(old_follower)  # the old one stops without releasing them
         follower.start()
         self.applier.start()
         why = "the partition ranks were restarted; retry with the same Idempotency-Key"
