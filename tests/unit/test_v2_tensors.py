@@ -66,3 +66,14 @@ def test_a_float_among_ids_is_still_called_a_float():
     t = Tensor("node_ids", "INT64", [2], data=[1, 2.5])
     with pytest.raises(BadRequest, match="integers only, found float64"):
         decode_tensor(t, ("INT64",), "ids")
+
+
+def test_a_value_past_float32_decodes_to_inf_without_a_warning_on_the_servers_stderr():
+    import warnings
+
+    import numpy as np
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's RuntimeWarning: overflow encountered in cast
+        got = decode_tensor(Tensor("features", "FP32", [1, 2], data=[[1e39, 1.0]]), ("FP32",), "matrix")
+    assert np.isinf(got[0, 0]) and got[0, 1] == 1.0  # then refused as not finite (400) where features are checked

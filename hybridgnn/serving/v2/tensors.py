@@ -116,7 +116,10 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
         raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
     if arr.dtype.kind == "u" and out_dtype is np.int64 and arr.size and (top := int(arr.max())) > _INT64_MAX:
         raise _beyond_int64(name, top)
-    arr = arr.astype(out_dtype).reshape(-1)
+    # Past float32's range a value becomes inf, which the features' checks refuse (400);
+    # numpy's overflow warning would only reach the server's stderr, once per client.
+    with np.errstate(over="ignore"):
+        arr = arr.astype(out_dtype).reshape(-1)
     return arr.reshape(shape) if layout != "ids" else arr
 
 
