@@ -253,7 +253,11 @@ class RankGroup:
                 raise TimeoutError(f"rank 0 did not answer within {wait_s:.0f} s")
 
     def _unavailable(self) -> ServiceUnavailable:
-        return ServiceUnavailable(f"partition ranks are down ({self.why_down}); the server restarts them, retry",
+        """The 503 a request gets while the group is down. It names what happened ("rank 1 of
+        2 was killed by signal 9"), not the detail after it: a rank's own last line (a gloo
+        error quoting torch's source paths) is for the log and the model metadata."""
+        what = self.why_down.split(": ", 1)[0]
+        return ServiceUnavailable(f"partition ranks are down ({what}); the server restarts them, retry",
                                   retry_after_s=max(1.0, self.cfg.restart_backoff_s))
 
     def _down(self, why: str) -> None:

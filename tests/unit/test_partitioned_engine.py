@@ -214,6 +214,19 @@ def test_partition_config_is_checked():
         PartitionConfig(partitions=2, device="tpu")
 
 
+def test_a_down_groups_503_names_what_happened_and_keeps_the_ranks_own_line_for_the_log():
+    from hybridgnn.serving.partitions import RankGroup
+
+    group = RankGroup(ServeConfig(dataset_dir=DATA[0], model_dir=DATA[1], partitions=PartitionConfig(partitions=2)))
+    group.why_down = ("rank 1 of 2 exited with code 1: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+                      "transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
+    err = group._unavailable()
+    assert err.status == 503 and err.retry_after_s >= 1.0
+    assert "(rank 1 of 2 exited with code 1)" in err.message and "pair.cc" not in err.message
+    with pytest.raises(ServiceUnavailable, match=r"partition ranks are down \(rank 1 of 2 exited with code 1\)"):
+        group.call("ping", {}, ())
+
+
 def test_cuda_ranks_need_a_gpu_each():
     from hybridgnn.distributed.rank_server import _backend
 
