@@ -290,6 +290,8 @@ class RankGroup:
             try:
                 self._bring_up(time.monotonic() + max(60.0, self.cfg.timeout_s))
             except (ConfigError, OSError, WireError) as exc:
+                if self._stopping.is_set():  # the server stopped it (closing the log under a replay)
+                    return
                 log.error("partition ranks did not restart: %s; next attempt in %.0f s", exc, backoff)
                 continue
             self.restarts += 1
