@@ -227,6 +227,22 @@ def test_a_down_groups_503_names_what_happened_and_keeps_the_ranks_own_line_for_
         group.call("ping", {}, ())
 
 
+def test_a_restart_the_servers_stop_cuts_short_is_not_logged_as_a_failure(caplog):
+    from hybridgnn.serving.partitions import RankGroup
+
+    group = RankGroup(ServeConfig(dataset_dir=DATA[0], model_dir=DATA[1],
+                                  partitions=PartitionConfig(partitions=2, restart_backoff_s=0.01)))
+
+    def stopped_mid_replay(deadline):
+        group._stopping.set()  # the server stops, closing the update log the replay reads
+        raise ConfigError("partition ranks could not be prepared: Cannot operate on a closed database.")
+
+    group._bring_up, group._stop_procs = stopped_mid_replay, lambda grace_s: None
+    with caplog.at_level("INFO", logger="hybridgnn.serve"):
+        group._supervise()  # returns: it was stopped
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 def test_cuda_ranks_need_a_gpu_each():
     from hybridgnn.distributed.rank_server import _backend
 
