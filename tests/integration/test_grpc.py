@@ -96,6 +96,21 @@ def test_errors_are_grpc_status_codes(server):
     assert err.value.status() == "StatusCode.UNAVAILABLE" and "not yet" in err.value.message()
 
 
+def test_bytes_that_are_no_request_message_are_invalid_argument(server):
+    """grpcio's own answer to bytes its deserializer refuses is UNKNOWN (and a traceback in
+    the server's log per call): a malformed request is the client's fault, said in one line."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        for method, data in (("ModelInfer", b"\xff\xff\xff\xff"), ("ModelInfer", b"\x0a\x02\xff\xfe"),
+                             ("ModelMetadata", b"\x0a\x05ab")):
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+            with pytest.raises(grpc.RpcError) as err:
+                call(data, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.details())
+            assert err.value.details() == f"the request is not a valid inference.{method}Request protobuf message"
+
+
 def test_bench_over_grpc(server):
     out = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "bench", "--url", server.url, "--protocol",
                           "grpc", "--grpc-target", f"127.0.0.1:{server.grpc_port}", "--rate", "100",

@@ -218,14 +218,15 @@ def test_grpc_calls_and_answers_cross():
     assert failed == ("RESOURCE_EXHAUSTED", "slow down", (("retry-after", "1"),), b"")
 
 
-def test_a_forwarded_grpc_call_for_no_method_or_of_bad_bytes_ends_with_grpc_s_codes():
+def test_a_forwarded_grpc_call_for_no_method_or_of_bad_bytes_ends_with_a_clear_status():
     pytest.importorskip("grpc")
     from hybridgnn.serving.grpc.service import GrpcFrontend, answer_forwarded
 
     frontend = GrpcFrontend(None)  # neither call reaches the service
     none = asyncio.run(answer_forwarded(frontend, "NoSuchMethod", b"", ()))
     bad = asyncio.run(answer_forwarded(frontend, "ModelInfer", b"\xff\xff\xff", ()))
-    assert none[1] == "UNIMPLEMENTED" and bad[1] == "INTERNAL" and bad[0] == b""
+    assert none[1] == "UNIMPLEMENTED" and bad[1] == "INVALID_ARGUMENT" and bad[0] == b""
+    assert bad[2] == "the request is not a valid inference.ModelInferRequest protobuf message"
 
 
 def test_a_lone_surrogate_from_a_client_crosses_as_sent():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from hybridgnn.errors import BadRequest, PayloadTooLarge, status_of
 from hybridgnn.serving.grpc.schema import (
@@ -105,15 +106,30 @@ class GrpcFrontend:
                                                ("grpc.so_reuseport", 0)],
                                       maximum_concurrent_rpcs=cfg.max_connections)
         handlers = {}
-        for name, (req_cls, resp_cls) in self._messages.items():
-            fn = getattr(self, _snake(name))
-            handlers[name] = grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req_cls.FromString,
+        for name, (_, resp_cls) in self._messages.items():
+            # no request_deserializer: grpcio answers bytes it cannot parse UNKNOWN and logs a traceback
+            handlers[name] = grpc.unary_unary_rpc_method_handler(self.handler(name),
                                                                  response_serializer=resp_cls.SerializeToString)
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         bound = bind_grpc(self.server, host, port)
         self.port = bound
         await self.server.start()
         return bound
+
+    def handler(self, name: str):
+        """The method `name` of a call's request bytes: parsed, then served; bytes that are
+        not its request message end the call INVALID_ARGUMENT in one line."""
+        req_cls, fn = self._messages[name][0], getattr(self, _snake(name))
+
+        async def handle(data: bytes, context):
+            try:
+                request = req_cls.FromString(data)
+            except DecodeError:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid "
+                                    f"{req_cls.DESCRIPTOR.full_name} protobuf message")
+            return await fn(request, context)
+
+        return handle
 
     async def stop(self, grace_s: float) -> None:
         if self.server is not None:
@@ -276,17 +292,11 @@ async def answer_forwarded(frontend: GrpcFrontend, method: str, request: bytes,
                            metadata: tuple) -> tuple[bytes, str | None, str, tuple]:
     """(response bytes, status code name or None, message, trailing metadata) of a call a
     front-end process received: decoded, served and encoded here as if it came in here."""
-    found = frontend._messages.get(method)
-    if found is None:
+    if method not in frontend._messages:
         return b"", grpc.StatusCode.UNIMPLEMENTED.name, f"no method {method!r}", ()
-    req_cls, _ = found
-    try:
-        decoded = req_cls.FromString(request)
-    except Exception:  # what grpcio answers a request it cannot deserialize
-        return b"", grpc.StatusCode.INTERNAL.name, "could not deserialize the request", ()
     call = ForwardedCall(metadata)
     try:
-        response = await getattr(frontend, _snake(method))(decoded, call)
+        response = await frontend.handler(method)(request, call)
     except _Aborted as exc:
         return b"", exc.code.name, exc.details, call.trailing
     except Exception:  # as grpcio answers a method that raises
