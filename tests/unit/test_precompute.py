@@ -128,6 +128,26 @@ def test_a_model_saved_again_into_its_directory_gets_fresh_embeddings(skewed_gra
     assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is not None
 
 
+def test_a_store_in_use_keeps_its_rows_while_the_directory_is_precomputed_again(skewed_graph, tmp_path):
+    # A repository restarting a version whose weights changed precomputes into the directory
+    # the serving version maps: written in place, its files were truncated under the map, and
+    # a lookup meanwhile killed the server (SIGBUS).
+    from hybridgnn.models.checkpoint import save_model
+
+    torch.manual_seed(0)
+    first = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    save_model(first, tmp_path / "m")
+    serving = precompute(skewed_graph, first, tmp_path / "m", progress=False)
+    before = [np.array(a) for a in serving.layers]
+    torch.manual_seed(1)
+    second = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    save_model(second, tmp_path / "m")
+    fresh = precompute(skewed_graph, second, tmp_path / "m", progress=False)
+    assert not np.allclose(np.asarray(fresh.final), before[-1])
+    for mapped, rows in zip(serving.layers, before, strict=True):  # the old map: the old files' pages
+        np.testing.assert_array_equal(np.asarray(mapped), rows)
+
+
 def test_float16_and_oom_halving(skewed_graph, tmp_path, monkeypatch):
     model = GNN(ModelSpec("gcn", skewed_graph.feature_dim, 8, 3)).eval()
     real = GNN.layer
