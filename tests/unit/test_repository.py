@@ -78,3 +78,41 @@ def test_requests_find_their_engine_or_a_404_naming_what_exists():
 def test_policy_defaults_to_the_latest_version():
     assert VersionPolicy().choose([1, 2, 3]) == [3]
     assert VersionPolicy(latest=None).choose([1, 2]) == [1, 2]
+
+
+def test_a_repository_the_poll_cannot_read_is_one_warning_not_a_traceback_per_poll(tmp_path, monkeypatch, caplog):
+    # A volume remounted or the repository directory swapped: every poll logged a traceback.
+    import asyncio
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from hybridgnn.serving.repository import loader
+
+    scans = []
+
+    def counted(root, **kw):
+        scans.append(root)
+        return scan_repository(root, **kw)
+
+    monkeypatch.setattr(loader, "scan_repository", counted)
+    cfg = SimpleNamespace(model_repository=tmp_path / "gone", server=SimpleNamespace(repository_poll_s=0.001))
+    repository = loader.Repository(cfg, None)
+
+    async def polled(n: int) -> None:
+        task = asyncio.create_task(repository._poll())
+        deadline = time.monotonic() + 10
+        while len(scans) < n:
+            assert time.monotonic() < deadline, "the poll did not run"
+            await asyncio.sleep(0.001)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level(logging.INFO, logger="hybridgnn.repository"):
+        asyncio.run(polled(10))
+        (tmp_path / "gone" / "sage").mkdir(parents=True)  # back, with a model of no versions yet
+        asyncio.run(polled(12))
+    assert not [r for r in caplog.records if r.exc_info]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "is not a directory; serving what is loaded" in warned[0]
+    assert any("readable again" in r.getMessage() for r in caplog.records)

@@ -52,6 +52,7 @@ class Repository:
         self._unloaded: set[str] = set()  # unloaded by the API: the poller leaves them alone
         self._retiring: set[asyncio.Task] = set()
         self._poller: asyncio.Task | None = None
+        self._unreadable: str | None = None  # why the last poll could not read the repository
 
     async def start(self) -> Models:
         for name in scan_repository(self.cfg.model_repository, strict=False):
@@ -161,7 +162,20 @@ class Repository:
         while True:
             await asyncio.sleep(self.cfg.server.repository_poll_s)
             try:
-                for name, model in scan_repository(self.cfg.model_repository, strict=False).items():
+                on_disk = scan_repository(self.cfg.model_repository, strict=False)
+            except (ConfigError, OSError) as exc:
+                # a volume remounted or a directory swapped, say: what serves stays; said once
+                # per cause, not a traceback per poll
+                if str(exc) != self._unreadable:
+                    log.warning("repository poll: %s; serving what is loaded, looking again every %.1fs", exc,
+                                self.cfg.server.repository_poll_s)
+                self._unreadable = str(exc)
+                continue
+            if self._unreadable is not None:
+                log.info("repository poll: the repository is readable again")
+                self._unreadable = None
+            try:
+                for name, model in on_disk.items():
                     if self._seen.get(name) == signature(model) or name in self._unloaded:
                         continue
                     log.info("repository poll: model %s changed on disk; loading", name)
