@@ -116,3 +116,59 @@ def test_a_repository_the_poll_cannot_read_is_one_warning_not_a_traceback_per_po
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "is not a directory; serving what is loaded" in warned[0]
     assert any("readable again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_model_removed_from_the_repository_stops_serving_and_the_last_one_stays(tmp_path, caplog):
+    # It served on, listed "no version directory matches" entries for ever, and counted as
+    # a model, so an unload could take every model still in the repository.
+    import asyncio
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from hybridgnn.serving.repository import loader
+
+    class Engine:
+        stopped = False
+
+        async def drain(self, timeout_s):
+            pass
+
+        async def stop(self):
+            self.stopped = True
+
+    root = _repo(tmp_path, {"kept": ([1], None), "gone": ([1], None)})
+    cfg = SimpleNamespace(model_repository=root, server=SimpleNamespace(repository_poll_s=0.001, drain_timeout_s=1))
+    repository = loader.Repository(cfg, None)
+    on_disk = scan_repository(root, strict=False)
+    engines = {name: Engine() for name in ("kept", "gone")}
+    for name, engine in engines.items():
+        repository.models.add(name, "1", engine)
+        repository._seen[name] = loader.signature(on_disk[name])
+    repository.models.unavailable[("gone", "2")] = "truncated model.pt"
+
+    async def poll_until(done) -> None:
+        task = asyncio.create_task(repository._poll())
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, "the poll did not act"
+            await asyncio.sleep(0.001)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*repository._retiring)
+
+    import shutil
+
+    shutil.rmtree(root / "gone")
+    asyncio.run(poll_until(lambda: not repository.models.versions("gone")))
+    assert engines["gone"].stopped and not engines["kept"].stopped
+    assert repository.models.names() == ["kept"] and not repository.models.unavailable and "gone" not in repository._seen
+    # the last model served stays (as an unload keeps it), said once
+    (root / "other").mkdir()  # the repository is not empty: the scan reads it
+    shutil.rmtree(root / "kept")
+    with caplog.at_level(logging.INFO, logger="hybridgnn.repository"):
+        asyncio.run(poll_until(lambda: "kept" not in repository._seen))
+        later = time.monotonic() + 0.05  # some fifty polls more
+        asyncio.run(poll_until(lambda: time.monotonic() > later))
+    assert repository.models.names() == ["kept"] and not engines["kept"].stopped
+    assert len([r for r in caplog.records if "last model served" in r.getMessage()]) == 1

@@ -119,6 +119,30 @@ class Repository:
                 self._retire(self.models.remove(name, version), name, version)
             self._unloaded.add(name)
 
+    async def _removed(self, name: str) -> None:
+        """(The poll.) Model `name` is gone from the repository: its versions stop serving,
+        as an unload would stop them, and what was known of it is forgotten (it served on,
+        and counted as a model an unload could not take the last of). The last model served
+        stays, with a warning, as unload keeps it."""
+        async with self._lock:
+            if self.closing:
+                return
+            for key in [k for k in self.models.unavailable if k[0] == name]:
+                del self.models.unavailable[key]
+            self._unloaded.discard(name)
+            versions = self.models.versions(name)
+            if versions and self.models.names() == [name]:
+                if self._seen.pop(name, None) is not None:  # once, not every poll
+                    log.warning("repository poll: model %s is gone from the repository but is the last model "
+                                "served: it serves on until another is loaded", name)
+                return
+            self._seen.pop(name, None)
+            for version in versions:
+                self._started.pop((name, version), None)
+                self._retire(self.models.remove(name, version), name, version)
+            if versions:
+                log.info("repository poll: model %s is gone from the repository; unloading it", name)
+
     async def _start_version(self, model: RepositoryModel, version: int):
         """A started engine for the version, or None (logged and listed unavailable)."""
         t0 = time.perf_counter()
@@ -175,6 +199,8 @@ class Repository:
                 log.info("repository poll: the repository is readable again")
                 self._unreadable = None
             try:
+                for name in sorted((set(self.models.names()) | set(self._seen)) - set(on_disk)):
+                    await self._removed(name)
                 for name, model in on_disk.items():
                     if self._seen.get(name) == signature(model) or name in self._unloaded:
                         continue
