@@ -172,3 +172,18 @@ def test_a_model_removed_from_the_repository_stops_serving_and_the_last_one_stay
         asyncio.run(poll_until(lambda: time.monotonic() > later))
     assert repository.models.names() == ["kept"] and not engines["kept"].stopped
     assert len([r for r in caplog.records if "last model served" in r.getMessage()]) == 1
+
+
+def test_the_index_lists_each_version_once_a_failed_reload_as_the_reason_of_the_one_serving():
+    from types import SimpleNamespace
+
+    from hybridgnn.serving.v2.service import V2Service
+
+    models = Models()
+    models.add("sage", "1", SimpleNamespace(ready=True))
+    models.add("sage", "2", SimpleNamespace(ready=True))
+    models.unavailable[("sage", "2")] = "model.pt is truncated"  # its changed files: the old ones serve
+    models.unavailable[("sage", "3")] = "golden outputs differ"
+    index = V2Service.index(SimpleNamespace(models=models))
+    assert [(e["version"], e["state"]) for e in index] == [("1", "READY"), ("2", "READY"), ("3", "UNAVAILABLE")]
+    assert index[1]["reason"] == "serving the files loaded before; loading the changed ones failed: model.pt is truncated"

@@ -171,11 +171,17 @@ class V2Service:
 
     # --- repository extension -------------------------------------------------------------
     def index(self) -> list[dict]:
-        """Every model version, READY or UNAVAILABLE (with why)."""
-        out = [{"name": n, "version": v, "state": "READY" if e.ready else "UNAVAILABLE",
-                "reason": "" if e.ready else "starting or draining"} for n, v, e in self.models.items()]
-        out += [{"name": n, "version": v, "state": "UNAVAILABLE", "reason": why}
-                for (n, v), why in sorted(self.models.unavailable.items())]
+        """Every model version once, READY or UNAVAILABLE (with why). A version that serves
+        while its changed files failed to load serves the files it loaded before: READY,
+        with the failure as its reason (it was listed twice, READY and UNAVAILABLE)."""
+        failed = dict(self.models.unavailable)
+        out = []
+        for n, v, e in self.models.items():
+            why = failed.pop((n, v), None)
+            reason = ("" if e.ready else "starting or draining") if why is None else (
+                f"serving the files loaded before; loading the changed ones failed: {why}")
+            out.append({"name": n, "version": v, "state": "READY" if e.ready else "UNAVAILABLE", "reason": reason})
+        out += [{"name": n, "version": v, "state": "UNAVAILABLE", "reason": why} for (n, v), why in sorted(failed.items())]
         return out
 
     def _repository(self, authorization: str) -> Repository:
