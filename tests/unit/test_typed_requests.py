@@ -100,9 +100,10 @@ def test_new_nodes_with_neighbours_by_relation(engine):
     isolated = decode(engine, feats([[1.0, 2.0, 3.0]]), node_type="item")
     assert isolated.query.edges == {}
     # empty neighbour lists are isolated nodes too, whichever way the relation is given
-    # (an empty edge_type input was served so, a parameters.edge_type was a 400)
-    for relation in ({"edge_type": "user__rates__item"}, {}):
-        empty = [ids("edge_type", [], "BYTES")] if not relation else []
+    # (an empty edge_type input was served so, a parameters.edge_type was a 400), or with
+    # none given: no edge needs a relation (that was a 400 asking for parameters.edge_type)
+    for relation, empty in (({"edge_type": "user__rates__item"}, []), ({}, [ids("edge_type", [], "BYTES")]),
+                            ({}, [])):
         req = decode(engine, feats([[1.0, 2.0, 3.0]]), ids("neighbor_ids", []), *empty, node_type="item",
                      **relation)
         assert req.query.edges == {}

@@ -275,6 +275,8 @@ def _new_node_edges(tensors: dict, params: dict, graph, node_type: str, q: int) 
         which = np.searchsorted(np.asarray(relations), names)
     else:
         if "edge_type" not in params:
+            if m == 0:  # no edges to join: isolated query nodes, as without neighbor_ids
+                return {}
             raise BadRequest("parameters.edge_type (or an edge_type input, one per neighbour) is required: the "
                              "relation joining each query node to its neighbour, as 'src__rel__dst'")
         relations = [params["edge_type"]]
