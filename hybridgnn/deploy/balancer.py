@@ -4,16 +4,47 @@ Both balancers retry a request on another replica when its replica refuses it (5
 draining) or drops the connection (killed), so a replica leaving costs clients nothing
 but latency. HAProxy also checks /v2/health/ready actively and stops routing to a
 draining replica within one check interval; open-source nginx has only passive checks.
+Errors the balancer makes itself (no replica ready, a replica gone mid-request when the
+request cannot be retried, no answer in time) are answered as the server answers: one
+line of JSON, and Retry-After on the 502/503/504 a client should retry after.
 The files in deploy/haproxy and deploy/nginx are these renderers' output for three replicas.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 BALANCERS = ("haproxy", "nginx")
 READY_PATH = "/v2/health/ready"
+# (status, message, whether a retry may succeed: Retry-After) of the balancer's own errors
+BALANCER_ERRORS = (
+    (400, "bad request: the load balancer could not parse it as HTTP", False),
+    (408, "request not received whole in time by the load balancer", False),
+    (502, "the replica serving the request went away before answering; retry it", True),
+    (503, "no replica is ready (all are starting, draining or down); retry later", True),
+    (504, "no replica answered within the load balancer timeout (60 s)", True),
+)
+
+
+def _error_body(message: str) -> str:
+    return json.dumps({"error": message})
+
+
+def _haproxy_errors() -> str:
+    # string '...': single quotes keep the JSON's double quotes as they are
+    return "\n".join(f"    http-error status {code} content-type application/json string '{_error_body(message)}'"
+                     + (" hdr Retry-After 1" if retry else "") for code, message, retry in BALANCER_ERRORS)
+
+
+def _nginx_errors() -> str:
+    pages = "\n".join(f"        error_page {code} @error{code};" for code, _, _ in BALANCER_ERRORS)
+    places = "\n".join(
+        f"        location @error{code} {{\n            default_type application/json;\n"
+        + ("            add_header Retry-After 1 always;\n" if retry else "")
+        + f"            return {code} '{_error_body(message)}\\n';\n        }}" for code, message, retry in BALANCER_ERRORS)
+    return f"{pages}\n{places}"
 
 
 def render_haproxy(listen: str, backends: Sequence[str], *, check_interval_ms: int = 500, retries: int = 3,
@@ -44,6 +75,8 @@ defaults
     retries {retries}
     retry-on conn-failure empty-response 503
     option redispatch 1
+    # The balancer's own errors answered as a replica answers: JSON, Retry-After to retry.
+{_haproxy_errors()}
 {resolvers}
 frontend hybridgnn
     bind {listen}
@@ -108,6 +141,9 @@ http {{
             proxy_next_upstream error timeout http_503 non_idempotent;
             proxy_next_upstream_tries {retries + 1};
         }}
+        # nginx's own errors (a replica's answers pass as they are) answered as a replica
+        # answers: JSON, Retry-After where a retry may succeed.
+{_nginx_errors()}
     }}
 }}
 """
