@@ -179,6 +179,8 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+# The signal that stops a balancer gracefully (haproxy -db, nginx with daemon off).
+SOFT_STOP = {"haproxy": signal.SIGUSR1, "nginx": signal.SIGQUIT}
 RESTART_BACKOFF_MAX_S = 30.0
 STABLE_UPTIME_S = 60.0  # up this long, a replica's earlier crashes no longer lengthen its backoff
 
@@ -348,9 +350,10 @@ class LocalCluster:
                 proc.wait()
         self.reap(stopping=True)
         if self.balancer is not None and self.balancer.poll() is None:
-            # SIGTERM is a hard stop for both (haproxy -db, nginx daemon off); nothing is in
-            # flight through the balancer once every replica behind it has drained and exited.
-            self.balancer.send_signal(signal.SIGTERM)
+            # A soft stop: it stops listening and answers what it holds (a 503 now that no
+            # replica is left) before exiting; SIGTERM, a hard stop for both, reset the
+            # connections of requests that reached it while the replicas drained.
+            self.balancer.send_signal(SOFT_STOP[self.cfg.balancer])
             try:
                 self.balancer.wait(10)
             except subprocess.TimeoutExpired:
