@@ -187,3 +187,26 @@ def test_the_index_lists_each_version_once_a_failed_reload_as_the_reason_of_the_
     index = V2Service.index(SimpleNamespace(models=models))
     assert [(e["version"], e["state"]) for e in index] == [("1", "READY"), ("2", "READY"), ("3", "UNAVAILABLE")]
     assert index[1]["reason"] == "serving the files loaded before; loading the changed ones failed: model.pt is truncated"
+
+
+def test_a_file_removed_while_a_version_is_read_is_not_an_error(tmp_path, monkeypatch):
+    # A version being replaced: a file listed, then gone before its stat, raised out of
+    # load() (a 500 on the API) or the poll.
+    from pathlib import Path
+
+    from hybridgnn.serving.repository import layout
+
+    root = _repo(tmp_path, {"sage": ([1], None)})
+    (root / "sage" / "1" / "model.pt").write_bytes(b"w")
+    (root / "sage" / "1" / "golden.pt").write_bytes(b"g")
+    model = scan_repository(root, strict=False)["sage"]
+    real_glob = Path.glob
+
+    def listed_then_removed(self, pattern):
+        found = list(real_glob(self, pattern))
+        (root / "sage" / "1" / "golden.pt").unlink(missing_ok=True)
+        return iter(found)
+
+    monkeypatch.setattr(Path, "glob", listed_then_removed)
+    stamps, _ = layout.version_signature(model, 1)
+    assert [name for name, _, _ in stamps] == ["model.pt"]

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,11 +141,20 @@ def version_signature(model: RepositoryModel, version: int) -> tuple:
     the model's config.json (fanouts, outputs)."""
     stamps = []
     for path in sorted(model.version_dir(version).glob("*")):
-        if path.is_file():
-            st = path.stat()
+        st = _stat(path)
+        if st is not None and stat.S_ISREG(st.st_mode):
             stamps.append((path.name, st.st_size, st.st_mtime_ns))
-    top = model.root / CONFIG
-    return tuple(stamps), top.stat().st_mtime_ns if top.is_file() else 0
+    top = _stat(model.root / CONFIG)
+    return tuple(stamps), top.st_mtime_ns if top is not None and stat.S_ISREG(top.st_mode) else 0
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """path's stat, or None when it is gone: a file removed between the listing and the
+    stat (a version being replaced) raised out of a load (a 500) or the poll."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
 
 
 def signature(model: RepositoryModel) -> tuple:
