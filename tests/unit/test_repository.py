@@ -208,5 +208,6 @@ def test_a_file_removed_while_a_version_is_read_is_not_an_error(tmp_path, monkey
         return iter(found)
 
     monkeypatch.setattr(Path, "glob", listed_then_removed)
+    monkeypatch.setattr(Path, "is_file", lambda self: True)  # still there when checked, gone at the stat
     stamps, _ = layout.version_signature(model, 1)
     assert [name for name, _, _ in stamps] == ["model.pt"]
