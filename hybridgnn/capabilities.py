@@ -128,13 +128,33 @@ def freeze_startup_heap() -> None:
 def name_os_thread(name: str) -> None:
     """Give the calling thread an OS-visible name (Linux, at most 15 bytes), so `top -H`
     and /proc/<pid>/task/*/comm tell the event loop from the pipeline workers."""
+    c = libc()
+    if c is not None and hasattr(c, "prctl"):  # elsewhere: names are cosmetic
+        c.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def libc():
+    """The C library (ctypes), or None where it cannot be loaded."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):  # not Linux: names are cosmetic
-        pass
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def die_with_parent(parent: int, c=None) -> None:
+    """Have the kernel send this process SIGTERM when its parent exits (Linux; elsewhere a
+    no-op), so a child is not left running by a parent killed with -9 or stopped before
+    it could stop its children; exits at once when `parent` (its pid when it started this
+    process) is gone already. c: libc() loaded already (between fork and exec, loading it
+    could wait for a lock another thread of the parent held)."""
+    c = c if c is not None else libc()
+    if c is None or not hasattr(c, "prctl"):
+        return
+    c.prctl(1, 15, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGTERM
+    if os.getppid() != parent:  # gone before the prctl took hold
+        os._exit(1)
 
 
 def run_async(coro):

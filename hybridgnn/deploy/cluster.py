@@ -8,7 +8,6 @@ signal drains the replicas (SIGTERM), then stops the balancer.
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import logging
 import os
@@ -23,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridgnn.capabilities import allowed_cores
+from hybridgnn.capabilities import allowed_cores, die_with_parent, libc
 from hybridgnn.config import parse_cpus
 from hybridgnn.deploy.balancer import (
     READY_PATH,
@@ -140,29 +139,15 @@ def http_ready(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-PR_SET_PDEATHSIG = 1
-
-
-def _libc():
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
 def child_setup(cores: set[int] | None = None):
     """preexec_fn for a replica or the balancer: pin it to `cores` (if any) and have the
     kernel send it SIGTERM when the supervisor dies (Linux), so a supervisor killed with
     -9 leaves no replica or balancer holding its port; one whose supervisor is already
     gone exits at once."""
-    libc = _libc()  # loaded here: the child only calls it
-    parent = os.getpid()
+    parent, c = os.getpid(), libc()  # loaded here: the child only calls it
 
     def setup() -> None:
-        if libc is not None and hasattr(libc, "prctl"):
-            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-            if os.getppid() != parent:  # died before prctl took hold
-                os._exit(1)
+        die_with_parent(parent, c)
         if cores:
             os.sched_setaffinity(0, cores)
     return setup

@@ -65,12 +65,11 @@ from hybridgnn.workload.tables import WorkloadTables
 log = logging.getLogger(__name__)
 
 
-def ensure_embeddings(cfg: ServeConfig, graph: GraphStore | None = None) -> bool:
-    """Precompute the model's embeddings for the dataset when it has none (a model dropped
-    into a repository without them), in this process; True if it ran. graph: the dataset
-    already open (shared), else it is opened here."""
-    from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute
-
+def embeddings_missing(cfg: ServeConfig, graph: GraphStore | None = None) -> bool:
+    """Whether the model has no complete embeddings for the dataset (a model dropped into a
+    repository without them: `hybridgnn precompute` makes them). ConfigError when its
+    features do not fit the dataset's, which a precompute could not mend. graph: the
+    dataset already open (shared), else it is opened here."""
     graph = graph if graph is not None else GraphStore.open(cfg.dataset_dir)
     if EmbeddingStore.open(cfg.model_dir, graph.fingerprint, graph.num_nodes) is not None:
         return False
@@ -78,7 +77,6 @@ def ensure_embeddings(cfg: ServeConfig, graph: GraphStore | None = None) -> bool
     if model.in_dim != graph.feature_dim:
         raise ConfigError(f"model {cfg.model_dir} expects {model.in_dim}-dim features but dataset "
                           f"{cfg.dataset_dir} has {graph.feature_dim}")
-    precompute(graph, model, cfg.model_dir, PrecomputeConfig(), progress=False)
     return True
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 
 from hybridgnn.errors import (
@@ -17,7 +19,7 @@ from hybridgnn.errors import (
     ServingError,
     brief,
 )
-from hybridgnn.runtime.resources import ensure_embeddings
+from hybridgnn.runtime.resources import embeddings_missing
 from hybridgnn.serving.core.engine import open_engine
 from hybridgnn.serving.repository.layout import (
     RepositoryModel,
@@ -29,6 +31,8 @@ from hybridgnn.serving.repository.layout import (
 from hybridgnn.serving.repository.models import Models
 
 log = logging.getLogger("hybridgnn.repository")
+# A version's precompute runs at this niceness: below serving, which it shares the cores with.
+PRECOMPUTE_NICE = 10
 
 
 class Repository:
@@ -53,6 +57,7 @@ class Repository:
         self._retiring: set[asyncio.Task] = set()
         self._poller: asyncio.Task | None = None
         self._unreadable: str | None = None  # why the last poll could not read the repository
+        self._children: set[asyncio.subprocess.Process] = set()  # precomputes running
 
     async def start(self) -> Models:
         for name in scan_repository(self.cfg.model_repository, strict=False):
@@ -143,12 +148,46 @@ class Repository:
             if versions:
                 log.info("repository poll: model %s is gone from the repository; unloading it", name)
 
+    async def _precompute(self, cfg) -> bool:
+        """Precompute a version's embeddings when it has none for this dataset (a model
+        dropped in without them); True if it ran. It runs in a child process at lower CPU
+        priority (PRECOMPUTE_NICE), so serving keeps its cores and its GIL, and the server's
+        stop ends it (a precompute resumes where it stopped). ConfigError with the child's
+        last lines when it fails."""
+        graph = self.base.graph if self.base is not None else None
+        if not await asyncio.to_thread(embeddings_missing, cfg, graph):
+            return False
+        log.info("precomputing the embeddings of %s in a child process (nice %d)", cfg.model_dir, PRECOMPUTE_NICE)
+        argv = ["precompute", "--dataset", str(cfg.dataset_dir), "--model", str(cfg.model_dir)]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hybridgnn.cli.child", str(PRECOMPUTE_NICE), str(os.getpid()), *argv,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "TQDM_DISABLE": "1"})
+        self._children.add(proc)
+        tail = b""  # the end of what it said: a failure's reason (bounded)
+        try:
+            while chunk := await proc.stderr.read(1 << 16):
+                tail = (tail + chunk)[-4096:]
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:  # this load was cancelled: the child goes with it
+                proc.kill()
+                await proc.wait()
+            self._children.discard(proc)
+        if self.closing:
+            raise Draining("the server began shutting down while the version was precomputed")
+        if code != 0:
+            said = [x.strip() for x in tail.decode(errors="replace").splitlines() if x.strip()][-3:]
+            raise ConfigError(f"precomputing the embeddings of {cfg.model_dir} failed (exit {code}): "
+                              + (" / ".join(said) or "no output"))
+        return True
+
     async def _start_version(self, model: RepositoryModel, version: int):
         """A started engine for the version, or None (logged and listed unavailable)."""
         t0 = time.perf_counter()
         try:
             cfg = version_config(self.cfg, model, version)
-            if await asyncio.to_thread(ensure_embeddings, cfg, self.base.graph if self.base is not None else None):
+            if await self._precompute(cfg):
                 log.info("precomputed the embeddings of %s", cfg.model_dir)
             stats = self.stats.for_model(model.name, str(version)) if self.stats is not None else None
             engine = await open_engine(cfg, stats, version=str(version), share_with=self.base)
@@ -219,6 +258,9 @@ class Repository:
         self.closing = True
         if self._poller is not None:
             self._poller.cancel()
+        for proc in self._children:  # a precompute resumes where it stopped, next time
+            if proc.returncode is None:
+                proc.terminate()
 
     async def stop(self) -> None:
         self.begin_shutdown()

@@ -1,0 +1,64 @@
+"""`python -m hybridgnn.cli.child`: the server's helper processes (a model repository's
+precompute) run at a lower priority and end when the process that started them is gone,
+even when it was killed with -9."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_child_runs_below_serving_and_ends_when_its_parent_is_killed(tiny_dataset, tiny_model):
+    if not Path("/proc/self/stat").is_file():
+        import pytest
+
+        pytest.skip("reads /proc (Linux)")
+    # A parent that starts a child running a long command (a server), says its pid, waits.
+    starter = ("import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-m', 'hybridgnn.cli.child', '7', "
+               "str(os.getpid())] + sys.argv[1:]); print(p.pid, flush=True); p.wait()")
+    parent = subprocess.Popen([sys.executable, "-c", starter, "serve", "--dataset", str(tiny_dataset), "--model",
+                               str(tiny_model), "--port", str(free_port()), "--workers", "1",
+                               "--worker-processes", "off"],
+                              stdout=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while _nice(child) != 7:  # set first thing in the child
+            assert time.monotonic() < deadline, "the child's niceness was never set"
+            time.sleep(0.05)  # poll interval
+        parent.kill()  # -9: it stops nothing itself
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while _alive(child):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)  # poll interval
+    finally:
+        parent.kill()
+        parent.wait(10)
+        if child is not None and _alive(child):
+            os.kill(child, 9)
+
+
+def test_the_child_entry_says_its_usage():
+    out = subprocess.run([sys.executable, "-m", "hybridgnn.cli.child", "7"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert out.returncode == 2 and "usage: python -m hybridgnn.cli.child NICE PARENT_PID" in out.stderr
