@@ -1,8 +1,10 @@
 """Load-balancer configs (HAProxy, nginx) for N local replicas.
 
-Both balancers retry a request on another replica when its replica refuses it (503 while
-draining) or drops the connection (killed), so a replica leaving costs clients nothing
-but latency. HAProxy also checks /v2/health/ready actively and stops routing to a
+Both balancers retry an inference on another replica when its replica refuses it (503
+while draining) or drops the connection (killed), so a replica leaving costs it nothing
+but latency (unless its body passed HAProxy's 16 KiB buffer: then a 502). A request that
+changes state is retried only when it never reached a replica (STATE_CHANGING_PATHS).
+HAProxy also checks /v2/health/ready actively and stops routing to a
 draining replica within one check interval; open-source nginx has only passive checks.
 Errors the balancer makes itself (no replica ready, a replica gone mid-request when the
 request cannot be retried, no answer in time) are answered as the server answers: one
@@ -18,6 +20,11 @@ from pathlib import Path
 
 BALANCERS = ("haproxy", "nginx")
 READY_PATH = "/v2/health/ready"
+# Requests that change state: a graph update, a repository load or unload. A replica that
+# has one may have logged it whatever it answers (a 503 "logged, not applied here yet", a
+# connection cut after the append), so it is retried only when it never reached a replica:
+# sent again elsewhere it would be logged again, applied twice without an Idempotency-Key.
+STATE_CHANGING_PATHS = r"^/v2/(models/[^/]+(/versions/[^/]+)?/graph|repository/)"
 # (status, message, whether a retry may succeed: Retry-After) of the balancer's own errors
 BALANCER_ERRORS = (
     (400, "bad request: the load balancer could not parse it as HTTP", False),
@@ -80,6 +87,9 @@ defaults
 {resolvers}
 frontend hybridgnn
     bind {listen}
+    # A request that changes state is retried only when it never reached a replica.
+    acl state_changing path_reg {STATE_CHANGING_PATHS}
+    http-request disable-l7-retry if state_changing
     default_backend replicas
 
 backend replicas
@@ -139,6 +149,17 @@ http {{
             proxy_read_timeout 60s;
             # Inference is idempotent, so POSTs may be retried too.
             proxy_next_upstream error timeout http_503 non_idempotent;
+            proxy_next_upstream_tries {retries + 1};
+        }}
+        # A request that changes state is retried only when it never reached a replica
+        # (a POST, once sent, is not passed on without non_idempotent).
+        location ~ {STATE_CHANGING_PATHS} {{
+            proxy_pass http://hybridgnn;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_connect_timeout 1s;
+            proxy_read_timeout 60s;
+            proxy_next_upstream error timeout;
             proxy_next_upstream_tries {retries + 1};
         }}
         # nginx's own errors (a replica's answers pass as they are) answered as a replica

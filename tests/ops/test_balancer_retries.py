@@ -1,0 +1,110 @@
+"""What the balancers retry on another replica: an inference (idempotent) that a replica
+refused with 503 or dropped, and a request that changes state (a graph update, a
+repository load or unload) only when it never reached a replica. Once a replica has it,
+an update may be logged whatever the replica answers (a 503 "logged but not applied here
+yet", a connection cut after the append), and the same update sent to another replica
+would be logged again: applied twice unless the client gave an Idempotency-Key."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import subprocess
+import threading
+import time
+
+import pytest
+
+from hybridgnn.deploy.balancer import balancer_command, render
+from tests.support.ops_tools import require_tool
+from tests.support.server import free_port, stop_process
+
+pytestmark = [pytest.mark.ops]
+
+
+def _replica(how: str, seen: list):
+    """A replica that is ready to a health check and answers every POST as `how` says
+    (503: refused, "drop": the connection closed with nothing sent), noting its path."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append(self.path)
+            if how == "drop":
+                self.close_connection = True
+                return
+            body = b'{"error": "the update was logged but could not be applied here yet"}'
+            self.send_response(503)
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
+def _post(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        conn.request("POST", path, body=b'{"inputs": []}', headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def _until_it_reaches_a_replica(port: int, path: str, seen: list, retried: bool = False):
+    """POST path until it reaches a replica (the balancer starting, nginx's passive checks
+    holding a replica out after a failure): its status, asserting that one request never
+    reached two replicas; retried: until one did, returning the paths seen."""
+    deadline = time.monotonic() + 30
+    while True:
+        seen.clear()
+        try:
+            status = _post(port, path)
+        except (OSError, http.client.HTTPException):
+            status = None
+        if retried:
+            if len(seen) >= 2:
+                return list(seen)
+        else:
+            assert len(seen) <= 1, f"one {path} reached {len(seen)} replicas (answered {status})"
+            if seen:
+                return status
+        assert time.monotonic() < deadline, f"no {path} reached a replica{' twice' if retried else ''} in time"
+        time.sleep(0.1)  # poll interval, bounded by the deadline
+
+
+@pytest.mark.parametrize("how", ["503", "drop"])
+@pytest.mark.parametrize("balancer", ["haproxy", "nginx"])
+def test_a_request_that_changes_state_is_sent_to_one_replica_and_an_inference_is_retried(balancer, how, tmp_path):
+    require_tool(balancer)
+    port = free_port(3)
+    seen: list[str] = []
+    replicas = [http.server.ThreadingHTTPServer(("127.0.0.1", port + 1 + i), _replica(how, seen)) for i in range(2)]
+    for r in replicas:
+        threading.Thread(target=r.serve_forever, daemon=True).start()
+    config = tmp_path / "balancer.conf"
+    config.write_text(render(balancer, f"127.0.0.1:{port}", [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"],
+                             tmp_path))
+    proc = subprocess.Popen(balancer_command(balancer, config), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        for path in ("/v2/models/m/graph", "/v2/models/m/versions/2/graph", "/v2/repository/models/m/load",
+                     "/v2/repository/models/m/unload"):
+            status = _until_it_reaches_a_replica(port, path, seen)
+            assert status == (503 if how == "503" else 502), (path, status)
+        assert len(_until_it_reaches_a_replica(port, "/v2/models/m/infer", seen, retried=True)) >= 2
+    finally:
+        stop_process(proc)
+        for r in replicas:
+            r.shutdown()
+            r.server_close()
