@@ -125,14 +125,24 @@ class PolicyControl:
         return self.step_towards(target)
 
     def step_towards(self, target: Policy) -> Policy | None:
-        """The current policy moved towards target, bounded; None if it would barely move."""
+        """The current policy moved towards target, bounded; None if it would barely move.
+        Each value moves towards its target by at most a factor of adapt_max_step, never
+        to NaN or a negative value, and never from a finite value to inf (all on the CPU)
+        or 0 (all on the GPU). A value at inf or 0 (where the profile put it) steps from the
+        largest or smallest PSGS the profile measured, which routes every batch it saw alike."""
         pc = self.cfg.policy
         old = self.policy
+        lo, hi = (self.profile.lo, self.profile.hi) if self.profile is not None else (1.0, 1.0)
 
         def bounded(new: float, cur: float) -> float:
-            if not (math.isfinite(new) and math.isfinite(cur)) or cur <= 0:
+            if math.isnan(new) or new < 0:
+                return cur
+            if new == cur:
                 return new
-            return min(max(new, cur / pc.adapt_max_step), cur * pc.adapt_max_step)
+            # a factor on 0 or inf goes nowhere or anywhere: step from the edge it stands for
+            ref = cur if 0 < cur < math.inf else (hi if cur == math.inf else lo)
+            stepped = min(max(new, ref / pc.adapt_max_step), ref * pc.adapt_max_step)
+            return max(stepped, new) if cur > new else min(stepped, new)  # never past the target
 
         step = dataclasses.replace(target, psgs_threshold=bounded(target.psgs_threshold, old.psgs_threshold),
                                    max_batch_psgs=bounded(target.max_batch_psgs, old.max_batch_psgs))
