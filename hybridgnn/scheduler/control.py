@@ -55,6 +55,15 @@ class PolicyControl:
             raise ConfigError(f"profile {pc.profile} has no curves for the {', '.join(missing)} pipeline; profile "
                               "with the same --device as you serve with")
         prof.devices = {n: d for n, d in prof.devices.items() if n in self.pipelines}
+        if pc.adapt:
+            # what every --adapt step re-fits from: refused now in one line, not met as a
+            # traceback logged every adapt_interval_s while the policy never moves
+            try:
+                prof.refit({})
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                raise ConfigError(f"profile {pc.profile} cannot be re-fitted for --adapt: its per-bin statistics "
+                                  f"(pipelines.*.bins) are missing or malformed: {type(exc).__name__}: "
+                                  f"{str(exc)[:200]}") from exc
         try:
             policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s,
                                  load=ServingLoad.from_policy(pc))

@@ -14,12 +14,13 @@ from hybridgnn.scheduler.policy import Policy, Profile
 DEMO_PROFILE = Path(__file__).parents[2] / "profiles" / "demo-sage-2core-epyc.json"
 
 
-def _control(**policy) -> PolicyControl:
+def _control(profile: Path = DEMO_PROFILE, policy: str = "slo:30", adapt: bool = True, **kw) -> PolicyControl:
+    """A control whose profile is loaded (load() replaces it, as serve does)."""
     cfg = ServeConfig(dataset_dir=Path("/nonexistent"), model_dir=Path("/nonexistent"),
                       gpu_pipeline=PipelineConfig(name="gpu", device="cpu"),
-                      policy=PolicyConfig(profile=DEMO_PROFILE, policy="slo:30", adapt=True, **policy))
+                      policy=PolicyConfig(profile=profile, policy=policy, adapt=adapt, **kw))
     control = PolicyControl(cfg, ("cpu", "gpu"))
-    control.profile = Profile.load(DEMO_PROFILE)
+    control.profile = Profile.load(profile)
     return control
 
 
@@ -70,3 +71,43 @@ def test_steps_towards_all_cpu_or_all_gpu_stay_finite_and_bounded():
                 assert math.isfinite(new) and new >= 0
                 assert old / 1.5 - 1e-9 <= new <= old * 1.5 + 1e-9
             control.policy = step
+
+
+def _edited(tmp_path, edit) -> Path:
+    import json
+
+    data = json.loads(DEMO_PROFILE.read_text())
+    edit(data["pipelines"]["cpu"])
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+BROKEN_BINS = [
+    lambda p: p.pop("bins"),  # KeyError at every step
+    lambda p: p.__setitem__("bins", "x"),  # AttributeError
+    lambda p: p["bins"].__setitem__("count", [1]),  # IndexError
+    lambda p: p["bins"].__setitem__("psgs", p["bins"]["psgs"][::-1]),  # knots must increase
+    lambda p: p["bins"]["mean_s"].__setitem__(0, 0.0),  # a zero latency
+]
+
+
+@pytest.mark.parametrize("edit", BROKEN_BINS, ids=["no bins", "not an object", "counts cut short", "decreasing", "zero"])
+def test_serve_with_adapt_refuses_a_profile_it_cannot_refit_in_one_line(tmp_path, monkeypatch, edit):
+    """The bins every --adapt step re-fits from are checked at load: a profile lacking
+    them served, and then logged a traceback (or a warning) every interval."""
+    from hybridgnn.errors import ConfigError
+
+    monkeypatch.setattr(Profile, "check_matches", lambda *a: None)
+    path = _edited(tmp_path, edit)
+    control = _control(path)
+    with pytest.raises(ConfigError, match=r"cannot be re-fitted for --adapt") as info:
+        control.load("fingerprint")
+    assert "\n" not in str(info.value)
+    # without --adapt the bins are not read: the same profile serves
+    assert _control(path, "latency", adapt=False).load("fingerprint").psgs_threshold >= 0
+
+
+def test_serve_with_adapt_loads_a_profile_hybridgnn_profile_wrote(monkeypatch):
+    monkeypatch.setattr(Profile, "check_matches", lambda *a: None)
+    assert _control().load("fingerprint").name == "slo:30"
