@@ -96,19 +96,23 @@ class PolicyControl:
 
     def adapt_inputs(self) -> tuple | None:
         """What an --adapt step re-fits from: (profile data, pipelines, live samples, policy,
-        batching wait, serving load), or None while too few batches are recorded. Live
-        service times are divided by the front-end stretch at the recent request rate, so
-        the choice, which applies the stretch again at the rates it tries, counts it once;
-        seeds per request become the recent mean."""
+        batching wait, serving load), or None while too few batches are recorded or no
+        request was admitted since the last step. Live service times are divided by the
+        front-end stretch at the recent request rate, so the choice, which applies the
+        stretch again at the rates it tries, counts it once; seeds per request become the
+        recent mean."""
         pc = self.cfg.policy
         now = time.perf_counter()
         requests, seeds = self.admitted
         last_t, last_requests, last_seeds = self._adapt_mark
         self._adapt_mark = (now, requests, seeds)
         live = {n: d for n, d in self.recent.items() if len(d) >= pc.adapt_min_batches}
-        if not live or self.profile is None:
-            return None
         window_requests = requests - last_requests
+        if not live or self.profile is None or not window_requests:
+            # No traffic since the last step: no batch is new, and a rate of 0 (no stretch)
+            # would read the recorded ones, which ran beside the traffic before, as slower
+            # than they were: the policy would move on no news (and the re-fit cost a core-second).
+            return None
         rps = window_requests / max(now - last_t, 1e-9)
         load = ServingLoad.from_policy(pc, (seeds - last_seeds) / window_requests if window_requests else None)
         samples = {}

@@ -111,3 +111,33 @@ def test_serve_with_adapt_refuses_a_profile_it_cannot_refit_in_one_line(tmp_path
 def test_serve_with_adapt_loads_a_profile_hybridgnn_profile_wrote(monkeypatch):
     monkeypatch.setattr(Profile, "check_matches", lambda *a: None)
     assert _control().load("fingerprint").name == "slo:30"
+
+
+def test_adapt_keeps_the_policy_while_no_request_comes():
+    """Batches recorded under 1,000 requests/s (their service stretched by the front end),
+    then no traffic: the next steps have nothing new to re-fit from. They re-read the same
+    batches at a rate of 0, as if unstretched, and moved the policy on no news."""
+    import time
+
+    import numpy as np
+
+    from hybridgnn.scheduler.queueing import ServingLoad
+
+    control = _control(adapt_min_batches=50)
+    prof, pc = control.profile, control.cfg.policy
+    control.policy = prof.policy("slo:30", batching_wait_s=control.cfg.batcher.max_wait_s,
+                                 load=ServingLoad.from_policy(pc))
+    edges = prof.data["bin_edges"]
+    xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
+    for name, dev in prof.devices.items():
+        stretch = dev.model().stretch(1000.0, ServingLoad.from_policy(pc))
+        ratios = dev.service_ratios()
+        control.recent[name].extend((float(x), stretch * float(dev.mean(x)) * float(ratios[i % len(ratios)]))
+                                    for i, x in enumerate(xs))
+    control._adapt_mark = (time.perf_counter() - 1.0, 0, 0)
+    for _ in range(1000):
+        control.count_admitted(8)
+    assert control.adapt_inputs() is not None  # a busy second: re-fit from it
+    for _ in range(3):  # then nothing comes
+        assert control.adapt_inputs() is None
+        assert control.adapt_once() is None

@@ -357,6 +357,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
             edges = np.asarray(prof.data["bin_edges"])
             xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
             engine._control.recent["cpu"].extend(twenty_times_slower(xs))
+            engine._control.count_admitted(8)  # traffic since the last step: something new to re-fit from
             assert engine.adapt_once()
             # batches run 20x slower than profiled, and the server says so
             assert engine._control.service_stretch()["cpu"] == pytest.approx(20, rel=0.5)
@@ -381,6 +382,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
         try:
             before = engine._control.policy.pipeline_limits["cpu"]
             engine._control.recent["cpu"].extend(twenty_times_slower(xs))
+            engine._control.count_admitted(8)
             deadline = time.monotonic() + 60
             while engine._control.policy.pipeline_limits["cpu"] >= before and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # polling the policy, bounded by the deadline
