@@ -279,6 +279,10 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
         # the split CPU lane's device share runs on the GPU the GPU lane uses: one server
         # (and one stage for its workers, when the GPU lane takes nothing)
         rates, p99s = _shared_rates(devices, slo_s, seed_psgs, limits, rates, batching_wait_s, load, tail)
+        if not sum(rates.values()) > 0:  # else a choice of 0 seeds/s "at a p99 of 0" would be served
+            raise ValueError(f"no load meets a p99 of {slo_s * 1e3:.1f} ms once the split CPU lane's device share "
+                             "queues on the GPU (the GPU lane fits nothing alone, and the CPU lane's batches "
+                             "miss the SLO there)")
     max_batch = max(limits.values())
     if set(devices) == {"cpu", "gpu"}:
         cross, _ = crossing(devices["cpu"].tail, devices["gpu"].tail, lo, hi)

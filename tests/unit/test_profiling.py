@@ -132,6 +132,18 @@ def test_slo_choice_puts_a_split_cpu_lane_and_the_gpu_lane_on_one_device():
         assert c.predicted_p99_s <= 0.030 + 1e-9 and c.pipeline_limits["gpu"] > 0
 
 
+def test_slo_choice_says_when_nothing_fits_on_the_shared_device():
+    """The GPU lane fits nothing within the SLO and the split CPU lane's device share takes
+    longer than the SLO: the CPU lane fits alone (its mean curve) but not on the shared
+    device. That was a choice of 0 seeds/s "at a p99 of 0", and served."""
+    gpu = DeviceCurves(curve(lambda x: 1.0 + 0 * x), curve(lambda x: 1.0 + 0 * x), 1)
+    cpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-7 * x), curve(lambda x: 2e-3 + 2e-7 * x), 2, cores_used=2,
+                       device_share=curve(lambda x: 0.5 + 0 * x))
+    load = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
+    with pytest.raises(ValueError, match="no load meets a p99 of 30.0 ms once the split CPU lane"):
+        choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.030, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=load)
+
+
 def test_slo_choice_never_fits_more_on_the_shared_device_than_it_can_serve():
     """The CPU lane's device share costs what the GPU lane's batches cost: the GPU lane alone
     already fills the device, so together they fit no more. A few thousand simulated
