@@ -213,7 +213,7 @@ class Lane:
         self._win_work += work
         if now - self._win_t0 >= WINDOW_S:
             rate = self._win_work / (now - self._win_t0)
-            if self._win_backlogged:
+            if self._win_backlogged and rate > 0:  # 0 (only empty work done) would divide by 0 in every prediction
                 self.throughput = rate if self.throughput is None else self.throughput + 0.3 * (rate - self.throughput)
             elif self.throughput is not None and rate > self.throughput:
                 # The lane just completed work faster than its backlogged estimate allows:

@@ -151,6 +151,16 @@ def test_backlogged_throughput_bounds_the_delay_when_servers_share_cores():
     assert lane.delay_s() == pytest.approx(10 / 50, rel=0.05) and lane.delay_s() > fitted
 
 
+def test_a_backlogged_window_that_completed_no_work_leaves_the_throughput_usable():
+    # A rate of 0 became the throughput, and every later prediction divided by it.
+    lane = Lane("sampled", servers=1, full_batch=1)
+    lane.observe(1, 0.01)
+    lane.add(5)  # backlogged
+    lane.completed(0, 0.0)
+    lane.completed(0, 0.2)  # a window of only empty work
+    assert lane.throughput is None and math.isfinite(lane.delay_s(1))
+
+
 def test_a_window_in_which_the_lane_ran_dry_is_not_a_throughput_sample():
     lane = Lane("sampled", servers=1, full_batch=1)
     lane.observe(1, 0.01)
