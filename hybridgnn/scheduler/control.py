@@ -114,7 +114,10 @@ class PolicyControl:
             # than they were: the policy would move on no news (and the re-fit cost a core-second).
             return None
         rps = window_requests / max(now - last_t, 1e-9)
-        load = ServingLoad.from_policy(pc, (seeds - last_seeds) / window_requests if window_requests else None)
+        # at least one seed a request (the load's own bound): requests that count no seeds
+        # (new nodes) among them made the mean refused, which ended the adapt loop
+        mean = (seeds - last_seeds) / window_requests
+        load = ServingLoad.from_policy(pc, max(1.0, mean) if mean > 0 else None)
         samples = {}
         for name, d in live.items():
             stretch = self.profile.devices[name].model().stretch(rps, load)
@@ -181,10 +184,10 @@ class PolicyControl:
         try:
             while True:
                 await asyncio.sleep(self.cfg.policy.adapt_interval_s)
-                inputs = self.adapt_inputs()
-                if inputs is None:
-                    continue
-                try:
+                try:  # inside: a failure here ended the loop, unlogged, and the policy never moved again
+                    inputs = self.adapt_inputs()
+                    if inputs is None:
+                        continue
                     target = await asyncio.get_running_loop().run_in_executor(pool, adapted_policy, *inputs)
                 except ValueError as exc:
                     log.warning("adapt: no policy fits the recent batches (%s); keeping the current one", exc)

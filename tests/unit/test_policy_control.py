@@ -141,3 +141,19 @@ def test_adapt_keeps_the_policy_while_no_request_comes():
     for _ in range(3):  # then nothing comes
         assert control.adapt_inputs() is None
         assert control.adapt_once() is None
+
+
+def test_requests_of_no_seeds_among_the_admitted_do_not_end_the_adapt_loop():
+    """A mean below one seed a request (new-node requests count none) was refused by the
+    serving load, outside the loop's error handling: the loop ended unlogged."""
+    import time
+
+    control = _control(adapt_min_batches=1)
+    for name in control.profile.devices:
+        control.recent[name].append((10.0, 0.001))
+    control._adapt_mark = (time.perf_counter() - 1.0, 0, 0)
+    control.count_admitted(1)
+    for _ in range(3):
+        control.count_admitted(0)
+    inputs = control.adapt_inputs()
+    assert inputs is not None and inputs[-1].request_seeds == 1.0
