@@ -9,13 +9,12 @@ import http.client
 import http.server
 import json
 import subprocess
-import threading
 import time
 
 import pytest
 
 from hybridgnn.deploy.balancer import balancer_command, render
-from tests.support.ops_tools import require_tool
+from tests.support.ops_tools import fake_replica, require_tool
 from tests.support.server import free_port, stop_process
 
 pytestmark = [pytest.mark.ops]
@@ -68,9 +67,7 @@ def _poll(port: int, want: int, deadline_s: float) -> tuple[int, str | None, dic
 def test_the_balancers_own_errors_are_json_with_retry_after(balancer, tmp_path):
     require_tool(balancer)
     port = free_port(2)
-    replica = http.server.ThreadingHTTPServer(("127.0.0.1", port + 1), _Dropping)
-    serving = threading.Thread(target=replica.serve_forever, daemon=True)
-    serving.start()
+    replica = fake_replica(port + 1, _Dropping)
     config = tmp_path / "balancer.conf"
     config.write_text(render(balancer, f"127.0.0.1:{port}", [f"127.0.0.1:{port + 1}"], tmp_path))
     proc = subprocess.Popen(balancer_command(balancer, config), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import http.client
 import http.server
 import subprocess
-import threading
 import time
 
 import pytest
 
 from hybridgnn.deploy.balancer import balancer_command, render
-from tests.support.ops_tools import require_tool
+from tests.support.ops_tools import fake_replica, require_tool
 from tests.support.server import free_port, stop_process
 
 pytestmark = [pytest.mark.ops]
@@ -90,9 +89,7 @@ def test_a_request_that_changes_state_is_sent_to_one_replica_and_an_inference_is
     require_tool(balancer)
     port = free_port(3)
     seen: list[str] = []
-    replicas = [http.server.ThreadingHTTPServer(("127.0.0.1", port + 1 + i), _replica(how, seen)) for i in range(2)]
-    for r in replicas:
-        threading.Thread(target=r.serve_forever, daemon=True).start()
+    replicas = [fake_replica(port + 1 + i, _replica(how, seen)) for i in range(2)]
     config = tmp_path / "balancer.conf"
     config.write_text(render(balancer, f"127.0.0.1:{port}", [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"],
                              tmp_path))

@@ -13,7 +13,7 @@ import pytest
 
 from hybridgnn.deploy.balancer import balancer_command
 from hybridgnn.deploy.cluster import ClusterConfig, LocalCluster
-from tests.support.ops_tools import require_tool
+from tests.support.ops_tools import fake_replica, require_tool
 from tests.support.server import free_port, stop_process
 
 pytestmark = [pytest.mark.ops]
@@ -64,9 +64,8 @@ def _poll_ready(port: int, deadline_s: float) -> None:
 def test_a_request_in_flight_through_the_balancer_at_stop_is_answered(balancer, tmp_path):
     require_tool(balancer)
     port = free_port(2)
-    replica = http.server.ThreadingHTTPServer(("127.0.0.1", port + 1), _Slow)
+    replica = fake_replica(port + 1, _Slow)
     replica.got_post = threading.Event()
-    threading.Thread(target=replica.serve_forever, daemon=True).start()
     cluster = LocalCluster(ClusterConfig(replicas=1, balancer=balancer, port=port, base_port=port + 1,
                                          run_dir=tmp_path))
     cluster.balancer = subprocess.Popen(balancer_command(balancer, cluster.write_balancer_config()),

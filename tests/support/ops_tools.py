@@ -35,3 +35,15 @@ def run_tool(*cmd: str, cwd: Path | None = None, timeout: float = 60.0) -> subpr
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+
+
+def fake_replica(port: int, handler):
+    """An http.server on 127.0.0.1:port answering with `handler` (a BaseHTTPRequestHandler
+    class) in a thread of its own: a stand-in replica behind a real balancer. The caller
+    shuts it down and closes it."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
