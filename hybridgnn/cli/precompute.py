@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -111,20 +112,48 @@ def check_device(device: str) -> None:
             raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
+# Ranks --nprocs may start per core of this machine: each is a whole process with its own
+# torch (hundreds of MB), and ranks past the cores only take turns.
+RANKS_PER_CORE = 4
+
+
+def check_distributed_flags(args) -> None:
+    """The distributed flags, each refused in one line before any rank starts: the ranks
+    found a NaN or infinite one only once all had started, and took --chunk-mb 0 (one row
+    per message) and a negative --threads-per-rank (ignored) as given."""
+    if not (math.isfinite(args.chunk_mb) and args.chunk_mb > 0):
+        raise ValueError(f"--chunk-mb must be a number > 0, got {args.chunk_mb}")
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+        raise ValueError(f"--timeout-s must be a number > 0, got {args.timeout_s}")
+    if args.threads_per_rank < 0:
+        raise ValueError(f"--threads-per-rank must be >= 0, got {args.threads_per_rank}")
+
+
+def check_nprocs(nprocs: int, num_nodes: int, cores: int) -> None:
+    """--nprocs N ranks this machine can run, each owning at least one node."""
+    if nprocs < 1:
+        raise ValueError(f"--nprocs must be >= 1, got {nprocs}")
+    if nprocs > RANKS_PER_CORE * cores:
+        raise ValueError(f"--nprocs {nprocs}: more ranks than this machine's {cores} cores can run (at most "
+                         f"{RANKS_PER_CORE * cores}); across machines, start them with torchrun")
+    if nprocs > num_nodes:
+        raise ValueError(f"--nprocs {nprocs}: the graph has {num_nodes} nodes; a rank needs at least one")
+
+
 def run(args) -> int:
     from hybridgnn.graph.store import GraphStore, dataset_kind
 
     if dataset_kind(args.dataset) == "hetero":  # also under torchrun: refused in one line there
         return _hetero(args)
     check_device(args.device)
+    check_distributed_flags(args)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _distributed(args)
-    if args.nprocs < 1:
-        raise ValueError(f"--nprocs must be >= 1, got {args.nprocs}")
-    if args.nprocs > 1:
+    if args.nprocs != 1:
         from hybridgnn.capabilities import usable_cores
         from hybridgnn.distributed.launch import launch
 
+        check_nprocs(args.nprocs, GraphStore.open(args.dataset).num_nodes, usable_cores())
         threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
         return launch(args.argv, args.nprocs, threads)
     from hybridgnn.embeddings.precompute import precompute

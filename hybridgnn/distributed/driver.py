@@ -53,7 +53,7 @@ class DistributedConfig:
     chunk_bytes: int = 4 << 20       # halo rows per message, in bytes
 
     def __post_init__(self):
-        if self.timeout_s <= 0 or self.chunk_bytes <= 0:
+        if not (self.timeout_s > 0 and self.chunk_bytes > 0):  # NaN too
             raise ConfigError(f"need timeout_s > 0 and chunk_bytes > 0, got {self.timeout_s}, {self.chunk_bytes}")
 
 

@@ -458,3 +458,38 @@ def test_a_repository_with_nothing_to_serve_says_why_per_model(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "x/ has no version directory (1/, 2/, ...), only one/" in err
     assert "y/: version 3 holds no hybridgnn model (config.json)" in err and err.count("\n") == 1
+
+
+def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    """--chunk-mb 0, NaN or inf, a negative --threads-per-rank, a --timeout-s that is not
+    a positive number, and more ranks than the graph has nodes (or than this machine can
+    run) are one line with exit 2, and no rank is started: each was found by the ranks
+    only after all of them had started (NaN as "cannot convert float NaN to integer",
+    inf with exit 1 and advice to resume), or not at all (--chunk-mb 0 sent one row per
+    message, a negative thread count was ignored)."""
+    import hybridgnn.distributed.launch
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m")
+    capsys.readouterr()
+
+    def no_launch(*_args, **_kwargs):
+        raise AssertionError("ranks were started")
+
+    monkeypatch.setattr(hybridgnn.distributed.launch, "launch", no_launch)
+    argv = ["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m"), "--nprocs", "2"]
+    for flags, said in ((["--chunk-mb", "0"], "--chunk-mb must be a number > 0"),
+                        (["--chunk-mb", "nan"], "--chunk-mb must be a number > 0"),
+                        (["--chunk-mb", "inf"], "--chunk-mb must be a number > 0"),
+                        (["--threads-per-rank", "-2"], "--threads-per-rank must be >= 0"),
+                        (["--timeout-s", "nan"], "--timeout-s must be a number > 0"),
+                        (["--timeout-s", "-1"], "--timeout-s must be a number > 0"),
+                        (["--nprocs", "4"], "--nprocs 4: the graph has 3 nodes"),
+                        (["--nprocs", "1000000"], "--nprocs 1000000")):
+        assert main(argv + flags) == 2, flags
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, (flags, err)
+    assert not (tmp_path / "m" / "embeddings").exists()

@@ -31,7 +31,7 @@ def test_each_rank_gets_its_rendezvous_and_thread_count(tmp_path):
 
 
 def test_distributed_config_refuses_nonsense():
-    for bad in ({"timeout_s": 0}, {"chunk_bytes": 0}):
+    for bad in ({"timeout_s": 0}, {"timeout_s": float("nan")}, {"chunk_bytes": 0}):
         try:
             DistributedConfig(**bad)
         except ConfigError:
