@@ -7,6 +7,7 @@ quiet. When a rank fails, the rest are stopped and one line says which rank and 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hybridgnn.capabilities import die_with_parent, libc
 from hybridgnn.runtime.ranks import PEER_LOST, free_port, rank_environment
 
 
@@ -46,6 +48,7 @@ def _culprit(failed: list[tuple[int, int]], errors: list[Path]) -> tuple[int, in
 def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -> int:
     """Run `hybridgnn <argv>` as ranks 0..world-1 and return 0, or 1 with one line on stderr."""
     port = free_port()
+    parent, c = os.getpid(), libc()  # loaded here: the child only calls it
     with tempfile.TemporaryDirectory(prefix="hybridgnn-ranks-") as tmp:
         errors = [Path(tmp) / f"rank-{r}.txt" for r in range(world)]
         procs = []
@@ -53,7 +56,10 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
             quiet = subprocess.DEVNULL if rank else None
             procs.append(subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", *argv],
                                           env=rank_environment(rank, world, port, threads, errors[rank]),
-                                          stdout=quiet, stderr=quiet))
+                                          stdout=quiet, stderr=quiet,
+                                          # a launcher killed with -9 takes its ranks with it: left
+                                          # running, they wrote the store beside the next run's ranks
+                                          preexec_fn=lambda: die_with_parent(parent, c)))
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         stopping = []
 

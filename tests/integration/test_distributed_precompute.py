@@ -217,3 +217,52 @@ def test_a_rerun_that_rewrites_a_complete_store_unmarks_it_before_touching_a_lay
                         driver.DistributedConfig(partition="ranges", timeout_s=60), progress=False)
     assert opened and not opened[0].get("complete") and opened[0]["dtype"] == "float16"
     assert EmbeddingStore.open(path, graph.fingerprint) is None
+
+
+def test_a_launcher_killed_with_sigkill_leaves_no_rank_running(tmp_path, graph_dir):
+    """Its ranks end with it (they ran on to the end, or waited out --timeout-s, as
+    orphans; a rerun then wrote the same layer files beside them); the store is not
+    served and the same command resumes."""
+    torch.manual_seed(3)
+    model = GNN(ModelSpec("sage", 12, 16, 4, num_layers=4)).eval()
+    path = tmp_path / "m"
+    save_checkpoint(model, path)
+    graph = GraphStore.open(graph_dir)
+    cmd = [sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir), "--model",
+           str(path), "--nprocs", "2", "--partition", "ranges"]
+    # small batches: the ranks are still at work when the launcher goes
+    launcher = subprocess.Popen([*cmd, "--batch-size", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks: dict[int, int] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(ranks) < 2 and launcher.poll() is None:
+            ranks = rank_pids(launcher.pid)
+            time.sleep(0.01)  # poll interval, bounded by the deadline
+        assert len(ranks) == 2, "the ranks were not found running"
+        launcher.kill()
+        launcher.wait(30)
+
+        def alive(pid: int) -> bool:
+            try:
+                return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + 5  # they get SIGTERM at once
+        while time.monotonic() < deadline and any(alive(pid) for pid in ranks.values()):
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        left = [pid for pid in ranks.values() if alive(pid)]
+    finally:
+        for pid in ranks.values():  # what the run left, so a failure here leaves nothing behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert not left, f"rank processes {left} outlived the launcher"
+    assert EmbeddingStore.open(path, graph.fingerprint) is None
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    expected_dir = tmp_path / "single"
+    save_checkpoint(model, expected_dir)
+    expected = precompute(graph, load_checkpoint(expected_dir)[0], expected_dir, progress=False)
+    assert_equal_stores(expected, EmbeddingStore.open(path, graph.fingerprint))
