@@ -52,14 +52,22 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
     with tempfile.TemporaryDirectory(prefix="hybridgnn-ranks-") as tmp:
         errors = [Path(tmp) / f"rank-{r}.txt" for r in range(world)]
         procs = []
-        for rank in range(world):
-            quiet = subprocess.DEVNULL if rank else None
-            procs.append(subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", *argv],
-                                          env=rank_environment(rank, world, port, threads, errors[rank]),
-                                          stdout=quiet, stderr=quiet,
-                                          # a launcher killed with -9 takes its ranks with it: left
-                                          # running, they wrote the store beside the next run's ranks
-                                          preexec_fn=lambda: die_with_parent(parent, c)))
+        try:
+            for rank in range(world):
+                quiet = subprocess.DEVNULL if rank else None
+                procs.append(subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", *argv],
+                                              env=rank_environment(rank, world, port, threads, errors[rank]),
+                                              stdout=quiet, stderr=quiet,
+                                              # a launcher killed with -9 takes its ranks with it: left
+                                              # running, they wrote the store beside the next run's ranks
+                                              preexec_fn=lambda: die_with_parent(parent, c)))
+        except OSError as exc:  # out of processes or memory: those started would wait for the rest
+            for p in procs:
+                p.kill()
+                p.wait()
+            print(f"hybridgnn precompute: could not start rank {len(procs)} of {world}: {exc}; the ranks "
+                  "started were stopped", file=sys.stderr)
+            return 1
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         stopping = []
 

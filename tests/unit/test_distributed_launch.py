@@ -51,3 +51,36 @@ def test_the_report_compares_bytes_with_sending_every_row_everywhere(tmp_path):
     assert report["edge_cut"] == {"edges": 250, "fraction": 0.25}
     assert report["layers"][0]["naive_bytes"] == 1 * 100 * 8 * 4
     assert report["layers"][0]["compute_s"] == [1.5, 0.9]
+
+
+def test_a_rank_that_cannot_be_started_stops_those_that_were_in_one_line(monkeypatch, capsys):
+    """Out of processes or memory at rank 2 of 4: ranks 0 and 1 are stopped and one line
+    says so (it was a traceback, and ranks 0 and 1 waited for the others until --timeout-s)."""
+    from hybridgnn.distributed import launch as launch_mod
+
+    started = []
+
+    class Rank:
+        def __init__(self, *_args, **_kwargs):
+            if len(started) == 2:
+                raise OSError(11, "Resource temporarily unavailable")
+            self.code = None
+            started.append(self)
+
+        def poll(self):
+            return self.code
+
+        def kill(self):
+            self.code = -signal.SIGKILL
+
+        terminate = kill
+
+        def wait(self, _timeout=None):
+            return self.code
+
+    monkeypatch.setattr(launch_mod.subprocess, "Popen", Rank)
+    monkeypatch.setattr(launch_mod, "free_port", lambda: 29500)
+    assert launch_mod.launch(["precompute"], 4, 1) == 1
+    assert len(started) == 2 and all(r.code is not None for r in started)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not start rank 2 of 4: [Errno 11] Resource temporarily unavailable" in err[0]
