@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter
@@ -56,8 +57,11 @@ def _distributed(args) -> int:
                           DistributedConfig(partition=args.partition, timeout_s=args.timeout_s,
                                             chunk_bytes=max(1, int(args.chunk_mb * (1 << 20)))))
     except Exception as exc:
-        line = " ".join(str(exc).split()) or type(exc).__name__
-        lost = isinstance(exc, torch.distributed.DistError) or "closed by peer" in line or "reset by peer" in line
+        # gloo prefixes its errors with its source file ([.../unbound_buffer.cc:129]): not the user's
+        line = re.sub(r"^\[[^\]]*:\d+\] ", "", " ".join(str(exc).split())) or type(exc).__name__
+        # a rank that timed out waiting for a peer is as much a lost peer as one whose peer closed
+        lost = isinstance(exc, torch.distributed.DistError) or any(
+            said in line.lower() for said in ("closed by peer", "reset by peer", "timed out"))
         where = os.environ.get(ERROR_FILE_ENV)
         if where:  # started by --nprocs: the launcher says one line for the run
             Path(where).write_text((PEER_LOST if lost else "") + line[:500])

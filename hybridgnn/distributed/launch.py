@@ -19,8 +19,15 @@ from hybridgnn.capabilities import die_with_parent, libc
 from hybridgnn.runtime.ranks import PEER_LOST, free_port, rank_environment
 
 
-def _why(code: int, error_file: Path) -> str:
+# How long the other ranks get to fail too once every rank that failed only lost a peer:
+# those that time out waiting for the same silent rank do so within about this long.
+HUNG_GRACE_S = 5.0
+
+
+def _why(code: int | None, error_file: Path) -> str:
     said = error_file.read_text().strip() if error_file.is_file() else ""
+    if code is None:
+        return "stopped answering: the others timed out or lost their connection waiting for it"
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -30,18 +37,23 @@ def _why(code: int, error_file: Path) -> str:
     return f"exited with code {code}" + (f": {said}" if said else "")
 
 
-def _culprit(failed: list[tuple[int, int]], errors: list[Path]) -> tuple[int, int]:
-    """The failed rank most likely to be the cause: one killed by a signal, else one whose
-    error is its own rather than a lost peer, else the first seen."""
-    def lost_peer(rank: int) -> bool:
-        return errors[rank].is_file() and errors[rank].read_text().startswith(PEER_LOST)
+def _lost_peer(error_file: Path) -> bool:
+    return error_file.is_file() and error_file.read_text().startswith(PEER_LOST)
 
+
+def _culprit(failed: list[tuple[int, int]], errors: list[Path],
+             running: list[int] = ()) -> tuple[int, int | None]:
+    """The rank most likely to be the cause: a failed one killed by a signal, else one
+    whose error is its own rather than a lost peer, else one still running that the
+    others lost (it hangs: code None), else the first seen."""
     for rank, code in failed:
         if code < 0:
             return rank, code
     for rank, code in failed:
-        if not lost_peer(rank):
+        if not _lost_peer(errors[rank]):
             return rank, code
+    if running:
+        return running[0], None
     return failed[0]
 
 
@@ -84,6 +96,19 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
                 if failed or all(c == 0 for c in codes):
                     break
                 time.sleep(poll_s)  # poll interval: ranks run for minutes
+            running = []
+            if failed and not stopping and all(c > 0 and _lost_peer(errors[r]) for r, c in failed):
+                # they only lost a peer: one still running when the rest have failed too is
+                # the one that stopped answering (a rank that times out first named none)
+                deadline = time.monotonic() + HUNG_GRACE_S
+                while time.monotonic() < deadline and not stopping:
+                    running = [r for r, p in enumerate(procs) if p.poll() is None]
+                    if len(running) <= 1:
+                        break
+                    time.sleep(poll_s)
+                running = [r for r, p in enumerate(procs) if p.poll() is None]
+                failed += [(r, p.poll()) for r, p in enumerate(procs)
+                           if p.poll() not in (None, 0) and r not in dict(failed)]
             if failed or stopping:
                 for p in procs:
                     if p.poll() is None:
@@ -105,7 +130,7 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
                       file=sys.stderr)
                 return 1
             if failed:
-                rank, code = _culprit(failed, errors)
+                rank, code = _culprit(failed, errors, running)
                 # a rank exits 2 on a fault of the input (a setting, the data): running again will not mend it
                 advice = ("fix that and run the command again" if code == 2 else
                           "run the same command again to resume from its last finished layer")

@@ -266,3 +266,43 @@ def test_a_launcher_killed_with_sigkill_leaves_no_rank_running(tmp_path, graph_d
     save_checkpoint(model, expected_dir)
     expected = precompute(graph, load_checkpoint(expected_dir)[0], expected_dir, progress=False)
     assert_equal_stores(expected, EmbeddingStore.open(path, graph.fingerprint))
+
+
+def test_a_rank_that_hangs_is_the_one_named_when_the_others_time_out(tmp_path, graph_dir):
+    """A rank that stops answering (here SIGSTOP) fails the run within --timeout-s, and the
+    line names it, not one of the ranks that only waited for it and timed out."""
+    torch.manual_seed(3)
+    path = tmp_path / "m"
+    save_checkpoint(GNN(ModelSpec("sage", 12, 16, 4, num_layers=4)).eval(), path)
+    root = embeddings_dir(path, GraphStore.open(graph_dir).fingerprint)
+    cmd = [sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir), "--model",
+           str(path), "--nprocs", "3", "--partition", "ranges", "--timeout-s", "5", "--batch-size", "50"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and launcher.poll() is None:
+            state = root / "state.json"
+            if state.is_file() and json.loads(state.read_text()).get("layer", 0) >= 1:
+                victim = rank_pids(launcher.pid).get(1)
+                if victim is not None:
+                    os.kill(victim, signal.SIGSTOP)
+                    break
+            time.sleep(0.01)  # poll interval, bounded by the deadline
+        assert victim is not None, "rank 1 was not found running after layer 1"
+        t0 = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except OSError:
+                pass
+    assert launcher.returncode == 1
+    lines = [line for line in err.splitlines() if line.startswith("hybridgnn precompute:")]
+    assert len(lines) == 1 and lines[0].startswith("hybridgnn precompute: rank 1 of 3 stopped answering"), \
+        err[-2000:]
+    assert took < 5 + 30

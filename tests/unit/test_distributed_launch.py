@@ -17,6 +17,18 @@ def test_the_culprit_is_a_killed_rank_then_one_with_its_own_error(tmp_path):
     assert _culprit([(0, 1)], errors) == (0, 1)
 
 
+def test_a_rank_the_others_lost_while_it_still_runs_is_the_culprit(tmp_path):
+    """Ranks 0 and 2 timed out waiting for rank 1, which never failed: rank 1 hangs (the
+    line named rank 0, as if its timeout were its own fault)."""
+    errors = [tmp_path / f"rank-{r}.txt" for r in range(3)]
+    errors[0].write_text(PEER_LOST + "Timed out waiting 5000ms for send operation to complete")
+    errors[2].write_text(PEER_LOST + "Connection closed by peer")
+    assert _culprit([(0, 1), (2, 1)], errors, [1]) == (1, None)
+    assert _why(None, errors[1]).startswith("stopped answering")
+    errors[2].write_text("model expects 7-dim features")  # a rank's own error still comes first
+    assert _culprit([(0, 1), (2, 2)], errors, [1]) == (2, 2)
+
+
 def test_why_names_the_signal_or_the_error(tmp_path):
     said = tmp_path / "r.txt"
     assert _why(-signal.SIGKILL, said) == "was killed by SIGKILL"
