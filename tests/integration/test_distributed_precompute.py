@@ -306,3 +306,27 @@ def test_a_rank_that_hangs_is_the_one_named_when_the_others_time_out(tmp_path, g
     assert len(lines) == 1 and lines[0].startswith("hybridgnn precompute: rank 1 of 3 stopped answering"), \
         err[-2000:]
     assert took < 5 + 30
+
+
+def test_a_rerun_replaces_layer_files_a_server_maps_instead_of_rewriting_them(tmp_path, graph_dir, monkeypatch):
+    """A serving engine that maps a store's files keeps reading the rows it mapped while
+    ranks recompute the store (a rewrite in place truncated the pages under its map:
+    zeros, or SIGBUS and the server gone), as a single process's rerun does."""
+    from hybridgnn.distributed import driver
+    from hybridgnn.runtime.ranks import free_port
+
+    torch.manual_seed(4)
+    path = tmp_path / "m"
+    save_checkpoint(GNN(ModelSpec("sage", 12, 8, 4, num_layers=2)).eval(), path)
+    graph = GraphStore.open(graph_dir)
+    precompute(graph, load_checkpoint(path)[0], path, PrecomputeConfig(dtype="float32"), progress=False)
+    served = EmbeddingStore.open(path, graph.fingerprint)
+    before = [np.array(a) for a in served.layers]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    driver.run_rank(graph_dir, path, PrecomputeConfig(dtype="float16"),
+                    driver.DistributedConfig(partition="ranges", timeout_s=60), progress=False)
+    for mapped, rows in zip(served.layers, before, strict=True):
+        assert np.array_equal(np.asarray(mapped), rows)
+    assert EmbeddingStore.open(path, graph.fingerprint).layers[0].dtype == np.float16
