@@ -39,7 +39,7 @@ from hybridgnn.embeddings.precompute import (
     layer_dims,
     starting_state,
 )
-from hybridgnn.embeddings.store import embeddings_dir, mark_complete, write_state
+from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir, mark_complete, write_state
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
@@ -137,6 +137,9 @@ def _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_chec
     if rank == 0:  # one rank decides where to start and makes the partition; the rest follow
         root.mkdir(parents=True, exist_ok=True)
         state = starting_state(root, model.num_layers, dims, cfg, model_dir)
+        if state.get("complete") and EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes) is None:
+            (root / "state.json").unlink()  # complete but damaged (logged): computed again from scratch
+            state = starting_state(root, model.num_layers, dims, cfg, model_dir)
         partition = None if state.get("complete") else compute_partition(graph, method, world, root)
         if not state.get("complete"):
             # before any layer file is rewritten: a complete store made with other settings

@@ -330,3 +330,30 @@ def test_a_rerun_replaces_layer_files_a_server_maps_instead_of_rewriting_them(tm
     for mapped, rows in zip(served.layers, before, strict=True):
         assert np.array_equal(np.asarray(mapped), rows)
     assert EmbeddingStore.open(path, graph.fingerprint).layers[0].dtype == np.float16
+
+
+def test_a_complete_but_damaged_store_is_computed_again(tmp_path, graph_dir, monkeypatch):
+    """A store marked complete whose layer file is damaged (here truncated) is not served
+    and is computed again, as one process does (the ranks called it complete and did nothing)."""
+    from hybridgnn.distributed import driver
+    from hybridgnn.runtime.ranks import free_port
+
+    torch.manual_seed(4)
+    path = tmp_path / "m"
+    save_checkpoint(GNN(ModelSpec("sage", 12, 8, 4, num_layers=2)).eval(), path)
+    graph = GraphStore.open(graph_dir)
+    expected = precompute(graph, load_checkpoint(path)[0], path, progress=False)
+    expected = [np.array(a) for a in expected.layers]
+    layer = embeddings_dir(path, graph.fingerprint) / "layer_2.npy"
+    layer.write_bytes(layer.read_bytes()[:1000])
+    assert EmbeddingStore.open(path, graph.fingerprint) is None
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    report = driver.run_rank(graph_dir, path, PrecomputeConfig(),
+                             driver.DistributedConfig(partition="ranges", timeout_s=60), progress=False)
+    assert not report.get("already_complete")
+    got = EmbeddingStore.open(path, graph.fingerprint)
+    assert got is not None
+    for a, b in zip(expected, got.layers, strict=True):
+        assert float(np.abs(a - np.asarray(b)).max()) <= 1e-5
