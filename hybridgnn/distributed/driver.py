@@ -39,7 +39,12 @@ from hybridgnn.embeddings.precompute import (
     layer_dims,
     starting_state,
 )
-from hybridgnn.embeddings.store import EmbeddingStore, embeddings_dir, mark_complete, write_state
+from hybridgnn.embeddings.store import (
+    EmbeddingStore,
+    embeddings_dir,
+    mark_complete,
+    write_state,
+)
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose

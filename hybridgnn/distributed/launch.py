@@ -18,7 +18,6 @@ from pathlib import Path
 from hybridgnn.capabilities import die_with_parent, libc
 from hybridgnn.runtime.ranks import PEER_LOST, free_port, rank_environment
 
-
 # How long the other ranks get to fail too once every rank that failed only lost a peer:
 # those that time out waiting for the same silent rank do so within about this long.
 HUNG_GRACE_S = 5.0
