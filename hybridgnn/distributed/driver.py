@@ -34,10 +34,10 @@ from hybridgnn.embeddings.precompute import (
     DTYPES,
     BatchSizer,
     PrecomputeConfig,
-    _unlink_mapped,
     layer_batch,
     layer_dims,
     starting_state,
+    unlink_mapped,
 )
 from hybridgnn.embeddings.store import (
     EmbeddingStore,
@@ -105,7 +105,7 @@ def _rounded(y: torch.Tensor, dtype) -> torch.Tensor:
 def _open_layer(path: Path, rank: int, n: int, width: int, dtype) -> np.ndarray:
     """The layer file, created anew by rank 0 and opened by the others after a barrier."""
     if rank == 0:
-        _unlink_mapped(path)  # a server may map the old one: rewritten in place, its pages went (SIGBUS)
+        unlink_mapped(path)  # a server may map the old one: rewritten in place, its pages went (SIGBUS)
         np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(n, width)).flush()
     dist.barrier()
     return np.lib.format.open_memmap(path, mode="r+")

@@ -305,7 +305,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
         path = root / f"layer_{layer + 1}.npy"
         mode = "r+" if (path.is_file() and state["done"] > 0) else "w+"
         if mode == "w+":
-            _unlink_mapped(path)
+            unlink_mapped(path)
         out = np.lib.format.open_memmap(path, mode=mode, dtype=DTYPES[cfg.dtype], shape=(n, dims[layer]))
         prev_arr = graph.features if layer == 0 else np.load(root / f"layer_{layer}.npy", mmap_mode="r")
         prev = host_tensor(prev_arr if prev_arr.dtype == np.float32 else np.asarray(prev_arr, dtype=np.float32))
@@ -340,7 +340,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     return EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes)
 
 
-def _unlink_mapped(path: Path) -> None:
+def unlink_mapped(path: Path) -> None:
     """Remove a store file before it is written anew: a serving engine may map it (a model
     repository restarts a version whose weights changed while the old engine serves), and
     a rewrite in place would truncate the pages under that map (SIGBUS, the server gone).
@@ -354,7 +354,7 @@ def _readout_pass(model, root: Path, n: int, device, dtype, progress: bool, chun
     layers = [np.load(root / f"layer_{i + 1}.npy", mmap_mode="r") for i in range(model.num_layers)]
     with torch.inference_mode():
         width = model.readout([torch.zeros(1, a.shape[1], device=device) for a in layers]).shape[1]
-    _unlink_mapped(root / "output.npy")
+    unlink_mapped(root / "output.npy")
     out = np.lib.format.open_memmap(root / "output.npy", mode="w+", dtype=dtype, shape=(n, width))
     with tqdm(total=n, desc="precompute output (jumping knowledge)", unit="node", unit_scale=True,
               disable=not progress) as bar:
