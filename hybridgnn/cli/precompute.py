@@ -121,14 +121,19 @@ def check_device(device: str) -> None:
 RANKS_PER_CORE = 4
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
 def check_distributed_flags(args) -> None:
     """The distributed flags, each refused in one line before any rank starts: the ranks
     found a NaN or infinite one only once all had started, and took --chunk-mb 0 (one row
     per message) and a negative --threads-per-rank (ignored) as given."""
     if not (math.isfinite(args.chunk_mb) and args.chunk_mb > 0):
         raise ValueError(f"--chunk-mb must be a number > 0, got {args.chunk_mb}")
-    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
-        raise ValueError(f"--timeout-s must be a number > 0, got {args.timeout_s}")
+    # at most a week: torch.distributed's timeout is a timedelta, which 1e20 s overflowed
+    if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= MAX_TIMEOUT_S):
+        raise ValueError(f"--timeout-s must be a number > 0 and at most {MAX_TIMEOUT_S:.0f} (a week), got "
+                         f"{args.timeout_s}")
     if args.threads_per_rank < 0:
         raise ValueError(f"--threads-per-rank must be >= 0, got {args.threads_per_rank}")
 

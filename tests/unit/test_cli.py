@@ -487,6 +487,7 @@ def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_start
                         (["--threads-per-rank", "-2"], "--threads-per-rank must be >= 0"),
                         (["--timeout-s", "nan"], "--timeout-s must be a number > 0"),
                         (["--timeout-s", "-1"], "--timeout-s must be a number > 0"),
+                        (["--timeout-s", "1e20"], "at most 604800 (a week)"),
                         (["--nprocs", "4"], "--nprocs 4: the graph has 3 nodes"),
                         (["--nprocs", "1000000"], "--nprocs 1000000")):
         assert main(argv + flags) == 2, flags
