@@ -47,13 +47,19 @@ _FLUSH_TIMEOUT_S = 1.0  # a statistics read waits at most this long for the fron
 _RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)  # between restarts of a front end that keeps dying at start
 
 
-def frontends_for(wanted: int | None, cores: int) -> int:
+def frontends_for(wanted: int | None, cores: int, max_connections: int | None = None) -> int:
     """How many front-end processes serve: `wanted`, or for auto one per 4 cores (those the
     process may use, within a container's CPU quota), at most 8 and at least 1 (a 2- or 4-core machine keeps HTTP in the engine's process: a second
-    process would take the cores the engine's workers use)."""
-    if wanted is not None:
-        return wanted
-    return max(1, min(8, cores // 4))
+    process would take the cores the engine's workers use); never more than max_connections,
+    so each front end's share of the cap (connection_share) holds at least one."""
+    count = wanted if wanted is not None else max(1, min(8, cores // 4))
+    return count if max_connections is None else max(1, min(count, max_connections))
+
+
+def connection_share(max_connections: int, count: int, index: int) -> int:
+    """Front end `index`'s share of the server's connection cap: the shares of `count` front
+    ends add up to the cap exactly (rounding each down, or to at least 1, did not)."""
+    return max_connections // count + (1 if index < max_connections % count else 0)
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -265,7 +271,7 @@ class Frontends:
         return {"host": s.host, "port": self.port, "max_body_bytes": s.max_body_bytes,
                 "idle_timeout_s": s.idle_timeout_s, "request_timeout_s": s.request_timeout_s,
                 # the cap is the server's: each front end takes its share
-                "max_connections": max(1, s.max_connections // self.count),
+                "max_connections": connection_share(s.max_connections, self.count, index),
                 "answers_per_turn": s.answers_per_turn, "queue_bound_s": self.api.engine.queue_bound_s,
                 "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining, "grpc_port": self.grpc_port,
                 "lookups": self.lookups,

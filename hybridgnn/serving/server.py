@@ -148,7 +148,7 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
     service = service if service is not None else await start_engines(cfg, stats)
     server = Server(cfg, service, None)
     try:
-        count = frontends_for(cfg.server.frontends, usable_cores())
+        count = frontends_for(cfg.server.frontends, usable_cores(), cfg.server.max_connections)
         if cfg.server.grpc_port is not None and count == 1:  # first: HTTP answers ready once it listens
             from hybridgnn.serving.grpc.service import (
                 GrpcFrontend,  # grpcio only when asked for

@@ -11,7 +11,7 @@ import pytest
 from hybridgnn.config import parse_frontends
 from hybridgnn.serving.core.eager import Later
 from hybridgnn.serving.frontend import FrontendApi
-from hybridgnn.serving.frontends import frontends_for
+from hybridgnn.serving.frontends import connection_share, frontends_for
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.v2.types import Failure, InferAnswer
@@ -101,6 +101,16 @@ def test_auto_front_ends_follow_the_cores():
     for bad in ("0", "-1", "two"):
         with pytest.raises(ValueError):
             parse_frontends(bad)
+
+
+def test_the_front_ends_connection_shares_add_up_to_the_cap():
+    # --max-connections 1 --frontends 2 held 2 connections (max(1, 1 // 2) each); 21 over 2 held 20
+    for cap in (1, 2, 3, 7, 21, 10_000):
+        for wanted in (2, 3, 8):
+            count = frontends_for(wanted, 64, cap)
+            shares = [connection_share(cap, count, i) for i in range(count)]
+            assert sum(shares) == cap and min(shares) >= 1, (cap, wanted, shares)
+    assert frontends_for(None, 64, 3) == 3 and frontends_for(4, 2, 10_000) == 4
 
 
 def test_a_containers_cpu_quota_bounds_the_cores_auto_counts(tmp_path):
