@@ -157,6 +157,41 @@ def die_with_parent(parent: int, c=None) -> None:
         os._exit(1)
 
 
+def private_run_dir(kind: str) -> str:
+    """A new directory only this user can enter (0700) for a server's sockets and files,
+    named hybridgnn-<kind>-<pid>-*, after removing this user's directories of that kind
+    whose process is gone: one killed with -9 never removed its own, and they gathered
+    in the temporary directory for ever."""
+    import re
+    import shutil
+    import tempfile
+
+    root, pattern = tempfile.gettempdir(), re.compile(rf"hybridgnn-{re.escape(kind)}-(\d+)-")
+    try:
+        names = os.listdir(root)
+    except OSError:
+        names = []
+    for name in names:
+        m = pattern.match(name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        path = os.path.join(root, name)
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"hybridgnn-{kind}-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
 def run_async(coro):
     """Run a coroutine to completion on uvloop when present (cheaper per request), else asyncio."""
     if HAS_UVLOOP:

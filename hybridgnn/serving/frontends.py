@@ -29,9 +29,9 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 
+from hybridgnn.capabilities import private_run_dir
 from hybridgnn.config import ServeConfig
 from hybridgnn.errors import ServingError
 from hybridgnn.serving.core.eager import Later, when_done
@@ -293,7 +293,7 @@ class Frontends:
         if s.grpc_port is not None:
             self._grpc_held = reserve_port(s.host, s.grpc_port)
             self.grpc_port = self._grpc_held.getsockname()[1]
-        self._dir = tempfile.mkdtemp(prefix="hybridgnn-")  # 0700: only this user reaches the engine
+        self._dir = private_run_dir("engine")  # 0700: only this user reaches the engine
         self._ipc = await loop.create_unix_server(lambda: _Link(self).channel, self.path)
         try:
             await asyncio.gather(*(self._start_one(i) for i in range(self.count)))

@@ -23,7 +23,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridgnn.capabilities import CPU_COUNT
+from hybridgnn.capabilities import CPU_COUNT, private_run_dir
 from hybridgnn.config import ServeConfig
 from hybridgnn.errors import ConfigError, ServiceUnavailable, ServingError
 from hybridgnn.runtime.ranks import PARENT_ENV, free_port, rank_environment
@@ -75,7 +74,7 @@ class RankGroup:
         """Start (or reach) the ranks and wait for rank 0's HELLO: the group's description.
         ConfigError with the failing rank's own line when the group cannot start."""
         if self._local and self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="hybridgnn-ranks-")
+            self._dir = private_run_dir("ranks")
             self.address = f"unix:{os.path.join(self._dir, 'rank0.sock')}"
         self._bring_up(time.monotonic() + timeout_s)
         self._thread = threading.Thread(target=self._supervise, name="partition-ranks", daemon=True)
