@@ -358,8 +358,12 @@ class Frontends:
             try:
                 await self._start_one(index)
                 self.restarts[index] += 1
-            except RuntimeError as exc:
-                log.error("%s", exc)
+            except (RuntimeError, OSError) as exc:
+                # OSError: the process could not be made (out of processes or descriptors);
+                # it ended this watcher, unlogged, and the front end was never started again.
+                # Either way the next attempt backs off as after a short life.
+                log.error("front end %d could not be started again: %s", index, exc)
+                self._started_at[index] = time.monotonic()
 
     def begin_shutdown(self) -> None:
         """From now on a front end that exits is not started again."""

@@ -141,3 +141,49 @@ def test_data_nested_too_deep_to_write_again_is_refused_here(monkeypatch):
     reply = api.infer(Request({"model": "m"}, {}, infer_body([1])))
     assert reply.status == 400 and b"nested too deeply" in reply.body and not link.sent
     assert wire.FRAME.unpack_from(link.notes[0])[1] == wire.UNPARSED
+
+
+def test_a_front_end_that_cannot_be_made_again_is_tried_again_with_backoff(monkeypatch, caplog):
+    # An OSError making the process (out of processes or descriptors) ended the watcher,
+    # unlogged: that front end was never started again.
+    import asyncio
+    import time
+
+    from hybridgnn.serving import frontends as fe
+
+    monkeypatch.setattr(fe, "_RESTART_BACKOFF_S", (0.0, 0.001, 0.002))
+
+    class Dead:
+        pid, returncode = 4242, -9
+
+        async def wait(self):
+            return -9
+
+    class Running(Dead):
+        async def wait(self):
+            await asyncio.Event().wait()
+
+    group = object.__new__(fe.Frontends)
+    group._stopping, group._procs, group._started_at, group.restarts = False, [Dead()], [0.0], [0]
+    attempts = []
+
+    async def start_one(index):
+        attempts.append(time.monotonic())
+        if len(attempts) < 3:
+            raise OSError(24, "Too many open files")
+        group._procs[index] = Running()
+
+    group._start_one = start_one
+
+    async def scenario():
+        watcher = asyncio.create_task(group._restart_when_dead(0))
+        deadline = time.monotonic() + 10
+        while not group.restarts[0]:
+            assert time.monotonic() < deadline and not watcher.done(), "the watcher gave up"
+            await asyncio.sleep(0.001)
+        watcher.cancel()
+
+    with caplog.at_level("ERROR", logger="hybridgnn.serve"):
+        asyncio.run(scenario())
+    assert len(attempts) == 3 and group.restarts == [1]
+    assert sum("could not be started again: [Errno 24]" in r.getMessage() for r in caplog.records) == 2
