@@ -45,6 +45,7 @@ log = logging.getLogger("hybridgnn.serve")
 _START_TIMEOUT_S = 120.0  # a front end imports numpy and httptools: seconds, not minutes
 _FLUSH_TIMEOUT_S = 1.0  # a statistics read waits at most this long for the front ends' counts
 _RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)  # between restarts of a front end that keeps dying at start
+_COUNTED = ("requests", "cpu_s", "refused_connections")  # report keys /metrics exposes as counters
 
 
 def frontends_for(wanted: int | None, cores: int, max_connections: int | None = None) -> int:
@@ -128,8 +129,10 @@ class _Link:
             raise wire.WireError(f"unknown message kind {kind}")
 
     def _on_lost(self, exc) -> None:
-        if self.index is not None and self.hub.links.get(self.index) is self:
-            del self.hub.links[self.index]
+        if self.index is not None:
+            self.hub.ended(self.index, self.report)
+            if self.hub.links.get(self.index) is self:
+                del self.hub.links[self.index]
         if self.flushed is not None and not self.flushed.done():
             self.flushed.set_result(None)
 
@@ -233,6 +236,9 @@ class Frontends:
         self.count = count
         self.links: dict[int, _Link] = {}
         self.restarts = [0] * count
+        # each front end's counters as its earlier processes last reported them: a new
+        # process counts from zero, and /metrics must not see a counter go back
+        self._ended = [dict.fromkeys(_COUNTED, 0.0) for _ in range(count)]
         self.port: int | None = None
         self.draining = False
         self._procs: list[asyncio.subprocess.Process | None] = [None] * count
@@ -375,10 +381,24 @@ class Frontends:
         for link in list(self.links.values()):
             link.channel.send(wire.json_frame(wire.STATE, 0, {"draining": True}))
 
+    def ended(self, index: int, report: dict) -> None:
+        """A process of front end `index` is gone: its last report's counts stay counted."""
+        if 0 <= index < self.count:
+            ended = self._ended[index]
+            for key in _COUNTED:
+                ended[key] += float(report.get(key, 0))
+
     def reports(self) -> dict[int, dict]:
-        """Each front end's last report (connections, CPU, memory), with its restarts."""
-        return {i: {**(self.links[i].report if i in self.links else {}), "up": i in self.links,
-                    "restarts": self.restarts[i]} for i in range(self.count)}
+        """Each front end's last report (connections, CPU, memory), with its restarts. Its
+        counts (requests, CPU, refused connections) add up every process it has had, so
+        they never go down across a restart."""
+        out = {}
+        for i in range(self.count):
+            report = self.links[i].report if i in self.links else {}
+            ended = self._ended[i]
+            out[i] = {**report, **{key: ended[key] + float(report.get(key, 0)) for key in _COUNTED},
+                      "up": i in self.links, "restarts": self.restarts[i]}
+        return out
 
     async def stop(self, timeout_s: float) -> None:
         """Close every front end (each answers what it accepted, for up to timeout_s), then

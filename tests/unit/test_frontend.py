@@ -3,6 +3,7 @@ many front ends `auto` is."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from hybridgnn.config import parse_frontends
 from hybridgnn.serving.core.eager import Later
 from hybridgnn.serving.frontend import FrontendApi
-from hybridgnn.serving.frontends import connection_share, frontends_for
+from hybridgnn.serving.frontends import Frontends, _Link, connection_share, frontends_for
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.v2.types import Failure, InferAnswer
@@ -92,6 +93,37 @@ def test_without_an_engine_requests_are_refused_503():
     api = FrontendApi(FakeLink(up=False), {})
     assert api.infer(Request({"model": "m"}, {}, infer_body([1]))).status == 503
     assert api.forward("GET", "/v2", Request({}, {}, b"")).status == 503
+
+
+def test_front_end_counters_never_go_down_across_its_restarts():
+    """A restarted front end reports from zero: /metrics adds up its processes, so its
+    requests, CPU and refused connections stay counted while it is down and after."""
+    class NoService:
+        repository = object()  # no lookups to hand out
+
+    hub = Frontends(type("FakeApi", (), {"service": NoService()})(), cfg=None, count=2)
+
+    async def linked() -> _Link:  # a link's channel is made on the event loop
+        return _Link(hub)
+
+    def process(index: int, requests: int, cpu_s: float, refused: int) -> _Link:
+        link = asyncio.run(linked())
+        link.index = index
+        hub.links[index] = link
+        stats = wire.json_frame(wire.STATS, 0, {"connections": 3, "requests": requests, "cpu_s": cpu_s,
+                                                "refused_connections": refused, "rss_bytes": 1})
+        link._on_message(wire.STATS, 0, memoryview(stats)[wire.FRAME.size:])
+        return link
+
+    process(0, 40, 2.0, 5)._on_lost(None)
+    down = hub.reports()[0]
+    assert (down["requests"], down["cpu_s"], down["refused_connections"], down["up"]) == (40, 2.0, 5, False)
+    assert down.get("connections", 0) == 0  # gauges are the process's own
+    process(0, 1, 0.5, 0)
+    back = hub.reports()
+    assert (back[0]["requests"], back[0]["cpu_s"], back[0]["refused_connections"]) == (41, 2.5, 5)
+    assert back[0]["connections"] == 3 and back[0]["up"]
+    assert back[1]["requests"] == 0 and not back[1]["up"]
 
 
 def test_auto_front_ends_follow_the_cores():
