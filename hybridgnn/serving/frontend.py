@@ -241,10 +241,15 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
     answer (the response's bytes, or a status code and message) ends the call here."""
     import grpc
 
-    from hybridgnn.serving.grpc.schema import METHODS, SERVICE, bind_grpc
+    from hybridgnn.serving.grpc.schema import (
+        METHODS,
+        SERVICE,
+        bind_grpc,
+        server_options,
+    )
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", setup["max_body_bytes"]),
-                                      ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)],
+    server = grpc.aio.server(options=server_options(setup["max_body_bytes"], share, setup["idle_timeout_s"],
+                                                    reuse_port=True),
                              maximum_concurrent_rpcs=share)
 
     def answer(kind: int, payload: memoryview):

@@ -5,8 +5,10 @@ and `hybridgnn bench --protocol grpc`."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -122,10 +124,54 @@ def test_bench_over_grpc(server):
     assert res["ok"] >= 0.5 * res["sent"]
 
 
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Whether the server keeps this connection (what it sent is read and dropped)."""
+    try:
+        while sock.recv(65536):
+            pass
+        return False  # end of stream: closed by the server
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("frontends", FRONTENDS, ids=FRONTEND_IDS)
+def test_grpc_connections_are_capped_and_idle_ones_closed(tiny_dataset, tiny_model, frontends):
+    """Connections a client opens and keeps (HTTP/2 preface, no call) are held as HTTP's
+    are: at most --max-connections open, each closed after --idle-timeout-s; they were
+    held without bound, until the server could open no file."""
+    port = free_port()
+    srv = ServerProcess(tiny_dataset, tiny_model, "--workers", "1", "--grpc-port", str(port), "--frontends",
+                        frontends, "--max-connections", "4", "--idle-timeout-s", "1").wait_ready()
+    socks = []
+    try:
+        for _ in range(12):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(_H2_PREFACE)
+            sock.setblocking(False)
+            socks.append(sock)
+        deadline = time.monotonic() + 10
+        while (held := sum(map(_still_open, socks))) > 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        assert held <= 4
+        deadline = time.monotonic() + 15
+        while (held := sum(map(_still_open, socks))) and time.monotonic() < deadline:
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        assert held == 0, "idle gRPC connections were not closed"
+        assert grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live()  # and it still serves
+    finally:
+        for sock in socks:
+            sock.close()
+        assert srv.stop() == 0, srv.output()
+
+
 def test_a_grpc_port_in_use_is_one_oserror_saying_so():
     """grpcio raises RuntimeError 'Failed to bind ...; set GRPC_VERBOSITY=debug' (older ones
     return 0): the server's start-up line says the port is in use instead."""
-    import socket
     from concurrent import futures
 
     import grpc

@@ -165,6 +165,16 @@ def message(name: str):
     return _message_class(_POOL.FindMessageTypeByName(f"{PACKAGE}.{name}"))
 
 
+def server_options(max_body_bytes: int, max_connections: int, idle_timeout_s: float, reuse_port: bool) -> list:
+    """grpc.aio.server's options: the body limit, and client connections held as the HTTP
+    server holds its own: past max_connections open, a new one is closed at once, and one
+    idle_timeout_s without a call is closed (GOAWAY). Without these, connections a client
+    opens and keeps cost memory and descriptors until the process can open no file."""
+    return [("grpc.max_receive_message_length", max_body_bytes), ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", int(reuse_port)), ("grpc.max_allowed_incoming_connections", max_connections),
+            ("grpc.max_connection_idle_ms", min(2**31 - 1, max(1, round(idle_timeout_s * 1000))))]  # a C int
+
+
 def bind_grpc(server, host: str, port: int) -> int:
     """server.add_insecure_port as one OSError when the port cannot be had: grpcio returns
     0 or, in newer versions, raises RuntimeError "Failed to bind ...; set GRPC_VERBOSITY=debug"."""

@@ -23,6 +23,7 @@ from hybridgnn.serving.grpc.schema import (
     SERVICE,
     bind_grpc,
     message,
+    server_options,
 )
 from hybridgnn.serving.v2.service import V2Service
 from hybridgnn.serving.v2.tensors import datatype_of, raw_tensor
@@ -101,9 +102,8 @@ class GrpcFrontend:
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0: any free port); returns the port."""
         cfg = self.service.engine.cfg.server
-        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
-                                               ("grpc.max_send_message_length", -1),
-                                               ("grpc.so_reuseport", 0)],
+        self.server = grpc.aio.server(options=server_options(cfg.max_body_bytes, cfg.max_connections,
+                                                             cfg.idle_timeout_s, reuse_port=False),
                                       maximum_concurrent_rpcs=cfg.max_connections)
         handlers = {}
         for name, (_, resp_cls) in self._messages.items():
