@@ -155,15 +155,23 @@ def layer_dims(model, in_dim: int, device: torch.device | str = "cpu") -> list[i
 
 
 def _memory_budget(cfg: PrecomputeConfig) -> int:
+    """Bytes this process's batches may aim for: a quarter of the device's free memory, and
+    on the host that quarter shared by the ranks on this machine (LOCAL_WORLD_SIZE, as
+    torchrun and --nprocs set it), which each took a quarter of the whole before (N ranks
+    aimed for N/4 of it). A rank on a GPU has the GPU to itself."""
     if cfg.memory_budget_bytes:
         return cfg.memory_budget_bytes
     if cfg.device.startswith("cuda") and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
         return free // 4
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    except ValueError:
+        local = 1
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4 // max(1, local)
     except (ValueError, OSError):
-        return 2 << 30
+        return (2 << 30) // max(1, local)
 
 
 def _is_oom(exc: BaseException) -> bool:

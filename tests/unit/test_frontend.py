@@ -12,7 +12,12 @@ import pytest
 from hybridgnn.config import parse_frontends
 from hybridgnn.serving.core.eager import Later
 from hybridgnn.serving.frontend import FrontendApi
-from hybridgnn.serving.frontends import Frontends, _Link, connection_share, frontends_for
+from hybridgnn.serving.frontends import (
+    Frontends,
+    _Link,
+    connection_share,
+    frontends_for,
+)
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.v2.types import Failure, InferAnswer

@@ -225,3 +225,20 @@ def test_a_damaged_store_is_not_served_and_precompute_makes_it_again(skewed_grap
 def _edit_state(root, **changes):
     state = json.loads((root / "state.json").read_text())
     (root / "state.json").write_text(json.dumps({**state, **changes}))
+
+
+def test_ranks_on_one_machine_share_its_memory_budget(monkeypatch):
+    # Each of N ranks aimed for a quarter of the machine's free memory: N/4 of it together.
+    import os
+
+    from hybridgnn.embeddings.precompute import PrecomputeConfig, _memory_budget
+
+    pages = {"SC_AVPHYS_PAGES": 1 << 20, "SC_PAGE_SIZE": 4096}  # 4 GiB free
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    cfg = PrecomputeConfig()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert _memory_budget(cfg) == 1 << 30
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert _memory_budget(cfg) == 1 << 28
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "nonsense")
+    assert _memory_budget(cfg) == 1 << 30
