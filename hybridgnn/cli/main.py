@@ -110,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
             message = in_flag_words(message)
         print(f"hybridgnn {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # A path that cannot be read or written (a directory where a file is expected, a
+        # read-only directory, a full disk): one line, exit 2, not a traceback.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"hybridgnn {args.command}: error: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

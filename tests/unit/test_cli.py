@@ -494,3 +494,16 @@ def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_start
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, (flags, err)
     assert not (tmp_path / "m" / "embeddings").exists()
+
+
+def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys):
+    """A file where --out's directory should be was a FileExistsError traceback (after
+    training, for `train`)."""
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    for argv in (["dataset", "generate", "csbm", "--out", str(taken), "--num-nodes", "50"],
+                 ["dataset", "generate", "csbm", "--out", str(taken / "sub"), "--num-nodes", "50"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hybridgnn dataset: error: cannot use ") and str(taken) in err and err.count("\n") == 1
+
