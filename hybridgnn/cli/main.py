@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hybridgnn {args.command}: error: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # Ctrl-C: one line saying so (it ended silently, as if the command had finished)
+        print(f"hybridgnn {args.command}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -507,3 +507,13 @@ def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("hybridgnn dataset: error: cannot use ") and str(taken) in err and err.count("\n") == 1
 
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    import hybridgnn.cli.dataset as dataset_cli
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dataset_cli, "run_info", interrupted)
+    assert main(["dataset", "info", "anywhere"]) == 130
+    assert capsys.readouterr().err == "hybridgnn dataset: interrupted\n"
