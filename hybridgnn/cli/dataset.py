@@ -97,18 +97,33 @@ def run_generate(args) -> int:
 
 
 def run_import(args) -> int:
+    """The dataset is made in a hidden sibling of --out and moved there whole: a failed or
+    interrupted import leaves --out as it was, and --force removes the old one only then."""
+    import os
     import shutil
 
     from hybridgnn.errors import ConfigError
     from hybridgnn.graph.hetero import open_any
     from hybridgnn.graph.importers import import_graph
 
-    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        if not args.force:
-            raise ConfigError(f"{args.out} already exists; pass --force to replace it")
-        shutil.rmtree(args.out) if args.out.is_dir() else args.out.unlink()
-    import_graph(args.source, args.out, undirected=args.undirected, feature_dim=args.feature_dim, ids=args.ids)
-    print(json.dumps(open_any(args.out, validate="full").describe(), indent=2))
+    out, source = args.out.resolve(), args.source.resolve()
+    if out == source or out in source.parents or source in out.parents:
+        # --force removed --out before reading the source: the user's own edge list went with it
+        raise ConfigError(f"--out {args.out} and the source {args.source} overlap: write the dataset elsewhere")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+        raise ConfigError(f"{args.out} already exists; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.importing-{os.getpid()}"
+    try:
+        import_graph(args.source, staging, undirected=args.undirected, feature_dim=args.feature_dim, ids=args.ids,
+                     name=out.name)
+        open_any(staging, validate="full")  # a dataset that does not open replaces nothing
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(json.dumps(open_any(args.out).describe(), indent=2))
     return 0
 
 

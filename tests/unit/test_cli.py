@@ -517,3 +517,24 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(dataset_cli, "run_info", interrupted)
     assert main(["dataset", "info", "anywhere"]) == 130
     assert capsys.readouterr().err == "hybridgnn dataset: interrupted\n"
+
+
+def test_import_never_removes_its_source_nor_the_old_dataset_before_a_new_one_is_whole(tmp_path, capsys):
+    """--force removed --out first: an --out holding the source took the user's edge list
+    with it, and a source that failed to import left no dataset at all."""
+    edges = tmp_path / "src" / "edges.txt"
+    edges.parent.mkdir()
+    edges.write_text("0 1\n1 2\n2 0\n")
+    for out in (edges.parent, edges, tmp_path):
+        assert main(["dataset", "import", str(edges), "--out", str(out), "--force"]) == 2
+        assert "overlap" in capsys.readouterr().err and edges.read_text() == "0 1\n1 2\n2 0\n"
+    out = tmp_path / "dataset"
+    assert main(["dataset", "import", str(edges), "--out", str(out)]) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in out.iterdir())
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros(3))  # no edges
+    assert main(["dataset", "import", str(bad), "--out", str(out), "--force"]) == 2
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert main(["dataset", "info", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npz", "dataset", "src"]  # no staging left
