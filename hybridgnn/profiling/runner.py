@@ -24,6 +24,10 @@ import numpy as np
 from hybridgnn.scheduler.curves import Samples
 
 
+MAX_BINS = 1000
+MAX_BATCH = 1 << 20  # seeds
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
     bins: int = 12
@@ -38,10 +42,14 @@ class ProfileConfig:
     other_lane_loaded: bool = False
 
     def __post_init__(self):
-        if self.bins < 2 or self.min_samples < 1 or self.max_batch < 1 or self.buckets < 1:
-            raise ValueError(f"bins >= 2, min_samples >= 1, max_batch >= 1 and buckets >= 1 needed, got {self}")
-        if self.budget_s <= 0:
-            raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
+        # Upper bounds too: the bin edges and a batch's seeds are arrays of these sizes
+        # (--bins 1e9 or --max-batch 1e12 ended in a MemoryError traceback)
+        if not (2 <= self.bins <= MAX_BINS and self.min_samples >= 1 and 1 <= self.max_batch <= MAX_BATCH
+                and self.buckets >= 1):
+            raise ValueError(f"bins within [2, {MAX_BINS}], min_samples >= 1, max_batch within [1, {MAX_BATCH}] "
+                             f"and buckets >= 1 needed, got {self}")
+        if not 0 < self.budget_s < math.inf:  # NaN passed, and profiled nothing
+            raise ValueError(f"budget_s must be > 0 and finite, got {self.budget_s}")
 
 
 class BatchGenerator:

@@ -131,6 +131,9 @@ def test_a_policy_without_a_profile_is_refused_in_one_line(capsys):
 @pytest.mark.parametrize("argv", [
     ["serve", "--update-token", "short"], ["serve", "--workers", "0"], ["serve", "--max-batch-seeds", "0"],
     ["serve", "--device", "cpu", "--cpu-lane", "split"], ["profile", "--fanouts", "x,y"], ["profile", "--workers", "0"],
+    # arrays of these sizes: a MemoryError traceback; NaN profiled nothing
+    ["profile", "--bins", "1000000000"], ["profile", "--max-batch", "1000000000000"], ["profile", "--budget-s", "nan"],
+    ["profile", "--budget-s", "inf"],
 ])
 def test_flag_mistakes_with_the_demo_are_refused_before_it_is_made(argv, capsys):
     """(_no_demo fails any test that makes the demo.)"""
