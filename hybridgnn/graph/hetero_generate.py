@@ -50,8 +50,11 @@ def generate_hetero(out: str | Path, *, kind: str = "recsys", num_nodes: int = 2
     """Write a generated heterogeneous dataset; num_nodes is the size of the largest type."""
     if kind not in HETERO_KINDS:
         raise ValueError(f"kind must be one of {HETERO_KINDS}, got {kind!r}")
-    if num_nodes < 2 * num_groups or avg_degree <= 0:
-        raise ValueError(f"need num_nodes >= {2 * num_groups} and avg_degree > 0")
+    # avg_degree past the nodes there are drew num_nodes·avg_degree edges all the same;
+    # num_groups 0 failed inside numpy ("high <= 0")
+    if num_groups < 1 or num_nodes < 2 * num_groups or not 0 < avg_degree <= num_nodes - 1:
+        raise ValueError(f"need num_groups >= 1, num_nodes >= 2 * num_groups and 0 < avg_degree <= num_nodes - 1, "
+                         f"got {num_groups}, {num_nodes} and {avg_degree}")
     rng = np.random.default_rng(seed)
     deg = max(1, round(avg_degree))
     if kind == "recsys":

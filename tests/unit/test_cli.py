@@ -541,3 +541,20 @@ def test_import_never_removes_its_source_nor_the_old_dataset_before_a_new_one_is
     assert sorted(p.name for p in out.iterdir()) == before
     assert main(["dataset", "info", str(out)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npz", "dataset", "src"]  # no staging left
+
+
+@pytest.mark.parametrize("kind", ["powerlaw", "csbm", "hetero"])
+@pytest.mark.parametrize("degree", ["1e12", "100", "nan"])
+def test_generate_refuses_more_edges_per_node_than_there_are_nodes(kind, degree, tmp_path, capsys):
+    """100 nodes at --avg-degree 1e12 drew 5e13 pairs into memory, for a target no simple
+    graph reaches (it ran until killed)."""
+    argv = ["dataset", "generate", kind, "--out", str(tmp_path / "d"), "--num-nodes", "100", "--avg-degree", degree]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "avg_degree" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "d").exists()
+
+
+def test_hetero_generate_refuses_no_groups_in_words(tmp_path, capsys):
+    assert main(["dataset", "generate", "hetero", "--out", str(tmp_path / "d"), "--num-groups", "0"]) == 2
+    assert "num_groups >= 1" in capsys.readouterr().err
