@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,9 +138,16 @@ class Profile:
                              f"{type(exc).__name__}: {exc}") from exc
 
     def save(self, path: str | Path) -> Path:
+        """Written whole or not at all: a run killed mid-write (or out of disk) leaves the
+        old profile, not a truncated one in its place."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.data, indent=1) + "\n")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def check_matches(self, dataset_fingerprint: str, model_dir: Path, fanouts) -> None:

@@ -472,6 +472,29 @@ def test_a_profile_with_values_the_choice_cannot_use_is_refused_at_load(tmp_path
     assert time.perf_counter() - t0 < 5
 
 
+def test_a_profile_save_interrupted_mid_write_leaves_the_old_one(tmp_path, monkeypatch):
+    """It was written in place: a kill mid-write left a truncated profile where the old one was."""
+    from pathlib import Path
+
+    from hybridgnn.scheduler.policy import Profile
+
+    path = _edited_profile(tmp_path, lambda data: None)
+    old = path.read_text()
+    prof = Profile.load(path)
+    real_write = Path.write_text
+
+    def killed_halfway(self, text, *args, **kwargs):
+        real_write(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", killed_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        prof.save(path)
+    monkeypatch.undo()
+    assert path.read_text() == old and sorted(tmp_path.iterdir()) == [path]
+    assert Profile.load(prof.save(path)).data == prof.data
+
+
 def test_a_profile_path_that_is_a_directory_is_a_value_error(tmp_path):
     from hybridgnn.scheduler.policy import Profile
 
