@@ -23,7 +23,6 @@ import numpy as np
 
 from hybridgnn.scheduler.curves import Samples
 
-
 MAX_BINS = 1000
 MAX_BATCH = 1 << 20  # seeds
 
