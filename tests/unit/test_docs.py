@@ -1,0 +1,111 @@
+"""README.md and docs/*.md against the code and each other: docs/cli.md names every flag
+`--help` prints and no flag in its tables that the command lacks; its tables have no rows
+cut off from them; every relative link resolves to a file and a heading; and no page
+points into the repository's working notes."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from hybridgnn.cli.main import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CLI = ROOT / "docs" / "cli.md"
+GLOBAL = {"--help", "--log-level"}  # every command's; cli.md says so once at the top
+
+
+def _parsers(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> dict:
+    out = {prefix: parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.update(_parsers(sub, prefix + (name,)))
+    return out
+
+
+def _sections() -> dict[str, str]:
+    parts = re.split(r"^## `hybridgnn ([^`]+)`\n", CLI.read_text(), flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n## ")[0] for i in range(1, len(parts), 2)}
+
+
+def _flags_of(command: str) -> set[str]:
+    flags = set()
+    for path, parser in _parsers(build_parser()).items():
+        if " ".join(path) == command or " ".join(path).startswith(command + " "):
+            for action in parser._actions:
+                flags.update(o for o in action.option_strings if o.startswith("--"))
+    return flags - GLOBAL
+
+
+def test_cli_md_has_a_section_for_every_command():
+    commands = {" ".join(p) for p in _parsers(build_parser()) if len(p) == 1}
+    documented = {name.split()[0] for name in _sections()}
+    assert commands <= documented, f"no section in docs/cli.md for {sorted(commands - documented)}"
+
+
+@pytest.mark.parametrize("command", sorted(_sections()))
+def test_cli_md_names_every_flag_and_no_other_in_its_tables(command):
+    section, flags = _sections()[command], _flags_of(command)
+    assert flags, f"`hybridgnn {command}` is no command"
+    named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", section))
+    assert not flags - named, f"`hybridgnn {command} --help` has flags docs/cli.md never names: {sorted(flags - named)}"
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `-")]
+    in_tables = {f for cell in rows for f in re.findall(r"`(--[a-z][\w-]*)", cell)}
+    assert not in_tables - flags, f"docs/cli.md tables `hybridgnn {command}` flags it lacks: {sorted(in_tables - flags)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_table_rows_stay_in_their_table(page):
+    lines = page.read_text().splitlines()
+    fence = False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fence = not fence
+        if fence or not line.startswith("|"):
+            continue
+        starts_table = i + 1 < len(lines) and re.match(r"^\|\s*:?-{3,}", lines[i + 1])
+        assert starts_table or (i and lines[i - 1].startswith("|")), \
+            f"{page.name}:{i + 1}: a table row outside any table: {line[:60]}"
+
+
+def _anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    fence = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        m = None if fence else re.match(r"^#+\s+(.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            broken.append(f"{target}: no such heading")
+    assert not broken, f"{page.name}: " + "; ".join(broken)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_points_into_working_notes(page):
+    text = page.read_text()
+    assert not re.search(r"(?<![/\w])shared/|DESIGN\.md", text), \
+        f"{page.name} points at shared/ or DESIGN.md, which users do not get"
