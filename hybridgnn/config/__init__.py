@@ -140,6 +140,9 @@ class AdmissionConfig:
 DEFAULT_QUEUE_DELAY_S = 0.1
 
 
+MAX_WORKERS = 1024  # workers (and torch threads) a pipeline may have; profiles allow as many
+
+
 @config_class
 class PipelineConfig:
     """One sample→gather→compute pipeline: `workers` threads share one queue."""
@@ -161,10 +164,12 @@ class PipelineConfig:
     split: bool = False
 
     def __post_init__(self):
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.torch_threads < 1:
-            raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
+        # at most MAX_WORKERS: each may be a process of its own, and a profile naming more is
+        # refused when served (profile --workers 5000 ran, then wrote a profile serve refuses)
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be within [1, {MAX_WORKERS}], got {self.workers}")
+        if not 1 <= self.torch_threads <= MAX_WORKERS:
+            raise ValueError(f"torch_threads must be within [1, {MAX_WORKERS}], got {self.torch_threads}")
         if any(not isinstance(c, int) or c < 0 for c in self.cpus) or len(set(self.cpus)) != len(self.cpus):
             raise ValueError(f"worker cores must be distinct core numbers >= 0, got {self.cpus!r}")
         if self.cpus and not self.processes:

@@ -56,12 +56,15 @@ def _write_features_gaussian(root: Path, num_nodes: int, dim: int, rng, means=No
     del feats
 
 
-def _check_degree(num_nodes: int, avg_degree: float) -> None:
+def _check_degree(num_nodes: int, avg_degree: float, feature_dim: int) -> None:
     """A simple graph holds at most num_nodes - 1 edges per node: asked for more, the
     generators drew num_nodes·avg_degree pairs (held in memory) for a target they never
-    reach (100 nodes at --avg-degree 1e12 ran for days)."""
+    reach (100 nodes at --avg-degree 1e12 ran for days). And a node needs a feature: a
+    dataset of 0-wide features was written, which no model can take."""
     if not 0 < avg_degree <= num_nodes - 1:  # NaN too
         raise ValueError(f"avg_degree must be within (0, num_nodes - 1 = {num_nodes - 1}], got {avg_degree}")
+    if feature_dim < 1:
+        raise ValueError(f"feature_dim must be >= 1, got {feature_dim}")
 
 
 def _draw_chunks(num_nodes, draw_pairs, num_pairs, rng, bar):
@@ -121,7 +124,7 @@ def generate_powerlaw(
     num_nodes·avg_degree of them after removing repeated pairs and self-loops."""
     if num_nodes < 2:
         raise ValueError(f"num_nodes must be >= 2, got {num_nodes}")
-    _check_degree(num_nodes, avg_degree)
+    _check_degree(num_nodes, avg_degree, feature_dim)
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -170,7 +173,7 @@ def generate_csbm(
         raise ValueError(f"need 0 < train_frac, 0 <= val_frac and train_frac + val_frac < 1, got {train_frac}, {val_frac}")
     if num_nodes < num_classes:
         raise ValueError(f"num_nodes ({num_nodes}) must be >= num_classes ({num_classes})")
-    _check_degree(num_nodes, avg_degree)
+    _check_degree(num_nodes, avg_degree, feature_dim)
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.config import MAX_WORKERS
 from hybridgnn.errors import ConfigError
 from hybridgnn.models.checkpoint import weights_fingerprint as model_fingerprint
 from hybridgnn.models.checkpoint import weights_match
@@ -39,8 +40,8 @@ class ProfileMismatch(ConfigError):
 
 # The SLO choice simulates every worker (scheduler/simloops.py: a slot per worker, scanned
 # per batch), so its time grows with them: 1,024 take ~6 s on two cores, a billion would
-# allocate gigabytes and never finish. No machine profiles more.
-MAX_PROFILE_WORKERS = 1024
+# allocate gigabytes and never finish. No machine profiles more (nor serves: the pipeline's bound).
+MAX_PROFILE_WORKERS = MAX_WORKERS
 
 
 def _whole(name: str, value, lo: int, hi: int) -> int:

@@ -558,3 +558,25 @@ def test_generate_refuses_more_edges_per_node_than_there_are_nodes(kind, degree,
 def test_hetero_generate_refuses_no_groups_in_words(tmp_path, capsys):
     assert main(["dataset", "generate", "hetero", "--out", str(tmp_path / "d"), "--num-groups", "0"]) == 2
     assert "num_groups >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["powerlaw", "csbm"])
+def test_generate_refuses_features_of_no_width(kind, tmp_path, capsys):
+    # A dataset of 0-wide features was written, which no model can take.
+    argv = ["dataset", "generate", kind, "--out", str(tmp_path / "d"), "--num-nodes", "100", "--feature-dim", "0"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "feature_dim must be >= 1" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "d").exists()
+
+
+def test_pipeline_workers_are_bounded_as_a_served_profile_is(tmp_path, capsys):
+    # profile --workers 5000 ran, then wrote a profile serve refuses (more than 1,024 workers)
+    from hybridgnn.config import MAX_WORKERS, PipelineConfig
+    from hybridgnn.scheduler.policy import MAX_PROFILE_WORKERS
+
+    assert MAX_PROFILE_WORKERS == MAX_WORKERS == 1024
+    with pytest.raises(ValueError, match=r"workers must be within \[1, 1024\], got 5000"):
+        PipelineConfig(workers=5000)
+    assert main(["profile", "--workers", "5000", "--out", str(tmp_path / "p.json")]) == 2
+    assert "within [1, 1024]" in capsys.readouterr().err
