@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hybridgnn.config import read_json
-from hybridgnn.embeddings.store import embeddings_dir, mark_complete
+from hybridgnn.embeddings.store import embeddings_dir, mark_complete, stored_array
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
 from hybridgnn.models.checkpoint import weights_fingerprint, weights_match
@@ -161,16 +161,6 @@ def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str 
     return store
 
 
-def _stored_array(path: Path, rows: int | None) -> np.ndarray:
-    try:
-        a = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:  # missing, empty, truncated or overwritten
-        raise ValueError(f"{path.name} of {path.parent.name} is not readable ({type(exc).__name__})") from exc
-    if a.ndim != 2 or a.dtype.kind != "f" or (rows is not None and a.shape[0] != rows):
-        raise ValueError(f"{path} holds {a.dtype} {a.shape}, not float [{rows if rows is not None else 'rows'}, width]")
-    return a
-
-
 def _stored_arrays(root: Path, state: dict, num_nodes: dict[str, int] | None):
     """(layers, output) of a complete store's state.json, every array checked to be float
     [rows, width] with one row per node of its type (num_nodes, else as its type's others)."""
@@ -184,11 +174,11 @@ def _stored_arrays(root: Path, state: dict, num_nodes: dict[str, int] | None):
         rows = num_nodes.get(t) if num_nodes is not None else None
         layers[t] = {}
         for layer in state["layers"][t]:
-            a = _stored_array(d / f"layer_{int(layer)}.npy", rows)
+            a = stored_array(d / f"layer_{int(layer)}.npy", rows)
             rows = a.shape[0]
             layers[t][int(layer)] = a
         if t in state["heads"]:
-            output[t] = _stored_array(d / "output.npy", rows)
+            output[t] = stored_array(d / "output.npy", rows)
         elif num_layers in layers[t]:
             output[t] = layers[t][num_layers]
     return layers, output

@@ -77,13 +77,16 @@ class EmbeddingStore:
         return np.asarray(np.asarray(self.final)[node_ids], dtype=np.float32)
 
 
-def _stored_array(path: Path) -> np.ndarray:
+def stored_array(path: Path, rows: int | None = None) -> np.ndarray:
+    """A stored embedding array, memory-mapped: ValueError unless it is readable and float
+    [rows, width] (rows: when given). Both stores (and the heterogeneous one) read by it."""
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:  # missing, empty, truncated or overwritten
-        raise ValueError(f"{path.name} is not readable: {type(exc).__name__}") from exc
-    if a.ndim != 2 or a.dtype.kind != "f":
-        raise ValueError(f"{path.name} holds {a.dtype} {a.shape}, not float rows")
+        raise ValueError(f"{path.parent.name}/{path.name} is not readable: {type(exc).__name__}") from exc
+    if a.ndim != 2 or a.dtype.kind != "f" or (rows is not None and a.shape[0] != rows):
+        raise ValueError(f"{path.parent.name}/{path.name} holds {a.dtype} {a.shape}, not float "
+                         f"[{rows if rows is not None else 'rows'}, width]")
     return a
 
 
@@ -103,7 +106,7 @@ def _stored_arrays(root: Path, state: dict, num_nodes: int | None) -> tuple[list
     rows = num_nodes
     layers = []
     for i in range(num_layers):
-        a = _stored_array(root / f"layer_{i + 1}.npy")
+        a = stored_array(root / f"layer_{i + 1}.npy")
         rows = a.shape[0] if rows is None else rows
         if a.shape[0] != rows or (dims is not None and a.shape[1] != dims[i]):
             raise ValueError(f"layer_{i + 1}.npy holds {a.shape}, not [{rows}, "
@@ -111,7 +114,7 @@ def _stored_arrays(root: Path, state: dict, num_nodes: int | None) -> tuple[list
         layers.append(a)
     output = None
     if state.get("output"):
-        output = _stored_array(root / "output.npy")
+        output = stored_array(root / "output.npy")
         if output.shape[0] != rows:
             raise ValueError(f"output.npy holds {output.shape[0]} rows, not {rows}")
     return layers, output
