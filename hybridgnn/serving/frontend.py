@@ -19,6 +19,10 @@ What holds:
   repository load) may have been done, and its connection is aborted unanswered, as a
   crash of a one-process server leaves it. The listener closes and the process exits 1
   with one log line.
+- The engine silent for wire.QUIET_S while its process lives (stopped, hung): what waits
+  for it is answered as if it were gone, and every request after (readiness and liveness
+  included) is refused 503 until it speaks again, so nothing waits on it without bound
+  and probes see it. Its late answers to what was answered here are dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import logging
 import os
 import resource
 import sys
+import time
 from urllib.parse import unquote
 
 from hybridgnn.errors import BadRequest, ServingError
@@ -58,13 +63,13 @@ from hybridgnn.serving.http.reply import (
 )
 from hybridgnn.serving.http.server import HttpServer
 from hybridgnn.serving.ipc import wire
-from hybridgnn.serving.ipc.channel import Channel
+from hybridgnn.serving.ipc.channel import Channel, Quiet
 from hybridgnn.serving.v2.types import Failure, internal_failure
 
 log = logging.getLogger("hybridgnn.frontend")
 _HEADER_LENGTH = HEADER_LENGTH.lower()
-_STATS_PERIOD_S = 1.0
-_GONE = Reply.error(503, "the engine process is gone; retry (another replica can answer)", RETRY)
+_UNANSWERED = "the engine process is gone or not answering; retry (another replica can answer)"
+_GONE = Reply.error(503, _UNANSWERED, RETRY)
 
 
 class EngineLink:
@@ -76,6 +81,8 @@ class EngineLink:
         self.on_flush = None  # () -> None: the engine's FLUSH (send what was counted here, then FLUSHED)
         self.setup: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending: dict[int, tuple] = {}
+        self._abandoned: set[int] = set()  # requests answered here while the engine was quiet
+        self.quiet = Quiet(wire.KEEPALIVE_S, wire.QUIET_S)
         self._next = 0
         self._on_state = on_state
         self._on_lost = on_lost
@@ -83,9 +90,9 @@ class EngineLink:
 
     def request(self, make_frame, waiter: tuple) -> bool:
         """Send make_frame(rid); waiter = (later, answer(kind, payload) -> Reply, the Reply
-        if the engine's process dies first) gets the answer frame. False when the link is
-        gone."""
-        if self.channel.closed:
+        if the engine's process dies first, or goes quiet) gets the answer frame. False when
+        the link is gone or the engine quiet."""
+        if self.channel.closed or self.quiet.quiet:
             return False
         rid = self._next = (self._next + 1) & 0xFFFFFFFF
         data = make_frame(rid)  # may raise (then nothing waits)
@@ -95,9 +102,26 @@ class EngineLink:
         return True
 
     def note(self, data: bytes) -> None:
-        self.channel.send(data)
+        """Send a frame that wants no answer; dropped while the engine is quiet (a stopped
+        engine reads nothing, and what a client sends must not pile up here meanwhile)."""
+        if not self.quiet.quiet:
+            self.channel.send(data)
+
+    def tick(self) -> None:
+        """Once a wire.KEEPALIVE_S: if the engine has just gone quiet, answer what waits for it."""
+        if self.quiet.tick(time.monotonic()):
+            log.error("the engine process has not spoken for %g s; answering 503 until it does", wire.QUIET_S)
+            pending, self._pending = self._pending, {}
+            self._abandoned.update(pending)
+            with together():
+                for later, _, gone in pending.values():
+                    later.set_result(gone)
 
     def _on_message(self, kind: int, rid: int, payload: memoryview) -> None:
+        if self.quiet.spoke():
+            log.warning("the engine process speaks again; serving")
+        if kind == wire.ALIVE:
+            return
         if kind == wire.SETUP:
             if not self.setup.done():
                 self.setup.set_result(wire.loads(payload))
@@ -115,6 +139,9 @@ class EngineLink:
             return
         waiter = self._pending.pop(rid, None)
         if waiter is None:
+            if rid in self._abandoned:  # answered here while the engine was quiet
+                self._abandoned.discard(rid)
+                return
             raise wire.WireError(f"an answer to request {rid}, which waits for none")
         later, answer, _ = waiter
         with together():
@@ -161,7 +188,9 @@ class FrontendApi:
         params = request.params
         model, version = params["model"], params.get("version")
         local = self.local
-        if local is not None and not self.draining:
+        # lookups answered here wait for no engine, but are counted by it: none while it is
+        # quiet, so their counts do not pile up unsent
+        if local is not None and not self.draining and not self.link.quiet.quiet:
             reply = local.quick_reply(request, model, version)
             if reply is not None:
                 return reply
@@ -172,7 +201,7 @@ class FrontendApi:
             return self._unparsed(model, version, exc)
         except Exception:
             return self.internal_error("infer")
-        if self.local is not None and not self.draining:
+        if self.local is not None and not self.draining and not self.link.quiet.quiet:
             reply = self.local.reply(inp, binary)
             if reply is not None:
                 return reply
@@ -232,7 +261,7 @@ def _open_lookups(specs: list[dict], bound_s: float, link: EngineLink) -> HttpLo
     return HttpLookups.open(specs, bound_s, send)
 
 
-_GRPC_GONE = ("UNAVAILABLE", "the engine process is gone; retry (another replica can answer)", (), b"")
+_GRPC_GONE = ("UNAVAILABLE", _UNANSWERED, (), b"")
 
 
 async def start_grpc(link: EngineLink, setup: dict, share: int):
@@ -326,9 +355,11 @@ async def serve(path: str, index: int) -> int:
 
     async def report() -> None:
         while True:
-            api.send_counts()
-            link.note(api.report())
-            await asyncio.sleep(_STATS_PERIOD_S)
+            link.tick()
+            if not link.quiet.quiet:  # a stopped engine reads nothing: frames would pile up here
+                api.send_counts()
+                link.note(api.report())
+            await asyncio.sleep(wire.KEEPALIVE_S)
 
     api.report = lambda: wire.json_frame(wire.STATS, 0, _report(http, link))
     reporter = loop.create_task(report())

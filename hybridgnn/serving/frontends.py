@@ -14,6 +14,10 @@ What holds:
   dropped here; requests it had sent are still served to completion.
 - This process gone (killed, crashed): each front end sees its link end, answers what it
   waits for 503, closes and exits, so no front end accepts without an engine behind it.
+- A front end silent for wire.QUIET_S while its process lives (stopped, hung) is killed,
+  and so started again: it would otherwise keep its share of new connections and answer
+  none of them. Each front end hears this process's keep-alive, and goes quiet itself
+  toward clients while this process is silent (frontend.py).
 - stop(): each front end closes as `hybridgnn serve` does (stops accepting, answers what
   it accepted, Connection: close), then exits; this process stops its engines after.
   Front ends ignore SIGTERM, SIGINT and SIGHUP: a signal to the whole process group acts
@@ -38,7 +42,7 @@ from hybridgnn.serving.core.eager import Later, when_done
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
-from hybridgnn.serving.ipc.channel import Channel
+from hybridgnn.serving.ipc.channel import Channel, Quiet
 from hybridgnn.serving.v2.lookups import lookup_specs
 
 log = logging.getLogger("hybridgnn.serve")
@@ -94,6 +98,8 @@ class _Link:
     def __init__(self, hub: Frontends):
         self.hub = hub
         self.index: int | None = None
+        self.pid: int | None = None
+        self.quiet: Quiet | None = None  # from its LISTENING on: whether it has stopped speaking
         self.channel = Channel(self._on_message, self._on_lost)
         self.report: dict = {}
         self.flushed: asyncio.Future | None = None  # set by the FLUSHED that answers a FLUSH
@@ -102,6 +108,8 @@ class _Link:
         self.channel.send(data)
 
     def _on_message(self, kind: int, rid: int, payload: memoryview) -> None:
+        if self.quiet is not None:
+            self.quiet.heard = True
         if kind == wire.INFER:
             self._infer(rid, payload)
         elif kind == wire.FORWARD:
@@ -120,10 +128,13 @@ class _Link:
         elif kind == wire.STATS:
             self.report = wire.loads(payload)
         elif kind == wire.HELLO:
-            self.index = int(wire.loads(payload)["index"])
+            hello = wire.loads(payload)
+            self.index, self.pid = int(hello["index"]), int(hello["pid"])
             self.hub.links[self.index] = self
             self._send(wire.json_frame(wire.SETUP, 0, self.hub.setup(self.index)))
         elif kind == wire.LISTENING:
+            # its reports start now: before, it may import for seconds (gRPC) in silence
+            self.quiet = Quiet(wire.KEEPALIVE_S, wire.QUIET_S)
             self.hub.listening(self.index)
         else:
             raise wire.WireError(f"unknown message kind {kind}")
@@ -308,6 +319,7 @@ class Frontends:
             raise
         for i in range(self.count):
             self._watch(i)
+        self._keep(self._keep_alive())
         self.api.engine.stats.frontends(self.reports)
 
     async def _start_one(self, index: int) -> None:
@@ -342,9 +354,34 @@ class Frontends:
             fut.set_result(None)
 
     def _watch(self, index: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._restart_when_dead(index))
+        self._keep(self._restart_when_dead(index))
+
+    def _keep(self, coro) -> None:
+        """Run coro until stop()."""
+        task = asyncio.get_running_loop().create_task(coro)
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
+
+    async def _keep_alive(self) -> None:
+        """Speak to every front end once a wire.KEEPALIVE_S, and kill one that has been
+        silent for wire.QUIET_S (its watcher starts it again)."""
+        alive = wire.frame(wire.ALIVE, 0)
+        while True:
+            now = time.monotonic()
+            for link in list(self.links.values()):
+                link.channel.send(alive)
+                if link.quiet is not None and link.quiet.tick(now):
+                    self._kill_quiet(link)
+            await asyncio.sleep(wire.KEEPALIVE_S)
+
+    def _kill_quiet(self, link: _Link) -> None:
+        proc = self._procs[link.index]
+        if proc is None or proc.pid != link.pid or proc.returncode is not None:
+            return
+        log.error("front end %d (pid %d) has not spoken for %g s; killing it (it would keep its share of new "
+                  "connections and answer none)", link.index, link.pid, wire.QUIET_S)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
 
     async def _restart_when_dead(self, index: int) -> None:
         failures = 0

@@ -19,6 +19,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridgnn.serving.frontends import reserve_port
+from hybridgnn.serving.ipc import wire
 from tests.support.frontends import connection_to, frontend_pids, wait_for_frontends
 from tests.support.server import ServerProcess, metrics_text
 
@@ -288,3 +289,57 @@ def test_front_ends_answer_lookups_themselves_and_every_one_is_counted_at_once(t
         second.close()
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(tiny_dataset, tiny_model):
+    """SIGSTOP of the engine's process (alive, silent): a request waiting for it and every
+    one after, readiness included, is answered 503 with Retry-After within the quiet
+    limit, never held; after SIGCONT the server serves again on the same processes."""
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    try:
+        pids = wait_for_frontends(srv.proc.pid, 2)
+        conn = on(connection_to(srv.port, 0, pids))
+        conn.sock.settimeout(wire.QUIET_S + 20)  # longer than the engine's silence takes to be noticed
+        assert post(conn, [1])[0] == 200
+        srv.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, answer = post(conn, [2])  # waits for the engine until the front end gives up on it
+            waited = time.monotonic() - started
+            assert status == 503 and "not answering" in answer["error"], answer
+            assert waited < wire.QUIET_S + 10, waited
+            ready = requests.get(f"{srv.url}/v2/health/ready", timeout=5)
+            assert ready.status_code == 503 and ready.headers.get("Retry-After")
+        finally:
+            srv.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while True:
+            status, _ = post(conn, [3])
+            if status == 200:
+                break
+            assert status == 503 and time.monotonic() < deadline, status
+            time.sleep(0.1)  # poll interval, bounded by the deadline
+        assert requests.get(f"{srv.url}/v2/health/ready", timeout=5).status_code == 200
+        assert wait_for_frontends(srv.proc.pid, 2) == pids  # nothing was restarted
+        conn.close()
+    finally:
+        assert srv.stop() == 0, srv.output()
+    out = srv.output()
+    assert "has not spoken for" in out and "speaks again" in out, out
+
+
+def test_a_stopped_front_end_is_killed_and_started_again(tiny_dataset, tiny_model):
+    """A SIGSTOPped front end would keep its share of new connections and answer none: the
+    engine kills it once it has been silent for the quiet limit, and starts it again."""
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    try:
+        pids = wait_for_frontends(srv.proc.pid, 2)
+        os.kill(pids[0], signal.SIGSTOP)
+        back = wait_for_frontends(srv.proc.pid, 2, timeout_s=wire.QUIET_S + 30, exclude={pids[0]})
+        assert back[1] == pids[1]
+        status, _ = post_once(connection_to(srv.port, 0, back), [5])
+        assert status == 200
+    finally:
+        assert srv.stop() == 0, srv.output()
+    out = srv.output()
+    assert "front end 0" in out and "has not spoken for" in out and "starting it again" in out, out

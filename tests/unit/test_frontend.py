@@ -224,3 +224,102 @@ def test_a_front_end_that_cannot_be_made_again_is_tried_again_with_backoff(monke
         asyncio.run(scenario())
     assert len(attempts) == 3 and group.restarts == [1]
     assert sum("could not be started again: [Errno 24]" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_quiet_counts_only_ticks_that_ran_on_time():
+    from hybridgnn.serving.ipc.channel import Quiet
+
+    q = Quiet(period_s=1.0, limit_s=3.0)
+    assert [q.tick(t) for t in (0.0, 1.0, 2.0)] == [False, False, False]  # heard before 0.0
+    assert q.tick(3.0) and q.quiet  # 0.0..3.0: three seconds of on-time ticks, nothing heard
+    assert not q.tick(4.0)  # says so once
+    assert q.spoke() and not q.quiet and not q.spoke()
+    # this end stalled (stopped, its loop blocked): a late tick starts the count again,
+    # since the other end's frames may be waiting unread
+    q = Quiet(period_s=1.0, limit_s=3.0)
+    q.heard = False
+    assert [q.tick(t) for t in (0.0, 1.0, 2.0, 60.0, 61.0, 62.0)] == [False] * 6
+    assert q.tick(63.0)
+    q = Quiet(period_s=1.0, limit_s=3.0)
+    assert [q.tick(t) for t in (0.0, 1.0, 2.0)] == [False] * 3
+    q.spoke()  # heard in time: the count starts again
+    assert [q.tick(t) for t in (3.0, 4.0, 5.0)] == [False] * 3 and q.tick(6.0)
+
+
+def test_a_quiet_engine_answers_what_waits_for_it_and_its_late_answers_are_dropped(caplog, monkeypatch):
+    """An engine process that lives but does not speak (SIGSTOP, hung): what waits for it
+    is answered 503 (a state change: its connection aborted), new requests are refused at
+    once, nothing piles up unsent; when it speaks again its answers to what was answered
+    here are dropped, not taken for a broken link, and requests flow again."""
+    from hybridgnn.serving.frontend import EngineLink
+    from hybridgnn.serving.http.reply import ABORT
+
+    sent = []
+
+    class Transport:
+        def write(self, data):
+            sent.append(bytes(data))
+
+        def close(self):
+            pass
+
+    import hybridgnn.serving.frontend as fe_mod
+
+    clock = iter(range(100, 200))  # the link's tick reads time.monotonic: a clock of one-second ticks
+
+    async def run():
+        link = EngineLink(lambda state: None, lambda exc: None)
+        link.channel.connection_made(Transport())
+        api = FrontendApi(link, {"draining": False})
+        read = api.forward("GET", "/v2/health/ready", Request({}, {}, b""))
+        change = api.forward("POST", "/v2/models/m/graph", Request({}, {}, b"{}"))
+        infer = api.infer(Request({"model": "m"}, {}, infer_body([1, 2])))
+        assert all(isinstance(x, Later) for x in (read, change, infer)) and len(sent) == 3
+        monkeypatch.setattr(fe_mod.time, "monotonic", lambda: float(next(clock)))
+        for _ in range(int(wire.QUIET_S) + 2):
+            link.tick()
+        monkeypatch.undo()
+        assert link.quiet.quiet
+        assert read.result().status == 503 and infer.result().status == 503 and change.result() is ABORT
+        assert b"not answering" in read.result().body
+        assert api.infer(Request({"model": "m"}, {}, infer_body([3]))).status == 503  # refused at once
+        link.note(b"dropped")
+        assert len(sent) == 3  # nothing more written toward a process that reads nothing
+        # it speaks again: its answer to the inference answered here is dropped
+        rid = wire.FRAME.unpack_from(sent[2])[2]
+        late = wire.encode_failure(rid, Failure(500, "late", {}))
+        link.channel.data_received(late)
+        assert not link.channel.closed and not link.quiet.quiet
+        again = api.infer(Request({"model": "m"}, {}, infer_body([4])))
+        assert isinstance(again, Later) and len(sent) == 4
+
+    with caplog.at_level("WARNING", logger="hybridgnn.frontend"):
+        asyncio.run(run())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("has not spoken for" in m for m in messages) and any("speaks again" in m for m in messages)
+
+
+def test_a_front_end_gone_quiet_is_killed_so_that_its_watcher_starts_it_again(caplog):
+    from hybridgnn.serving import frontends as fe
+    from hybridgnn.serving.ipc.channel import Quiet
+
+    class Proc:
+        pid, returncode, killed = 4242, None, False
+
+        def kill(self):
+            self.killed = True
+
+    group = object.__new__(fe.Frontends)
+    proc = Proc()
+    group._procs = [proc]
+    link = type("L", (), {})()
+    link.index, link.pid, link.quiet = 0, 4242, Quiet(1.0, 2.0)
+    link.quiet.heard = False
+    with caplog.at_level("ERROR", logger="hybridgnn.serve"):
+        for t in range(4):
+            if link.quiet.tick(float(t)):
+                group._kill_quiet(link)
+    assert proc.killed and "front end 0 (pid 4242) has not spoken" in caplog.text
+    proc.killed, link.pid = False, 1  # a link of an earlier process never kills the new one
+    group._kill_quiet(link)
+    assert not proc.killed

@@ -90,3 +90,47 @@ class Channel(asyncio.Protocol):
             self.connected.set_result(None)
         if self.on_lost is not None:
             self.on_lost(exc)
+
+
+class Quiet:
+    """Whether the other end of a link has stopped speaking (stopped, hung, its loop
+    blocked) while its process lives on. The owner sets `heard = True` on every frame
+    from it and calls tick(now) about once a period from its own loop; the other end
+    speaks at least once a period (a keep-alive if it has nothing else to say).
+
+    Quiet once limit_s of on-time ticks pass with nothing heard. A tick that comes late
+    (more than three periods after the last) means this end stalled itself, with frames
+    perhaps waiting unread, so the count starts again there: a process that was stopped
+    and resumed never blames the other end for its own pause."""
+
+    def __init__(self, period_s: float, limit_s: float):
+        self.period_s = period_s
+        self.limit_s = limit_s
+        self.heard = True
+        self.quiet = False
+        self._silent_s = 0.0
+        self._last: float | None = None
+
+    def tick(self, now: float) -> bool:
+        """Count the time since the last tick; True exactly when the other end just went quiet."""
+        last, self._last = self._last, now
+        if self.heard:
+            self.heard = False
+            self._silent_s = 0.0
+            return False
+        if last is None or now - last > 3 * self.period_s:
+            self._silent_s = 0.0
+            return False
+        self._silent_s += now - last
+        if self._silent_s >= self.limit_s and not self.quiet:
+            self.quiet = True
+            return True
+        return False
+
+    def spoke(self) -> bool:
+        """Note a frame from the other end; True exactly when it had been quiet."""
+        self.heard = True
+        if self.quiet:
+            self.quiet = False
+            return True
+        return False

@@ -47,6 +47,12 @@ STATE = 105  # JSON {"draining"}: the server's state changed
 STOP = 106  # close (stop accepting, answer what was accepted) and exit
 GRPC_REPLY = 107  # a gRPC call's answer: the response's protobuf bytes, or a status code and message
 FLUSH = 108  # send the LOCAL frames of every answer counted so far, then FLUSHED
+ALIVE = 109  # nothing: the engine's keep-alive, once a KEEPALIVE_S
+
+# Each end speaks at least once a KEEPALIVE_S (the engine its ALIVE, a front end its STATS);
+# one silent for QUIET_S while its process lives is taken as hung (channel.Quiet)
+KEEPALIVE_S = 1.0
+QUIET_S = 10.0
 
 FRAME = struct.Struct("<IBI")  # length (kind + id + payload), kind, id
 HEAD = struct.Struct("<I")
