@@ -58,7 +58,12 @@ def frontends_for(wanted: int | None, cores: int, max_connections: int | None = 
     process would take the cores the engine's workers use); never more than max_connections,
     so each front end's share of the cap (connection_share) holds at least one."""
     count = wanted if wanted is not None else max(1, min(8, cores // 4))
-    return count if max_connections is None else max(1, min(count, max_connections))
+    if max_connections is None or count <= max_connections:
+        return count
+    if wanted is not None:
+        log.warning("--frontends %d: starting %d, as many as --max-connections %d gives a connection each",
+                    wanted, max(1, max_connections), max_connections)
+    return max(1, max_connections)
 
 
 def connection_share(max_connections: int, count: int, index: int) -> int:

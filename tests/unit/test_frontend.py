@@ -140,6 +140,13 @@ def test_auto_front_ends_follow_the_cores():
             parse_frontends(bad)
 
 
+def test_fewer_front_ends_than_asked_for_are_said_in_the_log(caplog):
+    with caplog.at_level("WARNING", logger="hybridgnn.serve"):
+        assert frontends_for(4, 16, 2) == 2 and frontends_for(None, 64, 3) == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "--frontends 4: starting 2, as many as --max-connections 2 gives a connection each"]
+
+
 def test_the_front_ends_connection_shares_add_up_to_the_cap():
     # --max-connections 1 --frontends 2 held 2 connections (max(1, 1 // 2) each); 21 over 2 held 20
     for cap in (1, 2, 3, 7, 21, 10_000):
