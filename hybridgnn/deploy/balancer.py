@@ -55,7 +55,7 @@ def _nginx_errors() -> str:
 
 
 def render_haproxy(listen: str, backends: Sequence[str], *, check_interval_ms: int = 500, retries: int = 3,
-                   resolver: str | None = None) -> str:
+                   resolver: str | None = None, read_timeout_s: int = 60) -> str:
     """haproxy.cfg: round robin over `backends` (host:port), active ready checks, L7 retries.
     With `resolver` (host:port of a DNS server, e.g. Docker's 127.0.0.11:53) backends may be
     names that resolve later, so the balancer starts before the replicas exist."""
@@ -74,10 +74,12 @@ defaults
     mode http
     timeout connect 1s
     timeout client 60s
-    timeout server 60s
+    timeout server {read_timeout_s}s
     timeout http-keep-alive 10s
     # Retry on another replica when one is gone (refused, reset, closed with no answer)
-    # or answers 503 because it is draining. L7 retries need the request body buffered.
+    # or answers 503 because it is draining; never one that timed out (it may be serving
+    # still, and a hung cluster would take each such request once per replica).
+    # L7 retries need the request body buffered.
     option http-buffer-request
     retries {retries}
     retry-on conn-failure empty-response 503
@@ -104,11 +106,16 @@ backend replicas
 
 
 def render_nginx(listen: str, backends: Sequence[str], *, state_dir: str | Path = "/var/lib/hybridgnn-nginx",
-                 retries: int = 3) -> str:
-    """nginx.conf (a complete main config): round robin with passive checks and retries;
-    temp files, pid and logs under state_dir so it runs unprivileged."""
+                 retries: int = 3, read_timeout_s: int = 60, retry_window_s: int = 10) -> str:
+    """nginx.conf (a complete main config): round robin with passive checks and retries
+    within retry_window_s of the first try (so a request whose replica timed out after
+    read_timeout_s is not sent to the next); temp files, pid and logs under state_dir so
+    it runs unprivileged."""
     if not backends:
         raise ValueError("a balancer needs at least one backend")
+    if not 0 < retry_window_s < read_timeout_s:
+        raise ValueError(f"the retry window ({retry_window_s} s) must be shorter than the read timeout "
+                         f"({read_timeout_s} s), or a request that timed out is sent to the next replica")
     s = str(state_dir)
     servers = "\n".join(f"        server {addr} max_fails=1 fail_timeout=2s;" for addr in backends)
     return f"""\
@@ -146,10 +153,12 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_connect_timeout 1s;
-            proxy_read_timeout 60s;
-            # Inference is idempotent, so POSTs may be retried too.
+            proxy_read_timeout {read_timeout_s}s;
+            # Inference is idempotent, so POSTs may be retried too; "timeout" is for
+            # connecting: a request that timed out waiting for its answer is past the window.
             proxy_next_upstream error timeout http_503 non_idempotent;
             proxy_next_upstream_tries {retries + 1};
+            proxy_next_upstream_timeout {retry_window_s}s;
         }}
         # A request that changes state is retried only when it never reached a replica
         # (a POST, once sent, is not passed on without non_idempotent).
@@ -158,9 +167,10 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_connect_timeout 1s;
-            proxy_read_timeout 60s;
+            proxy_read_timeout {read_timeout_s}s;
             proxy_next_upstream error timeout;
             proxy_next_upstream_tries {retries + 1};
+            proxy_next_upstream_timeout {retry_window_s}s;
         }}
         # nginx's own errors (a replica's answers pass as they are) answered as a replica
         # answers: JSON, Retry-After where a retry may succeed.

@@ -105,3 +105,51 @@ def test_a_request_that_changes_state_is_sent_to_one_replica_and_an_inference_is
         for r in replicas:
             r.shutdown()
             r.server_close()
+
+
+@pytest.mark.parametrize("balancer", ["haproxy", "nginx"])
+def test_an_inference_that_timed_out_is_not_sent_to_another_replica(balancer, tmp_path):
+    """A replica that takes longer than the balancer's read timeout may still be serving,
+    and a cluster that hangs would get each such request once per replica (nginx's
+    "timeout" retried it on up to four): the client gets the balancer's 504 after one."""
+    from hybridgnn.deploy.balancer import render_haproxy, render_nginx
+
+    require_tool(balancer)
+    port = free_port(3)
+    seen: list[str] = []
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append(self.path)
+            time.sleep(4)  # past the balancer's read timeout of 2 s
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    replicas = [fake_replica(port + 1 + i, Slow) for i in range(2)]
+    backends = [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"]
+    config = tmp_path / "balancer.conf"
+    config.write_text(render_haproxy(f"127.0.0.1:{port}", backends, read_timeout_s=2) if balancer == "haproxy"
+                      else render_nginx(f"127.0.0.1:{port}", backends, state_dir=tmp_path, read_timeout_s=2,
+                                        retry_window_s=1))
+    proc = subprocess.Popen(balancer_command(balancer, config), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        status = _until_it_reaches_a_replica(port, "/v2/models/m/infer", seen)
+        assert status == 504, status
+        time.sleep(5)  # a retry, if any, would have reached the other replica by now
+        assert len(seen) == 1, seen
+    finally:
+        stop_process(proc)
+        for r in replicas:
+            r.shutdown()
+            r.server_close()
