@@ -82,6 +82,27 @@ def raise_open_file_limit() -> int:
         return -1
 
 
+_DESCRIPTOR_RESERVE = 256  # kept free for files, the engine's pipes and the listeners
+
+
+def connection_limit(wanted: int, listeners: int = 1, flag: str = "--max-connections") -> int:
+    """`wanted`, lowered to one listener's share of what the process's open-files limit
+    leaves: HTTP and gRPC in one process each take a share, so together they hold no more
+    sockets than it may open. Says so in one line when it lowers it."""
+    import logging
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    room = max(16, (soft - _DESCRIPTOR_RESERVE) // max(1, listeners))
+    if wanted > room:
+        logging.getLogger("hybridgnn.serve").warning(
+            "%s %d lowered to %d: the process may open %d files%s", flag, wanted, room, soft,
+            f", shared by {listeners} listeners" if listeners > 1 else "")
+    return min(wanted, room)
+
+
 def keep_off_cores(cores) -> set[int] | None:
     """Move this process (every thread, and what it starts later) off `cores`, onto the
     other cores it may use. Returns the cores it now keeps to, or None when nothing

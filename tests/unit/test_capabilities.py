@@ -21,3 +21,23 @@ def test_a_private_run_dir_removes_the_ones_whose_process_is_gone(tmp_path, monk
     assert os.path.basename(made).startswith(f"hybridgnn-engine-{os.getpid()}-")
     assert oct(os.stat(made).st_mode & 0o777) == "0o700"
     assert not gone.exists() and alive.exists() and other.exists()
+
+
+def test_http_and_grpc_in_one_process_share_its_descriptors(monkeypatch, caplog):
+    """Each listener lowered the cap to the whole room: HTTP and gRPC beside it could
+    together hold twice the sockets the process may open."""
+    import resource
+
+    from hybridgnn.capabilities import connection_limit
+
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (4096 + 256, 8192))
+    with caplog.at_level("WARNING", logger="hybridgnn.serve"):
+        assert connection_limit(10_000) == 4096
+        assert connection_limit(10_000, 2) + connection_limit(10_000, 2, "gRPC's --max-connections") == 4096
+        assert connection_limit(100, 2) == 100
+    assert [r.getMessage() for r in caplog.records] == [
+        "--max-connections 10000 lowered to 4096: the process may open 4352 files",
+        "--max-connections 10000 lowered to 2048: the process may open 4352 files, shared by 2 listeners",
+        "gRPC's --max-connections 10000 lowered to 2048: the process may open 4352 files, shared by 2 listeners"]
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert connection_limit(10_000, 2) == 10_000

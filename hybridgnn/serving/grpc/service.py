@@ -16,6 +16,7 @@ import logging
 import grpc
 from google.protobuf.message import DecodeError
 
+from hybridgnn.capabilities import connection_limit
 from hybridgnn.errors import BadRequest, PayloadTooLarge, status_of
 from hybridgnn.serving.grpc.schema import (
     DATA_TYPES,
@@ -102,9 +103,10 @@ class GrpcFrontend:
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0: any free port); returns the port."""
         cfg = self.service.engine.cfg.server
-        self.server = grpc.aio.server(options=server_options(cfg.max_body_bytes, cfg.max_connections,
-                                                             cfg.idle_timeout_s, reuse_port=False),
-                                      maximum_concurrent_rpcs=cfg.max_connections)
+        cap = connection_limit(cfg.max_connections, 2, "gRPC's --max-connections")  # HTTP holds the other share
+        self.server = grpc.aio.server(options=server_options(cfg.max_body_bytes, cap, cfg.idle_timeout_s,
+                                                             reuse_port=False),
+                                      maximum_concurrent_rpcs=cap)
         handlers = {}
         for name, (_, resp_cls) in self._messages.items():
             # no request_deserializer: grpcio answers bytes it cannot parse UNKNOWN and logs a traceback

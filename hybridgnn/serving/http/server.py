@@ -8,12 +8,12 @@ import asyncio
 import email.utils
 import logging
 import os
-import resource
 import socket
 import time
 from collections.abc import Callable
 from http import HTTPStatus
 
+from hybridgnn.capabilities import connection_limit
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.reply import RETRY, Reply, Routes
 from hybridgnn.serving.http.turns import Turns, standing_queue_limits
@@ -23,7 +23,6 @@ log = logging.getLogger("hybridgnn.serving.http.protocol")
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _ROUTES_KEPT = 1024
 _ROUTE_TARGET_KEPT = 256  # bytes
-_FD_RESERVE = 256  # descriptors kept free for files, the engine's pipes and the listener
 
 
 class _Date:
@@ -41,24 +40,13 @@ class _Date:
         return self._value
 
 
-def connection_limit(wanted: int) -> int:
-    """`wanted`, lowered to what the process's descriptor limit leaves room for."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    room = max(16, soft - _FD_RESERVE)
-    if wanted > room:
-        log.warning("--max-connections %d lowered to %d: the process may open %d files", wanted, room, soft)
-    return min(wanted, room)
-
-
 class HttpServer:
     """Listens on host:port and serves `api` until closed."""
 
     def __init__(self, api: Routes, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
                  max_pipelined: int = 8, answers_per_turn: int = 64,
-                 queue_bound_s: float = float("inf")):
+                 queue_bound_s: float = float("inf"), listeners: int = 1):
         self.api = api
         self.turns = Turns(answers_per_turn, *standing_queue_limits(queue_bound_s))
         self.max_body_bytes = max_body_bytes
@@ -68,7 +56,7 @@ class HttpServer:
         self.routes: dict[tuple[str, bytes], tuple] = {}  # (method, request target) -> the API's route (keep_route)
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
-        self.max_connections = connection_limit(max_connections)
+        self.max_connections = connection_limit(max_connections, listeners)  # listeners: 2 beside gRPC
         self.max_pipelined = max_pipelined
         self.retry = RETRY
         self.connections: set[Connection] = set()
