@@ -152,7 +152,9 @@ class DeviceCurves:
 class OperatingPoint:
     name: str
     psgs_threshold: float  # +inf: all on CPU; 0: all on GPU
-    crossing: str  # "crossed", "cpu_dominates" or "gpu_dominates"
+    # "crossed", "cpu_dominates", "gpu_dominates" or "inverted" (the GPU lower at small PSGS,
+    # the CPU at large: one threshold, CPU below and GPU above, cannot route that)
+    crossing: str
     predicted_seeds_per_s: float
 
     def to_dict(self) -> dict:
@@ -164,7 +166,8 @@ class OperatingPoint:
 def crossing(cpu: Curve, gpu: Curve, lo: float, hi: float, grid: int = 400) -> tuple[float, str]:
     """Where cpu(x) - gpu(x) turns from <= 0 to > 0 over [lo, hi] (log grid, then
     bisection): the PSGS above which the GPU side is lower. No sign change: the device
-    lower over the whole range dominates."""
+    lower over the whole range dominates. The GPU lower at lo but not everywhere:
+    (0.0, "inverted")."""
     xs = np.exp(np.linspace(math.log(lo), math.log(hi), grid))
     diff = cpu(xs) - gpu(xs)
     above = diff > 0
@@ -172,7 +175,7 @@ def crossing(cpu: Curve, gpu: Curve, lo: float, hi: float, grid: int = 400) -> t
         return math.inf, "cpu_dominates"
     first = int(np.argmax(above))
     if first == 0:
-        return 0.0, "gpu_dominates"
+        return 0.0, "gpu_dominates" if above.all() else "inverted"
     a, b = xs[first - 1], xs[first]
     for _ in range(60):
         mid = math.sqrt(a * b)
@@ -198,12 +201,16 @@ def operating_points(cpu: DeviceCurves, gpu: DeviceCurves, lo: float, hi: float,
                      mean_seed_psgs: float) -> dict[str, OperatingPoint]:
     """The four points, each with the throughput predicted when both devices run batches
     at the threshold's PSGS (the batch size a saturated server reaches there); a
-    dominating device is credited alone at the largest measured PSGS."""
+    dominating device is credited alone at the largest measured PSGS, and so is the one of
+    inverted curves that sustains more there (it takes every batch)."""
     out = {}
     for name, (cpu_stat, gpu_stat) in POINTS.items():
         thr, kind = crossing(cpu.get(cpu_stat), gpu.get(gpu_stat), lo, hi)
         if kind == "crossed":
             seeds = capacity(cpu, thr, mean_seed_psgs) + capacity(gpu, thr, mean_seed_psgs)
+        elif kind == "inverted":
+            on_cpu, on_gpu = capacity(cpu, hi, mean_seed_psgs), capacity(gpu, hi, mean_seed_psgs)
+            thr, seeds = (math.inf, on_cpu) if on_cpu > on_gpu else (0.0, on_gpu)
         else:
             seeds = capacity(cpu if kind == "cpu_dominates" else gpu, hi, mean_seed_psgs)
         out[name] = OperatingPoint(name, thr, kind, seeds)

@@ -80,6 +80,17 @@ def test_non_crossing_curves_name_the_dominant_device():
     assert crossing(slow, fast, 10, 1e5) == (0.0, "gpu_dominates")
 
 
+def test_inverted_curves_are_named_so_and_the_stronger_device_takes_all():
+    """The GPU lower at small PSGS and the CPU at large was labelled "gpu_dominates"."""
+    gpu = curve(lambda x: 1e-6 * x)  # lower below 2,000 PSGS
+    cpu = curve(lambda x: 2e-3 + 1e-8 * x)
+    assert crossing(cpu, gpu, 10, 1e5) == (0.0, "inverted")
+    pts = operating_points(DeviceCurves(cpu, cpu, 2), DeviceCurves(gpu, gpu, 2), 10, 1e5, mean_seed_psgs=10.0)
+    point = pts["latency_preferred"]
+    assert point.crossing == "inverted" and point.psgs_threshold == math.inf  # the CPU sustains more at 1e5
+    assert point.predicted_seeds_per_s == pytest.approx(2 / (2e-3 + 1e-3) * 1e5 / 10, rel=0.05)
+
+
 def test_four_points_are_ordered_as_quiver_describes():
     # CPU: mean 1e-6 x, tail 2e-6 x. GPU: mean 2e-3 + 1e-8 x, tail 4e-3 + 2e-8 x.
     cpu = DeviceCurves(curve(lambda x: 1e-6 * x), curve(lambda x: 2e-6 * x), 2)
