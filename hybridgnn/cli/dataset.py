@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.outputs import check_out
 
 
 def add_parser(sub) -> None:
@@ -78,6 +79,7 @@ def run_generate(args) -> int:
     from hybridgnn.graph.hetero import open_any
     from hybridgnn.graph.hetero_generate import generate_hetero
 
+    check_out(args.out, directory=True)  # before the graph is drawn, not after
     t0 = time.perf_counter()
     if args.kind == "hetero":
         generate_hetero(args.out, kind=args.schema,
@@ -110,8 +112,7 @@ def run_import(args) -> int:
     if out == source or out in source.parents or source in out.parents:
         # --force removed --out before reading the source: the user's own edge list went with it
         raise ConfigError(f"--out {args.out} and the source {args.source} overlap: write the dataset elsewhere")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        raise ConfigError(f"{args.out} already exists; pass --force to replace it")
+    check_out(args.out, directory=True, staged=True, force=args.force)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.importing-{os.getpid()}"
     try:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.outputs import check_out
 
 
 def add_parser(sub) -> None:
@@ -47,6 +48,8 @@ def run(args) -> int:
 
     graph = GraphStore.open(args.dataset)
     fanouts = parse_fanouts(args.fanouts)
+    # the default's name needs FAP's seed key: its folder is checked then
+    check_out(args.out or graph.root / "placement", directory=True)
     seeds = str(args.from_log) if args.from_log is not None else args.seeds
     topo = Topology.load(args.topology) if args.topology else detect()
     tables = WorkloadTables.load_or_build(graph, fanouts, seeds)

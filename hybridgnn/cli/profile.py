@@ -7,8 +7,11 @@ from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.cli.flags import DefaultsHelpFormatter, flag_parser
+from hybridgnn.cli.outputs import check_out
 from hybridgnn.cli.serve import add_cpu_lane_flag, add_worker_processes_flag
 from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
+
+DEFAULT_DIR = Path("profiles")  # the default --out's folder
 
 
 def add_parser(sub) -> None:
@@ -80,6 +83,7 @@ def run(args) -> int:
                         budget_s=args.budget_s, other_lane_loaded=args.other_lane_loaded)
     if args.fanouts:
         parse_fanouts(args.fanouts)
+    _check_outputs(args)
     if args.dataset is None:
         from hybridgnn.demo import ensure_demo
 
@@ -88,7 +92,7 @@ def run(args) -> int:
     serve_cfg = ServeConfig(dataset_dir=args.dataset, model_dir=args.model, sampling=SamplingConfig(fanouts=fanouts),
                             cpu_pipeline=cpu, gpu_pipeline=gpu, gpu_memory=gpu_memory)
     profile = Profile(build_profile(serve_cfg, cfg))
-    out = args.out or Path("profiles") / f"{profile.data['dataset']['name']}-{profile.data['model']['kind']}.json"
+    out = args.out or DEFAULT_DIR / f"{profile.data['dataset']['name']}-{profile.data['model']['kind']}.json"
     profile.save(out)
     written = [str(out)]
     if not args.no_plot:
@@ -101,3 +105,15 @@ def run(args) -> int:
         summary["points"] = profile.data["points"]
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _check_outputs(args) -> None:
+    """The profile and its plots' paths, before profiling (minutes): the default's name
+    needs the dataset and model, so only its folder is checked then."""
+    if args.out is None:
+        check_out(DEFAULT_DIR, directory=True)
+        return
+    check_out(args.out, directory=False)
+    if not args.no_plot:
+        for suffix in (".png", ".svg"):
+            check_out(args.out.with_suffix("").with_suffix(suffix), directory=False)

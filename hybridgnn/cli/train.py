@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.outputs import check_out
 
 
 def add_parser(sub) -> None:
@@ -35,6 +36,7 @@ def run(args) -> int:
     cfg = TrainConfig(kind=args.kind, hidden_dim=args.hidden_dim, num_layers=args.num_layers, heads=args.heads,
                       dropout=args.dropout, fanouts=parse_fanouts(args.fanouts), epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    check_out(args.out, directory=True)  # before training, not after it
     graph = GraphStore.open(args.dataset)
     model, metrics = train(graph, cfg)
     save_checkpoint(model, args.out, extra={"dataset_fingerprint": graph.fingerprint,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hybridgnn.cli.outputs import check_out
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("workload", help="build PSGS/FAP workload tables")
@@ -27,7 +29,9 @@ def run_build(args) -> int:
     from hybridgnn.graph.store import GraphStore, dataset_kind
     from hybridgnn.workload.tables import WorkloadTables
 
-    if dataset_kind(args.dataset) == "hetero":
+    kind = dataset_kind(args.dataset)
+    check_out(Path(args.dataset) / "workload", directory=True)  # before the tables are computed
+    if kind == "hetero":
         return _build_typed(args)
     graph = GraphStore.open(args.dataset)
     tables = WorkloadTables.build(graph, parse_fanouts(args.fanouts), args.seeds)
