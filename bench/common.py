@@ -58,8 +58,10 @@ def ensure_graph(path: Path, generate_args: list[str]) -> dict:
     if (path / "meta.json").is_file():
         return {"generate_s": None, "peak_rss_gib": None}
     t0 = time.perf_counter()
+    # --force: what is there without a meta.json is no dataset (a run killed before the
+    # generator staged its output), and generate refuses a non-empty --out without it
     subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "dataset", "generate",
-                    "powerlaw", "--out", str(path), *generate_args], check=True)
+                    "powerlaw", "--out", str(path), "--force", *generate_args], check=True)
     rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"generate_s": time.perf_counter() - t0, "peak_rss_gib": rss_kib / 2**20}
 

@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter
-from hybridgnn.cli.outputs import check_out
+from hybridgnn.cli.outputs import check_out, staged_directory
+
+FORCE_HELP = "replace --out when it already holds something (once the new dataset is whole)"
 
 
 def add_parser(sub) -> None:
@@ -27,6 +29,7 @@ def add_parser(sub) -> None:
     pl.add_argument("--max-degree", type=int, default=None, help="cap on a node's degree (none: the power law's own)")
     pl.add_argument("--feature-dim", type=int, default=100, help="random features per node")
     pl.add_argument("--seed", type=int, default=0, help="random seed")
+    pl.add_argument("--force", action="store_true", help=FORCE_HELP)
     pl.set_defaults(run=run_generate)
 
     cs = gsub.add_parser("csbm", help="labelled contextual stochastic block model", formatter_class=fmt)
@@ -38,6 +41,7 @@ def add_parser(sub) -> None:
     cs.add_argument("--homophily", type=float, default=0.7, help="share of edges inside a class")
     cs.add_argument("--feature-signal", type=float, default=0.12, help="std of the class means per dimension")
     cs.add_argument("--seed", type=int, default=0, help="random seed")
+    cs.add_argument("--force", action="store_true", help=FORCE_HELP)
     cs.set_defaults(run=run_generate)
 
     het = gsub.add_parser("hetero", help="heterogeneous graph: recsys (user, item) or academic (paper, author, "
@@ -49,6 +53,7 @@ def add_parser(sub) -> None:
     het.add_argument("--avg-degree", type=float, default=10.0, help="mean in-degree per edge type")
     het.add_argument("--num-groups", type=int, default=5, help="communities (item classes, paper fields)")
     het.add_argument("--seed", type=int, default=0, help="random seed")
+    het.add_argument("--force", action="store_true", help=FORCE_HELP)
     het.set_defaults(run=run_generate)
 
     imp = dsub.add_parser("import", help="import a PyG Data or HeteroData file (.pt), an .npz, a text edge list, "
@@ -64,7 +69,7 @@ def add_parser(sub) -> None:
     imp.add_argument("--ids", choices=["auto", "dense", "map"], default="auto",
                      help="map node ids to dense ones and store the map (requests then use the original ids): "
                           "auto maps names, negative and sparse integer ids of an edge list")
-    imp.add_argument("--force", action="store_true", help="replace --out when it already holds something")
+    imp.add_argument("--force", action="store_true", help=FORCE_HELP)
     imp.set_defaults(run=run_import)
 
     info = dsub.add_parser("info", help="print a dataset's summary as JSON")
@@ -79,19 +84,21 @@ def run_generate(args) -> int:
     from hybridgnn.graph.hetero import open_any
     from hybridgnn.graph.hetero_generate import generate_hetero
 
-    check_out(args.out, directory=True)  # before the graph is drawn, not after
+    check_out(args.out, directory=True, staged=True, force=args.force)  # before the graph is drawn, not after
     t0 = time.perf_counter()
-    if args.kind == "hetero":
-        generate_hetero(args.out, kind=args.schema,
-                        num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_groups=args.num_groups,
-                        seed=args.seed)
-    elif args.kind == "powerlaw":
-        generate_powerlaw(args.out, num_nodes=args.num_nodes, avg_degree=args.avg_degree, exponent=args.exponent,
-                          max_degree=args.max_degree, feature_dim=args.feature_dim, seed=args.seed)
-    else:
-        generate_csbm(args.out, num_nodes=args.num_nodes, num_classes=args.num_classes,
-                      feature_dim=args.feature_dim, avg_degree=args.avg_degree, homophily=args.homophily,
-                      feature_signal=args.feature_signal, seed=args.seed)
+    out = args.out.resolve()
+    name = out.name
+    with staged_directory(out, "generating") as staging:  # an interrupted run replaces nothing
+        if args.kind == "hetero":
+            generate_hetero(staging, kind=args.schema, num_nodes=args.num_nodes, avg_degree=args.avg_degree,
+                            num_groups=args.num_groups, seed=args.seed, name=name)
+        elif args.kind == "powerlaw":
+            generate_powerlaw(staging, num_nodes=args.num_nodes, avg_degree=args.avg_degree, exponent=args.exponent,
+                              max_degree=args.max_degree, feature_dim=args.feature_dim, seed=args.seed, name=name)
+        else:
+            generate_csbm(staging, num_nodes=args.num_nodes, num_classes=args.num_classes,
+                          feature_dim=args.feature_dim, avg_degree=args.avg_degree, homophily=args.homophily,
+                          feature_signal=args.feature_signal, seed=args.seed, name=name)
     info = open_any(args.out).describe()
     info["generate_s"] = round(time.perf_counter() - t0, 2)
     print(json.dumps(info, indent=2))
@@ -101,9 +108,6 @@ def run_generate(args) -> int:
 def run_import(args) -> int:
     """The dataset is made in a hidden sibling of --out and moved there whole: a failed or
     interrupted import leaves --out as it was, and --force removes the old one only then."""
-    import os
-    import shutil
-
     from hybridgnn.errors import ConfigError
     from hybridgnn.graph.hetero import open_any
     from hybridgnn.graph.importers import import_graph
@@ -113,17 +117,10 @@ def run_import(args) -> int:
         # --force removed --out before reading the source: the user's own edge list went with it
         raise ConfigError(f"--out {args.out} and the source {args.source} overlap: write the dataset elsewhere")
     check_out(args.out, directory=True, staged=True, force=args.force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.importing-{os.getpid()}"
-    try:
+    with staged_directory(out, "importing") as staging:
         import_graph(args.source, staging, undirected=args.undirected, feature_dim=args.feature_dim, ids=args.ids,
                      name=out.name)
         open_any(staging, validate="full")  # a dataset that does not open replaces nothing
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     print(json.dumps(open_any(args.out).describe(), indent=2))
     return 0
 

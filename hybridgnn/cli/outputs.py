@@ -1,5 +1,6 @@
 """Where a command writes its output (--out): checked before the command's work, so a path
-that cannot take it is refused in one line at once rather than after minutes of work.
+that cannot take it is refused in one line at once rather than after minutes of work, and
+(staged_directory) made beside its place and moved in whole.
 
 A path problem is raised as the OSError the write would have met (a file where a directory
 is wanted, a directory where a file is, a directory that cannot be written), which
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hybridgnn.errors import ConfigError
@@ -63,3 +66,44 @@ def check_out(path: Path, *, directory: bool, staged: bool = False, force: bool 
             if not staged:
                 return
     _check_writable_dir(_nearest_existing(path.parent))
+
+
+@contextmanager
+def staged_directory(out: Path, action: str) -> Iterator[Path]:
+    """A hidden sibling of `out` to write the output into (.<name>.<action>-<pid>), moved to
+    `out` once the block ends without an error: a failed or interrupted run (an error, a
+    full disk, Ctrl-C, a kill) leaves `out` as it was. The sibling is removed on an error or
+    Ctrl-C (a killed process leaves it, hidden, never a half output at `out`). What `out`
+    held is moved aside before the new output takes its place and removed after, so a
+    failed move puts it back."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.{action}-{os.getpid()}"
+    _remove(staging)  # a killed run's of this pid
+    try:
+        yield staging
+        _move_in(staging, out)
+    finally:
+        _remove(staging)
+
+
+def _move_in(staging: Path, out: Path) -> None:
+    if not out.exists():
+        staging.rename(out)
+        return
+    old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+    _remove(old)
+    out.rename(old)
+    try:
+        staging.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

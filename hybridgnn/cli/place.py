@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter
-from hybridgnn.cli.outputs import check_out
+from hybridgnn.cli.outputs import check_out, staged_directory
 
 
 def add_parser(sub) -> None:
@@ -41,15 +41,23 @@ def run(args) -> int:
     import numpy as np
 
     from hybridgnn.config import parse_fanouts
-    from hybridgnn.features.placement import make_plan, two_hop_importance
+    from hybridgnn.features.placement import (
+        holds_only_a_plan,
+        make_plan,
+        two_hop_importance,
+    )
     from hybridgnn.features.topology import Topology, detect
     from hybridgnn.graph.store import GraphStore
     from hybridgnn.workload.tables import WorkloadTables, seed_distribution
 
     graph = GraphStore.open(args.dataset)
     fanouts = parse_fanouts(args.fanouts)
-    # the default's name needs FAP's seed key: its folder is checked then
-    check_out(args.out or graph.root / "placement", directory=True)
+    # A plan replaces a plan, never other files. The default's name needs FAP's seed key:
+    # its folder is checked now, the plan's own directory once it has a name.
+    if args.out is not None:
+        check_out(args.out, directory=True, staged=True, replaceable=holds_only_a_plan, what="a placement plan")
+    else:
+        check_out(graph.root / "placement", directory=True)
     seeds = str(args.from_log) if args.from_log is not None else args.seeds
     topo = Topology.load(args.topology) if args.topology else detect()
     tables = WorkloadTables.load_or_build(graph, fanouts, seeds)
@@ -60,7 +68,10 @@ def run(args) -> int:
     plan = make_plan(args.method, topology=topo, row_bytes=row_bytes, **inputs)
     name = f"{args.method}-{tables.seed_key}-" + hashlib.sha256(json.dumps(topo.to_dict(), sort_keys=True,
                                                                             default=str).encode()).hexdigest()[:8]
-    out = plan.save(args.out or graph.root / "placement" / name)
+    out = args.out or graph.root / "placement" / name
+    check_out(out, directory=True, staged=True, replaceable=holds_only_a_plan, what="a placement plan")
+    with staged_directory(out, "placing") as staging:  # an interrupted run leaves the old plan whole
+        plan.save(staging)
     print(f"{args.method} placement of {graph.num_nodes:,} rows ({row_bytes} B each) on {topo.describe()}, "
           f"seeds {tables.seed_key}, fanouts {','.join(map(str, fanouts))}")
     print(f"{'tier':<6}{'nodes':>14}{'FAP share':>12}{'bytes':>14}{'all copies':>14}")

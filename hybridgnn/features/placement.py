@@ -41,6 +41,7 @@ GPU, HOST, DISK = 0, 1, 2
 TIER_NAMES = ("gpu", "host", "disk")
 METHODS = ("fap", "hash", "degree", "importance")
 EVERY = -1
+PLAN_ARRAYS = ("tier", "server", "clique", "gpu", "row")  # <name>.npy each, beside plan.json
 
 
 def snake(count: int, bins: int) -> np.ndarray:
@@ -153,7 +154,7 @@ class Plan:
     def save(self, directory: str | Path) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        for name in ("tier", "server", "clique", "gpu", "row"):
+        for name in PLAN_ARRAYS:
             np.save(d / f"{name}.npy", getattr(self, name))
         (d / "plan.json").write_text(json.dumps({"method": self.method, "row_bytes": self.row_bytes,
                                                  "topology": self.topology.to_dict()}, indent=2) + "\n")
@@ -173,8 +174,17 @@ class Plan:
             method, row_bytes = str(meta["method"]), meta["row_bytes"]
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"plan.json is not a `hybridgnn place` plan ({type(exc).__name__}: {exc})") from exc
-        arrays = {n: load_arrays(d / f"{n}.npy") for n in ("tier", "server", "clique", "gpu", "row")}
+        arrays = {n: load_arrays(d / f"{n}.npy") for n in PLAN_ARRAYS}
         return cls(topo, method, row_bytes, **arrays)
+
+
+def holds_only_a_plan(directory: str | Path) -> bool:
+    """Whether a directory holds a saved plan and nothing else: Plan.save's files and the
+    disk-tier copies a server writes beside them (disk-server<i>-<rows>.npy)."""
+    d = Path(directory)
+    names = {f"{n}.npy" for n in PLAN_ARRAYS} | {"plan.json"}
+    return (d / "plan.json").is_file() and all(p.name in names or p.name.startswith("disk-server")
+                                               for p in d.iterdir())
 
 
 def _rows_within_groups(*keys: np.ndarray) -> np.ndarray:

@@ -130,3 +130,134 @@ def test_workload_build_checks_its_folder_beside_the_dataset(dataset, tmp_path, 
     monkeypatch.setattr(hybridgnn.workload.tables.WorkloadTables, "build", work)
     err = _refused(["workload", "build", "--dataset", str(dataset), "--fanouts", "2"], capsys)
     assert f"cannot use {dataset}: Permission denied" in err, err
+
+
+# --- outputs made beside their place and moved in whole --------------------------------
+
+def _csbm(out: Path, *extra: str) -> list[str]:
+    return ["dataset", "generate", "csbm", "--out", str(out), "--num-nodes", "60", "--num-classes", "2",
+            "--feature-dim", "4", "--avg-degree", "4", *extra]
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def real_generators(monkeypatch):
+    monkeypatch.undo()  # this module's stand-ins for the long work, taken back
+
+
+def test_generate_replaces_an_existing_dataset_only_with_force_and_then_whole(real_generators, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "g"
+    assert main(_csbm(out)) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "g"  # not the hidden sibling's name
+    before = _tree(out)
+    err = _refused(_csbm(out, "--seed", "1"), capsys)
+    assert f"hybridgnn dataset: error: {out} already exists; pass --force to replace it" in err
+    assert _tree(out) == before
+    (out / "workload").mkdir()  # tables of the old graph go with it
+    assert main(_csbm(out, "--seed", "1", "--force")) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["name"] == "g" and info["path"] == str(out.resolve())
+    assert not (out / "workload").exists() and _tree(out)["indices.npy"] != before["indices.npy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]  # nothing left beside it
+
+
+def test_an_interrupted_generate_leaves_the_old_dataset_whole(real_generators, tmp_path, capsys, monkeypatch):
+    """It wrote over --out in place: Ctrl-C (or a kill) midway left half a new dataset where
+    a good one was."""
+    import hybridgnn.graph.generate
+
+    out = tmp_path / "g"
+    assert main(_csbm(out)) == 0
+    before = _tree(out)
+    written = []
+
+    def interrupted(root, **_kwargs):
+        (Path(root) / "indptr.npy").write_bytes(b"half")
+        written.append(Path(root))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hybridgnn.graph.generate, "write_dataset", interrupted)
+    assert main(_csbm(out, "--seed", "1", "--force")) == 130
+    assert written and written[0] != out and written[0].parent == out.parent
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]
+
+
+@pytest.fixture
+def plan_dataset(tmp_path) -> Path:
+    from hybridgnn.graph.generate import generate_csbm
+
+    path = tmp_path / "g"
+    generate_csbm(path, num_nodes=60, num_classes=2, feature_dim=4, avg_degree=4, seed=0)
+    return path
+
+
+def _place(dataset: Path, out: Path, *extra: str) -> list[str]:
+    return ["place", "--dataset", str(dataset), "--fanouts", "2,2", "--topology", str(TOPOLOGY), "--out", str(out),
+            *extra]
+
+
+TOPOLOGY = Path(__file__).resolve().parents[2] / "deploy" / "topology.example.json"
+
+
+def test_place_replaces_a_plan_whole_and_never_other_files(real_generators, plan_dataset, tmp_path, capsys,
+                                                           monkeypatch):
+    import json
+
+    from hybridgnn.features.placement import Plan
+
+    out = tmp_path / "plan"
+    assert main(_place(plan_dataset, out)) == 0
+    assert Plan.load(out).method == "fap"
+    (out / "disk-server0-0123456789ab.npy").write_bytes(b"")  # a server's disk-tier copy beside it
+    assert main(_place(plan_dataset, out, "--method", "hash")) == 0
+    assert Plan.load(out).method == "hash" and not (out / "disk-server0-0123456789ab.npy").exists()
+    before = _tree(out)
+
+    def interrupted(self, directory):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / "plan.json").write_text("{")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Plan, "save", interrupted)
+    capsys.readouterr()
+    assert main(_place(plan_dataset, out, "--method", "degree")) == 130
+    assert _tree(out) == before and Plan.load(out).method == "hash"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "plan"]
+    assert capsys.readouterr().err == "hybridgnn place: interrupted\n"
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep\n")
+    (mine / "plan.json").write_text(json.dumps({}))
+    err = _refused(_place(plan_dataset, mine), capsys)
+    assert f"hybridgnn place: error: {mine} holds files other than a placement plan" in err
+    assert (mine / "notes.txt").read_text() == "keep\n"
+    err = _refused(_place(plan_dataset, plan_dataset), capsys)  # the dataset itself: never removed
+    assert "holds files other than a placement plan" in err and (plan_dataset / "meta.json").is_file()
+
+
+def test_a_failed_move_puts_the_old_output_back(tmp_path, monkeypatch):
+    from hybridgnn.cli.outputs import staged_directory
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old").write_text("old\n")
+    rename = Path.rename
+
+    def failing(self, target):
+        if Path(target) == out and self.name.startswith(".out.test-"):
+            raise OSError(28, "No space left on device", str(target))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", failing)
+    with pytest.raises(OSError, match="No space"), staged_directory(out, "test") as staging:
+        staging.mkdir()
+        (staging / "new").write_text("new\n")
+    assert _tree(out) == {"old": b"old\n"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
