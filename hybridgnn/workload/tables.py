@@ -7,7 +7,14 @@ r_k = min(deg, l_k)/deg (0 where deg = 0), E_k = diag(r_k)·A:
                                                                multiplicity, per seed)
     FAP:  x = a = p0; for k = 1..K: x = E_kᵀ·x; a += x        (expected feature reads of each
                                                                node per request)
-K SpMVs each, O(K·|E|). Tables are float32 .npy files in <dataset>/workload/.
+K SpMVs each, O(K·|E|). Tables are float64 .npy files in <dataset>/workload/ (tables
+an earlier version stored as float32 are read as they are, and computed again when they
+hold a value that is not finite).
+
+PSGS counts with multiplicity, so on a dense graph it grows as the product of the
+fanouts: 5 per hop passed float32's 3.4e38 at 55 hops (the tables held inf, which the
+batcher's running sums turned into NaN). float64 holds it to PSGS_LIMIT; fanouts that
+give a seed more are refused in one line while the table is computed.
 """
 
 from __future__ import annotations
@@ -21,11 +28,26 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import DatasetError, GraphStore, load_arrays
 
 log = logging.getLogger(__name__)
 
 SEED_KINDS = ("uniform", "degree")
+
+# The most expected sampled nodes per seed a table holds. Far below float64's 1.8e308:
+# the sums the router, batcher, admission and profiler form over any batch or queue of
+# seeds (fewer than 1e50 of them) stay finite, and one hop (at most a node's degree,
+# below 2**63, times the last) cannot step from under it to inf before it is checked.
+PSGS_LIMIT = 1e250
+
+
+def check_psgs_limit(w: np.ndarray, fanouts) -> None:
+    """ConfigError (one line) when a PSGS chain passed PSGS_LIMIT."""
+    if w.size and float(w.max()) > PSGS_LIMIT:
+        raise ConfigError(f"fanouts {list(fanouts)} give a seed more than {PSGS_LIMIT:.0e} expected sampled nodes "
+                          f"(PSGS, counted with multiplicity) on this graph, past what a workload table holds: "
+                          f"sample fewer hops or fewer neighbours per hop")
 
 
 def fanout_key(fanouts) -> str:
@@ -56,7 +78,8 @@ def compute_psgs(graph: GraphStore, fanouts, *, matrix: sp.csr_matrix | None = N
     w = np.ones(graph.num_nodes, dtype=np.float64)
     for r in reversed(ratios):
         w = 1.0 + r * (a @ w)
-    return w.astype(np.float32)
+        check_psgs_limit(w, fanouts)  # every hop: the next cannot reach inf from under the limit
+    return w
 
 
 def compute_fap(graph: GraphStore, fanouts, p0: np.ndarray, *, matrix: sp.csr_matrix | None = None) -> np.ndarray:
@@ -68,7 +91,7 @@ def compute_fap(graph: GraphStore, fanouts, p0: np.ndarray, *, matrix: sp.csr_ma
     for r in ratios:
         x = at @ (r * x)
         acc += x
-    return acc.astype(np.float32)
+    return acc  # float64, as PSGS (it sums to a seed's expected PSGS, so stays within its limit)
 
 
 def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, str]:
@@ -123,7 +146,7 @@ def _request_log_array(path: Path) -> np.ndarray:
     return arrays
 
 
-def _cached_table(path: Path, num_nodes: int) -> np.ndarray | None:
+def cached_table(path: Path, num_nodes: int) -> np.ndarray | None:
     """A stored table, memory-mapped, or None (it is then computed again) when the file is
     not one: unreadable (empty, truncated, overwritten), of another shape, not floats, or
     holding a value that is not finite and >= 0. A damaged cache was a traceback or a
@@ -226,8 +249,8 @@ class WorkloadTables:
         psgs_path, fap_path = cls.paths(graph.root, fanouts, key)
         if psgs_path.is_file() and fap_path.is_file() and all(
                 _read_fingerprint(cls.fingerprint_path(p)) == graph.fingerprint for p in (psgs_path, fap_path)):
-            psgs = _cached_table(psgs_path, graph.num_nodes)
-            fap = _cached_table(fap_path, graph.num_nodes) if psgs is not None else None
+            psgs = cached_table(psgs_path, graph.num_nodes)
+            fap = cached_table(fap_path, graph.num_nodes) if psgs is not None else None
             if psgs is not None and fap is not None:
                 return cls(tuple(fanouts), key, psgs, fap, graph_fingerprint=graph.fingerprint)
         tables = cls.build(graph, fanouts, seed)

@@ -27,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from hybridgnn.errors import ConfigError
 from hybridgnn.graph.hetero import HeteroGraphStore, edge_type_key
 from hybridgnn.types import EdgeType
-from hybridgnn.workload.tables import hop_ratios
+from hybridgnn.workload.tables import PSGS_LIMIT, cached_table, hop_ratios
 
 TypedFanouts = dict[EdgeType, tuple[int, ...]]
 TYPED_SEED_KINDS = ("uniform", "degree")
@@ -135,7 +136,17 @@ def compute_typed_psgs(graph: HeteroGraphStore, fanouts: TypedFanouts, *, chain=
         for (s, _, t), (a, ratios) in chain.items():
             nxt[t] += ratios[k] * (a @ w[s])
         w = nxt
-    return {t: v.astype(np.float32) for t, v in w.items()}
+        _check_limit(w, fanouts)
+    return w  # float64, as the homogeneous tables (tables.py: PSGS_LIMIT)
+
+
+def _check_limit(w: dict[str, np.ndarray], fanouts: TypedFanouts) -> None:
+    for t, v in w.items():
+        if v.size and float(v.max()) > PSGS_LIMIT:
+            raise ConfigError(
+                f"fanouts { {edge_type_key(e): list(f) for e, f in fanouts.items()} } give a seed of type {t!r} more "
+                f"than {PSGS_LIMIT:.0e} expected sampled nodes (PSGS, counted with multiplicity) on this graph, past "
+                f"what a workload table holds: sample fewer hops or fewer neighbours per hop")
 
 
 def compute_typed_fap(graph: HeteroGraphStore, fanouts: TypedFanouts, seed_type: str, p0: np.ndarray, *,
@@ -151,7 +162,7 @@ def compute_typed_fap(graph: HeteroGraphStore, fanouts: TypedFanouts, seed_type:
         x = nxt
         for t in acc:
             acc[t] += x[t]
-    return {t: v.astype(np.float32) for t, v in acc.items()}
+    return acc
 
 
 def typed_seed_distribution(graph: HeteroGraphStore, seed_type: str, kind: str) -> np.ndarray:
@@ -221,10 +232,12 @@ class TypedWorkloadTables:
         try:
             if (d / _graph_file(seed)).read_text().strip() != graph.fingerprint:
                 raise ValueError("computed on another graph")
-            psgs = {t: np.load(d / f"psgs-{i}.npy", mmap_mode="r") for i, t in enumerate(types)}
-            fap = {s: {t: np.load(d / f"fap-{seed}-{si}-{i}.npy", mmap_mode="r") for i, t in enumerate(types)}
+            # each table as the homogeneous ones are read: of its type's size, and finite and
+            # >= 0 (float32 tables of an earlier version held inf past 55 hops of 5)
+            psgs = {t: cached_table(d / f"psgs-{i}.npy", graph.num_nodes(t)) for i, t in enumerate(types)}
+            fap = {s: {t: cached_table(d / f"fap-{seed}-{si}-{i}.npy", graph.num_nodes(t)) for i, t in enumerate(types)}
                    for si, s in enumerate(types)}
-            if all(psgs[t].shape == (graph.num_nodes(t),) for t in types):
+            if all(v is not None for v in (*psgs.values(), *(v for f in fap.values() for v in f.values()))):
                 return cls(tf, seed, psgs, fap)
         except (OSError, ValueError):
             pass
