@@ -7,14 +7,13 @@ r_k = min(deg, l_k)/deg (0 where deg = 0), E_k = diag(r_k)·A:
                                                                multiplicity, per seed)
     FAP:  x = a = p0; for k = 1..K: x = E_kᵀ·x; a += x        (expected feature reads of each
                                                                node per request)
-K SpMVs each, O(K·|E|). Tables are float64 .npy files in <dataset>/workload/ (tables
-an earlier version stored as float32 are read as they are, and computed again when they
-hold a value that is not finite).
+K SpMVs each, O(K·|E|), in float64. Tables are float32 .npy files in <dataset>/workload/
+(a stored one holding a value that is not finite is computed again).
 
 PSGS counts with multiplicity, so on a dense graph it grows as the product of the
 fanouts: 5 per hop passed float32's 3.4e38 at 55 hops (the tables held inf, which the
-batcher's running sums turned into NaN). float64 holds it to PSGS_LIMIT; fanouts that
-give a seed more are refused in one line while the table is computed.
+batcher's running sums turned into NaN). Fanouts that give a seed more than PSGS_LIMIT
+are refused in one line while the table is computed.
 """
 
 from __future__ import annotations
@@ -35,11 +34,12 @@ log = logging.getLogger(__name__)
 
 SEED_KINDS = ("uniform", "degree")
 
-# The most expected sampled nodes per seed a table holds. Far below float64's 1.8e308:
-# the sums the router, batcher, admission and profiler form over any batch or queue of
-# seeds (fewer than 1e50 of them) stay finite, and one hop (at most a node's degree,
-# below 2**63, times the last) cannot step from under it to inf before it is checked.
-PSGS_LIMIT = 1e250
+# The most expected sampled nodes per seed a table holds: a hundred million times below
+# float32's 3.4e38, so a float32 sum over any batch stays finite (the router, batcher,
+# admission and profiler sum in float64 anyway), and the float64 chain, checked every hop,
+# cannot step from under it to inf (one hop multiplies by at most a degree, below 2**63).
+# No real sampler comes near it: 1e30 nodes is past any graph's size.
+PSGS_LIMIT = 1e30
 
 
 def check_psgs_limit(w: np.ndarray, fanouts) -> None:
@@ -79,7 +79,7 @@ def compute_psgs(graph: GraphStore, fanouts, *, matrix: sp.csr_matrix | None = N
     for r in reversed(ratios):
         w = 1.0 + r * (a @ w)
         check_psgs_limit(w, fanouts)  # every hop: the next cannot reach inf from under the limit
-    return w
+    return w.astype(np.float32)
 
 
 def compute_fap(graph: GraphStore, fanouts, p0: np.ndarray, *, matrix: sp.csr_matrix | None = None) -> np.ndarray:
@@ -91,7 +91,7 @@ def compute_fap(graph: GraphStore, fanouts, p0: np.ndarray, *, matrix: sp.csr_ma
     for r in ratios:
         x = at @ (r * x)
         acc += x
-    return acc  # float64, as PSGS (it sums to a seed's expected PSGS, so stays within its limit)
+    return acc.astype(np.float32)  # it sums to a seed's expected PSGS, so stays within its limit
 
 
 def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, str]:

@@ -137,7 +137,7 @@ def compute_typed_psgs(graph: HeteroGraphStore, fanouts: TypedFanouts, *, chain=
             nxt[t] += ratios[k] * (a @ w[s])
         w = nxt
         _check_limit(w, fanouts)
-    return w  # float64, as the homogeneous tables (tables.py: PSGS_LIMIT)
+    return {t: v.astype(np.float32) for t, v in w.items()}  # within tables.py's PSGS_LIMIT
 
 
 def _check_limit(w: dict[str, np.ndarray], fanouts: TypedFanouts) -> None:
@@ -162,7 +162,7 @@ def compute_typed_fap(graph: HeteroGraphStore, fanouts: TypedFanouts, seed_type:
         x = nxt
         for t in acc:
             acc[t] += x[t]
-    return acc
+    return {t: v.astype(np.float32) for t, v in acc.items()}
 
 
 def typed_seed_distribution(graph: HeteroGraphStore, seed_type: str, kind: str) -> np.ndarray:
