@@ -142,7 +142,7 @@ class PolicyControl:
 
     def step_towards(self, target: Policy) -> Policy | None:
         """The current policy moved towards target, bounded; None if it would barely move.
-        Each value moves towards its target by at most a factor of adapt_max_step, never
+        Each value (threshold, batch bound, each pipeline's batch bound) moves towards its target by at most a factor of adapt_max_step, never
         to NaN or a negative value, and never from a finite value to inf (all on the CPU)
         or 0 (all on the GPU). A value at inf or 0 (where the profile put it) steps from the
         largest or smallest PSGS the profile measured, which routes every batch it saw alike."""
@@ -160,13 +160,18 @@ class PolicyControl:
             stepped = min(max(new, ref / pc.adapt_max_step), ref * pc.adapt_max_step)
             return max(stepped, new) if cur > new else min(stepped, new)  # never past the target
 
+        # each pipeline's batch bound too: it jumped to the target's whatever the step
+        limits = {name: bounded(new, old.pipeline_limits.get(name, new))
+                  for name, new in target.pipeline_limits.items()}
         step = dataclasses.replace(target, psgs_threshold=bounded(target.psgs_threshold, old.psgs_threshold),
-                                   max_batch_psgs=bounded(target.max_batch_psgs, old.max_batch_psgs))
+                                   max_batch_psgs=bounded(target.max_batch_psgs, old.max_batch_psgs),
+                                   pipeline_limits=limits)
 
         def moved(a: float, b: float) -> bool:
             return (math.isfinite(a) != math.isfinite(b)) or (math.isfinite(a) and abs(a - b) > 0.05 * max(abs(b), 1))
 
-        if not (moved(step.psgs_threshold, old.psgs_threshold) or moved(step.max_batch_psgs, old.max_batch_psgs)):
+        if not (moved(step.psgs_threshold, old.psgs_threshold) or moved(step.max_batch_psgs, old.max_batch_psgs)
+                or any(moved(v, old.pipeline_limits.get(n, v)) for n, v in limits.items())):
             return None
         log.info("adapt: PSGS threshold %.6g -> %.6g, batch PSGS bound %.6g -> %.6g (from %s recent batches)",
                  old.psgs_threshold, step.psgs_threshold, old.max_batch_psgs, step.max_batch_psgs,

@@ -73,6 +73,15 @@ def test_steps_towards_all_cpu_or_all_gpu_stay_finite_and_bounded():
             control.policy = step
 
 
+def test_each_pipelines_batch_bound_steps_as_the_others_do():
+    """The pipelines' bounds jumped to the target's in one step, however far."""
+    control = _control()
+    control.policy = Policy("slo:30", 100.0, 1000.0, {"cpu": 1000.0, "gpu": 1000.0}, None, None)
+    step = control.step_towards(Policy("slo:30", 100.0, 1000.0, {"cpu": 1e6, "gpu": 10.0}, None, None))
+    assert step.pipeline_limits == pytest.approx({"cpu": 2000.0, "gpu": 500.0})
+    assert step.psgs_threshold == 100.0 and step.max_batch_psgs == 1000.0
+
+
 def _edited(tmp_path, edit) -> Path:
     import json
 
