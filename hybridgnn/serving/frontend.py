@@ -111,6 +111,7 @@ class EngineLink:
         """Once a wire.KEEPALIVE_S: if the engine has just gone quiet, answer what waits for it."""
         if self.quiet.tick(time.monotonic()):
             log.error("the engine process has not spoken for %g s; answering 503 until it does", wire.QUIET_S)
+            self._on_state({"quiet": True})
             pending, self._pending = self._pending, {}
             self._abandoned.update(pending)
             with together():
@@ -120,6 +121,7 @@ class EngineLink:
     def _on_message(self, kind: int, rid: int, payload: memoryview) -> None:
         if self.quiet.spoke():
             log.warning("the engine process speaks again; serving")
+            self._on_state({"quiet": False})
         if kind == wire.ALIVE:
             return
         if kind == wire.SETUP:
@@ -164,6 +166,7 @@ class FrontendApi:
     def __init__(self, link: EngineLink, setup: dict):
         self.link = link
         self.draining = bool(setup.get("draining"))
+        self.quiet = False  # the engine silent (EngineLink.tick): lookups are not answered here either
         self.refusals = Refusals()
         self.report = None  # () -> this process's STATS frame: sent before /metrics is forwarded
         self.local = _open_lookups(setup.get("lookups") or [], float(setup.get("queue_bound_s", 0.0)), link)
@@ -190,7 +193,7 @@ class FrontendApi:
         local = self.local
         # lookups answered here wait for no engine, but are counted by it: none while it is
         # quiet, so their counts do not pile up unsent
-        if local is not None and not self.draining and not self.link.quiet.quiet:
+        if local is not None and not self.draining and not self.quiet:
             reply = local.quick_reply(request, model, version)
             if reply is not None:
                 return reply
@@ -201,7 +204,7 @@ class FrontendApi:
             return self._unparsed(model, version, exc)
         except Exception:
             return self.internal_error("infer")
-        if self.local is not None and not self.draining and not self.link.quiet.quiet:
+        if self.local is not None and not self.draining and not self.quiet:
             reply = self.local.reply(inp, binary)
             if reply is not None:
                 return reply
@@ -329,7 +332,10 @@ async def serve(path: str, index: int) -> int:
 
     def on_state(state: dict) -> None:
         if api is not None:
-            api.draining = bool(state.get("draining"))
+            if "draining" in state:
+                api.draining = bool(state["draining"])
+            if "quiet" in state:
+                api.quiet = bool(state["quiet"])
         if state.get("stop"):
             stop.set()
 

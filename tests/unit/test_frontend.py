@@ -274,8 +274,10 @@ def test_a_quiet_engine_answers_what_waits_for_it_and_its_late_answers_are_dropp
 
     clock = iter(range(100, 200))  # the link's tick reads time.monotonic: a clock of one-second ticks
 
+    states = []
+
     async def run():
-        link = EngineLink(lambda state: None, lambda exc: None)
+        link = EngineLink(states.append, lambda exc: None)
         link.channel.connection_made(Transport())
         api = FrontendApi(link, {"draining": False})
         read = api.forward("GET", "/v2/health/ready", Request({}, {}, b""))
@@ -286,7 +288,7 @@ def test_a_quiet_engine_answers_what_waits_for_it_and_its_late_answers_are_dropp
         for _ in range(int(wire.QUIET_S) + 2):
             link.tick()
         monkeypatch.undo()
-        assert link.quiet.quiet
+        assert link.quiet.quiet and states == [{"quiet": True}]  # the front end's lookups stop too
         assert read.result().status == 503 and infer.result().status == 503 and change.result() is ABORT
         assert b"not answering" in read.result().body
         assert api.infer(Request({"model": "m"}, {}, infer_body([3]))).status == 503  # refused at once
@@ -296,7 +298,7 @@ def test_a_quiet_engine_answers_what_waits_for_it_and_its_late_answers_are_dropp
         rid = wire.FRAME.unpack_from(sent[2])[2]
         late = wire.encode_failure(rid, Failure(500, "late", {}))
         link.channel.data_received(late)
-        assert not link.channel.closed and not link.quiet.quiet
+        assert not link.channel.closed and not link.quiet.quiet and states[-1] == {"quiet": False}
         again = api.infer(Request({"model": "m"}, {}, infer_body([4])))
         assert isinstance(again, Later) and len(sent) == 4
 

@@ -122,6 +122,9 @@ def test_a_lookup_answered_here_is_the_engines_answer_byte_for_byte_and_the_rest
         assert not link.sent
         for i, body in enumerate(FORWARDED):
             assert not isinstance(here(fe, body), Reply) and len(link.sent) == i + 1, body[:120]
+        fe.quiet = True  # the engine silent: a lookup is not answered here (its count would pile up)
+        here(fe, LOOKUPS[0])
+        assert len(link.sent) == len(FORWARDED) + 1
         return pairs
 
     for mine, theirs in run_api(pe_cfg, scenario):
