@@ -10,7 +10,8 @@ import contextlib
 import importlib.util
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 HAS_UVLOOP: bool = importlib.util.find_spec("uvloop") is not None
 
@@ -80,6 +81,31 @@ def raise_open_file_limit() -> int:
         return soft
     except (ImportError, ValueError, OSError):
         return -1
+
+
+def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
+    """write(tmp) to a hidden file beside `path`, then rename it over `path`: a reader, or
+    a process that has the old file memory-mapped (a serving engine), sees the old file or
+    the new one whole. Rewriting in place truncates the pages under such a map, and the
+    mapping process dies of SIGBUS. The temporary keeps path's suffix (np.save adds .npy
+    to a name without it) and is removed when write fails."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the data before the rename that names it, on a crash too
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_array(path: Path, array) -> None:
+    """np.save by write_replacing."""
+    import numpy as np
+
+    write_replacing(path, lambda tmp: np.save(tmp, array))
 
 
 _DESCRIPTOR_RESERVE = 256  # kept free for files, the engine's pipes and the listeners

@@ -10,12 +10,12 @@ embeddings. A rank then reads only its own CSR rows and feature rows (LocalPart)
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.capabilities import save_array
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.csr import gather_rows
 
@@ -116,9 +116,7 @@ def compute_partition(graph, method: str, parts: int, cache_root: Path | None) -
             return Partition(method, parts, owner=owner)
     owner = metis_parts(np.asarray(graph.indptr), np.asarray(graph.indices), parts)
     if path is not None:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-        np.save(tmp, owner)
-        tmp.replace(path)  # atomic: a reader sees no file or the whole one
+        save_array(path, owner)  # atomic: a reader sees no file or the whole one
     return Partition(method, parts, owner=owner)
 
 

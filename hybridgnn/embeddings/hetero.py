@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hybridgnn.capabilities import save_array
 from hybridgnn.config import read_json
 from hybridgnn.embeddings.store import embeddings_dir, mark_complete, stored_array
 from hybridgnn.graph.csr import gather_rows
@@ -121,9 +122,7 @@ def hetero_layerwise(model: HeteroGNN, graph: HeteroGraphStore, *, batch_size: i
 
 
 def _save(path: Path, rows: torch.Tensor, dtype) -> None:
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, rows.float().numpy().astype(dtype, copy=False))
-    tmp.replace(path)
+    save_array(path, rows.float().numpy().astype(dtype, copy=False))
 
 
 def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str | Path, *,

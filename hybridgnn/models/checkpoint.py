@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import time
 import warnings
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hybridgnn.capabilities import write_replacing
 from hybridgnn.config import read_json
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import written_by_torch_save
@@ -78,10 +78,10 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
         raise ConfigError(f"fanouts {config['fanouts']} give fewer hops than the model's {stack.num_layers} layers")
     root.mkdir(parents=True, exist_ok=True)
     # Weights and golden answers first, config last: a directory with a config.json is complete.
-    _atomic_save(root / WEIGHTS, lambda p: torch.save(model.state_dict(), p))
-    _atomic_save(root / GOLDEN, lambda p: torch.save({"x": graph.x, "edge_index": graph.edge_index,
+    write_replacing(root / WEIGHTS, lambda p: torch.save(model.state_dict(), p))
+    write_replacing(root / GOLDEN, lambda p: torch.save({"x": graph.x, "edge_index": graph.edge_index,
                                                       "out": expected}, p))
-    _atomic_save(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
+    write_replacing(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     return root
 
 
@@ -313,9 +313,3 @@ def _load_state(model: nn.Module, state, root: Path) -> None:
         raise CheckpointError(f"weights in {root / WEIGHTS} do not fit {type(model).__name__}: {detail}") from exc
 
 
-def _atomic_save(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

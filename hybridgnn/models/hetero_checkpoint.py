@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hybridgnn.capabilities import write_replacing
 from hybridgnn.config import read_json
 from hybridgnn.models.checkpoint import (
     CONFIG,
@@ -25,7 +26,6 @@ from hybridgnn.models.checkpoint import (
     GOLDEN,
     WEIGHTS,
     CheckpointError,
-    _atomic_save,
     check_fits,
     load_tensors,
 )
@@ -176,9 +176,9 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
     golden = {f"x/{i}": x[t] for i, t in enumerate(rebuilt.node_types)}
     golden.update({f"edge_index/{j}": edges[e] for j, e in enumerate(rebuilt.edge_types)})
     golden.update({f"out/{rebuilt.node_types.index(t)}": v for t, v in expected.items()})
-    _atomic_save(root / WEIGHTS, lambda p: torch.save(rebuilt.state_dict(), p))
-    _atomic_save(root / GOLDEN, lambda p: torch.save(golden, p))
-    _atomic_save(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
+    write_replacing(root / WEIGHTS, lambda p: torch.save(rebuilt.state_dict(), p))
+    write_replacing(root / GOLDEN, lambda p: torch.save(golden, p))
+    write_replacing(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     return root
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from hybridgnn.capabilities import save_array
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import DatasetError, GraphStore, load_arrays
 
@@ -228,7 +229,7 @@ class WorkloadTables:
         psgs_path.parent.mkdir(parents=True, exist_ok=True)
         for path, table in ((psgs_path, self.psgs), (fap_path, self.fap)):
             self.fingerprint_path(path).unlink(missing_ok=True)  # never a new table beside an old fingerprint
-            np.save(path, table)
+            save_array(path, table)  # a server may map the old one: replaced, never rewritten under it
             if self.graph_fingerprint is not None:
                 self.fingerprint_path(path).write_text(self.graph_fingerprint + "\n")
         return psgs_path, fap_path

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from hybridgnn.capabilities import save_array
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.hetero import HeteroGraphStore, edge_type_key
 from hybridgnn.types import EdgeType
@@ -205,10 +206,10 @@ class TypedWorkloadTables:
         (d / _graph_file(self.seed_key)).unlink(missing_ok=True)
         index = {t: i for i, t in enumerate(graph.node_types)}
         for t, v in self.psgs.items():
-            np.save(d / f"psgs-{index[t]}.npy", v)
+            save_array(d / f"psgs-{index[t]}.npy", v)  # a server may map the old one
         for seed_type, per_type in self.fap.items():
             for t, v in per_type.items():
-                np.save(d / f"fap-{self.seed_key}-{index[seed_type]}-{index[t]}.npy", v)
+                save_array(d / f"fap-{self.seed_key}-{index[seed_type]}-{index[t]}.npy", v)
         (d / _graph_file(self.seed_key)).write_text(graph.fingerprint + "\n")
         return d
 

@@ -211,3 +211,20 @@ def test_a_stored_table_that_overflowed_is_computed_again(tmp_path):
     again = WorkloadTables.load_or_build(graph, fanouts)
     np.testing.assert_array_equal(again.psgs, built.psgs)
     assert np.isfinite(np.load(psgs_path)).all()
+
+
+def test_saving_tables_replaces_the_files_a_server_has_mapped(tmp_path):
+    """`workload build` (or another replica) saving over tables a running server has
+    memory-mapped truncated the file under the map (SIGBUS in the server) and changed its
+    values meanwhile: the server keeps the old file whole, the disk holds the new one."""
+    graph = _complete_graph(tmp_path / "g")
+    served = WorkloadTables.load_or_build(graph, (2, 2))
+    served = WorkloadTables.load_or_build(graph, (2, 2))
+    assert isinstance(served.psgs.base, np.memmap)
+    before = np.array(served.psgs)
+    fresh = WorkloadTables((2, 2), "uniform", before * 3, np.asarray(served.fap) * 3,
+                           graph_fingerprint=graph.fingerprint)
+    fresh.save(graph.root)
+    np.testing.assert_array_equal(served.psgs, before)  # the old file, still whole under its map
+    np.testing.assert_array_equal(WorkloadTables.load_or_build(graph, (2, 2)).psgs, before * 3)
+    assert not [p.name for p in (graph.root / "workload").iterdir() if p.name.startswith(".")]  # no temporaries left
