@@ -192,7 +192,8 @@ def test_the_index_lists_each_version_once_a_failed_reload_as_the_reason_of_the_
 def test_a_file_removed_while_a_version_is_read_is_not_an_error(tmp_path, monkeypatch):
     # A version being replaced: a file listed, then gone before its stat, raised out of
     # load() (a 500 on the API) or the poll.
-    from pathlib import Path
+    import contextlib
+    import os
 
     from hybridgnn.serving.repository import layout
 
@@ -200,14 +201,219 @@ def test_a_file_removed_while_a_version_is_read_is_not_an_error(tmp_path, monkey
     (root / "sage" / "1" / "model.pt").write_bytes(b"w")
     (root / "sage" / "1" / "golden.pt").write_bytes(b"g")
     model = scan_repository(root, strict=False)["sage"]
-    real_glob = Path.glob
+    real_scandir = os.scandir
 
-    def listed_then_removed(self, pattern):
-        found = list(real_glob(self, pattern))
+    @contextlib.contextmanager
+    def listed_then_removed(path):
+        with real_scandir(path) as listing:
+            entries = list(listing)
         (root / "sage" / "1" / "golden.pt").unlink(missing_ok=True)
-        return iter(found)
+        yield iter(entries)
 
-    monkeypatch.setattr(Path, "glob", listed_then_removed)
-    monkeypatch.setattr(Path, "is_file", lambda self: True)  # still there when checked, gone at the stat
-    stamps, _ = layout.version_signature(model, 1)
-    assert [name for name, _, _ in stamps] == ["model.pt"]
+    monkeypatch.setattr(layout.os, "scandir", listed_then_removed)
+    signed = layout.version_signature(model, 1)
+    assert [name for name, *_ in signed.files] == ["model.pt"]
+
+
+def _store(vdir, *, complete: bool = True, fingerprint: str = "fp", layers: int = 1):
+    """An embedding store as a precompute writes it (files replaced by a rename)."""
+    import os
+
+    store = vdir / "embeddings" / fingerprint
+    store.mkdir(parents=True, exist_ok=True)
+    for i in range(layers):
+        (store / "tmp").write_bytes(os.urandom(64))
+        (store / "tmp").replace(store / f"layer_{i + 1}.npy")
+    (store / "state.json").write_text(json.dumps({"complete": complete}))
+    return store
+
+
+def test_a_store_file_replaced_by_a_rename_changes_the_version_signature(tmp_path):
+    # The signature looked only at the version directory's own files: new embeddings moved
+    # into embeddings/<dataset>/ never reloaded the version.
+    import os
+
+    from hybridgnn.serving.repository.layout import version_signature
+
+    root = _repo(tmp_path, {"sage": ([1], None)})
+    vdir = root / "sage" / "1"
+    (vdir / "model.pt").write_bytes(b"w")
+    store = _store(vdir)
+    _store(vdir, fingerprint="other")  # another dataset's store: not read by this server's loads
+    (vdir / "notes").mkdir()  # nor is any other directory
+    model = scan_repository(root)["sage"]
+    before = version_signature(model, 1, "fp")
+    assert [name for name, *_ in before.store] == ["layer_1.npy", "state.json"] and before.store_complete
+    old = (store / "layer_1.npy").stat()
+    (store / "new").write_bytes(os.urandom(64))  # same size; same mtime too: only the inode tells
+    os.utime(store / "new", ns=(old.st_atime_ns, old.st_mtime_ns))
+    (store / "new").replace(store / "layer_1.npy")
+    assert version_signature(model, 1, "fp") != before
+    before = version_signature(model, 1, "fp")
+    _store(root / "sage" / "1", fingerprint="other")
+    (vdir / "notes" / "x").write_text("x")
+    assert version_signature(model, 1, "fp") == before
+    # with no dataset named, every store counts, nested ones too (a heterogeneous store's types/<i>/)
+    nested = store / "types" / "0"
+    nested.mkdir(parents=True)
+    everything = version_signature(model, 1)
+    (nested / "layer_1.npy").write_bytes(b"x")
+    assert version_signature(model, 1) != everything
+    assert [name for name, *_ in version_signature(model, 1).store] == [
+        "fp/layer_1.npy", "fp/state.json", "fp/types/0/layer_1.npy", "other/layer_1.npy", "other/state.json"]
+
+
+def test_the_signature_walk_is_bounded(tmp_path, monkeypatch):
+    from hybridgnn.serving.repository import layout
+
+    root = _repo(tmp_path, {"sage": ([1], None)})
+    vdir = root / "sage" / "1"
+    (vdir / "model.pt").write_bytes(b"w")
+    _store(vdir, layers=20)
+    model = scan_repository(root)["sage"]
+    assert not layout.version_signature(model, 1, "fp").truncated
+    monkeypatch.setattr(layout, "SIGNATURE_ENTRIES", 8)
+    signed = layout.version_signature(model, 1, "fp")
+    # model.pt and embeddings/ at the top; 6 of the store's 21 files (the first 7 listed, in
+    # name order): then it stops and says so
+    assert signed.truncated and len(signed.files) == 1 and len(signed.store) == 6
+    unseen = sorted({p.name for p in (vdir / "embeddings" / "fp").iterdir()} - {name for name, *_ in signed.store})
+    (vdir / "embeddings" / "fp" / unseen[0]).write_bytes(b"x")  # past the cap: not seen
+    assert layout.version_signature(model, 1, "fp") == signed
+
+
+def _fake_loads(tmp_path, monkeypatch, versions: dict):
+    """A Repository over `versions` ({model: write its store at start?}) whose engine starts
+    and precomputes are stand-ins: opened lists each (model, version) started, precomputed
+    each precompute run; a precompute writes the store (as the child does) and fails for a
+    model named "broken" after writing part of it."""
+    from types import SimpleNamespace
+
+    from hybridgnn.serving.repository import loader
+
+    root = tmp_path / "repo"
+    for name, stored in versions.items():
+        vdir = root / name / "1"
+        vdir.mkdir(parents=True)
+        (vdir / "model.pt").write_bytes(b"w")
+        if stored:
+            _store(vdir)
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    (dataset / "meta.json").write_text(json.dumps({"fingerprint": "fp"}))
+    opened, precomputed = [], []
+
+    class Engine:
+        async def drain(self, timeout_s):
+            pass
+
+        async def stop(self):
+            pass
+
+    async def open_engine(cfg, stats, *, version, share_with):
+        opened.append((cfg.name, version))
+        return Engine()
+
+    async def precompute(self, cfg):
+        state = cfg.model_dir / "embeddings" / "fp" / "state.json"
+        if state.is_file() and json.loads(state.read_text())["complete"]:
+            return False
+        precomputed.append(cfg.name)
+        if cfg.name == "broken":
+            _store(cfg.model_dir, complete=False)
+            raise ConfigError("precomputing failed (exit 1)")
+        _store(cfg.model_dir)
+        return True
+
+    monkeypatch.setattr(loader, "open_engine", open_engine)
+    monkeypatch.setattr(loader, "version_config", lambda cfg, model, version: SimpleNamespace(
+        name=model.name, model_dir=model.version_dir(version)))
+    monkeypatch.setattr(loader.Repository, "_precompute", precompute)
+    cfg = SimpleNamespace(model_repository=root, dataset_dir=dataset,
+                          server=SimpleNamespace(repository_poll_s=0, drain_timeout_s=1))
+    return loader.Repository(cfg, None), root, opened, precomputed
+
+
+def _polls(repository, n: int) -> None:
+    """Let the repository's poll run n times (every millisecond)."""
+    import asyncio
+    import time
+
+    from hybridgnn.serving.repository import loader
+
+    async def run() -> None:
+        scans = []
+        real = loader.scan_repository
+
+        def counted(*args, **kw):
+            scans.append(1)
+            return real(*args, **kw)
+
+        loader.scan_repository = counted
+        repository.cfg.server.repository_poll_s = 0.001
+        task = asyncio.create_task(repository._poll())
+        try:
+            deadline = time.monotonic() + 10
+            while len(scans) < n:
+                assert time.monotonic() < deadline, "the poll did not run"
+                await asyncio.sleep(0.001)
+        finally:
+            loader.scan_repository = real
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.gather(*repository._retiring)
+
+    asyncio.run(run())
+
+
+def test_a_store_replaced_on_disk_reloads_the_version_once(tmp_path, monkeypatch):
+    import asyncio
+
+    repository, root, opened, precomputed = _fake_loads(tmp_path, monkeypatch, {"sage": True})
+    asyncio.run(repository.start())
+    assert opened == [("sage", "1")] and not precomputed
+    _polls(repository, 10)
+    assert opened == [("sage", "1")]
+    _store(root / "sage" / "1")  # new embeddings moved in
+    _polls(repository, 10)
+    assert opened == [("sage", "1")] * 2 and not precomputed
+
+
+def test_the_servers_own_precompute_is_no_change_for_the_poll(tmp_path, monkeypatch):
+    # Once the signature covered the store, the embeddings a load precomputed were a change
+    # the next poll loaded again; after a failed precompute (part of a store written) every
+    # poll loaded, precomputed and failed again, for ever.
+    import asyncio
+
+    repository, root, opened, precomputed = _fake_loads(tmp_path, monkeypatch,
+                                                        {"sage": False, "broken": False})
+    asyncio.run(repository.start())
+    assert sorted(opened) == [("sage", "1")] and sorted(precomputed) == ["broken", "sage"]
+    assert "precomputing failed" in repository.models.unavailable[("broken", "1")]
+    _polls(repository, 20)
+    assert sorted(opened) == [("sage", "1")] and sorted(precomputed) == ["broken", "sage"]
+    # a change to what it read is still one: model.pt replaced
+    (root / "broken" / "1" / "tmp").write_bytes(b"new weights")
+    (root / "broken" / "1" / "tmp").replace(root / "broken" / "1" / "model.pt")
+    _polls(repository, 10)
+    assert sorted(precomputed) == ["broken", "broken", "sage"]
+
+
+def test_a_store_being_written_is_loaded_once_complete(tmp_path, monkeypatch, caplog):
+    # `hybridgnn precompute` run on a served version: a poll that loaded it while the store
+    # was written found no complete store and started a second precompute on the same files.
+    import asyncio
+    import logging
+
+    repository, root, opened, precomputed = _fake_loads(tmp_path, monkeypatch, {"sage": True})
+    asyncio.run(repository.start())
+    vdir = root / "sage" / "1"
+    with caplog.at_level(logging.INFO, logger="hybridgnn.repository"):
+        for _ in range(3):  # a layer at a time, a poll or more between
+            _store(vdir, complete=False)
+            _polls(repository, 4)
+    assert opened == [("sage", "1")] and not precomputed
+    assert len([r for r in caplog.records if "being written" in r.getMessage()]) == 1
+    _store(vdir)  # done
+    _polls(repository, 10)
+    assert opened == [("sage", "1")] * 2 and not precomputed

@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from hybridgnn.config import fanouts_for, parse_fanouts, read_json
+from hybridgnn.embeddings.store import embeddings_dir
 from hybridgnn.errors import ConfigError, brief
 
 CONFIG = "config.json"
@@ -136,16 +139,79 @@ def _read_model(path: Path) -> RepositoryModel:
                            fanouts, outputs)
 
 
-def version_signature(model: RepositoryModel, version: int) -> tuple:
-    """What a change to one served version looks like: its files' sizes and mtimes, and
-    the model's config.json (fanouts, outputs)."""
-    stamps = []
-    for path in sorted(model.version_dir(version).glob("*")):
-        st = _stat(path)
-        if st is not None and stat.S_ISREG(st.st_mode):
-            stamps.append((path.name, st.st_size, st.st_mtime_ns))
+# The most directory entries one version's signature looks at (its own files, then its
+# embedding store's): a store holds a few files per layer (per node type), far fewer. Past
+# it the walk stops and the signature says so (truncated): a change only among the
+# entries past the cap is not seen by a poll (a load through the API reads it).
+SIGNATURE_ENTRIES = 4096
+
+
+class VersionSignature(NamedTuple):
+    """What a change to one version looks like: equal signatures, nothing its load reads
+    changed. Each file is stamped (name, size, mtime_ns, inode): a file replaced by a
+    rename changes its inode even when size and mtime are the same."""
+
+    files: tuple  # the version directory's own files (config.json, model.pt, golden.pt, ..)
+    store: tuple  # its embedding store's files, by their path under the store, recursively
+    config: tuple  # the model's config.json: (size, mtime_ns, inode), () when it has none
+    store_complete: bool | None = None  # the store's state.json says complete (None: no store)
+    truncated: bool = False  # the walk stopped at SIGNATURE_ENTRIES
+
+
+def version_signature(model: RepositoryModel, version: int, store: str | None = None) -> VersionSignature:
+    """The signature of the files a load of the version reads: the version directory's
+    files, its embedding store's (embeddings/<store>/, store: the served dataset's
+    fingerprint; all of embeddings/ when None), walked depth first, at most
+    SIGNATURE_ENTRIES entries in all, and the model's config.json."""
+    vdir = model.version_dir(version)
+    budget = [SIGNATURE_ENTRIES]
+    files, truncated = _stamps(vdir, budget, recurse=False)
+    root = embeddings_dir(vdir, store) if store is not None else vdir / "embeddings"
+    stamps, more = ((), True) if truncated else _stamps(root, budget, recurse=True)
+    complete = None
+    if stamps and store is not None:
+        try:
+            state = read_json(root / "state.json")
+        except (OSError, ValueError):  # absent, or being replaced: not complete now
+            state = None
+        complete = isinstance(state, dict) and state.get("complete") is True
     top = _stat(model.root / CONFIG)
-    return tuple(stamps), top.st_mtime_ns if top is not None and stat.S_ISREG(top.st_mode) else 0
+    config = (top.st_size, top.st_mtime_ns, top.st_ino) if top is not None and stat.S_ISREG(top.st_mode) else ()
+    return VersionSignature(files, stamps, config, complete, truncated or more)
+
+
+def _stamps(top: Path, budget: list[int], *, recurse: bool) -> tuple[tuple, bool]:
+    """(name, size, mtime_ns, inode) of each regular file in `top` (recurse: and in its
+    subdirectories, named by their path under top, depth first), examining at most
+    budget[0] entries (counted down); and whether entries were left unexamined. A
+    directory gone or not one is empty; one that cannot be read is stamped unreadable."""
+    stamps: list[tuple] = []
+    stack = [(top, "")]
+    while stack:
+        path, rel = stack.pop()
+        try:
+            with os.scandir(path) as listing:
+                # never more than the budget (and one to know there were more) from a huge directory
+                entries = sorted(itertools.islice(listing, budget[0] + 1), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            stamps.append((rel or ".", "unreadable", exc.errno))
+            continue
+        subdirs = []
+        for entry in entries:
+            if budget[0] == 0:
+                return tuple(stamps), True
+            budget[0] -= 1
+            st = _stat(Path(entry.path))  # follows links: a link to a replaced file changes with it
+            if st is None:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                stamps.append((rel + entry.name, st.st_size, st.st_mtime_ns, st.st_ino))
+            elif recurse and stat.S_ISDIR(st.st_mode):
+                subdirs.append((Path(entry.path), f"{rel}{entry.name}/"))
+        stack.extend(reversed(subdirs))
+    return tuple(stamps), False
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -153,13 +219,15 @@ def _stat(path: Path) -> os.stat_result | None:
     stat (a version being replaced) raised out of a load (a 500) or the poll."""
     try:
         return path.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 
-def signature(model: RepositoryModel) -> tuple:
-    """What a change to a model on disk looks like: its versions' files and its config."""
-    return model.error, tuple((v, version_signature(model, v)) for v in model.available)
+def signature(model: RepositoryModel, store: str | None = None) -> tuple:
+    """What a change to a model on disk looks like: its config, the versions it has and
+    the signatures of those its policy chooses (store: as version_signature's)."""
+    return (model.error, tuple(model.available),
+            tuple((v, version_signature(model, v, store)) for v in model.chosen))
 
 
 def version_config(cfg, model: RepositoryModel, version: int):

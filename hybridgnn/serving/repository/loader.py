@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from hybridgnn.errors import (
     ConfigError,
@@ -19,10 +20,13 @@ from hybridgnn.errors import (
     ServingError,
     brief,
 )
+from hybridgnn.graph.store import read_meta
 from hybridgnn.runtime.resources import embeddings_missing
 from hybridgnn.serving.core.engine import open_engine
 from hybridgnn.serving.repository.layout import (
+    SIGNATURE_ENTRIES,
     RepositoryModel,
+    VersionSignature,
     scan_repository,
     signature,
     version_config,
@@ -37,9 +41,10 @@ PRECOMPUTE_NICE = 10
 
 class Repository:
     """The served versions of a model repository, kept in step with the directory: load
-    (at start, on POST .../load, or when polling finds a change) builds each new or
-    changed version in the background (weights and golden check, stored embeddings or a
-    precompute, worker start and warm-up) and then switches to it at once; requests
+    (at start, on POST .../load, or when polling finds a change: layout.signature, the
+    files each chosen version's load reads, its embedding store's included) builds each
+    new or changed version in the background (weights and golden check, stored embeddings
+    or a precompute, worker start and warm-up) and then switches to it at once; requests
     already on the old engine finish there, and it is drained and stopped after. A
     version that fails to load leaves what serves in place and is listed UNAVAILABLE
     with why. A model unloaded by the API stays unloaded until loaded by the API."""
@@ -51,8 +56,10 @@ class Repository:
         self.base = None  # a serving engine: its graph, tables and feature stores are shared
         self.closing = False  # shutting down: no more loads
         self._lock = asyncio.Lock()  # one load or unload at a time
-        self._seen: dict[str, tuple] = {}  # model -> what its directory looked like when last loaded
-        self._started: dict[tuple[str, str], tuple] = {}  # (model, version) -> its files when its engine started
+        self._seen: dict[str, tuple] = {}  # model -> its signature as its last load saw it (and left it)
+        self._started: dict[tuple[str, str], VersionSignature] = {}  # (model, version) -> what its engine read
+        self._store: str | None = None  # the embedding store every version reads (the dataset's fingerprint)
+        self._writing: set[tuple[str, str]] = set()  # versions a poll found their store being written in
         self._unloaded: set[str] = set()  # unloaded by the API: the poller leaves them alone
         self._retiring: set[asyncio.Task] = set()
         self._poller: asyncio.Task | None = None
@@ -60,6 +67,7 @@ class Repository:
         self._children: set[asyncio.subprocess.Process] = set()  # precomputes running
 
     async def start(self) -> Models:
+        self._store = dataset_store(self.cfg)
         for name in scan_repository(self.cfg.model_repository, strict=False):
             await self.load(name)
         if not self.models.engines():
@@ -84,7 +92,8 @@ class Repository:
             if by_poll and name in self._unloaded:
                 return self.models.versions(name)
             self._unloaded.discard(name)
-            self._seen[name] = signature(model)
+            before = dict(self._seen[name][2]) if name in self._seen else {}  # version -> as the last load saw it
+            seen = self._seen[name] = signature(model, self._store)
             for key in [k for k in self.models.unavailable if k[0] == name]:
                 del self.models.unavailable[key]
             if model.error is not None:
@@ -94,23 +103,45 @@ class Repository:
                 self.models.unavailable[(name, "")] = (f"no version directory matches the version policy (on "
                                                        f"disk: {model.available})")
             served = set(self.models.versions(name))
+            files = dict(seen[2])  # version -> its signature
             for version in model.chosen:
-                key, files = (name, str(version)), version_signature(model, version)
-                if str(version) in served and self._started.get(key) == files:
+                key = (name, str(version))
+                if str(version) in served and self._started.get(key) == files[version]:
                     continue
-                engine = await self._start_version(model, version)
+                if by_poll and self._being_written(key, files[version], before.get(version)):
+                    continue
+                self._writing.discard(key)
+                engine, files[version] = await self._start_version(model, version, files[version])
                 if engine is None:
                     continue
                 old = self.models.get(name, str(version)) if str(version) in served else None
                 self.models.add(name, str(version), engine)  # from the next request on
-                self._started[key] = files
+                self._started[key] = files[version]
                 if old is not None:
                     self._retire(old, name, str(version))
+            # with the store as this load's precomputes left it: their writes are no change
+            self._seen[name] = (*seen[:2], tuple((v, files[v]) for v in model.chosen))
             keep = {str(v) for v in model.chosen}
             for version in sorted(served - keep):
                 if self.models.versions(name) != [version]:  # never retire the last one serving
                     self._retire(self.models.remove(name, version), name, version)
             return self.models.versions(name)
+
+    def _being_written(self, key: tuple[str, str], now: VersionSignature, before: VersionSignature | None) -> bool:
+        """(The poll.) Whether, since the last load looked at the version, its embedding
+        store changed and nothing else did, and the store is not complete: a precompute
+        writing it (`hybridgnn precompute` run on the version's directory). A load now
+        would find no complete store and start a second precompute on the same files; the
+        version stays as it is (serving as loaded, or not), and the poll loads it once the
+        store is complete."""
+        if (before is None or now.store_complete is not False or now.store == before.store
+                or (now.files, now.config) != (before.files, before.config)):
+            return False
+        if key not in self._writing:  # said once, not every poll while it is written
+            self._writing.add(key)
+            log.info("repository poll: the embeddings of model %s version %s are being written; it is loaded "
+                     "once they are complete", *key)
+        return True
 
     async def unload(self, name: str) -> None:
         """Stop serving every version of `name` (their memory is freed once in-flight
@@ -144,6 +175,7 @@ class Repository:
             self._seen.pop(name, None)
             for version in versions:
                 self._started.pop((name, version), None)
+                self._writing.discard((name, version))
                 self._retire(self.models.remove(name, version), name, version)
             if versions:
                 log.info("repository poll: model %s is gone from the repository; unloading it", name)
@@ -182,27 +214,50 @@ class Repository:
                               + (" / ".join(said) or "no output"))
         return True
 
-    async def _start_version(self, model: RepositoryModel, version: int):
-        """A started engine for the version, or None (logged and listed unavailable)."""
+    async def _start_version(self, model: RepositoryModel, version: int,
+                             files: VersionSignature) -> tuple[object | None, VersionSignature]:
+        """A started engine for the version, or None (logged and listed unavailable); and
+        files, the version's signature taken before, with its embedding store as this load
+        left it when it ran a precompute (_own_writes)."""
         t0 = time.perf_counter()
+        if files.truncated:
+            log.warning("model %s version %d holds more than %d files and directories: a change only to those "
+                        "past them is not seen", model.name, version, SIGNATURE_ENTRIES)
+        precomputing = False
         try:
             cfg = version_config(self.cfg, model, version)
+            precomputing = True
             if await self._precompute(cfg):
                 log.info("precomputed the embeddings of %s", cfg.model_dir)
+                files = self._own_writes(model, version, files)
+            precomputing = False
             stats = self.stats.for_model(model.name, str(version)) if self.stats is not None else None
             engine = await open_engine(cfg, stats, version=str(version), share_with=self.base)
             if self.closing:
                 await asyncio.shield(engine.stop())
                 raise Draining("the server began shutting down while the version loaded")
         except Exception as exc:
+            if precomputing:  # a failed precompute leaves part of a store: written here, not a change
+                files = self._own_writes(model, version, files)
             log.error("model %s version %d is not served: %s", model.name, version, exc,
                       exc_info=not isinstance(exc, (ConfigError, ServingError, OSError, ValueError, KeyError)))
             self.models.unavailable[(model.name, str(version))] = str(exc)
-            return None
+            return None, files
         self.base = self.base or engine
         log.info("model %s version %d ready in %.2fs (%s)", model.name, version, time.perf_counter() - t0,
                  model.version_dir(version))
-        return engine
+        return engine, files
+
+    def _own_writes(self, model: RepositoryModel, version: int, files: VersionSignature) -> VersionSignature:
+        """files with the version's embedding store as it is now. What this load's precompute
+        wrote is what the engine it starts reads, not a change for the next poll to load
+        again: a reload after it would read the same files, and after a failed precompute
+        (which leaves part of a store) every poll would load, precompute and fail again,
+        for ever. The version's other files keep the stamps taken before the precompute:
+        a model.pt replaced meanwhile is still a change."""
+        now = version_signature(model, version, self._store)
+        return files._replace(store=now.store, store_complete=now.store_complete,
+                              truncated=files.truncated or now.truncated)
 
     def _retire(self, engine, name: str, version: str) -> None:
         if engine is self.base:  # the shared stores live on in the others; a serving engine is the base now
@@ -241,7 +296,7 @@ class Repository:
                 for name in sorted((set(self.models.names()) | set(self._seen)) - set(on_disk)):
                     await self._removed(name)
                 for name, model in on_disk.items():
-                    if self._seen.get(name) == signature(model) or name in self._unloaded:
+                    if self._seen.get(name) == signature(model, self._store) or name in self._unloaded:
                         continue
                     log.info("repository poll: model %s changed on disk; loading", name)
                     try:
@@ -270,6 +325,19 @@ class Repository:
             pass
         for task in list(self._retiring):
             await asyncio.gather(task, return_exceptions=True)
+
+
+def dataset_store(cfg) -> str | None:
+    """The embedding store every version of the repository reads: embeddings/<the served
+    dataset's fingerprint>/ (None, all of embeddings/, when its meta.json cannot be read:
+    the load then says why)."""
+    dataset = getattr(cfg, "dataset_dir", None)
+    if dataset is None:
+        return None
+    try:
+        return str(read_meta(Path(dataset)).get("fingerprint", ""))
+    except (ConfigError, OSError):
+        return None
 
 
 async def open_repository(cfg, stats) -> Repository:
