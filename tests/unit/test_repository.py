@@ -417,3 +417,73 @@ def test_a_store_being_written_is_loaded_once_complete(tmp_path, monkeypatch, ca
     _store(vdir)  # done
     _polls(repository, 10)
     assert opened == [("sage", "1")] * 2 and not precomputed
+
+
+def test_the_poll_reads_the_disk_off_the_event_loop_and_a_load_waits_for_its_read(tmp_path, monkeypatch):
+    # The scan, the stats of every file and the config reads ran on the event loop: on a
+    # slow or network filesystem every request stalled for as long as a poll read.
+    import asyncio
+    import threading
+    import time
+
+    from hybridgnn.serving.repository import loader
+
+    repository, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True})
+    asyncio.run(repository.start())
+    (root / "sage" / "2").mkdir()  # a new version: the poll loads it
+    (root / "sage" / "2" / "model.pt").write_bytes(b"w")
+    threads: dict[str, set[int]] = {"scan": set(), "signature": set(), "config": set()}
+    reads = {"begun": 0, "now": 0, "most": 0, "done": 0}
+    real_scan, real_signature, real_config = loader.scan_repository, loader.signature, loader.version_config
+
+    def slow_scan(*args, **kw):
+        threads["scan"].add(threading.get_ident())
+        reads["begun"] += 1
+        reads["now"] += 1
+        reads["most"] = max(reads["most"], reads["now"])
+        try:
+            time.sleep(0.3)  # a slow filesystem
+            return real_scan(*args, **kw)
+        finally:
+            reads["now"] -= 1
+            reads["done"] += 1
+
+    def signature(*args):
+        threads["signature"].add(threading.get_ident())
+        return real_signature(*args)
+
+    def version_config(*args):
+        threads["config"].add(threading.get_ident())
+        return real_config(*args)
+
+    monkeypatch.setattr(loader, "scan_repository", slow_scan)
+    monkeypatch.setattr(loader, "signature", signature)
+    monkeypatch.setattr(loader, "version_config", version_config)
+
+    async def run() -> tuple[int, float]:
+        loop_thread = threading.get_ident()
+        repository.cfg.server.repository_poll_s = 0.001
+        poll = asyncio.create_task(repository._poll())
+        deadline = time.monotonic() + 10
+        while not reads["begun"]:  # the poll is reading
+            assert time.monotonic() < deadline, "the poll did not read"
+            await asyncio.sleep(0.001)
+        # the API's load, meanwhile: it reads after the poll's read, and what it applies is
+        # what it read (version 2 started once, by whichever of the two reaches it first)
+        load = asyncio.create_task(repository.load("sage"))
+        longest, last = 0.0, time.perf_counter()
+        while not load.done() or reads["done"] < 4:
+            assert time.monotonic() < deadline, "the load did not finish"
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        poll.cancel()
+        await asyncio.gather(poll, return_exceptions=True)
+        assert await load == ["2"]  # the latest version (the default policy)
+        return loop_thread, longest
+
+    loop_thread, longest = asyncio.run(run())
+    assert all(threads.values()) and not any(loop_thread in t for t in threads.values()), threads
+    assert longest < 0.15, f"the event loop stalled {longest:.3f}s while the repository was read"
+    assert reads["most"] == 1  # one read at a time: the poll's and the load's never overlap
+    assert opened == [("sage", "1"), ("sage", "2")]

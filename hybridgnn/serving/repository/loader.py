@@ -67,8 +67,8 @@ class Repository:
         self._children: set[asyncio.subprocess.Process] = set()  # precomputes running
 
     async def start(self) -> Models:
-        self._store = dataset_store(self.cfg)
-        for name in scan_repository(self.cfg.model_repository, strict=False):
+        self._store = await asyncio.to_thread(dataset_store, self.cfg)
+        for name in await asyncio.to_thread(scan_repository, self.cfg.model_repository, strict=False):
             await self.load(name)
         if not self.models.engines():
             raise ConfigError(f"no model version of repository {self.cfg.model_repository} can be served: "
@@ -85,15 +85,17 @@ class Repository:
         if self.closing:
             raise Draining("the server is shutting down; no model loads now")
         async with self._lock:
-            on_disk = scan_repository(self.cfg.model_repository, strict=False)
+            on_disk, signatures = await asyncio.to_thread(self._read, name)
             model = on_disk.get(name)
             if model is None:
                 raise NotFound(f"the repository has no model {brief(name)}; it has {sorted(on_disk)}")
-            if by_poll and name in self._unloaded:
-                return self.models.versions(name)
+            if by_poll and (name in self._unloaded or self._seen.get(name) == signatures[name]):
+                return self.models.versions(name)  # unloaded by the API, or loaded as it is since the poll looked
+            if by_poll:
+                log.info("repository poll: model %s changed on disk; loading", name)
             self._unloaded.discard(name)
             before = dict(self._seen[name][2]) if name in self._seen else {}  # version -> as the last load saw it
-            seen = self._seen[name] = signature(model, self._store)
+            seen = self._seen[name] = signatures[name]
             for key in [k for k in self.models.unavailable if k[0] == name]:
                 del self.models.unavailable[key]
             if model.error is not None:
@@ -127,6 +129,13 @@ class Repository:
                     self._retire(self.models.remove(name, version), name, version)
             return self.models.versions(name)
 
+    def _read(self, name: str | None = None) -> tuple[dict[str, RepositoryModel], dict[str, tuple]]:
+        """(In a worker thread: every disk read of a load or a poll is made off the event
+        loop, where a slow or network filesystem stalled every request.) The repository's
+        models, and the signatures of model `name`'s files (None: of every model's)."""
+        on_disk = scan_repository(self.cfg.model_repository, strict=False)
+        return on_disk, {n: signature(m, self._store) for n, m in on_disk.items() if name in (None, n)}
+
     def _being_written(self, key: tuple[str, str], now: VersionSignature, before: VersionSignature | None) -> bool:
         """(The poll.) Whether, since the last load looked at the version, its embedding
         store changed and nothing else did, and the store is not complete: a precompute
@@ -155,30 +164,27 @@ class Repository:
                 self._retire(self.models.remove(name, version), name, version)
             self._unloaded.add(name)
 
-    async def _removed(self, name: str) -> None:
-        """(The poll.) Model `name` is gone from the repository: its versions stop serving,
-        as an unload would stop them, and what was known of it is forgotten (it served on,
-        and counted as a model an unload could not take the last of). The last model served
-        stays, with a warning, as unload keeps it."""
-        async with self._lock:
-            if self.closing:
-                return
-            for key in [k for k in self.models.unavailable if k[0] == name]:
-                del self.models.unavailable[key]
-            self._unloaded.discard(name)
-            versions = self.models.versions(name)
-            if versions and self.models.names() == [name]:
-                if self._seen.pop(name, None) is not None:  # once, not every poll
-                    log.warning("repository poll: model %s is gone from the repository but is the last model "
-                                "served: it serves on until another is loaded", name)
-                return
-            self._seen.pop(name, None)
-            for version in versions:
-                self._started.pop((name, version), None)
-                self._writing.discard((name, version))
-                self._retire(self.models.remove(name, version), name, version)
-            if versions:
-                log.info("repository poll: model %s is gone from the repository; unloading it", name)
+    def _removed(self, name: str) -> None:
+        """(The poll, holding the lock.) Model `name` is gone from the repository: its
+        versions stop serving, as an unload would stop them, and what was known of it is
+        forgotten (it served on, and counted as a model an unload could not take the last
+        of). The last model served stays, with a warning, as unload keeps it."""
+        for key in [k for k in self.models.unavailable if k[0] == name]:
+            del self.models.unavailable[key]
+        self._unloaded.discard(name)
+        versions = self.models.versions(name)
+        if versions and self.models.names() == [name]:
+            if self._seen.pop(name, None) is not None:  # once, not every poll
+                log.warning("repository poll: model %s is gone from the repository but is the last model "
+                            "served: it serves on until another is loaded", name)
+            return
+        self._seen.pop(name, None)
+        for version in versions:
+            self._started.pop((name, version), None)
+            self._writing.discard((name, version))
+            self._retire(self.models.remove(name, version), name, version)
+        if versions:
+            log.info("repository poll: model %s is gone from the repository; unloading it", name)
 
     async def _precompute(self, cfg) -> bool:
         """Precompute a version's embeddings when it has none for this dataset (a model
@@ -225,11 +231,11 @@ class Repository:
                         "past them is not seen", model.name, version, SIGNATURE_ENTRIES)
         precomputing = False
         try:
-            cfg = version_config(self.cfg, model, version)
+            cfg = await asyncio.to_thread(version_config, self.cfg, model, version)  # reads its config.json
             precomputing = True
             if await self._precompute(cfg):
                 log.info("precomputed the embeddings of %s", cfg.model_dir)
-                files = self._own_writes(model, version, files)
+                files = await self._own_writes(model, version, files)
             precomputing = False
             stats = self.stats.for_model(model.name, str(version)) if self.stats is not None else None
             engine = await open_engine(cfg, stats, version=str(version), share_with=self.base)
@@ -238,7 +244,7 @@ class Repository:
                 raise Draining("the server began shutting down while the version loaded")
         except Exception as exc:
             if precomputing:  # a failed precompute leaves part of a store: written here, not a change
-                files = self._own_writes(model, version, files)
+                files = await self._own_writes(model, version, files)
             log.error("model %s version %d is not served: %s", model.name, version, exc,
                       exc_info=not isinstance(exc, (ConfigError, ServingError, OSError, ValueError, KeyError)))
             self.models.unavailable[(model.name, str(version))] = str(exc)
@@ -248,14 +254,14 @@ class Repository:
                  model.version_dir(version))
         return engine, files
 
-    def _own_writes(self, model: RepositoryModel, version: int, files: VersionSignature) -> VersionSignature:
+    async def _own_writes(self, model: RepositoryModel, version: int, files: VersionSignature) -> VersionSignature:
         """files with the version's embedding store as it is now. What this load's precompute
         wrote is what the engine it starts reads, not a change for the next poll to load
         again: a reload after it would read the same files, and after a failed precompute
         (which leaves part of a store) every poll would load, precompute and fail again,
         for ever. The version's other files keep the stamps taken before the precompute:
         a model.pt replaced meanwhile is still a change."""
-        now = version_signature(model, version, self._store)
+        now = await asyncio.to_thread(version_signature, model, version, self._store)
         return files._replace(store=now.store, store_complete=now.store_complete,
                               truncated=files.truncated or now.truncated)
 
@@ -280,25 +286,7 @@ class Repository:
         while True:
             await asyncio.sleep(self.cfg.server.repository_poll_s)
             try:
-                on_disk = scan_repository(self.cfg.model_repository, strict=False)
-            except (ConfigError, OSError) as exc:
-                # a volume remounted or a directory swapped, say: what serves stays; said once
-                # per cause, not a traceback per poll
-                if str(exc) != self._unreadable:
-                    log.warning("repository poll: %s; serving what is loaded, looking again every %.1fs", exc,
-                                self.cfg.server.repository_poll_s)
-                self._unreadable = str(exc)
-                continue
-            if self._unreadable is not None:
-                log.info("repository poll: the repository is readable again")
-                self._unreadable = None
-            try:
-                for name in sorted((set(self.models.names()) | set(self._seen)) - set(on_disk)):
-                    await self._removed(name)
-                for name, model in on_disk.items():
-                    if self._seen.get(name) == signature(model, self._store) or name in self._unloaded:
-                        continue
-                    log.info("repository poll: model %s changed on disk; loading", name)
+                for name in await self._changes():
                     try:
                         await self.load(name, by_poll=True)
                     except ServingError as exc:
@@ -307,6 +295,33 @@ class Repository:
                 raise
             except Exception:  # a directory changing under the scan, say: try again next time
                 log.exception("repository poll failed; trying again in %.1fs", self.cfg.server.repository_poll_s)
+
+    async def _changes(self) -> list[str]:
+        """(The poll.) Reads the repository in a worker thread, stops serving the models gone
+        from it and returns those whose files changed since their last load (each load reads
+        them again). It holds the lock loads and unloads take, from the read to what it
+        decides: a load or unload never interleaves with it, so none applies what it read
+        out of order with another."""
+        async with self._lock:
+            if self.closing:
+                return []
+            try:
+                on_disk, signatures = await asyncio.to_thread(self._read)
+            except (ConfigError, OSError) as exc:
+                # a volume remounted or a directory swapped, say: what serves stays; said once
+                # per cause, not a traceback per poll
+                if str(exc) != self._unreadable:
+                    log.warning("repository poll: %s; serving what is loaded, looking again every %.1fs", exc,
+                                self.cfg.server.repository_poll_s)
+                self._unreadable = str(exc)
+                return []
+            if self._unreadable is not None:
+                log.info("repository poll: the repository is readable again")
+                self._unreadable = None
+            for name in sorted((set(self.models.names()) | set(self._seen)) - set(on_disk)):
+                self._removed(name)
+            return [name for name, seen in signatures.items() if self._seen.get(name) != seen
+                    and name not in self._unloaded]
 
     def begin_shutdown(self) -> None:
         """No more loads; the poller stops."""
