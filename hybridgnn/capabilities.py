@@ -101,6 +101,37 @@ def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+@contextlib.contextmanager
+def exclusive(lock_path: Path, waiting: str) -> Iterator[None]:
+    """Hold an exclusive lock on lock_path (made if missing) for the block: one writer of
+    what it guards at a time, across processes. A process that must wait logs `waiting`
+    once. The lock goes with its holder, even one killed with -9 (flock). Where the lock
+    file cannot be made (a read-only directory: nobody writes there) the block runs
+    without it."""
+    import errno
+    import fcntl
+    import logging
+
+    lock_path = Path(lock_path)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.getLogger("hybridgnn").info("%s", waiting)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def save_array(path: Path, array) -> None:
     """np.save by write_replacing."""
     import numpy as np

@@ -7,6 +7,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from hybridgnn.capabilities import exclusive
 from hybridgnn.config import default_cache_dir
 from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.embeddings.store import EmbeddingStore
@@ -27,7 +28,13 @@ def ensure_demo(cache_dir: Path | None = None) -> tuple[Path, Path]:
     """Return (dataset_dir, model_dir), generating and training on first use. Each artifact
     is written under a temporary name and renamed, so an interrupted run leaves no half state."""
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    data_dir, model_dir = root / "demo" / "dataset", root / "demo" / "model"
+    # two first runs at once (two servers started together) would remove each other's
+    # temporaries: one builds, the other waits and finds it built
+    with exclusive(root / "demo" / ".lock", f"waiting for another process building the demo in {root / 'demo'}"):
+        return _ensure_demo(root / "demo" / "dataset", root / "demo" / "model")
+
+
+def _ensure_demo(data_dir: Path, model_dir: Path) -> tuple[Path, Path]:
     if not (data_dir / "meta.json").is_file():
         log.info("first run: generating the demo graph in %s", data_dir)
         tmp = data_dir.with_name("dataset.tmp")

@@ -31,9 +31,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from hybridgnn.capabilities import save_array
+from hybridgnn.capabilities import exclusive, save_array
 from hybridgnn.config import read_json
-from hybridgnn.embeddings.store import embeddings_dir, mark_complete, stored_array
+from hybridgnn.embeddings.store import (
+    embeddings_dir,
+    mark_complete,
+    store_lock,
+    stored_array,
+)
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
 from hybridgnn.models.checkpoint import weights_fingerprint, weights_match
@@ -134,6 +139,13 @@ def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     root = embeddings_dir(Path(model_dir), graph.fingerprint)
+    # one writer of a store at a time (precompute.py's precompute says why)
+    with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
+        return _write_store(model, graph, Path(model_dir), root, batch_size, dtype, progress)
+
+
+def _write_store(model: HeteroGNN, graph: HeteroGraphStore, model_dir: Path, root: Path, batch_size: int,
+                 dtype: str, progress: bool) -> HeteroEmbeddingStore:
     if root.exists():
         shutil.rmtree(root)
     dirs = {t: root / "types" / str(i) for i, t in enumerate(graph.node_types)}

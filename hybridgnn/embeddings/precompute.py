@@ -19,11 +19,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hybridgnn.capabilities import exclusive
 from hybridgnn.config import read_json
 from hybridgnn.embeddings.store import (
     EmbeddingStore,
     embeddings_dir,
     mark_complete,
+    store_lock,
     weights_of,
     write_state,
 )
@@ -291,6 +293,16 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     device = torch.device(cfg.device)
     model.to(device)
     root = embeddings_dir(model_dir, graph.fingerprint)
+    # one writer of a store at a time: replicas sharing a model repository, or `hybridgnn
+    # precompute` beside a server, would otherwise unlink and rewrite each other's layer
+    # files and mark a store complete that holds another run's rows; the one that waited
+    # finds the store complete and returns it
+    with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
+        return _precompute_locked(graph, model, model_dir, root, cfg, device, progress)
+
+
+def _precompute_locked(graph: GraphStore, model: GNN, model_dir: Path, root: Path, cfg: PrecomputeConfig,
+                       device: torch.device, progress: bool) -> EmbeddingStore:
     root.mkdir(parents=True, exist_ok=True)
     dims = layer_dims(model, graph.feature_dim, device)
     state = starting_state(root, model.num_layers, dims, cfg, model_dir)

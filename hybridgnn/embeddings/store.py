@@ -27,6 +27,12 @@ def embeddings_dir(model_dir: Path, dataset_fingerprint: str) -> Path:
     return Path(model_dir) / "embeddings" / dataset_fingerprint
 
 
+def store_lock(root: Path) -> Path:
+    """The lock file held by a process writing the store at root (capabilities.exclusive):
+    beside it, since a store may be removed whole."""
+    return root.parent / f".{root.name}.lock"
+
+
 @dataclass
 class EmbeddingStore:
     root: Path

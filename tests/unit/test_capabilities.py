@@ -41,3 +41,40 @@ def test_http_and_grpc_in_one_process_share_its_descriptors(monkeypatch, caplog)
         "gRPC's --max-connections 10000 lowered to 2048: the process may open 4352 files, shared by 2 listeners"]
     monkeypatch.setattr(resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     assert connection_limit(10_000, 2) == 10_000
+
+
+def test_exclusive_makes_a_second_holder_wait_and_runs_unlocked_where_nothing_can_be_written(tmp_path, monkeypatch,
+                                                                                               caplog):
+    import errno
+    import os
+    import threading
+    import time
+
+    from hybridgnn import capabilities
+    from hybridgnn.capabilities import exclusive
+
+    order = []
+
+    def second():
+        with exclusive(tmp_path / "x.lock", "waiting for the first"):
+            order.append("second")
+
+    with caplog.at_level("INFO", logger="hybridgnn"):
+        with exclusive(tmp_path / "x.lock", "unused"):
+            t = threading.Thread(target=second)
+            t.start()
+            deadline = time.monotonic() + 10
+            while "waiting for the first" not in caplog.text:  # it tried, was refused, said so
+                assert time.monotonic() < deadline
+                time.sleep(0.01)  # poll interval, bounded by the deadline
+            order.append("first")
+        t.join(10)
+    assert order == ["first", "second"]
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(capabilities.os, "open", read_only)
+    with exclusive(tmp_path / "ro" / "y.lock", "unused"):
+        order.append("unlocked")
+    assert order[-1] == "unlocked"

@@ -242,3 +242,29 @@ def test_ranks_on_one_machine_share_its_memory_budget(monkeypatch):
     assert _memory_budget(cfg) == 1 << 28
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "nonsense")
     assert _memory_budget(cfg) == 1 << 30
+
+
+def test_one_process_writes_a_store_at_a_time_and_the_one_that_waited_finds_it_done(skewed_graph, tmp_path):
+    """Two writers of one store (replicas sharing a model repository, `hybridgnn precompute`
+    beside a server) unlinked and rewrote each other's layer files, and one could mark
+    complete a store holding the other's rows. The second waits for the first's lock."""
+    import threading
+
+    from hybridgnn.capabilities import exclusive
+    from hybridgnn.embeddings.store import store_lock
+    from hybridgnn.models.checkpoint import save_model
+
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 2)).eval()
+    save_model(model, tmp_path / "m")
+    root = embeddings_dir(tmp_path / "m", skewed_graph.fingerprint)
+    result = []
+    with exclusive(store_lock(root), "held by the test"):  # another process writing the store
+        waiter = threading.Thread(target=lambda: result.append(precompute(skewed_graph, model, tmp_path / "m",
+                                                                          progress=False)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not (root / "state.json").exists()  # it waits, writing nothing
+    waiter.join(60)
+    assert not waiter.is_alive()
+    np.testing.assert_allclose(result[0].final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
