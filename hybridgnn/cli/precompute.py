@@ -159,12 +159,17 @@ def run(args) -> int:
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _distributed(args)
     if args.nprocs != 1:
-        from hybridgnn.capabilities import usable_cores
+        from hybridgnn.capabilities import exclusive, usable_cores
         from hybridgnn.distributed.launch import launch
+        from hybridgnn.embeddings.store import embeddings_dir, store_lock
 
-        check_nprocs(args.nprocs, GraphStore.open(args.dataset).num_nodes, usable_cores())
+        graph = GraphStore.open(args.dataset)
+        check_nprocs(args.nprocs, graph.num_nodes, usable_cores())
         threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
-        return launch(args.argv, args.nprocs, threads)
+        root = embeddings_dir(args.model, graph.fingerprint)
+        # the store's one writer, as a single process takes it (the ranks are its children)
+        with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
+            return launch(args.argv, args.nprocs, threads)
     from hybridgnn.embeddings.precompute import precompute
     from hybridgnn.models.checkpoint import load_checkpoint
 
