@@ -14,25 +14,17 @@ import time
 import pytest
 
 from hybridgnn.deploy.balancer import balancer_command, render
-from tests.support.ops_tools import fake_replica, require_tool
+from tests.support.ops_tools import ReadyReplica, fake_replica, require_tool
 from tests.support.server import free_port, stop_process
 
 pytestmark = [pytest.mark.ops]
 
 
-class _Dropping(http.server.BaseHTTPRequestHandler):
+class _Dropping(ReadyReplica):
     """Ready to a health check; every POST dropped unanswered, as by a replica killed with -9."""
 
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):  # noqa: N802 (http.server's naming)
         self.close_connection = True  # closed with nothing sent
-
-    def log_message(self, *args):
-        pass
 
 
 def _answer(port: int) -> tuple[int, str | None, bytes]:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from hybridgnn.deploy.balancer import balancer_command, render
-from tests.support.ops_tools import fake_replica, require_tool
+from tests.support.ops_tools import ReadyReplica, fake_replica, require_tool
 from tests.support.server import free_port, stop_process
 
 pytestmark = [pytest.mark.ops]
@@ -25,13 +25,8 @@ def _replica(how: str, seen: list):
     """A replica that is ready to a health check and answers every POST as `how` says
     (503: refused, "drop": the connection closed with nothing sent), noting its path."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def do_POST(self):  # noqa: N802
+    class Handler(ReadyReplica):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             seen.append(self.path)
             if how == "drop":
@@ -43,9 +38,6 @@ def _replica(how: str, seen: list):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
 
     return Handler
 
@@ -118,13 +110,8 @@ def test_an_inference_that_timed_out_is_not_sent_to_another_replica(balancer, tm
     port = free_port(3)
     seen: list[str] = []
 
-    class Slow(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def do_POST(self):  # noqa: N802
+    class Slow(ReadyReplica):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             seen.append(self.path)
             time.sleep(4)  # past the balancer's read timeout of 2 s
@@ -132,9 +119,6 @@ def test_an_inference_that_timed_out_is_not_sent_to_another_replica(balancer, tm
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
 
     replicas = [fake_replica(port + 1 + i, Slow) for i in range(2)]
     backends = [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hybridgnn.deploy.cluster import port_in_use
-from tests.support.ops_tools import require_tool
+from tests.support.ops_tools import ReadyReplica, require_tool
 from tests.support.server import free_port
 
 pytestmark = [pytest.mark.ops, pytest.mark.slow]
@@ -80,20 +80,10 @@ def test_a_supervisor_killed_with_9_takes_its_replicas_and_balancer_along(tiny_d
             first.wait()
 
 
-class _Ready(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_stranger_on_a_replica_port_is_refused_not_taken_for_a_replica(tiny_dataset, tiny_model, tmp_path):
     require_tool("haproxy")
     port = free_port(3)
-    stranger = http.server.ThreadingHTTPServer(("127.0.0.1", port + 2), _Ready)  # answers every readiness check
+    stranger = http.server.ThreadingHTTPServer(("127.0.0.1", port + 2), ReadyReplica)  # answers every readiness check
     threading.Thread(target=stranger.serve_forever, daemon=True).start()
     try:
         proc = _cluster(tmp_path / "run", port, tiny_dataset, tiny_model)

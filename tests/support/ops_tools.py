@@ -3,6 +3,7 @@ when a real tool is missing."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
 import subprocess
@@ -35,6 +36,19 @@ def run_tool(*cmd: str, cwd: Path | None = None, timeout: float = 60.0) -> subpr
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+
+
+class ReadyReplica(http.server.BaseHTTPRequestHandler):
+    """A stand-in replica's handler: ready (200) to a health check, silent in the log; a
+    subclass answers POST as its test needs."""
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
 
 
 def fake_replica(port: int, handler):
