@@ -16,8 +16,11 @@ What holds:
   waits for 503, closes and exits, so no front end accepts without an engine behind it.
 - A front end silent for wire.QUIET_S while its process lives (stopped, hung) is killed,
   and so started again: it would otherwise keep its share of new connections and answer
-  none of them. Each front end hears this process's keep-alive, and goes quiet itself
-  toward clients while this process is silent (frontend.py).
+  none of them. Any bytes from it count (a large request crosses in many reads). One
+  whose event loop thread keeps running is busy, not hung (large requests can hold its
+  loop for seconds each), and is waited for up to _BUSY_LIMIT_S of silence. Each front
+  end hears this process's keep-alive, and goes quiet itself toward clients while this
+  process is silent (frontend.py).
 - stop(): each front end closes as `hybridgnn serve` does (stops accepting, answers what
   it accepted, Connection: close), then exits; this process stops its engines after.
   Front ends ignore SIGTERM, SIGINT and SIGHUP: a signal to the whole process group acts
@@ -50,6 +53,21 @@ _START_TIMEOUT_S = 120.0  # a front end imports numpy and httptools: seconds, no
 _FLUSH_TIMEOUT_S = 1.0  # a statistics read waits at most this long for the front ends' counts
 _RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)  # between restarts of a front end that keeps dying at start
 _COUNTED = ("requests", "cpu_s", "refused_connections")  # report keys /metrics exposes as counters
+_BUSY_LIMIT_S = 60.0  # a silent front end whose event loop runs is killed after this long silent in all
+# A silent front end's loop thread not seen running for this long is not running: longer than
+# this process may stall without its heartbeat coming late (a late one judges none)
+_STILL_S = 3 * wire.KEEPALIVE_S
+
+
+def _loop_thread_cpu(pid: int) -> int | None:
+    """The CPU time (clock ticks) that process pid's main thread, its event loop, has run;
+    None where /proc cannot say (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def frontends_for(wanted: int | None, cores: int, max_connections: int | None = None) -> int:
@@ -105,16 +123,24 @@ class _Link:
         self.index: int | None = None
         self.pid: int | None = None
         self.quiet: Quiet | None = None  # from its LISTENING on: whether it has stopped speaking
-        self.channel = Channel(self._on_message, self._on_lost)
+        self.quiet_since = 0.0  # when it was last found quiet
+        self.ran: int | None = None  # its event loop thread's CPU time at the last look while silent
+        self.ran_at = 0.0  # when its loop was last seen running (or its silence first looked at)
+        self.waited = False  # the log says it is waited for
+        self.channel = Channel(self._on_message, self._on_lost, self._on_read)
         self.report: dict = {}
         self.flushed: asyncio.Future | None = None  # set by the FLUSHED that answers a FLUSH
 
     def _send(self, data: bytes) -> None:
         self.channel.send(data)
 
+    def _on_read(self) -> None:
+        # any bytes, part of a frame too: a large request crosses in many reads, and the
+        # keep-alives queued behind it arrive only after it
+        if self.quiet is not None and self.quiet.spoke() and self.waited:
+            log.warning("front end %s (pid %s) speaks again", self.index, self.pid)
+
     def _on_message(self, kind: int, rid: int, payload: memoryview) -> None:
-        if self.quiet is not None:
-            self.quiet.heard = True
         if kind == wire.INFER:
             self._infer(rid, payload)
         elif kind == wire.FORWARD:
@@ -269,6 +295,7 @@ class Frontends:
         self._calls: set[asyncio.Task] = set()
         self._watchers: set[asyncio.Task] = set()
         self._stopping = False
+        self._beat_at: float | None = None  # the last heartbeat
         self.lookups = lookup_specs(api.service)  # what front ends answer themselves (v2/lookups.py)
 
     @property
@@ -368,23 +395,58 @@ class Frontends:
         task.add_done_callback(self._watchers.discard)
 
     async def _keep_alive(self) -> None:
-        """Speak to every front end once a wire.KEEPALIVE_S, and kill one that has been
-        silent for wire.QUIET_S (its watcher starts it again)."""
-        alive = wire.frame(wire.ALIVE, 0)
         while True:
-            now = time.monotonic()
-            for link in list(self.links.values()):
-                link.channel.send(alive)
-                if link.quiet is not None and link.quiet.tick(now):
-                    self._kill_quiet(link)
+            self._heartbeat(time.monotonic())
             await asyncio.sleep(wire.KEEPALIVE_S)
 
-    def _kill_quiet(self, link: _Link) -> None:
+    def _heartbeat(self, now: float) -> None:
+        """Once a wire.KEEPALIVE_S: speak to every front end, and kill one that has been
+        silent for wire.QUIET_S whose event loop thread has not run for _STILL_S (stopped,
+        or stuck waiting; its watcher starts it again). One whose loop runs is busy, not
+        hung (a burst of large requests holds it for seconds): killing it would reset
+        every connection it holds. It is waited for up to _BUSY_LIMIT_S of silence in all.
+        A late heartbeat (this process stalled: what the front ends sent may wait unread)
+        judges none."""
+        late = self._beat_at is not None and now - self._beat_at > 3 * wire.KEEPALIVE_S
+        self._beat_at = now
+        alive = wire.frame(wire.ALIVE, 0)
+        for link in list(self.links.values()):
+            link.channel.send(alive)
+            quiet = link.quiet
+            if quiet is None:
+                continue
+            if quiet.heard:  # it spoke since the last look
+                quiet.tick(now)
+                link.ran = None
+                continue
+            went_quiet = quiet.tick(now)
+            ran = _loop_thread_cpu(link.pid)  # read only while it is silent
+            if link.ran is None or late or ran != link.ran:
+                link.ran_at = now  # the first look at its silence, this process stalled, or its loop ran
+            link.ran = ran
+            if went_quiet:
+                link.quiet_since, link.waited = now, False
+            if not quiet.quiet or late:
+                continue
+            silent_s = now - link.quiet_since + wire.QUIET_S
+            running = ran is not None and now - link.ran_at < _STILL_S
+            if not running or silent_s >= _BUSY_LIMIT_S:
+                link.quiet = None  # judged: nothing more to watch
+                self._kill_quiet(link, silent_s, running)
+                continue
+            if not link.waited:
+                link.waited = True
+                log.warning("front end %d (pid %d) has not spoken for %.0f s, but its event loop is running "
+                            "(busy with large requests?): waiting for it, up to %g s", link.index, link.pid,
+                            silent_s, _BUSY_LIMIT_S)
+
+    def _kill_quiet(self, link: _Link, silent_s: float = wire.QUIET_S, busy: bool = False) -> None:
         proc = self._procs[link.index]
         if proc is None or proc.pid != link.pid or proc.returncode is not None:
             return
-        log.error("front end %d (pid %d) has not spoken for %g s; killing it (it would keep its share of new "
-                  "connections and answer none)", link.index, link.pid, wire.QUIET_S)
+        log.error("front end %d (pid %d) has not spoken for %.0f s%s; killing it (it would keep its share of new "
+                  "connections and answer none)", link.index, link.pid, silent_s,
+                  " though its event loop is running (a loop that never returns?)" if busy else "")
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
 

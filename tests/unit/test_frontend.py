@@ -308,27 +308,146 @@ def test_a_quiet_engine_answers_what_waits_for_it_and_its_late_answers_are_dropp
     assert any("has not spoken for" in m for m in messages) and any("speaks again" in m for m in messages)
 
 
-def test_a_front_end_gone_quiet_is_killed_so_that_its_watcher_starts_it_again(caplog):
-    from hybridgnn.serving import frontends as fe
+class _Proc:
+    def __init__(self, pid: int):
+        self.pid, self.returncode, self.killed = pid, None, False
+
+    def kill(self):
+        self.killed = True
+
+
+class _NoTransport:
+    def write(self, data):
+        pass
+
+    def close(self):
+        pass
+
+
+def _one_front_end(fe, ran):
+    """A Frontends of front end 0 (pid 4242), listening and silent from now on; its event
+    loop thread's CPU time is read from ran() (monkeypatched over /proc)."""
     from hybridgnn.serving.ipc.channel import Quiet
 
-    class Proc:
-        pid, returncode, killed = 4242, None, False
-
-        def kill(self):
-            self.killed = True
-
     group = object.__new__(fe.Frontends)
-    proc = Proc()
-    group._procs = [proc]
-    link = type("L", (), {})()
-    link.index, link.pid, link.quiet = 0, 4242, Quiet(1.0, 2.0)
-    link.quiet.heard = False
+    proc = _Proc(4242)
+    group._procs, group._beat_at = [proc], None
+    link = fe._Link(group)
+    link.channel.connection_made(_NoTransport())
+    link.index, link.pid, link.quiet = 0, 4242, Quiet(wire.KEEPALIVE_S, wire.QUIET_S)
+    group.links = {0: link}
+    return group, link, proc
+
+
+def test_a_front_end_gone_quiet_is_killed_so_that_its_watcher_starts_it_again(caplog, monkeypatch):
+    from hybridgnn.serving import frontends as fe
+
+    monkeypatch.setattr(fe, "_loop_thread_cpu", lambda pid: 7)  # stopped: its loop thread does not run
+
+    async def run():
+        group, link, proc = _one_front_end(fe, None)
+        killed_at = None
+        for t in range(30):
+            group._heartbeat(float(t))
+            if proc.killed and killed_at is None:
+                killed_at = t
+        assert killed_at == wire.QUIET_S  # heard before 0: quiet at QUIET_S, its loop not seen running since 1
+        proc.killed, link.pid = False, 1  # a link of an earlier process never kills the new one
+        group._kill_quiet(link)
+        assert not proc.killed
+
     with caplog.at_level("ERROR", logger="hybridgnn.serve"):
-        for t in range(4):
-            if link.quiet.tick(float(t)):
-                group._kill_quiet(link)
-    assert proc.killed and "front end 0 (pid 4242) has not spoken" in caplog.text
-    proc.killed, link.pid = False, 1  # a link of an earlier process never kills the new one
-    group._kill_quiet(link)
-    assert not proc.killed
+        asyncio.run(run())
+    assert "front end 0 (pid 4242) has not spoken for 10 s; killing it" in caplog.text
+
+
+def test_a_silent_front_end_whose_loop_runs_is_busy_not_hung(caplog, monkeypatch):
+    """Large requests arriving together hold a front end's loop for seconds each: silent
+    past the quiet limit, it was killed with every connection it held. Its loop thread
+    running shows it busy; it is waited for (up to _BUSY_LIMIT_S), and killed once its
+    loop has not run for _STILL_S."""
+    from hybridgnn.serving import frontends as fe
+
+    ran = [0]
+    monkeypatch.setattr(fe, "_loop_thread_cpu", lambda pid: ran[0])
+
+    async def run():
+        group, link, proc = _one_front_end(fe, ran)
+        for t in range(40):  # busy, silent
+            ran[0] += 100
+            group._heartbeat(float(t))
+        assert not proc.killed and link.quiet.quiet
+        link.channel.data_received(wire.json_frame(wire.STATS, 0, {"connections": 1}))  # it speaks again
+        assert not link.quiet.quiet
+        for t in range(40, 40 + int(wire.QUIET_S)):  # stopped now: its loop thread does not run
+            group._heartbeat(float(t))
+        assert not proc.killed
+        group._heartbeat(40 + wire.QUIET_S)
+        assert proc.killed
+        # busy, then stuck without a word: killed once its loop has not run for _STILL_S
+        group, link, proc = _one_front_end(fe, ran)
+        for t in range(15):
+            ran[0] += 100
+            group._heartbeat(float(t))
+        for t in range(15, 14 + int(fe._STILL_S)):  # its loop last seen running at 14
+            group._heartbeat(float(t))
+        assert not proc.killed
+        group._heartbeat(14 + fe._STILL_S)
+        assert proc.killed
+        # busy for ever (a loop that never returns): killed after _BUSY_LIMIT_S of silence
+        group, link, proc = _one_front_end(fe, ran)
+        t = 0
+        while not proc.killed:
+            ran[0] += 100
+            group._heartbeat(float(t))
+            t += 1
+        assert t - 1 == fe._BUSY_LIMIT_S  # heard before 0
+
+    with caplog.at_level("WARNING", logger="hybridgnn.serve"):
+        asyncio.run(run())
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("but its event loop is running" in m and "waiting for it" in m for m in messages) == 3, messages
+    assert sum("speaks again" in m for m in messages) == 1
+    assert sum("killing it" in m for m in messages) == 3
+    assert "has not spoken for 60 s though its event loop is running" in messages[-1]
+
+
+def test_a_heartbeat_that_comes_late_judges_no_front_end(monkeypatch):
+    """This process stalled (stopped, its loop blocked): the front ends' frames may wait
+    unread behind the heartbeat, so their silence is counted again from there."""
+    from hybridgnn.serving import frontends as fe
+
+    monkeypatch.setattr(fe, "_loop_thread_cpu", lambda pid: 7)  # idle (or stopped)
+
+    async def run():
+        group, link, proc = _one_front_end(fe, None)
+        for t in range(int(wire.QUIET_S) - 1):
+            group._heartbeat(float(t))
+        group._heartbeat(60.0)  # late: nothing is judged, the count starts again
+        for t in range(61, 60 + int(wire.QUIET_S)):
+            group._heartbeat(float(t))
+        assert not proc.killed
+        group._heartbeat(60 + wire.QUIET_S)
+        assert proc.killed
+
+    asyncio.run(run())
+
+
+def test_a_large_frame_arriving_in_pieces_is_the_front_end_speaking(monkeypatch):
+    """A large request crosses in many reads, and the front end's keep-alives wait behind
+    it: each piece shows the front end writing (it was silent until the frame ended)."""
+    from hybridgnn.serving import frontends as fe
+
+    monkeypatch.setattr(fe, "_loop_thread_cpu", lambda pid: 7)  # it would be killed if found quiet
+
+    async def run():
+        group, link, proc = _one_front_end(fe, None)
+        big = wire.json_frame(wire.STATS, 0, {"connections": 1, "pad": "x" * 4000})
+        pieces = [big[i:i + 100] for i in range(0, len(big), 100)]
+        for t, piece in enumerate(pieces):
+            link.channel.data_received(piece)
+            group._heartbeat(float(t))
+            assert not link.quiet.quiet and not proc.killed, t
+        assert link.report["connections"] == 1 and not link.channel.closed
+
+    asyncio.run(run())

@@ -16,12 +16,15 @@ log = logging.getLogger("hybridgnn.serving.ipc")
 class Channel(asyncio.Protocol):
     """One end of a link. on_message(kind, rid, payload: memoryview) gets each frame
     (the memoryview is valid only during the call unless copied); on_lost(exc) once, when
-    the link ends (EOF, an error, or a frame that does not decode)."""
+    the link ends (EOF, an error, or a frame that does not decode); on_read() each read,
+    before its frames, part of a frame too (the other end is writing)."""
 
     def __init__(self, on_message: Callable[[int, int, memoryview], None],
-                 on_lost: Callable[[BaseException | None], None] | None = None):
+                 on_lost: Callable[[BaseException | None], None] | None = None,
+                 on_read: Callable[[], None] | None = None):
         self.on_message = on_message
         self.on_lost = on_lost
+        self.on_read = on_read
         self.transport: asyncio.Transport | None = None
         self.connected = asyncio.get_running_loop().create_future()
         self.closed = False
@@ -41,6 +44,8 @@ class Channel(asyncio.Protocol):
         return True
 
     def data_received(self, data: bytes) -> None:
+        if self.on_read is not None:
+            self.on_read()
         buf = self._buffer
         if buf:
             buf += data
