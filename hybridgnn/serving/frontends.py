@@ -344,6 +344,8 @@ class Frontends:
             self.grpc_port = self._grpc_held.getsockname()[1]
         self._dir = private_run_dir("engine")  # 0700: only this user reaches the engine
         self._ipc = await loop.create_unix_server(lambda: _Link(self).channel, self.path)
+        # keep-alives from the first: a front end up early serves while the others start
+        self._keep(self._keep_alive())
         try:
             await asyncio.gather(*(self._start_one(i) for i in range(self.count)))
         except BaseException:
@@ -351,7 +353,6 @@ class Frontends:
             raise
         for i in range(self.count):
             self._watch(i)
-        self._keep(self._keep_alive())
         self.api.engine.stats.frontends(self.reports)
 
     async def _start_one(self, index: int) -> None:

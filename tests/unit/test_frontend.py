@@ -451,3 +451,63 @@ def test_a_large_frame_arriving_in_pieces_is_the_front_end_speaking(monkeypatch)
         assert link.report["connections"] == 1 and not link.channel.closed
 
     asyncio.run(run())
+
+
+def test_the_engine_speaks_to_front_ends_that_listen_while_the_others_still_start(monkeypatch, tmp_path):
+    """The keep-alives began only once every front end listened: a front end up first
+    heard nothing while a slower one started, and after 10 s took the engine for hung
+    (503 to everything, readiness included) though it served all along."""
+    from types import SimpleNamespace
+
+    from hybridgnn.serving import frontends as fe
+    from hybridgnn.serving.ipc.channel import Quiet
+
+    class Held:
+        def getsockname(self):
+            return ("127.0.0.1", 8000)
+
+        def close(self):
+            pass
+
+    heard = []
+
+    class Transport(_NoTransport):
+        def write(self, data):
+            heard.append(wire.FRAME.unpack_from(data)[1])
+
+    monkeypatch.setattr(fe, "reserve_port", lambda host, port: Held())
+    monkeypatch.setattr(fe, "private_run_dir", lambda kind: str(tmp_path))
+    service = SimpleNamespace(repository=object())
+    stats = SimpleNamespace(frontends=lambda reports: None)
+    api = SimpleNamespace(service=service, engine=SimpleNamespace(stats=stats))
+    cfg = SimpleNamespace(server=SimpleNamespace(host="127.0.0.1", port=0, grpc_port=None))
+
+    async def run():
+        loop = asyncio.get_running_loop()
+
+        async def no_server(factory, path):
+            return SimpleNamespace(close=lambda: None)
+
+        monkeypatch.setattr(loop, "create_unix_server", no_server)
+        group = fe.Frontends(api, cfg, 2)
+
+        async def start_one(index):
+            if index == 0:  # up at once
+                link = fe._Link(group)
+                link.channel.connection_made(Transport())
+                link.index, link.pid, link.quiet = 0, 4242, Quiet(wire.KEEPALIVE_S, wire.QUIET_S)
+                group.links[0] = link
+                return
+            deadline = loop.time() + 3 * wire.KEEPALIVE_S  # the slow one: front end 0 hears the engine meanwhile
+            while wire.ALIVE not in heard and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+
+        group._start_one = start_one
+        group._watch = lambda index: None
+        await group.start()
+        assert wire.ALIVE in heard
+        group.begin_shutdown()
+        for task in list(group._watchers):
+            task.cancel()
+
+    asyncio.run(run())
