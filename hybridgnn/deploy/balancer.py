@@ -106,11 +106,12 @@ backend replicas
 
 
 def render_nginx(listen: str, backends: Sequence[str], *, state_dir: str | Path = "/var/lib/hybridgnn-nginx",
-                 retries: int = 3, read_timeout_s: int = 60, retry_window_s: int = 10) -> str:
+                 retries: int = 3, read_timeout_s: int = 60, retry_window_s: int = 30) -> str:
     """nginx.conf (a complete main config): round robin with passive checks and retries
     within retry_window_s of the first try (so a request whose replica timed out after
-    read_timeout_s is not sent to the next); temp files, pid and logs under state_dir so
-    it runs unprivileged."""
+    read_timeout_s is not sent to the next; and longer than a front end takes to answer
+    503 for an engine gone silent, 10 s and a keep-alive, which is retried); temp files,
+    pid and logs under state_dir so it runs unprivileged."""
     if not backends:
         raise ValueError("a balancer needs at least one backend")
     if not 0 < retry_window_s < read_timeout_s:
@@ -155,7 +156,8 @@ http {{
             proxy_connect_timeout 1s;
             proxy_read_timeout {read_timeout_s}s;
             # Inference is idempotent, so POSTs may be retried too; "timeout" is for
-            # connecting: a request that timed out waiting for its answer is past the window.
+            # connecting: a request that timed out waiting for its answer is past the window,
+            # a 503 for an engine silent for 10 s (answered up to 11 s after) is within it.
             proxy_next_upstream error timeout http_503 non_idempotent;
             proxy_next_upstream_tries {retries + 1};
             proxy_next_upstream_timeout {retry_window_s}s;

@@ -137,3 +137,69 @@ def test_an_inference_that_timed_out_is_not_sent_to_another_replica(balancer, tm
         for r in replicas:
             r.shutdown()
             r.server_close()
+
+
+@pytest.mark.parametrize("balancer", ["haproxy", "nginx"])
+def test_a_503_from_a_replica_whose_engine_went_quiet_is_retried_on_another(balancer, tmp_path):
+    """A front end whose engine process stopped answers what waited for it 503 (with
+    Retry-After) once the engine has been silent for the quiet limit: a request in
+    flight then hears it up to a keep-alive later. nginx retried only within 10 s of the
+    first try, so it passed exactly those 503s to the client; HAProxy retried them."""
+    from hybridgnn.serving.ipc import wire
+
+    require_tool(balancer)
+    port = free_port(3)
+    seen: list[str] = []
+
+    def replica(name: str, wait_s: float, status: int):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's naming)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                seen.append(name)
+                time.sleep(wait_s)
+                body = b"{}" if status == 200 else b'{"error": "the engine process is gone or not answering"}'
+                self.send_response(status)
+                if status == 503:
+                    self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+    quiet_s = wire.QUIET_S + wire.KEEPALIVE_S
+    replicas = [fake_replica(port + 1, replica("stopped", quiet_s, 503)), fake_replica(port + 2, replica("up", 0, 200))]
+    config = tmp_path / "balancer.conf"
+    config.write_text(render(balancer, f"127.0.0.1:{port}", [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"],
+                             tmp_path))
+    proc = subprocess.Popen(balancer_command(balancer, config), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # round robin: until a request reaches the stopped one first
+            seen.clear()
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=quiet_s + 20)
+                conn.request("POST", "/v2/models/m/infer", body=b'{"inputs": []}',
+                             headers={"Content-Type": "application/json"})
+                status = conn.getresponse().status
+                conn.close()
+            except (OSError, http.client.HTTPException):
+                status = None
+            if seen[:1] == ["stopped"]:
+                break
+            assert time.monotonic() < deadline, "no inference reached the stopped replica first"
+            time.sleep(0.1)  # poll interval, bounded by the deadline
+        assert (status, seen) == (200, ["stopped", "up"])
+    finally:
+        stop_process(proc)
+        for r in replicas:
+            r.shutdown()
+            r.server_close()
