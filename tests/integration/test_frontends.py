@@ -340,6 +340,8 @@ def test_a_stopped_front_end_is_killed_and_started_again(tiny_dataset, tiny_mode
         status, _ = post_once(connection_to(srv.port, 0, back), [5])
         assert status == 200
     finally:
+        if "pids" in locals() and _alive(pids[0]):  # not killed (a failure above): never left stopped
+            os.kill(pids[0], signal.SIGKILL)
         assert srv.stop() == 0, srv.output()
     out = srv.output()
     assert "front end 0" in out and "has not spoken for" in out and "starting it again" in out, out

@@ -111,7 +111,7 @@ class ServerProcess:
             self._output = ""
             if self.proc.stdout:
                 with self.proc.stdout:
-                    self._output = self.proc.stdout.read().decode(errors="replace")
+                    self._output = read_until_closed(self.proc.stdout).decode(errors="replace")
         return self._output
 
     def stop(self, timeout_s: float = 30.0) -> int:
@@ -120,6 +120,24 @@ class ServerProcess:
     def __del__(self):  # output() was never asked for: the pipe goes with us, not to a warning
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def read_until_closed(pipe, timeout_s: float = 30.0) -> bytes:
+    """What `pipe` holds until every writer closed it, or what came within timeout_s: a
+    child the server left behind (a stopped one never exits) holds the pipe open, and a
+    plain read() waited for it forever."""
+    import select
+
+    chunks, deadline = [], time.monotonic() + timeout_s
+    fd = pipe.fileno()
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+    return b"".join(chunks) + b"\n(output cut: a process the server started still holds its pipe)\n"
 
 
 def children_of(pid: int) -> list[int]:
