@@ -83,7 +83,9 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     if saver is not None:
         saver.cancel()
         await asyncio.gather(saver, return_exceptions=True)
-        engine.save_seed_log(cfg.server.seed_log)
+        # off the loop: a large graph's log takes seconds, and front ends would take the
+        # silence for a hung engine
+        await asyncio.to_thread(engine.save_seed_log, cfg.server.seed_log)
     await asyncio.gather(*background, return_exceptions=True)
     await server.close()
     log.info("stopped (%s)", "drained" if drained else "drain timed out")
