@@ -80,11 +80,37 @@ def staged_directory(out: Path, action: str) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.{action}-{os.getpid()}"
     _remove(staging)  # a killed run's of this pid
+    _remove_orphans(out)
     try:
         yield staging
         _move_in(staging, out)
     finally:
         _remove(staging)
+
+
+def _remove_orphans(out: Path) -> None:
+    """Remove what runs killed before they finished left beside out: hidden staging and
+    replaced siblings (.<name>.<action>-<pid>) whose process is gone. One whose pid is in
+    use is left (a run in progress, or a stranger that reused the pid)."""
+    prefix = f".{out.name}."
+    try:
+        siblings = [p for p in out.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return
+    for path in siblings:
+        pid = path.name[len(prefix):].rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            _remove(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def _move_in(staging: Path, out: Path) -> None:

@@ -261,3 +261,21 @@ def test_a_failed_move_puts_the_old_output_back(tmp_path, monkeypatch):
         (staging / "new").write_text("new\n")
     assert _tree(out) == {"old": b"old\n"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_what_killed_runs_left_beside_an_output_is_removed_by_the_next(tmp_path):
+    """A run killed with -9 leaves its hidden staging (or the replaced old output) beside
+    --out; the next run removes those of processes that are gone, never a live one's."""
+    import os
+
+    from hybridgnn.cli.outputs import staged_directory
+
+    out = tmp_path / "out"
+    gone = 4_194_305  # past Linux's largest pid: no such process
+    for name in (f".out.generating-{gone}", f".out.replaced-{gone}", f".out.generating-{os.getppid()}",
+                 f".other.generating-{gone}"):
+        (tmp_path / name).mkdir()
+    with staged_directory(out, "generating") as staging:
+        staging.mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out", f".out.generating-{os.getppid()}", f".other.generating-{gone}"])
