@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridgnn.capabilities import write_replacing
+
 COLOURS = {"cpu": "#1f77b4", "gpu": "#d62728"}
 POINT_LABELS = {"cpu_preferred": "CPU-preferred", "gpu_preferred": "GPU-preferred",
                 "latency_preferred": "latency-preferred", "throughput_preferred": "throughput-preferred"}
@@ -55,6 +57,6 @@ def plot_profile(profile, out_stem: Path) -> list[Path]:
     out_stem = Path(out_stem)
     paths = [out_stem.with_suffix(".png"), out_stem.with_suffix(".svg")]
     for p in paths:
-        fig.savefig(p)
+        write_replacing(p, fig.savefig)  # whole or not at all, as the profile itself
     plt.close(fig)
     return paths
