@@ -58,6 +58,7 @@ class RankGroup:
         self._procs: list[subprocess.Popen] = []
         self._rid = 0
         self._last_call = time.monotonic()
+        self._waiting_since: float | None = None  # when the call on the link now (not an update) was sent
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.info: dict = {}
@@ -217,6 +218,7 @@ class RankGroup:
                 raise ServiceUnavailable("the partition ranks were restarted meanwhile; retry",
                                          retry_after_s=max(1.0, self.cfg.restart_backoff_s))
             self._rid = (self._rid + 1) & 0xFFFFFFFF
+            self._waiting_since = time.monotonic() if name != "update" else None
             try:
                 self._link.send(wire.encode(wire.CALLS[name], self._rid, head, arrays))
                 # An update's embedding refresh may run long; each of its collectives is
@@ -232,9 +234,17 @@ class RankGroup:
                 raise self._unavailable() from None
             finally:
                 self._last_call = time.monotonic()
+                self._waiting_since = None
         if kind == wire.ERROR:
             raise ServingError(str(out.get("message")), status=int(out.get("status", 500)))
         return out, rows
+
+    def stalled_s(self) -> float:
+        """How long the call on the link now has waited (0: none, or an update's, which may
+        run long by design). A rank stopped (SIGSTOP) or stuck holds it until the ranks'
+        timeout; readiness uses this to route away long before."""
+        since = self._waiting_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def _await_answer(self, wait_s: float) -> None:
         """Return once rank 0's answer starts to arrive, watching the local rank processes

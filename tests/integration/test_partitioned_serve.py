@@ -139,6 +139,36 @@ def test_a_killed_rank_turns_readiness_off_and_the_group_rejoins(partitioned_ser
     assert meta["up"] and meta["restarts"] >= 1
 
 
+def test_a_stopped_rank_turns_readiness_off_while_a_call_waits_for_it(partitioned_server, tiny_dataset,
+                                                                      tiny_model_pe):
+    """A rank stopped with SIGSTOP holds the call on the ranks (and every request behind
+    it) until the ranks' timeout, 60 s, and readiness said 200 meanwhile: it now says 503
+    once the call has waited 5 s, so a balancer routes away; after SIGCONT the call ends
+    with the right rows and readiness comes back."""
+    import threading
+
+    url = partitioned_server.url
+    graph = GraphStore.open(tiny_dataset)
+    store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
+    ids = np.array([4, 2600])
+    poll_ready(url, 200, 60)
+    rank = children_of(partitioned_server.proc.pid)[1]
+    os.kill(rank, signal.SIGSTOP)
+    answers = []
+    try:
+        held = threading.Thread(target=lambda: answers.append(
+            requests.post(url + URL, json=_ids_body(ids, "precomputed"), timeout=60)))
+        held.start()
+        poll_ready(url, 503, 30)
+        meta = requests.get(url + "/v2/models/hybridgnn", timeout=30).json()["parameters"]["partitions"]
+        assert meta["up"] and meta["stalled_s"] >= 5, meta
+    finally:
+        os.kill(rank, signal.SIGCONT)
+    held.join(60)
+    np.testing.assert_allclose(_outputs(answers[0])["logits"], store.lookup(ids), atol=1e-6)
+    poll_ready(url, 200, 30)
+
+
 def test_ranks_started_by_torchrun_serve_and_rejoin_after_torchrun_restarts_them(tiny_dataset, tiny_model_pe):
     import subprocess
     import sys

@@ -27,7 +27,7 @@ from hybridgnn.errors import (
 )
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.graph.store import GraphStore
-from hybridgnn.serving.core.partitioned import PartitionedEngine
+from hybridgnn.serving.core.partitioned import RANKS_STALLED_S, PartitionedEngine
 from hybridgnn.serving.core.updates import PendingUpdate
 from hybridgnn.serving.ipc import ranks as wire
 from hybridgnn.serving.ipc.wire import WireError
@@ -38,6 +38,7 @@ class StandInRanks:
     """Answers like rank 0 would: logits = id * [1, 2], embeddings = -id; counts its calls."""
 
     world, restarts, why_down, generation = 2, 0, "", 0
+    stalled = 0.0  # what stalled_s() says
 
     def __init__(self, num_nodes: int = 0):
         self.info, self.up = {}, False
@@ -63,6 +64,9 @@ class StandInRanks:
         if self.prepare is not None:
             self.prepare(self._call, {**self.info, "updates_applied": kept_updates, "generation": self.generation})
         self.up = True
+
+    def stalled_s(self) -> float:
+        return self.stalled
 
     def call(self, name, head, arrays, *, generation=None):
         if not self.up or (generation is not None and generation != self.generation):
@@ -156,6 +160,11 @@ def test_a_down_group_is_not_ready_and_its_answer_is_503_with_retry_after():
                                    policy="ratio")
         assert err.value.status == 409
         assert engine.pending == 0 and engine.ready
+        # a call held by a stopped or stuck rank (until the ranks' timeout): not ready meanwhile
+        ranks.stalled = RANKS_STALLED_S
+        assert not engine.ready and engine.metadata()["partitions"]["stalled_s"] == RANKS_STALLED_S
+        ranks.stalled = 0.0
+        assert engine.ready
 
     _run(scenario)
 

@@ -82,6 +82,9 @@ class OneRank:
         self.up = True
         return self.info
 
+    def stalled_s(self) -> float:
+        return 0.0
+
     def call(self, name, head, arrays, *, generation=None):
         if not self.up or (generation is not None and generation != self.generation):
             raise ServiceUnavailable("down", retry_after_s=1.0)

@@ -43,6 +43,9 @@ from hybridgnn.types import (
 
 log = logging.getLogger("hybridgnn.serving.core.engine")
 NEW_NODE_MODES = ("full", "pe", "srpe", "sampled")
+# A call waiting this long for the ranks (milliseconds, usually) makes the engine not ready:
+# a balancer routes away while the ranks' own timeout (--partition-timeout-s) runs out
+RANKS_STALLED_S = 5.0
 
 
 @dataclass
@@ -98,8 +101,10 @@ class PartitionedEngine(Admitting):
     # --- state ---------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Started, not draining, and every partition rank up."""
-        return self._ready and self.ranks.up
+        """Started, not draining, every partition rank up, and no call (but an update's)
+        waiting for them past RANKS_STALLED_S: calls run one at a time, so one held by a
+        stopped or stuck rank (until the ranks' timeout) holds every request behind it."""
+        return self._ready and self.ranks.up and self.ranks.stalled_s() < RANKS_STALLED_S
 
     @ready.setter
     def ready(self, value: bool) -> None:
@@ -161,7 +166,8 @@ class PartitionedEngine(Admitting):
             "graph_version": self.graph_version,
             "partitions": {"ranks": self.ranks.world, "partition": info.get("partition"), "up": self.ranks.up,
                            "restarts": self.ranks.restarts, "memory_bytes_per_rank": info.get("memory_bytes"),
-                           "why_down": None if self.ranks.up else self.ranks.why_down},
+                           "why_down": None if self.ranks.up else self.ranks.why_down,
+                           "stalled_s": round(self.ranks.stalled_s(), 3)},
         }
 
     # --- lifecycle -----------------------------------------------------------------------
