@@ -31,10 +31,19 @@ class PolicyControl:
         self.pipelines = pipelines
         self.profile: Profile | None = None
         self.policy: Policy | None = None  # what is in force; the engine sets it
-        # (batch PSGS, service seconds) of recent batches per pipeline, for --adapt
+        # (batch PSGS, service seconds) of recent batches per pipeline, as they ran
         self.recent: dict[str, collections.deque] = {n: collections.deque(maxlen=5000) for n in pipelines}
+        # for --adapt: those since the last step, then (once a step knows the request rate
+        # they ran at) with that window's front-end stretch divided out
+        self._unscaled: dict[str, collections.deque] = {n: collections.deque(maxlen=5000) for n in pipelines}
+        self._scaled: dict[str, collections.deque] = {n: collections.deque(maxlen=5000) for n in pipelines}
         self.admitted = (0, 0)  # requests, seeds since start
         self._adapt_mark = (time.perf_counter(), 0, 0)
+
+    def record(self, pipeline: str, psgs: float, seconds: float) -> None:
+        """A batch of `pipeline` served: its PSGS and service seconds."""
+        self.recent[pipeline].append((psgs, seconds))
+        self._unscaled[pipeline].append((psgs, seconds))
 
     def count_admitted(self, seeds: int) -> int:
         """Count one admitted request of `seeds` seeds; returns the requests before it."""
@@ -98,31 +107,37 @@ class PolicyControl:
         """What an --adapt step re-fits from: (profile data, pipelines, live samples, policy,
         batching wait, serving load), or None while too few batches are recorded or no
         request was admitted since the last step. Live service times are divided by the
-        front-end stretch at the recent request rate, so the choice, which applies the
-        stretch again at the rates it tries, counts it once; seeds per request become the
-        recent mean."""
+        front-end stretch at the request rate of the window they ran in (each window's
+        batches by its own: a busy window's were slower for it), so the choice, which
+        applies the stretch again at the rates it tries, counts it once; seeds per request
+        become the recent mean."""
         pc = self.cfg.policy
         now = time.perf_counter()
         requests, seeds = self.admitted
         last_t, last_requests, last_seeds = self._adapt_mark
         self._adapt_mark = (now, requests, seeds)
-        live = {n: d for n, d in self.recent.items() if len(d) >= pc.adapt_min_batches}
         window_requests = requests - last_requests
-        if not live or self.profile is None or not window_requests:
-            # No traffic since the last step: no batch is new, and a rate of 0 (no stretch)
-            # would read the recorded ones, which ran beside the traffic before, as slower
-            # than they were: the policy would move on no news (and the re-fit cost a core-second).
+        if self.profile is None or not window_requests:
+            # No traffic since the last step: no batch is new (one still finishing waits for
+            # the next window), and the policy would move on no news (the re-fit costs a
+            # core-second)
             return None
         rps = window_requests / max(now - last_t, 1e-9)
         # at least one seed a request (the load's own bound): requests that count no seeds
         # (new nodes) among them made the mean refused, which ended the adapt loop
         mean = (seeds - last_seeds) / window_requests
         load = ServingLoad.from_policy(pc, max(1.0, mean) if mean > 0 else None)
-        samples = {}
-        for name, d in live.items():
+        for name, fresh in self._unscaled.items():
+            if name not in self.profile.devices or not fresh:
+                continue
             stretch = self.profile.devices[name].model().stretch(rps, load)
-            stretch = stretch if math.isfinite(stretch) else 1.0
-            samples[name] = (np.array([p for p, _ in d]), np.array([s for _, s in d]) / stretch)
+            stretch = stretch if math.isfinite(stretch) and stretch > 0 else 1.0
+            self._scaled[name].extend((p, s / stretch) for p, s in fresh)
+            fresh.clear()
+        live = {n: d for n, d in self._scaled.items() if len(d) >= pc.adapt_min_batches}
+        if not live:
+            return None
+        samples = {name: (np.array([p for p, _ in d]), np.array([s for _, s in d])) for name, d in live.items()}
         # live service times already carry any drift: no --service-scale on top of them
         load = dataclasses.replace(load, service_scale=1.0)
         return self.profile.data, sorted(self.profile.devices), samples, pc.policy, self.cfg.batcher.max_wait_s, load

@@ -141,8 +141,8 @@ def test_adapt_keeps_the_policy_while_no_request_comes():
     for name, dev in prof.devices.items():
         stretch = dev.model().stretch(1000.0, ServingLoad.from_policy(pc))
         ratios = dev.service_ratios()
-        control.recent[name].extend((float(x), stretch * float(dev.mean(x)) * float(ratios[i % len(ratios)]))
-                                    for i, x in enumerate(xs))
+        for i, x in enumerate(xs):
+            control.record(name, float(x), stretch * float(dev.mean(x)) * float(ratios[i % len(ratios)]))
     control._adapt_mark = (time.perf_counter() - 1.0, 0, 0)
     for _ in range(1000):
         control.count_admitted(8)
@@ -159,10 +159,43 @@ def test_requests_of_no_seeds_among_the_admitted_do_not_end_the_adapt_loop():
 
     control = _control(adapt_min_batches=1)
     for name in control.profile.devices:
-        control.recent[name].append((10.0, 0.001))
+        control.record(name, 10.0, 0.001)
     control._adapt_mark = (time.perf_counter() - 1.0, 0, 0)
     control.count_admitted(1)
     for _ in range(3):
         control.count_admitted(0)
     inputs = control.adapt_inputs()
     assert inputs is not None and inputs[-1].request_seeds == 1.0
+
+
+def test_each_windows_batches_have_their_own_request_rates_stretch_divided_out():
+    """Every recorded batch was divided by the latest window's stretch: batches from a busy
+    window (slower for the front end's share of the cores) read as a slower pipeline once
+    a quiet window followed."""
+    import time
+
+    import numpy as np
+
+    from hybridgnn.scheduler.queueing import ServingLoad
+
+    control = _control(adapt_min_batches=10)
+    load = ServingLoad.from_policy(control.cfg.policy)
+    name = "cpu"
+    dev = control.profile.devices[name]
+    xs = np.geomspace(100.0, 10_000.0, 20)
+
+    def window(rps: float, requests: int) -> float:
+        stretch = dev.model().stretch(rps, load)
+        for x in xs:  # batches as they ran: the profile's mean, stretched at this rate
+            control.record(name, float(x), stretch * float(dev.mean(x)))
+        control._adapt_mark = (time.perf_counter() - requests / rps, *control.admitted)
+        for _ in range(requests):
+            control.count_admitted(8)
+        return stretch
+
+    busy = window(1200.0, 1200)
+    assert busy > 2  # the busy window's batches ran more than twice as long
+    control.adapt_inputs()
+    window(5.0, 5)  # then a quiet one
+    psgs, seconds = control.adapt_inputs()[2][name]
+    np.testing.assert_allclose(seconds, np.tile(dev.mean(xs), 2), rtol=0.02)  # both: as profiled

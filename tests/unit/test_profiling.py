@@ -379,7 +379,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
             # the CPU pipeline has become 20x slower than profiled: it may take far less
             edges = np.asarray(prof.data["bin_edges"])
             xs = np.exp(np.random.default_rng(0).uniform(np.log(edges[0]), np.log(edges[-1]), 400))
-            engine._control.recent["cpu"].extend(twenty_times_slower(xs))
+            _record(engine._control, "cpu", twenty_times_slower(xs))
             engine._control.count_admitted(8)  # traffic since the last step: something new to re-fit from
             assert engine.adapt_once()
             # batches run 20x slower than profiled, and the server says so
@@ -404,7 +404,7 @@ def test_adapt_moves_the_threshold_towards_live_curves_within_a_bounded_step(tin
         await engine.start()
         try:
             before = engine._control.policy.pipeline_limits["cpu"]
-            engine._control.recent["cpu"].extend(twenty_times_slower(xs))
+            _record(engine._control, "cpu", twenty_times_slower(xs))
             engine._control.count_admitted(8)
             deadline = time.monotonic() + 60
             while engine._control.policy.pipeline_limits["cpu"] >= before and time.monotonic() < deadline:
@@ -566,3 +566,8 @@ def test_any_json_in_any_profile_field_loads_or_is_one_value_error():
             pass
 
     check()
+
+
+def _record(control, pipeline: str, batches) -> None:
+    for psgs, seconds in batches:
+        control.record(pipeline, psgs, seconds)

@@ -113,7 +113,7 @@ class SampledInference:
         self.model_stats.executed()
         rt = result.timings
         service_s = rt.sample_s + rt.gather_s + rt.compute_s
-        self._control.recent[plan.pipeline].append((batch.psgs, service_s))
+        self._control.record(plan.pipeline, batch.psgs, service_s)
         lane = self._sampled_lane
         lane.observe(batch.psgs, service_s)
         # What each request waited before its batch's service began, against what
