@@ -74,8 +74,11 @@ class Curve:
         return np.where(beyond, ky[-1] * x / self.psgs[-1], y)
 
     def max_psgs_within(self, seconds: float) -> float:
-        """Largest PSGS whose predicted latency is within `seconds` (0 if none is)."""
-        ky = np.asarray(self.seconds)
+        """Largest PSGS whose predicted latency is within `seconds` (0 if none is), on the
+        curve's rising envelope: a hand-written curve that falls somewhere (fitted ones
+        never do) is read as the slowest it has been up to each knot, never past a knot
+        it exceeds."""
+        ky = np.maximum.accumulate(np.asarray(self.seconds, dtype=float))
         if ky[0] > seconds:
             return 0.0
         if ky[-1] <= seconds:

@@ -66,6 +66,14 @@ def test_noisy_bins_fit_a_monotone_curve():
     assert np.median(np.abs(np.asarray(c.seconds) / truth - 1)) < 0.25
 
 
+def test_the_batch_bound_of_a_falling_hand_written_curve_is_read_on_its_rising_envelope():
+    """The bound searched the knots as if sorted: a curve that falls somewhere gave any answer."""
+    falling = Curve([10.0, 100.0, 1000.0], [0.01, 0.005, 0.02])
+    assert falling.max_psgs_within(0.008) == 0.0  # 10 PSGS already takes 10 ms
+    assert falling.max_psgs_within(0.015) == pytest.approx(10 ** 2.5)
+    assert falling.max_psgs_within(0.04) == pytest.approx(2000.0)
+
+
 def test_crossing_found_where_the_curves_meet():
     cpu = curve(lambda x: 1e-6 * x)  # grows fast with PSGS
     gpu = curve(lambda x: 2e-3 + 1e-8 * x)  # fixed launch cost, cheap per node
