@@ -7,10 +7,12 @@ would be logged again: applied twice unless the client gave an Idempotency-Key."
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -75,28 +77,36 @@ def _until_it_reaches_a_replica(port: int, path: str, seen: list, retried: bool 
         time.sleep(0.1)  # poll interval, bounded by the deadline
 
 
+@contextlib.contextmanager
+def _behind(balancer: str, tmp_path: Path, port: int, handlers: list, config: str | None = None):
+    """Stand-in replicas on port+1, port+2, ... (a handler each) behind a real balancer on
+    port, configured as render() makes it, or with `config`; all stopped after the block."""
+    replicas = [fake_replica(port + 1 + i, handler) for i, handler in enumerate(handlers)]
+    path = tmp_path / "balancer.conf"
+    path.write_text(config if config is not None else render(
+        balancer, f"127.0.0.1:{port}", [f"127.0.0.1:{port + 1 + i}" for i in range(len(handlers))], tmp_path))
+    proc = subprocess.Popen(balancer_command(balancer, path), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        stop_process(proc)
+        for r in replicas:
+            r.shutdown()
+            r.server_close()
+
+
 @pytest.mark.parametrize("how", ["503", "drop"])
 @pytest.mark.parametrize("balancer", ["haproxy", "nginx"])
 def test_a_request_that_changes_state_is_sent_to_one_replica_and_an_inference_is_retried(balancer, how, tmp_path):
     require_tool(balancer)
     port = free_port(3)
     seen: list[str] = []
-    replicas = [fake_replica(port + 1 + i, _replica(how, seen)) for i in range(2)]
-    config = tmp_path / "balancer.conf"
-    config.write_text(render(balancer, f"127.0.0.1:{port}", [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"],
-                             tmp_path))
-    proc = subprocess.Popen(balancer_command(balancer, config), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
+    with _behind(balancer, tmp_path, port, [_replica(how, seen)] * 2):
         for path in ("/v2/models/m/graph", "/v2/models/m/versions/2/graph", "/v2/repository/models/m/load",
                      "/v2/repository/models/m/unload"):
             status = _until_it_reaches_a_replica(port, path, seen)
             assert status == (503 if how == "503" else 502), (path, status)
         assert len(_until_it_reaches_a_replica(port, "/v2/models/m/infer", seen, retried=True)) >= 2
-    finally:
-        stop_process(proc)
-        for r in replicas:
-            r.shutdown()
-            r.server_close()
 
 
 @pytest.mark.parametrize("balancer", ["haproxy", "nginx"])
@@ -120,23 +130,14 @@ def test_an_inference_that_timed_out_is_not_sent_to_another_replica(balancer, tm
             self.end_headers()
             self.wfile.write(b"{}")
 
-    replicas = [fake_replica(port + 1 + i, Slow) for i in range(2)]
     backends = [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"]
-    config = tmp_path / "balancer.conf"
-    config.write_text(render_haproxy(f"127.0.0.1:{port}", backends, read_timeout_s=2) if balancer == "haproxy"
-                      else render_nginx(f"127.0.0.1:{port}", backends, state_dir=tmp_path, read_timeout_s=2,
-                                        retry_window_s=1))
-    proc = subprocess.Popen(balancer_command(balancer, config), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
+    config = (render_haproxy(f"127.0.0.1:{port}", backends, read_timeout_s=2) if balancer == "haproxy"
+              else render_nginx(f"127.0.0.1:{port}", backends, state_dir=tmp_path, read_timeout_s=2, retry_window_s=1))
+    with _behind(balancer, tmp_path, port, [Slow, Slow], config):
         status = _until_it_reaches_a_replica(port, "/v2/models/m/infer", seen)
         assert status == 504, status
         time.sleep(5)  # a retry, if any, would have reached the other replica by now
         assert len(seen) == 1, seen
-    finally:
-        stop_process(proc)
-        for r in replicas:
-            r.shutdown()
-            r.server_close()
 
 
 @pytest.mark.parametrize("balancer", ["haproxy", "nginx"])
@@ -152,13 +153,8 @@ def test_a_503_from_a_replica_whose_engine_went_quiet_is_retried_on_another(bala
     seen: list[str] = []
 
     def replica(name: str, wait_s: float, status: int):
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's naming)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def do_POST(self):  # noqa: N802
+        class Handler(ReadyReplica):
+            def do_POST(self):  # noqa: N802 (http.server's naming)
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 seen.append(name)
                 time.sleep(wait_s)
@@ -170,18 +166,10 @@ def test_a_503_from_a_replica_whose_engine_went_quiet_is_retried_on_another(bala
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):
-                pass
-
         return Handler
 
     quiet_s = wire.QUIET_S + wire.KEEPALIVE_S
-    replicas = [fake_replica(port + 1, replica("stopped", quiet_s, 503)), fake_replica(port + 2, replica("up", 0, 200))]
-    config = tmp_path / "balancer.conf"
-    config.write_text(render(balancer, f"127.0.0.1:{port}", [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"],
-                             tmp_path))
-    proc = subprocess.Popen(balancer_command(balancer, config), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
+    with _behind(balancer, tmp_path, port, [replica("stopped", quiet_s, 503), replica("up", 0, 200)]):
         deadline = time.monotonic() + 60
         while True:  # round robin: until a request reaches the stopped one first
             seen.clear()
@@ -198,8 +186,3 @@ def test_a_503_from_a_replica_whose_engine_went_quiet_is_retried_on_another(bala
             assert time.monotonic() < deadline, "no inference reached the stopped replica first"
             time.sleep(0.1)  # poll interval, bounded by the deadline
         assert (status, seen) == (200, ["stopped", "up"])
-    finally:
-        stop_process(proc)
-        for r in replicas:
-            r.shutdown()
-            r.server_close()
