@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import http.server
 import subprocess
 import time
 from pathlib import Path
