@@ -282,6 +282,32 @@ def test_the_signature_walk_is_bounded(tmp_path, monkeypatch):
     assert layout.version_signature(model, 1, "fp") == signed
 
 
+def test_links_that_loop_in_a_version_are_stamped_not_raised(tmp_path, monkeypatch):
+    # A link to itself in a store (or anywhere a signature stamps) raised ELOOP out of the
+    # stat: out of the start (no model served) and of every poll (no change in any model
+    # seen). A link back up the tree was walked again and again until the cap.
+    import asyncio
+    import os
+
+    from hybridgnn.serving.repository import layout
+
+    repository, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    store = root / "sage" / "1" / "embeddings" / "fp"
+    os.symlink("loop", store / "loop")
+    os.symlink("..", store / "up")
+    os.symlink("self.json", root / "sage" / "1" / "self.json")
+    model = scan_repository(root)["sage"]
+    signed = layout.version_signature(model, 1, "fp")
+    assert not signed.truncated and signed.store_complete
+    assert ("loop", "unreadable", 40) in signed.store and ("self.json", "unreadable", 40) in signed.files
+    assert [s[0] for s in signed.store] == ["layer_1.npy", "loop", "state.json"]  # up/fp/ is fp/: walked once
+    asyncio.run(repository.start())
+    assert sorted(opened) == [("other", "1"), ("sage", "1")]
+    _store(root / "other" / "1")  # a change elsewhere is still seen
+    _polls(repository, 10)
+    assert sorted(opened) == [("other", "1"), ("other", "1"), ("sage", "1")]
+
+
 def _fake_loads(tmp_path, monkeypatch, versions: dict):
     """A Repository over `versions` ({model: write its store at start?}) whose engine starts
     and precomputes are stand-ins: opened lists each (model, version) started, precomputed

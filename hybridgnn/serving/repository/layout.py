@@ -175,8 +175,12 @@ def version_signature(model: RepositoryModel, version: int, store: str | None = 
         except (OSError, ValueError):  # absent, or being replaced: not complete now
             state = None
         complete = isinstance(state, dict) and state.get("complete") is True
-    top = _stat(model.root / CONFIG)
-    config = (top.st_size, top.st_mtime_ns, top.st_ino) if top is not None and stat.S_ISREG(top.st_mode) else ()
+    try:
+        top = _stat(model.root / CONFIG)
+    except OSError as exc:  # a link to itself, say: the load says why; stamped, not raised out of the poll
+        config = ("unreadable", exc.errno)
+    else:
+        config = (top.st_size, top.st_mtime_ns, top.st_ino) if top is not None and stat.S_ISREG(top.st_mode) else ()
     return VersionSignature(files, stamps, config, complete, truncated or more)
 
 
@@ -184,12 +188,18 @@ def _stamps(top: Path, budget: list[int], *, recurse: bool) -> tuple[tuple, bool
     """(name, size, mtime_ns, inode) of each regular file in `top` (recurse: and in its
     subdirectories, named by their path under top, depth first), examining at most
     budget[0] entries (counted down); and whether entries were left unexamined. A
-    directory gone or not one is empty; one that cannot be read is stamped unreadable."""
+    directory gone or not one is empty; one that cannot be read, or an entry that cannot
+    be stat'ed (a link to itself, a folder without search permission), is stamped
+    unreadable with its errno: such an entry raised out of the poll, which then saw no
+    change in any model, and out of the start. Links are followed, but a directory is
+    walked once: a link back up the tree is not walked again and again."""
     stamps: list[tuple] = []
+    walked: set[tuple[int, int]] = set()  # (device, inode) of the directories walked
     stack = [(top, "")]
     while stack:
         path, rel = stack.pop()
         try:
+            walked.add(_identity(path.stat()))
             with os.scandir(path) as listing:
                 # never more than the budget (and one to know there were more) from a huge directory
                 entries = sorted(itertools.islice(listing, budget[0] + 1), key=lambda e: e.name)
@@ -203,15 +213,24 @@ def _stamps(top: Path, budget: list[int], *, recurse: bool) -> tuple[tuple, bool
             if budget[0] == 0:
                 return tuple(stamps), True
             budget[0] -= 1
-            st = _stat(Path(entry.path))  # follows links: a link to a replaced file changes with it
-            if st is None:
+            try:
+                st = Path(entry.path).stat()  # follows links: a link to a replaced file changes with it
+            except (FileNotFoundError, NotADirectoryError):  # removed since the listing
+                continue
+            except OSError as exc:
+                stamps.append((rel + entry.name, "unreadable", exc.errno))
                 continue
             if stat.S_ISREG(st.st_mode):
                 stamps.append((rel + entry.name, st.st_size, st.st_mtime_ns, st.st_ino))
-            elif recurse and stat.S_ISDIR(st.st_mode):
+            elif recurse and stat.S_ISDIR(st.st_mode) and _identity(st) not in walked:
+                walked.add(_identity(st))
                 subdirs.append((Path(entry.path), f"{rel}{entry.name}/"))
         stack.extend(reversed(subdirs))
     return tuple(stamps), False
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 def _stat(path: Path) -> os.stat_result | None:
