@@ -78,3 +78,42 @@ def test_exclusive_makes_a_second_holder_wait_and_runs_unlocked_where_nothing_ca
     with exclusive(tmp_path / "ro" / "y.lock", "unused"):
         order.append("unlocked")
     assert order[-1] == "unlocked"
+
+
+def test_a_lock_file_this_user_may_not_write_still_makes_it_wait(tmp_path, monkeypatch, caplog):
+    """Another user's server made the lock file (0644): this user, who may write the store
+    (a group-writable repository), could not open it for writing and ran unlocked beside
+    that user's writer."""
+    import errno
+    import os
+    import threading
+    import time
+
+    from hybridgnn import capabilities
+    from hybridgnn.capabilities import exclusive
+
+    real_open, order = os.open, []
+
+    def not_writable(path, flags, *args):
+        if flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args)
+
+    def other_user():
+        with exclusive(tmp_path / "x.lock", "waiting for the first"):
+            order.append("second")
+
+    with caplog.at_level("INFO", logger="hybridgnn"), exclusive(tmp_path / "x.lock", "unused"):
+        monkeypatch.setattr(capabilities.os, "open", not_writable)
+        t = threading.Thread(target=other_user)
+        t.start()
+        deadline = time.monotonic() + 10
+        while "waiting for the first" not in caplog.text and t.is_alive():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # poll interval, bounded by the deadline
+        order.append("first")
+    t.join(10)
+    assert order == ["first", "second"]
+    with exclusive(tmp_path / "missing.lock", "unused"):  # none there and none can be made: unlocked
+        order.append("unlocked")
+    assert order[-1] == "unlocked" and not (tmp_path / "missing.lock").exists()
