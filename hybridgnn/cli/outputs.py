@@ -51,6 +51,9 @@ def check_out(path: Path, *, directory: bool, staged: bool = False, force: bool 
     it made (anything else there is refused, never removed); what names such an output in
     the refusal."""
     path = Path(path)
+    if staged:  # made beside where a link at path points (staged_directory)
+        _check_not_around_cwd(path)
+        path = Path(os.path.realpath(path))
     if path.exists():
         if directory and not path.is_dir():
             raise _refuse(errno.ENOTDIR, path)
@@ -68,6 +71,16 @@ def check_out(path: Path, *, directory: bool, staged: bool = False, force: bool 
     _check_writable_dir(_nearest_existing(path.parent))
 
 
+def _check_not_around_cwd(path: Path) -> None:
+    """A staged output replaces its directory whole: never the one the command runs in, or
+    one holding it (--out . generated the dataset, then read `.`, the removed directory the
+    process still stood in, and failed; the shell was left in a removed directory too)."""
+    real, cwd = Path(os.path.realpath(path)), Path(os.getcwd())
+    if real == cwd or real in cwd.parents:
+        raise ConfigError(f"--out {path} is the directory this command runs in, or holds it: the output replaces it "
+                          "whole; name it from outside (from its parent, say)")
+
+
 @contextmanager
 def staged_directory(out: Path, action: str) -> Iterator[Path]:
     """A hidden sibling of `out` to write the output into (.<name>.<action>-<pid>), moved to
@@ -75,8 +88,11 @@ def staged_directory(out: Path, action: str) -> Iterator[Path]:
     full disk, Ctrl-C, a kill) leaves `out` as it was. The sibling is removed on an error or
     Ctrl-C (a killed process leaves it, hidden, never a half output at `out`). What `out`
     held is moved aside before the new output takes its place and removed after, so a
-    failed move puts it back."""
-    out = Path(out)
+    failed move puts it back. A link at `out` is followed: the output replaces what it points
+    to, and the link stays (replacing the link put the output beside it, on another disk
+    perhaps, and left its target as it was)."""
+    _check_not_around_cwd(out)
+    out = Path(os.path.realpath(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.{action}-{os.getpid()}"
     _remove(staging)  # a killed run's of this pid
@@ -88,18 +104,26 @@ def staged_directory(out: Path, action: str) -> Iterator[Path]:
         _remove(staging)
 
 
+# The actions of the commands that stage (their hidden siblings' names), and the old output
+# moved aside: what _remove_orphans may remove.
+STAGED_ACTIONS = ("generating", "importing", "placing", "replaced")
+
+
 def _remove_orphans(out: Path) -> None:
     """Remove what runs killed before they finished left beside out: hidden staging and
-    replaced siblings (.<name>.<action>-<pid>) whose process is gone. One whose pid is in
-    use is left (a run in progress, or a stranger that reused the pid)."""
-    prefix = f".{out.name}."
+    replaced siblings (.<name>.<action>-<pid>, action one of STAGED_ACTIONS) whose process
+    is gone. One whose pid is in use is left (a run in progress, or a stranger that reused
+    the pid), and so is any other name: a user's own .<name>.bak-2024 is not ours to remove."""
+    import re
+
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:{'|'.join(STAGED_ACTIONS)})-([0-9]+)")
     try:
-        siblings = [p for p in out.parent.iterdir() if p.name.startswith(prefix)]
+        siblings = [(p, m) for p in out.parent.iterdir() if (m := pattern.fullmatch(p.name)) is not None]
     except OSError:
         return
-    for path in siblings:
-        pid = path.name[len(prefix):].rpartition("-")[2]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+    for path, m in siblings:
+        pid = int(m.group(1))
+        if pid != os.getpid() and not _alive(pid):
             _remove(path)
 
 

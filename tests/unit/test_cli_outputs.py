@@ -279,3 +279,61 @@ def test_what_killed_runs_left_beside_an_output_is_removed_by_the_next(tmp_path)
         staging.mkdir()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["out", f".out.generating-{os.getppid()}", f".other.generating-{gone}"])
+
+
+def test_only_what_staged_runs_leave_is_removed_beside_an_output(tmp_path):
+    """Any hidden sibling .<name>.<word>-<digits> whose number was no live pid went: a
+    user's own .out.bak-20240101 (past any pid) was removed by the next generate."""
+    from hybridgnn.cli.outputs import staged_directory
+
+    out = tmp_path / "out"
+    gone = 4_194_305  # past Linux's largest pid: no such process
+    mine = [".out.bak-20240101", f".out.old-{gone}", f".out.x.generating-{gone}"]
+    for name in (*mine, f".out.importing-{gone}", f".out.placing-{gone}"):
+        (tmp_path / name).mkdir()
+    with staged_directory(out, "generating") as staging:
+        staging.mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *mine])
+
+
+@pytest.mark.parametrize("command", ["generate", "place"])
+def test_a_link_at_out_is_followed_and_stays(command, real_generators, plan_dataset, tmp_path, capsys):
+    """place renamed the link aside and put a directory in its place: the plan landed beside
+    the link (another disk perhaps), the link was gone, its target left as it was."""
+    target = tmp_path / "elsewhere" / "out"
+    target.mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    argv = _csbm(link, "--force") if command == "generate" else _place(plan_dataset, link)
+    for _ in range(2):  # made, then replaced
+        assert main(argv) == 0
+        assert link.is_symlink() and os.readlink(link) == str(target)
+        assert (target / ("meta.json" if command == "generate" else "plan.json")).is_file()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("command", ["generate", "place"])
+def test_out_through_a_link_checks_the_folder_it_is_made_in(command, dataset, tmp_path, capsys, monkeypatch):
+    locked = tmp_path / "locked"
+    (locked / "out").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(locked / "out")
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != locked and access(p, mode, **kw))
+    argv = _commands(dataset, tmp_path / "link")[command]
+    err = _refused(argv, capsys)
+    assert f"error: cannot use {locked}: Permission denied" in err, err
+
+
+@pytest.mark.parametrize("command", ["generate", "place"])
+def test_out_that_is_or_holds_the_working_directory_is_refused(command, dataset, tmp_path, capsys, monkeypatch):
+    """--out . was replaced whole: generate then read `.` (the removed directory it still
+    stood in) and failed after writing; place failed on renaming `.`."""
+    work = tmp_path / "work"
+    work.mkdir()  # empty: place took it for a new plan's place, generate (no --force needed) too
+    for cwd, out in ((work, "."), (work, str(work)), (work / "sub", ".."), (work / "sub", str(work))):
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        err = _refused(_commands(dataset, Path(out))[command] + (["--force"] if command == "generate" else []),
+                       capsys)
+        assert f"--out {out} is the directory this command runs in, or holds it" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"] and (work / "sub").is_dir()
