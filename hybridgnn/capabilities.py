@@ -88,7 +88,11 @@ def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
     a process that has the old file memory-mapped (a serving engine), sees the old file or
     the new one whole. Rewriting in place truncates the pages under such a map, and the
     mapping process dies of SIGBUS. The temporary keeps path's suffix (np.save adds .npy
-    to a name without it) and is removed when write fails."""
+    to a name without it) and is removed when write fails. A link at `path` is replaced
+    by the new file and what it pointed to is left as it was: writing through it would
+    rewrite a file outside the directory written (another model version's weights, a
+    shared dataset's table), perhaps one this user may not write. A link above `path` (a
+    directory) is followed."""
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:

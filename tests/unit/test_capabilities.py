@@ -117,3 +117,26 @@ def test_a_lock_file_this_user_may_not_write_still_makes_it_wait(tmp_path, monke
     with exclusive(tmp_path / "missing.lock", "unused"):  # none there and none can be made: unlocked
         order.append("unlocked")
     assert order[-1] == "unlocked" and not (tmp_path / "missing.lock").exists()
+
+
+def test_a_file_written_over_a_link_replaces_the_link_not_its_target(tmp_path):
+    """Decided: a link at the path is replaced by the new file and its target left as it was
+    (another version's weights, a shared dataset's table); a linked directory is followed."""
+    import os
+
+    import numpy as np
+
+    from hybridgnn.capabilities import save_array
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    np.save(shared / "psgs.npy", np.zeros(3))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "psgs.npy").symlink_to(shared / "psgs.npy")
+    (tmp_path / "linked").symlink_to(shared, target_is_directory=True)
+    save_array(mine / "psgs.npy", np.ones(3))
+    assert not (mine / "psgs.npy").is_symlink() and np.load(mine / "psgs.npy").tolist() == [1, 1, 1]
+    assert np.load(shared / "psgs.npy").tolist() == [0, 0, 0]
+    save_array(tmp_path / "linked" / "fap.npy", np.ones(2))
+    assert (shared / "fap.npy").is_file() and sorted(os.listdir(shared)) == ["fap.npy", "psgs.npy"]
