@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -52,10 +53,19 @@ def _distributed(args) -> int:
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
     if threads > 0:
         torch.set_num_threads(threads)
+    lock = contextlib.nullcontext()
+    if os.environ.get(ERROR_FILE_ENV) is None and os.environ.get("RANK") == "0":
+        # under torchrun rank 0 holds the store's lock for the run's ranks, as the --nprocs
+        # launcher does for its own (they must not take it: the launcher holds it); the
+        # others wait for rank 0 in the rendezvous, up to --timeout-s
+        from hybridgnn.graph.store import GraphStore
+
+        lock = _store_lock(args, GraphStore.open(args.dataset))
     try:
-        report = run_rank(args.dataset, args.model, _config(args),
-                          DistributedConfig(partition=args.partition, timeout_s=args.timeout_s,
-                                            chunk_bytes=max(1, int(args.chunk_mb * (1 << 20)))))
+        with lock:
+            report = run_rank(args.dataset, args.model, _config(args),
+                              DistributedConfig(partition=args.partition, timeout_s=args.timeout_s,
+                                                chunk_bytes=max(1, int(args.chunk_mb * (1 << 20)))))
     except Exception as exc:
         # gloo prefixes its errors with its source file ([.../unbound_buffer.cc:129]): not the user's
         line = re.sub(r"^\[[^\]]*:\d+\] ", "", " ".join(str(exc).split())) or type(exc).__name__
@@ -71,6 +81,19 @@ def _distributed(args) -> int:
     if report is not None:
         print(json.dumps(report, indent=2))
     return 0
+
+
+def _store_lock(args, graph):
+    """The lock of the store this run writes (capabilities.exclusive), held by the one
+    process that stands for the run. --model is read first: the lock's folder is made
+    when missing, and a mistyped --model made a model directory of it."""
+    from hybridgnn.capabilities import exclusive
+    from hybridgnn.embeddings.store import embeddings_dir, store_lock
+    from hybridgnn.models.checkpoint import read_config
+
+    read_config(args.model)
+    root = embeddings_dir(args.model, graph.fingerprint)
+    return exclusive(store_lock(root), f"waiting for another process precomputing {root}")
 
 
 def _config(args):
@@ -159,16 +182,14 @@ def run(args) -> int:
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _distributed(args)
     if args.nprocs != 1:
-        from hybridgnn.capabilities import exclusive, usable_cores
+        from hybridgnn.capabilities import usable_cores
         from hybridgnn.distributed.launch import launch
-        from hybridgnn.embeddings.store import embeddings_dir, store_lock
 
         graph = GraphStore.open(args.dataset)
         check_nprocs(args.nprocs, graph.num_nodes, usable_cores())
         threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
-        root = embeddings_dir(args.model, graph.fingerprint)
         # the store's one writer, as a single process takes it (the ranks are its children)
-        with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
+        with _store_lock(args, graph):
             return launch(args.argv, args.nprocs, threads)
     from hybridgnn.embeddings.precompute import precompute
     from hybridgnn.models.checkpoint import load_checkpoint

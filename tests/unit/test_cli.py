@@ -463,6 +463,62 @@ def test_a_repository_with_nothing_to_serve_says_why_per_model(tmp_path, capsys)
     assert "y/: version 3 holds no hybridgnn model (config.json)" in err and err.count("\n") == 1
 
 
+def test_the_store_lock_is_held_once_per_distributed_run(tmp_path, capsys, monkeypatch):
+    """The --nprocs launcher held the store's lock for its ranks, but ranks under torchrun
+    took none (beside a server precomputing the same store on a shared volume); and the
+    launcher made a mistyped --model into a model directory (embeddings/ and the lock)."""
+    import errno
+    import fcntl
+    import os
+
+    import hybridgnn.distributed.driver
+    import hybridgnn.distributed.launch
+    from hybridgnn.embeddings.store import embeddings_dir, store_lock
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+    from hybridgnn.runtime.ranks import ERROR_FILE_ENV
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m")
+    lock = store_lock(embeddings_dir(tmp_path / "m", GraphStore.open(tmp_path / "d").fingerprint))
+    held = []
+
+    def locked() -> bool:
+        if not lock.exists():
+            return False
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError as exc:
+            assert exc.errno in (errno.EAGAIN, errno.EACCES)
+            return True
+        finally:
+            os.close(fd)
+
+    monkeypatch.setattr(hybridgnn.distributed.driver, "run_rank", lambda *a, **k: held.append(locked()))
+    monkeypatch.setattr(hybridgnn.distributed.launch, "launch", lambda *a, **k: held.append(locked()) or 0)
+    argv = ["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m")]
+    capsys.readouterr()
+    assert main(argv + ["--nprocs", "2"]) == 0  # the launcher holds it while its ranks run
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, started_by_launcher, holds in (("0", False, True), ("1", False, False), ("0", True, False)):
+        monkeypatch.setenv("RANK", rank)
+        if started_by_launcher:  # the launcher holds it: its rank 0 taking it too would wait for ever
+            monkeypatch.setenv(ERROR_FILE_ENV, str(tmp_path / "error.txt"))
+        assert main(argv) == 0
+        assert held[-1] is holds, (rank, started_by_launcher)
+    assert held == [True, True, False, False]
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    capsys.readouterr()
+    assert main(["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "typo" / "m"),
+                 "--nprocs", "2"]) == 2
+    assert "lacks config.json" in capsys.readouterr().err and not (tmp_path / "typo").exists()
+
+
 def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_starts(tmp_path, capsys, monkeypatch):
     """--chunk-mb 0, NaN or inf, a negative --threads-per-rank, a --timeout-s that is not
     a positive number, and more ranks than the graph has nodes (or than this machine can
