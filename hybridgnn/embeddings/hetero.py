@@ -31,13 +31,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from hybridgnn.capabilities import exclusive, save_array
+from hybridgnn.capabilities import save_array
 from hybridgnn.config import read_json
 from hybridgnn.embeddings.store import (
+    check_weights,
     embeddings_dir,
     mark_complete,
-    store_lock,
     stored_array,
+    writing_store,
 )
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.hetero import HeteroGraphStore
@@ -140,12 +141,12 @@ def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str 
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     root = embeddings_dir(Path(model_dir), graph.fingerprint)
     # one writer of a store at a time (precompute.py's precompute says why)
-    with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
-        return _write_store(model, graph, Path(model_dir), root, batch_size, dtype, progress)
+    with writing_store(root, Path(model_dir)) as weights:
+        return _write_store(model, graph, Path(model_dir), root, batch_size, dtype, progress, weights)
 
 
 def _write_store(model: HeteroGNN, graph: HeteroGraphStore, model_dir: Path, root: Path, batch_size: int,
-                 dtype: str, progress: bool) -> HeteroEmbeddingStore:
+                 dtype: str, progress: bool, weights: str | None) -> HeteroEmbeddingStore:
     if root.exists():
         shutil.rmtree(root)
     dirs = {t: root / "types" / str(i) for i, t in enumerate(graph.node_types)}
@@ -162,7 +163,10 @@ def _write_store(model: HeteroGNN, graph: HeteroGraphStore, model_dir: Path, roo
     with torch.inference_mode():
         for t in heads:
             _save(dirs[t] / "output.npy", model.heads[t](x[t]), DTYPES[dtype])
-    state = {"kind": STORE_KIND, "model_fingerprint": weights_fingerprint(model_dir),
+    # the weights `model` was loaded with, not model_dir's now: a model saved there
+    # meanwhile stamped these rows as its own
+    check_weights(model_dir, weights, "ran")
+    state = {"kind": STORE_KIND, "model_fingerprint": weights if weights is not None else weights_fingerprint(model_dir),
              "num_layers": model.num_layers, "node_types": list(graph.node_types),
              "layers": layers, "heads": heads, "dtype": dtype, "dataset_fingerprint": graph.fingerprint,
              "precompute_s": time.perf_counter() - t0}

@@ -19,15 +19,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from hybridgnn.capabilities import exclusive
 from hybridgnn.config import read_json
 from hybridgnn.embeddings.store import (
     EmbeddingStore,
+    check_weights,
     embeddings_dir,
     mark_complete,
-    store_lock,
     weights_of,
     write_state,
+    writing_store,
 )
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.degrees import self_loops
@@ -297,7 +297,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     # precompute` beside a server, would otherwise unlink and rewrite each other's layer
     # files and mark a store complete that holds another run's rows; the one that waited
     # finds the store complete and returns it
-    with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
+    with writing_store(root, model_dir):
         return _precompute_locked(graph, model, model_dir, root, cfg, device, progress)
 
 
@@ -356,6 +356,9 @@ def _precompute_locked(graph: GraphStore, model: GNN, model_dir: Path, root: Pat
     if model.readout_needed:
         _readout_pass(model, root, n, device, DTYPES[cfg.dtype], progress)
         state = {**state, "output": True}
+    # a model saved into model_dir meanwhile: these rows are not its (never served, as
+    # stamped), and said in one line rather than an AttributeError on no store
+    check_weights(model_dir, state["model_fingerprint"], "ran")
     state = mark_complete(root, {**state, "precompute_s": time.perf_counter() - t_start})
     return EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes)
 

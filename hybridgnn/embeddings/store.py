@@ -10,9 +10,11 @@ Layout: <model_dir>/embeddings/<dataset fingerprint>/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,32 @@ def store_lock(root: Path) -> Path:
     """The lock file held by a process writing the store at root (capabilities.exclusive):
     beside it, since a store may be removed whole."""
     return root.parent / f".{root.name}.lock"
+
+
+@contextlib.contextmanager
+def writing_store(root: Path, model_dir: Path) -> Iterator[str | None]:
+    """Hold the lock of the store at root (one writer at a time) for a run whose model was
+    loaded from model_dir just before; yields the fingerprint of model_dir's weights as they
+    were before any wait (weights_of). A model saved into model_dir while the run waited for
+    another writer is not the one it holds: its rows would have been stamped with the new
+    weights' fingerprint and served as theirs (a complete store, never computed again).
+    ConfigError then, before anything is written."""
+    from hybridgnn.capabilities import exclusive
+
+    weights = weights_of(model_dir)
+    with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
+        check_weights(model_dir, weights, "waited for another one")
+        yield weights
+
+
+def check_weights(model_dir: Path, weights: str | None, when: str) -> None:
+    """ConfigError when model_dir's weights are no longer those a run was loaded with
+    (weights): a model saved there since (`when` says while what)."""
+    from hybridgnn.errors import ConfigError
+
+    if weights_of(model_dir) != weights:
+        raise ConfigError(f"the weights in {model_dir} changed while this precompute {when}: run it again to "
+                          "precompute them")
 
 
 @dataclass

@@ -171,3 +171,27 @@ def test_batches_of_target_rows_are_cut_by_their_in_edges(graph, tmp_path):
     small, whole_rows = hetero_layerwise(model, graph, max_edges=7), hetero_layerwise(model, graph)
     for t in whole_rows:
         np.testing.assert_allclose(small[t], whole_rows[t], atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_saved_during_a_heterogeneous_precompute_is_not_stamped_on_its_rows(graph, tmp_path, monkeypatch):
+    """The store's weights fingerprint was read from the directory at the end: a model saved
+    there while the rows were computed had the old model's rows marked as its own."""
+    import hybridgnn.embeddings.hetero as hetero
+
+    path = hybridgnn.save_model(built(sage(graph), graph), tmp_path / "m", metadata=graph.metadata())
+    model = open_hetero_model(path, graph)[0]
+    real = hetero.layer_outputs
+
+    def retrained_meanwhile(*args, **kwargs):
+        hybridgnn.save_model(built(sage(graph), graph, seed=9), path, metadata=graph.metadata())
+        yield from real(*args, **kwargs)
+
+    from hybridgnn.errors import ConfigError
+
+    monkeypatch.setattr(hetero, "layer_outputs", retrained_meanwhile)
+    with pytest.raises(ConfigError, match="changed while this precompute ran: run it again"):
+        hetero_precompute(model, graph, path, progress=False)
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint) is None  # the old model's rows: not the new one's
+    monkeypatch.setattr(hetero, "layer_outputs", real)
+    hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+    assert HeteroEmbeddingStore.open(path, graph.fingerprint) is not None

@@ -268,3 +268,68 @@ def test_one_process_writes_a_store_at_a_time_and_the_one_that_waited_finds_it_d
     waiter.join(60)
     assert not waiter.is_alive()
     np.testing.assert_allclose(result[0].final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_saved_while_a_precompute_waits_is_not_stamped_on_the_old_rows(skewed_graph, tmp_path):
+    """A run loads its model, then waits for the store's lock (another writer): the weights'
+    fingerprint it stamped was read from the directory after the wait, so a model saved
+    there meanwhile had the old model's rows marked complete as its own, served and never
+    computed again."""
+    import threading
+
+    from hybridgnn.capabilities import exclusive
+    from hybridgnn.embeddings.store import store_lock
+    from hybridgnn.errors import ConfigError
+    from hybridgnn.models.checkpoint import load_checkpoint, save_model
+
+    torch.manual_seed(0)
+    save_model(GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 2)).eval(), tmp_path / "m")
+    old, _ = load_checkpoint(tmp_path / "m")
+    root = embeddings_dir(tmp_path / "m", skewed_graph.fingerprint)
+    result = []
+
+    def run():
+        try:
+            result.append(precompute(skewed_graph, old, tmp_path / "m", progress=False))
+        except ConfigError as exc:
+            result.append(exc)
+
+    with exclusive(store_lock(root), "held by the test"):  # another process writing the store
+        waiter = threading.Thread(target=run)
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive()
+        torch.manual_seed(1)
+        new = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 2)).eval()
+        save_model(new, tmp_path / "m")  # retrained and saved into the directory meanwhile
+    waiter.join(60)
+    assert isinstance(result[0], ConfigError) and "changed while this precompute waited" in str(result[0])
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, skewed_graph.num_nodes) is None
+    store = precompute(skewed_graph, load_checkpoint(tmp_path / "m")[0], tmp_path / "m", progress=False)
+    np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, new), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_saved_while_a_precompute_runs_is_said_in_one_line(skewed_graph, tmp_path, monkeypatch):
+    """Its rows are stamped with the weights it started with (never served for the new
+    ones); the run then returned no store, and the CLI's report raised AttributeError."""
+    import importlib
+
+    from hybridgnn.errors import ConfigError
+    from hybridgnn.models.checkpoint import load_checkpoint, save_model
+
+    module = importlib.import_module("hybridgnn.embeddings.precompute")
+    torch.manual_seed(0)
+    save_model(GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 2)).eval(), tmp_path / "m")
+    real = module.unlink_mapped
+    saved = []
+
+    def retrained_meanwhile(path):
+        if not saved:
+            torch.manual_seed(1)
+            saved.append(save_model(GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 2)).eval(), tmp_path / "m"))
+        real(path)
+
+    monkeypatch.setattr(module, "unlink_mapped", retrained_meanwhile)
+    with pytest.raises(ConfigError, match="changed while this precompute ran"):
+        precompute(skewed_graph, load_checkpoint(tmp_path / "m")[0], tmp_path / "m", progress=False)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, skewed_graph.num_nodes) is None
