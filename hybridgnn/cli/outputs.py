@@ -52,7 +52,7 @@ def check_out(path: Path, *, directory: bool, staged: bool = False, force: bool 
     the refusal."""
     path = Path(path)
     if staged:  # made beside where a link at path points (staged_directory)
-        _check_not_around_cwd(path)
+        _check_stageable(path)
         path = Path(os.path.realpath(path))
     if path.exists():
         if directory and not path.is_dir():
@@ -71,14 +71,39 @@ def check_out(path: Path, *, directory: bool, staged: bool = False, force: bool 
     _check_writable_dir(_nearest_existing(path.parent))
 
 
-def _check_not_around_cwd(path: Path) -> None:
-    """A staged output replaces its directory whole: never the one the command runs in, or
-    one holding it (--out . generated the dataset, then read `.`, the removed directory the
-    process still stood in, and failed; the shell was left in a removed directory too)."""
+def _check_stageable(path: Path) -> None:
+    """A staged output replaces its directory whole, by renames beside it: never the
+    directory the command runs in, or one holding it (--out . generated the dataset, then
+    read `.`, the removed directory the process still stood in, and failed; the shell was
+    left in a removed directory too), nor a mount point, which cannot be renamed (a volume
+    mounted at --out: the whole output was made beside it, on the filesystem above, then
+    failed with "Device or resource busy")."""
     real, cwd = Path(os.path.realpath(path)), Path(os.getcwd())
     if real == cwd or real in cwd.parents:
         raise ConfigError(f"--out {path} is the directory this command runs in, or holds it: the output replaces it "
                           "whole; name it from outside (from its parent, say)")
+    if real.is_dir() and _mount_point(real):
+        raise ConfigError(f"--out {path} is a mount point, which the output cannot replace (it is made beside it "
+                          f"and moved in whole): name a directory inside it, such as {path}/<name>")
+
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _mount_point(path: Path) -> bool:
+    """Whether path (resolved) is a mount point: os.path.ismount, or listed in
+    /proc/self/mountinfo (a bind mount within one filesystem, which ismount misses)."""
+    import re
+
+    if os.path.ismount(path):
+        return True
+    try:
+        with open(MOUNTINFO) as f:
+            points = [line.split()[4] for line in f if len(line.split()) > 4]
+    except OSError:
+        return False
+    # mountinfo writes space, tab, newline and backslash as octal escapes (\040 ..)
+    return str(path) in {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in points}
 
 
 @contextmanager
@@ -91,7 +116,7 @@ def staged_directory(out: Path, action: str) -> Iterator[Path]:
     failed move puts it back. A link at `out` is followed: the output replaces what it points
     to, and the link stays (replacing the link put the output beside it, on another disk
     perhaps, and left its target as it was)."""
-    _check_not_around_cwd(out)
+    _check_stageable(out)
     out = Path(os.path.realpath(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.{action}-{os.getpid()}"

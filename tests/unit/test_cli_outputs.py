@@ -337,3 +337,26 @@ def test_out_that_is_or_holds_the_working_directory_is_refused(command, dataset,
                        capsys)
         assert f"--out {out} is the directory this command runs in, or holds it" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"] and (work / "sub").is_dir()
+
+
+@pytest.mark.parametrize("command", ["generate", "place"])
+def test_a_mount_point_at_out_is_refused_before_the_work(command, dataset, tmp_path, capsys, monkeypatch):
+    """A volume mounted at --out cannot be renamed: the whole output was made beside it (on
+    the filesystem above), then the move failed with "Device or resource busy". A bind
+    mount within one filesystem is seen in /proc/self/mountinfo (os.path.ismount misses it)."""
+    from hybridgnn.cli import outputs
+
+    volume = tmp_path / "my volume"
+    volume.mkdir()
+    mountinfo = tmp_path / "mountinfo"
+    escaped = str(volume).replace(" ", "\\040")
+    mountinfo.write_text(f"36 35 98:0 / / rw - ext4 /dev/root rw\n37 36 98:0 /src {escaped} rw - ext4 /dev/root rw\n")
+    monkeypatch.setattr(outputs, "MOUNTINFO", str(mountinfo))
+    err = _refused(_commands(dataset, volume)[command], capsys)
+    assert f"--out {volume} is a mount point" in err and f"such as {volume}/<name>" in err, err
+    monkeypatch.setattr(outputs, "MOUNTINFO", str(tmp_path / "none"))
+    ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == volume or ismount(p))
+    assert "is a mount point" in _refused(_commands(dataset, volume)[command], capsys)
+    with pytest.raises(WorkStarted):  # a directory inside it is made and moved as any other
+        main(_commands(dataset, volume / "out")[command])
