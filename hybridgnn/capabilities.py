@@ -106,40 +106,46 @@ def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: Path, waiting: str) -> Iterator[None]:
+def exclusive(lock_path: Path, waiting: str) -> Iterator[bool]:
     """Hold an exclusive lock on lock_path (made if missing) for the block: one writer of
     what it guards at a time, across processes. A process that must wait logs `waiting`
     once. The lock goes with its holder, even one killed with -9 (flock). A lock file this
     process may not write (another user's) is locked through a read-only descriptor. Where
     the lock file can be neither made nor opened (a read-only directory: nobody writes
-    there) or the filesystem takes no lock, the block runs without it."""
+    there) or the filesystem takes no lock, the block runs without it. Yields whether it
+    waited for another holder (who may have done the work meanwhile)."""
     import errno
     import fcntl
     import logging
 
     lock_path = Path(lock_path)
     refused = (errno.EROFS, errno.EACCES, errno.EPERM)
+    fd = None
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         if exc.errno not in refused:
             raise
+    if fd is None:
         try:
             # a lock file another user made (0644): flock needs no write access, and one
             # who can write what it guards must still wait for that user's writer
             fd = os.open(lock_path, os.O_RDONLY)
-        except OSError as again:
-            if again.errno not in (*refused, errno.ENOENT):
+        except OSError as exc:
+            if exc.errno not in (*refused, errno.ENOENT):
                 raise
-            yield
-            return
+    if fd is None:  # outside the handlers: the block's own errors are not chained to these
+        yield False
+        return
+    waited = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             logging.getLogger("hybridgnn").info("%s", waiting)
             fcntl.flock(fd, fcntl.LOCK_EX)
+            waited = True
         except OSError as exc:
             # NFS takes an exclusive lock only on a file open for writing (EBADF); a mount
             # without a lock manager takes none (ENOLCK)
@@ -147,7 +153,7 @@ def exclusive(lock_path: Path, waiting: str) -> Iterator[None]:
                 raise
             logging.getLogger("hybridgnn").warning("cannot lock %s (%s): running without the lock", lock_path,
                                                    os.strerror(exc.errno))
-        yield
+        yield waited
     finally:
         os.close(fd)  # releases the lock
 

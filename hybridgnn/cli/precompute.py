@@ -189,7 +189,13 @@ def run(args) -> int:
         check_nprocs(args.nprocs, graph.num_nodes, usable_cores())
         threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
         # the store's one writer, as a single process takes it (the ranks are its children)
-        with _store_lock(args, graph):
+        with _store_lock(args, graph) as waited:
+            from hybridgnn.embeddings.store import EmbeddingStore
+
+            if waited and (store := EmbeddingStore.open(args.model, graph.fingerprint, graph.num_nodes)) is not None:
+                # the writer it waited for made it (as precompute's one process keeps it)
+                print(json.dumps({"embeddings": str(store.root), "already_complete": True}, indent=2))
+                return 0
             return launch(args.argv, args.nprocs, threads)
     from hybridgnn.embeddings.precompute import precompute
     from hybridgnn.models.checkpoint import load_checkpoint

@@ -141,7 +141,7 @@ def hetero_precompute(model: HeteroGNN, graph: HeteroGraphStore, model_dir: str 
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     root = embeddings_dir(Path(model_dir), graph.fingerprint)
     # one writer of a store at a time (precompute.py's precompute says why)
-    with writing_store(root, Path(model_dir)) as weights:
+    with writing_store(root, Path(model_dir)) as (weights, _):
         return _write_store(model, graph, Path(model_dir), root, batch_size, dtype, progress, weights)
 
 

@@ -297,7 +297,17 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     # precompute` beside a server, would otherwise unlink and rewrite each other's layer
     # files and mark a store complete that holds another run's rows; the one that waited
     # finds the store complete and returns it
-    with writing_store(root, model_dir):
+    with writing_store(root, model_dir) as (_, waited):
+        done = EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes) if waited else None
+        if done is not None:
+            # the writer it waited for made a complete store of these weights: a server's
+            # precompute of missing embeddings, or a second run, rewrote one made with other
+            # settings (an operator's --dtype float16) only because it had waited for it
+            if any(done.state.get(k) != v for k, v in (("dtype", cfg.dtype), ("order", cfg.order))):
+                log.warning("another process precomputed %s while this one waited (dtype %s, order %s): kept; run "
+                            "precompute again to compute it with these settings", root, done.state.get("dtype"),
+                            done.state.get("order"))
+            return done
         return _precompute_locked(graph, model, model_dir, root, cfg, device, progress)
 
 

@@ -36,19 +36,19 @@ def store_lock(root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def writing_store(root: Path, model_dir: Path) -> Iterator[str | None]:
+def writing_store(root: Path, model_dir: Path) -> Iterator[tuple[str | None, bool]]:
     """Hold the lock of the store at root (one writer at a time) for a run whose model was
     loaded from model_dir just before; yields the fingerprint of model_dir's weights as they
-    were before any wait (weights_of). A model saved into model_dir while the run waited for
+    were before any wait (weights_of), and whether it waited for another writer. A model saved into model_dir while the run waited for
     another writer is not the one it holds: its rows would have been stamped with the new
     weights' fingerprint and served as theirs (a complete store, never computed again).
     ConfigError then, before anything is written."""
     from hybridgnn.capabilities import exclusive
 
     weights = weights_of(model_dir)
-    with exclusive(store_lock(root), f"waiting for another process precomputing {root}"):
+    with exclusive(store_lock(root), f"waiting for another process precomputing {root}") as waited:
         check_weights(model_dir, weights, "waited for another one")
-        yield weights
+        yield weights, waited
 
 
 def check_weights(model_dir: Path, weights: str | None, when: str) -> None:

@@ -511,8 +511,28 @@ def test_the_store_lock_is_held_once_per_distributed_run(tmp_path, capsys, monke
         assert main(argv) == 0
         assert held[-1] is holds, (rank, started_by_launcher)
     assert held == [True, True, False, False]
+    # a launcher that waited for another writer finds the store it made and starts no rank
+    import threading
+
+    import torch
+
+    from hybridgnn.capabilities import exclusive
+    from hybridgnn.embeddings.precompute import PrecomputeConfig, _precompute_locked
+    from hybridgnn.models.checkpoint import load_checkpoint
+
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
+    codes = []
+    with exclusive(lock, "held by the test"):
+        launcher = threading.Thread(target=lambda: codes.append(main(argv + ["--nprocs", "2"])))
+        launcher.start()
+        launcher.join(0.5)
+        assert launcher.is_alive()
+        _precompute_locked(GraphStore.open(tmp_path / "d"), load_checkpoint(tmp_path / "m")[0], tmp_path / "m",
+                           lock.parent / lock.name[1:-len(".lock")], PrecomputeConfig(dtype="float16"),
+                           torch.device("cpu"), False)
+    launcher.join(60)
+    assert codes == [0] and len(held) == 4 and '"already_complete": true' in capsys.readouterr().out
     capsys.readouterr()
     assert main(["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "typo" / "m"),
                  "--nprocs", "2"]) == 2

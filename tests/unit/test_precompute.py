@@ -333,3 +333,35 @@ def test_a_model_saved_while_a_precompute_runs_is_said_in_one_line(skewed_graph,
     with pytest.raises(ConfigError, match="changed while this precompute ran"):
         precompute(skewed_graph, load_checkpoint(tmp_path / "m")[0], tmp_path / "m", progress=False)
     assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, skewed_graph.num_nodes) is None
+
+
+def test_the_run_that_waited_keeps_the_store_the_other_made_with_other_settings(skewed_graph, tmp_path, caplog):
+    """A server precomputing missing embeddings (float32) waited for an operator's `precompute
+    --dtype float16` and then, its settings differing, computed the store again over it."""
+    import threading
+
+    from hybridgnn.capabilities import exclusive
+    from hybridgnn.embeddings.precompute import _precompute_locked
+    from hybridgnn.embeddings.store import store_lock
+    from hybridgnn.models.checkpoint import save_model
+
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 2)).eval()
+    save_model(model, tmp_path / "m")
+    root = embeddings_dir(tmp_path / "m", skewed_graph.fingerprint)
+    result = []
+    with exclusive(store_lock(root), "held by the test"):  # the operator's run
+        waiter = threading.Thread(target=lambda: result.append(precompute(skewed_graph, model, tmp_path / "m",
+                                                                          progress=False)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive()
+        _precompute_locked(skewed_graph, model, tmp_path / "m", root, PrecomputeConfig(dtype="float16"),
+                           torch.device("cpu"), False)
+        made = [(root / f"layer_{i}.npy").stat().st_ino for i in (1, 2)]
+    waiter.join(60)
+    assert result[0].state["dtype"] == "float16" and result[0].layers[-1].dtype == np.float16
+    assert [(root / f"layer_{i}.npy").stat().st_ino for i in (1, 2)] == made  # not computed again
+    assert "another process precomputed" in caplog.text
+    # a run that did not wait still computes it with its own settings
+    assert precompute(skewed_graph, model, tmp_path / "m", progress=False).state["dtype"] == "float32"
