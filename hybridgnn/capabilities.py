@@ -277,7 +277,7 @@ def private_run_dir(kind: str) -> str:
         names = []
     for name in names:
         m = pattern.match(name)
-        if m is None or _alive(int(m.group(1))):
+        if m is None or pid_alive(int(m.group(1))):
             continue
         path = os.path.join(root, name)
         with contextlib.suppress(OSError):
@@ -286,7 +286,8 @@ def private_run_dir(kind: str) -> str:
     return tempfile.mkdtemp(prefix=f"hybridgnn-{kind}-{os.getpid()}-")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hybridgnn.capabilities import pid_alive
 from hybridgnn.errors import ConfigError
 
 
@@ -148,18 +149,8 @@ def _remove_orphans(out: Path) -> None:
         return
     for path, m in siblings:
         pid = int(m.group(1))
-        if pid != os.getpid() and not _alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             _remove(path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
 
 
 def _move_in(staging: Path, out: Path) -> None:
