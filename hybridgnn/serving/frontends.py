@@ -40,12 +40,9 @@ import time
 
 from hybridgnn.capabilities import private_run_dir
 from hybridgnn.config import ServeConfig
-from hybridgnn.errors import ServingError
-from hybridgnn.serving.core.eager import Later, when_done
+from hybridgnn.serving.frontend_link import FrontendLink
 from hybridgnn.serving.http.api import Api
-from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
-from hybridgnn.serving.ipc.channel import Channel, Quiet
 from hybridgnn.serving.v2.lookups import lookup_specs
 
 log = logging.getLogger("hybridgnn.serve")
@@ -115,160 +112,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return held
 
 
-class _Link:
-    """The engine's end of one front end's link: frames in, answers out."""
-
-    def __init__(self, hub: Frontends):
-        self.hub = hub
-        self.index: int | None = None
-        self.pid: int | None = None
-        self.quiet: Quiet | None = None  # from its LISTENING on: whether it has stopped speaking
-        self.quiet_since = 0.0  # when it was last found quiet
-        self.ran: int | None = None  # its event loop thread's CPU time at the last look while silent
-        self.ran_at = 0.0  # when its loop was last seen running (or its silence first looked at)
-        self.waited = False  # the log says it is waited for
-        self.channel = Channel(self._on_message, self._on_lost, self._on_read)
-        self.report: dict = {}
-        self.flushed: asyncio.Future | None = None  # set by the FLUSHED that answers a FLUSH
-
-    def _send(self, data: bytes) -> None:
-        self.channel.send(data)
-
-    def _on_read(self) -> None:
-        # any bytes, part of a frame too: a large request crosses in many reads, and the
-        # keep-alives queued behind it arrive only after it
-        if self.quiet is not None and self.quiet.spoke() and self.waited:
-            log.warning("front end %s (pid %s) speaks again", self.index, self.pid)
-
-    def _on_message(self, kind: int, rid: int, payload: memoryview) -> None:
-        if kind == wire.INFER:
-            self._infer(rid, payload)
-        elif kind == wire.FORWARD:
-            self._forward(rid, payload)
-        elif kind == wire.GRPC:
-            self.hub.spawn(self._grpc(rid, *wire.decode_grpc(payload)))
-        elif kind == wire.UNPARSED:
-            note = wire.loads(payload)
-            self.hub.api.service.count_unparsed(note["model"], note["version"], int(note["status"]))
-        elif kind == wire.LOCAL:
-            model, version, seconds, respond_s, rows = wire.decode_local(payload)
-            self.hub.api.service.count_local(model, version, seconds, respond_s, rows)
-        elif kind == wire.FLUSHED:
-            if self.flushed is not None and not self.flushed.done():
-                self.flushed.set_result(None)
-        elif kind == wire.STATS:
-            self.report = wire.loads(payload)
-        elif kind == wire.HELLO:
-            hello = wire.loads(payload)
-            self.index, self.pid = int(hello["index"]), int(hello["pid"])
-            self.hub.links[self.index] = self
-            self._send(wire.json_frame(wire.SETUP, 0, self.hub.setup(self.index)))
-        elif kind == wire.LISTENING:
-            # its reports start now: before, it may import for seconds (gRPC) in silence
-            self.quiet = Quiet(wire.KEEPALIVE_S, wire.QUIET_S)
-            self.hub.listening(self.index)
-        else:
-            raise wire.WireError(f"unknown message kind {kind}")
-
-    def _on_lost(self, exc) -> None:
-        if self.index is not None:
-            self.hub.ended(self.index, self.report)
-            if self.hub.links.get(self.index) is self:
-                del self.hub.links[self.index]
-        if self.flushed is not None and not self.flushed.done():
-            self.flushed.set_result(None)
-
-    def flush(self) -> asyncio.Future:
-        """Resolves once every lookup this front end answered itself so far is counted here."""
-        if self.flushed is None or self.flushed.done():
-            self.flushed = asyncio.get_running_loop().create_future()
-            if not self.channel.send(wire.frame(wire.FLUSH, 0)):
-                self.flushed.set_result(None)
-        return self.flushed
-
-    def _infer(self, rid: int, payload: memoryview) -> None:
-        service = self.hub.api.service
-        try:
-            inp = wire.decode_infer(payload)
-        except ServingError as exc:  # a client's input that cannot be read back here (nested too deeply)
-            self._send(wire.encode_failure(rid, service.failure(exc, "infer")))
-            return
-
-        def encode(answer):
-            return wire.encode_answer(rid, answer)
-
-        def fail(failure):
-            return wire.encode_failure(rid, failure)
-
-        out = None
-        if inp.standing:
-            out = service.refuse_standing(inp.model, inp.version, self.hub.api.standing_target_s, fail)
-        if out is None:
-            out = service.infer(inp, encode, fail)
-        if isinstance(out, bytes):
-            self._send(out)
-            return
-
-        def done(fut) -> None:
-            if fut.cancelled() or fut.exception() is not None:
-                exc = None if fut.cancelled() else fut.exception()
-                self._send(fail(service.failure(exc, "infer")))
-            else:
-                self._send(fut.result())
-
-        when_done(out if isinstance(out, (Later, asyncio.Future)) else asyncio.ensure_future(out), done)
-
-    def _forward(self, rid: int, payload: memoryview) -> None:
-        method, path, headers, body, waited, standing = wire.decode_forward(payload)
-        if self.hub.counts_elsewhere and (path == "/metrics" or path.endswith("/stats")):
-            # what it reads counts lookups the front ends answered: count them all first
-            self.hub.spawn(self._forward_counted(rid, method, path, headers, body, waited, standing))
-            return
-        self._answer_forwarded(rid, method, path, headers, body, waited, standing)
-
-    async def _forward_counted(self, rid: int, *request) -> None:
-        await self.hub.flush()
-        self._answer_forwarded(rid, *request)
-
-    def _answer_forwarded(self, rid: int, method: str, path: str, headers: dict[str, str], body: bytes,
-                          waited: float, standing: bool) -> None:
-        api = self.hub.api
-        found = api.route(method, path)
-        if isinstance(found, Reply):
-            self._reply(rid, found)
-            return
-        endpoint, params = found
-        try:
-            reply = endpoint(Request(params, headers, body, waited, standing))
-        except Exception:
-            reply = api.internal_error(f"{method} {path}")
-        if isinstance(reply, Reply):
-            self._reply(rid, reply)
-            return
-
-        def done(fut) -> None:
-            if fut.cancelled() or fut.exception() is not None:
-                self._reply(rid, api.internal_error("answer", None if fut.cancelled() else fut.exception()))
-            else:
-                self._reply(rid, fut.result())
-
-        when_done(reply if isinstance(reply, (Later, asyncio.Future)) else asyncio.ensure_future(reply), done)
-
-    async def _grpc(self, rid: int, method: str, authorization: str, request: bytes) -> None:
-        from hybridgnn.serving.grpc.service import (
-            answer_forwarded,  # grpcio only with --grpc-port
-        )
-
-        metadata = (("authorization", authorization),) if authorization else ()
-        if method == "ModelStatistics" and self.hub.counts_elsewhere:
-            await self.hub.flush()
-        response, code, message, trailing = await answer_forwarded(self.hub.grpc, method, request, metadata)
-        self._send(wire.encode_grpc_reply(rid, response, code, message, trailing))
-
-    def _reply(self, rid: int, reply: Reply) -> None:
-        self._send(wire.encode_reply(rid, reply.status, reply.content_type, reply.headers, reply.body))
-
-
 class Frontends:
     """N front-end processes serving `api` on host:port (see the module docstring)."""
 
@@ -276,7 +119,7 @@ class Frontends:
         self.api = api
         self.cfg = cfg
         self.count = count
-        self.links: dict[int, _Link] = {}
+        self.links: dict[int, FrontendLink] = {}
         self.restarts = [0] * count
         # each front end's counters as its earlier processes last reported them: a new
         # process counts from zero, and /metrics must not see a counter go back
@@ -343,7 +186,7 @@ class Frontends:
             self._grpc_held = reserve_port(s.host, s.grpc_port)
             self.grpc_port = self._grpc_held.getsockname()[1]
         self._dir = private_run_dir("engine")  # 0700: only this user reaches the engine
-        self._ipc = await loop.create_unix_server(lambda: _Link(self).channel, self.path)
+        self._ipc = await loop.create_unix_server(lambda: FrontendLink(self).channel, self.path)
         # keep-alives from the first: a front end up early serves while the others start
         self._keep(self._keep_alive())
         try:
@@ -441,7 +284,7 @@ class Frontends:
                             "(busy with large requests?): waiting for it, up to %g s", link.index, link.pid,
                             silent_s, _BUSY_LIMIT_S)
 
-    def _kill_quiet(self, link: _Link, silent_s: float = wire.QUIET_S, busy: bool = False) -> None:
+    def _kill_quiet(self, link: FrontendLink, silent_s: float = wire.QUIET_S, busy: bool = False) -> None:
         proc = self._procs[link.index]
         if proc is None or proc.pid != link.pid or proc.returncode is not None:
             return

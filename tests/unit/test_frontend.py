@@ -12,9 +12,9 @@ import pytest
 from hybridgnn.config import parse_frontends
 from hybridgnn.serving.core.eager import Later
 from hybridgnn.serving.frontend import FrontendApi
+from hybridgnn.serving.frontend_link import FrontendLink
 from hybridgnn.serving.frontends import (
     Frontends,
-    _Link,
     connection_share,
     frontends_for,
 )
@@ -108,10 +108,10 @@ def test_front_end_counters_never_go_down_across_its_restarts():
 
     hub = Frontends(type("FakeApi", (), {"service": NoService()})(), cfg=None, count=2)
 
-    async def linked() -> _Link:  # a link's channel is made on the event loop
-        return _Link(hub)
+    async def linked() -> FrontendLink:  # a link's channel is made on the event loop
+        return FrontendLink(hub)
 
-    def process(index: int, requests: int, cpu_s: float, refused: int) -> _Link:
+    def process(index: int, requests: int, cpu_s: float, refused: int) -> FrontendLink:
         link = asyncio.run(linked())
         link.index = index
         hub.links[index] = link
@@ -332,7 +332,7 @@ def _one_front_end(fe, ran):
     group = object.__new__(fe.Frontends)
     proc = _Proc(4242)
     group._procs, group._beat_at = [proc], None
-    link = fe._Link(group)
+    link = FrontendLink(group)
     link.channel.connection_made(_NoTransport())
     link.index, link.pid, link.quiet = 0, 4242, Quiet(wire.KEEPALIVE_S, wire.QUIET_S)
     group.links = {0: link}
@@ -493,7 +493,7 @@ def test_the_engine_speaks_to_front_ends_that_listen_while_the_others_still_star
 
         async def start_one(index):
             if index == 0:  # up at once
-                link = fe._Link(group)
+                link = FrontendLink(group)
                 link.channel.connection_made(Transport())
                 link.index, link.pid, link.quiet = 0, 4242, Quiet(wire.KEEPALIVE_S, wire.QUIET_S)
                 group.links[0] = link
