@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 from hybridgnn.config import env_default
 from hybridgnn.deploy.balancer import BALANCERS
 
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address the balancer and replicas listen on")
     p.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="the balancer's port")
     p.add_argument("--base-port", type=int, default=8001, help="port of the first replica")
-    p.add_argument("--run-dir", type=Path, default=Path("run/cluster"),
+    p.add_argument("--run-dir", type=user_path, default=Path("run/cluster"),
                    help="logs, pid files and the balancer's config")
     p.add_argument("--ready-timeout-s", type=float, default=300.0,
                    help="how long replicas may take to start (the demo trains its model on first run)")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 from hybridgnn.cli.outputs import check_out, staged_directory
 
 FORCE_HELP = "replace --out when it already holds something (once the new dataset is whole)"
@@ -22,7 +21,7 @@ def add_parser(sub) -> None:
     pl = gsub.add_parser("powerlaw", help="skewed-degree Chung-Lu graph (ogbn-products scale: "
                                           "--num-nodes 2400000 --avg-degree 51.5 --feature-dim 100)",
                          formatter_class=fmt)
-    pl.add_argument("--out", type=Path, required=True, help="dataset directory to write")
+    pl.add_argument("--out", type=user_path, required=True, help="dataset directory to write")
     pl.add_argument("--num-nodes", type=int, default=100_000, help="nodes")
     pl.add_argument("--avg-degree", type=float, default=20.0, help="directed edges per node (after dedup)")
     pl.add_argument("--exponent", type=float, default=2.1, help="degree power-law exponent")
@@ -33,7 +32,7 @@ def add_parser(sub) -> None:
     pl.set_defaults(run=run_generate)
 
     cs = gsub.add_parser("csbm", help="labelled contextual stochastic block model", formatter_class=fmt)
-    cs.add_argument("--out", type=Path, required=True, help="dataset directory to write")
+    cs.add_argument("--out", type=user_path, required=True, help="dataset directory to write")
     cs.add_argument("--num-nodes", type=int, default=20_000, help="nodes")
     cs.add_argument("--num-classes", type=int, default=8, help="classes (communities)")
     cs.add_argument("--feature-dim", type=int, default=64, help="features per node")
@@ -46,7 +45,7 @@ def add_parser(sub) -> None:
 
     het = gsub.add_parser("hetero", help="heterogeneous graph: recsys (user, item) or academic (paper, author, "
                                          "field), with reverse edge types", formatter_class=fmt)
-    het.add_argument("--out", type=Path, required=True, help="dataset directory to write")
+    het.add_argument("--out", type=user_path, required=True, help="dataset directory to write")
     het.add_argument("--schema", choices=["recsys", "academic"], default="recsys",
                      help="recsys: user -rates-> item; academic: author -writes-> paper -has_topic-> field, cites")
     het.add_argument("--num-nodes", type=int, default=20_000, help="nodes of the largest type")
@@ -59,10 +58,10 @@ def add_parser(sub) -> None:
     imp = dsub.add_parser("import", help="import a PyG Data or HeteroData file (.pt), an .npz, a text edge list, "
                                          "or a directory of edge lists per edge type",
                           formatter_class=fmt)
-    imp.add_argument("source", type=Path,
+    imp.add_argument("source", type=user_path,
                      help="a PyG Data/HeteroData file (.pt), an edge list (.txt/.csv/.tsv), an .npz, or a directory "
                           "of edge lists per type")
-    imp.add_argument("--out", type=Path, required=True, help="dataset directory to write")
+    imp.add_argument("--out", type=user_path, required=True, help="dataset directory to write")
     imp.add_argument("--undirected", action="store_true",
                      help="add every edge in both directions (heterogeneous: a rev_<rel> type per edge type)")
     imp.add_argument("--feature-dim", type=int, default=64, help="random features when the source has none")
@@ -73,7 +72,7 @@ def add_parser(sub) -> None:
     imp.set_defaults(run=run_import)
 
     info = dsub.add_parser("info", help="print a dataset's summary as JSON")
-    info.add_argument("path", type=Path, help="dataset directory")
+    info.add_argument("path", type=user_path, help="dataset directory")
     info.add_argument("--full", action="store_true",
                       help="validate every index (every open now does: kept for scripts that pass it)")
     info.set_defaults(run=run_info)

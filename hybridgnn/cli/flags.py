@@ -27,7 +27,13 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-_TYPES = {"int": int, "float": float, "str": str, "Path": Path}
+def user_path(text: str) -> Path:
+    """A path flag's value, with a leading ~ expanded: the shell leaves `--out=~/x` and a
+    HYBRIDGNN_* variable's "~/x" as they are, and a directory named "~" is no one's intent."""
+    return Path(text).expanduser()
+
+
+_TYPES = {"int": int, "float": float, "str": str, "Path": user_path}
 
 
 def _flag(f: dataclasses.Field) -> str:

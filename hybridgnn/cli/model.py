@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 from hybridgnn.config import read_json
 
 
@@ -24,15 +24,15 @@ def add_parser(sub) -> None:
                     "only) into it strictly, and writes OUT as hybridgnn.save_model does: config.json, model.pt "
                     "and golden outputs. A model hybridgnn cannot serve exactly is refused with the reason.")
     e.add_argument("--factory", required=True, help="module:function returning the model, e.g. train:build_model")
-    e.add_argument("--weights", type=Path, required=True, help="state_dict file (torch.save(model.state_dict()))")
-    e.add_argument("--out", type=Path, required=True, help="model directory to write")
+    e.add_argument("--weights", type=user_path, required=True, help="state_dict file (torch.save(model.state_dict()))")
+    e.add_argument("--out", type=user_path, required=True, help="model directory to write")
     e.add_argument("--fanouts", default=None, help="serving default, one per layer, e.g. 10,5 (default: 10 per layer)")
     e.set_defaults(run=run_export)
 
     c = actions.add_parser("check", help="rebuild a model directory's model and verify its golden outputs",
                            description="Prints what the directory holds and whether it can be served; exits 2 "
                                        "with the reason when it cannot.")
-    c.add_argument("model_dir", type=Path, help="model directory to check")
+    c.add_argument("model_dir", type=user_path, help="model directory to check")
     c.set_defaults(run=run_check)
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 from hybridgnn.cli.outputs import check_out, staged_directory
 
 
@@ -18,17 +17,17 @@ def add_parser(sub) -> None:
                                    "plan beside the dataset. --simulate estimates each batch's gather time (the "
                                    "slowest tier it touches) under this plan and the baselines.",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
+    p.add_argument("--dataset", type=user_path, required=True, help="dataset directory")
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop, hop 1 first (the FAP table's)")
-    p.add_argument("--topology", type=Path, default=None,
+    p.add_argument("--topology", type=user_path, default=None,
                    help="JSON or YAML topology file (default: detect this machine)")
     p.add_argument("--seeds", default="uniform", help="seed distribution: uniform, degree, or a request-log file")
-    p.add_argument("--from-log", type=Path, default=None,
+    p.add_argument("--from-log", type=user_path, default=None,
                    help="request log: node ids (.npy or text) or per-node counts (.counts.npy, what serve --seed-log "
                         "writes); same as --seeds LOG")
     p.add_argument("--method", choices=["fap", "hash", "degree", "importance"], default="fap",
                    help="how rows are placed")
-    p.add_argument("--out", type=Path, default=None, help="plan directory (default <dataset>/placement/<name>)")
+    p.add_argument("--out", type=user_path, default=None, help="plan directory (default <dataset>/placement/<name>)")
     p.add_argument("--simulate", type=int, default=0, metavar="BATCHES",
                    help="also simulate this many sampled batches under every method")
     p.add_argument("--batch-size", type=int, default=64, help="seeds per simulated batch")

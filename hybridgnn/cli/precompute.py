@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 
 
 def add_parser(sub) -> None:
@@ -19,8 +19,8 @@ def add_parser(sub) -> None:
                                    "embeddings to <model>/embeddings/<dataset fingerprint>/layer_<i>.npy. "
                                    "An interrupted run resumes where it stopped.",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
-    p.add_argument("--model", type=Path, required=True, help="model directory (the embeddings are written beside it)")
+    p.add_argument("--dataset", type=user_path, required=True, help="dataset directory")
+    p.add_argument("--model", type=user_path, required=True, help="model directory (the embeddings are written beside it)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="stored embedding precision")
     p.add_argument("--batch-size", type=int, default=16384,

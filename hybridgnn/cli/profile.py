@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from hybridgnn.capabilities import CPU_COUNT
-from hybridgnn.cli.flags import DefaultsHelpFormatter, flag_parser
+from hybridgnn.cli.flags import DefaultsHelpFormatter, flag_parser, user_path
 from hybridgnn.cli.outputs import check_out
 from hybridgnn.cli.serve import add_cpu_lane_flag, add_worker_processes_flag
 from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
@@ -22,10 +22,10 @@ def add_parser(sub) -> None:
                                    "p99 curves, finds the four operating points, and writes a JSON profile plus a "
                                    "PNG and SVG plot. Serve with it: hybridgnn serve --profile P --policy ...",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, default=None, help="dataset directory (default: the demo)")
-    p.add_argument("--model", type=Path, default=None, help="model directory (default: the demo)")
+    p.add_argument("--dataset", type=user_path, default=None, help="dataset directory (default: the demo)")
+    p.add_argument("--model", type=user_path, default=None, help="model directory (default: the demo)")
     p.add_argument("--fanouts", default=None, help="per-hop fanouts (default: the model's)")
-    p.add_argument("--out", type=Path, default=None, help="profile path (default profiles/<dataset>-<model>.json)")
+    p.add_argument("--out", type=user_path, default=None, help="profile path (default profiles/<dataset>-<model>.json)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default="auto",
                    help="pipelines to profile, as for serve (emulate: the GPU pipeline's code on CPU tensors)")
     p.add_argument("--workers", type=int, default=CPU_COUNT, help="CPU pipeline workers")
@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch (seeds)")
     p.add_argument("--budget-s", type=float, default=300.0, help="time limit per pipeline")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG/SVG plots")
-    p.add_argument("--cache-dir", type=Path, default=None, help="the demo graph and model live in <this>/demo (default: ~/.cache/hybridgnn)")
+    p.add_argument("--cache-dir", type=user_path, default=None, help="the demo graph and model live in <this>/demo (default: ~/.cache/hybridgnn)")
     p.set_defaults(run=run)
 
 

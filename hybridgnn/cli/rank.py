@@ -4,9 +4,7 @@ serves through them. `serve --partitions N` alone starts its ranks itself."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 from hybridgnn.config import PartitionConfig
 
 
@@ -19,8 +17,8 @@ def add_parser(sub) -> None:
                                    "precomputed embeddings. A rank that fails exits non-zero; torchrun's "
                                    "--max-restarts starts the group again and the server reconnects.",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, required=True, help="dataset directory (the same path on every machine)")
-    p.add_argument("--model", type=Path, required=True,
+    p.add_argument("--dataset", type=user_path, required=True, help="dataset directory (the same path on every machine)")
+    p.add_argument("--model", type=user_path, required=True,
                    help="model directory, with its precomputed embeddings (the same path on every machine)")
     p.add_argument("--listen", default="0.0.0.0:7700",
                    help="where rank 0 listens for the server (host:port); only rank 0 uses it")

@@ -11,6 +11,7 @@ from hybridgnn.cli.flags import (
     add_config_flags,
     config_values,
     flag_value,
+    user_path,
 )
 from hybridgnn.config import (
     AdmissionConfig,
@@ -39,10 +40,10 @@ def add_parser(sub) -> None:
                                    "and model are generated and trained into the cache directory on first run. "
                                    "Every flag can also be set as HYBRIDGNN_<FLAG> (e.g. HYBRIDGNN_PORT=9000).",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, default=env_default("DATASET", None, Path), help="dataset directory (with --model; neither: the demo)")
-    p.add_argument("--model", type=Path, default=env_default("MODEL", None, Path),
+    p.add_argument("--dataset", type=user_path, default=env_default("DATASET", None, Path), help="dataset directory (with --model; neither: the demo)")
+    p.add_argument("--model", type=user_path, default=env_default("MODEL", None, Path),
                    help="model directory (with --dataset; neither: the demo)")
-    p.add_argument("--model-repository", type=Path, default=env_default("MODEL_REPOSITORY", None, Path),
+    p.add_argument("--model-repository", type=user_path, default=env_default("MODEL_REPOSITORY", None, Path),
                    help="instead of --model: a repository of <name>/<version>/ model directories (and optional "
                         "<name>/config.json: version_policy, fanouts), all served over --dataset")
     p.add_argument("--fanouts", default=env_default("FANOUTS", None),
@@ -63,7 +64,7 @@ def add_parser(sub) -> None:
                    default=env_default("SPILL", True, env_flag),
                    help="never move a batch to the other pipeline when its own is saturated (with "
                         "--psgs-threshold 0: GPU only, for single-device baselines)")
-    p.add_argument("--profile", type=Path, default=env_default("PROFILE", None, Path),
+    p.add_argument("--profile", type=user_path, default=env_default("PROFILE", None, Path),
                    help="a profile from `hybridgnn profile` for this dataset, model and fanouts; its policy sets "
                         "the PSGS threshold (and, for slo:<ms>, the batch PSGS bound)")
     p.add_argument("--policy", default=env_default("POLICY", None),
@@ -81,7 +82,7 @@ def add_parser(sub) -> None:
     p.add_argument("--update-token", default=None,  # env read in build_config, so --help never prints it
                    help="enable POST /v2/models/{m}/graph for clients sending 'Authorization: Bearer <token>' "
                         "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="the demo graph and model live in <this>/demo (default: ~/.cache/hybridgnn)")
+    p.add_argument("--cache-dir", type=user_path, default=None, help="the demo graph and model live in <this>/demo (default: ~/.cache/hybridgnn)")
     # The rest come from the config dataclasses' fields (defaults, units and help live there).
     add_config_flags(p, ServerConfig, RouterConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
                      UpdateConfig, DeviceMemoryConfig, PartitionConfig)

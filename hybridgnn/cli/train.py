@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from hybridgnn.cli.flags import DefaultsHelpFormatter
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 from hybridgnn.cli.outputs import check_out
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model on a labelled dataset",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=Path, required=True, help="dataset directory")
-    p.add_argument("--out", type=Path, required=True, help="model directory to write")
+    p.add_argument("--dataset", type=user_path, required=True, help="dataset directory")
+    p.add_argument("--out", type=user_path, required=True, help="model directory to write")
     p.add_argument("--kind", choices=["sage", "gcn", "gat"], default="sage", help="model layers")
     p.add_argument("--hidden-dim", type=int, default=64, help="hidden width")
     p.add_argument("--num-layers", type=int, default=2, help="layers (one hop each)")

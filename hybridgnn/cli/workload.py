@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hybridgnn.cli.flags import user_path
 from hybridgnn.cli.outputs import check_out
 
 
@@ -12,7 +13,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("workload", help="build PSGS/FAP workload tables")
     wsub = p.add_subparsers(dest="workload_command", metavar="ACTION", required=True)
     b = wsub.add_parser("build", help="compute PSGS and FAP by sparse matrix-vector chains and save them")
-    b.add_argument("--dataset", type=Path, required=True, help="dataset directory")
+    b.add_argument("--dataset", type=user_path, required=True, help="dataset directory")
     b.add_argument("--fanouts", required=True,
                    help="comma-separated, hop 1 first, e.g. 15,10,5; for a heterogeneous dataset also a JSON "
                         "object per edge type, e.g. '{\"user__rates__item\": [10, 5], \"rev_rates\": [5, 5]}'")

@@ -656,3 +656,15 @@ def test_pipeline_workers_are_bounded_as_a_served_profile_is(tmp_path, capsys):
         PipelineConfig(workers=5000)
     assert main(["profile", "--workers", "5000", "--out", str(tmp_path / "p.json")]) == 2
     assert "within [1, 1024]" in capsys.readouterr().err
+
+
+def test_path_flags_expand_a_leading_tilde(monkeypatch, tmp_path):
+    from hybridgnn.cli.main import build_parser
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = build_parser().parse_args(["dataset", "generate", "csbm", "--out=~/graph"])
+    assert args.out == tmp_path / "graph"
+    args = build_parser().parse_args(["serve", "--placement", "~/plan", "--seed-log=~/seeds"])
+    from hybridgnn.cli.flags import flag_value
+    from hybridgnn.config import DeviceMemoryConfig, ServerConfig
+    assert flag_value(args, DeviceMemoryConfig, "placement_plan") == tmp_path / "plan"
+    assert flag_value(args, ServerConfig, "seed_log") == tmp_path / "seeds"
