@@ -286,6 +286,27 @@ def private_run_dir(kind: str) -> str:
     return tempfile.mkdtemp(prefix=f"hybridgnn-{kind}-{os.getpid()}-")
 
 
+def locked_elsewhere(lock_path: Path) -> bool:
+    """Whether another holder has lock_path locked (exclusive's writer, in any process):
+    probed with a shared lock, given back at once. False when the file is absent or takes
+    no lock (nobody can hold it then)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # and with it the probe's own lock
+    return False
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process `pid` exists (one of another user's counts)."""
     try:

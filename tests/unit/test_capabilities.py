@@ -140,3 +140,16 @@ def test_a_file_written_over_a_link_replaces_the_link_not_its_target(tmp_path):
     assert np.load(shared / "psgs.npy").tolist() == [0, 0, 0]
     save_array(tmp_path / "linked" / "fap.npy", np.ones(2))
     assert (shared / "fap.npy").is_file() and sorted(os.listdir(shared)) == ["fap.npy", "psgs.npy"]
+
+
+def test_locked_elsewhere_sees_a_holder_and_takes_nothing(tmp_path):
+    from hybridgnn.capabilities import exclusive, locked_elsewhere
+
+    lock = tmp_path / ".store.lock"
+    assert not locked_elsewhere(lock)  # absent: nobody holds it, and nothing is made
+    assert not lock.exists()
+    with exclusive(lock, "x") as waited:
+        assert not waited and locked_elsewhere(lock)
+    assert not locked_elsewhere(lock)
+    with exclusive(lock, "x") as waited:  # the probe left no lock behind
+        assert not waited

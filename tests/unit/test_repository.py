@@ -445,6 +445,31 @@ def test_a_store_being_written_is_loaded_once_complete(tmp_path, monkeypatch, ca
     assert opened == [("sage", "1")] * 2 and not precomputed
 
 
+def test_a_store_another_process_holds_is_left_to_it_and_loaded_once_its_writer_is_gone(tmp_path, monkeypatch):
+    # `hybridgnn precompute` run on a new version: the poll loaded it, and the load's own
+    # precompute waited for that one, holding every load and poll meanwhile (for ever if
+    # it was stopped with Ctrl-Z). One killed mid-way left its part-store unloaded.
+    import asyncio
+
+    from hybridgnn.capabilities import exclusive
+    from hybridgnn.embeddings.store import store_lock
+
+    repository, root, opened, precomputed = _fake_loads(tmp_path, monkeypatch, {"sage": True})
+    asyncio.run(repository.start())
+    v2 = root / "sage" / "2"
+    v2.mkdir()
+    (v2 / "model.pt").write_bytes(b"new weights")
+    with exclusive(store_lock(v2 / "embeddings" / "fp"), "the test's writer"):
+        _polls(repository, 6)
+        assert opened == [("sage", "1")] and not precomputed
+        _store(v2, complete=False)  # a layer written, then the writer stopped
+        _polls(repository, 6)
+        assert opened == [("sage", "1")] and not precomputed
+    # killed: its lock went with it, and the poll loads the version (its precompute resumes)
+    _polls(repository, 6)
+    assert opened == [("sage", "1"), ("sage", "2")] and precomputed == ["sage"]
+
+
 def test_the_poll_reads_the_disk_off_the_event_loop_and_a_load_waits_for_its_read(tmp_path, monkeypatch):
     # The scan, the stats of every file and the config reads ran on the event loop: on a
     # slow or network filesystem every request stalled for as long as a poll read.

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from hybridgnn.capabilities import locked_elsewhere
 from hybridgnn.config import fanouts_for, parse_fanouts, read_json
-from hybridgnn.embeddings.store import embeddings_dir
+from hybridgnn.embeddings.store import embeddings_dir, store_lock
 from hybridgnn.errors import ConfigError, brief
 
 CONFIG = "config.json"
@@ -156,6 +157,9 @@ class VersionSignature(NamedTuple):
     config: tuple  # the model's config.json: (size, mtime_ns, inode), () when it has none
     store_complete: bool | None = None  # the store's state.json says complete (None: no store)
     truncated: bool = False  # the walk stopped at SIGNATURE_ENTRIES
+    # a process holds the store's lock (a precompute writing it), looked at while it is
+    # not complete: its release is a change too, as when the writer was killed
+    store_writer: bool = False
 
 
 def version_signature(model: RepositoryModel, version: int, store: str | None = None) -> VersionSignature:
@@ -175,13 +179,14 @@ def version_signature(model: RepositoryModel, version: int, store: str | None = 
         except (OSError, ValueError):  # absent, or being replaced: not complete now
             state = None
         complete = isinstance(state, dict) and state.get("complete") is True
+    writer = store is not None and complete is not True and locked_elsewhere(store_lock(root))
     try:
         top = _stat(model.root / CONFIG)
     except OSError as exc:  # a link to itself, say: the load says why; stamped, not raised out of the poll
         config = ("unreadable", exc.errno)
     else:
         config = (top.st_size, top.st_mtime_ns, top.st_ino) if top is not None and stat.S_ISREG(top.st_mode) else ()
-    return VersionSignature(files, stamps, config, complete, truncated or more)
+    return VersionSignature(files, stamps, config, complete, truncated or more, writer)
 
 
 def _stamps(top: Path, budget: list[int], *, recurse: bool) -> tuple[tuple, bool]:

@@ -137,13 +137,15 @@ class Repository:
         return on_disk, {n: signature(m, self._store) for n, m in on_disk.items() if name in (None, n)}
 
     def _being_written(self, key: tuple[str, str], now: VersionSignature, before: VersionSignature | None) -> bool:
-        """(The poll.) Whether, since the last load looked at the version, its embedding
-        store changed and nothing else did, and the store is not complete: a precompute
-        writing it (`hybridgnn precompute` run on the version's directory). A load now
-        would find no complete store and start a second precompute on the same files; the
-        version stays as it is (serving as loaded, or not), and the poll loads it once the
-        store is complete."""
-        if (before is None or now.store_complete is not False or now.store == before.store
+        """(The poll.) Whether another process writes the version's incomplete embedding
+        store (`hybridgnn precompute` run on its directory): it holds the store's lock, or,
+        since the last load looked at the version, the store changed and nothing else did.
+        A load now would start a second precompute, which would wait for the first one,
+        and with it every load and poll: for ever if that one was stopped (Ctrl-Z). The
+        version stays as it is (serving as loaded, or not), and the poll loads it once
+        the store is complete or its writer is gone."""
+        if not now.store_writer and (
+                before is None or now.store_complete is not False or now.store == before.store
                 or (now.files, now.config) != (before.files, before.config)):
             return False
         if key not in self._writing:  # said once, not every poll while it is written
@@ -263,7 +265,7 @@ class Repository:
         a model.pt replaced meanwhile is still a change."""
         now = await asyncio.to_thread(version_signature, model, version, self._store)
         return files._replace(store=now.store, store_complete=now.store_complete,
-                              truncated=files.truncated or now.truncated)
+                              truncated=files.truncated or now.truncated, store_writer=now.store_writer)
 
     def _retire(self, engine, name: str, version: str) -> None:
         if engine is self.base:  # the shared stores live on in the others; a serving engine is the base now
