@@ -465,6 +465,9 @@ def test_a_store_another_process_holds_is_left_to_it_and_loaded_once_its_writer_
         _store(v2, complete=False)  # a layer written, then the writer stopped
         _polls(repository, 6)
         assert opened == [("sage", "1")] and not precomputed
+        # a load through the API says so instead of waiting with it
+        assert asyncio.run(repository.load("sage")) == ["1"] and not precomputed
+        assert "being written by another process" in repository.models.unavailable[("sage", "2")]
     # killed: its lock went with it, and the poll loads the version (its precompute resumes)
     _polls(repository, 6)
     assert opened == [("sage", "1"), ("sage", "2")] and precomputed == ["sage"]

@@ -69,7 +69,7 @@ class Repository:
     async def start(self) -> Models:
         self._store = await asyncio.to_thread(dataset_store, self.cfg)
         for name in await asyncio.to_thread(scan_repository, self.cfg.model_repository, strict=False):
-            await self.load(name)
+            await self.load(name, at_start=True)
         if not self.models.engines():
             raise ConfigError(f"no model version of repository {self.cfg.model_repository} can be served: "
                               + "; ".join(f"{n} {v}: {why}" for (n, v), why in self.models.unavailable.items()))
@@ -77,11 +77,13 @@ class Repository:
             self._poller = asyncio.create_task(self._poll(), name="repository-poll")
         return self.models
 
-    async def load(self, name: str, *, by_poll: bool = False) -> list[str]:
+    async def load(self, name: str, *, by_poll: bool = False, at_start: bool = False) -> list[str]:
         """(Re)load model `name` from the repository: start the versions its policy now
         chooses that are not served or whose files changed, then retire the ones it no
         longer chooses. Returns what now serves; NotFound when the repository has no such
-        model, Conflict when its config.json cannot be used."""
+        model, Conflict when its config.json cannot be used. A version whose embeddings
+        another process is writing is waited for only at start (a replica started beside
+        another); a poll or an API load leaves it as it is (_being_written)."""
         if self.closing:
             raise Draining("the server is shutting down; no model loads now")
         async with self._lock:
@@ -111,6 +113,10 @@ class Repository:
                 if str(version) in served and self._started.get(key) == files[version]:
                     continue
                 if by_poll and self._being_written(key, files[version], before.get(version)):
+                    continue
+                if not at_start and files[version].store_writer:
+                    self.models.unavailable[key] = ("its embeddings are being written by another process (a "
+                                                    "precompute); the poll loads it once they are complete")
                     continue
                 self._writing.discard(key)
                 engine, files[version] = await self._start_version(model, version, files[version])
