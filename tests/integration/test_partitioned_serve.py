@@ -143,8 +143,8 @@ def test_a_stopped_rank_turns_readiness_off_while_a_call_waits_for_it(partitione
                                                                       tiny_model_pe):
     """A rank stopped with SIGSTOP holds the call on the ranks (and every request behind
     it) until the ranks' timeout, 60 s, and readiness said 200 meanwhile: it now says 503
-    once the call has waited 5 s, so a balancer routes away; after SIGCONT the call ends
-    with the right rows and readiness comes back."""
+    once the call has waited 5 s, so a balancer routes away, and new requests get 503 at
+    once; after SIGCONT the call ends with the right rows and readiness comes back."""
     import threading
 
     url = partitioned_server.url
@@ -162,6 +162,11 @@ def test_a_stopped_rank_turns_readiness_off_while_a_call_waits_for_it(partitione
         poll_ready(url, 503, 30)
         meta = requests.get(url + "/v2/models/hybridgnn", timeout=30).json()["parameters"]["partitions"]
         assert meta["up"] and meta["stalled_s"] >= 5, meta
+        # a new request is refused at once, not queued behind the held call
+        t0 = time.monotonic()
+        late = requests.post(url + URL, json=_ids_body(ids, "precomputed"), timeout=30)
+        assert late.status_code == 503 and late.headers["Retry-After"], late.text
+        assert "have not answered" in late.json()["error"] and time.monotonic() - t0 < 5
     finally:
         os.kill(rank, signal.SIGCONT)
     held.join(60)

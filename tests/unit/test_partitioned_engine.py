@@ -161,10 +161,17 @@ def test_a_down_group_is_not_ready_and_its_answer_is_503_with_retry_after():
         assert err.value.status == 409
         assert engine.pending == 0 and engine.ready
         # a call held by a stopped or stuck rank (until the ranks' timeout): not ready meanwhile
+        ranks.fail = None
         ranks.stalled = RANKS_STALLED_S
         assert not engine.ready and engine.metadata()["partitions"]["stalled_s"] == RANKS_STALLED_S
+        # and a new request is a 503 at once, not one more queued behind the held call
+        calls = len(ranks.calls)
+        with pytest.raises(ServiceUnavailable, match="have not answered a call for 5 s") as err:
+            await engine.lookup(np.array([1]))
+        assert err.value.headers()["Retry-After"] and engine.pending == 0 and len(ranks.calls) == calls
         ranks.stalled = 0.0
         assert engine.ready
+        await engine.lookup(np.array([1]))
 
     _run(scenario)
 

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served
-from hybridgnn.errors import BadRequest, BatchFailed, Draining, Forbidden, RemovedNode
+from hybridgnn.errors import (
+    BadRequest,
+    BatchFailed,
+    Draining,
+    Forbidden,
+    RemovedNode,
+    ServiceUnavailable,
+)
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.serving.core.admitting import Admitting
 from hybridgnn.serving.core.partitioned_updates import PartitionedUpdates
@@ -266,6 +273,12 @@ class PartitionedEngine(Admitting):
 
     async def _request(self, lane_name: str, name: str, head: dict, arrays: tuple, path: str,
                        waited_s: float) -> RequestResult:
+        stalled = self.ranks.stalled_s()
+        if stalled >= RANKS_STALLED_S:
+            # it would queue behind a call held until the ranks' timeout (60 s): a 503 now
+            # lets the client or balancer try a replica whose ranks answer
+            raise ServiceUnavailable(f"the partition ranks have not answered a call for {stalled:.0f} s (a rank "
+                                     "stopped or stuck); try another replica")
         self.admit(lane_name, 1.0, waited_s)
         lane = self.lane(lane_name)
         call = _Call(name, head, arrays, asyncio.get_running_loop().create_future())
