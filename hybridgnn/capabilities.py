@@ -286,6 +286,19 @@ def private_run_dir(kind: str) -> str:
     return tempfile.mkdtemp(prefix=f"hybridgnn-{kind}-{os.getpid()}-")
 
 
+@contextlib.contextmanager
+def temporary_run_dir(kind: str) -> Iterator[str]:
+    """private_run_dir for the block, removed after it (and, if this process is killed
+    with -9, by the next one of its kind)."""
+    import shutil
+
+    path = private_run_dir(kind)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def locked_elsewhere(lock_path: Path) -> bool:
     """Whether another holder has lock_path locked (exclusive's writer, in any process):
     probed with a shared lock, given back at once. False when the file is absent or takes

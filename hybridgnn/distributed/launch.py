@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from hybridgnn.capabilities import die_with_parent, libc
+from hybridgnn.capabilities import die_with_parent, libc, temporary_run_dir
 from hybridgnn.runtime.ranks import PEER_LOST, free_port, rank_environment
 
 # How long the other ranks get to fail too once every rank that failed only lost a peer:
@@ -60,7 +59,7 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
     """Run `hybridgnn <argv>` as ranks 0..world-1 and return 0, or 1 with one line on stderr."""
     port = free_port()
     parent, c = os.getpid(), libc()  # loaded here: the child only calls it
-    with tempfile.TemporaryDirectory(prefix="hybridgnn-ranks-") as tmp:
+    with temporary_run_dir("launch") as tmp:
         errors = [Path(tmp) / f"rank-{r}.txt" for r in range(world)]
         procs = []
         try:

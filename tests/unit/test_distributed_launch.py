@@ -96,3 +96,23 @@ def test_a_rank_that_cannot_be_started_stops_those_that_were_in_one_line(monkeyp
     assert len(started) == 2 and all(r.code is not None for r in started)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "could not start rank 2 of 4: [Errno 11] Resource temporarily unavailable" in err[0]
+
+
+def test_the_launchers_run_directory_is_removed_and_one_a_killed_launcher_left_is_swept(monkeypatch, tmp_path):
+    """A launcher killed with -9 left its directory in the temporary directory for ever."""
+    import tempfile
+
+    from hybridgnn.distributed import launch as launch_mod
+
+    class Rank:
+        def __init__(self, *_args, **_kwargs):
+            raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = tmp_path / "hybridgnn-launch-99999999-abc"  # its process is gone (past any pid_max)
+    left.mkdir()
+    (left / "rank-0.txt").write_text("")
+    monkeypatch.setattr(launch_mod.subprocess, "Popen", Rank)
+    monkeypatch.setattr(launch_mod, "free_port", lambda: 29500)
+    assert launch_mod.launch(["precompute"], 2, 1) == 1
+    assert list(tmp_path.iterdir()) == []
