@@ -187,6 +187,9 @@ def test_limits_and_a_model_without_decoder(engine):
     with pytest.raises(PayloadTooLarge, match="pairs to score"):
         decode(big, ids("src_ids", [0] * 3000), ids("candidate_ids", [1] * (MAX_TOPK_PAIRS // 3000 + 1)),
                src_type="item", dst_type="item", k=1)
+    for ntype, width in (("user", 2), ("item", 3)):  # too many query nodes, whatever the type's width
+        with pytest.raises(PayloadTooLarge, match="features"):
+            decode(engine, feats([[0.0] * width] * 65), node_type=ntype)
     bare = SimpleNamespace(**{**vars(engine), "decoder": None, "link_pairs": []})
     with pytest.raises(BadRequest, match="no link decoder"):
         decode(bare, ids("src_ids", [0]), ids("dst_ids", [1]), src_type="item", dst_type="item")

@@ -209,7 +209,10 @@ def _new_nodes(tensors: dict, params: dict, engine) -> tuple[TypedNewNodes, np.n
     features = tensors["features"]
     q, width = features.shape
     if q == 0 or q > cfg.server.max_request_nodes:
-        raise BadRequest(f"features must have 1 to {cfg.server.max_request_nodes} rows (query nodes), got {q}")
+        # too many is the request's size, a 413 as past the other limits: a type narrower
+        # than the widest passes the declared-size check before decoding, and got a 400
+        refusal = BadRequest if q == 0 else PayloadTooLarge
+        raise refusal(f"features must have 1 to {cfg.server.max_request_nodes} rows (query nodes), got {q}")
     if width != graph.nodes[node_type].feature_dim:
         raise BadRequest(f"features must have {graph.nodes[node_type].feature_dim} columns (node type "
                          f"{node_type!r}'s feature width), got {width}")
