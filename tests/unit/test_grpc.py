@@ -95,3 +95,31 @@ def test_huge_declared_inputs_are_413s_before_any_element_is_decoded():
         [b""] * 100_000)
     with pytest.raises(PayloadTooLarge, match="100000 elements"):
         infer_input(typed, max_elements=1000)
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_typed_contents_are_taken_up_to_the_decoders_own_limits(typed):
+    """A new-node request's edges as typed contents: as many as REST and raw contents take
+    (the bound was the features' alone, which refused more than 2 x 64 x F edge ids)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from hybridgnn.serving.grpc.service import GrpcFrontend
+    from hybridgnn.serving.v2.service import V2Service
+    from hybridgnn.serving.v2.types import InferAnswer
+
+    engine = SimpleNamespace(typed=typed, max_feature_dim=2, model_version="1",
+                             cfg=SimpleNamespace(server=SimpleNamespace(model_name="m", max_request_nodes=8)))
+    service = V2Service(engine)
+    taken = []
+    service.infer = lambda request, encode, fail: taken.append(request) or encode(InferAnswer("m", "1", None, []))
+    req = message("ModelInferRequest")(model_name="m")
+    req.inputs.add(name="features", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([0.0, 1.0])
+    m = 64 * 8  # the most edges a request may bring
+    if typed:  # a heterogeneous model's neighbour lists
+        req.inputs.add(name="neighbor_ids", datatype="INT64", shape=[m]).contents.int64_contents.extend([0] * m)
+    else:
+        req.inputs.add(name="edge_index", datatype="INT64", shape=[2, m]).contents.int64_contents.extend(
+            [8] * m + [0] * m)
+    asyncio.run(GrpcFrontend(service).model_infer(req, None))
+    assert [len(t.data) for t in taken[0].inputs] == [2, m if typed else 2 * m]

@@ -239,7 +239,9 @@ class GrpcFrontend:
         engine = None
         try:
             engine = service.model(request.model_name, request.model_version or None)
-            req = infer_input(request, 2 * engine.cfg.server.max_request_nodes * max(1, engine.max_feature_dim))
+            # the decoder's own largest limit: a bound of its features' alone refused the edges
+            # of a new-node request that REST and raw contents take
+            req = infer_input(request, service.max_input_elements(engine))
         except Exception as exc:
             failure = service.failure(exc, "infer")
             (engine or service.engine).stats.answered(failure.status)  # counted as the service counts its own

@@ -56,6 +56,16 @@ def declared_ids(request: InferInput, named: int | None = None) -> int | None:
     return declared_node_ids(request) if named is None else named
 
 
+def input_limits(max_nodes: int, feature_dim: int | None = None, max_edges: int | None = None) -> dict[str, int]:
+    """The most elements each input may declare, checked on the declared shapes before any
+    element is decoded (413 past it)."""
+    # twice the node and edge limits, so requests just past them still get the limits' own 400s
+    width = max(1, feature_dim or 1)
+    edges = max_edges if max_edges is not None else 64 * max_nodes
+    return {INPUT_NAME: 2 * max_nodes, "query_ids": 2 * max_nodes, "features": 2 * max_nodes * width,
+            "edge_index": 4 * edges}
+
+
 def decode_infer(request: InferInput, *, max_nodes: int, num_nodes: int, feature_dim: int | None = None,
                  max_edges: int | None = None, id_map=None,
                  default_outputs: tuple[str, ...] | None = None) -> InferRequest:
@@ -68,13 +78,8 @@ def decode_infer(request: InferInput, *, max_nodes: int, num_nodes: int, feature
     params = request.parameters
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
-    # Element caps checked on the declared shapes before any element is decoded (twice the
-    # node limit, so requests just past it still get the limit's own message below).
-    width = max(1, feature_dim or 1)
     edges = max_edges if max_edges is not None else 64 * max_nodes
-    limits = {INPUT_NAME: 2 * max_nodes, "query_ids": 2 * max_nodes, "features": 2 * max_nodes * width,
-              "edge_index": 4 * edges}
-    tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED_INPUTS, limits)
+    tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED_INPUTS, input_limits(max_nodes, feature_dim, edges))
     req = InferRequest(parameters=params)
     if "features" in tensors or "edge_index" in tensors:
         if INPUT_NAME in tensors:

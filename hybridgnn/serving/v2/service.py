@@ -41,10 +41,16 @@ from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
 from hybridgnn.serving.v2.describe import config_of, describe_model
-from hybridgnn.serving.v2.inference import declared_ids, declared_node_ids, decode_infer
+from hybridgnn.serving.v2.inference import (
+    declared_ids,
+    declared_node_ids,
+    decode_infer,
+    input_limits,
+)
 from hybridgnn.serving.v2.requests import decode_update
 from hybridgnn.serving.v2.tensors import INPUT_NAME
 from hybridgnn.serving.v2.typed import TypedInferRequest, decode_typed
+from hybridgnn.serving.v2.typed import input_limits as typed_input_limits
 from hybridgnn.serving.v2.types import (
     Failure,
     GraphUpdateInput,
@@ -95,6 +101,14 @@ class V2Service:
         """The engine serving model `name` (`version`, when given; else its highest);
         NotFound naming what this server serves."""
         return self.models.get(name, version)
+
+    @staticmethod
+    def max_input_elements(engine: Engine) -> int:
+        """The most elements one input of an inference to `engine` may hold (its decoder's
+        largest limit): a transport may refuse more before copying them."""
+        if getattr(engine, "typed", False):
+            return max(typed_input_limits(engine).values())
+        return max(input_limits(engine.cfg.server.max_request_nodes, engine.max_feature_dim).values())
 
     # --- errors ------------------------------------------------------------------------
     def failure(self, exc: BaseException | None, where: str = "request") -> Failure:

@@ -96,6 +96,13 @@ def _ids(field: str, values: np.ndarray, graph, ntype: str) -> np.ndarray:
     return ids
 
 
+def input_limits(engine) -> dict[str, int]:
+    """The most elements each input may declare (413 past it, before any is decoded)."""
+    max_nodes = engine.cfg.server.max_request_nodes
+    return {**dict.fromkeys(INPUTS, 2 * max_nodes), "features": max_nodes * max(1, engine.max_feature_dim),
+            **dict.fromkeys(("neighbor_ids", "query_index", "edge_type"), EDGES_PER_NODE * max_nodes)}
+
+
 def decode_typed(request: InferInput, engine) -> TypedInferRequest:
     """The validated request (engine: a HeteroEngine: its graph, outputs, link decoder)."""
     if not request.inputs:
@@ -104,9 +111,7 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     max_nodes = engine.cfg.server.max_request_nodes
-    limits = {**dict.fromkeys(INPUTS, 2 * max_nodes), "features": max_nodes * max(1, engine.max_feature_dim),
-              **dict.fromkeys(("neighbor_ids", "query_index", "edge_type"), EDGES_PER_NODE * max_nodes)}
-    tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED, limits)
+    tensors = decode_inputs(request.inputs, INPUTS, _ACCEPTED, input_limits(engine))
     graph, names = engine.graph, set(tensors)
     if names & NEW_NODE_INPUTS:
         query, dst_external = _new_nodes(tensors, params, engine)
