@@ -324,3 +324,19 @@ def test_a_large_body_parses_without_collections_and_leaves_the_collector_on(jso
     with pytest.raises(BadRequest):  # an error leaves it on too
         codec.split_body(body[:-3], None)
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("params, outputs", [
+    ({"binary_data_output": "yes"}, None), ({"binary_data_output": 0}, None),
+    ({}, [{"name": "logits", "parameters": {"binary_data": "false"}}])])
+def test_binary_switches_take_true_or_false_only(params, outputs):
+    from hybridgnn.serving.http.codec import parse_infer
+
+    header = {"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}], "parameters": params}
+    if outputs is not None:
+        header["outputs"] = outputs
+    with pytest.raises(BadRequest, match="must be true or false"):
+        parse_infer(json.dumps(header).encode(), None, "m", None)
+    header.pop("outputs", None)
+    header["parameters"] = {"binary_data_output": True}
+    assert parse_infer(json.dumps(header).encode(), None, "m", None)[1] is True

@@ -113,6 +113,14 @@ def tensors_of(inputs, binary: memoryview) -> list[Tensor]:
     return out
 
 
+def _switch(value, what: str) -> bool:
+    """A true/false parameter as sent: "yes", 0 or "false" would be read as whatever
+    Python's truth says, which is not what every client means."""
+    if type(value) is bool:
+        return value
+    raise BadRequest(f"{what} must be true or false, got {brief(value)}")
+
+
 def parse_infer(body: bytes, header_length: str | None, model: str, version: str | None,
                 waited_s: float = 0.0, standing: bool = False) -> tuple[InferInput, dict[str, bool] | bool]:
     """(the inference request, how to answer each output: a name -> binary map, or one
@@ -122,7 +130,8 @@ def parse_infer(body: bytes, header_length: str | None, model: str, version: str
     inputs, params, requested = get("inputs"), get("parameters"), get("outputs")
     if params is None:
         params = {}
-    default_binary = bool(params.get("binary_data_output", False)) if type(params) is dict else False
+    default_binary = _switch(params.get("binary_data_output", False), "binary_data_output") \
+        if type(params) is dict else False
     names, binary_of = None, default_binary
     if requested is not None:
         if not isinstance(requested, list):
@@ -133,8 +142,8 @@ def parse_infer(body: bytes, header_length: str | None, model: str, version: str
             oparams = out.get("parameters") or {} if isinstance(out, dict) else {}
             names.append(name)
             if isinstance(name, str):
-                binary_of[name] = (bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict)
-                                   else default_binary)
+                binary_of[name] = (_switch(oparams.get("binary_data", default_binary), f"output {name!r}'s binary_data")
+                                   if isinstance(oparams, dict) else default_binary)
     if inputs is None:
         tensors = []
     elif not binary and type(inputs) is list:
