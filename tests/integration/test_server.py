@@ -123,6 +123,9 @@ def test_new_node_requests(server, tiny_dataset, tiny_model_pe):
     assert r.status_code == 400 and "columns" in r.json()["error"]
     r = requests.post(url, json=new_node_body(feats, edges + 1000), timeout=30)
     assert r.status_code == 400 and "must lie in" in r.json()["error"]
+    # finite features the model overflows on: a 400, not a 200 with null in place of numbers
+    r = requests.post(url, json=new_node_body(np.full_like(feats, 3e38), edges, mode="full"), timeout=30)
+    assert r.status_code == 400 and "not finite" in r.json()["error"], r.text
 
 
 def test_predictions_are_accurate(server, tiny_dataset, tiny_model):

@@ -303,7 +303,10 @@ class V2Service:
     def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode):
         """The transport's 200 answer to a decoded inference from its result, counted."""
         t0 = time.perf_counter()
-        reply = encode(InferAnswer(model, engine.model_version, req.request_id, req.answer_outputs(result)))
+        outputs = req.answer_outputs(result)
+        if req.is_new_nodes:
+            _refuse_non_finite(outputs)
+        reply = encode(InferAnswer(model, engine.model_version, req.request_id, outputs))
         done = time.perf_counter()
         stats = engine.stats
         stats.stage("respond", result.pipeline, done - t0)
@@ -446,6 +449,16 @@ class V2Service:
                                max_updates=engine.cfg.updates.max_request_updates, id_map=graph.id_map,
                                idempotency_key=request.idempotency_key, body_sha256=request.body_sha256)
         return await engine.update_graph(update, request.waited_s)
+
+
+def _refuse_non_finite(outputs: list[tuple[str, np.ndarray]]) -> None:
+    """BadRequest when an output computed from a client's features is inf or NaN: finite
+    features can still overflow the model (3e38 passes float32), and JSON has no such
+    number (they came back as null, with a 200)."""
+    for name, arr in outputs:
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise BadRequest(f"output {name!r} of these features is not finite (inf or NaN): feature values past "
+                             "what the model can compute with")
 
 
 def _authorize(token: str, authorization: str, needs: str) -> None:

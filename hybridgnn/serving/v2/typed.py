@@ -48,6 +48,10 @@ class TypedInferRequest:
         self.mode = mode
 
     @property
+    def is_new_nodes(self) -> bool:
+        return isinstance(self.query, TypedNewNodes)
+
+    @property
     def num_outputs(self) -> int:
         q = self.query
         return int(len(q.features) if isinstance(q, TypedNewNodes) else len(q.src_ids))
