@@ -328,3 +328,42 @@ def test_merged_requests_apply_exactly_as_the_accepted_ones_alone(tmp_path_facto
     seen: set[str] = set()
     run()
     assert seen == {"accepted", "rejected"}
+
+
+def test_staleness_counts_an_update_logged_but_not_yet_applied_here(tmp_path):
+    """hybridgnn_embedding_staleness_seconds is the age of the oldest accepted update not
+    yet visible: one taken from the queue and logged, whose apply is still running, is
+    not visible yet and must count (the queue alone is empty then)."""
+    dyn, inc, tel = _parts(tmp_path)
+    follower = follower_for(dyn, inc, stats=tel)
+    applier = UpdateApplier(follower.cfg, follower, follower.graph, follower.stats)
+    req = decode_update_request(body(t("add_edges", [[0, 59]], "INT64")), None, feature_dim=4, max_updates=100)
+    req.received_s -= 5.0  # accepted 5 s ago
+    applying, release = threading.Event(), threading.Event()
+    apply_entry = follower.apply_entry
+
+    def slow_apply(entry):
+        applying.set()
+        release.wait(10)
+        return apply_entry(entry)
+
+    follower.apply_entry = slow_apply
+
+    async def stale_while_applying():
+        follower.start()
+        applier.start()
+        answer = applier.submit(req)
+        try:
+            assert await asyncio.to_thread(applying.wait, 10)  # logged; this replica applies it now
+            during = applier.staleness_s()
+            release.set()
+            await asyncio.wait_for(answer, 10)
+            return during, applier.staleness_s()
+        finally:
+            release.set()
+            await applier.stop()
+            await follower.stop()
+
+    during, after = asyncio.run(stale_while_applying())
+    assert applier.pending == 0 and during >= 5.0
+    assert after == 0.0 and dyn.version == 1

@@ -78,6 +78,9 @@ class UpdateApplier:
         self._queue: list[_Waiting] = []
         self._wake = asyncio.Event()
         self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # idempotency key -> (body sha256, future)
+        # Every accepted update not answered yet (queued, being logged, or logged and not yet
+        # applied here) -> when it was received: the staleness gauge's oldest.
+        self._unanswered: dict[asyncio.Future, float] = {}
         self._task: asyncio.Task | None = None
         self._stop_why = "server is shutting down"
         self._append: asyncio.Future | None = None  # the log append in flight, if any
@@ -100,6 +103,8 @@ class UpdateApplier:
     def hand_over(self, to: UpdateApplier) -> None:
         """Move the updates queued here (none logged yet) to another applier, in order."""
         to._queue[:0] = self._queue
+        for w in self._queue:
+            to._track(w.future, w.update.received_s)
         self._queue.clear()
         if to._queue:
             to._wake.set()
@@ -109,8 +114,13 @@ class UpdateApplier:
         return len(self._queue)
 
     def staleness_s(self) -> float:
-        """Age of the oldest update accepted but not yet logged (0 when none waits)."""
-        return time.monotonic() - self._queue[0].update.received_s if self._queue else 0.0
+        """Age of the oldest update accepted but not yet visible here: queued, being logged,
+        or logged and not yet applied by this replica (0 when none is)."""
+        return time.monotonic() - min(self._unanswered.values()) if self._unanswered else 0.0
+
+    def _track(self, fut: asyncio.Future, received_s: float) -> None:
+        self._unanswered[fut] = received_s
+        fut.add_done_callback(lambda f: self._unanswered.pop(f, None))
 
     def submit(self, update: PendingUpdate) -> asyncio.Future:
         """Queue an update; its future resolves to the answer. A request whose idempotency
@@ -134,6 +144,7 @@ class UpdateApplier:
                                      "takes it)")
         fut = loop.create_future()
         self._queue.append(_Waiting(update, fut))
+        self._track(fut, update.received_s)
         if key is not None:
             self._inflight[key] = (digest, fut)
             fut.add_done_callback(lambda _f, k=key: self._inflight.pop(k, None))
