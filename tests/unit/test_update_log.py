@@ -191,8 +191,10 @@ def test_a_retried_update_with_the_same_idempotency_key_applies_once(tmp_path, d
         follower.start()
         applier.start()
         first, twin = applier.submit(_keyed(_requests()[1], "k1", "h1")), applier.submit(_keyed(_requests()[1], "k1", "h1"))
-        assert twin is first  # a retry while the first is in flight waits for it
-        one = await first
+        # A retry while the first is in flight waits for it and, applying nothing itself,
+        # gets its answer marked "replayed" (the first one's own answer is not marked).
+        one, twin_answer = await first, await twin
+        assert twin is not first and "replayed" not in one and twin_answer == {**one, "replayed": True}
         again = await applier.submit(_keyed(_requests()[1], "k1", "h1"))
         with pytest.raises(Conflict, match="different update"):
             applier.submit(_keyed(_requests()[0], "k1", "h2"))

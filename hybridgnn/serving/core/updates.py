@@ -124,7 +124,8 @@ class UpdateApplier:
 
     def submit(self, update: PendingUpdate) -> asyncio.Future:
         """Queue an update; its future resolves to the answer. A request whose idempotency
-        key was applied gets that request's answer (marked "replayed") and applies nothing."""
+        key was applied, or is in flight, gets that request's answer (marked "replayed")
+        and applies nothing."""
         loop = asyncio.get_running_loop()
         key, digest = update.logged.idempotency_key, update.logged.body_sha256
         if key is not None:
@@ -136,7 +137,7 @@ class UpdateApplier:
             if key in self._inflight:
                 if self._inflight[key][0] != digest:
                     raise _key_conflict(key)
-                return self._inflight[key][1]
+                return _replay_of(self._inflight[key][1])
         if self._task is not None and self._task.done():  # stopped: nothing would take it from the queue
             raise Draining(f"{self._stop_why}; nothing of this update was logged")
         if self.follower.stranded is not None:  # it would be logged (and applied elsewhere), never answered here
@@ -276,6 +277,26 @@ class UpdateApplier:
             except ServingError as exc:
                 out.append(exc)
         return out
+
+
+def _replay_of(first: asyncio.Future) -> asyncio.Future:
+    """A retry's answer while its first attempt is in flight: the first one's outcome,
+    marked "replayed" as any retry's is (it applies nothing). A future of its own, so
+    that cancelling one waiter never cancels the other."""
+    fut = first.get_loop().create_future()
+
+    def copy(done: asyncio.Future) -> None:
+        if fut.done():
+            return
+        if done.cancelled():
+            fut.cancel()
+        elif done.exception() is not None:
+            fut.set_exception(done.exception())
+        else:
+            fut.set_result({**done.result(), "replayed": True})
+
+    first.add_done_callback(copy)
+    return fut
 
 
 def _key_conflict(key: str) -> Conflict:
