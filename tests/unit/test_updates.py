@@ -367,3 +367,29 @@ def test_staleness_counts_an_update_logged_but_not_yet_applied_here(tmp_path):
     during, after = asyncio.run(stale_while_applying())
     assert applier.pending == 0 and during >= 5.0
     assert after == 0.0 and dyn.version == 1
+
+
+def test_a_refused_update_whose_caller_went_away_does_not_take_the_others_down(tmp_path):
+    """An update whose waiter was cancelled (its caller gone) and that the check refuses
+    is simply dropped: the good updates taken with it are still logged and answered."""
+    dyn, inc, tel = _parts(tmp_path)
+    follower = follower_for(dyn, inc, stats=tel)
+    applier = UpdateApplier(follower.cfg, follower, follower.graph, follower.stats)
+    dec = lambda *i: decode_update_request(body(*i), None, feature_dim=4, max_updates=100)
+    bad = dec(t("remove_edges", [[0, 59]], "INT64"))  # not in the graph
+    good = dec(t("update_ids", [1], "INT64"), t("update_features", np.ones((1, 4)), "FP32"))
+
+    async def gone_then_run():
+        follower.start()
+        try:
+            gone, kept = applier.submit(bad), applier.submit(good)
+            gone.cancel()
+            applier.start()
+            return await asyncio.wait_for(kept, 10)
+        finally:
+            await applier.stop()
+            await follower.stop()
+
+    answer = asyncio.run(gone_then_run())
+    assert answer["graph_version"] == 1 and dyn.version == 1 and follower.log.head() == 1
+    assert tel.update_batches.labels("rejected")._value.get() == 1  # the check refused the other

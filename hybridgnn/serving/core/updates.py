@@ -179,8 +179,10 @@ class UpdateApplier:
                     await self.follower.wait_for(head, self.cfg.max_catch_up_s)
                     errors = await asyncio.to_thread(self._refusals, [w.update for w in group])
             for w, err in zip(group, errors, strict=True):
-                if err is not None and not self._replayed(w):
-                    self.stats.updates_rejected()
+                if err is None or self._replayed(w):
+                    continue
+                self.stats.updates_rejected()
+                if not w.future.done():  # done: cancelled, its caller gone (setting it would raise)
                     w.future.set_exception(err)
             group = [w for w, err in zip(group, errors, strict=True) if err is None]
             if not group:
@@ -251,6 +253,8 @@ class UpdateApplier:
         meanwhile (its first attempt was logged after it was queued): it gets the first
         answer, as at submit, not the refusal the applied update now causes."""
         key = w.update.logged.idempotency_key
+        if w.future.done():  # cancelled: no one to answer
+            return False
         try:
             replay = self._replay(key, w.update.logged.body_sha256) if key is not None else None
         except Conflict as exc:
