@@ -393,3 +393,40 @@ def test_a_refused_update_whose_caller_went_away_does_not_take_the_others_down(t
     answer = asyncio.run(gone_then_run())
     assert answer["graph_version"] == 1 and dyn.version == 1 and follower.log.head() == 1
     assert tel.update_batches.labels("rejected")._value.get() == 1  # the check refused the other
+
+
+def test_the_updates_lane_learns_from_each_merged_entry_not_from_each_request(tmp_path):
+    """Each update request was learnt alone: a one-row update cost the lane a whole entry's
+    time, so 16 sent at once to an idle server were predicted to wait 16 entries (most got
+    429) where they share one. The lane now learns (updates, seconds) per log entry."""
+    from hybridgnn.scheduler.admission import Lane
+
+    dyn, inc, tel = _parts(tmp_path)
+    follower = follower_for(dyn, inc, stats=tel)
+    groups = []
+    applier = UpdateApplier(follower.cfg, follower, follower.graph, follower.stats,
+                            on_group=lambda work, s: groups.append((work, s)))
+    one = lambda i: decode_update_request(body(t("update_ids", [i], "INT64"), t("update_features", np.ones((1, 4)),
+                                                                                 "FP32")), None, feature_dim=4,
+                                          max_updates=100)
+
+    async def run():
+        follower.start()
+        try:
+            burst = [applier.submit(one(i)) for i in range(16)]
+            applier.start()
+            await asyncio.wait_for(asyncio.gather(*burst), 10)
+            await asyncio.wait_for(applier.submit(one(0)), 10)
+        finally:
+            await applier.stop()
+            await follower.stop()
+
+    asyncio.run(run())
+    assert [work for work, _ in groups] == [16.0, 1.0] and all(s > 0 for _, s in groups)
+    # entries of 1 and 16 updates costing about the same: 16 queued predict about one entry
+    lane = Lane("updates", 1, follower.cfg.max_batch_updates)
+    for _ in range(8):
+        lane.observe(1.0, 0.009)
+        lane.observe(16.0, 0.010)
+    lane.add(16.0)
+    assert lane.model_delay_s() < 0.015

@@ -112,12 +112,15 @@ class Admitting:
         """Admission's lane `name` (its queued work and measured service rate)."""
         return self._admission.lanes[name]
 
-    async def run_in_lane(self, lane_name: str, work: float, call, *args, waited_s: float = 0.0, **kwargs):
+    async def run_in_lane(self, lane_name: str, work: float, call, *args, waited_s: float = 0.0,
+                          learn: bool = True, **kwargs):
         """Admit `work` on a lane (after waited_s already spent in the front end), await
         call(*args, **kwargs), and release it. The lane's cost model learns from calls that
         found it empty (their time is service, not wait) and were answered or refused (4xx):
         a 503 or a failure took whatever its cause took (a down rank group's timeout), and
-        learnt as service it would refuse the lane's work (429) long after."""
+        learnt as service it would refuse the lane's work (429) long after. learn=False:
+        the lane learns elsewhere (graph updates: from each merged log entry, whose one
+        fixed cost many requests share)."""
         self.admit(lane_name, work, waited_s)
         lane = self.lane(lane_name)
         alone = lane.queued <= work
@@ -133,7 +136,7 @@ class Admitting:
         finally:
             lane.remove(work)
             now = time.perf_counter()
-            if alone and served:
+            if alone and served and learn:
                 lane.observe(work, now - t0)
             lane.completed(work, now)
             self.release()

@@ -200,7 +200,8 @@ class Engine(Admitting, SampledInference):
                                       keys=snap.keys if snap is not None else None, snapshots=r.snapshots)
             await asyncio.to_thread(self._follower.catch_up)  # the log so far, before anything is served
             self._follower.start()
-            self._updates = UpdateApplier(self.cfg.updates, self._follower, r.dynamic, self.stats)
+            self._updates = UpdateApplier(self.cfg.updates, self._follower, r.dynamic, self.stats,
+                                          on_group=self.lane("updates").observe)
             self._updates.start()
         self.ready = True
 

@@ -202,4 +202,4 @@ class GraphRequests:
         if self.engine.draining:
             raise Draining("server is shutting down")
         return await self.run_in_lane("updates", float(max(1, req.num_updates)), applier.submit, req,
-                                             waited_s=waited_s)
+                                      waited_s=waited_s, learn=False)

@@ -93,6 +93,8 @@ class PartitionedEngine(Admitting):
         # one call at a time on the ranks: every lane has one server
         self._admission = admission_for(dataclasses.replace(cfg, cpu_pipeline=dataclasses.replace(
             cfg.cpu_pipeline, workers=1, processes=False, cpus=())), 1, 1.0, None, None)
+        if self.updates is not None:
+            self.updates.on_group = self.lane("updates").observe
         self._admitted_seed_psgs = 1.0
         self._refused_in_flight_cap = 0
         self._pending = 0
@@ -262,7 +264,7 @@ class PartitionedEngine(Admitting):
         if self.draining:
             raise Draining("server is shutting down")
         return await self.run_in_lane("updates", float(max(1, update.num_updates)), applier.submit, update,
-                                      waited_s=waited_s)
+                                      waited_s=waited_s, learn=False)
 
     async def wait_for_version(self, wanted: int) -> bool:
         """Whether the ranks apply update log position `wanted` within --max-catch-up-ms."""

@@ -113,6 +113,7 @@ class PartitionedUpdates:
 
     def __init__(self, cfg: ServeConfig, graph, stats: ServingStats):
         self.cfg, self.graph, self.stats = cfg, graph, stats
+        self.on_group: Callable[[float, float], None] | None = None  # each applier's (UpdateApplier)
         self.log = open_update_log(cfg.updates.log, graph.root, graph.fingerprint, replayed=True)
         first = self.log.first()
         if first > 1:  # another server on this log trims it (--update-log-retain)
@@ -191,7 +192,7 @@ class PartitionedUpdates:
         old_follower, old_applier = self.follower, self.applier
         self.view, self.follower = view, follower
         self.graph.id_map = view.base.id_map  # the names the front end maps request ids with
-        self.applier = UpdateApplier(self.cfg.updates, follower, view, self.stats)
+        self.applier = UpdateApplier(self.cfg.updates, follower, view, self.stats, on_group=self.on_group)
         if old_applier is not None:
             old_applier.hand_over(self.applier)  # queued updates were not logged yet: they go on
         if old_follower is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hybridgnn.config import UpdateConfig
@@ -70,11 +71,15 @@ class UpdateApplier:
     appends on a worker thread) and answers each request with its entry's outcome once
     the follower has applied it here."""
 
-    def __init__(self, cfg: UpdateConfig, follower: Follower, graph, stats: ServingStats):
+    def __init__(self, cfg: UpdateConfig, follower: Follower, graph, stats: ServingStats,
+                 on_group: Callable[[float, float], None] | None = None):
+        """on_group(updates, seconds): each log entry applied here, with the time from its
+        group's checks to its outcomes (the updates lane's cost model learns from these)."""
         self.cfg = cfg
         self.follower = follower
         self.graph = graph  # DynamicGraph
         self.stats = stats
+        self.on_group = on_group
         self._queue: list[_Waiting] = []
         self._wake = asyncio.Event()
         self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # idempotency key -> (body sha256, future)
@@ -103,6 +108,7 @@ class UpdateApplier:
     def hand_over(self, to: UpdateApplier) -> None:
         """Move the updates queued here (none logged yet) to another applier, in order."""
         to._queue[:0] = self._queue
+        to.on_group = to.on_group or self.on_group
         for w in self._queue:
             to._track(w.future, w.update.received_s)
         self._queue.clear()
@@ -170,6 +176,7 @@ class UpdateApplier:
         request from the entry's outcomes when the follower has applied it."""
         log_ = self.follower.log
         appending = False
+        t0 = time.perf_counter()
         try:
             errors = await asyncio.to_thread(self._refusals, [w.update for w in group])
             if any(e is not None for e in errors):
@@ -228,6 +235,8 @@ class UpdateApplier:
             outcomes = done.result() if exc is None else [exc] * len(group)
             if len(outcomes) != len(group):  # an unreadable entry: nothing of it applied
                 outcomes = [ServingError("the update's log entry could not be read back", status=500)] * len(group)
+            elif exc is None and self.on_group is not None:
+                self.on_group(float(sum(max(1, w.update.num_updates) for w in group)), time.perf_counter() - t0)
             for w, out in zip(group, outcomes, strict=True):
                 if w.future.done():
                     continue
