@@ -61,6 +61,8 @@ def test_binary_request_and_outputs():
     (json.dumps(req([1.5], datatype="INT64")).encode(), "integers only"),
     (json.dumps(req([1, 2], shape=[3])).encode(), "holds 2"),
     (json.dumps(req([1, 2], shape=[2, 2])).encode(), "1-D"),
+    (json.dumps(req([[[[1]]]], shape=[1])).encode(), r"nested as \[1, 1, 1, 1\], not as its shape \[1\]"),
+    (json.dumps(req([[1, 2]], shape=[2, 1])).encode(), "nested as"),
     (json.dumps(req([1], shape="x")).encode(), "shape"),
     (json.dumps(req([-1])).encode(), ">= 0"),
     (json.dumps(req([50])).encode(), "out of range"),
@@ -159,6 +161,9 @@ def test_new_node_requests():
          "joins two existing"),
         ({**doc, "inputs": [doc["inputs"][0], {**doc["inputs"][1], "shape": [3, 2]}]}, "[2, m]"),
         ({**doc, "inputs": [{**doc["inputs"][0], "datatype": "INT64"}, doc["inputs"][1]]}, "FP32"),
+        # rows nested another way than the shape says: reshaped, values would move
+        ({**doc, "inputs": [doc["inputs"][0], {**doc["inputs"][1], "data": [[50, 3], [51, 4], [50, 51]]}]},
+         "nested as [3, 2], not as its shape [2, 3]"),
     ]
     for body_doc, match in bad:
         with pytest.raises(BadRequest, match=match.replace("[", r"\[").replace("]", r"\]")):

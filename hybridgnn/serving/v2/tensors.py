@@ -114,6 +114,11 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
         raise BadRequest(f"input {name!r}: 'data' must hold {kind} only, found {arr.dtype.name} values")
     if arr.size != count:
         raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
+    if arr.ndim > 1 and list(arr.shape) != shape:
+        # nested another way ([3, 2] rows for shape [2, 3]): reshaped, its values would
+        # land in other places than the client put them
+        raise BadRequest(f"input {name!r}: 'data' is nested as {list(arr.shape)}, not as its shape {shape}; send "
+                         "it flat or nested as the shape")
     if arr.dtype.kind == "u" and out_dtype is np.int64 and arr.size and (top := int(arr.max())) > _INT64_MAX:
         raise _beyond_int64(name, top)
     # Past float32's range a value becomes inf, which the features' checks refuse (400);
