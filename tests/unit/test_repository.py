@@ -541,3 +541,17 @@ def test_the_poll_reads_the_disk_off_the_event_loop_and_a_load_waits_for_its_rea
     assert longest < 0.15, f"the event loop stalled {longest:.3f}s while the repository was read"
     assert reads["most"] == 1  # one read at a time: the poll's and the load's never overlap
     assert opened == [("sage", "1"), ("sage", "2")]
+
+
+def test_a_graph_update_to_a_repository_says_updates_serve_one_model_not_to_set_the_token_it_has():
+    from types import SimpleNamespace
+
+    from hybridgnn.errors import Forbidden
+    from hybridgnn.serving.repository.loader import Repository
+    from hybridgnn.serving.v2.service import V2Service
+
+    repository = Repository(SimpleNamespace(updates=SimpleNamespace(token="a-token-1")), stats=None)
+    repository.models.add("sage", "1", SimpleNamespace(cfg=SimpleNamespace(updates=SimpleNamespace(token=None))))
+    with pytest.raises(Forbidden, match="not a model repository") as refused:
+        V2Service(repository).authorize_update("sage", None, "Bearer a-token-1")
+    assert "start it with --update-token" not in str(refused.value)

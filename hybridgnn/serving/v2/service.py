@@ -436,6 +436,9 @@ class V2Service:
         engine = self.model(model, version)
         token = engine.cfg.updates.token
         if token is None:
+            if self.repository is not None:  # its --update-token guards load and unload instead
+                raise Forbidden("graph updates serve one model (--model), not a model repository; here "
+                                "--update-token guards the repository's load and unload")
             raise Forbidden("graph updates are disabled on this server (start it with --update-token)")
         _authorize(token, authorization, "graph updates need")
         return engine
