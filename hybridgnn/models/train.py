@@ -83,8 +83,11 @@ def _class_count(graph: GraphStore, train_ids: np.ndarray) -> int:
 
 
 def train(graph: GraphStore, cfg: TrainConfig, *, progress: bool = True) -> tuple[GNN, dict]:
-    if graph.labels is None or "train_mask" not in graph.masks:
-        raise ValueError(f"dataset {graph.root} has no labels/train_mask; training needs a labelled dataset (e.g. csbm)")
+    if graph.labels is None:
+        raise ValueError(f"dataset {graph.root} has no labels; training needs a labelled dataset (e.g. csbm)")
+    if "train_mask" not in graph.masks:
+        raise ValueError(f"dataset {graph.root} has labels but no train_mask: import a PyG Data with a train_mask "
+                         "(bool, one per node) to say which nodes to train on")
     train_ids = np.flatnonzero(np.asarray(graph.masks["train_mask"]))
     classes = _class_count(graph, train_ids)
     torch.manual_seed(cfg.seed)

@@ -149,5 +149,8 @@ def test_training_refuses_labels_it_cannot_learn_in_one_line(tmp_path):
         train(dataset("huge", labels, num_classes=10**12), TrainConfig(epochs=1), progress=False)
     with pytest.raises(ValueError, match="no node in train_mask"):
         train(dataset("empty", labels, train_mask=np.zeros(60, bool)), TrainConfig(epochs=1), progress=False)
+    unmasked = write_dataset(tmp_path / "unmasked", indptr=indptr, indices=indices, features=feats, labels=labels)
+    with pytest.raises(ValueError, match="has labels but no train_mask: import a PyG Data with a train_mask"):
+        train(GraphStore.open(unmasked), TrainConfig(epochs=1), progress=False)
     model, _ = train(dataset("fine", labels), TrainConfig(hidden_dim=8, fanouts=(3, 2), epochs=1), progress=False)
     assert model.spec.out_dim == 3
