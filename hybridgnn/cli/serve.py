@@ -206,17 +206,21 @@ def _why_unserved(m) -> str:
                 + (f", only {', '.join(o + '/' for o in others)}" if others else ""))
     if not m.chosen:
         return f"{m.name}/: its version policy chooses none of {m.available}"
-    return f"{m.name}/: version {', '.join(map(str, m.chosen))} holds no hybridgnn model (config.json)"
+    dirs = [m.version_dir(v) for v in m.chosen]
+    if not any((d / "config.json").is_file() for d in dirs):
+        return f"{m.name}/: version {', '.join(map(str, m.chosen))} holds no hybridgnn model (config.json)"
+    return next(why for why in map(_unreadable, dirs) if why is not None)  # a config.json it cannot serve: why
 
 
-def _reads_as_model(path: Path) -> bool:
+def _unreadable(path: Path) -> str | None:
+    """Why `path` holds no model a repository serves (None when it holds one)."""
     from hybridgnn.models.checkpoint import read_config
 
     try:
         read_config(path)
-        return True
-    except (ConfigError, OSError, ValueError, KeyError):
-        return False
+        return None
+    except (ConfigError, OSError, ValueError, KeyError) as exc:
+        return str(exc)
 
 
 def build_config(args, probe_ports: bool = False) -> ServeConfig:
@@ -246,7 +250,7 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
 
         models = scan_repository(args.model_repository)
         chosen = [m.version_dir(v) for m in models.values() for v in m.chosen]
-        readable = [d for d in chosen if _reads_as_model(d)]
+        readable = [d for d in chosen if _unreadable(d) is None]
         if not readable:
             raise ValueError(f"model repository {args.model_repository}: no version directory chosen by a version "
                              "policy holds a readable model (" + "; ".join(map(_why_unserved, models.values())) + ")")

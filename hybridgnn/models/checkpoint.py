@@ -107,9 +107,9 @@ def read_config(path: str | Path) -> dict:
     if config.get("class") == "hybridgnn.HeteroGNN":
         # read_config is the homogeneous readers' door (a homogeneous dataset, profile, place):
         # a heterogeneous model is served and precomputed over a heterogeneous dataset
-        raise CheckpointError(f"{root} holds a heterogeneous model, which is served and precomputed over a "
-                              "heterogeneous dataset only (`hybridgnn dataset import` of its HeteroData), "
-                              "not profiled")
+        raise CheckpointError(f"{root} holds a heterogeneous model, which is served (from one --model "
+                              "directory, not a model repository) and precomputed over a heterogeneous dataset "
+                              "only (`hybridgnn dataset import` of its HeteroData), not profiled")
     if "spec" in config and "class" not in config:
         raise CheckpointError(f"{root} was written by an older hybridgnn (no golden outputs to check it "
                               "against); save it again with hybridgnn.save_model")

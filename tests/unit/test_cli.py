@@ -463,6 +463,16 @@ def test_a_repository_with_nothing_to_serve_says_why_per_model(tmp_path, capsys)
     assert "y/: version 3 holds no hybridgnn model (config.json)" in err and err.count("\n") == 1
 
 
+def test_a_repository_whose_version_cannot_be_served_says_why_not_that_it_lacks_config_json(tmp_path, capsys):
+    version = tmp_path / "repo" / "rec" / "1"
+    version.mkdir(parents=True)
+    (version / "config.json").write_text(json.dumps({"format": 2, "class": "hybridgnn.HeteroGNN", "args": {}}))
+    assert main(["serve", "--dataset", str(tmp_path), "--model-repository", str(tmp_path / "repo")]) == 2
+    err = capsys.readouterr().err
+    assert "holds a heterogeneous model" in err and "not a model repository" in err and err.count("\n") == 1
+    assert "holds no hybridgnn model" not in err
+
+
 def test_the_store_lock_is_held_once_per_distributed_run(tmp_path, capsys, monkeypatch):
     """The --nprocs launcher held the store's lock for its ranks, but ranks under torchrun
     took none (beside a server precomputing the same store on a shared volume); and the

@@ -136,8 +136,9 @@ def test_loading_refuses_changed_weights_and_homogeneous_readers(tmp_path):
         model(x, ei)
     path = hybridgnn.save_model(model, tmp_path / "m", metadata=g.metadata())
     config = json.loads((path / "config.json").read_text())
-    with pytest.raises(CheckpointError, match="heterogeneous model, which is served and precomputed over a "
-                                              "heterogeneous dataset only"):
+    with pytest.raises(CheckpointError, match=r"heterogeneous model, which is served \(from one --model directory, "
+                                              r"not a model repository\) and precomputed over a heterogeneous "
+                                              "dataset only"):
         read_config(path)  # a homogeneous reader (dataset, profile): named, not misread
     state = torch.load(path / "model.pt", weights_only=True)
     key = next(k for k in state if k.endswith("weight"))
