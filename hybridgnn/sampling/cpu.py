@@ -328,7 +328,9 @@ class CPUSampler:
         """Sample around seeds. `overlay` = (nodes sorted, indptr, indices) adds candidate
         neighbours, and with num_extra_nodes > 0 ids up to num_nodes + num_extra_nodes - 1
         exist (a request's new nodes, known only through the overlay)."""
-        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
+        # writable: numba compiles again for a read-only array (a worker process's np.frombuffer
+        # seeds), taking a second on a batch when the kernels were warmed up on writable ones
+        seeds = np.require(seeds, dtype=np.int64, requirements=["C", "W"])
         if seeds.ndim != 1:
             raise ValueError(f"seeds must be 1-D, got shape {seeds.shape}")
         limit = self._num_nodes + num_extra_nodes
@@ -342,7 +344,7 @@ class CPUSampler:
         else:
             if self._dynamic:
                 raise ValueError("query-edge overlays sample the stored graph only; compact the dynamic graph first")
-            ov = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in overlay)
+            ov = tuple(np.require(a, dtype=np.int64, requirements=["C", "W"]) for a in overlay)
             nodes, src, dst, nph, eph, seed_index = sample_khop_overlay(
                 self._indptr, self._indices, seeds, self._fanouts, self._local, self._state, *ov)
         return SampledSubgraph(

@@ -213,3 +213,20 @@ def test_floyd_positions_are_distinct_and_in_range():
     assert all(len(set(row.tolist())) == 5 for row in pos)
     assert bool((pos >= 0).all()) and bool((pos < degrees.unsqueeze(1)).all())
     assert sorted(pos[0].tolist()) == [0, 1, 2, 3, 4]  # degree == fanout takes everything
+
+
+def test_read_only_seeds_run_the_kernels_compiled_for_writable_ones(skewed_graph):
+    """A worker process receives each batch's seeds as np.frombuffer (read-only), and numba
+    compiled the sampler again for that array type on the first batch: 1 s on the demo,
+    after the worker had warmed up on a writable array."""
+    from hybridgnn.sampling.cpu import sample_khop, sample_khop_overlay
+
+    sampler = CPUSampler(skewed_graph, (3, 2))
+    sampler.sample(np.zeros(1, np.int64))
+    overlay = (np.array([0]), np.array([0, 1]), np.array([1]))
+    sampler.sample(np.zeros(1, np.int64), overlay=overlay)
+    compiled = len(sample_khop.signatures), len(sample_khop_overlay.signatures)
+    read_only = np.frombuffer(np.arange(3, dtype=np.int64).tobytes(), dtype=np.int64)
+    assert sampler.sample(read_only).seed_index.size == 3
+    sampler.sample(read_only, overlay=overlay)
+    assert (len(sample_khop.signatures), len(sample_khop_overlay.signatures)) == compiled
