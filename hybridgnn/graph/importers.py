@@ -64,6 +64,16 @@ def _load_pyg(path: Path):
     return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in obj.items()}
 
 
+def _first_line_columns(path: Path) -> int:
+    """Whitespace-separated fields on the file's first line that is not a comment (0: none)."""
+    with open(path, errors="replace") as f:
+        for line in f:
+            fields = line.split("#", 1)[0].split()
+            if fields:
+                return len(fields)
+    return 0
+
+
 def _load_edge_file(path: Path) -> dict:
     if path.suffix == ".npz":
         out = load_arrays(path)
@@ -72,15 +82,22 @@ def _load_edge_file(path: Path) -> dict:
         if "edge_index" not in out and {"src", "dst"} <= out.keys():
             out["edge_index"] = np.stack([out.pop("src"), out.pop("dst")])
         return out
+    columns = _first_line_columns(path)
+    # 'src dst weight' lines: the columns past two are not served (and as one int64 table a
+    # weight such as 0.5 failed to parse, which read every id as a name)
+    usecols = (0, 1) if columns > 2 else None
+    if usecols:
+        log.warning("%s: %d columns per line; the first two are the edge (src dst), the rest (weights?) "
+                    "are not read", path, columns)
     try:
         with warnings.catch_warnings():  # numpy's note on comment-only lines is not for the user
             warnings.simplefilter("ignore", UserWarning)
-            edges = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
+            edges = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2, usecols=usecols)
     except ValueError:
         try:  # node names that are not integers ("alice bob"): mapped to dense ids later
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                edges = np.loadtxt(path, dtype=str, comments="#", ndmin=2)
+                edges = np.loadtxt(path, dtype=str, comments="#", ndmin=2, usecols=usecols)
         except ValueError as exc:
             why = str(exc).split("; use `usecols`")[0]  # numpy's advice names its own keyword, not a flag
             raise DatasetError(f"{path}: an edge list needs two columns 'src dst' per line: {why}") from exc

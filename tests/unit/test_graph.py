@@ -238,6 +238,10 @@ def test_import_npz_and_edge_list(tmp_path):
     (tmp_path / "e.txt").write_text("# src dst\n0 1\n1 2\n2 0\n")
     import_graph(tmp_path / "e.txt", tmp_path / "b")
     assert GraphStore.open(tmp_path / "b").num_edges == 3
+    (tmp_path / "weighted.txt").write_text("0 1 0.5\n1 2 1e-3\n")  # a weight column: not served, not read
+    import_graph(tmp_path / "weighted.txt", tmp_path / "w")
+    weighted = GraphStore.open(tmp_path / "w")
+    assert weighted.id_map is None and weighted.num_nodes == 3 and weighted.num_edges == 2
     (tmp_path / "bad.txt").write_text("0 1 2\n3\n")
     with pytest.raises(DatasetError, match="two columns") as info:
         import_graph(tmp_path / "bad.txt", tmp_path / "c")
