@@ -104,7 +104,8 @@ def _load_edge_file(path: Path) -> dict:
     if edges.shape[0] == 0:
         raise DatasetError(f"{path} holds no edges (expected 'src dst' lines)")
     if edges.shape[1] < 2:
-        raise DatasetError(f"{path}: an edge list needs two columns 'src dst', found {edges.shape[1]}")
+        raise DatasetError(f"{path}: an edge list needs two columns 'src dst' separated by whitespace, "
+                          f"found {edges.shape[1]}")
     return {"edge_index": edges[:, :2].T.copy()}
 
 

@@ -246,6 +246,9 @@ def test_import_npz_and_edge_list(tmp_path):
     with pytest.raises(DatasetError, match="two columns") as info:
         import_graph(tmp_path / "bad.txt", tmp_path / "c")
     assert "usecols" not in str(info.value)  # numpy's advice names its own keyword, not a flag
+    (tmp_path / "e.csv").write_text("0,1\n1,2\n")
+    with pytest.raises(DatasetError, match="two columns 'src dst' separated by whitespace, found 1"):
+        import_graph(tmp_path / "e.csv", tmp_path / "c")
     (tmp_path / "empty.txt").write_text("# only a comment\n")
     with pytest.raises(DatasetError, match="holds no edges"):
         import_graph(tmp_path / "empty.txt", tmp_path / "c")
