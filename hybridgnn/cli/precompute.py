@@ -159,6 +159,11 @@ def check_distributed_flags(args) -> None:
                          f"{args.timeout_s}")
     if args.threads_per_rank < 0:
         raise ValueError(f"--threads-per-rank must be >= 0, got {args.threads_per_rank}")
+    if args.order != "natural" and (args.nprocs != 1 or "WORLD_SIZE" in os.environ):
+        # each rank computes its partition's rows whole, layer by layer: there are no
+        # batches for an order to share inputs between
+        raise ValueError(f"--order {args.order} orders one process's batches; ranks (--nprocs, torchrun) compute "
+                         "each partition whole, so leave it out")
 
 
 def check_nprocs(nprocs: int, num_nodes: int, cores: int) -> None:

@@ -578,7 +578,8 @@ def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_start
                         (["--timeout-s", "-1"], "--timeout-s must be a number > 0"),
                         (["--timeout-s", "1e20"], "at most 604800 (a week)"),
                         (["--nprocs", "4"], "--nprocs 4: the graph has 3 nodes"),
-                        (["--nprocs", "1000000"], "--nprocs 1000000")):
+                        (["--nprocs", "1000000"], "--nprocs 1000000"),
+                        (["--order", "rcm"], "--order rcm orders one process's batches")):
         assert main(argv + flags) == 2, flags
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, (flags, err)
