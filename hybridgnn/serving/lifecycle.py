@@ -65,10 +65,11 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
         log.info("serving KServe v2 gRPC on %s:%d", cfg.server.host, server.grpc_port)
     freeze_startup_heap()  # what start_server added (short: the engines' heap is frozen already)
     saver = loop.create_task(_save_seed_log(engine, cfg)) if cfg.server.seed_log is not None else None
-    log.info("serving %s on http://%s:%d (%d nodes, fanouts %s, %d CPU workers, %s)", server.describe(),
-             cfg.server.host, server.port, engine.num_nodes, engine.metadata()["fanouts"],
-             cfg.cpu_pipeline.workers, f"{server.frontends.count} front-end processes"
-             if server.frontends is not None else "HTTP in this process")
+    workers, frontends = cfg.cpu_pipeline.workers, server.frontends
+    log.info("serving %s on http://%s:%d (%d nodes, fanouts %s, %d CPU worker%s, %s)", server.describe(),
+             cfg.server.host, server.port, engine.num_nodes, engine.metadata()["fanouts"], workers,
+             "" if workers == 1 else "s", "HTTP in this process" if frontends is None else
+             f"{frontends.count} front-end process" + ("" if frontends.count == 1 else "es"))
     if on_ready is not None:
         on_ready(server)
     await stop.wait()

@@ -45,7 +45,7 @@ def test_generate_build_train_info(tmp_path, capsys):
     assert out["layers"] == [[600, 8], [600, 3]] and out["computed_unix_s"] > 0
     assert main(["dataset", "info", str(data), "--full"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["labelled"] is True and info["validated"] == "every index (--full)"
+    assert info["labelled"] is True and info["validated"] == "sizes, meta.json and every index"
     (tmp_path / "seeds.txt").write_text("1 5 600 7 -2\n")
     assert main(["workload", "build", "--dataset", str(data), "--fanouts", "4,2", "--seeds",
                  str(tmp_path / "seeds.txt")]) == 2
