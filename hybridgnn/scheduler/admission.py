@@ -117,12 +117,17 @@ class Lane:
 
     __slots__ = ("name", "servers", "queued", "full_batch", "measured", "_n", "_x", "_y", "_xx", "_xy", "_a", "_slope",
                  "throughput", "_win_t0", "_win_work", "_win_backlogged", "scale", "_ratios", "_since_scaled",
-                 "floor_s", "_short_waits", "_since_floor")
+                 "floor_s", "_short_waits", "_since_floor", "per_request", "requests")
 
-    def __init__(self, name: str, servers: int, full_batch: float = 1.0):
+    def __init__(self, name: str, servers: int, full_batch: float = 1.0, *, per_request: bool = False):
+        """per_request: each request is served alone, whatever its work (new nodes: its
+        query nodes and edges), so the fixed cost counts once per queued request, not once
+        per full_batch of work."""
         self.name = name
         self.servers = max(1, servers)
         self.queued = 0.0
+        self.per_request = per_request
+        self.requests = 0  # queued (admitted, not yet removed)
         self.full_batch = max(full_batch, 1e-9)
         self.measured = False  # whether predictions count: MIN_BATCHES batches measured (observe keeps it)
         self._n = 0
@@ -155,7 +160,10 @@ class Lane:
         if not self.measured:
             return 0.0
         q = self.queued + extra
-        batches = math.ceil(q / self.full_batch) if q > 0 else 0
+        if self.per_request:
+            batches = self.requests + (extra > 0)
+        else:
+            batches = math.ceil(q / self.full_batch) if q > 0 else 0
         fitted = (self._a * batches + self._slope * q) / self.servers
         return fitted if self.throughput is None else max(fitted, q / self.throughput)
 
@@ -191,16 +199,19 @@ class Lane:
 
     def add(self, work: float) -> None:
         self.queued += work
+        self.requests += 1
 
     def remove(self, work: float) -> None:
         self.queued = max(0.0, self.queued - work)
-        if self.queued < self._backlog:
+        self.requests = max(0, self.requests - 1)
+        if not self._backlogged():
             self._win_backlogged = False
 
-    @property
-    def _backlog(self) -> float:
-        """Queued work past which every server is busy and work waits (one full batch each)."""
-        return self.servers * self.full_batch
+    def _backlogged(self) -> bool:
+        """Whether every server is busy and work waits (one full batch each, or one request)."""
+        if self.per_request:
+            return self.requests >= self.servers
+        return self.queued >= self.servers * self.full_batch
 
     def completed(self, work: float, now: float) -> None:
         """Count `work` finished at time `now` (seconds, monotonic) towards the backlogged
@@ -208,7 +219,7 @@ class Lane:
         one sample. A window in which the lane ran dry says how fast work arrived, not how
         fast it can be served, so it can only raise the estimate (what was done is possible)."""
         if self._win_t0 is None or now < self._win_t0:
-            self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self.queued >= self._backlog
+            self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self._backlogged()
             return
         self._win_work += work
         if now - self._win_t0 >= WINDOW_S:
@@ -221,7 +232,7 @@ class Lane:
                 # not wait for a backlog to be corrected: refusing by it keeps the backlog from
                 # forming, and the lane would refuse at a fraction of its capacity for good.
                 self.throughput += 0.3 * (rate - self.throughput)
-            self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self.queued >= self._backlog
+            self._win_t0, self._win_work, self._win_backlogged = now, 0.0, self._backlogged()
 
     def observe(self, work: float, seconds: float) -> None:
         """Fit the cost model with one completed batch (its work and service seconds)."""
@@ -364,7 +375,13 @@ def serving_lanes(sampled_servers: int, cpu_workers: int, full_batch: float, upd
     """One lane per kind of work: sampled inference (PSGS, every pipeline's workers),
     precomputed lookups and new-node compute (requests, CPU workers), graph updates."""
     return [Lane("sampled", sampled_servers, full_batch), Lane("lookup", cpu_workers),
-            Lane("new_nodes", cpu_workers), Lane("updates", 1, update_batch)]
+            Lane("new_nodes", cpu_workers, per_request=True), Lane("updates", 1, update_batch)]
+
+
+def new_node_work(query_nodes: int, edges: int) -> float:
+    """A new-node request's work on its lane: one unit per query node and per edge, so a
+    request of 8,192 nodes and 500,000 edges is not charged as one of a node and an edge."""
+    return float(max(1, query_nodes + edges))
 
 
 def admission_for(cfg: ServeConfig, sampled_servers: int, full_batch: float, policy, profile) -> Admission:

@@ -370,3 +370,30 @@ def test_admission_follows_answered_latency_only_with_an_slo():
     for _ in range(SLO_EVERY):
         lagging.observe_latency(0.001)
     assert lagging.bound_s < 0.045
+
+
+def test_a_per_request_lane_charges_its_fixed_cost_per_request_and_the_rest_by_size():
+    """New-node requests were one unit each whatever their size: one of 8,192 nodes and
+    500,000 edges was predicted to cost what one of a node and ten edges costs. The lane
+    now takes work by size and counts its fixed cost once per queued request."""
+    from hybridgnn.scheduler.admission import new_node_work, serving_lanes
+
+    lane = next(x for x in serving_lanes(1, 1, 1.0, 1) if x.name == "new_nodes")
+    assert lane.per_request
+    small, big = new_node_work(1, 10), new_node_work(8192, 500_000)
+    for _ in range(8):
+        lane.observe(small, 0.010)
+        lane.observe(big, 2.0)
+    adm = Admission(0.1, [lane])
+    for _ in range(3):
+        adm.admit("new_nodes", small)
+    assert lane.requests == 3 and lane.model_delay_s(small) < 0.06  # four fixed costs, a few units
+    with pytest.raises(Overloaded):  # two seconds of work behind three small ones
+        adm.admit("new_nodes", big)
+    for _ in range(3):
+        lane.remove(small)
+    assert lane.requests == 0 and lane.queued == 0.0
+    adm.admit("new_nodes", big)  # an empty lane takes it
+    assert 1.5 < lane.model_delay_s(small) < 2.5
+    with pytest.raises(Overloaded):
+        adm.admit("new_nodes", small)

@@ -14,6 +14,7 @@ from hybridgnn.capabilities import file_identity
 from hybridgnn.embeddings.newnodes import DynamicGraphView, NewNodeEvaluator
 from hybridgnn.embeddings.store import hidden_rows
 from hybridgnn.errors import Conflict, Draining, Forbidden
+from hybridgnn.scheduler.admission import new_node_work
 from hybridgnn.types import RequestResult, StageTimings
 
 # Lookups of at most this many ids are answered on the event loop when they can be
@@ -158,13 +159,14 @@ class GraphRequests:
                            "and restart, or send parameters.mode 'sampled'")
         t0 = time.perf_counter()
         kw = dict(mode=mode, gamma=gamma, policy=policy, fanouts=self.cfg.sampling.fanouts)
+        work = new_node_work(len(features), edge_index.shape[1])
         if self.dynamic is not None and self.dynamic.version > 0:
             res = await self.run_in_thread_lane(
-                "new_nodes", 1.0, self._infer_on_current_graph, features, edge_index,
+                "new_nodes", work, self._infer_on_current_graph, features, edge_index,
                 num_nodes if num_nodes is not None else self.num_nodes, kw, waited_s=waited_s)
         else:
-            res = await self.run_in_thread_lane("new_nodes", 1.0, self._new_node_evaluator(mode).infer,
-                                                       features, edge_index, waited_s=waited_s, **kw)
+            res = await self.run_in_thread_lane("new_nodes", work, self._new_node_evaluator(mode).infer,
+                                                features, edge_index, waited_s=waited_s, **kw)
         return RequestResult(res.logits, res.embeddings, res.logits.argmax(axis=1).astype(np.int64),
                              f"newnodes_{mode}", StageTimings(compute_s=time.perf_counter() - t0))
 

@@ -31,7 +31,7 @@ import torch
 
 from hybridgnn.config import DEFAULT_FANOUT, ServeConfig, fanouts_served
 from hybridgnn.errors import BatchFailed, ConfigError, Conflict, Draining, Forbidden
-from hybridgnn.scheduler.admission import admission_for
+from hybridgnn.scheduler.admission import admission_for, new_node_work
 from hybridgnn.scheduler.router import Router
 from hybridgnn.serving.core.admitting import Admitting
 from hybridgnn.serving.core.statistics import ModelStatistics
@@ -309,7 +309,8 @@ class HeteroEngine(Admitting):
         """Admit a validated query (or raise Overloaded / Draining; Conflict for mode
         precomputed without precomputed embeddings); an awaitable of its TypedResult."""
         if isinstance(query, TypedNewNodes):
-            return asyncio.ensure_future(self.run_in_lane("new_nodes", 1.0, self._new_node_answer, query,
+            work = new_node_work(len(query.features), sum(e.shape[1] for e in query.edges.values()))
+            return asyncio.ensure_future(self.run_in_lane("new_nodes", work, self._new_node_answer, query,
                                                           waited_s=waited_s))
         if mode == "precomputed":
             if self._precomputed is None:
