@@ -215,8 +215,8 @@ class Profile:
                 slo_ms = float(value)
             except ValueError:
                 raise ValueError(f"policy {spec!r}: expected slo:<milliseconds>, e.g. slo:20") from None
-            if not slo_ms > 0:
-                raise ValueError(f"policy {spec!r}: the SLO must be positive")
+            if not 0 < slo_ms < math.inf:  # slo:inf simulated nothing and said "min() arg is an empty sequence"
+                raise ValueError(f"policy {spec!r}: the SLO must be a positive, finite number of milliseconds")
             # slo-mean bounds batches by the mean curve (Quiver's "PSGS-loose"), for comparison
             c = choose_for_slo(self.devices, slo_ms / 1e3, self.seed_psgs, batching_wait_s=batching_wait_s,
                                lo=self.lo, hi=self.hi, tail=prefix == "slo", load=load)

@@ -491,6 +491,16 @@ def test_a_profile_with_values_the_choice_cannot_use_is_refused_at_load(tmp_path
     assert time.perf_counter() - t0 < 5
 
 
+@pytest.mark.parametrize("spec", ["slo:inf", "slo:Infinity", "slo-mean:inf", "slo:nan", "slo:0", "slo:-5"])
+def test_an_slo_that_is_not_a_positive_finite_number_is_refused_in_words(tmp_path, spec):
+    """slo:inf was refused as "min() arg is an empty sequence"."""
+    from hybridgnn.scheduler.policy import Profile
+
+    prof = Profile.load(_edited_profile(tmp_path, lambda data: None))
+    with pytest.raises(ValueError, match="the SLO must be a positive, finite number of milliseconds"):
+        prof.policy(spec, load=ServingLoad(cores=2))
+
+
 def test_a_profile_save_interrupted_mid_write_leaves_the_old_one(tmp_path, monkeypatch):
     """It was written in place: a kill mid-write left a truncated profile where the old one was."""
     from pathlib import Path
