@@ -142,6 +142,10 @@ DEFAULT_QUEUE_DELAY_S = 0.1
 
 MAX_WORKERS = 1024  # workers (and torch threads) a pipeline may have; profiles allow as many
 
+# Seeds per request an SLO choice may assume: what a 16 MiB body holds as int64 ids. Past
+# it (--request-seeds inf, 1e12) the simulator's draws were an OverflowError or MemoryError.
+MAX_REQUEST_SEEDS = 1 << 21
+
 
 @config_class
 class PipelineConfig:
@@ -345,8 +349,10 @@ class PolicyConfig:
             raise ValueError("--adapt needs a --profile to start from")
         if self.adapt_interval_s <= 0 or self.adapt_min_batches < 1 or self.adapt_max_step <= 1:
             raise ValueError("adapt_interval_s > 0, adapt_min_batches >= 1 and adapt_max_step > 1 needed")
-        if self.request_seeds < 1 or self.frontend_cpu_us < 0 or self.colocated_cpu_us < 0 or self.service_scale <= 0:
-            raise ValueError("request_seeds >= 1, frontend_cpu_us >= 0, colocated_cpu_us >= 0 and service_scale > 0 "
+        if not 1 <= self.request_seeds <= MAX_REQUEST_SEEDS or self.frontend_cpu_us < 0 or self.colocated_cpu_us < 0 \
+                or self.service_scale <= 0:
+            raise ValueError(f"request_seeds within [1, {MAX_REQUEST_SEEDS}], frontend_cpu_us >= 0, colocated_cpu_us >= 0 "
+                             "and service_scale > 0 "
                              f"needed, got {self.request_seeds}, {self.frontend_cpu_us}, {self.colocated_cpu_us}, "
                              f"{self.service_scale}")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridgnn.capabilities import allowed_cores
-from hybridgnn.config import PolicyConfig
+from hybridgnn.config import MAX_REQUEST_SEEDS, PolicyConfig
 from hybridgnn.scheduler.simloops import (
     NO_REQUESTS,
     finish_times,
@@ -56,8 +56,8 @@ class ServingLoad:
     service_scale: float = 1.0  # batches take this many times as long as profiled, load aside (drift)
 
     def __post_init__(self):
-        if not self.request_seeds >= 1:
-            raise ValueError(f"request_seeds must be >= 1, got {self.request_seeds}")
+        if not 1 <= self.request_seeds <= MAX_REQUEST_SEEDS:
+            raise ValueError(f"request_seeds must be within [1, {MAX_REQUEST_SEEDS}], got {self.request_seeds}")
         if self.frontend_cpu_s < 0 or self.colocated_cpu_s < 0 or self.cores < 0:
             raise ValueError("frontend_cpu_s, colocated_cpu_s and cores must be >= 0")
         if not self.service_scale > 0:
@@ -65,8 +65,10 @@ class ServingLoad:
 
     @classmethod
     def from_policy(cls, pc, request_seeds: float | None = None) -> ServingLoad:
-        """What a PolicyConfig's flags say (request_seeds: the live mean, if measured)."""
-        return cls(request_seeds=request_seeds or pc.request_seeds, frontend_cpu_s=pc.frontend_cpu_us * 1e-6,
+        """What a PolicyConfig's flags say (request_seeds: the live mean, if measured, at
+        most MAX_REQUEST_SEEDS)."""
+        return cls(request_seeds=min(request_seeds or pc.request_seeds, MAX_REQUEST_SEEDS),
+                   frontend_cpu_s=pc.frontend_cpu_us * 1e-6,
                    colocated_cpu_s=pc.colocated_cpu_us * 1e-6, service_scale=pc.service_scale)
 
     @property
@@ -120,6 +122,20 @@ class PipelineModel:
 SIMULATED_REQUESTS = 20_000
 RATE_HEADROOM = 0.03
 
+# Seeds drawn per simulated request (request_psgs): requests x seeds draws of 100k-seed
+# requests (a live mean under --adapt) took 16 GB.
+DRAWN_SEEDS = 1024
+
+
+def request_psgs(rng: np.random.Generator, seed_psgs: np.ndarray, requests: int, request_seeds: float) -> np.ndarray:
+    """Each simulated request's PSGS: the sum of its seeds' draws from seed_psgs. Past
+    DRAWN_SEEDS seeds, DRAWN_SEEDS draws scaled up: its mean exact, its spread wider than
+    the true one's (which errs towards smaller rates)."""
+    k = max(1, round(request_seeds))
+    drawn = min(k, DRAWN_SEEDS)
+    return rng.choice(seed_psgs, size=(requests, drawn)).sum(axis=1) * (k / drawn)
+
+
 _LOOP_MAX_UTILISATION = 0.9  # past this, an event loop's queue swings too far for any SLO
 
 
@@ -147,7 +163,6 @@ class Simulator:
                  batching_wait_s: float, background_rps: float = 0.0, requests: int = SIMULATED_REQUESTS, seed: int = 0):
         """background_rps: requests/s other pipelines serve through the same front end."""
         rng = np.random.default_rng(seed)
-        k = max(1, round(load.request_seeds))
         seed_psgs = np.asarray(seed_psgs, dtype=np.float64)
         if seed_psgs.size == 0:
             raise ValueError("no per-seed PSGS values to draw requests from")
@@ -156,7 +171,7 @@ class Simulator:
         self.wait = float(batching_wait_s)
         self.background_rps = float(background_rps)
         self.unit_arrivals = np.cumsum(rng.exponential(1.0, requests))  # at 1 request/s
-        req_psgs = rng.choice(seed_psgs, size=(requests, k)).sum(axis=1)
+        req_psgs = request_psgs(rng, seed_psgs, requests, load.request_seeds)
         self.mean_request_psgs = float(req_psgs.mean())
         self.cum_psgs = np.concatenate([[0.0], np.cumsum(req_psgs)])
         self.batch_ratios = rng.choice(pipeline.ratios, size=requests)
@@ -277,7 +292,7 @@ class SharedDeviceSimulator:
         self._draws = {}
         for j, lane in enumerate(("cpu", "gpu")):
             rng = np.random.default_rng([seed, j])
-            req = rng.choice(seed_psgs, size=(requests, k)).sum(axis=1)
+            req = request_psgs(rng, seed_psgs, requests, load.request_seeds)
             self._draws[lane] = (np.cumsum(rng.exponential(1.0, requests)), np.concatenate([[0.0], np.cumsum(req)]),
                                  rng.choice((gpu if lane == "gpu" else cpu_host).ratios, size=requests))
         self.mean_request_psgs = float(seed_psgs.mean()) * k

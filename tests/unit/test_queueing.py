@@ -441,3 +441,27 @@ def test_a_simulation_stops_early_only_once_its_p99_is_sure_to_miss():
                         assert early == full or early == math.inf
                         stopped += early == math.inf and full < math.inf
     assert stopped > 10  # the early stop is taken, not only allowed
+
+
+@pytest.mark.parametrize("seeds", [math.inf, 1e12, 0.5])
+def test_seeds_per_request_past_what_a_request_holds_are_refused_in_words(seeds):
+    """--request-seeds inf was an OverflowError traceback, 1e12 a MemoryError."""
+    from hybridgnn.config import MAX_REQUEST_SEEDS, PolicyConfig
+
+    with pytest.raises(ValueError, match="request_seeds"):
+        ServingLoad(request_seeds=seeds)
+    with pytest.raises(ValueError, match=f"request_seeds within \\[1, {MAX_REQUEST_SEEDS}\\]"):
+        PolicyConfig(request_seeds=seeds)
+
+
+def test_large_requests_are_simulated_in_bounded_memory_with_their_mean_psgs():
+    """A live mean of 100k seeds a request (--adapt) drew 20,000 x 100k values: 16 GB."""
+    from hybridgnn.config import MAX_REQUEST_SEEDS, PolicyConfig
+
+    seeds = np.array([1.0, 3.0])
+    big = Simulator(constant(0.005), seeds, ServingLoad(request_seeds=100_000), batching_wait_s=0.001)
+    assert big.mean_request_psgs == pytest.approx(2.0 * 100_000, rel=0.01)
+    small = Simulator(constant(0.005), seeds, ServingLoad(request_seeds=8), batching_wait_s=0.001)
+    again = Simulator(constant(0.005), seeds, ServingLoad(request_seeds=8), batching_wait_s=0.001)
+    assert np.array_equal(small.cum_psgs, again.cum_psgs)  # deterministic
+    assert ServingLoad.from_policy(PolicyConfig(), 1e9).request_seeds == MAX_REQUEST_SEEDS  # a live mean, capped
