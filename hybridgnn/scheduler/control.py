@@ -64,6 +64,11 @@ class PolicyControl:
             raise ConfigError(f"profile {pc.profile} has no curves for the {', '.join(missing)} pipeline; profile "
                               "with the same --device as you serve with")
         prof.devices = {n: d for n, d in prof.devices.items() if n in self.pipelines}
+        differ = self.profiled_otherwise(prof)
+        if differ:
+            log.warning("profile %s measured other pipelines than these serve (%s): its curves, predicted rates and "
+                        "an slo:<ms> choice are for those; profile with the pipeline flags you serve with",
+                        pc.profile, "; ".join(differ))
         if pc.adapt:
             # what every --adapt step re-fits from: refused now in one line, not met as a
             # traceback logged every adapt_interval_s while the policy never moves
@@ -83,6 +88,23 @@ class PolicyControl:
                  pc.profile, policy.psgs_threshold, policy.max_batch_psgs,
                  f"{policy.predicted_seeds_per_s:.0f}" if policy.predicted_seeds_per_s else "?")
         return policy
+
+    def profiled_otherwise(self, prof: Profile) -> list[str]:
+        """How the served pipelines differ from those the profile measured (workers,
+        threads, processes, split lane, device): the curves, and the workers the SLO choice
+        simulates, are the profile's, so a profile made with --workers 16 served with 2
+        predicted 8x the rate it gets."""
+        out = []
+        for pipe in (self.cfg.cpu_pipeline, self.cfg.gpu_pipeline):
+            if pipe is None or pipe.name not in prof.devices:
+                continue
+            had = prof.data["pipelines"][pipe.name]
+            for key, served in (("workers", pipe.workers), ("torch_threads", pipe.torch_threads),
+                                ("processes", pipe.processes), ("split", pipe.split), ("device", pipe.device)):
+                profiled = had.get(key, {"torch_threads": 1, "processes": False, "split": False}.get(key))
+                if profiled != served:
+                    out.append(f"{pipe.name} {key} {profiled!r}, serving {served!r}")
+        return out
 
     def service_stretch(self, last: int = 500) -> dict[str, float] | None:
         """Per pipeline, the median of (live batch service time ÷ the profile's mean at that

@@ -122,6 +122,22 @@ def test_serve_with_adapt_loads_a_profile_hybridgnn_profile_wrote(monkeypatch):
     assert _control().load("fingerprint").name == "slo:30"
 
 
+def test_a_profile_of_other_pipelines_is_served_with_a_warning_naming_them(monkeypatch, caplog):
+    """A profile made with --workers 2 served with --workers 8 predicted for 2, silently."""
+    monkeypatch.setattr(Profile, "check_matches", lambda *a: None)
+    with caplog.at_level("WARNING", logger="hybridgnn.scheduler.control"):
+        _control(policy="latency", adapt=False).load("fingerprint")
+    assert not caplog.records  # the demo profile's own pipelines: nothing to say
+    cfg = ServeConfig(dataset_dir=Path("/nonexistent"), model_dir=Path("/nonexistent"),
+                      cpu_pipeline=PipelineConfig(workers=8, processes=True),
+                      gpu_pipeline=PipelineConfig(name="gpu", device="cpu"),
+                      policy=PolicyConfig(profile=DEMO_PROFILE, policy="latency"))
+    with caplog.at_level("WARNING", logger="hybridgnn.scheduler.control"):
+        PolicyControl(cfg, ("cpu", "gpu")).load("fingerprint")
+    [record] = caplog.records
+    assert "cpu workers 2, serving 8; cpu processes False, serving True" in record.getMessage()
+
+
 def test_adapt_keeps_the_policy_while_no_request_comes():
     """Batches recorded under 1,000 requests/s (their service stretched by the front end),
     then no traffic: the next steps have nothing new to re-fit from. They re-read the same
