@@ -27,6 +27,28 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+# Requests one run may schedule (its arrival times and ids are arrays of this length)
+MAX_REQUESTS = 10**8
+
+
+def check_flags(args) -> None:
+    """Flags that cannot work, refused in one line before any request is sent: --slo-ms nan
+    or 0 searched for minutes and found nothing (nan was printed as the SLO, invalid JSON),
+    --rate nan said "cannot convert float NaN to integer" and --rate inf was a traceback."""
+    import math
+
+    from hybridgnn.errors import ConfigError
+
+    for flag, value in (("--rate", args.rate), ("--duration-s", args.duration_s), ("--slo-ms", args.slo_ms)):
+        if value is not None and not 0 < value < math.inf:
+            raise ConfigError(f"{flag} must be a positive, finite number, got {value}")
+    if args.rate * args.duration_s > MAX_REQUESTS:
+        raise ConfigError(f"--rate x --duration-s schedules more than {MAX_REQUESTS:,} requests "
+                          f"({args.rate} x {args.duration_s})")
+    if args.nodes_per_request < 1:
+        raise ConfigError(f"--nodes-per-request must be at least 1, got {args.nodes_per_request}")
+
+
 def run(args) -> int:
     import asyncio
 
@@ -34,6 +56,7 @@ def run(args) -> int:
 
     from hybridgnn.errors import ConfigError
 
+    check_flags(args)
     try:
         return _run(args)
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:

@@ -679,3 +679,21 @@ def test_path_flags_expand_a_leading_tilde(monkeypatch, tmp_path):
     from hybridgnn.config import DeviceMemoryConfig, ServerConfig
     assert flag_value(args, DeviceMemoryConfig, "placement_plan") == tmp_path / "plan"
     assert flag_value(args, ServerConfig, "seed_log") == tmp_path / "seeds"
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--slo-ms", "nan"], "--slo-ms must be a positive, finite number, got nan"),
+    (["--slo-ms", "0"], "--slo-ms must be a positive"),
+    (["--slo-ms", "-5"], "--slo-ms must be a positive"),
+    (["--slo-ms", "inf"], "--slo-ms must be a positive"),
+    (["--rate", "nan"], "--rate must be a positive"),
+    (["--rate", "inf"], "--rate must be a positive"),
+    (["--duration-s", "0"], "--duration-s must be a positive"),
+    (["--rate", "1e12"], "schedules more than 100,000,000 requests"),
+    (["--nodes-per-request", "0"], "--nodes-per-request must be at least 1"),
+])
+def test_bench_flags_that_cannot_work_are_refused_before_any_request(flags, said, capsys):
+    """--slo-ms nan searched for minutes and printed NaN; --rate inf was a traceback."""
+    assert main(["bench", "--url", "http://127.0.0.1:9", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
