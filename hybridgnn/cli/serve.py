@@ -185,6 +185,9 @@ def check_ranges(args) -> None:
     wait_ms = flag_value(args, BatcherConfig, "max_wait_s")
     if not 0 <= wait_ms <= 10_000:
         raise ConfigError(f"--max-wait-ms must be within [0, 10000] milliseconds, got {wait_ms:g}")
+    delay_ms = flag_value(args, AdmissionConfig, "max_queue_delay_s")
+    if delay_ms is not None and not 0 < delay_ms <= 60_000:  # it said "max_queue_delay_s ... seconds, got 0.0"
+        raise ConfigError(f"--max-queue-delay-ms must be within (0, 60000] milliseconds, got {delay_ms:g}")
 
 
 def chosen_policy(args) -> str:

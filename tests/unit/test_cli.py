@@ -150,6 +150,9 @@ def test_first_hour_mistakes_get_one_line_or_the_subcommand_usage(tmp_path, caps
     assert "usage: hybridgnn dataset import" in err and "unrecognized arguments: --bogus" in err
     assert main(["serve", "--max-wait-ms", "-1"]) == 2
     assert "--max-wait-ms must be within [0, 10000] milliseconds, got -1" in capsys.readouterr().err
+    for delay in ("0", "nan", "60001"):  # it said "max_queue_delay_s must be within (0, 60] seconds, got 0.0"
+        assert main(["serve", "--max-queue-delay-ms", delay]) == 2
+        assert f"--max-queue-delay-ms must be within (0, 60000] milliseconds, got {delay}" in capsys.readouterr().err
     (tmp_path / "e.txt").write_text("0 1\n1 2\n")
     assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d")]) == 0
     capsys.readouterr()
