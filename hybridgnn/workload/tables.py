@@ -124,6 +124,8 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
             ids = np.array(path.read_text().split(), dtype=np.int64)
         except ValueError as exc:
             raise ValueError(f"request log {path} must hold whitespace-separated integer node ids: {exc}") from exc
+        except OverflowError:  # an id past int64 was this traceback
+            raise ValueError(f"request log {path} has ids outside the graph's [0, {n}), some past int64") from None
     ids = ids.astype(np.int64, copy=False)
     if ids.size == 0:
         raise ValueError(f"request log {path} holds no node ids")

@@ -77,6 +77,10 @@ def test_seed_distribution_from_request_log(skewed_graph, tmp_path):
     (tmp_path / "bad.txt").write_text("1000\n")
     with pytest.raises(ValueError, match="outside"):
         seed_distribution(skewed_graph, str(tmp_path / "bad.txt"))
+    for big in ("99999999999999999999", "-99999999999999999999"):  # an OverflowError traceback
+        (tmp_path / "big.txt").write_text(f"1 2 {big}\n")
+        with pytest.raises(ValueError, match="outside the graph's"):
+            seed_distribution(skewed_graph, str(tmp_path / "big.txt"))
     with pytest.raises(ValueError, match="neither"):
         seed_distribution(skewed_graph, "zipf")
 
