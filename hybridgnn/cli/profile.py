@@ -115,5 +115,7 @@ def _check_outputs(args) -> None:
         return
     check_out(args.out, directory=False)
     if not args.no_plot:
-        for suffix in (".png", ".svg"):
-            check_out(args.out.with_suffix("").with_suffix(suffix), directory=False)
+        from hybridgnn.profiling.plot import plot_paths
+
+        for path in plot_paths(args.out.with_suffix("")):
+            check_out(path, directory=False)

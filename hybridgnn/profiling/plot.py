@@ -15,6 +15,13 @@ POINT_LABELS = {"cpu_preferred": "CPU-preferred", "gpu_preferred": "GPU-preferre
                 "latency_preferred": "latency-preferred", "throughput_preferred": "throughput-preferred"}
 
 
+def plot_paths(out_stem: Path) -> list[Path]:
+    """out_stem.png and out_stem.svg, the stem's dots kept: with_suffix made the plots of
+    profiles/g.v2.json profiles/g.png and .svg, over those of profiles/g.json."""
+    out_stem = Path(out_stem)
+    return [out_stem.with_name(out_stem.name + ext) for ext in (".png", ".svg")]
+
+
 def plot_profile(profile, out_stem: Path) -> list[Path]:
     """Write out_stem.png and out_stem.svg; returns their paths."""
     import matplotlib
@@ -54,8 +61,7 @@ def plot_profile(profile, out_stem: Path) -> list[Path]:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    out_stem = Path(out_stem)
-    paths = [out_stem.with_suffix(".png"), out_stem.with_suffix(".svg")]
+    paths = plot_paths(out_stem)
     for p in paths:
         write_replacing(p, fig.savefig)  # whole or not at all, as the profile itself
     plt.close(fig)

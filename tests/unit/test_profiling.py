@@ -308,6 +308,8 @@ def test_profile_end_to_end_on_a_small_graph(tiny_dataset, tiny_model, tmp_path)
 
     pngs = plot_profile(again, tmp_path / "p")
     assert all(p.stat().st_size > 1000 for p in pngs)
+    # a dotted name keeps its dots: g.v2.json's plots went to g.png and g.svg, over g.json's
+    assert [p.name for p in plot_profile(again, tmp_path / "g.v2")] == ["g.v2.png", "g.v2.svg"]
 
 
 def test_a_split_cpu_lane_is_profiled_as_served_with_its_device_share(tiny_dataset, tiny_model, monkeypatch):
