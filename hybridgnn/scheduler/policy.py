@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from hybridgnn.scheduler.queueing import ServingLoad
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+# The largest profile read: a 300 s profile of a fast GPU (about 600,000 raw batches) is
+# some 30 MB of JSON, and parsing one takes about ten times its size in memory.
+MAX_PROFILE_BYTES = 256 << 20
 POLICIES = ("latency", "throughput", "cpu", "gpu")  # plus slo:<ms>
 
 
@@ -122,8 +126,24 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
+        """The profile at path; ValueError (one line) for what is not one. Only a regular
+        file of at most MAX_PROFILE_BYTES is read: /dev/zero was read until memory ran out,
+        and a FIFO no one writes to hung the server's start."""
+        path = Path(path)
         try:
-            data = json.loads(Path(path).read_text())
+            st = path.stat()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no profile at {path}; make one with `hybridgnn profile`") from None
+        except OSError as exc:
+            raise ValueError(f"cannot read profile {path}: {exc.strerror or exc}") from None
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISBLK(st.st_mode) \
+                or stat.S_ISSOCK(st.st_mode):
+            raise ValueError(f"profile {path} is not a regular file")
+        if st.st_size > MAX_PROFILE_BYTES:
+            raise ValueError(f"profile {path} holds {st.st_size:,} bytes, past the {MAX_PROFILE_BYTES:,} a "
+                             "`hybridgnn profile` writes")
+        try:
+            data = json.loads(path.read_text())
         except FileNotFoundError:
             raise FileNotFoundError(f"no profile at {path}; make one with `hybridgnn profile`") from None
         except OSError as exc:  # a directory, no permission, an I/O error

@@ -526,6 +526,22 @@ def test_a_profile_save_interrupted_mid_write_leaves_the_old_one(tmp_path, monke
     assert Profile.load(prof.save(path)).data == prof.data
 
 
+def test_a_profile_that_is_not_a_regular_file_of_a_profiles_size_is_refused_unread(tmp_path):
+    """A FIFO no one writes to hung the server's start; /dev/zero was read until memory ran out."""
+    import os
+
+    from hybridgnn.scheduler.policy import MAX_PROFILE_BYTES, Profile
+
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "fifo", "/dev/zero"):
+        with pytest.raises(ValueError, match="is not a regular file"):
+            Profile.load(path)
+    with open(tmp_path / "huge.json", "wb") as f:
+        f.truncate(MAX_PROFILE_BYTES + 1)  # sparse: no disk taken
+    with pytest.raises(ValueError, match="past the 268,435,456 a `hybridgnn profile` writes"):
+        Profile.load(tmp_path / "huge.json")
+
+
 def test_a_profile_path_that_is_a_directory_is_a_value_error(tmp_path):
     from hybridgnn.scheduler.policy import Profile
 
