@@ -349,10 +349,11 @@ class PolicyConfig:
             raise ValueError("--adapt needs a --profile to start from")
         if self.adapt_interval_s <= 0 or self.adapt_min_batches < 1 or self.adapt_max_step <= 1:
             raise ValueError("adapt_interval_s > 0, adapt_min_batches >= 1 and adapt_max_step > 1 needed")
-        if not 1 <= self.request_seeds <= MAX_REQUEST_SEEDS or self.frontend_cpu_us < 0 or self.colocated_cpu_us < 0 \
-                or self.service_scale <= 0:
+        # finite too: an infinite cost said "no batch meets a p99 of <slo> ms", blaming the SLO
+        if not (1 <= self.request_seeds <= MAX_REQUEST_SEEDS and 0 <= self.frontend_cpu_us < math.inf
+                and 0 <= self.colocated_cpu_us < math.inf and 0 < self.service_scale < math.inf):
             raise ValueError(f"request_seeds within [1, {MAX_REQUEST_SEEDS}], frontend_cpu_us >= 0, colocated_cpu_us >= 0 "
-                             "and service_scale > 0 "
+                             "and service_scale > 0, each finite, "
                              f"needed, got {self.request_seeds}, {self.frontend_cpu_us}, {self.colocated_cpu_us}, "
                              f"{self.service_scale}")
 

@@ -465,3 +465,12 @@ def test_large_requests_are_simulated_in_bounded_memory_with_their_mean_psgs():
     again = Simulator(constant(0.005), seeds, ServingLoad(request_seeds=8), batching_wait_s=0.001)
     assert np.array_equal(small.cum_psgs, again.cum_psgs)  # deterministic
     assert ServingLoad.from_policy(PolicyConfig(), 1e9).request_seeds == MAX_REQUEST_SEEDS  # a live mean, capped
+
+
+@pytest.mark.parametrize("field", ["frontend_cpu_us", "colocated_cpu_us", "service_scale"])
+def test_an_infinite_cost_is_refused_as_the_flag_not_as_the_slo(field):
+    """--service-scale inf said "no batch meets a p99 of 50.0 ms", blaming the SLO."""
+    from hybridgnn.config import PolicyConfig
+
+    with pytest.raises(ValueError, match="each finite"):
+        PolicyConfig(**{field: math.inf})
