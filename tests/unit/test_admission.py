@@ -397,3 +397,32 @@ def test_a_per_request_lane_charges_its_fixed_cost_per_request_and_the_rest_by_s
     assert 1.5 < lane.model_delay_s(small) < 2.5
     with pytest.raises(Overloaded):
         adm.admit("new_nodes", small)
+
+
+def test_the_predicted_delay_is_the_documented_formula_and_grows_with_queued_work():
+    """delay(Q) = (a·ceil(Q/B) + slope·Q) / servers, at least Q / backlogged throughput, on
+    any batches observed: finite, >= 0, non-decreasing in Q, never NaN."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    batches = st.lists(st.tuples(st.floats(1e-3, 1e6), st.floats(0.0, 10.0)), min_size=MIN_BATCHES, max_size=40)
+
+    @settings(max_examples=200, deadline=None)
+    @given(batches, st.integers(1, 64), st.floats(1.0, 1e5), st.floats(0.0, 1e7),
+           st.one_of(st.none(), st.floats(1e-3, 1e9)))
+    def check(observed, servers, full_batch, queued, throughput):
+        lane = Lane("sampled", servers, full_batch)
+        for work, seconds in observed:
+            lane.observe(work, seconds)
+        lane.throughput = throughput
+        lane.add(queued)
+        delays = [lane.model_delay_s(extra) for extra in (0.0, 1.0, 10.0, 1e3, 1e6)]
+        assert all(math.isfinite(d) and d >= 0 for d in delays)
+        assert all(b >= a - 1e-12 * max(1.0, a) for a, b in zip(delays, delays[1:], strict=False))
+        q = queued + 1e3
+        want = (lane._a * math.ceil(q / lane.full_batch) + lane._slope * q) / lane.servers
+        if throughput is not None:
+            want = max(want, q / throughput)
+        assert lane.model_delay_s(1e3) == pytest.approx(want)
+
+    check()

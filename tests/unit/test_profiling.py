@@ -607,3 +607,14 @@ def test_any_json_in_any_profile_field_loads_or_is_one_value_error():
 def _record(control, pipeline: str, batches) -> None:
     for psgs, seconds in batches:
         control.record(pipeline, psgs, seconds)
+
+
+def test_an_slo_choice_is_the_same_every_time_and_holds_no_nan(tmp_path):
+    from hybridgnn.scheduler.policy import Profile
+
+    prof = Profile.load(_edited_profile(tmp_path, lambda data: None))
+    first, again = (prof.policy("slo:40", batching_wait_s=0.002, load=ServingLoad(cores=2)) for _ in range(2))
+    assert first == again
+    values = [first.psgs_threshold, first.max_batch_psgs, first.predicted_seeds_per_s, first.predicted_p99_s,
+              *first.pipeline_limits.values()]
+    assert all(v >= 0 and not math.isnan(v) for v in values) and first.predicted_p99_s <= 0.040

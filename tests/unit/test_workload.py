@@ -232,3 +232,46 @@ def test_saving_tables_replaces_the_files_a_server_has_mapped(tmp_path):
     np.testing.assert_array_equal(served.psgs, before)  # the old file, still whole under its map
     np.testing.assert_array_equal(WorkloadTables.load_or_build(graph, (2, 2)).psgs, before * 3)
     assert not [p.name for p in (graph.root / "workload").iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def _exact_tree(adj: np.ndarray, fanouts, i: int, hop: int = 0):
+    """(expected tree size, expected reads per node) of the sample rooted at i from `hop`,
+    by enumerating every equally likely draw of min(deg, fanout) distinct neighbours."""
+    import itertools
+
+    reads = np.zeros(len(adj))
+    reads[i] = 1.0
+    size = 1.0
+    neighbours = np.flatnonzero(adj[i])
+    if hop == len(fanouts) or neighbours.size == 0:
+        return size, reads
+    draws = list(itertools.combinations(neighbours, min(fanouts[hop], neighbours.size)))
+    for draw in draws:
+        for j in draw:
+            s, r = _exact_tree(adj, fanouts, int(j), hop + 1)
+            size += s / len(draws)
+            reads += r / len(draws)
+    return size, reads
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(st.integers(1, 6).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.booleans(), min_size=n, max_size=n), min_size=n, max_size=n),
+    st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    st.lists(st.floats(0.01, 1.0), min_size=n, max_size=n))))
+def test_psgs_and_fap_equal_an_exact_enumeration_of_every_sample(case):
+    """Independent of the matrix chain: every draw of every hop enumerated on small graphs."""
+    from types import SimpleNamespace
+
+    rows, fanouts, weights = case
+    adj = np.array(rows, dtype=np.int64)
+    n = len(adj)
+    indptr = np.concatenate([[0], np.cumsum(adj.sum(axis=1))]).astype(np.int64)
+    indices = np.flatnonzero(adj.reshape(-1)) % n
+    graph = SimpleNamespace(indptr=indptr, indices=indices.astype(np.int64), num_nodes=n, num_edges=int(adj.sum()),
+                            degrees=lambda: adj.sum(axis=1))
+    p0 = np.asarray(weights) / np.sum(weights)
+    trees = [_exact_tree(adj, fanouts, i) for i in range(n)]
+    np.testing.assert_allclose(compute_psgs(graph, fanouts), [s for s, _ in trees], rtol=1e-5)
+    np.testing.assert_allclose(compute_fap(graph, fanouts, p0), sum(p * r for p, (_, r) in zip(p0, trees, strict=True)),
+                               rtol=1e-5, atol=1e-7)
