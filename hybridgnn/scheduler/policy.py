@@ -78,7 +78,13 @@ def _device_curves(p: dict) -> DeviceCurves:
     raw = p.get("raw") or {}
     ratios = None
     if raw.get("psgs"):
-        x, y = np.asarray(raw["psgs"], dtype=np.float64), np.asarray(raw["seconds"], dtype=np.float64)
+        try:
+            x, y = np.asarray(raw["psgs"], dtype=np.float64), np.asarray(raw["seconds"], dtype=np.float64)
+        except ValueError:  # numpy's "could not convert string to float" named no field
+            raise ValueError(f"a profile's raw psgs and seconds must be numbers, got {str(raw)[:80]}") from None
+        if x.shape != y.shape or x.ndim != 1:  # numpy's "could not be broadcast" named no field
+            raise ValueError(f"a profile's raw psgs and seconds must be two lists of as many numbers, got "
+                             f"{x.shape} and {y.shape}")
         r = y / np.maximum(mean(x), 1e-12)
         ratios = r[np.isfinite(r) & (r > 0)]
     share = p["curves"].get("device")

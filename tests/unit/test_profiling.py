@@ -481,6 +481,9 @@ def _set(*keys_and_value):
     (_set("bin_edges", [0, 100]), "bin_edges must be finite positive"),  # "math domain error"
     (_set("bin_edges", [100, 10]), "bin_edges must be at least two increasing"),
     (_set("pipelines", {}), "no pipelines"),  # "min() arg is an empty sequence"
+    # numpy's "operands could not be broadcast together" and "could not convert string to float"
+    (lambda d: d["pipelines"]["cpu"]["raw"]["seconds"].pop(), "raw psgs and seconds must be two lists of as many"),
+    (_set("pipelines", "gpu", "raw", "psgs", ["a"]), "raw psgs and seconds must be numbers"),
 ])
 @pytest.mark.parametrize("spec", ["slo:30", "latency"])
 def test_a_profile_with_values_the_choice_cannot_use_is_refused_at_load(tmp_path, edit, match, spec):
