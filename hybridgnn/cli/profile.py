@@ -53,6 +53,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from hybridgnn.cli.serve import (
         check_cpu_compute_device,
+        check_workers,
         cpu_lane_split,
         gpu_pipeline_config,
         worker_processes,
@@ -73,6 +74,8 @@ def run(args) -> int:
     if (args.dataset is None) != (args.model is None):
         raise ValueError("give both --dataset and --model, or neither (to profile the demo)")
     # Every flag is checked before the demo is made (its first generation takes ~30 s).
+    check_workers(args)
+    check_ranges(args)
     gpu = gpu_pipeline_config(args.device, args.gpu_workers)
     check_cpu_compute_device(args.cpu_compute_device)
     split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, False)
@@ -105,6 +108,22 @@ def run(args) -> int:
         summary["points"] = profile.data["points"]
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def check_ranges(args) -> None:
+    """ProfileConfig's ranges in the flags' words (it named fields and printed itself)."""
+    import math
+
+    from hybridgnn.profiling.runner import MAX_BATCH, MAX_BINS
+
+    if not 2 <= args.bins <= MAX_BINS:
+        raise ValueError(f"--bins must be within [2, {MAX_BINS}], got {args.bins}")
+    if args.min_samples < 1:
+        raise ValueError(f"--min-samples must be at least 1, got {args.min_samples}")
+    if not 1 <= args.max_batch <= MAX_BATCH:
+        raise ValueError(f"--max-batch must be within [1, {MAX_BATCH}], got {args.max_batch}")
+    if not 0 < args.budget_s < math.inf:
+        raise ValueError(f"--budget-s must be a positive, finite number of seconds, got {args.budget_s}")
 
 
 def _check_outputs(args) -> None:

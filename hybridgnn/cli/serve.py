@@ -14,6 +14,7 @@ from hybridgnn.cli.flags import (
     user_path,
 )
 from hybridgnn.config import (
+    MAX_WORKERS,
     AdmissionConfig,
     BatcherConfig,
     DeviceMemoryConfig,
@@ -180,8 +181,17 @@ def check_cpu_compute_device(device: str) -> None:
                          "(torch.cuda.is_available() is False)")
 
 
+def check_workers(args) -> None:
+    """--workers and --gpu-workers in the flag's words: both said "workers must be within
+    [1, 1024], got 0", naming neither."""
+    for flag, value in (("--workers", args.workers), ("--gpu-workers", args.gpu_workers)):
+        if value is not None and not 1 <= value <= MAX_WORKERS:
+            raise ConfigError(f"{flag} must be within [1, {MAX_WORKERS}], got {value}")
+
+
 def check_ranges(args) -> None:
     """Flag ranges in the flags' own units (the config dataclasses check seconds)."""
+    check_workers(args)
     wait_ms = flag_value(args, BatcherConfig, "max_wait_s")
     if not 0 <= wait_ms <= 10_000:
         raise ConfigError(f"--max-wait-ms must be within [0, 10000] milliseconds, got {wait_ms:g}")

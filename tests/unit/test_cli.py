@@ -700,3 +700,21 @@ def test_bench_flags_that_cannot_work_are_refused_before_any_request(flags, said
     assert main(["bench", "--url", "http://127.0.0.1:9", *flags]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["serve", "--workers", "0"], "--workers must be within [1, 1024], got 0"),
+    (["serve", "--device", "emulate", "--gpu-workers", "0"], "--gpu-workers must be within [1, 1024], got 0"),
+    (["profile", "--device", "emulate", "--gpu-workers", "0"], "--gpu-workers must be within [1, 1024], got 0"),
+    (["profile", "--workers", "2000"], "--workers must be within [1, 1024], got 2000"),
+    (["profile", "--min-samples", "0"], "--min-samples must be at least 1, got 0"),
+    (["profile", "--bins", "1"], "--bins must be within [2, 1000], got 1"),
+    (["profile", "--max-batch", "0"], "--max-batch must be within [1, 1048576], got 0"),
+    (["profile", "--budget-s", "nan"], "--budget-s must be a positive, finite number of seconds, got nan"),
+])
+def test_worker_and_profile_ranges_are_refused_in_the_flags_words(argv, said, capsys):
+    """Both worker flags said "workers must be within [1, 1024], got 0"; profile's ranges
+    named fields and printed a ProfileConfig."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
