@@ -258,7 +258,7 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
     load = load or ServingLoad()
     seed_psgs = np.atleast_1d(np.asarray(seed_psgs, dtype=np.float64))
     if slo_s <= batching_wait_s:
-        raise ValueError(f"an SLO of {slo_s * 1e3:.1f} ms leaves nothing after {batching_wait_s * 1e3:.1f} ms "
+        raise ValueError(f"an SLO of {slo_s * 1e3:.4g} ms leaves nothing after {batching_wait_s * 1e3:.4g} ms "
                          "of batching wait")
     stat = "tail" if tail else "mean"
     limits: dict[str, float] = {}
@@ -279,7 +279,7 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
         other_rps += choice.requests_per_s
     if not limits:
         fastest = min(devices, key=lambda n: float(devices[n].get(stat)(lo)))
-        raise ValueError(f"no batch meets a p99 of {slo_s * 1e3:.1f} ms on any device (the smallest measured "
+        raise ValueError(f"no batch meets a p99 of {slo_s * 1e3:.4g} ms on any device (the smallest measured "
                          f"batch takes {float(devices[fastest].get(stat)(lo)) * 1e3:.1f} ms on {fastest}, and "
                          "requests queue behind one another)")
     for name in devices:
@@ -290,7 +290,7 @@ def choose_for_slo(devices: dict[str, DeviceCurves], slo_s: float, seed_psgs, *,
         # (and one stage for its workers, when the GPU lane takes nothing)
         rates, p99s = _shared_rates(devices, slo_s, seed_psgs, limits, rates, batching_wait_s, load, tail)
         if not sum(rates.values()) > 0:  # else a choice of 0 seeds/s "at a p99 of 0" would be served
-            raise ValueError(f"no load meets a p99 of {slo_s * 1e3:.1f} ms once the split CPU lane's device share "
+            raise ValueError(f"no load meets a p99 of {slo_s * 1e3:.4g} ms once the split CPU lane's device share "
                              "queues on the GPU (the GPU lane fits nothing alone, and the CPU lane's batches "
                              "miss the SLO there)")
     max_batch = max(limits.values())

@@ -125,8 +125,10 @@ def test_slo_choice_keeps_each_device_within_its_limit():
     assert c.max_batch_psgs == pytest.approx(max(c.pipeline_limits.values()))
     assert c.psgs_threshold <= c.pipeline_limits["cpu"]
     assert c.predicted_p99_s <= 0.020 + 1e-9 and c.predicted_seeds_per_s > 0
-    with pytest.raises(ValueError, match="no batch meets"):
+    with pytest.raises(ValueError, match="no batch meets a p99 of 3 ms "):
         choose_for_slo({"gpu": gpu}, 0.003, 10.0, lo=10, hi=1e5)
+    with pytest.raises(ValueError, match="no batch meets a p99 of 0.001 ms "):  # it said 0.0 ms
+        choose_for_slo({"gpu": gpu}, 1e-6, 10.0, lo=10, hi=1e5)
 
 
 def test_slo_choice_puts_a_split_cpu_lane_and_the_gpu_lane_on_one_device():
@@ -159,7 +161,7 @@ def test_slo_choice_says_when_nothing_fits_on_the_shared_device():
     cpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-7 * x), curve(lambda x: 2e-3 + 2e-7 * x), 2, cores_used=2,
                        device_share=curve(lambda x: 0.5 + 0 * x))
     load = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
-    with pytest.raises(ValueError, match="no load meets a p99 of 30.0 ms once the split CPU lane"):
+    with pytest.raises(ValueError, match="no load meets a p99 of 30 ms once the split CPU lane"):
         choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.030, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=load)
 
 
