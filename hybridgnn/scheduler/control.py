@@ -80,7 +80,7 @@ class PolicyControl:
                                   f"{str(exc)[:200]}") from exc
         try:
             policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s,
-                                 load=ServingLoad.from_policy(pc))
+                                 load=ServingLoad.from_policy(pc, batcher=self.cfg.batcher))
         except ValueError as exc:
             raise ConfigError(f"policy {pc.policy!r} with profile {pc.profile}: {exc}") from exc
         self.profile = prof
@@ -148,7 +148,7 @@ class PolicyControl:
         # at least one seed a request (the load's own bound): requests that count no seeds
         # (new nodes) among them made the mean refused, which ended the adapt loop
         mean = (seeds - last_seeds) / window_requests
-        load = ServingLoad.from_policy(pc, max(1.0, mean) if mean > 0 else None)
+        load = ServingLoad.from_policy(pc, max(1.0, mean) if mean > 0 else None, self.cfg.batcher)
         for name, fresh in self._unscaled.items():
             if name not in self.profile.devices or not fresh:
                 continue

@@ -47,29 +47,43 @@ from hybridgnn.scheduler.simloops import (
 class ServingLoad:
     """What an SLO choice assumes beyond the profile: seeds per request, the front end's
     GIL time per request in the serving process, other processes' CPU per request on the
-    same cores, and how many cores there are."""
+    same cores, how many cores there are, and the batcher's caps on a batch's seeds and
+    requests (its PSGS bound is what the choice picks)."""
 
     request_seeds: float = PolicyConfig.request_seeds
     frontend_cpu_s: float = PolicyConfig.frontend_cpu_us * 1e-6  # the event loop's CPU per request
     colocated_cpu_s: float = 0.0
     cores: float = 0.0  # 0: the cores this process may run on
     service_scale: float = 1.0  # batches take this many times as long as profiled, load aside (drift)
+    max_batch_seeds: float = math.inf  # --max-batch-seeds
+    max_batch_requests: float = math.inf  # --max-batch-requests
 
     def __post_init__(self):
         if not 1 <= self.request_seeds <= MAX_REQUEST_SEEDS:
             raise ValueError(f"request_seeds must be within [1, {MAX_REQUEST_SEEDS}], got {self.request_seeds}")
+        if not (self.max_batch_seeds >= 1 and self.max_batch_requests >= 1):
+            raise ValueError("max_batch_seeds and max_batch_requests must be >= 1")
         if self.frontend_cpu_s < 0 or self.colocated_cpu_s < 0 or self.cores < 0:
             raise ValueError("frontend_cpu_s, colocated_cpu_s and cores must be >= 0")
         if not self.service_scale > 0:
             raise ValueError(f"service_scale must be > 0, got {self.service_scale}")
 
     @classmethod
-    def from_policy(cls, pc, request_seeds: float | None = None) -> ServingLoad:
+    def from_policy(cls, pc, request_seeds: float | None = None, batcher=None) -> ServingLoad:
         """What a PolicyConfig's flags say (request_seeds: the live mean, if measured, at
-        most MAX_REQUEST_SEEDS)."""
+        most MAX_REQUEST_SEEDS), with a BatcherConfig's caps when given."""
+        caps = {} if batcher is None else {"max_batch_seeds": batcher.max_batch_seeds,
+                                           "max_batch_requests": batcher.max_batch_requests}
         return cls(request_seeds=min(request_seeds or pc.request_seeds, MAX_REQUEST_SEEDS),
                    frontend_cpu_s=pc.frontend_cpu_us * 1e-6,
-                   colocated_cpu_s=pc.colocated_cpu_us * 1e-6, service_scale=pc.service_scale)
+                   colocated_cpu_s=pc.colocated_cpu_us * 1e-6, service_scale=pc.service_scale, **caps)
+
+    def batch_bound(self, bound: float, mean_seed_psgs: float, mean_request_psgs: float) -> float:
+        """The PSGS a batch can reach under `bound` once the batcher's seed and request caps
+        are counted too, each at the mean PSGS of a seed or a request (admission's full
+        batch does the same): simulated with the bound alone, batches of one request
+        (--max-batch-requests 1) were taken for batches of hundreds."""
+        return min(bound, self.max_batch_seeds * mean_seed_psgs, self.max_batch_requests * mean_request_psgs)
 
     @property
     def available_cores(self) -> float:
@@ -173,6 +187,7 @@ class Simulator:
         self.unit_arrivals = np.cumsum(rng.exponential(1.0, requests))  # at 1 request/s
         req_psgs = request_psgs(rng, seed_psgs, requests, load.request_seeds)
         self.mean_request_psgs = float(req_psgs.mean())
+        self.mean_seed_psgs = float(seed_psgs.mean())
         self.cum_psgs = np.concatenate([[0.0], np.cumsum(req_psgs)])
         self.batch_ratios = rng.choice(pipeline.ratios, size=requests)
         self.warmup = requests // 10
@@ -188,7 +203,7 @@ class Simulator:
         extra = self.load.frontend_cpu_s + loop_wait
         done, over = finish_times(arrivals, self.cum_psgs, self.batch_ratios, self.pipeline.knots_log_psgs,
                                    self.pipeline.knots_seconds, self.pipeline.last_psgs, self.pipeline.workers,
-                                   self.wait, float(bound), stretch, within - extra, self.warmup,
+                                   self.wait, self._bound(bound), stretch, within - extra, self.warmup,
                                    late_limit(len(arrivals) - self.warmup))
         if over:
             return np.full(1, math.inf)
@@ -199,9 +214,12 @@ class Simulator:
         lat = self.latencies(requests_per_s, bound, within)
         return float(np.quantile(lat, 0.99)) if np.all(np.isfinite(lat)) else math.inf
 
+    def _bound(self, bound: float) -> float:
+        return float(self.load.batch_bound(bound, self.mean_seed_psgs, self.mean_request_psgs))
+
     def capacity(self, bound: float) -> float:
         """Requests/s the workers sustain with batches at the bound and no front-end stretch."""
-        per_batch = max(bound, self.mean_request_psgs)
+        per_batch = max(self._bound(bound), self.mean_request_psgs)
         seconds = self.pipeline.mean_seconds(per_batch) * self.load.service_scale
         workers = self.pipeline.workers * (per_batch / self.mean_request_psgs) / seconds
         return min(workers, frontend_capacity(self.load.frontend_cpu_s))
@@ -296,6 +314,7 @@ class SharedDeviceSimulator:
             self._draws[lane] = (np.cumsum(rng.exponential(1.0, requests)), np.concatenate([[0.0], np.cumsum(req)]),
                                  rng.choice((gpu if lane == "gpu" else cpu_host).ratios, size=requests))
         self.mean_request_psgs = float(seed_psgs.mean()) * k
+        self.mean_seed_psgs = float(seed_psgs.mean())
         self.warmup = requests // 10
 
     def latencies(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float,
@@ -305,6 +324,7 @@ class SharedDeviceSimulator:
         once the p99 of both is sure to exceed `within` (the simulation stops there)."""
         total = cpu_rate + gpu_rate
         load = self.load
+        cpu_bound, gpu_bound = self._bound(cpu_bound), self._bound(gpu_bound)
         stretch = self.cpu_host.stretch(total, load) * load.service_scale
         loop_wait = frontend_wait_p99_s(total, load.frontend_cpu_s)
         rates = {"cpu": cpu_rate, "gpu": gpu_rate}
@@ -327,6 +347,9 @@ class SharedDeviceSimulator:
         return {lane: (finish - arrivals[lane] + extra)[self.warmup:]
                 for lane, finish in zip(("cpu", "gpu"), done, strict=True) if rates[lane] > 0}
 
+    def _bound(self, bound: float) -> float:
+        return float(self.load.batch_bound(bound, self.mean_seed_psgs, self.mean_request_psgs))
+
     def p99(self, cpu_rate: float, cpu_bound: float, gpu_rate: float, gpu_bound: float,
             within: float = math.inf) -> float:
         """p99 over every request of both lanes (what clients see); inf as soon as it is
@@ -345,7 +368,7 @@ class SharedDeviceSimulator:
         mean = max(self.mean_request_psgs, 1e-9)
 
         def per_batch(bound: float) -> tuple[float, float]:  # (PSGS, requests) of a batch at the bound
-            psgs = max(bound, mean)
+            psgs = max(self._bound(bound), mean)
             return psgs, psgs / mean
 
         psgs, n = per_batch(cpu_bound)

@@ -474,3 +474,33 @@ def test_an_infinite_cost_is_refused_as_the_flag_not_as_the_slo(field):
 
     with pytest.raises(ValueError, match="each finite"):
         PolicyConfig(**{field: math.inf})
+
+
+def test_the_batchers_seed_and_request_caps_bound_the_simulated_batches():
+    """The simulator closed batches by PSGS alone: with --max-batch-requests 1 a pipeline
+    whose batches cost 10 ms whatever their size was predicted to serve hundreds of
+    requests/s by batching them, where one at a time it serves 100."""
+    import dataclasses
+
+    uncapped = Simulator(constant(0.010), np.array([5.0]), QUIET, batching_wait_s=0.001)
+    assert uncapped.max_rate(0.1, bound=1000.0)[0] > 1000
+    for caps in ({"max_batch_requests": 1}, {"max_batch_seeds": 1}):
+        load = dataclasses.replace(QUIET, **caps)
+        capped = Simulator(constant(0.010), np.array([5.0]), load, batching_wait_s=0.001)
+        rate, p99 = capped.max_rate(0.1, bound=1000.0)
+        assert 50 < rate <= 100 and p99 <= 0.1, (caps, rate)
+        assert capped.capacity(1000.0) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="max_batch_seeds"):
+        ServingLoad(max_batch_requests=0)
+    # both lanes on one GPU: batches of 100 requests take the CPU lane's workers as long
+    # as one, unless the batcher takes one request a batch
+    from hybridgnn.scheduler.queueing import SharedDeviceSimulator
+
+    def shared(load):
+        return SharedDeviceSimulator(constant(0.004, workers=4, cores_used=0.0), constant(0.001),
+                                     constant(0.002, workers=2, cores_used=0.0), np.array([5.0]), load,
+                                     batching_wait_s=0.0)
+
+    one = dataclasses.replace(QUIET, max_batch_requests=1)
+    assert shared(one).cpu_capacity(500.0, 0.0, 500.0) == pytest.approx(1000.0)  # the device: 1 ms a request
+    assert shared(QUIET).cpu_capacity(500.0, 0.0, 500.0) > 10_000
