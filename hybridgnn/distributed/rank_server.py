@@ -31,8 +31,8 @@ from hybridgnn.distributed.driver import environment
 from hybridgnn.distributed.part_updates import PartUpdater
 from hybridgnn.distributed.partition import Partition, compute_partition, resolve_method
 from hybridgnn.distributed.serving_part import open_serving_part
-from hybridgnn.embeddings.newnodes import unique_ints
-from hybridgnn.errors import ConfigError, RemovedNode, ServingError
+from hybridgnn.embeddings.newnodes import MODES, POLICIES, unique_ints
+from hybridgnn.errors import BadRequest, ConfigError, RemovedNode, ServingError
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
 from hybridgnn.serving.ipc import ranks as wire
@@ -94,11 +94,49 @@ def _partition(graph, method: str, rank: int, world: int, cache_root: Path | Non
     return Partition(method, world, owner=broadcast(owner).numpy())
 
 
+def _checked(ev: PartitionedEvaluator, kind: int, payload) -> tuple[dict, list[np.ndarray]]:
+    """The call's head and arrays; BadRequest when they are not what its kind takes. Every
+    rank checks the same bytes against the same state before any collective, so a broken
+    call (another build's, or not the engine's) is one error answer on every rank, never a
+    rank that exits and takes its group with it."""
+    try:
+        head, arrays = wire.decode(payload)
+    except WireError as exc:
+        raise BadRequest(f"a broken call to the partition ranks: {exc}") from None
+
+    def ids_in(a, bound: int, shape_ok: bool) -> bool:
+        return shape_ok and a.dtype.kind in "iu" and (a.size == 0 or (int(a.min()) >= 0 and int(a.max()) < bound))
+
+    n = ev.part.num_nodes
+    if kind in (wire.EXISTING, wire.LOOKUP):
+        ok = len(arrays) == 1 and ids_in(arrays[0], n, arrays[0].ndim == 1)
+        ok = ok and (kind == wire.EXISTING or isinstance(head.get("with_embeddings"), bool))
+    elif kind == wire.NEW_NODES:
+        named_from = head.get("num_nodes", n)
+        ok = (len(arrays) == 2 and isinstance(named_from, int) and 0 <= named_from <= n
+              and head.get("mode") in MODES and head.get("policy") in POLICIES
+              and isinstance(head.get("gamma"), (int, float)) and isinstance(head.get("seed", 0), int)
+              and arrays[0].ndim == 2 and arrays[0].dtype.kind == "f"
+              and arrays[0].shape[1] == ev.part.features.shape[1])
+        fanouts = head.get("fanouts")
+        ok = ok and (head["mode"] != "sampled" or (isinstance(fanouts, list) and len(fanouts) >= ev.model.num_layers
+                                                   and all(isinstance(f, int) for f in fanouts)))
+        ok = ok and ids_in(arrays[1], named_from + len(arrays[0]), arrays[1].ndim == 2 and arrays[1].shape[0] == 2)
+    elif kind == wire.UPDATE:
+        ok = len(arrays) == 6 and all(np.asarray(a).dtype.kind == k for a, k in zip(arrays, "iifiif", strict=True))
+    else:
+        ok = kind == wire.RESET
+    if not ok:
+        raise BadRequest(f"a call of kind {kind} with a head {sorted(head)} and arrays "
+                         f"{[(a.dtype.str, list(a.shape)) for a in arrays]} is not one the partition ranks take")
+    return head, arrays
+
+
 def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | None:
     """One call on this rank; rank 0's answer frame (a result or the request's error)."""
-    head, arrays = wire.decode(payload)
     t0 = time.perf_counter()
     try:
+        head, arrays = _checked(ev, kind, payload)
         if kind == wire.UPDATE:
             return _update(ev, head, arrays, rid)
         if kind == wire.RESET:
@@ -125,8 +163,6 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
                 res = ev.infer_existing(arrays[0], count_bytes=True)
             else:
                 res = ev.lookup(arrays[0], with_embeddings=bool(head["with_embeddings"]), count_bytes=True)
-        else:
-            raise WireError(f"unknown call kind {kind}")
     except ServingError as exc:  # the request's own fault: every rank finds it the same way
         return wire.encode(wire.ERROR, rid, {"status": exc.status, "message": exc.message})
     if res is None:
@@ -150,10 +186,7 @@ def _update(ev: PartitionedEvaluator, head: dict, arrays: list[np.ndarray], rid:
     """A graph-update batch, checked only or applied (then the embeddings refreshed); the
     report, or the error refusing the batch, is the same on every rank. A failure past the
     check propagates: this rank's state is half-applied, so it exits and the group restarts."""
-    try:
-        batch = UpdateBatch.from_arrays(arrays)
-    except ValueError as exc:
-        raise WireError(str(exc)) from None
+    batch = UpdateBatch.from_arrays(arrays)  # _checked saw its six arrays
     if head.get("check_only"):
         report = {"new_nodes": ev.updater.check(batch)}
     else:

@@ -195,3 +195,35 @@ def test_metadata_counts_the_edges_of_the_graph_the_ranks_serve(tiny_dataset, ti
     stored, added, now = _run(scenario, tiny_dataset, tiny_model_pe)
     assert (stored, added) == (graph.num_edges, graph.num_edges + 3)
     assert now == one_process.num_edges < added
+
+
+def test_a_call_the_ranks_cannot_take_is_a_400_on_every_rank_and_the_next_is_served(tiny_dataset, tiny_model_pe):
+    """Another build's call, or bytes that are not the engine's (a TCP rank 0 is reachable
+    by anyone on its network), would raise in the middle of every rank's loop: the ranks
+    exited and the group was down until restarted."""
+    ranks = OneRank(tiny_dataset, tiny_model_pe)
+    n, f = ranks.ev.part.num_nodes, ranks.ev.part.features.shape[1]
+    feats, edges = np.ones((1, f), np.float32), np.array([[n], [3]])
+    new = {"mode": "pe", "gamma": 0.1, "policy": "ratio", "num_nodes": n}
+    broken = [(42, b""),  # an unknown kind: its payload is no frame at all
+              (42, wire.encode(0, 0, {}, ())[9:]),
+              (wire.EXISTING, b"\x00\x00\x00\x07{\"a\":1}"),  # truncated
+              (wire.EXISTING, wire.encode(0, 0, {}, ())[9:]),
+              (wire.EXISTING, wire.encode(0, 0, {}, (np.array([n + 5]),))[9:]),
+              (wire.EXISTING, wire.encode(0, 0, {}, (np.array([[1, 2]]),))[9:]),
+              (wire.LOOKUP, wire.encode(0, 0, {}, (np.array([1]),))[9:]),
+              (wire.NEW_NODES, wire.encode(0, 0, {**new, "mode": "nope"}, (feats, edges))[9:]),
+              (wire.NEW_NODES, wire.encode(0, 0, {**new, "gamma": "x"}, (feats, edges))[9:]),
+              (wire.NEW_NODES, wire.encode(0, 0, {**new, "mode": "sampled"}, (feats, edges))[9:]),
+              (wire.NEW_NODES, wire.encode(0, 0, new, (np.ones((1, f + 1), np.float32), edges))[9:]),
+              (wire.NEW_NODES, wire.encode(0, 0, new, (feats, np.array([[n + 1], [3]])))[9:]),
+              (wire.NEW_NODES, wire.encode(0, 0, new, (feats,))[9:]),
+              (wire.UPDATE, wire.encode(0, 0, {}, (np.array([1.5]),))[9:])]
+    for kind, payload in broken:
+        frame = rank_server.run(ranks.ev, kind, memoryview(payload), 9)
+        assert frame[4] == wire.ERROR and int.from_bytes(frame[5:9], "little") == 9, (kind, payload)
+        out, _ = wire.decode(memoryview(frame)[9:])
+        assert out["status"] == 400 and "partition ranks" in out["message"], out
+    out, rows = ranks._call("new_nodes", new, (feats, edges))
+    assert rows[0].shape == (1, ranks.ev.model.out_dim)
+    assert len(ranks._call("existing", {}, (np.array([1, 2]),))[1][0]) == 2
