@@ -58,6 +58,7 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
     from hybridgnn.graph.store import GraphStore
     from hybridgnn.models.checkpoint import load_checkpoint
     from hybridgnn.models.gnn import embedding_width
+    from hybridgnn.updates.snapshot import model_fingerprint
 
     graph = GraphStore.open(opts.dataset)
     model, _ = load_checkpoint(opts.model)
@@ -76,6 +77,7 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
     memory = [None] * world
     dist.all_gather_object(memory, part.memory_bytes())
     info = {"ranks": world, "partition": partition.method, "num_nodes": graph.num_nodes,
+            "dataset_fingerprint": graph.fingerprint, "model_fingerprint": model_fingerprint(opts.model),
             "num_edges": graph.num_edges, "feature_dim": graph.feature_dim, "out_dim": model.out_dim,
             "embedding_dim": embedding_width(model), "precomputed": store is not None,
             "memory_bytes": memory, "pid": os.getpid()}

@@ -50,6 +50,7 @@ class RankGroup:
         self.cfg = cfg.partitions
         self.world = self.cfg.partitions
         self._dataset, self._model = cfg.dataset_dir, cfg.model_dir
+        self._expected: dict | None = None  # what rank 0's HELLO must say (made at the first)
         self._local = self.cfg.ranks is None
         self._dir: str | None = None  # made at start (0700: only this user reaches rank 0)
         self.address = self.cfg.ranks or ""
@@ -91,6 +92,7 @@ class RankGroup:
             if kind != wire.HELLO:
                 raise WireError(f"rank 0 said {kind} before HELLO")
             info, _ = wire.decode(payload)
+            self._check_hello(info)
         except BaseException:
             link.close()
             raise
@@ -109,6 +111,23 @@ class RankGroup:
             if self._link is None:  # lost while preparing
                 raise ConfigError(f"partition ranks went down while being prepared: {self.why_down}")
             self.up, self.why_down = True, ""
+
+    def _check_hello(self, info: dict) -> None:
+        """ConfigError unless rank 0's group is this server's: as many ranks, the same
+        dataset and model. Ranks elsewhere (--ranks) may have been started with others, and
+        their answers (and a replay of this server's update log into them) would be wrong."""
+        from hybridgnn.graph.store import GraphStore
+        from hybridgnn.updates.snapshot import model_fingerprint
+
+        if self._expected is None:
+            self._expected = {"ranks": self.world, "dataset_fingerprint": GraphStore.open(self._dataset).fingerprint,
+                              "model_fingerprint": model_fingerprint(self._model)}
+        wrong = [f"{key} {info.get(key)!r}, not {want!r}" for key, want in self._expected.items()
+                 if info.get(key) != want]
+        if wrong:
+            raise ConfigError(f"the partition ranks at {self.address} are not this server's ({'; '.join(wrong)}): "
+                              f"start them with this server's --dataset {self._dataset} and --model {self._model}, "
+                              "and as many ranks as --partitions")
 
     def _spawn(self) -> None:
         port = free_port()

@@ -208,6 +208,40 @@ def test_ranks_started_by_torchrun_serve_and_rejoin_after_torchrun_restarts_them
         stop_process(torchrun, 30)
 
 
+def test_ranks_of_another_model_or_group_size_are_refused_at_start_in_one_line(tmp_path, tiny_dataset, tiny_model_pe):
+    """--ranks may reach ranks started with another model: the server served their answers
+    under its own model's name (and would replay its update log into them)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from hybridgnn.models.checkpoint import save_checkpoint
+    from hybridgnn.models.gnn import GNN, ModelSpec
+    from tests.support.server import free_port, stop_process
+
+    torch.manual_seed(7)
+    other = tmp_path / "other"
+    save_checkpoint(GNN(ModelSpec("sage", 16, 16, 4, num_layers=2)).eval(), other)
+    listen = f"127.0.0.1:{free_port()}"
+    torchrun = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+         "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "rank", "--dataset", str(tiny_dataset), "--model",
+         str(tiny_model_pe), "--listen", listen, "--partition", "ranges"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for model, partitions, wrong in ((other, "2", "model_fingerprint"), (tiny_model_pe, "3", "ranks 2, not 3")):
+            done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "ERROR", "serve",
+                                   "--dataset", str(tiny_dataset), "--model", str(model), "--partitions", partitions,
+                                   "--ranks", listen, "--port", "0"], capture_output=True, text=True, timeout=150)
+            assert done.returncode == 2, done.stderr[-2000:]
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.startswith("hybridgnn serve: error: the partition ranks at") and wrong in last, last
+    finally:
+        os.killpg(torchrun.pid, signal.SIGTERM)
+        stop_process(torchrun, 30)
+
+
 def test_a_model_without_merge_functions_is_refused_at_start_in_one_line(tmp_path, tiny_dataset):
     import subprocess
     import sys
