@@ -266,7 +266,9 @@ def _serve_link(ev: PartitionedEvaluator, link: wire.Link, opts: RankOptions) ->
     """Calls from one engine link until it closes (False) or says STOP (True)."""
     while True:
         try:
-            kind, rid, payload = link.recv(opts.heartbeat_s)
+            # a frame cut short must not hold rank 0 past the followers' timeout: they wait
+            # in the broadcast of the next call
+            kind, rid, payload = link.recv(opts.heartbeat_s, opts.timeout_s / 2)
         except (TimeoutError, socket.timeout):
             if _orphaned():
                 _share(wire.STOP)

@@ -88,7 +88,8 @@ class RankGroup:
             self._spawn()
         link = self._connect(deadline)
         try:
-            kind, _, payload = link.recv(max(0.1, deadline - time.monotonic()))
+            left = max(0.1, deadline - time.monotonic())
+            kind, _, payload = link.recv(left, left)
             if kind != wire.HELLO:
                 raise WireError(f"rank 0 said {kind} before HELLO")
             info, _ = wire.decode(payload)
@@ -244,7 +245,7 @@ class RankGroup:
                 # still bounded by the ranks' own timeout, so a dead rank ends it anyway.
                 wait_s = (self.cfg.timeout_s + 5.0) * (UPDATE_WAIT_FACTOR if name == "update" else 1)
                 self._await_answer(wait_s)
-                kind, rid, payload = self._link.recv(wait_s)
+                kind, rid, payload = self._link.recv(wait_s, wait_s)
                 if rid != self._rid or kind not in (wire.RESULT, wire.ERROR):
                     raise WireError(f"answer {kind} for call {rid}, expected one for {self._rid}")
                 out, rows = wire.decode(payload)

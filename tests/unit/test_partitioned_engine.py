@@ -382,6 +382,38 @@ def test_a_broken_rank_frame_is_a_wire_error_never_a_crash(junk):
         wire.decode(memoryview(frame)[9:-1])  # arrays longer than the payload
 
 
+class StalledSocket:
+    """A socket that holds `data` and then, as a sender that stopped mid-frame, nothing:
+    a recv without a timeout would block for ever."""
+
+    def __init__(self, data: bytes):
+        self.data, self.timeout = data, None
+
+    def settimeout(self, timeout):
+        self.timeout = timeout
+
+    def recv(self, n: int) -> bytes:
+        if not self.data:
+            if self.timeout is None:
+                raise AssertionError("blocked for ever on a frame cut short")
+            raise TimeoutError
+        chunk, self.data = self.data[:min(n, 3)], self.data[min(n, 3):]  # a few bytes at a time
+        return chunk
+
+
+def test_a_frame_cut_short_is_a_wire_error_within_its_bound_never_a_wait_for_ever():
+    """Rank 0 read the rest of a frame without a timeout: a sender stopped mid-frame held it
+    past the followers' timeout (the group died), and the engine's call held the link's
+    lock, so the supervisor could not even mark the group down."""
+    frame = wire.encode(wire.LOOKUP, 3, {"with_embeddings": True}, (np.arange(5),))
+    assert wire.Link(StalledSocket(frame)).recv(1.0, 1.0)[:2] == (wire.LOOKUP, 3)
+    for cut in (4, len(frame) - 2):  # in the frame's header, in its payload
+        with pytest.raises(WireError, match="cut short"):
+            wire.Link(StalledSocket(frame[:cut])).recv(1.0, 0.05)
+    with pytest.raises(TimeoutError):  # no frame started: an idle link, the caller's to judge
+        wire.Link(StalledSocket(b"")).recv(0.05, 0.05)
+
+
 def test_rank_addresses_are_checked():
     assert wire._family("unix:/tmp/x.sock")[1] == "/tmp/x.sock"
     assert wire._family("10.0.0.1:7700")[1] == ("10.0.0.1", 7700)

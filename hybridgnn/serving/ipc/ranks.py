@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import time
 
 import numpy as np
 
@@ -71,7 +72,8 @@ def decode(payload: memoryview | bytes) -> tuple[dict, list[np.ndarray]]:
 
 class Link:
     """One blocking, framed connection (either end). recv() raises ConnectionError when
-    the other end is gone and TimeoutError when nothing came within the timeout."""
+    the other end is gone, TimeoutError when no frame started within the timeout, and
+    WireError when a frame that started did not end within its bound."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -79,19 +81,31 @@ class Link:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def recv(self, timeout_s: float | None) -> tuple[int, int, memoryview]:
+    def recv(self, timeout_s: float | None, rest_s: float | None = None) -> tuple[int, int, memoryview]:
+        """The next frame, waiting up to timeout_s for it to start and then up to rest_s for
+        the rest (None: for ever). Past rest_s the stream is out of step: a WireError, never
+        the TimeoutError of an idle link, so the caller drops the link instead of reading on."""
         self.sock.settimeout(timeout_s)
-        head = self._exactly(FRAME.size)
-        length, kind, rid = FRAME.unpack(head)
+        first = self.sock.recv(FRAME.size)
+        if not first:
+            raise ConnectionError("the other end closed the link")
+        deadline = None if rest_s is None else time.monotonic() + rest_s
+        length, kind, rid = FRAME.unpack(first + self._exactly(FRAME.size - len(first), deadline))
         if not 5 <= length <= MAX_FRAME:
             raise WireError(f"frame length {length}")
-        self.sock.settimeout(None)  # the rest of a frame that started is on its way
-        return kind, rid, memoryview(self._exactly(length - 5))
+        return kind, rid, memoryview(self._exactly(length - 5, deadline))
 
-    def _exactly(self, n: int) -> bytes:
+    def _exactly(self, n: int, deadline: float | None) -> bytes:
         chunks, got = [], 0
         while got < n:
-            chunk = self.sock.recv(min(n - got, 1 << 20))
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                self.sock.settimeout(left)
+                chunk = self.sock.recv(min(n - got, 1 << 20))
+            except TimeoutError:  # a sender that stopped (or trickles) mid-frame
+                raise WireError(f"a frame cut short: {got} of {n} bytes came in time") from None
             if not chunk:
                 raise ConnectionError("the other end closed the link")
             chunks.append(chunk)
