@@ -89,10 +89,14 @@ class RankGroup:
         link = self._connect(deadline)
         try:
             left = max(0.1, deadline - time.monotonic())
-            kind, _, payload = link.recv(left, left)
-            if kind != wire.HELLO:
-                raise WireError(f"rank 0 said {kind} before HELLO")
+            _, _, payload = link.recv(left, left, kinds=(wire.HELLO,))
             info, _ = wire.decode(payload)
+        except (OSError, WireError) as exc:  # no HELLO: whatever listens there is not a rank 0
+            link.close()
+            hint = "" if self._local else "; start the ranks with `hybridgnn rank` under torchrun"
+            raise ConfigError(f"what answers at {self.address} did not greet as partition rank 0 ({exc}){hint}") \
+                from None
+        try:
             self._check_hello(info)
         except BaseException:
             link.close()
@@ -245,8 +249,8 @@ class RankGroup:
                 # still bounded by the ranks' own timeout, so a dead rank ends it anyway.
                 wait_s = (self.cfg.timeout_s + 5.0) * (UPDATE_WAIT_FACTOR if name == "update" else 1)
                 self._await_answer(wait_s)
-                kind, rid, payload = self._link.recv(wait_s, wait_s)
-                if rid != self._rid or kind not in (wire.RESULT, wire.ERROR):
+                kind, rid, payload = self._link.recv(wait_s, wait_s, kinds=(wire.RESULT, wire.ERROR))
+                if rid != self._rid:
                     raise WireError(f"answer {kind} for call {rid}, expected one for {self._rid}")
                 out, rows = wire.decode(payload)
             except (OSError, WireError) as exc:  # ConnectionError and TimeoutError are OSErrors

@@ -242,6 +242,31 @@ def test_ranks_of_another_model_or_group_size_are_refused_at_start_in_one_line(t
         stop_process(torchrun, 30)
 
 
+def test_ranks_pointing_at_what_is_no_rank_0_is_refused_at_start_in_one_line(tiny_dataset, tiny_model_pe):
+    """Its first bytes read as a frame of up to 2 GB: the server waited for the rest for ever."""
+    import contextlib
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    with socket.create_server(("127.0.0.1", 0)) as other:  # say, an SSH server
+        def greet():
+            conn, _ = other.accept()
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                conn.recv(1)  # until the server hangs up
+
+        threading.Thread(target=greet, daemon=True).start()
+        done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "ERROR", "serve", "--dataset",
+                               str(tiny_dataset), "--model", str(tiny_model_pe), "--partitions", "2", "--ranks",
+                               f"127.0.0.1:{other.getsockname()[1]}", "--port", "0"],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hybridgnn serve: error: what answers at") and "did not greet as partition rank 0" in last
+
+
 def test_a_model_without_merge_functions_is_refused_at_start_in_one_line(tmp_path, tiny_dataset):
     import subprocess
     import sys

@@ -81,10 +81,14 @@ class Link:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def recv(self, timeout_s: float | None, rest_s: float | None = None) -> tuple[int, int, memoryview]:
+    def recv(self, timeout_s: float | None, rest_s: float | None = None,
+             kinds: tuple[int, ...] | None = None) -> tuple[int, int, memoryview]:
         """The next frame, waiting up to timeout_s for it to start and then up to rest_s for
         the rest (None: for ever). Past rest_s the stream is out of step: a WireError, never
-        the TimeoutError of an idle link, so the caller drops the link instead of reading on."""
+        the TimeoutError of an idle link, so the caller drops the link instead of reading on.
+        A frame of a kind not in `kinds` (None: any) is a WireError before its payload is
+        read: a peer that is no rank (its first bytes read as a length of up to 2 GB) is
+        refused at once."""
         self.sock.settimeout(timeout_s)
         first = self.sock.recv(FRAME.size)
         if not first:
@@ -93,6 +97,8 @@ class Link:
         length, kind, rid = FRAME.unpack(first + self._exactly(FRAME.size - len(first), deadline))
         if not 5 <= length <= MAX_FRAME:
             raise WireError(f"frame length {length}")
+        if kinds is not None and kind not in kinds:
+            raise WireError(f"a frame of kind {kind}, not one of {list(kinds)}")
         return kind, rid, memoryview(self._exactly(length - 5, deadline))
 
     def _exactly(self, n: int, deadline: float | None) -> bytes:
