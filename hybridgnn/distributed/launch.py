@@ -55,6 +55,17 @@ def _culprit(failed: list[tuple[int, int]], errors: list[Path],
     return failed[0]
 
 
+def _as_rank(parent: int, c) -> None:
+    """In a rank, before it runs: it ends with the launcher, and leaves Ctrl-C to it."""
+    # a launcher killed with -9 takes its ranks with it: left running, they wrote the
+    # store beside the next run's ranks
+    die_with_parent(parent, c)
+    # Ctrl-C reaches the terminal's whole process group: each rank said "interrupted"
+    # beside the launcher's line (Python keeps a SIGINT ignored at its start ignored);
+    # the launcher stops them with SIGTERM
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -> int:
     """Run `hybridgnn <argv>` as ranks 0..world-1 and return 0, or 1 with one line on stderr."""
     port = free_port()
@@ -68,9 +79,7 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
                 procs.append(subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", *argv],
                                               env=rank_environment(rank, world, port, threads, errors[rank]),
                                               stdout=quiet, stderr=quiet,
-                                              # a launcher killed with -9 takes its ranks with it: left
-                                              # running, they wrote the store beside the next run's ranks
-                                              preexec_fn=lambda: die_with_parent(parent, c)))
+                                              preexec_fn=lambda: _as_rank(parent, c)))
         except OSError as exc:  # out of processes or memory: those started would wait for the rest
             for p in procs:
                 p.kill()
@@ -94,6 +103,8 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
                 if failed or all(c == 0 for c in codes):
                     break
                 time.sleep(poll_s)  # poll interval: ranks run for minutes
+            if stopping and all(p.poll() == 0 for p in procs):
+                stopping.clear()  # the signal came as the run ended: the store is complete
             running = []
             if failed and not stopping and all(c > 0 and _lost_peer(errors[r]) for r, c in failed):
                 # they only lost a peer: one still running when the rest have failed too is

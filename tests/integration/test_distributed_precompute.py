@@ -268,6 +268,48 @@ def test_a_launcher_killed_with_sigkill_leaves_no_rank_running(tmp_path, graph_d
     assert_equal_stores(expected, EmbeddingStore.open(path, graph.fingerprint))
 
 
+def test_ctrl_c_stops_the_ranks_with_one_line_and_a_rerun_resumes(tmp_path, graph_dir):
+    """Ctrl-C reaches the terminal's whole process group: each rank said "interrupted"
+    beside the launcher's own line."""
+    torch.manual_seed(3)
+    model = GNN(ModelSpec("sage", 12, 16, 4, num_layers=4)).eval()
+    path = tmp_path / "m"
+    save_checkpoint(model, path)
+    graph = GraphStore.open(graph_dir)
+    root = embeddings_dir(path, graph.fingerprint)
+    cmd = [sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir), "--model",
+           str(path), "--nprocs", "2", "--partition", "ranges"]
+    # small batches: the ranks are still at work when Ctrl-C comes; a group of its own, as a terminal's job
+    launcher = subprocess.Popen([*cmd, "--batch-size", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        state = root / "state.json"
+        while time.monotonic() < deadline and launcher.poll() is None and not (
+                state.is_file() and json.loads(state.read_text()).get("layer", 0) >= 1):
+            time.sleep(0.01)  # poll interval, bounded by the deadline
+        ranks = rank_pids(launcher.pid)
+        assert len(ranks) == 2, "the ranks were not found running"
+        os.kill(ranks[1], signal.SIGSTOP)  # held mid-run: the run cannot finish before Ctrl-C
+        os.killpg(launcher.pid, signal.SIGINT)
+        os.kill(ranks[1], signal.SIGCONT)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 1
+    lines = [line for line in err.splitlines() if line.startswith("hybridgnn precompute:")]
+    assert len(lines) == 1 and "stopped by SIGINT" in lines[0], err[-2000:]
+    assert not rank_pids(launcher.pid) and not any((Path("/proc") / str(pid)).exists() for pid in ranks.values())
+    assert EmbeddingStore.open(path, graph.fingerprint) is None
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    expected_dir = tmp_path / "single"
+    save_checkpoint(model, expected_dir)
+    expected = precompute(graph, load_checkpoint(expected_dir)[0], expected_dir, progress=False)
+    assert_equal_stores(expected, EmbeddingStore.open(path, graph.fingerprint))
+
+
 def test_a_rank_that_hangs_is_the_one_named_when_the_others_time_out(tmp_path, graph_dir):
     """A rank that stops answering (here SIGSTOP) fails the run within --timeout-s, and the
     line names it, not one of the ranks that only waited for it and timed out."""
