@@ -268,26 +268,27 @@ def test_a_launcher_killed_with_sigkill_leaves_no_rank_running(tmp_path, graph_d
     assert_equal_stores(expected, EmbeddingStore.open(path, graph.fingerprint))
 
 
-def test_ctrl_c_stops_the_ranks_with_one_line_and_a_rerun_resumes(tmp_path, graph_dir):
+def test_ctrl_c_stops_the_ranks_with_one_line_and_a_rerun_resumes(tmp_path):
     """Ctrl-C reaches the terminal's whole process group: each rank said "interrupted"
     beside the launcher's own line."""
+    graph_dir = tmp_path / "g"  # large enough that a layer takes a while: Ctrl-C comes mid-run
+    generate_csbm(graph_dir, num_nodes=30000, num_classes=4, feature_dim=12, avg_degree=7, feature_signal=0.3, seed=5)
     torch.manual_seed(3)
-    model = GNN(ModelSpec("sage", 12, 16, 4, num_layers=4)).eval()
+    model = GNN(ModelSpec("sage", 12, 128, 4, num_layers=4)).eval()
     path = tmp_path / "m"
     save_checkpoint(model, path)
     graph = GraphStore.open(graph_dir)
     root = embeddings_dir(path, graph.fingerprint)
     cmd = [sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir), "--model",
-           str(path), "--nprocs", "2", "--partition", "ranges"]
-    # small batches: the ranks are still at work when Ctrl-C comes; a group of its own, as a terminal's job
-    launcher = subprocess.Popen([*cmd, "--batch-size", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+           str(path), "--nprocs", "2", "--partition", "ranges", "--threads-per-rank", "1"]
+    # a group of its own, as a terminal's job
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        state = root / "state.json"
-        while time.monotonic() < deadline and launcher.poll() is None and not (
-                state.is_file() and json.loads(state.read_text()).get("layer", 0) >= 1):
-            time.sleep(0.01)  # poll interval, bounded by the deadline
+        # rank 0 makes layer 2's file once both ranks finished layer 1: they compute layer 2 now
+        while time.monotonic() < deadline and launcher.poll() is None and not (root / "layer_2.npy").is_file():
+            time.sleep(0.005)  # poll interval, bounded by the deadline
         ranks = rank_pids(launcher.pid)
         assert len(ranks) == 2, "the ranks were not found running"
         os.kill(ranks[1], signal.SIGSTOP)  # held mid-run: the run cannot finish before Ctrl-C
