@@ -188,7 +188,10 @@ def _update(ev: PartitionedEvaluator, head: dict, arrays: list[np.ndarray], rid:
     """A graph-update batch, checked only or applied (then the embeddings refreshed); the
     report, or the error refusing the batch, is the same on every rank. A failure past the
     check propagates: this rank's state is half-applied, so it exits and the group restarts."""
-    batch = UpdateBatch.from_arrays(arrays)  # _checked saw its six arrays
+    try:
+        batch = UpdateBatch.from_arrays(arrays)  # _checked saw six arrays of the right kinds
+    except ValueError as exc:  # lengths that do not fit together: refused on every rank, nothing applied
+        raise BadRequest(f"a broken graph-update call to the partition ranks: {exc}") from None
     if head.get("check_only"):
         report = {"new_nodes": ev.updater.check(batch)}
     else:
