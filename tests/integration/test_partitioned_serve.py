@@ -16,9 +16,9 @@ from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore, hidden_rows
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint
-from tests.support.partitioned import random_query
+from tests.support.partitioned import random_query, torchrun_ranks
 from tests.support.reference import full_graph_forward
-from tests.support.server import ServerProcess, children_of, poll_ready
+from tests.support.server import ServerProcess, children_of, poll_ready, stop_process
 
 URL = "/v2/models/hybridgnn/infer"
 
@@ -175,19 +175,9 @@ def test_a_stopped_rank_turns_readiness_off_while_a_call_waits_for_it(partitione
 
 
 def test_ranks_started_by_torchrun_serve_and_rejoin_after_torchrun_restarts_them(tiny_dataset, tiny_model_pe):
-    import subprocess
-    import sys
-
-    from tests.support.server import free_port, stop_process
-
     graph = GraphStore.open(tiny_dataset)
     store = EmbeddingStore.open(tiny_model_pe, graph.fingerprint)
-    listen = f"127.0.0.1:{free_port()}"
-    torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "2",
-         "--master-port", str(free_port()), "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "rank",
-         "--dataset", str(tiny_dataset), "--model", str(tiny_model_pe), "--listen", listen, "--partition", "ranges"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    torchrun, listen = torchrun_ranks(tiny_dataset, tiny_model_pe, "--max-restarts", "2")
     server = None
     try:
         server = ServerProcess(tiny_dataset, tiny_model_pe, "--partitions", "2", "--ranks", listen).wait_ready(180)
@@ -218,17 +208,11 @@ def test_ranks_of_another_model_or_group_size_are_refused_at_start_in_one_line(t
 
     from hybridgnn.models.checkpoint import save_checkpoint
     from hybridgnn.models.gnn import GNN, ModelSpec
-    from tests.support.server import free_port, stop_process
 
     torch.manual_seed(7)
     other = tmp_path / "other"
     save_checkpoint(GNN(ModelSpec("sage", 16, 16, 4, num_layers=2)).eval(), other)
-    listen = f"127.0.0.1:{free_port()}"
-    torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-         "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "rank", "--dataset", str(tiny_dataset), "--model",
-         str(tiny_model_pe), "--listen", listen, "--partition", "ranges"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    torchrun, listen = torchrun_ranks(tiny_dataset, tiny_model_pe)
     try:
         for model, partitions, wrong in ((other, "2", "model_fingerprint"), (tiny_model_pe, "3", "ranks 2, not 3")):
             done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "ERROR", "serve",

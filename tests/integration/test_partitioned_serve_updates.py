@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import requests
 
-from tests.support.server import ServerProcess, children_of, poll_ready
+from tests.support.partitioned import torchrun_ranks
+from tests.support.server import ServerProcess, children_of, poll_ready, stop_process
 
 MODEL = "hybridgnn"
 TOKEN = "s3cret-token"
@@ -131,17 +132,7 @@ def _no_token_leak():
 def test_ranks_that_outlive_the_server_are_reset_before_the_next_one_replays(tmp_path, tiny_dataset, tiny_model_pe):
     """Ranks under torchrun keep running when a server stops; the next server, replaying the
     same log, must not apply its updates twice."""
-    import subprocess
-    import sys
-
-    from tests.support.server import free_port, stop_process
-
-    listen = f"127.0.0.1:{free_port()}"
-    torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-         "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "rank", "--dataset", str(tiny_dataset), "--model",
-         str(tiny_model_pe), "--listen", listen, "--partition", "ranges"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    torchrun, listen = torchrun_ranks(tiny_dataset, tiny_model_pe)
     log, server = tmp_path / "log.sqlite", None
     ids = np.array([5, 7, 3000])
     try:

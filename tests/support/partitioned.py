@@ -90,3 +90,21 @@ def random_query(num_nodes: int, feature_dim: int, q: int, edges_per_query: int,
     if q > 1:
         edges.append((num_nodes, num_nodes + 1))
     return feats, np.array(edges, dtype=np.int64).T
+
+
+def torchrun_ranks(dataset: Path, model_dir: Path, *extra: str):
+    """Two `hybridgnn rank` processes under torchrun, rank 0 listening on a free local port
+    (its own session, so a test can stop the group whole): (torchrun's Popen, the address
+    for `serve --ranks`). extra: more torchrun flags (--max-restarts 2)."""
+    import subprocess
+    import sys
+
+    from tests.support.server import free_port
+
+    listen = f"127.0.0.1:{free_port()}"
+    torchrun = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *extra,
+         "--master-port", str(free_port()), "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "rank",
+         "--dataset", str(dataset), "--model", str(model_dir), "--listen", listen, "--partition", "ranges"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return torchrun, listen
