@@ -53,6 +53,12 @@ def usable_cores() -> int:
     return CPU_COUNT if quota is None else max(1, min(CPU_COUNT, int(quota)))
 
 
+# Rank processes one machine may start per core (precompute --nprocs, serve --partitions):
+# each is a whole process with its own torch (hundreds of MB), and ranks past the cores
+# only take turns.
+RANKS_PER_CORE = 4
+
+
 def has_cuda() -> bool:
     """Whether torch sees a CUDA device (imports torch; cached as HAS_CUDA)."""
     if "HAS_CUDA" not in globals():

@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+from hybridgnn.capabilities import RANKS_PER_CORE
 from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 
 
@@ -138,10 +139,6 @@ def check_device(device: str) -> None:
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
-
-# Ranks --nprocs may start per core of this machine: each is a whole process with its own
-# torch (hundreds of MB), and ranks past the cores only take turns.
-RANKS_PER_CORE = 4
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
