@@ -59,6 +59,14 @@ def usable_cores() -> int:
 RANKS_PER_CORE = 4
 
 
+def check_local_ranks(flag: str, ranks: int, cores: int, elsewhere: str) -> None:
+    """ValueError (one line, naming the flag) when `ranks` processes are more than this
+    machine's `cores` can run; `elsewhere` says how to run them across machines."""
+    if ranks > RANKS_PER_CORE * cores:
+        raise ValueError(f"{flag} {ranks}: more ranks than this machine's {cores} cores can run (at most "
+                         f"{RANKS_PER_CORE * cores}); across machines, {elsewhere}")
+
+
 def has_cuda() -> bool:
     """Whether torch sees a CUDA device (imports torch; cached as HAS_CUDA)."""
     if "HAS_CUDA" not in globals():

@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from hybridgnn.capabilities import RANKS_PER_CORE
+from hybridgnn.capabilities import check_local_ranks
 from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
 
 
@@ -167,9 +167,7 @@ def check_nprocs(nprocs: int, num_nodes: int, cores: int) -> None:
     """--nprocs N ranks this machine can run, each owning at least one node."""
     if nprocs < 1:
         raise ValueError(f"--nprocs must be >= 1, got {nprocs}")
-    if nprocs > RANKS_PER_CORE * cores:
-        raise ValueError(f"--nprocs {nprocs}: more ranks than this machine's {cores} cores can run (at most "
-                         f"{RANKS_PER_CORE * cores}); across machines, start them with torchrun")
+    check_local_ranks("--nprocs", nprocs, cores, "start them with torchrun")
     if nprocs > num_nodes:
         raise ValueError(f"--nprocs {nprocs}: the graph has {num_nodes} nodes; a rank needs at least one")
 

@@ -236,16 +236,14 @@ def _unreadable(path: Path) -> str | None:
         return str(exc)
 
 
-def check_local_ranks(partitions: PartitionConfig) -> None:
+def check_partition_ranks(partitions: PartitionConfig) -> None:
     """--partitions N ranks started here (not --ranks elsewhere) that this machine can run:
     --partitions 1000 started a thousand torch processes."""
-    from hybridgnn.capabilities import RANKS_PER_CORE, usable_cores
+    from hybridgnn.capabilities import check_local_ranks, usable_cores
 
-    cores = usable_cores()
-    if partitions.ranks is None and partitions.partitions > RANKS_PER_CORE * cores:
-        raise ValueError(f"--partitions {partitions.partitions}: more ranks than this machine's {cores} cores can "
-                         f"run (at most {RANKS_PER_CORE * cores}); across machines, start them with torchrun and "
-                         "pass --ranks")
+    if partitions.ranks is None:
+        check_local_ranks("--partitions", partitions.partitions, usable_cores(),
+                          "start them with torchrun and pass --ranks")
 
 
 def build_config(args, probe_ports: bool = False) -> ServeConfig:
@@ -304,7 +302,7 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
     )
     if probe_ports:
         check_ports_free(cfg.server.host, (cfg.server.port, cfg.server.grpc_port))
-    check_local_ranks(cfg.partitions)
+    check_partition_ranks(cfg.partitions)
     if args.dataset is None:
         from hybridgnn.demo import ensure_demo
 

@@ -724,11 +724,11 @@ def test_serve_refuses_more_local_partition_ranks_than_the_machine_can_run(capsy
     """--partitions 1000 started a thousand torch processes here; ranks started elsewhere
     (--ranks) are not counted against this machine."""
     from hybridgnn.capabilities import RANKS_PER_CORE, usable_cores
-    from hybridgnn.cli.serve import check_local_ranks
+    from hybridgnn.cli.serve import check_partition_ranks
     from hybridgnn.config import PartitionConfig
 
     too_many = RANKS_PER_CORE * usable_cores() + 1
     assert main(["serve", "--partitions", str(too_many)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--partitions {too_many}: more ranks than this machine's" in err
-    check_local_ranks(PartitionConfig(partitions=too_many, ranks="10.0.0.1:29400"))
+    check_partition_ranks(PartitionConfig(partitions=too_many, ranks="10.0.0.1:29400"))
