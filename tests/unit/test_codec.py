@@ -163,7 +163,9 @@ def test_new_node_requests():
         ({**doc, "inputs": [{**doc["inputs"][0], "datatype": "INT64"}, doc["inputs"][1]]}, "FP32"),
         # rows nested another way than the shape says: reshaped, values would move
         ({**doc, "inputs": [doc["inputs"][0], {**doc["inputs"][1], "data": [[50, 3], [51, 4], [50, 51]]}]},
-         "nested as [3, 2], not as its shape [2, 3]"),
+         "holds 3 entries at its top level"),
+        ({**doc, "inputs": [doc["inputs"][0], {**doc["inputs"][1], "data": [[[50], [3], [51]], [[4], [50], [51]]]}]},
+         "nested as [2, 3, 1], not as its shape [2, 3]"),
     ]
     for body_doc, match in bad:
         with pytest.raises(BadRequest, match=match.replace("[", r"\[").replace("]", r"\]")):

@@ -77,3 +77,22 @@ def test_a_value_past_float32_decodes_to_inf_without_a_warning_on_the_servers_st
         warnings.simplefilter("error")  # numpy's RuntimeWarning: overflow encountered in cast
         got = decode_tensor(Tensor("features", "FP32", [1, 2], data=[[1e39, 1.0]]), ("FP32",), "matrix")
     assert np.isinf(got[0, 0]) and got[0, 1] == 1.0  # then refused as not finite (400) where features are checked
+
+
+def test_millions_of_rows_under_a_small_shape_are_refused_before_numpy_walks_them(monkeypatch):
+    # numpy.asarray of 4M one-element lists takes ~0.6 s of the event loop; the top-level
+    # length alone says the data cannot fit the shape
+    walked = []
+    monkeypatch.setattr(tensors.np, "asarray", lambda *a, **k: walked.append(1))
+    with pytest.raises(BadRequest, match=r"shape \[1\] has 1 elements but 'data' holds 4000000 entries"):
+        decode_tensor(Tensor("node_ids", "INT64", [1], [[1]] * 4_000_000), ("INT64",), "ids", limit=1 << 20)
+    assert walked == []
+
+
+@pytest.mark.parametrize("shape, data", [([2, 3], [[1, 2, 3], [4, 5, 6]]), ([2, 3], [1, 2, 3, 4, 5, 6]),
+                                         ([6, 1], [1, 2, 3, 4, 5, 6]), ([1, 6], [[1, 2, 3, 4, 5, 6]]),
+                                         ([0, 3], [])])
+def test_data_flat_or_nested_as_its_shape_still_decodes(shape, data):
+    arr = decode_tensor(Tensor("x", "INT64", shape, data), ("INT64",), "matrix")
+    assert list(arr.shape) == shape and arr.reshape(-1).tolist() == [v for row in data for v in
+                                                                    (row if isinstance(row, list) else [row])]

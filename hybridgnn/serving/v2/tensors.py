@@ -103,6 +103,11 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
     else:
         if not isinstance(data, list):
             raise BadRequest(f"input {name!r}: 'data' must be a list of {kind}")
+        if len(data) != count and not (len(shape) > 1 and len(data) == shape[0]):
+            # refused before numpy walks it: millions of tiny rows under a small shape
+            # would hold the event loop for most of a second just to be counted
+            raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds "
+                             f"{len(data)} entries at its top level (send it flat or nested as the shape)")
         try:
             arr = np.asarray(data)
         except (ValueError, OverflowError) as exc:
