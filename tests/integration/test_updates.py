@@ -124,6 +124,12 @@ def test_update_is_visible_to_the_next_read(server, tiny_dataset, tiny_model_pe,
                         features=dyn.features(np.arange(dyn.num_nodes)))
     want = full_graph_forward(GraphStore.open(ds2), model)[n + 1]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    # The query node named by its position (-1, the first) is the same request, without
+    # the client knowing how many nodes updates have added by now.
+    by_position = {**q, "inputs": [q["inputs"][0], tensor("edge_index", [[-1, -1], [3, n]], "INT64")]}
+    r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json=by_position, timeout=30)
+    assert r.status_code == 200, r.text
+    assert np.array_equal(np.asarray({o["name"]: o for o in r.json()["outputs"]}["logits"]["data"], np.float32), got)
     # Keyed sampling reads the current graph too: the draw one process makes on it.
     r = requests.post(f"{server.url}/v2/models/{MODEL}/infer", json={**q, "parameters": {"mode": "sampled"}},
                       timeout=30)

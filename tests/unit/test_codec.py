@@ -172,6 +172,20 @@ def test_new_node_requests():
             decode(body_doc, feature_dim=2)
 
 
+def test_query_nodes_named_by_position_are_the_ids_after_the_graph():
+    # -1 is the first query node (num_nodes = 50 here), as in graph updates
+    feats = [[0.0, 1.0], [2.0, 3.0]]
+    doc = {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": feats},
+                      {"name": "edge_index", "shape": [2, 3], "datatype": "INT64", "data": [[-1, -2, 50], [3, 4, -2]]}]}
+    assert decode(doc, feature_dim=2).edge_index.tolist() == [[50, 51, 50], [3, 4, 51]]
+    doc["inputs"][1]["data"] = [[-3, -2, 50], [3, 4, -2]]
+    with pytest.raises(BadRequest, match=r"or name query nodes -1\.\.-2; found \[-3, 50\]"):
+        decode(doc, feature_dim=2)
+    doc["inputs"][1]["data"] = [[-1, 3, 50], [3, 4, -2]]
+    with pytest.raises(BadRequest, match="edge 1 joins two existing"):
+        decode(doc, feature_dim=2)
+
+
 def test_json_nested_too_deeply_is_a_400(json_backend):
     # orjson refuses beyond 1024 levels, then the stdlib parser recurses out (RecursionError)
     for depth in (1100, 100_000):

@@ -281,9 +281,13 @@ def validate_new_nodes(features: np.ndarray, edge_index: np.ndarray, *, max_node
         raise BadRequest(f"edge_index has {m} edges; at most {max_edges} per request")
     if m:
         lo, hi = int(edge_index.min()), int(edge_index.max())
-        if lo < 0 or hi >= num_nodes + q:
+        if lo < -q or hi >= num_nodes + q:
             raise BadRequest(f"edge_index ids must lie in [0, {num_nodes + q}) (existing nodes, then query nodes "
-                             f"{num_nodes}..{num_nodes + q - 1}); found [{lo}, {hi}]")
+                             f"{num_nodes}..{num_nodes + q - 1}) or name query nodes -1..-{q}; found [{lo}, {hi}]")
+        if lo < 0:
+            # -1 is the first query node, as in graph updates: ids that stay right when
+            # nodes are added between the client reading num_nodes and sending this
+            edge_index = np.where(edge_index < 0, num_nodes - 1 - edge_index, edge_index)
         touches_query = (edge_index >= num_nodes).any(axis=0)
         if not touches_query.all():
             bad = int(np.flatnonzero(~touches_query)[0])
