@@ -46,6 +46,14 @@ MAX_SERVERS = 4096
 MAX_GPUS_PER_SERVER = 256
 
 
+def _finite(value: int | float) -> bool:
+    """Whether a number is finite as a float (an int past float's range is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class Link:
     bandwidth_gbps: float
@@ -94,7 +102,8 @@ class Topology:
             if not isinstance(spec, dict) or set(spec) - {"bandwidth_gbps", "latency_us"}:
                 raise ValueError(f"link {name} must be a mapping of bandwidth_gbps and latency_us, got {brief(spec)}")
             for key, value in spec.items():
-                if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                # an int past float's range (10**400 in JSON) made math.isfinite an OverflowError
+                if (isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value)
                         or value < 0 or (key == "bandwidth_gbps" and value == 0)):
                     raise ValueError(f"link {name} {key} must be a finite number "
                                      f"{'> 0' if key == 'bandwidth_gbps' else '>= 0'}, got {brief(value)}")

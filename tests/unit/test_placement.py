@@ -167,6 +167,7 @@ def test_fap_beats_hash_on_a_skewed_graph_with_nvlink(skewed_graph):
     ({"links": {"disk": {"bandwidth_gbps": "x"}}}, "bandwidth_gbps must be a finite number"),
     ({"links": {"nvlink": {"latency_us": -1}}}, "latency_us must be a finite number >= 0"),
     ({"links": {"nvlink": {"latency_us": float("nan")}}}, "latency_us must be a finite number"),
+    ({"links": {"pcie": {"bandwidth_gbps": 10**400}}}, "bandwidth_gbps must be a finite number"),  # past float
     ({"gpu_memory_bytes": True}, "gpu_memory_bytes must be a size"),
     ({"numa_nodes": 0}, "numa_nodes must be >= 1"),
 ])
