@@ -275,8 +275,10 @@ def fap_plan(fap: np.ndarray, topo: Topology, row_bytes: int, *, balance_links: 
         if balance_links and most > 0:
             from hybridgnn.features.simulate import expected_path_seconds
 
-            candidates = np.unique(np.linspace(0, most, 9).astype(np.int64))
-            plans = [_fap_plan(order, topo, row_bytes, int(r)) for r in candidates]
+            # in exact integers: memory past int64's range in rows (a topology of 1e30 bytes)
+            # made np.linspace an object array and planning a ufunc traceback
+            candidates = sorted({most * i // 8 for i in range(9)})
+            plans = [_fap_plan(order, topo, row_bytes, r) for r in candidates]
             return min(plans, key=lambda p: max(expected_path_seconds(p, fap).values()))
         return _fap_plan(order, topo, row_bytes, most)
     return _fap_plan(order, topo, row_bytes, in_memory)

@@ -292,3 +292,12 @@ def test_topology_keys_that_are_not_text_are_named_not_a_type_error(tmp_path):
     path.write_text("links: {1: 2, foo: 3}\n")
     with pytest.raises(ValueError, match="unknown links"):
         Topology.load(path)
+
+
+def test_memory_past_int64_in_rows_still_plans():
+    # 1e30 bytes of GPU and host memory per server, two servers on InfiniBand: the choice of
+    # how many rows to replicate was a numpy ufunc traceback (linspace over Python ints)
+    t = Topology.from_dict({"servers": 2, "network": "infiniband", "gpus_per_server": 2, "nvlink_cliques": 1,
+                            "gpu_memory_bytes": 1e30, "host_memory_bytes": 1e30})
+    plan = fap_plan(FAP, t, ROW)
+    assert (plan.tier == GPU).all() and (plan.server == EVERY).all()  # room for all of it everywhere
