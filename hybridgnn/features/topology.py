@@ -44,6 +44,9 @@ NETWORKS = ("infiniband", "ethernet", "none")
 # finished. These bounds are past any machine or cluster a plan is made for.
 MAX_SERVERS = 4096
 MAX_GPUS_PER_SERVER = 256
+# A topology file is a few hundred bytes; one past this is not one (it was read whole
+# into memory, then parsed, however large).
+MAX_TOPOLOGY_BYTES = 1 << 20
 
 
 def _finite(value: int | float) -> bool:
@@ -168,6 +171,10 @@ class Topology:
         if not path.is_file():
             raise FileNotFoundError(f"no topology file at {path}")
         try:
+            size = path.stat().st_size
+            if size > MAX_TOPOLOGY_BYTES:
+                raise ValueError(f"topology {path} holds {size:,} bytes, past the {MAX_TOPOLOGY_BYTES:,} a topology "
+                                 "file may hold (it lists a few fields)")
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"cannot read topology {path}: {exc}") from None

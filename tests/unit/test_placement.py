@@ -301,3 +301,12 @@ def test_memory_past_int64_in_rows_still_plans():
                             "gpu_memory_bytes": 1e30, "host_memory_bytes": 1e30})
     plan = fap_plan(FAP, t, ROW)
     assert (plan.tier == GPU).all() and (plan.server == EVERY).all()  # room for all of it everywhere
+
+
+def test_a_topology_file_past_its_size_bound_is_refused_unread(tmp_path):
+    from hybridgnn.features.topology import MAX_TOPOLOGY_BYTES
+
+    path = tmp_path / "t.json"
+    path.write_text("{}" + " " * MAX_TOPOLOGY_BYTES)  # valid JSON; any size of file was read whole, then parsed
+    with pytest.raises(ValueError, match=f"past the {MAX_TOPOLOGY_BYTES:,}"):
+        Topology.load(path)
