@@ -185,12 +185,12 @@ class Topology:
                 raise ValueError("YAML topology files need pyyaml (pip install pyyaml), or write JSON") from None
             try:
                 data = yaml.safe_load(text)
-            except (yaml.YAMLError, RecursionError) as exc:
+            except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: an int of 4300+ digits
                 raise ValueError(f"topology {path} is not valid YAML: {exc}") from exc
         else:
             try:
                 data = json.loads(text)
-            except (json.JSONDecodeError, RecursionError) as exc:
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an int of 4300+ digits
                 raise ValueError(f"topology {path} is not valid JSON: {exc}") from exc
         return cls.from_dict(data, source=str(path))
 

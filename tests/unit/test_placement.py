@@ -310,3 +310,14 @@ def test_a_topology_file_past_its_size_bound_is_refused_unread(tmp_path):
     path.write_text("{}" + " " * MAX_TOPOLOGY_BYTES)  # valid JSON; any size of file was read whole, then parsed
     with pytest.raises(ValueError, match=f"past the {MAX_TOPOLOGY_BYTES:,}"):
         Topology.load(path)
+
+
+@pytest.mark.parametrize("name, text", [("t.json", '{"servers": 1' + "0" * 5000 + "}"),
+                                        ("t.yaml", "servers: 1" + "0" * 5000)])
+def test_a_number_too_long_to_read_names_the_topology_file(tmp_path, name, text):
+    # Python's int limit (4300 digits) was a ValueError naming neither the file nor the field,
+    # advising sys.set_int_max_str_digits()
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"topology {path} is not valid"):
+        Topology.load(path)
