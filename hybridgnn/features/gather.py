@@ -16,6 +16,7 @@ store is a CPU tensor (how CI runs it, and how the CPU pipeline uses a plan).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,8 @@ import torch
 
 from hybridgnn.features.placement import DISK, EVERY, GPU, HOST, Plan
 from hybridgnn.graph.host import host_tensor
+
+log = logging.getLogger(__name__)
 
 
 class TieredFeatureStore:
@@ -32,6 +35,7 @@ class TieredFeatureStore:
         its slot gpu % per-clique). host_view(array) -> device-readable tensor over pinned
         memory (graph/uva.py) for CUDA; None reads host rows as CPU tensors. gpu_tiers=False
         (a CPU pipeline): rows the plan puts on GPUs are read from the dataset in host memory."""
+        source = getattr(features, "filename", None)  # a memory-mapped dataset's file, for the disk tier's copy
         features = np.asarray(features)
         if plan.num_nodes != features.shape[0]:
             raise ValueError(f"plan covers {plan.num_nodes} nodes, the dataset has {features.shape[0]}")
@@ -89,7 +93,7 @@ class TieredFeatureStore:
             add("gpu" if g == gpu else f"peer{g}", mine & (code < 0),
                 lambda ids, t=target: torch.index_select(table, 0, torch.from_numpy(ids)).to(t))
         add("host", here & (plan.tier == HOST) & (code < 0), pinned)
-        add("disk", here & (plan.tier == DISK), lambda ids: self._disk_rows(features, ids, plan_dir, server))
+        add("disk", here & (plan.tier == DISK), lambda ids: self._disk_rows(features, ids, plan_dir, server, source))
         add_table("remote", code < 0)  # owned by another server: read from the local dataset copy
         self.code = torch.from_numpy(code).to(self.device)
         self.local_row = torch.from_numpy(local_row).to(self.device)
@@ -97,23 +101,58 @@ class TieredFeatureStore:
                                if t is not table}  # the dataset matrix itself is no copy
 
     @staticmethod
-    def _disk_rows(features: np.ndarray, ids: np.ndarray, plan_dir, server: int) -> torch.Tensor:
-        """The disk tier as a memory-mapped .npy beside the plan (written once per row set)."""
+    def _disk_rows(features: np.ndarray, ids: np.ndarray, plan_dir, server: int, source=None) -> torch.Tensor:
+        """The disk tier as a memory-mapped .npy beside the plan, named by which rows it holds
+        in which order. It is written again (to a file of its own, then renamed over the old
+        one) unless it loads as those rows' shape and dtype, was copied from this dataset
+        file as it is now (device, inode, size, mtime; kept beside it in a .source file) and
+        a spread sample of its rows equals the dataset's: a dataset rewritten under a plan
+        kept elsewhere was served its old rows, and a damaged copy was a traceback. (A copy
+        that passes the sample but cannot be written again, in a read-only directory, is
+        served with a warning.)"""
         if plan_dir is None:
             return host_tensor(features)[torch.from_numpy(ids)]
         import hashlib
+        import json
+
+        from hybridgnn.capabilities import file_identity, write_replacing
 
         digest = hashlib.sha256(ids.tobytes()).hexdigest()[:12]  # which rows, in which order
         path = Path(plan_dir) / f"disk-server{server}-{digest}.npy"
-        if not path.is_file() or np.load(path, mmap_mode="r").shape != (ids.size, features.shape[1]):
-            tmp = path.with_name(path.name + ".tmp.npy")
+        stamp = path.with_suffix(".source")
+        try:
+            identity = json.dumps(file_identity(source)) if source is not None else None
+        except OSError:
+            identity = None
+        checked = _disk_copy(path, features, ids)
+        if checked is not None and identity is not None:
+            try:
+                stamped = stamp.read_text() == identity
+            except OSError:
+                stamped = False
+        if checked is not None and (identity is None or stamped):
+            return host_tensor(checked)
+
+        def write(tmp: Path) -> None:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=features.dtype, shape=(ids.size, features.shape[1]))
             for lo in range(0, ids.size, 1 << 16):
                 out[lo:lo + (1 << 16)] = features[ids[lo:lo + (1 << 16)]]
             out.flush()
             del out
-            tmp.replace(path)
-        return host_tensor(np.load(path, mmap_mode="r"))
+
+        try:
+            stamp.unlink(missing_ok=True)  # never a new copy beside an old stamp
+            write_replacing(path, write)
+            if identity is not None:
+                write_replacing(stamp, lambda tmp: tmp.write_text(identity))
+        except OSError as exc:
+            if checked is None:
+                raise
+            # a read-only plan directory whose copy predates its stamp: served as before
+            log.warning("disk tier %s cannot be written again (%s); its sampled rows match the dataset's, so it "
+                        "is served as it is", path, exc)
+            return host_tensor(checked)
+        return host_tensor(np.load(path, mmap_mode="r", allow_pickle=False))
 
     def gather_counted(self, node_ids) -> tuple[torch.Tensor, dict[str, int]]:
         ids = torch.as_tensor(node_ids, dtype=torch.int64)
@@ -140,3 +179,22 @@ class TieredFeatureStore:
 
     def rows_by_tier(self, node_ids) -> dict[str, int]:
         return self.gather_counted(node_ids)[1]
+
+
+_DISK_SAMPLE_ROWS = 1024
+
+
+def _disk_copy(path: Path, features: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
+    """The disk tier's copy at path, memory-mapped, or None when it is missing, does not
+    load, is not [len(ids), F] of the dataset's dtype, or differs from the dataset's rows
+    at up to 1024 positions spread over it (bytes compared: NaN rows match themselves)."""
+    try:
+        copy = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    if copy.shape != (ids.size, features.shape[1]) or copy.dtype != features.dtype:
+        return None
+    pos = np.unique(np.linspace(0, ids.size - 1, min(ids.size, _DISK_SAMPLE_ROWS)).astype(np.int64))
+    if np.ascontiguousarray(copy[pos]).tobytes() != np.ascontiguousarray(features[ids[pos]]).tobytes():
+        return None
+    return copy

@@ -180,10 +180,11 @@ class Plan:
 
 def holds_only_a_plan(directory: str | Path) -> bool:
     """Whether a directory holds a saved plan and nothing else: Plan.save's files and the
-    disk-tier copies a server writes beside them (disk-server<i>-<rows>.npy)."""
+    disk-tier copies a server writes beside them (disk-server<i>-<rows>.npy and .source, and
+    the hidden temporaries of a server killed while writing one)."""
     d = Path(directory)
     names = {f"{n}.npy" for n in PLAN_ARRAYS} | {"plan.json"}
-    return (d / "plan.json").is_file() and all(p.name in names or p.name.startswith("disk-server")
+    return (d / "plan.json").is_file() and all(p.name in names or p.name.removeprefix(".").startswith("disk-server")
                                                for p in d.iterdir())
 
 

@@ -68,3 +68,79 @@ def test_cpu_pipeline_view_reads_gpu_rows_from_host_and_disk_tier_is_memory_mapp
     assert torch.equal(again.gather(np.arange(300)), rows)
     with pytest.raises(ValueError, match="covers"):
         TieredFeatureStore(feats[:10], plan)
+
+
+def _disk_plan(n: int):
+    topo = Topology(gpus_per_server=1, nvlink_cliques=1, gpu_memory_bytes=10 * ROW, host_memory_bytes=20 * ROW)
+    return fap_plan(np.random.default_rng(2).random(n), topo, ROW)
+
+
+@pytest.mark.parametrize("change", ["all rows", "one row"])
+def test_a_dataset_rewritten_under_a_kept_plan_is_served_its_new_disk_rows(tmp_path, change):
+    # the disk tier's copy was named by its row ids alone: a dataset rewritten with as many
+    # nodes (a plan kept outside it, --out) was served its old rows from the copy
+    rng = np.random.default_rng(3)
+    n = 3000  # about 2970 disk rows: more than the copy's check samples
+    path = tmp_path / "features.npy"
+    np.save(path, rng.standard_normal((n, 8)).astype(np.float32))
+    plan, plan_dir = _disk_plan(n), tmp_path / "plan"
+    plan_dir.mkdir()
+    TieredFeatureStore(np.load(path, mmap_mode="r"), plan, plan_dir=plan_dir).gather(np.arange(n))
+    new = np.load(path) + 1 if change == "all rows" else np.load(path)
+    if change == "one row":  # the copy's second row, which its spread sample skips: the file's identity tells
+        new[np.flatnonzero(plan.tier == 2)[1]] += 1
+    np.save(tmp_path / "new.npy", new)
+    (tmp_path / "new.npy").replace(path)
+    store = TieredFeatureStore(np.load(path, mmap_mode="r"), plan, plan_dir=plan_dir)
+    assert torch.equal(store.gather(np.arange(n)), torch.from_numpy(new))
+    assert len(list(plan_dir.glob("disk-server0-*.npy"))) == 1  # replaced, not one more copy
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not an array", "another shape", "other rows"])
+def test_a_damaged_disk_copy_is_written_again(tmp_path, damage):
+    feats = np.random.default_rng(4).standard_normal((300, 8)).astype(np.float32)
+    plan = _disk_plan(300)
+    TieredFeatureStore(feats, plan, plan_dir=tmp_path)
+    (copy,) = tmp_path.glob("disk-server0-*.npy")
+    if damage == "truncated":
+        with open(copy, "r+b") as f:
+            f.truncate(copy.stat().st_size - 100)
+    elif damage == "not an array":
+        copy.write_bytes(b"junk")
+    elif damage == "another shape":
+        np.save(copy, np.zeros((3, 8), np.float32))
+    else:
+        np.save(copy, np.zeros(np.load(copy).shape, np.float32))
+    store = TieredFeatureStore(feats, plan, plan_dir=tmp_path)
+    assert torch.equal(store.gather(np.arange(300)), torch.from_numpy(feats))
+
+
+def test_a_sound_disk_copy_in_a_directory_that_cannot_be_written_is_still_served(tmp_path, monkeypatch):
+    # a copy that an earlier version made (no .source beside it) in a read-only plan directory
+    import hybridgnn.capabilities as capabilities
+
+    path = tmp_path / "features.npy"
+    np.save(path, np.random.default_rng(5).standard_normal((300, 8)).astype(np.float32))
+    plan = _disk_plan(300)
+    TieredFeatureStore(np.load(path, mmap_mode="r"), plan, plan_dir=tmp_path)
+    for stamp in tmp_path.glob("disk-server0-*.source"):
+        stamp.unlink()
+
+    def refuse(path, write):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(capabilities, "write_replacing", refuse)
+    store = TieredFeatureStore(np.load(path, mmap_mode="r"), plan, plan_dir=tmp_path)
+    assert torch.equal(store.gather(np.arange(300)), torch.from_numpy(np.load(path)))
+
+
+def test_a_plan_directory_with_disk_copies_and_their_temporaries_is_still_only_a_plan(tmp_path):
+    from hybridgnn.features.placement import holds_only_a_plan
+
+    plan = _disk_plan(300)
+    plan.save(tmp_path)
+    TieredFeatureStore(np.zeros((300, 8), np.float32), plan, plan_dir=tmp_path)
+    (tmp_path / ".disk-server0-0123456789ab.4242.tmp.npy").write_bytes(b"")  # a server killed while writing
+    assert holds_only_a_plan(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert not holds_only_a_plan(tmp_path)
