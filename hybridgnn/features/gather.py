@@ -86,11 +86,22 @@ class TieredFeatureStore:
         if not gpu_tiers:  # a CPU pipeline reads GPU- and host-tier rows in place
             add_table("host", on_gpu | (here & (plan.tier == HOST)))
             on_gpu = np.zeros_like(on_gpu)
+        per_gpu, taken = [], np.zeros_like(on_gpu)
         for g in [gpu] + [g for g in range(topo.gpus_per_server) if g != gpu]:  # own GPU first
             c, k = g // per_clique, g % per_clique
             mine = on_gpu & ((plan.clique == c) | (plan.clique == EVERY)) & ((plan.gpu == k) | (plan.gpu == EVERY))
+            per_gpu.append((g, mine & ~taken))
+            taken |= mine
+        if cuda and on_gpu.any():  # before any copy: a GPU this machine lacks was a CUDA traceback at start
+            visible = torch.cuda.device_count()
+            missing = [g for g, mine in per_gpu if g >= visible and mine.any()]
+            if missing:
+                raise ValueError(f"the placement plan puts feature rows on GPU {missing[0]} of "
+                                 f"{topo.gpus_per_server} per server; this machine has {visible}: make the plan "
+                                 "with this machine's topology")
+        for g, mine in per_gpu:
             target = torch.device("cuda", g) if cuda else self.device
-            add("gpu" if g == gpu else f"peer{g}", mine & (code < 0),
+            add("gpu" if g == gpu else f"peer{g}", mine,
                 lambda ids, t=target: torch.index_select(table, 0, torch.from_numpy(ids)).to(t))
         add("host", here & (plan.tier == HOST) & (code < 0), pinned)
         add("disk", here & (plan.tier == DISK), lambda ids: self._disk_rows(features, ids, plan_dir, server, source))

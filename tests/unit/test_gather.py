@@ -144,3 +144,13 @@ def test_a_plan_directory_with_disk_copies_and_their_temporaries_is_still_only_a
     assert holds_only_a_plan(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
     assert not holds_only_a_plan(tmp_path)
+
+
+def test_a_plan_for_more_gpus_than_this_machine_has_is_one_line(monkeypatch):
+    # a plan made for 4 GPUs, served on a machine with 1: copying rows to cuda:1 was a CUDA
+    # traceback at start (checked before any CUDA call, so it runs without a GPU)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    topo = Topology(gpus_per_server=4, nvlink_cliques=1, gpu_memory_bytes=10 * ROW, host_memory_bytes=20 * ROW)
+    plan = fap_plan(np.random.default_rng(6).random(100), topo, ROW)
+    with pytest.raises(ValueError, match="on GPU 1 of 4 per server; this machine has 1"):
+        TieredFeatureStore(np.zeros((100, 8), np.float32), plan, device="cuda", gpu=0)
