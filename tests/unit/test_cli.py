@@ -732,3 +732,19 @@ def test_serve_refuses_more_local_partition_ranks_than_the_machine_can_run(capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--partitions {too_many}: more ranks than this machine's" in err
     check_partition_ranks(PartitionConfig(partitions=too_many, ranks="10.0.0.1:29400"))
+
+
+def test_place_simulates_the_baselines_that_fit_and_names_one_that_does_not(skewed_graph, tmp_path, capsys):
+    # degree replicates its memory rows on both servers, so its disk share is larger than the
+    # FAP plan's: it was this run's error ("40 rows do not fit"), after the plan had been saved
+    topology = tmp_path / "topology.json"
+    topology.write_text(json.dumps({"servers": 2, "network": "infiniband", "gpus_per_server": 2, "nvlink_cliques": 1,
+                                    "gpu_memory_bytes": 10 * 16, "host_memory_bytes": 10 * 16,
+                                    "disk_bytes": 12 * 16}))  # rows of 4 float32
+    code = main(["place", "--dataset", str(skewed_graph.root), "--fanouts", "4,3", "--topology", str(topology),
+                 "--simulate", "5", "--batch-size", "4", "--out", str(tmp_path / "plan")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "degree      does not fit this topology" in out
+    assert all(f"  {m:<11} p50" in out for m in ("fap", "hash", "importance"))
+    assert (tmp_path / "plan" / "plan.json").is_file()
