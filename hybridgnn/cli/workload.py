@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                         "object per edge type, e.g. '{\"user__rates__item\": [10, 5], \"rev_rates\": [5, 5]}'")
     b.add_argument("--seeds", default="uniform",
                    help="seed distribution: uniform (default), degree, or a request log (.npy or text of node "
-                        "ids; homogeneous datasets)")
+                        "ids, or .counts.npy of per-node counts as serve --seed-log writes; homogeneous datasets)")
     b.set_defaults(run=run_build)
 
 
