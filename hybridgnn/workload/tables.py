@@ -126,14 +126,13 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
             raise ValueError(f"request log {path} must hold whitespace-separated integer node ids: {exc}") from exc
         except OverflowError:  # an id past int64 was this traceback
             raise ValueError(f"request log {path} has ids outside the graph's [0, {n}), some past int64") from None
-    ids = ids.astype(np.int64, copy=False)
     if ids.size == 0:
         raise ValueError(f"request log {path} holds no node ids")
-    outside = (ids < 0) | (ids >= n)
+    outside = (ids < 0) | (ids >= n)  # in the log's own dtype: a uint64 id past int64 was named as a negative one
     if outside.any():
         raise ValueError(f"request log {path} has {int(outside.sum())} ids outside the graph's [0, {n}), the first "
                          f"{int(ids[np.argmax(outside)])}")
-    counts = np.bincount(ids, minlength=n).astype(np.float64)
+    counts = np.bincount(ids.astype(np.int64, copy=False), minlength=n).astype(np.float64)
     digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
     return counts / counts.sum(), f"log-{digest}"
 

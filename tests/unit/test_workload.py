@@ -83,6 +83,9 @@ def test_seed_distribution_from_request_log(skewed_graph, tmp_path):
             seed_distribution(skewed_graph, str(tmp_path / "big.txt"))
     with pytest.raises(ValueError, match="neither"):
         seed_distribution(skewed_graph, "zipf")
+    np.save(tmp_path / "u64.npy", np.array([1, 2, 2**64 - 1], dtype=np.uint64))  # was named "the first -1"
+    with pytest.raises(ValueError, match=f"outside the graph's \\[0, 60\\), the first {2**64 - 1}$"):
+        seed_distribution(skewed_graph, str(tmp_path / "u64.npy"))
 
 
 @pytest.mark.parametrize("name", ["log.npy", "log.counts.npy"])
