@@ -278,3 +278,45 @@ def test_psgs_and_fap_equal_an_exact_enumeration_of_every_sample(case):
     np.testing.assert_allclose(compute_psgs(graph, fanouts), [s for s, _ in trees], rtol=1e-5)
     np.testing.assert_allclose(compute_fap(graph, fanouts, p0), sum(p * r for p, (_, r) in zip(p0, trees, strict=True)),
                                rtol=1e-5, atol=1e-7)
+
+
+def _exact_positions(rows, fanouts, i: int, hop: int = 0):
+    """_exact_tree over CSR rows that may repeat a neighbour: the sampler draws positions of
+    a row, so a neighbour listed twice can be drawn twice."""
+    import itertools
+
+    reads = np.zeros(len(rows))
+    reads[i] = 1.0
+    size = 1.0
+    row = rows[i]
+    if hop == len(fanouts) or not row:
+        return size, reads
+    draws = list(itertools.combinations(range(len(row)), min(fanouts[hop], len(row))))
+    for draw in draws:
+        for q in draw:
+            s, r = _exact_positions(rows, fanouts, row[q], hop + 1)
+            size += s / len(draws)
+            reads += r / len(draws)
+    return size, reads
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(st.integers(1, 4).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.integers(0, n - 1), max_size=4), min_size=n, max_size=n),
+    st.lists(st.integers(1, 3), min_size=1, max_size=3))))
+def test_duplicate_edges_count_as_often_as_the_row_lists_them(case):
+    """Rows with repeated neighbours and self loops (a CSR need not be deduplicated): the
+    chains' SpMVs sum repeated entries, as the position-drawing sampler does."""
+    from types import SimpleNamespace
+
+    rows, fanouts = case
+    n = len(rows)
+    indptr = np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int64)
+    indices = np.array([v for r in rows for v in r], dtype=np.int64)
+    graph = SimpleNamespace(indptr=indptr, indices=indices, num_nodes=n, num_edges=indices.size,
+                            degrees=lambda: np.diff(indptr))
+    trees = [_exact_positions(rows, fanouts, i) for i in range(n)]
+    np.testing.assert_allclose(compute_psgs(graph, fanouts), [s for s, _ in trees], rtol=1e-5)
+    p0 = np.full(n, 1.0 / n)
+    np.testing.assert_allclose(compute_fap(graph, fanouts, p0), sum(p * r for p, (_, r) in zip(p0, trees, strict=True)),
+                               rtol=1e-5, atol=1e-7)
