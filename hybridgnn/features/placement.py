@@ -47,7 +47,12 @@ PLAN_ARRAYS = ("tier", "server", "clique", "gpu", "row")  # <name>.npy each, bes
 def snake(count: int, bins: int) -> np.ndarray:
     """Bin of each of `count` items taken in descending weight, dealt back and forth
     (0,1,..,k-1,k-1,..,0,...): every bin gets a near-equal share of the weight."""
-    i = np.arange(count)
+    return snake_at(np.arange(count), bins)
+
+
+def snake_at(i: np.ndarray, bins: int) -> np.ndarray:
+    """snake's bin of the items at positions i. Each run of `bins` items from a multiple of
+    bins deals one to every bin, so item i is the (i // bins)-th its bin gets."""
     pos = i % bins
     return np.where((i // bins) % 2 == 0, pos, bins - 1 - pos).astype(np.int16)
 
@@ -295,19 +300,20 @@ def _fap_plan(order: np.ndarray, topo: Topology, row_bytes: int, replicate: int)
     rest = order[replicated.size:]
     shared_quota = in_memory - replicated.size
     partitioned = rest[:S * shared_quota] if topo.fast_network else rest[:0]
-    owner = snake(partitioned.size, S) if S > 1 else np.zeros(partitioned.size, np.int16)
-    for s in range(S):
-        # each server's memory: the replicated rows, then its partition, hottest first
-        local = np.concatenate([replicated, partitioned[owner == s]])
-        on_gpu, on_host = local[:per_gpu_tier], local[per_gpu_tier:in_memory]
-        if per_gpu_tier:
-            slots = (snake(on_gpu.size, topo.gpus_per_clique) if topo.gpus_per_clique > 1
-                     else np.full(on_gpu.size, EVERY, np.int16))
-            b.tier[on_gpu], b.clique[on_gpu], b.gpu[on_gpu] = GPU, EVERY, slots
-        b.host_rows(on_host, s)
-        mine = local[replicated.size:]
-        b.server[mine] = s
-    b.server[replicated] = EVERY
+    owner = snake(partitioned.size, S)
+    # Each server's memory holds the replicated rows, then its partition, hottest first: a
+    # row's place there is its index among the replicated rows, or R + its index // S among
+    # the partitioned ones (snake_at). The first per_gpu_tier places are GPU rows, dealt over
+    # a clique's GPUs by place, the rest host rows. One pass over the rows, not one per
+    # server (4096 servers took minutes).
+    nodes = np.concatenate([replicated, partitioned])
+    place = np.concatenate([np.arange(replicated.size), replicated.size + np.arange(partitioned.size) // S])
+    on_gpu = place < per_gpu_tier
+    hot = nodes[on_gpu]
+    b.tier[hot], b.clique[hot] = GPU, EVERY
+    b.gpu[hot] = snake_at(place[on_gpu], topo.gpus_per_clique) if topo.gpus_per_clique > 1 else EVERY
+    b.host_rows(nodes[~on_gpu], EVERY)
+    b.server[partitioned] = owner
     b.disk_rows(rest[partitioned.size:], partition=topo.fast_network)
     return b.build("fap")
 
