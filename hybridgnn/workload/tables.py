@@ -100,6 +100,9 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     (a .npy of node ids, a text file of whitespace-separated ids, or a .counts.npy of
     per-node counts) counted per node."""
     n = graph.num_nodes
+    if n == 0:  # was a ZeroDivisionError traceback from workload build, place and serve
+        raise ValueError(f"dataset {graph.root} has no nodes: there is no seed distribution (nor a workload table) "
+                         "to compute")
     if kind == "uniform":
         return np.full(n, 1.0 / n), "uniform"
     if kind == "degree":

@@ -320,3 +320,14 @@ def test_duplicate_edges_count_as_often_as_the_row_lists_them(case):
     p0 = np.full(n, 1.0 / n)
     np.testing.assert_allclose(compute_fap(graph, fanouts, p0), sum(p * r for p, (_, r) in zip(p0, trees, strict=True)),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_a_dataset_without_nodes_is_one_line_not_a_division_by_zero(tmp_path):
+    from hybridgnn.graph.store import GraphStore, write_dataset
+
+    write_dataset(tmp_path / "empty", indptr=np.zeros(1, np.int64), indices=np.zeros(0, np.int64),
+                  features=np.zeros((0, 4), np.float32))
+    graph = GraphStore.open(tmp_path / "empty")
+    for seeds in ("uniform", "degree"):
+        with pytest.raises(ValueError, match="has no nodes"):
+            WorkloadTables.load_or_build(graph, (5, 3), seeds)
