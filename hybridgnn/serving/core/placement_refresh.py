@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridgnn.capabilities import DEVICE_GATE
+from hybridgnn.capabilities import DEVICE_GATE, write_replacing
 from hybridgnn.runtime.resources import Resources
 from hybridgnn.types import ServingStats
 
@@ -34,10 +34,10 @@ class PlacementRefresh:
 
     def save_seed_log(self, path) -> None:
         """Write the per-node request counts (atomically) for `hybridgnn place --from-log`."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npy")
-        np.save(tmp, self.seed_counts)
-        tmp.replace(path)
+        # a temporary of this process's own, fsynced before the rename: two replicas given
+        # one path no longer write into one temporary, nor leave a torn file after a crash
+        counts = self.seed_counts.copy()
+        write_replacing(Path(path), lambda tmp: np.save(tmp, counts))
 
     def _build(self, counts: np.ndarray, old):
         """The new cache, FAP, order and the rows it keeps of the old one (a worker thread:
