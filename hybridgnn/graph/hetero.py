@@ -33,6 +33,7 @@ from hybridgnn.graph.store import (
     check_csr,
     check_index_dtypes,
     dataset_kind,
+    hash_csr,
     load_npy,
     read_meta,
 )
@@ -130,9 +131,9 @@ def write_hetero_dataset(
         np.save(d / "indices.npy", np.ascontiguousarray(indices))
         edge_meta.append({"type": list(etype), "num_edges": int(indices.shape[0]), "index_dtype": str(indices.dtype)})
         h.update(json.dumps(list(etype)).encode())
-        h.update(np.int64([indptr.shape[0] - 1, indices.shape[0]]).tobytes())
-        h.update(np.ascontiguousarray(indices[:: max(1, indices.shape[0] // 65536)]).tobytes())
-    for entry in node_meta:
+        hash_csr(h, indptr, indices)
+    for entry in node_meta:  # types by name and in order: rows are numbered per type
+        h.update(json.dumps(entry["name"]).encode())
         h.update(np.int64([entry["num_nodes"], entry["feature_dim"]]).tobytes())
     meta = {
         "kind": "hetero",

@@ -349,3 +349,22 @@ def test_a_damaged_array_file_is_named_without_advice_to_unpickle_it(tmp_path):
     with pytest.raises(DatasetError, match="indptr.npy is not a readable .npy array: it has no .npy header") as info:
         GraphStore.open(tmp_path / "d")
     assert "unsafely" not in str(info.value) and "pickle" not in str(info.value)
+
+
+def test_the_fingerprint_covers_every_edge_not_a_sample(tmp_path):
+    # one neighbour changed among 300,000 edges, at a place a 65,536-entry sample skips:
+    # the old fingerprint stayed, and with it the old graph's tables and embeddings
+    rng = np.random.default_rng(0)
+    n, m = 1000, 300_000
+    indptr = np.linspace(0, m, n + 1).astype(np.int64)
+    indices = rng.integers(0, n, m).astype(np.int32)
+    feats = np.zeros((n, 2), np.float32)
+    a = GraphStore.open(write_dataset(tmp_path / "a", indptr=indptr, indices=indices, features=feats))
+    changed = indices.copy()
+    changed[1] = (changed[1] + 1) % n
+    b = GraphStore.open(write_dataset(tmp_path / "b", indptr=indptr, indices=changed, features=feats))
+    moved = indptr.copy()
+    moved[1] += 1  # the same edges, one moved to the next row
+    c = GraphStore.open(write_dataset(tmp_path / "c", indptr=moved, indices=indices, features=feats))
+    same = GraphStore.open(write_dataset(tmp_path / "same", indptr=indptr, indices=indices, features=feats + 1))
+    assert len({a.fingerprint, b.fingerprint, c.fingerprint}) == 3 and same.fingerprint == a.fingerprint

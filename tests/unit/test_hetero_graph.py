@@ -176,3 +176,18 @@ def test_named_ids_with_a_feature_file_say_what_to_do(tmp_path, ids):
     with pytest.raises(DatasetError, match=r"--ids dense keeps integer ids"):
         (src / "user.x.npy").unlink()
         import_graph(src, tmp_path / "d", ids="dense")
+
+
+def test_the_hetero_fingerprint_covers_row_splits_and_type_names(tmp_path):
+    from hybridgnn.graph.hetero import write_hetero_dataset
+
+    def fingerprint(name, indptr, types=("user", "item")):
+        nodes = {types[0]: {"features": np.zeros((3, 2), np.float32)},
+                 types[1]: {"features": np.zeros((3, 2), np.float32)}}
+        edges = {(types[0], "rates", types[1]): (np.asarray(indptr), np.array([0, 1, 2], np.int64))}
+        return HeteroGraphStore.open(write_hetero_dataset(tmp_path / name, nodes=nodes, edges=edges)).fingerprint
+
+    base = fingerprint("a", [0, 1, 2, 3])
+    assert fingerprint("again", [0, 1, 2, 3]) == base
+    assert fingerprint("split", [0, 2, 2, 3]) != base  # the same sources, other targets
+    assert fingerprint("named", [0, 1, 2, 3], ("person", "item")) != base
