@@ -54,7 +54,7 @@ def _ensure_demo(data_dir: Path, model_dir: Path) -> tuple[Path, Path]:
         tmp.rename(model_dir)
         log.info("demo model: val accuracy %.3f, test accuracy %.3f", metrics["val_acc"], metrics["test_acc"])
     WorkloadTables.load_or_build(graph, DEMO_FANOUTS)
-    if EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes) is None:
+    if EmbeddingStore.for_graph(model_dir, graph) is None:
         log.info("first run: precomputing the demo model's embeddings of every node")
         precompute(graph, load_checkpoint(model_dir)[0], model_dir)
     return data_dir, model_dir

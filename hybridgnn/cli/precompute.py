@@ -192,7 +192,7 @@ def run(args) -> int:
         with _store_lock(args, graph) as waited:
             from hybridgnn.embeddings.store import EmbeddingStore
 
-            if waited and (store := EmbeddingStore.open(args.model, graph.fingerprint, graph.num_nodes)) is not None:
+            if waited and (store := EmbeddingStore.for_graph(args.model, graph)) is not None:
                 # the writer it waited for made it (as precompute's one process keeps it)
                 print(json.dumps({"embeddings": str(store.root), "already_complete": True}, indent=2))
                 return 0

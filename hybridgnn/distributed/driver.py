@@ -42,6 +42,7 @@ from hybridgnn.embeddings.precompute import (
 from hybridgnn.embeddings.store import (
     EmbeddingStore,
     embeddings_dir,
+    features_fingerprint,
     mark_complete,
     write_state,
 )
@@ -141,10 +142,10 @@ def _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_chec
     plan_msg: list = [None]
     if rank == 0:  # one rank decides where to start and makes the partition; the rest follow
         root.mkdir(parents=True, exist_ok=True)
-        state = starting_state(root, model.num_layers, dims, cfg, model_dir)
-        if state.get("complete") and EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes) is None:
+        state = starting_state(root, model.num_layers, dims, cfg, model_dir, features_fingerprint(graph))
+        if state.get("complete") and EmbeddingStore.for_graph(model_dir, graph) is None:
             (root / "state.json").unlink()  # complete but damaged (logged): computed again from scratch
-            state = starting_state(root, model.num_layers, dims, cfg, model_dir)
+            state = starting_state(root, model.num_layers, dims, cfg, model_dir, features_fingerprint(graph))
         partition = None if state.get("complete") else compute_partition(graph, method, world, root)
         if not state.get("complete"):
             # before any layer file is rewritten: a complete store made with other settings

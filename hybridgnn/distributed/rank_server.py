@@ -65,7 +65,7 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
     if model.in_dim != graph.feature_dim:
         raise ConfigError(f"model {opts.model} expects {model.in_dim}-dim features but dataset {opts.dataset} "
                           f"has {graph.feature_dim}")
-    store = EmbeddingStore.open(opts.model, graph.fingerprint, graph.num_nodes)
+    store = EmbeddingStore.for_graph(opts.model, graph)
     partition = _partition(graph, resolve_method(opts.method), rank, world, store.root if store else None)
     def stored_part():
         return open_serving_part(graph, partition, rank, store.layers if store else None,

@@ -24,6 +24,7 @@ from hybridgnn.embeddings.store import (
     EmbeddingStore,
     check_weights,
     embeddings_dir,
+    features_fingerprint,
     mark_complete,
     weights_of,
     write_state,
@@ -263,12 +264,15 @@ def layer_batch(model, layer: int, graph, targets: np.ndarray, prev: torch.Tenso
         return y, len(sources), int(ei.shape[1])
 
 
-def starting_state(root: Path, num_layers: int, dims: list[int], cfg: PrecomputeConfig, model_dir: Path) -> dict:
+def starting_state(root: Path, num_layers: int, dims: list[int], cfg: PrecomputeConfig, model_dir: Path,
+                   features: str | None = None) -> dict:
     """Where a run starts: the saved progress in root/state.json when it was made by the
-    same model shape, weights and settings (complete, or layer and nodes done), else from
-    scratch (a model saved again into model_dir makes its stored rows stale)."""
+    same model shape, weights, features (features_fingerprint) and settings (complete, or
+    layer and nodes done), else from scratch (a model saved again into model_dir, or a
+    dataset written again with other features, makes its stored rows stale)."""
     fresh = {"num_layers": num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
-             "model_fingerprint": weights_of(model_dir), "layer": 0, "done": 0, "complete": False}
+             "model_fingerprint": weights_of(model_dir), "features_fingerprint": features,
+             "layer": 0, "done": 0, "complete": False}
     state_path = root / "state.json"
     if not state_path.is_file():
         return fresh
@@ -277,7 +281,7 @@ def starting_state(root: Path, num_layers: int, dims: list[int], cfg: Precompute
     except ValueError:  # not a state this build wrote whole: start afresh
         return fresh
     if not isinstance(old, dict) or not all(old.get(k) == fresh[k] for k in ("num_layers", "dims", "dtype", "order",
-                                                                          "model_fingerprint")):
+                                                                          "model_fingerprint", "features_fingerprint")):
         return fresh
     if not old.get("complete"):
         log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])
@@ -298,7 +302,7 @@ def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeCo
     # files and mark a store complete that holds another run's rows; the one that waited
     # finds the store complete and returns it
     with writing_store(root, model_dir) as (_, waited):
-        done = EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes) if waited else None
+        done = EmbeddingStore.for_graph(model_dir, graph) if waited else None
         if done is not None:
             # the writer it waited for made a complete store of these weights: a server's
             # precompute of missing embeddings, or a second run, rewrote one made with other
@@ -315,13 +319,14 @@ def _precompute_locked(graph: GraphStore, model: GNN, model_dir: Path, root: Pat
                        device: torch.device, progress: bool) -> EmbeddingStore:
     root.mkdir(parents=True, exist_ok=True)
     dims = layer_dims(model, graph.feature_dim, device)
-    state = starting_state(root, model.num_layers, dims, cfg, model_dir)
+    features = features_fingerprint(graph)
+    state = starting_state(root, model.num_layers, dims, cfg, model_dir, features)
     if state.get("complete"):
-        store = EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes)
+        store = EmbeddingStore.for_graph(model_dir, graph)
         if store is not None:
             return store
         (root / "state.json").unlink()  # complete but damaged (logged): computed again from scratch
-        state = starting_state(root, model.num_layers, dims, cfg, model_dir)
+        state = starting_state(root, model.num_layers, dims, cfg, model_dir, features)
     write_state(root, state)  # before a layer file is rewritten: an old complete store is no longer served
     order = node_order(graph, cfg.order)
     norm_degree, has_loop = gcn_degrees(graph) if model.gcn_normalised else (None, None)
@@ -370,7 +375,7 @@ def _precompute_locked(graph: GraphStore, model: GNN, model_dir: Path, root: Pat
     # stamped), and said in one line rather than an AttributeError on no store
     check_weights(model_dir, state["model_fingerprint"], "ran")
     state = mark_complete(root, {**state, "precompute_s": time.perf_counter() - t_start})
-    return EmbeddingStore.open(model_dir, graph.fingerprint, graph.num_nodes)
+    return EmbeddingStore.for_graph(model_dir, graph)
 
 
 def unlink_mapped(path: Path) -> None:

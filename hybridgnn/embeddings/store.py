@@ -5,12 +5,14 @@ Layout: <model_dir>/embeddings/<dataset fingerprint>/
     output.npy                   [N, d_out]: the output of a jumping-knowledge model, which
                                  mixes every layer's rows (absent otherwise)
     state.json                   progress (for resuming), the weights they are computed with
-                                 (model_fingerprint) and, when complete, computed_unix_s
+                                 (model_fingerprint), the features (features_fingerprint) and,
+                                 when complete, computed_unix_s
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -77,10 +79,18 @@ class EmbeddingStore:
         return float(self.state["computed_unix_s"])
 
     @classmethod
-    def open(cls, model_dir: Path, dataset_fingerprint: str, num_nodes: int | None = None) -> "EmbeddingStore | None":
+    def for_graph(cls, model_dir: Path, graph) -> "EmbeddingStore | None":
+        """open() for a dataset opened as `graph` (a GraphStore): its fingerprint, nodes and
+        features."""
+        return cls.open(model_dir, graph.fingerprint, graph.num_nodes, features=features_fingerprint(graph))
+
+    @classmethod
+    def open(cls, model_dir: Path, dataset_fingerprint: str, num_nodes: int | None = None, *,
+             features: str | None = None) -> "EmbeddingStore | None":
         """The complete store for this model and dataset, or None when absent, unfinished
         or damaged (logged: its rows are then computed or sampled, never misread).
-        num_nodes: the dataset's, which every stored layer must have a row for."""
+        num_nodes: the dataset's, which every stored layer must have a row for; features:
+        its features_fingerprint, which the store's must equal when it records one."""
         root = embeddings_dir(model_dir, dataset_fingerprint)
         state_path = root / "state.json"
         if not state_path.is_file():
@@ -95,6 +105,11 @@ class EmbeddingStore:
         if made_with is not None and made_with != weights_of(model_dir):
             log.warning("precomputed embeddings in %s were computed with other weights than %s has now: not "
                         "served (run `hybridgnn precompute` again)", root, model_dir)
+            return None
+        made_from = state.get("features_fingerprint")  # absent in stores written before it was recorded
+        if features is not None and made_from is not None and made_from != features:
+            log.warning("precomputed embeddings in %s were computed from other features than the dataset has now "
+                        "(written again in place?): not served (run `hybridgnn precompute` again)", root)
             return None
         try:
             layers, output = _stored_arrays(root, state, num_nodes)
@@ -152,6 +167,18 @@ def _stored_arrays(root: Path, state: dict, num_nodes: int | None) -> tuple[list
         if output.shape[0] != rows:
             raise ValueError(f"output.npy holds {output.shape[0]} rows, not {rows}")
     return layers, output
+
+
+def features_fingerprint(graph) -> str:
+    """A fingerprint of a dataset's features, which its own fingerprint (the store's
+    directory name) leaves out: a dataset written again in place with the same edges and
+    other features must not be served, or resumed over, the old features' rows. Hashes
+    every row of a graph up to 32,767 nodes, else rows at an even stride (as the dataset
+    fingerprint samples its arrays), so opening a store reads a few MB at most."""
+    feats = graph.features
+    h = hashlib.sha256(np.int64(feats.shape).tobytes())
+    h.update(np.ascontiguousarray(feats[:: max(1, feats.shape[0] // 16384)]).tobytes())
+    return h.hexdigest()[:16]
 
 
 def weights_of(model_dir: Path) -> str | None:

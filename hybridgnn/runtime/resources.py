@@ -71,7 +71,7 @@ def embeddings_missing(cfg: ServeConfig, graph: GraphStore | None = None) -> boo
     features do not fit the dataset's, which a precompute could not mend. graph: the
     dataset already open (shared), else it is opened here."""
     graph = graph if graph is not None else GraphStore.open(cfg.dataset_dir)
-    if EmbeddingStore.open(cfg.model_dir, graph.fingerprint, graph.num_nodes) is not None:
+    if EmbeddingStore.for_graph(cfg.model_dir, graph) is not None:
         return False
     model, _ = load_checkpoint(cfg.model_dir)
     if model.in_dim != graph.feature_dim:
@@ -122,7 +122,7 @@ class Resources:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
         self.tables = (base.tables if base is not None and tuple(base.cfg.sampling.fanouts) == tuple(cfg.sampling.fanouts)
                        else WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts))
-        self.embeddings = EmbeddingStore.open(cfg.model_dir, self.graph.fingerprint, self.graph.num_nodes)
+        self.embeddings = EmbeddingStore.for_graph(cfg.model_dir, self.graph)
         self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
                           if self.embeddings is not None else None)
         # Graph updates (off unless a token is configured): one DynamicGraph read by every

@@ -365,3 +365,40 @@ def test_the_run_that_waited_keeps_the_store_the_other_made_with_other_settings(
     assert "another process precomputed" in caplog.text
     # a run that did not wait still computes it with its own settings
     assert precompute(skewed_graph, model, tmp_path / "m", progress=False).state["dtype"] == "float32"
+
+
+def test_a_dataset_rewritten_with_other_features_gets_fresh_embeddings(tmp_path, monkeypatch):
+    # The store is keyed by the dataset's fingerprint, which covers its topology and
+    # feature width only: a dataset imported again in place with other features was
+    # served the old features' rows, precompute called them complete, and a run stopped
+    # half-way resumed over the new features with the old ones' rows.
+    from tests.support.graphs import make_graph, skewed_edges
+
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", 4, 8, 3)).eval()
+    first = make_graph(tmp_path / "d", skewed_edges(), 60, seed=0)
+    for m in ("m", "served"):
+        precompute(first, model, tmp_path / m, progress=False)
+    again = make_graph(tmp_path / "d", skewed_edges(), 60, seed=1)  # same place and edges, other features
+    assert again.fingerprint == first.fingerprint
+    store = precompute(again, model, tmp_path / "m", progress=False)
+    np.testing.assert_allclose(store.final, full_graph_forward(again, model), rtol=1e-4, atol=1e-5)
+    assert EmbeddingStore.for_graph(tmp_path / "m", again) is not None
+    assert EmbeddingStore.for_graph(tmp_path / "served", again) is None  # what a server opens
+
+    real, batches = GNN.layer, []
+
+    def dies_in_layer_two(self, *a, **kw):
+        batches.append(a[3] > 1)  # a batch, not the one-node shape probe
+        if sum(batches) == 10:  # 8 batches of 8 make layer 1
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    third = make_graph(tmp_path / "d", skewed_edges(), 60, seed=2)
+    monkeypatch.setattr(GNN, "layer", dies_in_layer_two)
+    with pytest.raises(KeyboardInterrupt):
+        precompute(third, model, tmp_path / "m", PrecomputeConfig(batch_size=8, max_batch_size=8), progress=False)
+    monkeypatch.setattr(GNN, "layer", real)
+    fourth = make_graph(tmp_path / "d", skewed_edges(), 60, seed=3)
+    store = precompute(fourth, model, tmp_path / "m", progress=False)
+    np.testing.assert_allclose(store.final, full_graph_forward(fourth, model), rtol=1e-4, atol=1e-5)
