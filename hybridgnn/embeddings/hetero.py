@@ -36,6 +36,7 @@ from hybridgnn.config import read_json
 from hybridgnn.embeddings.store import (
     check_weights,
     embeddings_dir,
+    features_fingerprint,
     mark_complete,
     stored_array,
     writing_store,
@@ -169,9 +170,9 @@ def _write_store(model: HeteroGNN, graph: HeteroGraphStore, model_dir: Path, roo
     state = {"kind": STORE_KIND, "model_fingerprint": weights if weights is not None else weights_fingerprint(model_dir),
              "num_layers": model.num_layers, "node_types": list(graph.node_types),
              "layers": layers, "heads": heads, "dtype": dtype, "dataset_fingerprint": graph.fingerprint,
-             "precompute_s": time.perf_counter() - t0}
+             "features_fingerprint": features_fingerprint(graph), "precompute_s": time.perf_counter() - t0}
     mark_complete(root, state)
-    store = HeteroEmbeddingStore.open(model_dir, graph.fingerprint, {t: graph.num_nodes(t) for t in graph.node_types})
+    store = HeteroEmbeddingStore.for_graph(model_dir, graph)
     assert store is not None
     return store
 
@@ -219,12 +220,20 @@ class HeteroEmbeddingStore:
         return float(self.state["computed_unix_s"])
 
     @classmethod
+    def for_graph(cls, model_dir: str | Path, graph: HeteroGraphStore) -> HeteroEmbeddingStore | None:
+        """open() for a dataset opened as `graph`: its fingerprint, rows per type and features."""
+        return cls.open(model_dir, graph.fingerprint, {t: graph.num_nodes(t) for t in graph.node_types},
+                        features=features_fingerprint(graph))
+
+    @classmethod
     def open(cls, model_dir: str | Path, dataset_fingerprint: str,
-             num_nodes: dict[str, int] | None = None) -> HeteroEmbeddingStore | None:
+             num_nodes: dict[str, int] | None = None, *, features: str | None = None) -> HeteroEmbeddingStore | None:
         """The complete store for this model and dataset; None when absent, unfinished,
         written for a homogeneous graph, computed with other weights than the model's
-        now (a model saved again into the same directory: its rows are stale), or damaged
-        (logged). num_nodes: rows per node type, which every stored array must have."""
+        now (a model saved again into the same directory: its rows are stale), from other
+        features than `features` (features_fingerprint; stores without one are not
+        checked), or damaged (logged). num_nodes: rows per node type, which every stored
+        array must have."""
         root = embeddings_dir(Path(model_dir), dataset_fingerprint)
         try:
             state = read_json(root / "state.json")
@@ -235,6 +244,11 @@ class HeteroEmbeddingStore:
         if not weights_match(state.get("model_fingerprint"), model_dir):
             log.warning("precomputed embeddings in %s were computed with other weights than %s has now: not "
                         "served (run `hybridgnn precompute` again)", root, model_dir)
+            return None
+        made_from = state.get("features_fingerprint")
+        if features is not None and made_from is not None and made_from != features:
+            log.warning("precomputed embeddings in %s were computed from other features than the dataset has now "
+                        "(written again in place?): not served (run `hybridgnn precompute` again)", root)
             return None
         try:
             layers, output = _stored_arrays(root, state, num_nodes)

@@ -170,14 +170,18 @@ def _stored_arrays(root: Path, state: dict, num_nodes: int | None) -> tuple[list
 
 
 def features_fingerprint(graph) -> str:
-    """A fingerprint of a dataset's features, which its own fingerprint (the store's
-    directory name) leaves out: a dataset written again in place with the same edges and
-    other features must not be served, or resumed over, the old features' rows. Hashes
-    every row of a graph up to 32,767 nodes, else rows at an even stride (as the dataset
-    fingerprint samples its arrays), so opening a store reads a few MB at most."""
-    feats = graph.features
-    h = hashlib.sha256(np.int64(feats.shape).tobytes())
-    h.update(np.ascontiguousarray(feats[:: max(1, feats.shape[0] // 16384)]).tobytes())
+    """A fingerprint of a dataset's features (a heterogeneous one's: every node type's, in
+    order), which its own fingerprint (the store's directory name) leaves out: a dataset
+    written again in place with the same edges and other features must not be served, or
+    resumed over, the old features' rows. Hashes every row of a graph up to 32,767 nodes,
+    else rows at an even stride (as the dataset fingerprint samples its arrays), so
+    opening a store reads a few MB at most."""
+    nodes = getattr(graph, "nodes", None)  # HeteroGraphStore: NodeTypeData per type
+    arrays = [n.features for n in nodes.values()] if nodes is not None else [graph.features]
+    h = hashlib.sha256()
+    for feats in arrays:
+        h.update(np.int64(feats.shape).tobytes())
+        h.update(np.ascontiguousarray(feats[:: max(1, feats.shape[0] // 16384)]).tobytes())
     return h.hexdigest()[:16]
 
 

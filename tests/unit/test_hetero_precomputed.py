@@ -195,3 +195,26 @@ def test_a_model_saved_during_a_heterogeneous_precompute_is_not_stamped_on_its_r
     monkeypatch.setattr(hetero, "layer_outputs", real)
     hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
     assert HeteroEmbeddingStore.open(path, graph.fingerprint) is not None
+
+
+def test_a_dataset_written_again_with_other_features_is_not_served_its_old_rows(graph, tmp_path):
+    # The store's folder is the dataset fingerprint (edges and feature widths): a dataset
+    # written again in place with the same edges and other features was served the rows
+    # computed from the old ones.
+    from hybridgnn.graph.hetero import write_hetero_dataset
+
+    def write(seed):
+        rng = np.random.default_rng(seed)
+        nodes = {t: {"features": rng.standard_normal(n.features.shape).astype(np.float32)}
+                 for t, n in graph.nodes.items()}
+        edges = {e: (np.asarray(d.indptr), np.asarray(d.indices)) for e, d in graph.edges.items()}
+        return HeteroGraphStore.open(write_hetero_dataset(tmp_path / "g", nodes=nodes, edges=edges))
+
+    first = write(0)
+    path = hybridgnn.save_model(built(sage(first), first), tmp_path / "m", metadata=first.metadata())
+    hetero_precompute(open_hetero_model(path, first)[0], first, path, progress=False)
+    again = write(1)
+    assert again.fingerprint == first.fingerprint
+    assert HeteroEmbeddingStore.for_graph(path, again) is None
+    hetero_precompute(open_hetero_model(path, again)[0], again, path, progress=False)
+    assert HeteroEmbeddingStore.for_graph(path, again) is not None

@@ -138,8 +138,7 @@ class HeteroEngine(Admitting):
         self.tables = TypedWorkloadTables.load_or_build(graph, self.fanouts)
         log.info("typed PSGS/FAP tables ready in %.2fs", time.perf_counter() - t0)
         self._features = {t: n.features for t, n in graph.nodes.items()}
-        self.embeddings = HeteroEmbeddingStore.open(cfg.model_dir, graph.fingerprint,
-                                                    {t: graph.num_nodes(t) for t in graph.node_types})
+        self.embeddings = HeteroEmbeddingStore.for_graph(cfg.model_dir, graph)
         self._precomputed = self._new_nodes = None
         if self.embeddings is not None:
             lacking = sorted(set(self.out_dims) - set(self.embeddings.output))
