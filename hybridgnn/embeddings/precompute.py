@@ -245,17 +245,18 @@ def _device_blocks(graph: GraphStore, device: torch.device, cfg: PrecomputeConfi
 def layer_batch(model, layer: int, graph, targets: np.ndarray, prev: torch.Tensor, device,
                  blocks: DeviceBlocks | None, scratch, norm_degree, has_loop) -> tuple[torch.Tensor, int, int]:
     """Layer `layer`'s outputs for `targets`, with the block's source and edge counts. `graph` has
-    the CSR rows the block is built from (a GraphStore, or one rank's LocalPart in its own ids)."""
+    the CSR rows the block is built from (a GraphStore, or one rank's LocalPart in its own ids);
+    prev, the input layer, may be float16 (a stored layer): the gathered rows are widened."""
     with torch.inference_mode():
         if blocks is not None:  # everything on the device; prev is there too
             sources, ei = blocks.block(torch.from_numpy(targets).to(device))
             weight = None
             if model.gcn_normalised:
                 ei, weight = blocks.gcn_block(ei, sources, len(targets))
-            y = model.layer(layer, prev[sources], ei, len(targets), gcn_weight=weight)
+            y = model.layer(layer, prev[sources].float(), ei, len(targets), gcn_weight=weight)
             return y, int(sources.shape[0]), int(ei.shape[1])
         sources, ei = block_inputs(graph, targets, scratch)
-        x = prev[torch.from_numpy(sources)].to(device)
+        x = prev[torch.from_numpy(sources)].to(device, torch.float32)
         weight = None
         if model.gcn_normalised:
             ei, w = gcn_edge_weights(ei, sources, len(targets), norm_degree, has_loop)
@@ -342,8 +343,9 @@ def _precompute_locked(graph: GraphStore, model: GNN, model_dir: Path, root: Pat
         if mode == "w+":
             unlink_mapped(path)
         out = np.lib.format.open_memmap(path, mode=mode, dtype=DTYPES[cfg.dtype], shape=(n, dims[layer]))
-        prev_arr = graph.features if layer == 0 else np.load(root / f"layer_{layer}.npy", mmap_mode="r")
-        prev = host_tensor(prev_arr if prev_arr.dtype == np.float32 else np.asarray(prev_arr, dtype=np.float32))
+        # mapped as stored: a float16 layer widened whole would sit in memory as twice its
+        # file; layer_batch widens the rows each batch gathers
+        prev = host_tensor(graph.features if layer == 0 else np.load(root / f"layer_{layer}.npy", mmap_mode="r"))
         if blocks is not None:
             prev = prev.to(device)  # the whole input layer, once: batches gather from it in place
 

@@ -168,6 +168,32 @@ def test_float16_and_oom_halving(skewed_graph, tmp_path, monkeypatch):
                                rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("blocks", ["host", "device"])
+def test_a_float16_store_is_read_in_batches_not_widened_whole(tmp_path, blocks):
+    # Layer l+1 read layer l of a float16 store as one float32 copy in memory (twice the
+    # stored layer, however large the graph), where a float32 store is read mapped.
+    import tracemalloc
+
+    from hybridgnn.graph.store import GraphStore, write_dataset
+
+    n, hidden = 20000, 128
+    rng = np.random.default_rng(0)
+    write_dataset(tmp_path / "g", indptr=np.arange(0, 4 * n + 1, 4), indices=rng.integers(0, n, 4 * n).astype(np.int32),
+                  features=rng.standard_normal((n, 4)).astype(np.float32))
+    graph = GraphStore.open(tmp_path / "g")
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", 4, hidden, 3, num_layers=3)).eval()
+    cfg = PrecomputeConfig(batch_size=512, max_batch_size=512, dtype="float16", blocks=blocks)
+    tracemalloc.start()  # numpy's allocations (the widened copy was one)
+    try:
+        store = precompute(graph, model, tmp_path / "m", cfg, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n * hidden * 4 / 4, peak
+    np.testing.assert_allclose(store.final.astype(np.float32), full_graph_forward(graph, model), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("name", ["GraphSAGE", "GCN", "GAT", "GIN"])
 def test_any_pyg_basic_gnn_stack_precomputes_exactly(skewed_graph, tmp_path, name):
     import torch_geometric.nn.models as pyg_models
