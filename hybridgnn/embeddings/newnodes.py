@@ -198,8 +198,9 @@ class StoredGraphView:
         self.indptr, self.indices = np.asarray(graph.indptr), np.asarray(graph.indices)
         self._degrees = graph.degrees()
         self._features = host_tensor(graph.features)
-        self._layers = [host_tensor(a) if a.dtype == np.float32 else torch.from_numpy(np.asarray(a, np.float32))
-                        for a in layers]
+        # mapped as stored: rows() widens the rows it gathers (a float16 store widened whole
+        # would sit in memory as twice its files)
+        self._layers = [host_tensor(a) for a in layers]
         self._has_loop = gcn_degrees(graph)[1] if gcn else None
         self._rev: tuple[np.ndarray, np.ndarray] | None = None
 

@@ -183,3 +183,34 @@ def test_after_graph_updates_new_nodes_read_the_current_graph_and_embeddings(set
         assert np.abs(srpe - exact).max() / np.abs(exact).max() <= 1e-4
     stale = ev.infer(feats, ei, mode="full").logits  # the stored graph: misses the updates
     assert not np.allclose(stale, exact, rtol=1e-3)
+
+
+def test_a_float16_store_is_read_mapped_not_widened_whole(tmp_path):
+    # The evaluator (made once when a server starts) kept a float32 copy of every layer of a
+    # float16 store in memory: twice the stored layers, however large the graph.
+    import tracemalloc
+
+    from hybridgnn.embeddings.precompute import PrecomputeConfig
+
+    n, hidden = 20000, 128
+    rng = np.random.default_rng(0)
+    write_dataset(tmp_path / "g", indptr=np.arange(0, 4 * n + 1, 4), indices=rng.integers(0, n, 4 * n).astype(np.int32),
+                  features=rng.standard_normal((n, 4)).astype(np.float32))
+    graph = GraphStore.open(tmp_path / "g")
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", 4, hidden, 3, num_layers=3)).eval()
+    store = precompute(graph, model, tmp_path / "m", PrecomputeConfig(dtype="float16"), progress=False)
+    tracemalloc.start()  # numpy's allocations (the widened copies were)
+    try:
+        ev = NewNodeEvaluator(graph, model, store)
+        feats, ei = rng.standard_normal((2, 4)).astype(np.float32), np.array([[n, n, n + 1], [3, 7, 3]])
+        got = {mode: ev.infer(feats, ei, mode=mode, gamma=1.0).logits for mode in ("pe", "srpe", "full")}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n * hidden * 4 / 4, peak
+    widened = [np.asarray(a, np.float32) for a in store.layers]  # what it read before: the same values
+    store.layers[:] = widened
+    for mode, logits in got.items():
+        np.testing.assert_array_equal(NewNodeEvaluator(graph, model, store).infer(feats, ei, mode=mode,
+                                                                                gamma=1.0).logits, logits)
