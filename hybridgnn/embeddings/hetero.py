@@ -39,6 +39,7 @@ from hybridgnn.embeddings.store import (
     features_fingerprint,
     mark_complete,
     stored_array,
+    unchanged,
     writing_store,
 )
 from hybridgnn.graph.csr import gather_rows
@@ -257,6 +258,8 @@ class HeteroEmbeddingStore:
             # an IndexError for the nodes past a truncated file's rows, before
             log.warning("precomputed embeddings in %s are damaged (%s: %s): not served (run `hybridgnn precompute` "
                         "again)", root, type(exc).__name__, exc)
+            return None
+        if not unchanged(root, state):  # a rerun removed the store and wrote arrays meanwhile
             return None
         return cls(root=root, state=state, layers=layers, output=output)
 

@@ -92,12 +92,8 @@ class EmbeddingStore:
         num_nodes: the dataset's, which every stored layer must have a row for; features:
         its features_fingerprint, which the store's must equal when it records one."""
         root = embeddings_dir(model_dir, dataset_fingerprint)
-        state_path = root / "state.json"
-        if not state_path.is_file():
-            return None
-        try:
-            state = read_json(state_path)
-        except ValueError:  # not a state a finished precompute wrote: no stored embeddings
+        state = read_state(root)
+        if state is None:
             return None
         if not isinstance(state, dict) or not state.get("complete"):
             return None
@@ -116,6 +112,8 @@ class EmbeddingStore:
         except ValueError as exc:
             log.warning("precomputed embeddings in %s are damaged (%s): not served (run `hybridgnn precompute` "
                         "again)", root, exc)
+            return None
+        if not unchanged(root, state):
             return None
         return cls(root=root, layers=layers, state=state, output=output)
 
@@ -206,6 +204,26 @@ def hidden_rows(model, layers: list[np.ndarray], features, node_ids: np.ndarray)
     if len(layers) >= 2:
         return np.asarray(layers[-2][node_ids], dtype=np.float32)
     return np.asarray(features(node_ids), dtype=np.float32)
+
+
+def read_state(root: Path):
+    """root/state.json's JSON, or None when it is missing or not JSON (a store not written
+    whole, or being removed)."""
+    try:
+        return read_json(root / "state.json")
+    except (OSError, ValueError):
+        return None
+
+
+def unchanged(root: Path, state: dict) -> bool:
+    """Whether root/state.json still says `state` once its arrays are mapped; logged when
+    not. A run that rewrites a store writes its state before touching any array, so a
+    reader that mapped a file of that run (zeros until computed) sees the state change."""
+    if read_state(root) == state:
+        return True
+    log.warning("precomputed embeddings in %s were rewritten while this process opened them: not served "
+                "(a precompute is running there)", root)
+    return False
 
 
 def write_state(root: Path, state: dict) -> None:

@@ -218,3 +218,27 @@ def test_a_dataset_written_again_with_other_features_is_not_served_its_old_rows(
     assert HeteroEmbeddingStore.for_graph(path, again) is None
     hetero_precompute(open_hetero_model(path, again)[0], again, path, progress=False)
     assert HeteroEmbeddingStore.for_graph(path, again) is not None
+
+
+def test_a_store_rewritten_while_it_is_opened_is_not_served(graph, tmp_path, monkeypatch):
+    # A reader read a complete state.json and then mapped the arrays; a rerun in between
+    # (the store removed, then its arrays written anew, state.json last) had the reader
+    # serve the new run's arrays, whole or not, under the old state.
+    import shutil
+
+    import hybridgnn.embeddings.hetero as hetero_module
+
+    path = hybridgnn.save_model(built(sage(graph), graph), tmp_path / "m", metadata=graph.metadata())
+    store = hetero_precompute(open_hetero_model(path, graph)[0], graph, path, progress=False)
+    arrays = {p.relative_to(store.root): np.load(p) for p in store.root.rglob("*.npy")}
+    real = hetero_module._stored_arrays
+
+    def rewritten_meanwhile(root, state, num_nodes):
+        shutil.rmtree(root)
+        for rel, a in arrays.items():  # the rerun's arrays so far: as many rows, other values
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            np.save(root / rel, np.zeros_like(a))
+        return real(root, state, num_nodes)
+
+    monkeypatch.setattr(hetero_module, "_stored_arrays", rewritten_meanwhile)
+    assert HeteroEmbeddingStore.for_graph(path, graph) is None

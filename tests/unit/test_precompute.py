@@ -428,3 +428,27 @@ def test_a_dataset_rewritten_with_other_features_gets_fresh_embeddings(tmp_path,
     fourth = make_graph(tmp_path / "d", skewed_edges(), 60, seed=3)
     store = precompute(fourth, model, tmp_path / "m", progress=False)
     np.testing.assert_allclose(store.final, full_graph_forward(fourth, model), rtol=1e-4, atol=1e-5)
+
+
+def test_a_store_rewritten_while_it_is_opened_is_not_served(skewed_graph, tmp_path, monkeypatch):
+    # A reader read a complete state.json and then mapped the layer files; a rerun with
+    # other settings in between (its incomplete state written first, then each layer file
+    # made anew: zeros until computed) had the reader serve the new files' zeros.
+    import hybridgnn.embeddings.store as store_module
+    from hybridgnn.embeddings.store import write_state
+
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    precompute(skewed_graph, model, tmp_path / "m", progress=False)
+    real = store_module._stored_arrays
+
+    def rewritten_meanwhile(root, state, num_nodes):
+        write_state(root, {**state, "complete": False, "dtype": "float16", "layer": 0, "done": 0})
+        for i, width in enumerate(state["dims"], start=1):
+            (root / f"layer_{i}.npy").unlink()
+            np.lib.format.open_memmap(root / f"layer_{i}.npy", mode="w+", dtype=np.float16,
+                                      shape=(skewed_graph.num_nodes, width))
+        return real(root, state, num_nodes)
+
+    monkeypatch.setattr(store_module, "_stored_arrays", rewritten_meanwhile)
+    assert EmbeddingStore.for_graph(tmp_path / "m", skewed_graph) is None
