@@ -100,7 +100,11 @@ def _store_lock(args, graph):
 def _config(args):
     from hybridgnn.embeddings.precompute import PrecomputeConfig
 
-    return PrecomputeConfig(batch_size=args.batch_size, dtype=args.dtype, device=args.device, order=args.order)
+    # the flag is where batches start, not a bound: they grow to the default ceiling, or
+    # from a larger start stay there
+    return PrecomputeConfig(batch_size=args.batch_size, max_batch_size=max(args.batch_size,
+                                                                          PrecomputeConfig.max_batch_size),
+                            dtype=args.dtype, device=args.device, order=args.order)
 
 
 def _hetero(args) -> int:
@@ -175,6 +179,8 @@ def check_nprocs(nprocs: int, num_nodes: int, cores: int) -> None:
 def run(args) -> int:
     from hybridgnn.graph.store import GraphStore, dataset_kind
 
+    if args.batch_size < 1:  # the config's own check names its fields, not the flag
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if dataset_kind(args.dataset) == "hetero":  # also under torchrun: refused in one line there
         return _hetero(args)
     check_device(args.device)

@@ -354,6 +354,27 @@ def test_precompute_device_mistakes_are_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "m" / "embeddings").exists()
 
 
+def test_precompute_batch_size_is_checked_by_its_flag(tmp_path, capsys):
+    """--batch-size 0 said 'need 1 <= batch_size <= max_batch_size' (no such flag as
+    max_batch_size), and an initial batch past 1,048,576 targets was refused for it: the
+    flag has no upper bound, and the batches then grow up to it."""
+    from hybridgnn.embeddings.store import EmbeddingStore
+    from hybridgnn.graph.store import GraphStore
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m")
+    capsys.readouterr()
+    argv = ["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m")]
+    for bad in ("0", "-3"):
+        assert main(argv + ["--batch-size", bad]) == 2
+        assert capsys.readouterr().err == f"hybridgnn precompute: error: --batch-size must be >= 1, got {bad}\n"
+    assert main(argv + ["--batch-size", "2000000"]) == 0
+    assert EmbeddingStore.for_graph(tmp_path / "m", GraphStore.open(tmp_path / "d")) is not None
+
+
 def test_cpu_compute_device_cuda_without_cuda_is_one_line(tmp_path, capsys, monkeypatch):
     """serve and profile refuse --cpu-compute-device cuda without a CUDA device before
     anything starts (the first worker's model.to raised a traceback)."""
