@@ -214,3 +214,14 @@ def test_a_float16_store_is_read_mapped_not_widened_whole(tmp_path):
     for mode, logits in got.items():
         np.testing.assert_array_equal(NewNodeEvaluator(graph, model, store).infer(feats, ei, mode=mode,
                                                                                 gamma=1.0).logits, logits)
+
+
+@pytest.mark.parametrize("mode", ["full", "pe", "srpe", "sampled"])
+def test_an_edge_given_twice_or_both_ways_is_added_once(setup, mode):
+    # docs/api.md: what a mean or sum over neighbours reads does not depend on repeats
+    ev, feats, ei, exact = setup("sage", 2)
+    repeated = np.concatenate([ei, ei, ei[::-1]], axis=1)
+    got = ev.infer(feats, repeated, mode=mode, gamma=1.0, fanouts=(1 << 30,) * 2).logits
+    np.testing.assert_array_equal(got, ev.infer(feats, ei, mode=mode, gamma=1.0, fanouts=(1 << 30,) * 2).logits)
+    if mode != "pe":
+        assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5
