@@ -26,6 +26,7 @@ from hybridgnn.embeddings.store import (
     embeddings_dir,
     features_fingerprint,
     mark_complete,
+    stored_array,
     weights_of,
     write_state,
     writing_store,
@@ -266,11 +267,12 @@ def layer_batch(model, layer: int, graph, targets: np.ndarray, prev: torch.Tenso
 
 
 def starting_state(root: Path, num_layers: int, dims: list[int], cfg: PrecomputeConfig, model_dir: Path,
-                   features: str | None = None) -> dict:
+                   features: str | None = None, num_nodes: int | None = None) -> dict:
     """Where a run starts: the saved progress in root/state.json when it was made by the
     same model shape, weights, features (features_fingerprint) and settings (complete, or
     layer and nodes done), else from scratch (a model saved again into model_dir, or a
-    dataset written again with other features, makes its stored rows stale)."""
+    dataset written again with other features, makes its stored rows stale). num_nodes:
+    an unfinished run's files are checked to hold its rows (lost_rows), else from scratch."""
     fresh = {"num_layers": num_layers, "dims": dims, "dtype": cfg.dtype, "order": cfg.order,
              "model_fingerprint": weights_of(model_dir), "features_fingerprint": features,
              "layer": 0, "done": 0, "complete": False}
@@ -285,8 +287,28 @@ def starting_state(root: Path, num_layers: int, dims: list[int], cfg: Precompute
                                                                           "model_fingerprint", "features_fingerprint")):
         return fresh
     if not old.get("complete"):
+        lost = lost_rows(root, old, num_nodes, dims, DTYPES[cfg.dtype]) if num_nodes is not None else None
+        if lost is not None:
+            log.warning("precompute cannot resume in %s (%s): computing it again from scratch", root, lost)
+            return fresh
         log.info("resuming precompute at layer %d, %d nodes done", old["layer"] + 1, old["done"])
     return old
+
+
+def lost_rows(root: Path, state: dict, num_nodes: int, dims: list[int], dtype) -> str | None:
+    """Why an unfinished run's rows cannot be resumed (None when they can): every layer it
+    finished, and the one it is in when it has rows of it, must be a whole [num_nodes,
+    width] array of the run's dtype. A missing file would be made anew, and a truncated
+    one extended, with zeros in place of the rows done."""
+    upto = state["layer"] + (1 if state["done"] > 0 else 0)
+    for i in range(1, min(upto, len(dims)) + 1):
+        try:
+            a = stored_array(root / f"layer_{i}.npy", num_nodes)
+        except ValueError as exc:
+            return str(exc)
+        if a.shape[1] != dims[i - 1] or a.dtype != dtype:
+            return f"layer_{i}.npy holds {a.dtype} {a.shape}, not {np.dtype(dtype)} [{num_nodes}, {dims[i - 1]}]"
+    return None
 
 
 def precompute(graph: GraphStore, model: GNN, model_dir: Path, cfg: PrecomputeConfig = PrecomputeConfig(),
@@ -321,13 +343,14 @@ def _precompute_locked(graph: GraphStore, model: GNN, model_dir: Path, root: Pat
     root.mkdir(parents=True, exist_ok=True)
     dims = layer_dims(model, graph.feature_dim, device)
     features = features_fingerprint(graph)
-    state = starting_state(root, model.num_layers, dims, cfg, model_dir, features)
+    state = starting_state(root, model.num_layers, dims, cfg, model_dir, features, graph.num_nodes)
     if state.get("complete"):
         store = EmbeddingStore.for_graph(model_dir, graph)
         if store is not None:
             return store
         (root / "state.json").unlink()  # complete but damaged (logged): computed again from scratch
         state = starting_state(root, model.num_layers, dims, cfg, model_dir, features)
+
     write_state(root, state)  # before a layer file is rewritten: an old complete store is no longer served
     order = node_order(graph, cfg.order)
     norm_degree, has_loop = gcn_degrees(graph) if model.gcn_normalised else (None, None)

@@ -452,3 +452,36 @@ def test_a_store_rewritten_while_it_is_opened_is_not_served(skewed_graph, tmp_pa
 
     monkeypatch.setattr(store_module, "_stored_arrays", rewritten_meanwhile)
     assert EmbeddingStore.for_graph(tmp_path / "m", skewed_graph) is None
+
+
+@pytest.mark.parametrize("damage", ["current layer missing", "current layer truncated", "previous layer missing",
+                                    "previous layer truncated"])
+def test_a_resumed_run_whose_files_were_lost_starts_over(skewed_graph, tmp_path, monkeypatch, damage):
+    # A run stopped mid-layer resumed into whatever file was there: a missing layer file was
+    # made anew (zeros) and a truncated one extended with zeros (memmap r+), so the rows
+    # done before the stop were zeros in a store then marked complete and served; a
+    # missing earlier layer failed every rerun (FileNotFoundError) until state.json went.
+    torch.manual_seed(1)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3, num_layers=2)).eval()
+    cfg = PrecomputeConfig(batch_size=8, max_batch_size=8)
+    real, batches = GNN.layer, []
+
+    def dies_in_layer_two(self, *a, **kw):
+        batches.append(a[3] > 1)  # a batch, not the one-node shape probe
+        if sum(batches) == 11:  # 8 batches make layer 1
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(GNN, "layer", dies_in_layer_two)
+    with pytest.raises(KeyboardInterrupt):
+        precompute(skewed_graph, model, tmp_path / "m", cfg, progress=False)
+    monkeypatch.setattr(GNN, "layer", real)
+    root = embeddings_dir(tmp_path / "m", skewed_graph.fingerprint)
+    assert json.loads((root / "state.json").read_text())["done"] == 16
+    path = root / ("layer_2.npy" if damage.startswith("current") else "layer_1.npy")
+    if damage.endswith("missing"):
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:160])  # the header and the first rows
+    store = precompute(skewed_graph, model, tmp_path / "m", cfg, progress=False)
+    np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
