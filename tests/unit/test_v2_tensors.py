@@ -96,3 +96,12 @@ def test_data_flat_or_nested_as_its_shape_still_decodes(shape, data):
     arr = decode_tensor(Tensor("x", "INT64", shape, data), ("INT64",), "matrix")
     assert list(arr.shape) == shape and arr.reshape(-1).tolist() == [v for row in data for v in
                                                                     (row if isinstance(row, list) else [row])]
+
+
+@pytest.mark.parametrize("data, shape, named", [([[1 << 70, 1], [2, 3]], [2, 2], f"{1 << 70} is beyond the largest"),
+                                                ([1, -(1 << 70)], [2], f"{-(1 << 70)} is beyond the smallest"),
+                                                ([1.5, 1 << 70], [2], f"{1 << 70} is beyond the largest")])
+def test_an_integer_past_int64_that_makes_numpy_use_objects_is_named_too(data, shape, named):
+    # it was "'data' must hold integers only, found object values"
+    with pytest.raises(BadRequest, match=named):
+        decode_tensor(Tensor("edge_index", "INT64", shape, data), ("INT64",), "matrix" if len(shape) > 1 else "ids")

@@ -114,8 +114,9 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
             raise BadRequest(f"input {name!r}: 'data' must be a (nested) list of {kind}: {exc}") from exc
     allowed = "iuf" if datatype == "FP32" else "iu"
     if arr.size and arr.dtype.kind not in allowed:
-        if arr.dtype.kind == "f" and not isinstance(data, np.ndarray):
-            _refuse_beyond_int64(name, data)  # numpy makes ints past int64 mixed with others float64
+        if arr.dtype.kind in "fO" and not isinstance(data, np.ndarray):
+            # numpy makes ints past int64 float64 (beside floats) or object: named as themselves
+            _refuse_beyond_int64(name, data)
         raise BadRequest(f"input {name!r}: 'data' must hold {kind} only, found {arr.dtype.name} values")
     if arr.size != count:
         raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds {arr.size}")
@@ -141,6 +142,9 @@ def _refuse_beyond_int64(name: str, data: list) -> None:
 
 
 def _beyond_int64(name: str, value: int) -> BadRequest:
+    if value < 0:
+        return BadRequest(f"input {name!r}: {value} is beyond the smallest 64-bit signed integer "
+                          f"({-_INT64_MAX - 1})")
     return BadRequest(f"input {name!r}: {value} is beyond the largest 64-bit signed integer ({_INT64_MAX})")
 
 
