@@ -67,6 +67,26 @@ def test_typed_contents_are_accepted_and_a_raw_count_mismatch_is_a_400():
         infer_input(names)
 
 
+def test_contents_that_would_be_ignored_are_a_400():
+    """An input's values come from one place: raw_input_contents, or the contents field of
+    its datatype. Values sent in both, or in another type's field, were ignored (the answer
+    was for other ids, or said the data held none)."""
+    both = message("ModelInferRequest")(model_name="m")
+    t = both.inputs.add(name="node_ids", datatype="INT64", shape=[2])
+    t.contents.int64_contents.extend([5, 6])
+    both.raw_input_contents.append(np.array([7, 8], np.int64).tobytes())
+    with pytest.raises(BadRequest, match="node_ids.*both raw_input_contents and contents"):
+        infer_input(both)
+    other = message("ModelInferRequest")(model_name="m")
+    other.inputs.add(name="node_ids", datatype="INT64", shape=[2]).contents.int_contents.extend([5, 6])
+    with pytest.raises(BadRequest, match="node_ids.*int_contents.*INT64.*int64_contents"):
+        infer_input(other)
+    empty = message("ModelInferRequest")(model_name="m")
+    empty.inputs.add(name="node_ids", datatype="INT64", shape=[2])
+    empty.raw_input_contents.append(np.array([7, 8], np.int64).tobytes())
+    assert decode_infer(infer_input(empty), max_nodes=10, num_nodes=100).node_ids.tolist() == [7, 8]
+
+
 def test_errors_map_to_grpc_status_codes():
     import grpc
 

@@ -64,7 +64,7 @@ def _param(p) -> object:
 
 def infer_input(request, max_elements: int | None = None) -> InferInput:
     """The v2 request of a ModelInferRequest: each input's raw contents (one per input,
-    or none) or its typed contents. max_elements: typed contents longer than this are a
+    or none) or its datatype's typed contents, never both (400). max_elements: typed contents longer than this are a
     413 before they are copied."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
@@ -72,10 +72,17 @@ def infer_input(request, max_elements: int | None = None) -> InferInput:
                          "inputs: send one raw tensor per input, or none")
     inputs = []
     for i, t in enumerate(request.inputs):
+        sent = [f.name for f, _ in t.contents.ListFields()]  # the contents fields holding values
         if raw:
+            if sent:  # one would be ignored: the answer would be for values the client did not mean
+                raise BadRequest(f"input {t.name!r} holds both raw_input_contents and contents ({', '.join(sent)}): "
+                                 "send its values in one of them")
             inputs.append(Tensor(t.name, t.datatype, list(t.shape), raw=raw[i]))
             continue
         field = _CONTENTS.get(t.datatype)
+        if field is not None and sent and sent != [field]:
+            raise BadRequest(f"input {t.name!r} holds {', '.join(sent)}, but a {t.datatype} input's values go in "
+                             f"{field}")
         contents = getattr(t.contents, field) if field is not None else ()
         if max_elements is not None and len(contents) > max_elements:
             raise PayloadTooLarge(f"input {t.name!r} holds {len(contents)} elements; the limit is {max_elements}")
