@@ -72,6 +72,8 @@ def test_binary_request_and_outputs():
     (json.dumps(req([2**70])).encode(), "integer"),  # orjson: past its integers; stdlib: named as beyond int64
     (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}]}).encode(), "unknown input"),
     (json.dumps({**req([1]), "outputs": [{"name": "hidden"}]}).encode(), "unknown output"),
+    (json.dumps({**req([1]), "outputs": ["logits"]}).encode(), r"each output must be an object with a 'name'"),
+    (json.dumps({**req([1]), "outputs": [{"name": "logits", "parameters": 1}]}).encode(), "parameters"),
     (json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64"}]}).encode(), "neither 'data'"),
 ])
 def test_bad_requests(body, match):

@@ -138,12 +138,16 @@ def parse_infer(body: bytes, header_length: str | None, model: str, version: str
             raise BadRequest("'outputs' must be a list")
         names, binary_of = [], {}
         for out in requested:
-            name = out.get("name") if isinstance(out, dict) else None
-            oparams = out.get("parameters") or {} if isinstance(out, dict) else {}
+            if not isinstance(out, dict):  # the service would name it "unknown output None"
+                raise BadRequest(f"each output must be an object with a 'name', got {brief(out)}")
+            name = out.get("name")
+            oparams = out.get("parameters")
+            if oparams is not None and not isinstance(oparams, dict):
+                raise BadRequest(f"output {brief(name)}'s parameters must be an object, got {brief(oparams)}")
             names.append(name)
             if isinstance(name, str):
                 binary_of[name] = (_switch(oparams.get("binary_data", default_binary), f"output {name!r}'s binary_data")
-                                   if isinstance(oparams, dict) else default_binary)
+                                   if oparams else default_binary)
     if inputs is None:
         tensors = []
     elif not binary and type(inputs) is list:
