@@ -264,6 +264,21 @@ def test_expect_100_continue():
     run(go)
 
 
+def test_an_http10_request_gets_no_100_continue():
+    """RFC 9110 §10.1.1: a 100-continue expectation in an HTTP/1.0 request is ignored (an
+    HTTP/1.0 client knows no interim answers: it would read the 100 as the final one)."""
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /echo HTTP/1.0\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.3)
+        writer.write(b"body")
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["body"] == "body"
+
+    run(go)
+
+
 def test_head_http10_connection_close_and_404():
     async def go(server):
         reader, writer = await connect(server)

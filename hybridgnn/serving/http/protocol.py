@@ -329,7 +329,7 @@ class Connection(asyncio.Protocol):
         if expect is not None:
             if expect.lower() != "100-continue":
                 raise _Reject(417, f"unsupported expectation {expect[:50]!r}")
-            if length != "0":
+            if length != "0" and not msg.http10:  # an HTTP/1.0 client knows no 100 (RFC 9110 §10.1.1)
                 self.continue_owed = True
 
     def on_body(self, body: bytes) -> None:
