@@ -264,7 +264,8 @@ def _open_lookups(specs: list[dict], bound_s: float, link: EngineLink) -> HttpLo
     return HttpLookups.open(specs, bound_s, send)
 
 
-_GRPC_GONE = ("UNAVAILABLE", _UNANSWERED, (), b"")
+# UNAVAILABLE with retry-after, as the engine's own 503s are sent over gRPC
+_GRPC_GONE = ("UNAVAILABLE", _UNANSWERED, (("retry-after", RETRY["Retry-After"]),), b"")
 
 
 async def start_grpc(link: EngineLink, setup: dict, share: int):

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hybridgnn.serving.frontends import reserve_port
 from hybridgnn.serving.ipc import wire
 from tests.support.frontends import connection_to, frontend_pids, wait_for_frontends
-from tests.support.server import ServerProcess, metrics_text
+from tests.support.server import ServerProcess, free_port, metrics_text
 
 MODEL = "hybridgnn"
 
@@ -295,7 +295,10 @@ def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(tiny_
     """SIGSTOP of the engine's process (alive, silent): a request waiting for it and every
     one after, readiness included, is answered 503 with Retry-After within the quiet
     limit, never held; after SIGCONT the server serves again on the same processes."""
-    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    grpc = pytest.importorskip("grpc")
+    grpc_port = free_port()
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1",
+                        "--grpc-port", str(grpc_port)).wait_ready()
     try:
         pids = wait_for_frontends(srv.proc.pid, 2)
         conn = on(connection_to(srv.port, 0, pids))
@@ -310,6 +313,12 @@ def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(tiny_
             assert waited < wire.QUIET_S + 10, waited
             ready = requests.get(f"{srv.url}/v2/health/ready", timeout=5)
             assert ready.status_code == 503 and ready.headers.get("Retry-After")
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:  # a front end's gRPC says so too
+                live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+                with pytest.raises(grpc.RpcError) as refused:
+                    live(b"", timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+            assert dict(refused.value.trailing_metadata() or ()).get("retry-after"), refused.value
         finally:
             srv.proc.send_signal(signal.SIGCONT)
         deadline = time.monotonic() + 30
