@@ -91,6 +91,11 @@ def test_bad_binary_sizes():
         decode(None, header="99999", body=header)
     with pytest.raises(BadRequest, match="integer"):
         decode(None, header="x", body=header)
+    # values in 'data' as well as in the binary tail: one would be ignored
+    both = json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [7],
+                                   "parameters": {"binary_data_size": 8}}]}).encode()
+    with pytest.raises(BadRequest, match="node_ids.*both 'data' and binary_data_size"):
+        decode(None, header=str(len(both)), body=both + np.array([1], "<i8").tobytes())
 
 
 def test_encode_json_and_binary():

@@ -90,8 +90,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview
 
 
 def tensors_of(inputs, binary: memoryview) -> list[Tensor]:
-    """The input tensors of a parsed header: each input's data as sent, or its slice of the
-    binary tail (parameters.binary_data_size bytes, in input order), which must be used up."""
+    """The input tensors of a parsed header: each input's data as sent, or (never both) its
+    slice of the binary tail (parameters.binary_data_size bytes, in input order), which
+    must be used up."""
     if not isinstance(inputs, list):
         raise BadRequest("'inputs' must be a list of input tensors")
     out, offset, size = [], 0, len(binary)
@@ -103,6 +104,9 @@ def tensors_of(inputs, binary: memoryview) -> list[Tensor]:
         if bsize is None:
             out.append(Tensor(inp.get("name"), inp.get("datatype"), inp.get("shape"), inp.get("data", MISSING)))
             continue
+        if "data" in inp:  # one of the two would be ignored: the answer would be for values not meant
+            raise BadRequest(f"input {brief(inp.get('name'))} holds both 'data' and binary_data_size: send its "
+                             "values in one of them")
         if type(bsize) is not int or bsize < 0 or bsize > size - offset:
             raise BadRequest(f"input {brief(inp.get('name'))}: binary_data_size={brief(bsize)} must be a byte count "
                              f"within the {size - offset} bytes sent")
