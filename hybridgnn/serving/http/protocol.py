@@ -10,9 +10,10 @@ What holds:
 - HTTP/1.1 and 1.0, keep-alive, pipelining (answers in order, one in flight per
   connection), Content-Length and chunked bodies, Expect: 100-continue, HEAD.
 - Whatever llhttp rejects is a 400; an HTTP/1.1 request without exactly one Host is a
-  400; a head over max_header_bytes is a 431, a body over max_body_bytes a 413; other
-  HTTP versions 505. Each such answer is JSON and closes the connection, after the
-  answers to the requests before it.
+  400, and so is a transfer coding other than chunked alone; a head over
+  max_header_bytes is a 431, a body over max_body_bytes a 413; other HTTP versions 505.
+  Each such answer is JSON and closes the connection, after the answers to the requests
+  before it.
 - Memory per connection is bounded: once `max_pipelined` requests are parsed and wait,
   the bytes read past them wait unparsed until those are answered (llhttp is fed in
   slices of a quarter of max_header_bytes, so a slice more may have been parsed), and
@@ -325,6 +326,10 @@ class Connection(asyncio.Protocol):
             raise _Reject(400, f"bad Content-Length {length[:50]!r}")  # llhttp checks too; never trust int()
         if length is not None and int(length) > self.server.max_body_bytes:
             raise _Reject(413, f"request body too large (limit {self.server.max_body_bytes} bytes)")
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.lower() != "chunked":
+            # llhttp frames "gzip, chunked" by its chunks: the body would reach the endpoint still coded
+            raise _Reject(400, f"unsupported transfer coding {coding[:50]!r} (only chunked is)")
         expect = headers.get("expect")
         if expect is not None:
             if expect.lower() != "100-continue":
