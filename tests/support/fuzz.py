@@ -8,8 +8,9 @@ on a byte stream (how many requests it holds, whether it is rejected) is compute
 httptools itself plus the server's own stricter rules (docs/architecture.md, README "HTTP
 API", serving/http/protocol.py): an HTTP version llhttp takes but the server does not
 speak (0.9, 2.0) is a 505, an HTTP/1.1 request without exactly one Host header a 400, a
-declared body over max_body_bytes a 413, an Expect other than 100-continue a 417, a request
-head over 64 KiB a 431; each closes the connection. Nothing here hard-codes a verdict.
+declared body over max_body_bytes a 413, a transfer coding other than chunked alone a 400,
+an Expect other than 100-continue a 417, a request head over 64 KiB or of more than 100
+header fields a 431; each closes the connection. Nothing here hard-codes a verdict.
 
 Graph-update cases never change what an existing node answers: every update that can
 apply only adds new nodes, joined to each other (ids -1 .. -a) and to nothing else; every
@@ -30,6 +31,7 @@ import httptools
 from hypothesis import strategies as st
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADER_FIELDS = 100  # protocol.MAX_HEADER_FIELDS
 MAX_BODY_BYTES = 16 * 1024 * 1024  # ServerConfig.max_body_bytes' default
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BAD_ID = 10**7  # no node id the tests' graphs reach, even after every update a fuzz run adds
@@ -96,6 +98,8 @@ class _Tracker:
         self.hosts = 0
         self.content_length: bytes | None = None
         self.expect: list[bytes] = []
+        self.codings: list[bytes] = []
+        self.fields = 0
         self.keep_alive = True  # of the last request whose head completed
         self.url = b""
         self.urls: list[bytes] = []
@@ -105,14 +109,21 @@ class _Tracker:
         self.head_bytes = self.body_bytes = self.hosts = 0
         self.content_length = None
         self.expect: list[bytes] = []
+        self.codings = []
+        self.fields = 0
         self.url = b""
 
     def on_url(self, url: bytes):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes):
+        self.fields += 1
+        if self.fields > MAX_HEADER_FIELDS:
+            raise _Rule(431, f"more than {MAX_HEADER_FIELDS} header fields")
         lname = name.lower()
-        if lname == b"host":
+        if lname == b"transfer-encoding":
+            self.codings.append(value.strip(b" \t"))
+        elif lname == b"host":
             self.hosts += 1
         elif lname == b"content-length":
             self.content_length = value
@@ -130,6 +141,8 @@ class _Tracker:
             raise _Rule(400, f"HTTP/1.1 request with {self.hosts} Host headers")
         if self.content_length is not None and int(self.content_length.strip(b" \t")) > self.max_body:
             raise _Rule(413, "declared body over max_body_bytes")
+        if self.codings and b", ".join(self.codings).lower() != b"chunked":
+            raise _Rule(400, f"Transfer-Encoding: {b', '.join(self.codings)[:40]!r} (only chunked)")
         if self.expect and b", ".join(self.expect).lower() != b"100-continue":
             raise _Rule(417, f"Expect: {b', '.join(self.expect)[:40]!r}")
 
