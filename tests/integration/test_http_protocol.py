@@ -606,6 +606,65 @@ def test_past_the_turns_share_requests_wait_for_later_turns_and_all_are_answered
     run(go, answers_per_turn=1)
 
 
+def test_pipelined_requests_answered_at_once_take_turns_too():
+    """Requests answered in the call (a lookup, an error) that one client pipelined in one
+    read each spend the turn's share: a read of thousands of them was answered in one go
+    (all of a 256 KiB read: 1,800 lookups held the loop 0.1 s per connection, and a flood
+    on 25 connections kept a new client's request waiting 3 s). Past the share they wait
+    for later turns, in order, and all are answered."""
+    async def main():
+        server = HttpServer(EchoApi(), max_body_bytes=1000, answers_per_turn=4)
+        conn, transport = Connection(server), RecordingTransport()
+        conn.connection_made(transport)
+        n = 200
+        conn.data_received(b"".join(b"GET /echo HTTP/1.1\r\nHost: t\r\nX-I: %d\r\n\r\n" % i for i in range(n)))
+        at_once = b"".join(transport.out).count(b"HTTP/1.1 200 OK")
+        deadline = asyncio.get_running_loop().time() + 5
+        while b"".join(transport.out).count(b"HTTP/1.1 200 OK") < n:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0)  # a turn of the loop
+        return at_once, b"".join(transport.out), server
+
+    at_once, out, server = asyncio.run(main())
+    assert at_once <= server.turns.per_turn, f"{at_once} answered in the call that read them"
+    ids = [int(json.loads(part.split(b"\r\n\r\n", 1)[1])["headers"]["x-i"])
+           for part in out.split(b"HTTP/1.1 200 OK")[1:]]
+    assert ids == list(range(200)) and not server.turns.waiting
+
+
+def test_a_request_behind_a_pipelining_client_waits_for_one_of_its_answers_not_all():
+    """Connections waiting for a turn are answered one request each in turn: a client that
+    sends one request while another has hundreds pipelined is answered after a few of
+    theirs, not after the turn's whole share of them (it waited 0.1 s behind 25 such
+    clients, and was refused 429 for its wait while they were served)."""
+    async def main():
+        server = HttpServer(EchoApi(), max_body_bytes=1000, answers_per_turn=64)
+        written: list[str] = []
+
+        class Tagged(RecordingTransport):
+            def __init__(self, tag):
+                super().__init__()
+                self.tag = tag
+
+            def write(self, data):
+                written.append(self.tag)
+
+        flood, polite = Connection(server), Connection(server)
+        flood.connection_made(Tagged("flood"))
+        polite.connection_made(Tagged("polite"))
+        server.turns.used = server.turns.per_turn  # this turn's share is spent: both wait for later ones
+        flood.data_received(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n" * 300)
+        polite.data_received(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(written) < 301:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0)
+        return written
+
+    written = asyncio.run(main())
+    assert written.index("polite") <= 2, f"answered after {written.index('polite')} of the other's"
+
+
 def test_a_closed_connection_is_freed_without_a_garbage_collection():
     # No reference cycle outlives a connection: under churn, closed connections must not
     # pile up until a full collection walks them all on the event loop.
