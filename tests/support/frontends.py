@@ -68,10 +68,15 @@ def frontend_of(sock: socket.socket, pids: dict[int, int]) -> int | None:
     return None
 
 
-def connection_to(port: int, index: int, pids: dict[int, int], tries: int = 200) -> socket.socket:
+def connection_to(port: int, index: int, pids: dict[int, int], timeout_s: float = 60.0) -> socket.socket:
     """A connected socket to 127.0.0.1:port that front end `index` accepted (connections
-    are spread by the kernel: open some until one lands there)."""
-    for _ in range(tries):
+    are spread by the kernel: open some until one lands there, for up to timeout_s; a
+    front end just started again takes seconds to listen on a loaded machine, and a
+    count of tries ran out before it did)."""
+    deadline_all = time.monotonic() + timeout_s
+    tries = 0
+    while time.monotonic() < deadline_all:
+        tries += 1
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
         deadline = time.monotonic() + 2.0
         owner = None
@@ -82,4 +87,5 @@ def connection_to(port: int, index: int, pids: dict[int, int], tries: int = 200)
         if owner == index:
             return s
         s.close()
-    raise RuntimeError(f"no connection landed on front end {index} in {tries} tries")
+        time.sleep(0.01)  # poll interval, bounded by the deadline (each try leaves a port in TIME_WAIT)
+    raise RuntimeError(f"no connection landed on front end {index} in {tries} tries over {timeout_s:g} s")
