@@ -167,6 +167,9 @@ class Frontends:
                 "answers_per_turn": s.answers_per_turn, "queue_bound_s": self.api.engine.queue_bound_s,
                 "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining, "grpc_port": self.grpc_port,
                 "lookups": self.lookups,
+                # the engine's limits per input (None: a repository, whose models' widths vary)
+                "input_limits": (None if self.api.service.repository is not None
+                                 else self.api.service.input_limits(self.api.engine)),
                 "log_level": logging.getLogger().getEffectiveLevel()}
 
     async def start(self) -> None:

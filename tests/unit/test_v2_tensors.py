@@ -105,3 +105,12 @@ def test_an_integer_past_int64_that_makes_numpy_use_objects_is_named_too(data, s
     # it was "'data' must hold integers only, found object values"
     with pytest.raises(BadRequest, match=named):
         decode_tensor(Tensor("edge_index", "INT64", shape, data), ("INT64",), "matrix" if len(shape) > 1 else "ids")
+
+
+def test_precheck_refuses_what_decoding_would_before_any_element_is_read():
+    tensors.precheck_tensor(Tensor("x", "INT64", [2, 3], [[1, 2, 3], [4, 5, 6]]), 6)
+    tensors.precheck_tensor(Tensor("x", "INT64", "junk", [1]), 6)  # left for decode_tensor to name
+    with pytest.raises(PayloadTooLarge, match="declares 7 elements; the limit is 6"):
+        tensors.precheck_tensor(Tensor("x", "INT64", [7], list(range(7))), 6)
+    with pytest.raises(BadRequest, match="holds 3 entries at its top level"):
+        tensors.precheck_tensor(Tensor("x", "INT64", [2, 3], [[1, 2], [3, 4], [5, 6]]), None)

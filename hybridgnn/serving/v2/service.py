@@ -103,12 +103,17 @@ class V2Service:
         return self.models.get(name, version)
 
     @staticmethod
-    def max_input_elements(engine: Engine) -> int:
-        """The most elements one input of an inference to `engine` may hold (its decoder's
-        largest limit): a transport may refuse more before copying them."""
+    def input_limits(engine: Engine) -> dict[str, int]:
+        """The most elements each input of an inference to `engine` may declare (its
+        decoder's limits, by input name): a transport may refuse more before copying them."""
         if getattr(engine, "typed", False):
-            return max(typed_input_limits(engine).values())
-        return max(input_limits(engine.cfg.server.max_request_nodes, engine.max_feature_dim).values())
+            return typed_input_limits(engine)
+        return input_limits(engine.cfg.server.max_request_nodes, engine.max_feature_dim)
+
+    @staticmethod
+    def max_input_elements(engine: Engine) -> int:
+        """The most elements any one input of an inference to `engine` may hold."""
+        return max(V2Service.input_limits(engine).values())
 
     # --- errors ------------------------------------------------------------------------
     def failure(self, exc: BaseException | None, where: str = "request") -> Failure:

@@ -103,11 +103,7 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
     else:
         if not isinstance(data, list):
             raise BadRequest(f"input {name!r}: 'data' must be a list of {kind}")
-        if len(data) != count and not (len(shape) > 1 and len(data) == shape[0]):
-            # refused before numpy walks it: millions of tiny rows under a small shape
-            # would hold the event loop for most of a second just to be counted
-            raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds "
-                             f"{len(data)} entries at its top level (send it flat or nested as the shape)")
+        _check_top_level(name, shape, count, data)
         try:
             arr = np.asarray(data)
         except (ValueError, OverflowError) as exc:
@@ -132,6 +128,28 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
     with np.errstate(over="ignore"):
         arr = arr.astype(out_dtype).reshape(-1)
     return arr.reshape(shape) if layout != "ids" else arr
+
+
+def _check_top_level(name, shape: list, count: int, data: list) -> None:
+    """BadRequest when data's top-level length fits neither the shape's element count
+    (flat) nor its first dimension (nested): refused before numpy walks it, since millions
+    of tiny rows under a small shape held the event loop most of a second to be counted."""
+    if len(data) != count and not (len(shape) > 1 and len(data) == shape[0]):
+        raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds "
+                         f"{len(data)} entries at its top level (send it flat or nested as the shape)")
+
+
+def precheck_tensor(t: Tensor, limit: int | None) -> None:
+    """What a transport can refuse of an input before copying its data on: more declared
+    elements than `limit` (413) and JSON data that cannot fit its declared shape (400).
+    Inputs whose shape is not a list of sizes are left for decode_tensor to name."""
+    if not _sizes(t.shape):
+        return
+    count = math.prod(t.shape)
+    if limit is not None and count > limit:
+        raise PayloadTooLarge(f"input {t.name!r} declares {count} elements; the limit is {limit}")
+    if t.raw is None and type(t.data) is list:
+        _check_top_level(t.name, t.shape, count, t.data)
 
 
 def _refuse_beyond_int64(name: str, data: list) -> None:
