@@ -73,10 +73,10 @@ def quick_loads(data: bytes):
 def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
     """(JSON header, binary tail) of a KServe v2 body, plain JSON or binary-extension."""
     if header_length is not None:
-        try:
-            hlen = int(header_length)
-        except ValueError:
-            raise BadRequest(f"{HEADER_LENGTH} must be an integer, got {brief(header_length)}") from None
+        # digits only, as Content-Length: int() also reads "+78", "7_8" and " 78 "
+        if not (header_length.isascii() and header_length.isdigit()) or len(header_length) > 20:
+            raise BadRequest(f"{HEADER_LENGTH} must be a byte count (digits), got {brief(header_length)}")
+        hlen = int(header_length)
         if not 0 < hlen <= len(body):
             raise BadRequest(f"{HEADER_LENGTH}={hlen} does not fit a body of {len(body)} bytes")
         header, binary = _loads(body[:hlen]), memoryview(body)[hlen:]
