@@ -61,3 +61,20 @@ def update_body(*inputs: tuple[str, object, str]) -> bytes:
         return {"name": name, "datatype": dt, "shape": list(arr.shape), "data": arr.reshape(-1).tolist()}
 
     return json.dumps({"inputs": [tensor(*i) for i in inputs]}).encode()
+
+
+def four_in_edges_graph_and_sage(path: Path, num_nodes: int = 20000, hidden: int = 128):
+    """(graph, model): num_nodes nodes of 4 random in-edges and 4-dim features, and a
+    3-layer SAGE of width `hidden` in eval mode; a store of it is tens of MB, so what a
+    reader holds beside it is measurable."""
+    import torch
+
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    rng = np.random.default_rng(0)
+    n = num_nodes
+    write_dataset(path, indptr=np.arange(0, 4 * n + 1, 4), indices=rng.integers(0, n, 4 * n).astype(np.int32),
+                  features=rng.standard_normal((n, 4)).astype(np.float32))
+    torch.manual_seed(0)
+    return GraphStore.open(path), GNN(ModelSpec("sage", 4, hidden, 3, num_layers=3)).eval()
+

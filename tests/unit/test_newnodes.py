@@ -7,7 +7,7 @@ from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.store import GraphStore, write_dataset
 from hybridgnn.models.gnn import GNN, ModelSpec
-from tests.support.graphs import make_graph, skewed_edges
+from tests.support.graphs import four_in_edges_graph_and_sage, make_graph, skewed_edges
 from tests.support.reference import full_graph_forward
 
 N, Q = 60, 4
@@ -193,12 +193,8 @@ def test_a_float16_store_is_read_mapped_not_widened_whole(tmp_path):
     from hybridgnn.embeddings.precompute import PrecomputeConfig
 
     n, hidden = 20000, 128
-    rng = np.random.default_rng(0)
-    write_dataset(tmp_path / "g", indptr=np.arange(0, 4 * n + 1, 4), indices=rng.integers(0, n, 4 * n).astype(np.int32),
-                  features=rng.standard_normal((n, 4)).astype(np.float32))
-    graph = GraphStore.open(tmp_path / "g")
-    torch.manual_seed(0)
-    model = GNN(ModelSpec("sage", 4, hidden, 3, num_layers=3)).eval()
+    graph, model = four_in_edges_graph_and_sage(tmp_path / "g", n, hidden)
+    rng = np.random.default_rng(1)
     store = precompute(graph, model, tmp_path / "m", PrecomputeConfig(dtype="float16"), progress=False)
     tracemalloc.start()  # numpy's allocations (the widened copies were)
     try:

@@ -174,15 +174,10 @@ def test_a_float16_store_is_read_in_batches_not_widened_whole(tmp_path, blocks):
     # stored layer, however large the graph), where a float32 store is read mapped.
     import tracemalloc
 
-    from hybridgnn.graph.store import GraphStore, write_dataset
+    from tests.support.graphs import four_in_edges_graph_and_sage
 
     n, hidden = 20000, 128
-    rng = np.random.default_rng(0)
-    write_dataset(tmp_path / "g", indptr=np.arange(0, 4 * n + 1, 4), indices=rng.integers(0, n, 4 * n).astype(np.int32),
-                  features=rng.standard_normal((n, 4)).astype(np.float32))
-    graph = GraphStore.open(tmp_path / "g")
-    torch.manual_seed(0)
-    model = GNN(ModelSpec("sage", 4, hidden, 3, num_layers=3)).eval()
+    graph, model = four_in_edges_graph_and_sage(tmp_path / "g", n, hidden)
     cfg = PrecomputeConfig(batch_size=512, max_batch_size=512, dtype="float16", blocks=blocks)
     tracemalloc.start()  # numpy's allocations (the widened copy was one)
     try:
