@@ -65,12 +65,14 @@ def run(args) -> int:
     if args.method == "importance" or args.simulate:
         inputs["importance"] = two_hop_importance(np.asarray(graph.indptr), np.asarray(graph.indices))
     plan = make_plan(args.method, topology=topo, row_bytes=row_bytes, **inputs)
-    name = f"{args.method}-{tables.seed_key}-" + hashlib.sha256(json.dumps(topo.to_dict(), sort_keys=True,
-                                                                            default=str).encode()).hexdigest()[:8]
+    # fanouts in the name: FAP depends on them, and a plan for other fanouts replaced this one
+    topo_key = hashlib.sha256(json.dumps(topo.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:8]
+    name = f"{args.method}-{'_'.join(map(str, fanouts))}-{tables.seed_key}-{topo_key}"
     out = args.out or graph.root / "placement" / name
     check_out(out, directory=True, staged=True, replaceable=holds_only_a_plan, what="a placement plan")
     with staged_directory(out, "placing") as staging:  # an interrupted run leaves the old plan whole
-        plan.save(staging)
+        plan.save(staging, made_for={"dataset_fingerprint": graph.fingerprint, "fanouts": list(fanouts),
+                                     "seeds": tables.seed_key})
     print(f"{args.method} placement of {graph.num_nodes:,} rows ({row_bytes} B each) on {topo.describe()}, "
           f"seeds {tables.seed_key}, fanouts {','.join(map(str, fanouts))}")
     print(f"{'tier':<6}{'nodes':>14}{'FAP share':>12}{'bytes':>14}{'all copies':>14}")

@@ -156,13 +156,16 @@ class Plan:
                         "bytes_all_copies": int(np.sum(copies)) * self.row_bytes})
         return out
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, made_for: dict | None = None) -> Path:
+        """Write the plan; made_for (the dataset's fingerprint, fanouts, seeds) goes into
+        plan.json for whoever serves it to check (plan_made_for)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         for name in PLAN_ARRAYS:
             np.save(d / f"{name}.npy", getattr(self, name))
         (d / "plan.json").write_text(json.dumps({"method": self.method, "row_bytes": self.row_bytes,
-                                                 "topology": self.topology.to_dict()}, indent=2) + "\n")
+                                                 "topology": self.topology.to_dict(),
+                                                 **({"made_for": made_for} if made_for else {})}, indent=2) + "\n")
         return d
 
     @classmethod
@@ -181,6 +184,16 @@ class Plan:
             raise ValueError(f"plan.json is not a `hybridgnn place` plan ({type(exc).__name__}: {exc})") from exc
         arrays = {n: load_arrays(d / f"{n}.npy") for n in PLAN_ARRAYS}
         return cls(topo, method, row_bytes, **arrays)
+
+
+def plan_made_for(directory: str | Path) -> dict:
+    """What a saved plan was made for (dataset_fingerprint, fanouts, seeds), as `hybridgnn
+    place` recorded it; empty for a plan saved without it (before it was recorded)."""
+    try:
+        made_for = json.loads((Path(directory) / "plan.json").read_text()).get("made_for")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return {}
+    return made_for if isinstance(made_for, dict) else {}
 
 
 def holds_only_a_plan(directory: str | Path) -> bool:

@@ -2,7 +2,8 @@
 
 import json
 
-from hybridgnn.features.placement import GPU, Plan
+from hybridgnn.features.placement import GPU, Plan, plan_made_for
+from hybridgnn.graph.store import GraphStore
 
 
 def test_place_command_prints_tiers_saves_the_plan_and_simulates(tiny_dataset, tmp_path):
@@ -22,6 +23,9 @@ def test_place_command_prints_tiers_saves_the_plan_and_simulates(tiny_dataset, t
     assert done.returncode == 0, done.stderr
     assert "gpu" in done.stdout and "host" in done.stdout and "p99" in done.stdout
     plan = Plan.load(out)
+    made_for = plan_made_for(out)
+    assert made_for["dataset_fingerprint"] == GraphStore.open(tiny_dataset).fingerprint
+    assert made_for["fanouts"] == [5, 3] and made_for["seeds"].startswith("log-")
     assert plan.num_nodes == 3000 and plan.topology.servers == 2
     assert plan.tier[1] == GPU  # the most requested node is among the hottest rows
     bad = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "place", "--dataset", str(tiny_dataset),

@@ -192,6 +192,32 @@ def test_a_plan_that_is_not_one_is_refused_in_one_line(tmp_path):
         Plan.load(saved)
 
 
+def test_a_plan_made_for_another_dataset_is_refused_at_serve(tmp_path):
+    # equal node counts were all that was checked: a plan whose hot rows are another
+    # graph's was served
+    from types import SimpleNamespace
+
+    from hybridgnn.errors import ConfigError
+    from hybridgnn.features.placement import plan_made_for
+    from hybridgnn.runtime.resources import Resources
+
+    plan = fap_plan(FAP, topo(), ROW)
+    made_for = {"dataset_fingerprint": "aaaa", "fanouts": [5, 3], "seeds": "uniform"}
+    saved = plan.save(tmp_path / "plan", made_for=made_for)
+    old = plan.save(tmp_path / "old")  # saved before plans recorded it: served as before
+    assert plan_made_for(saved) == made_for and plan_made_for(old) == {} and plan_made_for(tmp_path) == {}
+
+    def resources(path, fingerprint):
+        cfg = SimpleNamespace(gpu_memory=SimpleNamespace(placement_plan=path, placement_server=0))
+        return SimpleNamespace(cfg=cfg, dynamic=None, graph=SimpleNamespace(
+            num_nodes=plan.num_nodes, fingerprint=fingerprint, root=tmp_path / "g"))
+
+    assert Resources._load_plan(resources(saved, "aaaa")).num_nodes == plan.num_nodes
+    assert Resources._load_plan(resources(old, "bbbb")).num_nodes == plan.num_nodes
+    with pytest.raises(ConfigError, match="was made for dataset aaaa, not bbbb .* make it again with `hybridgnn place`"):
+        Resources._load_plan(resources(saved, "bbbb"))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_request_counts_that_are_not_finite_are_refused(skewed_graph, tmp_path, bad):
     # NaN counts passed the >= 0 and sum > 0 checks: FAP, and every tier's share, were NaN
