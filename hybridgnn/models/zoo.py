@@ -78,7 +78,7 @@ def describe(model: nn.Module) -> tuple[str, dict[str, Any]]:
         "in_channels": in_channels,
         "hidden_channels": model.hidden_channels,
         "num_layers": model.num_layers,
-        "out_channels": model.out_channels,
+        "out_channels": _out_channels(model),
         "dropout": float(model.dropout.p),
         "act_first": bool(model.act_first),
         "jk": model.jk_mode,
@@ -107,6 +107,17 @@ def build(name: str, args: dict[str, Any]) -> nn.Module:
     except (TypeError, ValueError, KeyError, AttributeError, RuntimeError, AssertionError, OverflowError) as exc:
         # PyG's constructors assert (an unknown jk) and torch raises RuntimeError (a negative width)
         raise ConfigError(f"cannot build {name} from {args}: {exc or type(exc).__name__}") from exc
+
+
+def _out_channels(model) -> int | None:
+    """out_channels as the model was built: None when it was not given and no head reads
+    the layers (no jk). Rebuilt with hidden_channels in its place, a GAT's last layer
+    would average its heads instead of concatenating them (BasicGNN forces concat=False
+    on a layer mapping to out_channels), so GAT(..., heads=2) without out_channels was
+    refused at save with weights that did not fit."""
+    if model.jk_mode is None and not getattr(model, "_is_conv_to_out", False):
+        return None
+    return model.out_channels
 
 
 def _activation(act) -> dict[str, Any]:

@@ -54,6 +54,9 @@ OTHERS = {
     "gin-jk-lstm": lambda: GIN(F, 8, 2, 3, jk="lstm"),
     "gcn-jk-cat": lambda: GCN(F, 8, 3, 3, jk="cat", norm="batch"),
     "gat-jk-max": lambda: GAT(F, 8, 2, 3, heads=2, jk="max"),
+    # no out_channels: the last layer concatenates its heads (it was rebuilt averaging them)
+    "gat-heads-no-out": lambda: GAT(F, 8, 2, heads=2),
+    "gat-heads-no-out-1": lambda: GAT(F, 8, 1, heads=2),
     "own-sage": lambda: GNN(ModelSpec("sage", F, 8, 3)),
     "own-gat": lambda: GNN(ModelSpec("gat", F, 8, 3, heads=2)),
 }
