@@ -138,7 +138,9 @@ def _activation(act) -> dict[str, Any]:
 
 
 def _norm(model) -> dict[str, Any]:
-    norms = [m for m in model.norms if not isinstance(m, nn.Identity)]
+    # GIN's MLPs apply the norm inside each layer too: a 1-layer GIN has it only there
+    inner = [m for c in model.convs for m in getattr(getattr(c, "nn", None), "norms", ())]
+    norms = [m for m in [*model.norms, *inner] if not isinstance(m, nn.Identity)]
     if not norms:
         return {"norm": None, "norm_kwargs": None}
     if model.norm is None:

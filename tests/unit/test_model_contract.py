@@ -52,6 +52,7 @@ OTHERS = {
     "gin-train-eps": lambda: GIN(F, 8, 2, 3, train_eps=True),
     "gin-batch": lambda: GIN(F, 8, 3, 3, norm="batch", act="elu"),
     "gin-jk-lstm": lambda: GIN(F, 8, 2, 3, jk="lstm"),
+    "gin-1-batch": lambda: GIN(F, 8, 1, 3, norm="batch"),  # the norm is inside its MLP only
     "gcn-jk-cat": lambda: GCN(F, 8, 3, 3, jk="cat", norm="batch"),
     "gat-jk-max": lambda: GAT(F, 8, 2, 3, heads=2, jk="max"),
     # no out_channels: the last layer concatenates its heads (it was rebuilt averaging them)
@@ -177,6 +178,8 @@ class CustomSAGE(GraphSAGE):
     (lambda: torch.nn.Linear(F, 3), "not a model class hybridgnn serves"),
     (lambda: GraphSAGE(F, 8, 2, 3, norm="layer"), r"LayerNorm\(mode='graph'\) depends on which other nodes"),
     (lambda: GraphSAGE(F, 8, 2, 3, norm="graph_norm"), "GraphNorm depends on which other nodes"),
+    (lambda: GIN(F, 8, 1, 3, norm="graph_norm"), "GraphNorm depends on which other nodes"),  # in its MLP
+    (lambda: GIN(F, 8, 1, 3, norm="instance"), "InstanceNorm depends on which other nodes"),
     (lambda: GraphSAGE(F, 8, 2, 3, norm="batch", norm_kwargs={"track_running_stats": False}), "BatchNorm"),
     (lambda: GraphSAGE(F, 8, 2, 3, aggr="std"), "aggregation 'std'"),
     (lambda: GraphSAGE(F, 8, 2, 3, act=torch.nn.Hardswish()), "activation Hardswish"),
