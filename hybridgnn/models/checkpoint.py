@@ -53,6 +53,7 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
         raise zoo.UnsupportedModel("link_decoder is for heterogeneous models (give metadata=data.metadata())")
     root = Path(path)
     name, args = zoo.describe(model)
+    model = zoo.servable_copy(model)
     was_training = model.training
     model.eval()
     try:

@@ -37,7 +37,7 @@ from hybridgnn.models.hetero import (
     load_weights,
 )
 from hybridgnn.models.link import save_decoder
-from hybridgnn.models.zoo import UnsupportedModel
+from hybridgnn.models.zoo import UnsupportedModel, servable_copy
 from hybridgnn.types import EdgeType
 
 HETERO_CLASS = "hybridgnn.HeteroGNN"
@@ -147,6 +147,9 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
     docstring); UnsupportedModel (one line) when it cannot be served exactly.
     link_decoder: "dot" or a module scoring (z_src, z_dst) pairs (models/link.py)."""
     root = Path(path)
+    model = servable_copy(model)
+    if isinstance(link_decoder, nn.Module):
+        link_decoder = servable_copy(link_decoder)
     was_training = model.training
     model.eval()
     try:

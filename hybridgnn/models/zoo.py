@@ -11,8 +11,10 @@ by rebuilding the model and comparing its outputs (hybridgnn.models.golden).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import torch
 from torch import nn
 from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv
 from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
@@ -52,6 +54,23 @@ JK_MODES = (None, "last", "cat", "max", "lstm")
 
 class UnsupportedModel(ConfigError):
     """A model, or an option of it, that hybridgnn cannot serve exactly."""
+
+
+def servable_copy(model: nn.Module) -> nn.Module:
+    """model itself when its tensors are float32 on the CPU (as it is served and checked),
+    a copy moved to the CPU when they are on a GPU (the golden graph is on the CPU: a model
+    trained on a GPU failed with torch's 'tensors on different devices'); UnsupportedModel
+    for other floating dtypes, which float32 serving would only approximate (float64 and
+    float16 models failed with torch's 'mat1 and mat2 must have the same dtype')."""
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if not nn.parameter.is_lazy(t)]
+    other = sorted({str(t.dtype).removeprefix("torch.") for t in tensors
+                    if t.is_floating_point() and t.dtype != torch.float32})
+    if other:
+        raise UnsupportedModel(f"{type(model).__name__} holds {', '.join(other)} weights; hybridgnn serves float32 "
+                               "models: save model.float()")
+    if any(t.device.type != "cpu" for t in tensors):
+        return copy.deepcopy(model).cpu()
+    return model
 
 
 def supported_classes() -> str:

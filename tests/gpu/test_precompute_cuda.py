@@ -17,3 +17,22 @@ def test_precompute_on_cuda_matches_cpu(skewed_graph, tmp_path, kind):
     gpu = precompute(skewed_graph, model, tmp_path / "gpu", PrecomputeConfig(batch_size=16, device="cuda"),
                      progress=False)
     np.testing.assert_allclose(np.asarray(gpu.final), np.asarray(cpu.final), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_model_trained_on_a_gpu_is_saved_as_it_is(tmp_path):
+    # save_model's golden check ran the model on the CPU graph: 'tensors on different devices'.
+    from torch_geometric.nn.models import GAT
+
+    from hybridgnn.models.checkpoint import load_model, save_model
+
+    torch.manual_seed(0)
+    model = GAT(4, 8, 2, 3, heads=2, norm="batch").cuda().eval()
+    save_model(model, tmp_path / "m")
+    assert next(model.parameters()).is_cuda  # the caller's model is left where it was
+    stack, _ = load_model(tmp_path / "m")
+    x, ei = torch.randn(30, 4), torch.randint(0, 30, (2, 90))
+    with torch.inference_mode():
+        want = model(x.cuda(), ei.cuda()).cpu()
+        got = stack(x, ei)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

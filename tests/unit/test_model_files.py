@@ -194,3 +194,23 @@ def test_weights_that_are_not_a_torch_file_say_so(model_dir):
     _refused(model_dir, r"it is not a file torch.save wrote")
     (model_dir / "model.pt").write_bytes(b"\x80\x02" + b"1 2 3\n")  # a pickle's header, then not one
     _refused(model_dir, r"it is not a file torch.save wrote \(Unsupported operand")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_a_model_of_another_float_dtype_is_refused_in_one_line(dtype, tmp_path):
+    # It failed inside the golden forward with torch's 'mat1 and mat2 must have the same dtype'.
+    with pytest.raises(UnsupportedModel, match=f"holds {str(dtype)[6:]} weights; hybridgnn serves float32"):
+        save_model(GraphSAGE(F, 8, 2, 3).to(dtype), tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_heterogeneous_model_or_decoder_of_another_float_dtype_is_refused_in_one_line(tmp_path):
+    from torch_geometric.nn import to_hetero
+
+    meta = (["user", "item"], [("user", "rates", "item"), ("item", "rev_rates", "user")])
+    model = to_hetero(GraphSAGE((F, F), 8, num_layers=2, out_channels=3), meta, aggr="sum")
+    with pytest.raises(UnsupportedModel, match="holds float64 weights"):
+        save_model(model.double().eval(), tmp_path / "m", metadata=meta)
+    with pytest.raises(UnsupportedModel, match="Bilinear holds float64 weights"):
+        save_model(model.float().eval(), tmp_path / "m", metadata=meta,
+                   link_decoder=torch.nn.Bilinear(3, 3, 1).double())
