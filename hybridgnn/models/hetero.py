@@ -249,7 +249,10 @@ def candidates_from_pyg(model: nn.Module, metadata) -> tuple[list[dict[str, Any]
         elif lin is not None:
             raise UnsupportedModel("a HeteroConv model's head must be a ModuleDict of Linear per node type named "
                                    "`lin` (a head on one type's rows only cannot be read from the modules)")
-    elif all(isinstance(c, nn.ModuleDict) for c in convs) and isinstance(getattr(model, "act", None), nn.ModuleDict):
+    elif all(isinstance(c, nn.ModuleDict) for c in convs) and (
+            isinstance(getattr(model, "act", None), nn.ModuleDict) or len(convs) == 1):
+        # (to_hetero leaves a module its traced forward never calls as it is: the activation of
+        # a one-layer BasicGNN, which it was refused for, as not a to_hetero model)
         per_layer = [{tuple(k.split("__")): m for k, m in c.items()} for c in convs]
         if getattr(model, "jk", None) is not None or "lin" in dict(model.named_children()):
             raise UnsupportedModel("to_hetero models with jumping knowledge (jk) are not served yet")
@@ -257,7 +260,7 @@ def candidates_from_pyg(model: nn.Module, metadata) -> tuple[list[dict[str, Any]
         if norms is not None and any(not isinstance(m, nn.Identity) for layer in norms
                                      for m in (layer.values() if isinstance(layer, nn.ModuleDict) else [layer])):
             raise UnsupportedModel("to_hetero models with norms are not served yet (norm=None)")
-        acts = list(model.act.values())
+        acts = list(model.act.values()) if isinstance(getattr(model, "act", None), nn.ModuleDict) else []
         if len({type(a) for a in acts}) > 1:
             raise UnsupportedModel("the activation differs between node types")
         act_options = [_activation(acts[0] if acts else None)]

@@ -42,6 +42,8 @@ def models(graph):
     yield "to_hetero(GAT)", to_hetero(GAT((-1, -1), 8, num_layers=2, out_channels=4, heads=2, add_self_loops=False),
                                       md, aggr="max")
     yield "HeteroConv", HeteroSAGE(md, md[0][:1])
+    # one layer: to_hetero leaves the activation its forward never calls unconverted
+    yield "to_hetero(GraphSAGE, 1 layer)", to_hetero(GraphSAGE((-1, -1), 8, num_layers=1, out_channels=4), md)
     yield "to_hetero(own module, relu, head)", to_hetero(OwnGNN(), md, aggr="mean")
     yield "to_hetero(own GAT module, ELU module)", to_hetero(OwnGNN("gat", "elu-module", head=False), md, aggr="sum")
 
