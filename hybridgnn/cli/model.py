@@ -64,7 +64,7 @@ def run_export(args) -> int:
     model = _factory(args.factory)()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{args.factory} returned a {type(model).__name__}, not a torch.nn.Module")
-    state = load_tensors(args.weights, missing=f"weights file {args.weights} does not exist")
+    state = load_tensors(args.weights, missing=f"weights file {args.weights} does not exist", mmap=True)
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # a training checkpoint that wraps it
     try:

@@ -130,7 +130,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
     UnsupportedModel (one line each) when it cannot be served exactly."""
     root = Path(path)
     config = read_config(root)
-    state = load_tensors(root / WEIGHTS, map_location)
+    state = load_tensors(root / WEIGHTS, map_location, mmap=True)
     check_fits(lambda: zoo.build(config["class"], config["args"]), state, root, config["args"].get("num_layers"))
     model = zoo.build(config["class"], config["args"])
     _load_state(model, state, root)
@@ -140,8 +140,9 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
         raise CheckpointError(f"{root / CONFIG}: in_dim/out_dim/num_layers do not match its class arguments")
     if check:
         t0 = time.perf_counter()
-        saved = load_tensors(root / GOLDEN, "cpu")
+        saved = load_tensors(root / GOLDEN, "cpu", mmap=True)
         try:
+            _check_golden_sizes(saved, stack, root / GOLDEN)
             graph = golden.GoldenGraph(saved["x"].float(), saved["edge_index"].long())
             expected = saved["out"].float()
         except (KeyError, TypeError, AttributeError) as exc:
@@ -160,6 +161,23 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, ch
                                   + "; the weights, an option or the library version differ from what was saved")
         config = {**config, "golden_check_s": time.perf_counter() - t0}
     return stack, config
+
+
+def _check_golden_sizes(saved, stack, path: Path) -> None:
+    """CheckpointError unless a golden file holds tensors no larger than a golden graph's:
+    GOLDEN_NODES nodes' inputs and outputs, one edge per pair of them. Its tensors were
+    otherwise converted and evaluated whatever their size (a golden.pt of a million nodes
+    ran the model on them)."""
+    n = golden.GOLDEN_NODES
+    limits = {"x": n * stack.in_dim, "edge_index": 2 * n * n, "out": n * stack.out_dim}
+    for key, limit in limits.items():
+        value = saved[key]
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{path} is not a golden-outputs file: its {key!r} is not a tensor "
+                                  f"({type(value).__name__})")
+        if value.numel() > limit:
+            raise CheckpointError(f"{path} holds {key} of shape {tuple(value.shape)}, more than a golden graph of "
+                                  f"{n} nodes has")
 
 
 def _check_golden_graph(graph: golden.GoldenGraph, path: Path) -> None:
@@ -247,17 +265,23 @@ def _hash_value(h, name: str, value) -> None:
         h.update(f"{name}\0{value!r}\0".encode())
 
 
-def load_tensors(path: Path, map_location="cpu", *, missing: str | None = None):
+def load_tensors(path: Path, map_location="cpu", *, missing: str | None = None, mmap: bool = False):
     """torch.load(weights_only=True) of a file, or a CheckpointError in one line: `missing`
     (default: the model directory lacks the file), not a torch.save file, or what the
-    unpickler refused (load_failure)."""
+    unpickler refused (load_failure). mmap: tensors mapped from the file, not read (a
+    zip-format file; older ones are read), so a file holding more than its checks accept
+    is refused without reading it: a weights file with a stray gigabyte tensor was read
+    whole into the serving process before its keys were compared."""
     if not path.is_file():
         raise CheckpointError(missing or f"model directory {path.parent} lacks {path.name}")
     if not written_by_torch_save(path):
         raise CheckpointError(f"cannot load {path}: it is not a file torch.save wrote (a text file, or a truncated "
                               "download?)")
+    if mmap:
+        with open(path, "rb") as f:
+            mmap = f.read(2) == b"PK"  # the zip format; a pre-1.6 pickle cannot be mapped
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # unpickling errors come in several types; say only the cause
         raise CheckpointError(f"cannot load {path} (tensors only, weights_only=True): {load_failure(exc)}") from exc
 

@@ -195,7 +195,7 @@ def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, che
     """The HeteroGNN of a model directory whose config.json names it; CheckpointError (one
     line) when its weights do not fit or it does not reproduce its golden answers."""
     root = Path(path)
-    state = load_tensors(root / WEIGHTS, map_location)
+    state = load_tensors(root / WEIGHTS, map_location, mmap=True)  # mapped: refused unread when it does not fit
     try:
         # built on the meta device first: widths config.json gives are allocated only once
         # the weights are known to have them
@@ -211,7 +211,8 @@ def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, che
         raise CheckpointError(f"weights in {root / WEIGHTS} do not fit the HeteroGNN its config describes") from exc
     model.eval()
     if check:
-        saved = load_tensors(root / GOLDEN, "cpu")
+        saved = load_tensors(root / GOLDEN, "cpu", mmap=True)
+        _check_golden_sizes(saved, model, root / GOLDEN)
         try:
             x = {t: saved[f"x/{i}"].float() for i, t in enumerate(model.node_types)}
             edges = {e: saved[f"edge_index/{j}"].long() for j, e in enumerate(model.edge_types)}
@@ -228,6 +229,22 @@ def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, che
             raise CheckpointError(f"{root} does not reproduce its golden outputs (tolerance {GOLDEN_TOLERANCE:g}), so "
                                   "it is not served: " + "; ".join(problems))
     return model
+
+
+def _check_golden_sizes(saved, model: HeteroGNN, path: Path) -> None:
+    """CheckpointError unless each tensor of a golden file is no larger than a golden
+    graph's: GOLDEN_SIZES nodes per type, rows no wider than the model's widest weight,
+    one edge per pair of nodes. Its tensors were otherwise converted and evaluated
+    whatever their size."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path} is not a heterogeneous golden-outputs file: it holds a {type(saved).__name__}")
+    nodes = max(GOLDEN_SIZES)
+    widest = max((max(p.shape) for p in model.parameters() if p.ndim), default=1)
+    for key, value in saved.items():
+        limit = 2 * nodes * nodes if str(key).startswith("edge_index/") else nodes * widest
+        if isinstance(value, torch.Tensor) and value.numel() > limit:
+            raise CheckpointError(f"{path} holds {key} of shape {tuple(value.shape)}, more than a golden graph of "
+                                  f"at most {nodes} nodes per type has")
 
 
 def _check_golden(x: dict, edges: dict, expected: dict, path: Path) -> None:

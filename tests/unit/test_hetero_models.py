@@ -173,6 +173,8 @@ def _saved_recsys_sage(tmp_path):
     (lambda g: g.update({"x/0": g["x/0"][:, :1]}), "does not run on its golden graph"),  # RuntimeError
     (lambda g: g.update({"out/0": g["out/0"][:2]}), r"holds \(2, \d+\) outputs"),  # IndexError
     (lambda g: [g.pop(k) for k in list(g) if k.startswith("out/")], "holds no golden outputs"),  # StopIteration
+    # evaluated whatever its size: a golden graph of 3,000 users ran the model on them
+    (lambda g: g.update({"x/0": g["x/0"].repeat(100, 1)}), r"holds x/0 of shape \(\d+00, \d+\), more than a golden"),
 ])
 def test_a_damaged_heterogeneous_golden_file_is_refused_in_one_line(tmp_path, edit, match):
     path = _saved_recsys_sage(tmp_path)

@@ -214,3 +214,33 @@ def test_a_heterogeneous_model_or_decoder_of_another_float_dtype_is_refused_in_o
     with pytest.raises(UnsupportedModel, match="Bilinear holds float64 weights"):
         save_model(model.float().eval(), tmp_path / "m", metadata=meta,
                    link_decoder=torch.nn.Bilinear(3, 3, 1).double())
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_a_weights_file_with_a_huge_stray_tensor_is_refused_without_reading_it(model_dir):
+    # A gigabyte tensor beside the weights was read whole into the (serving) process before
+    # the keys were compared. skip_data writes it sparse: nothing is allocated to make it.
+    from torch.serialization import skip_data
+
+    state = torch.load(model_dir / "model.pt", weights_only=True)
+    with skip_data():
+        torch.save({**state, "stray": torch.empty(256 << 20)}, model_dir / "model.pt")  # 1 GiB
+    before = _peak_rss_mb()
+    _refused(model_dir, r"unexpected \['stray'\]")
+    assert _peak_rss_mb() - before < 256
+
+
+def test_a_golden_file_larger_than_a_golden_graph_is_refused_before_it_is_evaluated(model_dir, monkeypatch):
+    from hybridgnn.models import golden
+
+    def evaluated(*args):
+        raise AssertionError("a golden graph of 4,000 nodes was evaluated")
+
+    monkeypatch.setattr(golden, "mismatches", evaluated)
+    _edit_golden(model_dir, x=lambda g: g["x"].repeat(100, 1), out=lambda g: g["out"].repeat(100, 1))
+    _refused(model_dir, r"holds x of shape \(4000, 4\), more than a golden graph of 40 nodes has")
