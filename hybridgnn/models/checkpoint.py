@@ -97,8 +97,8 @@ def read_config(path: str | Path) -> dict:
     root = Path(path)
     cfg_path = root / CONFIG
     if not cfg_path.is_file():
-        raise CheckpointError(f"model directory {root} lacks {CONFIG} (write one with hybridgnn.save_model "
-                              "or `hybridgnn model export`)")
+        raise CheckpointError(not_a_file(cfg_path) or f"model directory {root} lacks {CONFIG} (write one with "
+                              "hybridgnn.save_model or `hybridgnn model export`)")
     try:
         config = read_json(cfg_path)
     except ValueError as exc:
@@ -273,7 +273,7 @@ def load_tensors(path: Path, map_location="cpu", *, missing: str | None = None, 
     is refused without reading it: a weights file with a stray gigabyte tensor was read
     whole into the serving process before its keys were compared."""
     if not path.is_file():
-        raise CheckpointError(missing or f"model directory {path.parent} lacks {path.name}")
+        raise CheckpointError(not_a_file(path) or missing or f"model directory {path.parent} lacks {path.name}")
     if not written_by_torch_save(path):
         raise CheckpointError(f"cannot load {path}: it is not a file torch.save wrote (a text file, or a truncated "
                               "download?)")
@@ -284,6 +284,18 @@ def load_tensors(path: Path, map_location="cpu", *, missing: str | None = None, 
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # unpickling errors come in several types; say only the cause
         raise CheckpointError(f"cannot load {path} (tensors only, weights_only=True): {load_failure(exc)}") from exc
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why a path that is there is not a regular file (a directory, a link that does not
+    resolve, a fifo), or None when nothing is there. Such paths were said to be missing."""
+    if path.is_symlink() and not path.exists():  # exists() follows the link: a loop or a dangling target
+        return f"{path} is a link that does not lead to a file (it loops, or its target is gone)"
+    if path.is_dir():
+        return f"{path} is a directory, not a file"
+    if path.exists():
+        return f"{path} is not a regular file"
+    return None
 
 
 def load_failure(exc: BaseException) -> str:

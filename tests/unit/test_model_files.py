@@ -244,3 +244,16 @@ def test_a_golden_file_larger_than_a_golden_graph_is_refused_before_it_is_evalua
     monkeypatch.setattr(golden, "mismatches", evaluated)
     _edit_golden(model_dir, x=lambda g: g["x"].repeat(100, 1), out=lambda g: g["out"].repeat(100, 1))
     _refused(model_dir, r"holds x of shape \(4000, 4\), more than a golden graph of 40 nodes has")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.pt", "golden.pt"])
+@pytest.mark.parametrize("make, match", [
+    (lambda p: p.mkdir(), "is a directory, not a file"),
+    (lambda p: p.symlink_to(p.name), "is a link that does not lead to a file"),  # a loop
+    (lambda p: p.symlink_to("gone"), "is a link that does not lead to a file"),
+])
+def test_a_model_file_that_is_not_a_file_says_what_it_is(model_dir, name, make, match):
+    # Each was said to be missing from the directory ('lacks model.pt'), which it was not.
+    (model_dir / name).unlink()
+    make(model_dir / name)
+    _refused(model_dir, match)
