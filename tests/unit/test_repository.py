@@ -555,3 +555,25 @@ def test_a_graph_update_to_a_repository_says_updates_serve_one_model_not_to_set_
     with pytest.raises(Forbidden, match="not a model repository") as refused:
         V2Service(repository).authorize_update("sage", None, "Bearer a-token-1")
     assert "start it with --update-token" not in str(refused.value)
+
+
+def test_a_load_that_chooses_no_version_says_why_without_an_empty_version():
+    # The 409 said "version : no version directory matches the version policy".
+    import asyncio
+    from types import SimpleNamespace
+
+    from hybridgnn.errors import Conflict
+    from hybridgnn.serving.v2.service import V2Service
+
+    models = Models()
+    models.unavailable[("pol", "")] = "no version directory matches the version policy (on disk: [1])"
+
+    async def load(name):
+        return []
+
+    repository = SimpleNamespace(load=load, models=models)
+    service = SimpleNamespace(_repository=lambda authorization: repository)
+    with pytest.raises(Conflict) as info:
+        asyncio.run(V2Service.load(service, "pol", "Bearer x"))
+    assert str(info.value) == ("model 'pol' could not be loaded: no version directory matches the version policy "
+                               "(on disk: [1])")

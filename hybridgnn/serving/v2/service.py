@@ -223,7 +223,8 @@ class V2Service:
             raise Conflict(str(exc)) from exc
         failed = {v: why for (n, v), why in repository.models.unavailable.items() if n == name}
         if not versions:
-            raise Conflict(f"model {name!r} could not be loaded: " + "; ".join(f"version {v}: {why}"
+            # a reason of the model itself (its config.json, no version chosen) is under version ""
+            raise Conflict(f"model {name!r} could not be loaded: " + "; ".join(f"version {v}: {why}" if v else why
                                                                                for v, why in failed.items()))
         return {"name": name, "versions": versions, "unavailable": failed}
 
