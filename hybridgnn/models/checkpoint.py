@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hybridgnn.capabilities import write_replacing
-from hybridgnn.config import read_json
+from hybridgnn.config import parse_fanouts, read_json
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import written_by_torch_save
 from hybridgnn.models import golden, zoo
@@ -73,7 +73,7 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
     if problems:
         raise zoo.UnsupportedModel(f"{type(model).__name__} cannot be served exactly: " + "; ".join(problems))
     config = {"format": FORMAT, "class": name, "args": args, "in_dim": stack.in_dim, "out_dim": stack.out_dim,
-              "num_layers": stack.num_layers, **({"fanouts": [int(f) for f in fanouts]} if fanouts else {}),
+              "num_layers": stack.num_layers, **({"fanouts": list(_fanouts(fanouts))} if fanouts else {}),
               **(extra or {})}
     if config.get("fanouts") is not None and len(config["fanouts"]) < stack.num_layers:
         raise ConfigError(f"fanouts {config['fanouts']} give fewer hops than the model's {stack.num_layers} layers")
@@ -84,6 +84,16 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
                                                       "out": expected}, p))
     write_replacing(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     return root
+
+
+def _fanouts(fanouts) -> tuple[int, ...]:
+    """fanouts as serve reads them (config.parse_fanouts: positive whole numbers, or "10,5"),
+    or ConfigError. int() wrote 0, -1 and True as they were and 2.7 as 2, and serve then
+    refused the model it had saved (or sampled other fanouts than given)."""
+    try:
+        return parse_fanouts(fanouts)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"save_model fanouts: {exc}") from None
 
 
 def save_checkpoint(model: nn.Module, path: str | Path, *, extra: dict | None = None) -> Path:

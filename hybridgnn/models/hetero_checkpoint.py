@@ -20,6 +20,7 @@ from torch import nn
 
 from hybridgnn.capabilities import write_replacing
 from hybridgnn.config import read_json
+from hybridgnn.errors import ConfigError
 from hybridgnn.models.checkpoint import (
     CONFIG,
     FORMAT,
@@ -39,6 +40,7 @@ from hybridgnn.models.hetero import (
 from hybridgnn.models.link import save_decoder
 from hybridgnn.models.zoo import UnsupportedModel, servable_copy
 from hybridgnn.types import EdgeType
+from hybridgnn.workload.typed import num_hops, typed_fanouts
 
 HETERO_CLASS = "hybridgnn.HeteroGNN"
 GOLDEN_SIZES = (23, 17, 11, 29, 13)  # nodes per type (cycled): types of different sizes
@@ -170,6 +172,13 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
         model.train(was_training)
     if problems:
         raise UnsupportedModel(f"{type(model).__name__} cannot be served exactly: " + "; ".join(problems))
+    if fanouts is not None:  # as serve reads them: written as given, serve refused the saved model
+        try:
+            hops = num_hops(typed_fanouts(rebuilt.edge_types, fanouts))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"save_model fanouts: {exc}") from None
+        if hops < rebuilt.num_layers:
+            raise ConfigError(f"save_model fanouts give {hops} hops but the model has {rebuilt.num_layers} layers")
     config = {"format": FORMAT, "class": HETERO_CLASS, "args": args, "num_layers": rebuilt.num_layers,
               "in_dims": input_widths(rebuilt), "out_dims": {t: int(v.shape[1]) for t, v in expected.items()},
               **({"fanouts": _fanouts_json(fanouts)} if fanouts is not None else {}), **(extra or {})}

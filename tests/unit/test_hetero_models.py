@@ -274,3 +274,21 @@ def test_own_modules_hybridgnn_cannot_read_exactly_are_refused_in_one_line(graph
     with pytest.raises(UnsupportedModel, match=words) as info:
         hybridgnn.save_model(model, tmp_path / "m", metadata=graph.metadata())
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fanouts, match", [
+    ([0.5, 2], "must be integers"), ([-1, 2], "must be integers"), ([3], "give 1 hops but the model has 2 layers"),
+    ({"rates": [2, 2]}, "must name every edge type"),
+])
+def test_fanouts_serve_would_refuse_are_refused_at_save(tmp_path, fanouts, match):
+    # They were written as given (0.5 as 0), and serve then refused the saved model.
+    from hybridgnn.errors import ConfigError
+
+    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
+    x, ei = whole(g)
+    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4), g.metadata(), aggr="sum")
+    with torch.no_grad():
+        model(x, ei)
+    with pytest.raises(ConfigError, match=match):
+        hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata(), fanouts=fanouts)
+    assert not (tmp_path / "m" / "config.json").exists()

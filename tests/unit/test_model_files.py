@@ -257,3 +257,18 @@ def test_a_model_file_that_is_not_a_file_says_what_it_is(model_dir, name, make, 
     (model_dir / name).unlink()
     make(model_dir / name)
     _refused(model_dir, match)
+
+
+@pytest.mark.parametrize("fanouts", [[0, 5], [-1, 2], [2.7, 3], [True, 3], ["a", 2]])
+def test_fanouts_serve_would_refuse_are_refused_at_save(fanouts, tmp_path):
+    # 0, -1 and True were written as given and 2.7 as 2: serve then refused the saved model.
+    with pytest.raises(ConfigError, match="save_model fanouts") as info:
+        save_model(GraphSAGE(F, 8, 2, 3), tmp_path / "m", fanouts=fanouts)
+    assert "\n" not in str(info.value) and not (tmp_path / "m" / "config.json").exists()
+
+
+def test_fanouts_may_be_given_as_the_flag_writes_them(tmp_path):
+    import json
+
+    save_model(GraphSAGE(F, 8, 2, 3), tmp_path / "m", fanouts="10,5")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["fanouts"] == [10, 5]
