@@ -52,6 +52,7 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
     if link_decoder is not None:
         raise zoo.UnsupportedModel("link_decoder is for heterogeneous models (give metadata=data.metadata())")
     root = Path(path)
+    check_extra(extra, {"format", "class", "args", "in_dim", "out_dim", "num_layers", "fanouts"})
     name, args = zoo.describe(model)
     model = zoo.servable_copy(model)
     was_training = model.training
@@ -84,6 +85,25 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
                                                       "out": expected}, p))
     write_replacing(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     return root
+
+
+def check_extra(extra, reserved: set[str]) -> None:
+    """ConfigError (one line) unless `extra` is a JSON object whose keys save_model does not
+    write itself. A reserved key overwrote save_model's (extra={"num_layers": 3} made a
+    directory load refuses; {"fanouts": ..} passed unchecked), and a value JSON cannot hold
+    (a numpy float32, a tensor) failed json.dumps after the weights were written."""
+    if extra is None:
+        return
+    if not isinstance(extra, dict):
+        raise ConfigError(f"save_model extra must be a dict, got {type(extra).__name__}")
+    clash = sorted(set(map(str, extra)) & reserved)
+    if clash:
+        raise ConfigError(f"save_model extra names {clash}, which save_model writes itself"
+                          + (" (give fanouts=)" if "fanouts" in clash else ""))
+    try:
+        json.dumps(extra, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"save_model extra is not JSON: {exc}") from None
 
 
 def _fanouts(fanouts) -> tuple[int, ...]:

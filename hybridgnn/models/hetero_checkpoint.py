@@ -27,6 +27,7 @@ from hybridgnn.models.checkpoint import (
     GOLDEN,
     WEIGHTS,
     CheckpointError,
+    check_extra,
     check_fits,
     load_tensors,
 )
@@ -149,6 +150,7 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
     docstring); UnsupportedModel (one line) when it cannot be served exactly.
     link_decoder: "dot" or a module scoring (z_src, z_dst) pairs (models/link.py)."""
     root = Path(path)
+    check_extra(extra, {"format", "class", "args", "num_layers", "in_dims", "out_dims", "fanouts", "link_decoder"})
     model = servable_copy(model)
     if isinstance(link_decoder, nn.Module):
         link_decoder = servable_copy(link_decoder)

@@ -4,6 +4,7 @@ run), and what save_model cannot check is never written."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.nn.models import GraphSAGE
@@ -272,3 +273,18 @@ def test_fanouts_may_be_given_as_the_flag_writes_them(tmp_path):
 
     save_model(GraphSAGE(F, 8, 2, 3), tmp_path / "m", fanouts="10,5")
     assert json.loads((tmp_path / "m" / "config.json").read_text())["fanouts"] == [10, 5]
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"num_layers": 3}, r"names \['num_layers'\], which save_model writes itself"),
+    ({"fanouts": [0]}, r"give fanouts="),
+    ({"metrics": {"acc": np.float32(0.9)}}, "extra is not JSON: Object of type float32"),
+    ([("a", 1)], "extra must be a dict"),
+])
+def test_extra_that_would_spoil_config_json_is_refused_before_anything_is_written(extra, match, model_dir):
+    # json.dumps failed after model.pt and golden.pt were replaced, leaving the previous
+    # model's config.json over the new weights; reserved keys overwrote save_model's.
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    with pytest.raises(ConfigError, match=match):
+        save_model(GraphSAGE(F, 8, 2, 3), model_dir, extra=extra)
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
