@@ -233,13 +233,15 @@ def weights_fingerprint(model_dir: str | Path) -> str:
     shape and bytes, in name order (nested containers entry by entry). What profiles and
     precomputed embeddings were made with. The file's own bytes would not do: torch.save
     writes a random serialization id, so the same weights saved twice would differ.
-    Cached per file (path, size, modification time): servers check it several times."""
+    Cached per file (path, size, modification and change times, inode): servers check it
+    several times. Size and mtime alone kept the old fingerprint for other weights renamed
+    over the file with the old mtime (rsync -t, images with fixed mtimes)."""
     path = Path(model_dir) / WEIGHTS
     try:
         st = path.stat()
     except OSError:
         raise CheckpointError(f"model directory {path.parent} lacks {path.name}") from None
-    return _values_fingerprint(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    return _values_fingerprint(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def weights_match(stored: str | None, model_dir: str | Path) -> bool:
@@ -263,7 +265,7 @@ def hash_file(h, path: Path):
 
 
 @functools.lru_cache(maxsize=16)
-def _values_fingerprint(path: str, size: int, mtime_ns: int) -> str:
+def _values_fingerprint(path: str, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> str:
     try:  # mapped, not read: a large model is hashed without a second copy in memory
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # an old-format file cannot be mapped; load_tensors explains what cannot load

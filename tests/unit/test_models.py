@@ -154,3 +154,21 @@ def test_training_refuses_labels_it_cannot_learn_in_one_line(tmp_path):
         train(GraphStore.open(unmasked), TrainConfig(epochs=1), progress=False)
     model, _ = train(dataset("fine", labels), TrainConfig(hidden_dim=8, fanouts=(3, 2), epochs=1), progress=False)
     assert model.spec.out_dim == 3
+
+
+def test_weights_replaced_with_the_same_size_and_time_have_their_own_fingerprint(tmp_path):
+    # The fingerprint was cached by (path, size, mtime): weights of the same architecture
+    # renamed over the old ones with the old mtime (images and rsync -t keep mtimes) kept
+    # the old fingerprint, so embeddings precomputed with the old weights were served.
+    import os
+
+    torch.manual_seed(0)
+    save_checkpoint(GNN(ModelSpec("sage", 5, 8, 3)), tmp_path / "m")
+    save_checkpoint(GNN(ModelSpec("sage", 5, 8, 3)), tmp_path / "other")
+    path, other = tmp_path / "m" / "model.pt", tmp_path / "other" / "model.pt"
+    before = weights_fingerprint(tmp_path / "m")
+    st = path.stat()
+    assert other.stat().st_size == st.st_size
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, path)
+    assert weights_fingerprint(tmp_path / "m") != before
