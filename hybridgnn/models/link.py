@@ -227,12 +227,33 @@ class GraphDecoder:
                 args = [self._value(a, env) for a in n["args"]]
                 kwargs = {k: self._value(v, env) for k, v in n["kwargs"].items()}
                 if op == "call":
+                    if n["target"] in _ARITHMETIC:
+                        _check_operands(n["target"], args)
                     env[n["name"]] = FUNCTIONS[n["target"]](*args, **kwargs)
                 else:
                     if not isinstance(args[0], torch.Tensor):
                         raise ValueError(f"decoder graph calls .{n['target']}() on a {type(args[0]).__name__}")
                     env[n["name"]] = getattr(args[0], n["target"])(*args[1:], **kwargs)
         raise ValueError("decoder graph has no output")
+
+
+_ARITHMETIC = frozenset(f"operator.{n}" for n in ("add", "sub", "mul", "truediv", "neg", "matmul", "pow"))
+_MAX_SCALAR = 1 << 63
+
+
+def _check_operands(target: str, args: list) -> None:
+    """ValueError unless arithmetic a decoder graph asks for is on tensors or numbers of
+    a tensor's size: a hostile decoder.json multiplied a string by 10**12, or chained
+    integer powers, and the load ran out of memory or time (Python evaluates such
+    operations on its own objects, without bound)."""
+    for a in args:
+        if isinstance(a, torch.Tensor) or isinstance(a, float):
+            continue
+        if not isinstance(a, int) or abs(a) > _MAX_SCALAR:
+            raise ValueError(f"decoder graph applies {target} to {type(a).__name__} {str(a)[:40]}; "
+                             "arithmetic takes tensors and numbers")
+    if target == "operator.pow" and len(args) == 2 and all(type(a) is int for a in args) and abs(args[1]) > 64:
+        raise ValueError(f"decoder graph raises an integer to the power {args[1]}")
 
 
 def dot(z_src: torch.Tensor, z_dst: torch.Tensor) -> torch.Tensor:

@@ -143,3 +143,26 @@ def test_a_decoder_whose_scores_depend_on_the_other_pairs_is_refused(tmp_path):
         with pytest.raises(UnsupportedModel, match="depends on the other pairs") as err:
             save_decoder(tmp_path / "x", module, WIDTHS)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("target, args", [
+    ("operator.mul", ["x", 10 ** 12]),  # a terabyte string
+    ("operator.mul", [{"l": [1]}, 10 ** 12]),
+    ("operator.pow", [7, 10 ** 9]),  # an integer of hundreds of megabytes, computed for minutes
+])
+def test_a_decoder_graph_doing_arithmetic_on_python_objects_without_bound_is_refused(target, args):
+    nodes = [{"op": "input", "name": "a"}, {"op": "input", "name": "b"},
+             {"op": "call", "name": "big", "target": target, "args": args, "kwargs": {}},
+             {"op": "output", "args": [{"n": "a"}]}]
+    with pytest.raises(ValueError, match="decoder graph"):
+        GraphDecoder(nodes, {})(torch.ones(2, 3), torch.ones(2, 3))
+
+
+def test_a_decoder_scaled_by_its_width_still_serves(tmp_path):
+    class Scaled(nn.Module):
+        def forward(self, a, b):
+            return (a * b).sum(-1) / a.size(-1) ** 0.5 * 2
+
+    entry = save_decoder(tmp_path, Scaled(), WIDTHS)
+    decoder, pairs = load_decoder(tmp_path, entry, WIDTHS)
+    assert pairs
