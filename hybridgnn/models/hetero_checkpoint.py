@@ -175,6 +175,7 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
     if problems:
         raise UnsupportedModel(f"{type(model).__name__} cannot be served exactly: " + "; ".join(problems))
     if fanouts is not None:  # as serve reads them: written as given, serve refused the saved model
+        fanouts = _plain_fanouts(fanouts)
         try:
             hops = num_hops(typed_fanouts(rebuilt.edge_types, fanouts))
         except (TypeError, ValueError) as exc:
@@ -194,6 +195,17 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
     write_replacing(root / GOLDEN, lambda p: torch.save(golden, p))
     write_replacing(root / CONFIG, lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     return root
+
+
+def _plain_fanouts(fanouts):
+    """fanouts with integer tensors (deg.max() + 1) as Python ints, as save_model took them."""
+    def plain(v):
+        is_int = isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point() and v.dtype != torch.bool
+        return int(v) if is_int else v
+
+    if isinstance(fanouts, dict):
+        return {k: [plain(v) for v in vals] if isinstance(vals, (list, tuple)) else vals for k, vals in fanouts.items()}
+    return [plain(v) for v in fanouts] if isinstance(fanouts, (list, tuple)) else fanouts
 
 
 def _fanouts_json(fanouts):

@@ -292,3 +292,6 @@ def test_fanouts_serve_would_refuse_are_refused_at_save(tmp_path, fanouts, match
     with pytest.raises(ConfigError, match=match):
         hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata(), fanouts=fanouts)
     assert not (tmp_path / "m" / "config.json").exists()
+    # integer tensors (a degree + 1) are whole numbers, as they were before fanouts were checked
+    hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata(), fanouts=[torch.tensor(4)] * 2)
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["fanouts"] == [4, 4]
