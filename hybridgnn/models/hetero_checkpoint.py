@@ -151,6 +151,9 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
     link_decoder: "dot" or a module scoring (z_src, z_dst) pairs (models/link.py)."""
     root = Path(path)
     check_extra(extra, {"format", "class", "args", "num_layers", "in_dims", "out_dims", "fanouts", "link_decoder"})
+    if not isinstance(model, nn.Module):
+        raise UnsupportedModel(f"a {type(model).__name__} is not a heterogeneous model hybridgnn reads: expected "
+                               "to_hetero(<a BasicGNN or your own module>) or a module of HeteroConv layers")
     model = servable_copy(model)
     if isinstance(link_decoder, nn.Module):
         link_decoder = servable_copy(link_decoder)

@@ -212,6 +212,8 @@ def test_a_heterogeneous_model_or_decoder_of_another_float_dtype_is_refused_in_o
     model = to_hetero(GraphSAGE((F, F), 8, num_layers=2, out_channels=3), meta, aggr="sum")
     with pytest.raises(UnsupportedModel, match="holds float64 weights"):
         save_model(model.double().eval(), tmp_path / "m", metadata=meta)
+    with pytest.raises(UnsupportedModel, match="a NoneType is not a heterogeneous model"):  # an AttributeError
+        save_model(None, tmp_path / "m", metadata=meta)
     with pytest.raises(UnsupportedModel, match="Bilinear holds float64 weights"):
         save_model(model.float().eval(), tmp_path / "m", metadata=meta,
                    link_decoder=torch.nn.Bilinear(3, 3, 1).double())
