@@ -577,3 +577,26 @@ def test_a_load_that_chooses_no_version_says_why_without_an_empty_version():
         asyncio.run(V2Service.load(service, "pol", "Bearer x"))
     assert str(info.value) == ("model 'pol' could not be loaded: no version directory matches the version policy "
                                "(on disk: [1])")
+
+
+def test_a_model_unloaded_through_the_api_is_listed_unloaded_until_loaded_again(tmp_path, monkeypatch):
+    # The index listed nothing of it, so a client could not see what it could load again.
+    import asyncio
+    from types import SimpleNamespace
+
+    from hybridgnn.serving.v2.service import V2Service
+
+    repository, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+
+    def index():
+        for _, _, engine in repository.models.items():
+            engine.ready = True
+        return V2Service.index(SimpleNamespace(models=repository.models))
+
+    asyncio.run(repository.start())
+    asyncio.run(repository.unload("sage"))
+    _polls(repository, 3)  # the poll leaves it unloaded
+    assert index() == [{"name": "other", "version": "1", "state": "READY", "reason": ""},
+                       {"name": "sage", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    assert asyncio.run(repository.load("sage")) == ["1"]
+    assert [(e["name"], e["state"]) for e in index()] == [("other", "READY"), ("sage", "READY")]

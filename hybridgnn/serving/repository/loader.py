@@ -170,6 +170,8 @@ class Repository:
                 raise Conflict(f"model {name!r} is the last one served; load another first")
             for version in self.models.versions(name):
                 self._retire(self.models.remove(name, version), name, version)
+                # listed as Triton lists it: the index showed nothing of a model it could load again
+                self.models.unavailable[(name, version)] = "unloaded"
             self._unloaded.add(name)
 
     def _removed(self, name: str) -> None:
