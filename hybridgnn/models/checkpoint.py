@@ -313,7 +313,13 @@ def load_tensors(path: Path, map_location="cpu", *, missing: str | None = None, 
         with open(path, "rb") as f:
             mmap = f.read(2) == b"PK"  # the zip format; a pre-1.6 pickle cannot be mapped
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except OSError:
+            if not mmap:
+                raise
+            # a filesystem that cannot map files (some FUSE mounts): read it
+            return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # unpickling errors come in several types; say only the cause
         raise CheckpointError(f"cannot load {path} (tensors only, weights_only=True): {load_failure(exc)}") from exc
 
