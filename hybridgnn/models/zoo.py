@@ -83,6 +83,9 @@ def describe(model: nn.Module) -> tuple[str, dict[str, Any]]:
     if type(model) is GNN:
         return "hybridgnn.GNN", model.spec.to_dict()
     name = PYG_CLASSES.get(type(model))
+    if name is None and _looks_heterogeneous(model):
+        raise UnsupportedModel(f"{type(model).__name__} looks heterogeneous (to_hetero or HeteroConv): save it with "
+                               "hybridgnn.save_model(model, path, metadata=data.metadata())")
     if name is None:
         raise UnsupportedModel(f"{type(model).__module__}.{type(model).__qualname__} is not a model class hybridgnn "
                                f"serves (nor is any subclass); supported: {supported_classes()}")
@@ -108,6 +111,16 @@ def describe(model: nn.Module) -> tuple[str, dict[str, Any]]:
         raise UnsupportedModel("bipartite in_channels (a tuple) are not supported: one node type only")
     args.update(_conv_options(type(model), model))
     return name, args
+
+
+def _looks_heterogeneous(model) -> bool:
+    """Whether a model off the allowlist is one save_model reads with metadata= (to_hetero
+    gives a torch.fx GraphModule; HeteroConv layers): it was refused naming the class
+    torch.fx made up (GraphModule.__new__.<locals>.GraphModuleImpl), not the missing metadata."""
+    from torch_geometric.nn import HeteroConv
+
+    return isinstance(model, torch.fx.GraphModule) or any(isinstance(m, HeteroConv) for m in
+                                                           (model.modules() if isinstance(model, nn.Module) else ()))
 
 
 def build(name: str, args: dict[str, Any]) -> nn.Module:

@@ -295,3 +295,12 @@ def test_fanouts_serve_would_refuse_are_refused_at_save(tmp_path, fanouts, match
     # integer tensors (a degree + 1) are whole numbers, as they were before fanouts were checked
     hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata(), fanouts=[torch.tensor(4)] * 2)
     assert json.loads((tmp_path / "m" / "config.json").read_text())["fanouts"] == [4, 4]
+
+
+def test_a_heterogeneous_model_saved_without_metadata_is_told_to_give_it(tmp_path):
+    # It was refused as "torch.fx.graph_module.GraphModule.__new__.<locals>.GraphModuleImpl is
+    # not a model class hybridgnn serves".
+    md = (["user", "item"], [("user", "rates", "item"), ("item", "rev_rates", "user")])
+    for model in (to_hetero(GraphSAGE((4, 4), 8, num_layers=2, out_channels=3), md), HeteroSAGE(md, md[0][:1])):
+        with pytest.raises(UnsupportedModel, match=r"looks heterogeneous .* metadata=data.metadata\(\)"):
+            hybridgnn.save_model(model, tmp_path / "m")
