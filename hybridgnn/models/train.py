@@ -83,6 +83,20 @@ def _class_count(graph: GraphStore, train_ids: np.ndarray) -> int:
 
 
 def train(graph: GraphStore, cfg: TrainConfig, *, progress: bool = True) -> tuple[GNN, dict]:
+    """(model, metrics) trained as cfg says; ValueError (one line) for a dataset it cannot
+    train on or a width or batch that does not fit in memory."""
+    try:
+        return _train(graph, cfg, progress)
+    except RuntimeError as exc:
+        # torch's allocator raises RuntimeError, not MemoryError: --hidden-dim 10**8 ended
+        # in a traceback from inside a layer's forward
+        if "can't allocate memory" not in str(exc) and "out of memory" not in str(exc).lower():
+            raise
+        raise ValueError(f"training ran out of memory (hidden width {cfg.hidden_dim}, batch size {cfg.batch_size}, "
+                         f"fanouts {list(cfg.fanouts)}): lower --hidden-dim, --batch-size or --fanouts") from None
+
+
+def _train(graph: GraphStore, cfg: TrainConfig, progress: bool) -> tuple[GNN, dict]:
     if graph.labels is None:
         raise ValueError(f"dataset {graph.root} has no labels; training needs a labelled dataset (e.g. csbm)")
     if "train_mask" not in graph.masks:

@@ -172,3 +172,16 @@ def test_weights_replaced_with_the_same_size_and_time_have_their_own_fingerprint
     os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.replace(other, path)
     assert weights_fingerprint(tmp_path / "m") != before
+
+
+def test_training_out_of_memory_is_one_line(tiny_dataset, monkeypatch):
+    # torch's allocator raises RuntimeError: --hidden-dim 10**8 ended in a traceback.
+    from hybridgnn.models import gnn
+
+    def oom(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 714000000000 bytes. Error code 12")
+
+    monkeypatch.setattr(gnn, "stack_forward", oom)
+    with pytest.raises(ValueError, match="training ran out of memory .* lower --hidden-dim"):
+        train(GraphStore.open(tiny_dataset), TrainConfig(hidden_dim=8, epochs=1), progress=False)
