@@ -600,3 +600,20 @@ def test_a_model_unloaded_through_the_api_is_listed_unloaded_until_loaded_again(
                        {"name": "sage", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
     assert asyncio.run(repository.load("sage")) == ["1"]
     assert [(e["name"], e["state"]) for e in index()] == [("other", "READY"), ("sage", "READY")]
+
+
+def test_what_is_kept_of_versions_is_bounded_by_those_serving(tmp_path, monkeypatch):
+    # Each retired version's file stamps were kept for ever: a server that saw a new
+    # version every hour grew by one signature (up to 4,096 stamps) an hour.
+    import asyncio
+    import shutil
+
+    repository, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    asyncio.run(repository.start())
+    for version in range(2, 12):
+        shutil.copytree(root / "sage" / str(version - 1), root / "sage" / f".new-{version}")
+        (root / "sage" / f".new-{version}").rename(root / "sage" / str(version))
+        assert asyncio.run(repository.load("sage")) == [str(version)]
+    assert sorted(repository._started) == [("other", "1"), ("sage", "11")]
+    asyncio.run(repository.unload("sage"))
+    assert sorted(repository._started) == [("other", "1")]

@@ -132,8 +132,15 @@ class Repository:
             keep = {str(v) for v in model.chosen}
             for version in sorted(served - keep):
                 if self.models.versions(name) != [version]:  # never retire the last one serving
+                    self._forget(name, version)
                     self._retire(self.models.remove(name, version), name, version)
             return self.models.versions(name)
+
+    def _forget(self, name: str, version: str) -> None:
+        """What was kept of a version that stops serving: kept, it grew by a version's file
+        stamps (up to SIGNATURE_ENTRIES) for every version a long-running server retired."""
+        self._started.pop((name, version), None)
+        self._writing.discard((name, version))
 
     def _read(self, name: str | None = None) -> tuple[dict[str, RepositoryModel], dict[str, tuple]]:
         """(In a worker thread: every disk read of a load or a poll is made off the event
@@ -169,6 +176,7 @@ class Repository:
             if self.models.names() == [name]:
                 raise Conflict(f"model {name!r} is the last one served; load another first")
             for version in self.models.versions(name):
+                self._forget(name, version)
                 self._retire(self.models.remove(name, version), name, version)
                 # listed as Triton lists it: the index showed nothing of a model it could load again
                 self.models.unavailable[(name, version)] = "unloaded"
@@ -190,8 +198,7 @@ class Repository:
             return
         self._seen.pop(name, None)
         for version in versions:
-            self._started.pop((name, version), None)
-            self._writing.discard((name, version))
+            self._forget(name, version)
             self._retire(self.models.remove(name, version), name, version)
         if versions:
             log.info("repository poll: model %s is gone from the repository; unloading it", name)
