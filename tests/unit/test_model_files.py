@@ -214,6 +214,18 @@ def test_a_heterogeneous_model_or_decoder_of_another_float_dtype_is_refused_in_o
         save_model(model.double().eval(), tmp_path / "m", metadata=meta)
     with pytest.raises(UnsupportedModel, match="a NoneType is not a heterogeneous model"):  # an AttributeError
         save_model(None, tmp_path / "m", metadata=meta)
+
+
+def test_a_heterogeneous_model_with_nan_weights_says_so(tmp_path):
+    # It said the model "cannot be served exactly: the whole-graph forward differs by inf".
+    from torch_geometric.nn import to_hetero
+
+    meta = (["user", "item"], [("user", "rates", "item"), ("item", "rev_rates", "user")])
+    model = to_hetero(GraphSAGE((F, F), 8, num_layers=2, out_channels=3), meta, aggr="sum")
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    with pytest.raises(UnsupportedModel, match="non-finite outputs .* look for NaN or inf weights"):
+        save_model(model.eval(), tmp_path / "m", metadata=meta)
     with pytest.raises(UnsupportedModel, match="Bilinear holds float64 weights"):
         save_model(model.float().eval(), tmp_path / "m", metadata=meta,
                    link_decoder=torch.nn.Bilinear(3, 3, 1).double())
