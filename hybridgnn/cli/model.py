@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
-from hybridgnn.config import read_json
+from hybridgnn.config import SMALL_JSON_BYTES, read_json
 
 
 def add_parser(sub) -> None:
@@ -87,7 +87,7 @@ def _print_summary(model_dir: Path) -> int:
     from hybridgnn.models.checkpoint import CONFIG, load_model
 
     try:
-        saved = read_json(Path(model_dir) / CONFIG)
+        saved = read_json(Path(model_dir) / CONFIG, SMALL_JSON_BYTES)
     except (OSError, ValueError):
         saved = {}  # load_model names what is wrong
     if isinstance(saved, dict) and saved.get("class") == "hybridgnn.HeteroGNN":

@@ -17,6 +17,7 @@ from hybridgnn.config.graph_state import NewNodeConfig, PartitionConfig, UpdateC
 from hybridgnn.config.settings import (  # noqa: F401 (callers import these from hybridgnn.config)
     ENV_PREFIX,
     MAX_CORE,
+    SMALL_JSON_BYTES,
     config_class,
     default_cache_dir,
     env_default,

@@ -152,11 +152,24 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 
-def read_json(path: str | Path):
+# The most bytes of a JSON file people or tools write small (model and repository configs,
+# embedding states): such a file past it is refused unread, not read whole into a server.
+SMALL_JSON_BYTES = 16 << 20
+
+
+def read_json(path: str | Path, max_bytes: int | None = None):
     """The JSON a file holds; ValueError saying why when it is not valid UTF-8 JSON
-    (nested too deeply included, which json raises as RecursionError); OSError as is."""
+    (nested too deeply included, which json raises as RecursionError) or holds more than
+    max_bytes (refused unread); OSError as is."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise ValueError(f"{size:,} bytes, more than such a file holds (at most {max_bytes:,})")
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:  # grown since the stat
+        raise ValueError(f"more than {max_bytes:,} bytes, more than such a file holds")
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(data.decode())
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"not valid JSON: {exc}") from exc
     except RecursionError:

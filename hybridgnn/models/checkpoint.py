@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hybridgnn.capabilities import write_replacing
-from hybridgnn.config import parse_fanouts, read_json
+from hybridgnn.config import SMALL_JSON_BYTES, parse_fanouts, read_json
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import written_by_torch_save
 from hybridgnn.models import golden, zoo
@@ -130,7 +130,7 @@ def read_config(path: str | Path) -> dict:
         raise CheckpointError(not_a_file(cfg_path) or f"model directory {root} lacks {CONFIG} (write one with "
                               "hybridgnn.save_model or `hybridgnn model export`)")
     try:
-        config = read_json(cfg_path)
+        config = read_json(cfg_path, SMALL_JSON_BYTES)
     except ValueError as exc:
         raise CheckpointError(f"{cfg_path} is {exc}") from exc
     if not isinstance(config, dict):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hybridgnn.capabilities import write_replacing
-from hybridgnn.config import read_json
+from hybridgnn.config import SMALL_JSON_BYTES, read_json
 from hybridgnn.errors import ConfigError
 from hybridgnn.models.checkpoint import (
     CONFIG,
@@ -304,7 +304,7 @@ def open_hetero_model(path: str | Path, graph) -> tuple[HeteroGNN, dict]:
     CheckpointError in one line otherwise."""
     root = Path(path)
     try:
-        config = read_json(root / CONFIG)
+        config = read_json(root / CONFIG, SMALL_JSON_BYTES)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"model directory {root}: cannot read {CONFIG}: {exc}") from None
     if not isinstance(config, dict) or config.get("class") != HETERO_CLASS:

@@ -314,3 +314,14 @@ def test_a_model_on_a_filesystem_that_cannot_map_files_is_read(model_dir, monkey
 
     monkeypatch.setattr(torch, "load", no_mmap)
     assert load_model(model_dir)[1]["golden_check_s"] >= 0
+
+
+def test_a_huge_config_json_is_refused_unread(model_dir):
+    # It was read whole (twice: bytes and text) before json said it was not JSON; in a
+    # repository the poll reads every model's config.json.
+    with open(model_dir / "config.json", "r+b") as f:
+        f.truncate(1 << 30)  # sparse: nothing is written to make it
+    before = _peak_rss_mb()
+    _refused(model_dir, r"config.json is 1,073,741,824 bytes, more than such a file holds")
+    assert _peak_rss_mb() - before < 256
+

@@ -617,3 +617,18 @@ def test_what_is_kept_of_versions_is_bounded_by_those_serving(tmp_path, monkeypa
     assert sorted(repository._started) == [("other", "1"), ("sage", "11")]
     asyncio.run(repository.unload("sage"))
     assert sorted(repository._started) == [("other", "1")]
+
+
+def test_a_huge_repository_config_is_listed_with_why_not_read(tmp_path):
+    # The poll read it whole every time it looked at the repository.
+    import resource
+
+    def _peak_rss_mb() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    with open(tmp_path / "m" / "config.json", "wb") as f:
+        f.truncate(1 << 30)
+    before = _peak_rss_mb()
+    model = scan_repository(tmp_path, strict=False)["m"]
+    assert "more than such a file holds" in model.error and _peak_rss_mb() - before < 256

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hybridgnn.capabilities import locked_elsewhere
-from hybridgnn.config import fanouts_for, parse_fanouts, read_json
+from hybridgnn.config import SMALL_JSON_BYTES, fanouts_for, parse_fanouts, read_json
 from hybridgnn.embeddings.store import embeddings_dir, store_lock
 from hybridgnn.errors import ConfigError, brief
 
@@ -119,7 +119,7 @@ def _read_model(path: Path) -> RepositoryModel:
     spec: dict = {}
     if cfg_path.is_file():
         try:
-            spec = read_json(cfg_path)
+            spec = read_json(cfg_path, SMALL_JSON_BYTES)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{cfg_path}: {exc}") from exc
         if not isinstance(spec, dict):
@@ -175,7 +175,7 @@ def version_signature(model: RepositoryModel, version: int, store: str | None = 
     complete = None
     if stamps and store is not None:
         try:
-            state = read_json(root / "state.json")
+            state = read_json(root / "state.json", SMALL_JSON_BYTES)
         except (OSError, ValueError):  # absent, or being replaced: not complete now
             state = None
         complete = isinstance(state, dict) and state.get("complete") is True
