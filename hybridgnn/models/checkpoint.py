@@ -67,7 +67,13 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
         # What load_model will do, done now: rebuild from the description, load the weights
         # strictly and run every path, so a model that would be refused is never written.
         rebuilt = zoo.build(name, args)
-        _load_state(rebuilt, model.state_dict(), root)
+        try:
+            _load_state(rebuilt, model.state_dict(), root)
+        except CheckpointError as exc:  # it named a model.pt not yet written
+            detail = str(exc).partition(": ")[2]
+            raise zoo.UnsupportedModel(f"{type(model).__name__} holds tensors other than those its options make "
+                                       f"({detail}): a module changed or added after it was built (a weight norm, "
+                                       "an extra parameter) cannot be written down") from None
         problems = golden.mismatches(rebuilt, decompose(rebuilt), graph, expected)
     finally:
         model.train(was_training)

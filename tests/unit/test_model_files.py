@@ -325,3 +325,22 @@ def test_a_huge_config_json_is_refused_unread(model_dir):
     _refused(model_dir, r"config.json is 1,073,741,824 bytes, more than such a file holds")
     assert _peak_rss_mb() - before < 256
 
+
+
+def _weight_norm(model):
+    torch.nn.utils.parametrizations.weight_norm(model.convs[0].lin_l)
+    return model
+
+
+def _extra_parameter(model):
+    model.scale = torch.nn.Parameter(torch.ones(3))
+    return model
+
+
+@pytest.mark.parametrize("change, match", [(_weight_norm, "unexpected .*parametrizations"),
+                                           (_extra_parameter, r"unexpected \['scale'\]")])
+def test_a_model_changed_after_it_was_built_is_refused_as_such(change, match, tmp_path):
+    # It was refused as "weights in .../model.pt do not fit", a file save_model had not written.
+    with pytest.raises(UnsupportedModel, match=f"holds tensors other than those its options make .*{match}") as info:
+        save_model(change(GraphSAGE(F, 8, 2, 3)), tmp_path / "m")
+    assert "model.pt" not in str(info.value)
