@@ -304,6 +304,8 @@ class ServerConfig:
             raise ValueError(f"model_name must be non-empty without '/', got {self.model_name!r}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.repository_poll_s < 0:  # was taken as 0, no polling, without a word
+            raise ValueError(f"repository_poll_s must be >= 0 (0: no polling), got {self.repository_poll_s}")
         if not 0 <= self.shutdown_grace_s <= 60:
             raise ValueError(f"shutdown_grace_s must be within [0, 60], got {self.shutdown_grace_s}")
         if self.seed_log is not None and not str(self.seed_log).endswith(".counts.npy"):

@@ -55,6 +55,7 @@ def test_worker_cores_pin_processes_only():
     (lambda: RouterConfig(psgs_threshold=-1), "psgs_threshold"),
     (lambda: ServerConfig(port=70000), "port"),
     (lambda: ServerConfig(model_name="a/b"), "model_name"),
+    (lambda: ServerConfig(repository_poll_s=-1), "repository_poll_s must be >= 0"),  # was taken as 0
 ])
 def test_bad_values_are_quoted(make, match):
     with pytest.raises(ValueError, match=match):
