@@ -288,6 +288,9 @@ class ServingStats:
     def unwatch(self, source: Callable[[], EngineSnapshot]) -> None:
         """Stop mirroring that engine (a model version unloaded)."""
 
+    def forget_model(self, name: str, version: str) -> None:
+        """Drop what is kept of a model version that is no longer served."""
+
     def for_model(self, name: str, version: str) -> ServingStats:
         """The stats of one model version of a repository (labelled with it, where kept)."""
         return self

@@ -87,6 +87,16 @@ class _LoopMetric(abc.ABC):
             series = self._series[values] = self._new_series()
         return series
 
+    def remove_matching(self, **match: str) -> list[tuple]:
+        """Drop the series whose labels take these values (a model version unloaded: its
+        series would otherwise be exposed, and kept, for the life of the process); the
+        label values of those dropped."""
+        where = [(self.labelnames.index(k), v) for k, v in match.items()]
+        gone = [values for values in self._series if all(values[i] == v for i, v in where)]
+        for values in gone:
+            del self._series[values]
+        return gone
+
     def describe(self) -> list:
         return [self.family_type(self.name, self.documentation, labels=self.labelnames)]
 

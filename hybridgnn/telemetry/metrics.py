@@ -174,6 +174,13 @@ class Telemetry(ServingStats):
         if source in self._engines:
             self._engines.remove(source)
 
+    def forget_model(self, name: str, version: str) -> None:
+        """Drop the series labelled with this model version (unloaded from a repository):
+        a server that polls new versions for months exposed every one it ever served."""
+        for metric in (self.stage_seconds, self.requests, self.seeds):
+            for labels in metric.remove_matching(model=name, version=version):
+                self._children.pop((id(metric), labels), None)  # a version loaded again gets new series
+
     def for_model(self, name: str, version: str) -> Telemetry:
         """The same series, with this model and version in their model/version labels (one
         view per engine of a model repository; the registry and engines are shared)."""

@@ -139,7 +139,8 @@ def test_a_model_removed_from_the_repository_stops_serving_and_the_last_one_stay
 
     root = _repo(tmp_path, {"kept": ([1], None), "gone": ([1], None)})
     cfg = SimpleNamespace(model_repository=root, server=SimpleNamespace(repository_poll_s=0.001, drain_timeout_s=1))
-    repository = loader.Repository(cfg, None)
+    forgotten = []  # the metrics series of versions unloaded are dropped, once each is stopped
+    repository = loader.Repository(cfg, SimpleNamespace(forget_model=lambda *version: forgotten.append(version)))
     on_disk = scan_repository(root, strict=False)
     engines = {name: Engine() for name in ("kept", "gone")}
     for name, engine in engines.items():
@@ -161,7 +162,7 @@ def test_a_model_removed_from_the_repository_stops_serving_and_the_last_one_stay
 
     shutil.rmtree(root / "gone")
     asyncio.run(poll_until(lambda: not repository.models.versions("gone")))
-    assert engines["gone"].stopped and not engines["kept"].stopped
+    assert engines["gone"].stopped and not engines["kept"].stopped and forgotten == [("gone", "1")]
     assert repository.models.names() == ["kept"] and not repository.models.unavailable and "gone" not in repository._seen
     # the last model served stays (as an unload keeps it), said once
     (root / "other").mkdir()  # the repository is not empty: the scan reads it

@@ -19,3 +19,26 @@ def test_metrics_are_isolated_per_registry_and_named_by_convention():
     assert codes == {"200": 1.0, "400": 1.0}
     assert "hybridgnn_requests" not in {f.name for f in text_string_to_metric_families(b.exposition()[0].decode())
                                         if any(s.value for s in f.samples)}
+
+
+def test_an_unloaded_model_versions_series_are_dropped_and_come_back_fresh():
+    # a repository server that polls new versions for months exposed (and kept) the series
+    # of every version it ever served
+    t = Telemetry(model="m")
+
+    def versions(metric: str) -> dict:
+        text = t.exposition()[0].decode()
+        return {(s.labels.get("model"), s.labels.get("version")): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples if s.name == metric}
+
+    one, two = t.for_model("m", "1"), t.for_model("m", "2")
+    for view in (one, two):
+        view.answered(200, seeds=3)
+        view.stage("total", "cpu", 0.01)
+    assert set(versions("hybridgnn_seeds_total")) == {("m", "1"), ("m", "2")}
+    t.forget_model("m", "2")
+    for metric in ("hybridgnn_seeds_total", "hybridgnn_requests_total", "hybridgnn_stage_seconds_count"):
+        assert ("m", "2") not in versions(metric) and ("m", "1") in versions(metric), metric
+    again = t.for_model("m", "2")  # loaded again: new series, counted from zero
+    again.answered(200, seeds=5)
+    assert versions("hybridgnn_seeds_total") == {("m", "1"): 3.0, ("m", "2"): 5.0}

@@ -293,6 +293,8 @@ class Repository:
             except Exception:  # no one awaits this task: say it here
                 log.exception("unloading model %s version %s failed", name, version)
                 return
+            if self.stats is not None and version not in self.models.versions(name):  # not loaded again meanwhile
+                self.stats.forget_model(name, version)
             log.info("model %s version %s unloaded", name, version)
 
         task = asyncio.create_task(retire(), name=f"retire-{name}-{version}")
