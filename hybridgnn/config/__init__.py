@@ -143,6 +143,7 @@ DEFAULT_QUEUE_DELAY_S = 0.1
 
 MAX_WORKERS = 1024  # workers (and torch threads) a pipeline may have; profiles allow as many
 
+MIN_REPOSITORY_POLL_S = 0.01  # seconds between repository scans, at the least
 # Seeds per request an SLO choice may assume: what a 16 MiB body holds as int64 ids. Past
 # it (--request-seeds inf, 1e12) the simulator's draws were an OverflowError or MemoryError.
 MAX_REQUEST_SEEDS = 1 << 21
@@ -304,8 +305,11 @@ class ServerConfig:
             raise ValueError(f"model_name must be non-empty without '/', got {self.model_name!r}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
-        if self.repository_poll_s < 0:  # was taken as 0, no polling, without a word
-            raise ValueError(f"repository_poll_s must be >= 0 (0: no polling), got {self.repository_poll_s}")
+        # below 0 was taken as 0 (no polling) without a word; a poll every nanosecond spun a
+        # core scanning the repository
+        if not (self.repository_poll_s == 0 or self.repository_poll_s >= MIN_REPOSITORY_POLL_S):
+            raise ValueError(f"repository_poll_s must be 0 (no polling) or at least {MIN_REPOSITORY_POLL_S} s, "
+                             f"got {self.repository_poll_s}")
         if not 0 <= self.shutdown_grace_s <= 60:
             raise ValueError(f"shutdown_grace_s must be within [0, 60], got {self.shutdown_grace_s}")
         if self.seed_log is not None and not str(self.seed_log).endswith(".counts.npy"):

@@ -55,7 +55,9 @@ def test_worker_cores_pin_processes_only():
     (lambda: RouterConfig(psgs_threshold=-1), "psgs_threshold"),
     (lambda: ServerConfig(port=70000), "port"),
     (lambda: ServerConfig(model_name="a/b"), "model_name"),
-    (lambda: ServerConfig(repository_poll_s=-1), "repository_poll_s must be >= 0"),  # was taken as 0
+    (lambda: ServerConfig(repository_poll_s=-1), "repository_poll_s must be 0 .no polling. or at least"),  # was 0
+    (lambda: ServerConfig(repository_poll_s=1e-9), "repository_poll_s must be 0 .no polling. or at least"),  # spun
+    (lambda: ServerConfig(repository_poll_s=float("nan")), "repository_poll_s must be a number"),
 ])
 def test_bad_values_are_quoted(make, match):
     with pytest.raises(ValueError, match=match):
