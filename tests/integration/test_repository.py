@@ -249,6 +249,14 @@ def test_the_repository_over_grpc_answers_as_over_rest(repo_server):
     assert err.value.status() == "StatusCode.NOT_FOUND"
     g.load_model("other", headers=auth)
     assert g.infer("other", [gi], parameters={"mode": "precomputed"}).as_numpy("logits").shape == (3, 4)
+    # Triton's config override is refused, not ignored (the model was served as its files hold it)
+    with pytest.raises(grpcclient.InferenceServerException) as err:
+        g.load_model("other", headers=auth, config='{"max_batch_size": 8}')
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "not supported" in err.value.message()
+    url = f"{repo_server.url}/v2/repository/models/other/load"
+    for body, status in (({"parameters": {"config": "{}"}}, 400), ([], 400), ({"parameters": {}}, 200)):
+        r = requests.post(url, json=body, headers=auth, timeout=120)
+        assert r.status_code == status, r.text
 
 
 def test_prometheus_series_carry_the_model_and_version(repo_server):

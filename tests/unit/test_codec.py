@@ -369,3 +369,12 @@ def test_binary_switches_take_true_or_false_only(params, outputs):
     header.pop("outputs", None)
     header["parameters"] = {"binary_data_output": True}
     assert parse_infer(json.dumps(header).encode(), None, "m", None)[1] is True
+
+
+def test_a_repository_load_body_gives_its_parameters_or_a_400():
+    assert codec.parse_load(b"") is None and codec.parse_load(b" \n") is None
+    assert codec.parse_load(b'{"parameters": {"config": "{}"}}') == {"config": "{}"}
+    assert codec.parse_load(b"{}") is None
+    for bad in (b"[]", b'{"parameters": 3}', b"{nope"):
+        with pytest.raises(BadRequest):
+            codec.parse_load(bad)

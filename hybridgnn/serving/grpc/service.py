@@ -229,7 +229,7 @@ class GrpcFrontend:
 
     async def repository_model_load(self, request, context):
         try:
-            await self.service.load(request.model_name, self._authorization(context))
+            await self.service.load(request.model_name, self._authorization(context), dict(request.parameters))
         except Exception as exc:
             await self._fail(context, exc)
         return self._messages["RepositoryModelLoad"][1]()

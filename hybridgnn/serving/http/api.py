@@ -15,7 +15,12 @@ from urllib.parse import unquote
 
 from hybridgnn.errors import MethodNotAllowed, NotFound
 from hybridgnn.serving.core.engine import Engine
-from hybridgnn.serving.http.codec import HEADER_LENGTH, parse_infer, parse_update
+from hybridgnn.serving.http.codec import (
+    HEADER_LENGTH,
+    parse_infer,
+    parse_load,
+    parse_update,
+)
 from hybridgnn.serving.http.lookups import HttpLookups, infer_reply
 from hybridgnn.serving.http.reply import Endpoint, Refusals, Reply, Request, model_route
 from hybridgnn.serving.http.turns import standing_queue_limits
@@ -50,7 +55,8 @@ class Api:
         }
         self._posts = {"/v2/repository/index": self._guarded(lambda r: Reply.json(s.index()), "repository_index")}
         self._repository_endpoints = {
-            "load": self._guarded(lambda r: self._json_later(s.load(r.params["model"], _auth(r))), "repository_load"),
+            "load": self._guarded(lambda r: self._json_later(s.load(r.params["model"], _auth(r), parse_load(r.body))),
+                                  "repository_load"),
             "unload": self._guarded(lambda r: self._json_later(s.unload(r.params["model"], _auth(r))),
                                     "repository_unload")}
         self._model_endpoints = {

@@ -70,6 +70,16 @@ def quick_loads(data: bytes):
     return _orjson.loads(data) if _orjson is not None else json.loads(data.decode())
 
 
+def parse_load(body: bytes) -> dict | None:
+    """The parameters of a repository load request's body (none when it is empty)."""
+    if not body.strip():
+        return None
+    doc = _loads(body)
+    if not isinstance(doc, dict) or not isinstance(doc.get("parameters", {}), dict):
+        raise BadRequest("a repository load body must be a JSON object, its 'parameters' an object")
+    return doc.get("parameters")
+
+
 def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
     """(JSON header, binary tail) of a KServe v2 body, plain JSON or binary-extension."""
     if header_length is not None:

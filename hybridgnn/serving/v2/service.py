@@ -213,10 +213,15 @@ class V2Service:
         _authorize(self.repository.cfg.updates.token, authorization, "repository control needs")
         return self.repository
 
-    async def load(self, name: str, authorization: str) -> dict:
+    async def load(self, name: str, authorization: str, parameters: dict | None = None) -> dict:
         """(Re)load a model from the repository directory; answers once the versions its
-        policy chooses serve (or failed: the index says why)."""
+        policy chooses serve (or failed: the index says why). parameters: the request's
+        (Triton's config and file overrides), which are refused: they were ignored, and
+        the model served as its directory holds it."""
         repository = self._repository(authorization)
+        if parameters:
+            raise BadRequest(f"load parameters {sorted(map(str, parameters))[:8]} are not supported: a model is "
+                             "loaded as its repository directory holds it (change its files, then load it)")
         try:
             versions = await repository.load(name)
         except ConfigError as exc:  # the repository itself is unreadable now
