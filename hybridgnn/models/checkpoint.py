@@ -51,7 +51,7 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
         return save_hetero_model(model, path, metadata, fanouts=fanouts, extra=extra, link_decoder=link_decoder)
     if link_decoder is not None:
         raise zoo.UnsupportedModel("link_decoder is for heterogeneous models (give metadata=data.metadata())")
-    root = Path(path)
+    root = Path(path).expanduser()  # "~/models/x" from Python, as the CLI reads it
     check_extra(extra, {"format", "class", "args", "in_dim", "out_dim", "num_layers", "fanouts"})
     name, args = zoo.describe(model)
     model = zoo.servable_copy(model)
@@ -130,7 +130,7 @@ def save_checkpoint(model: nn.Module, path: str | Path, *, extra: dict | None = 
 
 def read_config(path: str | Path) -> dict:
     """config.json of a model directory, checked for the fields every reader needs."""
-    root = Path(path)
+    root = Path(path).expanduser()  # "~/models/x" from Python, as the CLI reads it
     cfg_path = root / CONFIG
     if not cfg_path.is_file():
         raise CheckpointError(not_a_file(cfg_path) or f"model directory {root} lacks {CONFIG} (write one with "
@@ -164,7 +164,7 @@ def model_kind(config: dict) -> str:
 def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, check: bool = True):
     """(layer stack ready to serve, config) from a model directory; CheckpointError or
     UnsupportedModel (one line each) when it cannot be served exactly."""
-    root = Path(path)
+    root = Path(path).expanduser()  # "~/models/x" from Python, as the CLI reads it
     config = read_config(root)
     state = load_tensors(root / WEIGHTS, map_location, mmap=True)
     check_fits(lambda: zoo.build(config["class"], config["args"]), state, root, config["args"].get("num_layers"))

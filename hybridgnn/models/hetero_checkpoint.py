@@ -149,7 +149,7 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
     """Write a to_hetero or HeteroConv model as a model directory (see the module
     docstring); UnsupportedModel (one line) when it cannot be served exactly.
     link_decoder: "dot" or a module scoring (z_src, z_dst) pairs (models/link.py)."""
-    root = Path(path)
+    root = Path(path).expanduser()  # "~/models/x" from Python, as the CLI reads it
     check_extra(extra, {"format", "class", "args", "num_layers", "in_dims", "out_dims", "fanouts", "link_decoder"})
     if not isinstance(model, nn.Module):
         raise UnsupportedModel(f"a {type(model).__name__} is not a heterogeneous model hybridgnn reads: expected "
@@ -224,7 +224,7 @@ def _fanouts_json(fanouts):
 def load_hetero_model(path: str | Path, config: dict, map_location="cpu", *, check: bool = True) -> HeteroGNN:
     """The HeteroGNN of a model directory whose config.json names it; CheckpointError (one
     line) when its weights do not fit or it does not reproduce its golden answers."""
-    root = Path(path)
+    root = Path(path).expanduser()  # "~/models/x" from Python, as the CLI reads it
     state = load_tensors(root / WEIGHTS, map_location, mmap=True)  # mapped: refused unread when it does not fit
     try:
         # built on the meta device first: widths config.json gives are allocated only once
@@ -302,7 +302,7 @@ def open_hetero_model(path: str | Path, graph) -> tuple[HeteroGNN, dict]:
     """(model, config) of a heterogeneous model directory, checked (golden outputs) and
     checked to fit `graph` (a HeteroGraphStore: its types and layer 0's feature widths);
     CheckpointError in one line otherwise."""
-    root = Path(path)
+    root = Path(path).expanduser()  # "~/models/x" from Python, as the CLI reads it
     try:
         config = read_json(root / CONFIG, SMALL_JSON_BYTES)
     except (OSError, ValueError) as exc:

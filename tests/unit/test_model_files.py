@@ -344,3 +344,13 @@ def test_a_model_changed_after_it_was_built_is_refused_as_such(change, match, tm
     with pytest.raises(UnsupportedModel, match=f"holds tensors other than those its options make .*{match}") as info:
         save_model(change(GraphSAGE(F, 8, 2, 3)), tmp_path / "m")
     assert "model.pt" not in str(info.value)
+
+
+def test_a_model_directory_under_home_is_written_and_read_from_python(tmp_path, monkeypatch):
+    # "~/models/x" made a directory named "~" in the working directory (the CLI expanded it)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    save_model(GraphSAGE(F, 8, 2, 3).eval(), "~/models/x")
+    assert (tmp_path / "home" / "models" / "x" / "config.json").is_file() and not (tmp_path / "~").exists()
+    assert load_model("~/models/x")[1]["in_dim"] == F
