@@ -48,8 +48,11 @@ def expected_path_seconds(plan: Plan, fap: np.ndarray) -> dict[str, float]:
     net = topo.network if topo.network != "none" else "ethernet"
     mass = np.bincount(classify(plan, np.arange(plan.num_nodes)), weights=np.asarray(fap, np.float64),
                        minlength=len(PATHS)) * plan.row_bytes
-    bw = {"hbm": "hbm", "nvlink": "nvlink", "pcie": "pcie", "disk": "disk", "network": net, "remote_disk": net}
-    return {p: float(mass[i] / (topo.link(bw[p]).bandwidth_gbps * 1e9)) for i, p in enumerate(PATHS)}
+    gbps = {p: topo.link(p).bandwidth_gbps for p in ("hbm", "nvlink", "pcie", "disk")}
+    gbps["network"] = topo.link(net).bandwidth_gbps
+    # a remote disk row pays the slower of the network and that disk, as simulate() charges it
+    gbps["remote_disk"] = min(gbps["network"], gbps["disk"])
+    return {p: float(mass[i] / (gbps[p] * 1e9)) for i, p in enumerate(PATHS)}
 
 
 @dataclass

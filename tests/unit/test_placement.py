@@ -142,6 +142,20 @@ def test_simulator_charges_each_path_and_waits_for_the_slowest(tmp_path):
     assert np.array_equal(again.row, plan.row) and again.topology.nvlink_cliques == 2
 
 
+def test_expected_path_time_charges_a_remote_disk_row_as_the_simulator_does():
+    # the slower of the network and the disk (it was the network's speed alone)
+    from hybridgnn.features.simulate import expected_path_seconds
+
+    links = {"disk": {"bandwidth_gbps": 0.1, "latency_us": 0.0}, "infiniband": {"bandwidth_gbps": 10.0, "latency_us": 0.0}}
+    plan = fap_plan(FAP, topo(servers=2, network="infiniband", host_memory_bytes=0, links=links), ROW,
+                    balance_links=False)
+    remote = classify(plan, np.arange(6)) == PATHS.index("remote_disk")
+    assert remote.any()
+    want = FAP[remote].sum() * ROW / 0.1e9
+    assert expected_path_seconds(plan, FAP)["remote_disk"] == pytest.approx(want)
+    assert simulate(plan, [np.flatnonzero(remote)[:1]]).seconds[0] == pytest.approx(ROW / 0.1e9)
+
+
 def test_fap_beats_hash_on_a_skewed_graph_with_nvlink(skewed_graph):
     from hybridgnn.features.simulate import sample_batches
     from hybridgnn.workload.tables import WorkloadTables, seed_distribution
