@@ -64,7 +64,7 @@ from hybridgnn.serving.http.reply import (
 from hybridgnn.serving.http.server import HttpServer
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.ipc.channel import Channel, Quiet
-from hybridgnn.serving.v2.tensors import precheck_tensor
+from hybridgnn.serving.v2.inference import check_declared_node_ids
 from hybridgnn.serving.v2.types import Failure, internal_failure
 
 log = logging.getLogger("hybridgnn.frontend")
@@ -171,9 +171,9 @@ class FrontendApi:
         self.refusals = Refusals()
         self.report = None  # () -> this process's STATS frame: sent before /metrics is forwarded
         self.local = _open_lookups(setup.get("lookups") or [], float(setup.get("queue_bound_s", 0.0)), link)
-        limits = setup.get("input_limits")  # the engine's, by input name (None: a repository's models vary)
-        self.input_limits: dict[str, int] = limits or {}
-        self.max_input_elements = max(limits.values()) if limits else None  # for names the engine will refuse
+        # (model, version, max_request_nodes) of the engine's one model, whose requests of too
+        # many ids are refused here as the engine refuses them (None: a repository, or typed)
+        self.id_limit = setup.get("id_limit")
         link.on_flush = self.send_counts
 
     def send_counts(self) -> None:
@@ -204,9 +204,9 @@ class FrontendApi:
         try:
             inp, binary = parse_infer(request.body, request.headers.get(_HEADER_LENGTH), model, version,
                                       request.waited_s, request.standing)
-            for t in inp.inputs:  # before the copy to the engine: 8M ids were copied only to be refused
-                precheck_tensor(t, self.input_limits.get(t.name, self.max_input_elements)
-                                if type(t.name) is str else self.max_input_elements)
+            limit = self.id_limit
+            if limit is not None and model == limit[0] and version in (None, limit[1]):
+                check_declared_node_ids(inp, limit[2])  # before the copy: 1.9M ids were copied only to be refused
         except ServingError as exc:
             return self._unparsed(model, version, exc)
         except Exception:

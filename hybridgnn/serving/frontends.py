@@ -167,10 +167,18 @@ class Frontends:
                 "answers_per_turn": s.answers_per_turn, "queue_bound_s": self.api.engine.queue_bound_s,
                 "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining, "grpc_port": self.grpc_port,
                 "lookups": self.lookups,
-                # the engine's limits per input (None: a repository, whose models' widths vary)
-                "input_limits": (None if self.api.service.repository is not None
-                                 else self.api.service.input_limits(self.api.engine)),
+                "id_limit": self._id_limit(),
                 "log_level": logging.getLogger().getEffectiveLevel()}
+
+    def _id_limit(self) -> tuple[str, str, int] | None:
+        """(model, version, --max-request-nodes) of the one model served, for a front end to
+        refuse a request of too many ids as the engine would (None: a repository, whose
+        models come and go, or a typed engine, whose requests have limits of their own)."""
+        service, engine = self.api.service, self.api.engine
+        if service.repository is not None or getattr(engine, "typed", False):
+            return None
+        [(name, version, _)] = service.models.items()
+        return name, version, self.cfg.server.max_request_nodes
 
     async def start(self) -> None:
         """Hold the port, start the front ends and return once each listens. OSError when

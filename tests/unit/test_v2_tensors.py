@@ -107,10 +107,12 @@ def test_an_integer_past_int64_that_makes_numpy_use_objects_is_named_too(data, s
         decode_tensor(Tensor("edge_index", "INT64", shape, data), ("INT64",), "matrix" if len(shape) > 1 else "ids")
 
 
-def test_precheck_refuses_what_decoding_would_before_any_element_is_read():
-    tensors.precheck_tensor(Tensor("x", "INT64", [2, 3], [[1, 2, 3], [4, 5, 6]]), 6)
-    tensors.precheck_tensor(Tensor("x", "INT64", "junk", [1]), 6)  # left for decode_tensor to name
-    with pytest.raises(PayloadTooLarge, match="declares 7 elements; the limit is 6"):
-        tensors.precheck_tensor(Tensor("x", "INT64", [7], list(range(7))), 6)
-    with pytest.raises(BadRequest, match="holds 3 entries at its top level"):
-        tensors.precheck_tensor(Tensor("x", "INT64", [2, 3], [[1, 2], [3, 4], [5, 6]]), None)
+def test_a_list_that_cannot_fit_its_shape_is_known_and_refused_by_its_length_alone():
+    assert tensors.fits_its_shape(Tensor("x", "INT64", [2, 3], [[1, 2, 3], [4, 5, 6]]))
+    assert tensors.fits_its_shape(Tensor("x", "INT64", "junk", [1]))  # left for decode_tensor to name
+    assert not tensors.fits_its_shape(Tensor("x", "INT64", [2, 3], [[1, 2], [3, 4], [5, 6]]))
+    # what crosses from a front end in its place is refused in the list's words
+    with pytest.raises(BadRequest, match="shape \\[2, 3\\] has 6 elements but 'data' holds 3 entries"):
+        decode_tensor(Tensor("x", "INT64", [2, 3], tensors.UnfitRows(3)), ("INT64",), "matrix")
+    with pytest.raises(BadRequest, match="must have datatype INT64"):  # the checks before it come first
+        decode_tensor(Tensor("x", "FP32", [2, 3], tensors.UnfitRows(3)), ("INT64",), "matrix")

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 from hybridgnn.errors import BadRequest
+from hybridgnn.serving.v2.tensors import UnfitRows, fits_its_shape
 from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
 
 # Front end -> engine
@@ -160,6 +161,8 @@ def encode_infer(rid: int, inp: InferInput) -> bytes:
             how, blob = "raw", t.raw
         elif t.data is MISSING:
             how, blob = "none", b""
+        elif type(t.datatype) is str and t.datatype in _NUMERIC and not fits_its_shape(t):
+            how, blob = "unfit", struct.pack("<q", len(t.data))  # refused there (tensors.UnfitRows)
         else:
             arr = _list_array(t)
             if arr is not None:
@@ -219,6 +222,8 @@ def decode_infer(payload: memoryview) -> InferInput:
                     raise BadRequest("'data' is nested too deeply (an input's data is a list of numbers, or "
                                      "one list per row)") from None
                 inputs.append(Tensor(name, datatype, shape, data))
+            elif how == "unfit" and n == 8:
+                inputs.append(Tensor(name, datatype, shape, UnfitRows(struct.unpack("<q", blob)[0])))
             elif how in _LIST_DTYPES:
                 inputs.append(Tensor(name, datatype, shape, np.frombuffer(blob, dtype=how)))
             else:

@@ -43,6 +43,16 @@ def declared_node_ids(request: InferInput) -> int:
     return 0
 
 
+def check_declared_node_ids(request: InferInput, max_nodes: int) -> int:
+    """declared_node_ids, or BadRequest past max_nodes: the request's own fault at any load
+    (a 429 or 503 would be retried), refused before anything is decoded. A front end
+    serving the engine's one model refuses it as the engine does, before the copy."""
+    named = declared_node_ids(request)
+    if named > max_nodes:
+        raise BadRequest(f"{INPUT_NAME} holds {named} ids; at most {max_nodes} per request")
+    return named
+
+
 def declared_ids(request: InferInput, named: int | None = None) -> int | None:
     """How many node ids a sampled inference declares (declared_node_ids, or `named` when
     the caller has it already), or None when it is not one: it names another mode, or

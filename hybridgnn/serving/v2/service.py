@@ -42,13 +42,13 @@ from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
 from hybridgnn.serving.v2.describe import config_of, describe_model
 from hybridgnn.serving.v2.inference import (
+    check_declared_node_ids,
     declared_ids,
     declared_node_ids,
     decode_infer,
     input_limits,
 )
 from hybridgnn.serving.v2.requests import decode_update
-from hybridgnn.serving.v2.tensors import INPUT_NAME
 from hybridgnn.serving.v2.typed import TypedInferRequest, decode_typed
 from hybridgnn.serving.v2.typed import input_limits as typed_input_limits
 from hybridgnn.serving.v2.types import (
@@ -103,17 +103,12 @@ class V2Service:
         return self.models.get(name, version)
 
     @staticmethod
-    def input_limits(engine: Engine) -> dict[str, int]:
-        """The most elements each input of an inference to `engine` may declare (its
-        decoder's limits, by input name): a transport may refuse more before copying them."""
-        if getattr(engine, "typed", False):
-            return typed_input_limits(engine)
-        return input_limits(engine.cfg.server.max_request_nodes, engine.max_feature_dim)
-
-    @staticmethod
     def max_input_elements(engine: Engine) -> int:
-        """The most elements any one input of an inference to `engine` may hold."""
-        return max(V2Service.input_limits(engine).values())
+        """The most elements one input of an inference to `engine` may hold (its decoder's
+        largest limit): a transport may refuse more before copying them."""
+        if getattr(engine, "typed", False):
+            return max(typed_input_limits(engine).values())
+        return max(input_limits(engine.cfg.server.max_request_nodes, engine.max_feature_dim).values())
 
     # --- errors ------------------------------------------------------------------------
     def failure(self, exc: BaseException | None, where: str = "request") -> Failure:
@@ -249,10 +244,9 @@ class V2Service:
         try:
             engine = target = self.models.get(request.model, request.version)
             server = engine.cfg.server
-            named = declared_node_ids(request)
-            if named > server.max_request_nodes and not getattr(engine, "typed", False):
-                # the request's own fault at any load (a 429 or 503 would be retried); typed: their own limit
-                raise BadRequest(f"{INPUT_NAME} holds {named} ids; at most {server.max_request_nodes} per request")
+            # typed requests have limits of their own
+            named = (declared_node_ids(request) if getattr(engine, "typed", False)
+                     else check_declared_node_ids(request, server.max_request_nodes))
             params = request.parameters
             if isinstance(params, dict) and "min_graph_version" in params:
                 wanted = graph_version_param(params["min_graph_version"])

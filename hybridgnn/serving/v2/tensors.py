@@ -139,17 +139,27 @@ def _check_top_level(name, shape: list, count: int, data: list) -> None:
                          f"{len(data)} entries at its top level (send it flat or nested as the shape)")
 
 
-def precheck_tensor(t: Tensor, limit: int | None) -> None:
-    """What a transport can refuse of an input before copying its data on: more declared
-    elements than `limit` (413) and JSON data that cannot fit its declared shape (400).
-    Inputs whose shape is not a list of sizes are left for decode_tensor to name."""
-    if not _sizes(t.shape):
-        return
-    count = math.prod(t.shape)
-    if limit is not None and count > limit:
-        raise PayloadTooLarge(f"input {t.name!r} declares {count} elements; the limit is {limit}")
-    if t.raw is None and type(t.data) is list:
-        _check_top_level(t.name, t.shape, count, t.data)
+def fits_its_shape(t: Tensor) -> bool:
+    """Whether an input's JSON data (a list) may fit its declared shape by its top-level
+    length, as decode_tensor reads it (True for anything else: decode_tensor judges it)."""
+    if type(t.data) is not list or not _sizes(t.shape):
+        return True
+    n = len(t.data)
+    return n == math.prod(t.shape) or (len(t.shape) > 1 and n == t.shape[0])
+
+
+class UnfitRows(list):
+    """Stands for JSON data that cannot fit its shape, of which only the top-level length
+    crossed from a front end (numpy would walk millions of rows to turn them into bytes the
+    engine then refuses): decode_tensor refuses it, after the same checks before, in the
+    words it has for the list."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def _refuse_beyond_int64(name: str, data: list) -> None:
