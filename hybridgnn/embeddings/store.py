@@ -172,8 +172,9 @@ def features_fingerprint(graph) -> str:
     order), which its own fingerprint (the store's directory name) leaves out: a dataset
     written again in place with the same edges and other features must not be served, or
     resumed over, the old features' rows. Hashes every row of a graph up to 32,767 nodes,
-    else rows at an even stride (as the dataset fingerprint samples its arrays), so
-    opening a store reads a few MB at most."""
+    else rows at an even stride: it is computed at every open, so it reads a few MB at
+    most (the dataset fingerprint, computed once when the dataset is written, hashes
+    every CSR entry)."""
     nodes = getattr(graph, "nodes", None)  # HeteroGraphStore: NodeTypeData per type
     arrays = [n.features for n in nodes.values()] if nodes is not None else [graph.features]
     h = hashlib.sha256()
