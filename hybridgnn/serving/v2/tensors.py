@@ -130,11 +130,17 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
     return arr.reshape(shape) if layout != "ids" else arr
 
 
+def _length_fits(shape: list, count: int, n: int) -> bool:
+    """Whether data of top-level length n may hold a shape's elements: flat (n = count) or
+    nested as the shape (n = its first dimension)."""
+    return n == count or (len(shape) > 1 and n == shape[0])
+
+
 def _check_top_level(name, shape: list, count: int, data: list) -> None:
-    """BadRequest when data's top-level length fits neither the shape's element count
-    (flat) nor its first dimension (nested): refused before numpy walks it, since millions
-    of tiny rows under a small shape held the event loop most of a second to be counted."""
-    if len(data) != count and not (len(shape) > 1 and len(data) == shape[0]):
+    """BadRequest when data's top-level length cannot fit the shape (_length_fits): refused
+    before numpy walks it, since millions of tiny rows under a small shape held the event
+    loop most of a second to be counted."""
+    if not _length_fits(shape, count, len(data)):
         raise BadRequest(f"input {name!r}: shape {shape} has {count} elements but 'data' holds "
                          f"{len(data)} entries at its top level (send it flat or nested as the shape)")
 
@@ -142,10 +148,7 @@ def _check_top_level(name, shape: list, count: int, data: list) -> None:
 def fits_its_shape(t: Tensor) -> bool:
     """Whether an input's JSON data (a list) may fit its declared shape by its top-level
     length, as decode_tensor reads it (True for anything else: decode_tensor judges it)."""
-    if type(t.data) is not list or not _sizes(t.shape):
-        return True
-    n = len(t.data)
-    return n == math.prod(t.shape) or (len(t.shape) > 1 and n == t.shape[0])
+    return type(t.data) is not list or not _sizes(t.shape) or _length_fits(t.shape, math.prod(t.shape), len(t.data))
 
 
 class UnfitRows(list):
