@@ -71,8 +71,8 @@ def run(args) -> int:
     out = args.out or graph.root / "placement" / name
     check_out(out, directory=True, staged=True, replaceable=holds_only_a_plan, what="a placement plan")
     with staged_directory(out, "placing") as staging:  # an interrupted run leaves the old plan whole
-        plan.save(staging, made_for={"dataset_fingerprint": graph.fingerprint, "fanouts": list(fanouts),
-                                     "seeds": tables.seed_key})
+        plan.made_for = {"dataset_fingerprint": graph.fingerprint, "fanouts": list(fanouts), "seeds": tables.seed_key}
+        plan.save(staging)
     print(f"{args.method} placement of {graph.num_nodes:,} rows ({row_bytes} B each) on {topo.describe()}, "
           f"seeds {tables.seed_key}, fanouts {','.join(map(str, fanouts))}")
     print(f"{'tier':<6}{'nodes':>14}{'FAP share':>12}{'bytes':>14}{'all copies':>14}")

@@ -29,7 +29,7 @@ k the k-th GPU of a clique; row is the row in that store. Capacities always hold
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +67,9 @@ class Plan:
     clique: np.ndarray  # int16; -1: in every clique of the server (and for host/disk)
     gpu: np.ndarray  # int16; -1: on every GPU of the clique(s); k: the k-th GPU of the clique
     row: np.ndarray  # int64: row within its (tier, server, clique, gpu) store
+    # what `hybridgnn place` made it for (dataset_fingerprint, fanouts, seeds), for whoever
+    # serves it to check; empty in a plan saved before it was recorded
+    made_for: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.check_arrays()
@@ -156,16 +159,15 @@ class Plan:
                         "bytes_all_copies": int(np.sum(copies)) * self.row_bytes})
         return out
 
-    def save(self, directory: str | Path, made_for: dict | None = None) -> Path:
-        """Write the plan; made_for (the dataset's fingerprint, fanouts, seeds) goes into
-        plan.json for whoever serves it to check (plan_made_for)."""
+    def save(self, directory: str | Path) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         for name in PLAN_ARRAYS:
             np.save(d / f"{name}.npy", getattr(self, name))
         (d / "plan.json").write_text(json.dumps({"method": self.method, "row_bytes": self.row_bytes,
                                                  "topology": self.topology.to_dict(),
-                                                 **({"made_for": made_for} if made_for else {})}, indent=2) + "\n")
+                                                 **({"made_for": self.made_for} if self.made_for else {})},
+                                                indent=2) + "\n")
         return d
 
     @classmethod
@@ -183,17 +185,8 @@ class Plan:
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"plan.json is not a `hybridgnn place` plan ({type(exc).__name__}: {exc})") from exc
         arrays = {n: load_arrays(d / f"{n}.npy") for n in PLAN_ARRAYS}
-        return cls(topo, method, row_bytes, **arrays)
-
-
-def plan_made_for(directory: str | Path) -> dict:
-    """What a saved plan was made for (dataset_fingerprint, fanouts, seeds), as `hybridgnn
-    place` recorded it; empty for a plan saved without it (before it was recorded)."""
-    try:
-        made_for = json.loads((Path(directory) / "plan.json").read_text()).get("made_for")
-    except (OSError, ValueError, RecursionError, AttributeError):
-        return {}
-    return made_for if isinstance(made_for, dict) else {}
+        made_for = meta.get("made_for")
+        return cls(topo, method, row_bytes, **arrays, made_for=made_for if isinstance(made_for, dict) else {})
 
 
 def holds_only_a_plan(directory: str | Path) -> bool:

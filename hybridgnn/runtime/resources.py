@@ -30,7 +30,7 @@ from hybridgnn.embeddings.newnodes import NewNodeEvaluator
 from hybridgnn.embeddings.store import EmbeddingStore
 from hybridgnn.errors import ConfigError, LogTrimmed, ServiceUnavailable
 from hybridgnn.features.gather import TieredFeatureStore
-from hybridgnn.features.placement import Plan, plan_made_for
+from hybridgnn.features.placement import Plan
 from hybridgnn.features.store import (
     CachedFeatureStore,
     DynamicFeatureStore,
@@ -271,7 +271,7 @@ class Resources:
         if plan.num_nodes != self.graph.num_nodes:
             raise ConfigError(f"placement plan {mem.placement_plan} covers {plan.num_nodes} nodes; the dataset has "
                               f"{self.graph.num_nodes}")
-        made_for = plan_made_for(mem.placement_plan).get("dataset_fingerprint")
+        made_for = plan.made_for.get("dataset_fingerprint")
         if made_for is not None and made_for != self.graph.fingerprint:
             # its tiers follow another graph's access probabilities: the rows it calls hot are not
             raise ConfigError(f"placement plan {mem.placement_plan} was made for dataset {made_for}, not "

@@ -2,7 +2,7 @@
 
 import json
 
-from hybridgnn.features.placement import GPU, Plan, plan_made_for
+from hybridgnn.features.placement import GPU, Plan
 from hybridgnn.graph.store import GraphStore
 
 
@@ -23,7 +23,7 @@ def test_place_command_prints_tiers_saves_the_plan_and_simulates(tiny_dataset, t
     assert done.returncode == 0, done.stderr
     assert "gpu" in done.stdout and "host" in done.stdout and "p99" in done.stdout
     plan = Plan.load(out)
-    made_for = plan_made_for(out)
+    made_for = plan.made_for
     assert made_for["dataset_fingerprint"] == GraphStore.open(tiny_dataset).fingerprint
     assert made_for["fanouts"] == [5, 3] and made_for["seeds"].startswith("log-")
     assert plan.num_nodes == 3000 and plan.topology.servers == 2

@@ -219,7 +219,7 @@ def test_place_replaces_a_plan_whole_and_never_other_files(real_generators, plan
     assert Plan.load(out).method == "hash" and not (out / "disk-server0-0123456789ab.npy").exists()
     before = _tree(out)
 
-    def interrupted(self, directory, made_for=None):
+    def interrupted(self, directory):
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / "plan.json").write_text("{")
         raise KeyboardInterrupt

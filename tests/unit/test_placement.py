@@ -212,14 +212,13 @@ def test_a_plan_made_for_another_dataset_is_refused_at_serve(tmp_path):
     from types import SimpleNamespace
 
     from hybridgnn.errors import ConfigError
-    from hybridgnn.features.placement import plan_made_for
     from hybridgnn.runtime.resources import Resources
 
     plan = fap_plan(FAP, topo(), ROW)
-    made_for = {"dataset_fingerprint": "aaaa", "fanouts": [5, 3], "seeds": "uniform"}
-    saved = plan.save(tmp_path / "plan", made_for=made_for)
     old = plan.save(tmp_path / "old")  # saved before plans recorded it: served as before
-    assert plan_made_for(saved) == made_for and plan_made_for(old) == {} and plan_made_for(tmp_path) == {}
+    plan.made_for = made_for = {"dataset_fingerprint": "aaaa", "fanouts": [5, 3], "seeds": "uniform"}
+    saved = plan.save(tmp_path / "plan")
+    assert Plan.load(saved).made_for == made_for and Plan.load(old).made_for == {}
 
     def resources(path, fingerprint):
         cfg = SimpleNamespace(gpu_memory=SimpleNamespace(placement_plan=path, placement_server=0))
