@@ -259,7 +259,7 @@ def test_a_head_of_many_small_fields_is_431():
     tiny fields held the event loop 15 ms, a hundred times what a body of that size costs.
     Past MAX_HEADER_FIELDS fields (Apache's default limit) a head is refused 431; one at
     the limit is served, trailers counted with it."""
-    from hybridgnn.serving.http.protocol import MAX_HEADER_FIELDS
+    from hybridgnn.serving.http.message import MAX_HEADER_FIELDS
 
     async def go(server):
         fields = b"".join(b"X-%d: v\r\n" % i for i in range(MAX_HEADER_FIELDS - 1))  # and Host

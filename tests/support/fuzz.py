@@ -31,7 +31,7 @@ import httptools
 from hypothesis import strategies as st
 
 MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADER_FIELDS = 100  # protocol.MAX_HEADER_FIELDS
+MAX_HEADER_FIELDS = 100  # http/message.MAX_HEADER_FIELDS
 MAX_BODY_BYTES = 16 * 1024 * 1024  # ServerConfig.max_body_bytes' default
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BAD_ID = 10**7  # no node id the tests' graphs reach, even after every update a fuzz run adds

@@ -48,8 +48,8 @@ import time
 import httptools
 
 from hybridgnn.serving.core.eager import Later, when_done
+from hybridgnn.serving.http.message import Message, Reject
 from hybridgnn.serving.http.reply import ABORT, Reply, Request
-from hybridgnn.serving.http.whole import FIELD_NAMES, field_name
 
 log = logging.getLogger(__name__)
 
@@ -58,39 +58,8 @@ _CLOSE = b"Connection: close\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 WHOLE_MISSES = 8  # reads in a row whole.py could not take, after which ...
 WHOLE_REST = 64  # ... this many go straight to llhttp
-# Header fields per request (trailers included), as Apache's LimitRequestFields: each costs a
-# parser callback, and a 60 KiB head of 10,000 tiny fields held the loop 15 ms.
-MAX_HEADER_FIELDS = 100
 _LINGER_QUIET_S = 1.0  # lingering after a refusal ends after this long without input
 _LINGER_MAX_S = 2.0  # ... or this long after it began, however the client trickles
-
-
-class _Message:
-    """A request being parsed, then waiting for its answer."""
-
-    __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10", "head_size",
-                 "fields", "received")
-
-    def __init__(self, received: float):
-        self.url = b""
-        self.headers: dict[str, str] = {}
-        self.hosts = 0
-        self.body: list = []  # none, or one item: the body (a bytearray once it came in pieces)
-        self.body_size = 0
-        self.method = ""
-        self.keep_alive = True
-        self.http10 = False
-        self.head_size = 0  # the head's fields, as parsed (the feed-level bound catches one never ending)
-        self.fields = 0  # header fields parsed (trailers too)
-        self.received = received  # its first byte was read (parsed) then (monotonic)
-
-
-class _Reject(Exception):
-    """A request the server refuses while parsing: answered, then the connection closes."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class Connection(asyncio.Protocol):
@@ -105,10 +74,10 @@ class Connection(asyncio.Protocol):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
-        self.msg: _Message | None = None  # the request being parsed
-        self.queue: collections.deque[_Message] = collections.deque()  # parsed, not yet answered
+        self.msg: Message | None = None  # the request being parsed
+        self.queue: collections.deque[Message] = collections.deque()  # parsed, not yet answered
         self.busy = False  # a request is being answered (its future pending)
-        self.in_flight: _Message | None = None
+        self.in_flight: Message | None = None
         self.closed = False
         self.eof = False  # the client sent FIN: close once what it asked is answered
         self.write_paused = False
@@ -194,11 +163,11 @@ class Connection(asyncio.Protocol):
         """Feed data to llhttp; a request it refuses is answered after those queued before it."""
         try:
             self._feed(data)
-        except _Reject as exc:  # raised here, not from a callback (those come wrapped)
+        except Reject as exc:  # raised here, not from a callback (those come wrapped)
             self._refuse(exc.status, str(exc))
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            if isinstance(cause, _Reject):
+            if isinstance(cause, Reject):
                 self._refuse(cause.status, str(cause))
             else:  # a bug in a callback, not the client's doing
                 self.fatal = self.server.api.internal_error("HTTP parser callback", cause or exc)
@@ -213,7 +182,7 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._refuse(400, f"malformed HTTP request: {str(exc)[:120] or type(exc).__name__}")
 
-    def _whole(self, data: bytes) -> _Message | None:
+    def _whole(self, data: bytes) -> Message | None:
         """The request `data` holds whole, parsed without llhttp (whole.py says when), or None.
         After WHOLE_MISSES reads in a row it could not take (a client whose heads never
         repeat), the next WHOLE_REST reads go to llhttp without asking, so such a client
@@ -227,7 +196,7 @@ class Connection(asyncio.Protocol):
             return None
         self.whole_misses = 0
         self.head_bytes = 0  # as on_message_begin: a head that ended in this read counts no more
-        msg = _Message(time.monotonic())
+        msg = Message(time.monotonic())
         msg.method, msg.url, msg.headers, body = found
         msg.body = [body]
         return msg
@@ -280,7 +249,7 @@ class Connection(asyncio.Protocol):
             if self.in_head and not self.began:
                 self.head_bytes += len(piece)
                 if self.head_bytes >= limit:
-                    raise _Reject(431, f"request head larger than {limit} bytes")
+                    raise Reject(431, f"request head larger than {limit} bytes")
 
     def eof_received(self) -> bool:
         # The client will send nothing more: answer what it asked, then close.
@@ -293,7 +262,7 @@ class Connection(asyncio.Protocol):
     # --- llhttp callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.started = now = time.monotonic()
-        self.msg = _Message(now)
+        self.msg = Message(now)
         self.in_head = True
         self.head_bytes = 0
         self.began = True
@@ -302,64 +271,18 @@ class Connection(asyncio.Protocol):
         self.msg.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = FIELD_NAMES.get(name) or field_name(name)  # called per field: the kept name inline
-        msg = self.msg
-        msg.head_size += len(name) + len(value) + 4
-        msg.fields += 1
-        if msg.fields > MAX_HEADER_FIELDS:
-            raise _Reject(431, f"more than {MAX_HEADER_FIELDS} header fields")
-        headers = msg.headers
-        if key == "host":
-            msg.hosts += 1
-        text = value.decode("latin-1").strip(" \t")
-        # Repeated fields join as a list (RFC 9110 §5.3); a repeated single value then fails to parse.
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        self.msg.add_field(name, value)
 
     def on_headers_complete(self) -> None:
         self.in_head = False
-        msg = self.msg
-        if msg.head_size + len(msg.url) > self.server.max_header_bytes:
-            raise _Reject(431, f"request head larger than {self.server.max_header_bytes} bytes")
-        parser = self.parser
-        version = parser.get_http_version()
-        if version not in ("1.1", "1.0"):
-            raise _Reject(505, f"HTTP version {version!r} not supported (1.0 and 1.1 are)")
-        msg.http10 = version == "1.0"
-        if not msg.http10 and msg.hosts != 1:
-            raise _Reject(400, "an HTTP/1.1 request needs exactly one Host header")
+        msg, parser, server = self.msg, self.parser, self.server
+        if msg.check_head(parser.get_http_version(), server.max_header_bytes, server.max_body_bytes):
+            self.continue_owed = True
         msg.method = parser.get_method().decode("ascii")
         msg.keep_alive = parser.should_keep_alive()
-        headers = msg.headers
-        length = headers.get("content-length")
-        if length is not None and not (length.isascii() and length.isdigit()):
-            raise _Reject(400, f"bad Content-Length {length[:50]!r}")  # llhttp checks too; never trust int()
-        if length is not None and int(length) > self.server.max_body_bytes:
-            raise _Reject(413, f"request body too large (limit {self.server.max_body_bytes} bytes)")
-        coding = headers.get("transfer-encoding")
-        if coding is not None and coding.lower() != "chunked":
-            # llhttp frames "gzip, chunked" by its chunks: the body would reach the endpoint still coded
-            raise _Reject(400, f"unsupported transfer coding {coding[:50]!r} (only chunked is)")
-        expect = headers.get("expect")
-        if expect is not None:
-            if expect.lower() != "100-continue":
-                raise _Reject(417, f"unsupported expectation {expect[:50]!r}")
-            if length != "0" and not msg.http10:  # an HTTP/1.0 client knows no 100 (RFC 9110 §10.1.1)
-                self.continue_owed = True
 
     def on_body(self, body: bytes) -> None:
-        msg = self.msg
-        msg.body_size += len(body)
-        if msg.body_size > self.server.max_body_bytes:
-            raise _Reject(413, f"request body too large (limit {self.server.max_body_bytes} bytes)")
-        parts = msg.body
-        if not parts:
-            parts.append(body)  # most bodies come in one piece: kept as it is
-        else:
-            # One buffer, not a bytes object per piece: llhttp calls this once per chunk, and
-            # a body of two-byte chunks held as objects took twenty times its size.
-            if type(parts[0]) is bytes:
-                parts[0] = bytearray(parts[0])
-            parts[0] += body
+        self.msg.add_body(body, self.server.max_body_bytes)
 
     def on_message_complete(self) -> None:
         self.queue.append(self.msg)
@@ -410,7 +333,7 @@ class Connection(asyncio.Protocol):
         if self.read_paused and not self.write_paused:
             self._resume_reading()
 
-    def _answer(self, msg: _Message) -> None:
+    def _answer(self, msg: Message) -> None:
         head_only = msg.method == "HEAD"
         server = self.server
         found = server.routes.get((msg.method, msg.url))  # clients ask the same few targets
@@ -431,9 +354,7 @@ class Connection(asyncio.Protocol):
                 return
             server.keep_route(msg.method, msg.url, found)
         endpoint, params = found
-        body = msg.body[0] if msg.body else b""
-        if type(body) is not bytes:  # a body that came in pieces (on_body)
-            body = bytes(body)
+        body = msg.body_bytes()
         try:
             # The front end's wait: from the request's first byte, or from the answer before
             # it on this connection if that came later. A pipelined request waiting behind the
@@ -457,7 +378,7 @@ class Connection(asyncio.Protocol):
         self.in_flight = msg
         when_done(reply, lambda fut: self._answered(fut, msg, head_only))
 
-    def _answered(self, fut: asyncio.Future, msg: _Message, head_only: bool) -> None:
+    def _answered(self, fut: asyncio.Future, msg: Message, head_only: bool) -> None:
         if self.in_flight is not msg:
             return  # already answered 503 at close
         self.busy = False
@@ -489,7 +410,7 @@ class Connection(asyncio.Protocol):
         return b"%s%d%s%s%s" % (start, len(body), rest, _KEEP_ALIVE if keep_alive else _CLOSE,
                                 b"" if head_only else body)
 
-    def _write(self, reply: Reply, msg: _Message, head_only: bool) -> None:
+    def _write(self, reply: Reply, msg: Message, head_only: bool) -> None:
         """Send the answer to msg; without keep-alive it says "Connection: close", and the
         connection lingers until the client closes (requests after it are not read). While
         draining, the requests already queued behind msg are still answered (the engine
