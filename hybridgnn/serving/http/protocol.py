@@ -53,8 +53,6 @@ from hybridgnn.serving.http.reply import ABORT, Reply, Request
 
 log = logging.getLogger(__name__)
 
-_KEEP_ALIVE = b"Connection: keep-alive\r\n\r\n"
-_CLOSE = b"Connection: close\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 WHOLE_MISSES = 8  # reads in a row whole.py could not take, after which ...
 WHOLE_REST = 64  # ... this many go straight to llhttp
@@ -106,7 +104,7 @@ class Connection(asyncio.Protocol):
         server = self.server
         if len(server.connections) >= server.max_connections:
             server.refused_connections += 1
-            transport.write(self._encode(Reply.error(
+            transport.write(self.server.encode(Reply.error(
                 503, f"too many connections (limit {server.max_connections}); retry later", server.retry), False))
             # Linger (not counted against the cap) so the answer is read rather than reset.
             self._linger()
@@ -320,7 +318,7 @@ class Connection(asyncio.Protocol):
         if self.closed or self.busy or self.queue or self.unfed:
             return
         if self.fatal is not None:
-            self.transport.write(self._encode(self.fatal, False))
+            self.transport.write(self.server.encode(self.fatal, False))
             self._linger()
             return
         if self.eof:
@@ -397,19 +395,6 @@ class Connection(asyncio.Protocol):
         self._write(reply, msg, head_only)
         self._advance()
 
-    def _encode(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
-        if reply.shared:
-            return self.server.kept_encoding(reply, keep_alive, head_only, self._encode_new)
-        return self._encode_new(reply, keep_alive, head_only)
-
-    def _encode_new(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
-        body = reply.body
-        start, rest = self.server.head_parts(reply.status, reply.content_type)
-        if reply.headers:
-            rest += b"".join(f"{k}: {v}\r\n".encode() for k, v in reply.headers.items())
-        return b"%s%d%s%s%s" % (start, len(body), rest, _KEEP_ALIVE if keep_alive else _CLOSE,
-                                b"" if head_only else body)
-
     def _write(self, reply: Reply, msg: Message, head_only: bool) -> None:
         """Send the answer to msg; without keep-alive it says "Connection: close", and the
         connection lingers until the client closes (requests after it are not read). While
@@ -419,7 +404,7 @@ class Connection(asyncio.Protocol):
         if keep_alive and self.server.draining():
             keep_alive = bool(self.queue)
             self._pause_reading()
-        self.transport.write(self._encode(reply, keep_alive, head_only))
+        self.transport.write(self.server.encode(reply, keep_alive, head_only))
         self.free_since = time.monotonic()
         if not keep_alive:
             self._linger()  # nothing after a "Connection: close" answer is read
@@ -462,9 +447,12 @@ class Connection(asyncio.Protocol):
         elif self.lingering:
             if now - self.last_data > _LINGER_QUIET_S or now - self.lingering > _LINGER_MAX_S:
                 self.close()
-        elif not (self.busy or self.queue or self.unfed or self.started is not None) and now - self.idle_since > \
-                server.idle_timeout_s:
+        elif not self._holds_a_request() and now - self.idle_since > server.idle_timeout_s:
             self.close()
+
+    def _holds_a_request(self) -> bool:
+        """Whether a request is in flight, parsed and waiting, or partly read."""
+        return bool(self.busy or self.queue or self.unfed or self.started is not None)
 
     def close_if_idle(self) -> None:
         """At shutdown: close a connection between requests. One that has not sent a byte
@@ -472,7 +460,7 @@ class Connection(asyncio.Protocol):
         deadline ends it)."""
         if self.fresh:
             return
-        if not (self.busy or self.queue or self.unfed or self.started is not None):
+        if not self._holds_a_request():
             self.close()
 
     def give_up(self) -> None:
@@ -480,12 +468,12 @@ class Connection(asyncio.Protocol):
         balancer retries it elsewhere) and close."""
         if self.closed:
             return
-        if self.busy or self.queue or self.unfed or self.started is not None:
+        if self._holds_a_request():
             self.in_flight = None
             self.busy = False
             self.queue.clear()
             self.unfed = b""
-            self.transport.write(self._encode(Reply.error(
+            self.transport.write(self.server.encode(Reply.error(
                 503, "server shut down before this request could be answered; retry", self.server.retry), False))
         self.close()
 

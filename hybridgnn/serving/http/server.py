@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
 from http import HTTPStatus
 
 from hybridgnn.capabilities import connection_limit
@@ -22,6 +21,8 @@ from hybridgnn.serving.http.whole import WholeRequests
 log = logging.getLogger("hybridgnn.serving.http.protocol")
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _ROUTES_KEPT = 1024
+_KEEP_ALIVE = b"Connection: keep-alive\r\n\r\n"
+_CLOSE = b"Connection: close\r\n\r\n"
 _ROUTE_TARGET_KEPT = 256  # bytes
 
 
@@ -63,16 +64,18 @@ class HttpServer:
         self.refused_connections = 0
         self.closing = False
         self.date = _Date()
-        self._kept: dict[tuple[Reply, bool, bool], bytes] = {}  # kept_encoding's, for the current Date
+        self._kept: dict[tuple[Reply, bool, bool], bytes] = {}  # encode's of shared replies, for the current Date
         self._kept_date = b""
         self._heads: dict[tuple[int, str], tuple[bytes, bytes]] = {}  # head_parts', for the current Date
         self._heads_date = b""
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
 
-    def kept_encoding(self, reply: Reply, keep_alive: bool, head_only: bool,
-                      encode: Callable[[Reply, bool, bool], bytes]) -> bytes:
-        """The bytes of a shared Reply (Reply.shared), encoded once per second (its Date)."""
+    def encode(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
+        """An answer's bytes. A shared Reply (Reply.shared) is encoded once per Date second
+        for each connection mode: it answers many requests alike."""
+        if not reply.shared:
+            return self._encode(reply, keep_alive, head_only)
         date = self.date.get()
         if date is not self._kept_date:
             self._kept.clear()
@@ -80,8 +83,15 @@ class HttpServer:
         key = (reply, keep_alive, head_only)
         wire = self._kept.get(key)
         if wire is None:
-            wire = self._kept[key] = encode(reply, keep_alive, head_only)
+            wire = self._kept[key] = self._encode(reply, keep_alive, head_only)
         return wire
+
+    def _encode(self, reply: Reply, keep_alive: bool, head_only: bool) -> bytes:
+        start, rest = self.head_parts(reply.status, reply.content_type)
+        if reply.headers:
+            rest += b"".join(f"{k}: {v}\r\n".encode() for k, v in reply.headers.items())
+        return b"%s%d%s%s%s" % (start, len(reply.body), rest, _KEEP_ALIVE if keep_alive else _CLOSE,
+                                b"" if head_only else reply.body)
 
     def keep_route(self, method: str, target: bytes, found: tuple) -> None:
         """Keep the API's route for a request target (short ones: a client can make up any
