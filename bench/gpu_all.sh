@@ -4,6 +4,9 @@
 # operating points, served seeds/s per routing policy (in process and over HTTP), and the
 # Fig. 10 SLO comparison. Nothing is installed from the network: packages the image lacks
 # (httptools, orjson) come as wheels from WHEELS (default .whl/) into /tmp/site.
+# Fetch them on a machine that reaches PyPI (the image's Python is 3.12), then carry .whl/:
+#   pip download --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux2014_x86_64 \
+#       --platform manylinux_2_28_x86_64 httptools==0.7.1 orjson==3.13.0 -d .whl
 #
 #   bash bench/gpu_all.sh OUTDIR [STAGE ...]
 #
