@@ -193,3 +193,33 @@ def test_typed_psgs_past_the_table_limit_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"seed of type '[ab]' more than 1e\+30 expected sampled nodes") as info:
         TypedWorkloadTables.build(graph, [12] * 30)  # 12^30 ≈ 2.4e32
     assert "\n" not in str(info.value)
+
+
+def test_typed_tables_of_a_hand_computed_graph_hold_the_exact_numbers(tmp_path):
+    """Types a (a0, a1) and b (b0, b1). (b, writes, a): a0 lists [b0, b1], a1 none (deg 0);
+    (a, rev, b): b0 lists [a0], b1 [a0, a1]. Fanouts 1, 1 for both: r_writes = [1/2, 0],
+    r_rev = [1, 1/2].
+    PSGS: hop 2: w_a = 1 + r_writes·(A_writes·1) = [2, 1], w_b = 1 + r_rev·(A_rev·1) = [2, 2];
+    hop 1: w_a = 1 + r_writes·(A_writes·w_b) = [1 + 1/2·4, 1] = [3, 1],
+    w_b = 1 + r_rev·(A_rev·w_a) = [1 + 2, 1 + 1/2·3] = [3, 5/2].
+    FAP of seed type a, p0 = [1/2, 1/2]: hop 1 reaches b: A_writesᵀ(r_writes·x_a) = [1/4, 1/4];
+    hop 2 reaches a: A_revᵀ(r_rev·x_b) = [1/4 + 1/8, 1/8]; acc_a = [7/8, 5/8], acc_b = [1/4, 1/4]
+    (sums to the mean PSGS of a, 2)."""
+    from hybridgnn.graph.hetero import write_hetero_dataset
+
+    writes, rev = ("b", "writes", "a"), ("a", "rev", "b")
+    root = write_hetero_dataset(
+        tmp_path / "h", nodes={"a": {"features": np.zeros((2, 2), np.float32)},
+                               "b": {"features": np.zeros((2, 2), np.float32)}},
+        edges={writes: (np.array([0, 2, 2]), np.array([0, 1])), rev: (np.array([0, 1, 3]), np.array([0, 0, 1]))})
+    graph = HeteroGraphStore.open(root)
+    tables = TypedWorkloadTables.load_or_build(graph, [1, 1], "uniform")
+    np.testing.assert_allclose(tables.psgs["a"], [3, 1], rtol=1e-6)
+    np.testing.assert_allclose(tables.psgs["b"], [3, 5 / 2], rtol=1e-6)
+    np.testing.assert_allclose(tables.fap["a"]["a"], [7 / 8, 5 / 8], rtol=1e-6)
+    np.testing.assert_allclose(tables.fap["a"]["b"], [1 / 4, 1 / 4], rtol=1e-6)
+    assert all(v.dtype == np.float32 for v in tables.psgs.values())
+    # a pair request sums both ends' PSGS
+    assert tables.batch_psgs("a", np.array([0, 1])) + tables.batch_psgs("b", np.array([1])) == pytest.approx(6.5)
+    reread = TypedWorkloadTables.load_or_build(graph, [1, 1], "uniform", save=False)
+    np.testing.assert_allclose(reread.fap["a"]["a"], [7 / 8, 5 / 8], rtol=1e-6)

@@ -331,3 +331,45 @@ def test_a_dataset_without_nodes_is_one_line_not_a_division_by_zero(tmp_path):
     for seeds in ("uniform", "degree"):
         with pytest.raises(ValueError, match="has no nodes"):
             WorkloadTables.load_or_build(graph, (5, 3), seeds)
+
+
+def test_tables_of_a_hand_computed_graph_hold_the_exact_numbers(tmp_path):
+    """Rows (candidates) 0: [1, 2, 3], 1: [2], 2: [] (deg 0), 3: [0, 2]; fanouts 2, 1.
+    r_1 = min(deg, 2)/deg = [2/3, 1, 0, 1], r_2 = min(deg, 1)/deg = [1/3, 1, 0, 1/2].
+    PSGS, Horner: w = 1 + r_2·deg = [2, 2, 1, 2]; w = 1 + r_1·(A·w) = 1 + r_1·[5, 1, 0, 3]
+    = [13/3, 2, 1, 4] (seed 0 draws 2 of {1, 2, 3}, each with probability 2/3: 1 + 2/3·5).
+    FAP, uniform p0 = 1/4: x_1 = Aᵀ(r_1·p0) = [1/4, 1/6, 2/3, 1/6], x_2 = Aᵀ(r_2·x_1) =
+    [1/12, 1/12, 1/3, 1/12], FAP = p0 + x_1 + x_2 = [7/12, 1/2, 5/4, 1/2] (sums to the mean
+    PSGS, 17/6). Degree-weighted p0 = deg/6 = [1/2, 1/6, 0, 1/3]: FAP = [1, 11/18, 13/9, 7/9]
+    (sums to Σ p0·PSGS = 23/6). A request log [0, 0, 3] gives p0 = [2/3, 0, 0, 1/3]."""
+    from hybridgnn.graph.store import GraphStore, write_dataset
+
+    rows = [[1, 2, 3], [2], [], [0, 2]]
+    indptr = np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int64)
+    indices = np.array([v for r in rows for v in r], dtype=np.int64)
+    graph = GraphStore.open(write_dataset(tmp_path / "g", indptr=indptr, indices=indices,
+                                          features=np.zeros((4, 2), np.float32)))
+    fanouts = (2, 1)
+    psgs = [13 / 3, 2, 1, 4]
+    np.testing.assert_allclose(compute_psgs(graph, fanouts), psgs, rtol=1e-6)
+    uniform = WorkloadTables.load_or_build(graph, fanouts, "uniform")
+    np.testing.assert_allclose(uniform.psgs, psgs, rtol=1e-6)
+    np.testing.assert_allclose(uniform.fap, [7 / 12, 1 / 2, 5 / 4, 1 / 2], rtol=1e-6)
+    assert uniform.batch_psgs(np.array([0, 2, 3])) == pytest.approx(13 / 3 + 1 + 4)
+    degree = WorkloadTables.load_or_build(graph, fanouts, "degree")
+    np.testing.assert_allclose(seed_distribution(graph, "degree")[0], [1 / 2, 1 / 6, 0, 1 / 3])
+    np.testing.assert_allclose(degree.fap, [1, 11 / 18, 13 / 9, 7 / 9], rtol=1e-6)
+    log = tmp_path / "requests.txt"
+    log.write_text("0 0 3\n")
+    p0, key = seed_distribution(graph, log)
+    np.testing.assert_allclose(p0, [2 / 3, 0, 0, 1 / 3])
+    assert key.startswith("log-")
+    # float32 .npy beside the dataset, PSGS keyed by the fanouts, FAP by the fanouts and p0
+    d = graph.root / "workload"
+    for name, want in (("psgs_2-1.npy", psgs), ("fap_2-1_uniform.npy", uniform.fap), ("fap_2-1_degree.npy", degree.fap)):
+        stored = np.load(d / name)
+        assert stored.dtype == np.float32 and stored.shape == (4,)
+        np.testing.assert_allclose(stored, want, rtol=1e-6)
+    np.testing.assert_allclose(WorkloadTables.load_or_build(graph, fanouts, log).fap,
+                               compute_fap(graph, fanouts, p0), rtol=1e-6)
+    assert (d / f"fap_2-1_{key}.npy").is_file()
