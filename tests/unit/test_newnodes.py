@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridgnn.embeddings.newnodes import NewNodeEvaluator, select_recompute
+from hybridgnn.embeddings.newnodes import NewNodeEvaluator, layer_sets, select_recompute
 from hybridgnn.embeddings.precompute import precompute
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.store import GraphStore, write_dataset
@@ -67,6 +67,28 @@ def test_srpe_with_gamma_one_equals_full(setup, kind, layers):
     pe = ev.infer(feats, ei, mode="pe")
     assert pe.recomputed == 0 and res.recomputed > 0
     assert not np.allclose(pe.logits, exact, rtol=1e-3)  # stale PEs miss the query edges
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat", "gcn"])
+def test_srpe_with_gamma_zero_is_the_precomputed_embeddings(setup, kind):
+    """γ = 0 recomputes no neighbour: the answer is mode pe's (historical embeddings)."""
+    ev, feats, ei, _ = setup(kind, 3)
+    none, pe = ev.infer(feats, ei, mode="srpe", gamma=0.0), ev.infer(feats, ei, mode="pe")
+    assert none.recomputed == pe.recomputed == 0
+    np.testing.assert_array_equal(none.logits, pe.logits)
+
+
+def test_srpe_recomputes_its_neighbours_at_layers_one_to_l_minus_one():
+    """R_l = Q ∪ S for l < L and R_L = Q: the last layer reads the recomputed neighbours'
+    layer-(L-1) embeddings and computes only the query nodes."""
+    n, q = 4, 1
+    qsrc, qdst = np.array([0, 4, 4]), np.array([4, 0, 2])  # sorted by target; query node 4
+    sets = layer_sets("srpe", 3, n, q, qsrc, qdst, gcn=False, gamma=1.0, policy="ratio", seed=0,
+                      in_degree=lambda v: np.ones(len(v)), in_rows=None, out_rows=None)
+    assert [s.tolist() for s in sets] == [[4, 0, 2], [4, 0, 2], [4]]
+    pe = layer_sets("pe", 3, n, q, qsrc, qdst, gcn=False, gamma=1.0, policy="ratio", seed=0,
+                    in_degree=lambda v: np.ones(len(v)), in_rows=None, out_rows=None)
+    assert [s.tolist() for s in pe] == [[4], [4], [4]]
 
 
 def test_gcn_srpe_residual_is_small_but_not_zero(setup):
