@@ -21,7 +21,12 @@ from hybridgnn.cli import (
     workload,
 )
 from hybridgnn.cli.flags import in_flag_words
-from hybridgnn.config.settings import ENV_PREFIX, BadEnvValue, deferred_env_errors
+from hybridgnn.config.settings import (
+    ENV_PREFIX,
+    BadEnvValue,
+    deferred_env_errors,
+    env_default,
+)
 from hybridgnn.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -39,8 +44,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybridgnn", description="Workload-aware GPU/CPU hybrid GNN inference serving.")
     parser.add_argument("--version", action="version", version=f"hybridgnn {__version__}")
-    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, type=str.upper,
-                        help="log lines at this level and above (default: INFO)")
+    parser.add_argument("--log-level", default=env_default("LOG_LEVEL", "INFO", str.upper), choices=LOG_LEVELS,
+                        type=str.upper, help="log lines at this level and above (default: INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # say it with the subcommand's usage, which lists the flags it does take
         _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    _check_defaults(parser, args)  # --log-level (HYBRIDGNN_LOG_LEVEL), taken before any command
     _check_defaults(_command_parser(parser, args), args)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what a launcher re-runs as each rank
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

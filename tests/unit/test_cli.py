@@ -437,6 +437,21 @@ def test_log_level_is_taken_after_the_command_too_in_any_case():
         parser.parse_args(["train", "--log-level", "LOUD"])
 
 
+def test_log_level_is_taken_from_the_environment_as_every_serve_flag_is(monkeypatch, capsys):
+    """`serve --help` lists --log-level and says every flag can be set as HYBRIDGNN_<FLAG>;
+    HYBRIDGNN_LOG_LEVEL was ignored. A value off the choices is refused in one line (it
+    was passed to logging unchecked)."""
+    monkeypatch.setenv("HYBRIDGNN_LOG_LEVEL", "debug")
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).log_level == "DEBUG"
+    assert parser.parse_args(["serve", "--log-level", "error"]).log_level == "ERROR"  # the flag wins
+    monkeypatch.setenv("HYBRIDGNN_LOG_LEVEL", "loud")
+    with pytest.raises(SystemExit) as info:
+        main(["serve"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "invalid choice 'LOUD' (from HYBRIDGNN_LOG_LEVEL" in err, err
+
+
 def test_a_flag_value_its_parser_refuses_says_why(capsys):
     """argparse said "invalid <lambda> value: '1X'" and "invalid parse_frontends value: '0'"."""
     for argv, why in ((["serve", "--gpu-cache-bytes", "1X"], "expected a byte count such as 512M or 4G, got '1X'"),
