@@ -9,7 +9,12 @@ from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.cli.flags import DefaultsHelpFormatter, flag_parser, user_path
 from hybridgnn.cli.outputs import check_out
 from hybridgnn.cli.serve import add_cpu_lane_flag, add_worker_processes_flag
-from hybridgnn.config import GRAPH_PLACEMENTS, parse_bytes
+from hybridgnn.config import (
+    GRAPH_PLACEMENTS,
+    DeviceMemoryConfig,
+    PipelineConfig,
+    parse_bytes,
+)
 
 DEFAULT_DIR = Path("profiles")  # the default --out's folder
 
@@ -35,10 +40,10 @@ def add_parser(sub) -> None:
                    help="with a split CPU lane: profile each lane beside the other's work on the GPU (the curves "
                         "then hold the contention); default: each alone, and slo:<ms> queues both lanes on one "
                         "simulated GPU")
-    p.add_argument("--gpu-workers", type=int, default=2, help="GPU pipeline workers")
-    p.add_argument("--gpu-cache-bytes", type=flag_parser(parse_bytes), default=parse_bytes("1G"),
+    p.add_argument("--gpu-workers", type=int, default=PipelineConfig.workers, help="GPU pipeline workers")
+    p.add_argument("--gpu-cache-bytes", type=flag_parser(parse_bytes), default=DeviceMemoryConfig.cache_bytes,
                    help="GPU feature cache, hottest rows by FAP (bytes)")
-    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default="uva",
+    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default=DeviceMemoryConfig.graph_placement,
                    help="where the GPU sampler reads the graph: pinned host memory (uva) or device memory")
     p.add_argument("--cpu-compute-device", default="cpu", help="where the CPU lane runs the model (as serve's flag)")
     p.add_argument("--bins", type=int, default=12, help="log-spaced PSGS bins")
@@ -59,8 +64,6 @@ def run(args) -> int:
         worker_processes,
     )
     from hybridgnn.config import (
-        DeviceMemoryConfig,
-        PipelineConfig,
         SamplingConfig,
         ServeConfig,
         fanouts_for,

@@ -784,3 +784,16 @@ def test_place_simulates_the_baselines_that_fit_and_names_one_that_does_not(skew
     assert "degree      does not fit this topology" in out
     assert all(f"  {m:<11} p50" in out for m in ("fap", "hash", "importance"))
     assert (tmp_path / "plan" / "plan.json").is_file()
+
+
+def test_profile_takes_its_pipeline_defaults_from_the_config_serve_uses(monkeypatch):
+    """One default per setting: profile's --gpu-workers, --gpu-cache-bytes and
+    --graph-placement repeated serve's defaults as literals (2, 1G, uva), which a change of
+    the config's would have left behind, profiling other pipelines than are served."""
+    from hybridgnn.config import DeviceMemoryConfig, PipelineConfig
+
+    monkeypatch.setattr(PipelineConfig, "workers", 3)
+    monkeypatch.setattr(DeviceMemoryConfig, "cache_bytes", 12345)
+    monkeypatch.setattr(DeviceMemoryConfig, "graph_placement", "gpu")
+    args = build_parser().parse_args(["profile"])
+    assert (args.gpu_workers, args.gpu_cache_bytes, args.graph_placement) == (3, 12345, "gpu")
