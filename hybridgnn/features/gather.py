@@ -87,7 +87,9 @@ class TieredFeatureStore:
             add_table("host", on_gpu | (here & (plan.tier == HOST)))
             on_gpu = np.zeros_like(on_gpu)
         per_gpu, taken = [], np.zeros_like(on_gpu)
-        for g in [gpu] + [g for g in range(topo.gpus_per_server) if g != gpu]:  # own GPU first
+        # own GPU first, then its clique's peers (NVLink), then other cliques': a row every
+        # clique holds is read over NVLink, never from a GPU outside the clique
+        for g in sorted(range(topo.gpus_per_server), key=lambda g: (g != gpu, g // per_clique != gpu // per_clique)):
             c, k = g // per_clique, g % per_clique
             mine = on_gpu & ((plan.clique == c) | (plan.clique == EVERY)) & ((plan.gpu == k) | (plan.gpu == EVERY))
             per_gpu.append((g, mine & ~taken))

@@ -154,3 +154,23 @@ def test_a_plan_for_more_gpus_than_this_machine_has_is_one_line(monkeypatch):
     plan = fap_plan(np.random.default_rng(6).random(100), topo, ROW)
     with pytest.raises(ValueError, match="on GPU 1 of 4 per server; this machine has 1"):
         TieredFeatureStore(np.zeros((100, 8), np.float32), plan, device="cuda", gpu=0)
+
+
+@pytest.mark.parametrize("gpu", range(4))
+def test_a_gpu_reads_rows_replicated_across_cliques_from_its_own_clique(gpu):
+    """4 GPUs in 2 NVLink cliques: the FAP plan partitions the GPU rows across a clique's 2
+    GPUs and replicates them in both cliques, so every row a GPU lacks is on its clique
+    peer. GPU 2 read the rows its peer (GPU 3) holds from GPU 1, in the other clique (no
+    NVLink between them), because the stores were taken in GPU order; GPU 3 then held
+    none of them."""
+    topo = TOPOLOGIES[1]
+    n = 500
+    feats = np.random.default_rng(0).standard_normal((n, 8)).astype(np.float32)
+    plan = fap_plan(np.random.default_rng(1).pareto(1.2, n), topo, ROW)
+    store = TieredFeatureStore(feats, plan, gpu=gpu)
+    peer = gpu ^ 1  # the other GPU of its clique
+    assert store.names[:2] == ["gpu", f"peer{peer}"], store.names
+    assert not any(name.startswith("peer") and name != f"peer{peer}" for name in store.names), store.names
+    rows, tiers = store.gather_counted(np.arange(n))
+    assert torch.equal(rows, torch.from_numpy(feats))
+    assert tiers["gpu"] + tiers["peer_gpu"] == int((plan.tier == 0).sum())
