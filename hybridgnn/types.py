@@ -1,16 +1,20 @@
 """Contracts passed between stages.
 
 Plain dataclasses of numpy arrays / tensors; no stage reaches into another's internals.
+Importing this module loads no torch (annotations only name it): the scheduler and the
+--adapt helper process use these contracts and never touch a tensor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 EdgeType = tuple[str, str, str]  # (source node type, relation, target node type), as PyG names them
 
@@ -45,6 +49,8 @@ class SampledSubgraph(_SubgraphSize):
     seed_index: np.ndarray
 
     def edge_index_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
+        import torch
+
         return torch.from_numpy(self.edge_index).to(device, non_blocking=True)
 
 

@@ -19,13 +19,13 @@ import time
 import numpy as np
 
 from hybridgnn.models.checkpoint import model_kind
+from hybridgnn.models.checkpoint import weights_fingerprint as model_fingerprint
 from hybridgnn.profiling.runner import BatchGenerator, ProfileConfig, run_closed_loop
 from hybridgnn.scheduler.curves import Curve, Samples, bin_statistics
 from hybridgnn.scheduler.policy import (
     SCHEMA_VERSION,
     Profile,
     _curve_dict,
-    model_fingerprint,
 )
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,6 @@ import numpy as np
 
 from hybridgnn.config import MAX_WORKERS
 from hybridgnn.errors import ConfigError
-from hybridgnn.models.checkpoint import weights_fingerprint as model_fingerprint
-from hybridgnn.models.checkpoint import weights_match
 from hybridgnn.scheduler.curves import (
     Curve,
     DeviceCurves,
@@ -179,13 +177,17 @@ class Profile:
 
     def check_matches(self, dataset_fingerprint: str, model_dir: Path, fanouts) -> None:
         """Refuse a profile made for another dataset, model or fanouts."""
+        # here, not at the top: reading weights needs torch, which the --adapt helper
+        # process (it imports this module to re-fit curves) has no use for
+        from hybridgnn.models.checkpoint import weights_fingerprint, weights_match
+
         want = self.data
         problems = []
         if want["dataset"]["fingerprint"] != dataset_fingerprint:
             problems.append(f"dataset {want['dataset']['name']} ({want['dataset']['fingerprint']}), "
                             f"serving {dataset_fingerprint}")
         if not weights_match(want["model"]["fingerprint"], model_dir):
-            problems.append(f"model weights {want['model']['fingerprint']}, serving {model_fingerprint(model_dir)}")
+            problems.append(f"model weights {want['model']['fingerprint']}, serving {weights_fingerprint(model_dir)}")
         if list(want["fanouts"]) != list(fanouts):
             problems.append(f"fanouts {want['fanouts']}, serving {list(fanouts)}")
         if problems:

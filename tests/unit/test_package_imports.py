@@ -53,6 +53,8 @@ def _module_level_imports(path: Path) -> set[str]:
                 found.update(f"{node.module}.{a.name}" for a in node.names)
             elif isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
+            elif isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                visit(node.orelse)  # the body runs only under a type checker
             elif isinstance(node, (ast.If, ast.Try)):
                 visit(node.body)
                 visit(getattr(node, "orelse", []))
@@ -107,3 +109,12 @@ def test_a_front_end_process_loads_no_torch():
 def test_the_import_closure_sees_torch_where_it_is():
     _, outside = _import_closure("hybridgnn.serving.http.api")
     assert "torch" in outside
+
+
+def test_the_adapt_helper_process_loads_no_torch():
+    """`serve --adapt` re-fits the policy in a helper process that imports
+    scheduler/control.py: deciding needs curves and a simulator, never a tensor, so it
+    does not pay for torch (seconds of start and hundreds of MB)."""
+    inside, outside = _import_closure("hybridgnn.scheduler.control")
+    assert {"hybridgnn.scheduler.policy", "hybridgnn.types"} <= inside
+    assert "torch" not in outside, sorted(outside)
