@@ -166,7 +166,9 @@ def _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_chec
         own = torch.from_numpy((part.in_degree + ~part.has_loop).astype(np.int64)).unsqueeze(1).to(device)
         norm_degree = plan.gather(own).squeeze(1).cpu().numpy()
         has_loop = np.concatenate([part.has_loop, np.zeros(plan.halo_rows, dtype=bool)])
-    totals = torch.tensor([part.remote_edges, n], dtype=torch.int64)
+    # on the backend's device: an NCCL group has no backend for host tensors (a CPU tensor
+    # here failed every `--device cuda` run with 'No backend type associated with device type cpu')
+    totals = torch.tensor([part.remote_edges, n], dtype=torch.int64, device=device)
     dist.all_reduce(totals)
     first = state["layer"]
     source = graph.features if first == 0 else np.load(root / f"layer_{first}.npy", mmap_mode="r")

@@ -36,3 +36,30 @@ def test_a_model_trained_on_a_gpu_is_saved_as_it_is(tmp_path):
         want = model(x.cuda(), ei.cuda()).cpu()
         got = stack(x, ei)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_precompute_ranks_on_cuda_exchange_through_nccl(skewed_graph, tmp_path):
+    # one NCCL rank under torchrun (every exchange on the GPU; GCN's degrees too): the
+    # ranks' edge totals were all-reduced from a host tensor, which an NCCL group has no
+    # backend for
+    import json
+    import subprocess
+    import sys
+
+    from hybridgnn.embeddings.store import EmbeddingStore
+    from hybridgnn.models.checkpoint import load_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("gcn", skewed_graph.feature_dim, 8, 3, num_layers=2)).eval()
+    save_checkpoint(model, tmp_path / "single")
+    save_checkpoint(model, tmp_path / "ranks")
+    cpu = precompute(skewed_graph, load_checkpoint(tmp_path / "single")[0], tmp_path / "single", progress=False)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                          "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(skewed_graph.root),
+                          "--model", str(tmp_path / "ranks"), "--device", "cuda", "--partition", "ranges"],
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["ranks"] == 1
+    got = EmbeddingStore.open(tmp_path / "ranks", skewed_graph.fingerprint)
+    np.testing.assert_allclose(np.asarray(got.final), np.asarray(cpu.final), rtol=1e-4, atol=1e-5)
