@@ -1,4 +1,5 @@
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -195,12 +196,19 @@ def test_query_nodes_named_by_position_are_the_ids_after_the_graph():
 
 
 def test_json_nested_too_deeply_is_a_400(json_backend):
-    # orjson refuses beyond 1024 levels, then the stdlib parser recurses out (RecursionError)
+    # orjson refuses beyond 1024 levels, then the stdlib parser recurses out (RecursionError);
+    # from Python 3.12 (a higher C recursion limit) it parses 1,100 levels, which are then
+    # refused as the lists they are: a 400 either way
     for depth in (1100, 100_000):
         body = b'{"inputs": ' + b"[" * depth + b"]" * depth + b"}"
-        with pytest.raises(BadRequest, match="nested too deeply") as info:
+        with pytest.raises(BadRequest) as info:
             decode(None, body=body)
         assert info.value.status == 400
+        if depth > 1100 or sys.version_info < (3, 12):
+            assert "nested too deeply" in info.value.message
+        else:
+            assert info.value.message in ("request body is not valid JSON: nested too deeply",
+                                          "each input must be an object with name, shape, datatype and data")
     # within orjson's limit it parses; whatever repr the message shows stays short
     deep = b"[" * 1000 + b"]" * 1000
     with pytest.raises(BadRequest) as info:

@@ -46,8 +46,9 @@ def _parse(data: bytes):
     """Parse a JSON body. orjson when installed; whatever it refuses goes to the stdlib
     parser, so what is accepted (integers beyond 64 bits, NaN) and each error message are
     the same either way. Raises BadRequest for anything it cannot parse: invalid JSON,
-    nesting deeper than the parser's stack (about 1000 levels), an integer literal longer
-    than Python converts (sys.get_int_max_str_digits(), 4300 digits by default)."""
+    nesting deeper than the parser's stack (about 1000 levels; a few thousand from Python
+    3.12), an integer literal longer than Python converts (sys.get_int_max_str_digits(),
+    4300 digits by default)."""
     if _orjson is not None:
         try:
             return _orjson.loads(data)
