@@ -68,6 +68,15 @@ PROFILE=data/products-sage3-256-$GPU_NAME.json
 need_profile() {  # need_profile STAGE: the profile stage ran on this machine
     [ -f "$PROFILE" ] || { echo "$1: no $PROFILE: run the profile stage first on this machine" | tee -a "$SUMMARY"; return 1; }
 }
+# Whether torch sees a GPU, asked once. Without one (a CPU build of torch first on the
+# path, a driver that does not load) every GPU stage would measure the CPU, or fail minutes
+# in, under the GPU's name: each says so in one line instead. overload and frontends are
+# CPU figures and run either way.
+CUDA_STATE=$($PY -c "import torch; print('yes' if torch.cuda.is_available() else 'no: torch ' + torch.__version__ + ' (CUDA ' + str(torch.version.cuda) + ') sees no GPU')" 2>/dev/null)
+[ -n "$CUDA_STATE" ] || CUDA_STATE="no: $PY cannot import torch"
+need_cuda() {  # need_cuda STAGE: torch sees a GPU here
+    [ "$CUDA_STATE" = yes ] || { echo "$1: skipped: $CUDA_STATE" | tee -a "$SUMMARY"; return 1; }
+}
 
 stage() {  # stage NAME LIMIT_S COMMAND...: run with a time limit, log, note the outcome
     local name=$1 limit=$2; shift 2
@@ -91,6 +100,7 @@ for s in $STAGES; do
             $PY -c 'import torch, torch_geometric, numba, httptools; print(torch.__version__, torch_geometric.__version__, numba.__version__)'; nproc; free -g"
         ;;
     tests|graph)  # graph: the products graph with only the hybrid server test beside it
+        need_cuda "$s" || continue
         products > "$OUTDIR/products.log" 2>&1 &
         GEN=$!
         [ "$s" = graph ] || stage tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu
@@ -99,19 +109,24 @@ for s in $STAGES; do
         wait $GEN; echo "products graph: exit $? ($(tail -n 1 "$OUTDIR/products.log"))" | tee -a "$SUMMARY"
         ;;
     sampler)
+        need_cuda sampler || continue
         stage sampler 150 $PY bench/gpu_sampler.py --seconds 0.5 --out "$OUTDIR/sampler.json"
         ;;
     lanecost)  # each lane's fixed cost per small batch: GPU lane, split CPU lane, CPU-model lane
+        need_cuda lanecost || continue
         stage lanecost 150 $PY bench/lane_cost.py --heavy --sizes 1,4,16 --batches 100 --out "$OUTDIR/lanecost.json"
         ;;
     precompute)
+        need_cuda precompute || continue
         stage precompute 230 $PY bench/precompute_device.py --heavy --out "$OUTDIR/precompute.json"
         ;;
     precompute_cli)  # the command a user runs, end to end on the GPU
+        need_cuda precompute_cli || continue
         stage precompute_cli 150 $PY -m hybridgnn.cli.main precompute --dataset data/products-powerlaw \
             --model data/products-sage3-256 --device cuda
         ;;
     profile)
+        need_cuda profile || continue
         stage profile 120 $PY -m hybridgnn.cli.main --log-level WARNING profile --dataset data/products-powerlaw \
             --model data/products-sage3-256 --device cuda --budget-s 40 --min-samples 40 --out "$PROFILE"
         cp "${PROFILE%.json}".* "$OUTDIR"/ 2>/dev/null
@@ -121,16 +136,17 @@ for s in $STAGES; do
         # leaving 5 bisection steps for about the trials 50 and 3 took: each maximum to
         # within ~25 req/s (3 %) instead of ~100, finer than the 1.3 the ratio must clear.
         mode=engine; [ "$s" = policies ] || mode=http
-        need_profile "$s" || continue
+        need_cuda "$s" && need_profile "$s" || continue
         stage "$s" 330 $PY bench/hybrid_policies.py --heavy --slo-ms 30 --trial-s 2.5 --start-rate 200 --bisect-steps 5 --modes $mode \
             --policies "${POLICIES:-gpu,hybrid}" --profile "$PROFILE" --out "$OUTDIR/$s.json"
         ;;
     quiver)  # the 2-layer [15,10] SAGE of Quiver's products setting, in process, GPU only and hybrid
+        need_cuda quiver || continue
         stage quiver 300 $PY bench/hybrid_policies.py --heavy --layers 2 --slo-ms 30 --trial-s 2.5 --start-rate 200 \
             --modes engine --policies gpu,hybrid --out "$OUTDIR/quiver.json"
         ;;
     fig10)
-        need_profile fig10 || continue
+        need_cuda fig10 && need_profile fig10 || continue
         stage fig10 290 $PY bench/slo_batching.py --heavy --device cuda --profile "$PROFILE" --slo-ms 30 \
             --nodes-per-request 16 --rounds 1 --duration-s 6 --warmup-s 2 --max-rate 4000
         ;;
