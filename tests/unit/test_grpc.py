@@ -109,7 +109,7 @@ def test_huge_declared_inputs_are_413s_before_any_element_is_decoded():
     t0 = time.perf_counter()
     with pytest.raises(PayloadTooLarge, match="4000000 elements"):
         decode_infer(request, max_nodes=8192, num_nodes=100)
-    assert time.perf_counter() - t0 < 0.1
+    assert time.perf_counter() - t0 < 0.5  # decoding the 4M elements first takes seconds
     typed = message("ModelInferRequest")(model_name="m")
     typed.inputs.add(name="node_ids", datatype="BYTES", shape=[100_000]).contents.bytes_contents.extend(
         [b""] * 100_000)
