@@ -609,7 +609,8 @@ def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_start
 
     monkeypatch.setattr(hybridgnn.distributed.launch, "launch", no_launch)
     argv = ["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m"), "--nprocs", "2"]
-    for flags, said in ((["--chunk-mb", "0"], "--chunk-mb must be a number > 0"),
+    for flags, said in ((["--nprocs", "0"], "--nprocs must be >= 1"),
+                        (["--chunk-mb", "0"], "--chunk-mb must be a number > 0"),
                         (["--chunk-mb", "nan"], "--chunk-mb must be a number > 0"),
                         (["--chunk-mb", "inf"], "--chunk-mb must be a number > 0"),
                         (["--threads-per-rank", "-2"], "--threads-per-rank must be >= 0"),
