@@ -52,6 +52,39 @@ def on(sock: socket.socket) -> http.client.HTTPConnection:
     return conn
 
 
+@pytest.fixture(scope="module")
+def pair(tiny_dataset, tiny_model, tmp_path_factory):
+    """One server with two front ends (and gRPC on them), shared by the tests that leave
+    it serving: each takes the front ends' pids afresh, counts restarts from where they
+    stood, and reads only what the server printed since it began (said_since)."""
+    import importlib.util
+
+    grpc_port = free_port() if importlib.util.find_spec("grpc") else None  # the stopped engine's test asks it
+    out = tmp_path_factory.mktemp("pair") / "server.log"
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1",
+                        *(("--grpc-port", str(grpc_port)) if grpc_port else ()), output_file=out).wait_ready()
+    srv.grpc_port = grpc_port
+    yield srv
+    assert srv.stop() == 0, srv.output()
+
+
+def said_since(srv: ServerProcess, start: int, *texts: str, timeout_s: float = 30.0) -> str:
+    """What srv printed after offset `start`, once it holds every one of texts (a line is
+    written a moment after what it reports)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = srv.output()[start:]
+        if all(t in out for t in texts):
+            return out
+        assert time.monotonic() < deadline, f"the server never said {texts}:\n{out}"
+        time.sleep(0.1)  # poll interval, bounded by the deadline
+
+
+def restarts(url: str) -> list[float]:
+    m = samples(url)
+    return [m.get(("hybridgnn_frontend_restarts_total", (("frontend", str(i)),)), 0) for i in (0, 1)]
+
+
 def samples(url: str) -> dict[tuple[str, tuple], float]:
     out = {}
     for family in text_string_to_metric_families(metrics_text(url)):
@@ -61,10 +94,11 @@ def samples(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def test_requests_at_both_front_ends_are_batched_together(tiny_dataset, tiny_model):
-    # A batch closes at 2 requests or after 3 s: two requests answered at once, in one batch
-    # of two, had to meet in the engine's one batcher.
-    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1", "--max-wait-ms", "3000",
-                        "--max-batch-requests", "2", "--max-queue-delay-ms", "10000").wait_ready()
+    # A batch closes at 2 requests or after 10 s: two requests answered at once, in one batch
+    # of two, had to meet in the engine's one batcher (a window far longer than the bound
+    # below, so that a loaded machine's slow answer is never taken for a missed batch).
+    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1", "--max-wait-ms", "10000",
+                        "--max-batch-requests", "2", "--max-queue-delay-ms", "60000").wait_ready()
     try:
         pids = wait_for_frontends(srv.proc.pid, 2)
         conns = [on(connection_to(srv.port, i, pids)) for i in (0, 1)]
@@ -81,7 +115,7 @@ def test_requests_at_both_front_ends_are_batched_together(tiny_dataset, tiny_mod
             t.join(30)
         took = time.monotonic() - t0
         assert [a[0] for a in answers] == [200, 200], answers
-        assert took < 2.5, f"the two requests waited {took:.2f}s: they were not batched together"
+        assert took < 8, f"the two requests waited {took:.2f}s: they were not batched together"
         m = samples(srv.url)
         assert m[("hybridgnn_batch_requests_count", (("pipeline", "cpu"),))] == 1
         assert m[("hybridgnn_batch_requests_sum", (("pipeline", "cpu"),))] == 2
@@ -103,30 +137,31 @@ def test_requests_at_both_front_ends_are_batched_together(tiny_dataset, tiny_mod
         assert srv.stop() == 0, srv.output()
 
 
-def test_a_front_end_killed_under_load_comes_back_and_the_other_loses_nothing(tiny_dataset, tiny_model):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+def test_a_front_end_killed_under_load_comes_back_and_the_other_loses_nothing(pair):
+    srv, start = pair, len(pair.output())
+    pids = wait_for_frontends(srv.proc.pid, 2)
+    before = restarts(srv.url)
+    survivors = [on(connection_to(srv.port, 1, pids)) for _ in range(3)]
+    victims = [on(connection_to(srv.port, 0, pids)) for _ in range(3)]
+    stop = threading.Event()
+    results: dict[str, list] = {"survivor": [], "victim": []}
+
+    def client(conn, kind, seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            ids = rng.integers(0, 3000, size=4).tolist()
+            try:
+                status, answer = post(conn, ids)
+            except (OSError, http.client.HTTPException) as exc:
+                results[kind].append(("error", repr(exc)))
+                return
+            results[kind].append((status, answer))
+
+    threads = [threading.Thread(target=client, args=(c, "survivor", i)) for i, c in enumerate(survivors)]
+    threads += [threading.Thread(target=client, args=(c, "victim", 10 + i)) for i, c in enumerate(victims)]
+    for t in threads:
+        t.start()
     try:
-        pids = wait_for_frontends(srv.proc.pid, 2)
-        survivors = [on(connection_to(srv.port, 1, pids)) for _ in range(3)]
-        victims = [on(connection_to(srv.port, 0, pids)) for _ in range(3)]
-        stop = threading.Event()
-        results: dict[str, list] = {"survivor": [], "victim": []}
-
-        def client(conn, kind, seed):
-            rng = np.random.default_rng(seed)
-            while not stop.is_set():
-                ids = rng.integers(0, 3000, size=4).tolist()
-                try:
-                    status, answer = post(conn, ids)
-                except (OSError, http.client.HTTPException) as exc:
-                    results[kind].append(("error", repr(exc)))
-                    return
-                results[kind].append((status, answer))
-
-        threads = [threading.Thread(target=client, args=(c, "survivor", i)) for i, c in enumerate(survivors)]
-        threads += [threading.Thread(target=client, args=(c, "victim", 10 + i)) for i, c in enumerate(victims)]
-        for t in threads:
-            t.start()
         deadline = time.monotonic() + 30
         while len(results["survivor"]) < 30 and time.monotonic() < deadline:
             time.sleep(0.05)  # poll interval, bounded by the deadline
@@ -135,34 +170,33 @@ def test_a_front_end_killed_under_load_comes_back_and_the_other_loses_nothing(ti
         count = len(results["survivor"])
         while len(results["survivor"]) < count + 30 and time.monotonic() < deadline + 30:
             time.sleep(0.05)  # poll interval, bounded by the deadline
+    finally:  # the clients stop whatever happened: the server goes on to the next test
         stop.set()
         for t in threads:
             t.join(30)
         for conn in survivors + victims:
             conn.close()
-        # every request on the surviving front end's connections was answered: served, or refused
-        # by admission with 429 (six clients on two cores may overload it, which is an answer too)
-        served = [a for s, a in results["survivor"] if s == 200]
-        assert served and all(s in (200, 429) for s, _ in results["survivor"]), [
-            r for r in results["survivor"] if r[0] not in (200, 429)][:3]
-        assert all(len(a["outputs"][0]["data"]) > 0 for a in served)
-        # the killed one's connections ended (an error, never a hang), after answers that were answers
-        assert all(r[0] in (200, 429) for r in results["victim"] if r[0] != "error"), results["victim"][-3:]
-        assert back[0] != pids[0] and back[1] == pids[1]
-        # the new front end serves
-        status, _ = post_once(connection_to(srv.port, 0, back), [5])
-        assert status == 200
-        m = samples(srv.url)
-        assert m[("hybridgnn_frontend_restarts_total", (("frontend", "0"),))] == 1
-    finally:
-        assert srv.stop() == 0, srv.output()
-    out = srv.output()
-    assert "front end 0" in out and "starting it again" in out, out
+    # every request on the surviving front end's connections was answered: served, or refused
+    # by admission with 429 (six clients on two cores may overload it, which is an answer too)
+    served = [a for s, a in results["survivor"] if s == 200]
+    assert served and all(s in (200, 429) for s, _ in results["survivor"]), [
+        r for r in results["survivor"] if r[0] not in (200, 429)][:3]
+    assert all(len(a["outputs"][0]["data"]) > 0 for a in served)
+    # the killed one's connections ended (an error, never a hang), after answers that were answers
+    assert all(r[0] in (200, 429) for r in results["victim"] if r[0] != "error"), results["victim"][-3:]
+    assert back[0] != pids[0] and back[1] == pids[1]
+    # the new front end serves
+    status, _ = post_once(connection_to(srv.port, 0, back), [5])
+    assert status == 200
+    assert restarts(srv.url) == [before[0] + 1, before[1]]
+    said_since(srv, start, "front end 0", "starting it again")
 
 
 def test_sighup_at_readiness_and_to_every_process_stops_nothing(tiny_dataset, tiny_model):
     """SIGHUP (refresh the GPU cache) is handled from before anything listens, and front
-    ends ignore it: a signal to the process group must not kill them."""
+    ends ignore it: a signal to the process group must not kill them. (A server of its
+    own: the first SIGHUP comes the moment it is ready, while a front end may still be
+    starting.)"""
     srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
     try:
         srv.proc.send_signal(signal.SIGHUP)  # the other front end may still be starting
@@ -177,8 +211,7 @@ def test_sighup_at_readiness_and_to_every_process_stops_nothing(tiny_dataset, ti
             status, _ = post_once(connection_to(srv.port, index, pids), [5])
             assert status == 200
         assert wait_for_frontends(srv.proc.pid, 2) == pids
-        restarts = samples(srv.url)
-        assert all(restarts.get(("hybridgnn_frontend_restarts_total", (("frontend", str(i)),)), 0) == 0 for i in (0, 1))
+        assert restarts(srv.url) == [0, 0]
     finally:
         assert srv.stop() == 0, srv.output()
 
@@ -209,17 +242,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_front_ends_hold_no_torch_and_little_memory(tiny_dataset, tiny_model):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
-    try:
-        pids = wait_for_frontends(srv.proc.pid, 2)
-        for pid in pids.values():
-            with open(f"/proc/{pid}/maps") as f:
-                maps = f.read()
-            assert "libtorch" not in maps
-        assert frontend_pids(srv.proc.pid) == pids
-    finally:
-        assert srv.stop() == 0, srv.output()
+def test_front_ends_hold_no_torch_and_little_memory(pair):
+    pids = wait_for_frontends(pair.proc.pid, 2)
+    for pid in pids.values():
+        with open(f"/proc/{pid}/maps") as f:
+            maps = f.read()
+        assert "libtorch" not in maps
+    assert frontend_pids(pair.proc.pid) == pids
 
 
 def test_the_held_port_refuses_a_taken_one_and_lets_front_ends_bind_beside_it():
@@ -291,56 +320,50 @@ def test_front_ends_answer_lookups_themselves_and_every_one_is_counted_at_once(t
         assert srv.stop() == 0, srv.output()
 
 
-def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(tiny_dataset, tiny_model):
+def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(pair):
     """SIGSTOP of the engine's process (alive, silent): a request waiting for it and every
     one after, readiness included, is answered 503 with Retry-After within the quiet
     limit, never held; after SIGCONT the server serves again on the same processes."""
     grpc = pytest.importorskip("grpc")
-    grpc_port = free_port()
-    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1",
-                        "--grpc-port", str(grpc_port)).wait_ready()
+    srv, grpc_port, start = pair, pair.grpc_port, len(pair.output())
+    pids = wait_for_frontends(srv.proc.pid, 2)
+    conn = on(connection_to(srv.port, 0, pids))
+    conn.sock.settimeout(wire.QUIET_S + 20)  # longer than the engine's silence takes to be noticed
+    assert post(conn, [1])[0] == 200
+    srv.proc.send_signal(signal.SIGSTOP)
     try:
-        pids = wait_for_frontends(srv.proc.pid, 2)
-        conn = on(connection_to(srv.port, 0, pids))
-        conn.sock.settimeout(wire.QUIET_S + 20)  # longer than the engine's silence takes to be noticed
-        assert post(conn, [1])[0] == 200
-        srv.proc.send_signal(signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            status, answer = post(conn, [2])  # waits for the engine until the front end gives up on it
-            waited = time.monotonic() - started
-            assert status == 503 and "not answering" in answer["error"], answer
-            assert waited < wire.QUIET_S + 10, waited
-            ready = requests.get(f"{srv.url}/v2/health/ready", timeout=5)
-            assert ready.status_code == 503 and ready.headers.get("Retry-After")
-            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:  # a front end's gRPC says so too
-                live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
-                with pytest.raises(grpc.RpcError) as refused:
-                    live(b"", timeout=5)
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
-            assert dict(refused.value.trailing_metadata() or ()).get("retry-after"), refused.value
-        finally:
-            srv.proc.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + 30
-        while True:
-            status, _ = post(conn, [3])
-            if status == 200:
-                break
-            assert status == 503 and time.monotonic() < deadline, status
-            time.sleep(0.1)  # poll interval, bounded by the deadline
-        assert requests.get(f"{srv.url}/v2/health/ready", timeout=5).status_code == 200
-        assert wait_for_frontends(srv.proc.pid, 2) == pids  # nothing was restarted
-        conn.close()
+        started = time.monotonic()
+        status, answer = post(conn, [2])  # waits for the engine until the front end gives up on it
+        waited = time.monotonic() - started
+        assert status == 503 and "not answering" in answer["error"], answer
+        assert waited < wire.QUIET_S + 10, waited
+        ready = requests.get(f"{srv.url}/v2/health/ready", timeout=5)
+        assert ready.status_code == 503 and ready.headers.get("Retry-After")
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:  # a front end's gRPC says so too
+            live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+            with pytest.raises(grpc.RpcError) as refused:
+                live(b"", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+        assert dict(refused.value.trailing_metadata() or ()).get("retry-after"), refused.value
     finally:
-        assert srv.stop() == 0, srv.output()
-    out = srv.output()
-    assert "has not spoken for" in out and "speaks again" in out, out
+        srv.proc.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while True:
+        status, _ = post(conn, [3])
+        if status == 200:
+            break
+        assert status == 503 and time.monotonic() < deadline, status
+        time.sleep(0.1)  # poll interval, bounded by the deadline
+    assert requests.get(f"{srv.url}/v2/health/ready", timeout=5).status_code == 200
+    assert wait_for_frontends(srv.proc.pid, 2) == pids  # nothing was restarted
+    conn.close()
+    said_since(srv, start, "has not spoken for", "speaks again")
 
 
-def test_a_stopped_front_end_is_killed_and_started_again(tiny_dataset, tiny_model):
+def test_a_stopped_front_end_is_killed_and_started_again(pair):
     """A SIGSTOPped front end would keep its share of new connections and answer none: the
     engine kills it once it has been silent for the quiet limit, and starts it again."""
-    srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1").wait_ready()
+    srv, start = pair, len(pair.output())
     try:
         pids = wait_for_frontends(srv.proc.pid, 2)
         os.kill(pids[0], signal.SIGSTOP)
@@ -351,6 +374,4 @@ def test_a_stopped_front_end_is_killed_and_started_again(tiny_dataset, tiny_mode
     finally:
         if "pids" in locals() and _alive(pids[0]):  # not killed (a failure above): never left stopped
             os.kill(pids[0], signal.SIGKILL)
-        assert srv.stop() == 0, srv.output()
-    out = srv.output()
-    assert "front end 0" in out and "has not spoken for" in out and "starting it again" in out, out
+    said_since(srv, start, "front end 0", "has not spoken for", "starting it again")

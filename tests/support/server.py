@@ -87,16 +87,24 @@ def free_port(count: int = 1) -> int:
 
 class ServerProcess:
     """`hybridgnn serve --dataset D --model M --port P *extra`; `command` replaces the
-    program (it still gets the same flags), e.g. the naive baseline server in bench/."""
+    program (it still gets the same flags), e.g. the naive baseline server in bench/.
+    `output_file`: what the server prints goes there, and output() reads it while the
+    server runs too (a server shared by several tests, each checking what it said)."""
 
-    def __init__(self, dataset, model, *extra: str, port: int | None = None, command: list[str] | None = None):
+    def __init__(self, dataset, model, *extra: str, port: int | None = None, command: list[str] | None = None,
+                 output_file: Path | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         program = command or [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve"]
         model_args = ["--model", str(model)] if model is not None else []  # None: extra names a --model-repository
         cmd = [*program, "--dataset", str(dataset), *model_args, "--port", str(self.port), *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        self.output_file = output_file
+        if output_file is None:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        else:
+            with open(output_file, "wb") as out:
+                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         self._output: str | None = None
 
     def wait_ready(self, timeout_s: float = 120.0) -> "ServerProcess":
@@ -104,7 +112,10 @@ class ServerProcess:
         return self
 
     def output(self) -> str:
-        """Everything the exited server printed (read once, then kept)."""
+        """Everything the exited server printed (read once, then kept); with an
+        output_file, what it printed so far."""
+        if self.output_file is not None:
+            return self.output_file.read_bytes().decode(errors="replace")
         if self.proc.poll() is None:
             return "(still running)"
         if self._output is None:
