@@ -633,3 +633,38 @@ def test_a_huge_repository_config_is_listed_with_why_not_read(tmp_path):
     before = _peak_rss_mb()
     model = scan_repository(tmp_path, strict=False)["m"]
     assert "more than such a file holds" in model.error and _peak_rss_mb() - before < 256
+
+
+def test_an_inference_naming_no_served_version_is_counted_under_one_served_never_one_unloaded():
+    # After a repository's first model version was unloaded, every 404 for an unknown model
+    # or version (and every unparsable body for one) was counted under that version: its
+    # series, dropped at the unload, came back for good under a version no longer served.
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hybridgnn.serving.v2.service import V2Service
+    from hybridgnn.telemetry.metrics import Telemetry
+
+    telemetry = Telemetry(model="alpha")
+
+    def engine(name: str, version: str):
+        return SimpleNamespace(stats=telemetry.for_model(name, version), model_stats=SimpleNamespace(failed=lambda s: None))
+
+    models = Models()
+    for name, version in (("alpha", "1"), ("beta", "1"), ("beta", "2")):
+        models.add(name, version, engine(name, version))
+    service = V2Service(models)
+    models.remove("alpha", "1")  # a new version replaces it, as a repository's reload does
+    telemetry.forget_model("alpha", "1")
+    models.add("alpha", "2", engine("alpha", "2"))
+
+    service.count_unparsed("nosuch", None, 404)  # no such model: the first one served
+    service.count_unparsed("beta", "7", 404)  # no such version: the model's highest
+    service.count_unparsed("alpha", "1", 404)  # the version unloaded: the model's new one
+    text = telemetry.exposition()[0].decode()
+    counted = {(s.labels["model"], s.labels["version"]): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "hybridgnn_requests_total" and s.value}
+    assert counted == {("beta", "1"): 1.0, ("beta", "2"): 1.0, ("alpha", "2"): 1.0}
+    assert 'version="1",model="alpha"' not in text and 'model="alpha",version="1"' not in text

@@ -251,7 +251,7 @@ class GrpcFrontend:
             req = infer_input(request, service.max_input_elements(engine))
         except Exception as exc:
             failure = service.failure(exc, "infer")
-            (engine or service.engine).stats.answered(failure.status)  # counted as the service counts its own
+            (engine or service.counting(request.model_name)).stats.answered(failure.status)  # as the service counts
             if engine is not None:
                 engine.model_stats.failed(0.0)
             await self._abort(context, failure)

@@ -102,6 +102,17 @@ class V2Service:
         NotFound naming what this server serves."""
         return self.models.get(name, version)
 
+    def counting(self, name: str) -> Engine:
+        """The engine whose series count an inference that names no model version this
+        server serves: the model's highest version when it serves the model, else the
+        first model it serves; never a version since unloaded (a repository's first), whose
+        series went with it and would come back, for good, at the first such request."""
+        try:
+            return self.models.get(name)
+        except NotFound:
+            engines = self.models.engines()
+            return engines[0] if engines else self.engine
+
     @staticmethod
     def max_input_elements(engine: Engine) -> int:
         """The most elements one input of an inference to `engine` may hold (its decoder's
@@ -291,6 +302,8 @@ class V2Service:
         except Exception as exc:
             if target is not None:  # a request for a model this server has: its statistics count it
                 target.model_stats.failed(time.perf_counter() - started)
+            else:
+                engine = self.counting(request.model)
             return self._failed(exc, engine, fail)
         if pending is None:  # a sampled inference: answer() completes out
             return out
@@ -334,7 +347,7 @@ class V2Service:
         try:
             engine = self.models.get(model, version)
         except NotFound:
-            engine = self.engine
+            engine = self.counting(model)
         else:
             engine.model_stats.failed(0.0)
         engine.stats.answered(status)
