@@ -66,7 +66,8 @@ PANELS: list[tuple[str, list[tuple]]] = [
          "serves several).", "reqps",
          [(f"sum by (model, version) ({rate('hybridgnn_requests_total')})", "{{model}} v{{version}}")],
          "timeseries"),
-        ("Rejected requests", "Requests refused before admission: overload (429) and draining (503).", "reqps",
+        ("Rejected requests", ("Requests refused before admission: overload (429), draining (503), and reads "
+         "behind their min_graph_version (503)."), "reqps",
          [(f"sum by (reason) ({rate('hybridgnn_rejected_requests_total')})", "{{reason}}")], "timeseries"),
     ]),
     ("Latency", [

@@ -109,3 +109,38 @@ def test_no_page_points_into_working_notes(page):
     text = page.read_text()
     assert not re.search(r"(?<![/\w])shared/|DESIGN\.md", text), \
         f"{page.name} points at shared/ or DESIGN.md, which users do not get"
+
+
+def _section(page: Path, heading: str) -> str:
+    return page.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_operations_md_lists_every_metric_and_no_other():
+    # The metric table against what a server exposes (every collector, front ends included).
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hybridgnn.telemetry.metrics import Telemetry
+
+    telemetry = Telemetry()
+    telemetry.declare(("cpu", "gpu"))
+    telemetry.frontends(lambda: {0: {"connections": 1, "rss_bytes": 1, "requests": 1, "cpu_s": 1.0}})
+    exposed = {f.name + ("_total" if f.type == "counter" else "")
+               for f in text_string_to_metric_families(telemetry.exposition()[0].decode())
+               if not f.name.endswith("_created")}
+    documented = set(re.findall(r"`(hybridgnn_[a-z_]+)`", _section(ROOT / "docs" / "operations.md", "Metrics")))
+    assert not exposed - documented, f"operations.md's metrics lack {sorted(exposed - documented)}"
+    assert not documented - exposed, f"operations.md lists metrics no server exposes: {sorted(documented - exposed)}"
+
+
+def test_operations_md_says_what_to_do_for_every_alert():
+    yaml = pytest.importorskip("yaml")
+    groups = yaml.safe_load((ROOT / "dashboards" / "rules" / "hybridgnn.rules.yml").read_text())["groups"]
+    alerts = {r["alert"]: r["labels"]["severity"] for g in groups for r in g["rules"] if "alert" in r}
+    rows = {}
+    for line in _section(ROOT / "docs" / "operations.md", "Dashboards and alerts").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.fullmatch(r"`Hybridgnn\w+`", cells[0]):
+            rows[cells[0].strip("`")] = cells
+    assert set(rows) == set(alerts), f"alerts in the rules {sorted(alerts)}, in operations.md {sorted(rows)}"
+    for name, (_, fires_when, severity, what_to_do) in rows.items():
+        assert severity == alerts[name] and fires_when and len(what_to_do) > 40, name
