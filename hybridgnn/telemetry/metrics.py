@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from hybridgnn.telemetry.histogram import LoopCounter, LoopHistogram
 from hybridgnn.types import ServingStats, StageTimings, UpdateStats
 
-STAGES = ("queue_wait", "batching", "sample", "gather", "compute", "respond", "total")
+STAGES = ("queue_wait", "batching", "sample", "gather", "compute", "handoff", "respond", "total")
 # 50 µs .. 10 s: fine steps where serving latencies live (sub-ms to tens of ms), and
 # around the default 100 ms admission bound, where admitted latency sits under overload.
 LATENCY_BUCKETS = (

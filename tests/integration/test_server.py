@@ -190,7 +190,10 @@ def test_metrics_exposition(server):
     text = requests.get(server.url + "/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     stages = {s.labels["stage"] for s in families["hybridgnn_stage_seconds"].samples if "stage" in s.labels}
-    assert {"queue_wait", "batching", "sample", "gather", "compute", "respond", "total"} <= stages
+    assert {"queue_wait", "batching", "sample", "gather", "compute", "handoff", "respond", "total"} <= stages
+    counted = {s.labels["stage"]: s.value for s in families["hybridgnn_stage_seconds"].samples
+               if s.name.endswith("_count") and s.labels.get("pipeline") == "cpu"}
+    assert counted["handoff"] == counted["compute"] >= 1  # one per batch, as the pipeline's stages
     codes = {s.labels["code"]: s.value for s in families["hybridgnn_requests"].samples
              if s.name == "hybridgnn_requests_total"}
     assert codes["200"] >= 5

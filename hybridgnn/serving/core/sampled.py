@@ -122,6 +122,9 @@ class SampledInference:
         now = time.perf_counter()
         done_s = now if done_s is None else done_s
         service_began = now - service_s
+        # the rest of its time since submit: hand-offs to the pipeline's thread, a worker
+        # process and back, and the loop's wake-up to this completion (no stage held it)
+        stats.stage("handoff", plan.pipeline, max(0.0, now - batch.submitted_s - rt.queue_wait_s - service_s))
         admission = self._admission
         bound = admission.bound_s
         slo = admission.slo is not None
