@@ -33,3 +33,37 @@ def test_a_result_count_that_does_not_match_the_batch_fails_every_job():
     errors, released = asyncio.run(scenario())
     assert len(released) == 3
     assert all(isinstance(e, BatchFailed) and "answered 1 of 3 queries" in str(e) for e in errors)
+
+
+def test_a_completed_batch_counts_its_handoff_as_the_homogeneous_engine_does():
+    """hybridgnn_stage_seconds{stage="handoff"} exists for the heterogeneous engine's
+    pipelines too (declared at zero) but only the homogeneous engine observed it: a
+    heterogeneous server's was always empty. It is the batch's time since it started,
+    less its sample, gather and compute."""
+    import time
+
+    from hybridgnn.types import StageTimings
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        engine = HeteroEngine.__new__(HeteroEngine)
+        stages = []
+        engine._in_flight = set()
+        engine._workers = {"cpu": SimpleNamespace(depth=1)}
+        engine.stats = SimpleNamespace(batch_done=lambda *a: None,
+                                       stage=lambda stage, pipeline, s: stages.append((stage, pipeline, s)))
+        engine.model_stats = SimpleNamespace(executed=lambda: None)
+        engine._sampled_lane = SimpleNamespace(observe=lambda *a: None, calibrate=lambda *a: None,
+                                               completed=lambda *a: None, remove=lambda psgs: None)
+        engine._admission = SimpleNamespace(bound_s=0.1)
+        engine.release = lambda: None
+        engine._pump = lambda: None
+        jobs = [_Job(query=None, psgs=1.0, future=loop.create_future(), predicted_wait_s=0.0, num_seeds=1)]
+        done = loop.create_future()
+        done.set_result([SimpleNamespace(timings=StageTimings(sample_s=0.1, gather_s=0.2, compute_s=0.3))])
+        began = time.perf_counter() - 1.0  # the batch started a second ago
+        engine._complete(done, jobs, RoutePlan("cpu", 3.0, "only"), began)
+        return stages
+
+    handoff = [s for stage, pipeline, s in asyncio.run(scenario()) if stage == "handoff"]
+    assert len(handoff) == 1 and 0.4 <= handoff[0] < 0.9, handoff

@@ -414,6 +414,9 @@ class HeteroEngine(Admitting):
             self.stats.batch_done(plan.pipeline, t, sum(j.num_seeds for j in jobs), len(jobs), psgs, 0)
             self.model_stats.executed()
             lane, now = self._sampled_lane, time.perf_counter()
+            # as the homogeneous engine's: the rest of the batch's time, to the pipeline's
+            # thread and back to the loop (no queue: a batch starts only with a worker free)
+            self.stats.stage("handoff", plan.pipeline, max(0.0, now - began - t.queue_wait_s - service_s))
             lane.observe(psgs, service_s)
             for job, result in zip(jobs, results, strict=True):
                 lane.calibrate(job.predicted_wait_s, began - job.arrival_s, self._admission.bound_s)
