@@ -45,7 +45,7 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="hybridgnn", description="Workload-aware GPU/CPU hybrid GNN inference serving.")
     parser.add_argument("--version", action="version", version=f"hybridgnn {__version__}")
     parser.add_argument("--log-level", default=env_default("LOG_LEVEL", "INFO", str.upper), choices=LOG_LEVELS,
-                        type=str.upper, help="log lines at this level and above (default: INFO)")
+                        type=str.upper, help="log lines at this level and above (default: INFO, or HYBRIDGNN_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
