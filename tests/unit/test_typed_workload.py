@@ -223,3 +223,25 @@ def test_typed_tables_of_a_hand_computed_graph_hold_the_exact_numbers(tmp_path):
     assert tables.batch_psgs("a", np.array([0, 1])) + tables.batch_psgs("b", np.array([1])) == pytest.approx(6.5)
     reread = TypedWorkloadTables.load_or_build(graph, [1, 1], "uniform", save=False)
     np.testing.assert_allclose(reread.fap["a"]["a"], [7 / 8, 5 / 8], rtol=1e-6)
+
+
+def test_edge_type_names_and_fanout_limits_are_checked(academic):
+    from hybridgnn.workload.typed import MAX_FANOUT, resolve_edge_type
+
+    both = [("a", "to", "b"), ("b", "to", "a")]
+    with pytest.raises(ValueError, match="relation 'to' names 2 edge types"):
+        resolve_edge_type(both, "to")  # never the first of them silently
+    assert resolve_edge_type(both, "b__to__a") == ("b", "to", "a")
+    types = academic.edge_types
+    rest = {e: [1, 1] for e in types if e != CITES}
+    with pytest.raises(ValueError, match="'paper__cites__paper' twice"):
+        typed_fanouts(types, {"cites": [4, 3], "paper__cites__paper": [2, 2], **rest})
+    assert typed_fanouts(types, [MAX_FANOUT, 0])[CITES] == (MAX_FANOUT, 0)
+    with pytest.raises(ValueError, match=f"integers in \\[0, {MAX_FANOUT}\\]"):
+        typed_fanouts(types, [MAX_FANOUT + 1, 1])
+
+
+def test_typed_degree_seeds_are_proportional_to_in_degree(academic):
+    deg = sum(academic.edges[e].degrees().astype(np.float64) for e in academic.edge_types_into("paper"))
+    np.testing.assert_allclose(typed_seed_distribution(academic, "paper", "degree"), deg / deg.sum())
+    assert not np.allclose(deg, deg[0])  # so uniform seeds would differ

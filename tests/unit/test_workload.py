@@ -373,3 +373,35 @@ def test_tables_of_a_hand_computed_graph_hold_the_exact_numbers(tmp_path):
     np.testing.assert_allclose(WorkloadTables.load_or_build(graph, fanouts, log).fap,
                                compute_fap(graph, fanouts, p0), rtol=1e-6)
     assert (d / f"fap_2-1_{key}.npy").is_file()
+
+
+def test_degree_seeds_are_proportional_to_degree(skewed_graph):
+    """'degree' draws a seed with probability deg / Σdeg (not uniformly)."""
+    deg = skewed_graph.degrees().astype(np.float64)
+    p0, key = seed_distribution(skewed_graph, "degree")
+    assert key == "degree"
+    np.testing.assert_allclose(p0, deg / deg.sum())
+    assert p0[-1] == 0 and p0.max() > 2 / skewed_graph.num_nodes  # isolated nodes are never seeds
+
+
+def test_request_log_bounds_and_counts_are_checked(skewed_graph, tmp_path):
+    n = skewed_graph.num_nodes
+    (tmp_path / "edge.txt").write_text(f"0 {n - 1}\n")  # the last node is inside
+    p0, _ = seed_distribution(skewed_graph, str(tmp_path / "edge.txt"))
+    assert p0.shape == (n,) and p0[n - 1] == pytest.approx(0.5)
+    (tmp_path / "past.txt").write_text(f"0 {n}\n")  # one past the last is not
+    with pytest.raises(ValueError, match=f"outside the graph's \\[0, {n}\\), the first {n}$"):
+        seed_distribution(skewed_graph, str(tmp_path / "past.txt"))
+    np.save(tmp_path / "float.npy", np.array([1.5, 2.0]))
+    with pytest.raises(ValueError, match="integer node ids"):
+        seed_distribution(skewed_graph, str(tmp_path / "float.npy"))
+    good = np.zeros(n)
+    good[[2, 3]] = [1, 3]
+    np.save(tmp_path / "good.counts.npy", good)
+    p0, key = seed_distribution(skewed_graph, str(tmp_path / "good.counts.npy"))
+    assert key.startswith("log-") and p0[3] == pytest.approx(0.75)
+    for name, counts in (("neg", np.r_[good[:-1], -1.0]), ("zero", np.zeros(n)), ("nan", np.r_[good[:-1], np.nan]),
+                         ("short", good[:-1])):
+        np.save(tmp_path / f"{name}.counts.npy", counts)
+        with pytest.raises(ValueError, match="finite non-negative counts, not all zero"):
+            seed_distribution(skewed_graph, str(tmp_path / f"{name}.counts.npy"))
