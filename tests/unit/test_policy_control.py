@@ -215,3 +215,72 @@ def test_each_windows_batches_have_their_own_request_rates_stretch_divided_out()
     window(5.0, 5)  # then a quiet one
     psgs, seconds = control.adapt_inputs()[2][name]
     np.testing.assert_allclose(seconds, np.tile(dev.mean(xs), 2), rtol=0.02)  # both: as profiled
+
+
+def _recorded(control, n: int, seconds_of) -> None:
+    """n batches per pipeline across the profile's PSGS range, then a window of requests."""
+    import time
+
+    import numpy as np
+
+    edges = control.profile.data["bin_edges"]
+    xs = np.geomspace(edges[0], edges[-1], n)
+    for name, dev in control.profile.devices.items():
+        for x in xs:
+            control.record(name, float(x), seconds_of(dev, float(x)))
+    control._adapt_mark = (time.perf_counter() - 1.0, 0, 0)
+    for _ in range(10):
+        control.count_admitted(8)
+
+
+def test_adapt_waits_for_its_minimum_of_batches_and_never_scales_live_times_again():
+    control = _control(adapt_min_batches=30, service_scale=3.0)
+    _recorded(control, 29, lambda dev, x: float(dev.mean(x)))
+    assert control.adapt_inputs() is None  # 29 of the 30 it needs
+    _recorded(control, 1, lambda dev, x: float(dev.mean(x)))
+    inputs = control.adapt_inputs()
+    assert inputs is not None and {len(s[0]) for s in inputs[2].values()} == {30}
+    assert inputs[-1].service_scale == 1.0  # live times already carry the drift --service-scale stood for
+
+
+def test_a_stretch_past_what_the_front_end_can_serve_leaves_live_times_as_they_ran(monkeypatch):
+    """At a rate where the model says the front end takes every core (stretch inf), the
+    batches were divided by inf: re-fitted as taking no time at all."""
+    from hybridgnn.scheduler.queueing import PipelineModel
+
+    control = _control(adapt_min_batches=5)
+    monkeypatch.setattr(PipelineModel, "stretch", lambda self, rps, load: math.inf)
+    _recorded(control, 5, lambda dev, x: 0.01)
+    samples = control.adapt_inputs()[2]
+    assert {float(s) for _, secs in samples.values() for s in secs} == {0.01}
+
+
+def test_the_service_stretch_of_batches_that_ran_as_profiled_is_one():
+    """Live over profiled, both as medians of time ÷ the mean curve: batches that run at the
+    profile's own spread read as 1, not as that spread."""
+    import numpy as np
+
+    control = _control()
+    for name, dev in control.profile.devices.items():
+        ratios = dev.service_ratios()
+        for i, x in enumerate(np.geomspace(50.0, 50_000.0, len(ratios))):
+            control.record(name, float(x), float(dev.mean(x)) * float(ratios[i]))
+    stretch = control.service_stretch(last=10_000)
+    assert set(stretch) == {"cpu", "gpu"}
+    for name, dev in control.profile.devices.items():
+        assert abs(float(np.median(dev.service_ratios())) - 1) > 0.01  # so the division is seen
+        assert stretch[name] == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_profile_that_does_not_name_its_threads_measured_one_thread_a_worker(monkeypatch, tmp_path, caplog):
+    import json
+
+    monkeypatch.setattr(Profile, "check_matches", lambda *a: None)
+    data = json.loads(DEMO_PROFILE.read_text())
+    for p in data["pipelines"].values():
+        p.pop("torch_threads")
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="hybridgnn.scheduler.control"):
+        _control(path, policy="latency", adapt=False).load("fingerprint")
+    assert not caplog.records

@@ -64,3 +64,35 @@ def test_a_split_cpu_lanes_device_work_counts_as_the_gpus_load():
     assert r.route(10.0, {"cpu": cpu_busy_on_device, "gpu": IDLE}).reason == "threshold"  # no spill onto it
     assert r.route(10.0, {"cpu": BUSY, "gpu": IDLE}).pipeline == "gpu"  # sampling backlog only: spill
     assert Router.device_load({"cpu": cpu_busy_on_device, "gpu": IDLE}) == QueueLoad(8, 2)
+
+
+def test_a_queue_is_saturated_from_its_bound_per_worker_on():
+    r = Router(RouterConfig(psgs_threshold=100, saturation_batches_per_worker=2.0), ("cpu", "gpu"))
+    assert r.saturated(QueueLoad(depth=4, workers=2)) and not r.saturated(QueueLoad(depth=3, workers=2))
+    assert not r.saturated(QueueLoad(depth=4, workers=4))  # the bound grows with the workers
+    at_bound = {"cpu": QueueLoad(depth=4, workers=2), "gpu": QueueLoad(depth=3, workers=2)}
+    assert r.route(10, at_bound).reason == "spill"  # the CPU is full at 4, the GPU not yet at 3
+    assert r.route(10, {**at_bound, "gpu": QueueLoad(depth=4, workers=2)}).reason == "threshold"
+
+
+def test_a_batch_of_exactly_the_other_pipelines_limit_spills():
+    from types import SimpleNamespace
+
+    r = Router(RouterConfig(), ("cpu", "gpu"))
+    r.apply_policy(SimpleNamespace(psgs_threshold=100.0, pipeline_limits={"cpu": 500.0}))
+    assert r.route(500, {"cpu": IDLE, "gpu": BUSY}).reason == "spill"
+
+
+def test_a_threshold_that_is_not_a_number_and_a_router_of_nothing_are_refused():
+    r = Router(RouterConfig(psgs_threshold=100), ("cpu", "gpu"))
+    with pytest.raises(ValueError, match="psgs threshold"):
+        r.set_threshold(float("nan"))  # NaN compares false: every batch went to the GPU
+    assert r.threshold == 100
+    with pytest.raises(ValueError, match="at least one pipeline"):
+        Router(RouterConfig(), ())
+
+
+def test_a_gpu_only_router_has_no_fallback():
+    r = Router(RouterConfig(), ("gpu",))
+    with pytest.raises(LookupError, match="no fallback pipeline for 'gpu'"):
+        r.fallback(r.route(5, {"gpu": IDLE}))
