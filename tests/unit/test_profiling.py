@@ -623,3 +623,79 @@ def test_an_slo_choice_is_the_same_every_time_and_holds_no_nan(tmp_path):
     values = [first.psgs_threshold, first.max_batch_psgs, first.predicted_seeds_per_s, first.predicted_p99_s,
               *first.pipeline_limits.values()]
     assert all(v >= 0 and not math.isnan(v) for v in values) and first.predicted_p99_s <= 0.040
+
+
+def test_slo_choice_sends_every_batch_to_the_cpu_when_the_gpu_fits_none():
+    cpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-6 * x), curve(lambda x: 2e-3 + 2e-6 * x), 2, cores_used=2)
+    gpu = DeviceCurves(curve(lambda x: 1.0 + 0 * x), curve(lambda x: 2.0 + 0 * x), 2)  # a second a batch
+    load = ServingLoad(request_seeds=4, frontend_cpu_s=0.0, cores=2)
+    c = choose_for_slo({"cpu": cpu, "gpu": gpu}, 0.030, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=load)
+    assert c.pipeline_limits["gpu"] == 0 and c.pipeline_limits["cpu"] > 0
+    assert math.isinf(c.psgs_threshold)  # not the crossing, which would send big batches to the GPU
+
+
+def test_slo_choice_predicts_seeds_not_requests_per_second():
+    from hybridgnn.scheduler.queueing import Simulator, best_bound
+
+    gpu = DeviceCurves(curve(lambda x: 1e-3 + 1e-7 * x), curve(lambda x: 2e-3 + 2e-7 * x), 2)
+    load = ServingLoad(request_seeds=8, frontend_cpu_s=0.0, cores=2)
+    c = choose_for_slo({"gpu": gpu}, 0.030, 10.0, batching_wait_s=0.002, lo=10, hi=1e5, load=load)
+    sim = Simulator(gpu.model(True), np.atleast_1d(10.0), load, batching_wait_s=0.002)
+    ceiling = gpu.tail.max_psgs_within(0.030 - 0.002)
+    rps = best_bound(sim, 0.030, min(sim.mean_request_psgs, ceiling), ceiling).requests_per_s
+    assert c.predicted_seeds_per_s == pytest.approx(8 * rps)  # seeds/s: 8 seeds a request
+
+
+def test_measured_service_ratios_are_used_as_measured():
+    cpu = curve(lambda x: 1e-3 + 1e-6 * x)
+    measured = np.array([0.5, 1.0, 3.0])
+    np.testing.assert_array_equal(DeviceCurves(cpu, cpu, 1, ratios=measured).service_ratios(), measured)
+    derived = DeviceCurves(cpu, curve(lambda x: 2 * (1e-3 + 1e-6 * x)), 1).service_ratios()
+    assert np.quantile(derived, 0.99) == pytest.approx(2.0, rel=0.15)  # the tail's ratio to the mean, at p99
+
+
+def test_a_named_policy_is_its_own_point_and_bounds_no_batch(tmp_path):
+    from hybridgnn.scheduler.policy import Profile
+
+    prof = Profile.load(DEMO_PROFILE)
+    points = prof.points()
+    for spec, key in (("latency", "latency_preferred"), ("throughput", "throughput_preferred"),
+                      ("cpu", "cpu_preferred"), ("gpu", "gpu_preferred")):
+        p = prof.policy(spec)
+        assert p.psgs_threshold == points[key].psgs_threshold, spec
+        assert math.isinf(p.max_batch_psgs) and p.pipeline_limits == {}
+    assert len({points[k].psgs_threshold for k in ("cpu_preferred", "gpu_preferred")}) == 2  # told apart
+    alone = Profile.load(_edited_profile(tmp_path, lambda d: d["pipelines"].pop("gpu")))
+    with pytest.raises(ValueError, match=r"only \['cpu'\] is served \(use slo:<ms>\)"):
+        alone.policy("latency")
+
+
+def test_slo_mean_bounds_batches_by_the_mean_curve():
+    from hybridgnn.scheduler.policy import Profile
+
+    prof = Profile.load(DEMO_PROFILE)
+    strict, loose = prof.policy("slo:30", load=ServingLoad(cores=2)), prof.policy("slo-mean:30", load=ServingLoad(cores=2))
+    assert loose.predicted_seeds_per_s > strict.predicted_seeds_per_s
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_set("bin_edges", [100, 100]), "bin_edges must be at least two increasing"),
+    (_set("schema_version", 2), "profile schema_version 2; this build reads 1"),
+])
+def test_a_profile_of_another_schema_or_one_empty_bin_is_refused(tmp_path, edit, match):
+    from hybridgnn.scheduler.policy import Profile
+
+    with pytest.raises(ValueError, match=match):
+        Profile.load(_edited_profile(tmp_path, edit))
+
+
+def test_a_refit_replaces_only_bins_with_enough_live_samples():
+    from hybridgnn.scheduler.policy import Profile
+
+    prof = Profile.load(DEMO_PROFILE)
+    before = prof.data["pipelines"]["cpu"]["bins"]
+    x = float(before["psgs"][len(before["psgs"]) // 2])
+    few = {"cpu": (np.full(19, x), np.full(19, 9.0))}  # 19 batches of 9 s in one bin
+    assert prof.refit(few, min_bin_samples=20).data["pipelines"]["cpu"]["bins"] == before
+    enough = {"cpu": (np.full(20, x), np.full(20, 9.0))}
+    assert 9.0 in prof.refit(enough, min_bin_samples=20).data["pipelines"]["cpu"]["bins"]["mean_s"]
