@@ -426,3 +426,76 @@ def test_the_predicted_delay_is_the_documented_formula_and_grows_with_queued_wor
         assert lane.model_delay_s(1e3) == pytest.approx(want)
 
     check()
+
+
+def _per_unit_lane(seconds_per_unit: float, **kw) -> Lane:
+    lane = Lane("x", 1, **kw)
+    for _ in range(MIN_BATCHES):
+        lane.observe(1, seconds_per_unit)
+    return lane
+
+
+@pytest.mark.parametrize("extra, retry_s", [(0.5, 2), (0.05, 1), (1000.0, 60)])
+def test_retry_after_is_the_excess_rounded_up_within_a_second_and_a_minute(extra, retry_s):
+    """1 s a unit, one unit queued, a 0.1 s bound: `extra` more waits 1 + extra seconds,
+    past the bound by 0.9 + extra; a client told to come back before that is refused again."""
+    adm = Admission(0.1, [_per_unit_lane(1.0)])
+    adm.admit("x", 1)
+    with pytest.raises(Overloaded) as info:
+        adm.admit("x", extra)
+    assert info.value.headers()["Retry-After"] == str(retry_s)
+    assert f"retry in {retry_s} s" in str(info.value)
+
+
+def test_a_per_request_lane_charges_a_new_requests_own_fixed_cost():
+    lane = Lane("new_nodes", 1, per_request=True)
+    for _ in range(MIN_BATCHES):
+        lane.observe(1, 0.011)  # 10 ms a request + 1 ms a unit
+        lane.observe(10, 0.020)
+    assert lane.model_delay_s(0.0) == 0.0
+    assert lane.model_delay_s(10) == pytest.approx(0.020, rel=1e-6)  # its own 10 ms, not only its units
+    from hybridgnn.scheduler.admission import new_node_work
+
+    assert new_node_work(0, 0) == 1.0  # an empty request still costs a request
+
+
+def test_a_per_request_lane_is_backlogged_once_every_server_holds_a_request():
+    lane = Lane("new_nodes", 2, per_request=True)
+    lane.add(1)
+    lane.add(1)
+    lane.completed(0.0, 10.0)  # a window opens with both servers busy
+    lane.completed(5.0, 10.1)
+    assert lane.throughput == pytest.approx(50.0)
+
+
+def test_predictions_under_a_fifth_of_the_bound_set_the_floor_not_the_scale():
+    lane = _per_unit_lane(0.01)
+    for _ in range(CALIBRATION_MIN):
+        lane.calibrate(0.15, 1.5, bound_s=1.0)  # waited 10x a small prediction
+    assert lane.scale == 1.0 and lane.floor_s == pytest.approx(0.5)  # at most half the bound
+    for _ in range(CALIBRATION_MIN):
+        lane.calibrate(0.25, 0.5, bound_s=1.0)
+    assert lane.scale == pytest.approx(2.0)
+
+
+def test_slo_feedback_never_raises_the_bound_past_a_configured_one_below_its_floor():
+    """A configured bound under a tenth of the SLO is both ceiling and floor."""
+    fb = SloFeedback(slo_s=1.0, ceiling_s=0.05)
+    for _ in range(2 * SLO_EVERY):
+        bound = fb.observe(5.0)  # far past the target: the bound shrinks to its floor
+    assert bound == pytest.approx(0.05)
+
+
+def test_admission_for_an_slo_leaves_room_for_the_slowest_pipelines_full_batch():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from hybridgnn.config import ServeConfig
+    from hybridgnn.scheduler.admission import admission_for
+
+    cfg = ServeConfig(dataset_dir=Path("/nonexistent"), model_dir=Path("/nonexistent"))
+    profile = SimpleNamespace(devices={"cpu": SimpleNamespace(tail=lambda x: 0.010),
+                                       "gpu": SimpleNamespace(tail=lambda x: 0.050)})
+    adm = admission_for(cfg, 2, 100.0, SimpleNamespace(name="slo:100"), profile)
+    assert adm.bound_s == pytest.approx(0.100 - cfg.batcher.max_wait_s - 0.050)
+    assert adm.slo is not None and adm.slo.target_s == pytest.approx(SLO_TARGET * 0.1)
