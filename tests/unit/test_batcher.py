@@ -158,3 +158,80 @@ def test_close_answers_waiting_and_later_requests():
             assert len(req.answers) == 1 and type(req.answers[0][1]).__name__ == "Draining"
 
     asyncio.run(run())
+
+
+def test_a_batch_is_full_at_exactly_its_request_or_psgs_limit():
+    """Dispatched inside the add that reaches a limit, not max_wait_s (10 s) later."""
+    async def run():
+        b, batches, _ = gated_batcher(BatcherConfig(max_batch_requests=3, max_wait_s=10.0), free=True)
+        loop = asyncio.get_running_loop()
+        for _ in range(3):
+            b.add(make_request(1, loop))
+        assert [len(x.requests) for x in batches] == [3]
+        b.close()
+        b, batches, _ = gated_batcher(BatcherConfig(max_batch_psgs=100.0, max_wait_s=10.0), free=True)
+        for psgs in (50.0, 50.0):
+            req = make_request(1, loop)
+            req.psgs = psgs
+            b.add(req)
+        assert [[r.psgs for r in x.requests] for x in batches] == [[50.0, 50.0]]
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_batches_taken_from_a_backlog_keep_every_limit():
+    """Requests held while no worker was idle are cut into batches by the request and PSGS
+    limits when capacity returns."""
+    async def run():
+        b, batches, free = gated_batcher(BatcherConfig(max_batch_requests=3, max_batch_psgs=100.0, max_wait_s=0.0),
+                                         free=False)
+        loop = asyncio.get_running_loop()
+        for psgs in (10.0, 10.0, 10.0, 10.0, 60.0, 60.0):
+            req = make_request(1, loop)
+            req.psgs = psgs
+            b.add(req)
+        assert batches == [] and len(b) == 6
+        free["ok"] = True
+        b.capacity_freed()
+        b.close()
+        return batches
+
+    batches = asyncio.run(run())
+    assert [[r.psgs for r in x.requests] for x in batches] == [[10.0] * 3, [10.0, 60.0], [60.0]]
+
+
+def test_a_batchs_deadline_is_its_first_requests_and_its_psgs_leaves_with_it():
+    async def run():
+        b, batches, free = gated_batcher(BatcherConfig(max_batch_psgs=100.0, max_wait_s=10.0), free=False)
+        loop = asyncio.get_running_loop()
+        old, new = make_request(1, loop), make_request(1, loop)
+        old.arrival_s -= 20.0  # its 10 s are up; the one behind it just came
+        b.add(old)
+        b.add(new)
+        free["ok"] = True
+        b.capacity_freed()
+        assert [len(x.requests) for x in batches] == [2]  # due by the first request's deadline
+        for psgs in (60.0, 60.0):  # the first fills half the bound, the second passes it: the first goes
+            req = make_request(1, loop)
+            req.psgs = psgs
+            b.add(req)
+        assert len(batches) == 2 and len(b) == 1  # the second waits: only its own 60 is pending
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_a_policys_psgs_bound_applies_from_the_next_batch():
+    async def run():
+        b, batches, _ = gated_batcher(BatcherConfig(max_wait_s=10.0), free=True)
+        b.limit_psgs(50.0)
+        loop = asyncio.get_running_loop()
+        for psgs in (30.0, 30.0):
+            req = make_request(1, loop)
+            req.psgs = psgs
+            b.add(req)
+        assert [[r.psgs for r in x.requests] for x in batches] == [[30.0]]
+        b.close()
+
+    asyncio.run(run())
