@@ -243,3 +243,45 @@ def test_an_edge_given_twice_or_both_ways_is_added_once(setup, mode):
     np.testing.assert_array_equal(got, ev.infer(feats, ei, mode=mode, gamma=1.0, fanouts=(1 << 30,) * 2).logits)
     if mode != "pe":
         assert np.abs(got - exact).max() / np.abs(exact).max() <= 1e-5
+
+
+def test_the_ratio_counts_only_edges_from_query_nodes():
+    """|N_Q(u)| counts a request's edges from its query nodes (ids >= n): an edge it gives
+    between two existing nodes is no query edge."""
+    n = 10
+    direct = np.array([0, 1, 2])
+    in_degree = lambda v: np.array([1, 4, 2])[np.searchsorted(direct, v)]  # noqa: E731
+    # query 10 -> 0 twice over (10, 11), -> 1 and -> 2 once; existing 3, 4 -> 1
+    qsrc = np.array([10, 11, 3, 4, 10, 10])
+    qdst = np.array([0, 0, 1, 1, 1, 2])
+    assert select_recompute(direct, qsrc, qdst, n, 0.34, "ratio", 0, in_degree).tolist() == [0, 2]
+
+
+def test_gamma_below_zero_is_refused_and_random_picks_follow_the_seed():
+    direct = np.arange(50, dtype=np.int64)
+    none = np.empty(0, np.int64)
+    ones = lambda v: np.ones(len(v))  # noqa: E731
+    with pytest.raises(ValueError, match=r"gamma must be within \[0, 1\], got -0.5"):
+        select_recompute(direct, none, none, 50, -0.5, "ratio", 0, ones)
+    picks = {tuple(select_recompute(direct, none, none, 50, 0.1, "random", seed, ones)) for seed in range(4)}
+    assert len(picks) > 1 and all(len(p) == 5 for p in picks)
+    assert (select_recompute(direct, none, none, 50, 0.1, "random", 3, ones).tolist()
+            == select_recompute(direct, none, none, 50, 0.1, "random", 3, ones).tolist())
+
+
+def test_query_edges_of_a_directed_request_go_one_way():
+    from hybridgnn.embeddings.newnodes import query_edges
+
+    ei = np.array([[10, 10, 3], [0, 10, 10]])  # 10 -> 0, a self-edge, 3 -> 10
+    src, dst = query_edges(ei, 10, 1, undirected=False)
+    assert list(zip(src.tolist(), dst.tolist(), strict=True)) == [(10, 0), (3, 10)]
+    src, dst = query_edges(ei, 10, 1, undirected=True)
+    assert sorted(zip(src.tolist(), dst.tolist(), strict=True)) == [(0, 10), (3, 10), (10, 0), (10, 3)]
+
+
+def test_sampled_mode_takes_one_fanout_per_layer():
+    from hybridgnn.embeddings.newnodes import sampled_fanouts
+
+    assert sampled_fanouts((5, 4, 3), 2) == (5, 4)
+    with pytest.raises(ValueError, match="needs a fanout per layer: the model has 3 layers"):
+        sampled_fanouts((5, 4), 3)
