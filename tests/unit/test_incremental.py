@@ -286,3 +286,19 @@ def test_a_failure_at_any_step_of_apply_rolls_everything_back(name, tmp_path, mo
     dyn, _, inc = _setup(name, tmp_path / "clean")
     inc.apply(_fault_batch(dyn))
     assert _snapshot(dyn, inc) == want
+
+
+def test_without_pruning_every_affected_row_counts_as_changed(tmp_path):
+    dyn, _, inc = _setup("sage-max", tmp_path)
+    inc.cfg = IncrementalConfig(prune=False)
+    feats = dyn.features(np.array([7])) - 50.0  # the update pruning stops early on
+    rep = inc.apply(UpdateBatch(update_ids=np.array([7]), update_features=feats))
+    assert rep.changed_per_layer == rep.affected_per_layer
+
+
+@pytest.mark.parametrize("kw, match", [({"max_block_edges": 0}, "max_block_edges must be >= 1"),
+                                       ({"mode": "lazy"}, "mode must be one of"),
+                                       ({"aggregate_dtype": "float16"}, "aggregate_dtype must be")])
+def test_an_incremental_config_out_of_range_is_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        IncrementalConfig(**kw)
