@@ -47,7 +47,7 @@ def with_gat_loops(ei, targets):
 @pytest.mark.parametrize("conv", [SAGEConv(6, 5), SAGEConv(6, 5, aggr="max"), SAGEConv(6, 5, aggr="sum"),
                                   SAGEConv(6, 5, project=True, normalize=True), SAGEConv(6, 5, root_weight=False),
                                   GATConv(6, 3, heads=2), GATConv(6, 5, heads=3, concat=False, residual=True),
-                                  GATConv((6, 6), 4, heads=2)])
+                                  GATConv((6, 6), 4, heads=2), GATConv(6, 3, heads=2, add_self_loops=False)])
 @pytest.mark.parametrize("parts", [1, 2, 3])
 def test_split_layers_equal_the_layer(conv, parts):
     torch.manual_seed(parts)
@@ -67,6 +67,7 @@ def test_gcn_split_equals_the_weighted_layer(parts):
     ei, x = block(parts + 10)
     targets = 9
     conv = GCNConv(6, 5).eval()
+    torch.nn.init.normal_(conv.bias, generator=torch.Generator().manual_seed(parts))  # PyG starts it at 0
     degree, has_loop = gcn_norm_degrees(ei.numpy(), 40)
     full, w = gcn_edge_weights(ei.numpy(), np.arange(40), targets, degree, has_loop)
     full, w = torch.from_numpy(full), torch.from_numpy(w)
@@ -106,3 +107,17 @@ def test_layers_without_a_merge_function_are_refused_in_one_line():
     # GAT's merge sums its softmax-weighted messages: a mean of them (servable on one process) has none
     with pytest.raises(ConfigError, match=r"GATConv with aggr='mean'"):
         split_layer(GATConv(4, 4, heads=2, aggr="mean"), 0)
+
+
+def test_layers_whose_merge_is_not_the_one_here_are_refused():
+    """An edge-featured GAT weighs its logits by edge features the parts do not send, and
+    a subclass of SAGEConv may message otherwise: neither is split as the plain layer."""
+    with pytest.raises(ConfigError, match=r"layer 0 \(GATConv with aggr='add'\) has no merge function"):
+        split_layer(GATConv(4, 4, heads=2, edge_dim=3), 0)
+
+    class Scaled(SAGEConv):
+        def message(self, x_j):
+            return 2 * x_j
+
+    with pytest.raises(ConfigError, match=r"layer 2 \(Scaled\) has no merge function"):
+        split_layer(Scaled(4, 4), 2)
