@@ -116,3 +116,51 @@ def test_a_list_that_cannot_fit_its_shape_is_known_and_refused_by_its_length_alo
         decode_tensor(Tensor("x", "INT64", [2, 3], tensors.UnfitRows(3)), ("INT64",), "matrix")
     with pytest.raises(BadRequest, match="must have datatype INT64"):  # the checks before it come first
         decode_tensor(Tensor("x", "FP32", [2, 3], tensors.UnfitRows(3)), ("INT64",), "matrix")
+
+
+def test_a_tensor_of_exactly_its_element_limit_passes_and_one_more_is_refused():
+    assert decode_tensor(Tensor("node_ids", "INT64", [4], data=[0, 1, 2, 3]), ("INT64",), "ids", limit=4).size == 4
+    with pytest.raises(PayloadTooLarge, match="declares 5 elements; the limit is 4"):
+        decode_tensor(Tensor("node_ids", "INT64", [5], data=[0, 1, 2, 3, 4]), ("INT64",), "ids", limit=4)
+
+
+def test_pairs_are_m_by_two():
+    assert decode_tensor(Tensor("pairs", "INT64", [2, 2], data=[0, 1, 2, 3]), ("INT64",), "pairs").shape == (2, 2)
+    with pytest.raises(BadRequest, match=r"must be \[m, 2\] \(source, target\) pairs, got shape \[2, 3\]"):
+        decode_tensor(Tensor("pairs", "INT64", [2, 3], data=[0, 1, 2, 3, 4, 5]), ("INT64",), "pairs")
+
+
+def test_new_node_limits_hold_at_their_bounds():
+    import numpy as np
+
+    from hybridgnn.serving.v2.tensors import validate_new_nodes
+
+    def check(q, edges, **kw):
+        args = dict(max_nodes=2, num_nodes=10, feature_dim=3, max_edges=2) | kw
+        return validate_new_nodes(np.zeros((q, 3), np.float32), np.array(edges, np.int64).reshape(2, -1), **args)
+
+    check(2, [[10, 11], [0, 0]])  # two query nodes and two edges: the limits themselves
+    with pytest.raises(BadRequest, match="features has 3 query nodes; at most 2 per request"):
+        check(3, [[10], [0]])
+    with pytest.raises(BadRequest, match="edge_index has 3 edges; at most 2 per request"):
+        check(1, [[10, 10, 10], [0, 1, 2]])
+    _, ei = check(2, [[11, -2], [0, 1]])  # the last query node, by id and as -2
+    assert ei.tolist() == [[11, 11], [0, 1]]
+    with pytest.raises(BadRequest, match=r"edge_index ids must lie in \[0, 12\)"):
+        check(2, [[12], [0]])  # one past the last query node
+
+
+def test_query_ids_that_name_a_node_twice_are_refused():
+    import numpy as np
+
+    from hybridgnn.graph.idmap import IdMap
+    from hybridgnn.serving.v2.tensors import map_query_edges
+
+    id_map = IdMap(np.array(["alice", "bob"]))
+    edges = np.array([["carol"], ["alice"]])
+    internal, _ = map_query_edges({"query_ids": np.array(["carol"]), "edge_index": edges,
+                                   "features": np.zeros((1, 2))}, id_map, 2)
+    assert internal.tolist() == [[2], [0]]
+    with pytest.raises(BadRequest, match="query_ids names a node twice"):
+        map_query_edges({"query_ids": np.array(["carol", "carol"]), "edge_index": edges,
+                         "features": np.zeros((2, 2))}, id_map, 2)
