@@ -702,3 +702,26 @@ def test_an_update_whose_apply_finds_its_executor_down_is_answered_at_once_not_a
 
     answer = asyncio.run(scenario())
     assert answer["graph_version"] == 1 and answer["replayed"] and dyn.version == 1 and follower.log.head() == 1
+
+
+def test_the_memory_log_refuses_a_read_behind_what_its_reader_read_past_and_blocks_for_new_entries():
+    """Once the reader has read past every entry (they are dropped), a read from before
+    them is refused, not answered with nothing; a blocking read at the head waits for the
+    next append and returns it."""
+    import threading
+
+    log = MemoryLog()
+    for body in (b"a", b"b"):
+        log.append(body)
+    assert log.read(2, 10) == []  # read past both: dropped
+    with pytest.raises(LookupError, match="entries 2..2"):
+        log.read(1, 10)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(log.read(2, 10, block_s=30)))
+    reader.start()
+    deadline = time.monotonic() + 10
+    while reader.is_alive() and not log._cond._waiters and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the reader waits (or, not blocking, has answered)
+    log.append(b"c")
+    reader.join(10)
+    assert [(e.position, e.body) for e in got[0]] == [(3, b"c")]
