@@ -254,6 +254,8 @@ def test_a_snapshot_plus_the_rest_of_the_log_equals_the_whole_log(tmp_path):
     # Another log's (or model's) snapshots are not this one's.
     assert Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m1",
                      log_id="another", every=2).latest(with_embeddings=True) is None
+    assert Snapshots(tmp_path / "snaps", base_fingerprint="another dataset", model_fingerprint="m1",
+                     log_id=log.log_id, every=2).latest(with_embeddings=True) is None
     assert Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m2",
                      log_id=log.log_id, every=2).latest(with_embeddings=True) is None
     # ... unless it names m1 as what this model was called before (an older fingerprint)
@@ -269,6 +271,21 @@ def test_snapshots_are_pruned_to_the_newest_few(tmp_path):
         assert snaps.write(snaps.capture(position, dyn, inc, {})) is not None
     assert snaps.write(snaps.capture(3, dyn, inc, {})) is None  # already there (another replica wrote it)
     assert sorted(p.name[:12] for p in (tmp_path / "snaps").iterdir()) == ["000000000002", "000000000003"]
+
+
+def test_replicas_sharing_a_snapshot_folder_take_turns(tmp_path):
+    """A snapshot is due `every` entries past the newest one in the folder, whoever wrote
+    it: a replica that has written none itself waits for its turn too."""
+    dyn, inc = dynamic_setup(tmp_path / "g")
+
+    def replica():
+        return Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                         log_id="L", every=10)
+
+    a, b = replica(), replica()
+    assert a.due(10)
+    a.write(a.capture(10, dyn, inc, {}))
+    assert not b.due(12) and not b.due(19) and b.due(20)
 
 
 def test_a_snapshot_that_does_not_load_is_passed_over_for_the_one_before(tmp_path, caplog):
