@@ -389,3 +389,37 @@ def test_a_fap_plan_partitions_by_place_as_each_server_fills_its_memory():
     assert plan.tier.tolist() == [GPU] * 6 + [HOST] * 4
     # server 0 holds 0 1 2 5 | 6 9, server 1 0 1 3 4 | 7 8: GPU places dealt 0 1 1 0
     assert plan.gpu.tolist() == [0, 1, 1, 1, 0, 0] + [EVERY] * 4
+
+
+def _hand_plan(t: Topology, tier, server, gpu) -> Plan:
+    n = len(tier)
+    return Plan(t, "hand", ROW, np.array(tier, np.int8), np.array(server, np.int16), np.full(n, EVERY, np.int16),
+                np.array(gpu, np.int16), np.zeros(n, np.int64))
+
+
+def test_a_plan_is_refused_one_row_past_a_capacity_counting_rows_every_server_holds():
+    """Each GPU, host and disk holds exactly its capacity; one row more is refused, and a
+    row replicated on every server (or every GPU) counts against each of them."""
+    t = Topology(servers=2, gpus_per_server=2, nvlink_cliques=1, gpu_memory_bytes=2 * ROW,
+                 host_memory_bytes=3 * ROW, disk_bytes=4 * ROW, network="ethernet")
+    _hand_plan(t, [GPU] * 2, [0, 0], [0, 0])  # GPU 0 of server 0 full
+    with pytest.raises(ValueError, match="puts 3 rows on GPU 0 of clique 0 of server 0, capacity 2"):
+        _hand_plan(t, [GPU] * 3, [0, 0, 0], [0, 0, 0])
+    with pytest.raises(ValueError, match="puts 3 rows on GPU 1 of clique 0 of server 1, capacity 2"):
+        _hand_plan(t, [GPU] * 3, [1, 1, EVERY], [1, 1, EVERY])  # the last row is on every GPU of every server
+    _hand_plan(t, [HOST] * 3, [1, 1, 1], [EVERY] * 3)
+    with pytest.raises(ValueError, match="puts 4 rows in host of server 1, capacity 3"):
+        _hand_plan(t, [HOST] * 4, [1, 1, 1, 1], [EVERY] * 4)
+    with pytest.raises(ValueError, match="puts 4 rows in host of server 1, capacity 3"):
+        _hand_plan(t, [HOST] * 4, [1, 1, EVERY, EVERY], [EVERY] * 4)
+    with pytest.raises(ValueError, match="puts 5 rows in disk"):
+        _hand_plan(t, [DISK] * 5, [EVERY] * 5, [EVERY] * 5)
+    with pytest.raises(ValueError, match="rows on GPUs, but the topology has none"):
+        _hand_plan(Topology(host_memory_bytes=3 * ROW), [GPU], [0], [EVERY])
+
+
+def test_rows_that_fit_one_disk_exactly_are_replicated_and_more_are_partitioned():
+    t = Topology(servers=2, disk_bytes=3 * ROW, network="ethernet")  # slow: a disk's rows replicated if they fit
+    assert (fap_plan(np.arange(3, 0, -1.0), t, ROW).server == EVERY).all()
+    plan = fap_plan(np.arange(6, 0, -1.0), t, ROW)
+    assert (plan.tier == DISK).all() and sorted(np.bincount(plan.server)) == [3, 3]
