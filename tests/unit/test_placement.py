@@ -423,3 +423,11 @@ def test_rows_that_fit_one_disk_exactly_are_replicated_and_more_are_partitioned(
     assert (fap_plan(np.arange(3, 0, -1.0), t, ROW).server == EVERY).all()
     plan = fap_plan(np.arange(6, 0, -1.0), t, ROW)
     assert (plan.tier == DISK).all() and sorted(np.bincount(plan.server)) == [3, 3]
+
+
+def test_the_degree_baseline_replicates_its_hottest_rows_on_every_gpu_even_within_a_clique():
+    """PaGraph/BGL keep a copy of each cached row on every GPU: with NVLink cliques too
+    (where fap_plan partitions a clique's rows), so the baseline is what those systems do."""
+    plan = degree_plan(np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.5]), topo(nvlink_cliques=2), ROW)
+    assert where(plan, 0) == (GPU, EVERY, EVERY, EVERY)
+    assert [where(plan, n)[0] for n in (1, 2)] == [HOST, HOST] and all(plan.tier[3:] == DISK)
