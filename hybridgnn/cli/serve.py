@@ -74,6 +74,9 @@ def add_parser(sub) -> None:
     p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, env_flag),
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
+    p.add_argument("--access-log", action="store_true", default=env_default("ACCESS_LOG", False, env_flag),
+                   help="log one line per answered request, HTTP and gRPC (peer, request, status, bytes, "
+                        "milliseconds, X-Request-Id) on the logger hybridgnn.access, whatever --log-level says")
     p.add_argument("--gpu-workers", type=int, default=env_default("GPU_WORKERS", PipelineConfig.workers, int),
                    help="GPU pipeline workers, each with its own CUDA stream")
     p.add_argument("--cpu-compute-device", default=env_default("CPU_COMPUTE_DEVICE", "cpu"),
@@ -297,7 +300,7 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
         admission=AdmissionConfig(**config_values(args, AdmissionConfig)),
         policy=PolicyConfig(profile=args.profile, policy=policy, adapt=args.adapt,
                             **config_values(args, PolicyConfig)),
-        server=ServerConfig(**config_values(args, ServerConfig)),
+        server=ServerConfig(**config_values(args, ServerConfig), access_log=args.access_log),
         partitions=PartitionConfig(**config_values(args, PartitionConfig)),
     )
     if probe_ports:

@@ -285,6 +285,8 @@ class ServerConfig:
     # flood of new requests (see serving/http/turns.py).
     answers_per_turn: int = setting(64, "requests the event loop answers per turn of the loop; more wait for the "
                                     "next turn, so answers to admitted requests are not starved by new ones")
+    # One line per answered request (HTTP and gRPC) on the logger hybridgnn.access (--access-log).
+    access_log: bool = False
 
     def __post_init__(self):
         if self.frontends is not None and self.frontends < 1:

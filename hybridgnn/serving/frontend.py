@@ -282,6 +282,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
     import grpc
 
     from hybridgnn.capabilities import connection_limit
+    from hybridgnn.serving.grpc.access import access_interceptors
     from hybridgnn.serving.grpc.schema import (
         METHODS,
         SERVICE,
@@ -292,7 +293,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
     share = connection_limit(share, 2, "gRPC's share of --max-connections")  # beside HTTP, in one process
     server = grpc.aio.server(options=server_options(setup["max_body_bytes"], share, setup["idle_timeout_s"],
                                                     reuse_port=True),
-                             maximum_concurrent_rpcs=share)
+                             maximum_concurrent_rpcs=share, interceptors=access_interceptors(setup.get("access_log")))
 
     def answer(kind: int, payload: memoryview):
         if kind != wire.GRPC_REPLY:
@@ -364,7 +365,8 @@ async def serve(path: str, index: int) -> int:
     http = HttpServer(api, max_body_bytes=setup["max_body_bytes"], idle_timeout_s=setup["idle_timeout_s"],
                       request_timeout_s=setup["request_timeout_s"], max_connections=setup["max_connections"],
                       answers_per_turn=setup["answers_per_turn"], queue_bound_s=setup["queue_bound_s"],
-                      listeners=2 if setup.get("grpc_port") is not None else 1)
+                      listeners=2 if setup.get("grpc_port") is not None else 1,
+                      access_log=setup.get("access_log", False))
     await http.start(setup["host"], setup["port"], reuse_port=True)
     grpc_server = (await start_grpc(link, setup, setup["max_connections"]) if setup.get("grpc_port") is not None
                    else None)

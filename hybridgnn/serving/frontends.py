@@ -168,7 +168,7 @@ class Frontends:
                 "shutdown_grace_s": s.shutdown_grace_s, "draining": self.draining, "grpc_port": self.grpc_port,
                 "lookups": self.lookups,
                 "id_limit": self._id_limit(),
-                "log_level": logging.getLogger().getEffectiveLevel()}
+                "log_level": logging.getLogger().getEffectiveLevel(), "access_log": s.access_log}
 
     def _id_limit(self) -> tuple[str, str, int] | None:
         """(model, version, --max-request-nodes) of the one model served, for a front end to

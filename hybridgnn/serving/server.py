@@ -193,4 +193,4 @@ def http_server(service: V2Service | Engine, cfg: ServeConfig) -> HttpServer:
     return HttpServer(api, max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
                       request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
                       answers_per_turn=s.answers_per_turn, queue_bound_s=api.engine.queue_bound_s,
-                      listeners=2 if s.grpc_port is not None else 1)
+                      listeners=2 if s.grpc_port is not None else 1, access_log=s.access_log)

@@ -27,10 +27,10 @@ def server(tiny_dataset, tiny_model_pe, tmp_path_factory, request):
     log = tmp_path_factory.mktemp("grpc-log") / "updates.sqlite"
     srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "1", "--grpc-port", str(port),
                         "--update-token", TOKEN, "--update-log", str(log), "--max-catch-up-ms", "200", "--frontends",
-                        request.param).wait_ready()
+                        request.param, "--access-log", output_file=log.parent / "server.log").wait_ready()
     srv.grpc_port = port
     yield srv
-    assert srv.stop() == 0
+    assert srv.stop() == 0, srv.output()
 
 
 def _clients(srv):
@@ -186,3 +186,41 @@ def test_a_grpc_port_in_use_is_one_oserror_saying_so():
         with pytest.raises(OSError, match=f"cannot listen for gRPC on 127.0.0.1:{port} \\(the port is in use"):
             bind_grpc(server, "127.0.0.1", port)
         server.stop(None)
+
+
+def test_the_access_log_has_a_line_per_http_and_grpc_answer(server):
+    """--access-log: each answer, REST or gRPC, in the engine's process or a front end's, is
+    one line naming its peer, request, status, time and the client's request id."""
+    import re
+    import urllib.error
+    import urllib.request
+
+    g, _ = _clients(server)
+    tag = f"t{time.monotonic_ns()}"
+    x = grpcclient.InferInput("node_ids", [1], "INT64")
+    x.set_data_from_numpy(np.array([3], np.int64))
+    g.infer("hybridgnn", [x], headers={"x-request-id": f"{tag}-g"})
+    with pytest.raises(grpcclient.InferenceServerException):
+        g.infer("nosuch", [x], headers={"x-request-id": f"{tag}-nf"})
+    body = json.dumps({"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [3]}]}).encode()
+    with urllib.request.urlopen(urllib.request.Request(f"{server.url}/v2/models/hybridgnn/infer", body,
+                                                       headers={"X-Request-Id": f"{tag}-h"}), timeout=30) as r:
+        assert r.status == 200
+        size = len(r.read())
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(urllib.request.Request(f"{server.url}/v2/nosuch", headers={"X-Request-Id": f"{tag}-404"}),
+                               timeout=30)
+    deadline = time.monotonic() + 30
+    while True:  # a line is written a moment after its answer (a front end's own process)
+        out = server.output()
+        if all(f"{tag}-{k}" in out for k in ("g", "nf", "h", "404")):
+            break
+        assert time.monotonic() < deadline, out[-3000:]
+        time.sleep(0.1)  # poll interval, bounded by the deadline
+    peer = r"127\.0\.0\.1:\d+"
+    assert re.search(rf'{peer} "gRPC /inference.GRPCInferenceService/ModelInfer" OK - [\d.]+ms {tag}-g\n', out)
+    assert re.search(rf'{peer} "gRPC /inference.GRPCInferenceService/ModelInfer" NOT_FOUND - [\d.]+ms {tag}-nf\n', out)
+    # the HTTP line's bytes are the whole answer: its body and head
+    m = re.search(rf'{peer} "POST /v2/models/hybridgnn/infer HTTP/1.1" 200 (\d+) [\d.]+ms {tag}-h\n', out)
+    assert m and int(m.group(1)) > size
+    assert re.search(rf'{peer} "GET /v2/nosuch HTTP/1.1" 404 \d+ [\d.]+ms {tag}-404\n', out)

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from hybridgnn.capabilities import connection_limit
 from hybridgnn.errors import BadRequest, PayloadTooLarge, status_of
+from hybridgnn.serving.grpc.access import access_interceptors
 from hybridgnn.serving.grpc.schema import (
     DATA_TYPES,
     METHODS,
@@ -113,7 +114,8 @@ class GrpcFrontend:
         cap = connection_limit(cfg.max_connections, 2, "gRPC's --max-connections")  # HTTP holds the other share
         self.server = grpc.aio.server(options=server_options(cfg.max_body_bytes, cap, cfg.idle_timeout_s,
                                                              reuse_port=False),
-                                      maximum_concurrent_rpcs=cap)
+                                      maximum_concurrent_rpcs=cap,
+                                      interceptors=access_interceptors(cfg.access_log))
         handlers = {}
         for name, (_, resp_cls) in self._messages.items():
             # no request_deserializer: grpcio answers bytes it cannot parse UNKNOWN and logs a traceback

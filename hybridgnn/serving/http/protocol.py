@@ -48,6 +48,7 @@ import time
 import httptools
 
 from hybridgnn.serving.core.eager import Later, when_done
+from hybridgnn.serving.http.access import log_http
 from hybridgnn.serving.http.message import Message, Reject
 from hybridgnn.serving.http.reply import ABORT, Reply, Request
 
@@ -104,8 +105,11 @@ class Connection(asyncio.Protocol):
         server = self.server
         if len(server.connections) >= server.max_connections:
             server.refused_connections += 1
-            transport.write(self.server.encode(Reply.error(
-                503, f"too many connections (limit {server.max_connections}); retry later", server.retry), False))
+            wire = server.encode(Reply.error(
+                503, f"too many connections (limit {server.max_connections}); retry later", server.retry), False)
+            transport.write(wire)
+            if server.access_log:
+                log_http(transport, None, 503, len(wire))
             # Linger (not counted against the cap) so the answer is read rather than reset.
             self._linger()
             asyncio.get_running_loop().call_later(_LINGER_MAX_S, lambda: self.closed or self.close())
@@ -318,7 +322,10 @@ class Connection(asyncio.Protocol):
         if self.closed or self.busy or self.queue or self.unfed:
             return
         if self.fatal is not None:
-            self.transport.write(self.server.encode(self.fatal, False))
+            wire = self.server.encode(self.fatal, False)
+            self.transport.write(wire)
+            if self.server.access_log:
+                log_http(self.transport, None, self.fatal.status, len(wire))
             self._linger()
             return
         if self.eof:
@@ -404,8 +411,11 @@ class Connection(asyncio.Protocol):
         if keep_alive and self.server.draining():
             keep_alive = bool(self.queue)
             self._pause_reading()
-        self.transport.write(self.server.encode(reply, keep_alive, head_only))
+        wire = self.server.encode(reply, keep_alive, head_only)
+        self.transport.write(wire)
         self.free_since = time.monotonic()
+        if self.server.access_log:
+            log_http(self.transport, msg, reply.status, len(wire))
         if not keep_alive:
             self._linger()  # nothing after a "Connection: close" answer is read
 
@@ -469,12 +479,16 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         if self._holds_a_request():
+            msg = self.in_flight or (self.queue[0] if self.queue else None)
             self.in_flight = None
             self.busy = False
             self.queue.clear()
             self.unfed = b""
-            self.transport.write(self.server.encode(Reply.error(
-                503, "server shut down before this request could be answered; retry", self.server.retry), False))
+            wire = self.server.encode(Reply.error(
+                503, "server shut down before this request could be answered; retry", self.server.retry), False)
+            self.transport.write(wire)
+            if self.server.access_log:
+                log_http(self.transport, msg, 503, len(wire))
         self.close()
 
     def _pause_reading(self) -> None:

@@ -13,6 +13,7 @@ import time
 from http import HTTPStatus
 
 from hybridgnn.capabilities import connection_limit
+from hybridgnn.serving.core.access import enable_access_log
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.reply import RETRY, Reply, Routes
 from hybridgnn.serving.http.turns import Turns, standing_queue_limits
@@ -47,8 +48,12 @@ class HttpServer:
     def __init__(self, api: Routes, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
                  max_pipelined: int = 8, answers_per_turn: int = 64,
-                 queue_bound_s: float = float("inf"), listeners: int = 1):
+                 queue_bound_s: float = float("inf"), listeners: int = 1, access_log: bool = False):
+        """access_log: one line per answer on the `hybridgnn.access` logger (http/access.py)."""
         self.api = api
+        self.access_log = access_log
+        if access_log:
+            enable_access_log()
         self.turns = Turns(answers_per_turn, *standing_queue_limits(queue_bound_s))
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
