@@ -13,6 +13,12 @@ load generator.
     .venv/bin/python bench/serve_throughput.py --heavy      # products graph, 3-layer SAGE 256
     .venv/bin/python bench/serve_throughput.py --servers throughput   # naive vs throughput settings only
     .venv/bin/python bench/serve_throughput.py --naive-threads 1 --servers defaults,baseline   # before/after
+    .venv/bin/python bench/serve_throughput.py --naive-threads 1 --servers defaults,wait   # work-conserving batching
+
+`wait` is the defaults with `--wait-when-idle` (each batch held --max-wait-ms to fill even
+while a worker is idle, the rule before work-conserving batching). For `defaults` and
+`wait` the bench also reports latency at a light load (--light-rate requests/s, default
+100), where the two differ: a request that finds a worker idle goes at once, or waits.
 
 The naive server runs its model with --naive-threads intra-op threads (default: 1 and 2,
 each measured; the better one is the baseline), so it may use the second core too.
@@ -28,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import BASELINE_REV, heavy_setup, machine, serve_revision  # noqa: E402
-from hybridgnn.bench.loadgen import find_max_rate  # noqa: E402
+from hybridgnn.bench.loadgen import find_max_rate, run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
@@ -40,16 +46,22 @@ THROUGHPUT = ("--worker-processes", "on", "--max-wait-ms", "8")
 NAIVE_COMMAND = [sys.executable, str(Path(__file__).resolve().parent / "naive_server.py")]
 
 
-def measure(dataset, model, extra, args, label, command=None, rev=None):
+def measure(dataset, model, extra, args, label, command=None, rev=None, light=False):
     """find_max_rate against a server: this working tree's (`command` replacing the
-    program), or git revision `rev`'s."""
+    program), or git revision `rev`'s. light: first the latency at --light-rate requests/s
+    (returned third; else None)."""
     srv = (serve_revision(rev, dataset, model, *extra) if rev is not None
            else ServerProcess(dataset, model, *extra, command=command).wait_ready())
     try:
         print(f"{label}:", flush=True)
+        quiet = None
+        if light:
+            quiet = run_async(run_load(srv.url, "hybridgnn", rate=args.light_rate, duration_s=args.duration_s,
+                                       nodes_per_request=args.nodes_per_request))
+            print(f"  at {args.light_rate:g} req/s: p50 {quiet.p50_ms:.2f} ms, p99 {quiet.p99_ms:.2f} ms", flush=True)
         rate, res = run_async(find_max_rate(srv.url, "hybridgnn", slo_ms=args.slo_ms, duration_s=args.duration_s,
                                               nodes_per_request=args.nodes_per_request, start_rate=args.start_rate))
-        return rate, res
+        return rate, res, quiet
     finally:
         srv.stop()
 
@@ -68,29 +80,40 @@ def main() -> None:
     ap.add_argument("--heavy", action="store_true", help="products-scale graph and a 3-layer SAGE of width 256")
     ap.add_argument("--servers", default="off,defaults,throughput,baseline",
                     help="which hybridgnn servers to measure besides the naive one (off = batching off, "
-                         "throughput = the THROUGHPUT settings, baseline = defaults as of --baseline-rev)")
+                         "throughput = the THROUGHPUT settings, baseline = defaults as of --baseline-rev, "
+                         "wait = defaults with --wait-when-idle)")
+    ap.add_argument("--light-rate", type=float, default=100.0,
+                    help="requests/s of the light load at which `defaults` and `wait` latency is also reported")
     ap.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision the baseline server runs")
     args = ap.parse_args()
     wanted = set(args.servers.split(","))
-    unknown = wanted - {"off", "defaults", "throughput", "baseline"}
+    unknown = wanted - {"off", "defaults", "throughput", "baseline", "wait"}
     if unknown:  # before the naive server's minutes of measurement, not after
-        ap.error(f"unknown --servers entries {sorted(unknown)}; take off, defaults, throughput, baseline")
+        ap.error(f"unknown --servers entries {sorted(unknown)}; take off, defaults, throughput, baseline, wait")
     raise_open_file_limit()
     dataset, model = heavy_setup() if args.heavy else ensure_demo()
     naive_runs = {}
     for threads in (int(t) for t in args.naive_threads.split(",")):
-        _, res = measure(dataset, model, (), args, f"naive server (one request at a time, {threads} torch threads)",
-                         command=[*NAIVE_COMMAND, "--torch-threads", str(threads)])
+        _, res, _ = measure(dataset, model, (), args, f"naive server (one request at a time, {threads} torch threads)",
+                            command=[*NAIVE_COMMAND, "--torch-threads", str(threads)])
         naive_runs[threads] = res
     measured = {t: r for t, r in naive_runs.items() if r is not None}
     naive_threads = max(measured, key=lambda t: measured[t].seeds_per_s) if measured else None
     naive = measured.get(naive_threads)
 
+    light = {}
+
     def maybe(name, extra, label, rev=None):
-        return measure(dataset, model, extra, args, label, rev=rev)[1] if name in wanted else None
+        if name not in wanted:
+            return None
+        _, res, quiet = measure(dataset, model, extra, args, label, rev=rev, light=name in ("defaults", "wait"))
+        if quiet is not None:
+            light[name] = {"p50_ms": round(quiet.p50_ms, 2), "p99_ms": round(quiet.p99_ms, 2)}
+        return res
 
     unbatched = maybe("off", NO_BATCHING, "hybridgnn serve, batching off")
     ours = maybe("defaults", (), "hybridgnn serve (defaults)")
+    waiting = maybe("wait", ("--wait-when-idle",), "hybridgnn serve --wait-when-idle")
     tuned = maybe("throughput", THROUGHPUT, f"hybridgnn serve {' '.join(THROUGHPUT)}")
     baseline = maybe("baseline", (), f"hybridgnn serve (defaults) at revision {args.baseline_rev}",
                      rev=args.baseline_rev)
@@ -113,6 +136,10 @@ def main() -> None:
         "ratio_baseline_vs_naive_seeds_per_s": ratio(baseline, naive),
         "ratio_vs_batching_off_seeds_per_s": ratio(ours, unbatched),
         "ratio_vs_baseline_seeds_per_s": ratio(ours, baseline),
+        "hybridgnn_wait_when_idle": waiting.to_dict() if waiting else None,
+        "ratio_vs_wait_when_idle_seeds_per_s": ratio(ours, waiting),
+        "light_load_rps": args.light_rate,
+        "light_load_latency": light,
     }
     print(json.dumps(report, indent=2))
 

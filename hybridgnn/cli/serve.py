@@ -74,6 +74,11 @@ def add_parser(sub) -> None:
     p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, env_flag),
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
+    p.add_argument("--wait-when-idle", action="store_true", default=env_default("WAIT_WHEN_IDLE", False, env_flag),
+                   help="hold each batch --max-wait-ms to fill even while a pipeline worker is idle (bigger batches "
+                        "at light load, for up to --max-wait-ms more latency); by default a request that finds a "
+                        "worker idle is dispatched at once, and --max-wait-ms holds batches only while every worker "
+                        "is busy")
     p.add_argument("--access-log", action="store_true", default=env_default("ACCESS_LOG", False, env_flag),
                    help="log one line per answered request, HTTP and gRPC (peer, request, status, bytes, "
                         "milliseconds, X-Request-Id) on the logger hybridgnn.access, whatever --log-level says")
@@ -291,7 +296,7 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
         model_dir=args.model,
         model_repository=args.model_repository,
         sampling=SamplingConfig(fanouts=fanouts, **config_values(args, SamplingConfig)),
-        batcher=BatcherConfig(**config_values(args, BatcherConfig)),
+        batcher=BatcherConfig(**config_values(args, BatcherConfig), wait_when_idle=args.wait_when_idle),
         cpu_pipeline=PipelineConfig(name="cpu", device=args.cpu_compute_device, workers=workers,
                                     processes=processes, cpus=worker_cpus, split=split),
         gpu_pipeline=gpu,

@@ -95,7 +95,8 @@ class SamplingConfig:
 @config_class
 class BatcherConfig:
     """Micro-batching: a batch closes at max_batch_seeds seeds, max_batch_requests requests,
-    or max_wait_s after its first request, whichever comes first."""
+    or max_wait_s after its first request, whichever comes first; and at once while a
+    pipeline worker is idle, unless wait_when_idle."""
 
     max_batch_seeds: int = setting(1024, "a batch closes at this many seeds")
     max_batch_requests: int = setting(256, "a batch closes at this many requests")
@@ -107,6 +108,11 @@ class BatcherConfig:
     # A batch also closes before its summed PSGS would pass this (Quiver's PSGS-bounded
     # batching; a profile's slo:<ms> policy sets it). A request is never split.
     max_batch_psgs: float = math.inf
+    # False (work-conserving): a request that finds a worker idle is dispatched at once,
+    # and max_wait_s only holds batches while every worker is busy; True: a batch always
+    # waits max_wait_s to fill (bigger batches at light load, for up to max_wait_s more
+    # latency). Under load the two are the same: no worker is idle. (--wait-when-idle)
+    wait_when_idle: bool = False
 
     def __post_init__(self):
         if self.max_batch_seeds < 1:

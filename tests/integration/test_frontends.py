@@ -94,11 +94,12 @@ def samples(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def test_requests_at_both_front_ends_are_batched_together(tiny_dataset, tiny_model):
-    # A batch closes at 2 requests or after 10 s: two requests answered at once, in one batch
-    # of two, had to meet in the engine's one batcher (a window far longer than the bound
-    # below, so that a loaded machine's slow answer is never taken for a missed batch).
+    # A batch closes at 2 requests or after 10 s, even with the worker idle (--wait-when-idle):
+    # two requests answered at once, in one batch of two, had to meet in the engine's one
+    # batcher (a window far longer than the bound below, so that a loaded machine's slow
+    # answer is never taken for a missed batch).
     srv = ServerProcess(tiny_dataset, tiny_model, "--frontends", "2", "--workers", "1", "--max-wait-ms", "10000",
-                        "--max-batch-requests", "2", "--max-queue-delay-ms", "60000").wait_ready()
+                        "--wait-when-idle", "--max-batch-requests", "2", "--max-queue-delay-ms", "60000").wait_ready()
     try:
         pids = wait_for_frontends(srv.proc.pid, 2)
         conns = [on(connection_to(srv.port, i, pids)) for i in (0, 1)]

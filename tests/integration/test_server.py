@@ -212,7 +212,7 @@ def test_metrics_exposition(server):
 def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
     # One request in flight at most and a long batching window: of several simultaneous
     # requests, those beyond the first are refused with 429, and every admitted one answered.
-    srv = ServerProcess(tiny_dataset, tiny_model, "--max-pending", "1", "--max-wait-ms", "400",
+    srv = ServerProcess(tiny_dataset, tiny_model, "--max-pending", "1", "--max-wait-ms", "400", "--wait-when-idle",
                         "--max-batch-seeds", "100000").wait_ready()
     try:
         barrier = threading.Barrier(6)

@@ -235,3 +235,40 @@ def test_a_policys_psgs_bound_applies_from_the_next_batch():
         b.close()
 
     asyncio.run(run())
+
+
+def test_work_conserving_a_request_that_finds_a_worker_idle_goes_at_once():
+    """With has_idle (the server's default), max_wait_s holds batches only while every
+    worker is busy: a lone request on an idle pipeline is dispatched inside its add."""
+    cfg = BatcherConfig(max_batch_seeds=100, max_wait_s=10.0)
+
+    async def run():
+        batches, idle = [], {"now": True}
+        b = MicroBatcher(cfg, batches.append, lambda: True, lambda: idle["now"])
+        loop = asyncio.get_running_loop()
+        b.add(make_request(1, loop))
+        assert [len(x.requests) for x in batches] == [1]  # not 10 s later
+        idle["now"] = False  # every worker busy: requests wait to batch, as without has_idle
+        for _ in range(3):
+            b.add(make_request(1, loop))
+        assert len(batches) == 1 and len(b) == 3
+        idle["now"] = True  # a worker frees: what waited goes as one batch
+        b.capacity_freed()
+        assert [len(x.requests) for x in batches] == [1, 3] and len(b) == 0
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_without_has_idle_a_lone_request_waits_for_its_batch_to_fill():
+    """--wait-when-idle: the engine passes no has_idle, and a lone request waits max_wait_s."""
+    cfg = BatcherConfig(max_batch_seeds=100, max_wait_s=10.0)
+
+    async def run():
+        batches = []
+        b = MicroBatcher(cfg, batches.append, lambda: True, None)
+        b.add(make_request(1, asyncio.get_running_loop()))
+        assert batches == [] and len(b) == 1
+        b.close()
+
+    asyncio.run(run())

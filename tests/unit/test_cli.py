@@ -798,3 +798,15 @@ def test_profile_takes_its_pipeline_defaults_from_the_config_serve_uses(monkeypa
     monkeypatch.setattr(DeviceMemoryConfig, "graph_placement", "gpu")
     args = build_parser().parse_args(["profile"])
     assert (args.gpu_workers, args.gpu_cache_bytes, args.graph_placement) == (3, 12345, "gpu")
+
+
+def test_wait_when_idle_and_access_log_reach_the_config(monkeypatch):
+    from hybridgnn.cli import serve as serve_cli
+
+    base = ["serve", "--dataset", "d", "--model", "m", "--fanouts", "5,5"]
+    cfg = serve_cli.build_config(build_parser().parse_args(base))
+    assert cfg.batcher.wait_when_idle is False and cfg.server.access_log is False  # the defaults
+    cfg = serve_cli.build_config(build_parser().parse_args([*base, "--wait-when-idle", "--access-log"]))
+    assert cfg.batcher.wait_when_idle is True and cfg.server.access_log is True
+    monkeypatch.setenv("HYBRIDGNN_WAIT_WHEN_IDLE", "yes")
+    assert serve_cli.build_config(build_parser().parse_args(base)).batcher.wait_when_idle is True

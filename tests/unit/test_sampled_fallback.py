@@ -75,3 +75,19 @@ def test_when_the_fallback_is_stopped_every_request_is_answered_with_the_failure
     engine._complete(_batch(answers), RoutePlan("gpu", 3.0, "threshold"), None, RuntimeError("CUDA error"))
     assert len(answers) == 3 and engine.released == 3
     assert all(r is None and isinstance(e, BatchFailed) and "CUDA error" in str(e) for r, e in answers)
+
+
+class _Depth:
+    def __init__(self, depth: int, capacity: int):
+        self.depth, self.capacity = depth, capacity
+
+
+def test_a_worker_is_idle_only_while_a_pipeline_holds_fewer_batches_than_it_runs():
+    """The batcher dispatches at once only onto an idle worker: a pipeline whose every
+    worker is busy (depth == capacity) still accepts one more batch (has_capacity), but
+    that batch would queue, so it keeps waiting to fill."""
+    engine = _Engine(_Pipeline(stopped=False))
+    engine._pipelines = {"cpu": _Depth(2, 2), "gpu": _Depth(3, 2)}
+    assert engine._has_capacity() and not engine._has_idle_worker()
+    engine._pipelines["gpu"] = _Depth(1, 2)
+    assert engine._has_idle_worker()

@@ -61,6 +61,10 @@ class SampledInference:
     def _has_capacity(self) -> bool:
         return any(p.depth <= p.capacity for p in self._pipelines.values())
 
+    def _has_idle_worker(self) -> bool:
+        """A pipeline would start a batch now: fewer batches in it than it works on at once."""
+        return any(p.depth < p.capacity for p in self._pipelines.values())
+
     def _dispatch(self, batch: Batch) -> None:
         try:
             self._placement.count(batch.seeds)
