@@ -287,13 +287,15 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
         METHODS,
         SERVICE,
         bind_grpc,
+        call_cap,
         server_options,
     )
 
     share = connection_limit(share, 2, "gRPC's share of --max-connections")  # beside HTTP, in one process
+    capped, backstop = call_cap(share)
     server = grpc.aio.server(options=server_options(setup["max_body_bytes"], share, setup["idle_timeout_s"],
                                                     reuse_port=True),
-                             maximum_concurrent_rpcs=share, interceptors=access_interceptors(setup.get("access_log")))
+                             maximum_concurrent_rpcs=backstop, interceptors=access_interceptors(setup.get("access_log")))
 
     def answer(kind: int, payload: memoryview):
         if kind != wire.GRPC_REPLY:
@@ -313,7 +315,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
                 await context.abort(grpc.StatusCode[code], message)
             return response
 
-        return grpc.unary_unary_rpc_method_handler(call)  # bytes in, bytes out
+        return grpc.unary_unary_rpc_method_handler(capped(call))  # bytes in, bytes out
 
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         SERVICE, {name: forwarding(name) for name in METHODS}),))

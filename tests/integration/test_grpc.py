@@ -224,3 +224,60 @@ def test_the_access_log_has_a_line_per_http_and_grpc_answer(server):
     m = re.search(rf'{peer} "POST /v2/models/hybridgnn/infer HTTP/1.1" 200 (\d+) [\d.]+ms {tag}-h\n', out)
     assert m and int(m.group(1)) > size
     assert re.search(rf'{peer} "GET /v2/nosuch HTTP/1.1" 404 \d+ [\d.]+ms {tag}-404\n', out)
+
+
+# Two ways a call is refused for overload: admission (here one request in flight at most,
+# and a long batching window holds it), and the cap on gRPC calls in flight (half of
+# --max-connections in one process: 2 here, or each front end's share), which grpcio
+# answered itself, without retry-after.
+OVERLOADS = {"admission": ("--max-pending", "1"), "calls": ("--max-connections", "4")}
+
+
+@pytest.mark.parametrize("frontends", FRONTENDS, ids=FRONTEND_IDS)
+@pytest.mark.parametrize("overload", list(OVERLOADS))
+def test_overload_is_resource_exhausted_with_retry_after(tiny_dataset, tiny_model, frontends, overload):
+    """Overload over gRPC says when to retry, as REST's 429 does (Retry-After) and gRPC's
+    UNAVAILABLE does: `retry-after` in the trailing metadata, in whole seconds."""
+    import threading
+
+    import grpc
+
+    port = free_port()
+    srv = ServerProcess(tiny_dataset, tiny_model, "--workers", "1", "--grpc-port", str(port), "--frontends",
+                        frontends, "--max-wait-ms", "400", "--wait-when-idle", "--max-batch-seeds", "100000",
+                        *OVERLOADS[overload]).wait_ready()
+    try:
+        request = grpcclient.service_pb2.ModelInferRequest(model_name="hybridgnn")
+        request.inputs.add(name="node_ids", datatype="INT64", shape=[1])
+        request.raw_input_contents.append(np.array([1], np.int64).tobytes())
+        outcomes, lock = [], threading.Lock()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # one connection: one front end
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                       request_serializer=lambda m: m.SerializeToString())
+            grpc.channel_ready_future(channel).result(timeout=30)
+            barrier = threading.Barrier(6)
+
+            def one():
+                barrier.wait()
+                try:
+                    call(request, timeout=60)
+                    outcome = (grpc.StatusCode.OK, "", {})
+                except grpc.RpcError as exc:
+                    outcome = (exc.code(), exc.details(), dict(exc.trailing_metadata() or ()))
+                with lock:
+                    outcomes.append(outcome)
+
+            threads = [threading.Thread(target=one) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(90)
+        codes = [code for code, _, _ in outcomes]
+        assert len(codes) == 6 and set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, outcomes
+        assert grpc.StatusCode.OK in codes and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, outcomes
+        for code, details, trailing in outcomes:
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                assert "overloaded" in details, details
+                assert int(trailing.get("retry-after", "0")) >= 1, (details, trailing)
+    finally:
+        assert srv.stop() == 0, srv.output()

@@ -175,6 +175,39 @@ def server_options(max_body_bytes: int, max_connections: int, idle_timeout_s: fl
             ("grpc.max_connection_idle_ms", min(2**31 - 1, max(1, round(idle_timeout_s * 1000))))]  # a C int
 
 
+def call_cap(cap: int):
+    """(wrap, backstop): wrap(handler) serves a gRPC server's calls (unary, bytes in) with
+    at most `cap` in flight among every handler it wraps, and refuses one past it as
+    admission refuses overload: RESOURCE_EXHAUSTED with `retry-after` in the trailing
+    metadata. grpcio's own cap (maximum_concurrent_rpcs) answers RESOURCE_EXHAUSTED with
+    no metadata at all, so a client could not tell when to retry; it stays as a backstop,
+    at `backstop` (twice the cap), against calls arriving faster than these refusals end."""
+    import grpc
+
+    from hybridgnn.errors import RETRY_AFTER_S
+
+    retry_after = str(max(1, round(RETRY_AFTER_S)))
+    refusal = (f"server overloaded: {cap} gRPC calls are in flight here, the most it takes; "
+               f"retry in {retry_after} s")
+    in_flight = 0
+
+    def wrap(handle):
+        async def call(request, context):
+            nonlocal in_flight
+            if in_flight >= cap:
+                context.set_trailing_metadata((("retry-after", retry_after),))
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            in_flight += 1
+            try:
+                return await handle(request, context)
+            finally:
+                in_flight -= 1
+
+        return call
+
+    return wrap, 2 * cap
+
+
 def bind_grpc(server, host: str, port: int) -> int:
     """server.add_insecure_port as one OSError when the port cannot be had: grpcio returns
     0 or, in newer versions, raises RuntimeError "Failed to bind ...; set GRPC_VERBOSITY=debug"."""

@@ -24,6 +24,7 @@ from hybridgnn.serving.grpc.schema import (
     METHODS,
     SERVICE,
     bind_grpc,
+    call_cap,
     message,
     server_options,
 )
@@ -112,14 +113,15 @@ class GrpcFrontend:
         """Listen on host:port (0: any free port); returns the port."""
         cfg = self.service.engine.cfg.server
         cap = connection_limit(cfg.max_connections, 2, "gRPC's --max-connections")  # HTTP holds the other share
+        capped, backstop = call_cap(cap)
         self.server = grpc.aio.server(options=server_options(cfg.max_body_bytes, cap, cfg.idle_timeout_s,
                                                              reuse_port=False),
-                                      maximum_concurrent_rpcs=cap,
+                                      maximum_concurrent_rpcs=backstop,
                                       interceptors=access_interceptors(cfg.access_log))
         handlers = {}
         for name, (_, resp_cls) in self._messages.items():
             # no request_deserializer: grpcio answers bytes it cannot parse UNKNOWN and logs a traceback
-            handlers[name] = grpc.unary_unary_rpc_method_handler(self.handler(name),
+            handlers[name] = grpc.unary_unary_rpc_method_handler(capped(self.handler(name)),
                                                                  response_serializer=resp_cls.SerializeToString)
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         bound = bind_grpc(self.server, host, port)
