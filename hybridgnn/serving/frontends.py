@@ -200,6 +200,8 @@ class Frontends:
         self._ipc = await loop.create_unix_server(lambda: FrontendLink(self).channel, self.path)
         # keep-alives from the first: a front end up early serves while the others start
         self._keep(self._keep_alive())
+        # ... /metrics included: every front end's series from then on (up 0 while it starts)
+        self.api.engine.stats.frontends(self.reports)
         try:
             await asyncio.gather(*(self._start_one(i) for i in range(self.count)))
         except BaseException:
@@ -207,7 +209,6 @@ class Frontends:
             raise
         for i in range(self.count):
             self._watch(i)
-        self.api.engine.stats.frontends(self.reports)
 
     async def _start_one(self, index: int) -> None:
         loop = asyncio.get_running_loop()
