@@ -133,16 +133,18 @@ def _panel(pid: int, title: str, desc: str, unit: str, targets: list[tuple], kin
 
 
 def _variables() -> list[dict]:
-    def query_var(name: str, label: str, query: str) -> dict:
+    def query_var(name: str, label: str, query: str, match_all: bool = True) -> dict:
         return {"name": name, "label": label, "type": "query", "datasource": DS,
                 "query": {"query": query, "refId": f"{name}-var"},
-                "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*",
+                "refresh": 2, "includeAll": True, "multi": True, **({"allValue": ".*"} if match_all else {}),
                 "current": {"text": "All", "value": "$__all"}, "sort": 1}
 
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {"text": "Prometheus", "value": "prometheus"}},
-        query_var("job", "Job", "label_values(hybridgnn_ready, job)"),
+        # All jobs: those with hybridgnn series, whatever the scrape job is named (no ".*", which
+        # would make up{} count every target the Prometheus scrapes)
+        query_var("job", "Job", "label_values(hybridgnn_ready, job)", match_all=False),
         query_var("instance", "Replica", 'label_values(hybridgnn_ready{job=~"$job"}, instance)'),
         query_var("model", "Model", 'label_values(hybridgnn_requests_total{job=~"$job"}, model)'),
         query_var("version", "Version", 'label_values(hybridgnn_requests_total{job=~"$job", model=~"$model"}, version)'),

@@ -67,6 +67,20 @@ def test_dashboard_is_provisionable():
         assert topic in titles, f"no panel on {topic}"
 
 
+def test_all_jobs_are_the_jobs_with_hybridgnn_series():
+    """The job variable's All is what its query finds (the jobs exposing hybridgnn_ready,
+    whatever the scrape job is named), never ".*": up{job=~".*"} counted every target
+    the Prometheus scrapes as a replica."""
+    dash = json.loads(DASHBOARD.read_text())
+    job = next(v for v in dash["templating"]["list"] if v["name"] == "job")
+    assert job["query"]["query"].startswith("label_values(hybridgnn_") and job["includeAll"]
+    assert "allValue" not in job
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    for expr in exprs:  # every selector carries the variable
+        for selector in re.findall(r"(?<![\w:])([a-z_]+)\{([^}]*)\}", expr):
+            assert 'job=~"$job"' in selector[1], expr
+
+
 def test_grafana_provisioning_files():
     ds = yaml.safe_load((DASHBOARDS / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert ds["datasources"][0]["type"] == "prometheus" and ds["datasources"][0]["uid"] == "prometheus"
