@@ -107,6 +107,9 @@ PANELS: list[tuple[str, list[tuple]]] = [
         ("Replication lag", ("Per replica: age of the oldest update-log entry it has read but not applied "
          "(0: caught up). Reads with min_graph_version wait for it."), "s",
          [(f"hybridgnn_update_log_lag_seconds{{{SEL}}}", "{{instance}}")], "timeseries"),
+        ("Embedding staleness", ("Per replica: age of the oldest graph update it accepted that its answers do not "
+         "reflect yet (queued, being logged, or logged and not applied here; 0: fresh)."), "s",
+         [(f"hybridgnn_embedding_staleness_seconds{{{SEL}}}", "{{instance}}")], "timeseries"),
         ("Update log position", "Graph version (log position) each replica has applied, and the highest it has read.",
          "short",
          [(f"hybridgnn_update_log_position{{{SEL}}}", "{{instance}} applied"),
@@ -115,6 +118,30 @@ PANELS: list[tuple[str, list[tuple]]] = [
          [(f"sum by (outcome) ({rate('hybridgnn_graph_update_batches_total')})", "{{outcome}}")], "timeseries"),
         ("Update follower failing", "1 while a replica cannot read or apply the update log (it retries).", "short",
          [(f"hybridgnn_update_follower_failing{{{SEL}}}", "{{instance}}")], "timeseries"),
+    ]),
+    # Series of front-end processes exist only on replicas serving with --frontends N > 1.
+    ("Front ends", [
+        ("Front ends up", ("Per replica: front-end processes linked to the engine, of those it runs "
+         "(serve --frontends N; empty without front-end processes)."), "short",
+         [(f"sum by (instance) (hybridgnn_frontend_up{{{SEL}}})", "{{instance}} up"),
+          (f"count by (instance) (hybridgnn_frontend_up{{{SEL}}})", "{{instance}} running")], "timeseries"),
+        ("Front-end restarts", "Times each front-end process was started again, over the last 15 minutes.", "short",
+         [(f"increase(hybridgnn_frontend_restarts_total{{{SEL}}}[15m])", "{{instance}} #{{frontend}}")],
+         "timeseries"),
+        ("Front-end connections", "Open client connections per front end, and connections refused past its share "
+         "of --max-connections (per second).", "short",
+         [(f"hybridgnn_frontend_connections{{{SEL}}}", "{{instance}} #{{frontend}} open"),
+          (f"sum by (instance, frontend) ({rate('hybridgnn_frontend_refused_connections_total')})",
+           "{{instance}} #{{frontend}} refused/s")], "timeseries"),
+        ("Front-end requests", "Requests each front end sent on to the engine (inferences, gRPC calls, "
+         "everything it forwards), per second.", "reqps",
+         [(f"sum by (instance, frontend) ({rate('hybridgnn_frontend_requests_total')})",
+           "{{instance}} #{{frontend}}")], "timeseries"),
+        ("Front-end CPU", "CPU time of each front-end process per second (1 = one core busy).", "percentunit",
+         [(f"sum by (instance, frontend) ({rate('hybridgnn_frontend_cpu_seconds_total')})",
+           "{{instance}} #{{frontend}}")], "timeseries"),
+        ("Front-end memory", "Resident memory of each front-end process.", "bytes",
+         [(f"hybridgnn_frontend_resident_memory_bytes{{{SEL}}}", "{{instance}} #{{frontend}}")], "timeseries"),
     ]),
 ]
 

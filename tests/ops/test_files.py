@@ -63,7 +63,9 @@ def test_dashboard_is_provisionable():
     assert len(ids) == len(set(ids))
     titles = " ".join(p["title"].lower() for p in panels)
     for topic in ("p50", "p99", "requests by code", "seeds", "routing share", "spills", "batch size",
-                  "batch psgs", "queue depth", "cache hit", "slo", "ready"):
+                  "batch psgs", "queue depth", "cache hit", "slo", "ready", "replication lag", "staleness",
+                  "front ends up", "front-end restarts", "front-end connections", "front-end cpu",
+                  "front-end memory"):
         assert topic in titles, f"no panel on {topic}"
 
 

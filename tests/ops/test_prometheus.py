@@ -70,7 +70,9 @@ def test_dashboard_and_rule_expressions_return_data(tiny_dataset, tiny_model, tm
     prometheus = require_tool("prometheus")
     promtool = require_tool("promtool")
     require_tool("haproxy")
-    cluster = Cluster(tmp_path / "run", tiny_dataset, tiny_model, replicas=2, balancer="haproxy").wait_ready()
+    # with front-end processes, whose panels and alerts have data then only
+    cluster = Cluster(tmp_path / "run", tiny_dataset, tiny_model, replicas=2, balancer="haproxy",
+                      serve_args=("--frontends", "2")).wait_ready()
     prom = None
     try:
         # The shipped rules, evaluated every second instead of every 15 s so the test is short.

@@ -22,6 +22,9 @@ VARIABLES = {"$__rate_interval": "15s", "$job": ".*", "$instance": ".*", "$slo":
              "$version": ".*"}
 # Labels Prometheus adds to every scraped series.
 TARGET_LABELS = ("job", "instance")
+# Series only a server with front-end processes (--frontends N > 1) exposes: the panels and
+# alerts selecting them alone apply to such servers only.
+FRONTEND_SERIES = "hybridgnn_frontend_"
 
 _SELECTOR = re.compile(r"(?<![\w:])(hybridgnn_[a-zA-Z0-9_]*)\s*(\{[^}]*\})?")
 _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
@@ -67,10 +70,11 @@ def _matches(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bo
     return True
 
 
-def unmatched(exposition: str) -> list[str]:
+def unmatched(exposition: str, frontends: bool = True) -> list[str]:
     """What the dashboard and rules ask of this exposition that it does not have: a
     selector no series matches, or a label (in by/without/on/ignoring/group_*, a
-    label_values() or a legend) that no series it selects carries."""
+    label_values() or a legend) that no series it selects carries. frontends=False: the
+    server runs no front-end processes, so queries of their series alone are not asked."""
     series = _series(exposition)
     names = {n for n, _ in series}
     problems = []
@@ -80,7 +84,10 @@ def unmatched(exposition: str) -> list[str]:
         m = _LABEL_VALUES.search(expr)
         if m:
             body, label_values = m.group(1), m.group(2)
-        for name, braces in _SELECTOR.findall(body):
+        selectors = _SELECTOR.findall(body)
+        if not frontends and selectors and all(n.startswith(FRONTEND_SERIES) for n, _ in selectors):
+            continue
+        for name, braces in selectors:
             matchers = _MATCHER.findall(braces or "")
             hits = [labels for n, labels in series if n == name and _matches(labels, matchers)]
             if not hits:
