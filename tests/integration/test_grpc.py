@@ -227,7 +227,8 @@ def test_the_access_log_has_a_line_per_http_and_grpc_answer(server):
 
 
 # Two ways a call is refused for overload: admission (here one request in flight at most,
-# and a long batching window holds it), and the cap on gRPC calls in flight (half of
+# and a 2 s batching window holds it, long enough for all six calls to arrive on a loaded
+# machine), and the cap on gRPC calls in flight (half of
 # --max-connections in one process: 2 here, or each front end's share), which grpcio
 # answered itself, without retry-after.
 OVERLOADS = {"admission": ("--max-pending", "1"), "calls": ("--max-connections", "4")}
@@ -244,7 +245,7 @@ def test_overload_is_resource_exhausted_with_retry_after(tiny_dataset, tiny_mode
 
     port = free_port()
     srv = ServerProcess(tiny_dataset, tiny_model, "--workers", "1", "--grpc-port", str(port), "--frontends",
-                        frontends, "--max-wait-ms", "400", "--wait-when-idle", "--max-batch-seeds", "100000",
+                        frontends, "--max-wait-ms", "2000", "--wait-when-idle", "--max-batch-seeds", "100000",
                         *OVERLOADS[overload]).wait_ready()
     try:
         request = grpcclient.service_pb2.ModelInferRequest(model_name="hybridgnn")
