@@ -399,13 +399,20 @@ async def serve(path: str, index: int) -> int:
     return 0
 
 
+def log_format(index: int) -> str:
+    """A front end's log lines: the engine's format (time, level, logger name) with the
+    front end named before the logger, so that `hybridgnn.access` lines (and every other
+    logger's) read alike from whichever process wrote them."""
+    return f"%(asctime)s %(levelname)s frontend-{index} %(name)s: %(message)s"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="a hybridgnn front-end process (started by `hybridgnn serve "
                                              "--frontends N`)")
     ap.add_argument("--ipc", required=True, help="the engine's Unix socket")
     ap.add_argument("--index", type=int, required=True)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s frontend-{args.index}: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=log_format(args.index))
     # Signals to the process group reach the engine's process, which acts for all (SIGHUP
     # refreshes its cache; a front end would die of it).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

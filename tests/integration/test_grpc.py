@@ -217,7 +217,7 @@ def test_the_access_log_has_a_line_per_http_and_grpc_answer(server):
             break
         assert time.monotonic() < deadline, out[-3000:]
         time.sleep(0.1)  # poll interval, bounded by the deadline
-    peer = r"127\.0\.0\.1:\d+"
+    peer = r"INFO (?:frontend-\d+ )?hybridgnn\.access: 127\.0\.0\.1:\d+"  # a front end names its logger too
     assert re.search(rf'{peer} "gRPC /inference.GRPCInferenceService/ModelInfer" OK - [\d.]+ms {tag}-g\n', out)
     assert re.search(rf'{peer} "gRPC /inference.GRPCInferenceService/ModelInfer" NOT_FOUND - [\d.]+ms {tag}-nf\n', out)
     # the HTTP line's bytes are the whole answer: its body and head

@@ -63,3 +63,14 @@ def test_the_flag_and_its_environment_variable(monkeypatch):
     assert build_parser().parse_args([*serve, "--access-log"]).access_log is True
     monkeypatch.setenv("HYBRIDGNN_ACCESS_LOG", "1")
     assert build_parser().parse_args(serve).access_log is True
+
+
+def test_a_front_ends_lines_name_the_access_logger_too():
+    """With --frontends N each front end writes its own lines; they carry the logger's
+    name as the engine's do (they once carried only `frontend-<i>:`), so a filter on
+    `hybridgnn.access` finds every line."""
+    from hybridgnn.serving.frontend import log_format
+
+    record = logging.LogRecord(ACCESS_LOG.name, logging.INFO, __file__, 1, 'peer "-" 400 218 - -', None, None)
+    line = logging.Formatter(log_format(1)).format(record)
+    assert " INFO frontend-1 hybridgnn.access: peer " in line
