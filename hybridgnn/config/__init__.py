@@ -100,8 +100,9 @@ class BatcherConfig:
 
     max_batch_seeds: int = setting(1024, "a batch closes at this many seeds")
     max_batch_requests: int = setting(256, "a batch closes at this many requests")
-    max_wait_s: float = setting(0.002, "longest a request waits for its batch to fill", flag="--max-wait-ms",
-                                scale=1000.0)
+    max_wait_s: float = setting(0.002, "longest a request waits for its batch to fill while every pipeline worker "
+                                "is busy (one that finds a worker idle goes at once, unless --wait-when-idle)",
+                                flag="--max-wait-ms", scale=1000.0)
     # Requests admitted but not yet answered; beyond this new requests get 429.
     max_pending_requests: int = setting(2048, "hard cap on requests in flight (memory); the queue-delay bound "
                                         "usually refuses first", flag="--max-pending")

@@ -810,3 +810,14 @@ def test_wait_when_idle_and_access_log_reach_the_config(monkeypatch):
     assert cfg.batcher.wait_when_idle is True and cfg.server.access_log is True
     monkeypatch.setenv("HYBRIDGNN_WAIT_WHEN_IDLE", "yes")
     assert serve_cli.build_config(build_parser().parse_args(base)).batcher.wait_when_idle is True
+
+
+def test_max_wait_help_says_a_request_that_finds_a_worker_idle_does_not_wait(capsys):
+    """`--max-wait-ms` said only "longest a request waits for its batch to fill", as if a
+    lone request always waited that long; it waits only while every worker is busy
+    (cli.md), unless --wait-when-idle."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    start = text.index("--max-wait-ms MAX_WAIT_MS", text.index("options:"))
+    assert "while every pipeline worker is busy" in text[start:text.index("--max-pending MAX_PENDING", start)]
