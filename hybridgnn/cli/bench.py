@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                    help="grpc: KServe v2 over gRPC to --grpc-target (the model's size still comes from --url)")
     p.add_argument("--grpc-target", default="127.0.0.1:8001", help="host:port of the server's --grpc-port")
     p.add_argument("--slo-ms", type=float, default=None, help="find the highest rate with p99 within this")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the node ids sent")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the arrival times and the node ids sent")
     p.set_defaults(run=run)
 
 

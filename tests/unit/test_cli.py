@@ -821,3 +821,11 @@ def test_max_wait_help_says_a_request_that_finds_a_worker_idle_does_not_wait(cap
     text = " ".join(capsys.readouterr().out.split())
     start = text.index("--max-wait-ms MAX_WAIT_MS", text.index("options:"))
     assert "while every pipeline worker is busy" in text[start:text.index("--max-pending MAX_PENDING", start)]
+
+
+def test_bench_seed_help_says_it_draws_the_arrivals_too(capsys):
+    """bench's --seed said "random seed of the node ids sent"; it also draws the Poisson
+    arrival times (cli.md: "arrival and id seed")."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--help"])
+    assert "random seed of the arrival times and the node ids sent" in " ".join(capsys.readouterr().out.split())
