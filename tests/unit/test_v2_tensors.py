@@ -164,3 +164,173 @@ def test_query_ids_that_name_a_node_twice_are_refused():
     with pytest.raises(BadRequest, match="query_ids names a node twice"):
         map_query_edges({"query_ids": np.array(["carol", "carol"]), "edge_index": edges,
                          "features": np.zeros((2, 2))}, id_map, 2)
+
+
+# What mutation testing showed unpinned: each test below failed with one small change to
+# serving/v2/tensors.py that the tests above let pass.
+
+def _ids(shape, **kw):
+    return Tensor("node_ids", kw.pop("datatype", "INT64"), shape, **kw)
+
+
+def test_a_dimension_of_2_48_is_refused_as_a_shape():
+    with pytest.raises(BadRequest, match=r"each below 2\*\*48"):
+        decode_tensor(_ids([1 << 48], data=[]), ("INT64",), "ids")
+
+
+def test_a_boolean_id_is_not_taken_as_its_text():
+    assert tensors.request_id(7) == "7"
+    with pytest.raises(BadRequest, match="'id' must be a string, got bool"):
+        tensors.request_id(True)
+
+
+def test_an_input_sent_twice_is_refused_not_overwritten():
+    t = _ids([1], data=[1])
+    with pytest.raises(BadRequest, match="input 'node_ids' appears twice"):
+        tensors.decode_inputs([t, _ids([1], data=[2])], {"node_ids": (("INT64",), "ids")}, "")
+
+
+def test_ids_decode_flat_and_other_layouts_keep_their_shape_from_json_and_binary():
+    import numpy as np
+
+    raw = np.arange(3, dtype="<i8").tobytes()
+    assert decode_tensor(_ids([1, 3], raw=raw), ("INT64",), "ids").shape == (3,)
+    assert decode_tensor(_ids([1, 3], data=[0, 1, 2]), ("INT64",), "ids").shape == (3,)
+    names = Tensor("edge_index", "BYTES", [2, 2], data=["a", "b", "c", "d"])
+    assert decode_tensor(names, ("BYTES",), "edges").tolist() == [["a", "b"], ["c", "d"]]
+
+
+@pytest.mark.parametrize("datatype, dtype, values", [("INT32", "<i4", [1, -2, 3]), ("UINT64", "<u8", [1, 2, 3]),
+                                                     ("FP32", "<f4", [0.5, -1.5, 2.0])])
+def test_binary_values_are_read_in_their_datatypes_width(datatype, dtype, values):
+    import numpy as np
+
+    t = Tensor("x", datatype, [3], raw=np.array(values, dtype=dtype).tobytes())
+    assert decode_tensor(t, (datatype,), "ids").tolist() == values
+
+
+def test_binary_contents_longer_than_the_shape_are_refused():
+    import numpy as np
+
+    with pytest.raises(BadRequest, match=r"shape \[1\] of INT64 needs 8 bytes, 16 were sent"):
+        decode_tensor(_ids([1], raw=np.arange(2, dtype="<i8").tobytes()), ("INT64",), "ids")
+
+
+def test_booleans_are_not_features():
+    with pytest.raises(BadRequest, match="numbers only, found bool"):
+        decode_tensor(Tensor("features", "FP32", [1, 2], data=[[True, False]]), ("FP32",), "matrix")
+
+
+def test_data_nested_as_another_shape_of_the_same_size_is_refused():
+    with pytest.raises(BadRequest, match=r"nested as \[4, 1\], not as its shape \[2, 2\]"):
+        decode_tensor(Tensor("x", "INT64", [2, 2], data=[[1], [2], [3], [4]]), ("INT64",), "matrix")
+
+
+def test_two_to_the_63_alone_is_named_not_wrapped_negative():
+    with pytest.raises(BadRequest, match=f"{1 << 63} is beyond the largest"):
+        decode_tensor(_ids([1], data=[1 << 63]), ("INT64",), "ids")
+
+
+def test_the_smallest_int64_is_not_named_as_beyond_it():
+    with pytest.raises(BadRequest, match=f"{1 << 64} is beyond the largest"):
+        decode_tensor(_ids([2], data=[-(1 << 63), 1 << 64]), ("INT64",), "ids")
+
+
+def test_binary_names_of_the_longest_length_decode_and_damaged_layouts_are_refused():
+    name = "x" * tensors.MAX_NAME_BYTES
+    t = Tensor("node_ids", "BYTES", [1], raw=_raw_names([name]))
+    assert decode_tensor(t, ("BYTES",), "ids").tolist() == [name]
+    with pytest.raises(BadRequest, match=f"element 0 claims {tensors.MAX_NAME_BYTES + 1} bytes"):
+        decode_tensor(Tensor("node_ids", "BYTES", [1], raw=_raw_names([name + "x"])), ("BYTES",), "ids")
+    with pytest.raises(BadRequest, match="element 1 claims 5 bytes"):  # the last one cut short
+        decode_tensor(Tensor("node_ids", "BYTES", [2], raw=_raw_names(["a", "bcdef"])[:-1]), ("BYTES",), "ids")
+    with pytest.raises(BadRequest, match="3 bytes left after 1 elements"):
+        decode_tensor(Tensor("node_ids", "BYTES", [1], raw=_raw_names(["a"]) + b"abc"), ("BYTES",), "ids")
+
+
+def test_json_names_must_be_as_many_as_the_shape_says():
+    with pytest.raises(BadRequest, match="a list .* of 2 strings"):
+        decode_tensor(Tensor("node_ids", "BYTES", [2], data=["a", "b", "c"]), ("BYTES",), "ids")
+    with pytest.raises(BadRequest, match="a list .* of 2 strings"):  # nested rows beside a flat name
+        decode_tensor(Tensor("node_ids", "BYTES", [2], data=[["a"], "b"]), ("BYTES",), "ids")
+
+
+def test_names_padded_to_more_than_sixteen_times_their_bytes_are_refused(monkeypatch):
+    # 4 bytes a character padded; 90 names of 1 character and 10 of 50: 590 characters
+    # padded to 100 x 50 x 4 = 20,000 bytes, 34x the characters (over 16x, under 64x)
+    monkeypatch.setattr(tensors, "MAX_NAMES_FIXED_WIDTH_BYTES", 1 << 10)
+    names = ["a"] * 90 + ["y" * 50] * 10
+    with pytest.raises(PayloadTooLarge, match="padded to the longest"):
+        decode_tensor(Tensor("node_ids", "BYTES", [100], data=names), ("BYTES",), "ids")
+
+
+@pytest.mark.parametrize("shape, layout, match", [([1, 1, 3], "ids", "must be 1-D"), ([6], "matrix", "must be 2-D"),
+                                                  ([2, 3], "ids", "must be 1-D")])
+def test_shapes_of_another_rank_are_refused(shape, layout, match):
+    with pytest.raises(BadRequest, match=match):
+        decode_tensor(Tensor("x", "INT64", shape, data=list(range(6))), ("INT64",), layout)
+
+
+def test_external_ids_hold_at_the_per_request_limit():
+    import numpy as np
+
+    from hybridgnn.graph.idmap import IdMap
+
+    id_map = IdMap(np.array([5, 7, 9], np.int64))
+    _, internal = tensors.map_external_ids(np.array([9, 5]), id_map, max_nodes=2)
+    assert internal.tolist() == [2, 0]
+    with pytest.raises(BadRequest, match="holds 3 ids; at most 2"):
+        tensors.map_external_ids(np.array([9, 5, 7]), id_map, max_nodes=2)
+
+
+def _query(query, edges, rows=None):
+    import numpy as np
+
+    from hybridgnn.graph.idmap import IdMap
+
+    id_map = IdMap(np.array(["alice", "bob"]))
+    return tensors.map_query_edges({"query_ids": np.asarray(query), "edge_index": np.asarray(edges),
+                                    "features": np.zeros((len(query) if rows is None else rows, 2))}, id_map, 2)
+
+
+def test_query_nodes_map_to_their_own_features_rows_in_any_order():
+    internal, _ = _query(["zed", "carol"], [["carol", "zed"], ["alice", "bob"]])
+    assert internal.tolist() == [[3, 2], [0, 1]]
+
+
+def test_query_ids_that_do_not_fit_the_request_are_refused():
+    with pytest.raises(BadRequest, match="query_ids names 1 nodes but features has 2 rows"):
+        _query(["carol"], [["carol"], ["alice"]], rows=2)
+    with pytest.raises(BadRequest, match="query node 'bob' names an existing node"):
+        _query(["carol", "bob"], [["carol"], ["alice"]])
+    with pytest.raises(BadRequest, match="query_ids must be BYTES"):
+        _query([7], [["carol"], ["alice"]])
+
+
+@pytest.mark.parametrize("ids", [[0, 99, 1], [0, 1, 2, 3, 99, 4, 5, 6, 7, 8], [3, -1, 2], [5, 1, 2, 3, 4, 6, -4, 7, 8]])
+def test_node_ids_out_of_range_anywhere_in_the_request_are_refused(ids):
+    import numpy as np
+
+    with pytest.raises(BadRequest, match="out of range|must be >= 0"):
+        tensors.validate_node_ids(np.array(ids), max_nodes=100, num_nodes=10)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_one_non_finite_feature_is_refused(bad):
+    import numpy as np
+
+    features = np.ones((2, 3), np.float32)
+    features[1, 2] = bad
+    with pytest.raises(BadRequest, match="features must be finite"):
+        tensors.validate_new_nodes(features, np.array([[10], [0]]), max_nodes=2, num_nodes=10, feature_dim=3,
+                                   max_edges=2)
+
+
+def test_outputs_are_sent_as_their_datatypes_bytes():
+    import numpy as np
+
+    assert tensors.datatype_of(np.arange(2, dtype=np.int32)) == "INT64"
+    assert tensors.raw_tensor(np.arange(2, dtype=np.int32)) == np.arange(2, dtype="<i8").tobytes()
+    assert tensors.datatype_of(np.ones(2, np.float64)) == "FP32"
+    assert tensors.raw_tensor(np.ones(2, np.float16)) == np.ones(2, "<f4").tobytes()
+    assert tensors.raw_tensor(np.array(["ü", "ab"])) == _raw_names(["ü", "ab"])  # lengths in bytes, not characters
