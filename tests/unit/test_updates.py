@@ -430,3 +430,46 @@ def test_the_updates_lane_learns_from_each_merged_entry_not_from_each_request(tm
         lane.observe(16.0, 0.010)
     lane.add(16.0)
     assert lane.model_delay_s() < 0.015
+
+
+# What mutation testing showed unpinned: each test below failed with one small change to
+# serving/v2/requests.py that the tests above let pass.
+
+@pytest.mark.parametrize("key, ok", [("k" * 255, True), ("k" * 256, False), ("", False), ("k\x00", False),
+                                     ("k\n", False)])
+def test_an_idempotency_key_is_1_to_255_printable_characters(key, ok):
+    from hybridgnn.errors import BadRequest
+
+    dec = lambda: decode_update_request(body(t("add_edges", [[0, 1]], "INT64")), None, feature_dim=3,
+                                        max_updates=10, idempotency_key=key, body_sha256="d")
+    if ok:
+        assert dec().logged.idempotency_key == key
+    else:
+        with pytest.raises(BadRequest, match="Idempotency-Key must be 1 to 255 printable characters"):
+            dec()
+
+
+@pytest.mark.parametrize("inputs, match, status", [
+    ([t("add_node_features", [[np.inf, 0, 0]], "FP32"), t("add_node_ids", ["x"], "BYTES")], "finite", 400),
+    ([t("update_ids", ["n1"], "BYTES"), t("update_features", [[np.nan, 0, 0]], "FP32")], "finite", 400),
+    ([t("update_ids", ["n1"], "BYTES"), t("update_features", np.zeros((1, 4)), "FP32")], r"\[count, 3\]", 400),
+    ([t("remove_nodes", np.zeros(0, str), "BYTES")], "the update is empty", 400),
+    ([t("remove_nodes", [f"n{i}" for i in range(11)], "BYTES")], "11 updates in one request; the limit is 10", 413),
+])
+def test_updates_on_a_mapped_dataset_are_checked_before_the_log_as_on_any_other(inputs, match, status):
+    from hybridgnn.graph.idmap import IdMap
+
+    names = IdMap(np.array([f"n{i}" for i in range(20)]))
+    with pytest.raises(ServingError, match=match) as err:
+        decode_update_request(body(*inputs), None, feature_dim=3, max_updates=10, id_map=names)
+    assert err.value.status == status
+    ten = [t("remove_nodes", [f"n{i}" for i in range(10)], "BYTES")]  # the limit itself
+    assert decode_update_request(body(*ten), None, feature_dim=3, max_updates=10, id_map=names).num_updates == 10
+
+
+def test_an_update_without_inputs_names_what_it_may_hold():
+    from hybridgnn.errors import BadRequest
+    from hybridgnn.serving.v2.requests import decode_update
+
+    with pytest.raises(BadRequest, match="needs a non-empty 'inputs' list naming any of add_edges"):
+        decode_update([], feature_dim=3, max_updates=10)
