@@ -354,3 +354,123 @@ def test_a_model_directory_under_home_is_written_and_read_from_python(tmp_path, 
     save_model(GraphSAGE(F, 8, 2, 3).eval(), "~/models/x")
     assert (tmp_path / "home" / "models" / "x" / "config.json").is_file() and not (tmp_path / "~").exists()
     assert load_model("~/models/x")[1]["in_dim"] == F
+
+
+# What mutation testing showed unpinned: each test below failed with one small change to
+# models/checkpoint.py that the tests above let pass.
+
+def _edit_config(path, **changes):
+    import json
+
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del cfg[key]
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_fanouts_one_short_of_the_layers_are_refused_at_save(tmp_path):
+    with pytest.raises(ConfigError, match=r"fanouts \[5\] give fewer hops than the model's 2 layers"):
+        save_model(GraphSAGE(F, 8, 2, 3), tmp_path / "m", fanouts=[5])
+    assert not (tmp_path / "m" / "config.json").exists()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_saving_leaves_the_models_mode_as_it_was(training, tmp_path):
+    model = GraphSAGE(F, 8, 2, 3, dropout=0.5).train(training)
+    save_model(model, tmp_path / "m")
+    assert model.training is training and all(m.training is training for m in model.modules())
+
+
+def test_a_config_that_is_not_a_json_object_is_refused_in_one_line(model_dir):
+    (model_dir / "config.json").write_text("[1, 2]")
+    _refused(model_dir, "is not a JSON object")
+
+
+@pytest.mark.parametrize("key, value", [("num_layers", None), ("out_dim", None), ("in_dim", "4"), ("args", [1])])
+def test_a_config_without_a_field_every_reader_needs_is_refused_naming_it(model_dir, key, value):
+    _edit_config(model_dir, **{key: value})
+    _refused(model_dir, f"lacks '{key}'")
+
+
+@pytest.mark.parametrize("key", ["in_dim", "out_dim", "num_layers"])
+def test_a_config_whose_sizes_differ_from_its_class_arguments_is_refused(model_dir, key):
+    import json
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    _edit_config(model_dir, **{key: cfg[key] + 1})
+    _refused(model_dir, "in_dim/out_dim/num_layers do not match its class arguments")
+
+
+def test_golden_inputs_narrower_than_the_model_reads_are_refused_in_one_line(model_dir):
+    _edit_golden(model_dir, x=lambda g: g["x"][:, :F - 1])
+    _refused(model_dir, rf"has \(40, {F - 1}\) inputs for a {F}-feature model")
+
+
+@pytest.mark.parametrize("key, limit", [("x", 40 * F), ("edge_index", 2 * 40 * 40), ("out", 40 * 3)])
+def test_a_golden_tensor_one_element_past_a_golden_graphs_is_refused_by_its_size(model_dir, key, limit):
+    _edit_golden(model_dir, **{key: lambda g: torch.zeros(limit + 1, dtype=g[key].dtype)})
+    _refused(model_dir, rf"holds {key} of shape \({limit + 1},\), more than a golden graph")
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"x": lambda g: g["x"][:39], "out": lambda g: g["out"][:39],
+      "edge_index": lambda g: g["edge_index"][:, (g["edge_index"] < 39).all(0)]}, "graph of 39 nodes"),  # seed 39
+    ({"edge_index": lambda g: torch.cat([g["edge_index"], g["edge_index"][:1]])}, r"edge_index of shape \(3, \d+\)"),
+    ({"out": lambda g: 3}, "its 'out' is not a tensor"),
+])
+def test_a_golden_graph_without_its_seeds_or_pairs_is_refused_in_one_line(model_dir, changes, match):
+    _edit_golden(model_dir, **changes)
+    _refused(model_dir, match)
+
+
+@pytest.mark.parametrize("node", [40, -1])  # one past the last golden node, and one before the first
+def test_a_golden_edge_to_a_node_just_outside_the_graph_is_refused_in_one_line(model_dir, node):
+    def edit(g):
+        ei = g["edge_index"].clone()
+        ei[0, 0] = node
+        return ei
+
+    _edit_golden(model_dir, edge_index=edit)
+    _refused(model_dir, "edges to nodes outside its 40")
+
+
+def test_a_pickle_payload_is_refused_on_a_filesystem_that_cannot_map_files_too(model_dir, monkeypatch, capsys):
+    # the read that replaces a refused mmap must unpickle tensors only, as the mapped one does
+    real = torch.load
+
+    def no_mmap(*args, mmap=None, **kwargs):
+        if mmap:
+            raise OSError(19, "No such device")
+        return real(*args, **kwargs)
+
+    torch.save({"convs.0.lin_l.weight": _Payload()}, model_dir / "model.pt")
+    monkeypatch.setattr(torch, "load", no_mmap)
+    _refused(model_dir, r"objects other than tensors.*GLOBAL .*print")
+    assert "payload ran" not in capsys.readouterr().out
+
+
+def test_an_empty_weights_file_says_it_is_not_a_torch_file(model_dir):
+    (model_dir / "model.pt").write_bytes(b"")  # a download that wrote nothing
+    _refused(model_dir, r"it is not a file torch.save wrote \(a text file, or a truncated download\?\)")
+
+
+def test_a_config_deeper_than_its_weights_by_one_layer_is_refused_before_it_is_built(model_dir):
+    import json
+
+    state = torch.load(model_dir / "model.pt", weights_only=True)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    _edit_config(model_dir, args={**cfg["args"], "num_layers": len(state) + 1})
+    _refused(model_dir, rf"gives {len(state) + 1} layers but .*model.pt holds only {len(state)} tensors")
+
+
+def test_a_weights_file_holding_one_tensor_is_refused_in_one_line(model_dir):
+    torch.save(torch.tensor(1.0), model_dir / "model.pt")
+    _refused(model_dir, "holds a Tensor, not a state_dict")
+
+
+def test_a_models_kind_is_its_short_name():
+    from hybridgnn.models.checkpoint import model_kind
+
+    assert model_kind({"class": "torch_geometric.GraphSAGE", "args": {"num_layers": 2}}) == "GraphSAGE"
+    assert model_kind({"class": "hybridgnn.GNN", "args": {"kind": "gat"}}) == "gat"

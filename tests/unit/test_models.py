@@ -185,3 +185,46 @@ def test_training_out_of_memory_is_one_line(tiny_dataset, monkeypatch):
     monkeypatch.setattr(gnn, "stack_forward", oom)
     with pytest.raises(ValueError, match="training ran out of memory .* lower --hidden-dim"):
         train(GraphStore.open(tiny_dataset), TrainConfig(hidden_dim=8, epochs=1), progress=False)
+
+
+# What mutation testing showed unpinned: each test below failed with one small change to
+# models/checkpoint.py's fingerprint that the tests above let pass.
+
+def test_weights_written_in_place_with_the_old_size_and_time_have_their_own_fingerprint(tmp_path):
+    # the same file (inode) rewritten, its mtime set back: only the change time differs
+    import os
+    import time
+
+    torch.manual_seed(0)
+    save_checkpoint(GNN(ModelSpec("sage", 5, 8, 3)), tmp_path / "m")
+    save_checkpoint(GNN(ModelSpec("sage", 5, 8, 3)), tmp_path / "other")
+    path, other = tmp_path / "m" / "model.pt", tmp_path / "other" / "model.pt"
+    before, st = weights_fingerprint(tmp_path / "m"), path.stat()
+    assert other.stat().st_size == st.st_size
+    time.sleep(0.02)  # past the filesystem's timestamp granularity
+    with open(path, "r+b") as f:
+        f.write(other.read_bytes())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_ino == st.st_ino and path.stat().st_mtime_ns == st.st_mtime_ns
+    assert weights_fingerprint(tmp_path / "m") != before
+
+
+def _fingerprint_of(tmp_path, state, name):
+    (tmp_path / name).mkdir()
+    torch.save(state, tmp_path / name / "model.pt")
+    return weights_fingerprint(tmp_path / name)
+
+
+def test_the_fingerprint_names_each_tensors_name_dtype_shape_and_plain_values_not_the_order(tmp_path):
+    a, b = torch.arange(6, dtype=torch.float32), torch.ones(6)
+    base = _fingerprint_of(tmp_path, {"w": a, "v": b, "n": 3}, "base")
+    assert _fingerprint_of(tmp_path, {"v": b, "n": 3, "w": a}, "reordered") == base
+    others = {"swapped": {"w": b, "v": a, "n": 3},  # the same tensors under each other's names
+              "dtype": {"w": a.view(torch.int32), "v": b, "n": 3},  # the same bytes read as another dtype
+              "shape": {"w": a.reshape(2, 3), "v": b, "n": 3},
+              "plain": {"w": a, "v": b, "n": 4},
+              "renamed": {"x": a, "v": b, "n": 3}}  # hashed in the same order under another name
+    for name, state in others.items():
+        assert _fingerprint_of(tmp_path, state, name) != base, name
+    with pytest.raises(CheckpointError, match="holds a list, not a state_dict"):
+        _fingerprint_of(tmp_path, [a], "list")
