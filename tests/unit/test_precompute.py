@@ -480,3 +480,78 @@ def test_a_resumed_run_whose_files_were_lost_starts_over(skewed_graph, tmp_path,
         path.write_bytes(path.read_bytes()[:160])  # the header and the first rows
     store = precompute(skewed_graph, model, tmp_path / "m", cfg, progress=False)
     np.testing.assert_allclose(store.final, full_graph_forward(skewed_graph, model), rtol=1e-4, atol=1e-5)
+
+
+# What mutation testing showed unpinned: each damage below was served (or crashed the
+# open) with one small change to embeddings/store.py that the tests above let pass.
+
+def _truncate_every_layer(root, n):
+    for path in sorted(root.glob("layer_*.npy")):
+        np.save(path, np.load(path)[: n - 1])
+
+
+@pytest.mark.parametrize("damage", [
+    _truncate_every_layer,  # rows agree with each other, not with the dataset: IndexError for the last node
+    lambda root, n: _edit_state(root, computed_unix_s=True),  # a bool is not a time
+    lambda root, n: _edit_state(root, num_layers=0, dims=None),  # no layers: IndexError reading the output
+    lambda root, n: _edit_state(root, dims=[8]),  # widths of fewer layers than it has: IndexError
+])
+def test_a_store_damaged_in_other_ways_is_not_served(skewed_graph, tmp_path, damage, caplog):
+    torch.manual_seed(0)
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    precompute(skewed_graph, model, tmp_path / "m", progress=False)
+    n = skewed_graph.num_nodes
+    damage(embeddings_dir(tmp_path / "m", skewed_graph.fingerprint), n)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, n) is None
+    assert "are damaged" in caplog.text
+
+
+def test_a_store_its_state_calls_unfinished_is_not_served(skewed_graph, tmp_path):
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    precompute(skewed_graph, model, tmp_path / "m", progress=False)
+    _edit_state(embeddings_dir(tmp_path / "m", skewed_graph.fingerprint), complete=False)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is None
+
+
+def test_a_jumping_knowledge_store_with_output_rows_missing_is_not_served(skewed_graph, tmp_path, caplog):
+    from torch_geometric.nn.models import GraphSAGE
+
+    torch.manual_seed(0)
+    model = GraphSAGE(skewed_graph.feature_dim, 8, num_layers=2, out_channels=3, jk="cat").eval()
+    store = precompute(skewed_graph, model, tmp_path / "m", progress=False)
+    assert store.output is not None
+    root, n = embeddings_dir(tmp_path / "m", skewed_graph.fingerprint), skewed_graph.num_nodes
+    np.save(root / "output.npy", np.load(root / "output.npy")[: n - 1])
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, n) is None
+    assert "are damaged" in caplog.text
+
+
+def test_the_features_fingerprint_tells_apart_features_that_differ_only_in_where_rows_end():
+    from types import SimpleNamespace
+
+    from hybridgnn.embeddings.store import features_fingerprint
+
+    def hetero(*arrays):
+        return SimpleNamespace(nodes={f"t{i}": SimpleNamespace(features=a) for i, a in enumerate(arrays)})
+
+    values = np.arange(8, dtype=np.float32)
+    split = {features_fingerprint(hetero(values[:6].reshape(3, 2), values[6:].reshape(1, 2))),
+             features_fingerprint(hetero(values[:4].reshape(2, 2), values[4:].reshape(2, 2))),
+             features_fingerprint(SimpleNamespace(features=values.reshape(4, 2))),
+             features_fingerprint(SimpleNamespace(features=values.reshape(2, 4)))}
+    assert len(split) == 4
+    small = np.zeros((10, 1), np.float32)  # every row of a small graph is hashed, the second type's too
+    changed = small.copy()
+    changed[1, 0] = 1
+    assert features_fingerprint(SimpleNamespace(features=small)) != features_fingerprint(
+        SimpleNamespace(features=changed))
+    assert features_fingerprint(hetero(small, values.reshape(4, 2))) != features_fingerprint(
+        hetero(small, values.reshape(4, 2)[::-1].copy()))
+
+
+@pytest.mark.parametrize("text", ["{not json", "\xff\xfe"])
+def test_a_store_whose_state_is_not_json_is_not_served(skewed_graph, tmp_path, text):
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    precompute(skewed_graph, model, tmp_path / "m", progress=False)
+    (embeddings_dir(tmp_path / "m", skewed_graph.fingerprint) / "state.json").write_text(text, "latin-1")
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is None
