@@ -555,3 +555,43 @@ def test_a_store_whose_state_is_not_json_is_not_served(skewed_graph, tmp_path, t
     precompute(skewed_graph, model, tmp_path / "m", progress=False)
     (embeddings_dir(tmp_path / "m", skewed_graph.fingerprint) / "state.json").write_text(text, "latin-1")
     assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint) is None
+
+
+def test_a_model_mixing_gcn_with_other_convolutions_is_refused_by_decompose():
+    # GCN layers are weighted by whole-graph degrees on samples; a mix was read as no GCN
+    import torch_geometric.nn.models as pyg_models
+    from torch_geometric.nn import GCNConv
+
+    from hybridgnn.models.decompose import decompose
+
+    model = pyg_models.GraphSAGE(4, 8, num_layers=2, out_channels=3)
+    model.convs[0] = GCNConv(4, 8)
+    with pytest.raises(ValueError, match="mixing GCNConv with other convolutions is not supported"):
+        decompose(model)
+    assert decompose(pyg_models.GCN(4, 8, num_layers=2, out_channels=3)).gcn_normalised
+
+
+def test_a_module_with_convolutions_but_not_a_basic_gnns_parts_is_refused_by_decompose():
+    from torch_geometric.nn import SAGEConv
+
+    from hybridgnn.models.decompose import decompose
+
+    model = torch.nn.Module()
+    model.convs = torch.nn.ModuleList([SAGEConv(4, 8), SAGEConv(8, 3)])  # no norms, no act: its forward is its own
+    with pytest.raises(ValueError, match="is not a stack of message-passing layers hybridgnn can decompose"):
+        decompose(model)
+
+
+@pytest.mark.parametrize("jk", ["cat", "max", "last"])
+def test_a_jumping_knowledge_models_embedding_is_what_its_head_reads(jk):
+    import torch_geometric.nn.models as pyg_models
+
+    from hybridgnn.models.decompose import decompose
+
+    torch.manual_seed(0)
+    model = pyg_models.GraphSAGE(4, 8, num_layers=2, out_channels=3, jk=jk).eval()
+    stack = decompose(model)
+    layers = [torch.randn(5, 8), torch.randn(5, 8)]
+    want = {"cat": torch.cat(layers, dim=-1), "max": torch.maximum(*layers), "last": layers[-1]}[jk]
+    assert torch.equal(stack.embedding(layers, torch.randn(5, 4)), want)
+    assert torch.allclose(stack.readout(layers), model.lin(want))
