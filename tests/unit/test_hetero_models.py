@@ -304,3 +304,77 @@ def test_a_heterogeneous_model_saved_without_metadata_is_told_to_give_it(tmp_pat
     for model in (to_hetero(GraphSAGE((4, 4), 8, num_layers=2, out_channels=3), md), HeteroSAGE(md, md[0][:1])):
         with pytest.raises(UnsupportedModel, match=r"looks heterogeneous .* metadata=data.metadata\(\)"):
             hybridgnn.save_model(model, tmp_path / "m")
+
+
+# What mutation testing showed unpinned: each test below failed with one small change to
+# models/hetero_checkpoint.py that the tests above let pass.
+
+def _edge_targets_past_their_type(g):
+    ei = g["edge_index/0"].clone()
+    ei[1, 0] += 1000  # sources in range: only the target is outside
+    g["edge_index/0"] = ei
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_edge_targets_past_their_type, "edges to nodes outside"),
+    (lambda g: g.update({"x/0": g["x/0"][:0]}), r"inputs of shape \(0, \d+\)"),
+])
+def test_more_damaged_heterogeneous_golden_files_are_refused_in_one_line(tmp_path, edit, match):
+    test_a_damaged_heterogeneous_golden_file_is_refused_in_one_line(tmp_path, edit, match)
+
+
+def test_a_sampled_evaluation_that_differs_alone_is_named():
+    from hybridgnn.models.hetero_checkpoint import mismatches
+
+    class Pooled(torch.nn.Module):  # every row moved by the mean of all nodes present: a full sample differs
+        num_layers = 1
+
+        def forward(self, x, edge_index):
+            return {t: v + v.mean(0, keepdim=True) for t, v in x.items()}
+
+    x = {"a": torch.arange(12, dtype=torch.float32).reshape(6, 2)}
+    edges = {("a", "to", "a"): torch.tensor([[1, 2, 3], [0, 1, 2]])}
+    model = Pooled()
+    problems = mismatches(model, x, edges, model(x, edges))
+    assert problems and problems[0].startswith("sampled evaluation with every neighbour taken differs")
+
+
+def test_a_first_layer_reading_one_node_type_at_two_widths_is_refused_in_one_line(tmp_path):
+    from torch_geometric.nn import SAGEConv
+
+    md = (["user", "item"], [("user", "rates", "item"), ("item", "rev_rates", "user")])
+    model = torch.nn.Module()
+    model.convs = torch.nn.ModuleList([HeteroConv({md[1][0]: SAGEConv((16, 24), 8),
+                                                   md[1][1]: SAGEConv((20, 16), 8)})])  # items: 24 wide, then 20
+    with pytest.raises(UnsupportedModel, match="layer 0 reads node type 'item' with widths 24 and 20") as info:
+        hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=md)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fanouts", [[torch.tensor(2.5), 2], [torch.tensor(True), 2]])
+def test_float_and_bool_tensor_fanouts_are_refused_at_save_not_made_whole(tmp_path, fanouts):
+    from hybridgnn.errors import ConfigError
+
+    g = HeteroGraphStore.open(generate_hetero(tmp_path / "g", kind="recsys", num_nodes=60, avg_degree=4))
+    x, ei = whole(g)
+    model = to_hetero(GraphSAGE((-1, -1), 8, num_layers=2, out_channels=4), g.metadata(), aggr="sum")
+    with torch.no_grad():
+        model(x, ei)
+    with pytest.raises(ConfigError, match="save_model fanouts"):
+        hybridgnn.save_model(model.eval(), tmp_path / "m", metadata=g.metadata(), fanouts=fanouts)
+
+
+def test_a_model_reading_other_feature_widths_than_the_dataset_has_is_refused_in_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from hybridgnn.models.hetero_checkpoint import open_hetero_model
+
+    path = _saved_recsys_sage(tmp_path)  # reads users 16 wide, items 24 wide
+    md = (["user", "item"], [("user", "rates", "item"), ("item", "rev_rates", "user")])
+    for item_width in (30, 20):  # wider features than it reads, and narrower
+        graph = SimpleNamespace(root=tmp_path / "d", node_types=md[0], edges=dict.fromkeys(md[1]),
+                                nodes={"user": SimpleNamespace(feature_dim=16),
+                                       "item": SimpleNamespace(feature_dim=item_width)})
+        with pytest.raises(CheckpointError, match=f"reads 24-wide features of node type 'item' but dataset .* has "
+                                                  f"{item_width}"):
+            open_hetero_model(path, graph)
