@@ -13,12 +13,12 @@ load generator.
     .venv/bin/python bench/serve_throughput.py --heavy      # products graph, 3-layer SAGE 256
     .venv/bin/python bench/serve_throughput.py --servers throughput   # naive vs throughput settings only
     .venv/bin/python bench/serve_throughput.py --naive-threads 1 --servers defaults,baseline   # before/after
-    .venv/bin/python bench/serve_throughput.py --naive-threads 1 --servers defaults,wait   # work-conserving batching
+    .venv/bin/python bench/serve_throughput.py --naive-threads 1 --servers defaults,wait   # no wait on a quiet server
 
 `wait` is the defaults with `--wait-when-idle` (each batch held --max-wait-ms to fill even
-while a worker is idle, the rule before work-conserving batching). For `defaults` and
-`wait` the bench also reports latency at a light load (--light-rate requests/s, default
-100), where the two differ: a request that finds a worker idle goes at once, or waits.
+on a quiet server, the rule before). For `defaults` and `wait` the bench also reports
+latency at a light load (--light-rate requests/s, default 100), where the two differ: a
+request that finds no batch under way goes at once, or waits.
 
 The naive server runs its model with --naive-threads intra-op threads (default: 1 and 2,
 each measured; the better one is the baseline), so it may use the second core too.

@@ -75,10 +75,9 @@ def add_parser(sub) -> None:
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")
     p.add_argument("--wait-when-idle", action="store_true", default=env_default("WAIT_WHEN_IDLE", False, env_flag),
-                   help="hold each batch --max-wait-ms to fill even while a pipeline worker is idle (bigger batches "
-                        "at light load, for up to --max-wait-ms more latency); by default a request that finds a "
-                        "worker idle is dispatched at once, and --max-wait-ms holds batches only while every worker "
-                        "is busy")
+                   help="hold each batch --max-wait-ms to fill even on a quiet server (bigger batches at light "
+                        "load, for up to --max-wait-ms more latency); by default a request that finds no batch "
+                        "under way is dispatched at once, and --max-wait-ms holds batches once any is")
     p.add_argument("--access-log", action="store_true", default=env_default("ACCESS_LOG", False, env_flag),
                    help="log one line per answered request, HTTP and gRPC (peer, request, status, bytes, "
                         "milliseconds, X-Request-Id) on the logger hybridgnn.access, whatever --log-level says")

@@ -95,13 +95,13 @@ class SamplingConfig:
 @config_class
 class BatcherConfig:
     """Micro-batching: a batch closes at max_batch_seeds seeds, max_batch_requests requests,
-    or max_wait_s after its first request, whichever comes first; and at once while a
-    pipeline worker is idle, unless wait_when_idle."""
+    or max_wait_s after its first request, whichever comes first; and at once while no
+    batch is under way (a quiet server), unless wait_when_idle."""
 
     max_batch_seeds: int = setting(1024, "a batch closes at this many seeds")
     max_batch_requests: int = setting(256, "a batch closes at this many requests")
-    max_wait_s: float = setting(0.002, "longest a request waits for its batch to fill while every pipeline worker "
-                                "is busy (one that finds a worker idle goes at once, unless --wait-when-idle)",
+    max_wait_s: float = setting(0.002, "longest a request waits for its batch to fill while a batch is under way "
+                                "(one that finds the server quiet goes at once, unless --wait-when-idle)",
                                 flag="--max-wait-ms", scale=1000.0)
     # Requests admitted but not yet answered; beyond this new requests get 429.
     max_pending_requests: int = setting(2048, "hard cap on requests in flight (memory); the queue-delay bound "
@@ -109,10 +109,11 @@ class BatcherConfig:
     # A batch also closes before its summed PSGS would pass this (Quiver's PSGS-bounded
     # batching; a profile's slo:<ms> policy sets it). A request is never split.
     max_batch_psgs: float = math.inf
-    # False (work-conserving): a request that finds a worker idle is dispatched at once,
-    # and max_wait_s only holds batches while every worker is busy; True: a batch always
-    # waits max_wait_s to fill (bigger batches at light load, for up to max_wait_s more
-    # latency). Under load the two are the same: no worker is idle. (--wait-when-idle)
+    # False: a request that finds no batch under way (a quiet server) is dispatched at
+    # once, and max_wait_s holds batches once any is; True: a batch always waits
+    # max_wait_s to fill (bigger batches at light load, for up to max_wait_s more
+    # latency). Under load the two are the same: batches are always under way.
+    # (--wait-when-idle)
     wait_when_idle: bool = False
 
     def __post_init__(self):

@@ -20,10 +20,10 @@ request, so no pipeline, a GPU's included, is offered more than it can parse and
 (`frontend_capacity`), and each request's latency carries that queue's p99 wait
 (`frontend_wait_p99_s`).
 
-The server's batcher is work-conserving (a request that finds a worker idle is dispatched
-at once; serving/core/batcher.py); this model holds every batch for the wait, as
-`--wait-when-idle` does. The two differ only while a worker is idle, so the model is
-cautious at light load and the same where an SLO's p99 is decided (workers busy).
+The server's batcher does not wait on a quiet server (a request that finds no batch under
+way is dispatched at once; serving/core/batcher.py); this model holds every batch for the
+wait, as `--wait-when-idle` does. The two differ only while no batch is under way, so the
+model is cautious at light load and the same where an SLO's p99 is decided (workers busy).
 
 `max_rate` finds the highest request rate whose simulated p99 fits an SLO; `best_bound`
 the batch PSGS bound that maximises it. Random draws are fixed by a seed (common random

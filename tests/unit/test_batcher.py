@@ -237,9 +237,9 @@ def test_a_policys_psgs_bound_applies_from_the_next_batch():
     asyncio.run(run())
 
 
-def test_work_conserving_a_request_that_finds_a_worker_idle_goes_at_once():
-    """With has_idle (the server's default), max_wait_s holds batches only while every
-    worker is busy: a lone request on an idle pipeline is dispatched inside its add."""
+def test_a_request_on_a_quiet_server_goes_at_once():
+    """With quiet (the server's default), max_wait_s holds batches only while a batch is
+    under way: a lone request on a quiet server is dispatched inside its add."""
     cfg = BatcherConfig(max_batch_seeds=100, max_wait_s=10.0)
 
     async def run():
@@ -248,11 +248,11 @@ def test_work_conserving_a_request_that_finds_a_worker_idle_goes_at_once():
         loop = asyncio.get_running_loop()
         b.add(make_request(1, loop))
         assert [len(x.requests) for x in batches] == [1]  # not 10 s later
-        idle["now"] = False  # every worker busy: requests wait to batch, as without has_idle
+        idle["now"] = False  # a batch under way: requests wait to batch, as without quiet
         for _ in range(3):
             b.add(make_request(1, loop))
         assert len(batches) == 1 and len(b) == 3
-        idle["now"] = True  # a worker frees: what waited goes as one batch
+        idle["now"] = True  # the batch ends: what waited goes as one batch
         b.capacity_freed()
         assert [len(x.requests) for x in batches] == [1, 3] and len(b) == 0
         b.close()
@@ -260,8 +260,8 @@ def test_work_conserving_a_request_that_finds_a_worker_idle_goes_at_once():
     asyncio.run(run())
 
 
-def test_without_has_idle_a_lone_request_waits_for_its_batch_to_fill():
-    """--wait-when-idle: the engine passes no has_idle, and a lone request waits max_wait_s."""
+def test_without_quiet_a_lone_request_waits_for_its_batch_to_fill():
+    """--wait-when-idle: the engine passes no quiet, and a lone request waits max_wait_s."""
     cfg = BatcherConfig(max_batch_seeds=100, max_wait_s=10.0)
 
     async def run():

@@ -812,15 +812,15 @@ def test_wait_when_idle_and_access_log_reach_the_config(monkeypatch):
     assert serve_cli.build_config(build_parser().parse_args(base)).batcher.wait_when_idle is True
 
 
-def test_max_wait_help_says_a_request_that_finds_a_worker_idle_does_not_wait(capsys):
+def test_max_wait_help_says_a_request_on_a_quiet_server_does_not_wait(capsys):
     """`--max-wait-ms` said only "longest a request waits for its batch to fill", as if a
-    lone request always waited that long; it waits only while every worker is busy
+    lone request always waited that long; it waits only while a batch is under way
     (cli.md), unless --wait-when-idle."""
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     start = text.index("--max-wait-ms MAX_WAIT_MS", text.index("options:"))
-    assert "while every pipeline worker is busy" in text[start:text.index("--max-pending MAX_PENDING", start)]
+    assert "while a batch is under way" in text[start:text.index("--max-pending MAX_PENDING", start)]
 
 
 def test_bench_seed_help_says_it_draws_the_arrivals_too(capsys):

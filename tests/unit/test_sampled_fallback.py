@@ -82,12 +82,12 @@ class _Depth:
         self.depth, self.capacity = depth, capacity
 
 
-def test_a_worker_is_idle_only_while_a_pipeline_holds_fewer_batches_than_it_runs():
-    """The batcher dispatches at once only onto an idle worker: a pipeline whose every
-    worker is busy (depth == capacity) still accepts one more batch (has_capacity), but
-    that batch would queue, so it keeps waiting to fill."""
+def test_the_server_is_quiet_only_while_no_pipeline_holds_a_batch():
+    """The batcher skips its wait only on a quiet server: with any batch queued or running,
+    in any pipeline, even one with idle workers, a new batch waits to fill (a worker that
+    frees under load would otherwise take a few requests at a time)."""
     engine = _Engine(_Pipeline(stopped=False))
-    engine._pipelines = {"cpu": _Depth(2, 2), "gpu": _Depth(3, 2)}
-    assert engine._has_capacity() and not engine._has_idle_worker()
-    engine._pipelines["gpu"] = _Depth(1, 2)
-    assert engine._has_idle_worker()
+    engine._pipelines = {"cpu": _Depth(0, 2), "gpu": _Depth(1, 2)}
+    assert engine._has_capacity() and not engine._is_quiet()
+    engine._pipelines["gpu"] = _Depth(0, 2)
+    assert engine._is_quiet()

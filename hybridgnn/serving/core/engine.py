@@ -91,7 +91,7 @@ class Engine(Admitting, SampledInference):
             log.info("no PSGS threshold given: batches above %.0f (%d average seeds) go to the GPU pipeline",
                      self._router.threshold, seeds)
         self._batcher = MicroBatcher(cfg.batcher, self._dispatch, self._has_capacity,
-                                     None if cfg.batcher.wait_when_idle else self._has_idle_worker)
+                                     None if cfg.batcher.wait_when_idle else self._is_quiet)
         self._control = PolicyControl(cfg, tuple(self._pipelines))
         if cfg.policy.profile is not None:
             self._set_policy(self._control.load(self.graph.fingerprint))

@@ -61,9 +61,10 @@ class SampledInference:
     def _has_capacity(self) -> bool:
         return any(p.depth <= p.capacity for p in self._pipelines.values())
 
-    def _has_idle_worker(self) -> bool:
-        """A pipeline would start a batch now: fewer batches in it than it works on at once."""
-        return any(p.depth < p.capacity for p in self._pipelines.values())
+    def _is_quiet(self) -> bool:
+        """No batch is queued or running in any pipeline: one dispatched now starts at once,
+        and no batch that could have taken more requests is under way."""
+        return all(p.depth == 0 for p in self._pipelines.values())
 
     def _dispatch(self, batch: Batch) -> None:
         try:
