@@ -48,7 +48,6 @@ import time
 import httptools
 
 from hybridgnn.serving.core.eager import Later, when_done
-from hybridgnn.serving.http.access import log_http
 from hybridgnn.serving.http.message import Message, Reject
 from hybridgnn.serving.http.reply import ABORT, Reply, Request
 
@@ -105,11 +104,8 @@ class Connection(asyncio.Protocol):
         server = self.server
         if len(server.connections) >= server.max_connections:
             server.refused_connections += 1
-            wire = server.encode(Reply.error(
-                503, f"too many connections (limit {server.max_connections}); retry later", server.retry), False)
-            transport.write(wire)
-            if server.access_log:
-                log_http(transport, None, 503, len(wire))
+            server.send(transport, Reply.error(
+                503, f"too many connections (limit {server.max_connections}); retry later", server.retry), None, False)
             # Linger (not counted against the cap) so the answer is read rather than reset.
             self._linger()
             asyncio.get_running_loop().call_later(_LINGER_MAX_S, lambda: self.closed or self.close())
@@ -322,10 +318,7 @@ class Connection(asyncio.Protocol):
         if self.closed or self.busy or self.queue or self.unfed:
             return
         if self.fatal is not None:
-            wire = self.server.encode(self.fatal, False)
-            self.transport.write(wire)
-            if self.server.access_log:
-                log_http(self.transport, None, self.fatal.status, len(wire))
+            self.server.send(self.transport, self.fatal, None, False)
             self._linger()
             return
         if self.eof:
@@ -411,11 +404,8 @@ class Connection(asyncio.Protocol):
         if keep_alive and self.server.draining():
             keep_alive = bool(self.queue)
             self._pause_reading()
-        wire = self.server.encode(reply, keep_alive, head_only)
-        self.transport.write(wire)
+        self.server.send(self.transport, reply, msg, keep_alive, head_only)
         self.free_since = time.monotonic()
-        if self.server.access_log:
-            log_http(self.transport, msg, reply.status, len(wire))
         if not keep_alive:
             self._linger()  # nothing after a "Connection: close" answer is read
 
@@ -484,11 +474,8 @@ class Connection(asyncio.Protocol):
             self.busy = False
             self.queue.clear()
             self.unfed = b""
-            wire = self.server.encode(Reply.error(
-                503, "server shut down before this request could be answered; retry", self.server.retry), False)
-            self.transport.write(wire)
-            if self.server.access_log:
-                log_http(self.transport, msg, 503, len(wire))
+            self.server.send(self.transport, Reply.error(
+                503, "server shut down before this request could be answered; retry", self.server.retry), msg, False)
         self.close()
 
     def _pause_reading(self) -> None:

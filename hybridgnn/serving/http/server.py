@@ -14,6 +14,8 @@ from http import HTTPStatus
 
 from hybridgnn.capabilities import connection_limit
 from hybridgnn.serving.core.access import enable_access_log
+from hybridgnn.serving.http.access import log_http
+from hybridgnn.serving.http.message import Message
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.reply import RETRY, Reply, Routes
 from hybridgnn.serving.http.turns import Turns, standing_queue_limits
@@ -90,6 +92,14 @@ class HttpServer:
         if wire is None:
             wire = self._kept[key] = self._encode(reply, keep_alive, head_only)
         return wire
+
+    def send(self, transport, reply: Reply, msg: Message | None, keep_alive: bool, head_only: bool = False) -> None:
+        """Write an answer on a connection's transport, and its access-log line when this
+        server keeps one (msg None: an answer to no whole request)."""
+        wire = self.encode(reply, keep_alive, head_only)
+        transport.write(wire)
+        if self.access_log:
+            log_http(transport, msg, reply.status, len(wire))
 
     def _encode(self, reply: Reply, keep_alive: bool, head_only: bool) -> bytes:
         start, rest = self.head_parts(reply.status, reply.content_type)
