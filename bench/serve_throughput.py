@@ -16,9 +16,10 @@ load generator.
     .venv/bin/python bench/serve_throughput.py --naive-threads 1 --servers defaults,wait   # no wait on a quiet server
 
 `wait` is the defaults with `--wait-when-idle` (each batch held --max-wait-ms to fill even
-on a quiet server, the rule before). For `defaults` and `wait` the bench also reports
-latency at a light load (--light-rate requests/s, default 100), where the two differ: a
-request that finds no batch under way goes at once, or waits.
+on a quiet server, the rule before). For `defaults`, `wait` and `baseline` the bench also
+reports latency at a light load (--light-rate requests/s, default 100), where a request's
+fixed costs show: a request that finds no batch under way goes at once, or waits; a
+batch reaches a worker process through a thread, or straight from the event loop.
 
 The naive server runs its model with --naive-threads intra-op threads (default: 1 and 2,
 each measured; the better one is the baseline), so it may use the second core too.
@@ -106,7 +107,8 @@ def main() -> None:
     def maybe(name, extra, label, rev=None):
         if name not in wanted:
             return None
-        _, res, quiet = measure(dataset, model, extra, args, label, rev=rev, light=name in ("defaults", "wait"))
+        _, res, quiet = measure(dataset, model, extra, args, label, rev=rev,
+                                light=name in ("defaults", "wait", "baseline"))
         if quiet is not None:
             light[name] = {"p50_ms": round(quiet.p50_ms, 2), "p99_ms": round(quiet.p99_ms, 2)}
         return res
@@ -138,6 +140,8 @@ def main() -> None:
         "ratio_vs_baseline_seeds_per_s": ratio(ours, baseline),
         "hybridgnn_wait_when_idle": waiting.to_dict() if waiting else None,
         "ratio_vs_wait_when_idle_seeds_per_s": ratio(ours, waiting),
+        "light_load_p50_vs_baseline": (round(light["defaults"]["p50_ms"] / light["baseline"]["p50_ms"], 2)
+                                       if "defaults" in light and "baseline" in light else None),
         "light_load_rps": args.light_rate,
         "light_load_latency": light,
     }

@@ -54,6 +54,10 @@ class Pipeline:
             th.start()
             self._threads.append(th)
 
+    def attach(self, loop) -> None:
+        """Serve from `loop` (the process pipeline's children answer on it); threads need
+        none: their on_done hands results back to the loop."""
+
     @property
     def depth(self) -> int:
         return self._depth

@@ -1,14 +1,14 @@
 """CPU pipeline workers whose batches run in their own processes (`serve --worker-processes`).
 
-A worker thread of the pipeline owns one child process and hands it each batch's seed
-ids over a pipe; the child runs the same BatchExecutor the thread would have run (built
-from the same ServeConfig by the factory it is given, runtime/'s) and sends back the
-outputs.
-While the thread waits on the pipe it holds no GIL, so the event loop's Python (HTTP,
-batching, responses) no longer takes turns with the model's Python: each process has its
-own interpreter. The graph, features and workload tables are memory-mapped files, so the
-children read the same page-cache pages as the server: nothing is copied per worker
-except the model weights.
+Each worker is a child process: it gets a batch's seed ids over a pipe, runs the same
+BatchExecutor a worker thread would have run (built from the same ServeConfig by the
+factory it is given, runtime/'s) and sends back the outputs. The serving engine's event
+loop drives the pipes itself (process_pipeline.py); ProcessExecutor.run() is the
+blocking form, for the profiler. Each process has its own interpreter, so the event
+loop's Python (HTTP, batching, responses) no longer takes turns with the model's. The
+graph, features and workload tables are memory-mapped files, so the children read the
+same page-cache pages as the server: nothing is copied per worker except the model
+weights.
 
 A child that dies (killed, out of memory) or hangs (no answer within the batch timeout)
 fails the batch it held with an error the requests see, and is started again for the
@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import math
 import multiprocessing
-import time
+import threading
 
 import numpy as np
 
@@ -48,6 +48,10 @@ def batch_timeout_s() -> float | None:
 
 class WorkerProcessError(RuntimeError):
     """The worker process failed a batch, or exited."""
+
+
+class WorkerProcessExited(WorkerProcessError):
+    """The worker process is gone (exited, killed, or killed as hung): it must be restarted."""
 
 
 def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> None:
@@ -110,6 +114,7 @@ class ProcessExecutor:
         self._ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads' locks
         self._proc = None
         self._conn = None
+        self._lifecycle = threading.RLock()  # a start or restart, and a close, one at a time
         self._start()
 
     def _start(self) -> None:
@@ -131,33 +136,77 @@ class ProcessExecutor:
             raise WorkerProcessError(f"CPU worker process {self.worker} could not start: {detail}")
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
-        t = timings if timings is not None else StageTimings()
-        if self._proc is None or not self._proc.is_alive():
-            log.warning("CPU worker process %d is not running; starting it again", self.worker)
+        if not self.running:
+            self.restart()
+        self.send(seeds)
+        if self.batch_timeout_s is not None and not self._conn.poll(self.batch_timeout_s):
+            self.kill()
+            raise self.hung()
+        return self.receive(timings)
+
+    @property
+    def running(self) -> bool:
+        """The child is started and has not exited."""
+        return self._proc is not None and self._proc.is_alive()
+
+    def restart(self) -> None:
+        """Replace an exited (or killed) child with a new one: seconds, so never on the event
+        loop. A close() from another thread (the pipeline's stop) waits for it to end."""
+        log.warning("CPU worker process %d is not running; starting it again", self.worker)
+        with self._lifecycle:
             self.close()
             self._start()
+
+    def fileno(self) -> int:
+        """The pipe's descriptor: readable once the child answers (or exits)."""
+        return self._conn.fileno()
+
+    def send(self, seeds: np.ndarray) -> None:
+        """Hand the child one batch's seed ids (it answers through receive())."""
         conn, proc = self._conn, self._proc  # close() from the pipeline's stop may clear them meanwhile
         try:
             conn.send_bytes(np.ascontiguousarray(seeds, dtype=np.int64).tobytes())
-            if self.batch_timeout_s is not None and not conn.poll(self.batch_timeout_s):
-                proc.kill()
-                self.close()
-                raise WorkerProcessError(f"CPU worker process {self.worker} answered no batch within "
-                                         f"{self.batch_timeout_s:g} s and was killed; it restarts for the next one")
+        except (AttributeError, OSError, ValueError) as exc:
+            raise self._exited(proc) from exc
+
+    def receive(self, timings: StageTimings | None = None) -> BatchResult:
+        """The child's answer to the batch sent: its outputs, or WorkerProcessError (the batch
+        failed there) or WorkerProcessExited (the child is gone)."""
+        t = timings if timings is not None else StageTimings()
+        conn, proc = self._conn, self._proc
+        try:
             kind, payload = conn.recv()
-        except (EOFError, OSError) as exc:
-            time.sleep(0)  # let the exit code settle
-            code = proc.exitcode
-            raise WorkerProcessError(f"CPU worker process {self.worker} exited (code {code}) during a batch; "
-                                     "it restarts for the next one") from exc
+        except (AttributeError, EOFError, OSError) as exc:
+            raise self._exited(proc) from exc
         if kind != "ok":
             raise WorkerProcessError(payload)
         logits, emb, pred, t.sample_s, t.gather_s, t.compute_s, edges, rows = payload
         return BatchResult(logits=logits, embeddings=emb, predictions=pred, timings=t, sampled_edges=edges,
                            gathered_rows=rows)
 
+    def kill(self) -> None:
+        """Kill a hung child and release it (restart() starts the next one)."""
+        if self._proc is not None:
+            self._proc.kill()
+        self.close()
+
+    def hung(self) -> WorkerProcessError:
+        return WorkerProcessExited(f"CPU worker process {self.worker} answered no batch within "
+                                   f"{self.batch_timeout_s:g} s and was killed; it restarts for the next one")
+
+    def _exited(self, proc) -> WorkerProcessExited:
+        if proc is not None:
+            proc.join(0.1)  # let the exit code settle
+        code = proc.exitcode if proc is not None else None
+        return WorkerProcessExited(f"CPU worker process {self.worker} exited (code {code}) during a batch; "
+                                   "it restarts for the next one")
+
     def close(self) -> None:
         """Ask the child to exit and wait for it (killed if it does not within 5 s)."""
+        with self._lifecycle:
+            self._close()
+
+    def _close(self) -> None:
         if self._conn is not None:
             try:
                 self._conn.send_bytes(b"")

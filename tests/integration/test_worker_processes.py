@@ -18,7 +18,7 @@ EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling i
 
 def config(tiny_dataset, tiny_model, fanouts=EVERYTHING, **pipe) -> ServeConfig:
     return ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, sampling=SamplingConfig(fanouts),
-                       cpu_pipeline=PipelineConfig(name="cpu", workers=1, **pipe))
+                       cpu_pipeline=PipelineConfig(**{"name": "cpu", "workers": 1, **pipe}))
 
 
 def test_process_worker_matches_the_in_process_one_and_survives_its_child(tiny_dataset, tiny_model):
@@ -77,6 +77,37 @@ def test_engine_serves_through_worker_processes_and_stops_them(tiny_dataset, tin
 
     children = asyncio.run(scenario())
     assert all(not p.is_alive() for p in children)
+
+
+def test_the_engine_survives_a_child_killed_under_load_and_serves_through_its_replacement(tiny_dataset, tiny_model):
+    """The loop drives the children: a kill -9 fails only the batch that child held (its
+    requests see an error), the waiting batches go to the other child or the restarted one,
+    and every request is answered once."""
+    cfg = config(tiny_dataset, tiny_model, fanouts=(5, 3), processes=True, workers=2)
+
+    async def scenario():
+        engine = Engine(cfg)
+        await engine.start()
+        pipe = engine._pipelines["cpu"]
+        victim = pipe._executors[0]._proc
+        try:
+            first = [engine.submit(np.array([i, i + 1])) for i in range(60)]
+            os.kill(victim.pid, signal.SIGKILL)
+            outcomes = await asyncio.gather(*first, return_exceptions=True)
+            failed = [o for o in outcomes if isinstance(o, BaseException)]
+            assert all("exited" in str(e) for e in failed), failed
+            deadline = asyncio.get_running_loop().time() + 120
+            while pipe._executors[0]._proc is victim or not pipe._executors[0].running:
+                assert asyncio.get_running_loop().time() < deadline, "the killed child was not replaced"
+                await asyncio.sleep(0.05)
+            after = await asyncio.gather(*(engine.submit(np.array([i])) for i in range(40)))
+            assert all(r.logits.shape[0] == 1 for r in after) and pipe.depth == 0
+        finally:
+            await engine.stop()
+        return len(outcomes) - len(failed)
+
+    answered = asyncio.run(scenario())
+    assert answered > 0
 
 
 def test_worker_processes_refuse_graph_updates_and_the_gpu_pipeline(tiny_dataset, tiny_model):

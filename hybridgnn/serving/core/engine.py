@@ -23,6 +23,7 @@ import torch
 from hybridgnn.config import ServeConfig
 from hybridgnn.models.gnn import embedding_width
 from hybridgnn.pipelines.pool import Pipeline
+from hybridgnn.pipelines.process_pipeline import ProcessPipeline
 from hybridgnn.runtime.resources import Resources
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.scheduler.control import PolicyControl
@@ -78,9 +79,10 @@ class Engine(Admitting, SampledInference):
         self._updates: UpdateApplier | None = None
         self._follower: Follower | None = None  # applies the update log here (updates on)
         self._placement = PlacementRefresh(r, self.stats)  # seed counts; SIGHUP rebuilds the GPU cache
-        self._pipelines: dict[str, Pipeline] = {
-            cfg.cpu_pipeline.name: Pipeline(cfg.cpu_pipeline, lambda w: r.make_executor("cpu", w),
-                                            self._on_batch_done)}
+        cpu_pipeline = ProcessPipeline if cfg.cpu_pipeline.processes else Pipeline  # worker processes: loop-driven
+        self._pipelines: dict[str, Pipeline | ProcessPipeline] = {
+            cfg.cpu_pipeline.name: cpu_pipeline(cfg.cpu_pipeline, lambda w: r.make_executor("cpu", w),
+                                                self._on_batch_done)}
         if cfg.gpu_pipeline is not None:
             self._pipelines[cfg.gpu_pipeline.name] = Pipeline(cfg.gpu_pipeline, lambda w: r.make_executor("gpu", w),
                                                               self._on_batch_done)
@@ -188,6 +190,7 @@ class Engine(Admitting, SampledInference):
         # the model): a version loading into a running server gets ready while others serve.
         for p in self._pipelines.values():
             await asyncio.to_thread(p.start)
+            p.attach(self._loop)
         await asyncio.to_thread(self._resources.warm_up)  # the first request of each kind is not slow
         self._started = True
         self._adapt_task = (asyncio.create_task(self._control.adapt_loop(self._apply_adapted), name="adapt")

@@ -1,0 +1,246 @@
+"""The loop-driven process pipeline over fake children (a pipe each, no processes): every
+batch reaches on_done exactly once, in submission order per free child; a failed batch
+leaves its child serving; an exited or hung child fails its batch and is restarted while
+waiting batches wait; stop fails what it cannot finish."""
+
+import asyncio
+import os
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+
+from hybridgnn.config import PipelineConfig
+from hybridgnn.pipelines.process import WorkerProcessError, WorkerProcessExited
+from hybridgnn.pipelines.process_pipeline import ProcessPipeline
+from hybridgnn.types import Batch, BatchResult, RoutePlan, StageTimings
+
+PLAN = RoutePlan("cpu", 0.0, "only")
+
+
+def make_batch(seeds):
+    seeds = np.asarray(seeds, dtype=np.int64)
+    return Batch(requests=[], seeds=seeds, offsets=np.array([0, len(seeds)]), psgs=0.0, closed_s=time.perf_counter())
+
+
+class FakeChild:
+    """A ProcessExecutor's loop-facing surface. A batch's answer is written to the pipe at
+    once unless `hold`; seeds < 0 make the child report a failed batch, a seed of 666
+    makes it exit mid-batch."""
+
+    def __init__(self, worker: int, timeout_s: float | None = None):
+        self.worker, self.batch_timeout_s = worker, timeout_s
+        self.hold = False
+        self.sent: list[list[int]] = []
+        self.restarts = self.kills = 0
+        self.restart_gate = threading.Event()
+        self.restart_gate.set()
+        self._open()
+
+    def _open(self):
+        self._r, self._w = os.pipe()
+        self._answers: deque = deque()
+
+    def fileno(self):
+        return self._r
+
+    def send(self, seeds):
+        if self._w is None:
+            raise WorkerProcessExited(f"child {self.worker} is gone")
+        self.sent.append(seeds.tolist())
+        self._answers.append(seeds)
+        if not self.hold:
+            self.answer()
+
+    def answer(self):
+        os.write(self._w, b"x")
+
+    def exit(self):
+        """The child dies: its pipe reads end-of-file."""
+        os.close(self._w)
+        self._w = None
+
+    def receive(self, timings=None):
+        if not os.read(self._r, 1):
+            raise WorkerProcessExited(f"child {self.worker} exited")
+        seeds = self._answers.popleft()
+        if (seeds < 0).any():
+            raise WorkerProcessError("seed ids must lie in [0, n)")
+        if (seeds == 666).any():
+            self.exit()
+            raise WorkerProcessExited(f"child {self.worker} exited during a batch")
+        return BatchResult(logits=seeds[:, None].astype(np.float32), predictions=seeds,
+                           timings=timings or StageTimings())
+
+    def hung(self):
+        return WorkerProcessExited(f"child {self.worker} answered no batch within {self.batch_timeout_s:g} s")
+
+    def kill(self):
+        self.kills += 1
+        self.close()
+
+    def restart(self):
+        self.restart_gate.wait(10)
+        self.restarts += 1
+        self.close()
+        self._open()
+
+    def close(self):
+        for fd in (self._r, self._w):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._r = self._w = None
+
+
+def run_pipeline(scenario, workers=2, timeout_s=None):
+    """scenario(pipeline, children, done) on a running loop; done: [(seeds, result, error)]."""
+    children = []
+
+    def make(i):
+        children.append(FakeChild(i, timeout_s))
+        return children[-1]
+
+    done = []
+    pipe = ProcessPipeline(PipelineConfig(workers=workers), make,
+                           lambda b, p, r, e: done.append((b.seeds.tolist(), r, e)))
+
+    async def main():
+        pipe.start()
+        pipe.attach(asyncio.get_running_loop())
+        try:
+            await scenario(pipe, children, done)
+        finally:
+            await asyncio.to_thread(pipe.stop, 2.0)
+
+    asyncio.run(main())
+    return pipe, children, done
+
+
+async def until(predicate, deadline_s=5.0):
+    end = time.monotonic() + deadline_s
+    while not predicate():
+        assert time.monotonic() < end, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def test_batches_queue_for_free_children_and_finish_once_each_in_order():
+    async def scenario(pipe, children, done):
+        for c in children:
+            c.hold = True
+        for i in range(6):
+            pipe.submit(make_batch([i]), PLAN)
+        assert pipe.depth == 6 and [c.sent for c in children] == [[[0]], [[1]]]  # the rest wait
+        for round_ in range(1, 4):
+            for c in children:
+                c.answer()
+            await until(lambda n=2 * round_: len(done) == n)
+        assert pipe.depth == 0
+
+    pipe, children, done = run_pipeline(scenario)
+    assert sorted(s[0] for s, _, _ in done) == list(range(6))
+    assert children[0].sent == [[0], [2], [4]] and children[1].sent == [[1], [3], [5]]
+    assert all(e is None and r.predictions.tolist() == s for s, r, e in done)
+
+
+def test_a_failed_batch_leaves_its_child_serving():
+    async def scenario(pipe, children, done):
+        pipe.submit(make_batch([-1]), PLAN)
+        pipe.submit(make_batch([4]), PLAN)
+        pipe.submit(make_batch([5]), PLAN)
+        await until(lambda: len(done) == 3)
+
+    _, children, done = run_pipeline(scenario, workers=1)
+    errors = [e for _, _, e in done if e is not None]
+    assert len(errors) == 1 and "lie in" in str(errors[0])
+    assert children[0].restarts == 0 and [s for s, _, _ in done[1:]] == [[4], [5]]
+
+
+def test_a_child_that_exits_mid_batch_fails_only_that_batch_and_is_restarted():
+    async def scenario(pipe, children, done):
+        children[0].restart_gate.clear()  # the restart takes a while: batches wait for the child
+        pipe.submit(make_batch([666]), PLAN)
+        pipe.submit(make_batch([7]), PLAN)
+        await until(lambda: len(done) == 1)
+        assert pipe.depth == 1 and children[0].sent == [[666]]  # [7] waits, not failed
+        children[0].restart_gate.set()
+        await until(lambda: len(done) == 2)
+
+    _, children, done = run_pipeline(scenario, workers=1)
+    assert isinstance(done[0][2], WorkerProcessExited) and done[1][0] == [7] and done[1][2] is None
+    assert children[0].restarts == 1
+
+
+def test_a_child_that_exits_while_idle_is_restarted_before_its_next_batch():
+    async def scenario(pipe, children, done):
+        children[0].exit()
+        await until(lambda: children[0].restarts == 1)
+        pipe.submit(make_batch([3]), PLAN)
+        await until(lambda: len(done) == 1)
+
+    _, children, done = run_pipeline(scenario, workers=1)
+    assert done[0][2] is None and done[0][1].predictions.tolist() == [3]
+
+
+def test_a_hung_child_fails_its_batch_at_the_timeout_and_is_replaced():
+    async def scenario(pipe, children, done):
+        children[0].hold = True
+        pipe.submit(make_batch([1]), PLAN)
+        await until(lambda: len(done) == 1, deadline_s=3)
+        children[0].hold = False
+        pipe.submit(make_batch([2]), PLAN)
+        await until(lambda: len(done) == 2)
+
+    _, children, done = run_pipeline(scenario, workers=1, timeout_s=0.2)
+    assert "answered no batch within 0.2 s" in str(done[0][2]) and children[0].kills == 1
+    assert children[0].restarts == 1 and done[1][2] is None
+
+
+def test_stop_finishes_what_it_can_and_fails_the_rest_exactly_once():
+    async def scenario(pipe, children, done):
+        children[0].hold = True
+        for i in range(3):
+            pipe.submit(make_batch([i]), PLAN)
+        await asyncio.to_thread(pipe.stop, 0.2)  # nothing answers: all three are failed by stop
+        assert pipe.depth == 0
+        with pytest.raises(RuntimeError, match="stopped"):
+            pipe.submit(make_batch([9]), PLAN)
+
+    _, _, done = run_pipeline(scenario, workers=1)
+    assert sorted(s[0] for s, _, _ in done) == [0, 1, 2]
+    assert all("stopped before the batch finished" in str(e) for _, _, e in done)
+
+
+def test_a_child_that_cannot_restart_fails_the_batches_sent_to_it_and_tries_again():
+    async def scenario(pipe, children, done):
+        child = children[0]
+        original = child.restart
+        attempts = []
+
+        def failing_restart():
+            attempts.append(1)
+            if len(attempts) == 1:
+                child.close()
+                raise WorkerProcessError("could not start: out of memory")
+            original()
+
+        child.restart = failing_restart
+        pipe.submit(make_batch([666]), PLAN)
+        await until(lambda: len(done) == 1 and len(attempts) == 1 and not pipe._restarts)
+        pipe.submit(make_batch([8]), PLAN)  # sent to the broken child: fails, and restarts it
+        await until(lambda: len(done) == 2 and len(attempts) == 2 and not pipe._restarts)
+        pipe.submit(make_batch([9]), PLAN)
+        await until(lambda: len(done) == 3)
+
+    _, _, done = run_pipeline(scenario, workers=1)
+    assert [e is None for _, _, e in done] == [False, False, True] and done[2][0] == [9]
+
+
+def test_submit_before_attach_is_refused():
+    pipe = ProcessPipeline(PipelineConfig(workers=1), lambda i: FakeChild(i), lambda *a: None)
+    with pytest.raises(RuntimeError, match="not started"):
+        pipe.submit(make_batch([1]), PLAN)
