@@ -18,8 +18,9 @@ def add_parser(sub) -> None:
                    help="comma-separated, hop 1 first, e.g. 15,10,5; for a heterogeneous dataset also a JSON "
                         "object per edge type, e.g. '{\"user__rates__item\": [10, 5], \"rev_rates\": [5, 5]}'")
     b.add_argument("--seeds", default="uniform",
-                   help="seed distribution: uniform (default), degree, or a request log (.npy or text of node "
-                        "ids, or .counts.npy of per-node counts as serve --seed-log writes; homogeneous datasets)")
+                   help="seed distribution: uniform (default), degree, or a request log: a .npy or text of node "
+                        "ids, or a .counts.npy of per-node counts as serve --seed-log writes; for a heterogeneous "
+                        "dataset the .counts.npz of counts per node type that its serve --seed-log writes")
     b.set_defaults(run=run_build)
 
 
@@ -77,7 +78,7 @@ def _build_typed(args) -> int:
         raise ConfigError(str(exc)) from exc
     out = tables.save(graph)
     print(json.dumps({
-        "tables": str(out), "build_s": round(tables.build_s, 3),
+        "tables": str(out), "seeds": tables.seed_key, "build_s": round(tables.build_s, 3),
         "psgs_mean": {t: float(np.asarray(v).mean()) for t, v in tables.psgs.items()},
         "psgs_max": {t: float(np.asarray(v).max(initial=0)) for t, v in tables.psgs.items()},
     }, indent=2))

@@ -269,10 +269,12 @@ class ServerConfig:
     # poll readiness stop routing here before requests are refused (0: refuse at once).
     unready_delay_s: float = setting(0.0, "on SIGTERM, report not-ready but keep serving this long before "
                                      "draining (longer than the balancer's health-check interval)")
-    # Per-node request counts written here (.counts.npy) every seed_log_interval_s and at
-    # stop, for `hybridgnn place --from-log`.
-    seed_log: Path | None = setting(None, "write per-node request counts here (a .counts.npy, every 60 s and at "
-                                    "stop) for `hybridgnn place --from-log`")
+    # Per-node request counts written here every seed_log_interval_s and at stop, for
+    # `hybridgnn place --from-log` and `workload build --seeds`: a .counts.npy, or for a
+    # heterogeneous dataset a .counts.npz of one counts array per node type.
+    seed_log: Path | None = setting(None, "write per-node request counts here (a .counts.npy; a .counts.npz of "
+                                    "one array per node type for a heterogeneous dataset), every 60 s and at "
+                                    "stop, for `hybridgnn place --from-log` and `workload build --seeds`")
     seed_log_interval_s: float = 60.0
     # Keep-alive connections idle this long between requests are closed.
     idle_timeout_s: float = setting(75.0, "close keep-alive connections idle this long between requests")
@@ -322,8 +324,9 @@ class ServerConfig:
                              f"got {self.repository_poll_s}")
         if not 0 <= self.shutdown_grace_s <= 60:
             raise ValueError(f"shutdown_grace_s must be within [0, 60], got {self.shutdown_grace_s}")
-        if self.seed_log is not None and not str(self.seed_log).endswith(".counts.npy"):
-            raise ValueError(f"the seed log must be a .counts.npy file, got {self.seed_log}")
+        if self.seed_log is not None and not str(self.seed_log).endswith((".counts.npy", ".counts.npz")):
+            raise ValueError(f"the seed log must be a .counts.npy file (a .counts.npz for a heterogeneous dataset), "
+                             f"got {self.seed_log}")
         if self.seed_log_interval_s <= 0:
             raise ValueError(f"seed_log_interval_s must be > 0, got {self.seed_log_interval_s}")
         if not 0 <= self.unready_delay_s <= 300:

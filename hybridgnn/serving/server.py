@@ -119,7 +119,9 @@ async def start_engines(cfg: ServeConfig, stats: ServingStats | None = None) -> 
     refuse_unfollowed_updates(cfg)
     from hybridgnn.graph.store import dataset_kind
 
-    if cfg.dataset_dir is not None and dataset_kind(cfg.dataset_dir) == "hetero":
+    hetero = cfg.dataset_dir is not None and dataset_kind(cfg.dataset_dir) == "hetero"
+    refuse_seed_log_of_the_other_kind(cfg, hetero)
+    if hetero:
         from hybridgnn.serving.core.hetero import open_hetero_engine
 
         return V2Service(await open_hetero_engine(cfg, stats))
@@ -166,6 +168,19 @@ async def start_server(cfg: ServeConfig, stats: ServingStats | None = None, *,
         await asyncio.shield(server.close())
         raise
     return server
+
+
+def refuse_seed_log_of_the_other_kind(cfg: ServeConfig, hetero: bool) -> None:
+    """ConfigError (at start, before any engine is built) when --seed-log names the other
+    kind of file: one counts array (.counts.npy) for a homogeneous dataset, one per node
+    type (.counts.npz) for a heterogeneous one."""
+    from hybridgnn.workload.tables import COUNTS_SUFFIX, TYPED_COUNTS_SUFFIX
+
+    log_path = cfg.server.seed_log
+    kind, want, holds = (("heterogeneous", TYPED_COUNTS_SUFFIX, "one counts array per node type") if hetero else
+                         ("homogeneous", COUNTS_SUFFIX, "one counts array"))
+    if log_path is not None and not str(log_path).endswith(want):
+        raise ConfigError(f"--seed-log {log_path}: the seed log of a {kind} dataset is a {want} file ({holds})")
 
 
 def refuse_unfollowed_updates(cfg: ServeConfig) -> None:

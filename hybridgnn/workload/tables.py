@@ -34,6 +34,8 @@ from hybridgnn.graph.store import DatasetError, GraphStore, load_arrays
 log = logging.getLogger(__name__)
 
 SEED_KINDS = ("uniform", "degree")
+COUNTS_SUFFIX = ".counts.npy"  # per-node request counts, as a homogeneous `serve --seed-log` writes them
+TYPED_COUNTS_SUFFIX = ".counts.npz"  # one counts array per node type, as a heterogeneous server writes them
 
 # The most expected sampled nodes per seed a table holds: a hundred million times below
 # float32's 3.4e38, so a float32 sum over any batch stays finite (the router, batcher,
@@ -112,12 +114,13 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
     path = Path(kind)
     if not path.is_file():
         raise ValueError(f"seed distribution must be one of {SEED_KINDS} or a request-log file; {kind!r} is neither")
-    if path.name.endswith(".counts.npy"):  # per-node request counts, as `serve --seed-log` writes
+    if path.name.endswith(TYPED_COUNTS_SUFFIX):
+        raise ValueError(f"seed counts {path} are a heterogeneous server's (one counts array per node type); "
+                         f"{graph.root} is homogeneous: give the {COUNTS_SUFFIX} its server's --seed-log wrote")
+    if path.name.endswith(COUNTS_SUFFIX):  # per-node request counts, as `serve --seed-log` writes
         counts = np.asarray(_request_log_array(path), dtype=np.float64).reshape(-1)
-        if counts.shape != (n,) or not np.isfinite(counts).all() or (counts < 0).any() or counts.sum() <= 0:
-            raise ValueError(f"seed counts {path} must hold {n} finite non-negative counts, not all zero")
-        digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
-        return counts / counts.sum(), f"log-{digest}"
+        p0 = counts_distribution(counts, n, f"seed counts {path}")
+        return p0, log_key(counts)
     if path.suffix == ".npy":
         ids = np.asarray(_request_log_array(path)).reshape(-1)
         if ids.size and ids.dtype.kind not in "iu":
@@ -136,8 +139,28 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
         raise ValueError(f"request log {path} has {int(outside.sum())} ids outside the graph's [0, {n}), the first "
                          f"{int(ids[np.argmax(outside)])}")
     counts = np.bincount(ids.astype(np.int64, copy=False), minlength=n).astype(np.float64)
-    digest = hashlib.sha256(counts.tobytes()).hexdigest()[:10]
-    return counts / counts.sum(), f"log-{digest}"
+    return counts / counts.sum(), log_key(counts)
+
+
+def counts_distribution(counts: np.ndarray, n: int, what: str) -> np.ndarray:
+    """p0 from per-node request counts (float64): each node's share of the requests.
+    ValueError (one line, naming `what` and the fault) unless they are n finite
+    non-negative counts, not all zero."""
+    fault = (f"it holds {counts.shape[0] if counts.ndim == 1 else counts.shape}" if counts.shape != (n,) else
+             "some are not finite" if not np.isfinite(counts).all() else
+             "some are negative" if (counts < 0).any() else
+             "all are zero" if counts.sum() <= 0 else None)
+    if fault is not None:
+        raise ValueError(f"{what} must hold {n} finite non-negative counts, not all zero: {fault}")
+    return counts / counts.sum()
+
+
+def log_key(*parts: np.ndarray | str) -> str:
+    """The key tables from a request log are stored under: a digest of its counts (float64)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part.tobytes())
+    return f"log-{h.hexdigest()[:10]}"
 
 
 def _request_log_array(path: Path) -> np.ndarray:

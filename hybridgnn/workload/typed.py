@@ -12,7 +12,9 @@ through every edge type into t, drawing min(deg_e(v), l_{k,e}) neighbours of eac
           (acc_t[u] = expected feature reads of node u of type t per request)
 
 K SpMVs per edge type each. One chain gives PSGS for every seed type at once; FAP is per
-seed type. The homogeneous tables (tables.py) are the one-type, one-edge-type case.
+seed type, p0 uniform, degree-weighted or from a server's seed log (a .counts.npz of request
+counts per node type, normalised per type as a homogeneous log). The homogeneous tables
+(tables.py) are the one-type, one-edge-type case.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +30,20 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from hybridgnn.capabilities import save_array
+from hybridgnn.capabilities import save_array, write_replacing
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.hetero import HeteroGraphStore, edge_type_key
+from hybridgnn.graph.store import load_arrays
 from hybridgnn.types import EdgeType
-from hybridgnn.workload.tables import PSGS_LIMIT, cached_table, hop_ratios
+from hybridgnn.workload.tables import (
+    COUNTS_SUFFIX,
+    PSGS_LIMIT,
+    TYPED_COUNTS_SUFFIX,
+    cached_table,
+    counts_distribution,
+    hop_ratios,
+    log_key,
+)
 
 TypedFanouts = dict[EdgeType, tuple[int, ...]]
 TYPED_SEED_KINDS = ("uniform", "degree")
@@ -175,8 +187,65 @@ def typed_seed_distribution(graph: HeteroGraphStore, seed_type: str, kind: str) 
         deg = sum((graph.edges[e].degrees().astype(np.float64) for e in graph.edge_types_into(seed_type)),
                   np.zeros(n))
         return deg / deg.sum() if deg.sum() > 0 else np.full(n, 1.0 / n)
-    raise ValueError(f"the seed distribution of a heterogeneous graph must be one of {TYPED_SEED_KINDS}, "
-                     f"got {kind!r}")
+    raise ValueError(f"the seed distribution of a heterogeneous graph must be one of {TYPED_SEED_KINDS} or a seed "
+                     f"log ({TYPED_COUNTS_SUFFIX}, as serve --seed-log writes), got {kind!r}")
+
+
+def write_typed_counts(path: Path, counts: Mapping[str, np.ndarray]) -> None:
+    """A heterogeneous server's seed log: an uncompressed .npz holding one array of per-node
+    request counts per node type, named by it (np.savez's layout, written entry by entry:
+    savez takes names as keywords, and a node type may be named `file`), replacing `path`
+    whole (temporary, fsync, rename)."""
+    def write(tmp: Path) -> None:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for node_type, values in counts.items():
+                with archive.open(f"{node_type}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.asarray(values), allow_pickle=False)
+
+    write_replacing(Path(path), write)
+
+
+def read_typed_counts(graph: HeteroGraphStore, path: str | Path) -> dict[str, np.ndarray]:
+    """The request counts (float64) per node type of a heterogeneous server's seed log, in
+    the graph's type order; ValueError in one line for a file that is not one of this graph's
+    (values are checked by counts_distribution)."""
+    path = Path(path)
+    if path.name.endswith(COUNTS_SUFFIX):
+        raise ValueError(f"seed counts {path} are a homogeneous server's (one counts array); {graph.root} is "
+                         f"heterogeneous: give the {TYPED_COUNTS_SUFFIX} (one counts array per node type) its "
+                         "server's --seed-log wrote")
+    if not path.name.endswith(TYPED_COUNTS_SUFFIX) or not path.is_file():
+        raise ValueError(f"the seed distribution of a heterogeneous graph must be one of {TYPED_SEED_KINDS} or a "
+                         f"seed log ({TYPED_COUNTS_SUFFIX}, as serve --seed-log writes); {str(path)!r} is neither")
+    arrays = load_arrays(path)  # without pickle; DatasetError (one line) for a file that is not an archive
+    if not isinstance(arrays, dict):
+        raise ValueError(f"seed counts {path}: an .npz archive of one counts array per node type was expected, not "
+                         "a .npy array")
+    if not arrays:
+        raise ValueError(f"seed counts {path} name no node type: the server counted no request")
+    unknown = [t for t in arrays if t not in graph.nodes]
+    if unknown:
+        raise ValueError(f"seed counts {path} name node type {unknown[0]!r}, which {graph.root} does not have (its "
+                         f"node types are {graph.node_types})")
+    out = {}
+    for t in graph.node_types:
+        if t in arrays:
+            if arrays[t].dtype.kind not in "biuf":
+                raise ValueError(f"seed counts of node type {t!r} in {path} must be numbers, got {arrays[t].dtype}")
+            out[t] = arrays[t].astype(np.float64)
+    return out
+
+
+def typed_seed_distributions(graph: HeteroGraphStore, seed: str | Path) -> tuple[dict[str, np.ndarray], str]:
+    """p0 per seed type and the key its FAP tables are stored under: 'uniform', 'degree', or
+    a seed log (.counts.npz): each logged type's counts normalised as a homogeneous log's,
+    a type the log does not name (no request was rooted there) uniform."""
+    if seed in TYPED_SEED_KINDS:
+        return {t: typed_seed_distribution(graph, t, str(seed)) for t in graph.node_types}, str(seed)
+    counts = read_typed_counts(graph, seed)
+    p0 = {t: (counts_distribution(counts[t], graph.num_nodes(t), f"seed counts of node type {t!r} in {seed}")
+              if t in counts else typed_seed_distribution(graph, t, "uniform")) for t in graph.node_types}
+    return p0, log_key(*(part for t, v in counts.items() for part in (t, v)))
 
 
 @dataclass
@@ -214,32 +283,33 @@ class TypedWorkloadTables:
         return d
 
     @classmethod
-    def build(cls, graph: HeteroGraphStore, fanouts, seed: str = "uniform") -> TypedWorkloadTables:
+    def build(cls, graph: HeteroGraphStore, fanouts, seed: str | Path = "uniform") -> TypedWorkloadTables:
         t0 = time.perf_counter()
         tf = typed_fanouts(graph.edge_types, fanouts)
+        p0, key = typed_seed_distributions(graph, seed)
         chain = _chain(graph, tf)
         psgs = compute_typed_psgs(graph, tf, chain=chain)
-        fap = {t: compute_typed_fap(graph, tf, t, typed_seed_distribution(graph, t, seed), chain=chain)
-               for t in graph.node_types}
-        return cls(tf, seed, psgs, fap, time.perf_counter() - t0)
+        fap = {t: compute_typed_fap(graph, tf, t, p0[t], chain=chain) for t in graph.node_types}
+        return cls(tf, key, psgs, fap, time.perf_counter() - t0)
 
     @classmethod
-    def load_or_build(cls, graph: HeteroGraphStore, fanouts, seed: str = "uniform", *,
+    def load_or_build(cls, graph: HeteroGraphStore, fanouts, seed: str | Path = "uniform", *,
                       save: bool = True) -> TypedWorkloadTables:
         """The tables stored beside the dataset, built (and saved) when absent or stale."""
         tf = typed_fanouts(graph.edge_types, fanouts)
         d = cls.directory(graph.root, tf)
         types = graph.node_types
+        key = str(seed) if seed in TYPED_SEED_KINDS else typed_seed_distributions(graph, seed)[1]
         try:
-            if (d / _graph_file(seed)).read_text().strip() != graph.fingerprint:
+            if (d / _graph_file(key)).read_text().strip() != graph.fingerprint:
                 raise ValueError("computed on another graph")
             # each table as the homogeneous ones are read: of its type's size, and finite and
             # >= 0 (float32 tables of an earlier version held inf past 55 hops of 5)
             psgs = {t: cached_table(d / f"psgs-{i}.npy", graph.num_nodes(t)) for i, t in enumerate(types)}
-            fap = {s: {t: cached_table(d / f"fap-{seed}-{si}-{i}.npy", graph.num_nodes(t)) for i, t in enumerate(types)}
+            fap = {s: {t: cached_table(d / f"fap-{key}-{si}-{i}.npy", graph.num_nodes(t)) for i, t in enumerate(types)}
                    for si, s in enumerate(types)}
             if all(v is not None for v in (*psgs.values(), *(v for f in fap.values() for v in f.values()))):
-                return cls(tf, seed, psgs, fap)
+                return cls(tf, key, psgs, fap)
         except (OSError, ValueError):
             pass
         tables = cls.build(graph, tf, seed)

@@ -173,6 +173,63 @@ def test_top_k_and_errors_that_name_the_field(served):
     asyncio.run(with_client(_config(dataset, path), check))
 
 
+def test_the_seed_log_of_a_served_hetero_graph_feeds_workload_build(served, tmp_path):
+    """serve --seed-log writes the requests' seeds per node type (node ids, both ends of
+    pairs, a top-k's seeds and candidates) at SIGTERM; workload build turns them into FAP
+    tables that put the requested nodes above what uniform seeds give them."""
+    import json
+    import subprocess
+    import sys
+
+    import requests
+
+    from hybridgnn.workload.typed import TypedWorkloadTables
+
+    graph, dataset, models = served
+    _, path, _ = models[0]
+    log = tmp_path / "seeds.counts.npz"
+    srv = ServerProcess(dataset, path, "--workers", "1", "--seed-log", str(log)).wait_ready()
+    want = {}
+
+    def counted(t, ids):
+        want.setdefault(t, np.zeros(graph.num_nodes(t), np.int64))
+        np.add.at(want[t], ids, 1)
+
+    try:
+        session = requests.Session()
+        s, d = [tuple(p) for p in session.get(f"{srv.url}/v2/models/hybridgnn", timeout=30).json()["parameters"]
+                ["link_types"]][0]
+        t, hot = graph.node_types[0], np.arange(5)
+        bodies = [_node(t, hot)] * 10 + [_pair(s, d, [0, 1], [1, 1])]
+        cands = np.arange(min(6, graph.num_nodes(d)))
+        bodies.append({"inputs": [{"name": "src_ids", "datatype": "INT64", "shape": [1], "data": [2]},
+                                  {"name": "candidate_ids", "datatype": "INT64", "shape": [len(cands)],
+                                   "data": cands.tolist()}], "parameters": {"src_type": s, "dst_type": d, "k": 2}})
+        for body in bodies:
+            r = session.post(f"{srv.url}/v2/models/hybridgnn/infer", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+        for _ in range(10):
+            counted(t, hot)
+        counted(s, [0, 1, 2])
+        counted(d, np.r_[[1, 1], cands])
+    finally:
+        assert srv.stop() == 0, srv.output()  # SIGTERM: the log is written at stop
+    with np.load(log, allow_pickle=False) as stored:
+        assert {k: stored[k].tolist() for k in stored.files} == {k: v.tolist() for k, v in want.items()}
+    done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "workload", "build",
+                           "--dataset", str(dataset), "--fanouts", "2,2", "--seeds", str(log)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    logged = TypedWorkloadTables.load_or_build(graph, [2, 2], log, save=False)
+    assert json.loads(done.stdout)["seeds"] == logged.seed_key
+    uniform = TypedWorkloadTables.build(graph, [2, 2], "uniform")
+    fap, flat = np.asarray(logged.fap[t][t]), np.asarray(uniform.fap[t][t])
+    # the requested nodes take 10/10 of type t's seeds (uniform: 5 of n), so most of the reads
+    assert fap[hot].sum() > 0.9 and fap[hot].sum() > 5 * flat[hot].sum()
+    cold = np.setdiff1d(np.arange(graph.num_nodes(t)), hot)
+    assert fap[cold].sum() < flat[cold].sum()
+
+
 def test_precomputed_mode_answers_nodes_pairs_and_a_whole_type_top_k(served, tmp_path):
     import shutil
 

@@ -195,6 +195,18 @@ def test_typed_psgs_past_the_table_limit_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
+def _hand_graph(path):
+    """Types a (a0, a1) and b (b0, b1); (b, writes, a): a0 lists [b0, b1], a1 none;
+    (a, rev, b): b0 lists [a0], b1 [a0, a1]."""
+    from hybridgnn.graph.hetero import write_hetero_dataset
+
+    writes, rev = ("b", "writes", "a"), ("a", "rev", "b")
+    root = write_hetero_dataset(
+        path, nodes={"a": {"features": np.zeros((2, 2), np.float32)}, "b": {"features": np.zeros((2, 2), np.float32)}},
+        edges={writes: (np.array([0, 2, 2]), np.array([0, 1])), rev: (np.array([0, 1, 3]), np.array([0, 0, 1]))})
+    return HeteroGraphStore.open(root)
+
+
 def test_typed_tables_of_a_hand_computed_graph_hold_the_exact_numbers(tmp_path):
     """Types a (a0, a1) and b (b0, b1). (b, writes, a): a0 lists [b0, b1], a1 none (deg 0);
     (a, rev, b): b0 lists [a0], b1 [a0, a1]. Fanouts 1, 1 for both: r_writes = [1/2, 0],
@@ -205,14 +217,7 @@ def test_typed_tables_of_a_hand_computed_graph_hold_the_exact_numbers(tmp_path):
     FAP of seed type a, p0 = [1/2, 1/2]: hop 1 reaches b: A_writesᵀ(r_writes·x_a) = [1/4, 1/4];
     hop 2 reaches a: A_revᵀ(r_rev·x_b) = [1/4 + 1/8, 1/8]; acc_a = [7/8, 5/8], acc_b = [1/4, 1/4]
     (sums to the mean PSGS of a, 2)."""
-    from hybridgnn.graph.hetero import write_hetero_dataset
-
-    writes, rev = ("b", "writes", "a"), ("a", "rev", "b")
-    root = write_hetero_dataset(
-        tmp_path / "h", nodes={"a": {"features": np.zeros((2, 2), np.float32)},
-                               "b": {"features": np.zeros((2, 2), np.float32)}},
-        edges={writes: (np.array([0, 2, 2]), np.array([0, 1])), rev: (np.array([0, 1, 3]), np.array([0, 0, 1]))})
-    graph = HeteroGraphStore.open(root)
+    graph = _hand_graph(tmp_path / "h")
     tables = TypedWorkloadTables.load_or_build(graph, [1, 1], "uniform")
     np.testing.assert_allclose(tables.psgs["a"], [3, 1], rtol=1e-6)
     np.testing.assert_allclose(tables.psgs["b"], [3, 5 / 2], rtol=1e-6)
@@ -245,3 +250,105 @@ def test_typed_degree_seeds_are_proportional_to_in_degree(academic):
     deg = sum(academic.edges[e].degrees().astype(np.float64) for e in academic.edge_types_into("paper"))
     np.testing.assert_allclose(typed_seed_distribution(academic, "paper", "degree"), deg / deg.sum())
     assert not np.allclose(deg, deg[0])  # so uniform seeds would differ
+
+
+def _log(path, **counts):
+    """A heterogeneous server's seed log: TypedSeedCounts counting these (type, ids), saved."""
+    from hybridgnn.serving.core.placement_refresh import TypedSeedCounts
+
+    seeds = TypedSeedCounts({"a": 2, "b": 2})
+    seeds.count((t, np.asarray(ids, np.int64)) for t, ids in counts.items())
+    seeds.save_seed_log(path)
+    return path
+
+
+def test_typed_tables_from_a_seed_log_hold_the_exact_numbers(tmp_path):
+    """The hand-computed graph above, seeds from a log: a counted [3, 1] (a0 three times),
+    b counted [0, 2]. Each type's p0 is its counts over their sum, as a homogeneous log's:
+    a: [3/4, 1/4], b: [0, 1]. PSGS does not depend on the seeds: a [3, 1], b [3, 5/2].
+    FAP of seed type a: hop 1 reaches b: A_writesᵀ(r_writes·p0) = A_writesᵀ[3/8, 0] = [3/8, 3/8];
+    hop 2 reaches a: A_revᵀ(r_rev·[3/8, 3/8]) = A_revᵀ[3/8, 3/16] = [9/16, 3/16];
+    acc_a = [3/4 + 9/16, 1/4 + 3/16] = [21/16, 7/16], acc_b = [3/8, 3/8] (sum 5/2 = 3/4·3 + 1/4·1).
+    FAP of seed type b: hop 1 reaches a: A_revᵀ(r_rev·[0, 1]) = A_revᵀ[0, 1/2] = [1/2, 1/2];
+    hop 2 reaches b: A_writesᵀ(r_writes·[1/2, 1/2]) = A_writesᵀ[1/4, 0] = [1/4, 1/4];
+    acc_b = [1/4, 5/4], acc_a = [1/2, 1/2] (sum 5/2, b1's PSGS)."""
+    graph = _hand_graph(tmp_path / "h")
+    log = _log(tmp_path / "seeds.counts.npz", a=[0, 0, 1, 0], b=[1, 1])
+    with np.load(log, allow_pickle=False) as stored:  # self-describing: one counts array per type, by name
+        assert {t: stored[t].tolist() for t in stored.files} == {"a": [3, 1], "b": [0, 2]}
+    tables = TypedWorkloadTables.build(graph, [1, 1], log)
+    assert tables.seed_key.startswith("log-")
+    np.testing.assert_allclose(tables.psgs["a"], [3, 1], rtol=1e-6)
+    np.testing.assert_allclose(tables.psgs["b"], [3, 5 / 2], rtol=1e-6)
+    np.testing.assert_allclose(tables.fap["a"]["a"], [21 / 16, 7 / 16], rtol=1e-6)
+    np.testing.assert_allclose(tables.fap["a"]["b"], [3 / 8, 3 / 8], rtol=1e-6)
+    np.testing.assert_allclose(tables.fap["b"]["b"], [1 / 4, 5 / 4], rtol=1e-6)
+    np.testing.assert_allclose(tables.fap["b"]["a"], [1 / 2, 1 / 2], rtol=1e-6)
+    # saved under the log's key beside the uniform tables, and read back for the same log
+    tables.save(graph)
+    uniform = TypedWorkloadTables.load_or_build(graph, [1, 1], "uniform")
+    np.testing.assert_allclose(uniform.fap["a"]["a"], [7 / 8, 5 / 8], rtol=1e-6)
+    again = TypedWorkloadTables.load_or_build(graph, [1, 1], log, save=False)
+    assert again.seed_key == tables.seed_key and isinstance(again.fap["b"]["b"], np.memmap)
+    np.testing.assert_allclose(again.fap["b"]["b"], [1 / 4, 5 / 4], rtol=1e-6)
+    # a type the log does not name (no request was rooted there) keeps the uniform seeds
+    # (a counted [1, 0]: hop 1 reaches b [1/2, 1/2], hop 2 a A_revᵀ[1/2, 1/4] = [3/4, 1/4]; sum 3, a0's PSGS)
+    only_a = TypedWorkloadTables.build(graph, [1, 1], _log(tmp_path / "a.counts.npz", a=[0]))
+    np.testing.assert_allclose(only_a.fap["a"]["a"], [7 / 4, 1 / 4], rtol=1e-6)
+    np.testing.assert_allclose(only_a.fap["a"]["b"], [1 / 2, 1 / 2], rtol=1e-6)
+    for t in ("a", "b"):
+        np.testing.assert_allclose(only_a.fap["b"][t], uniform.fap["b"][t], rtol=1e-6)
+    assert only_a.seed_key != tables.seed_key
+
+
+def _typed_counts(path, **arrays):
+    from hybridgnn.workload.typed import write_typed_counts
+
+    write_typed_counts(path, {t: np.asarray(v) for t, v in arrays.items()})
+    return path
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda p: np.save(p / "s.counts.npy", np.ones(2)) or p / "s.counts.npy",
+     r"are a homogeneous server's \(one counts array\); .* is heterogeneous: give the \.counts\.npz"),
+    (lambda p: np.save(p / "ids.npy", np.ones(2, np.int64)) or p / "ids.npy", r"or a seed log \(\.counts\.npz"),
+    (lambda p: p / "missing.counts.npz", "is neither"),
+    (lambda p: np.save(p / "x.npy", np.ones(2)) or (p / "x.npy").rename(p / "x.counts.npz"),
+     "an .npz archive of one counts array per node type was expected, not a .npy array"),
+    (lambda p: [(p / "g.counts.npz").write_bytes(b"garbage"), p / "g.counts.npz"][1], "no .npy or .npz header"),
+    (lambda p: _typed_counts(p / "e.counts.npz"), "name no node type: the server counted no request"),
+    (lambda p: _typed_counts(p / "c.counts.npz", a=[1, 1], c=[1]),
+     r"name node type 'c', which .* does not have \(its node types are \['a', 'b'\]\)"),
+    (lambda p: _typed_counts(p / "l.counts.npz", a=[1, 1, 1]),
+     r"seed counts of node type 'a' in .* must hold 2 finite non-negative counts, not all zero: it holds 3$"),
+    (lambda p: _typed_counts(p / "n.counts.npz", b=[1.0, -1.0]), r"type 'b' .*: some are negative$"),
+    (lambda p: _typed_counts(p / "f.counts.npz", a=[1.0, np.nan]), r"type 'a' .*: some are not finite$"),
+    (lambda p: _typed_counts(p / "i.counts.npz", a=[1.0, np.inf]), r"type 'a' .*: some are not finite$"),
+    (lambda p: _typed_counts(p / "z.counts.npz", a=[1, 0], b=[0, 0]), r"type 'b' .*: all are zero$"),
+    (lambda p: _typed_counts(p / "s.counts.npz", a=np.array(["x", "y"])), "must be numbers, got <U1"),
+])
+def test_a_seed_log_that_is_not_this_graphs_is_refused_in_one_line(tmp_path, make, match):
+    graph = _hand_graph(tmp_path / "h")
+    path = make(tmp_path)
+    with pytest.raises(ValueError, match=match) as info:  # ConfigError (a ValueError) for an unreadable file
+        TypedWorkloadTables.build(graph, [1, 1], path)
+    assert "\n" not in str(info.value)
+    assert not (graph.root / "workload").exists()
+
+
+def test_workload_build_from_a_seed_log_and_its_refusals_exit_2(tmp_path, capsys):
+    import json
+
+    from hybridgnn.cli.main import main
+
+    graph = _hand_graph(tmp_path / "h")
+    log = _log(tmp_path / "seeds.counts.npz", a=[0, 0, 1, 0], b=[1, 1])
+    assert main(["workload", "build", "--dataset", str(graph.root), "--fanouts", "1,1", "--seeds", str(log)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["seeds"].startswith("log-")
+    d = TypedWorkloadTables.directory(graph.root, typed_fanouts(graph.edge_types, [1, 1]))
+    np.testing.assert_allclose(np.load(d / f"fap-{report['seeds']}-0-0.npy"), [21 / 16, 7 / 16], rtol=1e-6)
+    for bad in (_typed_counts(tmp_path / "z.counts.npz", a=[0, 0]), tmp_path / "nothing.counts.npz"):
+        assert main(["workload", "build", "--dataset", str(graph.root), "--fanouts", "1,1", "--seeds", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hybridgnn workload: error: ") and err.count("\n") == 1, err

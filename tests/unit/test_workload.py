@@ -405,3 +405,8 @@ def test_request_log_bounds_and_counts_are_checked(skewed_graph, tmp_path):
         np.save(tmp_path / f"{name}.counts.npy", counts)
         with pytest.raises(ValueError, match="finite non-negative counts, not all zero"):
             seed_distribution(skewed_graph, str(tmp_path / f"{name}.counts.npy"))
+    # a heterogeneous server's log (one array per node type) was read as a text of ids
+    np.savez(tmp_path / "typed.counts.npz", v=good)
+    with pytest.raises(ValueError, match=r"are a heterogeneous server's \(one counts array per node type\); .* is "
+                                         r"homogeneous: give the \.counts\.npy"):
+        seed_distribution(skewed_graph, str(tmp_path / "typed.counts.npz"))

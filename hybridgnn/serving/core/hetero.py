@@ -99,6 +99,7 @@ class HeteroEngine(Admitting):
         from hybridgnn.models.hetero_checkpoint import open_hetero_model
         from hybridgnn.models.link import load_decoder
         from hybridgnn.pipelines.hetero import PrecomputedExecutor
+        from hybridgnn.serving.core.placement_refresh import TypedSeedCounts
         from hybridgnn.workload.typed import (
             TypedWorkloadTables,
             num_hops,
@@ -134,6 +135,9 @@ class HeteroEngine(Admitting):
             self.fanouts = {e: f[:self.model.num_layers] for e, f in self.fanouts.items()}
         self.cfg = cfg
         self.model_class, self.num_layers = config["class"], self.model.num_layers
+        # per-node request counts of each type, counted only for the seed log (--seed-log)
+        self._seed_counts = (TypedSeedCounts({t: graph.num_nodes(t) for t in graph.node_types})
+                             if cfg.server.seed_log is not None else None)
         t0 = time.perf_counter()
         self.tables = TypedWorkloadTables.load_or_build(graph, self.fanouts)
         log.info("typed PSGS/FAP tables ready in %.2fs", time.perf_counter() - t0)
@@ -290,7 +294,10 @@ class HeteroEngine(Admitting):
         raise LookupError("a heterogeneous server keeps no GPU feature cache")
 
     def save_seed_log(self, path) -> None:
-        """Nothing to save: no feature placement is planned for heterogeneous graphs."""
+        """Write the per-node request counts of every node type requests named (a .counts.npz
+        of one array per type, for `hybridgnn workload build --seeds`)."""
+        if self._seed_counts is not None:
+            self._seed_counts.save_seed_log(path)
 
     async def update_graph(self, update, waited_s: float = 0.0):
         raise Forbidden("graph updates are not served for heterogeneous graphs")
@@ -352,6 +359,8 @@ class HeteroEngine(Admitting):
         free = sum(w.workers - w.depth for w in self._workers.values())
         while self._waiting and free > 0:
             jobs = self._take()
+            if self._seed_counts is not None:  # once per batch started (a retry on the other pipeline is not counted)
+                self._seed_counts.count(seeds for j in jobs for seeds in j.query.seeds())
             psgs = sum(j.psgs for j in jobs)
             plan = self._router.route(psgs, {n: QueueLoad(w.depth, w.workers) for n, w in self._workers.items()})
             self._run(jobs, plan)

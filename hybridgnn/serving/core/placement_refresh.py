@@ -1,11 +1,13 @@
 """Seed counts and the live placement refresh (SIGHUP): which nodes requests named, and
-a GPU feature cache rebuilt from them while requests keep flowing."""
+a GPU feature cache rebuilt from them while requests keep flowing; on a heterogeneous
+graph, which nodes of each type (TypedSeedCounts, for the seed log only)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import numpy as np
 from hybridgnn.capabilities import DEVICE_GATE, write_replacing
 from hybridgnn.runtime.resources import Resources
 from hybridgnn.types import ServingStats
+from hybridgnn.workload.typed import write_typed_counts
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +75,24 @@ class PlacementRefresh:
         log.info("placement refreshed from %d counted requests in %.2fs: %d of %d cached rows kept",
                  report["requests_counted"], seconds, kept, cache.cached_rows)
         return report
+
+
+class TypedSeedCounts:
+    """Per-node request counts of each node type of a heterogeneous graph: the nodes its
+    samples are rooted at (a node request's ids, a pair's both ends, a top-k's seeds and
+    candidates), written as one .counts.npz for `hybridgnn workload build --seeds`."""
+
+    def __init__(self, num_nodes: dict[str, int]):
+        # every type's array made now: the writer's thread never sees the dict change size
+        self.counts = {t: np.zeros(n, dtype=np.int64) for t, n in num_nodes.items()}
+
+    def count(self, seeds: Iterable[tuple[str, np.ndarray]]) -> None:
+        """Count (node type, ids) pairs of validated requests (ids within their type)."""
+        for node_type, ids in seeds:
+            np.add.at(self.counts[node_type], ids, 1)
+
+    def save_seed_log(self, path) -> None:
+        """Write the counts of every node type a request named (atomically: temporary,
+        fsync, rename)."""
+        counts = {t: v.copy() for t, v in self.counts.items()}
+        write_typed_counts(Path(path), {t: v for t, v in counts.items() if v.any()})
