@@ -1,7 +1,8 @@
 """The loop-driven process pipeline over fake children (a pipe each, no processes): every
 batch reaches on_done exactly once, in submission order per free child; a failed batch
 leaves its child serving; an exited or hung child fails its batch and is restarted while
-waiting batches wait; stop fails what it cannot finish."""
+waiting batches wait; stop fails what it cannot finish. The errors come through process_pipeline: importing
+process.py itself is for tests that start children (test_test_layout)."""
 
 import asyncio
 import os
@@ -13,8 +14,11 @@ import numpy as np
 import pytest
 
 from hybridgnn.config import PipelineConfig
-from hybridgnn.pipelines.process import WorkerProcessError, WorkerProcessExited
-from hybridgnn.pipelines.process_pipeline import ProcessPipeline
+from hybridgnn.pipelines.process_pipeline import (
+    ProcessPipeline,
+    WorkerProcessError,
+    WorkerProcessExited,
+)
 from hybridgnn.types import Batch, BatchResult, RoutePlan, StageTimings
 
 PLAN = RoutePlan("cpu", 0.0, "only")
