@@ -252,6 +252,27 @@ def test_front_ends_hold_no_torch_and_little_memory(pair):
     assert frontend_pids(pair.proc.pid) == pids
 
 
+def test_true_or_false_among_numbers_is_a_400_naming_the_input_at_a_front_end(pair):
+    """A front end made an array of [true, 5] (1 and 5) and the engine served it."""
+    conn = http.client.HTTPConnection("127.0.0.1", pair.port, timeout=30)
+    try:
+        for ids in ([True, 5], [5, False]):
+            status, answer = post(conn, ids)
+            assert status == 400 and answer == {
+                "error": "input 'node_ids': 'data' must hold integers, not true/false"}, answer
+        new_nodes = {"inputs": [{"name": "features", "shape": [1, 2], "datatype": "FP32", "data": [[0.5, True]]},
+                                {"name": "edge_index", "shape": [2, 1], "datatype": "INT64", "data": [[-1], [3]]}]}
+        conn.request("POST", f"/v2/models/{MODEL}/infer", json.dumps(new_nodes).encode(),
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 400 and json.loads(r.read()) == {
+            "error": "input 'features': 'data' must hold numbers, not true/false"}
+        status, answer = post(conn, [1, 5])  # the same without them is served
+        assert status == 200, answer
+    finally:
+        conn.close()
+
+
 def test_the_held_port_refuses_a_taken_one_and_lets_front_ends_bind_beside_it():
     held = reserve_port("127.0.0.1", 0)
     try:

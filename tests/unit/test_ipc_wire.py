@@ -251,3 +251,15 @@ def test_json_data_too_deep_to_read_back_is_a_bad_request_not_a_broken_link(monk
     monkeypatch.setattr(wire, "loads", too_deep)
     with pytest.raises(BadRequest, match="nested too deeply"):
         wire.decode_infer(payload_of(frame)[2])
+
+
+@pytest.mark.parametrize("name, datatype, data, shape", [
+    ("node_ids", "INT64", [True, 5], [2]), ("node_ids", "INT32", [5, False], [2]),
+    ("edge_index", "INT64", [[1, 2], [True, 4]], [2, 2]), ("features", "FP32", [[1.5, True]], [1, 2])])
+def test_true_or_false_among_numbers_crosses_as_json_and_the_engine_refuses_it(name, datatype, data, shape):
+    # an array made here read them as 1 and 0, and the engine served the request
+    sent = Tensor(name, datatype, shape, data)
+    crossed = wire.decode_infer(payload_of(wire.encode_infer(1, InferInput("m", None, [sent])))[2]).inputs[0]
+    assert crossed.data == data
+    with pytest.raises(BadRequest, match=f"input '{name}': 'data' must hold .*, not true/false"):
+        decode_inputs([crossed], INPUTS, _ACCEPTED_INPUTS)

@@ -4,6 +4,8 @@ what names may cost once padded, and integers beyond INT64."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridgnn.errors import BadRequest, PayloadTooLarge
 from hybridgnn.serving.v2 import tensors
@@ -217,8 +219,62 @@ def test_binary_contents_longer_than_the_shape_are_refused():
 
 
 def test_booleans_are_not_features():
-    with pytest.raises(BadRequest, match="numbers only, found bool"):
+    with pytest.raises(BadRequest, match="must hold numbers, not true/false"):
         decode_tensor(Tensor("features", "FP32", [1, 2], data=[[True, False]]), ("FP32",), "matrix")
+
+
+def _every_input_spec():
+    """(request kind, input name, datatypes, layout) of every numeric input a request takes:
+    inference, heterogeneous inference and graph updates."""
+    from hybridgnn.serving.v2 import inference, typed
+    from hybridgnn.updates.requests import UPDATE_INPUTS
+
+    for kind, specs in (("infer", inference.INPUTS), ("typed", typed.INPUTS), ("update", UPDATE_INPUTS)):
+        for name, (datatypes, layout) in specs.items():
+            for datatype in datatypes:
+                if datatype != "BYTES":
+                    yield pytest.param(name, datatype, datatypes, layout, id=f"{kind}-{name}-{datatype}")
+
+
+def _shaped(layout: str, values: list) -> tuple[list, list]:
+    """(shape, data nested as it) of four values in a layout."""
+    if layout == "ids":
+        return [4], values
+    return [2, 2], [values[:2], values[2:]]  # matrix, pairs, edges
+
+
+@pytest.mark.parametrize("name, datatype, datatypes, layout", list(_every_input_spec()))
+@pytest.mark.parametrize("at", [0, 3])
+@pytest.mark.parametrize("flag", [True, False])
+def test_true_or_false_among_numbers_is_refused_in_every_numeric_input(name, datatype, datatypes, layout, at, flag):
+    # numpy made [true, 5] an int64 array [1, 5]: the request was served as if it said 1
+    values = [1, 2, 3, 4] if datatype != "FP32" else [0.5, 1.0, 2.0, 3.0]
+    values[at] = flag
+    shape, data = _shaped(layout, values)
+    kind = "numbers" if datatype == "FP32" else "integers"
+    with pytest.raises(BadRequest, match=f"input '{name}': 'data' must hold {kind}, not true/false"):
+        decode_tensor(Tensor(name, datatype, shape, data), datatypes, layout)
+    with pytest.raises(BadRequest, match="not true/false"):  # flat data of a 2-D shape too
+        decode_tensor(Tensor(name, datatype, shape, values), datatypes, layout)
+
+
+def test_the_same_numbers_without_a_boolean_still_decode():
+    assert decode_tensor(_ids([2], data=[1, 5]), ("INT64",), "ids").tolist() == [1, 5]
+    got = decode_tensor(Tensor("features", "FP32", [1, 2], data=[[1, 0.5]]), ("FP32",), "matrix")
+    assert got.tolist() == [[1.0, 0.5]]
+
+
+@given(values=st.lists(st.integers(-(1 << 63), (1 << 63) - 1) | st.floats(allow_nan=False, allow_infinity=False),
+                       min_size=1, max_size=12),
+       flag=st.booleans(), at=st.integers(0, 12), nested=st.booleans())
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+def test_a_boolean_anywhere_among_numbers_is_refused(values, flag, at, nested):
+    data = [*values[:at], flag, *values[at:]]
+    n = len(data)
+    t = Tensor("features", "FP32", [1, n], [data] if nested else data)
+    with pytest.raises(BadRequest, match="not true/false"):
+        decode_tensor(t, ("FP32",), "matrix")
+    assert decode_tensor(Tensor("features", "FP32", [1, n - 1], values), ("FP32",), "matrix").shape == (1, n - 1)
 
 
 def test_data_nested_as_another_shape_of_the_same_size_is_refused():

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 from hybridgnn.errors import BadRequest
-from hybridgnn.serving.v2.tensors import UnfitRows, fits_its_shape
+from hybridgnn.serving.v2.tensors import UnfitRows, fits_its_shape, holds_bool
 from hybridgnn.serving.v2.types import MISSING, Failure, InferAnswer, InferInput, Tensor
 
 # Front end -> engine
@@ -59,7 +59,8 @@ FRAME = struct.Struct("<IBI")  # length (kind + id + payload), kind, id
 HEAD = struct.Struct("<I")
 MAX_FRAME = 1 << 31  # a frame longer than this is a broken stream
 # dtypes an array input may arrive as: what np.asarray makes of a JSON list of numbers
-# (and bools, which the engine then refuses with its own message)
+# (and bools alone, which the engine then refuses with its own message; bools among
+# numbers cross as JSON, since the array would read them as 1 and 0)
 _LIST_DTYPES = {"<i8", "<u8", "<f8", "|b1"}
 _NUMERIC = {"INT64", "INT32", "FP32", "UINT64"}
 
@@ -150,7 +151,9 @@ def _list_array(t: Tensor) -> np.ndarray | None:
         arr = np.asarray(data)
     except (ValueError, OverflowError, TypeError):
         return None
-    return arr if arr.dtype.str in _LIST_DTYPES else None
+    if arr.dtype.str not in _LIST_DTYPES or (arr.dtype.kind != "b" and holds_bool(data, arr.ndim)):
+        return None  # true/false among numbers: the engine judges the list itself
+    return arr
 
 
 def encode_infer(rid: int, inp: InferInput) -> bytes:

@@ -5,6 +5,7 @@ gRPC hand in the same Tensor objects (serving/v2/types.py)."""
 from __future__ import annotations
 
 import math
+from itertools import chain
 
 import numpy as np
 
@@ -110,6 +111,8 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
             raise BadRequest(f"input {name!r}: 'data' must be a (nested) list of {kind}: {exc}") from exc
     allowed = "iuf" if datatype == "FP32" else "iu"
     if arr.size and arr.dtype.kind not in allowed:
+        if arr.dtype.kind == "b":
+            raise _not_numbers(name, kind)
         if arr.dtype.kind in "fO" and not isinstance(data, np.ndarray):
             # numpy makes ints past int64 float64 (beside floats) or object: named as themselves
             _refuse_beyond_int64(name, data)
@@ -121,6 +124,8 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
         # land in other places than the client put them
         raise BadRequest(f"input {name!r}: 'data' is nested as {list(arr.shape)}, not as its shape {shape}; send "
                          "it flat or nested as the shape")
+    if not isinstance(data, np.ndarray) and holds_bool(data, arr.ndim):
+        raise _not_numbers(name, kind)
     if arr.dtype.kind == "u" and out_dtype is np.int64 and arr.size and (top := int(arr.max())) > _INT64_MAX:
         raise _beyond_int64(name, top)
     # Past float32's range a value becomes inf, which the features' checks refuse (400);
@@ -128,6 +133,20 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
     with np.errstate(over="ignore"):
         arr = arr.astype(out_dtype).reshape(-1)
     return arr.reshape(shape) if layout != "ids" else arr
+
+
+def holds_bool(data: list, ndim: int) -> bool:
+    """Whether JSON data that numpy made a numeric array of `ndim` dimensions holds true or
+    false: beside numbers numpy reads them as 1 and 0 (its array's dtype does not tell).
+    Each element's type is compared in C (map, chain), not in a Python loop."""
+    values = data
+    for _ in range(ndim - 1):
+        values = chain.from_iterable(values)
+    return bool in map(type, values)
+
+
+def _not_numbers(name: str, kind: str) -> BadRequest:
+    return BadRequest(f"input {name!r}: 'data' must hold {kind}, not true/false")
 
 
 def _length_fits(shape: list, count: int, n: int) -> bool:
