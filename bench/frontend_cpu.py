@@ -212,7 +212,7 @@ def wide_model(dataset: Path, hidden: int) -> Path:
     if not (model / "embeddings").exists():
         cli = [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING"]
         subprocess.run([*cli, "train", "--dataset", str(dataset), "--out", str(model), "--hidden-dim", str(hidden),
-                        "--epochs", "1"], check=True)
+                        "--epochs", "1", "--force"], check=True)  # a model left without embeddings: trained again
         subprocess.run([*cli, "precompute", "--dataset", str(dataset), "--model", str(model)], check=True)
     return model
 

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
+from hybridgnn.cli.outputs import check_out, staged_directory
 from hybridgnn.config import SMALL_JSON_BYTES, read_json
+
+FORCE_HELP = "replace --out when it already holds something (once the new model directory is whole)"
 
 
 def add_parser(sub) -> None:
@@ -27,6 +30,7 @@ def add_parser(sub) -> None:
     e.add_argument("--weights", type=user_path, required=True, help="state_dict file (torch.save(model.state_dict()))")
     e.add_argument("--out", type=user_path, required=True, help="model directory to write")
     e.add_argument("--fanouts", default=None, help="serving default, one per layer, e.g. 10,5 (default: 10 per layer)")
+    e.add_argument("--force", action="store_true", help=FORCE_HELP)
     e.set_defaults(run=run_export)
 
     c = actions.add_parser("check", help="rebuild a model directory's model and verify its golden outputs",
@@ -61,6 +65,7 @@ def run_export(args) -> int:
     from hybridgnn.errors import ConfigError
     from hybridgnn.models.checkpoint import load_tensors, save_model
 
+    check_out(args.out, directory=True, staged=True, force=args.force)  # before the model is built, not after
     model = _factory(args.factory)()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{args.factory} returned a {type(model).__name__}, not a torch.nn.Module")
@@ -73,8 +78,9 @@ def run_export(args) -> int:
         raise ConfigError(f"weights in {args.weights} do not fit the model {args.factory} builds: "
                           f"{' '.join(str(exc).split())[:300]}") from exc
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
-    out = save_model(model, args.out, fanouts=fanouts)
-    return _print_summary(out)
+    with staged_directory(args.out, "exporting") as staging:  # moved in whole: never half a model at --out
+        save_model(model, staging, fanouts=fanouts)
+    return _print_summary(args.out)
 
 
 def run_check(args) -> int:

@@ -132,7 +132,7 @@ def staged_directory(out: Path, action: str) -> Iterator[Path]:
 
 # The actions of the commands that stage (their hidden siblings' names), and the old output
 # moved aside: what _remove_orphans may remove.
-STAGED_ACTIONS = ("generating", "importing", "placing", "replaced")
+STAGED_ACTIONS = ("generating", "importing", "placing", "training", "exporting", "replaced")
 
 
 def _remove_orphans(out: Path) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
-from hybridgnn.cli.outputs import check_out
+from hybridgnn.cli.outputs import check_out, staged_directory
+
+FORCE_HELP = "replace --out when it already holds something (once the new model directory is whole)"
 
 
 def add_parser(sub) -> None:
@@ -23,6 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=512, help="seeds per training batch")
     p.add_argument("--lr", type=float, default=0.005, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(run=run)
 
 
@@ -35,11 +38,12 @@ def run(args) -> int:
     cfg = TrainConfig(kind=args.kind, hidden_dim=args.hidden_dim, num_layers=args.num_layers, heads=args.heads,
                       dropout=args.dropout, fanouts=parse_fanouts(args.fanouts), epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, seed=args.seed)
-    check_out(args.out, directory=True)  # before training, not after it
+    check_out(args.out, directory=True, staged=True, force=args.force)  # before training, not after it
     graph = GraphStore.open(args.dataset)
     model, metrics = train(graph, cfg)
-    save_checkpoint(model, args.out, extra={"dataset_fingerprint": graph.fingerprint,
-                                            "fanouts": list(cfg.fanouts), "metrics": metrics})
+    with staged_directory(args.out, "training") as staging:  # moved in whole: never half a model at --out
+        save_checkpoint(model, staging, extra={"dataset_fingerprint": graph.fingerprint,
+                                               "fanouts": list(cfg.fanouts), "metrics": metrics})
     print(json.dumps({"model": str(args.out), "val_acc": metrics["val_acc"], "test_acc": metrics["test_acc"],
                       "train_s": round(metrics["train_s"], 2)}, indent=2))
     return 0

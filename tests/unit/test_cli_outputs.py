@@ -16,6 +16,7 @@ class WorkStarted(Exception):
 @pytest.fixture(autouse=True)
 def _no_work(monkeypatch):
     """Each command's long work raises WorkStarted: a refusal must come before it."""
+    import hybridgnn.cli.model
     import hybridgnn.demo
     import hybridgnn.graph.generate
     import hybridgnn.graph.hetero_generate
@@ -27,6 +28,7 @@ def _no_work(monkeypatch):
         raise WorkStarted
 
     for module, name in ((hybridgnn.demo, "ensure_demo"), (hybridgnn.models.train, "train"),
+                         (hybridgnn.cli.model, "_factory"),
                          (hybridgnn.profiling.profile, "build_profile"), (hybridgnn.graph.generate, "generate_csbm"),
                          (hybridgnn.graph.generate, "generate_powerlaw"),
                          (hybridgnn.graph.hetero_generate, "generate_hetero"),
@@ -46,6 +48,7 @@ def dataset(tmp_path_factory) -> Path:
 def _commands(dataset: Path, out: Path) -> dict[str, list[str]]:
     return {
         "train": ["train", "--dataset", str(dataset), "--out", str(out)],
+        "export": ["model", "export", "--factory", "m:build", "--weights", "w.pt", "--out", str(out)],
         "profile": ["profile", "--out", str(out)],
         "generate": ["dataset", "generate", "csbm", "--out", str(out)],
         "hetero": ["dataset", "generate", "hetero", "--out", str(out)],
@@ -60,7 +63,7 @@ def _refused(argv, capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("command", ["train", "profile", "generate", "hetero", "place"])
+@pytest.mark.parametrize("command", ["train", "export", "profile", "generate", "hetero", "place"])
 def test_out_under_a_file_is_refused_before_the_work(command, dataset, tmp_path, capsys):
     taken = tmp_path / "a_file"
     taken.write_text("mine\n")
@@ -70,7 +73,7 @@ def test_out_under_a_file_is_refused_before_the_work(command, dataset, tmp_path,
     assert taken.read_text() == "mine\n"
 
 
-@pytest.mark.parametrize("command", ["train", "generate", "hetero", "place"])
+@pytest.mark.parametrize("command", ["train", "export", "generate", "hetero", "place"])
 def test_a_file_where_the_output_directory_goes_is_refused_before_the_work(command, dataset, tmp_path, capsys):
     taken = tmp_path / "a_file"
     taken.write_text("mine\n")
@@ -97,7 +100,7 @@ def test_the_default_profile_folder_is_checked_before_profiling(tmp_path, capsys
     assert "hybridgnn profile: error: cannot use profiles: Not a directory" in err
 
 
-@pytest.mark.parametrize("command", ["train", "profile", "generate", "place"])
+@pytest.mark.parametrize("command", ["train", "export", "profile", "generate", "place"])
 def test_a_folder_that_cannot_be_written_is_refused_before_the_work(command, dataset, tmp_path, capsys, monkeypatch):
     """chmod does not stop root (who runs these tests in CI): the check asks os.access, so
     a folder it says no to stands in for a read-only one."""
@@ -312,7 +315,7 @@ def test_a_link_at_out_is_followed_and_stays(command, real_generators, plan_data
     assert sorted(p.name for p in target.parent.iterdir()) == ["out"]
 
 
-@pytest.mark.parametrize("command", ["generate", "place"])
+@pytest.mark.parametrize("command", ["generate", "place", "train", "export"])
 def test_out_through_a_link_checks_the_folder_it_is_made_in(command, dataset, tmp_path, capsys, monkeypatch):
     locked = tmp_path / "locked"
     (locked / "out").mkdir(parents=True)
@@ -324,7 +327,7 @@ def test_out_through_a_link_checks_the_folder_it_is_made_in(command, dataset, tm
     assert f"error: cannot use {locked}: Permission denied" in err, err
 
 
-@pytest.mark.parametrize("command", ["generate", "place"])
+@pytest.mark.parametrize("command", ["generate", "place", "train", "export"])
 def test_out_that_is_or_holds_the_working_directory_is_refused(command, dataset, tmp_path, capsys, monkeypatch):
     """--out . was replaced whole: generate then read `.` (the removed directory it still
     stood in) and failed after writing; place failed on renaming `.`."""
@@ -339,7 +342,7 @@ def test_out_that_is_or_holds_the_working_directory_is_refused(command, dataset,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"] and (work / "sub").is_dir()
 
 
-@pytest.mark.parametrize("command", ["generate", "place"])
+@pytest.mark.parametrize("command", ["generate", "place", "train", "export"])
 def test_a_mount_point_at_out_is_refused_before_the_work(command, dataset, tmp_path, capsys, monkeypatch):
     """A volume mounted at --out cannot be renamed: the whole output was made beside it (on
     the filesystem above), then the move failed with "Device or resource busy". A bind
@@ -360,3 +363,84 @@ def test_a_mount_point_at_out_is_refused_before_the_work(command, dataset, tmp_p
     assert "is a mount point" in _refused(_commands(dataset, volume)[command], capsys)
     with pytest.raises(WorkStarted):  # a directory inside it is made and moved as any other
         main(_commands(dataset, volume / "out")[command])
+
+
+# --- model directories: train and model export ------------------------------------------
+
+FACTORY = """
+from torch_geometric.nn.models import GraphSAGE
+
+
+def build():
+    return GraphSAGE(4, 8, 2, 2)
+"""
+
+
+def _model_commands(dataset: Path, out: Path, tmp_path: Path, monkeypatch) -> dict[str, list[str]]:
+    """train and model export of small models into `out` (export's factory and weights made
+    in tmp_path, the working directory)."""
+    import sys
+
+    import torch
+
+    (tmp_path / "small_factory_mod.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "small_factory_mod", raising=False)
+    import small_factory_mod
+
+    torch.save(small_factory_mod.build().state_dict(), tmp_path / "w.pt")
+    return {"train": ["train", "--dataset", str(dataset), "--out", str(out), "--epochs", "1", "--hidden-dim", "4",
+                      "--fanouts", "2,2"],
+            "export": ["model", "export", "--factory", "small_factory_mod:build", "--weights", "w.pt",
+                       "--out", str(out), "--fanouts", "2,2"]}
+
+
+@pytest.mark.parametrize("command", ["train", "export"])
+def test_a_model_directory_is_replaced_only_with_force_and_then_whole(command, real_generators, plan_dataset,
+                                                                      tmp_path, capsys, monkeypatch):
+    """train and model export wrote over an existing --out file by file, without --force:
+    another model's weights (and its precomputed embeddings, kept beside them) were lost
+    to a command run twice on one path."""
+    import json
+
+    out = tmp_path / "m"
+    argv = _model_commands(plan_dataset, out, tmp_path, monkeypatch)[command]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == str(out)
+    (out / "embeddings").mkdir()  # what precompute kept beside the weights
+    before = _tree(out)
+    name = "model" if command == "export" else "train"
+    err = _refused(argv, capsys)
+    assert f"hybridgnn {name}: error: {out} already exists; pass --force to replace it" in err, err
+    assert _tree(out) == before and (out / "embeddings").is_dir()
+    assert main([*argv, "--force"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == str(out)
+    assert not (out / "embeddings").exists() and {"config.json", "model.pt", "golden.pt"} <= set(_tree(out))
+    assert main(["model", "check", str(out)]) == 0
+    leftover = {p.name for p in tmp_path.iterdir()} - {"g", "m", "w.pt", "small_factory_mod.py", "__pycache__"}
+    assert leftover == set()  # nothing left beside it
+
+
+@pytest.mark.parametrize("command", ["train", "export"])
+def test_an_interrupted_model_write_leaves_the_old_model_whole(command, real_generators, plan_dataset, tmp_path,
+                                                               capsys, monkeypatch):
+    import hybridgnn.models.checkpoint
+
+    out = tmp_path / "m"
+    argv = _model_commands(plan_dataset, out, tmp_path, monkeypatch)[command]
+    assert main(argv) == 0
+    before = _tree(out)
+    written = []
+
+    def interrupted(path, *_a, **_kw):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model.pt").write_bytes(b"half")
+        written.append(Path(path))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hybridgnn.models.checkpoint, "write_replacing", lambda p, _w: interrupted(Path(p).parent))
+    assert main([*argv, "--force"]) == 130
+    assert written and written[0] != out and written[0].parent == out.parent
+    assert _tree(out) == before
+    assert not any(p.name.startswith(".m.") for p in tmp_path.iterdir())
