@@ -66,8 +66,9 @@ PANELS: list[tuple[str, list[tuple]]] = [
          "serves several).", "reqps",
          [(f"sum by (model, version) ({rate('hybridgnn_requests_total')})", "{{model}} v{{version}}")],
          "timeseries"),
-        ("Rejected requests", ("Requests refused before admission: overload (429), draining (503), and reads "
-         "behind their min_graph_version (503)."), "reqps",
+        ("Rejected requests", ("Requests refused before admission: overload (429), draining (503), reads "
+         "behind their min_graph_version (503), and gRPC calls past the cap on those in flight "
+         "(grpc_call_cap: RESOURCE_EXHAUSTED)."), "reqps",
          [(f"sum by (reason) ({rate('hybridgnn_rejected_requests_total')})", "{{reason}}")], "timeseries"),
     ]),
     ("Latency", [

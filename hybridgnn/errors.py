@@ -131,6 +131,11 @@ class Overloaded(ServingError):
     prefix = "server overloaded: "
 
 
+# The refusal reason (metrics) of a gRPC call past the cap on calls in flight
+# (serving/grpc/schema.call_cap): an overload that grpcio's server answers itself.
+GRPC_CALL_CAP = "grpc_call_cap"
+
+
 class Draining(ServingError):
     """The server is starting or shutting down and takes no new work (503 + Retry-After)."""
 

@@ -314,8 +314,10 @@ class ServingStats:
     def batch_failed(self, pipeline: str) -> None:
         """A batch failed on `pipeline`."""
 
-    def refused(self, reason: str) -> None:
-        """A request was refused before admission (overload, draining)."""
+    def refused(self, reason: str, count: int = 1) -> None:
+        """`count` requests were refused before admission (overload, draining, behind, or
+        grpc_call_cap: gRPC calls past the cap on those in flight). A count of 0 makes the
+        reason's series, at zero."""
 
     def answered(self, status: int, seeds: int = 0) -> None:
         """An inference request was answered with `status` (and `seeds` rows on success)."""

@@ -275,10 +275,11 @@ def _open_lookups(specs: list[dict], bound_s: float, link: EngineLink) -> HttpLo
 _GRPC_GONE = ("UNAVAILABLE", _UNANSWERED, (("retry-after", RETRY["Retry-After"]),), b"")
 
 
-async def start_grpc(link: EngineLink, setup: dict, share: int):
+async def start_grpc(link: EngineLink, setup: dict, share: int, refused):
     """gRPC on setup's port beside the other front ends (SO_REUSEPORT): each call's bytes
     go to the engine's process as received, which decodes, serves and encodes it; its
-    answer (the response's bytes, or a status code and message) ends the call here."""
+    answer (the response's bytes, or a status code and message) ends the call here.
+    refused() is called for each call refused past `share` in flight (schema.call_cap)."""
     import grpc
 
     from hybridgnn.capabilities import connection_limit
@@ -292,7 +293,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
     )
 
     share = connection_limit(share, 2, "gRPC's share of --max-connections")  # beside HTTP, in one process
-    capped, backstop = call_cap(share)
+    capped, backstop = call_cap(share, refused)
     server = grpc.aio.server(options=server_options(setup["max_body_bytes"], share, setup["idle_timeout_s"],
                                                     reuse_port=True),
                              maximum_concurrent_rpcs=backstop, interceptors=access_interceptors(setup.get("access_log")))
@@ -324,7 +325,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int):
     return server
 
 
-def _report(http: HttpServer, link: EngineLink) -> dict:
+def _report(http: HttpServer, link: EngineLink, grpc_refused: int) -> dict:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     try:
         with open("/proc/self/statm") as f:
@@ -332,7 +333,7 @@ def _report(http: HttpServer, link: EngineLink) -> dict:
     except (OSError, ValueError, IndexError):
         rss = 0
     return {"pid": os.getpid(), "connections": len(http.connections), "refused_connections": http.refused_connections,
-            "requests": link.sent, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_bytes": rss}
+            "requests": link.sent, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_bytes": rss, wire.GRPC_REFUSED: grpc_refused}
 
 
 async def serve(path: str, index: int) -> int:
@@ -370,8 +371,14 @@ async def serve(path: str, index: int) -> int:
                       listeners=2 if setup.get("grpc_port") is not None else 1,
                       access_log=setup.get("access_log", False))
     await http.start(setup["host"], setup["port"], reuse_port=True)
-    grpc_server = (await start_grpc(link, setup, setup["max_connections"]) if setup.get("grpc_port") is not None
-                   else None)
+    grpc_refused = 0  # calls refused past this front end's gRPC cap; the engine counts them from its reports
+
+    def refused_call() -> None:
+        nonlocal grpc_refused
+        grpc_refused += 1
+
+    grpc_server = (await start_grpc(link, setup, setup["max_connections"], refused_call)
+                   if setup.get("grpc_port") is not None else None)
     link.note(wire.json_frame(wire.LISTENING, 0, {"port": http.port}))
 
     async def report() -> None:
@@ -382,7 +389,7 @@ async def serve(path: str, index: int) -> int:
                 link.note(api.report())
             await asyncio.sleep(wire.KEEPALIVE_S)
 
-    api.report = lambda: wire.json_frame(wire.STATS, 0, _report(http, link))
+    api.report = lambda: wire.json_frame(wire.STATS, 0, _report(http, link, grpc_refused))
     reporter = loop.create_task(report())
     await stop.wait()
     reporter.cancel()

@@ -242,8 +242,8 @@ class Telemetry(ServingStats):
     def batch_failed(self, pipeline: str) -> None:
         self._child(self.batch_errors, pipeline).inc()
 
-    def refused(self, reason: str) -> None:
-        self._child(self.rejected, reason).inc()
+    def refused(self, reason: str, count: int = 1) -> None:
+        self._child(self.rejected, reason).inc(count)
 
     def answered(self, status: int, seeds: int = 0) -> None:
         self._child(self.requests, self.model, self.version, str(status)).inc()

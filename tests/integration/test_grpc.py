@@ -226,6 +226,16 @@ def test_the_access_log_has_a_line_per_http_and_grpc_answer(server):
     assert re.search(rf'{peer} "GET /v2/nosuch HTTP/1.1" 404 \d+ [\d.]+ms {tag}-404\n', out)
 
 
+def _rejected(url: str, reason: str) -> float:
+    """hybridgnn_rejected_requests_total{reason} as a server's /metrics shows it (None: no such series)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.server import metrics_text
+
+    return next((s.value for f in text_string_to_metric_families(metrics_text(url)) for s in f.samples
+                 if s.name == "hybridgnn_rejected_requests_total" and s.labels == {"reason": reason}), None)
+
+
 # Two ways a call is refused for overload: admission (here one request in flight at most,
 # and a 2 s batching window holds it, long enough for all six calls to arrive on a loaded
 # machine), and the cap on gRPC calls in flight (half of
@@ -280,5 +290,13 @@ def test_overload_is_resource_exhausted_with_retry_after(tiny_dataset, tiny_mode
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 assert "overloaded" in details, details
                 assert int(trailing.get("retry-after", "0")) >= 1, (details, trailing)
+        # the cap's refusals are counted (with front ends, from their reports: within a second)
+        capped = sum("gRPC calls are in flight" in details for _, details, _ in outcomes)
+        assert (capped > 0) == (overload == "calls"), outcomes
+        deadline = time.monotonic() + 10
+        while (counted := _rejected(srv.url, "grpc_call_cap")) is not None and counted < capped \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)  # poll interval, bounded by the deadline
+        assert counted == capped, (counted, outcomes)  # a series from the first scrape, at zero too
     finally:
         assert srv.stop() == 0, srv.output()

@@ -146,6 +146,43 @@ def test_front_end_counters_never_go_down_across_its_restarts():
     assert back[1]["requests"] == 0 and not back[1]["up"]
 
 
+def test_grpc_calls_refused_at_front_ends_are_counted_by_the_engine_across_restarts():
+    """Each front end's gRPC call-cap refusals reached no series: the engine now adds what
+    each report says is new to hybridgnn_rejected_requests_total{reason="grpc_call_cap"}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hybridgnn.telemetry.metrics import Telemetry
+
+    class NoService:
+        repository = object()
+
+    stats = Telemetry()
+    hub = Frontends(type("FakeApi", (), {"service": NoService(), "engine": type("E", (), {"stats": stats})()})(),
+                    cfg=None, count=2)
+
+    async def linked() -> FrontendLink:
+        return FrontendLink(hub)
+
+    def report(link: FrontendLink, refused: int) -> None:
+        frame = wire.json_frame(wire.STATS, 0, {"requests": 1, wire.GRPC_REFUSED: refused})
+        link._on_message(wire.STATS, 0, memoryview(frame)[wire.FRAME.size:])
+
+    def counted() -> float:
+        text = stats.exposition()[0].decode()
+        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name == "hybridgnn_rejected_requests_total" and s.labels == {"reason": "grpc_call_cap"}), 0)
+
+    first, second = asyncio.run(linked()), asyncio.run(linked())
+    report(first, 0)
+    report(first, 3)
+    report(first, 3)  # nothing new
+    report(second, 2)
+    assert counted() == 5
+    first._on_lost(None)
+    report(asyncio.run(linked()), 4)  # front end 0 started again: its new process counts from zero
+    assert counted() == 9
+
+
 def test_auto_front_ends_follow_the_cores():
     assert [frontends_for(None, c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8]
     assert frontends_for(3, 2) == 3

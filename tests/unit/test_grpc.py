@@ -143,3 +143,50 @@ def test_typed_contents_are_taken_up_to_the_decoders_own_limits(typed):
             [8] * m + [0] * m)
     asyncio.run(GrpcFrontend(service).model_infer(req, None))
     assert [len(t.data) for t in taken[0].inputs] == [2, m if typed else 2 * m]
+
+
+def test_a_call_past_the_cap_is_refused_with_retry_after_and_counted():
+    """The cap's refusals reached no metric: an operator saw RESOURCE_EXHAUSTED at clients
+    and nothing on the dashboard."""
+    import asyncio
+
+    import grpc
+
+    from hybridgnn.serving.grpc.schema import call_cap
+
+    refusals = []
+    wrap, backstop = call_cap(2, lambda: refusals.append(1))
+    assert backstop == 4
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        trailing = ()
+
+        def set_trailing_metadata(self, metadata):
+            self.trailing = tuple(metadata)
+
+        async def abort(self, code, details):
+            raise Aborted(code, details)
+
+    async def main():
+        release = asyncio.Event()
+
+        async def handle(request, context):
+            await release.wait()
+            return request
+
+        call = wrap(handle)
+        held = [asyncio.ensure_future(call(i, Context())) for i in range(2)]
+        await asyncio.sleep(0)  # both in flight
+        context = Context()
+        with pytest.raises(Aborted) as refused:
+            await call(2, context)
+        assert refused.value.args[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 gRPC calls" in refused.value.args[1]
+        assert dict(context.trailing)["retry-after"] == "1" and len(refusals) == 1
+        release.set()
+        assert await asyncio.gather(*held) == [0, 1]
+        assert await call(3, Context()) == 3 and len(refusals) == 1  # room again: served, nothing counted
+
+    asyncio.run(main())

@@ -8,6 +8,8 @@ protoc): the protocol's subset this server implements, nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from google.protobuf import descriptor_pb2, descriptor_pool
 
 try:  # protobuf >= 4.22
@@ -175,13 +177,14 @@ def server_options(max_body_bytes: int, max_connections: int, idle_timeout_s: fl
             ("grpc.max_connection_idle_ms", min(2**31 - 1, max(1, round(idle_timeout_s * 1000))))]  # a C int
 
 
-def call_cap(cap: int):
+def call_cap(cap: int, refused: Callable[[], None] | None = None):
     """(wrap, backstop): wrap(handler) serves a gRPC server's calls (unary, bytes in) with
     at most `cap` in flight among every handler it wraps, and refuses one past it as
     admission refuses overload: RESOURCE_EXHAUSTED with `retry-after` in the trailing
-    metadata. grpcio's own cap (maximum_concurrent_rpcs) answers RESOURCE_EXHAUSTED with
-    no metadata at all, so a client could not tell when to retry; it stays as a backstop,
-    at `backstop` (twice the cap), against calls arriving faster than these refusals end."""
+    metadata; refused() is called for each one refused (it is counted). grpcio's own cap
+    (maximum_concurrent_rpcs) answers RESOURCE_EXHAUSTED with no metadata at all, so a
+    client could not tell when to retry; it stays as a backstop, at `backstop` (twice the
+    cap), against calls arriving faster than these refusals end."""
     import grpc
 
     from hybridgnn.errors import RETRY_AFTER_S
@@ -195,6 +198,8 @@ def call_cap(cap: int):
         async def call(request, context):
             nonlocal in_flight
             if in_flight >= cap:
+                if refused is not None:
+                    refused()
                 context.set_trailing_metadata((("retry-after", retry_after),))
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
             in_flight += 1

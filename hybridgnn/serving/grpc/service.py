@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from hybridgnn.capabilities import connection_limit
-from hybridgnn.errors import BadRequest, PayloadTooLarge, status_of
+from hybridgnn.errors import GRPC_CALL_CAP, BadRequest, PayloadTooLarge, status_of
 from hybridgnn.serving.grpc.access import access_interceptors
 from hybridgnn.serving.grpc.schema import (
     DATA_TYPES,
@@ -113,7 +113,9 @@ class GrpcFrontend:
         """Listen on host:port (0: any free port); returns the port."""
         cfg = self.service.engine.cfg.server
         cap = connection_limit(cfg.max_connections, 2, "gRPC's --max-connections")  # HTTP holds the other share
-        capped, backstop = call_cap(cap)
+        stats = self.service.engine.stats
+        stats.refused(GRPC_CALL_CAP, 0)  # its series from the first scrape
+        capped, backstop = call_cap(cap, lambda: stats.refused(GRPC_CALL_CAP))
         self.server = grpc.aio.server(options=server_options(cfg.max_body_bytes, cap, cfg.idle_timeout_s,
                                                              reuse_port=False),
                                       maximum_concurrent_rpcs=backstop,

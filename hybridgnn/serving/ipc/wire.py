@@ -63,6 +63,7 @@ MAX_FRAME = 1 << 31  # a frame longer than this is a broken stream
 # numbers cross as JSON, since the array would read them as 1 and 0)
 _LIST_DTYPES = {"<i8", "<u8", "<f8", "|b1"}
 _NUMERIC = {"INT64", "INT32", "FP32", "UINT64"}
+GRPC_REFUSED = "refused_grpc_calls"  # a STATS report's key: gRPC calls its cap refused, since the process began
 
 
 class WireError(Exception):
