@@ -367,7 +367,8 @@ async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: floa
         res = await run_load(url, model, rate=rate, duration_s=duration_s, nodes_per_request=nodes_per_request,
                              binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies)
         log(f"  rate {rate:9.1f} req/s -> ok {res.achieved_rps:9.1f} req/s, p99 {res.p99_ms:8.2f} ms, "
-            f"rejected {res.rejected}, errors {res.errors}")
+            f"rejected {res.rejected}, errors {res.errors}"
+            + (f" ({res.connect_errors} could not connect)" if res.connect_errors else ""))
         return res
 
     def meets(res: LoadResult) -> bool:

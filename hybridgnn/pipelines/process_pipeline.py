@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -222,6 +223,11 @@ class ProcessPipeline:
     def _watch(self, child: _Child) -> None:
         child.fd = child.executor.fileno()
         self._loop.add_reader(child.fd, self._answered, child)
+        # uvloop (libuv's poll) makes the descriptor non-blocking; a batch's seeds or answer
+        # larger than the socket's buffer then broke off mid-message (EAGAIN), read as the
+        # child's exit. The loop only waits for the answer's first bytes: the rest follows
+        # as the child writes it.
+        os.set_blocking(child.fd, True)
 
     def _unwatch(self, child: _Child) -> None:
         if child.fd is not None:

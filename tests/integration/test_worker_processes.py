@@ -110,6 +110,28 @@ def test_the_engine_survives_a_child_killed_under_load_and_serves_through_its_re
     assert answered > 0
 
 
+def test_answers_larger_than_the_pipe_buffer_cross_intact_under_uvloop(tiny_dataset, tiny_model):
+    """uvloop makes a watched descriptor non-blocking: a batch whose seeds or answer
+    outgrew the socket buffer broke off mid-message (EAGAIN) and failed as if the child
+    had exited. The server runs on uvloop, so the engine is tested on it."""
+    import uvloop
+
+    cfg = config(tiny_dataset, tiny_model, processes=True)  # every neighbour: a seed's rows are the same each time
+    seeds = np.tile(np.arange(3000), 30)  # 720 KB of ids out, megabytes of outputs back
+
+    async def scenario():
+        engine = Engine(cfg)
+        await engine.start()
+        try:
+            return await engine.submit(seeds)
+        finally:
+            await engine.stop()
+
+    result = uvloop.run(scenario())
+    assert result.logits.shape[0] == seeds.shape[0] and result.embeddings.shape[0] == seeds.shape[0]
+    np.testing.assert_array_equal(result.logits[:3000], result.logits[-3000:])
+
+
 def test_worker_processes_refuse_graph_updates_and_the_gpu_pipeline(tiny_dataset, tiny_model):
     with pytest.raises(ValueError, match="static graph"):
         ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model, updates=UpdateConfig(token="t" * 16),
