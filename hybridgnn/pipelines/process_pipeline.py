@@ -153,6 +153,10 @@ class ProcessPipeline:
             return
         except WorkerProcessError as exc:  # the batch failed in the child, which lives on
             error = exc
+        except Exception as exc:  # an answer that cannot be read leaves the pipe out of step: a new child
+            self._lost(child, WorkerProcessExited(f"CPU worker process {child.executor.worker} sent an answer "
+                                                  f"that could not be read ({type(exc).__name__}: {exc})"))
+            return
         if batch is None:  # nothing was asked: a child that talks out of turn is not trusted
             self._lost(child, WorkerProcessExited(f"CPU worker process {child.executor.worker} answered no batch"))
             return

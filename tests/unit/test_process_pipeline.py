@@ -32,7 +32,7 @@ def make_batch(seeds):
 class FakeChild:
     """A ProcessExecutor's loop-facing surface. A batch's answer is written to the pipe at
     once unless `hold`; seeds < 0 make the child report a failed batch, a seed of 666
-    makes it exit mid-batch."""
+    makes it exit mid-batch, one of 777 sends an answer that cannot be read."""
 
     def __init__(self, worker: int, timeout_s: float | None = None):
         self.worker, self.batch_timeout_s = worker, timeout_s
@@ -72,6 +72,8 @@ class FakeChild:
         seeds = self._answers.popleft()
         if (seeds < 0).any():
             raise WorkerProcessError("seed ids must lie in [0, n)")
+        if (seeds == 777).any():
+            raise ValueError("not enough values to unpack")
         if (seeds == 666).any():
             self.exit()
             raise WorkerProcessExited(f"child {self.worker} exited during a batch")
@@ -248,3 +250,14 @@ def test_submit_before_attach_is_refused():
     pipe = ProcessPipeline(PipelineConfig(workers=1), lambda i: FakeChild(i), lambda *a: None)
     with pytest.raises(RuntimeError, match="not started"):
         pipe.submit(make_batch([1]), PLAN)
+
+
+def test_an_unreadable_answer_fails_its_batch_and_replaces_the_child():
+    async def scenario(pipe, children, done):
+        pipe.submit(make_batch([777]), PLAN)
+        pipe.submit(make_batch([5]), PLAN)
+        await until(lambda: len(done) == 2)
+
+    _, children, done = run_pipeline(scenario, workers=1)
+    assert "could not be read (ValueError" in str(done[0][2]) and done[1][2] is None
+    assert children[0].restarts == 1
