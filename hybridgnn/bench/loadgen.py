@@ -16,6 +16,8 @@ import asyncio
 import gc
 import json
 import re
+import socket
+import struct
 import time
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
@@ -207,11 +209,17 @@ class _ConnectionPool:
             self.done.set()
 
     def close(self) -> None:
+        """Reset every connection (SO_LINGER 0): an overloaded run opens tens of thousands,
+        and closed normally each held its client port in TIME_WAIT for a minute, so the
+        next runs of a search could not connect."""
         for task in self._opening:
             task.cancel()
         for conn in self.all:
             if conn.transport is not None:
-                conn.transport.close()
+                sock = conn.transport.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.transport.abort()
 
 
 async def fetch_num_nodes(url: str, model: str) -> int:
