@@ -215,10 +215,12 @@ class _ConnectionPool:
         for task in self._opening:
             task.cancel()
         for conn in self.all:
-            if conn.transport is not None:
+            if conn.transport is not None and not conn.transport.is_closing():
                 sock = conn.transport.get_extra_info("socket")
-                if sock is not None:
+                try:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                except (AttributeError, OSError):  # closed meanwhile: nothing to reset
+                    pass
                 conn.transport.abort()
 
 
