@@ -67,8 +67,9 @@ PANELS: list[tuple[str, list[tuple]]] = [
          [(f"sum by (model, version) ({rate('hybridgnn_requests_total')})", "{{model}} v{{version}}")],
          "timeseries"),
         ("Rejected requests", ("Requests refused before admission: overload (429), draining (503), reads "
-         "behind their min_graph_version (503), and gRPC calls past the cap on those in flight "
-         "(grpc_call_cap: RESOURCE_EXHAUSTED)."), "reqps",
+         "behind their min_graph_version (503), gRPC calls past the cap on those in flight "
+         "(grpc_call_cap: RESOURCE_EXHAUSTED), and HTTP connections past --max-connections "
+         "(connection_cap: 503)."), "reqps",
          [(f"sum by (reason) ({rate('hybridgnn_rejected_requests_total')})", "{{reason}}")], "timeseries"),
     ]),
     ("Latency", [

@@ -134,6 +134,8 @@ class Overloaded(ServingError):
 # The refusal reason (metrics) of a gRPC call past the cap on calls in flight
 # (serving/grpc/schema.call_cap): an overload that grpcio's server answers itself.
 GRPC_CALL_CAP = "grpc_call_cap"
+# ... of an HTTP connection past --max-connections (503 and closed before a request is read)
+CONNECTION_CAP = "connection_cap"
 
 
 class Draining(ServingError):

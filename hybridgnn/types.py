@@ -316,7 +316,8 @@ class ServingStats:
 
     def refused(self, reason: str, count: int = 1) -> None:
         """`count` requests were refused before admission (overload, draining, behind, or
-        grpc_call_cap: gRPC calls past the cap on those in flight). A count of 0 makes the
+        grpc_call_cap: gRPC calls past the cap on those in flight; connection_cap: HTTP
+        connections past --max-connections). A count of 0 makes the
         reason's series, at zero."""
 
     def answered(self, status: int, seeds: int = 0) -> None:

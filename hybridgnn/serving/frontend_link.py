@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from hybridgnn.errors import GRPC_CALL_CAP, ServingError
+from hybridgnn.errors import CONNECTION_CAP, GRPC_CALL_CAP, ServingError
 from hybridgnn.serving.core.eager import Later, when_done
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
@@ -59,11 +59,13 @@ class FrontendLink:
                 self.flushed.set_result(None)
         elif kind == wire.STATS:
             report = wire.loads(payload)
-            # gRPC calls its cap refused since its last report: counted here, where every
-            # refusal reason is (a process started again reports from zero, on a new link)
-            refused = int(report.get(wire.GRPC_REFUSED, 0)) - int(self.report.get(wire.GRPC_REFUSED, 0))
-            if refused > 0:
-                self.hub.api.engine.stats.refused(GRPC_CALL_CAP, refused)
+            # connections and gRPC calls its caps refused since its last report: counted
+            # here, where every refusal reason is (a process started again reports from
+            # zero, on a new link)
+            for key, reason in ((wire.GRPC_REFUSED, GRPC_CALL_CAP), ("refused_connections", CONNECTION_CAP)):
+                refused = int(report.get(key, 0)) - int(self.report.get(key, 0))
+                if refused > 0:
+                    self.hub.api.engine.stats.refused(reason, refused)
             self.report = report
         elif kind == wire.HELLO:
             hello = wire.loads(payload)

@@ -40,7 +40,7 @@ import time
 
 from hybridgnn.capabilities import private_run_dir
 from hybridgnn.config import ServeConfig
-from hybridgnn.errors import GRPC_CALL_CAP
+from hybridgnn.errors import CONNECTION_CAP, GRPC_CALL_CAP
 from hybridgnn.serving.frontend_link import FrontendLink
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.ipc import wire
@@ -203,7 +203,9 @@ class Frontends:
         self._keep(self._keep_alive())
         # ... /metrics included: every front end's series from then on (up 0 while it starts)
         self.api.engine.stats.frontends(self.reports)
-        if s.grpc_port is not None:  # the front ends' call-cap refusals (FrontendLink counts them), from zero
+        # the front ends' refusals past their caps (FrontendLink counts them), from zero
+        self.api.engine.stats.refused(CONNECTION_CAP, 0)
+        if s.grpc_port is not None:
             self.api.engine.stats.refused(GRPC_CALL_CAP, 0)
         try:
             await asyncio.gather(*(self._start_one(i) for i in range(self.count)))

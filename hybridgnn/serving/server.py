@@ -14,7 +14,7 @@ import logging
 
 from hybridgnn.capabilities import usable_cores
 from hybridgnn.config import ServeConfig
-from hybridgnn.errors import ConfigError
+from hybridgnn.errors import CONNECTION_CAP, ConfigError
 from hybridgnn.serving.core.admitting import started
 from hybridgnn.serving.core.engine import Engine, open_engine
 from hybridgnn.serving.core.partitioned import PartitionedEngine
@@ -205,7 +205,10 @@ def refuse_unfollowed_updates(cfg: ServeConfig) -> None:
 def http_server(service: V2Service | Engine, cfg: ServeConfig) -> HttpServer:
     """The HTTP server carrying the v2 service, with the configured limits."""
     s, api = cfg.server, Api(service)
+    stats = api.engine.stats
+    stats.refused(CONNECTION_CAP, 0)  # its series from the first scrape
     return HttpServer(api, max_body_bytes=s.max_body_bytes, idle_timeout_s=s.idle_timeout_s,
                       request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
                       answers_per_turn=s.answers_per_turn, queue_bound_s=api.engine.queue_bound_s,
-                      listeners=2 if s.grpc_port is not None else 1, access_log=s.access_log)
+                      listeners=2 if s.grpc_port is not None else 1, access_log=s.access_log,
+                      on_refused_connection=lambda: stats.refused(CONNECTION_CAP))

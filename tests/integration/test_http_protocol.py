@@ -469,8 +469,10 @@ def test_connections_past_the_cap_get_503_and_the_rest_are_served():
         assert (await read_response(r0))[0] == 200
         for _, w in held:
             w.close()
+        assert server.refused_connections == 1 and refusals == [1]  # counted, and the metric told
 
-    run(go, max_connections=3)
+    refusals = []
+    run(go, max_connections=3, on_refused_connection=lambda: refusals.append(1))
 
 
 def test_a_client_that_never_reads_does_not_grow_the_server():

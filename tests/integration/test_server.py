@@ -213,7 +213,7 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
     # One request in flight at most and a long batching window: of several simultaneous
     # requests, those beyond the first are refused with 429, and every admitted one answered.
     srv = ServerProcess(tiny_dataset, tiny_model, "--max-pending", "1", "--max-wait-ms", "400", "--wait-when-idle",
-                        "--max-batch-seeds", "100000").wait_ready()
+                        "--max-batch-seeds", "100000", "--max-connections", "8").wait_ready()
     try:
         barrier = threading.Barrier(6)
         responses, lock = [], threading.Lock()
@@ -234,6 +234,28 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
         assert statuses.count(200) >= 1 and statuses.count(429) >= 1, statuses
         refused = next(r for r in responses if r.status_code == 429)
         assert int(refused.headers["Retry-After"]) >= 1 and "overloaded" in refused.json()["error"]
+        # past --max-connections: 503 + Retry-After, counted in the refusal series (one process)
+        held, head = [], b""
+        try:
+            while not head.startswith(b"HTTP/1.1 503"):
+                assert len(held) <= 8, "a connection past the cap of 8 was served"
+                conn = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                held.append(conn)
+                conn.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
+                head = conn.recv(4096)
+            assert b"retry-after" in head.lower()
+        finally:
+            for conn in held:
+                conn.close()
+        deadline, refusals = time.monotonic() + 10, 1
+        while (scrape := requests.get(f"{srv.url}/metrics", timeout=10)).status_code == 503:  # closes not seen yet
+            assert time.monotonic() < deadline, scrape.text
+            refusals += 1
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        families = text_string_to_metric_families(scrape.text)
+        counted = {s.labels["reason"]: s.value for f in families for s in f.samples
+                   if s.name == "hybridgnn_rejected_requests_total"}
+        assert counted.get("connection_cap") == refusals and counted.get("overload", 0) >= 1, counted
     finally:
         assert srv.stop() == 0
 

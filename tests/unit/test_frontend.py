@@ -121,7 +121,10 @@ def test_front_end_counters_never_go_down_across_its_restarts():
     class NoService:
         repository = object()  # no lookups to hand out
 
-    hub = Frontends(type("FakeApi", (), {"service": NoService()})(), cfg=None, count=2)
+    from hybridgnn.telemetry.metrics import Telemetry
+
+    engine = type("E", (), {"stats": Telemetry()})()  # the refusals its reports add up (counted elsewhere)
+    hub = Frontends(type("FakeApi", (), {"service": NoService(), "engine": engine})(), cfg=None, count=2)
 
     async def linked() -> FrontendLink:  # a link's channel is made on the event loop
         return FrontendLink(hub)
@@ -146,9 +149,12 @@ def test_front_end_counters_never_go_down_across_its_restarts():
     assert back[1]["requests"] == 0 and not back[1]["up"]
 
 
-def test_grpc_calls_refused_at_front_ends_are_counted_by_the_engine_across_restarts():
-    """Each front end's gRPC call-cap refusals reached no series: the engine now adds what
-    each report says is new to hybridgnn_rejected_requests_total{reason="grpc_call_cap"}."""
+@pytest.mark.parametrize("key, reason", [(wire.GRPC_REFUSED, "grpc_call_cap"),
+                                         ("refused_connections", "connection_cap")])
+def test_refusals_at_front_ends_are_counted_by_the_engine_across_restarts(key, reason):
+    """Each front end's gRPC call-cap and connection-cap refusals reached no refusal series:
+    the engine now adds what each report says is new to
+    hybridgnn_rejected_requests_total{reason="grpc_call_cap" / "connection_cap"}."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from hybridgnn.telemetry.metrics import Telemetry
@@ -164,13 +170,13 @@ def test_grpc_calls_refused_at_front_ends_are_counted_by_the_engine_across_resta
         return FrontendLink(hub)
 
     def report(link: FrontendLink, refused: int) -> None:
-        frame = wire.json_frame(wire.STATS, 0, {"requests": 1, wire.GRPC_REFUSED: refused})
+        frame = wire.json_frame(wire.STATS, 0, {"requests": 1, key: refused})
         link._on_message(wire.STATS, 0, memoryview(frame)[wire.FRAME.size:])
 
     def counted() -> float:
         text = stats.exposition()[0].decode()
         return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
-                     if s.name == "hybridgnn_rejected_requests_total" and s.labels == {"reason": "grpc_call_cap"}), 0)
+                     if s.name == "hybridgnn_rejected_requests_total" and s.labels == {"reason": reason}), 0)
 
     first, second = asyncio.run(linked()), asyncio.run(linked())
     report(first, 0)
@@ -530,7 +536,7 @@ def test_the_engine_speaks_to_front_ends_that_listen_while_the_others_still_star
     monkeypatch.setattr(fe, "reserve_port", lambda host, port: Held())
     monkeypatch.setattr(fe, "private_run_dir", lambda kind: str(tmp_path))
     service = SimpleNamespace(repository=object())
-    stats = SimpleNamespace(frontends=lambda reports: None)
+    stats = SimpleNamespace(frontends=lambda reports: None, refused=lambda reason, count=1: None)
     api = SimpleNamespace(service=service, engine=SimpleNamespace(stats=stats))
     cfg = SimpleNamespace(server=SimpleNamespace(host="127.0.0.1", port=0, grpc_port=None))
 

@@ -103,7 +103,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         server = self.server
         if len(server.connections) >= server.max_connections:
-            server.refused_connections += 1
+            server.refused_connection()
             server.send(transport, Reply.error(
                 503, f"too many connections (limit {server.max_connections}); retry later", server.retry), None, False)
             # Linger (not counted against the cap) so the answer is read rather than reset.

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 
 from hybridgnn.capabilities import connection_limit
@@ -50,8 +51,10 @@ class HttpServer:
     def __init__(self, api: Routes, *, max_body_bytes: int, max_header_bytes: int = 64 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0, max_connections: int = 10_000,
                  max_pipelined: int = 8, answers_per_turn: int = 64,
-                 queue_bound_s: float = float("inf"), listeners: int = 1, access_log: bool = False):
-        """access_log: one line per answer on the `hybridgnn.access` logger (http/access.py)."""
+                 queue_bound_s: float = float("inf"), listeners: int = 1, access_log: bool = False,
+                 on_refused_connection: Callable[[], None] | None = None):
+        """access_log: one line per answer on the `hybridgnn.access` logger (http/access.py).
+        on_refused_connection: called for each connection refused past the cap (a metric)."""
         self.api = api
         self.access_log = access_log
         if access_log:
@@ -69,6 +72,7 @@ class HttpServer:
         self.retry = RETRY
         self.connections: set[Connection] = set()
         self.refused_connections = 0
+        self._on_refused_connection = on_refused_connection
         self.closing = False
         self.date = _Date()
         self._kept: dict[tuple[Reply, bool, bool], bytes] = {}  # encode's of shared replies, for the current Date
@@ -77,6 +81,12 @@ class HttpServer:
         self._heads_date = b""
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
+
+    def refused_connection(self) -> None:
+        """Count a connection refused past the cap (the metric too, when one is given)."""
+        self.refused_connections += 1
+        if self._on_refused_connection is not None:
+            self._on_refused_connection()
 
     def encode(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
         """An answer's bytes. A shared Reply (Reply.shared) is encoded once per Date second
