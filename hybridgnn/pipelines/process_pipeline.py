@@ -7,6 +7,11 @@ writes the batch's seed ids to an idle child's pipe itself and reads the answer 
 pipe turns readable (loop.add_reader), so a batch costs the child's wake-up and the
 loop's only.
 
+A batch whose seed ids the socket's buffer may not hold is written from a thread, so a
+child that stopped reading never holds the loop (the batch timeout ends it). An answer is
+read whole once its first bytes arrive: a child stopped in the middle of writing a large
+answer would hold the loop until it goes on or exits.
+
 What holds as in pool.py: every submitted batch reaches on_done exactly once, with a
 result or the error that stopped it; batches wait in submission order for a free child.
 A child that exits (killed, out of memory) or answers no batch within the batch timeout
@@ -34,6 +39,10 @@ from hybridgnn.pipelines.process import (
 from hybridgnn.types import Batch, BatchResult, QueueLoad, RoutePlan, StageTimings
 
 log = logging.getLogger(__name__)
+
+# Seed ids up to this size are written on the loop: the socket's buffer (about 200 KiB on
+# Linux) takes them whole, even from a child that stopped reading.
+INLINE_SEND_BYTES = 64 * 1024
 
 DoneCallback = Callable[[Batch, RoutePlan, "BatchResult | None", "BaseException | None"], None]
 
@@ -133,14 +142,24 @@ class ProcessPipeline:
     def _send(self, child: _Child, batch: Batch, plan: RoutePlan) -> None:
         child.batch, child.plan = batch, plan
         child.timings = StageTimings(queue_wait_s=time.perf_counter() - batch.submitted_s)
+        timeout_s = child.executor.batch_timeout_s
+        if timeout_s is not None:  # from before the write: a child that stops reading is hung too
+            child.timer = self._loop.call_later(timeout_s, self._hung, child)
+        if batch.seeds.nbytes > INLINE_SEND_BYTES:
+            # a write the socket's buffer may not hold waits for the child to read it: on a
+            # thread, so a child that stopped never holds the loop (its timer ends it)
+            sent = self._loop.run_in_executor(None, child.executor.send, batch.seeds)
+            sent.add_done_callback(lambda f: self._send_failed(child, batch, f.exception()))
+            return
         try:
             child.executor.send(batch.seeds)
         except WorkerProcessError as exc:
             self._lost(child, exc)
-            return
-        timeout_s = child.executor.batch_timeout_s
-        if timeout_s is not None:
-            child.timer = self._loop.call_later(timeout_s, self._hung, child)
+
+    def _send_failed(self, child: _Child, batch: Batch, error: BaseException | None) -> None:
+        if error is not None and child.batch is batch:  # not already ended (the hung timer)
+            self._lost(child, error if isinstance(error, WorkerProcessError) else WorkerProcessExited(
+                f"CPU worker process {child.executor.worker}: the batch could not be sent ({error})"))
 
     def _answered(self, child: _Child) -> None:
         """The child's pipe is readable: its answer, or its exit."""

@@ -41,6 +41,8 @@ class FakeChild:
         self.restarts = self.kills = 0
         self.restart_gate = threading.Event()
         self.restart_gate.set()
+        self.send_gate = threading.Event()
+        self.send_gate.set()
         self._open()
 
     def _open(self):
@@ -51,6 +53,7 @@ class FakeChild:
         return self._r
 
     def send(self, seeds):
+        self.send_gate.wait(10)  # a child that does not read: the write waits
         if self._w is None:
             raise WorkerProcessExited(f"child {self.worker} is gone")
         self.sent.append(seeds.tolist())
@@ -261,3 +264,20 @@ def test_an_unreadable_answer_fails_its_batch_and_replaces_the_child():
     _, children, done = run_pipeline(scenario, workers=1)
     assert "could not be read (ValueError" in str(done[0][2]) and done[1][2] is None
     assert children[0].restarts == 1
+
+
+def test_a_large_batch_to_a_child_that_does_not_read_never_holds_the_loop():
+    """Seed ids past what the socket's buffer takes are written on a thread: the other child
+    serves meanwhile, and the hung timer ends the stuck one."""
+    async def scenario(pipe, children, done):
+        children[0].send_gate.clear()
+        pipe.submit(make_batch(np.arange(20_000)), PLAN)  # 160 KB: to child 0, which reads nothing
+        pipe.submit(make_batch([3]), PLAN)  # child 1 answers while child 0's write waits
+        await until(lambda: len(done) == 1)
+        assert done[0][0] == [3] and done[0][2] is None
+        await until(lambda: len(done) == 2, deadline_s=3)  # the timer: child 0 is hung
+        children[0].send_gate.set()  # the write ends (failing): the batch was already answered
+        await until(lambda: children[0].restarts == 1)
+
+    _, children, done = run_pipeline(scenario, workers=2, timeout_s=0.5)
+    assert "answered no batch within 0.5 s" in str(done[1][2]) and len(done) == 2
