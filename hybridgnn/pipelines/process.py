@@ -21,6 +21,8 @@ import dataclasses
 import logging
 import math
 import multiprocessing
+import os
+import signal
 import threading
 
 import numpy as np
@@ -57,9 +59,6 @@ class WorkerProcessExited(WorkerProcessError):
 def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> None:
     """Build the worker's executor with build(cfg, worker) and serve batches until the
     pipe closes; on `cpus` when given (the server's --worker-cpus)."""
-    import os
-    import signal
-
     # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C
     # or a SIGHUP (the server's cache refresh) sent to the whole process group must not
     # kill it under a batch mid-drain.
@@ -119,11 +118,16 @@ class ProcessExecutor:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker, self._build, self.cpus),
-                                       name=f"hybridgnn-cpu-worker-{self.worker}", daemon=True)
-        self._proc.start()
-        child.close()
-        self._conn = parent
+        proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker, self._build, self.cpus),
+                                 name=f"hybridgnn-cpu-worker-{self.worker}", daemon=True)
+        try:
+            proc.start()  # EAGAIN, ENOMEM: nothing started, nothing to join later
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self._proc, self._conn = proc, parent
         if not parent.poll(START_TIMEOUT_S):
             self.close()
             raise WorkerProcessError(f"CPU worker process {self.worker} did not start within {START_TIMEOUT_S:.0f} s")
@@ -161,9 +165,17 @@ class ProcessExecutor:
         """The pipe's descriptor: readable once the child answers (or exits)."""
         return self._conn.fileno()
 
-    def send(self, seeds: np.ndarray) -> None:
-        """Hand the child one batch's seed ids (it answers through receive())."""
-        conn, proc = self._conn, self._proc  # close() from the pipeline's stop may clear them meanwhile
+    @property
+    def connection(self):
+        """The current child's end of its socket (a restart replaces it)."""
+        return self._conn
+
+    def send(self, seeds: np.ndarray, conn=None) -> None:
+        """Hand the child one batch's seed ids (it answers through receive()). conn: the
+        connection the batch was meant for (a write that waited on a thread never reaches a
+        child started since: that connection is closed by then)."""
+        proc = self._proc
+        conn = conn if conn is not None else self._conn  # close() from the pipeline's stop may clear it meanwhile
         try:
             conn.send_bytes(np.ascontiguousarray(seeds, dtype=np.int64).tobytes())
         except (AttributeError, OSError, ValueError) as exc:
@@ -186,9 +198,18 @@ class ProcessExecutor:
 
     def kill(self) -> None:
         """Kill a hung child and release it (restart() starts the next one)."""
-        if self._proc is not None:
-            self._proc.kill()
+        self.signal_kill()
         self.close()
+
+    def signal_kill(self) -> None:
+        """SIGKILL the child and return at once (the event loop's way: reaping it may take a
+        while, and restart() does it on a thread)."""
+        proc = self._proc
+        if proc is not None and proc.pid is not None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def hung(self) -> WorkerProcessError:
         return WorkerProcessExited(f"CPU worker process {self.worker} answered no batch within "
@@ -209,6 +230,8 @@ class ProcessExecutor:
     def _close(self) -> None:
         if self._conn is not None:
             try:
+                # never waits: a child that stopped reading with the buffer full is killed below
+                os.set_blocking(self._conn.fileno(), False)
                 self._conn.send_bytes(b"")
             except (OSError, ValueError):
                 pass

@@ -9,8 +9,8 @@ loop's only.
 
 A batch whose seed ids the socket's buffer may not hold is written from a thread, so a
 child that stopped reading never holds the loop (the batch timeout ends it). An answer is
-read whole once its first bytes arrive: a child stopped in the middle of writing a large
-answer would hold the loop until it goes on or exits.
+read whole once its first bytes arrive; a child stopped in the middle of writing one holds
+the loop for at most STALL_S (the socket's receive timeout), then is replaced.
 
 What holds as in pool.py: every submitted batch reaches on_done exactly once, with a
 result or the error that stopped it; batches wait in submission order for a free child.
@@ -25,6 +25,8 @@ import asyncio
 import dataclasses
 import logging
 import os
+import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -43,6 +45,9 @@ log = logging.getLogger(__name__)
 # Seed ids up to this size are written on the loop: the socket's buffer (about 200 KiB on
 # Linux) takes them whole, even from a child that stopped reading.
 INLINE_SEND_BYTES = 64 * 1024
+# A read or write of a child's socket that moves no byte for this long fails (the child is
+# then replaced): a child stopped in the middle of an answer held the loop for ever.
+STALL_S = 10
 
 DoneCallback = Callable[[Batch, RoutePlan, "BatchResult | None", "BaseException | None"], None]
 
@@ -78,6 +83,7 @@ class ProcessPipeline:
         self._drained = threading.Event()
         self._drained.set()
         self._stopped = False
+        self._released = False
 
     # --- as the thread pipeline --------------------------------------------------------
     def start(self) -> None:
@@ -129,8 +135,9 @@ class ProcessPipeline:
             self._drained.wait(timeout_s)
             try:
                 asyncio.run_coroutine_threadsafe(self._detach(), loop).result(timeout_s)
-            except Exception:  # the loop stopped meanwhile: nothing more reaches it
+            except Exception:  # a loop stopped or stuck: its children are left (daemons, they end with it)
                 log.exception("%s pipeline: could not release its children from the event loop", self.name)
+                return
         elif loop is not None and _on(loop):
             self._release_all()
         for th in list(self._restarts):
@@ -148,7 +155,7 @@ class ProcessPipeline:
         if batch.seeds.nbytes > INLINE_SEND_BYTES:
             # a write the socket's buffer may not hold waits for the child to read it: on a
             # thread, so a child that stopped never holds the loop (its timer ends it)
-            sent = self._loop.run_in_executor(None, child.executor.send, batch.seeds)
+            sent = self._loop.run_in_executor(None, child.executor.send, batch.seeds, child.executor.connection)
             sent.add_done_callback(lambda f: self._send_failed(child, batch, f.exception()))
             return
         try:
@@ -186,7 +193,7 @@ class ProcessPipeline:
         child.timer = None
         error = child.executor.hung()
         self._unwatch(child)
-        child.executor.kill()
+        child.executor.signal_kill()  # reaped by the restart's close, on its thread: never on the loop
         self._lost(child, error)
 
     def _lost(self, child: _Child, error: WorkerProcessError) -> None:
@@ -194,7 +201,11 @@ class ProcessPipeline:
         batch, plan = child.batch, child.plan
         self._unwatch(child)
         self._clear(child)
-        if not self._stopped:
+        try:  # an idle child that exited: no batch may be sent to it until it is back
+            self._idle.remove(child)
+        except ValueError:
+            pass
+        if not self._released:  # a child lost during stop()'s drain is replaced too
             th = threading.Thread(target=self._restart, args=(child,), name=f"{self.name}-restart", daemon=True)
             self._restarts.append(th)
             th.start()
@@ -205,7 +216,7 @@ class ProcessPipeline:
         error = None
         try:
             child.executor.restart()
-        except BaseException as exc:  # started again at its next batch, which fails with this
+        except BaseException as exc:  # its next batch fails (nothing runs) and starts it again
             error = exc
         try:
             self._loop.call_soon_threadsafe(self._restarted, child, error, threading.current_thread())
@@ -214,7 +225,7 @@ class ProcessPipeline:
 
     def _restarted(self, child: _Child, error: BaseException | None, thread: threading.Thread) -> None:
         self._restarts.remove(thread)
-        if self._stopped:
+        if self._released:  # stop() let go of the children (a restart during the drain still serves)
             return
         if error is not None:
             log.error("%s pipeline: worker process %d could not restart: %s", self.name, child.executor.worker, error)
@@ -251,6 +262,12 @@ class ProcessPipeline:
         # child's exit. The loop only waits for the answer's first bytes: the rest follows
         # as the child writes it.
         os.set_blocking(child.fd, True)
+        # ... and a child stalled mid-answer (stopped, frozen) must not hold it for ever: a read
+        # or write that moves no byte for STALL_S fails, and the child is replaced
+        with socket.socket(fileno=os.dup(child.fd)) as sock:
+            stall = struct.pack("ll", STALL_S, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
 
     def _unwatch(self, child: _Child) -> None:
         if child.fd is not None:
@@ -268,6 +285,7 @@ class ProcessPipeline:
 
     def _release_all(self) -> None:
         """Stop watching the children; batches still held or waiting fail (stop's timeout)."""
+        self._released = True
         stopped = WorkerProcessError(f"pipeline {self.name} stopped before the batch finished")
         left = list(self._waiting)
         self._waiting.clear()

@@ -1,11 +1,12 @@
-"""The loop-driven process pipeline over fake children (a pipe each, no processes): every
-batch reaches on_done exactly once, in submission order per free child; a failed batch
-leaves its child serving; an exited or hung child fails its batch and is restarted while
-waiting batches wait; stop fails what it cannot finish. The errors come through process_pipeline: importing
-process.py itself is for tests that start children (test_test_layout)."""
+"""The loop-driven process pipeline over fake children (a socketpair each, no processes):
+every batch reaches on_done exactly once, in submission order per free child; a failed
+batch leaves its child serving; an exited or hung child fails its batch and is restarted
+while waiting batches wait; stop fails what it cannot finish. Fast, but the fakes hold
+sockets (the pipeline sets socket options), so it lives beside the integration tests."""
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -30,7 +31,7 @@ def make_batch(seeds):
 
 
 class FakeChild:
-    """A ProcessExecutor's loop-facing surface. A batch's answer is written to the pipe at
+    """A ProcessExecutor's loop-facing surface (its socket a socketpair, no process). A batch's answer is written to the pipe at
     once unless `hold`; seeds < 0 make the child report a failed batch, a seed of 666
     makes it exit mid-batch, one of 777 sends an answer that cannot be read."""
 
@@ -46,13 +47,13 @@ class FakeChild:
         self._open()
 
     def _open(self):
-        self._r, self._w = os.pipe()
+        self._r, self._w = (s.detach() for s in socket.socketpair())  # a socket, as a child's is
         self._answers: deque = deque()
 
     def fileno(self):
         return self._r
 
-    def send(self, seeds):
+    def send(self, seeds, conn=None):
         self.send_gate.wait(10)  # a child that does not read: the write waits
         if self._w is None:
             raise WorkerProcessExited(f"child {self.worker} is gone")
@@ -89,6 +90,13 @@ class FakeChild:
     def kill(self):
         self.kills += 1
         self.close()
+
+    def signal_kill(self):
+        self.kills += 1  # the process would die; its socket is closed by the restart
+
+    @property
+    def connection(self):
+        return self._w
 
     def restart(self):
         self.restart_gate.wait(10)
@@ -184,15 +192,25 @@ def test_a_child_that_exits_mid_batch_fails_only_that_batch_and_is_restarted():
     assert children[0].restarts == 1
 
 
-def test_a_child_that_exits_while_idle_is_restarted_before_its_next_batch():
+def test_a_child_that_exits_while_idle_is_restarted_before_its_next_batch_and_idles_once():
+    """An idle child that exited stayed on the idle list, and its restart put it there a
+    second time: two batches went to one child, the first never answered and the second
+    given the first's outputs."""
     async def scenario(pipe, children, done):
         children[0].exit()
-        await until(lambda: children[0].restarts == 1)
+        await until(lambda: children[0].restarts == 1 and not pipe._restarts)
+        assert list(pipe._idle) == [pipe._children[0]]
+        children[0].hold = True
         pipe.submit(make_batch([3]), PLAN)
+        pipe.submit(make_batch([4]), PLAN)
+        assert children[0].sent == [[3]] and len(pipe._waiting) == 1  # the second waits for the child
+        children[0].answer()
         await until(lambda: len(done) == 1)
+        children[0].answer()
+        await until(lambda: len(done) == 2)
 
     _, children, done = run_pipeline(scenario, workers=1)
-    assert done[0][2] is None and done[0][1].predictions.tolist() == [3]
+    assert [(s, e, r.predictions.tolist()) for s, r, e in done] == [([3], None, [3]), ([4], None, [4])]
 
 
 def test_a_hung_child_fails_its_batch_at_the_timeout_and_is_replaced():
@@ -281,3 +299,21 @@ def test_a_large_batch_to_a_child_that_does_not_read_never_holds_the_loop():
 
     _, children, done = run_pipeline(scenario, workers=2, timeout_s=0.5)
     assert "answered no batch within 0.5 s" in str(done[1][2]) and len(done) == 2
+
+
+def test_a_watched_socket_is_blocking_with_a_stall_limit_both_ways():
+    """uvloop makes a watched descriptor non-blocking (answers broke off mid-message); made
+    blocking again, a child stopped mid-answer would hold the loop for ever without the
+    socket's timeouts."""
+    import struct
+
+    from hybridgnn.pipelines.process_pipeline import STALL_S
+
+    async def scenario(pipe, children, done):
+        fd = pipe._children[0].fd
+        assert os.get_blocking(fd)
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                assert struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, option, 16)) == (STALL_S, 0)
+
+    run_pipeline(scenario, workers=1)
