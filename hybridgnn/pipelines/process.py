@@ -22,7 +22,10 @@ import logging
 import math
 import multiprocessing
 import os
+import pickle
 import signal
+import socket
+import struct
 import threading
 
 import numpy as np
@@ -48,6 +51,100 @@ def batch_timeout_s() -> float | None:
     return value or None
 
 
+# A child's message to the server: `<u64 pickle bytes><u32 buffers>`, `<u64>` per buffer,
+# the pickle (protocol 5), then the buffers. Arrays past OUT_OF_BAND_BYTES travel as raw
+# buffers outside the pickle: written from their own memory and read into the arrays the
+# server answers with, never copied into and out of a pickle stream.
+MESSAGE_HEAD = struct.Struct("<QI")
+OUT_OF_BAND_BYTES = 64 * 1024
+# A read or write that moves no byte for this long fails (the child is then replaced): a
+# child stopped mid-message must not hold the profiler, nor a write from a thread for ever.
+STALL_S = 10
+MAX_BUFFERS = 1024  # more is a broken stream (a batch's answer holds a handful of arrays)
+PENDING = object()
+
+
+def write_message(sock: socket.socket, message) -> None:
+    """Send one message (any picklable value) whole; blocks until the socket took it."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buf: pickle.PickleBuffer):
+        if buf.raw().nbytes < OUT_OF_BAND_BYTES:
+            return True  # in the pickle: one write for a small answer
+        buffers.append(buf)
+        return None
+
+    data = pickle.dumps(message, protocol=5, buffer_callback=out_of_band)
+    raws = [b.raw() for b in buffers]
+    head = MESSAGE_HEAD.pack(len(data), len(raws)) + struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
+    if not raws:
+        sock.sendall(head + data)
+        return
+    sock.sendall(head)
+    sock.sendall(data)
+    for raw in raws:
+        sock.sendall(raw)
+
+
+def _message_parts():
+    """The buffers a message is read into, in order (each yielded to be filled); returns the
+    message. Writable arrays: numpy arrays over the buffers, owned by the reader's caller."""
+    head = bytearray(MESSAGE_HEAD.size)
+    yield head
+    size, count = MESSAGE_HEAD.unpack(head)
+    if count > MAX_BUFFERS:
+        raise ValueError(f"a message of {count} buffers")
+    lengths = bytearray(8 * count)
+    yield lengths
+    data = bytearray(size)
+    yield data
+    buffers = []
+    for n in struct.unpack(f"<{count}Q", lengths):
+        buffers.append(bytearray(n))
+        yield buffers[-1]
+    return pickle.loads(data, buffers=buffers)
+
+
+class MessageReader:
+    """Reassembles the child's messages (write_message) from its socket, as bytes arrive.
+    read(wait=False) never blocks: a message not all here yet stays part-read, and the next
+    call goes on from there (the event loop's way: it reads what is there and returns)."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self._parts = None
+
+    def read(self, wait: bool = True):
+        """The next whole message, or PENDING (wait=False: not all arrived yet). EOFError
+        at the end of the stream; ValueError for a stream that cannot be read."""
+        flags = 0 if wait else socket.MSG_DONTWAIT
+        while True:
+            if self._parts is None:
+                self._parts = _message_parts()
+                self._target, self._filled = next(self._parts), 0
+            view = memoryview(self._target)
+            while self._filled < len(view):
+                try:
+                    n = self._sock.recv_into(view[self._filled:], 0, flags)
+                except BlockingIOError:  # nothing there now; blocking, the stall limit passed
+                    if wait:
+                        raise TimeoutError(f"the child sent nothing for {STALL_S} s in the middle of a message")
+                    return PENDING
+                except InterruptedError:
+                    continue
+                if n == 0:
+                    raise EOFError("the child's socket closed")
+                self._filled += n
+            try:
+                self._target, self._filled = self._parts.send(None), 0
+            except StopIteration as done:
+                self._parts = None
+                return done.value
+
+    def close(self) -> None:
+        self._sock.close()
+
+
 class WorkerProcessError(RuntimeError):
     """The worker process failed a batch, or exited."""
 
@@ -58,12 +155,14 @@ class WorkerProcessExited(WorkerProcessError):
 
 def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> None:
     """Build the worker's executor with build(cfg, worker) and serve batches until the
-    pipe closes; on `cpus` when given (the server's --worker-cpus)."""
+    pipe closes; on `cpus` when given (the server's --worker-cpus). Batches arrive as
+    the connection's byte messages; everything sent back is a write_message."""
     # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C
     # or a SIGHUP (the server's cache refresh) sent to the whole process group must not
     # kill it under a batch mid-drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    out = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         if cpus:
             os.sched_setaffinity(0, cpus)  # before torch starts threads, which inherit it
@@ -77,9 +176,9 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
         executor.run(np.zeros(1, dtype=np.int64))  # compile outside batches
         freeze_startup_heap()
     except BaseException as exc:  # reported to the parent, which refuses to start
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        write_message(out, ("error", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", None))
+    write_message(out, ("ready", None))
     while True:
         try:
             data = conn.recv_bytes()
@@ -90,10 +189,14 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
         try:
             r = executor.run(np.frombuffer(data, dtype=np.int64))
             t = r.timings
-            conn.send(("ok", (r.logits, r.embeddings, r.predictions, t.sample_s, t.gather_s, t.compute_s, r.sampled_edges,
-                              r.gathered_rows)))
+            answer = ("ok", (r.logits, r.embeddings, r.predictions, t.sample_s, t.gather_s, t.compute_s,
+                             r.sampled_edges, r.gathered_rows))
         except Exception as exc:  # the batch fails; the worker lives on
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            answer = ("error", f"{type(exc).__name__}: {exc}")
+        try:
+            write_message(out, answer)
+        except OSError:  # the parent is gone (or gave up on this child)
+            return
 
 
 class ProcessExecutor:
@@ -113,6 +216,7 @@ class ProcessExecutor:
         self._ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads' locks
         self._proc = None
         self._conn = None
+        self._reader: MessageReader | None = None
         self._lifecycle = threading.RLock()  # a start or restart, and a close, one at a time
         self._start()
 
@@ -128,13 +232,19 @@ class ProcessExecutor:
         finally:
             child.close()
         self._proc, self._conn = proc, parent
+        sock = socket.socket(fileno=os.dup(parent.fileno()))
+        stall = struct.pack("ll", STALL_S, 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
+        self._reader = MessageReader(sock)
         if not parent.poll(START_TIMEOUT_S):
             self.close()
             raise WorkerProcessError(f"CPU worker process {self.worker} did not start within {START_TIMEOUT_S:.0f} s")
         try:
-            kind, detail = parent.recv()
-        except (EOFError, OSError):
-            kind, detail = "error", f"exited with code {self._proc.exitcode}"
+            kind, detail = self._reader.read()
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+            proc.join(1.0)
+            kind, detail = "error", f"exited with code {proc.exitcode}"
         if kind != "ready":
             self.close()
             raise WorkerProcessError(f"CPU worker process {self.worker} could not start: {detail}")
@@ -182,16 +292,27 @@ class ProcessExecutor:
             raise self._exited(proc) from exc
 
     def receive(self, timings: StageTimings | None = None) -> BatchResult:
-        """The child's answer to the batch sent: its outputs, or WorkerProcessError (the batch
-        failed there) or WorkerProcessExited (the child is gone)."""
-        t = timings if timings is not None else StageTimings()
-        conn, proc = self._conn, self._proc
+        """The child's answer to the batch sent, waiting for all of it: its outputs, or
+        WorkerProcessError (the batch failed there) or WorkerProcessExited (the child is gone)."""
+        return self._answer(True, timings)
+
+    def poll_answer(self, timings: StageTimings | None = None) -> BatchResult | None:
+        """As receive(), without waiting: None while the answer has not all arrived (what
+        has is kept, and the next call reads on). The event loop's way."""
+        return self._answer(False, timings)
+
+    def _answer(self, wait: bool, timings: StageTimings | None) -> BatchResult | None:
+        reader, proc = self._reader, self._proc
         try:
-            kind, payload = conn.recv()
+            message = reader.read(wait)
         except (AttributeError, EOFError, OSError) as exc:
             raise self._exited(proc) from exc
+        if message is PENDING:
+            return None
+        kind, payload = message
         if kind != "ok":
             raise WorkerProcessError(payload)
+        t = timings if timings is not None else StageTimings()
         logits, emb, pred, t.sample_s, t.gather_s, t.compute_s, edges, rows = payload
         return BatchResult(logits=logits, embeddings=emb, predictions=pred, timings=t, sampled_edges=edges,
                            gathered_rows=rows)
@@ -237,6 +358,9 @@ class ProcessExecutor:
                 pass
             self._conn.close()
             self._conn = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._proc is not None:
             self._proc.join(5.0)
             if self._proc.is_alive():

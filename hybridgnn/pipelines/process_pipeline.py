@@ -9,8 +9,9 @@ loop's only.
 
 A batch whose seed ids the socket's buffer may not hold is written from a thread, so a
 child that stopped reading never holds the loop (the batch timeout ends it). An answer is
-read whole once its first bytes arrive; a child stopped in the middle of writing one holds
-the loop for at most STALL_S (the socket's receive timeout), then is replaced.
+read as its bytes arrive, never waited for: a large one is taken in pieces between other
+work, and a child stopped in the middle of one holds nothing but its batch (the batch
+timeout ends it).
 
 What holds as in pool.py: every submitted batch reaches on_done exactly once, with a
 result or the error that stopped it; batches wait in submission order for a free child.
@@ -25,8 +26,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -45,9 +44,6 @@ log = logging.getLogger(__name__)
 # Seed ids up to this size are written on the loop: the socket's buffer (about 200 KiB on
 # Linux) takes them whole, even from a child that stopped reading.
 INLINE_SEND_BYTES = 64 * 1024
-# A read or write of a child's socket that moves no byte for this long fails (the child is
-# then replaced): a child stopped in the middle of an answer held the loop for ever.
-STALL_S = 10
 
 DoneCallback = Callable[[Batch, RoutePlan, "BatchResult | None", "BaseException | None"], None]
 
@@ -169,11 +165,13 @@ class ProcessPipeline:
                 f"CPU worker process {child.executor.worker}: the batch could not be sent ({error})"))
 
     def _answered(self, child: _Child) -> None:
-        """The child's pipe is readable: its answer, or its exit."""
+        """The child's socket is readable: (more of) its answer, or its exit."""
         batch, plan = child.batch, child.plan
         result, error = None, None
         try:
-            result = child.executor.receive(child.timings)
+            result = child.executor.poll_answer(child.timings)
+            if result is None:
+                return  # the rest of the answer is on its way
         except WorkerProcessExited as exc:
             self._lost(child, exc)
             return
@@ -257,17 +255,11 @@ class ProcessPipeline:
     def _watch(self, child: _Child) -> None:
         child.fd = child.executor.fileno()
         self._loop.add_reader(child.fd, self._answered, child)
-        # uvloop (libuv's poll) makes the descriptor non-blocking; a batch's seeds or answer
-        # larger than the socket's buffer then broke off mid-message (EAGAIN), read as the
-        # child's exit. The loop only waits for the answer's first bytes: the rest follows
-        # as the child writes it.
+        # uvloop (libuv's poll) makes the descriptor non-blocking; a batch's seeds larger
+        # than the socket's buffer then broke off mid-message (EAGAIN), read as the child's
+        # exit. Writes block (inline ones fit the buffer; larger ones wait on a thread, for
+        # at most the socket's stall limit); reads never do, whatever the mode.
         os.set_blocking(child.fd, True)
-        # ... and a child stalled mid-answer (stopped, frozen) must not hold it for ever: a read
-        # or write that moves no byte for STALL_S fails, and the child is replaced
-        with socket.socket(fileno=os.dup(child.fd)) as sock:
-            stall = struct.pack("ll", STALL_S, 0)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
 
     def _unwatch(self, child: _Child) -> None:
         if child.fd is not None:

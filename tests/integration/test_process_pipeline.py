@@ -6,6 +6,7 @@ sockets (the pipeline sets socket options), so it lives beside the integration t
 
 import asyncio
 import os
+import select
 import socket
 import threading
 import time
@@ -31,9 +32,10 @@ def make_batch(seeds):
 
 
 class FakeChild:
-    """A ProcessExecutor's loop-facing surface (its socket a socketpair, no process). A batch's answer is written to the pipe at
-    once unless `hold`; seeds < 0 make the child report a failed batch, a seed of 666
-    makes it exit mid-batch, one of 777 sends an answer that cannot be read."""
+    """A ProcessExecutor's loop-facing surface (its socket a socketpair, no process). A batch's
+    answer (two bytes) is written to the pipe at once unless `hold`; seeds < 0 make the child
+    report a failed batch, a seed of 666 makes it exit mid-batch, one of 777 sends an answer
+    that cannot be read."""
 
     def __init__(self, worker: int, timeout_s: float | None = None):
         self.worker, self.batch_timeout_s = worker, timeout_s
@@ -49,6 +51,7 @@ class FakeChild:
     def _open(self):
         self._r, self._w = (s.detach() for s in socket.socketpair())  # a socket, as a child's is
         self._answers: deque = deque()
+        self._got = b""
 
     def fileno(self):
         return self._r
@@ -63,16 +66,25 @@ class FakeChild:
             self.answer()
 
     def answer(self):
-        os.write(self._w, b"x")
+        os.write(self._w, b"ok")
+
+    def answer_half(self):
+        os.write(self._w, b"o")
 
     def exit(self):
         """The child dies: its pipe reads end-of-file."""
         os.close(self._w)
         self._w = None
 
-    def receive(self, timings=None):
-        if not os.read(self._r, 1):
-            raise WorkerProcessExited(f"child {self.worker} exited")
+    def poll_answer(self, timings=None):
+        if select.select([self._r], [], [], 0)[0]:
+            data = os.read(self._r, 2 - len(self._got))
+            if not data:
+                raise WorkerProcessExited(f"child {self.worker} exited")
+            self._got += data
+        if len(self._got) < 2:
+            return None  # the rest is on its way
+        self._got = b""
         seeds = self._answers.popleft()
         if (seeds < 0).any():
             raise WorkerProcessError("seed ids must lie in [0, n)")
@@ -301,19 +313,36 @@ def test_a_large_batch_to_a_child_that_does_not_read_never_holds_the_loop():
     assert "answered no batch within 0.5 s" in str(done[1][2]) and len(done) == 2
 
 
-def test_a_watched_socket_is_blocking_with_a_stall_limit_both_ways():
-    """uvloop makes a watched descriptor non-blocking (answers broke off mid-message); made
-    blocking again, a child stopped mid-answer would hold the loop for ever without the
-    socket's timeouts."""
-    import struct
-
-    from hybridgnn.pipelines.process_pipeline import STALL_S
-
+def test_a_watched_socket_is_blocking():
+    """uvloop makes a watched descriptor non-blocking: a batch's seeds larger than the
+    socket's buffer broke off mid-message. Writes block again (reads never wait)."""
     async def scenario(pipe, children, done):
-        fd = pipe._children[0].fd
-        assert os.get_blocking(fd)
-        with socket.socket(fileno=os.dup(fd)) as sock:
-            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-                assert struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, option, 16)) == (STALL_S, 0)
+        assert os.get_blocking(pipe._children[0].fd)
 
     run_pipeline(scenario, workers=1)
+
+
+def test_an_answer_in_pieces_is_read_as_it_comes_and_a_stalled_one_holds_only_its_batch():
+    """The loop reads what has arrived and returns: the other child serves meanwhile, a
+    later piece completes the answer, and a child stopped mid-answer is ended by the batch
+    timeout (the loop never waits on it)."""
+    async def scenario(pipe, children, done):
+        children[0].hold = True
+        pipe.submit(make_batch([1]), PLAN)
+        children[0].answer_half()
+        pipe.submit(make_batch([2]), PLAN)
+        await until(lambda: len(done) == 1)  # child 1 answered; child 0's half waits
+        assert done[0][0] == [2]
+        os.write(children[0]._w, b"k")
+        await until(lambda: len(done) == 2)
+        assert done[1][0] == [1] and done[1][2] is None
+        pipe.submit(make_batch([3]), PLAN)  # child 1 (idle first) answers it
+        pipe.submit(make_batch([4]), PLAN)  # child 0, which stops mid-answer
+        children[0].answer_half()
+        await until(lambda: len(done) == 3)
+        assert done[2][0] == [3]
+        await until(lambda: len(done) == 4, deadline_s=3)
+
+    _, children, done = run_pipeline(scenario, workers=2, timeout_s=0.5)
+    assert done[3][0] == [4] and "answered no batch within 0.5 s" in str(done[3][2])
+    assert children[0].restarts == 1

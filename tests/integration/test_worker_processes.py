@@ -4,12 +4,14 @@ and exits surface as failed batches, the engine serves through them and stops th
 import asyncio
 import os
 import signal
+import socket
+import struct
 
 import numpy as np
 import pytest
 
 from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig, UpdateConfig
-from hybridgnn.pipelines.process import ProcessExecutor, WorkerProcessError
+from hybridgnn.pipelines.process import STALL_S, ProcessExecutor, WorkerProcessError
 from hybridgnn.runtime.resources import Resources, build_worker_executor
 from hybridgnn.serving.core.engine import Engine
 
@@ -27,6 +29,11 @@ def test_process_worker_matches_the_in_process_one_and_survives_its_child(tiny_d
     local = Resources.open(cfg).make_executor("cpu", 0).run(seeds)
     ex = ProcessExecutor(cfg, 0, build_worker_executor)
     try:
+        # a child stopped mid-message holds a blocking read or write (the profiler's, a
+        # large batch's thread) for at most STALL_S
+        with socket.socket(fileno=os.dup(ex.fileno())) as sock:
+            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                assert struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, option, 16)) == (STALL_S, 0)
         remote = ex.run(seeds)
         np.testing.assert_array_equal(remote.logits, local.logits)
         np.testing.assert_array_equal(remote.embeddings, local.embeddings)
