@@ -273,9 +273,11 @@ class ServerConfig:
     # `hybridgnn place --from-log` and `workload build --seeds`: a .counts.npy, or for a
     # heterogeneous dataset a .counts.npz of one counts array per node type.
     seed_log: Path | None = setting(None, "write per-node request counts here (a .counts.npy; a .counts.npz of "
-                                    "one array per node type for a heterogeneous dataset), every 60 s and at "
-                                    "stop, for `hybridgnn place --from-log` and `workload build --seeds`")
-    seed_log_interval_s: float = 60.0
+                                    "one array per node type for a heterogeneous dataset), every "
+                                    "--seed-log-interval-s and at stop, for `hybridgnn place --from-log` and "
+                                    "`workload build --seeds`")
+    seed_log_interval_s: float = setting(60.0, "with --seed-log: write the counts this often, in seconds (they are "
+                                         "also written at stop)")
     # Keep-alive connections idle this long between requests are closed.
     idle_timeout_s: float = setting(75.0, "close keep-alive connections idle this long between requests")
     # A request must arrive whole within this long of its first byte (else 408 and close).
@@ -327,8 +329,10 @@ class ServerConfig:
         if self.seed_log is not None and not str(self.seed_log).endswith((".counts.npy", ".counts.npz")):
             raise ValueError(f"the seed log must be a .counts.npy file (a .counts.npz for a heterogeneous dataset), "
                              f"got {self.seed_log}")
-        if self.seed_log_interval_s <= 0:
-            raise ValueError(f"seed_log_interval_s must be > 0, got {self.seed_log_interval_s}")
+        # finite too: inf wrote nothing until stop (a log that stays empty while the server runs)
+        if not 0 < self.seed_log_interval_s < math.inf:
+            raise ValueError(f"seed_log_interval_s must be a finite number of seconds > 0, got "
+                             f"{self.seed_log_interval_s}")
         if not 0 <= self.unready_delay_s <= 300:
             raise ValueError(f"unready_delay_s must be within [0, 300], got {self.unready_delay_s}")
 

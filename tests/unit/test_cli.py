@@ -812,6 +812,25 @@ def test_wait_when_idle_and_access_log_reach_the_config(monkeypatch):
     assert serve_cli.build_config(build_parser().parse_args(base)).batcher.wait_when_idle is True
 
 
+def test_the_seed_log_interval_is_a_flag_and_a_setting_checked_in_its_words(monkeypatch, capsys):
+    """seed_log_interval_s (60 s) had no flag nor HYBRIDGNN_* variable: a log could only
+    be written every minute."""
+    from hybridgnn.cli import serve as serve_cli
+
+    base = ["serve", "--dataset", "d", "--model", "m", "--fanouts", "5,5", "--seed-log", "s.counts.npy"]
+    assert serve_cli.build_config(build_parser().parse_args(base)).server.seed_log_interval_s == 60.0
+    cfg = serve_cli.build_config(build_parser().parse_args([*base, "--seed-log-interval-s", "0.5"]))
+    assert cfg.server.seed_log_interval_s == 0.5
+    monkeypatch.setenv("HYBRIDGNN_SEED_LOG_INTERVAL_S", "5")
+    assert serve_cli.build_config(build_parser().parse_args(base)).server.seed_log_interval_s == 5.0
+    monkeypatch.delenv("HYBRIDGNN_SEED_LOG_INTERVAL_S")
+    for value, said in (("0", "got 0.0"), ("-1", "got -1.0"), ("inf", "got inf"), ("nan", "must be a number, got NaN")):
+        assert main([*base, f"--seed-log-interval-s={value}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hybridgnn serve: error: --seed-log-interval-s must be a") and said in err, err
+        assert len(err.strip().splitlines()) == 1
+
+
 def test_max_wait_help_says_a_request_on_a_quiet_server_does_not_wait(capsys):
     """`--max-wait-ms` said only "longest a request waits for its batch to fill", as if a
     lone request always waited that long; it waits only while a batch is under way

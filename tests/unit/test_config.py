@@ -58,6 +58,8 @@ def test_worker_cores_pin_processes_only():
     (lambda: ServerConfig(repository_poll_s=-1), "repository_poll_s must be 0 .no polling. or at least"),  # was 0
     (lambda: ServerConfig(repository_poll_s=1e-9), "repository_poll_s must be 0 .no polling. or at least"),  # spun
     (lambda: ServerConfig(repository_poll_s=float("nan")), "repository_poll_s must be a number"),
+    (lambda: ServerConfig(seed_log_interval_s=0), "seed_log_interval_s must be a finite number of seconds > 0"),
+    (lambda: ServerConfig(seed_log_interval_s=float("inf")), "seed_log_interval_s must be a finite number"),
 ])
 def test_bad_values_are_quoted(make, match):
     with pytest.raises(ValueError, match=match):
