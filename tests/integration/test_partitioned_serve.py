@@ -112,6 +112,54 @@ def test_what_a_partitioned_graph_cannot_serve_exactly_is_refused(partitioned_se
     assert meta["partitions"]["ranks"] == 2 and meta["modes"] == ["full", "precomputed"]
 
 
+def test_the_seed_log_of_a_partitioned_server_feeds_workload_build(tmp_path, tiny_dataset, tiny_model_pe):
+    """--seed-log on a partitioned server wrote nothing: its engine counted no requests.
+    Now the ids of full requests are counted per node (lookups are not), written while
+    serving every --seed-log-interval-s and at SIGTERM, as the .counts.npy `workload build
+    --seeds` takes for the dataset."""
+    import json
+    import subprocess
+    import sys
+
+    from hybridgnn.workload.tables import WorkloadTables
+
+    graph = GraphStore.open(tiny_dataset)
+    log = tmp_path / "seeds.counts.npy"
+    server = ServerProcess(tiny_dataset, tiny_model_pe, "--partitions", "2", "--partition", "ranges",
+                           "--max-wait-ms", "1", "--seed-log", str(log), "--seed-log-interval-s", "0.2"
+                           ).wait_ready(180)
+    want = np.zeros(graph.num_nodes, np.int64)
+    hot = np.arange(2900, 2910)
+    try:
+        session = requests.Session()
+        for ids, mode in [(hot, None)] * 3 + [(np.array([5, 5]), "full"), (np.array([7]), "precomputed")]:
+            r = session.post(server.url + URL, json=_ids_body(ids, mode), timeout=60)
+            assert r.status_code == 200, r.text
+            if mode != "precomputed":
+                np.add.at(want, ids, 1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # written while serving (replaced whole: never a torn read)
+            if log.is_file() and np.array_equal(np.load(log), want):
+                break
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        else:
+            raise AssertionError(f"the seed log never held the requests' counts:\n{log.is_file()}")
+    finally:
+        assert server.stop() == 0, server.output()  # SIGTERM: written once more at stop
+    counts = np.load(log)
+    assert counts.dtype == np.int64 and np.array_equal(counts, want)
+    assert [p.name for p in tmp_path.iterdir()] == [log.name]  # no temporary left beside it
+    done = subprocess.run([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "workload", "build",
+                           "--dataset", str(tiny_dataset), "--fanouts", "4,2", "--seeds", str(log)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    tables = WorkloadTables.load_or_build(graph, [4, 2], log, save=False)
+    assert json.loads(done.stdout)["fap"].endswith(f"_{tables.seed_key}.npy")
+    uniform = WorkloadTables.build(graph, [4, 2], "uniform")
+    fap, flat = np.asarray(tables.fap), np.asarray(uniform.fap)
+    assert fap[hot].sum() / fap.sum() > 5 * flat[hot].sum() / flat.sum()  # the requested nodes are read most
+
+
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_killed_rank_turns_readiness_off_and_the_group_rejoins(partitioned_server, tiny_dataset, tiny_model_pe,
                                                                  victim):

@@ -218,6 +218,47 @@ def test_existing_node_sampling_is_refused_and_new_node_sampling_goes_to_the_ran
     _run(scenario)
 
 
+def test_the_seed_log_counts_the_nodes_full_requests_are_rooted_at(tmp_path):
+    """--seed-log on a partitioned server: each existing-node id of a full request counted
+    once per call (calls grouped for the ranks too), lookups and new nodes not, written as
+    the .counts.npy over the stored graph that `workload build --seeds` reads. It wrote
+    nothing."""
+    from hybridgnn.config import ServerConfig
+    from hybridgnn.workload.tables import seed_distribution
+
+    log = tmp_path / "seeds.counts.npy"
+
+    async def scenario(engine, ranks):
+        ranks.gate.clear()  # the first call holds the ranks while the others queue behind it: one group
+        first = asyncio.ensure_future(engine.full(np.array([7])))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(engine.full(np.array(ids))) for ids in ([1, 1], [7, 2999])]
+        await asyncio.sleep(0.05)
+        ranks.gate.set()
+        await asyncio.gather(first, *queued)
+        await engine.lookup(np.array([5, 5]))
+        await engine.new_nodes(np.zeros((1, 16), np.float32), np.array([[3000], [1]]), mode="sampled", gamma=0.1,
+                               policy="ratio")
+        await asyncio.to_thread(engine.save_seed_log, log)
+        return engine.graph
+
+    graph = _run(scenario, server=ServerConfig(seed_log=log))
+    counts = np.load(log)
+    assert counts.dtype == np.int64 and counts.shape == (graph.num_nodes,)
+    assert {int(i): int(counts[i]) for i in np.flatnonzero(counts)} == {1: 2, 7: 2, 2999: 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["seeds.counts.npy"]  # written whole: no temporary left
+    p0, _ = seed_distribution(graph, log)
+    assert p0[[1, 7, 2999]].tolist() == [0.4, 0.4, 0.2]
+
+
+def test_without_a_seed_log_nothing_is_counted():
+    async def scenario(engine, ranks):
+        await engine.full(np.array([1, 2]))
+        return engine._seed_counts
+
+    assert _run(scenario) is None
+
+
 def test_partition_config_is_checked():
     with pytest.raises(ValueError, match="--partitions"):
         PartitionConfig(partitions=-1)

@@ -11,7 +11,8 @@ exact output; the default) and `precomputed` (rows from their owners); new nodes
 `full`, `pe`, `srpe` and `sampled` (keyed draws, the same sample one process draws).
 Existing-node `sampled` is refused: the CPU and GPU samplers' draws would differ from
 one process's, and answers are exact or refused. Graph updates (with an update token)
-go through the update log to the ranks (partitioned_updates.py).
+go through the update log to the ranks (partitioned_updates.py). With --seed-log, the ids of
+full requests are counted per node (SeedCounts) and written as a single process's log is.
 
 Event loop thread; calls run in a worker thread (RankGroup.call blocks).
 """
@@ -95,6 +96,13 @@ class PartitionedEngine(Admitting):
             cfg.cpu_pipeline, workers=1, processes=False, cpus=())), 1, 1.0, None, None)
         if self.updates is not None:
             self.updates.on_group = self.lane("updates").observe
+        # per-node request counts, kept only for the seed log (--seed-log): the nodes full
+        # requests are rooted at, as a single process counts its sampled requests' seeds
+        self._seed_counts = None
+        if cfg.server.seed_log is not None:
+            from hybridgnn.serving.core.placement_refresh import SeedCounts
+
+            self._seed_counts = SeedCounts(self.graph.num_nodes)
         self._admitted_seed_psgs = 1.0
         self._refused_in_flight_cap = 0
         self._pending = 0
@@ -213,7 +221,11 @@ class PartitionedEngine(Admitting):
         raise LookupError("a partitioned server keeps no GPU feature cache")
 
     def save_seed_log(self, path) -> None:
-        """Nothing to save: seeds are not counted here (no feature placement to plan)."""
+        """Write the per-node request counts (atomically) as a single process's server
+        writes them: ids of full existing-node requests over the stored graph (lookups and
+        new nodes are not counted), for `workload build --seeds` and `place --from-log`."""
+        if self._seed_counts is not None:
+            self._seed_counts.save_seed_log(path)
 
     # --- requests ------------------------------------------------------------------------
     def check_alive(self, node_ids: np.ndarray) -> None:
@@ -329,6 +341,8 @@ class PartitionedEngine(Admitting):
     async def _run(self, group: list[_Call]) -> None:
         first = group[0]
         arrays = first.arrays if len(group) == 1 else (np.concatenate([c.arrays[0] for c in group]),)
+        if self._seed_counts is not None and first.name == "existing":  # once per call sent to the ranks
+            self._seed_counts.count(arrays[0])
         t0 = time.perf_counter()
         try:
             out, rows = await asyncio.to_thread(self.ranks.call, first.name, first.head, arrays)

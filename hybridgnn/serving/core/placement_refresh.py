@@ -20,14 +20,13 @@ from hybridgnn.workload.typed import write_typed_counts
 log = logging.getLogger(__name__)
 
 
-class PlacementRefresh:
-    """Per-node request counts since start and the refresh of the device cache from them."""
+class SeedCounts:
+    """Per-node request counts of a homogeneous graph since start, written as the seed log
+    (a .counts.npy; the partitioned engine's, and PlacementRefresh's)."""
 
-    def __init__(self, resources: Resources, stats: ServingStats):
-        self.resources = resources
-        self.stats = stats
+    def __init__(self, num_nodes: int):
         # Requests per node of the stored graph: the seed distribution FAP is computed from.
-        self.seed_counts = np.zeros(resources.graph.num_nodes, dtype=np.int64)
+        self.seed_counts = np.zeros(num_nodes, dtype=np.int64)
 
     def count(self, seeds: np.ndarray) -> None:
         """Count requested seeds of the stored graph (nodes added by updates are not counted:
@@ -41,6 +40,15 @@ class PlacementRefresh:
         # one path no longer write into one temporary, nor leave a torn file after a crash
         counts = self.seed_counts.copy()
         write_replacing(Path(path), lambda tmp: np.save(tmp, counts))
+
+
+class PlacementRefresh(SeedCounts):
+    """Per-node request counts since start and the refresh of the device cache from them."""
+
+    def __init__(self, resources: Resources, stats: ServingStats):
+        super().__init__(resources.graph.num_nodes)
+        self.resources = resources
+        self.stats = stats
 
     def _build(self, counts: np.ndarray, old):
         """The new cache, FAP, order and the rows it keeps of the old one (a worker thread:
