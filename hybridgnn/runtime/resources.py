@@ -120,6 +120,10 @@ class Resources:
         trained_on = self.model_config.get("dataset_fingerprint")
         if trained_on and trained_on != self.graph.fingerprint:
             log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
+        # Requests per node of the stored graph since start (the seed log, the placement
+        # refresh): one count over every model served on the graph, whichever version or
+        # model a request named, and kept when one is unloaded.
+        self.seed_counts = base.seed_counts if base is not None else np.zeros(self.graph.num_nodes, dtype=np.int64)
         self.tables = (base.tables if base is not None and tuple(base.cfg.sampling.fanouts) == tuple(cfg.sampling.fanouts)
                        else WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts))
         self.embeddings = EmbeddingStore.for_graph(cfg.model_dir, self.graph)

@@ -41,7 +41,7 @@ async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     background: set[asyncio.Task] = set()
-    engine = service.models.engines()[0]  # server-wide state (seed counts) and the log line
+    engine = service.models.engines()[0]  # server-wide state (seed counts: one over every model) and the log line
 
     def refresh() -> None:  # SIGHUP: rebuild the GPU feature cache from the seeds seen so far
         task = loop.create_task(_refresh_placement(engine))

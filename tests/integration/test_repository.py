@@ -53,9 +53,11 @@ def repo_server(tiny_dataset, tiny_model_pe, tmp_path_factory):
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "1" / "config.json").write_text("{}")  # not a model directory
     grpc_port = free_port()
+    seed_log = repo.parent / "repository-seeds.counts.npy"
     srv = ServerProcess(tiny_dataset, None, "--workers", "1", "--model-repository", str(repo), "--grpc-port",
-                        str(grpc_port), "--update-token", TOKEN).wait_ready()
-    srv.grpc_port = grpc_port
+                        str(grpc_port), "--update-token", TOKEN, "--seed-log", str(seed_log),
+                        "--seed-log-interval-s", "0.2").wait_ready()
+    srv.grpc_port, srv.seed_log = grpc_port, seed_log
     yield srv
     assert srv.stop() == 0
 
@@ -219,6 +221,25 @@ def test_statistics_count_what_each_version_answered(repo_server):
     assert {(m["name"], m["version"]) for m in everything} == {("other", "3"), ("sage", "1"), ("sage", "2")}
     r = requests.get(f"{repo_server.url}/v2/models/sage/versions/5/stats", timeout=10)
     assert r.status_code == 404 and "versions: ['1', '2']" in r.json()["error"]
+
+
+def test_the_seed_log_counts_requests_to_every_model_and_version(repo_server):
+    """One count over the graph, whichever model or version a request named (the log was
+    the first engine's only: requests to the others were never counted)."""
+    url, counted = repo_server.url, {2990: 1, 2991: 2, 2992: 3}
+    for path, ids in (("/v2/models/sage/versions/1", [2990, 2991]), ("/v2/models/sage/versions/2", [2991, 2992]),
+                      ("/v2/models/other", [2992, 2992])):
+        body = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [len(ids)], "data": ids}]}  # sampled
+        assert requests.post(f"{url}{path}/infer", json=body, timeout=30).ok
+
+    def logged() -> bool:
+        try:
+            counts = np.load(repo_server.seed_log)
+        except (OSError, ValueError):
+            return False
+        return all(counts[node] == n for node, n in counted.items())
+
+    _until(logged, "the seed log to count the requests to every version", timeout_s=30)
 
 
 def test_the_repository_over_grpc_answers_as_over_rest(repo_server):

@@ -11,7 +11,8 @@ from hybridgnn.serving.core.placement_refresh import PlacementRefresh
 
 
 def _refresh(num_nodes: int) -> PlacementRefresh:
-    return PlacementRefresh(SimpleNamespace(graph=SimpleNamespace(num_nodes=num_nodes)), stats=None)
+    return PlacementRefresh(SimpleNamespace(graph=SimpleNamespace(num_nodes=num_nodes),
+                                            seed_counts=np.zeros(num_nodes, dtype=np.int64)), stats=None)
 
 
 def test_counts_are_written_whole_with_no_temporary_left(tmp_path):

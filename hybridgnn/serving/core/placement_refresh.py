@@ -24,9 +24,11 @@ class SeedCounts:
     """Per-node request counts of a homogeneous graph since start, written as the seed log
     (a .counts.npy; the partitioned engine's, and PlacementRefresh's)."""
 
-    def __init__(self, num_nodes: int):
+    def __init__(self, num_nodes: int, counts: np.ndarray | None = None):
+        """counts: an array to count into, shared (every model of a repository counts into
+        its graph's one); else a new one."""
         # Requests per node of the stored graph: the seed distribution FAP is computed from.
-        self.seed_counts = np.zeros(num_nodes, dtype=np.int64)
+        self.seed_counts = counts if counts is not None else np.zeros(num_nodes, dtype=np.int64)
 
     def count(self, seeds: np.ndarray) -> None:
         """Count requested seeds of the stored graph (nodes added by updates are not counted:
@@ -46,7 +48,7 @@ class PlacementRefresh(SeedCounts):
     """Per-node request counts since start and the refresh of the device cache from them."""
 
     def __init__(self, resources: Resources, stats: ServingStats):
-        super().__init__(resources.graph.num_nodes)
+        super().__init__(resources.graph.num_nodes, resources.seed_counts)
         self.resources = resources
         self.stats = stats
 
