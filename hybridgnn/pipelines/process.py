@@ -256,7 +256,11 @@ class ProcessExecutor:
         if self.batch_timeout_s is not None and not self._conn.poll(self.batch_timeout_s):
             self.kill()
             raise self.hung()
-        return self.receive(timings)
+        try:
+            return self.receive(timings)
+        except WorkerProcessExited:  # or stalled mid-answer, its stream out of step: the next run starts another
+            self.kill()
+            raise
 
     @property
     def running(self) -> bool:

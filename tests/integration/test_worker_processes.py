@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig, UpdateConfig
-from hybridgnn.pipelines.process import STALL_S, ProcessExecutor, WorkerProcessError
+from hybridgnn.pipelines.process import (
+    MESSAGE_HEAD,
+    STALL_S,
+    MessageReader,
+    ProcessExecutor,
+    WorkerProcessError,
+    WorkerProcessExited,
+)
 from hybridgnn.runtime.resources import Resources, build_worker_executor
 from hybridgnn.serving.core.engine import Engine
 
@@ -62,6 +69,18 @@ def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_replaced(tiny_da
         with pytest.raises(WorkerProcessError, match="answered no batch within 1 s"):
             ex.run(seeds)
         assert ex._proc is None and not hung.is_alive()
+        np.testing.assert_array_equal(ex.run(seeds).logits, expected)
+        # an answer that stops mid-message (read here as a head and nothing after) fails at the
+        # stall limit, and the child, its stream out of step, is replaced
+        stalled, rest = socket.socketpair()
+        rest.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200_000))
+        stalled.sendall(MESSAGE_HEAD.pack(100, 0))
+        ex._reader.close()
+        ex._reader, child = MessageReader(rest), ex._proc
+        with pytest.raises(WorkerProcessExited):
+            ex.run(seeds)
+        assert ex._proc is None and not child.is_alive()
+        stalled.close()
         np.testing.assert_array_equal(ex.run(seeds).logits, expected)
     finally:
         ex.close()
