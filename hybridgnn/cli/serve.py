@@ -32,6 +32,7 @@ from hybridgnn.config import (
     parse_cpus,
     parse_fanouts,
 )
+from hybridgnn.config.settings import BadEnvValue
 from hybridgnn.errors import ConfigError
 
 
@@ -62,7 +63,7 @@ def add_parser(sub) -> None:
                         "(cuda when a GPU is visible), emulate (the GPU pipeline's code on CPU tensors, for "
                         "testing and profiling without a GPU)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
-                   default=env_default("SPILL", True, env_flag),
+                   default=_spill_default(),
                    help="never move a batch to the other pipeline when its own is saturated (with "
                         "--psgs-threshold 0: GPU only, for single-device baselines)")
     p.add_argument("--profile", type=user_path, default=env_default("PROFILE", None, Path),
@@ -95,6 +96,15 @@ def add_parser(sub) -> None:
     add_config_flags(p, ServerConfig, RouterConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
                      UpdateConfig, DeviceMemoryConfig, PartitionConfig)
     p.set_defaults(run=run)
+
+
+def _spill_default():
+    """--no-spill from HYBRIDGNN_NO_SPILL (true: never spill), as every flag is HYBRIDGNN_<FLAG>;
+    without it from HYBRIDGNN_SPILL (0: never spill), the name it was read from before."""
+    no_spill = env_default("NO_SPILL", None, env_flag)
+    if no_spill is None:
+        return env_default("SPILL", True, env_flag)
+    return no_spill if isinstance(no_spill, BadEnvValue) else not no_spill
 
 
 def _on_off_auto(value: str) -> str:

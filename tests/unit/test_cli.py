@@ -831,6 +831,28 @@ def test_the_seed_log_interval_is_a_flag_and_a_setting_checked_in_its_words(monk
         assert len(err.strip().splitlines()) == 1
 
 
+def test_no_spill_is_set_as_hybridgnn_no_spill_as_every_flag_is(monkeypatch, capsys):
+    """Every serve flag is HYBRIDGNN_<FLAG>; --no-spill read only HYBRIDGNN_SPILL, so
+    HYBRIDGNN_NO_SPILL=1 was silently ignored and the server spilled. HYBRIDGNN_SPILL=0
+    still works (the name it had)."""
+    from hybridgnn.cli import serve as serve_cli
+
+    base = ["serve", "--dataset", "d", "--model", "m", "--fanouts", "5,5"]
+    assert serve_cli.build_config(build_parser().parse_args(base)).router.spill is True
+    monkeypatch.setenv("HYBRIDGNN_NO_SPILL", "1")
+    assert serve_cli.build_config(build_parser().parse_args(base)).router.spill is False
+    monkeypatch.setenv("HYBRIDGNN_NO_SPILL", "off")
+    assert serve_cli.build_config(build_parser().parse_args(base)).router.spill is True
+    monkeypatch.delenv("HYBRIDGNN_NO_SPILL")
+    monkeypatch.setenv("HYBRIDGNN_SPILL", "0")
+    assert serve_cli.build_config(build_parser().parse_args(base)).router.spill is False
+    monkeypatch.setenv("HYBRIDGNN_NO_SPILL", "maybe")
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve"])
+    assert exit_.value.code == 2
+    assert "HYBRIDGNN_NO_SPILL='maybe' is not a valid boolean" in capsys.readouterr().err
+
+
 def test_max_wait_help_says_a_request_on_a_quiet_server_does_not_wait(capsys):
     """`--max-wait-ms` said only "longest a request waits for its batch to fill", as if a
     lone request always waited that long; it waits only while a batch is under way
