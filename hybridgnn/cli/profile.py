@@ -8,11 +8,16 @@ from pathlib import Path
 from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.cli.flags import DefaultsHelpFormatter, flag_parser, user_path
 from hybridgnn.cli.outputs import check_out
-from hybridgnn.cli.serve import add_cpu_lane_flag, add_worker_processes_flag
+from hybridgnn.cli.serve import (
+    _on_off_auto,
+    add_cpu_lane_flag,
+    add_worker_processes_flag,
+)
 from hybridgnn.config import (
     GRAPH_PLACEMENTS,
     DeviceMemoryConfig,
     PipelineConfig,
+    env_default,
     parse_bytes,
 )
 
@@ -27,25 +32,33 @@ def add_parser(sub) -> None:
                                    "p99 curves, finds the four operating points, and writes a JSON profile plus a "
                                    "PNG and SVG plot. Serve with it: hybridgnn serve --profile P --policy ...",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=user_path, default=None, help="dataset directory (default: the demo)")
-    p.add_argument("--model", type=user_path, default=None, help="model directory (default: the demo)")
-    p.add_argument("--fanouts", default=None, help="per-hop fanouts (default: the model's)")
+    p.add_argument("--dataset", type=user_path, default=env_default("DATASET", None, Path),
+                   help="dataset directory (default: the demo)")
+    p.add_argument("--model", type=user_path, default=env_default("MODEL", None, Path),
+                   help="model directory (default: the demo)")
+    p.add_argument("--fanouts", default=env_default("FANOUTS", None), help="per-hop fanouts (default: the model's)")
     p.add_argument("--out", type=user_path, default=None, help="profile path (default profiles/<dataset>-<model>.json)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default="auto",
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default=env_default("DEVICE", "auto"),
                    help="pipelines to profile, as for serve (emulate: the GPU pipeline's code on CPU tensors)")
-    p.add_argument("--workers", type=int, default=CPU_COUNT, help="CPU pipeline workers")
-    add_worker_processes_flag(p)  # as `serve`: profiled and served workers run alike
+    p.add_argument("--workers", type=int, default=env_default("WORKERS", CPU_COUNT, int),
+                   help="CPU pipeline workers")
+    # as `serve` (and from the same HYBRIDGNN_<FLAG> variables): profiled and served workers run alike
+    add_worker_processes_flag(p, env_default("WORKER_PROCESSES", "auto", _on_off_auto))
     add_cpu_lane_flag(p)  # the CPU lane is profiled as it is served (split: CPU sampling + device time)
     p.add_argument("--other-lane-loaded", action="store_true",
                    help="with a split CPU lane: profile each lane beside the other's work on the GPU (the curves "
                         "then hold the contention); default: each alone, and slo:<ms> queues both lanes on one "
                         "simulated GPU")
-    p.add_argument("--gpu-workers", type=int, default=PipelineConfig.workers, help="GPU pipeline workers")
-    p.add_argument("--gpu-cache-bytes", type=flag_parser(parse_bytes), default=DeviceMemoryConfig.cache_bytes,
+    p.add_argument("--gpu-workers", type=int, default=env_default("GPU_WORKERS", PipelineConfig.workers, int),
+                   help="GPU pipeline workers")
+    p.add_argument("--gpu-cache-bytes", type=flag_parser(parse_bytes),
+                   default=env_default("GPU_CACHE_BYTES", DeviceMemoryConfig.cache_bytes, flag_parser(parse_bytes)),
                    help="GPU feature cache, hottest rows by FAP (bytes)")
-    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS), default=DeviceMemoryConfig.graph_placement,
+    p.add_argument("--graph-placement", choices=list(GRAPH_PLACEMENTS),
+                   default=env_default("GRAPH_PLACEMENT", DeviceMemoryConfig.graph_placement),
                    help="where the GPU sampler reads the graph: pinned host memory (uva) or device memory")
-    p.add_argument("--cpu-compute-device", default="cpu", help="where the CPU lane runs the model (as serve's flag)")
+    p.add_argument("--cpu-compute-device", default=env_default("CPU_COMPUTE_DEVICE", "cpu"),
+                   help="where the CPU lane runs the model (as serve's flag)")
     p.add_argument("--bins", type=int, default=12, help="log-spaced PSGS bins")
     p.add_argument("--min-samples", type=int, default=100, help="batches per bin (for a stable p99)")
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch (seeds)")

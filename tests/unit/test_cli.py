@@ -800,6 +800,23 @@ def test_profile_takes_its_pipeline_defaults_from_the_config_serve_uses(monkeypa
     assert (args.gpu_workers, args.gpu_cache_bytes, args.graph_placement) == (3, 12345, "gpu")
 
 
+def test_profile_reads_the_environment_serve_reads_for_the_flags_they_share(monkeypatch, tmp_path):
+    """profile drives the server you would run: a server configured by HYBRIDGNN_<FLAG>
+    variables (the fanouts, dataset, model, workers) was profiled with the flags' defaults
+    instead (only HYBRIDGNN_CPU_LANE was read), and `serve --profile` then refused the
+    profile as made for other fanouts or warned that other pipelines were measured."""
+    env = {"DATASET": str(tmp_path / "d"), "MODEL": str(tmp_path / "m"), "FANOUTS": "7,3", "DEVICE": "emulate",
+           "WORKERS": "3", "WORKER_PROCESSES": "off", "GPU_WORKERS": "5", "GPU_CACHE_BYTES": "2M",
+           "GRAPH_PLACEMENT": "gpu", "CPU_COMPUTE_DEVICE": "cuda"}
+    for name, value in env.items():
+        monkeypatch.setenv(f"HYBRIDGNN_{name}", value)
+    args = build_parser().parse_args(["profile"])
+    assert (args.dataset, args.model, args.fanouts, args.device) == (tmp_path / "d", tmp_path / "m", "7,3", "emulate")
+    assert (args.workers, args.worker_processes, args.gpu_workers) == (3, "off", 5)
+    assert (args.gpu_cache_bytes, args.graph_placement, args.cpu_compute_device) == (2 << 20, "gpu", "cuda")
+    assert build_parser().parse_args(["profile", "--fanouts", "2,2"]).fanouts == "2,2"  # a flag wins
+
+
 def test_wait_when_idle_and_access_log_reach_the_config(monkeypatch):
     from hybridgnn.cli import serve as serve_cli
 
