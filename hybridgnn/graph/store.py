@@ -141,6 +141,8 @@ def read_meta(root: Path) -> dict:
     """A dataset directory's meta.json (either kind); DatasetError naming what is wrong."""
     meta_path = root / "meta.json"
     if not meta_path.is_file():
+        if not root.exists() and not root.is_symlink():  # a mistyped path, more often than a directory without one
+            raise DatasetError(f"dataset directory {root} does not exist")
         raise DatasetError(f"{root} is not a hybridgnn dataset: {meta_path} is missing")
     try:
         meta = read_json(meta_path)

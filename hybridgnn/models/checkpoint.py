@@ -133,6 +133,8 @@ def read_config(path: str | Path) -> dict:
     root = Path(path).expanduser()  # "~/models/x" from Python, as the CLI reads it
     cfg_path = root / CONFIG
     if not cfg_path.is_file():
+        if not root.exists() and not root.is_symlink():  # a mistyped path, more often than a directory without one
+            raise CheckpointError(f"model directory {root} does not exist")
         raise CheckpointError(not_a_file(cfg_path) or f"model directory {root} lacks {CONFIG} (write one with "
                               "hybridgnn.save_model or `hybridgnn model export`)")
     try:

@@ -55,7 +55,7 @@ def test_generate_build_train_info(tmp_path, capsys):
 def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     assert main(["dataset", "info", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert "error:" in err and "not a hybridgnn dataset" in err
+    assert "error:" in err and "does not exist" in err
     assert main(["workload", "build", "--dataset", str(tmp_path), "--fanouts", "0"]) == 2
     assert main(["serve", "--dataset", str(tmp_path)]) == 2
     assert "give both --dataset and --model" in capsys.readouterr().err
@@ -585,7 +585,7 @@ def test_the_store_lock_is_held_once_per_distributed_run(tmp_path, capsys, monke
     capsys.readouterr()
     assert main(["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "typo" / "m"),
                  "--nprocs", "2"]) == 2
-    assert "lacks config.json" in capsys.readouterr().err and not (tmp_path / "typo").exists()
+    assert "model directory" in capsys.readouterr().err and not (tmp_path / "typo").exists()
 
 
 def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_starts(tmp_path, capsys, monkeypatch):
@@ -815,6 +815,34 @@ def test_profile_reads_the_environment_serve_reads_for_the_flags_they_share(monk
     assert (args.workers, args.worker_processes, args.gpu_workers) == (3, "off", 5)
     assert (args.gpu_cache_bytes, args.graph_placement, args.cpu_compute_device) == (2 << 20, "gpu", "cuda")
     assert build_parser().parse_args(["profile", "--fanouts", "2,2"]).fanouts == "2,2"  # a flag wins
+
+
+def test_a_mistyped_dataset_or_model_path_is_said_not_to_exist(tmp_path, capsys):
+    """A path that is not there was "model directory X lacks config.json (write one with
+    hybridgnn.save_model ...)" or "X is not a hybridgnn dataset: X/meta.json is missing",
+    as if the directory were there but incomplete; a directory without them still says so."""
+    from torch_geometric.nn.models import GraphSAGE
+
+    import hybridgnn
+    from hybridgnn.graph.generate import generate_csbm
+
+    generate_csbm(tmp_path / "d", num_nodes=40, num_classes=2, feature_dim=4, seed=0)
+    hybridgnn.save_model(GraphSAGE(4, 8, num_layers=2, out_channels=2), tmp_path / "m")
+    capsys.readouterr()
+    for argv, said in (
+            (["model", "check", str(tmp_path / "nope")], f"model directory {tmp_path / 'nope'} does not exist"),
+            (["serve", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "nope")],
+             f"model directory {tmp_path / 'nope'} does not exist"),
+            (["serve", "--dataset", str(tmp_path / "nope"), "--model", str(tmp_path / "m")],
+             f"dataset directory {tmp_path / 'nope'} does not exist"),
+            (["precompute", "--dataset", str(tmp_path / "nope"), "--model", str(tmp_path / "m")],
+             f"dataset directory {tmp_path / 'nope'} does not exist"),
+            (["model", "check", str(tmp_path / "d")], "lacks config.json"),
+            (["serve", "--dataset", str(tmp_path / "m"), "--model", str(tmp_path / "m")],
+             "is not a hybridgnn dataset")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, (argv, err)
 
 
 def test_wait_when_idle_and_access_log_reach_the_config(monkeypatch):

@@ -125,7 +125,7 @@ def test_an_id_map_that_lookups_would_misread_is_refused(tmp_path, ids, match):
 
 
 def test_missing_dataset(tmp_path):
-    with pytest.raises(DatasetError, match="not a hybridgnn dataset"):
+    with pytest.raises(DatasetError, match="does not exist"):
         GraphStore.open(tmp_path / "nope")
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "meta.json").write_text("{not json")

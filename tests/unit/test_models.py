@@ -56,7 +56,7 @@ def test_checkpoint_roundtrip_and_errors(tmp_path):
     assert cfg["fanouts"] == [3, 2] and loaded.spec == model.spec
     for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    with pytest.raises(CheckpointError, match="lacks"):
+    with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing")
     (tmp_path / "m" / "config.json").write_text('{"spec": {"kind": "sage"}}')
     with pytest.raises(CheckpointError, match="older hybridgnn"):
