@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from hybridgnn.config import ServeConfig
+from hybridgnn.config import PolicyConfig, ServeConfig
 from hybridgnn.errors import ConfigError
 from hybridgnn.scheduler.policy import Policy, Profile, ProfileMismatch, adapted_policy
 from hybridgnn.scheduler.queueing import ServingLoad
@@ -82,7 +82,13 @@ class PolicyControl:
             policy = prof.policy(pc.policy, batching_wait_s=self.cfg.batcher.max_wait_s,
                                  load=ServingLoad.from_policy(pc, batcher=self.cfg.batcher))
         except ValueError as exc:
-            raise ConfigError(f"policy {pc.policy!r} with profile {pc.profile}: {exc}") from exc
+            # each of policy()'s messages names the policy: name it once, and say when it is the default
+            said, named = str(exc), f"policy {pc.policy!r}"
+            if named not in said:
+                said = f"{named}: {said}"
+            if pc.policy == PolicyConfig.policy:
+                said = said.replace(named, f"{named} (the default)", 1)
+            raise ConfigError(f"profile {pc.profile}: {said}") from exc
         self.profile = prof
         log.info("policy %s from %s: PSGS threshold %s, batch PSGS up to %s, predicted %s seeds/s", policy.name,
                  pc.profile, policy.psgs_threshold, policy.max_batch_psgs,

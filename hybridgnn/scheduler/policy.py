@@ -254,7 +254,7 @@ class Profile:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)} or slo:<ms>, got {spec!r}")
         if set(self.devices) != {"cpu", "gpu"}:
             raise ValueError(f"policy {spec!r} picks a point between the CPU and GPU pipelines, but only "
-                             f"{sorted(self.devices)} is served (use slo:<ms>)")
+                             f"{sorted(self.devices)} is served: give --policy slo:<ms> (e.g. slo:50)")
         key = {"latency": "latency_preferred", "throughput": "throughput_preferred",
                "cpu": "cpu_preferred", "gpu": "gpu_preferred"}[spec]
         p = self.points()[key]

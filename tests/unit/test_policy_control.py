@@ -2,6 +2,7 @@
 policy in force, what a profile must hold to be re-fitted, and when there is nothing to
 re-fit from."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -284,3 +285,22 @@ def test_a_profile_that_does_not_name_its_threads_measured_one_thread_a_worker(m
     with caplog.at_level("WARNING", logger="hybridgnn.scheduler.control"):
         _control(path, policy="latency", adapt=False).load("fingerprint")
     assert not caplog.records
+
+
+def test_an_operating_point_on_a_cpu_only_server_says_it_is_the_default_and_what_to_give(monkeypatch):
+    """`serve --profile P` on a CPU-only server said "policy 'latency' with profile P: policy
+    'latency' picks a point between the CPU and GPU pipelines, ... (use slo:<ms>)": a policy
+    the user never gave, named twice, and no flag to give instead."""
+    from hybridgnn.errors import ConfigError
+
+    monkeypatch.setattr(Profile, "check_matches", lambda *args, **kwargs: None)
+    cfg = ServeConfig(dataset_dir=Path("/nonexistent"), model_dir=Path("/nonexistent"),
+                      policy=PolicyConfig(profile=DEMO_PROFILE))
+    with pytest.raises(ConfigError) as info:
+        PolicyControl(cfg, ("cpu",)).load("any")
+    said = str(info.value)
+    assert f"profile {DEMO_PROFILE}: policy 'latency' (the default) picks a point between" in said
+    assert said.count("latency") == 1 and "only ['cpu'] is served" in said and "--policy slo:<ms>" in said
+    cfg = dataclasses.replace(cfg, policy=PolicyConfig(profile=DEMO_PROFILE, policy="throughput"))
+    with pytest.raises(ConfigError, match=r"policy 'throughput' picks a point"):
+        PolicyControl(cfg, ("cpu",)).load("any")

@@ -666,7 +666,7 @@ def test_a_named_policy_is_its_own_point_and_bounds_no_batch(tmp_path):
         assert math.isinf(p.max_batch_psgs) and p.pipeline_limits == {}
     assert len({points[k].psgs_threshold for k in ("cpu_preferred", "gpu_preferred")}) == 2  # told apart
     alone = Profile.load(_edited_profile(tmp_path, lambda d: d["pipelines"].pop("gpu")))
-    with pytest.raises(ValueError, match=r"only \['cpu'\] is served \(use slo:<ms>\)"):
+    with pytest.raises(ValueError, match=r"only \['cpu'\] is served: give --policy slo:<ms>"):
         alone.policy("latency")
 
 
