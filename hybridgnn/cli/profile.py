@@ -9,9 +9,9 @@ from hybridgnn.capabilities import CPU_COUNT
 from hybridgnn.cli.flags import DefaultsHelpFormatter, flag_parser, user_path
 from hybridgnn.cli.outputs import check_out
 from hybridgnn.cli.serve import (
-    _on_off_auto,
     add_cpu_lane_flag,
     add_worker_processes_flag,
+    on_off_auto,
 )
 from hybridgnn.config import (
     GRAPH_PLACEMENTS,
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=env_default("WORKERS", CPU_COUNT, int),
                    help="CPU pipeline workers")
     # as `serve` (and from the same HYBRIDGNN_<FLAG> variables): profiled and served workers run alike
-    add_worker_processes_flag(p, env_default("WORKER_PROCESSES", "auto", _on_off_auto))
+    add_worker_processes_flag(p, env_default("WORKER_PROCESSES", "auto", on_off_auto))
     add_cpu_lane_flag(p)  # the CPU lane is profiled as it is served (split: CPU sampling + device time)
     p.add_argument("--other-lane-loaded", action="store_true",
                    help="with a split CPU lane: profile each lane beside the other's work on the GPU (the curves "

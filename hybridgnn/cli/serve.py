@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=env_default("WORKERS", None, int),
                    help="CPU pipeline workers (default: the cores given by --worker-cpus, else the cores this "
                         "process may use)")
-    add_worker_processes_flag(p, env_default("WORKER_PROCESSES", "auto", _on_off_auto))
+    add_worker_processes_flag(p, env_default("WORKER_PROCESSES", "auto", on_off_auto))
     p.add_argument("--worker-cpus", default=env_default("WORKER_CPUS", ""),
                    help="cores for the CPU worker processes, e.g. 1-3 (default: anywhere); the event loop and "
                         "the server's other threads then keep to the remaining cores, so front-end work "
@@ -107,7 +107,7 @@ def _spill_default():
     return no_spill if isinstance(no_spill, BadEnvValue) else not no_spill
 
 
-def _on_off_auto(value: str) -> str:
+def on_off_auto(value: str) -> str:
     v = value.strip().lower()
     return {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off", "": "off"}.get(v, v)
 
