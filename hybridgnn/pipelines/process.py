@@ -64,8 +64,9 @@ MAX_BUFFERS = 1024  # more is a broken stream (a batch's answer holds a handful 
 PENDING = object()
 
 
-def write_message(sock: socket.socket, message) -> None:
-    """Send one message (any picklable value) whole; blocks until the socket took it."""
+def encode_message(message) -> list:
+    """One message (any picklable value) as the parts write_message sends: raises what
+    pickling raises, before anything is written (the stream stays in step)."""
     buffers: list[pickle.PickleBuffer] = []
 
     def out_of_band(buf: pickle.PickleBuffer):
@@ -77,13 +78,13 @@ def write_message(sock: socket.socket, message) -> None:
     data = pickle.dumps(message, protocol=5, buffer_callback=out_of_band)
     raws = [b.raw() for b in buffers]
     head = MESSAGE_HEAD.pack(len(data), len(raws)) + struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
-    if not raws:
-        sock.sendall(head + data)
-        return
-    sock.sendall(head)
-    sock.sendall(data)
-    for raw in raws:
-        sock.sendall(raw)
+    return [head + data] if not raws else [head, data, *raws]
+
+
+def write_message(sock: socket.socket, message) -> None:
+    """Send one message whole (encode_message's parts); blocks until the socket took it."""
+    for part in encode_message(message):
+        sock.sendall(part)
 
 
 def _message_parts():
@@ -114,6 +115,11 @@ class MessageReader:
         self._sock = sock
         self._parts = None
 
+    @property
+    def started(self) -> bool:
+        """Part of a message has arrived (the rest has not)."""
+        return self._parts is not None and (self._filled > 0 or self._target is not self._head)
+
     def read(self, wait: bool = True):
         """The next whole message, or PENDING (wait=False: not all arrived yet). EOFError
         at the end of the stream; ValueError for a stream that cannot be read."""
@@ -121,17 +127,16 @@ class MessageReader:
         while True:
             if self._parts is None:
                 self._parts = _message_parts()
-                self._target, self._filled = next(self._parts), 0
+                self._target = self._head = next(self._parts)
+                self._filled = 0
             view = memoryview(self._target)
             while self._filled < len(view):
                 try:
                     n = self._sock.recv_into(view[self._filled:], 0, flags)
                 except BlockingIOError:  # nothing there now; blocking, the stall limit passed
                     if wait:
-                        raise TimeoutError(f"the child sent nothing for {STALL_S} s in the middle of a message")
+                        raise TimeoutError(f"the child sent nothing for {STALL_S} s") from None
                     return PENDING
-                except InterruptedError:
-                    continue
                 if n == 0:
                     raise EOFError("the child's socket closed")
                 self._filled += n
@@ -140,6 +145,9 @@ class MessageReader:
             except StopIteration as done:
                 self._parts = None
                 return done.value
+            except BaseException:  # a message that cannot be read: the stream is out of step for good
+                self._parts = None
+                raise
 
     def close(self) -> None:
         self._sock.close()
@@ -189,12 +197,13 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
         try:
             r = executor.run(np.frombuffer(data, dtype=np.int64))
             t = r.timings
-            answer = ("ok", (r.logits, r.embeddings, r.predictions, t.sample_s, t.gather_s, t.compute_s,
-                             r.sampled_edges, r.gathered_rows))
-        except Exception as exc:  # the batch fails; the worker lives on
-            answer = ("error", f"{type(exc).__name__}: {exc}")
+            parts = encode_message(("ok", (r.logits, r.embeddings, r.predictions, t.sample_s, t.gather_s,
+                                           t.compute_s, r.sampled_edges, r.gathered_rows)))
+        except Exception as exc:  # the batch fails (its answer too: nothing was written); the worker lives on
+            parts = encode_message(("error", f"{type(exc).__name__}: {exc}"))
         try:
-            write_message(out, answer)
+            for part in parts:
+                out.sendall(part)
         except OSError:  # the parent is gone (or gave up on this child)
             return
 
@@ -232,28 +241,32 @@ class ProcessExecutor:
         finally:
             child.close()
         self._proc, self._conn = proc, parent
-        sock = socket.socket(fileno=os.dup(parent.fileno()))
-        stall = struct.pack("ll", STALL_S, 0)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
-        self._reader = MessageReader(sock)
-        if not parent.poll(START_TIMEOUT_S):
-            self.close()
-            raise WorkerProcessError(f"CPU worker process {self.worker} did not start within {START_TIMEOUT_S:.0f} s")
         try:
-            kind, detail = self._reader.read()
-        except (EOFError, OSError, ValueError, pickle.UnpicklingError):
-            proc.join(1.0)
-            kind, detail = "error", f"exited with code {proc.exitcode}"
-        if kind != "ready":
+            self._reader = MessageReader(socket.socket(fileno=os.dup(parent.fileno())))
+            stall = struct.pack("ll", STALL_S, 0)
+            self._reader._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
+            self._reader._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
+            if not parent.poll(START_TIMEOUT_S):
+                raise WorkerProcessError(f"CPU worker process {self.worker} did not start within "
+                                         f"{START_TIMEOUT_S:.0f} s")
+            try:
+                kind, detail = self._reader.read()
+            except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+                proc.join(1.0)
+                kind, detail = "error", f"exited with code {proc.exitcode}"
+            if kind != "ready":
+                raise WorkerProcessError(f"CPU worker process {self.worker} could not start: {detail}")
+        except BaseException:  # nothing half-started is left: the child, its socket and their descriptors
             self.close()
-            raise WorkerProcessError(f"CPU worker process {self.worker} could not start: {detail}")
+            raise
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
         if not self.running:
             self.restart()
         self.send(seeds)
-        if self.batch_timeout_s is not None and not self._conn.poll(self.batch_timeout_s):
+        # the answer's first bytes, for as long as a batch may take (for ever: None); the rest
+        # must then keep coming (the socket's stall limit)
+        if not self._conn.poll(self.batch_timeout_s):
             self.kill()
             raise self.hung()
         try:
@@ -305,15 +318,24 @@ class ProcessExecutor:
         has is kept, and the next call reads on). The event loop's way."""
         return self._answer(False, timings)
 
+    @property
+    def answer_started(self) -> bool:
+        """Part of the child's answer has arrived (poll_answer has the rest to wait for)."""
+        reader = self._reader
+        return reader is not None and reader.started
+
     def _answer(self, wait: bool, timings: StageTimings | None) -> BatchResult | None:
         reader, proc = self._reader, self._proc
         try:
             message = reader.read(wait)
+            if message is PENDING:
+                return None
+            kind, payload = message
         except (AttributeError, EOFError, OSError) as exc:
             raise self._exited(proc) from exc
-        if message is PENDING:
-            return None
-        kind, payload = message
+        except Exception as exc:  # an answer that cannot be read: the stream is out of step, the child replaced
+            raise WorkerProcessExited(f"CPU worker process {self.worker} sent an answer that could not be read "
+                                      f"({type(exc).__name__}: {exc})") from exc
         if kind != "ok":
             raise WorkerProcessError(payload)
         t = timings if timings is not None else StageTimings()

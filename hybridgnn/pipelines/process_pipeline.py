@@ -10,8 +10,8 @@ loop's only.
 A batch whose seed ids the socket's buffer may not hold is written from a thread, so a
 child that stopped reading never holds the loop (the batch timeout ends it). An answer is
 read as its bytes arrive, never waited for: a large one is taken in pieces between other
-work, and a child stopped in the middle of one holds nothing but its batch (the batch
-timeout ends it).
+work, and a child stopped in the middle of one holds nothing but its batch, for STALL_S
+(then it is killed and replaced, as a hung one is at the batch timeout).
 
 What holds as in pool.py: every submitted batch reaches on_done exactly once, with a
 result or the error that stopped it; batches wait in submission order for a free child.
@@ -33,6 +33,7 @@ from typing import Callable
 
 from hybridgnn.config import PipelineConfig
 from hybridgnn.pipelines.process import (
+    STALL_S,
     ProcessExecutor,
     WorkerProcessError,
     WorkerProcessExited,
@@ -55,7 +56,8 @@ class _Child:
     batch: Batch | None = None
     plan: RoutePlan | None = None
     timings: StageTimings | None = None
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.TimerHandle | None = None  # the batch timeout
+    stall: asyncio.TimerHandle | None = None  # an answer begun must go on arriving within STALL_S
     fd: int | None = None  # watched by the loop (None: not watched)
 
 
@@ -170,8 +172,12 @@ class ProcessPipeline:
         result, error = None, None
         try:
             result = child.executor.poll_answer(child.timings)
-            if result is None:
-                return  # the rest of the answer is on its way
+            if result is None:  # the rest of the answer is on its way, and must keep coming
+                if child.executor.answer_started:
+                    if child.stall is not None:
+                        child.stall.cancel()
+                    child.stall = self._loop.call_later(STALL_S, self._stalled, child)
+                return
         except WorkerProcessExited as exc:
             self._lost(child, exc)
             return
@@ -189,7 +195,15 @@ class ProcessPipeline:
 
     def _hung(self, child: _Child) -> None:
         child.timer = None
-        error = child.executor.hung()
+        self._kill(child, child.executor.hung())
+
+    def _stalled(self, child: _Child) -> None:
+        child.stall = None
+        self._kill(child, WorkerProcessExited(
+            f"CPU worker process {child.executor.worker} stopped in the middle of an answer for {STALL_S:g} s "
+            "and was killed; it restarts for the next one"))
+
+    def _kill(self, child: _Child, error: WorkerProcessError) -> None:
         self._unwatch(child)
         child.executor.signal_kill()  # reaped by the restart's close, on its thread: never on the loop
         self._lost(child, error)
@@ -268,9 +282,10 @@ class ProcessPipeline:
 
     @staticmethod
     def _clear(child: _Child) -> None:
-        if child.timer is not None:
-            child.timer.cancel()
-        child.batch = child.plan = child.timings = child.timer = None
+        for timer in (child.timer, child.stall):
+            if timer is not None:
+                timer.cancel()
+        child.batch = child.plan = child.timings = child.timer = child.stall = None
 
     async def _detach(self) -> None:
         self._release_all()

@@ -101,3 +101,17 @@ def test_a_message_of_too_many_buffers_is_refused():
         a.sendall(MESSAGE_HEAD.pack(10, 1 << 20))
         with pytest.raises(ValueError, match="buffers"):
             MessageReader(b).read(wait=False)
+
+
+def test_after_a_message_that_cannot_be_read_the_reader_reads_the_next_one():
+    """A message whose pickle does not load leaves the reader at the next message, not stuck
+    on the failed one (it read None for ever after)."""
+    bad = bytearray(encoded(("ok", 1)))
+    bad[MESSAGE_HEAD.size] ^= 0xFF  # the pickle's first byte: not a pickle
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(bytes(bad) + encoded(("error", "next")))
+        reader = MessageReader(b)
+        with pytest.raises(Exception):  # noqa: B017 - whatever unpickling raises
+            reader.read(wait=False)
+        assert reader.read(wait=False) == ("error", "next")

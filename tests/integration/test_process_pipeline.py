@@ -96,6 +96,10 @@ class FakeChild:
         return BatchResult(logits=seeds[:, None].astype(np.float32), predictions=seeds,
                            timings=timings or StageTimings())
 
+    @property
+    def answer_started(self):
+        return bool(self._got)
+
     def hung(self):
         return WorkerProcessExited(f"child {self.worker} answered no batch within {self.batch_timeout_s:g} s")
 
@@ -322,10 +326,14 @@ def test_a_watched_socket_is_blocking():
     run_pipeline(scenario, workers=1)
 
 
-def test_an_answer_in_pieces_is_read_as_it_comes_and_a_stalled_one_holds_only_its_batch():
+def test_an_answer_in_pieces_is_read_as_it_comes_and_a_stalled_one_holds_only_its_batch(monkeypatch):
     """The loop reads what has arrived and returns: the other child serves meanwhile, a
-    later piece completes the answer, and a child stopped mid-answer is ended by the batch
-    timeout (the loop never waits on it)."""
+    later piece completes the answer, and a child stopped mid-answer is killed after the
+    stall limit (the loop never waits on it; before, it held the loop that long)."""
+    import hybridgnn.pipelines.process_pipeline as process_pipeline
+
+    monkeypatch.setattr(process_pipeline, "STALL_S", 0.3)
+
     async def scenario(pipe, children, done):
         children[0].hold = True
         pipe.submit(make_batch([1]), PLAN)
@@ -343,6 +351,6 @@ def test_an_answer_in_pieces_is_read_as_it_comes_and_a_stalled_one_holds_only_it
         assert done[2][0] == [3]
         await until(lambda: len(done) == 4, deadline_s=3)
 
-    _, children, done = run_pipeline(scenario, workers=2, timeout_s=0.5)
-    assert done[3][0] == [4] and "answered no batch within 0.5 s" in str(done[3][2])
-    assert children[0].restarts == 1
+    _, children, done = run_pipeline(scenario, workers=2, timeout_s=None)  # no batch timeout: the stall ends it
+    assert done[3][0] == [4] and "stopped in the middle of an answer for 0.3 s" in str(done[3][2])
+    assert children[0].restarts == 1 and children[0].kills == 1

@@ -217,3 +217,49 @@ def test_the_worker_batch_timeout_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", bad)
         with pytest.raises(ValueError, match="HYBRIDGNN_WORKER_BATCH_TIMEOUT_S"):
             batch_timeout_s()
+
+
+class _OddExecutor:
+    """A worker's executor (built in the child by build_odd_executor): seed 13 answers with
+    outputs that cannot be pickled, seed 14 takes 0.6 s, others answer their ids."""
+
+    def run(self, seeds):
+        import time
+
+        from hybridgnn.types import BatchResult
+
+        if seeds[0] == 14:
+            time.sleep(0.6)
+        logits = seeds[:, None].astype(np.float32)
+        return BatchResult(logits=(lambda: 0) if seeds[0] == 13 else logits, predictions=seeds.copy())
+
+
+def build_odd_executor(cfg, worker):
+    return _OddExecutor()
+
+
+def test_an_answer_that_cannot_be_pickled_fails_its_batch_and_the_child_serves_on(tiny_dataset, tiny_model):
+    ex = ProcessExecutor(config(tiny_dataset, tiny_model), 0, build_odd_executor)
+    try:
+        child = ex._proc
+        with pytest.raises(WorkerProcessError) as failed:
+            ex.run(np.array([13]))
+        assert not isinstance(failed.value, WorkerProcessExited), failed.value  # the child lives on
+        assert ex._proc is child and child.is_alive()
+        assert ex.run(np.array([5, 6])).predictions.tolist() == [5, 6]
+    finally:
+        ex.close()
+
+
+def test_without_a_batch_timeout_a_long_batch_is_waited_for_past_the_stall_limit(tiny_dataset, tiny_model,
+                                                                                  monkeypatch):
+    """The stall limit bounds an answer begun, not a batch's time: with the batch timeout
+    off, the profiler's run() waited for the first bytes under the stall limit and killed
+    a child whose batch took longer."""
+    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "0")
+    ex = ProcessExecutor(config(tiny_dataset, tiny_model), 0, build_odd_executor)
+    try:
+        ex._reader._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200_000))
+        assert ex.run(np.array([14, 2])).predictions.tolist() == [14, 2]  # 0.6 s: past the 0.2 s limit
+    finally:
+        ex.close()
