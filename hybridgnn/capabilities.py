@@ -119,6 +119,16 @@ def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def fsync_directory(path: Path) -> None:
+    """fsync a directory: a file renamed into it (write_replacing) or removed from it stays
+    so after a crash or a power cut only once its directory is on disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def exclusive(lock_path: Path, waiting: str) -> Iterator[bool]:
     """Hold an exclusive lock on lock_path (made if missing) for the block: one writer of

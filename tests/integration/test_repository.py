@@ -293,3 +293,140 @@ def test_prometheus_series_carry_the_model_and_version(repo_server):
     staged = {(s.labels["model"], s.labels["version"]) for s in families["hybridgnn_stage_seconds"].samples
               if s.labels.get("stage") == "total" and s.name.endswith("_count") and s.value > 0}
     assert {("sage", "2"), ("other", "3")} <= staged
+
+
+def _two_models(tiny_model_pe, tmp_path):
+    repo = tmp_path / "repo"
+    for name in ("m", "n"):
+        shutil.copytree(tiny_model_pe, repo / name / "1")
+    return repo
+
+
+def _served(url: str, model: str) -> bool:
+    return _lookup(url, f"/v2/models/{model}", [1]).status_code == 200
+
+
+def _listed_unloaded(url: str, model: str) -> bool:
+    entry = _index(url).get((model, "1"))
+    return entry is not None and (entry["state"], entry["reason"]) == ("UNAVAILABLE", "unloaded")
+
+
+def _kill_9(srv) -> None:
+    srv.proc.kill()
+    srv.proc.wait(30)
+
+
+def test_an_unload_survives_kill_9_and_so_does_a_load(tiny_dataset, tiny_model_pe, tmp_path):
+    """An unload lived in the process's memory: a server restarted after it (or killed)
+    served the model again."""
+    repo = _two_models(tiny_model_pe, tmp_path)
+    flags = ("--workers", "1", "--model-repository", str(repo), "--update-token", TOKEN, "--repository-poll-s", "0.2")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    srv = ServerProcess(tiny_dataset, None, *flags).wait_ready()
+    try:
+        r = requests.post(f"{srv.url}/v2/repository/models/n/unload", headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        _kill_9(srv)
+        srv = ServerProcess(tiny_dataset, None, *flags, port=srv.port).wait_ready()
+        assert not _served(srv.url, "n") and _served(srv.url, "m") and _listed_unloaded(srv.url, "n")
+        r = requests.post(f"{srv.url}/v2/repository/models/n/load", headers=auth, timeout=120)
+        assert r.status_code == 200 and r.json()["versions"] == ["1"], r.text
+        _kill_9(srv)
+        srv = ServerProcess(tiny_dataset, None, *flags, port=srv.port).wait_ready()
+        assert _served(srv.url, "n") and _index(srv.url)[("n", "1")]["state"] == "READY"
+    finally:
+        srv.stop()
+
+
+def test_an_unload_and_a_load_through_one_replica_reach_another_on_the_same_repository(tiny_dataset, tiny_model_pe,
+                                                                                       tmp_path):
+    repo = _two_models(tiny_model_pe, tmp_path)
+    flags = ("--workers", "1", "--model-repository", str(repo), "--update-token", TOKEN, "--repository-poll-s", "0.2")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    a = ServerProcess(tiny_dataset, None, *flags)
+    b = ServerProcess(tiny_dataset, None, *flags)
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        r = requests.post(f"{a.url}/v2/repository/models/n/unload", headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        _until(lambda: not _served(b.url, "n") and _listed_unloaded(b.url, "n"), "the other replica to unload n",
+               timeout_s=30)
+        assert _served(b.url, "m")
+        r = requests.post(f"{b.url}/v2/repository/models/n/load", headers=auth, timeout=120)
+        assert r.status_code == 200, r.text
+        _until(lambda: _served(a.url, "n"), "the first replica to load n again", timeout_s=60)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _without_file_permission_override(tmp_path) -> list[str] | None:
+    """What to run a command under so that a directory's permissions hold for it: nothing
+    for a user other than root; for root, setpriv dropping the capabilities that override
+    them. None when a directory without write permission is written all the same."""
+    import os
+    import subprocess
+    import sys
+
+    prefix = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            return None
+        prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    probe.chmod(0o555)
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", f"open({str(probe / 'x')!r}, 'w')"],
+                              capture_output=True, timeout=60)
+    finally:
+        probe.chmod(0o755)
+    return prefix if done.returncode != 0 else None
+
+
+def test_an_unload_the_repository_cannot_record_changes_nothing_and_says_why(tiny_dataset, tiny_model_pe, tmp_path):
+    import sys
+
+    prefix = _without_file_permission_override(tmp_path)
+    if prefix is None:
+        pytest.skip("a directory without write permission is written all the same here (root without setpriv?)")
+    repo = _two_models(tiny_model_pe, tmp_path)
+    program = [*prefix, sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve"]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    srv = ServerProcess(tiny_dataset, None, "--workers", "1", "--model-repository", str(repo), "--update-token", TOKEN,
+                        "--repository-poll-s", "0.2", command=program).wait_ready()
+    try:
+        (repo / "n").chmod(0o555)
+        r = requests.post(f"{srv.url}/v2/repository/models/n/unload", headers=auth, timeout=60)
+        assert r.status_code == 409, r.text
+        said = r.json()["error"]
+        assert "must be recorded in the repository" in said and "restarts" in said and "every replica" in said
+        assert "delete the model's directory" in said and "Permission denied" in said
+        assert _served(srv.url, "n") and _index(srv.url)[("n", "1")]["state"] == "READY"
+        # Unloaded while writable, then read-only: a load cannot remove the mark, and says so.
+        (repo / "n").chmod(0o755)
+        assert requests.post(f"{srv.url}/v2/repository/models/n/unload", headers=auth, timeout=60).status_code == 200
+        (repo / "n").chmod(0o555)
+        r = requests.post(f"{srv.url}/v2/repository/models/n/load", headers=auth, timeout=60)
+        assert r.status_code == 409 and "must remove the mark" in r.json()["error"], r.text
+        assert not _served(srv.url, "n") and _listed_unloaded(srv.url, "n")
+    finally:
+        (repo / "n").chmod(0o755)
+        srv.stop()
+
+
+def test_a_repository_whose_every_model_is_marked_unloaded_is_refused_in_one_line(tiny_dataset, tiny_model_pe,
+                                                                                   tmp_path, capsys):
+    from hybridgnn.cli.main import main
+    from hybridgnn.serving.repository.layout import mark_unloaded
+
+    repo = _two_models(tiny_model_pe, tmp_path)
+    for name in ("m", "n"):
+        mark_unloaded(repo / name, "a test")
+    assert main(["serve", "--dataset", str(tiny_dataset), "--model-repository", str(repo), "--port",
+                 str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "is marked unloaded" in err and err.count("\n") == 1, err
+    assert str(repo / "m" / ".unloaded") in err and str(repo / "n" / ".unloaded") in err

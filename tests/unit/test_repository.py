@@ -668,3 +668,156 @@ def test_an_inference_naming_no_served_version_is_counted_under_one_served_never
                if s.name == "hybridgnn_requests_total" and s.value}
     assert counted == {("beta", "1"): 1.0, ("beta", "2"): 1.0, ("alpha", "2"): 1.0}
     assert 'version="1",model="alpha"' not in text and 'model="alpha",version="1"' not in text
+
+
+def test_the_unload_mark_is_read_by_the_scan_and_no_change_of_the_models_files(tmp_path):
+    from hybridgnn.serving.repository.layout import (
+        UNLOADED,
+        clear_unloaded,
+        mark_unloaded,
+        signature,
+    )
+
+    root = _repo(tmp_path, {"sage": ([1], {"outputs": ["logits"]}), "bad": ([1], "{not json")})
+    before = scan_repository(root, strict=False)
+    assert not before["sage"].unloaded and not before["bad"].unloaded
+    signed = signature(before["sage"], "fp")
+    for name in ("sage", "bad"):  # a model whose config cannot be used is marked all the same
+        mark_unloaded(root / name, "a test")
+    after = scan_repository(root, strict=False)
+    assert after["sage"].unloaded and after["bad"].unloaded and after["bad"].error
+    assert signature(after["sage"], "fp") == signed and after["sage"].chosen == [1]  # no version, no change
+    mark = json.loads((root / "sage" / UNLOADED).read_text())
+    assert mark["through"] == "a test" and mark["unloaded_unix_s"] > 0
+    assert sorted(p.name for p in (root / "sage").iterdir()) == [UNLOADED, "1", "config.json"]  # no temporary left
+    clear_unloaded(root / "sage")
+    clear_unloaded(root / "sage")  # not there: nothing to do
+    assert not scan_repository(root, strict=False)["sage"].unloaded
+
+
+def test_an_unload_is_recorded_in_the_repository_and_survives_a_restart_until_a_load(tmp_path, monkeypatch):
+    # The unload lived in the process's memory: restarted (or killed), the server served
+    # the model again.
+    import asyncio
+
+    from hybridgnn.serving.repository import loader
+    from hybridgnn.serving.repository.layout import UNLOADED
+
+    repository, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    asyncio.run(repository.start())
+    asyncio.run(repository.unload("sage"))
+    assert (root / "sage" / UNLOADED).is_file() and repository.models.names() == ["other"]
+
+    restarted = loader.Repository(repository.cfg, None)
+    opened.clear()
+    asyncio.run(restarted.start())
+    assert opened == [("other", "1")] and restarted.models.names() == ["other"]
+    assert restarted.models.unavailable == {("sage", "1"): "unloaded"}
+    _polls(restarted, 3)  # the poll leaves it unloaded
+    assert restarted.models.names() == ["other"]
+
+    assert asyncio.run(restarted.load("sage")) == ["1"]  # a load removes the mark
+    assert not (root / "sage" / UNLOADED).exists() and not restarted.models.unavailable
+    again = loader.Repository(repository.cfg, None)
+    asyncio.run(again.start())
+    assert again.models.names() == ["other", "sage"]
+
+
+def test_an_unload_or_a_load_through_one_replica_reaches_the_others_at_their_poll(tmp_path, monkeypatch, caplog):
+    import asyncio
+    import logging
+
+    from hybridgnn.serving.repository import loader
+
+    a, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    b = loader.Repository(a.cfg, None)
+    asyncio.run(a.start())
+    asyncio.run(b.start())
+    asyncio.run(a.unload("sage"))
+    _polls(b, 3)
+    assert b.models.names() == ["other"] and b.models.unavailable == {("sage", "1"): "unloaded"}
+    asyncio.run(b.load("sage"))  # b serves both again; a is told at its poll
+    _polls(a, 3)
+    assert a.models.names() == b.models.names() == ["other", "sage"] and not a.models.unavailable
+    asyncio.run(a.unload("other"))
+    with caplog.at_level(logging.INFO, logger="hybridgnn.repository"):
+        _polls(b, 3)
+    assert b.models.names() == ["sage"] and b.models.unavailable == {("other", "1"): "unloaded"}
+    assert any("marked unloaded" in r.getMessage() for r in caplog.records)
+
+
+def test_the_last_model_marked_by_another_replica_serves_on_with_one_warning(tmp_path, monkeypatch, caplog):
+    import asyncio
+    import logging
+
+    from hybridgnn.serving.repository import loader
+    from hybridgnn.serving.repository.layout import mark_unloaded
+
+    a, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    asyncio.run(a.start())
+    asyncio.run(a.unload("other"))
+    mark_unloaded(root / "sage", "an operator")  # every model marked: this replica keeps its last
+    with caplog.at_level(logging.INFO, logger="hybridgnn.repository"):
+        _polls(a, 10)
+    assert a.models.names() == ["sage"]
+    assert len([r for r in caplog.records if "last model served" in r.getMessage()]) == 1
+    with pytest.raises(ConfigError, match=r"every model of repository .* is marked unloaded.*"
+                                          r"delete the mark of each model to serve: \[.*other/\.unloaded.*sage/\.unloaded"):
+        asyncio.run(loader.Repository(a.cfg, None).start())
+    (root / "other" / ".unloaded").unlink()  # deleted by hand: loaded at the next poll, and then sage goes
+    _polls(a, 5)
+    assert a.models.names() == ["other"] and a.models.unavailable == {("sage", "1"): "unloaded"}
+
+
+def test_an_unload_that_would_leave_every_model_marked_is_refused(tmp_path, monkeypatch):
+    import asyncio
+
+    from hybridgnn.errors import Conflict
+    from hybridgnn.serving.repository import loader
+
+    a, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    b = loader.Repository(a.cfg, None)
+    asyncio.run(a.start())
+    asyncio.run(b.start())
+    asyncio.run(a.unload("sage"))
+    with pytest.raises(Conflict, match="last model of the repository not unloaded"):
+        asyncio.run(b.unload("other"))  # b serves both still, but no replica could start after it
+    assert b.models.names() == ["other", "sage"] and not (root / "other" / ".unloaded").exists()
+
+
+def test_an_unload_or_load_that_cannot_be_recorded_changes_nothing(tmp_path, monkeypatch):
+    # An unload must be recorded in the repository to survive restarts and reach every replica.
+    import asyncio
+
+    from hybridgnn.errors import Conflict
+    from hybridgnn.serving.repository import layout, loader
+
+    repository, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    asyncio.run(repository.start())
+
+    def refused(path, write):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    with monkeypatch.context() as m:
+        m.setattr(layout, "write_replacing", refused)
+        with pytest.raises(Conflict, match=r"model 'sage' is not unloaded: an unload must be recorded in the "
+                                           r"repository .*survive restarts and reach every replica.*Permission "
+                                           r"denied.*delete the model's directory"):
+            asyncio.run(repository.unload("sage"))
+    assert repository.models.names() == ["other", "sage"] and not repository.models.unavailable
+    assert sorted(p.name for p in (root / "sage").iterdir()) == ["1"]
+
+    layout.mark_unloaded(root / "sage", "another replica")
+    _polls(repository, 3)
+    assert repository.models.names() == ["other"]
+
+    def unremovable(model_root):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(loader, "clear_unloaded", unremovable)
+    with pytest.raises(Conflict, match=r"model 'sage' is not loaded: .* must remove the mark .*sage/\.unloaded.*"
+                                       r"Read-only file system"):
+        asyncio.run(repository.load("sage"))
+    assert repository.models.names() == ["other"] and repository.models.unavailable == {("sage", "1"): "unloaded"}
+    _polls(repository, 3)
+    assert repository.models.names() == ["other"]

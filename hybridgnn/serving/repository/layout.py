@@ -7,24 +7,36 @@
                                              {"num_versions": N}} | {"specific":
                                              {"versions": [..]}} | {"all": {}},
                                              "fanouts": [..], "outputs": ["logits", ..]}
+    <repository>/<model name>/.unloaded      the model was unloaded through the API: no
+                                             replica serves it, across restarts, until a
+                                             load through the API (or an operator) removes
+                                             it (JSON: when, and through what; only its
+                                             presence counts)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
+import socket
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from hybridgnn.capabilities import locked_elsewhere
+from hybridgnn.capabilities import fsync_directory, locked_elsewhere, write_replacing
 from hybridgnn.config import SMALL_JSON_BYTES, fanouts_for, parse_fanouts, read_json
 from hybridgnn.embeddings.store import embeddings_dir, store_lock
 from hybridgnn.errors import ConfigError, brief
 
 CONFIG = "config.json"
+# The mark of a model unloaded through the API, in its directory: hidden, so the scan takes
+# it for no version, and outside every version directory, so no signature sees it (marking
+# a model is no change of its files).
+UNLOADED = ".unloaded"
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,7 @@ class RepositoryModel:
     fanouts: tuple[int, ...] | None = None
     outputs: tuple[str, ...] | None = None  # what a request naming no outputs gets (None: all)
     error: str | None = None  # why its config.json cannot be used (then no version is chosen)
+    unloaded: bool = False  # marked unloaded (UNLOADED): no replica serves it
 
     @property
     def chosen(self) -> list[int]:
@@ -105,6 +118,7 @@ def scan_repository(root: Path, *, strict: bool = True) -> dict[str, RepositoryM
             if strict:
                 raise ConfigError(str(exc)) from exc
             models[path.name] = RepositoryModel(path.name, path, [], error=str(exc))
+        models[path.name].unloaded = is_marked_unloaded(path)
     if not models:
         raise ConfigError(f"model repository {root} holds no models (expected <name>/<version>/ directories)")
     return models
@@ -138,6 +152,46 @@ def _read_model(path: Path) -> RepositoryModel:
         outputs = tuple(outputs)
     return RepositoryModel(path.name, path, versions, VersionPolicy.parse(spec.get("version_policy"), str(cfg_path)),
                            fanouts, outputs)
+
+
+def is_marked_unloaded(model_root: Path) -> bool:
+    """Whether the model's directory holds the UNLOADED mark. A mark that cannot be looked
+    at (a stat error other than its absence) counts as there: what an unload acknowledged
+    is not undone by an unreadable directory."""
+    try:
+        os.lstat(Path(model_root) / UNLOADED)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def mark_unloaded(model_root: Path, through: str) -> Path:
+    """Record in the repository that the model is unloaded (its UNLOADED file, written
+    whole and durably: a temporary, fsynced, renamed, its directory fsynced); OSError, and
+    nothing recorded, when that cannot be done. Returns the mark's path."""
+    path = Path(model_root) / UNLOADED
+    body = json.dumps({"unloaded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "unloaded_unix_s": time.time(),
+                       "through": through, "host": socket.gethostname(), "pid": os.getpid(),
+                       "note": "no replica serves this model while this file is here; load the model through "
+                               "the API, or delete this file, to serve it again"}, indent=1) + "\n"
+    write_replacing(path, lambda tmp: Path(tmp).write_text(body))
+    try:
+        fsync_directory(path.parent)
+    except OSError:
+        path.unlink(missing_ok=True)  # not durable: not recorded at all
+        raise
+    return path
+
+
+def clear_unloaded(model_root: Path) -> Path:
+    """Remove the model's UNLOADED mark, durably (its directory fsynced); OSError when it
+    cannot be removed (then it is still there). Returns the mark's path."""
+    path = Path(model_root) / UNLOADED
+    path.unlink(missing_ok=True)
+    fsync_directory(path.parent)
+    return path
 
 
 # The most directory entries one version's signature looks at (its own files, then its

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from hybridgnn.capabilities import exclusive
 from hybridgnn.errors import (
     ConfigError,
     Conflict,
@@ -25,8 +26,11 @@ from hybridgnn.runtime.resources import embeddings_missing
 from hybridgnn.serving.core.engine import open_engine
 from hybridgnn.serving.repository.layout import (
     SIGNATURE_ENTRIES,
+    UNLOADED,
     RepositoryModel,
     VersionSignature,
+    clear_unloaded,
+    mark_unloaded,
     scan_repository,
     signature,
     version_config,
@@ -37,6 +41,9 @@ from hybridgnn.serving.repository.models import Models
 log = logging.getLogger("hybridgnn.repository")
 # A version's precompute runs at this niceness: below serving, which it shares the cores with.
 PRECOMPUTE_NICE = 10
+# In the repository's directory: held while an unload checks the marks and writes its own,
+# so two replicas unloading the last two unmarked models at once cannot both succeed.
+UNLOAD_LOCK = ".unload.lock"
 
 
 class Repository:
@@ -47,7 +54,9 @@ class Repository:
     or a precompute, worker start and warm-up) and then switches to it at once; requests
     already on the old engine finish there, and it is drained and stopped after. A
     version that fails to load leaves what serves in place and is listed UNAVAILABLE
-    with why. A model unloaded by the API stays unloaded until loaded by the API."""
+    with why. A model unloaded by the API is marked so in its directory (layout.UNLOADED)
+    before the answer: no replica polling the repository serves it, nor does this one
+    after a restart, until a load through the API (on any replica) removes the mark."""
 
     def __init__(self, cfg, stats):
         self.cfg = cfg
@@ -60,7 +69,8 @@ class Repository:
         self._started: dict[tuple[str, str], VersionSignature] = {}  # (model, version) -> what its engine read
         self._store: str | None = None  # the embedding store every version reads (the dataset's fingerprint)
         self._writing: set[tuple[str, str]] = set()  # versions a poll found their store being written in
-        self._unloaded: set[str] = set()  # unloaded by the API: the poller leaves them alone
+        self._unloaded: set[str] = set()  # marked unloaded (UNLOADED) and unloaded here: the poller leaves them alone
+        self._kept: set[str] = set()  # marked unloaded but the last model served here: serving on (said once)
         self._retiring: set[asyncio.Task] = set()
         self._poller: asyncio.Task | None = None
         self._unreadable: str | None = None  # why the last poll could not read the repository
@@ -68,11 +78,19 @@ class Repository:
 
     async def start(self) -> Models:
         self._store = await asyncio.to_thread(dataset_store, self.cfg)
-        for name in await asyncio.to_thread(scan_repository, self.cfg.model_repository, strict=False):
+        on_disk = await asyncio.to_thread(scan_repository, self.cfg.model_repository, strict=False)
+        for name in on_disk:
             await self.load(name, at_start=True)
         if not self.models.engines():
+            marks = [str(Path(self.cfg.model_repository) / n / UNLOADED) for n in sorted(self._unloaded)]
+            if self._unloaded >= set(on_disk):
+                raise ConfigError(f"every model of repository {self.cfg.model_repository} is marked unloaded (an "
+                                  f"unload through the API), so none would be served: delete the mark of each model "
+                                  f"to serve: {marks}")
             raise ConfigError(f"no model version of repository {self.cfg.model_repository} can be served: "
-                              + "; ".join(f"{n} {v}: {why}" for (n, v), why in self.models.unavailable.items()))
+                              + "; ".join(f"{n} {v}: {why}" for (n, v), why in self.models.unavailable.items())
+                              + (f" (delete the marks {marks} to serve the models unloaded through the API)"
+                                 if marks else ""))
         if self.cfg.server.repository_poll_s > 0:
             self._poller = asyncio.create_task(self._poll(), name="repository-poll")
         return self.models
@@ -91,11 +109,25 @@ class Repository:
             model = on_disk.get(name)
             if model is None:
                 raise NotFound(f"the repository has no model {brief(name)}; it has {sorted(on_disk)}")
+            if model.unloaded and (by_poll or at_start):  # unloaded through the API, here or elsewhere, before or now
+                self._marked_unloaded(model)
+                return self.models.versions(name)
             if by_poll and (name in self._unloaded or self._seen.get(name) == signatures[name]):
                 return self.models.versions(name)  # unloaded by the API, or loaded as it is since the poll looked
             if by_poll:
                 log.info("repository poll: model %s changed on disk; loading", name)
+            if model.unloaded:  # a load through the API: every replica, and this one restarted, serves it again
+                try:
+                    mark = await asyncio.to_thread(clear_unloaded, model.root)
+                except OSError as exc:
+                    raise Conflict(
+                        f"model {name!r} is not loaded: it was unloaded through the API, and a load must remove "
+                        f"the mark {model.root / UNLOADED} from the repository to survive restarts and reach every "
+                        f"replica, but it cannot be removed ({exc.strerror or exc}); delete that file where the "
+                        "repository can be written, and every replica's poll loads the model") from exc
+                log.info("model %s: its unload mark %s is removed; loading it", name, mark)
             self._unloaded.discard(name)
+            self._kept.discard(name)
             before = dict(self._seen[name][2]) if name in self._seen else {}  # version -> as the last load saw it
             seen = self._seen[name] = signatures[name]
             for key in [k for k in self.models.unavailable if k[0] == name]:
@@ -169,18 +201,74 @@ class Repository:
 
     async def unload(self, name: str) -> None:
         """Stop serving every version of `name` (their memory is freed once in-flight
-        requests finish)."""
+        requests finish), once the repository records it (_mark): every replica polling
+        the repository then unloads it too, and none serves it after a restart. Nothing
+        changes when it cannot be recorded (Conflict)."""
         async with self._lock:
             if not self.models.versions(name):
                 raise NotFound(f"model {brief(name)} is not loaded; loaded: {self.models.names()}")
             if self.models.names() == [name]:
                 raise Conflict(f"model {name!r} is the last one served; load another first")
+            await asyncio.to_thread(self._mark, name)
             for version in self.models.versions(name):
                 self._forget(name, version)
                 self._retire(self.models.remove(name, version), name, version)
                 # listed as Triton lists it: the index showed nothing of a model it could load again
                 self.models.unavailable[(name, version)] = "unloaded"
             self._unloaded.add(name)
+            self._kept.discard(name)
+
+    def _mark(self, name: str) -> None:
+        """(In a worker thread, holding the lock.) Record model `name`'s unload in its
+        directory (layout.mark_unloaded), unless every other model of the repository is
+        marked already (another replica's unloads: none would be left to serve, and no
+        replica could start). Conflict, and nothing written, when it cannot be recorded. A
+        model whose directory is gone needs no mark: its removal reaches every replica."""
+        root = Path(self.cfg.model_repository)
+        try:
+            with exclusive(root / UNLOAD_LOCK, "waiting for another replica's unload of a repository model"):
+                on_disk = scan_repository(root, strict=False)
+                model = on_disk.get(name)
+                if model is None:
+                    return
+                if not [n for n, m in on_disk.items() if n != name and not m.unloaded]:
+                    raise Conflict(f"model {name!r} is the last model of the repository not unloaded (the others "
+                                   "are marked unloaded, through another replica's API perhaps); load another first")
+                mark = mark_unloaded(model.root, f"POST /v2/repository/models/{name}/unload")
+        except ConfigError as exc:  # the repository is unreadable now
+            raise Conflict(f"model {name!r} is not unloaded: {exc}") from exc
+        except OSError as exc:
+            raise Conflict(
+                f"model {name!r} is not unloaded: an unload must be recorded in the repository (the file "
+                f"{root / name / UNLOADED}) to survive restarts and reach every replica serving it, and it cannot be "
+                f"written there ({exc.strerror or exc}); on a repository this server may not write, delete the "
+                "model's directory where it can be written: every replica's poll then unloads the model") from exc
+        log.info("model %s: unload recorded in %s", name, mark)
+
+    def _marked_unloaded(self, model: RepositoryModel) -> None:
+        """(Holding the lock.) `model` is marked unloaded in the repository (through the API
+        of this replica or another, now or before a restart): its versions stop serving and
+        it is listed unloaded, as after an unload here. The last model served stays, with a
+        warning said once, as _removed keeps it."""
+        name = model.name
+        versions = self.models.versions(name)
+        if versions and self.models.names() == [name]:
+            if name not in self._kept:
+                self._kept.add(name)
+                log.warning("repository: model %s is marked unloaded (%s) but is the last model served: it serves "
+                            "on until another is loaded", name, model.root / UNLOADED)
+            return
+        self._kept.discard(name)
+        for key in [k for k in self.models.unavailable if k[0] == name]:
+            del self.models.unavailable[key]
+        for version in versions:
+            self._forget(name, version)
+            self._retire(self.models.remove(name, version), name, version)
+        for version in versions or [str(v) for v in model.chosen] or [""]:
+            self.models.unavailable[(name, version)] = "unloaded"
+        self._unloaded.add(name)
+        if versions:
+            log.info("repository: model %s is marked unloaded (%s); unloading it", name, model.root / UNLOADED)
 
     def _removed(self, name: str) -> None:
         """(The poll, holding the lock.) Model `name` is gone from the repository: its
@@ -190,6 +278,7 @@ class Repository:
         for key in [k for k in self.models.unavailable if k[0] == name]:
             del self.models.unavailable[key]
         self._unloaded.discard(name)
+        self._kept.discard(name)
         versions = self.models.versions(name)
         if versions and self.models.names() == [name]:
             if self._seen.pop(name, None) is not None:  # once, not every poll
@@ -339,6 +428,17 @@ class Repository:
                 self._unreadable = None
             for name in sorted((set(self.models.names()) | set(self._seen)) - set(on_disk)):
                 self._removed(name)
+            for name, model in on_disk.items():  # marks another replica's unloads and loads wrote or removed
+                if model.unloaded:
+                    if name not in self._unloaded:
+                        self._marked_unloaded(model)
+                    continue
+                self._kept.discard(name)
+                if name in self._unloaded:
+                    log.info("repository poll: model %s is no longer marked unloaded (%s is gone: a load through "
+                             "the API of another replica, or deleted); loading it", name, model.root / UNLOADED)
+                    self._unloaded.discard(name)
+                    self._seen.pop(name, None)  # loaded whatever its files are
             return [name for name, seen in signatures.items() if self._seen.get(name) != seen
                     and name not in self._unloaded]
 
