@@ -111,19 +111,38 @@ class MessageReader:
     read(wait=False) never blocks: a message not all here yet stays part-read, and the next
     call goes on from there (the event loop's way: it reads what is there and returns)."""
 
+    SCRATCH_BYTES = 64 * 1024  # a batch's answer of a few seeds arrives whole in one read of this
+
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        self._parts = None
+        self._parts = None  # the message being read in parts (_message_parts), once begun
+        self._scratch = bytearray(self.SCRATCH_BYTES)
+        self._spare = memoryview(b"")  # bytes read into the scratch, not yet given to a part
 
     @property
     def started(self) -> bool:
         """Part of a message has arrived (the rest has not)."""
-        return self._parts is not None and (self._filled > 0 or self._target is not self._head)
+        return bool(self._spare) or (self._parts is not None and (self._filled > 0 or self._target is not self._head))
 
     def read(self, wait: bool = True):
         """The next whole message, or PENDING (wait=False: not all arrived yet). EOFError
-        at the end of the stream; ValueError for a stream that cannot be read."""
+        at the end of the stream; TimeoutError when waiting, past the socket's stall limit;
+        what unpickling raises for a message that cannot be read (the next read starts at
+        the message after it)."""
         flags = 0 if wait else socket.MSG_DONTWAIT
+        if self._parts is None and not self._spare:
+            # a message's first read goes to the scratch: a small message, all here, costs one
+            # system call and is loaded from there (in-band arrays are copies, so the scratch
+            # is free again at once)
+            n = self._recv(memoryview(self._scratch), flags)
+            if n is None:
+                return PENDING
+            head = MESSAGE_HEAD.size
+            if n >= head:
+                size, count = MESSAGE_HEAD.unpack_from(self._scratch)
+                if count == 0 and n == head + size:
+                    return pickle.loads(memoryview(self._scratch)[head:n])
+            self._spare = memoryview(self._scratch)[:n]
         while True:
             if self._parts is None:
                 self._parts = _message_parts()
@@ -131,14 +150,15 @@ class MessageReader:
                 self._filled = 0
             view = memoryview(self._target)
             while self._filled < len(view):
-                try:
-                    n = self._sock.recv_into(view[self._filled:], 0, flags)
-                except BlockingIOError:  # nothing there now; blocking, the stall limit passed
-                    if wait:
-                        raise TimeoutError(f"the child sent nothing for {STALL_S} s") from None
+                if self._spare:
+                    k = min(len(self._spare), len(view) - self._filled)
+                    view[self._filled:self._filled + k] = self._spare[:k]
+                    self._spare = self._spare[k:]
+                    self._filled += k
+                    continue
+                n = self._recv(view[self._filled:], flags)
+                if n is None:
                     return PENDING
-                if n == 0:
-                    raise EOFError("the child's socket closed")
                 self._filled += n
             try:
                 self._target, self._filled = self._parts.send(None), 0
@@ -148,6 +168,18 @@ class MessageReader:
             except BaseException:  # a message that cannot be read: the stream is out of step for good
                 self._parts = None
                 raise
+
+    def _recv(self, into: memoryview, flags: int) -> int | None:
+        """Bytes read into `into` (> 0), or None: nothing there now (not waiting)."""
+        try:
+            n = self._sock.recv_into(into, 0, flags)
+        except BlockingIOError:  # nothing there now; waiting, the stall limit passed
+            if flags == 0:
+                raise TimeoutError(f"the child sent nothing for {STALL_S} s") from None
+            return None
+        if n == 0:
+            raise EOFError("the child's socket closed")
+        return n
 
     def close(self) -> None:
         self._sock.close()
