@@ -1,6 +1,8 @@
 """README.md and docs/*.md against the code and each other: docs/cli.md names every flag
-`--help` prints and no flag in its tables that the command lacks; its tables have no rows
-cut off from them; every relative link resolves to a file and a heading; and no page
+`--help` prints and no flag in its tables that the command lacks, and each table's default
+is the parser's (the README's serve table too); its tables have no rows cut off from them;
+every relative link resolves to a file and a heading; every repository path a page names
+exists, and architecture.md's package table places every top-level module; and no page
 points into the repository's working notes."""
 
 from __future__ import annotations
@@ -144,3 +146,123 @@ def test_operations_md_says_what_to_do_for_every_alert():
     assert set(rows) == set(alerts), f"alerts in the rules {sorted(alerts)}, in operations.md {sorted(rows)}"
     for name, (_, fires_when, severity, what_to_do) in rows.items():
         assert severity == alerts[name] and fires_when and len(what_to_do) > 40, name
+
+
+# --- paths: every file or folder of the repository a page names exists ------------------
+
+_ROOT_DIRS = ("bench/", "dashboards/", "deploy/", "examples/", "hybridgnn/", "scripts/", "tests/")
+_CODE_SUFFIXES = (".py", ".sh", ".cpp", ".h")
+
+
+def _repository_paths() -> list[str]:
+    return [p.relative_to(ROOT).as_posix() + ("/" if p.is_dir() else "")
+            for base in _ROOT_DIRS for p in (ROOT / base).rglob("*") if "__pycache__" not in p.parts]
+
+
+def _named_paths(text: str, folders: bool) -> set[str]:
+    """Backticked repository paths a page names: code files anywhere, any path under a
+    top-level folder of the repository, and (folders) package folders such as `core/`."""
+    names = set()
+    for token in re.findall(r"`([\w./@-]+)`", text):
+        if "<" in token or token.startswith("."):
+            continue
+        if token.endswith(_CODE_SUFFIXES) or token.startswith(_ROOT_DIRS) or (folders and token.endswith("/")):
+            names.add(token)
+    return names
+
+
+def _resolves(token: str, paths: list[str]) -> bool:
+    """A path from the repository's root (bench/x.py), or, for one named in its context
+    (`serving/frontend.py`, `core/`, `loader.py`), the end of a path in the package or the tests."""
+    if (ROOT / token).exists():
+        return True
+    if token.startswith(_ROOT_DIRS):
+        return False
+    return any(p == token or p.endswith("/" + token) for p in paths)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_repository_path_a_page_names_exists(page):
+    paths = _repository_paths()
+    missing = sorted(t for t in _named_paths(page.read_text(), page.name == "architecture.md")
+                     if not _resolves(t, paths))
+    assert not missing, f"{page.name} names paths the repository does not have: {missing}"
+
+
+def test_a_renamed_module_is_caught():
+    paths = [p for p in _repository_paths() if not p.endswith("/process_pipeline.py")]
+    assert not _resolves("pipelines/process_pipeline.py", paths)
+    assert not _resolves("bench/no_such_bench.py", paths)
+    assert _resolves("serving/v2/lookups.py", paths) and _resolves("core/", paths)
+
+
+def test_architecture_md_places_every_top_level_module_of_the_package():
+    table = _section(ROOT / "docs" / "architecture.md", "Package layers").split("| package | holds |", 1)[1]
+    rows = [line.split("|")[1] for line in table.split("\n\n", 1)[0].splitlines() if line.startswith("| `")]
+    named = {t.rstrip("/").removesuffix(".py") for cell in rows for t in re.findall(r"`([\w./]+)`", cell)}
+    package = {p.name.removesuffix(".py") for p in (ROOT / "hybridgnn").iterdir()
+               if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists()
+                                               or any(p.glob("*.py")))}
+    assert named == package, (f"architecture.md's package table lacks {sorted(package - named)}, "
+                              f"names {sorted(named - package)} the package does not have")
+
+
+# --- cli.md's (and the README's) defaults are the parsers' -----------------------------------------------------
+
+def _cells(line: str) -> list[str]:
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def _documented_defaults() -> list[tuple[str, str, str]]:
+    """(command, flag, the default the page gives it) for every flag in a table row of
+    cli.md and of the README's `hybridgnn serve` table."""
+    out = []
+    readme = (ROOT / "README.md").read_text().split("\n### `hybridgnn serve`\n", 1)[1].split("\n### ", 1)[0]
+    for command, section in [*_sections().items(), ("serve", readme)]:
+        for line in section.splitlines():
+            if not line.startswith("| `-"):
+                continue
+            first, default = _cells(line)[:2]
+            flags = re.findall(r"`(--[a-z][\w-]*)", first)
+            values = [v.strip() for v in default.split(",")] if len(flags) > 1 else [default]
+            if len(values) == len(flags):
+                out.extend((command, flag, re.sub(r"\s*\(.*\)$", "", value).strip("`"))  # "0 (keep every entry)"
+                           for flag, value in zip(flags, values, strict=True))
+    return out
+
+
+def _default_says(text: str, default) -> bool:
+    """Whether cli.md's default column says the parser's default."""
+    from hybridgnn.config.settings import parse_bytes
+
+    if isinstance(default, bool):  # a switch: off, or for a --no-x flag "x on"
+        return text == "off" if not default else text.endswith(" on")
+    if isinstance(default, int | float):
+        try:
+            return float(text) == float(default)
+        except ValueError:
+            return parse_bytes(text) == default if text[-1:] in "KMG" else False
+    return text == str(default)
+
+
+def test_cli_md_and_readme_give_every_flag_the_default_its_parser_has(monkeypatch):
+    import os
+
+    for name in [n for n in os.environ if n.startswith("HYBRIDGNN_")]:  # defaults as shipped
+        monkeypatch.delenv(name)
+    parsers = _parsers(build_parser())
+    rows, wrong = _documented_defaults(), []
+    for command, flag, text in rows:
+        action = next(a for a in parsers[tuple(command.split())]._actions if flag in a.option_strings)
+        if action.default is None or action.default == "":  # decided at start: the column says how
+            continue
+        if not _default_says(text, action.default):
+            wrong.append(f"{command} {flag}: the docs say {text!r}, the parser {action.default!r}")
+    assert len(rows) > 90, f"only {len(rows)} documented defaults found: is cli.md's table layout still parsed?"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_default_that_drifted_is_caught():
+    assert _default_says("1G", 1 << 30) and _default_says("0.5", 0.5) and _default_says("off", False)
+    assert _default_says("spill on", True) and _default_says("run/cluster", Path("run/cluster"))
+    assert not _default_says("30", 60.0) and not _default_says("on", False) and not _default_says("uva", "gpu")
