@@ -230,8 +230,13 @@ def chosen_policy(args) -> str:
 
 def _why_unserved(m) -> str:
     """Why a repository model has no version to serve, in a few words."""
+    if m.error is not None:  # its config.json, or a directory that cannot be read
+        return f"{m.name}/: {m.error}"
     if not m.available:
-        others = sorted(p.name for p in m.root.iterdir() if p.is_dir())[:3]
+        try:
+            others = sorted(p.name for p in m.root.iterdir() if p.is_dir())[:3]
+        except OSError:  # gone or unreadable since the scan
+            others = []
         return (f"{m.name}/ has no version directory (1/, 2/, ...)"
                 + (f", only {', '.join(o + '/' for o in others)}" if others else ""))
     if not m.chosen:
@@ -288,7 +293,9 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
             raise ValueError("--model-repository takes the place of --model and needs --dataset")
         from hybridgnn.serving.repository.layout import scan_repository
 
-        models = scan_repository(args.model_repository)
+        # a model whose config.json or directory cannot be read spoils no other: the
+        # repository lists it UNAVAILABLE with why (it refused the whole server)
+        models = scan_repository(args.model_repository, strict=False)
         chosen = [m.version_dir(v) for m in models.values() for v in m.chosen]
         readable = [d for d in chosen if _unreadable(d) is None]
         if not readable:

@@ -430,3 +430,46 @@ def test_a_repository_whose_every_model_is_marked_unloaded_is_refused_in_one_lin
     err = capsys.readouterr().err
     assert "is marked unloaded" in err and err.count("\n") == 1, err
     assert str(repo / "m" / ".unloaded") in err and str(repo / "n" / ".unloaded") in err
+
+
+def test_a_repository_unreadable_for_a_while_keeps_what_serves_and_answers_4xx(tiny_dataset, tiny_model_pe, tmp_path):
+    """A model directory the server may not read refused the whole start (so did a bad
+    config.json), and a poll while it was unreadable unloaded a served model; a load
+    while the repository itself was unreadable answered 500."""
+    import sys
+
+    prefix = _without_file_permission_override(tmp_path)
+    if prefix is None:
+        pytest.skip("a directory without permissions is read all the same here (root without setpriv?)")
+    repo = _two_models(tiny_model_pe, tmp_path)
+    (repo / "bad" / "1").mkdir(parents=True)
+    (repo / "bad" / "config.json").write_text("{not json")
+    program = [*prefix, sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve"]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    (repo / "n").chmod(0)
+    try:
+        srv = ServerProcess(tiny_dataset, None, "--workers", "1", "--model-repository", str(repo), "--update-token",
+                            TOKEN, "--repository-poll-s", "0.2", command=program).wait_ready()
+    finally:
+        (repo / "n").chmod(0o755)
+    try:
+        _until(lambda: _served(srv.url, "n"), "n loaded once readable", timeout_s=60)
+        index = _index(srv.url)
+        assert index[("m", "1")]["state"] == "READY" and "not valid JSON" in index[("bad", "")]["reason"]
+        (repo / "n").chmod(0)  # a served model's directory unreadable for a while: it serves on, the index says why
+        _until(lambda: "Permission denied" in _index(srv.url).get(("n", ""), {}).get("reason", ""),
+               "a poll to find n unreadable", timeout_s=30)
+        assert _served(srv.url, "n") and _index(srv.url)[("n", "1")]["state"] == "READY"
+        (repo / "n").chmod(0o755)
+        repo.chmod(0)  # the repository itself unreadable: load and unload answer 409, not 500
+        for path in ("n/load", "n/unload", "nosuch/load"):
+            r = requests.post(f"{srv.url}/v2/repository/models/{path}", headers=auth, timeout=60)
+            assert r.status_code == 409 and "cannot be read: Permission denied" in r.json()["error"], (path, r.text)
+        assert _served(srv.url, "n") and _served(srv.url, "m")
+        repo.chmod(0o755)
+        _until(lambda: ("n", "") not in _index(srv.url), "the next poll to find n readable again", timeout_s=30)
+        assert _served(srv.url, "n") and not (repo / "n" / ".unloaded").exists()
+    finally:
+        repo.chmod(0o755)
+        (repo / "n").chmod(0o755)
+        assert srv.stop() == 0

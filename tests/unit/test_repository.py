@@ -821,3 +821,79 @@ def test_an_unload_or_load_that_cannot_be_recorded_changes_nothing(tmp_path, mon
     assert repository.models.names() == ["other"] and repository.models.unavailable == {("sage", "1"): "unloaded"}
     _polls(repository, 3)
     assert repository.models.names() == ["other"]
+
+
+def test_a_model_that_cannot_be_read_at_start_spoils_no_other(tmp_path, monkeypatch):
+    # Its load's Conflict (a config.json that cannot be used) escaped the start: the server
+    # refused to start over one bad model, where a poll or a load lists it with why.
+    import asyncio
+
+    repository, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    (root / "other" / "config.json").write_text("{not json")
+    asyncio.run(repository.start())
+    assert opened == [("sage", "1")] and repository.models.names() == ["sage"]
+    assert list(repository.models.unavailable) == [("other", "")]
+    assert "not valid JSON" in repository.models.unavailable[("other", "")]
+
+
+def test_a_model_whose_directory_cannot_be_read_for_a_while_is_left_as_it_is(tmp_path, monkeypatch):
+    # A mark that could not be looked at counted as there: a poll while a served model's
+    # directory was unreadable (a chmod, a remount) unloaded it, unasked.
+    import asyncio
+    import os
+
+    from hybridgnn.serving.repository import layout
+
+    repository, root, opened, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True, "third": True})
+    asyncio.run(repository.start())
+    asyncio.run(repository.unload("third"))
+    real_lstat, real_read = os.lstat, layout._read_model
+    shut = {root / "other", root / "third"}
+
+    def lstat(path, *args, **kw):
+        if layout.Path(path).parent in shut:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_lstat(path, *args, **kw)
+
+    def read_model(path):
+        if path in shut:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "lstat", lstat)
+        m.setattr(layout, "_read_model", read_model)
+        assert layout.is_marked_unloaded(root / "other") is None
+        _polls(repository, 3)
+        assert repository.models.names() == ["other", "sage"]  # other serves on; third stays unloaded
+        assert "Permission denied" in repository.models.unavailable[("other", "")]
+    _polls(repository, 3)
+    assert repository.models.names() == ["other", "sage"]
+    assert repository.models.unavailable == {("third", "1"): "unloaded"}
+    assert (root / "third" / layout.UNLOADED).exists() and not (root / "other" / layout.UNLOADED).exists()
+
+
+def test_a_repository_that_cannot_be_listed_is_a_config_error_not_an_os_error(tmp_path, monkeypatch):
+    # PermissionError out of the scan: a load through the API while the repository was
+    # unreadable answered 500 with a traceback in the log (the service answers a
+    # ConfigError with 409).
+    import asyncio
+    from pathlib import Path
+
+    repository, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    asyncio.run(repository.start())
+    real = Path.iterdir
+
+    def iterdir(self):
+        if self == root:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    with pytest.raises(ConfigError, match=r"model repository .* cannot be read: Permission denied"):
+        scan_repository(root, strict=False)
+    for name in ("sage", "nosuch"):
+        with pytest.raises(ConfigError, match="cannot be read"):
+            asyncio.run(repository.load(name))
+    assert repository.models.names() == ["other", "sage"]
+

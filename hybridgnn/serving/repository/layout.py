@@ -91,7 +91,9 @@ class RepositoryModel:
     fanouts: tuple[int, ...] | None = None
     outputs: tuple[str, ...] | None = None  # what a request naming no outputs gets (None: all)
     error: str | None = None  # why its config.json cannot be used (then no version is chosen)
-    unloaded: bool = False  # marked unloaded (UNLOADED): no replica serves it
+    # marked unloaded (UNLOADED): no replica serves it; None: the mark cannot be looked at
+    # (its directory unreadable now), so whether it is marked is not known
+    unloaded: bool | None = False
 
     @property
     def chosen(self) -> list[int]:
@@ -106,10 +108,14 @@ def scan_repository(root: Path, *, strict: bool = True) -> dict[str, RepositoryM
     a model with an unusable config.json is a ConfigError too; else it is listed with
     its error (and no version chosen), so one bad model does not stop the others."""
     root = Path(root)
-    if not root.is_dir():
-        raise ConfigError(f"model repository {root} is not a directory")
+    try:
+        if not root.is_dir():
+            raise ConfigError(f"model repository {root} is not a directory")
+        listing = sorted(root.iterdir())
+    except OSError as exc:  # one this server may not read (now): a ConfigError, as one that is gone (not a 500)
+        raise ConfigError(f"model repository {root} cannot be read: {exc.strerror or exc}") from exc
     models: dict[str, RepositoryModel] = {}
-    for path in sorted(root.iterdir()):
+    for path in listing:
         if not path.is_dir() or path.name.startswith("."):
             continue
         try:
@@ -154,16 +160,17 @@ def _read_model(path: Path) -> RepositoryModel:
                            fanouts, outputs)
 
 
-def is_marked_unloaded(model_root: Path) -> bool:
-    """Whether the model's directory holds the UNLOADED mark. A mark that cannot be looked
-    at (a stat error other than its absence) counts as there: what an unload acknowledged
-    is not undone by an unreadable directory."""
+def is_marked_unloaded(model_root: Path) -> bool | None:
+    """Whether the model's directory holds the UNLOADED mark; None when the mark cannot be
+    looked at (a stat error other than its absence: a directory unreadable for a while).
+    Not known is neither: a poll leaves such a model as it is, so an unload acknowledged
+    is not undone by an unreadable directory, nor is a served model unloaded by one."""
     try:
         os.lstat(Path(model_root) / UNLOADED)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError:
-        return True
+        return None
     return True
 
 

@@ -80,7 +80,10 @@ class Repository:
         self._store = await asyncio.to_thread(dataset_store, self.cfg)
         on_disk = await asyncio.to_thread(scan_repository, self.cfg.model_repository, strict=False)
         for name in on_disk:
-            await self.load(name, at_start=True)
+            try:
+                await self.load(name, at_start=True)
+            except (Conflict, NotFound) as exc:  # listed UNAVAILABLE with why (or gone since): no other spoiled
+                log.error("model %s is not served: %s", name, exc)
         if not self.models.engines():
             marks = [str(Path(self.cfg.model_repository) / n / UNLOADED) for n in sorted(self._unloaded)]
             if self._unloaded >= set(on_disk):
@@ -109,14 +112,16 @@ class Repository:
             model = on_disk.get(name)
             if model is None:
                 raise NotFound(f"the repository has no model {brief(name)}; it has {sorted(on_disk)}")
-            if model.unloaded and (by_poll or at_start):  # unloaded through the API, here or elsewhere, before or now
+            if model.unloaded is True and (by_poll or at_start):  # unloaded through the API, here or elsewhere
                 self._marked_unloaded(model)
                 return self.models.versions(name)
             if by_poll and (name in self._unloaded or self._seen.get(name) == signatures[name]):
                 return self.models.versions(name)  # unloaded by the API, or loaded as it is since the poll looked
             if by_poll:
                 log.info("repository poll: model %s changed on disk; loading", name)
-            if model.unloaded:  # a load through the API: every replica, and this one restarted, serves it again
+            # a load through the API: every replica, and this one restarted, serves it again (a mark that
+            # cannot be looked at is left: the model's directory cannot be read, and its load says so)
+            if model.unloaded:
                 try:
                     mark = await asyncio.to_thread(clear_unloaded, model.root)
                 except OSError as exc:
@@ -231,7 +236,7 @@ class Repository:
                 model = on_disk.get(name)
                 if model is None:
                     return
-                if not [n for n, m in on_disk.items() if n != name and not m.unloaded]:
+                if not [n for n, m in on_disk.items() if n != name and m.unloaded is False]:
                     raise Conflict(f"model {name!r} is the last model of the repository not unloaded (the others "
                                    "are marked unloaded, through another replica's API perhaps); load another first")
                 mark = mark_unloaded(model.root, f"POST /v2/repository/models/{name}/unload")
@@ -429,6 +434,8 @@ class Repository:
             for name in sorted((set(self.models.names()) | set(self._seen)) - set(on_disk)):
                 self._removed(name)
             for name, model in on_disk.items():  # marks another replica's unloads and loads wrote or removed
+                if model.unloaded is None:  # its directory cannot be read now: as it was (a load says why)
+                    continue
                 if model.unloaded:
                     if name not in self._unloaded:
                         self._marked_unloaded(model)
