@@ -130,14 +130,16 @@ def fsync_directory(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: Path, waiting: str) -> Iterator[bool]:
+def exclusive(lock_path: Path, waiting: str, timeout_s: float | None = None) -> Iterator[bool]:
     """Hold an exclusive lock on lock_path (made if missing) for the block: one writer of
     what it guards at a time, across processes. A process that must wait logs `waiting`
     once. The lock goes with its holder, even one killed with -9 (flock). A lock file this
     process may not write (another user's) is locked through a read-only descriptor. Where
     the lock file can be neither made nor opened (a read-only directory: nobody writes
     there) or the filesystem takes no lock, the block runs without it. Yields whether it
-    waited for another holder (who may have done the work meanwhile)."""
+    waited for another holder (who may have done the work meanwhile). timeout_s: wait at
+    most that long (TimeoutError, the block not run): a holder stopped (SIGSTOP, a frozen
+    container) or another process's `flock` otherwise held this one up for as long."""
     import errno
     import fcntl
     import logging
@@ -168,7 +170,10 @@ def exclusive(lock_path: Path, waiting: str) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             logging.getLogger("hybridgnn").info("%s", waiting)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if timeout_s is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                _flock_within(fd, lock_path, timeout_s)
             waited = True
         except OSError as exc:
             # NFS takes an exclusive lock only on a file open for writing (EBADF); a mount
@@ -180,6 +185,22 @@ def exclusive(lock_path: Path, waiting: str) -> Iterator[bool]:
         yield waited
     finally:
         os.close(fd)  # releases the lock
+
+
+def _flock_within(fd: int, lock_path: Path, timeout_s: float) -> None:
+    """flock(fd, LOCK_EX), tried until timeout_s passes (TimeoutError then)."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{lock_path} is held by another process for more than {timeout_s:g}s") from None
+            time.sleep(0.02)  # the retry interval, bounded by the deadline
 
 
 def save_array(path: Path, array) -> None:

@@ -897,3 +897,76 @@ def test_a_repository_that_cannot_be_listed_is_a_config_error_not_an_os_error(tm
             asyncio.run(repository.load(name))
     assert repository.models.names() == ["other", "sage"]
 
+
+def _hold(lock_path, release_after_s: float):
+    """Hold an flock on lock_path (as another replica would) until release_after_s passes,
+    or the returned function is called."""
+    import fcntl
+    import os
+    import threading
+
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    released = threading.Event()
+
+    def release() -> None:
+        if not released.is_set():
+            released.set()
+            os.close(fd)
+
+    timer = threading.Timer(release_after_s, release)
+    timer.start()
+    return release
+
+
+def test_an_unload_waits_for_a_held_unload_lock_a_bounded_time(tmp_path, monkeypatch):
+    # Another process holding REPO/.unload.lock (a replica stopped while it held it, a
+    # frozen container, an operator's flock) held the unload for as long: with it every
+    # load and poll of this server, and its shutdown.
+    import asyncio
+    import time
+
+    from hybridgnn.errors import ServiceUnavailable
+    from hybridgnn.serving.repository import loader
+
+    repository, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    asyncio.run(repository.start())
+    monkeypatch.setattr(loader, "UNLOAD_LOCK_WAIT_S", 0.3)
+    release = _hold(root / loader.UNLOAD_LOCK, release_after_s=5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ServiceUnavailable, match=r"another process holds the repository's unload lock"):
+            asyncio.run(repository.unload("sage"))
+        assert time.monotonic() - t0 < 3
+    finally:
+        release()
+    assert repository.models.names() == ["other", "sage"] and not (root / "sage" / loader.UNLOADED).exists()
+    asyncio.run(repository.unload("sage"))  # the lock free: done
+    assert repository.models.names() == ["other"]
+
+
+def test_an_unload_that_waited_for_the_lock_past_the_start_of_shutdown_records_nothing(tmp_path, monkeypatch):
+    # Its request was answered 503 (retry) at shutdown, but the unload was recorded once the
+    # lock came free: a retry elsewhere found it unloaded already.
+    import asyncio
+
+    from hybridgnn.errors import Draining
+    from hybridgnn.serving.repository import loader
+
+    repository, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
+    asyncio.run(repository.start())
+    release = _hold(root / loader.UNLOAD_LOCK, release_after_s=5)
+
+    async def run() -> None:
+        unload = asyncio.create_task(repository.unload("sage"))
+        await asyncio.sleep(0.2)
+        repository.begin_shutdown()
+        release()
+        with pytest.raises(Draining):
+            await unload
+
+    try:
+        asyncio.run(run())
+    finally:
+        release()
+    assert not (root / "sage" / loader.UNLOADED).exists() and repository.models.names() == ["other", "sage"]

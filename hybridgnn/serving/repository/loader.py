@@ -18,6 +18,7 @@ from hybridgnn.errors import (
     Conflict,
     Draining,
     NotFound,
+    ServiceUnavailable,
     ServingError,
     brief,
 )
@@ -44,6 +45,10 @@ PRECOMPUTE_NICE = 10
 # In the repository's directory: held while an unload checks the marks and writes its own,
 # so two replicas unloading the last two unmarked models at once cannot both succeed.
 UNLOAD_LOCK = ".unload.lock"
+# How long an unload waits for that lock (held for a scan and a small write, normally a few
+# milliseconds): a holder stopped (SIGSTOP, a paused container) or an operator's `flock`
+# held every unload of this server, and with it every load, poll and its shutdown, for as long.
+UNLOAD_LOCK_WAIT_S = 10.0
 
 
 class Repository:
@@ -231,7 +236,10 @@ class Repository:
         model whose directory is gone needs no mark: its removal reaches every replica."""
         root = Path(self.cfg.model_repository)
         try:
-            with exclusive(root / UNLOAD_LOCK, "waiting for another replica's unload of a repository model"):
+            with exclusive(root / UNLOAD_LOCK, "waiting for another replica's unload of a repository model",
+                           timeout_s=UNLOAD_LOCK_WAIT_S):
+                if self.closing:  # shutdown began while it waited: its request is answered 503, so nothing is done
+                    raise Draining(f"the server is shutting down; model {name!r} is not unloaded")
                 on_disk = scan_repository(root, strict=False)
                 model = on_disk.get(name)
                 if model is None:
@@ -242,6 +250,10 @@ class Repository:
                 mark = mark_unloaded(model.root, f"POST /v2/repository/models/{name}/unload")
         except ConfigError as exc:  # the repository is unreadable now
             raise Conflict(f"model {name!r} is not unloaded: {exc}") from exc
+        except TimeoutError as exc:
+            raise ServiceUnavailable(f"model {name!r} is not unloaded: another process holds the repository's unload "
+                                     f"lock {root / UNLOAD_LOCK} (a replica unloading, stopped meanwhile?) for more "
+                                     f"than {UNLOAD_LOCK_WAIT_S:g}s; try again") from exc
         except OSError as exc:
             raise Conflict(
                 f"model {name!r} is not unloaded: an unload must be recorded in the repository (the file "
