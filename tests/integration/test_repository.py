@@ -280,6 +280,26 @@ def test_the_repository_over_grpc_answers_as_over_rest(repo_server):
         assert r.status_code == status, r.text
 
 
+def test_an_unload_whose_body_asks_what_it_cannot_do_is_refused_and_changes_nothing(repo_server):
+    """The unload ignored its body: garbage, or parameters it does not take, unloaded the
+    model all the same (a load's are refused)."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    url = f"{repo_server.url}/v2/repository/models/other/unload"
+    for body in (b"\xff not json", b"[]", b'{"parameters": 7}', b'{"parameters": {"config": "{}"}}'):
+        r = requests.post(url, data=body, headers=auth, timeout=60)
+        assert r.status_code == 400 and r.headers["Content-Type"] == "application/json", (body, r.text)
+        assert _served(repo_server.url, "other"), body
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{repo_server.grpc_port}")
+    g.unload_model("other", headers={"authorization": f"Bearer {TOKEN}"}, unload_dependents=True)
+    assert not _served(repo_server.url, "other")
+    g.load_model("other", headers={"authorization": f"Bearer {TOKEN}"})
+    client = httpclient.InferenceServerClient(repo_server.url.removeprefix("http://"))
+    client.unload_model("other", headers=auth)  # tritonclient's body: {"parameters": {"unload_dependents": false}}
+    assert not _served(repo_server.url, "other")
+    client.load_model("other", headers=auth)
+    assert _served(repo_server.url, "other")
+
+
 def test_prometheus_series_carry_the_model_and_version(repo_server):
     from prometheus_client.parser import text_string_to_metric_families
 

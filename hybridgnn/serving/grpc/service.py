@@ -242,7 +242,7 @@ class GrpcFrontend:
 
     async def repository_model_unload(self, request, context):
         try:
-            await self.service.unload(request.model_name, self._authorization(context))
+            await self.service.unload(request.model_name, self._authorization(context), dict(request.parameters))
         except Exception as exc:
             await self._fail(context, exc)
         return self._messages["RepositoryModelUnload"][1]()

@@ -57,8 +57,8 @@ class Api:
         self._repository_endpoints = {
             "load": self._guarded(lambda r: self._json_later(s.load(r.params["model"], _auth(r), parse_load(r.body))),
                                   "repository_load"),
-            "unload": self._guarded(lambda r: self._json_later(s.unload(r.params["model"], _auth(r))),
-                                    "repository_unload")}
+            "unload": self._guarded(lambda r: self._json_later(s.unload(r.params["model"], _auth(r),
+                                                                        parse_load(r.body))), "repository_unload")}
         self._model_endpoints = {
             "": self._guarded(lambda r: Reply.json(s.model_metadata(r.params["model"], r.params.get("version"))),
                               "model_metadata"),

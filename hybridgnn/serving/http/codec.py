@@ -72,12 +72,12 @@ def quick_loads(data: bytes):
 
 
 def parse_load(body: bytes) -> dict | None:
-    """The parameters of a repository load request's body (none when it is empty)."""
+    """The parameters of a repository load or unload request's body (none when it is empty)."""
     if not body.strip():
         return None
     doc = _loads(body)
     if not isinstance(doc, dict) or not isinstance(doc.get("parameters", {}), dict):
-        raise BadRequest("a repository load body must be a JSON object, its 'parameters' an object")
+        raise BadRequest("a repository load or unload body must be a JSON object, its 'parameters' an object")
     return doc.get("parameters")
 
 

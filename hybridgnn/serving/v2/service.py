@@ -239,9 +239,17 @@ class V2Service:
                                                                                for v, why in failed.items()))
         return {"name": name, "versions": versions, "unavailable": failed}
 
-    async def unload(self, name: str, authorization: str) -> dict:
-        """Stop serving a model (requests in flight finish first)."""
-        await self._repository(authorization).unload(name)
+    async def unload(self, name: str, authorization: str, parameters: dict | None = None) -> dict:
+        """Stop serving a model (requests in flight finish first). parameters: the
+        request's; Triton's `unload_dependents` (which tritonclient always sends) is taken,
+        as this repository's models have no dependents; any other is refused, as a load's
+        are (a body that was ignored unloaded the model whatever it asked)."""
+        repository = self._repository(authorization)
+        unknown = sorted(map(str, parameters or {}))
+        if [p for p in unknown if p != "unload_dependents"]:
+            raise BadRequest(f"unload parameters {unknown[:8]} are not supported (only 'unload_dependents': this "
+                             "repository's models have no dependents)")
+        await repository.unload(name)
         return {"name": name, "unloaded": True}
 
     # --- inference ------------------------------------------------------------------------
