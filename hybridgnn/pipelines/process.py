@@ -81,10 +81,15 @@ def encode_message(message) -> list:
     return [head + data] if not raws else [head, data, *raws]
 
 
-def write_message(sock: socket.socket, message) -> None:
-    """Send one message whole (encode_message's parts); blocks until the socket took it."""
-    for part in encode_message(message):
+def send_parts(sock: socket.socket, parts: list) -> None:
+    """Send one encoded message (encode_message's parts) whole; blocks until the socket took it."""
+    for part in parts:
         sock.sendall(part)
+
+
+def write_message(sock: socket.socket, message) -> None:
+    """Send one message whole."""
+    send_parts(sock, encode_message(message))
 
 
 def _message_parts():
@@ -234,8 +239,7 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
         except Exception as exc:  # the batch fails (its answer too: nothing was written); the worker lives on
             parts = encode_message(("error", f"{type(exc).__name__}: {exc}"))
         try:
-            for part in parts:
-                out.sendall(part)
+            send_parts(out, parts)
         except OSError:  # the parent is gone (or gave up on this child)
             return
 

@@ -92,28 +92,3 @@ def test_the_server_is_quiet_only_while_no_pipeline_holds_a_batch():
     engine._pipelines["gpu"] = _Depth(0, 2)
     assert engine._is_quiet()
 
-
-class _RecordingLoop:
-    def __init__(self):
-        self.calls = []
-
-    def call_soon(self, *args):
-        self.calls.append("call_soon")
-
-    def call_soon_threadsafe(self, *args):
-        self.calls.append("call_soon_threadsafe")
-
-
-def test_a_batch_finished_on_the_loop_completes_without_waking_it_and_one_from_a_thread_wakes_it():
-    """Worker processes finish batches on the loop itself: call_soon, no self-pipe write; a
-    worker thread's finish must wake the loop (call_soon_threadsafe)."""
-    import threading
-
-    engine, loop = _Engine(_Pipeline(stopped=False)), _RecordingLoop()
-    engine._loop, engine._loop_thread = loop, threading.get_ident()
-    batch, plan = _batch([]), RoutePlan("cpu", 3.0, "only")
-    engine._on_batch_done(batch, plan, None, None)
-    worker = threading.Thread(target=engine._on_batch_done, args=(batch, plan, None, None))
-    worker.start()
-    worker.join()
-    assert loop.calls == ["call_soon", "call_soon_threadsafe"]

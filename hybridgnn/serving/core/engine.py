@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -107,7 +106,6 @@ class Engine(Admitting, SampledInference):
         self._side = GraphRequests(self, r)  # lookups, new nodes, graph updates
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         self._adapt_task: asyncio.Task | None = None
         self._pending = 0
         self._idle = asyncio.Event()
@@ -186,7 +184,6 @@ class Engine(Admitting, SampledInference):
     # --- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         torch.set_num_threads(self.cfg.cpu_pipeline.torch_threads)
         self._idle.set()
         # Off the loop (worker processes take seconds to start, warm-up compiles and runs
