@@ -620,6 +620,21 @@ def test_what_is_kept_of_versions_is_bounded_by_those_serving(tmp_path, monkeypa
     assert sorted(repository._started) == [("other", "1")]
 
 
+def test_a_model_directory_named_in_bytes_not_utf8_is_listed_readable_and_never_served(tmp_path):
+    # It was listed under a surrogate-escaped name no URL or gRPC string can carry.
+    import os
+
+    _repo(tmp_path, {"good": ([1], None)})
+    os.makedirs(os.path.join(os.fsencode(tmp_path), b"bad\xff", b"1"))
+    models = scan_repository(tmp_path, strict=False)
+    assert sorted(models) == ["bad\ufffd", "good"]
+    bad = models["bad\ufffd"]
+    assert "is not UTF-8, so no request can name the model: rename it" in bad.error and bad.chosen == []
+    json.dumps(sorted(models), ensure_ascii=False).encode("utf-8")  # what the index answers can be encoded
+    with pytest.raises(ConfigError, match="is not UTF-8"):
+        scan_repository(tmp_path)
+
+
 def test_a_huge_repository_config_is_listed_with_why_not_read(tmp_path):
     # The poll read it whole every time it looked at the repository.
     import resource
@@ -806,6 +821,14 @@ def test_an_unload_or_load_that_cannot_be_recorded_changes_nothing(tmp_path, mon
             asyncio.run(repository.unload("sage"))
     assert repository.models.names() == ["other", "sage"] and not repository.models.unavailable
     assert sorted(p.name for p in (root / "sage").iterdir()) == ["1"]
+
+    (root / loader.UNLOAD_LOCK).unlink()
+    (root / loader.UNLOAD_LOCK).mkdir()  # what no lock opens: the answer names the lock, not the mark
+    with pytest.raises(Conflict, match=r"model 'sage' is not unloaded: the repository's unload lock .*\.unload\.lock "
+                                       r"cannot be opened \(Is a directory\); remove what is at that path"):
+        asyncio.run(repository.unload("sage"))
+    assert repository.models.names() == ["other", "sage"] and not repository.models.unavailable
+    (root / loader.UNLOAD_LOCK).rmdir()
 
     layout.mark_unloaded(root / "sage", "another replica")
     _polls(repository, 3)

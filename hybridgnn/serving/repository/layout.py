@@ -119,6 +119,15 @@ def scan_repository(root: Path, *, strict: bool = True) -> dict[str, RepositoryM
         if not path.is_dir() or path.name.startswith("."):
             continue
         try:
+            path.name.encode("utf-8")
+        except UnicodeEncodeError:  # bytes no URL or gRPC string names: listed as a name one can read, never served
+            shown = os.fsencode(path.name).decode("utf-8", "replace")
+            error = f"the directory name {shown!r} is not UTF-8, so no request can name the model: rename it"
+            if strict:
+                raise ConfigError(f"{root}: {error}") from None
+            models.setdefault(shown, RepositoryModel(shown, path, [], error=error, unloaded=is_marked_unloaded(path)))
+            continue
+        try:
             models[path.name] = _read_model(path)
         except (ConfigError, OSError) as exc:
             if strict:
