@@ -361,12 +361,14 @@ def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(pair)
         waited = time.monotonic() - started
         assert status == 503 and "not answering" in answer["error"], answer
         assert waited < wire.QUIET_S + 10, waited
-        ready = requests.get(f"{srv.url}/v2/health/ready", timeout=5)
+        # a new connection may reach the other front end, which notices the silence on its own
+        # within QUIET_S: it answers 503 then, so the probes wait as long as that takes
+        ready = requests.get(f"{srv.url}/v2/health/ready", timeout=wire.QUIET_S + 15)
         assert ready.status_code == 503 and ready.headers.get("Retry-After")
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:  # a front end's gRPC says so too
             live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
             with pytest.raises(grpc.RpcError) as refused:
-                live(b"", timeout=5)
+                live(b"", timeout=wire.QUIET_S + 15)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
         assert dict(refused.value.trailing_metadata() or ()).get("retry-after"), refused.value
     finally:

@@ -2,7 +2,6 @@
 (it waited up to 10 minutes without a line, not listening for HTTP meanwhile)."""
 
 import logging
-import socket
 import time
 from types import SimpleNamespace
 
@@ -10,12 +9,11 @@ import pytest
 
 from hybridgnn.errors import ConfigError
 from hybridgnn.serving.partitions import RankGroup
+from tests.support.server import free_port
 
 
 def test_waiting_for_remote_ranks_says_so(caplog):
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there; below the ephemeral range, so no self-connect
     cfg = SimpleNamespace(partitions=SimpleNamespace(partitions=2, ranks=address), dataset_dir=None, model_dir=None)
     group = RankGroup(cfg)
     with caplog.at_level(logging.WARNING, logger="hybridgnn.serve"), pytest.raises(ConfigError, match="did not answer"):

@@ -21,8 +21,10 @@ MODEL = "hybridgnn"
 
 @pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTEND_IDS)
 def server(tiny_dataset, tiny_model_pe, request):
+    # no admission bound on queueing delay: on a loaded 2-core machine a burst of slow
+    # scheduling otherwise refuses a few of the bench test's requests with 429
     srv = ServerProcess(tiny_dataset, tiny_model_pe, "--workers", "2", "--max-request-nodes", "512", "--frontends",
-                        request.param).wait_ready()
+                        request.param, "--max-queue-delay-ms", "60000").wait_ready()
     yield srv
     assert srv.stop() == 0
 
@@ -316,13 +318,16 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model,
             assert len({o["name"]: o for o in payload["outputs"]}["predictions"]["data"]) == 8
         elif status == 503:
             assert "shutting down" in payload["error"]
+        elif status == 429:  # admission's queueing-delay bound, on a loaded machine: a clean answer too
+            assert "overloaded" in payload["error"], payload
         else:
             assert status == "conn" and ("refused" in payload.lower() or "Connection aborted" in payload
                                          or "Failed to establish a new connection" in payload), payload
 
 
 def test_sigterm_reports_unready_first_and_keeps_serving_for_the_delay(tiny_dataset, tiny_model):
-    srv = ServerProcess(tiny_dataset, tiny_model, "--unready-delay-s", "3").wait_ready()
+    # the delay is far longer than the test needs: all it does must fit in the window
+    srv = ServerProcess(tiny_dataset, tiny_model, "--unready-delay-s", "15").wait_ready()
     session = requests.Session()
     assert infer_json_session(session, srv.url, [1, 2]).status_code == 200
     srv.proc.send_signal(signal.SIGTERM)

@@ -106,10 +106,10 @@ def test_huge_declared_inputs_are_413s_before_any_element_is_decoded():
     req.inputs.add(name="node_ids", datatype="BYTES", shape=[4_000_000])
     req.raw_input_contents.append(b"\0\0\0\0" * 4_000_000)  # 4M empty strings
     request = infer_input(req)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: a loaded machine's descheduling is not counted
     with pytest.raises(PayloadTooLarge, match="4000000 elements"):
         decode_infer(request, max_nodes=8192, num_nodes=100)
-    assert time.perf_counter() - t0 < 0.5  # decoding the 4M elements first takes seconds
+    assert time.process_time() - t0 < 0.5  # decoding the 4M elements first takes seconds
     typed = message("ModelInferRequest")(model_name="m")
     typed.inputs.add(name="node_ids", datatype="BYTES", shape=[100_000]).contents.bytes_contents.extend(
         [b""] * 100_000)

@@ -298,9 +298,9 @@ def test_capacities_are_checked_per_server_in_one_pass(tmp_path):
     t = Topology(servers=4096, gpus_per_server=1, nvlink_cliques=1, gpu_memory_bytes=ROW, host_memory_bytes=ROW,
                  network="infiniband")
     plan = hash_plan(20_000, t, ROW)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: a loaded machine's descheduling is not counted
     plan.check_capacities()
-    assert time.perf_counter() - t0 < 1
+    assert time.process_time() - t0 < 1
     plan.tier[plan.server == 7] = HOST  # server 7's GPU rows onto its host: one row more than it holds
     with pytest.raises(ValueError, match="rows in host of server 7, capacity 1"):
         plan.check_capacities()
@@ -368,9 +368,9 @@ def test_a_fap_plan_over_many_servers_is_made_in_one_pass_over_the_rows():
     t = Topology(servers=4096, network="infiniband", gpus_per_server=2, nvlink_cliques=1, gpu_memory_bytes=30 * ROW,
                  host_memory_bytes=60 * ROW)
     fap = np.random.default_rng(0).pareto(1.2, 400_000)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: a loaded machine's descheduling is not counted
     plan = fap_plan(fap, t, ROW)
-    assert time.perf_counter() - t0 < 3
+    assert time.process_time() - t0 < 3
     everywhere = int((plan.server == EVERY).sum())
     assert 0 < everywhere <= 22  # replicated rows: at most what the partition leaves spare, 91,520 // 4,095
     own = np.bincount(plan.server[plan.server >= 0], minlength=4096)
