@@ -202,11 +202,12 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
     """Build the worker's executor with build(cfg, worker) and serve batches until the
     pipe closes; on `cpus` when given (the server's --worker-cpus). Batches arrive as
     the connection's byte messages; everything sent back is a write_message."""
-    # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C
-    # or a SIGHUP (the server's cache refresh) sent to the whole process group must not
-    # kill it under a batch mid-drain.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C,
+    # a SIGTERM or a SIGHUP (the server's cache refresh) sent to the whole process group
+    # (a terminal, `timeout`, systemd's default KillMode) must not kill it under a batch
+    # mid-drain. A server killed outright closes the pipe, which ends the worker.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     out = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         if cpus:

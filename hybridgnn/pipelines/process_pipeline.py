@@ -217,7 +217,10 @@ class ProcessPipeline:
             self._idle.remove(child)
         except ValueError:
             pass
-        if not self._released:  # a child lost during stop()'s drain is replaced too
+        # During stop()'s drain a lost child is replaced only while batches wait for one: a
+        # restart takes seconds, and held the stop that long after the children took the
+        # signal that stops the server (a process group's SIGTERM) with nothing left to do.
+        if not self._released and (self._waiting or not self._stopped):
             th = threading.Thread(target=self._restart, args=(child,), name=f"{self.name}-restart", daemon=True)
             self._restarts.append(th)
             th.start()

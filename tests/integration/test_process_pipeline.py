@@ -258,6 +258,37 @@ def test_stop_finishes_what_it_can_and_fails_the_rest_exactly_once():
     assert all("stopped before the batch finished" in str(e) for _, _, e in done)
 
 
+def test_a_child_lost_during_stop_is_replaced_only_while_batches_wait():
+    """Children that took the server's own stop signal (a process group's SIGTERM) were each
+    restarted during the drain with nothing left to serve, holding the stop seconds."""
+    async def scenario(pipe, children, done):
+        children[0].hold = True
+        pipe.submit(make_batch([1]), PLAN)
+        pipe.submit(make_batch([2]), PLAN)  # waits for the one child
+        stopping = asyncio.create_task(asyncio.to_thread(pipe.stop, 5.0))
+        await until(lambda: pipe._stopped)
+        children[0].hold = False  # the new child answers
+        children[0].exit()  # its batch fails; [2] waits: a new child serves it
+        await until(lambda: len(done) == 2)
+        assert children[0].restarts == 1 and done[1][0] == [2] and done[1][2] is None
+        await stopping
+
+    _, children, done = run_pipeline(scenario, workers=1)
+    assert isinstance(done[0][2], WorkerProcessExited) and children[0].restarts == 1
+
+    async def nothing_waits(pipe, children, done):
+        children[0].hold = True
+        pipe.submit(make_batch([1]), PLAN)
+        stopping = asyncio.create_task(asyncio.to_thread(pipe.stop, 5.0))
+        await until(lambda: pipe._stopped)
+        children[0].exit()  # its batch fails and nothing waits: no restart, the stop ends at once
+        await stopping
+        assert not pipe._restarts
+
+    _, children, done = run_pipeline(nothing_waits, workers=1)
+    assert children[0].restarts == 0 and isinstance(done[0][2], WorkerProcessExited)
+
+
 def test_a_child_that_cannot_restart_fails_the_batches_sent_to_it_and_tries_again():
     async def scenario(pipe, children, done):
         child = children[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -267,11 +268,16 @@ def test_overload_gets_429_with_retry_after(tiny_dataset, tiny_model):
 SPLIT_LANE = ("--device", "emulate", "--cpu-lane", "split", "--psgs-threshold", "1e12")
 
 
-@pytest.mark.parametrize("frontends, extra", [*((f, ()) for f in FRONTENDS), ("1", SPLIT_LANE)],
-                         ids=[*FRONTEND_IDS, "split-lane"])
+# the signal to the server's whole process group, as a terminal's Ctrl-C, `timeout` or
+# systemd send it: its worker processes died of it mid-batch, and the drain restarted them
+TO_GROUP = ("--worker-processes", "on", "--workers", "2")
+
+
+@pytest.mark.parametrize("frontends, extra", [*((f, ()) for f in FRONTENDS), ("1", SPLIT_LANE), ("1", TO_GROUP)],
+                         ids=[*FRONTEND_IDS, "split-lane", "to-the-process-group"])
 def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model, frontends, extra):
     srv = ServerProcess(tiny_dataset, tiny_model, "--max-wait-ms", "20", "--frontends", frontends,
-                        *extra).wait_ready()
+                        *extra, own_group=extra == TO_GROUP).wait_ready()
     outcomes, lock = [], threading.Condition()
     stop_clients = threading.Event()
 
@@ -301,12 +307,16 @@ def test_sigterm_under_load_drains_everything_accepted(tiny_dataset, tiny_model,
     with lock:
         assert lock.wait_for(lambda: len(outcomes) >= 50, timeout=30), "clients made no progress"
     sigterm_at.append(time.monotonic() - t_start)
-    srv.proc.send_signal(signal.SIGTERM)
+    if extra == TO_GROUP:
+        os.killpg(srv.proc.pid, signal.SIGTERM)
+    else:
+        srv.proc.send_signal(signal.SIGTERM)
     code = srv.proc.wait(60)
     stop_clients.set()
     for t in threads:
         t.join(30)
     assert code == 0, srv.output()
+    assert "starting it again" not in srv.output(), srv.output()
     statuses = [o[0] for o in outcomes]
     assert statuses.count(200) >= 50
     # Every answer is a success or a clean "shutting down" refusal; the only transport

@@ -101,7 +101,7 @@ class ServerProcess:
     server runs too (a server shared by several tests, each checking what it said)."""
 
     def __init__(self, dataset, model, *extra: str, port: int | None = None, command: list[str] | None = None,
-                 output_file: Path | None = None):
+                 output_file: Path | None = None, own_group: bool = False):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         program = command or [sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "serve"]
@@ -109,11 +109,15 @@ class ServerProcess:
         cmd = [*program, "--dataset", str(dataset), *model_args, "--port", str(self.port), *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.output_file = output_file
+        # own_group: in a session of its own, so a signal to its process group (os.killpg)
+        # reaches the server and its children, never the tests
         if output_file is None:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=own_group)
         else:
             with open(output_file, "wb") as out:
-                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                             start_new_session=own_group)
         self._output: str | None = None
 
     def wait_ready(self, timeout_s: float = 120.0) -> "ServerProcess":
