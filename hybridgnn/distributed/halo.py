@@ -69,9 +69,9 @@ class HaloPlan:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.part = part
         self.device = device
-        mine = torch.from_numpy(part.halo_counts.astype(np.int64))
-        table = [torch.zeros_like(mine) for _ in range(self.world)]
-        dist.all_gather(table, mine.to(device) if device.type == "cuda" else mine)
+        mine = self._to(torch.from_numpy(part.halo_counts.astype(np.int64)))
+        table = [torch.zeros_like(mine) for _ in range(self.world)]  # on mine's device: NCCL gathers there
+        dist.all_gather(table, mine)
         self.counts = torch.stack([t.cpu() for t in table]).numpy()  # counts[r, s]: rows r receives from s
         self.recv_offsets = np.concatenate([[0], np.cumsum(part.halo_counts)])
         # Tell each owner which of its rows this rank needs (global ids, in halo order).

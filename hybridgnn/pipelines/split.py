@@ -49,7 +49,10 @@ class _Slot:
     def __init__(self, pinned: bool):
         self.pinned = pinned
         self.nodes = self._alloc((1024,))
-        self.edges = self._alloc((2, 4096))
+        # flat: a batch's [2, m] edges are its first 2m entries, one contiguous block (a
+        # column slice of a [2, capacity] buffer is not, and torch copies a non-contiguous
+        # source to the device through pageable memory: a synchronous copy)
+        self.edges = self._alloc((2 * 4096,))
         self.seeds = self._alloc((256,))
         self.results = HostResults(pinned)
 
@@ -69,9 +72,10 @@ class _Slot:
 
     def stage(self, node_ids: np.ndarray, edge_index: np.ndarray, seed_index: np.ndarray) -> tuple[int, int, int]:
         n, m, s = len(node_ids), edge_index.shape[1], len(seed_index)
-        self.nodes, self.edges, self.seeds = self._fit(self.nodes, n), self._fit(self.edges, m), self._fit(self.seeds, s)
+        self.nodes, self.seeds = self._fit(self.nodes, n), self._fit(self.seeds, s)
+        self.edges = self._fit(self.edges, 2 * m)
         self.nodes[:n].copy_(torch.from_numpy(np.ascontiguousarray(node_ids, dtype=np.int64)))
-        self.edges[:, :m].copy_(torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)))
+        self.edges[:2 * m].view(2, m).copy_(torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)))
         self.seeds[:s].copy_(torch.from_numpy(np.ascontiguousarray(seed_index, dtype=np.int64)))
         return n, m, s
 
@@ -160,7 +164,7 @@ class SplitDeviceStage:
                 t2 = time.perf_counter()
                 t.queue_wait_s += t2 - handed  # waited for the device stage
                 node_ids = slot.nodes[:n].to(dev, non_blocking=True)
-                edge_index = slot.edges[:, :m].to(dev, non_blocking=True)
+                edge_index = slot.edges[:2 * m].to(dev, non_blocking=True).view(2, m)
                 th.gather_clock.start()  # timed by events: no wait between gather and model
                 x, pending_tiers = gather_pending(self.features, node_ids)
                 th.gather_clock.stop()

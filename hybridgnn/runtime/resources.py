@@ -296,14 +296,13 @@ class Resources:
                                   gpu=device.index or 0, plan_dir=mem.placement_plan,
                                   host_view=self.device_graph.host_visible if device.type == "cuda" else None)
 
-    def cache_for_seed_counts(self, counts: np.ndarray) -> tuple[CachedFeatureStore, np.ndarray, np.ndarray]:
-        """A device cache of the rows hottest under the seed distribution these per-node
-        request counts give: (cache, FAP, node ids hottest first)."""
+    def hottest_for_seed_counts(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(FAP, node ids hottest first) under the seed distribution these per-node request
+        counts give: CPU work only (seconds on a large graph)."""
         from hybridgnn.workload.tables import compute_fap
 
         fap = compute_fap(self.graph, self.cfg.sampling.fanouts, counts / counts.sum())
-        order = hottest_first(fap)
-        return self.device_cache(order), fap, order
+        return fap, hottest_first(fap)
 
     def device_cache(self, order: np.ndarray) -> CachedFeatureStore:
         """A device feature cache of the rows in `order` (hottest first), as many as fit."""

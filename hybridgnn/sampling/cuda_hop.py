@@ -274,10 +274,11 @@ def compact_edges(src: torch.Tensor, dst: torch.Tensor, keep: torch.Tensor, coun
     """[2, count] edge list of the kept (src, dst) pairs, in order: what
     torch.stack([src[keep], dst[keep]]) gives when `count` pairs are kept, without the
     boolean index's wait for the device to say how many (the caller knows). Each kept
-    pair is scattered to its rank among the kept; the others to one spare column."""
+    pair is scattered to its rank among the kept; the others to one spare slot. Contiguous
+    (rows of `count`, the spare slot past both), as torch.stack's is."""
     rank = torch.cumsum(keep, 0) - 1
-    where = torch.where(keep, rank, count)
-    out = torch.empty((2, count + 1), dtype=src.dtype, device=src.device)
-    out[0].scatter_(0, where, src)
-    out[1].scatter_(0, where, dst)
-    return out[:, :count]
+    where = torch.where(keep, rank, 2 * count)
+    flat = torch.empty(2 * count + 1, dtype=src.dtype, device=src.device)
+    flat.scatter_(0, where, src)
+    flat.scatter_(0, torch.where(keep, rank + count, 2 * count), dst)
+    return flat[:2 * count].view(2, count)

@@ -45,4 +45,4 @@ def test_compacting_known_many_edges_equals_the_boolean_index():
         keep = src >= 0
         got = cuda_hop.compact_edges(src, dst, keep, int(keep.sum()))
         assert torch.equal(got, torch.stack([src[keep], dst[keep]]))
-        assert got.shape == (2, int(keep.sum()))
+        assert got.shape == (2, int(keep.sum())) and got.is_contiguous()  # as torch.stack's (tests/gpu hold it)

@@ -122,9 +122,12 @@ def test_staging_slots_are_reused_and_grow_by_doubling(skewed_graph):
         pointers = (slot.nodes.data_ptr(), slot.edges.data_ptr())
         ex.run(np.array([3, 4]))
         assert (slot.nodes.data_ptr(), slot.edges.data_ptr()) == pointers  # no allocation per batch
-        edges = slot.edges.shape[1]
-        slot.stage(np.arange(5), np.zeros((2, edges + 1), np.int64), np.arange(2))
-        assert slot.edges.shape[1] == 2 * edges
+        edges = slot.edges.shape[0] // 2  # flat: a batch's [2, m] edges are its first 2m entries
+        staged = np.arange(2 * (edges + 1), dtype=np.int64).reshape(2, edges + 1)
+        slot.stage(np.arange(5), staged, np.arange(2))
+        assert slot.edges.shape[0] == 4 * edges
+        held = slot.edges[:staged.size]
+        assert held.is_contiguous() and np.array_equal(held.view(2, edges + 1).numpy(), staged)
     finally:
         ex.close()
 

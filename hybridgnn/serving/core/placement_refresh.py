@@ -53,10 +53,12 @@ class PlacementRefresh(SeedCounts):
         self.stats = stats
 
     def _build(self, counts: np.ndarray, old):
-        """The new cache, FAP, order and the rows it keeps of the old one (a worker thread:
-        device copies, so inside the device gate, never on the event loop)."""
+        """The new cache, FAP, order and the rows it keeps of the old one (a worker thread,
+        never the event loop). Only the device copies hold the device gate: the FAP is
+        seconds of CPU work, and a capture waiting on the gate holds all new device work."""
+        fap, order = self.resources.hottest_for_seed_counts(counts)
         with DEVICE_GATE.work():
-            cache, fap, order = self.resources.cache_for_seed_counts(counts)
+            cache = self.resources.device_cache(order)
             kept = int(np.intersect1d(np.flatnonzero(old.slot.cpu().numpy() >= 0),
                                       np.flatnonzero(cache.slot.cpu().numpy() >= 0)).size)
         return cache, fap, order, kept
