@@ -71,6 +71,8 @@ class TorchSampler:
         self.indices = indices
         self.num_nodes = int(indptr.shape[0]) - 1
         self._local = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=self.device)
+        if self.device.type == "cuda":  # filled on this stream; read on a worker's, which does not wait for it
+            torch.cuda.current_stream(self.device).synchronize()
         self._generator = torch.Generator(device=self.device)
         self._bid: torch.Tensor | None = None  # the device path's second scratch map, made on first use
         # The one-launch CUDA hop (None: wherever it can run). It needs int64 indptr.
