@@ -81,10 +81,16 @@ def block_from_rows(targets: np.ndarray, degs: np.ndarray, cols: np.ndarray, scr
     cols = cols.astype(np.int64, copy=False)
     t = len(targets)
     scratch[targets] = np.arange(t)
-    uniq = np.unique(cols)
-    extra = uniq[scratch[uniq] < 0]
-    scratch[extra] = t + np.arange(len(extra))
-    src_local = scratch[cols]
+    try:
+        uniq = np.unique(cols)
+        extra = uniq[scratch[uniq] < 0]
+        scratch[extra] = t + np.arange(len(extra))
+        src_local = scratch[cols]
+    except BaseException:
+        # an out-of-memory error here is retried on a smaller batch (BatchSizer): a map left
+        # numbered would give that batch's edges other nodes' rows
+        scratch.fill(-1)
+        raise
     dst_local = np.repeat(np.arange(t), degs)
     scratch[targets] = -1
     scratch[extra] = -1
@@ -123,10 +129,14 @@ class DeviceBlocks:
         local = torch.arange(t, device=self.device)
         scratch = self.scratch
         scratch[targets] = local
-        uniq = torch.unique(cols)
-        extra = uniq[scratch[uniq] < 0]
-        scratch[extra] = t + torch.arange(extra.shape[0], device=self.device)
-        src_local = scratch[cols]
+        try:
+            uniq = torch.unique(cols)
+            extra = uniq[scratch[uniq] < 0]
+            scratch[extra] = t + torch.arange(extra.shape[0], device=self.device)
+            src_local = scratch[cols]
+        except BaseException:  # as block_from_rows: out of memory is retried on a smaller batch
+            scratch.fill_(-1)
+            raise
         scratch[targets] = -1
         scratch[extra] = -1
         dst_local = torch.repeat_interleave(local, degs, output_size=total)

@@ -59,6 +59,33 @@ def test_device_blocks_equal_host_blocks(skewed_graph):
         assert np.array_equal(got_ei_w.numpy(), ei_w) and np.allclose(got_w.numpy(), w, rtol=1e-7)
 
 
+def test_a_block_that_runs_out_of_memory_leaves_the_scratch_map_clean(skewed_graph, monkeypatch):
+    """BatchSizer retries an out-of-memory batch on a smaller one: a map left numbered by
+    the failed one gave the retry's edges other nodes' rows (host and device blocks)."""
+    from hybridgnn.embeddings.precompute import DeviceBlocks
+
+    targets = np.array([5, 0, 59])
+    scratch = np.full(skewed_graph.num_nodes, -1, dtype=np.int64)
+    expect = block_inputs(skewed_graph, targets[:1], scratch)
+    real_unique = np.unique
+    with monkeypatch.context() as m:
+        m.setattr(np, "unique", lambda *a, **kw: (_ for _ in ()).throw(MemoryError("out of memory")))
+        with pytest.raises(MemoryError):
+            block_inputs(skewed_graph, targets, scratch)
+    assert np.unique is real_unique and np.all(scratch == -1)
+    got = block_inputs(skewed_graph, targets[:1], scratch)
+    assert all(np.array_equal(a, b) for a, b in zip(got, expect, strict=True))
+
+    blocks = DeviceBlocks(skewed_graph, torch.device("cpu"), gcn=False)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "unique", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("CUDA out of memory")))
+        with pytest.raises(RuntimeError, match="out of memory"):
+            blocks.block(torch.from_numpy(targets))
+    assert torch.all(blocks.scratch == -1)
+    got = blocks.block(torch.from_numpy(targets[:1]))
+    assert np.array_equal(got[0].numpy(), expect[0]) and np.array_equal(got[1].numpy(), expect[1])
+
+
 def test_resume_after_interruption(skewed_graph, tmp_path, monkeypatch):
     torch.manual_seed(1)
     model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3, num_layers=2)).eval()
