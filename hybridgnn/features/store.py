@@ -118,19 +118,27 @@ class CachedFeatureStore:
 
     def gather_pending(self, node_ids) -> tuple[torch.Tensor, Callable[[], dict[str, int]]]:
         """gather_counted with the hit count left on the device until tiers() (see
-        store.gather_pending): the one-kernel gather then needs no wait of its own."""
+        store.gather_pending): the one-kernel gather then needs no wait of its own.
+        tiers() holds this store (its cache) alive: a placement refresh swaps it out while
+        the gather may still be queued on a worker's stream, and memory freed then could be
+        handed to other work on another stream before the gather had read it. Callers call
+        tiers() after their stream's sync."""
         ids = torch.as_tensor(node_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         if self._one_kernel:
             out, hits = cuda_gather.gather_cached(ids, self.slot, self.cache, self.host)
             n = int(ids.shape[0])
 
-            def tiers() -> dict[str, int]:
+            def tiers(_held=self) -> dict[str, int]:
                 hit_count = int(hits)
                 return {"gpu": hit_count, "host": n - hit_count}
 
             return out, tiers
         out, counts = self._gather_with_ops(ids)
-        return out, lambda: counts
+
+        def counted(_held=self) -> dict[str, int]:
+            return counts
+
+        return out, counted
 
     def _gather_with_ops(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
         slot = self.slot[ids]

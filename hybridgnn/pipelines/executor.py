@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from hybridgnn.capabilities import DEVICE_GATE
 from hybridgnn.features.store import FeatureStore
 from hybridgnn.graph.degrees import NodeDegrees
 from hybridgnn.models.gnn import GNN
@@ -28,6 +29,9 @@ class BatchExecutor:
         self.features = features
         self.model = model
         self.device = torch.device(device)
+        # the model on a GPU (--cpu-compute-device cuda): its device work never runs while
+        # another thread's CUDA graph capture records
+        self.gated = self.device.type != "cpu"
         # Sample and gather see one version of a changing graph (DynamicGraph.lock.read).
         self.read_lock = read_lock
         # A changing graph's alive mask, read in that version: a request checked when it
@@ -35,6 +39,12 @@ class BatchExecutor:
         self.alive = alive
 
     def run(self, seeds: np.ndarray, timings: StageTimings | None = None) -> BatchResult:
+        if self.gated:
+            with DEVICE_GATE.work():
+                return self._run(seeds, timings)
+        return self._run(seeds, timings)
+
+    def _run(self, seeds: np.ndarray, timings: StageTimings | None) -> BatchResult:
         t = timings if timings is not None else StageTimings()
         with self.read_lock():
             removed = None

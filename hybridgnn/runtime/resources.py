@@ -330,9 +330,15 @@ class Resources:
         worker processes and the profiler all build theirs here. in_process: a CPU
         executor in this process even where workers run in processes of their own."""
         if pipeline == "gpu":
-            return self._make_gpu_executor(worker)
+            # device and pinned allocations: never while another thread's capture records
+            # (a model repository builds one model's executors while another serves)
+            with DEVICE_GATE.work():
+                return self._make_gpu_executor(worker)
         if self.cfg.cpu_pipeline.processes and not in_process:
             return ProcessExecutor(self.cfg, worker, build_worker_executor)
+        if self.cfg.cpu_pipeline.split or torch.device(self.cfg.cpu_pipeline.device).type == "cuda":
+            with DEVICE_GATE.work():
+                return self._make_cpu_executor(worker)
         return self._make_cpu_executor(worker)
 
     def _make_cpu_executor(self, worker: int) -> BatchExecutor | SplitExecutor:

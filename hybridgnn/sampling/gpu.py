@@ -75,11 +75,13 @@ class TorchSampler:
             torch.cuda.current_stream(self.device).synchronize()
         self._generator = torch.Generator(device=self.device)
         self._bid: torch.Tensor | None = None  # the device path's second scratch map, made on first use
-        # The one-launch CUDA hop (None: wherever it can run). It needs int64 indptr.
-        can = cuda_hop.available(self.device) and indptr.dtype == torch.int64
+        # The one-launch CUDA hop (None: wherever it can run). It needs int64 indptr, and
+        # indices of int32 or int64 (a dataset may store others: its kernels refused every batch).
+        can = (cuda_hop.available(self.device) and indptr.dtype == torch.int64
+               and indices.dtype in (torch.int32, torch.int64))
         if kernel and not can:
-            raise ValueError(f"the CUDA sampling kernel needs CuPy, a CUDA device and int64 indptr "
-                             f"(device {self.device}, indptr {indptr.dtype})")
+            raise ValueError(f"the CUDA sampling kernel needs CuPy, a CUDA device, int64 indptr and int32 or int64 "
+                             f"indices (device {self.device}, indptr {indptr.dtype}, indices {indices.dtype})")
         self.kernel = can if kernel is None else bool(kernel)
         # Small batches in one launch (cuda_small), checked against sample_batch on the first.
         self._small = (cuda_small.SmallBatches(indptr, indices, self.fanouts)
@@ -137,12 +139,12 @@ class TorchSampler:
                 known = self._local[src_global]
                 new = torch.unique(src_global[known < 0])
                 new_local = torch.arange(count, count + new.shape[0], device=self.device)
+                nodes.append(new)  # before it is numbered: the finally clears what is numbered
                 self._local[new] = new_local
                 count += new.shape[0]
                 src_parts.append(self._local[src_global])
                 dst_parts.append(dst_local)
                 edges_per_hop.append(int(src_global.shape[0]))
-                nodes.append(new)
                 frontier, frontier_local = new, new_local
         finally:
             node_ids = torch.cat(nodes)
@@ -178,10 +180,12 @@ class TorchSampler:
                               num_sampled_edges=edges, seed_index=staged[at:])
 
     def _check_small(self, unique_seeds: torch.Tensor, count: int, staged: torch.Tensor, hop_seeds: list[int]):
-        """sample_batch's sample of the first small batch, and the one launch's against it."""
-        self._small_checked = True
+        """sample_batch's sample of the first small batch, and the one launch's against it.
+        Checked once it has been compared: a sample_batch that fails first (out of memory,
+        say) fails its batch, and the next small batch is checked instead."""
         local, bid = self._local, self._scratch_bid()
         want = cuda_hop.sample_batch(self.indptr, self.indices, unique_seeds, self.fanouts, hop_seeds, local, bid)
+        self._small_checked = True
         try:
             got = self._small.sample(staged, count, local, bid)
             clean = bool((local == -1).all()) and bool((bid == cuda_hop.INT64_MAX).all())

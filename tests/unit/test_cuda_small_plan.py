@@ -159,3 +159,63 @@ def test_a_kernel_that_leaves_its_maps_dirty_is_dropped_and_the_maps_reset(monke
         sampler.sample(np.array([1]))
     assert sampler._small is None and "left its scratch maps dirty" in caplog.text
     assert bool((sampler._local == -1).all()) and bool((sampler._bid == cuda_hop.INT64_MAX).all())
+
+
+def test_a_check_whose_batch_kernels_fail_leaves_the_next_small_batch_checked(monkeypatch, caplog):
+    """The kernel was marked checked before its check ran: a sample_batch that failed on
+    the first small batch (out of memory on a busy GPU) left every later one unchecked."""
+    indptr, indices = _csr()
+    calls = {"n": 0}
+
+    def fails_first(*args):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("CUDA out of memory")
+        return _reference_batch(*args)
+
+    monkeypatch.setattr(cuda_hop, "sample_batch", fails_first)
+    sampler = TorchSampler(indptr, indices, (5, 3), seed=4)
+    sampler._small = _ReferenceSmall(indptr, indices, (5, 3), limit=10**6, wrong=True)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        sampler.sample(np.array([3]))
+    with caplog.at_level(logging.WARNING, logger="hybridgnn.sampling.gpu"):
+        sampler.sample(np.array([11]))
+    assert sampler._small is None and "sampled other than the batch kernels" in caplog.text
+
+
+def test_the_torch_sampler_leaves_its_node_map_clean_when_a_hop_fails_midway():
+    """A hop's new nodes were numbered before they were listed for the cleanup: an error
+    between the two (out of memory on the next index) left them numbered, and later
+    batches' edges read them as their own."""
+    indptr, indices = _csr()
+    sampler = TorchSampler(indptr, indices, (5, 3), seed=4, kernel=False)
+    real = sampler._local
+
+    class FailsOnSecondRead:
+        reads = 0
+
+        def __getitem__(self, index):
+            FailsOnSecondRead.reads += 1
+            if FailsOnSecondRead.reads == 2:  # the hop's edges, after its new nodes were numbered
+                raise RuntimeError("CUDA out of memory")
+            return real[index]
+
+        def __setitem__(self, index, value):
+            real[index] = value
+
+    sampler._local = FailsOnSecondRead()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        sampler.sample(np.array([3, 8]))
+    assert bool((real == -1).all())
+
+
+def test_indices_the_kernels_cannot_read_leave_the_torch_path_in_charge(monkeypatch):
+    """A dataset's indices of another integer type (int16 here) turned the kernels on, and
+    the kernels refused every batch."""
+    indptr, indices = _csr()
+    monkeypatch.setattr(cuda_hop, "available", lambda device: True)
+    sampler = TorchSampler(indptr, indices.to(torch.int16), (5, 3), seed=4)
+    assert not sampler.kernel and sampler._small is None
+    assert sampler.sample(np.array([3])).node_ids[0].item() == 3
+    with pytest.raises(ValueError, match="int32 or int64 indices"):
+        TorchSampler(indptr, indices.to(torch.int16), (5, 3), kernel=True)

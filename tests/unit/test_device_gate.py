@@ -92,3 +92,47 @@ def test_threads_inside_work_capture_one_after_another():
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert sorted(i for i, _ in captures) == [0, 1] and all(n == 1 for _, n in captures)
     assert gate.working == 0
+
+
+def test_the_cpu_lanes_device_work_and_executor_building_hold_the_gate(skewed_graph, monkeypatch):
+    """With --cpu-compute-device cuda the CPU lane ran its model on the GPU outside the
+    gate, and executors were built (device and pinned allocations) outside it too: either
+    could overlap another thread's CUDA graph capture."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from hybridgnn.capabilities import DEVICE_GATE
+    from hybridgnn.features.store import HostFeatureStore
+    from hybridgnn.models.gnn import GNN, ModelSpec
+    from hybridgnn.pipelines.executor import BatchExecutor
+    from hybridgnn.runtime.resources import Resources
+    from hybridgnn.sampling.cpu import CPUSampler
+
+    seen = []
+
+    class Recording(GNN):
+        def forward(self, *args, **kwargs):
+            seen.append(DEVICE_GATE.working)
+            return super().forward(*args, **kwargs)
+
+    model = Recording(ModelSpec("sage", skewed_graph.feature_dim, 8, 3)).eval()
+    ex = BatchExecutor(CPUSampler(skewed_graph, [3, 2]), HostFeatureStore(skewed_graph.features), model)
+    assert not ex.gated  # the CPU's own model takes no gate
+    ex.run(np.array([1, 2]))
+    ex.gated = True  # as on a GPU
+    ex.run(np.array([1, 2]))
+    assert seen == [0, 1] and DEVICE_GATE.working == 0
+
+    built = []
+    fake = SimpleNamespace(
+        cfg=SimpleNamespace(cpu_pipeline=SimpleNamespace(processes=False, split=False, device="cuda")),
+        _make_gpu_executor=lambda worker: built.append(("gpu", DEVICE_GATE.working)),
+        _make_cpu_executor=lambda worker: built.append(("cpu", DEVICE_GATE.working)))
+    Resources.make_executor(fake, "gpu", 0)
+    Resources.make_executor(fake, "cpu", 0)
+    fake.cfg.cpu_pipeline.device = "cpu"
+    Resources.make_executor(fake, "cpu", 0)
+    fake.cfg.cpu_pipeline.split = True
+    Resources.make_executor(fake, "cpu", 0)
+    assert built == [("gpu", 1), ("cpu", 1), ("cpu", 0), ("cpu", 1)]

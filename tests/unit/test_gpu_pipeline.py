@@ -24,6 +24,28 @@ from hybridgnn.sampling.gpu import TorchSampler
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
 
 
+def test_a_store_swapped_out_mid_gather_lives_until_its_count_is_read(skewed_graph):
+    """A placement refresh swaps the cache while a gather may still be queued on a worker's
+    stream: the old store was freed at once, and its device memory could go to other work
+    before the gather had read it. The pending count holds it until read (after the sync)."""
+    import gc
+    import weakref
+
+    from hybridgnn.features.store import SwappableFeatureStore
+
+    feats = np.asarray(skewed_graph.features)
+    served = SwappableFeatureStore(CachedFeatureStore(feats, "cpu", 7 * feats.shape[1] * 4))
+    old = weakref.ref(served.current)
+    rows, tiers = served.gather_pending(np.arange(10))
+    served.swap(CachedFeatureStore(feats, "cpu", 7 * feats.shape[1] * 4, order=np.arange(60)[::-1].copy()))
+    gc.collect()
+    assert old() is not None
+    assert tiers() == {"gpu": 7, "host": 3}
+    del tiers
+    gc.collect()
+    assert old() is None
+
+
 @pytest.mark.parametrize("cache_rows", [0, 7, 40, 60])
 def test_cached_store_returns_exactly_the_source_rows(skewed_graph, cache_rows):
     feats = np.asarray(skewed_graph.features)
