@@ -108,6 +108,12 @@ class TypedCPUSampler:
                 for t in nodes:
                     per_hop[t].append(count[t] - hi[t])
                 lo = hi
+        except BaseException:
+            # a hop that failed midway (MemoryError) may have numbered nodes its lost arrays
+            # held: reset the maps whole, or later calls would read them as reached
+            for m in self._local.values():
+                m.fill(-1)
+            raise
         finally:
             for t in nodes:
                 self._local[t][nodes[t][: count[t]]] = -1  # leave the maps clean for the next call
@@ -136,7 +142,9 @@ class TypedTorchSampler:
         self.device = next(iter(csr.values()))[0].device
         self._num_nodes = dict(num_nodes)
         self._local = {t: torch.full((n,), -1, dtype=torch.int64, device=self.device) for t, n in num_nodes.items()}
-        self._kernel = {e: cuda_hop.available(self.device) and ip.dtype == torch.int64 for e, (ip, _) in csr.items()}
+        # the one-launch hop reads int64 indptr and int32 or int64 indices (a dataset may store others)
+        self._kernel = {e: cuda_hop.available(self.device) and ip.dtype == torch.int64
+                        and ix.dtype in (torch.int32, torch.int64) for e, (ip, ix) in csr.items()}
         self._generator = torch.Generator(device=self.device)
         self.reseed(seed)
 
@@ -188,6 +196,12 @@ class TypedTorchSampler:
                     new = torch.cat(new_parts) if new_parts else torch.empty(0, dtype=torch.int64, device=dev)
                     nodes[t].append(new)
                     frontier[t] = (new, self._local[t][new])
+        except BaseException:
+            # an error midway (out of memory in a later edge type's draw) left this hop's new
+            # nodes numbered but not yet listed for the cleanup: reset the maps whole
+            for m in self._local.values():
+                m.fill_(-1)
+            raise
         finally:
             for t, v in nodes.items():
                 self._local[t][torch.cat(v)] = -1  # leave the maps clean for the next call

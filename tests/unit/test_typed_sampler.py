@@ -129,3 +129,54 @@ def test_a_to_hetero_model_consumes_the_sample(make_sampler, academic):
     edges = {e: torch.from_numpy(ei) for e, ei in sub.edge_index.items()}
     out = model(x, edges)
     assert out["paper"].shape == (sub.node_ids["paper"].size, 4)
+
+
+def test_a_hop_that_fails_midway_leaves_the_maps_clean(academic, monkeypatch):
+    """A hop's new nodes were numbered in the map before they were listed for the cleanup:
+    an error in a later edge type's draw (out of memory on a GPU) left them numbered, and
+    later batches read them as reached (torch); a failure inside the compiled hop lost the
+    arrays that listed them (numba)."""
+    import hybridgnn.sampling.typed as typed
+
+    fanouts = {e: [3, 2] for e in academic.edge_types}
+    seeds = {"paper": np.array([3, 9, 250]), "author": np.array([7])}
+
+    torch_sampler = TypedTorchSampler.from_graph(academic, fanouts, seed=4)
+    real_draw, calls = typed.draw_hop, {"n": 0}
+
+    def fails_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("CUDA out of memory")
+        return real_draw(*args, **kwargs)
+
+    monkeypatch.setattr(typed, "draw_hop", fails_second)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        torch_sampler.sample(seeds)
+    assert all(bool((m == -1).all()) for m in torch_sampler._local.values())
+
+    cpu_sampler = TypedCPUSampler(academic, fanouts, seed=4)
+    real_hop, calls["n"] = typed.typed_hop, 0
+
+    def numbers_then_fails(indptr, indices, frontier, fanout, local, nodes, count, *rest):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            local[int(indices[0])] = 5  # numbered in arrays the caller never gets back
+            raise MemoryError("out of memory")
+        return real_hop(indptr, indices, frontier, fanout, local, nodes, count, *rest)
+
+    monkeypatch.setattr(typed, "typed_hop", numbers_then_fails)
+    with pytest.raises(MemoryError):
+        cpu_sampler.sample(seeds)
+    assert all(bool((m == -1).all()) for m in cpu_sampler._local.values())
+
+
+def test_indices_the_kernels_cannot_read_keep_the_torch_draw(academic, monkeypatch):
+    import hybridgnn.sampling.typed as typed
+
+    monkeypatch.setattr(typed.cuda_hop, "available", lambda device: True)
+    csr = {e: (torch.from_numpy(np.asarray(d.indptr, np.int64)), torch.from_numpy(np.asarray(d.indices, np.int16)))
+           for e, d in academic.edges.items()}
+    sampler = TypedTorchSampler(csr, {t: academic.num_nodes(t) for t in academic.node_types},
+                                {e: [3, 2] for e in academic.edge_types})
+    assert not any(sampler._kernel.values())
