@@ -5,10 +5,19 @@ rows of the previous layer (features, never graph tiles) in chunks of bounded si
 point-to-point sends and receives: gloo has no all_to_all, and the chunks let a rank
 compute the targets whose halo rows have arrived while later chunks are still in flight.
 Receives land in place, in the halo rows of the layer's input tensor.
+
+Under NCCL the sends and receives of an exchange are posted as one batch
+(batch_isend_irecv): NCCL runs a pair of ranks' point-to-point operations in order on one
+stream, so two ranks that each post their receive from the other before their send to it
+would wait for each other for ever. A batch is one NCCL group: its operations proceed
+together, matched per pair in the order they were posted (as gloo matches them by tag).
+A layer's chunks then all arrive together. HYBRIDGNN_HALO_BATCHED=1 batches under gloo
+too (the tests check the batched exchange on CPU that way).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +25,23 @@ import torch
 import torch.distributed as dist
 
 from hybridgnn.distributed.partition import LocalPart
+
+
+def _batched() -> bool:
+    """Whether an exchange is posted as one batch (see the module docstring)."""
+    return dist.get_backend() == "nccl" or os.environ.get("HYBRIDGNN_HALO_BATCHED") == "1"
+
+
+def _post(ops: list[tuple[bool, torch.Tensor, int, int]], batched: bool) -> list:
+    """Post (is_send, tensor, peer, tag) operations, in this order: one by one, or as one
+    batch. Their Work handles: one per operation unbatched; a batch's may be fewer (NCCL
+    coalesces them), and every handle must be waited for."""
+    if not ops:
+        return []
+    if batched:
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, t, peer, tag=tag)
+                                       for send, t, peer, tag in ops])
+    return [(dist.isend if send else dist.irecv)(t, peer, tag=tag) for send, t, peer, tag in ops]
 
 
 def _chunks(count: int, chunk_rows: int) -> list[tuple[int, int]]:
@@ -47,18 +73,29 @@ class Transfer:
     """A layer's exchange in flight: receives in halo order, then the sends to finish."""
 
     chunks: list[tuple[int, int]]   # halo row ranges, in the order they are awaited
-    receives: list                  # their Work handles, same order
-    sends: list                     # Work handles of this rank's sends
+    receives: list                  # their Work handles, same order (unbatched)
+    sends: list                     # Work handles of this rank's sends (batched: the whole batch's)
     keep: list                      # send buffers, alive until their sends finish
     bytes_sent: int
+    batched: bool = False           # posted as one batch: every chunk arrives with the batch
+    waited: bool = False            # the batch's handles were waited for (a handle is waited once:
+                                    # gloo's receive waits for another message on a second wait)
 
     def wait_chunk(self, j: int) -> None:
-        self.receives[j].wait()
+        if not self.batched:
+            self.receives[j].wait()
+        elif not self.waited:
+            self._wait_sends()  # the batch's handles: once they are done, so is every chunk
 
     def finish(self) -> None:
+        if not self.waited:
+            self._wait_sends()
+        self.keep.clear()
+
+    def _wait_sends(self) -> None:
+        self.waited = True
         for work in self.sends:
             work.wait()
-        self.keep.clear()
 
 
 class HaloPlan:
@@ -77,16 +114,16 @@ class HaloPlan:
         # Tell each owner which of its rows this rank needs (global ids, in halo order).
         wanted = [torch.empty(int(self.counts[s, self.rank]), dtype=torch.int64) for s in range(self.world)]
         own_halo = torch.from_numpy(part.halo)
-        works, sending = [], []  # send buffers stay referenced until their sends finish
+        ops, sending = [], []  # send buffers stay referenced until their sends finish
         for peer in self._peers():
             lo, hi = self.recv_offsets[peer], self.recv_offsets[peer + 1]
             if hi > lo:
                 sending.append(self._to(own_halo[lo:hi]))
-                works.append(dist.isend(sending[-1], peer))
+                ops.append((True, sending[-1], peer, 0))
             if wanted[peer].numel():
                 wanted[peer] = self._to(wanted[peer])
-                works.append(dist.irecv(wanted[peer], peer))
-        for work in works:
+                ops.append((False, wanted[peer], peer, 0))
+        for work in _post(ops, _batched()):
             work.wait()
         self.send_index: list[torch.Tensor] = []
         for peer in range(self.world):
@@ -111,11 +148,11 @@ class HaloPlan:
         """Send each peer its rows of `rows` (this rank's [n + h, d] layer input: own rows
         first) and receive the halo into rows[n:], in chunks of at most chunk_rows rows."""
         n = self.part.num_nodes
-        sends, keep, receives, order, sent = [], [], [], [], 0
+        ops, keep, order, sent = [], [], [], 0
         for peer in self._peers():
             lo, hi = int(self.recv_offsets[peer]), int(self.recv_offsets[peer + 1])
             for tag, (a, b) in enumerate(_chunks(hi - lo, chunk_rows)):
-                receives.append(dist.irecv(rows[n + lo + a:n + lo + b], peer, tag=tag))
+                ops.append((False, rows[n + lo + a:n + lo + b], peer, tag))
                 order.append((lo + a, lo + b))
             index = self.send_index[peer]
             if index.numel():
@@ -123,7 +160,13 @@ class HaloPlan:
                 keep.append(payload)
                 sent += payload.numel() * payload.element_size()
                 for tag, (a, b) in enumerate(_chunks(index.numel(), chunk_rows)):
-                    sends.append(dist.isend(payload[a:b], peer, tag=tag))
+                    ops.append((True, payload[a:b], peer, tag))
+        batched = _batched()
+        works = _post(ops, batched)
+        if batched:
+            return Transfer(chunks=order, receives=[], sends=works, keep=keep, bytes_sent=sent, batched=True)
+        receives = [w for w, op in zip(works, ops, strict=True) if not op[0]]
+        sends = [w for w, op in zip(works, ops, strict=True) if op[0]]
         return Transfer(chunks=order, receives=receives, sends=sends, keep=keep, bytes_sent=sent)
 
     def gather(self, own: torch.Tensor) -> torch.Tensor:

@@ -85,6 +85,19 @@ def test_ranks_give_the_single_process_embeddings(tmp_path, graph_dir, kind, ran
     assert got.state["distributed"] == {"ranks": ranks, "partition": partition}
 
 
+def test_the_batched_halo_exchange_gives_the_single_process_embeddings(tmp_path, graph_dir, monkeypatch):
+    """Under NCCL the halo exchange is posted as one batch (NCCL runs a pair's sends and
+    receives in order on one stream, and each rank's receive posted before its send waited
+    for ever): here the batched exchange over gloo, GCN's degree table and many chunks."""
+    monkeypatch.setenv("HYBRIDGNN_HALO_BATCHED", "1")
+    torch.manual_seed(7)
+    model = GNN(ModelSpec("gcn", 12, 16, 4, num_layers=2)).eval()
+    expected, got, report = single_and_distributed(tmp_path, graph_dir, model, "--nprocs", "3",
+                                                   "--partition", "ranges", "--chunk-mb", "0.01")
+    assert_equal_stores(expected, got)
+    assert all(sum(layer["bytes_sent"]) > 0 and layer["chunks"] > 1 for layer in report["layers"])
+
+
 def test_a_pyg_model_with_jumping_knowledge_and_half_precision(tmp_path, graph_dir):
     from torch_geometric.nn.models import GraphSAGE
 
