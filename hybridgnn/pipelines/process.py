@@ -17,6 +17,7 @@ next batch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -198,6 +199,33 @@ class WorkerProcessExited(WorkerProcessError):
     """The worker process is gone (exited, killed, or killed as hung): it must be restarted."""
 
 
+# Signals a process group gets from a terminal, `timeout` or a service manager: the server
+# acts on them for its workers, which must never die of one.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """Block STOP_SIGNALS in this thread for the block: a process started in it (a worker,
+    and multiprocessing's resource tracker that the first start launches) inherits the mask
+    through exec, so a signal to the process group stays pending in it until it ignores
+    them. Before, a worker still importing torch for seconds at the server's start died of
+    a Ctrl-C with a KeyboardInterrupt traceback, and a SIGHUP (the server's cache refresh)
+    killed the resource tracker, which the next worker start relaunched with a warning that
+    resources might leak. Python's own resource tracker is started the same way."""
+    from multiprocessing import resource_tracker
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        # launched here if not yet: it ignores SIGINT and SIGTERM, and unblocks both in this
+        # thread once started, so they are blocked again for the worker's start
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> None:
     """Build the worker's executor with build(cfg, worker) and serve batches until the
     pipe closes; on `cpus` when given (the server's --worker-cpus). Batches arrive as
@@ -205,9 +233,11 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
     # The server decides when a worker ends (pipe closed or the stop sentinel): a Ctrl-C,
     # a SIGTERM or a SIGHUP (the server's cache refresh) sent to the whole process group
     # (a terminal, `timeout`, systemd's default KillMode) must not kill it under a batch
-    # mid-drain. A server killed outright closes the pipe, which ends the worker.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # mid-drain. A server killed outright closes the pipe, which ends the worker. They were
+    # blocked from its start (stop_signals_blocked): ignored now, any pending is dropped.
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     out = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         if cpus:
@@ -222,9 +252,15 @@ def _child_main(conn, cfg, worker: int, build, cpus: tuple[int, ...] = ()) -> No
         executor.run(np.zeros(1, dtype=np.int64))  # compile outside batches
         freeze_startup_heap()
     except BaseException as exc:  # reported to the parent, which refuses to start
-        write_message(out, ("error", f"{type(exc).__name__}: {exc}"))
+        message = ("error", f"{type(exc).__name__}: {exc}")
+    else:
+        message = ("ready", None)
+    try:
+        write_message(out, message)
+    except OSError:  # the server is gone (killed while this worker started): nothing to serve
         return
-    write_message(out, ("ready", None))
+    if message[0] != "ready":
+        return
     while True:
         try:
             data = conn.recv_bytes()
@@ -271,7 +307,8 @@ class ProcessExecutor:
         proc = self._ctx.Process(target=_child_main, args=(child, self.cfg, self.worker, self._build, self.cpus),
                                  name=f"hybridgnn-cpu-worker-{self.worker}", daemon=True)
         try:
-            proc.start()  # EAGAIN, ENOMEM: nothing started, nothing to join later
+            with stop_signals_blocked():
+                proc.start()  # EAGAIN, ENOMEM: nothing started, nothing to join later
         except BaseException:
             parent.close()
             raise

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from hybridgnn.pipelines.process import (
 )
 from hybridgnn.runtime.resources import Resources, build_worker_executor
 from hybridgnn.serving.core.engine import Engine
+from tests.support.server import ServerProcess, children_of
 
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
 
@@ -263,3 +265,64 @@ def test_without_a_batch_timeout_a_long_batch_is_waited_for_past_the_stall_limit
         assert ex.run(np.array([14, 2])).predictions.tolist() == [14, 2]  # 0.6 s: past the 0.2 s limit
     finally:
         ex.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, dead and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:  # gone meanwhile
+        return b""
+
+
+def _until(what, timeout_s: float, why: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+
+
+def _infer_ok(url: str) -> bool:
+    import requests
+
+    body = {"inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64", "data": [1, 2]}]}
+    try:
+        return requests.post(f"{url}/v2/models/hybridgnn/infer", json=body, timeout=30).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_a_sighup_to_the_process_group_spares_the_workers_and_the_resource_tracker(tiny_dataset, tiny_model,
+                                                                                   tmp_path):
+    """SIGHUP (the server's cache refresh) sent to the whole process group killed
+    multiprocessing's resource tracker, which the next worker start relaunched with a
+    warning that resources might leak: the tracker and the workers are started with the
+    stop signals blocked, as the workers ignore them."""
+    log = tmp_path / "server.log"
+    srv = ServerProcess(tiny_dataset, tiny_model, "--worker-processes", "on", "--workers", "1", own_group=True,
+                        output_file=log).wait_ready()
+    try:
+        helpers = set(children_of(srv.proc.pid))  # the worker and the resource tracker
+        [worker] = [p for p in helpers if b"spawn_main" in _cmdline(p)]
+        assert len(helpers) == 2, helpers
+        os.killpg(srv.proc.pid, signal.SIGHUP)
+        _until(lambda: "placement not refreshed" in srv.output(), 30, "the server did not take the SIGHUP")
+        os.kill(worker, signal.SIGKILL)  # its replacement is started: the tracker must still be there
+        _until(lambda: "starting it again" in srv.output(), 30, "the killed worker was not noticed")
+        _until(lambda: _infer_ok(srv.url), 120, "the killed worker was not replaced")
+        assert all(_alive(p) for p in helpers - {worker}), srv.output()
+    finally:
+        code = srv.stop()
+    out = srv.output()
+    assert code == 0, out
+    assert "relaunching" not in out and "Traceback" not in out, out
+
