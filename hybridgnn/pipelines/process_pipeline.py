@@ -82,14 +82,23 @@ class ProcessPipeline:
         self._drained.set()
         self._stopped = False
         self._released = False
+        self._starting = threading.Lock()  # held by start() while it starts children
 
     # --- as the thread pipeline --------------------------------------------------------
     def start(self) -> None:
-        """Start the children (seconds: each loads the model and compiles its sampler)."""
+        """Start the children (seconds: each loads the model and compiles its sampler). A
+        stop() meanwhile (the server's start cancelled by a Ctrl-C) ends the start after the
+        child starting now, and closes every child started: RuntimeError then."""
         log.info("%s pipeline: starting %d worker process(es)", self.name, self.cfg.workers)
         t0 = time.perf_counter()
-        self._executors = [self._make_executor(i) for i in range(self.cfg.workers)]
-        self._children = [_Child(ex) for ex in self._executors]
+        with self._starting:
+            for i in range(self.cfg.workers):
+                if self._stopped:
+                    raise RuntimeError(f"pipeline {self.name} was stopped while its worker processes started")
+                executor = self._make_executor(i)
+                # kept at once: a child started here is one stop() closes, whatever fails after
+                self._executors.append(executor)
+                self._children.append(_Child(executor))
         log.info("%s pipeline: %d worker process(es) ready in %.1f s", self.name, self.cfg.workers,
                  time.perf_counter() - t0)
 
@@ -128,6 +137,12 @@ class ProcessPipeline:
         """Finish what is queued (up to timeout_s), fail what is left, then end the children.
         Called off the loop (it waits for the loop to finish the batches)."""
         self._stopped = True
+        # A start under way (on another thread) ends after the child it is starting, which is
+        # then closed below with the others: a child left running kept its pipe open, and the
+        # interpreter's exit waited on it for ever (a worker ignores the SIGTERM that
+        # multiprocessing ends daemon children with).
+        with self._starting:
+            pass
         loop = self._loop
         if loop is not None and loop.is_running() and not _on(loop):
             self._drained.wait(timeout_s)

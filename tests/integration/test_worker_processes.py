@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import time
 
 import numpy as np
@@ -326,3 +327,31 @@ def test_a_sighup_to_the_process_group_spares_the_workers_and_the_resource_track
     assert code == 0, out
     assert "relaunching" not in out and "Traceback" not in out, out
 
+
+def test_a_ctrl_c_while_the_worker_processes_start_stops_the_server_and_them(tiny_dataset, tiny_model, tmp_path):
+    """A Ctrl-C (SIGINT to the process group) while the first worker process starts: the
+    worker, still importing torch, died of it with a KeyboardInterrupt traceback; once it
+    ignored it, the start went on after the server had given up, and the server's exit
+    waited for ever on workers nothing would stop."""
+    log = tmp_path / "server.log"
+    srv = ServerProcess(tiny_dataset, tiny_model, "--worker-processes", "on", "--workers", "2", own_group=True,
+                        output_file=log)
+    try:
+        def workers() -> list[int]:
+            return [p for p in children_of(srv.proc.pid) if b"spawn_main" in _cmdline(p)]
+
+        _until(lambda: workers() or srv.proc.poll() is not None, 120, "no worker process started")
+        started = children_of(srv.proc.pid)  # the first worker (still starting) and the resource tracker
+        os.killpg(srv.proc.pid, signal.SIGINT)
+        try:
+            code = srv.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the server did not exit:\n{srv.output()}") from None
+        _until(lambda: not any(_alive(p) for p in started), 30, f"left running: {started}")
+    finally:
+        if srv.proc.poll() is None:
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+            srv.proc.wait()
+    out = srv.output()
+    assert code == 130 and "interrupted" in out, out
+    assert "Traceback" not in out, out
