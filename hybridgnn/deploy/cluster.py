@@ -233,8 +233,14 @@ class LocalCluster:
             self.restarts.append(0)
         self._wait_replicas_ready()
         with open(cfg.run_dir / f"{cfg.balancer}.log", "wb") as logf:
+            # In a session of its own: a Ctrl-C or SIGTERM to the cluster's process group (a
+            # terminal, `timeout`, `kill -- -PGID`) is a hard stop for HAProxy and nginx, which
+            # reset the requests they held and refused new ones while the replicas still
+            # drained. The supervisor stops it after them (SOFT_STOP), or the kernel when the
+            # supervisor dies (child_setup).
             self.balancer = subprocess.Popen(balancer_command(cfg.balancer, config), stdout=logf,
-                                             stderr=subprocess.STDOUT, preexec_fn=child_setup())
+                                             stderr=subprocess.STDOUT, preexec_fn=child_setup(),
+                                             start_new_session=True)
         self._wait(lambda: http_ready(self.url), "the balancer to route to a ready replica", self.balancer)
         (cfg.run_dir / "ready").write_text(self.url + "\n")
         log.info("cluster ready: %s -> %s (%s)", self.url, ", ".join(cfg.backends), cfg.balancer)

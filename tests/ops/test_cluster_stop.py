@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import json
+import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -96,3 +100,41 @@ def test_a_request_in_flight_through_the_balancer_at_stop_is_answered(balancer, 
         stop_process(cluster.balancer)
         replica.shutdown()
         replica.server_close()
+
+
+def test_a_ctrl_c_to_the_clusters_process_group_stops_the_balancer_after_the_replicas(tiny_dataset, tiny_model,
+                                                                                      tmp_path):
+    """Ctrl-C in a terminal (or `timeout`, `kill -- -PGID`) signals the whole process group:
+    HAProxy took it as a hard stop, resetting what it held and refusing connections while
+    the replicas still drained. It now stops after them: a request through it while the
+    replica drains is answered (200 while the replica still serves, or a clean 503)."""
+    require_tool("haproxy")
+    port = free_port(2)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hybridgnn.cli.main", "cluster", "--replicas", "1", "--port", str(port),
+           "--base-port", str(port + 1), "--run-dir", str(run_dir), "--ready-timeout-s", "120", "--",
+           "--dataset", str(tiny_dataset), "--model", str(tiny_model), "--workers", "1", "--unready-delay-s", "3"]
+    cluster = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not (run_dir / "ready").exists():
+            assert cluster.poll() is None, cluster.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "cluster not ready in time"
+            time.sleep(0.1)  # poll interval, bounded by the deadline
+        os.killpg(cluster.pid, signal.SIGINT)  # SIGTERM to the group acts alike
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:  # within the replica's 3 s of serving on while not ready
+            conn.request("POST", "/v2/models/hybridgnn/infer", body=json.dumps(
+                {"inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}]}))
+            status = conn.getresponse().status
+        finally:
+            conn.close()
+        assert status in (200, 503)
+        assert cluster.wait(90) == 0
+        assert (run_dir / "replica-0.exit").read_text() == "0"
+    finally:
+        if cluster.poll() is None:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait()
+        cluster.stdout.close()
