@@ -13,8 +13,20 @@ process group cannot take back one rank.
 
 from __future__ import annotations
 
-import logging
 import os
+import signal
+
+from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
+
+if __name__ == "__main__" and os.environ.get(PARENT_ENV):
+    # First, before torch: a rank a server started stops when the server says so (STOP) or is
+    # gone (_orphaned). A SIGTERM to every process of the service (systemd's default
+    # KillMode=control-group) killed the ranks while the server still drained, failing its
+    # admitted requests with 503. Ranks under torchrun keep the default: it stops them so.
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, signal.SIG_IGN)
+
+import logging
 import socket
 import time
 from dataclasses import dataclass
@@ -34,7 +46,6 @@ from hybridgnn.distributed.serving_part import open_serving_part
 from hybridgnn.embeddings.newnodes import MODES, POLICIES, unique_ints
 from hybridgnn.errors import BadRequest, ConfigError, RemovedNode, ServingError
 from hybridgnn.graph.dynamic import UpdateBatch
-from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
 from hybridgnn.serving.ipc import ranks as wire
 from hybridgnn.serving.ipc.wire import WireError
 

@@ -204,18 +204,16 @@ class RankGroup:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def _stop_procs(self, grace_s: float = 2.0) -> None:
+        """Wait up to grace_s for the ranks to exit (after a STOP), then kill those left: ranks
+        started here ignore SIGTERM (rank_server.py)."""
         deadline = time.monotonic() + grace_s
         for p in self._procs:
             try:
                 p.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.terminate()
-        for p in self._procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait()
+        for p in self._procs:
+            p.wait()
         self._procs = []
 
     # --- calls ---------------------------------------------------------------------------

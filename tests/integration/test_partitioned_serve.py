@@ -358,3 +358,59 @@ def test_a_call_waiting_on_rank_0_sees_a_local_rank_die_at_once(tmp_path):
         alive.wait()
         ours.close()
         rank0.close()
+
+
+def test_a_sigterm_to_every_process_of_the_server_drains_through_the_ranks(tiny_dataset, tiny_model_pe):
+    """systemd's default KillMode=control-group sends SIGTERM to every process of the
+    service at once: the ranks died of it while the server drained, and its admitted
+    requests got 503 "partition ranks are down". Ranks a server started stop when it
+    stops them: every request is answered, or refused as the drain refuses."""
+    import threading
+
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--partitions", "2", "--partition", "ranges",
+                        "--max-wait-ms", "20", own_group=True).wait_ready(180)
+    outcomes, stop = [], threading.Event()
+
+    def client(seed: int) -> None:
+        rng, session = np.random.default_rng(seed), requests.Session()
+        while not stop.is_set():
+            try:
+                r = session.post(srv.url + URL, json=_ids_body(rng.integers(0, 3000, 4), "precomputed"), timeout=60)
+            except requests.ConnectionError:
+                return  # the listener closed
+            outcomes.append((r.status_code, r.text))
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+    try:
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(outcomes) < 20:
+            assert time.monotonic() < deadline, "clients made no progress"
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        ranks = children_of(srv.proc.pid)
+        assert len(ranks) == 2
+        for pid in [srv.proc.pid, *ranks]:
+            os.kill(pid, signal.SIGTERM)
+        code = srv.proc.wait(60)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(30)
+        if srv.proc.poll() is None:
+            srv.stop()
+    out = srv.output()
+    assert code == 0, out
+    assert "partitioned serving is down" not in out, out
+    # a 429 is admission's queueing-delay bound on a loaded machine: a clean answer too
+    refused = [(status, text) for status, text in outcomes if status not in (200, 429)]
+    assert all(status == 503 and "shutting down" in text for status, text in refused), refused
+    assert not any(os.path.exists(f"/proc/{pid}") and _running(pid) for pid in ranks)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
