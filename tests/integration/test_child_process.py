@@ -10,20 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.server import free_port
+from tests.support.server import free_port, process_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _nice(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_child_runs_below_serving_and_ends_when_its_parent_is_killed(tiny_dataset, tiny_model):
@@ -48,13 +41,13 @@ def test_a_child_runs_below_serving_and_ends_when_its_parent_is_killed(tiny_data
         parent.kill()  # -9: it stops nothing itself
         parent.wait(10)
         deadline = time.monotonic() + 30
-        while _alive(child):
+        while process_alive(child):
             assert time.monotonic() < deadline, "the child outlived its parent"
             time.sleep(0.05)  # poll interval
     finally:
         parent.kill()
         parent.wait(10)
-        if child is not None and _alive(child):
+        if child is not None and process_alive(child):
             os.kill(child, 9)
 
 

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hybridgnn.serving.frontends import reserve_port
 from hybridgnn.serving.ipc import wire
 from tests.support.frontends import connection_to, frontend_pids, wait_for_frontends
-from tests.support.server import ServerProcess, free_port, metrics_text
+from tests.support.server import ServerProcess, free_port, metrics_text, process_alive
 
 MODEL = "hybridgnn"
 
@@ -226,21 +226,13 @@ def test_a_dead_engine_takes_its_front_ends_down(tiny_dataset, tiny_model):
     deadline = time.monotonic() + 15
     alive = list(pids.values())
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
+        alive = [p for p in alive if process_alive(p)]
         time.sleep(0.05)  # poll interval, bounded by the deadline
     assert not alive, f"front ends {alive} outlived their engine"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", srv.port), timeout=2)
     out = srv.output()
     assert "the engine process is gone" in out, out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_front_ends_hold_no_torch_and_little_memory(pair):
@@ -398,6 +390,6 @@ def test_a_stopped_front_end_is_killed_and_started_again(pair):
         status, _ = post_once(connection_to(srv.port, 0, back), [5])
         assert status == 200
     finally:
-        if "pids" in locals() and _alive(pids[0]):  # not killed (a failure above): never left stopped
+        if "pids" in locals() and process_alive(pids[0]):  # not killed (a failure above): never left stopped
             os.kill(pids[0], signal.SIGKILL)
     said_since(srv, start, "front end 0", "has not spoken for", "starting it again")

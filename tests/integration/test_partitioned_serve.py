@@ -18,7 +18,13 @@ from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint
 from tests.support.partitioned import random_query, torchrun_ranks
 from tests.support.reference import full_graph_forward
-from tests.support.server import ServerProcess, children_of, poll_ready, stop_process
+from tests.support.server import (
+    ServerProcess,
+    children_of,
+    poll_ready,
+    process_alive,
+    stop_process,
+)
 
 URL = "/v2/models/hybridgnn/infer"
 
@@ -405,12 +411,4 @@ def test_a_sigterm_to_every_process_of_the_server_drains_through_the_ranks(tiny_
     # a 429 is admission's queueing-delay bound on a loaded machine: a clean answer too
     refused = [(status, text) for status, text in outcomes if status not in (200, 429)]
     assert all(status == 503 and "shutting down" in text for status, text in refused), refused
-    assert not any(os.path.exists(f"/proc/{pid}") and _running(pid) for pid in ranks)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not any(process_alive(pid) for pid in ranks)

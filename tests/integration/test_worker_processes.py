@@ -23,7 +23,7 @@ from hybridgnn.pipelines.process import (
 )
 from hybridgnn.runtime.resources import Resources, build_worker_executor
 from hybridgnn.serving.core.engine import Engine
-from tests.support.server import ServerProcess, children_of
+from tests.support.server import ServerProcess, children_of, process_alive
 
 EVERYTHING = (1 << 30, 1 << 30)  # fanouts that take every neighbour: sampling is deterministic
 
@@ -268,15 +268,6 @@ def test_without_a_batch_timeout_a_long_batch_is_waited_for_past_the_stall_limit
         ex.close()
 
 
-def _alive(pid: int) -> bool:
-    """Whether pid runs (a zombie, dead and not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -320,7 +311,7 @@ def test_a_sighup_to_the_process_group_spares_the_workers_and_the_resource_track
         os.kill(worker, signal.SIGKILL)  # its replacement is started: the tracker must still be there
         _until(lambda: "starting it again" in srv.output(), 30, "the killed worker was not noticed")
         _until(lambda: _infer_ok(srv.url), 120, "the killed worker was not replaced")
-        assert all(_alive(p) for p in helpers - {worker}), srv.output()
+        assert all(process_alive(p) for p in helpers - {worker}), srv.output()
     finally:
         code = srv.stop()
     out = srv.output()
@@ -347,7 +338,7 @@ def test_a_ctrl_c_while_the_worker_processes_start_stops_the_server_and_them(tin
             code = srv.proc.wait(90)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the server did not exit:\n{srv.output()}") from None
-        _until(lambda: not any(_alive(p) for p in started), 30, f"left running: {started}")
+        _until(lambda: not any(process_alive(p) for p in started), 30, f"left running: {started}")
     finally:
         if srv.proc.poll() is None:
             os.killpg(srv.proc.pid, signal.SIGKILL)

@@ -16,7 +16,7 @@ import pytest
 
 from hybridgnn.deploy.cluster import port_in_use
 from tests.support.ops_tools import ReadyReplica, require_tool
-from tests.support.server import free_port
+from tests.support.server import free_port, process_alive
 
 pytestmark = [pytest.mark.ops, pytest.mark.slow]
 
@@ -37,16 +37,6 @@ def _wait_ready(proc: subprocess.Popen, run_dir: Path, timeout_s: float = 150.0)
         time.sleep(0.1)  # poll interval; bounded by the deadline
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (not yet reaped by init) holds no port
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_supervisor_killed_with_9_takes_its_replicas_and_balancer_along(tiny_dataset, tiny_model, tmp_path):
     require_tool("haproxy")
     port = free_port(3)
@@ -62,8 +52,8 @@ def test_a_supervisor_killed_with_9_takes_its_replicas_and_balancer_along(tiny_d
         first.kill()
         first.wait()
         deadline = time.monotonic() + 60
-        while any(_alive(pid) for pid in children) or any(port_in_use("127.0.0.1", port + k) for k in range(3)):
-            assert time.monotonic() < deadline, f"left behind: {[p for p in children if _alive(p)]}"
+        while any(process_alive(pid) for pid in children) or any(port_in_use("127.0.0.1", port + k) for k in range(3)):
+            assert time.monotonic() < deadline, f"left behind: {[p for p in children if process_alive(p)]}"
             time.sleep(0.1)  # poll interval; bounded by the deadline
         second = _cluster(tmp_path / "run2", port, tiny_dataset, tiny_model)
         try:
@@ -73,7 +63,7 @@ def test_a_supervisor_killed_with_9_takes_its_replicas_and_balancer_along(tiny_d
             assert second.wait(60) == 0
     finally:
         for pid in children:
-            if _alive(pid):
+            if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         if first.poll() is None:
             first.kill()

@@ -69,6 +69,15 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process pid runs: a zombie (dead, not yet reaped) does not, and holds no port."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 _HANDED_OUT: set[int] = set()
 
 

@@ -255,11 +255,9 @@ class Repository:
                                      f"lock {root / UNLOAD_LOCK} (a replica unloading, stopped meanwhile?) for more "
                                      f"than {UNLOAD_LOCK_WAIT_S:g}s; try again") from exc
         except OSError as exc:
-            lock = root / UNLOAD_LOCK
-            if exc.filename is not None and Path(exc.filename) == lock:  # the lock's path holds what no lock opens
-                raise Conflict(f"model {name!r} is not unloaded: the repository's unload lock {lock} cannot be opened "
-                               f"({exc.strerror or exc}); remove what is at that path (the lock is an empty file "
-                               "the servers make themselves)") from exc
+            if exc.filename is not None and Path(exc.filename) == root / UNLOAD_LOCK:  # what no lock opens is there
+                raise Conflict(f"model {name!r} is not unloaded: the repository's unload lock {root / UNLOAD_LOCK} "
+                               f"cannot be opened ({exc.strerror or exc}); remove what is at that path") from exc
             raise Conflict(
                 f"model {name!r} is not unloaded: an unload must be recorded in the repository (the file "
                 f"{root / name / UNLOADED}) to survive restarts and reach every replica serving it, and it cannot be "
