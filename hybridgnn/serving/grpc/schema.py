@@ -177,14 +177,19 @@ def server_options(max_body_bytes: int, max_connections: int, idle_timeout_s: fl
             ("grpc.max_connection_idle_ms", min(2**31 - 1, max(1, round(idle_timeout_s * 1000))))]  # a C int
 
 
+BACKSTOP_SPARE = 256  # calls past the cap grpcio admits, for ours to refuse with retry-after
+
+
 def call_cap(cap: int, refused: Callable[[], None] | None = None):
     """(wrap, backstop): wrap(handler) serves a gRPC server's calls (unary, bytes in) with
     at most `cap` in flight among every handler it wraps, and refuses one past it as
     admission refuses overload: RESOURCE_EXHAUSTED with `retry-after` in the trailing
     metadata; refused() is called for each one refused (it is counted). grpcio's own cap
     (maximum_concurrent_rpcs) answers RESOURCE_EXHAUSTED with no metadata at all, so a
-    client could not tell when to retry; it stays as a backstop, at `backstop` (twice the
-    cap), against calls arriving faster than these refusals end."""
+    client could not tell when to retry; it stays as a backstop, at `backstop` (the cap
+    and BACKSTOP_SPARE more), against calls arriving faster than these refusals end. At
+    twice the cap, a burst on a small cap (1 per front end) passed it: clients got grpcio's
+    bare "Concurrent RPC limit exceeded!" with no retry-after."""
     import grpc
 
     from hybridgnn.errors import RETRY_AFTER_S
@@ -210,7 +215,7 @@ def call_cap(cap: int, refused: Callable[[], None] | None = None):
 
         return call
 
-    return wrap, 2 * cap
+    return wrap, cap + BACKSTOP_SPARE
 
 
 def bind_grpc(server, host: str, port: int) -> int:
