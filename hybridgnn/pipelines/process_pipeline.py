@@ -15,9 +15,13 @@ work, and a child stopped in the middle of one holds nothing but its batch, for 
 
 What holds as in pool.py: every submitted batch reaches on_done exactly once, with a
 result or the error that stopped it; batches wait in submission order for a free child.
-A child that exits (killed, out of memory) or answers no batch within the batch timeout
-fails the batch it held and is started again off the loop (seconds), while the other
-children go on serving.
+A child that exits (killed, out of memory) is started again off the loop (seconds), while
+the other children go on serving, and the batch it held is sent once more, first in line: a
+kill -9 or the kernel's OOM killer must not fail the requests that happened to be on that
+child (inference changes nothing, so a second run is safe). A batch whose second child exits
+too fails: it is likely what kills them. A child that answers no batch within the batch
+timeout, or stops in the middle of an answer, is killed and its batch fails (a second wait
+as long is worse than an answer now).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class _Child:
     timer: asyncio.TimerHandle | None = None  # the batch timeout
     stall: asyncio.TimerHandle | None = None  # an answer begun must go on arriving within STALL_S
     fd: int | None = None  # watched by the loop (None: not watched)
+    resent: bool = False  # the batch held is on its second child
 
 
 class ProcessPipeline:
@@ -74,7 +79,7 @@ class ProcessPipeline:
         self._executors: list[ProcessExecutor] = []
         self._children: list[_Child] = []
         self._idle: deque[_Child] = deque()
-        self._waiting: deque[tuple[Batch, RoutePlan]] = deque()
+        self._waiting: deque[tuple[Batch, RoutePlan, bool]] = deque()  # (…, resent)
         self._restarts: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._depth = 0
@@ -131,7 +136,7 @@ class ProcessPipeline:
         if self._idle:
             self._send(self._idle.popleft(), batch, plan)
         else:
-            self._waiting.append((batch, plan))
+            self._waiting.append((batch, plan, False))
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Finish what is queued (up to timeout_s), fail what is left, then end the children.
@@ -159,8 +164,8 @@ class ProcessPipeline:
             child.executor.close()
 
     # --- on the loop -----------------------------------------------------------------
-    def _send(self, child: _Child, batch: Batch, plan: RoutePlan) -> None:
-        child.batch, child.plan = batch, plan
+    def _send(self, child: _Child, batch: Batch, plan: RoutePlan, resent: bool = False) -> None:
+        child.batch, child.plan, child.resent = batch, plan, resent
         child.timings = StageTimings(queue_wait_s=time.perf_counter() - batch.submitted_s)
         timeout_s = child.executor.batch_timeout_s
         if timeout_s is not None:  # from before the write: a child that stops reading is hung too
@@ -174,12 +179,12 @@ class ProcessPipeline:
         try:
             child.executor.send(batch.seeds)
         except WorkerProcessError as exc:
-            self._lost(child, exc)
+            self._lost(child, exc, resend=True)
 
     def _send_failed(self, child: _Child, batch: Batch, error: BaseException | None) -> None:
         if error is not None and child.batch is batch:  # not already ended (the hung timer)
             self._lost(child, error if isinstance(error, WorkerProcessError) else WorkerProcessExited(
-                f"CPU worker process {child.executor.worker}: the batch could not be sent ({error})"))
+                f"CPU worker process {child.executor.worker}: the batch could not be sent ({error})"), resend=True)
 
     def _answered(self, child: _Child) -> None:
         """The child's socket is readable: (more of) its answer, or its exit."""
@@ -194,7 +199,7 @@ class ProcessPipeline:
                     child.stall = self._loop.call_later(STALL_S, self._stalled, child)
                 return
         except WorkerProcessExited as exc:
-            self._lost(child, exc)
+            self._lost(child, exc, resend=True)
             return
         except WorkerProcessError as exc:  # the batch failed in the child, which lives on
             error = exc
@@ -223,15 +228,23 @@ class ProcessPipeline:
         child.executor.signal_kill()  # reaped by the restart's close, on its thread: never on the loop
         self._lost(child, error)
 
-    def _lost(self, child: _Child, error: WorkerProcessError) -> None:
-        """The child is gone: its batch fails and a new child is started off the loop."""
-        batch, plan = child.batch, child.plan
+    def _lost(self, child: _Child, error: WorkerProcessError, resend: bool = False) -> None:
+        """The child is gone: a new child is started off the loop, and its batch is sent
+        once more (resend: the child exited, and the batch is on its first) or fails."""
+        batch, plan, resent = child.batch, child.plan, child.resent
         self._unwatch(child)
         self._clear(child)
         try:  # an idle child that exited: no batch may be sent to it until it is back
             self._idle.remove(child)
         except ValueError:
             pass
+        again = batch is not None and resend and not resent and not self._released
+        if again:
+            log.warning("%s; its batch of %d seeds is sent again", error, batch.num_seeds)
+            if self._idle:
+                self._send(self._idle.popleft(), batch, plan, resent=True)
+            else:
+                self._waiting.appendleft((batch, plan, True))
         # During stop()'s drain a lost child is replaced only while batches wait for one: a
         # restart takes seconds, and held the stop that long after the children took the
         # signal that stops the server (a process group's SIGTERM) with nothing left to do.
@@ -239,7 +252,7 @@ class ProcessPipeline:
             th = threading.Thread(target=self._restart, args=(child,), name=f"{self.name}-restart", daemon=True)
             self._restarts.append(th)
             th.start()
-        if batch is not None:
+        if batch is not None and not again:
             self._finish(batch, plan, None, error)
 
     def _restart(self, child: _Child) -> None:
@@ -267,8 +280,8 @@ class ProcessPipeline:
         """A free child takes the oldest waiting batch, or waits idle."""
         self._clear(child)
         if self._waiting:
-            batch, plan = self._waiting.popleft()
-            self._send(child, batch, plan)  # a child that failed to restart fails it, and tries again
+            batch, plan, resent = self._waiting.popleft()
+            self._send(child, batch, plan, resent)  # a child that failed to restart fails it, and tries again
         else:
             self._idle.append(child)
 
@@ -304,6 +317,7 @@ class ProcessPipeline:
             if timer is not None:
                 timer.cancel()
         child.batch = child.plan = child.timings = child.timer = child.stall = None
+        child.resent = False
 
     async def _detach(self) -> None:
         self._release_all()
@@ -312,7 +326,7 @@ class ProcessPipeline:
         """Stop watching the children; batches still held or waiting fail (stop's timeout)."""
         self._released = True
         stopped = WorkerProcessError(f"pipeline {self.name} stopped before the batch finished")
-        left = list(self._waiting)
+        left = [(batch, plan) for batch, plan, _ in self._waiting]
         self._waiting.clear()
         self._idle.clear()
         for child in self._children:

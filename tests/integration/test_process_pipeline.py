@@ -193,19 +193,51 @@ def test_a_failed_batch_leaves_its_child_serving():
     assert children[0].restarts == 0 and [s for s, _, _ in done[1:]] == [[4], [5]]
 
 
-def test_a_child_that_exits_mid_batch_fails_only_that_batch_and_is_restarted():
+def test_a_batch_whose_child_exits_is_sent_again_first_and_fails_only_if_it_kills_two():
+    """A batch that kills its child (seed 666 here, as a batch the OOM killer ends would)
+    is sent once more, ahead of the batches waiting, and fails when its second child exits
+    too; the batches behind it are served."""
     async def scenario(pipe, children, done):
         children[0].restart_gate.clear()  # the restart takes a while: batches wait for the child
         pipe.submit(make_batch([666]), PLAN)
         pipe.submit(make_batch([7]), PLAN)
-        await until(lambda: len(done) == 1)
-        assert pipe.depth == 1 and children[0].sent == [[666]]  # [7] waits, not failed
+        await until(lambda: children[0].sent == [[666]] and pipe._restarts)
+        assert not done and pipe.depth == 2 and [w[0].seeds.tolist() for w in pipe._waiting] == [[666], [7]]
         children[0].restart_gate.set()
         await until(lambda: len(done) == 2)
 
     _, children, done = run_pipeline(scenario, workers=1)
-    assert isinstance(done[0][2], WorkerProcessExited) and done[1][0] == [7] and done[1][2] is None
-    assert children[0].restarts == 1
+    assert isinstance(done[0][2], WorkerProcessExited) and done[0][0] == [666]
+    assert done[1][0] == [7] and done[1][2] is None
+    assert children[0].sent == [[666], [666], [7]] and children[0].restarts == 2
+
+
+def test_a_batch_on_a_child_killed_mid_batch_is_answered_by_another():
+    """A kill -9 of a busy child fails none of its requests: the batch goes to the idle
+    child at once."""
+    async def scenario(pipe, children, done):
+        children[0].hold = True
+        pipe.submit(make_batch([5]), PLAN)
+        assert children[0].sent == [[5]]
+        children[0].exit()  # killed, the batch unanswered
+        await until(lambda: len(done) == 1)
+
+    _, children, done = run_pipeline(scenario, workers=2)
+    assert done[0][0] == [5] and done[0][2] is None and done[0][1].predictions.tolist() == [5]
+    assert children[1].sent == [[5]]
+
+
+def test_a_batch_sent_to_an_idle_child_killed_unnoticed_is_answered_by_its_replacement():
+    """The loop had not yet seen the idle child's exit when the batch came: the write fails,
+    and the batch waits for the restarted child instead of failing."""
+    async def scenario(pipe, children, done):
+        children[0].exit()
+        pipe.submit(make_batch([3]), PLAN)  # on this turn of the loop: the exit is not yet seen
+        await until(lambda: len(done) == 1)
+
+    _, children, done = run_pipeline(scenario, workers=1)
+    assert done == [([3], done[0][1], None)] and done[0][1].predictions.tolist() == [3]
+    assert children[0].restarts == 1 and children[0].sent == [[3]]
 
 
 def test_a_child_that_exits_while_idle_is_restarted_before_its_next_batch_and_idles_once():
@@ -268,28 +300,32 @@ def test_a_child_lost_during_stop_is_replaced_only_while_batches_wait():
         stopping = asyncio.create_task(asyncio.to_thread(pipe.stop, 5.0))
         await until(lambda: pipe._stopped)
         children[0].hold = False  # the new child answers
-        children[0].exit()  # its batch fails; [2] waits: a new child serves it
+        children[0].exit()  # its batch goes first, then [2]: a new child serves both
         await until(lambda: len(done) == 2)
-        assert children[0].restarts == 1 and done[1][0] == [2] and done[1][2] is None
+        assert children[0].restarts == 1 and [(s, e) for s, _, e in done] == [([1], None), ([2], None)]
         await stopping
 
     _, children, done = run_pipeline(scenario, workers=1)
-    assert isinstance(done[0][2], WorkerProcessExited) and children[0].restarts == 1
+    assert children[0].restarts == 1 and children[0].sent == [[1], [1], [2]]
 
     async def nothing_waits(pipe, children, done):
         children[0].hold = True
         pipe.submit(make_batch([1]), PLAN)
         stopping = asyncio.create_task(asyncio.to_thread(pipe.stop, 5.0))
         await until(lambda: pipe._stopped)
-        children[0].exit()  # its batch fails and nothing waits: no restart, the stop ends at once
-        await stopping
+        children[1].exit()  # idle, and nothing waits: no restart
+        await until(lambda: pipe._children[1].fd is None)
         assert not pipe._restarts
+        children[0].answer()
+        await stopping
 
-    _, children, done = run_pipeline(nothing_waits, workers=1)
-    assert children[0].restarts == 0 and isinstance(done[0][2], WorkerProcessExited)
+    _, children, done = run_pipeline(nothing_waits, workers=2)
+    assert children[1].restarts == 0 and [(s, e) for s, _, e in done] == [([1], None)]
 
 
 def test_a_child_that_cannot_restart_fails_the_batches_sent_to_it_and_tries_again():
+    """A batch sent to a child whose restart failed waits for the next restart; when that
+    fails too, the batch fails, and the restart after it serves."""
     async def scenario(pipe, children, done):
         child = children[0]
         original = child.restart
@@ -297,21 +333,22 @@ def test_a_child_that_cannot_restart_fails_the_batches_sent_to_it_and_tries_agai
 
         def failing_restart():
             attempts.append(1)
-            if len(attempts) == 1:
+            if len(attempts) <= 2:
                 child.close()
                 raise WorkerProcessError("could not start: out of memory")
             original()
 
         child.restart = failing_restart
-        pipe.submit(make_batch([666]), PLAN)
-        await until(lambda: len(done) == 1 and len(attempts) == 1 and not pipe._restarts)
-        pipe.submit(make_batch([8]), PLAN)  # sent to the broken child: fails, and restarts it
-        await until(lambda: len(done) == 2 and len(attempts) == 2 and not pipe._restarts)
+        child.exit()  # killed while idle; its restart fails
+        await until(lambda: len(attempts) == 1 and not pipe._restarts)
+        pipe.submit(make_batch([8]), PLAN)  # sent to the broken child, then to its second failed restart
+        await until(lambda: len(done) == 1 and len(attempts) == 3 and not pipe._restarts)
         pipe.submit(make_batch([9]), PLAN)
-        await until(lambda: len(done) == 3)
+        await until(lambda: len(done) == 2)
 
     _, _, done = run_pipeline(scenario, workers=1)
-    assert [e is None for _, _, e in done] == [False, False, True] and done[2][0] == [9]
+    assert [(s, e is None) for s, _, e in done] == [([8], False), ([9], True)]
+    assert "out of memory" in str(done[0][2]) or "gone" in str(done[0][2])
 
 
 def test_submit_before_attach_is_refused():

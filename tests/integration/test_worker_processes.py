@@ -109,9 +109,9 @@ def test_engine_serves_through_worker_processes_and_stops_them(tiny_dataset, tin
 
 
 def test_the_engine_survives_a_child_killed_under_load_and_serves_through_its_replacement(tiny_dataset, tiny_model):
-    """The loop drives the children: a kill -9 fails only the batch that child held (its
-    requests see an error), the waiting batches go to the other child or the restarted one,
-    and every request is answered once."""
+    """The loop drives the children: a kill -9 fails no request (the batch that child held
+    is sent again), the waiting batches go to the other child or the restarted one, and
+    every request is answered once."""
     cfg = config(tiny_dataset, tiny_model, fanouts=(5, 3), processes=True, workers=2)
 
     async def scenario():
@@ -124,7 +124,7 @@ def test_the_engine_survives_a_child_killed_under_load_and_serves_through_its_re
             os.kill(victim.pid, signal.SIGKILL)
             outcomes = await asyncio.gather(*first, return_exceptions=True)
             failed = [o for o in outcomes if isinstance(o, BaseException)]
-            assert all("exited" in str(e) for e in failed), failed
+            assert not failed, failed
             deadline = asyncio.get_running_loop().time() + 120
             while pipe._executors[0]._proc is victim or not pipe._executors[0].running:
                 assert asyncio.get_running_loop().time() < deadline, "the killed child was not replaced"
