@@ -122,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         where = f" {exc.filename}" if exc.filename else ""
         print(f"hybridgnn {args.command}: error: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        # Ctrl-C: one line saying so (it ended silently, as if the command had finished)
-        print(f"hybridgnn {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # Ctrl-C (or a SIGTERM that a command turns into one, exit 143): one line saying so
+        # (it ended silently, as if the command had finished)
+        code = getattr(exc, "exit_code", 130)
+        print(f"hybridgnn {args.command}: {'terminated' if code == 143 else 'interrupted'}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -28,6 +28,16 @@ from hybridgnn.types import ServingStats
 log = logging.getLogger("hybridgnn.serve")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while the server starts, before its own handler drains it: the start ends as a
+    Ctrl-C's does (every child started is closed), and the command exits 143 (128 + SIGTERM)."""
+    exit_code = 143
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated("SIGTERM while the server started")
+
+
 async def serve(cfg: ServeConfig, *, stats: ServingStats | None = None, on_ready=None) -> int:
     service = await start_engines(cfg, stats)
     # The engines' heap (graph, model, torch) is most of what start-up leaves: frozen before
@@ -115,6 +125,10 @@ def run(cfg: ServeConfig, stats: ServingStats | None = None) -> int:
     """Serve until SIGTERM/SIGINT; `stats` receives what happens (telemetry's Telemetry
     exports it as Prometheus metrics)."""
     raise_open_file_limit()
+    # Until serve() listens for it on the loop, a SIGTERM (a pod deleted while it starts)
+    # killed the process outright: worker processes still starting were left running for
+    # as long as their start took, and no line said why the server ended.
+    signal.signal(signal.SIGTERM, _terminated)
     workers_on = cfg.cpu_pipeline.cpus
     if workers_on:
         kept = keep_off_cores(workers_on)

@@ -319,11 +319,15 @@ def test_a_sighup_to_the_process_group_spares_the_workers_and_the_resource_track
     assert "relaunching" not in out and "Traceback" not in out, out
 
 
-def test_a_ctrl_c_while_the_worker_processes_start_stops_the_server_and_them(tiny_dataset, tiny_model, tmp_path):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stop_signal_while_the_worker_processes_start_stops_the_server_and_them(tiny_dataset, tiny_model,
+                                                                                 tmp_path, how):
     """A Ctrl-C (SIGINT to the process group) while the first worker process starts: the
     worker, still importing torch, died of it with a KeyboardInterrupt traceback; once it
     ignored it, the start went on after the server had given up, and the server's exit
-    waited for ever on workers nothing would stop."""
+    waited for ever on workers nothing would stop. A SIGTERM to the server alone (a pod
+    deleted while it starts) killed it outright, silently, and left the starting workers
+    running until their start ended."""
     log = tmp_path / "server.log"
     srv = ServerProcess(tiny_dataset, tiny_model, "--worker-processes", "on", "--workers", "2", own_group=True,
                         output_file=log)
@@ -333,7 +337,10 @@ def test_a_ctrl_c_while_the_worker_processes_start_stops_the_server_and_them(tin
 
         _until(lambda: workers() or srv.proc.poll() is not None, 120, "no worker process started")
         started = children_of(srv.proc.pid)  # the first worker (still starting) and the resource tracker
-        os.killpg(srv.proc.pid, signal.SIGINT)
+        if how == "ctrl-c":
+            os.killpg(srv.proc.pid, signal.SIGINT)
+        else:
+            os.kill(srv.proc.pid, signal.SIGTERM)
         try:
             code = srv.proc.wait(90)
         except subprocess.TimeoutExpired:
@@ -344,5 +351,8 @@ def test_a_ctrl_c_while_the_worker_processes_start_stops_the_server_and_them(tin
             os.killpg(srv.proc.pid, signal.SIGKILL)
             srv.proc.wait()
     out = srv.output()
-    assert code == 130 and "interrupted" in out, out
+    if how == "ctrl-c":
+        assert code == 130 and "interrupted" in out, out
+    else:
+        assert code == 143 and "serve: terminated" in out, out
     assert "Traceback" not in out, out
