@@ -5,11 +5,14 @@
 runs `hybridgnn <arguments>` at niceness NICE (below serving, which shares its cores),
 and ends when the process that started it (PARENT_PID) is gone: also when that one was
 killed with -9, or stopped during its start-up before it could stop its children.
+SIGINT and SIGHUP are ignored: sent to the whole process group (a Ctrl-C, a terminal's
+hang-up) they are the server's to act on, and the server ends its children itself (SIGTERM).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
@@ -21,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     from hybridgnn.capabilities import die_with_parent
 
     die_with_parent(int(argv[1]))
+    # A group's hang-up killed a model repository's precompute, and the version it was for
+    # was listed unavailable, while the server (which takes SIGHUP as a cache refresh) served on.
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     os.nice(int(argv[0]))  # before torch starts its threads: they inherit it
     from hybridgnn.cli.main import main as hybridgnn
 

@@ -5,6 +5,7 @@ even when it was killed with -9."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -49,6 +50,33 @@ def test_a_child_runs_below_serving_and_ends_when_its_parent_is_killed(tiny_data
         parent.wait(10)
         if child is not None and process_alive(child):
             os.kill(child, 9)
+
+
+def test_a_child_is_spared_the_process_group_s_hang_up_and_ctrl_c_and_ends_on_sigterm(tiny_dataset, tiny_model):
+    """A terminal's hang-up or Ctrl-C reaches the whole process group: the server acts on
+    them (a cache refresh; a drain that ends its children). The child died of them; a
+    repository's precompute then failed and its version was listed unavailable."""
+    if not Path("/proc/self/stat").is_file():
+        import pytest
+
+        pytest.skip("reads /proc (Linux)")
+    child = subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.child", "7", str(os.getpid()), "precompute",
+                              "--dataset", str(tiny_dataset), "--model", str(tiny_model), "--help"],
+                             stdout=subprocess.DEVNULL, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while _nice(child.pid) != 7:  # set after the signals are ignored
+            assert time.monotonic() < deadline, "the child's niceness was never set"
+            time.sleep(0.01)  # poll interval
+        # pending together, they are taken lowest number first: HUP, INT, then TERM
+        for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+            os.kill(child.pid, sig)
+        code = child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    assert code in (-signal.SIGTERM, 143), code
 
 
 def test_the_child_entry_says_its_usage():
