@@ -13,6 +13,7 @@ so that array is then held twice).
     uva  topology stays in pinned host memory, read zero-copy by the kernels
     gpu  topology copied to device memory (fastest when it fits)
 On a CPU device both are the host tensors themselves, which is how CI runs this code.
+`TypedDeviceGraph` does the same for a heterogeneous graph, one DeviceGraph per edge type.
 """
 
 from __future__ import annotations
@@ -132,3 +133,27 @@ class DeviceGraph:
                 torch.cuda.synchronize(self.device)
                 self.registration.release()
         self._pinned_copies.clear()
+
+
+class TypedDeviceGraph:
+    """A heterogeneous graph's CSR per edge type as tensors typed samplers on `device` read
+    (one DeviceGraph per edge type, same placements): made once per process and device and
+    shared by every worker there (each sampler owns only its id maps), closed once."""
+
+    def __init__(self, graph, device: str | torch.device, placement: str = "uva"):
+        self.device = torch.device(device)
+        self.placement = placement
+        self._parts: dict = {}
+        try:
+            for edge_type, data in graph.edges.items():
+                self._parts[edge_type] = DeviceGraph(data, self.device, placement)
+        except BaseException:
+            self.close()
+            raise
+        self.csr = {e: (g.indptr, g.indices) for e, g in self._parts.items()}
+
+    def close(self) -> None:
+        """Unregister the pinned buffers (once the kernels that read them are done)."""
+        parts, self._parts = list(self._parts.values()), {}
+        for part in parts:
+            part.close()

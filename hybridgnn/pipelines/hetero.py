@@ -3,7 +3,8 @@
 neighbourhoods), each type's feature rows gathered, the model's trimmed forward, then
 each query's answer from its rows (outputs, or the link decoder's scores).
 
-One TypedExecutor per worker thread: it owns its sampler; the features, model and
+One TypedExecutor per worker thread: it owns its sampler (its id maps; a GPU worker's
+sampler reads the typed CSR every worker of the device shares); the features, model and
 decoder are shared read-only.
 """
 

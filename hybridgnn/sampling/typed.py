@@ -150,7 +150,8 @@ class TypedTorchSampler:
 
     @classmethod
     def from_graph(cls, graph, fanouts, *, device: str | torch.device = "cpu", seed: int = 0) -> TypedTorchSampler:
-        """Over a HeteroGraphStore's arrays: zero-copy on CPU, copied to device memory otherwise."""
+        """Over a HeteroGraphStore's arrays: zero-copy on CPU, copied to device memory otherwise
+        (a copy per call: a server's workers share one graph.uva.TypedDeviceGraph's csr instead)."""
         from hybridgnn.graph.host import host_tensor
 
         csr = {e: (host_tensor(d.indptr).to(device), host_tensor(d.indices).to(device)) for e, d in graph.edges.items()}

@@ -188,6 +188,15 @@ class HeteroEngine(Admitting):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
         self.ready = False
+        # the GPU pipeline's typed CSR, once for all its workers (pinned host memory read over
+        # UVA, or one copy in device memory: --graph-placement); released at stop
+        self._device_graph = None
+        if cfg.gpu_pipeline is not None:
+            from hybridgnn.capabilities import DEVICE_GATE
+            from hybridgnn.graph.uva import TypedDeviceGraph
+
+            with DEVICE_GATE.work():  # registers host memory: no capture meanwhile
+                self._device_graph = TypedDeviceGraph(graph, cfg.gpu_pipeline.device, cfg.gpu_memory.graph_placement)
         self.stats.watch(self.snapshot, tuple(self._workers))
 
     def _on(self, device: str):
@@ -201,8 +210,9 @@ class HeteroEngine(Admitting):
 
         w = self._workers[pipeline]
         seed = self.cfg.sampling.seed + worker + (1000 if pipeline == "gpu" else 0)
-        if pipeline == "gpu":
-            sampler = TypedTorchSampler.from_graph(self.graph, self.fanouts, device=w.device, seed=seed)
+        if pipeline == "gpu":  # the shared CSR tensors; the sampler owns only its id maps
+            sampler = TypedTorchSampler(self._device_graph.csr, {t: self.graph.num_nodes(t) for t in
+                                                                 self.graph.node_types}, self.fanouts, seed=seed)
         else:
             sampler = TypedCPUSampler(self.graph, self.fanouts, seed=seed)
         decoder = self.decoder.to(w.device) if hasattr(self.decoder, "to") else self.decoder
@@ -288,6 +298,9 @@ class HeteroEngine(Admitting):
             await asyncio.gather(*self._in_flight, return_exceptions=True)
         for pool in [w.pool for w in self._workers.values()] + [self._lookup_pool, self._new_node_pool]:
             await asyncio.to_thread(pool.shutdown, wait=True)
+        device_graph, self._device_graph = self._device_graph, None
+        if device_graph is not None:  # no worker reads it any more
+            await asyncio.to_thread(device_graph.close)
         self.stats.unwatch(self.snapshot)
 
     async def refresh_placement(self) -> dict:

@@ -1,0 +1,115 @@
+"""A heterogeneous server's GPU pipeline reads one typed CSR per device, shared by all its
+workers and released at stop (the graph is stored once, never copied per worker)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+import hybridgnn
+import hybridgnn.graph.host
+import hybridgnn.graph.uva
+from hybridgnn.config import PipelineConfig, ServeConfig
+from hybridgnn.graph.hetero import HeteroGraphStore
+from hybridgnn.graph.hetero_generate import generate_hetero
+from hybridgnn.serving.core.hetero import HeteroEngine
+from tests.support.hetero import built, sage
+
+pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
+WORKERS = 3
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hdg")
+    graph = HeteroGraphStore.open(generate_hetero(root / "g", kind="recsys", num_nodes=120, avg_degree=4, seed=3))
+    model = hybridgnn.save_model(built(sage(graph), graph), root / "m", metadata=graph.metadata())
+    return root / "g", model
+
+
+def _engine(served, device: str, placement: str = "uva") -> HeteroEngine:
+    from hybridgnn.config import DeviceMemoryConfig
+
+    dataset, model = served
+    cfg = ServeConfig(dataset_dir=dataset, model_dir=model,
+                      gpu_pipeline=PipelineConfig(name="gpu", device=device, workers=WORKERS),
+                      gpu_memory=DeviceMemoryConfig(graph_placement=placement))
+    return HeteroEngine(cfg)
+
+
+def _storages(executor) -> dict:
+    return {e: (ip.untyped_storage().data_ptr(), ix.untyped_storage().data_ptr())
+            for e, (ip, ix) in executor.sampler.csr.items()}
+
+
+def test_gpu_workers_share_one_typed_csr_built_once(served, monkeypatch):
+    # every host array turned into a tensor becomes a copy of its own here, as a copy to
+    # device memory would: workers that each built theirs would hold different storage
+    def copying(array):
+        return torch.from_numpy(np.array(array))
+
+    monkeypatch.setattr(hybridgnn.graph.host, "host_tensor", copying)
+    monkeypatch.setattr(hybridgnn.graph.uva, "host_tensor", copying)
+    engine = _engine(served, "cpu")
+    executors = [engine._make_executor("gpu", i) for i in range(WORKERS)]
+    first = _storages(executors[0])
+    assert first and all(_storages(ex) == first for ex in executors[1:])
+    graph = engine.graph
+    for e, (ip, ix) in executors[0].sampler.csr.items():  # the tensors are the graph's CSR
+        assert np.array_equal(ip.numpy(), graph.edges[e].indptr)
+        assert np.array_equal(ix.numpy(), graph.edges[e].indices)
+    # each worker still owns its scratch (id maps) and samples correctly
+    assert executors[0].sampler._local is not executors[1].sampler._local
+    seeds = {t: np.arange(3) for t in graph.node_types}
+    sub = executors[1].sampler.sample(seeds)
+    assert all(len(sub.node_ids[t]) >= 3 for t in graph.node_types)
+    asyncio.run(engine.stop())
+
+
+def test_the_shared_typed_csr_is_released_at_stop(served, monkeypatch):
+    closed = []
+    original = hybridgnn.graph.uva.DeviceGraph.close
+    monkeypatch.setattr(hybridgnn.graph.uva.DeviceGraph, "close", lambda self: (closed.append(self), original(self)))
+    engine = _engine(served, "cpu")
+    engine._make_executor("gpu", 0)
+    assert not closed
+    asyncio.run(engine.stop())
+    assert len(closed) == len(engine.graph.edge_types)
+    asyncio.run(engine.stop())  # once
+    assert len(closed) == len(engine.graph.edge_types)
+
+
+@pytest.fixture(scope="module")
+def served_large(tmp_path_factory):
+    """A graph whose CSR outweighs a worker's id maps many times over."""
+    root = tmp_path_factory.mktemp("hdg_large")
+    graph = HeteroGraphStore.open(generate_hetero(root / "g", kind="recsys", num_nodes=20000, avg_degree=40, seed=3))
+    model = hybridgnn.save_model(built(sage(graph), graph), root / "m", metadata=graph.metadata())
+    return root / "g", model
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", ["uva", "gpu"])
+def test_cuda_workers_share_one_typed_csr(served_large, placement):
+    engine = _engine(served_large, "cuda", placement)
+    try:
+        graph = engine.graph
+        csr_bytes = sum(d.indptr.nbytes + d.indices.nbytes for d in graph.edges.values())
+        maps_bytes = sum(8 * graph.num_nodes(t) for t in graph.node_types)
+        assert csr_bytes > 8 * maps_bytes
+        one = engine._make_executor("gpu", 0)
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated()
+        others = [engine._make_executor("gpu", i) for i in range(1, WORKERS)]
+        torch.cuda.synchronize()
+        # a further worker adds its id maps, never another copy of the CSR
+        assert torch.cuda.memory_allocated() - held < (WORKERS - 1) * (maps_bytes + (1 << 16))
+        for ex in others:
+            assert _storages(ex) == _storages(one)
+            assert all(ip.is_cuda and ix.is_cuda for ip, ix in ex.sampler.csr.values())
+        sub = others[-1].sampler.sample({t: np.arange(3) for t in graph.node_types})
+        assert all(len(sub.node_ids[t]) >= 3 for t in graph.node_types)
+    finally:
+        asyncio.run(engine.stop())
+    assert engine._device_graph is None
