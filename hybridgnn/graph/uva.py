@@ -118,6 +118,8 @@ class DeviceGraph:
         else copied once into a pinned allocation."""
         if self.device.type == "cpu":
             return host_tensor(array)
+        if array.nbytes == 0:  # nothing to pin, and a view of its unregistered pointer may be refused
+            return host_tensor(array).to(self.device)
         array = np.ascontiguousarray(array)
         if self.registration.register(array):
             return uva_view(array, self.device)

@@ -113,3 +113,24 @@ def test_cuda_workers_share_one_typed_csr(served_large, placement):
     finally:
         asyncio.run(engine.stop())
     assert engine._device_graph is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", ["uva", "gpu"])
+def test_an_edge_type_without_edges_is_read_on_cuda(tmp_path, placement):
+    from hybridgnn.graph.hetero import write_hetero_dataset
+    from hybridgnn.graph.uva import TypedDeviceGraph
+    from hybridgnn.sampling.typed import TypedTorchSampler
+
+    nodes = {"a": {"features": np.zeros((3, 2), np.float32)}, "b": {"features": np.zeros((2, 2), np.float32)}}
+    edges = {("a", "r", "b"): (np.zeros(3, np.int64), np.zeros(0, np.int64)),
+             ("b", "s", "a"): (np.array([0, 1, 1, 2]), np.array([0, 1]))}
+    graph = HeteroGraphStore.open(write_hetero_dataset(tmp_path / "g", nodes=nodes, edges=edges))
+    device_graph = TypedDeviceGraph(graph, "cuda", placement)
+    try:
+        sampler = TypedTorchSampler(device_graph.csr, {t: graph.num_nodes(t) for t in graph.node_types}, [2, 2])
+        sub = sampler.sample({"a": np.arange(3), "b": np.arange(2)})
+        assert sub.edge_index[("a", "r", "b")].shape == (2, 0)
+        assert sub.edge_index[("b", "s", "a")].shape[1] == 2
+    finally:
+        device_graph.close()
