@@ -134,3 +134,13 @@ def test_an_edge_type_without_edges_is_read_on_cuda(tmp_path, placement):
         assert sub.edge_index[("b", "s", "a")].shape[1] == 2
     finally:
         device_graph.close()
+
+
+def test_a_cuda_pipeline_without_cuda_is_refused_in_one_line(served, monkeypatch):
+    """It failed while moving the model, in torch's words."""
+    import hybridgnn.serving.core.hetero as hetero
+    from hybridgnn.errors import ConfigError
+
+    monkeypatch.setattr(hetero, "HAS_CUDA", False)
+    with pytest.raises(ConfigError, match="the gpu pipeline is set to cuda but no CUDA device is visible"):
+        _engine(served, "cuda")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hybridgnn.capabilities import HAS_CUDA
 from hybridgnn.config import DEFAULT_FANOUT, ServeConfig, fanouts_served
 from hybridgnn.errors import BatchFailed, ConfigError, Conflict, Draining, Forbidden
 from hybridgnn.scheduler.admission import admission_for, new_node_work
@@ -169,6 +170,10 @@ class HeteroEngine(Admitting):
         if cfg.gpu_pipeline is not None:
             g = cfg.gpu_pipeline
             self._workers[g.name] = _Workers(g.name, g.device, g.workers, self._make_executor)
+        for w in self._workers.values():  # else the model's move failed with torch's own words
+            if torch.device(w.device).type == "cuda" and not HAS_CUDA:
+                raise ConfigError(f"the {w.name} pipeline is set to {w.device} but no CUDA device is visible; "
+                                  "use --device cpu (or --device auto)")
         self._models = {w.device: self.model if w.device == "cpu" else self._on(w.device)
                         for w in self._workers.values()}
         self._router = Router(cfg.router, tuple(self._workers))
