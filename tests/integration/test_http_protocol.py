@@ -179,13 +179,16 @@ def test_chunked_body_with_extensions_and_trailers(pieces):
     async def go(server):
         reader, writer = await connect(server)
         raw = (b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-               b"5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n")
+               b"5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n"
+               b"Authorization: Bearer late\r\n\r\n")
         step = max(1, len(raw) // pieces)
         for i in range(0, len(raw), step):
             writer.write(raw[i:i + step])
             await writer.drain()
         status, _, body = await read_response(reader)
         assert status == 200 and json.loads(body)["body"] == "hello 0123456789"
+        # trailer fields are dropped: merged, a late Authorization passed for a header field
+        assert set(json.loads(body)["headers"]) == {"host", "transfer-encoding"}
         writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")  # the connection is still usable
         assert (await read_response(reader))[0] == 200
         writer.close()
@@ -584,6 +587,30 @@ def test_a_never_ending_header_is_431():
         assert status == 431 and "head larger" in json.loads(body)["error"]
 
     run(go, max_header_bytes=16 * 1024)
+
+
+def test_a_never_ending_trailer_field_is_431():
+    """It was held and grown in memory (quadratically in CPU) until the request timeout."""
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n0\r\nX-T: ")
+        for _ in range(20):
+            writer.write(b"a" * 8192)
+        status, _, body = await read_response(reader)
+        assert status == 431 and "trailer section larger" in json.loads(body)["error"]
+
+    run(go, max_header_bytes=16 * 1024)
+
+
+def test_a_chunked_body_of_many_chunks_is_not_a_large_trailer():
+    async def go(server):
+        reader, writer = await connect(server)
+        chunks = b"".join(b"3\r\nabc\r\n" for _ in range(300))  # 3,000 bytes of chunk framing
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["body"] == "abc" * 300
+
+    run(go, max_header_bytes=1024)
 
 
 def test_past_the_turns_share_requests_wait_for_later_turns_and_all_are_answered():

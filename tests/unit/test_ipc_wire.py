@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hybridgnn.errors import BadRequest
@@ -50,6 +50,8 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 @given(data=JSON_VALUES, datatype=st.one_of(st.sampled_from(["INT64", "INT32", "FP32", "UINT64", "BYTES", "BOOL", 7]),
                                             JSON_VALUES, st.dictionaries(st.text(max_size=3), JSON_VALUES, max_size=2)),
        shape=st.one_of(st.lists(st.integers(0, 6), max_size=3), JSON_VALUES))
+@example(data=[[1], [2], [3]], datatype="INT64", shape=[3])  # nested other than its shape: it crossed flat
+@example(data=[[1, 2], [3, 4], [5, 6]], datatype="INT64", shape=[2, 3])
 def test_json_data_is_judged_by_the_engine_as_in_one_process(data, datatype, shape):
     """Whatever a client's JSON input holds, the engine decodes the crossed tensor to the
     same array, or refuses it with the same message, as from the JSON itself."""

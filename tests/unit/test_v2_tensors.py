@@ -180,6 +180,27 @@ def test_a_dimension_of_2_48_is_refused_as_a_shape():
         decode_tensor(_ids([1 << 48], data=[]), ("INT64",), "ids")
 
 
+def test_a_shape_as_long_as_a_body_holds_is_refused_at_once_not_multiplied():
+    """Its product took minutes on the event loop (a body of 16 MiB holds a million
+    dimensions), and the message naming it raised past 4,300 digits: a 500."""
+    import time
+
+    from hybridgnn.serving.v2.inference import (
+        check_declared_node_ids,
+        declared_node_ids,
+    )
+    from hybridgnn.serving.v2.types import InferInput
+
+    long = [(1 << 48) - 1] * 200_000
+    request = InferInput("m", None, [_ids(long, data=[1])], {}, None, None)
+    t0 = time.process_time()
+    assert declared_node_ids(request) == 0 and check_declared_node_ids(request, 10) == 0
+    with pytest.raises(BadRequest, match=r"a list of at most 8 non-negative integers"):
+        decode_tensor(request.inputs[0], ("INT64",), "ids")
+    assert time.process_time() - t0 < 0.5
+    assert declared_node_ids(InferInput("m", None, [_ids([1] * 8, data=[1])], {}, None, None)) == 1
+
+
 def test_a_boolean_id_is_not_taken_as_its_text():
     assert tensors.request_id(7) == "7"
     with pytest.raises(BadRequest, match="'id' must be a string, got bool"):

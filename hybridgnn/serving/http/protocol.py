@@ -66,7 +66,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "msg", "queue", "busy", "closed", "eof", "write_paused",
                  "read_paused", "fatal", "started", "head_bytes", "in_head", "idle_since", "write_paused_since",
                  "continue_owed", "lingering", "last_data", "in_flight", "began", "fresh", "waiting_turn",
-                 "free_since", "upgraded", "whole_misses", "whole_rest", "unfed")
+                 "free_since", "upgraded", "whole_misses", "whole_rest", "unfed", "after_chunk_size")
 
     def __init__(self, server):
         self.server = server
@@ -86,6 +86,9 @@ class Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.in_head = True  # bytes fed now belong to a request head (count them)
         self.began = False  # a request began during the current feed
+        # after a chunk's size line, before its data: the last chunk's trailer section comes
+        # here, and is counted as a head is (llhttp holds a field in memory until it ends)
+        self.after_chunk_size = False
         self.fresh = True  # no byte received yet
         self.waiting_turn = False  # in the server's Turns queue
         self.free_since = 0.0  # when the last answer went out (monotonic): a pipelined request waits from then
@@ -222,7 +225,8 @@ class Connection(asyncio.Protocol):
         requests parsed. The head: llhttp holds a header field in memory until it ends, and
         a head that outlasts slices worth max_header_bytes is refused (431). A head is
         counted from the first slice after the one it began in, so what is held stays below
-        1.25 × max_header_bytes; many small requests in one read never add up. The requests:
+        1.25 × max_header_bytes; many small requests in one read never add up. A chunked
+        body's trailer section is bounded the same way (its fields are dropped). The requests:
         once max_pipelined wait, the rest of the read is kept unparsed (`unfed`) and parsed
         when they are answered, so a read of thousands of tiny pipelined requests is held as
         its bytes, not as thousands of parsed ones."""
@@ -241,6 +245,10 @@ class Connection(asyncio.Protocol):
             at = cut
             if not self.in_head:
                 self.parser.feed_data(piece)
+                if self.after_chunk_size:
+                    self.head_bytes += len(piece)
+                    if self.head_bytes >= limit:
+                        raise Reject(431, f"request trailer section larger than {limit} bytes")
                 continue
             self.began = False
             self.parser.feed_data(piece)
@@ -269,7 +277,15 @@ class Connection(asyncio.Protocol):
         self.msg.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.msg.add_field(name, value)
+        if self.in_head:
+            self.msg.add_field(name, value)
+        # else a chunked body's trailer field: dropped (RFC 9110 6.5.1), never merged into
+        # the header fields, where an Authorization or framing field sent late would pass
+        # for one a proxy in front had seen and checked
+
+    def on_chunk_header(self) -> None:
+        self.after_chunk_size = True
+        self.head_bytes = 0
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -280,6 +296,7 @@ class Connection(asyncio.Protocol):
         msg.keep_alive = parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
+        self.after_chunk_size = False
         self.msg.add_body(body, self.server.max_body_bytes)
 
     def on_message_complete(self) -> None:
@@ -288,6 +305,7 @@ class Connection(asyncio.Protocol):
         self.started = None
         self.in_head = True
         self.head_bytes = 0
+        self.after_chunk_size = False
         self.continue_owed = False
         if len(self.queue) >= self.server.max_pipelined:
             self._pause_reading()

@@ -154,6 +154,10 @@ def _list_array(t: Tensor) -> np.ndarray | None:
         return None
     if arr.dtype.str not in _LIST_DTYPES or (arr.dtype.kind != "b" and holds_bool(data, arr.ndim)):
         return None  # true/false among numbers: the engine judges the list itself
+    if arr.ndim > 1 and list(arr.shape) != t.shape:
+        # nested other than its shape ([[1], [2]] for [2]): refused there (its bytes, flat,
+        # would have been taken)
+        return None
     return arr
 
 

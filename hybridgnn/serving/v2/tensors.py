@@ -29,12 +29,15 @@ INPUT_NAME = "node_ids"
 # A shape dimension beyond this is refused before any arithmetic on it (no request holds
 # 2**48 values; larger ones make products and messages slow or unprintable).
 MAX_DIM = 1 << 48
+# Nor more dimensions than this (every input here has one or two): the product of a
+# shape as long as a body holds took minutes, on the event loop, and its message raised.
+MAX_RANK = 8
 _INT64_MAX = (1 << 63) - 1
 
 
 def _sizes(shape) -> bool:
-    """Whether a declared shape is a list of sizes: integers in [0, MAX_DIM)."""
-    if type(shape) is not list:
+    """Whether a declared shape is a list of at most MAX_RANK sizes: integers in [0, MAX_DIM)."""
+    if type(shape) is not list or len(shape) > MAX_RANK:
         return False
     if len(shape) == 1:  # most inputs: a generator's set-up costs more than the check
         d = shape[0]
@@ -78,8 +81,8 @@ def decode_tensor(t: Tensor, datatypes: tuple[str, ...], layout: str, limit: int
     if datatype not in datatypes:
         raise BadRequest(f"input {name!r} must have datatype {' or '.join(datatypes)}, got {brief(datatype)}")
     if not _sizes(shape):
-        raise BadRequest(f"input {name!r} needs 'shape' as a list of non-negative integers (each below "
-                         f"2**48), got {brief(shape)}")
+        raise BadRequest(f"input {name!r} needs 'shape' as a list of at most {MAX_RANK} non-negative integers "
+                         f"(each below 2**48), got {brief(shape)}")
     _check_shape(name, shape, layout)
     count = math.prod(shape)  # a Python product: np.prod on a short list costs more than the rest of decoding
     if limit is not None and count > limit:
