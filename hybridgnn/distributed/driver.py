@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from hybridgnn import __version__
+from hybridgnn.distributed.agreement import check_agreement
 from hybridgnn.distributed.halo import HaloPlan
 from hybridgnn.distributed.partition import (
     compute_partition,
@@ -49,6 +51,7 @@ from hybridgnn.embeddings.store import (
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
+from hybridgnn.updates.snapshot import model_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -135,17 +138,25 @@ def _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_chec
     model, _ = load_checkpoint(model_dir)
     if model.in_dim != graph.feature_dim:
         raise ConfigError(f"model expects {model.in_dim}-dim features, dataset has {graph.feature_dim}")
+    method = resolve_method(dcfg.partition)
+    features = features_fingerprint(graph)
+    # the group's first collective, before rank 0 touches the store: ranks that differ here
+    # would write other rows, or go out of step and wait out the timeout
+    check_agreement({"hybridgnn": __version__, "ranks": world, "partition": method, "dataset": graph.fingerprint,
+                     "features": features, "model": model_fingerprint(model_dir), "dtype": cfg.dtype,
+                     "chunk_bytes": dcfg.chunk_bytes},
+                    "precompute ranks", "give every rank the same --dataset, --model, --partition, --dtype and "
+                    "--chunk-mb, with the same files on every machine, and the same hybridgnn")
     model = decompose(model).eval().to(device)
     root = embeddings_dir(model_dir, graph.fingerprint)
     dims = layer_dims(model, graph.feature_dim, device)
-    method = resolve_method(dcfg.partition)
     plan_msg: list = [None]
     if rank == 0:  # one rank decides where to start and makes the partition; the rest follow
         root.mkdir(parents=True, exist_ok=True)
-        state = starting_state(root, model.num_layers, dims, cfg, model_dir, features_fingerprint(graph))
+        state = starting_state(root, model.num_layers, dims, cfg, model_dir, features)
         if state.get("complete") and EmbeddingStore.for_graph(model_dir, graph) is None:
             (root / "state.json").unlink()  # complete but damaged (logged): computed again from scratch
-            state = starting_state(root, model.num_layers, dims, cfg, model_dir, features_fingerprint(graph))
+            state = starting_state(root, model.num_layers, dims, cfg, model_dir, features)
         partition = None if state.get("complete") else compute_partition(graph, method, world, root)
         if not state.get("complete"):
             # before any layer file is rewritten: a complete store made with other settings

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hybridgnn import __version__
+from hybridgnn.distributed.agreement import check_agreement
 from hybridgnn.distributed.cgp import PartitionedEvaluator
 from hybridgnn.distributed.collectives import broadcast
 from hybridgnn.distributed.driver import environment
@@ -65,7 +67,7 @@ class RankOptions:
 
 def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEvaluator, dict]:
     """This rank's evaluator over its part, and (on every rank) the group's description."""
-    from hybridgnn.embeddings.store import EmbeddingStore
+    from hybridgnn.embeddings.store import EmbeddingStore, features_fingerprint
     from hybridgnn.graph.store import GraphStore
     from hybridgnn.models.checkpoint import load_checkpoint
     from hybridgnn.models.gnn import embedding_width
@@ -76,8 +78,17 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
     if model.in_dim != graph.feature_dim:
         raise ConfigError(f"model {opts.model} expects {model.in_dim}-dim features but dataset {opts.dataset} "
                           f"has {graph.feature_dim}")
-    store = EmbeddingStore.for_graph(opts.model, graph)
-    partition = _partition(graph, resolve_method(opts.method), rank, world, store.root if store else None)
+    features = features_fingerprint(graph)
+    store = EmbeddingStore.open(opts.model, graph.fingerprint, graph.num_nodes, features=features)
+    method, model_fp = resolve_method(opts.method), model_fingerprint(opts.model)
+    # the group's first collective: ranks that differ here would go out of step in the next
+    # ones and wait out the timeout, at every restart
+    check_agreement({"hybridgnn": __version__, "ranks": world, "partition": method,
+                     "dataset": graph.fingerprint, "features": features, "model": model_fp,
+                     "embeddings": store.fingerprint if store else None},
+                    "partition ranks", "give every rank the same --dataset, --model and --partition, with the same "
+                    "files (and precomputed embeddings) on every machine, and the same hybridgnn")
+    partition = _partition(graph, method, rank, world, store.root if store else None)
     def stored_part():
         return open_serving_part(graph, partition, rank, store.layers if store else None,
                                  store.output if store else None)
@@ -88,7 +99,7 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
     memory = [None] * world
     dist.all_gather_object(memory, part.memory_bytes())
     info = {"ranks": world, "partition": partition.method, "num_nodes": graph.num_nodes,
-            "dataset_fingerprint": graph.fingerprint, "model_fingerprint": model_fingerprint(opts.model),
+            "dataset_fingerprint": graph.fingerprint, "model_fingerprint": model_fp,
             "num_edges": graph.num_edges, "feature_dim": graph.feature_dim, "out_dim": model.out_dim,
             "embedding_dim": embedding_width(model), "precomputed": store is not None,
             "memory_bytes": memory, "pid": os.getpid()}

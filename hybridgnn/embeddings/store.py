@@ -78,6 +78,17 @@ class EmbeddingStore:
     def computed_unix_s(self) -> float:
         return float(self.state["computed_unix_s"])
 
+    @property
+    def fingerprint(self) -> str:
+        """What the stored rows are: a hash of the fields of their state that say what they
+        were computed from and how (layers, widths, dtype, the weights' and the features'
+        fingerprints, a readout output), not when or by how many ranks. A copy of the store,
+        or one computed again from the same weights and features, has the same."""
+        what = {k: self.state.get(k) for k in ("num_layers", "dims", "dtype", "model_fingerprint",
+                                               "features_fingerprint")}
+        what["output"] = self.output is not None
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
     @classmethod
     def for_graph(cls, model_dir: Path, graph) -> "EmbeddingStore | None":
         """open() for a dataset opened as `graph` (a GraphStore): its fingerprint, nodes and

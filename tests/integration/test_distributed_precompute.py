@@ -409,3 +409,38 @@ def test_a_complete_but_damaged_store_is_computed_again(tmp_path, graph_dir, mon
     assert got is not None
     for a, b in zip(expected, got.layers, strict=True):
         assert float(np.abs(a - np.asarray(b)).max()) <= 1e-5
+
+
+def test_ranks_under_torchrun_that_disagree_exit_at_once_and_leave_the_store_alone(tmp_path, graph_dir):
+    """Ranks started apart (torchrun on two machines) given other halo chunk sizes sent
+    and awaited messages of other sizes: a rank aborted inside gloo (SIGABRT) and the
+    other failed with no word of why. Every rank now exits 2 at start with one line naming
+    the setting and each rank's value, before rank 0 writes anything into the store."""
+    from hybridgnn.runtime.ranks import free_port, rank_environment
+
+    path = tmp_path / "m"
+    save_checkpoint(GNN(ModelSpec("sage", 12, 8, 4, num_layers=2)).eval(), path)
+    port = free_port()
+    errors = [tmp_path / f"rank-{r}.txt" for r in range(2)]
+    chunk_mb = ("4", "0.0001")
+    procs = [subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir),
+                               "--model", str(path), "--partition", "ranges", "--timeout-s", "600",
+                               "--chunk-mb", chunk_mb[r]],
+                              env=rank_environment(r, 2, port, 1, errors[r]), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120  # well inside the ranks' 600 s timeout
+        codes = [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == [2, 2]  # the input's fault: the launcher says "fix that", not "run again"
+    for r in range(2):
+        said = errors[r].read_text()
+        assert said == ("the 2 precompute ranks do not agree on chunk_bytes 4194304 on rank 0, 104 on rank 1: give "
+                        "every rank the same --dataset, --model, --partition, --dtype and --chunk-mb, with the same "
+                        "files on every machine, and the same hybridgnn"), said
+    assert not (embeddings_dir(path, GraphStore.open(graph_dir).fingerprint) / "state.json").exists()

@@ -21,6 +21,7 @@ from tests.support.reference import full_graph_forward
 from tests.support.server import (
     ServerProcess,
     children_of,
+    free_port,
     poll_ready,
     process_alive,
     stop_process,
@@ -412,3 +413,50 @@ def test_a_sigterm_to_every_process_of_the_server_drains_through_the_ranks(tiny_
     refused = [(status, text) for status, text in outcomes if status not in (200, 429)]
     assert all(status == 503 and "shutting down" in text for status, text in refused), refused
     assert not any(process_alive(pid) for pid in ranks)
+
+
+@pytest.mark.parametrize("differ", ["embeddings", "partition"])
+def test_ranks_that_disagree_exit_at_once_in_one_line_naming_what_differs(tmp_path, tiny_dataset, tiny_model_pe,
+                                                                          differ):
+    """Ranks under torchrun on two machines, one of which lacks the precomputed embeddings
+    (or resolves `--partition auto` to another method): their collectives went out of step
+    and they served wrong rows, or waited out the ranks' timeout at every restart. Every
+    rank now exits at start with the one line naming the field and each rank's value."""
+    import shutil
+    import subprocess
+    import sys
+
+    from hybridgnn.distributed.partition import metis_available
+    from hybridgnn.runtime.ranks import rank_environment
+
+    if differ == "partition" and not metis_available():
+        pytest.skip("needs pymetis for a second partition method")
+    bare = tmp_path / "bare"  # the same weights, without the embeddings
+    shutil.copytree(tiny_model_pe, bare, ignore=shutil.ignore_patterns("embeddings"))
+    models = (tiny_model_pe, bare) if differ == "embeddings" else (tiny_model_pe, tiny_model_pe)
+    methods = ("ranges", "ranges") if differ == "embeddings" else ("metis", "ranges")
+    port, listen = free_port(), f"unix:{tmp_path / 'rank0.sock'}"
+    errors = [tmp_path / f"rank-{r}.txt" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "hybridgnn.distributed.rank_server", "--dataset",
+                               str(tiny_dataset), "--model", str(models[r]), "--listen", listen,
+                               "--partition", methods[r], "--timeout-s", "600", "--log-level", "WARNING"],
+                              env=rank_environment(r, 2, port, 1, errors[r]), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120  # well inside the ranks' 600 s timeout
+        codes = [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            stop_process(p, 5)
+    assert codes == [1, 1]
+    want = ("embeddings '" if differ == "embeddings" else "partition 'metis' on rank 0, 'ranges' on rank 1")
+    for r in range(2):
+        said = errors[r].read_text().strip()
+        assert said.startswith("ConfigError: the 2 partition ranks do not agree on ") and want in said, said
+        if differ == "embeddings":
+            assert said.endswith("none on rank 1: give every rank the same --dataset, --model and --partition, "
+                                 "with the same files (and precomputed embeddings) on every machine, and the same "
+                                 "hybridgnn"), said
+        assert "\n" not in said
+        assert said.split(": ", 1)[1] in procs[r].stderr.read()
