@@ -23,15 +23,24 @@ def backend_device() -> torch.device | None:
     return None
 
 
-def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+def broadcast(tensor: torch.Tensor, src: int = 0, *, idle: bool = False) -> torch.Tensor:
     """dist.broadcast on any backend; returns src's tensor as a host tensor (on src, the
-    tensor given)."""
+    tensor given). idle: the wait may be long (a rank waiting for the next call), so under
+    NCCL it sleeps instead of spinning a core."""
     device = backend_device()
     if device is None:
         dist.broadcast(tensor, src)
         return tensor
     moved = tensor.to(device)
-    dist.broadcast(moved, src)
+    dist.broadcast(moved, src)  # queued: this thread's stream waits for it, the host does not
+    if idle:
+        # .cpu() alone waits in cudaStreamSynchronize, which spins a core for as long as the
+        # broadcast takes (CUDA's default schedule spins while a process has no more GPU
+        # contexts than the machine has cores): an idle NCCL rank kept a core busy. A
+        # blocking event's synchronize sleeps until the GPU signals it.
+        done = torch.cuda.Event(blocking=True)
+        done.record()
+        done.synchronize()
     return moved.cpu()
 
 

@@ -230,7 +230,7 @@ def _share(kind: int, payload: bytes | memoryview = b"") -> None:
 
 def _next_call() -> tuple[int, memoryview]:
     """A follower: the next call rank 0 shares."""
-    header = broadcast(torch.empty(2, dtype=torch.int64))
+    header = broadcast(torch.empty(2, dtype=torch.int64), idle=True)  # waits while the group is idle
     kind, size = int(header[0]), int(header[1])
     buf = broadcast(torch.empty(size, dtype=torch.uint8)) if size else torch.empty(0, dtype=torch.uint8)
     return kind, memoryview(buf.numpy()).cast("B")
