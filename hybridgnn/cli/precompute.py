@@ -167,13 +167,20 @@ def check_distributed_flags(args) -> None:
                          "each partition whole, so leave it out")
 
 
-def check_nprocs(nprocs: int, num_nodes: int, cores: int) -> None:
-    """--nprocs N ranks this machine can run, each owning at least one node."""
+def check_nprocs(nprocs: int, num_nodes: int, cores: int, device: str = "cpu") -> None:
+    """--nprocs N ranks this machine can run, each owning at least one node (and, on CUDA,
+    a GPU of its own: rank i computes on cuda:i)."""
     if nprocs < 1:
         raise ValueError(f"--nprocs must be >= 1, got {nprocs}")
     check_local_ranks("--nprocs", nprocs, cores, "start them with torchrun")
     if nprocs > num_nodes:
         raise ValueError(f"--nprocs {nprocs}: the graph has {num_nodes} nodes; a rank needs at least one")
+    import torch
+
+    if device.startswith("cuda") and nprocs > (visible := torch.cuda.device_count()):
+        # else the ranks past the last GPU failed at start in torch's words, and the rest waited for them
+        raise ValueError(f"--nprocs {nprocs} --device cuda: each rank needs a GPU of its own; this machine has "
+                         f"{visible} (lower --nprocs)")
 
 
 def run(args) -> int:
@@ -192,7 +199,7 @@ def run(args) -> int:
         from hybridgnn.distributed.launch import launch
 
         graph = GraphStore.open(args.dataset)
-        check_nprocs(args.nprocs, graph.num_nodes, usable_cores())
+        check_nprocs(args.nprocs, graph.num_nodes, usable_cores(), args.device)
         threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
         # the store's one writer, as a single process takes it (the ranks are its children)
         with _store_lock(args, graph) as waited:

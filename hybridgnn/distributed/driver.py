@@ -123,6 +123,9 @@ def run_rank(dataset: Path, model_dir: Path, cfg: PrecomputeConfig, dcfg: Distri
     rank, world, local_rank = environment()
     device = torch.device(cfg.device)
     if device.type == "cuda":
+        if local_rank >= (visible := torch.cuda.device_count()):
+            raise ConfigError(f"--device cuda needs one GPU per rank on a machine: local rank {local_rank}, "
+                              f"{visible} GPU(s) visible")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=dcfg.timeout_s))

@@ -623,6 +623,14 @@ def test_precompute_distributed_flag_mistakes_are_one_line_before_any_rank_start
         assert main(argv + flags) == 2, flags
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, (flags, err)
+    import torch
+
+    # more CUDA ranks than GPUs: the ranks past the last GPU failed at start in torch's words
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(argv + ["--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--nprocs 2 --device cuda: each rank needs a GPU of its own; this machine has 1" in err
     assert not (tmp_path / "m" / "embeddings").exists()
 
 
