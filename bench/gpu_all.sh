@@ -105,7 +105,7 @@ for s in $STAGES; do
         need_cuda "$s" || continue
         products > "$OUTDIR/products.log" 2>&1 &
         GEN=$!
-        [ "$s" = graph ] || stage tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu
+        [ "$s" = graph ] || stage tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu tests/unit
         # the gpu-marked tests outside tests/gpu (partition ranks over NCCL), a stage of their
         # own: a rank group that hangs waits out its 120 s timeout without taking tests' results
         [ "$s" = graph ] || stage tests_nccl 90 $PY -m pytest -q -m gpu -p no:cacheprovider \
