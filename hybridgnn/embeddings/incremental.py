@@ -35,6 +35,7 @@ from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 from hybridgnn.embeddings.kernels import mark_unique, spread_rows
 from hybridgnn.embeddings.precompute import block_from_rows, layer_dims
 from hybridgnn.embeddings.store import hidden_rows
+from hybridgnn.errors import UpdateError
 from hybridgnn.graph.dynamic import AppliedUpdate, DynamicGraph, UpdateBatch
 from hybridgnn.graph.journal import Journal, fault_point, maybe
 from hybridgnn.models.decompose import decompose
@@ -345,6 +346,10 @@ class IncrementalEmbeddings:
             targets = self._unique(targets)
             targets = targets[alive_mask(targets)]
             out = self._recompute(i, targets) if kind == "recompute" else self._combine(i, targets)
+            if not np.isfinite(out).all():  # kept, it stayed in the running sums for good
+                raise UpdateError(f"the update makes layer {i + 1}'s embeddings of "
+                                  f"{int((~np.isfinite(out)).any(axis=-1).sum())} node(s) overflow to NaN or "
+                                  "infinity; nothing of it was applied")
             old = self.layers[i][targets]
             diff = ~_rows_equal(old, out) if self.cfg.prune else np.ones(len(targets), dtype=bool)
             diff |= np.isin(targets, up.new_nodes)

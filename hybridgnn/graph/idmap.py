@@ -39,17 +39,31 @@ class IdMap:
         """Whether `values` are ids of this map's kind (strings for a string map)."""
         return (np.asarray(values).dtype.kind == "U") == (self.kind == "string")
 
+    @property
+    def max_new_name_chars(self) -> int | None:
+        """The longest name a node added by an update may have (None: integer ids): the
+        widest imported name, or 64. Added names are stored at the width of the longest,
+        so one long name among many short ones made every one of them take its width."""
+        if self.kind != "string":
+            return None
+        return max(64, self.external.dtype.itemsize // 4)
+
     def extend(self, new_external: np.ndarray) -> None:
         """Name the next len(new_external) internal ids (nodes a graph update added). The
-        caller has checked they are distinct and unknown."""
+        caller has checked they are distinct and unknown. The new names are merged into
+        the sorted ones (linear), not sorted again with them (n log n per update)."""
         new_external = np.asarray(new_external)
         if not len(new_external):
             return
-        added, _, _ = self._added
-        ext = np.concatenate([added, new_external.astype(np.str_ if self.kind == "string" else np.int64)])
-        order = np.argsort(ext, kind="stable")
-        base = int(self.external.shape[0])
-        self._added = (ext, ext[order], (base + order).astype(np.int64))
+        added, added_sorted, added_internal = self._added
+        new = new_external.astype(np.str_ if self.kind == "string" else np.int64)
+        ext = np.concatenate([added, new])  # by internal id; wide enough for both
+        order = np.argsort(new, kind="stable")
+        new_sorted = new[order].astype(ext.dtype)
+        new_internal = int(self.external.shape[0]) + len(added) + order.astype(np.int64)
+        at = np.searchsorted(added_sorted, new_sorted)
+        self._added = (ext, np.insert(added_sorted.astype(ext.dtype), at, new_sorted),
+                       np.insert(added_internal, at, new_internal))
 
     @classmethod
     def build(cls, ids: np.ndarray) -> tuple[IdMap, np.ndarray]:

@@ -194,6 +194,18 @@ def test_rejected_batches_leave_everything_byte_identical(bad, match, tmp_path):
     assert _snapshot(dyn, inc) == before
 
 
+@pytest.mark.parametrize("name", ["sage-sum"])  # (values that large are refused as requests: 1e9)
+def test_features_that_overflow_a_layer_are_rejected_and_leave_everything_byte_identical(name, tmp_path):
+    """Kept, the overflow stayed in the running sums for good (NaN after inf - inf), on
+    every replica and across restarts."""
+    dyn, _, inc = _setup(name, tmp_path)
+    before = _snapshot(dyn, inc)
+    huge = np.full((1, F_DIM), 3e38, np.float32)
+    with pytest.raises(UpdateError, match="overflow to NaN or infinity; nothing of it was applied"):
+        inc.apply(UpdateBatch(update_ids=np.array([4]), update_features=huge))
+    assert _snapshot(dyn, inc) == before
+
+
 def test_duplicate_of_existing_edge_is_rejected(tmp_path):
     dyn, _, inc = _setup("gcn", tmp_path)
     before = _snapshot(dyn, inc)

@@ -145,6 +145,32 @@ def test_an_id_map_names_added_nodes_for_lookups_both_ways():
     assert ints.to_internal(np.array([3, 5, 1000, 7]))[0].tolist() == [3, 0, 4, -1]
 
 
+def test_added_names_merge_into_the_sorted_ones_in_any_order_and_width():
+    """extend merges (linear) instead of sorting every added name again (n log n per
+    update, under the graph's write lock); lookups both ways hold over many extends."""
+    from hybridgnn.graph.idmap import IdMap
+
+    rng = np.random.default_rng(3)
+    names, _ = IdMap.build(np.array(["m", "b", "zz"]))
+    assert names.max_new_name_chars == 64 and IdMap.build(np.array(["q" * 100]))[0].max_new_name_chars == 100
+    assert IdMap.build(np.array([3, 1]))[0].max_new_name_chars is None
+    added = []
+    for k in range(40):  # widths grow and shrink between extends
+        batch = [f"{'w' * int(rng.integers(1, 30))}{k}-{j}" for j in range(int(rng.integers(1, 6)))]
+        names.extend(np.array(batch))
+        added += batch
+    internal, known = names.to_internal(np.array(added[::-1] + ["b", "nope"]))
+    assert known[:-1].all() and not known[-1]
+    assert internal[:-2].tolist() == list(range(3 + len(added)))[3:][::-1] and internal[-2] == 0
+    assert names.to_external(np.arange(3, 3 + len(added))).tolist() == added
+    sorted_names = names._added[1]
+    assert (sorted_names[1:] > sorted_names[:-1]).all()
+    ints, _ = IdMap.build(np.array([100, 5]))
+    for k in range(5):
+        ints.extend(np.array([1000 - k, k + 6]))
+    assert ints.to_internal(np.array([996, 10, 1000]))[0].tolist() == [10, 11, 2]
+
+
 def test_updates_on_a_mapped_dataset_translate_names_and_new_nodes():
     from hybridgnn.errors import BadRequest
     from hybridgnn.graph.idmap import IdMap
@@ -166,6 +192,9 @@ def test_updates_on_a_mapped_dataset_translate_names_and_new_nodes():
         ((("remove_nodes", ["q"], "BYTES"),), "unknown node 'q'"),
         ((("remove_nodes", [1], "INT64"),), "must be BYTES"),
         ((("add_node_features", np.ones((2, 4)), "FP32"), ("add_node_ids", ["a", "a"], "BYTES")), "twice"),
+        # one long name made every added name as wide as it (1.6 GB for 200k names of 8)
+        ((("add_node_features", np.ones((1, 4)), "FP32"), ("add_node_ids", ["x" * 65], "BYTES")),
+         "a name of 65 characters; a node added to this dataset may have at most 64"),
     ]:
         with pytest.raises(BadRequest, match=match):
             dec(*inputs)

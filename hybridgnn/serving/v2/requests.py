@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from hybridgnn.errors import BadRequest, PayloadTooLarge
 from hybridgnn.serving.core.updates import PendingUpdate
 from hybridgnn.serving.v2.tensors import decode_inputs
 from hybridgnn.serving.v2.types import Tensor
-from hybridgnn.updates.requests import UPDATE_INPUTS, LoggedRequest, build_request
+from hybridgnn.updates.requests import (
+    UPDATE_INPUTS,
+    LoggedRequest,
+    build_request,
+    check_feature_values,
+)
 
 
 def decode_update(inputs: list[Tensor], *, feature_dim: int, max_updates: int, id_map=None,
@@ -36,9 +39,11 @@ def decode_update(inputs: list[Tensor], *, feature_dim: int, max_updates: int, i
     else:
         for name in ("add_node_features", "update_features"):
             got = tensors.get(name)
-            if got is not None and (got.shape[1] != feature_dim or not np.isfinite(got).all()):
-                raise BadRequest(f"{name} must be [count, {feature_dim}] finite values (the graph's feature width), "
+            if got is not None and got.shape[1] != feature_dim:
+                raise BadRequest(f"{name} must be [count, {feature_dim}] (the graph's feature width), "
                                  f"got {list(got.shape)}")
+            if got is not None:
+                check_feature_values(name, got)
         count = logged.num_updates
         if count == 0:
             raise BadRequest("the update is empty")
