@@ -798,6 +798,13 @@ def test_an_unload_that_would_leave_every_model_marked_is_refused(tmp_path, monk
     with pytest.raises(Conflict, match="last model of the repository not unloaded"):
         asyncio.run(b.unload("other"))  # b serves both still, but no replica could start after it
     assert b.models.names() == ["other", "sage"] and not (root / "other" / ".unloaded").exists()
+    # a model directory with no version, or a broken config.json, is no model to serve either
+    (root / "empty").mkdir()
+    (root / "broken").mkdir()
+    (root / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(Conflict, match="last model of the repository not unloaded with a version to serve"):
+        asyncio.run(b.unload("other"))
+    assert not (root / "other" / ".unloaded").exists()
 
 
 def test_an_unload_or_load_that_cannot_be_recorded_changes_nothing(tmp_path, monkeypatch):

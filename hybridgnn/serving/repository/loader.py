@@ -244,9 +244,12 @@ class Repository:
                 model = on_disk.get(name)
                 if model is None:
                     return
-                if not [n for n, m in on_disk.items() if n != name and m.unloaded is False]:
-                    raise Conflict(f"model {name!r} is the last model of the repository not unloaded (the others "
-                                   "are marked unloaded, through another replica's API perhaps); load another first")
+                # only models with a version to serve count: an empty directory or a broken
+                # config.json left the repository with nothing a restarted replica could serve
+                if not [n for n, m in on_disk.items() if n != name and m.unloaded is False and m.chosen]:
+                    raise Conflict(f"model {name!r} is the last model of the repository not unloaded with a "
+                                   "version to serve (the others are marked unloaded, through another replica's "
+                                   "API perhaps, or have none); load another first")
                 mark = mark_unloaded(model.root, f"POST /v2/repository/models/{name}/unload")
         except ConfigError as exc:  # the repository is unreadable now
             raise Conflict(f"model {name!r} is not unloaded: {exc}") from exc
