@@ -165,6 +165,17 @@ class LogTrimmed(ServiceUnavailable):
         self.after, self.first_held = after, first
 
 
+class LogFromAnotherBuild(ServiceUnavailable):
+    """An entry of the update log was written by a build that writes another entry format:
+    this replica applies nothing past it (skipped, its graph would part from the others'
+    for good) and stays unready until it runs a build that reads it."""
+
+    def __init__(self, url: str, position: int, why: str):
+        super().__init__(f"the update log {url} position {position} cannot be read by this build ({why}): run the "
+                         "same hybridgnn version on every replica; this one applies nothing past it until then")
+        self.position = position
+
+
 class BatchFailed(ServingError):
     """The pipeline could not execute the batch that held this request (500, logged)."""
 

@@ -32,6 +32,7 @@ from hybridgnn.config import UpdateConfig
 from hybridgnn.errors import (
     ConfigError,
     Conflict,
+    LogFromAnotherBuild,
     LogTrimmed,
     ServiceUnavailable,
     ServingError,
@@ -41,6 +42,7 @@ from hybridgnn.graph.journal import Journal
 from hybridgnn.types import ServingStats, UpdateStats
 from hybridgnn.updates.log import LogEntry, UpdateLog
 from hybridgnn.updates.requests import (
+    EntryFormat,
     LoggedRequest,
     UpdateRequest,
     build_request,
@@ -172,7 +174,8 @@ class Follower:
             try:
                 if not self.step(256, BLOCK_S):
                     break
-            except LogTrimmed as exc:  # another replica trimmed past this one since it chose its start
+            except (LogTrimmed, LogFromAnotherBuild) as exc:
+                # trimmed past it since it chose its start, or an entry of another build: no start
                 raise ConfigError(str(exc)) from exc
             if self.applied >= next_report:
                 log.info("applied update log position %d of %d", self.applied, head)
@@ -194,7 +197,9 @@ class Follower:
         else:
             try:
                 logged = decode_entry(entry.body)
-            except (ValueError, OSError, KeyError) as exc:  # written by another build, or damaged
+            except EntryFormat as exc:  # written by another build: this one must not go past it
+                raise LogFromAnotherBuild(self.log.url, entry.position, str(exc)) from None
+            except (ValueError, OSError, KeyError) as exc:  # damaged: alike on every replica
                 log.error("update log %s position %d is unreadable (%s); skipped on every replica", self.log.url,
                           entry.position, exc)
                 self.applied = entry.position
@@ -367,7 +372,8 @@ class Follower:
                     # the log is unreachable or trimmed past us (reading), or what applies it
                     # is down (a partitioned graph's ranks, applying): the requests waiting on
                     # that entry hear now, not after ANSWER_WAIT_S
-                    self._failed(str(exc), backoff, stranded=isinstance(exc, LogTrimmed), position=self.applying)
+                    self._failed(str(exc), backoff, stranded=isinstance(exc, (LogTrimmed, LogFromAnotherBuild)),
+                                 position=self.applying)
                 else:  # an apply that failed for a reason of this replica (memory, a bug)
                     log.exception("applying update log position %d failed; retrying", self.applied + 1)
                     self._failed(f"applying position {self.applied + 1} failed: {exc}", backoff,
@@ -386,8 +392,9 @@ class Follower:
     def _failed(self, why: str, backoff: float, position: int | None = None, stranded: bool = False) -> None:
         """Note a failed step; the requests waiting on the entry that failed to apply (if
         one did) hear now, as a 503 (their retry with the same Idempotency-Key is safe).
-        stranded: the log was trimmed past this replica, which retrying cannot mend (an
-        error, not a warning; the engine then reports not ready and refuses updates)."""
+        stranded: the log was trimmed past this replica, or holds an entry of another build,
+        which retrying cannot mend (an error, not a warning; the engine then reports not
+        ready and refuses updates)."""
         if stranded:
             self.stranded = why
             if self._behind_since is None:

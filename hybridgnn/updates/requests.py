@@ -242,16 +242,24 @@ def encode_entry(requests: list[LoggedRequest]) -> bytes:
     return buf.getvalue()
 
 
+class EntryFormat(ValueError):
+    """A log entry another build wrote, in a format this one does not read."""
+
+    def __init__(self, found: int | None):
+        super().__init__(f"log entry format {'?' if found is None else found}, this build reads {ENTRY_FORMAT}")
+        self.found = found
+
+
 def decode_entry(blob: bytes) -> list[LoggedRequest]:
-    """The requests of one log entry; ValueError if it is not one this build wrote."""
+    """The requests of one log entry; EntryFormat if another build wrote it, ValueError if
+    it is not one (damaged)."""
     try:
         z = np.load(io.BytesIO(blob), allow_pickle=False)
     except (OSError, EOFError) as exc:
         raise ValueError(f"not a log entry: {exc}") from exc
     with z:
         if "format" not in z.files or int(z["format"]) != ENTRY_FORMAT:
-            raise ValueError(f"log entry format {int(z['format']) if 'format' in z.files else '?'}, "
-                             f"this build reads {ENTRY_FORMAT}")
+            raise EntryFormat(int(z["format"]) if "format" in z.files else None)
         counts, strings, keys, digests = z["counts"], z["strings"], z["keys"], z["digests"]
         columns = {name: z[name] for name in z.files if name.split("__")[0] in UPDATE_INPUTS}
     if counts.shape != strings.shape or counts.shape != (len(keys), len(_NAMES)) or len(digests) != len(keys):

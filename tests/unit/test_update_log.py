@@ -123,6 +123,29 @@ def test_an_entry_that_does_not_apply_is_rejected_alike_on_every_replica(tmp_pat
     assert follower.applied == 3 and not dyn.alive[7]
 
 
+def test_an_entry_another_build_wrote_stops_the_follower_there_instead_of_being_skipped(tmp_path):
+    """Skipped, a replica of an older build applied none of what newer ones applied from a
+    shared log, and parted from them for good while it reported ready."""
+    import io
+
+    from hybridgnn.errors import ConfigError, LogFromAnotherBuild
+
+    dyn, inc = dynamic_setup(tmp_path)
+    log = MemoryLog()
+    log.append(encode_entry([_requests()[2].logged]))
+    newer = io.BytesIO()
+    np.savez(newer, format=np.int64(99), counts=np.zeros((0, 1)))
+    log.append(newer.getvalue())
+    log.append(encode_entry([_requests()[0].logged]))
+    follower = follower_for(dyn, inc, log)
+    with pytest.raises(LogFromAnotherBuild, match="position 2 cannot be read by this build .log entry format 99"):
+        follower.step()
+    assert follower.applied == 1  # what came before it applied; nothing past it
+    assert follower.done_before_failure and follower.done_before_failure[0][0] == 1
+    with pytest.raises(ConfigError, match="run the same hybridgnn version on every replica"):
+        follower_for(DynamicGraph(dynamic_setup(tmp_path / "b")[0].base), None, log).catch_up()
+
+
 def test_graph_only_updates_are_logged_and_replayed_too(tmp_path):
     dyn = DynamicGraph(dynamic_setup(tmp_path / "a")[0].base)
     log = SqliteLog(tmp_path / "u.sqlite", dyn.base.fingerprint)
