@@ -93,7 +93,9 @@ class RedisLog(UpdateLog):
         except self._redis_errors as exc:
             # The script is atomic: on a lost answer the entry may still be in the stream,
             # and it applies like any other; an idempotency key makes the retry safe.
-            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}") from exc
+            raise ServiceUnavailable(f"the update log {self.url} is unreachable: {exc}; if the append reached it "
+                                     "before its answer was lost, the update applies: retry with the same "
+                                     "Idempotency-Key") from exc
 
     def read(self, after: int, limit: int, block_s: float = 0.0) -> list[LogEntry]:
         kw = {"block": max(1, int(block_s * 1000))} if block_s > 0 else {}
