@@ -65,6 +65,14 @@ class IdMap:
         self._added = (ext, np.insert(added_sorted.astype(ext.dtype), at, new_sorted),
                        np.insert(added_internal, at, new_internal))
 
+    def mark(self) -> tuple:
+        """The added names as they are now, for rewind()."""
+        return self._added
+
+    def rewind(self, mark: tuple) -> None:
+        """Forget the names added since mark() (an apply that failed after naming them)."""
+        self._added = mark
+
     @classmethod
     def build(cls, ids: np.ndarray) -> tuple[IdMap, np.ndarray]:
         """The map of every distinct id in `ids`, and `ids` as internal ids."""

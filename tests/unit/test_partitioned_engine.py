@@ -525,6 +525,39 @@ def test_a_batch_the_ranks_refuse_is_one_400_that_says_so_once():
     assert caught.value.message == "update rejected, nothing applied: add_edges names unknown node 17"
 
 
+def test_new_names_are_committed_before_the_ranks_apply_and_taken_back_if_they_refuse():
+    """Named after the ranks had applied the batch, a naming that failed left the entry to
+    be retried with the grown node count: the nodes were added twice, or the update
+    reported rejected when it had applied."""
+    from hybridgnn.graph.idmap import IdMap
+    from hybridgnn.serving.core.partitioned_updates import RankGraph
+
+    names = IdMap(np.array(["a", "b", "c"]))
+    seen = []
+
+    def ranks(name, head, arrays):
+        seen.append(names.to_internal(np.array(["x"]))[1].item())  # named when the ranks apply
+        if len(seen) == 1:
+            raise ServingError(UpdateError("no").message, status=400)
+        return {"num_nodes": 4, "affected_per_layer": [1], "propagate_s": 0.0}, None
+
+    view = RankGraph(3, 4, names, ranks)
+    commit = lambda: names.extend(np.array(["x"]))  # noqa: E731
+    batch = UpdateBatch(add_node_features=np.ones((1, 4), np.float32))
+    with pytest.raises(UpdateError):
+        view.apply(batch, commit)
+    assert seen == [True] and not names.to_internal(np.array(["x"]))[1].item() and view.num_nodes == 3
+    view.apply(batch, commit)
+    assert names.to_internal(np.array(["x"]))[0].tolist() == [3] and view.num_nodes == 4 and len(names) == 4
+
+    def naming_fails():
+        raise MemoryError
+
+    with pytest.raises(MemoryError):  # nothing reached the ranks
+        view.apply(batch, naming_fails)
+    assert len(seen) == 2 and view.num_nodes == 4
+
+
 def test_an_update_that_fails_with_503_teaches_the_lane_nothing_of_its_service_time():
     """A call that waited for a hung rank group and then got 503 took the group's
     timeout, not service: learnt, the lane would refuse concurrent updates (429) long

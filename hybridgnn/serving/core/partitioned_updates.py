@@ -88,17 +88,26 @@ class RankGraph:
         return False
 
     def apply(self, batch: UpdateBatch, commit: Callable[[], None] | None = None) -> _Applied:
-        """Apply the batch on the ranks (all or nothing: UpdateError changes nothing), then
-        the description here, then commit (the new nodes' names)."""
-        out = self._send(batch, check_only=False)
+        """commit (the new nodes' names), then the batch on the ranks (all or nothing:
+        UpdateError changes nothing, the names included), then the description here. The
+        names go first: the ranks cannot take a batch back, and names that failed after it
+        had landed there left the entry to be retried, adding its nodes twice."""
+        id_map = self.base.id_map
+        named = id_map.mark() if id_map is not None else None
+        if commit is not None:
+            commit()
+        try:
+            out = self._send(batch, check_only=False)
+        except BaseException:
+            if id_map is not None:
+                id_map.rewind(named)
+            raise
         n = int(out["num_nodes"])
         if n > len(self.alive):
             self.alive = np.concatenate([self.alive, np.ones(n - len(self.alive), dtype=bool)])
         self.alive[np.asarray(batch.remove_nodes, dtype=np.int64)] = False
         self.num_nodes = n
         self.num_edges = int(out.get("num_edges", self.num_edges))
-        if commit is not None:
-            commit()
         return _Applied(int(sum(out["affected_per_layer"])), float(out["propagate_s"]))
 
     def removed(self, node_ids: np.ndarray) -> np.ndarray:
