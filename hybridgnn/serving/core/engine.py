@@ -90,8 +90,9 @@ class Engine(Admitting, SampledInference):
         if len(self._pipelines) > 1 and cfg.router.psgs_threshold is None:
             seeds = cfg.router.default_gpu_batch_seeds
             self._router.set_threshold(float(seeds * np.mean(self._tables.psgs)))
-            log.info("no PSGS threshold given: batches above %.0f (%d average seeds) go to the GPU pipeline",
-                     self._router.threshold, seeds)
+            if cfg.policy.profile is None:  # else the profile's policy sets it just below, and says so
+                log.info("no PSGS threshold given: batches above %.0f (%d average seeds) go to the GPU pipeline",
+                         self._router.threshold, seeds)
         self._batcher = MicroBatcher(cfg.batcher, self._dispatch, self._has_capacity,
                                      None if cfg.batcher.wait_when_idle else self._is_quiet)
         self._control = PolicyControl(cfg, tuple(self._pipelines))

@@ -168,7 +168,7 @@ class Repository:
                 self.models.add(name, str(version), engine)  # from the next request on
                 self._started[key] = files[version]
                 if old is not None:
-                    self._retire(old, name, str(version))
+                    self._retire(old, name, str(version), replaced=True)
             # with the store as this load's precomputes left it: their writes are no change
             self._seen[name] = (*seen[:2], tuple((v, files[v]) for v in model.chosen))
             keep = {str(v) for v in model.chosen}
@@ -394,7 +394,7 @@ class Repository:
         return files._replace(store=now.store, store_complete=now.store_complete,
                               truncated=files.truncated or now.truncated, store_writer=now.store_writer)
 
-    def _retire(self, engine, name: str, version: str) -> None:
+    def _retire(self, engine, name: str, version: str, replaced: bool = False) -> None:
         if engine is self.base:  # the shared stores live on in the others; a serving engine is the base now
             self.base = next(iter(self.models.engines()), None)
 
@@ -407,7 +407,9 @@ class Repository:
                 return
             if self.stats is not None and version not in self.models.versions(name):  # not loaded again meanwhile
                 self.stats.forget_model(name, version)
-            log.info("model %s version %s unloaded", name, version)
+            # replaced: the version serves on from its new copy (its files changed)
+            log.info("model %s version %s %s", name, version,
+                     "unloaded" if not replaced else "serves from its new files; the old copy is unloaded")
 
         task = asyncio.create_task(retire(), name=f"retire-{name}-{version}")
         self._retiring.add(task)
