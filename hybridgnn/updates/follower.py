@@ -121,7 +121,9 @@ class Follower:
             done.append((entry.position, self.apply_entry(entry)))
             self._behind_since = entries[i + 1].appended_unix_s if i + 1 < len(entries) else None
         self.applying = None
-        if done and self._job is None and not self._job_running:
+        # also after a step that read nothing: entries applied while the last job ran were
+        # otherwise never snapshotted until another entry came (a burst's last ones)
+        if self._job is None and not self._job_running:
             self._job = self._maintenance()
         return done
 
@@ -387,7 +389,7 @@ class Follower:
                 self._resolve(position, outcomes)
             if done:
                 self._release_versions()
-                self._start_job()
+            self._start_job()
 
     def _failed(self, why: str, backoff: float, position: int | None = None, stranded: bool = False) -> None:
         """Note a failed step; the requests waiting on the entry that failed to apply (if

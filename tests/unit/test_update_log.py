@@ -525,6 +525,31 @@ def test_a_follower_trims_what_every_kept_snapshot_covers_beyond_the_newest_entr
     assert follower_for(dyn, inc, log, snapshots=snaps).trim_log() == 0 and log.first() == 10
 
 
+def test_entries_applied_while_a_snapshot_is_written_are_snapshotted_once_it_is_done(tmp_path):
+    """A burst's last entries, applied while the snapshot before them was written, were
+    snapshotted only when another entry came, which may never."""
+    dyn, inc = dynamic_setup(tmp_path)
+    log = MemoryLog()
+    snaps = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                      log_id=log.log_id, every=2, keep=3)
+    follower = follower_for(dyn, inc, log, snapshots=snaps)
+    body = encode_entry([_requests()[0].logged])
+    for _ in range(2):
+        log.append(body)
+    follower.step(block_s=0)
+    job, follower._job = follower._job, None  # the snapshot at 2, written "in the background"
+    follower._job_running = True
+    for _ in range(3):
+        log.append(body)
+    follower.step(block_s=0)  # 3..5 applied while it runs: no second job
+    assert follower._job is None
+    job()
+    follower._job_running = False
+    assert follower.step(block_s=0) == []  # nothing new: the snapshot of 5 is due all the same
+    follower._job()
+    assert snaps.latest(with_embeddings=True).position == 5
+
+
 def test_retaining_the_log_needs_snapshots_and_a_partitioned_server_keeps_it_all(tmp_path):
     from hybridgnn.config import PartitionConfig, ServeConfig, UpdateConfig
 
