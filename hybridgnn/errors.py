@@ -97,9 +97,10 @@ class RemovedNode(NotFound):
     """A request names a node that a graph update removed (404)."""
 
     @classmethod
-    def among(cls, removed_ids) -> RemovedNode:
-        """The error for a request naming removed_ids (a non-empty sequence; the first is named)."""
-        return cls(f"node {int(removed_ids[0])} was removed from the graph")
+    def among(cls, removed_ids, name=str) -> RemovedNode:
+        """The error for a request naming removed_ids (a non-empty sequence; the first is
+        named, by name(internal id): as the client named it, on a dataset with names)."""
+        return cls(f"node {name(int(removed_ids[0]))} was removed from the graph")
 
 
 class MethodNotAllowed(ServingError):

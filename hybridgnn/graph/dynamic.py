@@ -25,6 +25,7 @@ from hybridgnn.errors import (
 )
 from hybridgnn.graph.csr import gather_rows
 from hybridgnn.graph.degrees import self_loops
+from hybridgnn.graph.idmap import namer
 from hybridgnn.graph.journal import Journal, fault_point, maybe
 from hybridgnn.graph.rwlock import RWLock
 from hybridgnn.graph.store import GraphStore
@@ -188,11 +189,16 @@ def _pairs_key(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
     return dst.astype(np.int64) * n + src.astype(np.int64)
 
 
-def check_batch(batch: UpdateBatch, n: int, f: int, alive: np.ndarray, has_edges) -> int:
+def check_batch(batch: UpdateBatch, n: int, f: int, alive: np.ndarray, has_edges, label=str) -> int:
     """Raise UpdateError unless `batch` applies to a graph of `n` nodes with `f`-wide
     features, `alive` nodes (a mask of at least n) and the edges has_edges(src, dst) says
     are present; returns the number of new nodes. Deterministic: every holder of the same
-    graph refuses the same batch with the same message."""
+    graph refuses the same batch with the same message. label(i): how a message names node
+    i (idmap.namer: as the client named it)."""
+
+    def pair(edge) -> str:
+        return f"[{label(int(edge[0]))}, {label(int(edge[1]))}]"
+
     a = 0 if batch.add_node_features is None else len(batch.add_node_features)
     if a and (batch.add_node_features.ndim != 2 or batch.add_node_features.shape[1] != f):
         raise UpdateError(f"new node features must be [count, {f}], got {list(batch.add_node_features.shape)}")
@@ -207,6 +213,8 @@ def check_batch(batch: UpdateBatch, n: int, f: int, alive: np.ndarray, has_edges
         bad_dead = ok_range[(ok_range < n) & ~alive[np.minimum(ok_range, n - 1)]] if n else ok_range[:0]
         if bad.any() or len(bad_dead):
             first = int(ids[bad][0]) if bad.any() else int(bad_dead[0])
+            if label is not str and not bad.any():  # a name the client knows: say what became of it
+                raise UpdateError(f"{what} names node {label(first)}, which an update removed from the graph")
             raise UpdateError(f"{what} names unknown node {first} (nodes are 0..{hi - 1}, "
                               f"removed ones excluded)")
 
@@ -240,19 +248,19 @@ def check_batch(batch: UpdateBatch, n: int, f: int, alive: np.ndarray, has_edges
         rm = batch.remove_edges
         if not has_edges(rm[:, 0], rm[:, 1]).all():
             i = int(np.flatnonzero(~has_edges(rm[:, 0], rm[:, 1]))[0])
-            raise UpdateError(f"remove_edges: edge {rm[i].tolist()} is not in the graph")
+            raise UpdateError(f"remove_edges: edge {pair(rm[i])} is not in the graph")
     if len(batch.add_edges):
         ad = batch.add_edges
         old = ad[(ad[:, 0] < n) & (ad[:, 1] < n)]
         present = has_edges(old[:, 0], old[:, 1])
         if present.any():
-            raise UpdateError(f"add_edges: edge {old[present][0].tolist()} is already in the graph "
+            raise UpdateError(f"add_edges: edge {pair(old[present][0])} is already in the graph "
                               "(duplicate edges are not allowed)")
         if len(batch.remove_edges):
             both = np.isin(_pairs_key(ad[:, 0], ad[:, 1], limit),
                            _pairs_key(batch.remove_edges[:, 0], batch.remove_edges[:, 1], limit))
             if both.any():
-                raise UpdateError(f"edge {ad[both][0].tolist()} is both added and removed")
+                raise UpdateError(f"edge {pair(ad[both][0])} is both added and removed")
     return a
 
 
@@ -341,7 +349,7 @@ class DynamicGraph:
         the lock for an answer about one version."""
         dead = node_ids[~self.alive[node_ids]]
         if len(dead):
-            raise RemovedNode.among(dead)
+            raise RemovedNode.among(dead, namer(self.base.id_map))
 
     def has_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Whether each (src, dst) edge is present now."""
@@ -365,7 +373,8 @@ class DynamicGraph:
 
     def _check(self, batch: UpdateBatch) -> int:
         """Validate against the current graph; returns the number of new nodes."""
-        return check_batch(batch, self.num_nodes, self.feature_dim, self.alive, self.has_edges)
+        return check_batch(batch, self.num_nodes, self.feature_dim, self.alive, self.has_edges,
+                           namer(self.base.id_map))
 
     def apply(self, batch: UpdateBatch, journal: Journal | None = None) -> AppliedUpdate:
         """Apply a batch entirely or, raising UpdateError, not at all. Call with lock.write()

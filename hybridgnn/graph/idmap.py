@@ -9,6 +9,7 @@ live in a second, small map (`extend`), which the update log restores on replay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -143,3 +144,19 @@ def _lookup(sorted_ext: np.ndarray, internal_of: np.ndarray | None, values: np.n
     known = sorted_ext[pos] == values
     ids = pos if internal_of is None else internal_of[pos]
     return np.where(known, ids, -1).astype(np.int64), known
+
+
+def namer(id_map: IdMap | None) -> Callable[[int], str]:
+    """How a message names internal node i: as the client does (its name, quoted, or its
+    own integer id) on a dataset with a map, else i. An id the map does not name yet (a
+    node the batch being checked adds) stays i."""
+    if id_map is None:
+        return str
+
+    def name(i: int) -> str:
+        if not 0 <= i < len(id_map):
+            return str(i)
+        value = id_map.to_external(np.array([i], dtype=np.int64))[0].item()
+        return repr(value) if isinstance(value, str) else str(value)
+
+    return name

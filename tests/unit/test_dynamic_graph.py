@@ -255,3 +255,24 @@ def test_restore_takes_the_snapshots_removed_nodes_and_refuses_one_smaller_than_
     dyn.check_alive(np.array([4, 6]))
     with pytest.raises(RemovedNode):
         dyn.check_alive(np.array([4, 5]))
+
+
+def test_on_a_dataset_with_names_errors_name_nodes_as_the_client_does(tmp_path):
+    """They named internal row ids the client never saw ("node 1 was removed", "edge
+    [3, 2] is not in the graph") for nodes it had named 'bob' and ('dave', 'carol')."""
+    from hybridgnn.errors import RemovedNode
+    from hybridgnn.graph.idmap import IdMap
+    from hybridgnn.graph.store import GraphStore
+
+    base = make_graph(tmp_path / "g", [(0, 1), (1, 2), (2, 3), (3, 4)], 5)
+    IdMap(np.array(["alice", "bob", "carol", "dave", "erin"])).save(base.root)
+    g = DynamicGraph(GraphStore.open(base.root))
+    g.apply(UpdateBatch(remove_nodes=np.array([1])))
+    with pytest.raises(RemovedNode, match="node 'bob' was removed from the graph"):
+        g.check_alive(np.array([0, 1]))
+    with pytest.raises(UpdateError, match="add_edges names node 'bob', which an update removed from the graph"):
+        g.check(lambda n: UpdateBatch(add_edges=np.array([[1, 2]])))
+    with pytest.raises(UpdateError, match=r"remove_edges: edge \['carol', 'dave'\] is not in the graph"):
+        g.check(lambda n: UpdateBatch(remove_edges=np.array([[2, 3]])))
+    with pytest.raises(UpdateError, match=r"add_edges: edge \['erin', 'dave'\] is already in the graph"):
+        g.check(lambda n: UpdateBatch(add_edges=np.array([[4, 3]])))

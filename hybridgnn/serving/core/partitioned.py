@@ -37,6 +37,7 @@ from hybridgnn.errors import (
     RemovedNode,
     ServiceUnavailable,
 )
+from hybridgnn.graph.idmap import namer
 from hybridgnn.scheduler.admission import admission_for
 from hybridgnn.serving.core.admitting import Admitting
 from hybridgnn.serving.core.partitioned_updates import PartitionedUpdates
@@ -234,7 +235,7 @@ class PartitionedEngine(Admitting):
         if view is not None:
             dead = view.removed(np.asarray(node_ids, dtype=np.int64))
             if len(dead):
-                raise RemovedNode.among(dead)
+                raise RemovedNode.among(dead, namer(self.graph.id_map))
 
     def submit(self, node_ids, on_done=None, waited_s: float = 0.0):
         raise BadRequest("existing-node mode sampled is not served on a partitioned graph (its draws would differ "
@@ -367,7 +368,7 @@ class PartitionedEngine(Admitting):
             dead = c.arrays[0][np.isin(c.arrays[0], removed)] if len(removed) else removed
             if not c.future.done():
                 if len(dead):
-                    c.future.set_exception(RemovedNode.among(dead))
+                    c.future.set_exception(RemovedNode.among(dead, namer(self.graph.id_map)))
                 else:
                     c.future.set_result((out, (rows[0][at:at + k], rows[1][at:at + k]), seconds))
             at += k
