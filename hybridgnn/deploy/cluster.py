@@ -286,7 +286,11 @@ class LocalCluster:
 
     def _wait_replicas_ready(self) -> None:
         pending = set(range(self.cfg.replicas))
-        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + self.cfg.ready_timeout_s
+        # each replica loads its dataset and model first (seconds, more for a large graph):
+        # said as it goes, so the wait is not silent
+        log.info("starting %d replicas (their logs: %s)", self.cfg.replicas, self.cfg.run_dir / "replica-*.log")
         while pending:
             self._check_stop()
             for i in sorted(pending):
@@ -295,6 +299,8 @@ class LocalCluster:
                                        f"see {self.cfg.run_dir / f'replica-{i}.log'}")
                 if http_ready(self.replica_url(i)):
                     pending.discard(i)
+                    log.info("replica %d ready on %s (%.1fs; %d of %d)", i, self.replica_url(i),
+                             time.monotonic() - t0, self.cfg.replicas - len(pending), self.cfg.replicas)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"replicas {sorted(pending)} not ready within {self.cfg.ready_timeout_s}s")
             time.sleep(0.1)  # poll interval; the deadline above bounds the wait

@@ -80,3 +80,24 @@ def test_a_stop_while_replicas_start_ends_the_wait_at_once_and_exits_0(tmp_path,
 def test_a_ready_timeout_that_is_not_positive_is_refused_before_anything_starts(timeout_s):
     with pytest.raises(ValueError, match="ready_timeout_s must be > 0"):
         ClusterConfig(ready_timeout_s=timeout_s)
+
+
+def test_the_wait_for_replicas_says_each_as_it_becomes_ready(tmp_path, monkeypatch, caplog):
+    """It was silent for as long as the replicas took to load (16 s for the demo)."""
+    import logging
+
+    cluster = LocalCluster(ClusterConfig(replicas=2, run_dir=tmp_path, ready_timeout_s=30))
+    cluster.replicas = [FakeProc(11), FakeProc(12)]
+    polls = {"n": 0}
+
+    def ready(url):
+        polls["n"] += 1
+        return polls["n"] > 2 or url.endswith(str(cluster.cfg.base_port))
+
+    monkeypatch.setattr("hybridgnn.deploy.cluster.http_ready", ready)
+    with caplog.at_level(logging.INFO, logger="hybridgnn"):
+        cluster._wait_replicas_ready()
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("starting 2 replicas (their logs: ")
+    assert said[1].startswith("replica 0 ready on ") and said[1].endswith("; 1 of 2)")
+    assert said[2].startswith("replica 1 ready on ") and said[2].endswith("; 2 of 2)")
