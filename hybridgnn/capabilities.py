@@ -223,9 +223,14 @@ def connection_limit(wanted: int, listeners: int = 1, flag: str = "--max-connect
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return wanted
+    from hybridgnn.config import ServerConfig
+
     room = max(16, (soft - _DESCRIPTOR_RESERVE) // max(1, listeners))
     if wanted > room:
-        logging.getLogger("hybridgnn.serve").warning(
+        # a warning for a limit asked for; the default lowered is only said (a warning at
+        # every start, for a value no one chose, taught users to skip warnings)
+        logging.getLogger("hybridgnn.serve").log(
+            logging.INFO if wanted == ServerConfig.max_connections else logging.WARNING,
             "%s %d lowered to %d: the process may open %d files%s", flag, wanted, room, soft,
             f", shared by {listeners} listeners" if listeners > 1 else "")
     return min(wanted, room)

@@ -31,14 +31,17 @@ def test_http_and_grpc_in_one_process_share_its_descriptors(monkeypatch, caplog)
     from hybridgnn.capabilities import connection_limit
 
     monkeypatch.setattr(resource, "getrlimit", lambda what: (4096 + 256, 8192))
-    with caplog.at_level("WARNING", logger="hybridgnn.serve"):
+    with caplog.at_level("INFO", logger="hybridgnn.serve"):
         assert connection_limit(10_000) == 4096
         assert connection_limit(10_000, 2) + connection_limit(10_000, 2, "gRPC's --max-connections") == 4096
         assert connection_limit(100, 2) == 100
-    assert [r.getMessage() for r in caplog.records] == [
-        "--max-connections 10000 lowered to 4096: the process may open 4352 files",
-        "--max-connections 10000 lowered to 2048: the process may open 4352 files, shared by 2 listeners",
-        "gRPC's --max-connections 10000 lowered to 2048: the process may open 4352 files, shared by 2 listeners"]
+        assert connection_limit(9_000) == 4096
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [  # the default's lowering: only said
+        ("INFO", "--max-connections 10000 lowered to 4096: the process may open 4352 files"),
+        ("INFO", "--max-connections 10000 lowered to 2048: the process may open 4352 files, shared by 2 listeners"),
+        ("INFO", "gRPC's --max-connections 10000 lowered to 2048: the process may open 4352 files, shared by 2 "
+                 "listeners"),
+        ("WARNING", "--max-connections 9000 lowered to 4096: the process may open 4352 files")]
     monkeypatch.setattr(resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     assert connection_limit(10_000, 2) == 10_000
 
