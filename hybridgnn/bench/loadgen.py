@@ -88,19 +88,21 @@ def parse_response_head(buf: bytearray) -> tuple[int, int, int, bool] | None:
     return int(head[9:12]), end + 4, int(m.group(1)) if m else 0, _CONNECTION_CLOSE.search(head) is None
 
 
-def binary_body(ids: np.ndarray) -> tuple[bytes, dict]:
+def binary_body(ids: np.ndarray, parameters: dict | None = None) -> tuple[bytes, dict]:
+    """parameters: the request's own besides binary_data_output (e.g. a node_type)."""
     header = json.dumps({
         "inputs": [{"name": "node_ids", "shape": [int(ids.size)], "datatype": "INT64",
                     "parameters": {"binary_data_size": int(ids.size) * 8}}],
-        "parameters": {"binary_data_output": True},
+        "parameters": {"binary_data_output": True, **(parameters or {})},
     }).encode()
     return header + ids.astype("<i8").tobytes(), {HEADER_LENGTH: str(len(header)),
                                                  "Content-Type": "application/octet-stream"}
 
 
-def json_body(ids: np.ndarray) -> tuple[bytes, dict]:
+def json_body(ids: np.ndarray, parameters: dict | None = None) -> tuple[bytes, dict]:
     body = json.dumps({"inputs": [{"name": "node_ids", "shape": [int(ids.size)], "datatype": "INT64",
-                                   "data": ids.tolist()}]}).encode()
+                                   "data": ids.tolist()}],
+                       **({"parameters": parameters} if parameters else {})}).encode()
     return body, {"Content-Type": "application/json"}
 
 
@@ -224,20 +226,55 @@ class _ConnectionPool:
                 conn.transport.abort()
 
 
-async def fetch_num_nodes(url: str, model: str) -> int:
+async def fetch_metadata(url: str, model: str) -> dict:
+    """The model's metadata (GET /v2/models/{m})."""
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{url}/v2/models/{model}") as r:
             r.raise_for_status()
-            return int((await r.json())["parameters"]["num_nodes"])
+            return await r.json()
 
 
-def grpc_body(model: str, ids: np.ndarray) -> bytes:
-    """A serialized KServe v2 ModelInferRequest for node ids (raw INT64 contents)."""
+async def fetch_num_nodes(url: str, model: str, node_type: str | None = None) -> int:
+    """How many nodes (of node_type, on a heterogeneous model) requests may draw ids
+    0..n-1 from (load_size)."""
+    return load_size(await fetch_metadata(url, model), node_type)
+
+
+def load_size(metadata: dict, node_type: str | None = None) -> int:
+    """The node count n in a model's metadata (GET /v2/models/{m}) whose ids 0..n-1 the
+    load sends (of node_type on a heterogeneous model), or a ConfigError in one line for
+    a model that the load cannot serve so (a heterogeneous model's metadata has no
+    num_nodes: it was a KeyError)."""
+    from hybridgnn.errors import ConfigError
+
+    params = metadata.get("parameters") or {}
+    name = metadata.get("name", "the model")
+    types = params.get("node_types")
+    if types is None:
+        if node_type is not None:
+            raise ConfigError(f"model {name!r} is homogeneous: it takes no node type (--node-type {node_type!r})")
+        return int(params["num_nodes"])
+    answered = [t["name"] for t in types if t.get("output_dim") is not None]
+    if node_type is None:
+        raise ConfigError(f"model {name!r} is heterogeneous: bench loads it with node requests of one type; "
+                          f"give --node-type (one of {answered})")
+    if node_type not in answered:
+        raise ConfigError(f"model {name!r} answers no node requests of type {node_type!r}; --node-type must be "
+                          f"one of {answered}")
+    kind = next(t for t in types if t["name"] == node_type)
+    return int(kind["num_nodes"])
+
+
+def grpc_body(model: str, ids: np.ndarray, parameters: dict | None = None) -> bytes:
+    """A serialized KServe v2 ModelInferRequest for node ids (raw INT64 contents);
+    parameters: string parameters of the request (e.g. a node_type)."""
     from hybridgnn.serving.grpc.schema import message
 
     req = message("ModelInferRequest")(model_name=model)
     req.inputs.add(name="node_ids", datatype="INT64", shape=[int(ids.size)])
     req.raw_input_contents.append(ids.astype("<i8").tobytes())
+    for key, value in (parameters or {}).items():
+        req.parameters[key].string_param = value
     return req.SerializeToString()
 
 
@@ -245,7 +282,7 @@ _GRPC_STATUS = {"OK": 200, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503}
 
 
 async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.ndarray, arrivals: np.ndarray,
-                     timeout_s: float) -> tuple[np.ndarray, np.ndarray]:
+                     timeout_s: float, parameters: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(latencies from the scheduled arrival, statuses as HTTP codes) over one gRPC channel
     (HTTP/2 multiplexes the requests); requests are serialized before the clock starts
     and answers are not parsed, so the client stays light."""
@@ -253,7 +290,7 @@ async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.nda
 
     from hybridgnn.serving.grpc.schema import SERVICE
 
-    bodies = [grpc_body(model, row) for row in ids]
+    bodies = [grpc_body(model, row, parameters) for row in ids]
     latencies = np.full(len(arrivals), np.inf)
     statuses = np.zeros(len(arrivals), dtype=np.int64)
     async with grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)]) as channel:
@@ -286,15 +323,17 @@ async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.nda
 async def run_load(url: str, model: str, *, rate: float, duration_s: float, nodes_per_request: int = 1,
                    binary: bool = True, seed: int = 0, num_nodes: int | None = None,
                    timeout_s: float = 30.0, keep_latencies: bool = False, grpc_target: str | None = None,
-                   make_bodies=None) -> LoadResult:
+                   make_bodies=None, node_type: str | None = None) -> LoadResult:
     """grpc_target (host:port): send KServe v2 gRPC requests there instead of REST to url
     (url still answers the model's metadata when num_nodes is not given). make_bodies(rng,
     count): the REST bodies (bytes, headers) to send instead of node_ids requests (e.g.
-    pair requests; nodes_per_request then counts what one body asks for)."""
+    pair requests; nodes_per_request then counts what one body asks for). node_type: on a
+    heterogeneous model, the type of the node ids sent (parameters.node_type)."""
     if rate <= 0 or duration_s <= 0:
         raise ValueError(f"rate and duration must be positive, got {rate} and {duration_s}")
     if num_nodes is None and make_bodies is None:
-        num_nodes = await fetch_num_nodes(url, model)
+        num_nodes = await fetch_num_nodes(url, model, node_type)
+    parameters = {"node_type": node_type} if node_type is not None else None
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration_s * 1.2) + 16))
     arrivals = arrivals[arrivals < duration_s]
@@ -304,12 +343,13 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
     ids = rng.integers(0, num_nodes, size=(len(arrivals), nodes_per_request))
     if grpc_target is not None:
         start = time.perf_counter()
-        latencies, statuses = await _grpc_load(grpc_target, model, np.zeros(len(arrivals)), ids, arrivals, timeout_s)
+        latencies, statuses = await _grpc_load(grpc_target, model, np.zeros(len(arrivals)), ids, arrivals, timeout_s,
+                                               parameters)
         return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, latencies, statuses,
                        keep_latencies, arrivals)
     encode = binary_body if binary else json_body
-    return await _replay(url, model, [encode(row) for row in ids], arrivals, rate, duration_s, nodes_per_request,
-                         timeout_s, keep_latencies)
+    return await _replay(url, model, [encode(row, parameters) for row in ids], arrivals, rate, duration_s,
+                         nodes_per_request, timeout_s, keep_latencies)
 
 
 async def _replay(url: str, model: str, bodies: list[tuple[bytes, dict]], arrivals: np.ndarray, rate: float,
@@ -367,15 +407,16 @@ def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: i
 async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: float, nodes_per_request: int,
                         start_rate: float = 100.0, max_rate: float = 1e6, binary: bool = True,
                         bisect_steps: int = 4, log=print, grpc_target: str | None = None,
-                        make_bodies=None) -> tuple[float, LoadResult | None]:
+                        make_bodies=None, node_type: str | None = None) -> tuple[float, LoadResult | None]:
     """Highest offered rate whose p99 stays within slo_ms with nothing rejected or failed:
     double until the SLO breaks, then bisect. Returns (rate, result at that rate).
-    make_bodies: as run_load's."""
-    num_nodes = await fetch_num_nodes(url, model) if make_bodies is None else None
+    make_bodies, node_type: as run_load's."""
+    num_nodes = await fetch_num_nodes(url, model, node_type) if make_bodies is None else None
 
     async def trial(rate: float) -> LoadResult:
         res = await run_load(url, model, rate=rate, duration_s=duration_s, nodes_per_request=nodes_per_request,
-                             binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies)
+                             binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies,
+                             node_type=node_type)
         log(f"  rate {rate:9.1f} req/s -> ok {res.achieved_rps:9.1f} req/s, p99 {res.p99_ms:8.2f} ms, "
             f"rejected {res.rejected}, errors {res.errors}"
             + (f" ({res.connect_errors} could not connect)" if res.connect_errors else ""))
@@ -395,7 +436,8 @@ async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: floa
 
     # Warm the server (compiled kernels, first-call allocations) outside the measurement.
     await run_load(url, model, rate=start_rate, duration_s=1.0, nodes_per_request=nodes_per_request,
-                   binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies)
+                   binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies,
+                   node_type=node_type)
     good, good_res, bad = 0.0, None, None
     rate = start_rate
     while rate <= max_rate:

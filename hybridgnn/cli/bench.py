@@ -18,6 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--rate", type=float, default=200.0, help="offered requests per second")
     p.add_argument("--duration-s", type=float, default=10.0, help="seconds of load")
     p.add_argument("--nodes-per-request", type=int, default=1, help="node ids per request")
+    p.add_argument("--node-type", default=None,
+                   help="a heterogeneous model: the node type of the ids sent (parameters.node_type)")
     p.add_argument("--json-body", action="store_true", help="send JSON instead of the binary tensor extension")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http",
                    help="grpc: KServe v2 over gRPC to --grpc-target (the model's size still comes from --url)")
@@ -75,12 +77,13 @@ def _run(args) -> int:
     if args.slo_ms is not None:
         rate, res = run_async(find_max_rate(args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
                                               nodes_per_request=args.nodes_per_request, start_rate=args.rate,
-                                              binary=not args.json_body, grpc_target=grpc))
+                                              binary=not args.json_body, grpc_target=grpc,
+                                              node_type=args.node_type))
         print(json.dumps({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
                           "result": res.to_dict() if res else None}, indent=2))
         return 0
     res = run_async(run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
                                nodes_per_request=args.nodes_per_request, binary=not args.json_body,
-                               seed=args.seed, grpc_target=grpc))
+                               seed=args.seed, grpc_target=grpc, node_type=args.node_type))
     print(json.dumps(res.to_dict(), indent=2))
     return 0

@@ -426,3 +426,24 @@ def test_hybridgnn_serve_answers_tritonclient_over_http_and_grpc(served, tmp_pat
         assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "node_type" in err.value.message()
     finally:
         assert srv.stop() == 0
+
+
+def test_bench_loads_a_heterogeneous_model_by_node_type_over_http_and_grpc(served, capsys):
+    """`hybridgnn bench` read num_nodes from the metadata, which a heterogeneous model
+    lacks (a KeyError); --node-type names the type of the ids it sends."""
+    import json
+
+    from hybridgnn.cli.main import main
+
+    graph, dataset, models = served
+    ntype = graph.node_types[0]
+    port = free_port()
+    srv = ServerProcess(dataset, models[0][1], "--workers", "1", "--grpc-port", str(port)).wait_ready()
+    try:
+        for flags in ([], ["--json-body"], ["--protocol", "grpc", "--grpc-target", f"127.0.0.1:{port}"]):
+            assert main(["bench", "--url", srv.url, "--node-type", ntype, "--rate", "40", "--duration-s", "0.5",
+                         "--nodes-per-request", "3", *flags]) == 0
+            res = json.loads(capsys.readouterr().out)
+            assert res["sent"] > 0 and res["ok"] == res["sent"], (flags, res)
+    finally:
+        srv.stop()

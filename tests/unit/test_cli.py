@@ -923,3 +923,24 @@ def test_bench_seed_help_says_it_draws_the_arrivals_too(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     assert "random seed of the arrival times and the node ids sent" in " ".join(capsys.readouterr().out.split())
+
+
+def _serving_metadata(monkeypatch, metadata: dict) -> None:
+    """bench reads this as the server's GET /v2/models/{m} (no server: nothing is sent
+    before it is read, and each test here ends at a refusal)."""
+    import hybridgnn.bench.loadgen
+
+    async def fetch_metadata(url, model):
+        return metadata
+
+    monkeypatch.setattr(hybridgnn.bench.loadgen, "fetch_metadata", fetch_metadata)
+
+
+def test_bench_against_a_heterogeneous_model_asks_for_a_node_type_in_one_line(monkeypatch, capsys):
+    """Its metadata has no num_nodes: bench ended in a KeyError traceback."""
+    _serving_metadata(monkeypatch, {"name": "hybridgnn", "parameters": {"graph": "heterogeneous", "node_types": [
+        {"name": "user", "num_nodes": 30, "output_dim": 4, "node_ids": "dense"}]}})
+    for flags in ([], ["--slo-ms", "50"]):
+        assert main(["bench", "--url", "http://127.0.0.1:9", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is heterogeneous" in err and "give --node-type (one of ['user'])" in err, err
