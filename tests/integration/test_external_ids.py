@@ -162,3 +162,13 @@ def test_new_node_requests_name_query_nodes_and_neighbours(named):
               {"name": "edge_index", "datatype": "BYTES", "shape": [2, 1], "data": [["user-007"], ["q1"]]}]
     status, out = _post(url, {"inputs": inputs})
     assert status == 400 and "query_ids" in out["error"]
+
+
+def test_bench_refuses_a_server_whose_nodes_are_named_in_one_line(named, capsys):
+    """It sent INT64 ids 0..n-1: every request failed, and it printed "ok": 0 with exit 0."""
+    from hybridgnn.cli.main import main
+
+    srv, _, _ = named
+    assert main(["bench", "--url", srv.url, "--duration-s", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names its nodes by strings" in err, err

@@ -944,3 +944,12 @@ def test_bench_against_a_heterogeneous_model_asks_for_a_node_type_in_one_line(mo
         assert main(["bench", "--url", "http://127.0.0.1:9", *flags]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "is heterogeneous" in err and "give --node-type (one of ['user'])" in err, err
+
+
+def test_bench_against_nodes_named_by_strings_refuses_before_sending_in_one_line(monkeypatch, capsys):
+    """A dataset imported from an edge list of names (parameters.node_ids 'string'): bench
+    sent INT64 ids 0..n-1, every request failed, and it printed "ok": 0 with exit 0."""
+    _serving_metadata(monkeypatch, {"name": "hybridgnn", "parameters": {"num_nodes": 3, "node_ids": "string"}})
+    assert main(["bench", "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names its nodes by strings" in err, err

@@ -65,3 +65,17 @@ def test_request_bodies_carry_the_node_type_in_every_encoding():
     req = message("ModelInferRequest")()
     req.ParseFromString(grpc_body("m", ids, {"node_type": "user"}))
     assert req.parameters["node_type"].string_param == "user" and req.model_name == "m"
+
+
+@pytest.mark.parametrize("kind, said", [("string", "by strings"), ("int64", "by sparse integer ids")])
+def test_a_model_whose_nodes_are_not_ids_0_to_n_is_refused_in_one_line(kind, said):
+    """bench sent ids 0..n-1 anyway: every request was refused and the run printed only
+    an error count, exit 0."""
+    homo = {"name": "m", "parameters": {"num_nodes": 7, "node_ids": kind}}
+    with pytest.raises(ConfigError, match=f"model 'm' names its nodes {said} .* bench loads only graphs whose "
+                                          "node ids are 0..n-1"):
+        load_size(homo)
+    hetero = json.loads(json.dumps(HETERO))
+    hetero["parameters"]["node_types"][0]["node_ids"] = kind
+    with pytest.raises(ConfigError, match=f"model 'm' names its 'user' nodes {said}"):
+        load_size(hetero, "user")
