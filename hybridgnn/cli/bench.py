@@ -79,11 +79,26 @@ def _run(args) -> int:
                                               nodes_per_request=args.nodes_per_request, start_rate=args.rate,
                                               binary=not args.json_body, grpc_target=grpc,
                                               node_type=args.node_type))
-        print(json.dumps({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
-                          "result": res.to_dict() if res else None}, indent=2))
+        print(strict_json({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
+                           "result": res.to_dict() if res else None}))
         return 0
     res = run_async(run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
                                nodes_per_request=args.nodes_per_request, binary=not args.json_body,
                                seed=args.seed, grpc_target=grpc, node_type=args.node_type))
-    print(json.dumps(res.to_dict(), indent=2))
+    print(strict_json(res.to_dict()))
     return 0
+
+
+def strict_json(report: dict) -> str:
+    """The report as JSON that strict parsers take: a figure with no value (the
+    percentiles of a run where nothing succeeded) is null, not NaN."""
+    import math
+
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        return value
+
+    return json.dumps(finite(report), indent=2, allow_nan=False)

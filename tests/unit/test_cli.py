@@ -953,3 +953,21 @@ def test_bench_against_nodes_named_by_strings_refuses_before_sending_in_one_line
     assert main(["bench", "--url", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "names its nodes by strings" in err, err
+
+
+def test_bench_prints_null_not_nan_for_the_latencies_of_a_run_where_nothing_succeeded(monkeypatch, capsys):
+    """"p50_ms": NaN is not JSON: strict parsers refused bench's report."""
+    import math
+
+    import hybridgnn.bench.loadgen as loadgen
+
+    async def failing(*_args, rate, duration_s, **_kwargs):
+        statuses = np.full(5, 500)
+        return loadgen._result(rate, duration_s, duration_s, 1, np.ones(5), statuses, False, np.zeros(5))
+
+    monkeypatch.setattr(loadgen, "run_load", failing)
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--duration-s", "1"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in {out}"))
+    assert report["errors"] == 5 and report["p50_ms"] is None and report["max_ms"] is None
+    assert math.isnan(loadgen._result(1, 1, 1, 1, np.ones(1), np.full(1, 500), False, np.zeros(1)).p99_ms)
