@@ -971,3 +971,27 @@ def test_bench_prints_null_not_nan_for_the_latencies_of_a_run_where_nothing_succ
     report = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in {out}"))
     assert report["errors"] == 5 and report["p50_ms"] is None and report["max_ms"] is None
     assert math.isnan(loadgen._result(1, 1, 1, 1, np.ones(1), np.full(1, 500), False, np.zeros(1)).p99_ms)
+
+
+def _search_against(monkeypatch, calls: list) -> None:
+    """bench --slo-ms against a fake load: rates up to 800/s meet any SLO, above it none
+    do; calls gets each run_load's keyword arguments."""
+    import hybridgnn.bench.loadgen as loadgen
+
+    async def load(*_args, rate, duration_s, **kwargs):
+        calls.append(kwargs)
+        statuses = np.full(4, 200 if rate <= 800 else 503)
+        return loadgen._result(rate, duration_s, duration_s, 1, np.full(4, 0.001), statuses, False, np.zeros(4))
+
+    _serving_metadata(monkeypatch, {"name": "hybridgnn", "parameters": {"num_nodes": 3, "node_ids": "dense"}})
+    monkeypatch.setattr(loadgen, "run_load", load)
+
+
+def test_bench_slo_search_reports_progress_on_stderr_and_only_json_on_stdout(monkeypatch, capsys):
+    """The `rate ... req/s -> ok ...` lines went to stdout before the JSON (other commands
+    put progress on stderr), so `bench --slo-ms 50 > report.json` was not JSON."""
+    _search_against(monkeypatch, [])
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--slo-ms", "50", "--rate", "200"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["max_rate_within_slo"] == 800
+    assert "rate     400.0 req/s -> ok" in captured.err
