@@ -416,16 +416,17 @@ def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: i
 async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: float, nodes_per_request: int,
                         start_rate: float = 100.0, max_rate: float = 1e6, binary: bool = True,
                         bisect_steps: int = 4, log=print, grpc_target: str | None = None,
-                        make_bodies=None, node_type: str | None = None) -> tuple[float, LoadResult | None]:
+                        make_bodies=None, node_type: str | None = None, seed: int = 0
+                        ) -> tuple[float, LoadResult | None]:
     """Highest offered rate whose p99 stays within slo_ms with nothing rejected or failed:
     double until the SLO breaks, then bisect. Returns (rate, result at that rate).
-    make_bodies, node_type: as run_load's."""
+    make_bodies, node_type, seed: as run_load's (every trial draws with seed)."""
     num_nodes = await fetch_num_nodes(url, model, node_type) if make_bodies is None else None
 
     async def trial(rate: float) -> LoadResult:
         res = await run_load(url, model, rate=rate, duration_s=duration_s, nodes_per_request=nodes_per_request,
                              binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies,
-                             node_type=node_type)
+                             node_type=node_type, seed=seed)
         log(f"  rate {rate:9.1f} req/s -> ok {res.achieved_rps:9.1f} req/s, p99 {res.p99_ms:8.2f} ms, "
             f"rejected {res.rejected}, errors {res.errors}"
             + (f" ({res.connect_errors} could not connect)" if res.connect_errors else ""))
@@ -446,7 +447,7 @@ async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: floa
     # Warm the server (compiled kernels, first-call allocations) outside the measurement.
     await run_load(url, model, rate=start_rate, duration_s=1.0, nodes_per_request=nodes_per_request,
                    binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies,
-                   node_type=node_type)
+                   node_type=node_type, seed=seed)
     good, good_res, bad = 0.0, None, None
     rate = start_rate
     while rate <= max_rate:

@@ -82,7 +82,7 @@ def _run(args) -> int:
         rate, res = run_async(find_max_rate(args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
                                               nodes_per_request=args.nodes_per_request, start_rate=args.rate,
                                               binary=not args.json_body, grpc_target=grpc,
-                                              node_type=args.node_type,
+                                              node_type=args.node_type, seed=args.seed,
                                               log=functools.partial(print, file=sys.stderr)))
         print(strict_json({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
                            "result": res.to_dict() if res else None}))

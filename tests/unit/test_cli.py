@@ -995,3 +995,11 @@ def test_bench_slo_search_reports_progress_on_stderr_and_only_json_on_stdout(mon
     captured = capsys.readouterr()
     assert json.loads(captured.out)["max_rate_within_slo"] == 800
     assert "rate     400.0 req/s -> ok" in captured.err
+
+
+def test_bench_slo_search_draws_every_trial_with_the_seed_given(monkeypatch, capsys):
+    """--seed was dropped with --slo-ms: every trial drew with seed 0."""
+    calls = []
+    _search_against(monkeypatch, calls)
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--slo-ms", "50", "--seed", "7"]) == 0
+    assert len(calls) > 2 and all(kw.get("seed") == 7 for kw in calls), calls
