@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from hybridgnn import __version__
@@ -107,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what a launcher re-runs as each rank
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # a reader gone (`| head`) is found here, not in the flush at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         # A dataset, model, profile or flags that do not fit (ConfigError; the config
         # dataclasses raise ValueError for a bad flag): one clear line, exit 2.
@@ -128,6 +133,26 @@ def main(argv: list[str] | None = None) -> int:
         code = getattr(exc, "exit_code", 130)
         print(f"hybridgnn {args.command}: {'terminated' if code == 143 else 'interrupted'}", file=sys.stderr)
         return code
+
+
+# The exit status of a command that SIGPIPE ended (128 + 13), as `cat` or `git` report it.
+EXIT_READER_GONE = 141
+
+
+def _reader_gone() -> int:
+    """What stdout was piped into closed it before the command finished writing
+    (`hybridgnn dataset info D | head -1`): end quietly, with a killed-by-SIGPIPE status,
+    as Unix tools do (it said "error: cannot use: Broken pipe", exit 2). stdout is
+    pointed at /dev/null so that the interpreter's flush at exit cannot fail again
+    (Python's documented recipe)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (captured, replaced): nothing to redirect
+        return EXIT_READER_GONE
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return EXIT_READER_GONE
 
 
 if __name__ == "__main__":

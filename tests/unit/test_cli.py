@@ -1003,3 +1003,29 @@ def test_bench_slo_search_draws_every_trial_with_the_seed_given(monkeypatch, cap
     _search_against(monkeypatch, calls)
     assert main(["bench", "--url", "http://127.0.0.1:9", "--slo-ms", "50", "--seed", "7"]) == 0
     assert len(calls) > 2 and all(kw.get("seed") == 7 for kw in calls), calls
+
+
+@pytest.mark.parametrize("on_write", [True, False], ids=["write", "flush-at-the-end"])
+def test_output_into_a_reader_that_has_gone_ends_quietly_with_the_sigpipe_status(on_write, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """`hybridgnn dataset info D | true` said "error: cannot use: Broken pipe", exit 2:
+    a command whose reader closed the pipe ends as one SIGPIPE ended (141), silently,
+    whether the pipe breaks as it writes or as its buffered output is flushed."""
+    import io
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d")]) == 0
+    capsys.readouterr()
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            if not on_write:
+                return len(text)
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert main(["dataset", "info", str(tmp_path / "d")]) == 141
+    assert capsys.readouterr().err == ""
