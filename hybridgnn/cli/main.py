@@ -79,19 +79,24 @@ def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentP
 
 def _check_defaults(command: argparse.ArgumentParser, args) -> None:
     """argparse checks choices only of values given on the command line: a default from
-    a HYBRIDGNN_* variable is checked here, with the same error."""
+    a HYBRIDGNN_* variable is checked here, refused in one line as a variable's value
+    that its flag cannot parse is (without the usage: no flag on the line was wrong)."""
     for action in command._actions:
         value = getattr(args, action.dest, None)
         if isinstance(value, BadEnvValue):
-            print(f"hybridgnn {args.command}: error: {value.message}", file=sys.stderr)
-            sys.exit(2)
+            _refuse_env(args, value.message)
         if action.choices is None or value is None or isinstance(value, list) or not action.option_strings \
                 or isinstance(action, argparse._SubParsersAction):
             continue  # positionals and lists come from the command line, which argparse checked
         if value not in action.choices:
             env = ENV_PREFIX + action.option_strings[-1][2:].upper().replace("-", "_")
-            command.error(f"argument {'/'.join(action.option_strings)}: invalid choice {value!r} (from {env}; "
-                          f"choose from {', '.join(map(str, action.choices))})")
+            _refuse_env(args, f"argument {'/'.join(action.option_strings)}: invalid choice {value!r} (from {env}; "
+                              f"choose from {', '.join(map(str, action.choices))})")
+
+
+def _refuse_env(args, message: str) -> None:
+    print(f"hybridgnn {args.command}: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
