@@ -203,11 +203,9 @@ def run(args) -> int:
         threads = args.threads_per_rank or max(1, usable_cores() // args.nprocs)
         # the store's one writer, as a single process takes it (the ranks are its children)
         with _store_lock(args, graph) as waited:
-            from hybridgnn.embeddings.store import EmbeddingStore
-
-            if waited and (store := EmbeddingStore.for_graph(args.model, graph)) is not None:
-                # the writer it waited for made it (as precompute's one process keeps it)
-                print(json.dumps({"embeddings": str(store.root), "already_complete": True}, indent=2))
+            if (store := _complete_store(args, graph, waited)) is not None:
+                # at once: the ranks took 10-20 s to start before they found it complete
+                print(_report(store, already_complete=True))
                 return 0
             return launch(args.argv, args.nprocs, threads)
     from hybridgnn.embeddings.precompute import precompute
@@ -222,7 +220,32 @@ def run(args) -> int:
     if model.in_dim != graph.feature_dim:
         raise ValueError(f"model expects {model.in_dim}-dim features, dataset has {graph.feature_dim}")
     store = precompute(graph, model, args.model, _config(args))
-    print(json.dumps({"embeddings": str(store.root), "layers": [list(a.shape) for a in store.layers],
-                      "precompute_s": round(store.state.get("precompute_s", 0.0), 2),
-                      "computed_unix_s": store.computed_unix_s}, indent=2))
+    print(_report(store))
     return 0
+
+
+def _report(store, **extra) -> str:
+    """What precompute prints for the store it made or found complete."""
+    return json.dumps({"embeddings": str(store.root), "layers": [list(a.shape) for a in store.layers],
+                       "precompute_s": round(store.state.get("precompute_s", 0.0), 2),
+                       "computed_unix_s": store.computed_unix_s, **extra}, indent=2)
+
+
+def _complete_store(args, graph, waited: bool):
+    """The complete store that leaves a --nprocs run nothing to do (None: the ranks have
+    work), read under the store's lock: one made with these weights, features, dtype and
+    order, which the ranks would find complete (starting_state's test); or, after
+    waiting for another writer, whatever complete store it made (as precompute's one
+    process keeps it)."""
+    from hybridgnn.embeddings.store import (
+        EmbeddingStore,
+        features_fingerprint,
+        weights_of,
+    )
+
+    store = EmbeddingStore.for_graph(args.model, graph)
+    if store is None or waited:
+        return store
+    wanted = {"dtype": args.dtype, "order": args.order, "model_fingerprint": weights_of(args.model),
+              "features_fingerprint": features_fingerprint(graph)}
+    return store if all(store.state.get(k) == v for k, v in wanted.items()) else None

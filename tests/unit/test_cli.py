@@ -1031,3 +1031,26 @@ def test_output_into_a_reader_that_has_gone_ends_quietly_with_the_sigpipe_status
     monkeypatch.setattr("sys.stdout", ClosedPipe())
     assert main(["dataset", "info", str(tmp_path / "d")]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_nprocs_on_a_complete_store_reports_it_at_once_without_starting_ranks(tmp_path, capsys, monkeypatch):
+    """The launcher looked for a complete store only after waiting for another writer:
+    on one already finished it started every rank (10-20 s, silent) for them to find it
+    complete. It starts none now, and prints what one process prints for that store;
+    one made with another dtype is still computed again, as the ranks would."""
+    import hybridgnn.distributed.launch
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m")
+    argv = ["precompute", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m")]
+    capsys.readouterr()
+    assert main(argv) == 0
+    single = json.loads(capsys.readouterr().out)
+    launched = []
+    monkeypatch.setattr(hybridgnn.distributed.launch, "launch", lambda *a, **k: launched.append(a) or 0)
+    assert main(argv + ["--nprocs", "2"]) == 0
+    assert launched == [] and json.loads(capsys.readouterr().out) == {**single, "already_complete": True}
+    assert main(argv + ["--nprocs", "2", "--dtype", "float16"]) == 0 and len(launched) == 1
