@@ -68,8 +68,8 @@ def fanouts_served(fanouts, num_layers: int) -> tuple[int, ...]:
     fanouts = tuple(int(f) for f in fanouts)
     if len(fanouts) > num_layers:
         logging.getLogger("hybridgnn.serve").warning(
-            "fanouts %s give %d hops but the model has %d layers; sampling the first %d", list(fanouts), len(fanouts),
-            num_layers, num_layers)
+            "fanouts %s give %d hops but the model has %d %s; sampling the first %d", list(fanouts), len(fanouts),
+            num_layers, "layer" if num_layers == 1 else "layers", num_layers)
     return fanouts[:num_layers]
 
 

@@ -215,7 +215,8 @@ def stack_forward(stack, x: torch.Tensor, edge_index: torch.Tensor, num_sampled_
     edges = [int(v) for v in num_sampled_edges]
     hops = len(edges)
     if hops < stack.num_layers:
-        raise ValueError(f"sample has {hops} hops but the model has {stack.num_layers} layers")
+        raise ValueError(f"sample has {hops} {'hop' if hops == 1 else 'hops'} but the model has {stack.num_layers} "
+                         "layers")
     cum_nodes = [sum(nodes[: k + 1]) for k in range(len(nodes))]
     cum_edges = [sum(edges[:k]) for k in range(len(edges) + 1)]
     depth, seeds = stack.num_layers, cum_nodes[0]

@@ -188,7 +188,8 @@ def save_hetero_model(model: nn.Module, path: str | Path, metadata, *, fanouts=N
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"save_model fanouts: {exc}") from None
         if hops < rebuilt.num_layers:
-            raise ConfigError(f"save_model fanouts give {hops} hops but the model has {rebuilt.num_layers} layers")
+            raise ConfigError(f"save_model fanouts give {hops} {'hop' if hops == 1 else 'hops'} but the model has "
+                              f"{rebuilt.num_layers} layers")
     config = {"format": FORMAT, "class": HETERO_CLASS, "args": args, "num_layers": rebuilt.num_layers,
               "in_dims": input_widths(rebuilt), "out_dims": {t: int(v.shape[1]) for t, v in expected.items()},
               **({"fanouts": _fanouts_json(fanouts)} if fanouts is not None else {}), **(extra or {})}

@@ -113,8 +113,9 @@ class Resources:
                 f"has {self.graph.feature_dim}")
         if len(cfg.sampling.fanouts) < self.model.num_layers:
             raise ConfigError(
-                f"fanouts {cfg.sampling.fanouts} give {len(cfg.sampling.fanouts)} hops but the model has "
-                f"{self.model.num_layers} layers; give one fanout per layer")
+                f"fanouts {list(cfg.sampling.fanouts)} give {len(cfg.sampling.fanouts)} "
+                f"{'hop' if len(cfg.sampling.fanouts) == 1 else 'hops'} but the model has {self.model.num_layers} "
+                "layers; give one fanout per layer")
         cfg = self.cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
             cfg.sampling, fanouts=fanouts_served(cfg.sampling.fanouts, self.model.num_layers)))
         trained_on = self.model_config.get("dataset_fingerprint")

@@ -1054,3 +1054,18 @@ def test_nprocs_on_a_complete_store_reports_it_at_once_without_starting_ranks(tm
     assert main(argv + ["--nprocs", "2"]) == 0
     assert launched == [] and json.loads(capsys.readouterr().out) == {**single, "already_complete": True}
     assert main(argv + ["--nprocs", "2", "--dtype", "float16"]) == 0 and len(launched) == 1
+
+
+def test_serve_with_fewer_fanouts_than_layers_counts_one_hop_in_words(tmp_path, capsys):
+    """It said "fanouts (10,) give 1 hops"."""
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m")
+    capsys.readouterr()
+    assert main(["serve", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m"), "--fanouts", "10",
+                 "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "fanouts [10] give 1 hop but the model has 2 layers; give one fanout per layer" in err, err

@@ -149,3 +149,12 @@ def test_read_json_says_why_a_file_is_not_json(tmp_path):
             read_json(path)
     path.write_text('{"a": [1]}')
     assert read_json(path) == {"a": [1]}
+
+
+def test_fanouts_past_a_one_layer_model_are_cut_with_a_warning_in_words(caplog):
+    """It said "the model has 1 layers"."""
+    from hybridgnn.config import fanouts_served
+
+    with caplog.at_level("WARNING", logger="hybridgnn.serve"):
+        assert fanouts_served([10, 5], 1) == (10,)
+    assert "fanouts [10, 5] give 2 hops but the model has 1 layer; sampling the first 1" in caplog.text

@@ -277,7 +277,7 @@ def test_own_modules_hybridgnn_cannot_read_exactly_are_refused_in_one_line(graph
 
 
 @pytest.mark.parametrize("fanouts, match", [
-    ([0.5, 2], "must be integers"), ([-1, 2], "must be integers"), ([3], "give 1 hops but the model has 2 layers"),
+    ([0.5, 2], "must be integers"), ([-1, 2], "must be integers"), ([3], "give 1 hop but the model has 2 layers"),
     ({"rates": [2, 2]}, "must name every edge type"),
 ])
 def test_fanouts_serve_would_refuse_are_refused_at_save(tmp_path, fanouts, match):

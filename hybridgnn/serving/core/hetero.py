@@ -129,8 +129,9 @@ class HeteroEngine(Admitting):
         except ValueError as exc:
             raise ConfigError(f"fanouts: {exc}") from None
         if num_hops(self.fanouts) < self.model.num_layers:
-            raise ConfigError(f"fanouts give {num_hops(self.fanouts)} hops but the model has {self.model.num_layers} "
-                              "layers")
+            hops = num_hops(self.fanouts)
+            raise ConfigError(f"fanouts give {hops} {'hop' if hops == 1 else 'hops'} but the model has "
+                              f"{self.model.num_layers} layers")
         if num_hops(self.fanouts) > self.model.num_layers:  # as a homogeneous server: the hops an answer uses
             fanouts_served(next(iter(self.fanouts.values())), self.model.num_layers)  # says so
             self.fanouts = {e: f[:self.model.num_layers] for e, f in self.fanouts.items()}
