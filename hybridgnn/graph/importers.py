@@ -74,6 +74,21 @@ def _first_line_columns(path: Path) -> int:
     return 0
 
 
+def _ragged_line(path: Path, columns: int, extra_columns: bool) -> str | None:
+    """Where the file's lines stop having `columns` fields (extra_columns: fewer than two,
+    the rest being unread), by the file's line number; None if no line does. Read only
+    once loading failed."""
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            fields = len(line.split("#", 1)[0].split())
+            if fields == 0 or (fields >= 2 if extra_columns else fields == columns):
+                continue
+            if extra_columns:
+                return f"line {number} has {fields} column{'' if fields == 1 else 's'}"
+            return f"the number of columns changed from {columns} to {fields} at line {number}"
+    return None
+
+
 def _load_edge_file(path: Path) -> dict:
     if path.suffix == ".npz":
         out = load_arrays(path)
@@ -99,7 +114,9 @@ def _load_edge_file(path: Path) -> dict:
                 warnings.simplefilter("ignore", UserWarning)
                 edges = np.loadtxt(path, dtype=str, comments="#", ndmin=2, usecols=usecols)
         except ValueError as exc:
-            why = str(exc).split("; use `usecols`")[0]  # numpy's advice names its own keyword, not a flag
+            # numpy counts rows of data, not the file's lines (comments and blank lines
+            # left out), and its advice names its own keyword, not a flag
+            why = _ragged_line(path, columns, usecols is not None) or str(exc).split("; use `usecols`")[0]
             raise DatasetError(f"{path}: an edge list needs two columns 'src dst' per line: {why}") from exc
     if edges.shape[0] == 0:
         raise DatasetError(f"{path} holds no edges (expected 'src dst' lines)")

@@ -368,3 +368,16 @@ def test_the_fingerprint_covers_every_edge_not_a_sample(tmp_path):
     c = GraphStore.open(write_dataset(tmp_path / "c", indptr=moved, indices=indices, features=feats))
     same = GraphStore.open(write_dataset(tmp_path / "same", indptr=indptr, indices=indices, features=feats + 1))
     assert len({a.fingerprint, b.fingerprint, c.fingerprint}) == 3 and same.fingerprint == a.fingerprint
+
+
+@pytest.mark.parametrize("text, said", [
+    ("# src dst\n0 1\n1 2\n\n2 3\n3 4 5\n", "the number of columns changed from 2 to 3 at line 6"),
+    ("alice bob\n# a comment\nbob carol dave\n", "the number of columns changed from 2 to 3 at line 3"),
+    ("0 1 0.5\n# weights\n1 2 0.5\nz\n", "line 4 has 1 column"),
+])
+def test_an_edge_list_whose_columns_change_names_the_file_s_line(tmp_path, text, said):
+    """numpy's "at row 4" counted rows of data, not the file's lines (comments and blank
+    lines left out): the user looked at the wrong line."""
+    (tmp_path / "e.txt").write_text(text)
+    with pytest.raises(DatasetError, match=f"e.txt: an edge list needs two columns 'src dst' per line: {said}$"):
+        import_graph(tmp_path / "e.txt", tmp_path / "out")
