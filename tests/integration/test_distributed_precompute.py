@@ -23,6 +23,7 @@ from hybridgnn.graph.generate import generate_csbm
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint, save_checkpoint, save_model
 from hybridgnn.models.gnn import GNN, ModelSpec
+from tests.support.server import exit_codes_within
 
 METIS = "metis" if metis_available() else "ranges"
 
@@ -429,14 +430,7 @@ def test_ranks_under_torchrun_that_disagree_exit_at_once_and_leave_the_store_alo
                               env=rank_environment(r, 2, port, 1, errors[r]), stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for r in range(2)]
-    try:
-        deadline = time.monotonic() + 120  # well inside the ranks' 600 s timeout
-        codes = [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes = exit_codes_within(procs, 120)  # well inside the ranks' 600 s timeout
     assert codes == [2, 2]  # the input's fault: the launcher says "fix that", not "run again"
     for r in range(2):
         said = errors[r].read_text()

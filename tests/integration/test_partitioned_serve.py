@@ -21,6 +21,7 @@ from tests.support.reference import full_graph_forward
 from tests.support.server import (
     ServerProcess,
     children_of,
+    exit_codes_within,
     free_port,
     poll_ready,
     process_alive,
@@ -443,12 +444,7 @@ def test_ranks_that_disagree_exit_at_once_in_one_line_naming_what_differs(tmp_pa
                               env=rank_environment(r, 2, port, 1, errors[r]), stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
-    try:
-        deadline = time.monotonic() + 120  # well inside the ranks' 600 s timeout
-        codes = [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
-    finally:
-        for p in procs:
-            stop_process(p, 5)
+    codes = exit_codes_within(procs, 120)  # well inside the ranks' 600 s timeout
     assert codes == [1, 1]
     want = ("embeddings '" if differ == "embeddings" else "partition 'metis' on rank 0, 'ranges' on rank 1")
     for r in range(2):

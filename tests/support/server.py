@@ -30,6 +30,17 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
     return proc.returncode
 
 
+def exit_codes_within(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
+    """Every process's exit code, all within timeout_s (TimeoutExpired past it); those left
+    running then are stopped (stop_process) either way."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            stop_process(p, 5)
+
+
 def await_ready(server, label: str, timeout_s: float) -> None:
     """Poll server.url's readiness until 200, server.proc exits (RuntimeError) or the
     deadline passes (server.stop(), TimeoutError); errors carry server.output()."""

@@ -20,12 +20,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:There exist node types")
 WORKERS = 3
 
 
+def _served(root, num_nodes: int, avg_degree: int):
+    """A recsys graph and a SAGE model saved for it: (dataset, model) directories."""
+    graph = HeteroGraphStore.open(generate_hetero(root / "g", kind="recsys", num_nodes=num_nodes,
+                                                  avg_degree=avg_degree, seed=3))
+    return root / "g", hybridgnn.save_model(built(sage(graph), graph), root / "m", metadata=graph.metadata())
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hdg")
-    graph = HeteroGraphStore.open(generate_hetero(root / "g", kind="recsys", num_nodes=120, avg_degree=4, seed=3))
-    model = hybridgnn.save_model(built(sage(graph), graph), root / "m", metadata=graph.metadata())
-    return root / "g", model
+    return _served(tmp_path_factory.mktemp("hdg"), 120, 4)
 
 
 def _engine(served, device: str, placement: str = "uva") -> HeteroEngine:
@@ -83,10 +87,7 @@ def test_the_shared_typed_csr_is_released_at_stop(served, monkeypatch):
 @pytest.fixture(scope="module")
 def served_large(tmp_path_factory):
     """A graph whose CSR outweighs a worker's id maps many times over."""
-    root = tmp_path_factory.mktemp("hdg_large")
-    graph = HeteroGraphStore.open(generate_hetero(root / "g", kind="recsys", num_nodes=20000, avg_degree=40, seed=3))
-    model = hybridgnn.save_model(built(sage(graph), graph), root / "m", metadata=graph.metadata())
-    return root / "g", model
+    return _served(tmp_path_factory.mktemp("hdg_large"), 20000, 40)
 
 
 @pytest.mark.gpu

@@ -109,6 +109,26 @@ def test_new_nodes_with_neighbours_by_relation(engine):
         assert req.query.edges == {}
 
 
+def test_a_new_node_request_refused_for_k_is_refused_before_its_edges_are_decoded(engine, monkeypatch):
+    """Decoding half a million edges held the event loop 0.8 s, and a request bound to be
+    refused for its k was decoded all the same."""
+    import hybridgnn.serving.v2.typed as typed
+
+    monkeypatch.setattr(typed, "_new_node_edges", lambda *a: pytest.fail("edges decoded before the refusal"))
+    with pytest.raises(BadRequest, match="parameters.k"):
+        decode(engine, feats([[1.0, 2.0, 3.0]]), ids("neighbor_ids", [1]), node_type="item",
+               edge_type="user__rates__item", dst_type="item", k=0)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(cols=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9)), max_size=30))
+def test_unique_columns_are_numpys_unique_along_axis_1(cols):
+    from hybridgnn.serving.v2.typed import _unique_columns
+
+    ei = np.array(cols, dtype=np.int64).reshape(-1, 2).T
+    assert np.array_equal(_unique_columns(ei), np.unique(ei, axis=1))
+
+
 @pytest.mark.parametrize("inputs, params, words", [
     ([feats([[1.0, 2.0]])], {}, "parameters.node_type is required"),
     ([feats([[1.0, 2.0]])], {"node_type": "user", "mode": "sampled"}, "parameters.mode"),

@@ -3,6 +3,7 @@ what names may cost once padded, and integers beyond INT64."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -411,3 +412,17 @@ def test_outputs_are_sent_as_their_datatypes_bytes():
     assert tensors.datatype_of(np.ones(2, np.float64)) == "FP32"
     assert tensors.raw_tensor(np.ones(2, np.float16)) == np.ones(2, "<f4").tobytes()
     assert tensors.raw_tensor(np.array(["ü", "ab"])) == _raw_names(["ü", "ab"])  # lengths in bytes, not characters
+
+
+def test_new_node_results_are_checked_for_inf_and_nan_whatever_outputs_were_asked():
+    """Top-k ids ranked by NaN scores came back with a 200 to a client that asked for the
+    ids alone (the check saw only the outputs asked for)."""
+    from hybridgnn.serving.v2.service import _refuse_non_finite
+    from hybridgnn.types import StageTimings, TypedResult
+
+    ranked_by_nan = TypedResult("cpu", StageTimings(), topk_index=np.array([[0, 1]]),
+                                topk_scores=np.array([[np.nan, np.nan]], np.float32))
+    with pytest.raises(BadRequest, match="output 'topk_scores' of these features is not finite"):
+        _refuse_non_finite(ranked_by_nan)
+    _refuse_non_finite(TypedResult("cpu", StageTimings(), topk_index=np.array([[0, 1]]),
+                                   topk_scores=np.array([[2.0, 1.0]], np.float32)))

@@ -331,7 +331,7 @@ class V2Service:
         t0 = time.perf_counter()
         outputs = req.answer_outputs(result)
         if req.is_new_nodes:
-            _refuse_non_finite(outputs)
+            _refuse_non_finite(result)
         reply = encode(InferAnswer(model, engine.model_version, req.request_id, outputs))
         done = time.perf_counter()
         stats = engine.stats
@@ -480,12 +480,19 @@ class V2Service:
         return await engine.update_graph(update, request.waited_s)
 
 
-def _refuse_non_finite(outputs: list[tuple[str, np.ndarray]]) -> None:
+# The float outputs a result may hold: each is checked whatever the client asked for, since
+# the others come from them (top-k ids ranked by NaN scores came back, with a 200, to a
+# client that asked for the ids alone).
+FLOAT_OUTPUTS = ("logits", "embeddings", "scores", "topk_scores")
+
+
+def _refuse_non_finite(result) -> None:
     """BadRequest when an output computed from a client's features is inf or NaN: finite
     features can still overflow the model (3e38 passes float32), and JSON has no such
     number (they came back as null, with a 200)."""
-    for name, arr in outputs:
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+    for name in FLOAT_OUTPUTS:
+        arr = getattr(result, name, None)
+        if arr is not None and arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise BadRequest(f"output {name!r} of these features is not finite (inf or NaN): feature values past "
                              "what the model can compute with")
 
