@@ -207,6 +207,12 @@ def test_limits_and_a_model_without_decoder(engine):
     with pytest.raises(PayloadTooLarge, match="pairs to score"):
         decode(big, ids("src_ids", [0] * 3000), ids("candidate_ids", [1] * (MAX_TOPK_PAIRS // 3000 + 1)),
                src_type="item", dst_type="item", k=1)
+    # n x k bounds the answer (encoded on the event loop: 2048 x 2048 held it 0.5 s)
+    with pytest.raises(PayloadTooLarge, match="600 seeds x k 500 = 300000 top-k entries to answer; the limit is"):
+        decode(big, ids("src_ids", [0] * 600), ids("candidate_ids", list(range(6)) * 100), src_type="item",
+               dst_type="item", k=500)
+    assert decode(big, ids("src_ids", [0] * 500), ids("candidate_ids", list(range(6)) * 100), src_type="item",
+                  dst_type="item", k=500).query.k == 500
     for ntype, width in (("user", 2), ("item", 3)):  # too many query nodes, whatever the type's width
         with pytest.raises(PayloadTooLarge, match="features"):
             decode(engine, feats([[0.0] * width] * 65), node_type=ntype)

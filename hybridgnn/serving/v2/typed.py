@@ -29,6 +29,9 @@ OUTPUTS = {"node": ("logits", "embeddings", "predictions"), "pair": ("scores",),
 MAX_TOPK_PAIRS = 1 << 22
 # k bounds the answer's size (n x k ids and scores), whatever the catalogue.
 MAX_K = 1 << 12
+# and so does n x k: the answer is encoded on the event loop, and 2048 x 2048 ids and
+# scores (96 MB of JSON) held it 0.5 s, every other request waiting behind it.
+MAX_TOPK_ANSWER = 1 << 18
 MODES = ("sampled", "precomputed")
 _ACCEPTED = ("a heterogeneous model takes 'node_ids' with parameters.node_type (node outputs), 'src_ids' and "
              "'dst_ids' with parameters.src_type and dst_type (pair scores), 'src_ids' and 'candidate_ids' with "
@@ -167,6 +170,7 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
             if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(len(dst), MAX_K):
                 raise BadRequest(f"parameters.k must be an integer in [1, {min(len(dst), MAX_K)}] (at most the "
                                  f"number of candidates, {len(dst)}), got {brief(k)}")
+            check_topk_answer(len(src), k)
             query = TypedQuery("topk", src_type, src, dst_type, dst, k, whole_type=whole)
             id_map = graph.nodes[dst_type].id_map
             if id_map is not None:
@@ -174,6 +178,13 @@ def decode_typed(request: InferInput, engine) -> TypedInferRequest:
     else:
         raise BadRequest(f"inputs {sorted(names)} do not make a request; {_ACCEPTED}")
     return TypedInferRequest(query, _outputs(request, query.kind), request_id(request.id), dst_external, mode)
+
+
+def check_topk_answer(n: int, k: int) -> None:
+    """PayloadTooLarge when n seeds' top k would answer more than MAX_TOPK_ANSWER entries."""
+    if n * k > MAX_TOPK_ANSWER:
+        raise PayloadTooLarge(f"{n} seeds x k {k} = {n * k} top-k entries to answer; the limit is {MAX_TOPK_ANSWER} "
+                              "(fewer seeds per request, or a smaller k)")
 
 
 def _outputs(request: InferInput, kind: str) -> tuple[str, ...]:
@@ -248,6 +259,7 @@ def _new_nodes(tensors: dict, params: dict, engine) -> tuple[TypedNewNodes, np.n
         n_dst = graph.num_nodes(dst_type)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(n_dst, MAX_K):
             raise BadRequest(f"parameters.k must be an integer in [1, {min(n_dst, MAX_K)}], got {brief(k)}")
+        check_topk_answer(q, k)
         if q * n_dst > MAX_TOPK_PAIRS:
             raise PayloadTooLarge(f"query nodes x every {dst_type!r} node = {q * n_dst} pairs to score; the limit "
                                   f"is {MAX_TOPK_PAIRS}")
