@@ -67,3 +67,33 @@ def test_a_completed_batch_counts_its_handoff_as_the_homogeneous_engine_does():
 
     handoff = [s for stage, pipeline, s in asyncio.run(scenario()) if stage == "handoff"]
     assert len(handoff) == 1 and 0.4 <= handoff[0] < 0.9, handoff
+
+
+def test_a_lookup_lane_learns_its_cost_from_lookups_that_never_found_it_empty():
+    """It learnt only from calls that found the lane empty: a client sending only bursts
+    kept it unmeasured, and every heavy top-k of every burst was admitted."""
+    import concurrent.futures
+    import time
+
+    from hybridgnn.scheduler.admission import MIN_BATCHES, Admission, Lane
+    from hybridgnn.types import StageTimings, TypedResult
+
+    def run(query, with_embeddings):
+        time.sleep(0.002)
+        return TypedResult("precomputed", StageTimings(gather_s=0.001, compute_s=0.003))
+
+    async def scenario():
+        engine = HeteroEngine.__new__(HeteroEngine)
+        engine._lookup_pool = concurrent.futures.ThreadPoolExecutor(2)
+        engine._precomputed = SimpleNamespace(run=run)
+        engine.stats = SimpleNamespace(stage=lambda *a: None)
+        engine._admission = Admission(0.1, [Lane("lookup", 2)])
+        lane = engine.lane("lookup")
+        for _ in range(MIN_BATCHES):  # every call of a burst: queued behind others
+            lane.add(50.0)
+        await asyncio.gather(*(engine._lookup(None, False, 50.0) for _ in range(MIN_BATCHES)))
+        engine._lookup_pool.shutdown()
+        return lane
+
+    lane = asyncio.run(scenario())
+    assert lane.measured and abs(lane.model_delay_s() - 8 * 50.0 * 0.004 / 50.0 / 2) < 1e-6

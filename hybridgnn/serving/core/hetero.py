@@ -335,16 +335,16 @@ class HeteroEngine(Admitting):
         precomputed without precomputed embeddings); an awaitable of its TypedResult."""
         if isinstance(query, TypedNewNodes):
             work = new_node_work(len(query.features), sum(e.shape[1] for e in query.edges.values()))
-            return asyncio.ensure_future(self.run_in_lane("new_nodes", work, self._new_node_answer, query,
-                                                          waited_s=waited_s))
+            return asyncio.ensure_future(self.run_in_lane("new_nodes", work, self._new_node_answer, query, work,
+                                                          waited_s=waited_s, learn=False))
         if mode == "precomputed":
             if self._precomputed is None:
                 raise Conflict("no precomputed embeddings for this model and dataset; run `hybridgnn precompute "
                                f"--dataset {self.cfg.dataset_dir} --model {self.cfg.model_dir}` and restart")
             # a lookup costs about one unit; a top-k scores every (seed, candidate) pair
             work = 1.0 + (len(query.src_ids) * len(query.dst_ids) / TOPK_UNIT_PAIRS if query.kind == "topk" else 0.0)
-            return asyncio.ensure_future(self.run_in_lane("lookup", work, self._lookup, query, with_embeddings,
-                                                          waited_s=waited_s))
+            return asyncio.ensure_future(self.run_in_lane("lookup", work, self._lookup, query, with_embeddings, work,
+                                                          waited_s=waited_s, learn=False))
         psgs = self.query_psgs(query)
         predicted = self.admit("sampled", psgs, waited_s)
         job = _Job(query, psgs, self._loop.create_future(), predicted, sum(len(ids) for _, ids in query.seeds()))
@@ -353,13 +353,20 @@ class HeteroEngine(Admitting):
         self._pump()
         return job.future
 
-    async def _lookup(self, query: TypedQuery, with_embeddings: bool) -> TypedResult:
+    # The lookup and new-node lanes learn their cost from every call's time on its thread
+    # (not from calls that found the lane empty, whose wall time is all service): a client
+    # sending only bursts found it never empty, and the unmeasured lane admitted every
+    # heavy top-k of every burst (gigabytes, a loop held for tens of seconds).
+    async def _lookup(self, query: TypedQuery, with_embeddings: bool, work: float) -> TypedResult:
         result = await asyncio.wrap_future(self._lookup_pool.submit(self._precomputed.run, query, with_embeddings))
-        self.stats.stage("compute", "precomputed", result.timings.gather_s + result.timings.compute_s)
+        service_s = result.timings.gather_s + result.timings.compute_s
+        self.lane("lookup").observe(work, service_s)
+        self.stats.stage("compute", "precomputed", service_s)
         return result
 
-    async def _new_node_answer(self, query: TypedNewNodes) -> TypedResult:
+    async def _new_node_answer(self, query: TypedNewNodes, work: float) -> TypedResult:
         result = await asyncio.wrap_future(self._new_node_pool.submit(self._evaluate_new_nodes, query))
+        self.lane("new_nodes").observe(work, result.timings.compute_s)
         self.stats.stage("compute", result.pipeline, result.timings.compute_s)
         return result
 
