@@ -417,12 +417,12 @@ def test_outputs_are_sent_as_their_datatypes_bytes():
 def test_new_node_results_are_checked_for_inf_and_nan_whatever_outputs_were_asked():
     """Top-k ids ranked by NaN scores came back with a 200 to a client that asked for the
     ids alone (the check saw only the outputs asked for)."""
-    from hybridgnn.serving.v2.service import _refuse_non_finite
+    from hybridgnn.serving.v2.inference import refuse_non_finite
     from hybridgnn.types import StageTimings, TypedResult
 
     ranked_by_nan = TypedResult("cpu", StageTimings(), topk_index=np.array([[0, 1]]),
                                 topk_scores=np.array([[np.nan, np.nan]], np.float32))
     with pytest.raises(BadRequest, match="output 'topk_scores' of these features is not finite"):
-        _refuse_non_finite(ranked_by_nan)
-    _refuse_non_finite(TypedResult("cpu", StageTimings(), topk_index=np.array([[0, 1]]),
+        refuse_non_finite(ranked_by_nan)
+    refuse_non_finite(TypedResult("cpu", StageTimings(), topk_index=np.array([[0, 1]]),
                                    topk_scores=np.array([[2.0, 1.0]], np.float32)))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from hybridgnn.errors import BadRequest, brief
 from hybridgnn.serving.v2.tensors import (
     ID_DATATYPES,
@@ -126,3 +128,20 @@ def decode_infer(request: InferInput, *, max_nodes: int, num_nodes: int, feature
         req.outputs = tuple(dict.fromkeys(request.outputs))
     req.request_id = request_id(request.id)
     return req
+
+
+# The float outputs a result may hold: each is checked whatever the client asked for, since
+# the others come from them (top-k ids ranked by NaN scores came back, with a 200, to a
+# client that asked for the ids alone).
+FLOAT_OUTPUTS = ("logits", "embeddings", "scores", "topk_scores")
+
+
+def refuse_non_finite(result) -> None:
+    """BadRequest when an output computed from a client's features is inf or NaN: finite
+    features can still overflow the model (3e38 passes float32), and JSON has no such
+    number (they came back as null, with a 200)."""
+    for name in FLOAT_OUTPUTS:
+        arr = getattr(result, name, None)
+        if arr is not None and arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise BadRequest(f"output {name!r} of these features is not finite (inf or NaN): feature values past "
+                             "what the model can compute with")

@@ -47,6 +47,7 @@ from hybridgnn.serving.v2.inference import (
     declared_node_ids,
     decode_infer,
     input_limits,
+    refuse_non_finite,
 )
 from hybridgnn.serving.v2.requests import decode_update
 from hybridgnn.serving.v2.typed import TypedInferRequest, decode_typed
@@ -331,7 +332,7 @@ class V2Service:
         t0 = time.perf_counter()
         outputs = req.answer_outputs(result)
         if req.is_new_nodes:
-            _refuse_non_finite(result)
+            refuse_non_finite(result)
         reply = encode(InferAnswer(model, engine.model_version, req.request_id, outputs))
         done = time.perf_counter()
         stats = engine.stats
@@ -478,23 +479,6 @@ class V2Service:
                                max_updates=engine.cfg.updates.max_request_updates, id_map=graph.id_map,
                                idempotency_key=request.idempotency_key, body_sha256=request.body_sha256)
         return await engine.update_graph(update, request.waited_s)
-
-
-# The float outputs a result may hold: each is checked whatever the client asked for, since
-# the others come from them (top-k ids ranked by NaN scores came back, with a 200, to a
-# client that asked for the ids alone).
-FLOAT_OUTPUTS = ("logits", "embeddings", "scores", "topk_scores")
-
-
-def _refuse_non_finite(result) -> None:
-    """BadRequest when an output computed from a client's features is inf or NaN: finite
-    features can still overflow the model (3e38 passes float32), and JSON has no such
-    number (they came back as null, with a 200)."""
-    for name in FLOAT_OUTPUTS:
-        arr = getattr(result, name, None)
-        if arr is not None and arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise BadRequest(f"output {name!r} of these features is not finite (inf or NaN): feature values past "
-                             "what the model can compute with")
 
 
 def _authorize(token: str, authorization: str, needs: str) -> None:
