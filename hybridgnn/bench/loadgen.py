@@ -19,7 +19,7 @@ import re
 import socket
 import struct
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -64,6 +64,9 @@ class LoadResult:
     # of the errors, requests whose connection could not be opened (the client's ports or
     # descriptors, or the server's listen backlog): a client limit, not an answer
     connect_errors: int = 0
+    # the errors by status ("-1": no answer, "-2": no connection), so a run whose every
+    # request failed says how (it printed an error count alone)
+    error_statuses: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -410,6 +413,8 @@ def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: i
         latencies_ms=np.where(ok, latencies * 1000.0, np.inf).tolist() if keep_latencies else None,
         arrivals_s=arrivals.tolist() if keep_latencies else None,
         connect_errors=int((statuses == _CONNECT_FAILED).sum()),
+        error_statuses={str(int(c)): int(n) for c, n in zip(*np.unique(
+            statuses[~ok & ~np.isin(statuses, (429, 503))], return_counts=True), strict=True)},
     )
 
 

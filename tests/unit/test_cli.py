@@ -972,7 +972,10 @@ def test_bench_prints_null_not_nan_for_the_latencies_of_a_run_where_nothing_succ
     out = capsys.readouterr().out
     report = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in {out}"))
     assert report["errors"] == 5 and report["p50_ms"] is None and report["max_ms"] is None
+    assert report["error_statuses"] == {"500": 5}  # how they failed, not only how many
     assert math.isnan(loadgen._result(1, 1, 1, 1, np.ones(1), np.full(1, 500), False, np.zeros(1)).p99_ms)
+    mixed = loadgen._result(1, 1, 1, 1, np.ones(6), np.array([200, 400, 400, 429, -2, 0]), False, np.zeros(6))
+    assert mixed.error_statuses == {"-2": 1, "-1": 1, "400": 2} and mixed.errors == 4 and mixed.rejected == 1
 
 
 def _search_against(monkeypatch, calls: list) -> None:
