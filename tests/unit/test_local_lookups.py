@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridgnn.config import SamplingConfig, ServeConfig, UpdateConfig
+from hybridgnn.errors import BadRequest
 from hybridgnn.serving.frontend import FrontendApi
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.codec import parse_infer
@@ -516,13 +517,16 @@ def _same(a: Reply, b: Reply) -> bool:
 
 
 def test_a_kept_form_answers_any_ids_without_parsing_with_the_general_lanes_bytes(pe_cfg, monkeypatch):
-    """Once the quick lane answered a body, a body of the same form (its text but the ids)
-    is answered from the kept form, without parsing the JSON, with the bytes of the
-    general lane and of the engine: one or many ids, one or several outputs, repeated."""
+    """Once the quick lane answered a body, a body of the same form (its text but the ids
+    and a string request id) is answered from the kept form, without parsing the JSON, with
+    the bytes of the general lane and of the engine: one or many ids, one or several
+    outputs, with or without a request id, repeated."""
     from hybridgnn.serving.http import lookups as http_lookups_module
 
     rng = np.random.default_rng(40)
-    kept = [b for b in QUICK if "id" not in json.loads(b)]
+    kept = [b for b in QUICK if not isinstance(json.loads(b).get("id"), int)]
+    assert any("id" in json.loads(b) for b in kept)
+    plain = [chr(c) for c in range(0x20, 0x7f) if chr(c) not in '"\\']
 
     async def scenario(api, engine):
         fe, _ = front_end(api)
@@ -538,6 +542,8 @@ def test_a_kept_form_answers_any_ids_without_parsing_with_the_general_lanes_byte
                     ids = rng.integers(0, 3000, size=n).tolist()
                     tensor = json.loads(body)
                     tensor["inputs"][0]["data"] = ids
+                    if "id" in tensor:  # a tracing client's own id, any plain characters
+                        tensor["id"] = "".join(rng.choice(plain, size=int(rng.integers(0, 40))))
                     again = json.dumps(tensor).encode()
                     out.append((again, local.quick_reply(Request({}, {}, again), "hybridgnn", None)))
         for again, formed in out:
@@ -551,12 +557,17 @@ def test_a_kept_form_answers_any_ids_without_parsing_with_the_general_lanes_byte
 
 def test_bodies_whose_ids_cannot_be_read_from_their_text_keep_no_form(http_lookups):
     """A form is kept only where the ids the text shows are the input's data: not with a
-    request id (each client's own), not where the key is escaped, not with a second
-    `"data"` in the body (the last is the one parsed); the others are still answered, by
-    the quick lane."""
+    request id that is not a plain string (a number, an escape, other characters), not
+    where the key is escaped, not with a second `"data"` or `"id"` in the body (the last is
+    the one parsed); the others are still answered, by the quick lane."""
     tensor = '{"name": "node_ids", "shape": [1], "datatype": "INT64", %s: [5]}'
     bodies = [
-        infer_body([5], parameters={"mode": "precomputed"}, id="a"),
+        infer_body([5], parameters={"mode": "precomputed"}, id=7),
+        infer_body([5], parameters={"mode": "precomputed"}, id="a\\b"),
+        infer_body([5], parameters={"mode": "precomputed"}, id="caf\u00e9"),
+        infer_body([5], parameters={"mode": "precomputed"}, id="x" * 129),
+        b'{"id": "a", "inputs": [{"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [5]}], '
+        b'"parameters": {"mode": "precomputed"}, "id": "b"}',
         ('{"inputs": [%s], "parameters": {"mode": "precomputed"}}' % (tensor % '"d\\u0061ta"')).encode(),
     ]
     http_lookups._forms.clear()
@@ -612,6 +623,31 @@ def test_a_kept_form_with_any_ids_text_answers_as_the_general_lane_or_leaves_it(
             continue
         general = http_lookups.reply(*parse_infer(body, None, "hybridgnn", None))
         assert general is not None and _same(formed, general), body
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet='ab7 "\\u00e9\t{}:,\x00\x7f\xe9', max_size=24), before=st.booleans())
+def test_a_kept_form_with_anything_in_its_request_ids_place_answers_as_the_general_lane_or_leaves_it(
+        http_lookups, text, before):
+    """Property: a body of a kept form with a request id, with anything in place of the id's
+    text (quotes, escapes, control and non-ASCII characters, JSON that ends the string
+    early), is answered with the general lane's bytes, or left to it (None)."""
+    rid = {"id": "req-1"}
+    template = infer_body([3], parameters={"mode": "precomputed"}, outputs=[{"name": "logits"}], **rid)
+    if before:  # the id ahead of the data
+        template = b'{"id": "req-1", ' + template[1:].replace(b', "id": "req-1"', b"")
+    assert http_lookups.quick_reply(Request({}, {}, template), "hybridgnn", None) is not None
+    assert any(form.with_id for form in http_lookups._forms.values())
+    start = template.index(b'"id": "') + len(b'"id": "')
+    body = template[:start] + text.encode() + template[template.index(b'"', start):]
+    formed = http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None)
+    if formed is None:
+        return
+    try:
+        general = http_lookups.reply(*parse_infer(body, None, "hybridgnn", None))
+    except BadRequest:
+        general = None
+    assert general is not None and _same(formed, general), body
 
 
 def test_kept_forms_are_bounded(http_lookups, monkeypatch):

@@ -192,3 +192,48 @@ def test_a_head_is_parsed_here_from_its_second_time_then_kept_and_all_stays_boun
     long_head = request(fields=["Host: a", "X: " + "v" * whole.HEAD_KEPT_BYTES])
     assert parse(long_head) is not None
     assert [requests.parse(long_head) for _ in range(3)] == [None] * 3  # a long head is always llhttp's
+
+
+_PER_REQUEST_NAMES = st.sampled_from(["X-Request-Id", "x-request-id", "X-REQUEST-ID", "traceparent", "Traceparent"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(st.tuples(st.one_of(_NAMES, _PER_REQUEST_NAMES), _VALUES), max_size=4),
+       per_request=st.lists(st.tuples(_PER_REQUEST_NAMES, st.lists(_VALUES, min_size=3, max_size=3)),
+                            min_size=1, max_size=2),
+       sep=mostly(": ", ":", ":\t"), limit=mostly(65536, 120, 160))
+def test_a_kept_head_with_other_per_request_values_parses_as_that_head_does(fields, per_request, sep, limit):
+    """Property: WholeRequests.parse(data) is None or whole_request(data), over heads that
+    differ only in the values of their per-request fields (a tracing client's ids): a kept
+    head's fields never stand for another head's, whatever those values hold."""
+    requests = WholeRequests(limit, 1 << 20)
+    answered = 0
+    for turn in range(3):
+        lines = ["POST /v2/models/m/infer HTTP/1.1", "Host: a", *(f"{n}{sep}{v}" for n, v in fields),
+                 *(f"{name}{sep}{values[turn]}" for name, values in per_request)]
+        data = ("\r\n".join([*lines, f"Content-Length: {len(BODY)}"]) + "\r\n\r\n").encode("latin-1") + BODY
+        for _ in range(2):  # the first of a head's key is llhttp's
+            found = requests.parse(data)
+            if found is not None:
+                answered += 1
+                assert found == whole_request(data, limit, 1 << 20), data
+    event(f"answered {answered}")
+
+
+def test_a_tracing_clients_heads_are_kept_by_their_form():
+    """A client whose every head differs only in its request id (and Content-Length stays)
+    is parsed here from its second request, each with its own id."""
+    requests = WholeRequests(65536, 1 << 20)
+    heads = [request(fields=["Host: a", f"X-Request-Id: r{i:04d}", f"traceparent: 00-{i:032x}-{i:016x}-01"])
+             for i in range(5)]
+    assert requests.parse(heads[0]) is None  # seen once: llhttp's
+    for i, data in enumerate(heads[1:], 1):
+        found = requests.parse(data)
+        assert found == whole_request(data, 65536, 1 << 20)
+        assert found[2]["x-request-id"] == f"r{i:04d}" and found[2]["traceparent"].endswith(f"{i:016x}-01")
+    assert len(requests._kept) == 1
+    # an empty value, and one _HEAD would not take, read as the head says (or are llhttp's)
+    assert requests.parse(request(fields=["Host: a", "X-Request-Id:", "traceparent: x"]))[2]["x-request-id"] == ""
+    assert requests.parse(request(fields=["Host: a", "X-Request-Id: caf\xe9", "traceparent: x"])) is None
+    two = request(fields=["Host: a", "X-Request-Id: 1", "X-Request-Id: 2", "traceparent: x"])
+    assert [requests.parse(two) for _ in range(3)] == [None] * 3  # a field twice: the Connection's

@@ -248,15 +248,21 @@ def json_data(arr) -> bytes:
     return _dumps(_json_values(arr))
 
 
-def json_answer_parts(answer: InferAnswer) -> list[bytes] | None:
+def json_answer_parts(answer: InferAnswer, id_hole: bool = False) -> list[bytes] | None:
     """The JSON body of `answer` around its outputs' data: parts[0], json_data(output 0),
     parts[1], ... parts[k] joined are encode_infer_response(answer, False)'s body, and so is
-    the same with other outputs of the same names, shapes and datatypes. None when the
-    parts cannot be told apart (a name holds the marker)."""
+    the same with other outputs of the same names, shapes and datatypes. id_hole: the
+    answer's id is a hole too, the last one (the header writes it after the outputs), to
+    be filled with the id as a JSON string. None when the parts cannot be told apart (a
+    name holds a marker)."""
     entries, marks = [], []
     for i, (name, arr) in enumerate(answer.outputs):
         mark = f"\x00hybridgnn-data-{i}\x00"
         entries.append(_output_entry(name, arr, False, mark)[0])
+        marks.append(_dumps(mark))
+    if id_hole:
+        mark = "\x00hybridgnn-id\x00"
+        answer = InferAnswer(answer.model, answer.version, mark, answer.outputs)
         marks.append(_dumps(mark))
     head = _dumps(_answer_header(answer, entries))
     parts = []

@@ -13,7 +13,10 @@ Three ways, each answering the same bytes as the next (the tests hold them to it
   the JSON or making any v2 object. Its ids are a list of 1 to 64 JSON integers, and its
   form holds exactly one `"data"` and no escape (which could spell a key another way, so
   that a later duplicate shadows the literal one), so they are that input's data: the
-  body parses as the kept one did, with these ids.
+  body parses as the kept one did, with these ids. A request id (`"id"`, a client's own
+  per request) is a hole of the form too when it is a string of plain characters (no
+  quote, no escape, at most RID_KEPT_CHARS): its text is then the string, written back
+  as sent; the form holds exactly one `"id"`, the request's.
 - the quick lane (LocalLookups.quick): the body parsed once, checked field by field;
 - the general way: parse_infer, then LocalLookups.answer, which decodes as the engine does.
 """
@@ -47,22 +50,38 @@ FORMS_KEPT = 256  # kept forms; emptied when full (bodies a client varies cannot
 _WS = rb"[ \t\n\r]*"
 _ID = _WS + rb"(?:0|[1-9][0-9]{0,17})" + _WS  # a JSON integer below 10**18: an int64 node id
 _IDS = re.compile(rb'"data"' + _WS + rb":" + _WS + rb"\[(" + _ID + rb"(?:," + _ID + rb"){0,63})\]")
+RID_KEPT_CHARS = 128
+# a request id of printable ASCII but the quote and the backslash: its JSON text is itself
+_RID = re.compile(rb'"id"' + _WS + rb":" + _WS + rb'"([ !#-\[\]-~]{0,%d})"' % RID_KEPT_CHARS)
 
 
 class _Form:
     """A kept form: the table and outputs its bodies ask for, how many ids, and the answer's
     bytes around each output's data."""
 
-    __slots__ = ("table", "count", "outputs", "with_embeddings", "parts", "stored")
+    __slots__ = ("table", "count", "outputs", "with_embeddings", "parts", "with_id", "stored")
 
-    def __init__(self, table, count: int, outputs: list[str], parts: list[bytes]):
+    def __init__(self, table, count: int, outputs: list[str], parts: list[bytes], with_id: bool):
         self.table = table
         self.count = count
         self.outputs = outputs
         self.with_embeddings = "embeddings" in outputs
-        self.parts = parts
+        self.parts = parts  # around each output's data, then (with_id) around the id's string
+        self.with_id = with_id
         # One node's one output, read straight from its stored row (the commonest lookup).
         self.stored = table.stored(outputs[0]) if count == 1 and len(outputs) == 1 else None
+
+
+def _form_of(body: bytes, ids: re.Match, rid: re.Match | None) -> bytes:
+    """A body's form: the body without its ids' text and its request id's (the two never
+    overlap: neither holds a quote)."""
+    start, end = ids.span(1)
+    if rid is None:
+        return body[:start] + body[end:]
+    id_start, id_end = rid.span(1)
+    if id_start < start:
+        return body[:id_start] + body[id_end:start] + body[end:]
+    return body[:start] + body[end:id_start] + body[id_end:]
 
 
 def infer_reply(answer: InferAnswer, binary: dict[str, bool] | bool) -> Reply:
@@ -104,14 +123,14 @@ class HttpLookups:
         if len(body) > QUICK_MAX_BODY or request.standing or request.waited_s > self.bound_s \
                 or _BINARY_HEADER in request.headers:
             return None  # the general way parses it (once)
-        # A body with a request id has no kept form (its id is the client's own per request,
-        # and no kept body holds '"id"' elsewhere).
-        ids = _IDS.search(body) if b'"id"' not in body else None
+        # A body with a request id has a kept form only when the id is a plain string (a
+        # hole of the form); no kept body holds '"id"' elsewhere.
+        rid = _RID.search(body) if b'"id"' in body else None
+        ids = _IDS.search(body) if rid is not None or b'"id"' not in body else None
         if ids is not None:
-            start, end = ids.span(1)
-            form = self._forms.get((model, version, body[:start] + body[end:]))
+            form = self._forms.get((model, version, _form_of(body, ids, rid)))
             if form is not None:  # None from it: the ids do not fit, and the quick lane would say so too
-                return self._formed(form, ids.group(1))
+                return self._formed(form, ids.group(1), rid)
         if not self.local.may_quick(body, model, version):
             return None
         try:
@@ -125,32 +144,40 @@ class HttpLookups:
             return None
         reply = self._answered(found, False)
         if reply is not None and ids is not None:
-            self._keep_form(model, version, body, ids, header, found[0])
+            self._keep_form(model, version, body, ids, rid, header, found[0])
         return reply
 
-    def _keep_form(self, model: str, version: str | None, body: bytes, ids: re.Match, header: dict,
-                   answer: InferAnswer) -> None:
+    def _keep_form(self, model: str, version: str | None, body: bytes, ids: re.Match, rid: re.Match | None,
+                   header: dict, answer: InferAnswer) -> None:
         """Keep the form of a body the quick lane answered, if its ids are the ones its text
-        shows (the form's one `"data"`) and the answer's parts can be told apart."""
-        if answer.id is not None or body.count(b'"data"') != 1 or b"\\" in body:
-            # An id is the client's own per request: its forms would not repeat. An escape
-            # can spell a key another way ("d\u0061ta"), so that the one literal "data" is
-            # a key the parser then shadows: without escapes it is the input's own.
+        shows (the form's one `"data"`), its request id (if any) is the one its text shows
+        (the form's one `"id"`), and the answer's parts can be told apart."""
+        if body.count(b'"data"') != 1 or b"\\" in body:
+            # An escape can spell a key another way ("d\u0061ta"), so that the one literal
+            # "data" is a key the parser then shadows: without escapes it is the input's own.
+            return
+        if rid is None:
+            if answer.id is not None:
+                return
+        elif body.count(b'"id"') != 1 or answer.id != rid.group(1).decode("ascii"):
             return
         if header["inputs"][0]["data"] != [int(i) for i in ids.group(1).split(b",")]:
             return
-        parts = json_answer_parts(answer)
+        parts = json_answer_parts(answer, id_hole=rid is not None)
         table = self.local.table(model, version)
         if parts is None or table is None:
             return
         if len(self._forms) >= FORMS_KEPT:
             self._forms.clear()
         start, end = ids.span(1)
-        self._forms[(model, version, body[:start] + body[end:])] = _Form(
-            table, len(header["inputs"][0]["data"]), [name for name, _ in answer.outputs], parts)
+        self._forms[(model, version, _form_of(body, ids, rid))] = _Form(
+            table, len(header["inputs"][0]["data"]), [name for name, _ in answer.outputs], parts, rid is not None)
 
-    def _formed(self, form: _Form, text: bytes) -> Reply | None:
-        """The Reply to a body of a kept form with the ids `text` (None if they do not fit it)."""
+    def _formed(self, form: _Form, text: bytes, rid: re.Match | None) -> Reply | None:
+        """The Reply to a body of a kept form with the ids `text` and the request id `rid`
+        (None if they do not fit it)."""
+        if form.with_id != (rid is not None):
+            return None  # cannot be: a form's key shows whether it has an id
         table = form.table
         texts = text.split(b",")  # _IDS matched: each is a JSON integer below 10**18
         if len(texts) != form.count:
@@ -161,7 +188,12 @@ class HttpLookups:
                 return None
             started = time.perf_counter()
             if form.stored is not None:
-                body = form.parts[0] + json_data(form.stored[node]) + form.parts[1]
+                parts = form.parts
+                if rid is None:
+                    body = parts[0] + json_data(form.stored[node]) + parts[1]
+                else:
+                    body = b"".join((parts[0], json_data(form.stored[node]), parts[1], b'"', rid.group(1), b'"',
+                                     parts[2]))
                 self._count(table.model, table.version, started, started, 1)
                 return Reply(200, body, JSON)
             rows = table.row(node, form.with_embeddings)
@@ -173,12 +205,14 @@ class HttpLookups:
             rows = table.rows(np.array(nodes, dtype=np.int64), form.with_embeddings)
         encoding = time.perf_counter()
         parts = form.parts
-        if len(parts) == 2:
+        if len(parts) == 2 and rid is None:  # one output
             body = parts[0] + json_data(getattr(rows, form.outputs[0])) + parts[1]
         else:
             chunks = [parts[0]]
-            for name, part in zip(form.outputs, parts[1:], strict=True):
+            for name, part in zip(form.outputs, parts[1:], strict=False):  # the id's part follows
                 chunks += (json_data(getattr(rows, name)), part)
+            if rid is not None:
+                chunks += (b'"', rid.group(1), b'"', parts[-1])
             body = b"".join(chunks)
         self._count(table.model, table.version, started, encoding, form.count)
         return Reply(200, body, JSON)

@@ -20,8 +20,11 @@ What it saves comes from repetition: a client sends the same head again and agai
 Content-Length aside). WholeRequests keeps what it made of a head (HEADS_KEPT heads, by
 their bytes), so a kept head is not parsed again; the header fields are then one dict for
 every request with that head (endpoints only read a request's headers). A head seen for
-the first time is left to llhttp, and only parsed here when it comes again: a client
-whose heads never repeat (a request id in each) costs llhttp's parse and a set lookup.
+the first time is left to llhttp, and only parsed here when it comes again. A head is
+kept by its bytes without the values of PER_REQUEST_FIELDS (a tracing client's request id,
+new in every request): a head that differs from a kept one only there is the kept one with
+its own values (checked as _HEAD checks a value). A client whose heads never repeat
+otherwise costs llhttp's parse and a set lookup.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ _FIELD = re.compile("(" + _TOKEN.decode() + r"):[ \t]*((?:[!-~]+(?:[ \t]+[!-~]+)
 # Fields llhttp acts on (framing, keep-alive, upgrades) or the Connection judges (Expect):
 # a request with one is left to them.
 _LEFT_TO_LLHTTP = frozenset({"transfer-encoding", "expect", "upgrade", "proxy-connection"})
+
+# Fields a client may set anew in every request (a tracing client's request id): a head is
+# kept without their values (lower-case names, each as `\r\n<name>:` in the lowered head).
+PER_REQUEST_FIELDS = ("x-request-id", "traceparent")
+_PER_REQUEST_MARKS = tuple((name, b"\r\n" + name.encode() + b":") for name in PER_REQUEST_FIELDS)
+_VALUE = re.compile(rb"[\t -~]*")  # what _HEAD takes as a field's value
 
 # Header field names as sent -> lower-case text, kept: llhttp's (bytes) and _FIELD's (text)
 # apart (b"Host" and "Host" hash alike: one table would compare them, a BytesWarning under -b).
@@ -111,14 +120,39 @@ def whole_request(data: bytes, max_header_bytes: int, max_body_bytes: int
     return found[0], found[1], found[2], data[end + 4:]
 
 
+def per_request_cut(head: bytes) -> tuple[bytes, list[tuple[str, bytes]]] | None:
+    """(the head without the values of its PER_REQUEST_FIELDS, [(name, value as sent)]), or
+    None when it has none. Each field's first occurrence is cut: a second makes the head
+    one plain_head refuses, so its key is kept as llhttp's."""
+    lowered = head.lower()
+    spans = []
+    for name, mark in _PER_REQUEST_MARKS:
+        at = lowered.find(mark)
+        if at >= 0:
+            start = at + len(mark)
+            end = lowered.find(b"\r\n", start)
+            spans.append((start, len(head) if end < 0 else end, name))
+    if not spans:
+        return None
+    spans.sort()
+    pieces, values, last = [], [], 0
+    for start, end, name in spans:
+        pieces.append(head[last:start])
+        values.append((name, head[start:end]))
+        last = end
+    pieces.append(head[last:])
+    return b"".join(pieces), values
+
+
 class WholeRequests:
     """whole_request() for one server's limits, with what it made of heads kept (see the
-    module docstring)."""
+    module docstring): parse(data) is None or whole_request(data) (the tests hold it to it)."""
 
     def __init__(self, max_header_bytes: int, max_body_bytes: int):
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
-        # head -> plain_head()'s answer, or False for a head left to llhttp
+        # head (without its per-request values) -> plain_head()'s answer, or False for a
+        # head left to llhttp
         self._kept: dict[bytes, tuple[str, bytes, dict[str, str], int] | bool] = {}
         self._seen: set[bytes] = set()
 
@@ -131,17 +165,28 @@ class WholeRequests:
         if end < 0 or end > HEAD_KEPT_BYTES:
             return None
         head = data[:end]
-        kept = self._kept.get(head)
+        cut = per_request_cut(head)
+        key = head if cut is None else cut[0]
+        kept = self._kept.get(key)
         if kept is None:
-            if head not in self._seen:
+            if key not in self._seen:
                 if len(self._seen) >= HEADS_SEEN:
                     self._seen.clear()
-                self._seen.add(head)
+                self._seen.add(key)
                 return None
-            self._seen.discard(head)
+            self._seen.discard(key)
             if len(self._kept) >= HEADS_KEPT:
                 self._kept.clear()
-            kept = self._kept[head] = plain_head(head, self.max_header_bytes, self.max_body_bytes) or False
+            kept = self._kept[key] = plain_head(head, self.max_header_bytes, self.max_body_bytes) or False
         if kept is False or len(data) - end - 4 != kept[3]:
             return None
-        return kept[0], kept[1], kept[2], data[end + 4:]
+        if cut is None:
+            return kept[0], kept[1], kept[2], data[end + 4:]
+        headers = kept[2].copy()  # the kept head's fields with this head's own values
+        for name, value in cut[1]:
+            if _VALUE.fullmatch(value) is None:
+                return None  # llhttp or the Connection decides what _HEAD would not take
+            headers[name] = value.strip(b" \t").decode("ascii")
+        if len(head) + 4 + len(headers) > self.max_header_bytes:
+            return None  # this head's values take it nearer the bound: the Connection decides
+        return kept[0], kept[1], headers, data[end + 4:]
