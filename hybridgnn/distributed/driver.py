@@ -51,6 +51,7 @@ from hybridgnn.embeddings.store import (
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.decompose import decompose
+from hybridgnn.runtime.ranks import join_group
 from hybridgnn.updates.snapshot import model_fingerprint
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def run_rank(dataset: Path, model_dir: Path, cfg: PrecomputeConfig, dcfg: Distri
                               f"{visible} GPU(s) visible")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=dcfg.timeout_s))
+    join_group("nccl" if device.type == "cuda" else "gloo", rank, world, timedelta(seconds=dcfg.timeout_s))
     try:
         return _run(rank, world, device, dataset, model_dir, cfg, dcfg, progress, load_checkpoint)
     finally:

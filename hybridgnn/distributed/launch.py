@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hybridgnn.capabilities import die_with_parent, libc, temporary_run_dir
-from hybridgnn.runtime.ranks import PEER_LOST, free_port, rank_environment
+from hybridgnn.runtime.ranks import PEER_LOST, HostedStore, rank_environment
 
 # How long the other ranks get to fail too once every rank that failed only lost a peer:
 # those that time out waiting for the same silent rank do so within about this long.
@@ -68,7 +68,14 @@ def _as_rank(parent: int, c) -> None:
 
 def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -> int:
     """Run `hybridgnn <argv>` as ranks 0..world-1 and return 0, or 1 with one line on stderr."""
-    port = free_port()
+    store = HostedStore()
+    try:
+        return _launch(argv, world, threads, store.port, poll_s)
+    finally:
+        store.close()
+
+
+def _launch(argv: list[str], world: int, threads: int, port: int, poll_s: float) -> int:
     parent, c = os.getpid(), libc()  # loaded here: the child only calls it
     with temporary_run_dir("launch") as tmp:
         errors = [Path(tmp) / f"rank-{r}.txt" for r in range(world)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 
-from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV
+from hybridgnn.runtime.ranks import ERROR_FILE_ENV, PARENT_ENV, join_group
 
 if __name__ == "__main__" and os.environ.get(PARENT_ENV):
     # First, before torch: a rank a server started stops when the server says so (STOP) or is
@@ -321,25 +321,11 @@ def _backend(device: str, local_rank: int) -> str:
     return "nccl"
 
 
-def _join_group(rank: int, world: int, timeout: timedelta, backend: str = "gloo") -> None:
-    """The process group. Under torchrun, through the agent's store with keys of this
-    attempt only: the default rendezvous re-forms no group after a restart here (a rank
-    reads the address a rank of the failed attempt left, torch 2.13)."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        dist.init_process_group(backend, timeout=timeout)
-        return
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=timeout)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"hybridgnn/attempt_{attempt}", store), rank=rank,
-                            world_size=world, timeout=timeout)
-
-
 def serve_rank(opts: RankOptions) -> None:
     """Join the process group (torchrun's or the server's environment) and serve as this rank."""
     rank, world, local_rank = environment()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    _join_group(rank, world, timedelta(seconds=opts.timeout_s), _backend(opts.device, local_rank))
+    join_group(_backend(opts.device, local_rank), rank, world, timedelta(seconds=opts.timeout_s))
     try:
         ev, info = open_rank(opts, rank, world)
         if rank == 0:

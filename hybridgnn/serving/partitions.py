@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ import numpy as np
 from hybridgnn.capabilities import CPU_COUNT, private_run_dir
 from hybridgnn.config import ServeConfig
 from hybridgnn.errors import ConfigError, ServiceUnavailable, ServingError
-from hybridgnn.runtime.ranks import PARENT_ENV, free_port, rank_environment
+from hybridgnn.runtime.ranks import PARENT_ENV, HostedStore, rank_environment
 from hybridgnn.serving.ipc import ranks as wire
 from hybridgnn.serving.ipc.wire import WireError
 
@@ -57,6 +58,7 @@ class RankGroup:
         self._lock = threading.Lock()  # one call on the link at a time
         self._link: wire.Link | None = None
         self._procs: list[subprocess.Popen] = []
+        self._store: HostedStore | None = None  # where ranks started here meet
         self._rid = 0
         self._last_call = time.monotonic()
         self._waiting_since: float | None = None  # when the call on the link now (not an update) was sent
@@ -135,7 +137,10 @@ class RankGroup:
                               "and as many ranks as --partitions")
 
     def _spawn(self) -> None:
-        port = free_port()
+        if self._store is not None:
+            self._store.close()  # a store of ranks started before
+        self._store = HostedStore(timedelta(seconds=self.cfg.timeout_s))
+        port = self._store.port
         threads = max(1, CPU_COUNT // self.world)
         self._errors = [Path(self._dir) / f"rank-{r}.txt" for r in range(self.world)]
         for e in self._errors:
@@ -200,6 +205,9 @@ class RankGroup:
                         pass
                 link.close()
         self._stop_procs(grace_s=5.0)
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -23,7 +23,8 @@ from hybridgnn.graph.generate import generate_csbm
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint, save_checkpoint, save_model
 from hybridgnn.models.gnn import GNN, ModelSpec
-from tests.support.server import exit_codes_within
+from hybridgnn.runtime.ranks import HOSTED_STORE_ENV, rank_environment
+from tests.support.server import exit_codes_within, free_port
 
 METIS = "metis" if metis_available() else "ranges"
 
@@ -203,7 +204,6 @@ def test_a_rerun_that_rewrites_a_complete_store_unmarks_it_before_touching_a_lay
     from the moment its layer files are rewritten: a rank failing in the first layer left
     the old state.json saying complete over a half-written layer_1.npy."""
     from hybridgnn.distributed import driver
-    from hybridgnn.runtime.ranks import free_port
 
     torch.manual_seed(4)
     path = tmp_path / "m"
@@ -366,7 +366,6 @@ def test_a_rerun_replaces_layer_files_a_server_maps_instead_of_rewriting_them(tm
     ranks recompute the store (a rewrite in place truncated the pages under its map:
     zeros, or SIGBUS and the server gone), as a single process's rerun does."""
     from hybridgnn.distributed import driver
-    from hybridgnn.runtime.ranks import free_port
 
     torch.manual_seed(4)
     path = tmp_path / "m"
@@ -389,7 +388,6 @@ def test_a_complete_but_damaged_store_is_computed_again(tmp_path, graph_dir, mon
     """A store marked complete whose layer file is damaged (here truncated) is not served
     and is computed again, as one process does (the ranks called it complete and did nothing)."""
     from hybridgnn.distributed import driver
-    from hybridgnn.runtime.ranks import free_port
 
     torch.manual_seed(4)
     path = tmp_path / "m"
@@ -412,13 +410,16 @@ def test_a_complete_but_damaged_store_is_computed_again(tmp_path, graph_dir, mon
         assert float(np.abs(a - np.asarray(b)).max()) <= 1e-5
 
 
+def under_torchrun(env: dict[str, str]) -> dict[str, str]:
+    """A rank's environment as torchrun gives it: rank 0 holds the store (env://)."""
+    return {k: v for k, v in env.items() if k != HOSTED_STORE_ENV}
+
+
 def test_ranks_under_torchrun_that_disagree_exit_at_once_and_leave_the_store_alone(tmp_path, graph_dir):
     """Ranks started apart (torchrun on two machines) given other halo chunk sizes sent
     and awaited messages of other sizes: a rank aborted inside gloo (SIGABRT) and the
     other failed with no word of why. Every rank now exits 2 at start with one line naming
     the setting and each rank's value, before rank 0 writes anything into the store."""
-    from hybridgnn.runtime.ranks import free_port, rank_environment
-
     path = tmp_path / "m"
     save_checkpoint(GNN(ModelSpec("sage", 12, 8, 4, num_layers=2)).eval(), path)
     port = free_port()
@@ -427,7 +428,8 @@ def test_ranks_under_torchrun_that_disagree_exit_at_once_and_leave_the_store_alo
     procs = [subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", "precompute", "--dataset", str(graph_dir),
                                "--model", str(path), "--partition", "ranges", "--timeout-s", "600",
                                "--chunk-mb", chunk_mb[r]],
-                              env=rank_environment(r, 2, port, 1, errors[r]), stdin=subprocess.DEVNULL,
+                              env=under_torchrun(rank_environment(r, 2, port, 1, errors[r])),
+                              stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for r in range(2)]
     codes = exit_codes_within(procs, 120)  # well inside the ranks' 600 s timeout

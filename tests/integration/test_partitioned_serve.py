@@ -22,7 +22,6 @@ from tests.support.server import (
     ServerProcess,
     children_of,
     exit_codes_within,
-    free_port,
     poll_ready,
     process_alive,
     stop_process,
@@ -428,7 +427,7 @@ def test_ranks_that_disagree_exit_at_once_in_one_line_naming_what_differs(tmp_pa
     import sys
 
     from hybridgnn.distributed.partition import metis_available
-    from hybridgnn.runtime.ranks import rank_environment
+    from hybridgnn.runtime.ranks import HostedStore, rank_environment
 
     if differ == "partition" and not metis_available():
         pytest.skip("needs pymetis for a second partition method")
@@ -436,7 +435,8 @@ def test_ranks_that_disagree_exit_at_once_in_one_line_naming_what_differs(tmp_pa
     shutil.copytree(tiny_model_pe, bare, ignore=shutil.ignore_patterns("embeddings"))
     models = (tiny_model_pe, bare) if differ == "embeddings" else (tiny_model_pe, tiny_model_pe)
     methods = ("ranges", "ranges") if differ == "embeddings" else ("metis", "ranges")
-    port, listen = free_port(), f"unix:{tmp_path / 'rank0.sock'}"
+    store = HostedStore()  # where the ranks meet, as a server's ranks do
+    port, listen = store.port, f"unix:{tmp_path / 'rank0.sock'}"
     errors = [tmp_path / f"rank-{r}.txt" for r in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "hybridgnn.distributed.rank_server", "--dataset",
                                str(tiny_dataset), "--model", str(models[r]), "--listen", listen,

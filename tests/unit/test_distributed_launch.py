@@ -29,6 +29,13 @@ def test_a_rank_the_others_lost_while_it_still_runs_is_the_culprit(tmp_path):
     assert _culprit([(0, 1), (2, 2)], errors, [1]) == (2, 2)
 
 
+class FakeStore:
+    port = 29500
+
+    def close(self):
+        pass
+
+
 def test_why_names_the_signal_or_the_error(tmp_path):
     said = tmp_path / "r.txt"
     assert _why(-signal.SIGKILL, said) == "was killed by SIGKILL"
@@ -91,7 +98,7 @@ def test_a_rank_that_cannot_be_started_stops_those_that_were_in_one_line(monkeyp
             return self.code
 
     monkeypatch.setattr(launch_mod.subprocess, "Popen", Rank)
-    monkeypatch.setattr(launch_mod, "free_port", lambda: 29500)
+    monkeypatch.setattr(launch_mod, "HostedStore", FakeStore)
     assert launch_mod.launch(["precompute"], 4, 1) == 1
     assert len(started) == 2 and all(r.code is not None for r in started)
     err = capsys.readouterr().err.strip().splitlines()
@@ -113,6 +120,6 @@ def test_the_launchers_run_directory_is_removed_and_one_a_killed_launcher_left_i
     left.mkdir()
     (left / "rank-0.txt").write_text("")
     monkeypatch.setattr(launch_mod.subprocess, "Popen", Rank)
-    monkeypatch.setattr(launch_mod, "free_port", lambda: 29500)
+    monkeypatch.setattr(launch_mod, "HostedStore", FakeStore)
     assert launch_mod.launch(["precompute"], 2, 1) == 1
     assert list(tmp_path.iterdir()) == []
