@@ -4,8 +4,9 @@ precomputed embeddings are brought up to date with computation graph parallelism
 Every rank receives the whole batch (in update-log order) and calls the same methods, so
 the replicated state (node count, which nodes exist) moves in step everywhere and every
 rank refuses a bad batch at the same point with the same message (graph.dynamic's
-check_batch; whether an edge exists is asked of its source's owner). A batch that
-passes the check is applied:
+check_batch; whether an edge exists is asked of its source's owner; on a dataset with
+names, nodes are named as the client names them: the engine sends the names of the nodes
+each batch adds). A batch that passes the check is applied:
 
 - edges go to the owner of their source (its out-row and the target's in-row there),
   whole-graph in-degrees and self-loops to the owner of the target; a removed node's
@@ -32,7 +33,9 @@ import torch
 from hybridgnn.distributed.cgp import PartitionedEvaluator
 from hybridgnn.distributed.keyed_rows import rewrite_rows
 from hybridgnn.embeddings.newnodes import unique_ints
+from hybridgnn.errors import BadRequest
 from hybridgnn.graph.dynamic import UpdateBatch, check_batch
+from hybridgnn.graph.idmap import IdMap, namer
 
 
 def _grown(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
@@ -48,11 +51,15 @@ def _grown(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
 class PartUpdater:
     """This rank's half of every graph update (call the same methods on all ranks)."""
 
-    def __init__(self, ev: PartitionedEvaluator, reopen=None):
-        """reopen: () -> this rank's ServingPart as stored (reset's)."""
+    def __init__(self, ev: PartitionedEvaluator, reopen=None, names: IdMap | None = None):
+        """reopen: () -> this rank's ServingPart as stored (reset's); names: the dataset's
+        id map, when it names its nodes (messages name nodes as the client does, as on one
+        process; the nodes updates add are named by the names apply is given)."""
         self.ev, self.part, self.coll = ev, ev.part, ev.coll
         self.version = 0  # batches applied since the part was opened
         self._reopen = reopen
+        self.names = names
+        self._stored_names = names.mark() if names is not None else None
 
     def reset(self) -> None:
         """Drop every update applied here: the part as stored again (a server that links to
@@ -60,6 +67,8 @@ class PartUpdater:
         if self._reopen is None:
             raise RuntimeError("this rank cannot reopen its part")
         self.part = self.ev.part = self._reopen()
+        if self.names is not None:
+            self.names.rewind(self._stored_names)
         self.version = 0
 
     # --- reads of the current graph (collective) ------------------------------------------
@@ -84,16 +93,23 @@ class PartUpdater:
     def check(self, batch: UpdateBatch) -> int:
         """UpdateError (on every rank alike) unless the batch applies; the new node count."""
         part = self.part
-        return check_batch(batch, part.num_nodes, int(part.features.shape[1]), part.alive, self.has_edges)
+        return check_batch(batch, part.num_nodes, int(part.features.shape[1]), part.alive, self.has_edges,
+                           namer(self.names))
 
     # --- the update --------------------------------------------------------------------------
-    def apply(self, batch: UpdateBatch) -> dict:
+    def apply(self, batch: UpdateBatch, names: np.ndarray | None = None) -> dict:
         """Check and apply one batch here, then refresh the embeddings; the report (same on
-        every rank): node and edge counts, affected and changed nodes per layer, seconds."""
+        every rank): node and edge counts, affected and changed nodes per layer, seconds.
+        names: the external ids of the nodes the batch adds, in order (a dataset with names)."""
         t0 = time.perf_counter()
         added_nodes = self.check(batch)
         part, rank = self.part, self.ev.rank
         n0 = part.num_nodes
+        if names is not None and len(names) != added_nodes:  # refused alike on every rank, nothing applied
+            raise BadRequest(f"a graph-update call to the partition ranks names {len(names)} new nodes but adds "
+                             f"{added_nodes}")
+        if self.names is not None and names is not None and len(self.names) == n0:  # named as they are added
+            self.names.extend(names)
         new_nodes = np.arange(n0, n0 + added_nodes, dtype=np.int64)
         update_ids = np.asarray(batch.update_ids, dtype=np.int64)
         update_feats, add_feats = batch.update_features, batch.add_node_features

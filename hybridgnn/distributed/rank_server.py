@@ -48,6 +48,7 @@ from hybridgnn.distributed.serving_part import open_serving_part
 from hybridgnn.embeddings.newnodes import MODES, POLICIES, unique_ints
 from hybridgnn.errors import BadRequest, ConfigError, RemovedNode, ServingError
 from hybridgnn.graph.dynamic import UpdateBatch
+from hybridgnn.graph.idmap import namer
 from hybridgnn.serving.ipc import ranks as wire
 from hybridgnn.serving.ipc.wire import WireError
 
@@ -95,7 +96,7 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
 
     part = stored_part()
     ev = PartitionedEvaluator(part, model)  # ConfigError: a layer without a merge function
-    ev.updater = PartUpdater(ev, reopen=stored_part)
+    ev.updater = PartUpdater(ev, reopen=stored_part, names=graph.id_map)
     memory = [None] * world
     dist.all_gather_object(memory, part.memory_bytes())
     info = {"ranks": world, "partition": partition.method, "num_nodes": graph.num_nodes,
@@ -147,7 +148,8 @@ def _checked(ev: PartitionedEvaluator, kind: int, payload) -> tuple[dict, list[n
                                                    and all(isinstance(f, int) for f in fanouts)))
         ok = ok and ids_in(arrays[1], named_from + len(arrays[0]), arrays[1].ndim == 2 and arrays[1].shape[0] == 2)
     elif kind == wire.UPDATE:
-        ok = len(arrays) == 6 and all(np.asarray(a).dtype.kind == k for a, k in zip(arrays, "iifiif", strict=True))
+        ok = (len(arrays) in (6, 7) and all(a.dtype.kind == k for a, k in zip(arrays, "iifiif", strict=False))
+              and (len(arrays) == 6 or (arrays[6].dtype.kind in "iU" and arrays[6].ndim == 1)))
     else:
         ok = kind == wire.RESET
     if not ok:
@@ -174,7 +176,7 @@ def run(ev: PartitionedEvaluator, kind: int, payload, rid: int = 0) -> bytes | N
                 edges = np.where(edges >= named_from, edges + (n - named_from), edges)
             dead = _removed(ev, edges[edges < n])  # an edge to a removed node: 404, as on one process
             if len(dead):
-                raise RemovedNode.among(dead)
+                raise RemovedNode.among(dead, namer(ev.updater.names))
             res = ev.infer_new(arrays[0], edges, mode=head["mode"], gamma=float(head["gamma"]),
                                policy=head["policy"], seed=int(head.get("seed", 0)), fanouts=head.get("fanouts"),
                                count_bytes=True)
@@ -211,13 +213,13 @@ def _update(ev: PartitionedEvaluator, head: dict, arrays: list[np.ndarray], rid:
     report, or the error refusing the batch, is the same on every rank. A failure past the
     check propagates: this rank's state is half-applied, so it exits and the group restarts."""
     try:
-        batch = UpdateBatch.from_arrays(arrays)  # _checked saw six arrays of the right kinds
+        batch = UpdateBatch.from_arrays(arrays[:6])  # _checked saw six arrays of the right kinds
     except ValueError as exc:  # lengths that do not fit together: refused on every rank, nothing applied
         raise BadRequest(f"a broken graph-update call to the partition ranks: {exc}") from None
     if head.get("check_only"):
         report = {"new_nodes": ev.updater.check(batch)}
     else:
-        report = ev.updater.apply(batch)
+        report = ev.updater.apply(batch, arrays[6] if len(arrays) == 7 else None)  # the new nodes' names
     return wire.encode(wire.RESULT, rid, report) if ev.rank == 0 else None
 
 

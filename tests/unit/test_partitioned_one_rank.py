@@ -20,8 +20,9 @@ from hybridgnn.distributed.part_updates import PartUpdater
 from hybridgnn.distributed.partition import compute_partition
 from hybridgnn.distributed.serving_part import open_serving_part
 from hybridgnn.embeddings.store import EmbeddingStore
-from hybridgnn.errors import RemovedNode, ServiceUnavailable, ServingError
+from hybridgnn.errors import RemovedNode, ServiceUnavailable, ServingError, UpdateError
 from hybridgnn.graph.dynamic import DynamicGraph, UpdateBatch
+from hybridgnn.graph.idmap import IdMap
 from hybridgnn.graph.store import GraphStore
 from hybridgnn.models.checkpoint import load_checkpoint
 from hybridgnn.serving.core.partitioned import PartitionedEngine
@@ -68,7 +69,7 @@ class OneRank:
             return open_serving_part(graph, partition, 0, store.layers, store.output)
 
         self.ev = PartitionedEvaluator(stored(), model, OneRankCollectives())
-        self.ev.updater = PartUpdater(self.ev, reopen=stored)
+        self.ev.updater = PartUpdater(self.ev, reopen=stored, names=graph.id_map)  # as open_rank makes it
         self.info = {"ranks": 1, "partition": "ranges", "precomputed": True, "memory_bytes": [1]}
         self.up, self.generation, self.prepare = False, 0, None
         self.gate, self.waiting = threading.Event(), threading.Event()
@@ -218,7 +219,9 @@ def test_a_call_the_ranks_cannot_take_is_a_400_on_every_rank_and_the_next_is_ser
               (wire.NEW_NODES, wire.encode(0, 0, new, (np.ones((1, f + 1), np.float32), edges))[9:]),
               (wire.NEW_NODES, wire.encode(0, 0, new, (feats, np.array([[n + 1], [3]])))[9:]),
               (wire.NEW_NODES, wire.encode(0, 0, new, (feats,))[9:]),
-              (wire.UPDATE, wire.encode(0, 0, {}, (np.array([1.5]),))[9:])]
+              (wire.UPDATE, wire.encode(0, 0, {}, (np.array([1.5]),))[9:]),
+              (wire.UPDATE, wire.encode(0, 0, {}, UpdateBatch().arrays(f) + (np.array([1.5]),))[9:]),
+              (wire.UPDATE, wire.encode(0, 0, {}, UpdateBatch().arrays(f) + (np.array(["a", "b"]),))[9:])]
     for kind, payload in broken:
         frame = rank_server.run(ranks.ev, kind, memoryview(payload), 9)
         assert frame[4] == wire.ERROR and int.from_bytes(frame[5:9], "little") == 9, (kind, payload)
@@ -227,3 +230,60 @@ def test_a_call_the_ranks_cannot_take_is_a_400_on_every_rank_and_the_next_is_ser
     out, rows = ranks._call("new_nodes", new, (feats, edges))
     assert rows[0].shape == (1, ranks.ev.model.out_dim)
     assert len(ranks._call("existing", {}, (np.array([1, 2]),))[1][0]) == 2
+
+
+def test_on_a_dataset_with_names_the_ranks_errors_name_nodes_as_the_client_does(tiny_dataset, tiny_model_pe,
+                                                                                 tmp_path):
+    """The ranks' update checks and their removed-node 404 named internal row ids the client
+    never saw ("add_edges names unknown node 7", "edge [12, 3] is not in the graph") where
+    one process names 'n0007' and ['n0012', 'n0003'], nodes added by updates included."""
+    import shutil
+
+    named = tmp_path / "named"
+    shutil.copytree(tiny_dataset, named)
+    graph = GraphStore.open(named)
+    n, f = graph.num_nodes, graph.feature_dim
+    IdMap(np.array([f"n{i:04d}" for i in range(n)])).save(named)
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    row = set(indices[indptr[3]:indptr[4]].tolist())
+    absent = next(i for i in range(8, n) if i not in row)  # no edge absent -> 3
+    present = int(indices[indptr[10]])  # an edge present -> 10
+
+    def name(i):
+        return f"n{i:04d}"
+
+    async def refused(engine, **inputs) -> str:
+        with pytest.raises(UpdateError) as caught:
+            await engine.update_graph(_update(**inputs))
+        return caught.value.message
+
+    async def scenario(engine, ranks):
+        messages = []
+        await engine.update_graph(_update(remove_nodes=np.array([name(7)])))
+        messages.append(await refused(engine, add_edges=np.array([[name(7), name(3)]])))
+        messages.append(await refused(engine, remove_edges=np.array([[name(absent), name(3)]])))
+        messages.append(await refused(engine, add_edges=np.array([[name(present), name(10)]])))
+        out = await engine.update_graph(_update(add_node_ids=np.array(["zed"]),
+                                                add_node_features=np.ones((1, f), np.float32)))
+        assert out["new_node_ids"] == ["zed"]
+        await engine.update_graph(_update(remove_nodes=np.array(["zed"])))
+        messages.append(await refused(engine, update_ids=np.array(["zed"]), update_features=np.ones((1, f), np.float32)))
+        with pytest.raises(ServingError) as caught:  # the ranks find it (an update removed it after decode)
+            await engine.new_nodes(np.ones((1, f), np.float32), np.array([[n + 1], [7]]), mode="pe", gamma=0.1,
+                                   policy="ratio", num_nodes=n + 1)
+        assert caught.value.status == 404
+        messages.append(caught.value.message)
+        names = ranks.ev.updater.names
+        assert len(names) == n + 1
+        ranks.ev.updater.reset()  # the part as stored: the names too
+        assert len(names) == n and not names.to_internal(np.array(["zed"]))[1].any()
+        return messages
+
+    messages = _run(scenario, named, tiny_model_pe)
+    prefix = "update rejected, nothing applied: "
+    assert messages == [prefix + f"add_edges names node '{name(7)}', which an update removed from the graph",
+                        prefix + f"remove_edges: edge ['{name(absent)}', '{name(3)}'] is not in the graph",
+                        prefix + f"add_edges: edge ['{name(present)}', '{name(10)}'] is already in the graph "
+                                 "(duplicate edges are not allowed)",
+                        prefix + "update_features names node 'zed', which an update removed from the graph",
+                        f"node '{name(7)}' was removed from the graph"], messages

@@ -68,11 +68,12 @@ class RankGraph:
         self.generation: int | None = None  # the rank group this view's state is on
         self.retired = False  # a newer group replaced the ranks this view was applying to
 
-    def _send(self, batch: UpdateBatch, check_only: bool) -> dict:
+    def _send(self, batch: UpdateBatch, check_only: bool, names: np.ndarray | None = None) -> dict:
         if self.retired:
             raise ServiceUnavailable("the partition ranks were restarted; retry with the same Idempotency-Key")
+        arrays = batch.arrays(self.feature_dim) + ((names,) if names is not None else ())
         try:
-            out, _ = self.call("update", {"check_only": check_only}, batch.arrays(self.feature_dim))
+            out, _ = self.call("update", {"check_only": check_only}, arrays)
         except ServingError as exc:
             if exc.status == 400:  # the ranks refused the batch, all alike: nothing of it applied
                 # rank 0 sends UpdateError's message whole: its prefix once, not twice
@@ -91,13 +92,18 @@ class RankGraph:
         """commit (the new nodes' names), then the batch on the ranks (all or nothing:
         UpdateError changes nothing, the names included), then the description here. The
         names go first: the ranks cannot take a batch back, and names that failed after it
-        had landed there left the entry to be retried, adding its nodes twice."""
+        had landed there left the entry to be retried, adding its nodes twice. The ranks get
+        the names too: their messages name nodes as the client does."""
         id_map = self.base.id_map
         named = id_map.mark() if id_map is not None else None
         if commit is not None:
             commit()
         try:
-            out = self._send(batch, check_only=False)
+            names = None
+            added = 0 if batch.add_node_features is None else len(batch.add_node_features)
+            if id_map is not None and added and len(id_map) == self.num_nodes + added:
+                names = id_map.to_external(np.arange(self.num_nodes, self.num_nodes + added, dtype=np.int64))
+            out = self._send(batch, check_only=False, names=names)
         except BaseException:
             if id_map is not None:
                 id_map.rewind(named)

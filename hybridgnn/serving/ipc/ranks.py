@@ -32,7 +32,7 @@ EXISTING = 3  # arrays: node ids (full neighbourhoods, from features)
 LOOKUP = 4  # head {with_embeddings}; arrays: node ids (precomputed rows, from their owners)
 PING = 5  # no payload: every rank answers (a dead rank fails the step)
 STOP = 6  # every rank exits
-UPDATE = 7  # head {check_only}; arrays: a graph-update batch (UpdateBatch.arrays); answer: its report
+UPDATE = 7  # head {check_only}; arrays: a graph-update batch (UpdateBatch.arrays)[, the new nodes' names]; answer: its report
 RESET = 8  # every rank drops the updates it applied (its part as stored again)
 # rank 0 -> engine
 HELLO = 100  # head: the group's description (ranks, nodes, memory per rank, what it serves)
