@@ -67,6 +67,9 @@ class LoadResult:
     # the errors by status ("-1": no answer, "-2": no connection), so a run whose every
     # request failed says how (it printed an error count alone)
     error_statuses: dict[str, int] = field(default_factory=dict)
+    # what the failing and refused answers said, by status: the first few distinct messages
+    # (a JSON body's "error", else its text; why a connection failed), each cut short
+    error_messages: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -116,6 +119,54 @@ def _http_request(host: str, port: int, path: str, body: bytes, headers: dict) -
 
 
 _CONNECT_FAILED = -2  # a request's status when its connection could not be opened
+# The sample of messages a run keeps: so many distinct ones per status, each cut to so many
+# characters, from at most the first so many bytes of a body (a run of millions of
+# failures keeps no more, and parses a body only while its status has room)
+MESSAGES_PER_STATUS = 3
+MESSAGE_CHARS = 200
+MESSAGE_BODY_BYTES = 1 << 16
+
+
+def error_message(body: bytes) -> str:
+    """What a failing answer's body says: its JSON "error" (the server's errors are
+    {"error": "..."}), else its text."""
+    try:
+        said = json.loads(body)
+    except ValueError:  # not JSON (or cut short): its text
+        said = None
+    if isinstance(said, dict) and isinstance(said.get("error"), str):
+        return said["error"]
+    return body.decode("utf-8", "replace")
+
+
+class ErrorSamples:
+    """The first MESSAGES_PER_STATUS distinct messages of each status, each at most
+    MESSAGE_CHARS long: bounded however many answers fail."""
+
+    def __init__(self):
+        self.by_status: dict[int, list[str]] = {}
+        self._last: dict[int, bytes] = {}  # the body last read per status: a repeat is not parsed again
+
+    def wants(self, status: int) -> bool:
+        return len(self.by_status.get(status, ())) < MESSAGES_PER_STATUS
+
+    def add(self, status: int, message: str) -> None:
+        if not self.wants(status):
+            return
+        message = " ".join(message.split())
+        if len(message) > MESSAGE_CHARS:
+            message = message[:MESSAGE_CHARS - 3] + "..."
+        seen = self.by_status.setdefault(status, [])
+        if message not in seen:
+            seen.append(message)
+
+    def add_body(self, status: int, body: bytes) -> None:
+        if self.wants(status) and self._last.get(status) != body:
+            self._last[status] = body
+            self.add(status, error_message(body))
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {str(status): list(said) for status, said in sorted(self.by_status.items())}
 
 
 class _Connection(asyncio.Protocol):
@@ -149,6 +200,8 @@ class _Connection(asyncio.Protocol):
         status, head, length, keep = parsed
         if len(self.buf) < head + length:
             return
+        if status != 200 and self.pool.samples.wants(status):
+            self.pool.samples.add_body(status, bytes(self.buf[head:head + min(length, MESSAGE_BODY_BYTES)]))
         del self.buf[:head + length]
         i, self.inflight = self.inflight, -1
         self.pool.finish(i, status)
@@ -162,7 +215,10 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         if self in self.pool.idle:
             self.pool.idle.remove(self)
-        for i in ([self.inflight] if self.inflight >= 0 else []) + self.waiting:
+        lost = ([self.inflight] if self.inflight >= 0 else []) + self.waiting
+        if lost and not self.pool.closing:  # (closing: the run's end cut it, said already)
+            self.pool.samples.add(-1, "the connection closed before the answer" + (f" ({exc})" if exc else ""))
+        for i in lost:
             self.pool.finish(i, -1)
         self.inflight, self.waiting = -1, []
 
@@ -177,6 +233,8 @@ class _ConnectionPool:
         self.scheduled = scheduled
         self.latencies = np.full(len(wire), np.nan)
         self.statuses = np.zeros(len(wire), dtype=np.int64)
+        self.samples = ErrorSamples()
+        self.closing = False
         self.idle: list[_Connection] = []
         self.all: list[_Connection] = []
         self.outstanding = 0
@@ -198,7 +256,8 @@ class _ConnectionPool:
     async def _open(self, conn: _Connection) -> None:
         try:
             await asyncio.get_running_loop().create_connection(lambda: conn, self.host, self.port)
-        except OSError:
+        except OSError as exc:
+            self.samples.add(_CONNECT_FAILED, f"{type(exc).__name__}: {exc}")
             for i in conn.waiting:
                 self.finish(i, _CONNECT_FAILED)
             conn.waiting = []
@@ -217,6 +276,7 @@ class _ConnectionPool:
         """Reset every connection (SO_LINGER 0): an overloaded run opens tens of thousands,
         and closed normally each held its client port in TIME_WAIT for a minute, so the
         next runs of a search could not connect."""
+        self.closing = True
         for task in self._opening:
             task.cancel()
         for conn in self.all:
@@ -294,7 +354,8 @@ _GRPC_STATUS = {"OK": 200, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503}
 
 
 async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.ndarray, arrivals: np.ndarray,
-                     timeout_s: float, parameters: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     timeout_s: float, parameters: dict | None = None,
+                     samples: ErrorSamples | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(latencies from the scheduled arrival, statuses as HTTP codes) over one gRPC channel
     (HTTP/2 multiplexes the requests); requests are serialized before the clock starts
     and answers are not parsed, so the client stays light."""
@@ -305,6 +366,7 @@ async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.nda
     bodies = [grpc_body(model, row, parameters) for row in ids]
     latencies = np.full(len(arrivals), np.inf)
     statuses = np.zeros(len(arrivals), dtype=np.int64)
+    samples = samples if samples is not None else ErrorSamples()
     async with grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)]) as channel:
         infer = channel.unary_unary(f"/{SERVICE}/ModelInfer")  # bytes in, bytes out
         await asyncio.wait_for(channel.channel_ready(), 10.0)  # a server that is not there: TimeoutError
@@ -315,6 +377,8 @@ async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.nda
                 statuses[i] = 200
             except grpc.aio.AioRpcError as exc:
                 statuses[i] = _GRPC_STATUS.get(exc.code().name, -1)
+                if samples.wants(int(statuses[i])):
+                    samples.add(int(statuses[i]), f"{exc.code().name}: {exc.details() or ''}")
             latencies[i] = time.perf_counter() - scheduled[i]
 
         gc.collect()
@@ -354,11 +418,11 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
                              nodes_per_request, timeout_s, keep_latencies)
     ids = rng.integers(0, num_nodes, size=(len(arrivals), nodes_per_request))
     if grpc_target is not None:
-        start = time.perf_counter()
+        start, samples = time.perf_counter(), ErrorSamples()
         latencies, statuses = await _grpc_load(grpc_target, model, np.zeros(len(arrivals)), ids, arrivals, timeout_s,
-                                               parameters)
+                                               parameters, samples)
         return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, latencies, statuses,
-                       keep_latencies, arrivals)
+                       keep_latencies, arrivals, samples)
     encode = binary_body if binary else json_body
     return await _replay(url, model, [encode(row, parameters) for row in ids], arrivals, rate, duration_s,
                          nodes_per_request, timeout_s, keep_latencies)
@@ -388,16 +452,17 @@ async def _replay(url: str, model: str, bodies: list[tuple[bytes, dict]], arriva
             try:
                 await asyncio.wait_for(pool.done.wait(), timeout_s)
             except asyncio.TimeoutError:  # what is still unanswered counts as failed
-                pass
+                pool.samples.add(-1, f"no answer within {timeout_s:g} s of the last arrival")
     finally:
         gc.unfreeze()
         pool.close()
     return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, pool.latencies, pool.statuses,
-                   keep_latencies, arrivals)
+                   keep_latencies, arrivals, pool.samples)
 
 
 def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: int, latencies: np.ndarray,
-            statuses: np.ndarray, keep_latencies: bool, arrivals: np.ndarray) -> LoadResult:
+            statuses: np.ndarray, keep_latencies: bool, arrivals: np.ndarray,
+            samples: ErrorSamples | None = None) -> LoadResult:
     statuses[statuses == 0] = -1
     ok = statuses == 200
     lat_ok = latencies[ok] * 1000.0
@@ -415,7 +480,13 @@ def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: i
         connect_errors=int((statuses == _CONNECT_FAILED).sum()),
         error_statuses={str(int(c)): int(n) for c, n in zip(*np.unique(
             statuses[~ok & ~np.isin(statuses, (429, 503))], return_counts=True), strict=True)},
+        error_messages=samples.to_dict() if samples is not None else {},
     )
+
+
+def error_summary(res: LoadResult) -> str:
+    """The first message of each failing status, for a one-line summary ("" if none)."""
+    return "; ".join(f"{status}: {messages[0]}" for status, messages in res.error_messages.items() if messages)
 
 
 async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: float, nodes_per_request: int,
@@ -434,7 +505,8 @@ async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: floa
                              node_type=node_type, seed=seed)
         log(f"  rate {rate:9.1f} req/s -> ok {res.achieved_rps:9.1f} req/s, p99 {res.p99_ms:8.2f} ms, "
             f"rejected {res.rejected}, errors {res.errors}"
-            + (f" ({res.connect_errors} could not connect)" if res.connect_errors else ""))
+            + (f" ({res.connect_errors} could not connect)" if res.connect_errors else "")
+            + (f" [{error_summary(res)}]" if error_summary(res) else ""))
         return res
 
     def meets(res: LoadResult) -> bool:

@@ -11,8 +11,10 @@ from hybridgnn.bench.loadgen import run_load
 
 
 async def handler(request: web.Request) -> web.Response:
-    await request.read()
+    body = await request.read()
     kind = request.match_info["model"]
+    if kind == "bad":  # a message naming the request's ids: every answer differs
+        return web.json_response({"error": f"node_ids: unknown node {body[-24:].hex()}"}, status=400)
     if kind == "slow":
         await asyncio.sleep(0.03)
     if kind == "hang":
@@ -55,6 +57,15 @@ def test_refusals_and_failures_are_counted_apart():
     assert load("busy", rate=200, duration_s=0.3).rejected > 0
     fail = load("fail", rate=200, duration_s=0.3)
     assert fail.errors == fail.sent and fail.ok == 0
+    assert fail.error_messages == {"500": ["x" * 197 + "..."]}  # a body that is not JSON: its text, cut short
+
+
+def test_the_report_says_what_failing_answers_said_a_few_distinct_messages_per_status():
+    bad = load("bad", rate=300, duration_s=0.5)
+    assert bad.errors == bad.sent > 50 and bad.error_statuses == {"400": bad.sent}
+    messages = bad.error_messages["400"]
+    assert len(messages) == 3 and len(set(messages)) == 3, messages
+    assert all(m.startswith("node_ids: unknown node ") for m in messages)
 
 
 def test_latency_runs_from_the_scheduled_arrival_and_load_stays_open_loop():
@@ -69,6 +80,7 @@ def test_requests_never_answered_fail_after_the_timeout():
     res = load("hang", rate=50, duration_s=0.2, timeout_s=0.5)
     assert res.ok == 0 and res.errors == res.sent > 0
     assert res.connect_errors == 0  # the connections opened; the server never answered
+    assert res.error_messages == {"-1": ["no answer within 0.5 s of the last arrival"]}
 
 
 def test_connections_that_cannot_open_are_counted_as_the_clients_limit():
@@ -80,3 +92,4 @@ def test_connections_that_cannot_open_are_counted_as_the_clients_limit():
     res = asyncio.run(run_load(f"http://127.0.0.1:{port}", "ok", num_nodes=100, rate=100, duration_s=0.2,
                                timeout_s=5))
     assert res.sent > 0 and res.ok == 0 and res.errors == res.connect_errors == res.sent
+    assert list(res.error_messages) == ["-2"] and "refused" in res.error_messages["-2"][0].lower()

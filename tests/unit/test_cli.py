@@ -986,7 +986,11 @@ def _search_against(monkeypatch, calls: list) -> None:
     async def load(*_args, rate, duration_s, **kwargs):
         calls.append(kwargs)
         statuses = np.full(4, 200 if rate <= 800 else 503)
-        return loadgen._result(rate, duration_s, duration_s, 1, np.full(4, 0.001), statuses, False, np.zeros(4))
+        said = loadgen.ErrorSamples()
+        if rate > 800:
+            said.add_body(503, b'{"error": "the partition ranks are down"}')
+        return loadgen._result(rate, duration_s, duration_s, 1, np.full(4, 0.001), statuses, False, np.zeros(4),
+                               said)
 
     _serving_metadata(monkeypatch, {"name": "hybridgnn", "parameters": {"num_nodes": 3, "node_ids": "dense"}})
     monkeypatch.setattr(loadgen, "run_load", load)
@@ -1000,6 +1004,10 @@ def test_bench_slo_search_reports_progress_on_stderr_and_only_json_on_stdout(mon
     captured = capsys.readouterr()
     assert json.loads(captured.out)["max_rate_within_slo"] == 800
     assert "rate     400.0 req/s -> ok" in captured.err
+    # what the refused answers said, on the line of each trial that had some
+    assert "rate    1600.0 req/s -> ok       0.0 req/s" in captured.err
+    assert "rejected 4, errors 0 [503: the partition ranks are down]" in captured.err
+    assert captured.err.count("[503: the partition ranks are down]") == captured.err.count("rejected 4")
 
 
 def test_bench_slo_search_draws_every_trial_with_the_seed_given(monkeypatch, capsys):

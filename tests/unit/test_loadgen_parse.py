@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from hybridgnn.bench.loadgen import (
+    MESSAGE_CHARS,
+    MESSAGES_PER_STATUS,
+    ErrorSamples,
+    _result,
     binary_body,
+    error_summary,
     grpc_body,
     json_body,
     load_size,
@@ -79,3 +84,51 @@ def test_a_model_whose_nodes_are_not_ids_0_to_n_is_refused_in_one_line(kind, sai
     hetero["parameters"]["node_types"][0]["node_ids"] = kind
     with pytest.raises(ConfigError, match=f"model 'm' names its 'user' nodes {said}"):
         load_size(hetero, "user")
+
+
+def test_failing_answers_are_sampled_by_status_bounded_however_many_fail():
+    """The report counted errors by status but never said what the server answered: a run
+    of 400s left the user to guess which check refused them."""
+    samples = ErrorSamples()
+    for i in range(100_000):  # a message per node: only the first few distinct ones are kept
+        samples.add_body(400, json.dumps({"error": f"node_ids: unknown node {i}"}).encode())
+        samples.add_body(429, b'{"error": "overloaded: retry after 1 s"}')
+    samples.add_body(500, b"<html>\n  Internal   Server Error </html>")  # not JSON: its text, one line
+    samples.add_body(502, json.dumps({"detail": "x" * 10_000}).encode())  # no "error": its text, cut short
+    samples.add(-2, "ConnectionRefusedError: [Errno 111] Connect call failed")
+    got = samples.to_dict()
+    assert got["400"] == [f"node_ids: unknown node {i}" for i in range(MESSAGES_PER_STATUS)]
+    assert got["429"] == ["overloaded: retry after 1 s"]
+    assert got["500"] == ["<html> Internal Server Error </html>"]
+    assert len(got["502"][0]) == MESSAGE_CHARS and got["502"][0].endswith("...")
+    assert list(got) == ["-2", "400", "429", "500", "502"]
+
+    res = _result(1, 1, 1, 1, np.ones(4), np.array([200, 400, 429, -2]), False, np.zeros(4), samples)
+    assert res.to_dict()["error_messages"] == got and res.error_statuses == {"-2": 1, "400": 1}
+    assert error_summary(res).startswith("-2: ConnectionRefusedError") and "400: node_ids: unknown node 0" in error_summary(res)
+    assert _result(1, 1, 1, 1, np.ones(1), np.array([200]), False, np.zeros(1)).error_messages == {}
+
+
+def test_a_connection_reads_a_failing_answers_message_and_counts_it_as_before():
+    """No sockets: the client's protocol fed an answer as the transport would."""
+    from hybridgnn.bench.loadgen import _Connection, _ConnectionPool
+
+    class Transport:
+        def write(self, data):
+            pass
+
+        def close(self):
+            pass
+
+    pool = _ConnectionPool("127.0.0.1", 9, [b"request"] * 2, np.zeros(2))
+    conn = _Connection(pool)
+    conn.transport = Transport()
+    body = b'{"error": "node_ids must be INT64"}'
+    for i, head in enumerate((b"HTTP/1.1 400 Bad Request", b"HTTP/1.1 200 OK")):
+        pool.outstanding += 1
+        conn.send(i)
+        answer = head + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        conn.data_received(answer[:20])  # in two pieces
+        conn.data_received(answer[20:])
+    assert pool.statuses.tolist() == [400, 200] and pool.outstanding == 0
+    assert pool.samples.to_dict() == {"400": ["node_ids must be INT64"]}
