@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import heavy_setup, machine  # noqa: E402
+from bench.common import heavy_setup, machine, strict_json  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.features.store import HostFeatureStore  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
@@ -54,7 +54,7 @@ def main() -> None:
     base = rows[0]["us_per_seed"]
     for row in rows:
         row["per_seed_saving_vs_first"] = round(base / row["us_per_seed"], 1)
-    print(json.dumps({"machine": machine(), "dataset": str(dataset), "model": str(model_dir), "rows": rows}, indent=2))
+    print(strict_json({"machine": machine(), "dataset": str(dataset), "model": str(model_dir), "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from hybridgnn.bench.report import strict_json
 from hybridgnn.capabilities import describe_line
 from tests.support.server import await_ready, free_port, stop_process
 
@@ -40,8 +41,9 @@ def machine() -> str:
 
 def emit_report(report: dict, out: Path | None) -> None:
     """Print a bench's JSON report last (what a device run's output tail carries) and
-    write it to `out` when given."""
-    text = json.dumps(report, indent=2)
+    write it to `out` when given; strict JSON (strict_json: a figure with no value is
+    null, never NaN)."""
+    text = strict_json(report)
     print(text)
     if out is not None:
         Path(out).write_text(text)

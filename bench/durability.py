@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sys
@@ -37,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ensure_graph, machine  # noqa: E402
+from bench.common import ensure_graph, machine, strict_json  # noqa: E402
 from bench.incremental import ARXIV, ARXIV_ARGS, build_model, update_stream  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.embeddings.incremental import IncrementalEmbeddings  # noqa: E402
@@ -215,7 +214,7 @@ def main() -> None:
                   f"{last['ready_s']}s with {last['log_batches']}")
     print(f"machine: {report['machine']}")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        args.json.write_text(strict_json(report))
 
 
 if __name__ == "__main__":

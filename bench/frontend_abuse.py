@@ -63,6 +63,7 @@ import numpy as np  # noqa: E402
 
 from bench.common import machine  # noqa: E402
 from bench.fuzz import Server, small_dataset  # noqa: E402
+from hybridgnn.bench.report import finite  # noqa: E402
 from hybridgnn.capabilities import run_async  # noqa: E402
 from tests.support.fuzz import KeepAliveClient, NoAnswer, Target, good_case  # noqa: E402
 
@@ -1108,7 +1109,7 @@ def main() -> int:
     report["seconds"] = round(time.monotonic() - started, 1)
     report["pass"] = all(r.get("pass") for r in report["parts"].values())
     print(table(report))
-    text = dumps(report)
+    text = dumps(finite(report))  # strict JSON: a figure with no value is null
     print(text)
     if args.json_out is not None:
         args.json_out.write_text(text + "\n")

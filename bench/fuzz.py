@@ -15,7 +15,6 @@ did before; exits 1 if any check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import subprocess
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import seed as hypothesis_seed  # noqa: E402
 
-from bench.common import machine  # noqa: E402
+from bench.common import machine, strict_json  # noqa: E402
 from tests.support.fuzz import (  # noqa: E402
     KINDS,
     KeepAliveClient,
@@ -260,7 +259,7 @@ def main() -> int:
             "good_request_unchanged": same,
             "problem_examples": tally.examples,
         }
-        print(json.dumps(report, indent=2))
+        print(strict_json(report))
         if tally.problems or not is_alive or not same or tally.died_on:
             rc = 1
     finally:

@@ -36,6 +36,7 @@ from bench.common import (  # noqa: E402
     main_thread_cpu_seconds,
     process_tree_cpu_seconds,
     serve_revision,
+    strict_json,
 )
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
@@ -105,7 +106,7 @@ def main() -> None:
     base = round(statistics.median(r["loop_us_per_request"] for r in baseline), 1)
     cur_all = round(statistics.median(r["server_us_per_request"] for r in current), 1)
     base_all = round(statistics.median(r["server_us_per_request"] for r in baseline), 1)
-    print(json.dumps({
+    print(strict_json({
         "machine": machine(), "mode": args.mode, "frontends": args.frontends, "rate": args.rate,
         "duration_s": args.duration_s, "nodes_per_request": args.nodes_per_request, "baseline_rev": args.baseline_rev,
         "current": current if args.rounds > 1 else current[0],
@@ -114,7 +115,7 @@ def main() -> None:
         "baseline_over_current_loop_cpu": round(base / cur, 2) if cur else None,
         "current_server_us_per_request": cur_all, "baseline_server_us_per_request": base_all,
         "baseline_over_current_server_cpu": round(base_all / cur_all, 2) if cur_all else None,
-    }, indent=2))
+    }))
 
 
 if __name__ == "__main__":

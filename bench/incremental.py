@@ -15,7 +15,6 @@ batches of 10, 100 and 1,000.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -27,7 +26,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA, PRODUCTS, ensure_graph, ensure_products, machine  # noqa: E402
+from bench.common import (  # noqa: E402
+    DATA,
+    PRODUCTS,
+    ensure_graph,
+    ensure_products,
+    machine,
+    strict_json,
+)
 from hybridgnn.embeddings.incremental import (  # noqa: E402
     IncrementalConfig,
     IncrementalEmbeddings,
@@ -152,7 +158,7 @@ def main() -> None:
                 results.append({"graph": gname, "agg": agg, "batch": size, "incremental": a, "recompute": r,
                                 "full_precompute_s": full_s, "setup_s": inc["setup_s"]})
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(strict_json(results))
 
 
 if __name__ == "__main__":

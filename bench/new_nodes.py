@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine  # noqa: E402
+from bench.common import machine, strict_json  # noqa: E402
 from hybridgnn.embeddings.newnodes import NewNodeEvaluator  # noqa: E402
 from hybridgnn.embeddings.precompute import precompute  # noqa: E402
 from hybridgnn.features.store import HostFeatureStore  # noqa: E402
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
               "request_size": args.request_size, "requests": len(requests), "models": []}
     for kind, layers in MODELS:
         report["models"].append(evaluate_model(kind, layers, base, requests, work, b, args.epochs))
-    print(json.dumps(report, indent=2, default=str))
+    print(strict_json(report, default=str))
 
 
 if __name__ == "__main__":

@@ -101,6 +101,7 @@ from bench.common import (  # noqa: E402
     heavy_setup,
     machine,
     serve_revision,
+    strict_json,
     thread_cpu_seconds,
 )
 from hybridgnn.bench.loadgen import (  # noqa: E402
@@ -867,7 +868,7 @@ def main() -> None:
         report["parts"]["precomputed"] = part(
             "precomputed", "precomputed", [float(m) for m in args.precomputed_multiples.split(",")],
             ("--update-token", UPDATE_TOKEN), dataset, model, args, args.precomputed_capacity_rps)
-    print(json.dumps(report, indent=2))
+    print(strict_json(report))
     print(table(report))
     for name, p in report["parts"].items():
         for m, r in p["ratios"].items():
@@ -876,7 +877,7 @@ def main() -> None:
                   f"{r['refused_share_current']:.3f} vs baseline {r['refused_share_baseline']:.3f}")
     print(f"machine: {report['machine']}")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        args.json.write_text(strict_json(report))
 
 
 if __name__ == "__main__":

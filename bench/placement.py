@@ -14,7 +14,6 @@ disk is unbounded. Link figures are hybridgnn.features.topology.DEFAULT_LINKS.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PRODUCTS, ensure_products, machine  # noqa: E402
+from bench.common import PRODUCTS, ensure_products, machine, strict_json  # noqa: E402
 from hybridgnn.features.placement import make_plan, two_hop_importance  # noqa: E402
 from hybridgnn.features.simulate import sample_batches, simulate  # noqa: E402
 from hybridgnn.features.topology import Topology  # noqa: E402
@@ -91,7 +90,7 @@ def main() -> None:
         report["cache_hit_ratio"].append(row)
         print(f"cache {share:.0%} of rows: hit ratio FAP order {row['fap_hit_ratio']:.3f}, "
               f"degree order {row['degree_hit_ratio']:.3f}", flush=True)
-    print(json.dumps(report, indent=2))
+    print(strict_json(report))
 
 
 if __name__ == "__main__":

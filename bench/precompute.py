@@ -8,7 +8,6 @@ a random subset and scaled to all nodes, same model and graph, same run.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine  # noqa: E402
+from bench.common import machine, strict_json  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute  # noqa: E402
 from hybridgnn.features.store import HostFeatureStore  # noqa: E402
@@ -59,14 +58,14 @@ def main() -> None:
     for v in subset:
         executor.run(np.array([v]))
     nodewise_s = (time.perf_counter() - t0) / len(subset) * graph.num_nodes
-    print(json.dumps({
+    print(strict_json({
         "machine": machine(),
         "graph": {"nodes": graph.num_nodes, "edges": graph.num_edges},
         "model": model.spec.to_dict(),
         "layerwise_precompute_s": round(layerwise_s, 2),
         "nodewise_all_nodes_s_scaled": round(nodewise_s, 1),
         "speedup": round(nodewise_s / layerwise_s, 1),
-    }, indent=2))
+    }))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, model_for_revision, revision_env  # noqa: E402
+from bench.common import machine, model_for_revision, revision_env, strict_json  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 
 KINDS = ("standing_queue", "queue_delay", "not_found")
@@ -132,11 +132,11 @@ def main() -> None:
         runs["current"].append(measure(None, dataset, model, args.requests))
         runs["baseline"].append(measure(args.baseline_rev, dataset, model, args.requests))
     median = {side: {k: statistics.median(r[k] for r in rs) for k in KINDS} for side, rs in runs.items()}
-    print(json.dumps({
+    print(strict_json({
         "machine": machine(), "baseline_rev": args.baseline_rev, "requests": args.requests, "runs": runs,
         "us_per_request": median,
         "baseline_over_current": {k: round(median["baseline"][k] / median["current"][k], 2) for k in KINDS},
-    }, indent=2))
+    }))
 
 
 if __name__ == "__main__":

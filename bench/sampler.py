@@ -7,7 +7,6 @@ per core and with threads, against PyG's torch-sparse sampler when it is install
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PRODUCTS, ensure_products, machine  # noqa: E402
+from bench.common import PRODUCTS, ensure_products, machine, strict_json  # noqa: E402
 from hybridgnn.capabilities import CPU_COUNT  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
 from hybridgnn.sampling.cpu import CPUSampler  # noqa: E402
@@ -87,7 +86,7 @@ def main() -> None:
         else:
             row["pyg_torch_sparse"] = "not installed (pip install --no-build-isolation torch-scatter torch-sparse)"
         report["results"].append(row)
-    print(json.dumps(report, indent=2))
+    print(strict_json(report))
 
 
 if __name__ == "__main__":

@@ -28,13 +28,12 @@ each measured; the better one is the baseline), so it may use the second core to
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import BASELINE_REV, heavy_setup, machine, serve_revision  # noqa: E402
+from bench.common import BASELINE_REV, heavy_setup, machine, serve_revision, strict_json  # noqa: E402
 from hybridgnn.bench.loadgen import find_max_rate, run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -145,7 +144,7 @@ def main() -> None:
         "light_load_rps": args.light_rate,
         "light_load_latency": light,
     }
-    print(json.dumps(report, indent=2))
+    print(strict_json(report))
 
 
 if __name__ == "__main__":

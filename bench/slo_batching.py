@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import heavy_setup, machine, thread_cpu_seconds  # noqa: E402
+from bench.common import heavy_setup, machine, strict_json, thread_cpu_seconds  # noqa: E402
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import HAS_CUDA, raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -178,7 +178,7 @@ def main() -> None:
         name: {"within_slo": round(r["within_slo"] / fixed["within_slo"], 3) if fixed["within_slo"] else None,
                "seeds_per_s": round(r["seeds_per_s"] / fixed["seeds_per_s"], 3) if fixed["seeds_per_s"] else None}
         for name, r in report["results"].items() if name != "fixed_batch"}
-    print(json.dumps(report, indent=2))
+    print(strict_json(report))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ sampling every node once (Quiver's open-source method), timed on a subset and sc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PRODUCTS, ensure_products, machine  # noqa: E402
+from bench.common import PRODUCTS, ensure_products, machine, strict_json  # noqa: E402
 from hybridgnn.config import parse_fanouts  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
 from hybridgnn.sampling.cpu import CPUSampler  # noqa: E402
@@ -57,7 +56,7 @@ def main() -> None:
         "mean_psgs_exact": float(np.asarray(tables.psgs, np.float64).mean()),
         "mean_sampled_size_on_subset": float(sizes.mean()),
     }
-    print(json.dumps(report, indent=2))
+    print(strict_json(report))
 
 
 if __name__ == "__main__":

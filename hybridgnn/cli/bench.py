@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from hybridgnn.cli.flags import DefaultsHelpFormatter
 
 
@@ -73,6 +71,7 @@ def _run(args) -> int:
     import sys
 
     from hybridgnn.bench.loadgen import find_max_rate, run_load
+    from hybridgnn.bench.report import strict_json
     from hybridgnn.capabilities import raise_open_file_limit, run_async
 
     raise_open_file_limit()
@@ -92,18 +91,3 @@ def _run(args) -> int:
                                seed=args.seed, grpc_target=grpc, node_type=args.node_type))
     print(strict_json(res.to_dict()))
     return 0
-
-
-def strict_json(report: dict) -> str:
-    """The report as JSON that strict parsers take: a figure with no value (the
-    percentiles of a run where nothing succeeded) is null, not NaN."""
-    import math
-
-    def finite(value):
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: finite(v) for k, v in value.items()}
-        return value
-
-    return json.dumps(finite(report), indent=2, allow_nan=False)

@@ -1,0 +1,40 @@
+"""Benchmark reports are strict JSON: a figure with no value (a ratio over an empty run, a
+percentile of a run where nothing succeeded) is null. The scripts under bench/ wrote
+json.dumps' NaN and Infinity, which strict parsers (jq, JavaScript) refuse."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hybridgnn.bench.report import finite, strict_json
+
+
+def _strict_loads(text: str):
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {text}"))
+
+
+def test_figures_with_no_value_are_null_at_any_depth_and_the_rest_unchanged():
+    report = {"ratio": float("nan"), "p99_ms": float("inf"), "floor": -math.inf, "np": np.float64("nan"),
+              "rows": [{"speedup": math.nan, "ok": 3, "share": 0.5}, (1.5, float("inf"))],
+              "flags": [True, None, "NaN"], "nested": {"deeper": {"x": [[math.nan]]}}}
+    assert finite(report) == {"ratio": None, "p99_ms": None, "floor": None, "np": None,
+                              "rows": [{"speedup": None, "ok": 3, "share": 0.5}, [1.5, None]],
+                              "flags": [True, None, "NaN"], "nested": {"deeper": {"x": [[None]]}}}
+    assert _strict_loads(strict_json(report)) == finite(report)
+    assert strict_json({"a": 1}, indent=None) == '{"a": 1}'
+    assert _strict_loads(strict_json({"path": object()}, default=lambda o: "obj")) == {"path": "obj"}
+
+
+def test_the_bench_scripts_report_writer_prints_and_writes_strict_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", __import__("os").environ.get("PYTHONPATH", ""))  # bench.common sets it
+    from bench.common import emit_report
+
+    report = {"machine": "m", "rows": [{"seeds_per_s": 0.0, "vs_baseline": float("nan")}], "p99_ms": math.inf}
+    emit_report(report, tmp_path / "r.json")
+    printed = _strict_loads(capsys.readouterr().out)
+    assert printed == _strict_loads((tmp_path / "r.json").read_text())
+    assert printed == {"machine": "m", "rows": [{"seeds_per_s": 0.0, "vs_baseline": None}], "p99_ms": None}
