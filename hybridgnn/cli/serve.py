@@ -70,8 +70,9 @@ def add_parser(sub) -> None:
                    help="a profile from `hybridgnn profile` for this dataset, model and fanouts; its policy sets "
                         "the PSGS threshold (and, for slo:<ms>, the batch PSGS bound)")
     p.add_argument("--policy", default=env_default("POLICY", None),
-                   help="with --profile: latency | throughput | cpu | gpu (operating points) or slo:<ms> (most "
-                        f"predicted throughput with predicted p99 within <ms>); default {PolicyConfig.policy}")
+                   help="with --profile: latency | throughput | cpu | gpu (operating points) or slo:<ms> (each "
+                        "pipeline's batch PSGS bound with the most predicted throughput at a predicted p99 within "
+                        f"<ms>; slo-mean:<ms> from the mean curve); default {PolicyConfig.policy}")
     p.add_argument("--adapt", action="store_true", default=env_default("ADAPT", False, env_flag),
                    help="with --profile: re-fit the curves from live batches every 10 s and move the policy "
                         "(at most 2x per step); logged and counted in hybridgnn_policy_changes_total")

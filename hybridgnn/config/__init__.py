@@ -368,7 +368,8 @@ class PolicyConfig:
     def __post_init__(self):
         if not (self.policy in ("latency", "throughput", "cpu", "gpu")
                 or self.policy.startswith(("slo:", "slo-mean:"))):
-            raise ValueError(f"policy must be latency, throughput, cpu, gpu or slo:<ms>, got {self.policy!r}")
+            raise ValueError(f"policy must be latency, throughput, cpu, gpu, slo:<ms> or slo-mean:<ms>, "
+                             f"got {self.policy!r}")
         if self.adapt and self.profile is None:
             raise ValueError("--adapt needs a --profile to start from")
         if self.adapt_interval_s <= 0 or self.adapt_min_batches < 1 or self.adapt_max_step <= 1:

@@ -251,7 +251,8 @@ class Profile:
             return Policy(spec, c.psgs_threshold, c.max_batch_psgs, c.pipeline_limits, c.predicted_seeds_per_s,
                           c.predicted_p99_s)
         if spec not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)} or slo:<ms>, got {spec!r}")
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, slo:<ms> or slo-mean:<ms>, "
+                             f"got {spec!r}")
         if set(self.devices) != {"cpu", "gpu"}:
             raise ValueError(f"policy {spec!r} picks a point between the CPU and GPU pipelines, but only "
                              f"{sorted(self.devices)} is served: give --policy slo:<ms> (e.g. slo:50)")

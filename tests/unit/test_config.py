@@ -5,6 +5,7 @@ import pytest
 from hybridgnn.config import (
     BatcherConfig,
     PipelineConfig,
+    PolicyConfig,
     RouterConfig,
     SamplingConfig,
     ServerConfig,
@@ -60,6 +61,7 @@ def test_worker_cores_pin_processes_only():
     (lambda: ServerConfig(repository_poll_s=float("nan")), "repository_poll_s must be a number"),
     (lambda: ServerConfig(seed_log_interval_s=0), "seed_log_interval_s must be a finite number of seconds > 0"),
     (lambda: ServerConfig(seed_log_interval_s=float("inf")), "seed_log_interval_s must be a finite number"),
+    (lambda: PolicyConfig(policy="fastest"), "slo:<ms> or slo-mean:<ms>, got 'fastest'"),  # slo-mean was unnamed
 ])
 def test_bad_values_are_quoted(make, match):
     with pytest.raises(ValueError, match=match):
