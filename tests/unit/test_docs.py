@@ -2,8 +2,9 @@
 `--help` prints and no flag in its tables that the command lacks, and each table's default
 is the parser's (the README's serve table too); its tables have no rows cut off from them;
 every relative link resolves to a file and a heading; every repository path a page names
-exists, and architecture.md's package table places every top-level module; and no page
-points into the repository's working notes."""
+exists, and architecture.md's package table places every top-level module; api.md's
+status table lists every status errors.py and the HTTP layer answer; and no page points
+into the repository's working notes."""
 
 from __future__ import annotations
 
@@ -266,3 +267,23 @@ def test_a_default_that_drifted_is_caught():
     assert _default_says("1G", 1 << 30) and _default_says("0.5", 0.5) and _default_says("off", False)
     assert _default_says("spill on", True) and _default_says("run/cluster", Path("run/cluster"))
     assert not _default_says("30", 60.0) and not _default_says("on", False) and not _default_says("uva", "gpu")
+
+
+def test_api_md_lists_every_status_the_api_and_the_http_layer_answer():
+    """api.md said every status came from errors.py; 408, 417, 431 and 505 come from the
+    HTTP layer (serving/http/), and each must have a row in its status table too."""
+    import hybridgnn.errors as errors
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    api = {getattr(c, "status") for c in subclasses(errors.ServingError)} | {errors.ServingError.status}
+    http = set()
+    for path in (ROOT / "hybridgnn" / "serving" / "http").glob("*.py"):
+        http |= {int(s) for s in re.findall(r"(?:Reject|_refuse|Reply\.error)\(\s*(\d{3})\b", path.read_text())}
+    assert {408, 417, 431, 505} <= http  # the pattern still finds them
+    table = _section(ROOT / "docs" / "api.md", "Errors")
+    rows = {int(s) for s in re.findall(r"^\| (\d{3}) \|", table, flags=re.M)}
+    assert api | http <= rows, f"api.md's status table lacks {sorted((api | http) - rows)}"
