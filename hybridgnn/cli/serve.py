@@ -92,7 +92,9 @@ def add_parser(sub) -> None:
     p.add_argument("--update-token", default=None,  # env read in build_config, so --help never prints it
                    help="enable POST /v2/models/{m}/graph for clients sending 'Authorization: Bearer <token>' "
                         "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
-    p.add_argument("--cache-dir", type=user_path, default=None, help="the demo graph and model live in <this>/demo (default: ~/.cache/hybridgnn)")
+    p.add_argument("--cache-dir", type=user_path, default=None,
+                   help="the demo graph and model live in <this>/demo (default: $XDG_CACHE_HOME/hybridgnn, else "
+                        "~/.cache/hybridgnn)")
     # The rest come from the config dataclasses' fields (defaults, units and help live there).
     add_config_flags(p, ServerConfig, RouterConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
                      UpdateConfig, DeviceMemoryConfig, PartitionConfig)

@@ -111,7 +111,8 @@ def default_cache_dir() -> Path:
     base = env_default("CACHE_DIR", None)
     if base:
         return Path(base)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridgnn"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")  # empty or relative: unset, as the XDG spec says
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "hybridgnn"
 
 
 MAX_CORE = 4096  # Linux's usual CPU_SETSIZE is 1024; a typo like 1-100000000 must not build a huge set

@@ -90,6 +90,26 @@ def test_env_default(monkeypatch):
         env_default("SPILL", True, env_flag)
 
 
+def test_the_demo_cache_follows_xdg_cache_home_when_it_is_an_absolute_path(monkeypatch, tmp_path):
+    """XDG_CACHE_HOME= (set but empty) put the demo cache in ./hybridgnn, under the working
+    directory; the XDG spec says an empty or relative value is to be ignored."""
+    from pathlib import Path
+
+    from hybridgnn.config import default_cache_dir
+
+    monkeypatch.delenv("HYBRIDGNN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "hybridgnn"
+    for unusable in ("", "relative/cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", unusable)
+        assert default_cache_dir() == tmp_path / "home" / ".cache" / "hybridgnn"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == Path.home() / ".cache" / "hybridgnn"
+    monkeypatch.setenv("HYBRIDGNN_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
+
+
 def test_fanouts_come_from_one_precedence():
     """flag, then the repository's config.json, then the saved fanouts, then 10 per layer."""
     from hybridgnn.config import DEFAULT_FANOUT, fanouts_for
