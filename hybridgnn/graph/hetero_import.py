@@ -17,7 +17,12 @@ import numpy as np
 from hybridgnn.graph.csr import coo_to_csr
 from hybridgnn.graph.hetero import check_type_name, edge_type_key, write_hetero_dataset
 from hybridgnn.graph.idmap import IdMap
-from hybridgnn.graph.store import DatasetError, load_arrays
+from hybridgnn.graph.store import (
+    DatasetError,
+    check_int64_ids,
+    float32_features,
+    load_arrays,
+)
 from hybridgnn.types import EdgeType
 
 log = logging.getLogger(__name__)
@@ -87,6 +92,7 @@ def import_hetero_data(data, source: Path, out, *, undirected: bool = False, fea
         if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
             raise DatasetError(f"{source}: edge_index of {edge_type_key(etype)!r} must be an integer array "
                                f"[2, E], got {ei.dtype} {ei.shape}")
+        check_int64_ids(ei, f"{source}: edge type {edge_type_key(etype)!r}")
         edges[tuple(check_type_name(p, "edge type part") for p in etype)] = ei
         ignored += [f"{edge_type_key(etype)}.{k}" for k in store.keys() if k not in _EDGE_KEYS]
     node_rows: dict[str, dict] = {}
@@ -97,6 +103,8 @@ def import_hetero_data(data, source: Path, out, *, undirected: bool = False, fea
         x = np.asarray(store["x"]) if "x" in store else None
         if x is not None and x.dtype.kind not in "biuf":
             raise DatasetError(f"{source}: x of node type {ntype!r} must be a numeric array, got {x.dtype}")
+        if x is not None and x.ndim != 2:  # a 0-d x was an IndexError traceback
+            raise DatasetError(f"{source}: x of node type {ntype!r} must be 2-D [N, F], got shape {tuple(x.shape)}")
         counted = [int(ei[0].max()) + 1 for (s, _, _), ei in edges.items() if s == ntype and ei.size]
         counted += [int(ei[1].max()) + 1 for (_, _, d), ei in edges.items() if d == ntype and ei.size]
         num_nodes = (x.shape[0] if x is not None else
@@ -104,9 +112,7 @@ def import_hetero_data(data, source: Path, out, *, undirected: bool = False, fea
         if x is None:
             x = _random_features(num_nodes, feature_dim, seed, i)
             random_types.append(ntype)
-        if x.ndim != 2:
-            raise DatasetError(f"{source}: x of node type {ntype!r} must be 2-D [N, F], got shape {tuple(x.shape)}")
-        rows = {"features": np.asarray(x, dtype=np.float32)}
+        rows = {"features": float32_features(x, f"{source}: x of node type {ntype!r}")}
         if "y" in store:
             y = store["y"].numpy()
             if y.ndim == 1 and y.shape[0] == num_nodes and y.dtype.kind in "iu":
@@ -137,7 +143,7 @@ def _parse_edge_file_name(path: Path) -> EdgeType:
 def import_hetero_edge_lists(source: Path, out, *, undirected: bool = False, feature_dim: int = 64,
                              seed: int = 0, name: str | None = None, ids: str = "auto") -> Path:
     """A directory of per-edge-type edge lists (module docstring) as a dataset directory."""
-    from hybridgnn.graph.importers import _load_edge_file
+    from hybridgnn.graph.importers import _class_numbers, _load_edge_file
 
     files = sorted(p for p in source.iterdir() if p.suffix in EDGE_FILE_SUFFIXES and "__" in p.name)
     if not files:
@@ -151,14 +157,17 @@ def import_hetero_edge_lists(source: Path, out, *, undirected: bool = False, fea
         ei = np.asarray(_load_edge_file(f)["edge_index"])
         if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iuU":
             raise DatasetError(f"{f.name}: edges must be two columns of ids, got {ei.dtype} {ei.shape}")
+        check_int64_ids(ei, f.name)
         raw[etype] = ei
     node_types = list(dict.fromkeys(t for (s, _, d) in raw for t in (s, d)))
     node_rows: dict[str, dict] = {}
     edges = {e: np.empty_like(ei, dtype=np.int64) for e, ei in raw.items()}
-    random_types, mapped = [], []
+    random_types, mapped, ignored = [], [], []
     for i, ntype in enumerate(node_types):
         x_path, y_path = source / f"{ntype}.x.npy", source / f"{ntype}.y.npy"
         x = _one_array(x_path) if x_path.is_file() else None
+        if x is not None and x.ndim != 2:  # a 0-d array was an IndexError traceback
+            raise DatasetError(f"{x_path}: features must be 2-D [N, F], got shape {x.shape}")
         ends = [(e, side) for e in raw for side in (0, 1) if e[2 * side] == ntype]
         columns = [_as_ids(raw[e][side]) for e, side in ends]
         if any(c.dtype.kind == "U" for c in columns):  # names in one file: every id of the type is a name
@@ -172,11 +181,17 @@ def import_hetero_edge_lists(source: Path, out, *, undirected: bool = False, fea
         if x is None:
             x = _random_features(num_nodes, feature_dim, seed, i)
             random_types.append(ntype)
-        rows = {"features": np.asarray(x, dtype=np.float32)}
+        rows = {"features": float32_features(x, f"{x_path}" if x_path.is_file() else f"{ntype} features")}
         if y_path.is_file():
-            rows["labels"] = _one_array(y_path).reshape(-1)
-            if rows["labels"].shape[0] != num_nodes:
-                raise DatasetError(f"{y_path.name} must hold {num_nodes} labels, got {rows['labels'].shape[0]}")
+            y = _one_array(y_path).reshape(-1)
+            if y.shape[0] != num_nodes:
+                raise DatasetError(f"{y_path.name} must hold {num_nodes} labels, got {y.shape[0]}")
+            if _class_numbers(y):
+                rows["labels"] = y
+            else:  # cast to int64, NaN became -2**63 and 0.5 became 0: classes that were never there
+                log.warning("%s holds %s values that are not class numbers (regression targets?); not imported "
+                            "(serving does not read labels)", y_path, y.dtype)
+                ignored.append(f"{ntype}.y")
         if id_map is not None:
             rows["id_map"] = id_map
             mapped.append(ntype)
@@ -186,6 +201,8 @@ def import_hetero_edge_lists(source: Path, out, *, undirected: bool = False, fea
         extra["random_features"] = random_types
     if mapped:
         extra["id_maps"] = mapped
+    if ignored:
+        extra["ignored_fields"] = ignored
     return write_hetero_edges(out, node_rows, edges, undirected=undirected, name=name, extra=extra)
 
 
@@ -196,7 +213,7 @@ def _as_ids(column: np.ndarray) -> np.ndarray:
         return column
     try:
         return column.astype(np.int64)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer past int64's range, kept as a name
         return column
 
 

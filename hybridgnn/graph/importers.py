@@ -14,6 +14,8 @@ from hybridgnn.graph.idmap import IdMap
 from hybridgnn.graph.store import (
     MASK_NAMES,
     DatasetError,
+    check_int64_ids,
+    float32_features,
     load_arrays,
     write_dataset,
     written_by_torch_save,
@@ -170,6 +172,7 @@ def import_graph(
     ei = np.asarray(ei)
     if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iuU":
         raise DatasetError(f"edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
+    check_int64_ids(ei, src)
     x = data.get("x")
     if x is not None:
         x = np.asarray(x)
@@ -214,7 +217,7 @@ def import_graph(
             raise DatasetError(f"{src}: random features for {num_nodes:,} nodes ({feature_dim} each) do not fit in "
                                "memory") from None
         extra["random_features"] = True
-    x = np.asarray(x, dtype=np.float32)
+    x = float32_features(x, f"{src}: x")
     if x.ndim != 2 or x.shape[0] != num_nodes:
         raise DatasetError(f"x must be [num_nodes={num_nodes}, F], got {x.shape}")
     labels = data.get("y")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import time
 import zipfile
 import zlib
@@ -49,16 +51,54 @@ def written_by_torch_save(path: Path) -> bool:
     return head == b"PK" or head[:1] == b"\x80"
 
 
+def _check_claimed_sizes(path: Path) -> None:
+    """DatasetError unless every array header in the .npy or .npz at path claims no more
+    bytes than the file (or its archive member) holds: numpy allocates what a header claims
+    before it reads, so a 100-byte file claiming 16 TiB was a MemoryError traceback (and one
+    claiming less than the memory, that much memory taken before the read failed)."""
+    with open(path, "rb") as f:
+        if zipfile.is_zipfile(f):
+            f.seek(0)
+            with zipfile.ZipFile(f) as archive:
+                for info in archive.infolist():
+                    if info.filename.endswith(".npy"):
+                        with archive.open(info) as member:
+                            _check_header(member, info.file_size, f"{path} ({info.filename})")
+            return
+        f.seek(0)
+        _check_header(f, os.fstat(f.fileno()).st_size, str(path))
+
+
+def _check_header(f, size: int, what: str) -> None:
+    if f.read(6) != b"\x93NUMPY":
+        return  # np.load says what it is
+    f.seek(0)
+    version = np.lib.format.read_magic(f)
+    reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if reader is None:
+        return  # a format version numpy reads and checks itself
+    shape, _, dtype = reader(f)
+    claimed = math.prod(shape) * dtype.itemsize
+    held = size - f.tell()
+    if claimed > held:
+        raise DatasetError(f"{what}: its header claims an array of shape {shape} of {dtype} ({claimed:,} bytes), but "
+                           f"the file holds {max(held, 0):,} bytes after it (truncated or damaged?)")
+
+
 def load_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
     """A user's .npy (its array) or .npz (its arrays by name), read whole without pickle;
-    DatasetError in one line when the file is not a readable one."""
+    DatasetError in one line when the file is not a readable one, or claims arrays larger
+    than it holds or than memory holds."""
     try:
+        _check_claimed_sizes(path)
         with open(path, "rb") as f:
             loaded = np.load(f, allow_pickle=False)
             if isinstance(loaded, np.lib.npyio.NpzFile):
                 with loaded:
                     return {k: loaded[k] for k in loaded.files}
             return loaded
+    except DatasetError:
+        raise
     except UNREADABLE_ARRAY as exc:
         try:
             with open(path, "rb") as f:
@@ -71,6 +111,8 @@ def load_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
                                ".npz header: damaged or overwritten?)") from exc
         raise DatasetError(f"{path}: not a readable {Path(path).suffix or 'numpy'} file "
                            f"({type(exc).__name__}: {exc})") from exc
+    except MemoryError:
+        raise DatasetError(f"{path}: its arrays do not fit in memory") from None
 
 
 def hash_csr(h, indptr: np.ndarray, indices: np.ndarray) -> None:
@@ -214,6 +256,37 @@ def check_index_dtypes(indptr: np.ndarray, indices: np.ndarray, what: str = "") 
     if not (indptr.dtype.isnative and indices.dtype.isnative):
         raise DatasetError(f"{what}indptr and indices must be stored in this machine's byte order (.npy "
                            f"little-endian), got {indptr.dtype.str} and {indices.dtype.str}")
+
+
+def float32_features(x: np.ndarray, what: str) -> np.ndarray:
+    """x as the float32 rows a dataset stores, or DatasetError naming the first row that
+    is not finite there: NaN, an infinity, or a float64 past float32's range (cast to inf
+    with only a RuntimeWarning). Every answer that read such a row would be NaN; it was
+    imported silently. Checked a block of rows at a time (bounded temporaries)."""
+    if x.dtype.kind not in "biuf":
+        raise DatasetError(f"{what} must be numbers, got {x.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        return x  # the caller names the shape it needs
+    step = max(1, (1 << 24) // max(x.shape[1], 1))
+    for lo in range(0, x.shape[0], step):
+        bad = np.flatnonzero(~np.isfinite(x[lo:lo + step]).all(axis=1))
+        if bad.size:
+            row = lo + int(bad[0])
+            bad_rows = int(bad.size) + sum(int((~np.isfinite(x[i:i + step]).all(axis=1)).sum())
+                                           for i in range(lo + step, x.shape[0], step))
+            raise DatasetError(f"{what}: row {row} is not finite as float32 (NaN, an infinity, or past float32's "
+                               f"range; {bad_rows:,} of {x.shape[0]:,} rows are): every answer reading it would be NaN")
+    return x
+
+
+def check_int64_ids(ei: np.ndarray, src) -> None:
+    """DatasetError for unsigned ids past int64's range: ids are stored and requested as
+    int64, and the cast wrapped them (18446744073709551615 was stored, and answered, as -1)."""
+    if ei.dtype.kind == "u" and ei.size and int(ei.max()) > np.iinfo(np.int64).max:
+        raise DatasetError(f"{src}: node id {int(ei.max())} does not fit in int64 (ids are stored and requested as "
+                           "int64)")
 
 
 def dataset_kind(path: str | Path) -> str:

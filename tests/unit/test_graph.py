@@ -381,3 +381,46 @@ def test_an_edge_list_whose_columns_change_names_the_file_s_line(tmp_path, text,
     (tmp_path / "e.txt").write_text(text)
     with pytest.raises(DatasetError, match=f"e.txt: an edge list needs two columns 'src dst' per line: {said}$"):
         import_graph(tmp_path / "e.txt", tmp_path / "out")
+
+
+def _npy_header_only(shape, descr="<i8") -> bytes:
+    """A .npy whose header claims `shape` and that holds no data after it."""
+    import struct
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %r, }" % (descr, shape)
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode()
+
+
+@pytest.mark.parametrize("shape", [(2, 2**40), (2, 2**33), (2, 3)])
+def test_an_npz_whose_header_claims_more_than_it_holds_is_refused_before_anything_is_allocated(tmp_path, shape):
+    """numpy allocates what a member's header claims before reading it: a 200-byte .npz
+    claiming 16 TiB was a MemoryError traceback, and one claiming less than the machine's
+    memory took it before the read failed."""
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w") as archive:
+        archive.writestr("edge_index.npy", _npy_header_only(shape))
+    with pytest.raises(DatasetError, match=r"bomb\.npz \(edge_index\.npy\): its header claims an array of shape "
+                                           rf"\(2, {shape[1]}\) of int64 .* but the file holds 0 bytes"):
+        import_graph(tmp_path / "bomb.npz", tmp_path / "out")
+
+
+def test_unsigned_ids_past_int64_are_refused_not_wrapped_to_negative_ones(tmp_path):
+    # 2**64 - 1 was cast to -1: stored in the id map, and answered, as node -1
+    np.savez(tmp_path / "g.npz", edge_index=np.array([[0, 2**64 - 1], [1, 5]], dtype=np.uint64))
+    with pytest.raises(DatasetError, match="node id 18446744073709551615 does not fit in int64"):
+        import_graph(tmp_path / "g.npz", tmp_path / "out")
+    np.savez(tmp_path / "ok.npz", edge_index=np.array([[0, 2**62], [1, 5]], dtype=np.uint64))
+    g = GraphStore.open(import_graph(tmp_path / "ok.npz", tmp_path / "ok"))
+    assert g.id_map.external.tolist() == [0, 1, 5, 2**62]
+
+
+@pytest.mark.parametrize("x", [np.array([[0.0], [np.nan], [1.0]]), np.array([[0.0], [1.0], [1e300]]),
+                               np.array([[0.0], [1.0], [-np.inf]], np.float32)])
+def test_features_that_are_not_finite_as_float32_are_refused_naming_the_row(tmp_path, x):
+    """Imported silently (1e300 became inf with a RuntimeWarning): every answer reading
+    the row was NaN."""
+    np.savez(tmp_path / "g.npz", edge_index=np.array([[0, 1], [1, 2]]), x=x)
+    bad = 2 if x[1, 0] == 1.0 else 1
+    with pytest.raises(DatasetError, match=rf"g\.npz: x: row {bad} is not finite as float32 .*1 of 3 rows"):
+        import_graph(tmp_path / "g.npz", tmp_path / "out")
+    assert not (tmp_path / "out" / "meta.json").exists()

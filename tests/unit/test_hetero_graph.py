@@ -1,6 +1,8 @@
 """The heterogeneous store and its importers: HeteroData files, edge lists per edge type."""
 
 import json
+import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +193,50 @@ def test_the_hetero_fingerprint_covers_row_splits_and_type_names(tmp_path):
     assert fingerprint("again", [0, 1, 2, 3]) == base
     assert fingerprint("split", [0, 2, 2, 3]) != base  # the same sources, other targets
     assert fingerprint("named", [0, 1, 2, 3], ("person", "item")) != base
+
+
+def _lists_with(tmp_path, **arrays) -> Path:
+    src = tmp_path / "lists"
+    src.mkdir()
+    (src / "user__rates__item.txt").write_text("0 1\n1 2\n")
+    for name, value in arrays.items():
+        if isinstance(value, str):  # a header claiming 16 TiB, and no data
+            header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 4), }"
+            header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+            (src / f"{name}.npy").write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        else:
+            np.save(src / f"{name}.npy", value)
+    return src
+
+
+@pytest.mark.parametrize("arrays, match", [
+    # numpy allocated the 16 TiB the header claimed: a MemoryError traceback
+    ({"user.x": "header only"}, r"user\.x\.npy: its header claims an array of shape \(1099511627776, 4\)"),
+    ({"user.x": np.float32(3)}, r"user\.x\.npy: features must be 2-D \[N, F\], got shape \(\)"),  # IndexError
+    ({"user.x": np.array([["a"], ["b"]])}, r"user\.x\.npy must be numbers"),  # unnamed "could not convert"
+    ({"user.x": np.array([[0.0], [np.nan]], np.float32)}, r"user\.x\.npy: row 1 is not finite as float32"),
+    ({"user.x": np.array([[0.0], [1e300]])}, r"user\.x\.npy: row 1 is not finite as float32"),
+])
+def test_a_node_types_feature_file_that_cannot_be_served_is_refused_naming_it(tmp_path, arrays, match):
+    with pytest.raises(DatasetError, match=match):
+        import_graph(_lists_with(tmp_path, **arrays), tmp_path / "d")
+
+
+@pytest.mark.parametrize("y", [np.array([np.nan, 1.0]), np.array([0.5, 1.0]), np.array(["a", "b"])])
+def test_a_node_types_labels_that_are_not_class_numbers_are_skipped_not_cast(tmp_path, y, caplog):
+    # cast to int64, NaN became -2**63 and 0.5 became class 0; names were an unnamed ValueError
+    import_graph(_lists_with(tmp_path, **{"user.y": y}), tmp_path / "d")
+    g = HeteroGraphStore.open(tmp_path / "d")
+    assert g.nodes["user"].labels is None and g.meta["ignored_fields"] == ["user.y"]
+    assert "not class numbers" in caplog.text
+
+
+def test_ids_past_int64_in_an_edge_list_directory_are_names_or_refused(tmp_path):
+    src = _lists_with(tmp_path)
+    (src / "user__rates__item.txt").write_text("0 1\n18446744073709551615 2\n")  # an OverflowError traceback
+    g = HeteroGraphStore.open(import_graph(src, tmp_path / "d"))
+    assert g.nodes["user"].id_map.external.tolist() == ["0", "18446744073709551615"]
+    (src / "user__rates__item.txt").unlink()
+    np.savez(src / "user__rates__item.npz", edge_index=np.array([[0, 2**64 - 1], [1, 2]], dtype=np.uint64))
+    with pytest.raises(DatasetError, match="node id 18446744073709551615 does not fit in int64"):
+        import_graph(src, tmp_path / "e")
