@@ -80,7 +80,7 @@ def open_rank(opts: RankOptions, rank: int, world: int) -> tuple[PartitionedEval
         raise ConfigError(f"model {opts.model} expects {model.in_dim}-dim features but dataset {opts.dataset} "
                           f"has {graph.feature_dim}")
     features = features_fingerprint(graph)
-    store = EmbeddingStore.open(opts.model, graph.fingerprint, graph.num_nodes, features=features)
+    store = EmbeddingStore.open(opts.model, graph.fingerprint, graph.num_nodes, features=features, model=model)
     method, model_fp = resolve_method(opts.method), model_fingerprint(opts.model)
     # the group's first collective: ranks that differ here would go out of step in the next
     # ones and wait out the timeout, at every restart

@@ -90,18 +90,20 @@ class EmbeddingStore:
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
-    def for_graph(cls, model_dir: Path, graph) -> "EmbeddingStore | None":
+    def for_graph(cls, model_dir: Path, graph, model=None) -> "EmbeddingStore | None":
         """open() for a dataset opened as `graph` (a GraphStore): its fingerprint, nodes and
         features."""
-        return cls.open(model_dir, graph.fingerprint, graph.num_nodes, features=features_fingerprint(graph))
+        return cls.open(model_dir, graph.fingerprint, graph.num_nodes, features=features_fingerprint(graph),
+                        model=model)
 
     @classmethod
     def open(cls, model_dir: Path, dataset_fingerprint: str, num_nodes: int | None = None, *,
-             features: str | None = None) -> "EmbeddingStore | None":
+             features: str | None = None, model=None) -> "EmbeddingStore | None":
         """The complete store for this model and dataset, or None when absent, unfinished
         or damaged (logged: its rows are then computed or sampled, never misread).
         num_nodes: the dataset's, which every stored layer must have a row for; features:
-        its features_fingerprint, which the store's must equal when it records one."""
+        its features_fingerprint, which the store's must equal when it records one; model:
+        the layer stack loaded from model_dir, whose layers and widths the store's must be."""
         root = embeddings_dir(model_dir, dataset_fingerprint)
         state = read_state(root)
         if state is None:
@@ -120,9 +122,11 @@ class EmbeddingStore:
             return None
         try:
             layers, output = _stored_arrays(root, state, num_nodes)
+            if model is not None:
+                _check_fits_model(layers, output, model)
         except ValueError as exc:
-            log.warning("precomputed embeddings in %s are damaged (%s): not served (run `hybridgnn precompute` "
-                        "again)", root, exc)
+            log.warning("precomputed embeddings in %s are damaged or not this model's (%s): not served (run "
+                        "`hybridgnn precompute` again)", root, exc)
             return None
         if not unchanged(root, state):
             return None
@@ -146,6 +150,26 @@ def stored_array(path: Path, rows: int | None = None) -> np.ndarray:
         raise ValueError(f"{path.parent.name}/{path.name} holds {a.dtype} {a.shape}, not float "
                          f"[{rows if rows is not None else 'rows'}, width]")
     return a
+
+
+def _check_fits_model(layers: list[np.ndarray], output: np.ndarray | None, model) -> None:
+    """ValueError unless the stored layers are the model's: as many, each as wide as the
+    model's layer, and an output as wide as its output exactly when it has a readout. A
+    store whose state.json records no weights (written before it did, or edited) was
+    served whatever its widths: precomputed answers of 16 logits from an 8-class model."""
+    from hybridgnn.embeddings.precompute import layer_dims
+
+    if len(layers) != model.num_layers:
+        raise ValueError(f"it holds {len(layers)} layers, the model has {model.num_layers}")
+    dims = layer_dims(model, model.in_dim)
+    widths = [int(a.shape[1]) for a in layers]
+    if widths != dims:
+        raise ValueError(f"its layers are {widths} wide, the model's {dims}")
+    if (output is not None) != bool(model.readout_needed):
+        raise ValueError("it has an output.npy and the model no readout" if output is not None else
+                         "it lacks the output.npy of the model's readout")
+    if output is not None and int(output.shape[1]) != model.out_dim:
+        raise ValueError(f"its output.npy is {int(output.shape[1])} wide, the model's output {model.out_dim}")
 
 
 def _stored_arrays(root: Path, state: dict, num_nodes: int | None) -> tuple[list[np.ndarray], np.ndarray | None]:

@@ -127,7 +127,7 @@ class Resources:
         self.seed_counts = base.seed_counts if base is not None else np.zeros(self.graph.num_nodes, dtype=np.int64)
         self.tables = (base.tables if base is not None and tuple(base.cfg.sampling.fanouts) == tuple(cfg.sampling.fanouts)
                        else WorkloadTables.load_or_build(self.graph, cfg.sampling.fanouts))
-        self.embeddings = EmbeddingStore.for_graph(cfg.model_dir, self.graph)
+        self.embeddings = EmbeddingStore.for_graph(cfg.model_dir, self.graph, self.model)
         self.new_nodes = (NewNodeEvaluator(self.graph, self.model, self.embeddings)
                           if self.embeddings is not None else None)
         # Graph updates (off unless a token is configured): one DynamicGraph read by every

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -610,3 +611,36 @@ def test_a_jumping_knowledge_models_embedding_is_what_its_head_reads(jk):
     want = {"cat": torch.cat(layers, dim=-1), "max": torch.maximum(*layers), "last": layers[-1]}[jk]
     assert torch.equal(stack.embedding(layers, torch.randn(5, 4)), want)
     assert torch.allclose(stack.readout(layers), model.lin(want))
+
+
+def _store_of_another_model(root, n):
+    """A store whose state.json records no weights (as before it did): its last layer 5
+    wide, the model's 3."""
+    state = json.loads((root / "state.json").read_text())
+    del state["model_fingerprint"]
+    np.save(root / "layer_3.npy", np.zeros((n, 5), np.float32))
+    (root / "state.json").write_text(json.dumps({**state, "dims": [*state["dims"][:2], 5]}))
+
+
+def _store_one_layer_short(root, n):
+    state = json.loads((root / "state.json").read_text())
+    del state["model_fingerprint"]
+    (root / "layer_3.npy").unlink()
+    (root / "state.json").write_text(json.dumps({**state, "num_layers": 2, "dims": state["dims"][:2]}))
+
+
+@pytest.mark.parametrize("change, said", [(_store_of_another_model, r"its layers are \[8, 8, 5\] wide, the model's "
+                                                                     r"\[8, 8, 3\]"),
+                                          (_store_one_layer_short, "it holds 2 layers, the model has 3")])
+def test_a_store_that_is_not_the_models_is_not_served(skewed_graph, tmp_path, caplog, change, said):
+    """Served whatever its widths when state.json named no weights: precomputed answers
+    of 5 logits from a 3-class model (and an IndexError for new nodes)."""
+    from hybridgnn.models.decompose import decompose
+
+    model = GNN(ModelSpec("sage", skewed_graph.feature_dim, 8, 3, num_layers=3)).eval()
+    precompute(skewed_graph, model, tmp_path / "m", progress=False)
+    n = skewed_graph.num_nodes
+    change(embeddings_dir(tmp_path / "m", skewed_graph.fingerprint), n)
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, n) is not None  # nothing to compare with
+    assert EmbeddingStore.open(tmp_path / "m", skewed_graph.fingerprint, n, model=decompose(model)) is None
+    assert re.search(f"not this model's \\({said}\\)", caplog.text)
