@@ -57,6 +57,15 @@ class Curve:
     def __post_init__(self):
         if len(self.psgs) == 0 or len(self.psgs) != len(self.seconds):
             raise ValueError("a curve needs as many latencies as PSGS knots, and at least one")
+        # as floats: a JSON integer past int64 (10**30 seconds) made an object array that
+        # np.interp refused with a TypeError when the policy was chosen
+        try:
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (*self.psgs, *self.seconds)):
+                raise TypeError
+            self.psgs, self.seconds = [float(v) for v in self.psgs], [float(v) for v in self.seconds]
+        except (TypeError, OverflowError):
+            raise ValueError(f"a curve's PSGS knots and latencies must be numbers, got knots {str(self.psgs)[:80]} "
+                             f"and seconds {str(self.seconds)[:80]}") from None
         if any(b <= a for a, b in zip(self.psgs, self.psgs[1:], strict=False)):
             raise ValueError("curve knots must increase")
         # a NaN knot or latency makes every comparison false (a threshold from nothing), an

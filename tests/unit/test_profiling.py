@@ -681,10 +681,17 @@ def test_slo_mean_bounds_batches_by_the_mean_curve():
 @pytest.mark.parametrize("edit, match", [
     (_set("bin_edges", [100, 100]), "bin_edges must be at least two increasing"),
     (_set("schema_version", 2), "profile schema_version 2; this build reads 1"),
+    # an integer past int64 made an object array: a TypeError traceback choosing the policy
+    (_set("pipelines", "cpu", "curves", "tail", "seconds", 0, 10**30), None),
+    (_set("pipelines", "cpu", "curves", "mean", "psgs", -1, 10**400), "must be numbers"),  # OverflowError
+    (_set("pipelines", "cpu", "curves", "mean", "seconds", 0, True), "must be numbers"),
 ])
 def test_a_profile_of_another_schema_or_one_empty_bin_is_refused(tmp_path, edit, match):
     from hybridgnn.scheduler.policy import Profile
 
+    if match is None:  # loaded, and a policy chosen from it
+        Profile.load(_edited_profile(tmp_path, edit)).policy("slo:30", load=ServingLoad(cores=2))
+        return
     with pytest.raises(ValueError, match=match):
         Profile.load(_edited_profile(tmp_path, edit))
 
