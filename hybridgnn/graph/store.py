@@ -52,21 +52,27 @@ def written_by_torch_save(path: Path) -> bool:
 
 
 def _check_claimed_sizes(path: Path) -> None:
-    """DatasetError unless every array header in the .npy or .npz at path claims no more
-    bytes than the file (or its archive member) holds: numpy allocates what a header claims
-    before it reads, so a 100-byte file claiming 16 TiB was a MemoryError traceback (and one
-    claiming less than the memory, that much memory taken before the read failed)."""
     with open(path, "rb") as f:
-        if zipfile.is_zipfile(f):
-            f.seek(0)
-            with zipfile.ZipFile(f) as archive:
-                for info in archive.infolist():
-                    if info.filename.endswith(".npy"):
-                        with archive.open(info) as member:
-                            _check_header(member, info.file_size, f"{path} ({info.filename})")
-            return
+        check_claimed_sizes(f, os.fstat(f.fileno()).st_size, str(path))
+
+
+def check_claimed_sizes(f, size: int, what: str) -> None:
+    """DatasetError unless every array header in the .npy or .npz that binary file f
+    (of size bytes) holds claims no more bytes than the file (or its archive member) holds:
+    numpy allocates what a header claims before it reads, so a 100-byte file claiming 16 TiB
+    was a MemoryError traceback (and one claiming less than the memory, that much memory
+    taken before the read failed). Leaves f at its start."""
+    if zipfile.is_zipfile(f):
         f.seek(0)
-        _check_header(f, os.fstat(f.fileno()).st_size, str(path))
+        with zipfile.ZipFile(f) as archive:
+            for info in archive.infolist():
+                if info.filename.endswith(".npy"):
+                    with archive.open(info) as member:
+                        _check_header(member, info.file_size, f"{what} ({info.filename})")
+    else:
+        f.seek(0)
+        _check_header(f, size, what)
+    f.seek(0)
 
 
 def _check_header(f, size: int, what: str) -> None:

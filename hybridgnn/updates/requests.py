@@ -21,6 +21,7 @@ import numpy as np
 
 from hybridgnn.errors import BadRequest, PayloadTooLarge, brief
 from hybridgnn.graph.dynamic import UpdateBatch
+from hybridgnn.graph.store import check_claimed_sizes
 
 ENTRY_FORMAT = 2
 
@@ -252,18 +253,33 @@ class EntryFormat(ValueError):
 
 def decode_entry(blob: bytes) -> list[LoggedRequest]:
     """The requests of one log entry; EntryFormat if another build wrote it, ValueError if
-    it is not one (damaged)."""
+    it is not one (damaged: a cut or changed blob raised zipfile's BadZipFile, EOFError,
+    NotImplementedError or RuntimeError, which the follower did not take for damage and
+    which stopped it)."""
     try:
-        z = np.load(io.BytesIO(blob), allow_pickle=False)
-    except (OSError, EOFError) as exc:
-        raise ValueError(f"not a log entry: {exc}") from exc
-    with z:
+        return _decode_entry(blob)
+    except ValueError:  # EntryFormat included
+        raise
+    except Exception as exc:  # zip and .npy readers fail on damage in many types
+        raise ValueError(f"not a log entry ({type(exc).__name__}: {exc})") from exc
+
+
+def _decode_entry(blob: bytes) -> list[LoggedRequest]:
+    f = io.BytesIO(blob)
+    check_claimed_sizes(f, len(blob), "the entry")  # a damaged header claiming terabytes is not allocated
+    with np.load(f, allow_pickle=False) as z:
         if "format" not in z.files or int(z["format"]) != ENTRY_FORMAT:
             raise EntryFormat(int(z["format"]) if "format" in z.files else None)
         counts, strings, keys, digests = z["counts"], z["strings"], z["keys"], z["digests"]
         columns = {name: z[name] for name in z.files if name.split("__")[0] in UPDATE_INPUTS}
     if counts.shape != strings.shape or counts.shape != (len(keys), len(_NAMES)) or len(digests) != len(keys):
         raise ValueError("log entry tables do not agree")
+    if counts.dtype.kind not in "iu" or (counts.size and int(counts.min()) < 0):
+        raise ValueError("log entry counts are not whole numbers >= 0")
+    for j, name in enumerate(_NAMES):  # each column holds exactly what its requests count (else misread slices)
+        for column, mask in ((name, ~strings[:, j].astype(bool)), (f"{name}__str", strings[:, j].astype(bool))):
+            if int(counts[mask, j].sum()) != (len(columns[column]) if column in columns else 0):
+                raise ValueError(f"log entry column {column} does not hold what its requests count")
     cursor = dict.fromkeys(columns, 0)
     out = []
     for i in range(len(counts)):
