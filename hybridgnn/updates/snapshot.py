@@ -112,10 +112,18 @@ class Snapshots:
                 meta = read_json(info)
             except (OSError, ValueError):
                 continue
+            if not isinstance(meta, dict):
+                continue
             if (meta.get("format") == FORMAT and meta.get("log_id") == self.log_id
                     and meta.get("base_fingerprint") == self.base_fingerprint
                     and (any_model or meta.get("model_fingerprint") in self._models)):
-                out.append((int(meta["position"]), path))
+                position = meta.get("position")
+                if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+                    # int("x") or int(None) was a traceback at start, every start
+                    log.warning("snapshot %s names log position %r, not a whole number: passed over", path,
+                                position)
+                    continue
+                out.append((position, path))
         return sorted(out)
 
     def oldest_position(self) -> int | None:
@@ -149,7 +157,12 @@ class Snapshots:
         return None
 
     def _load(self, position: int, path: Path, with_embeddings: bool) -> Snapshot:
+        """The snapshot at path, checked (_check_snapshot); ValueError (or OSError,
+        KeyError, TypeError, EOFError) when it does not load."""
         meta = read_json(path / "snapshot.json")
+        num_layers = meta.get("num_layers")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 0 <= num_layers <= 1000:
+            raise ValueError(f"snapshot.json's num_layers is {num_layers!r}")
 
         def load(name: str) -> np.ndarray:
             return np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
@@ -160,14 +173,16 @@ class Snapshots:
             output = load("output") if meta.get("output") else None
             aggregates = [load(f"aggregate_{i + 1}") if (path / f"aggregate_{i + 1}.npy").is_file() else None
                           for i in range(meta["num_layers"])]
-        self.last_position = position
-        return Snapshot(path=path, position=position, graph_version=int(meta["graph_version"]),
+        snap = Snapshot(path=path, position=position, graph_version=int(meta["graph_version"]),
                         indptr=np.load(path / "indptr.npy", allow_pickle=False),
                         indices=np.load(path / "indices.npy", allow_pickle=False),
                         features=load("features"), alive=np.load(path / "alive.npy", allow_pickle=False),
                         added_ids=load("added_ids") if meta.get("added_ids") else None,
                         layers=layers, output=output, aggregates=aggregates,
                         keys=[tuple(k) for k in read_json(path / "keys.json")])
+        _check_snapshot(snap)
+        self.last_position = position
+        return snap
 
     def due(self, position: int) -> bool:
         """Whether a snapshot at `position` is wanted: `every` entries past the newest one,
@@ -253,6 +268,38 @@ class Snapshots:
                     continue  # our own, being written
                 if time.time() - path.stat().st_mtime > 3600:  # another process's, abandoned
                     shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_snapshot(snap: Snapshot) -> None:
+    """ValueError unless a snapshot read from disk holds what one writes: a CSR whose
+    indptr never falls and whose every index names one of its nodes (the samplers, and
+    scipy building the reverse adjacency, read rows without bounds checks: a damaged
+    indices.npy was a segmentation fault at every start), and per node one alive flag,
+    one feature row and one row of every embedding array. Reads each index once."""
+    from hybridgnn.graph.store import check_csr, check_index_dtypes
+
+    indptr, indices = snap.indptr, snap.indices
+    if indptr.ndim != 1 or indices.ndim != 1 or indptr.shape[0] < 1:
+        raise ValueError(f"indptr and indices must be 1-D, got shapes {indptr.shape} and {indices.shape}")
+    check_index_dtypes(indptr, indices)
+    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.shape[0]:
+        raise ValueError(f"indptr must run from 0 to the {indices.shape[0]} indices, runs from {int(indptr[0])} to "
+                         f"{int(indptr[-1])}")
+    n = indptr.shape[0] - 1
+    check_csr(indptr, indices, n)
+    if snap.alive.shape != (n,) or snap.alive.dtype != np.bool_:
+        raise ValueError(f"alive.npy must hold one bool per node ({n}), got {snap.alive.dtype} {snap.alive.shape}")
+    rows = {"features": snap.features, "output": snap.output, **{f"layer_{i + 1}": a for i, a in
+                                                                  enumerate(snap.layers or [])},
+            **{f"aggregate_{i + 1}": a for i, a in enumerate(snap.aggregates or [])}}
+    for name, a in rows.items():
+        if a is not None and (a.ndim != 2 or a.shape[0] != n or a.dtype.kind != "f"):
+            raise ValueError(f"{name}.npy must hold a float row per node ({n}), got {a.dtype} {a.shape}")
+    if isinstance(snap.graph_version, bool) or snap.graph_version < 0:
+        raise ValueError(f"graph_version must be a whole number >= 0, got {snap.graph_version!r}")
+    if not all(len(k) == 3 and isinstance(k[0], str) and isinstance(k[1], str) and isinstance(k[2], dict)
+               for k in snap.keys):
+        raise ValueError("keys.json must list [key, digest, answer] triples")
 
 
 def _fsync(path: Path) -> None:

@@ -353,6 +353,56 @@ def test_a_snapshot_plus_the_rest_of_the_log_equals_the_whole_log(tmp_path):
                      log_id=log.log_id, every=2, also_model="m1").latest(with_embeddings=True) is not None
 
 
+def _damage_array(name, change):
+    def damage(path):
+        a = np.load(path / f"{name}.npy")
+        np.save(path / f"{name}.npy", change(a.copy()))
+    return damage
+
+
+def _damage_meta(**changes):
+    def damage(path):
+        meta = json.loads((path / "snapshot.json").read_text())
+        (path / "snapshot.json").write_text(json.dumps({**meta, **changes}))
+    return damage
+
+
+def _set_at(i, value):
+    def change(a):
+        a[i] = value
+        return a
+    return change
+
+
+@pytest.mark.parametrize("damage", [
+    _damage_array("indices", _set_at(3, 10**6)),  # a segmentation fault restoring it, at every start
+    _damage_array("indices", _set_at(3, -3)),
+    _damage_array("indptr", _set_at(3, 0)),  # falls
+    _damage_array("indptr", lambda a: a.astype(np.float64)),
+    _damage_array("alive", lambda a: a[:-1]),
+    _damage_array("layer_1", lambda a: a[:10]),
+    _damage_meta(position="x"),  # int("x"): a ValueError traceback at every start
+    _damage_meta(position=None),
+    _damage_meta(num_layers="2"),
+    lambda path: (path / "snapshot.json").write_text("[1]"),  # an AttributeError traceback
+    lambda path: (path / "keys.json").write_text("[5]"),
+])
+def test_a_damaged_snapshot_is_passed_over_for_an_older_one(tmp_path, damage):
+    dyn, inc = dynamic_setup(tmp_path / "g")
+
+    def snapshots():
+        return Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
+                         log_id="L", every=1, keep=2)
+
+    older = snapshots().write(snapshots().capture(1, dyn, inc, {}))
+    newer = snapshots().write(snapshots().capture(2, dyn, inc, {}))
+    damage(newer)
+    snap = snapshots().latest(with_embeddings=True)
+    assert snap is not None and snap.path == older
+    fresh = DynamicGraph(dyn.base)
+    fresh.restore(snap.indptr, snap.indices, snap.features, snap.alive, snap.graph_version)
+
+
 def test_snapshots_are_pruned_to_the_newest_few(tmp_path):
     dyn, inc = dynamic_setup(tmp_path / "g")
     snaps = Snapshots(tmp_path / "snaps", base_fingerprint=dyn.base.fingerprint, model_fingerprint="m",
