@@ -10,6 +10,7 @@ embeddings. A rank then reads only its own CSR rows and feature rows (LocalPart)
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import numpy as np
 from hybridgnn.capabilities import save_array
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.csr import gather_rows
+
+log = logging.getLogger(__name__)
 
 METHODS = ("auto", "metis", "ranges")
 
@@ -111,9 +114,10 @@ def compute_partition(graph, method: str, parts: int, cache_root: Path | None) -
         raise ConfigError(f"cannot split {graph.num_nodes} nodes into {parts} parts")
     path = partition_file(cache_root, method, parts) if cache_root is not None else None
     if path is not None and path.is_file():
-        owner = np.load(path, mmap_mode="r")
-        if owner.shape == (graph.num_nodes,):
+        owner = _owner_file(path, graph.num_nodes, parts)
+        if isinstance(owner, np.ndarray):
             return Partition(method, parts, owner=owner)
+        log.warning("partition file %s %s: computing the partition again", path, owner)
     owner = metis_parts(np.asarray(graph.indptr), np.asarray(graph.indices), parts)
     if path is not None:
         save_array(path, owner)  # atomic: a reader sees no file or the whole one
@@ -124,7 +128,26 @@ def load_partition(method: str, parts: int, cache_root: Path, graph) -> Partitio
     """The partition another rank computed (compute_partition with the same arguments)."""
     if method == "ranges":
         return Partition("ranges", parts, bounds=range_bounds(np.asarray(graph.indptr), parts))
-    return Partition(method, parts, owner=np.load(partition_file(cache_root, method, parts), mmap_mode="r"))
+    path = partition_file(cache_root, method, parts)
+    owner = _owner_file(path, graph.num_nodes, parts)
+    if not isinstance(owner, np.ndarray):
+        raise ConfigError(f"partition file {path} {owner}")
+    return Partition(method, parts, owner=owner)
+
+
+def _owner_file(path: Path, num_nodes: int, parts: int) -> np.ndarray | str:
+    """The owner array a partition file holds, mapped, or what is wrong with it: one that
+    did not load (empty, cut short) was a traceback, and an owner past the parts left its
+    nodes to no rank (never computed, yet the store was marked complete)."""
+    try:
+        owner = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        return f"does not load ({type(exc).__name__}: {exc})"
+    if owner.shape != (num_nodes,) or owner.dtype.kind not in "iu":
+        return f"holds {owner.dtype} {owner.shape}, not an integer owner per node ({num_nodes})"
+    if num_nodes and (int(owner.min()) < 0 or int(owner.max()) >= parts):
+        return f"names owners in [{int(owner.min())}, {int(owner.max())}], not parts 0..{parts - 1}"
+    return owner
 
 
 @dataclass

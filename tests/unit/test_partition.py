@@ -106,3 +106,28 @@ def test_metis_cuts_fewer_edges_than_ranges_and_is_cached(tmp_path):
     again = compute_partition(graph, "metis", 4, tmp_path)
     assert np.array_equal(np.asarray(again.owner), np.asarray(metis.owner))
     assert cut(metis) < cut(compute_partition(graph, "ranges", 4, tmp_path))
+
+
+@pytest.mark.parametrize("cached, said", [
+    (np.full(60, 7, np.int64), r"names owners in \[7, 7\], not parts 0..3"),  # nodes no rank computed
+    (np.full(60, -1, np.int64), r"names owners in \[-1, -1\]"),
+    (np.zeros(60, np.float64), "holds float64 \\(60,\\), not an integer owner per node"),
+    (b"", "does not load"),  # an EOFError traceback
+    (b"\x93NUMPY\x01\x00", "does not load"),  # cut short
+])
+def test_a_damaged_partition_file_is_computed_again_or_refused_by_the_ranks_that_read_it(
+        skewed_graph, tmp_path, monkeypatch, caplog, cached, said):
+    from hybridgnn.distributed import partition
+    from hybridgnn.distributed.partition import load_partition, partition_file
+
+    monkeypatch.setattr(partition, "metis_parts", lambda indptr, indices, parts: np.arange(len(indptr) - 1) % parts)
+    path = partition_file(tmp_path, "metis", 4)
+    if isinstance(cached, bytes):
+        path.write_bytes(cached)
+    else:
+        np.save(path, cached)
+    with pytest.raises(ConfigError, match=f"partition file {path} {said}"):
+        load_partition("metis", 4, tmp_path, skewed_graph)
+    made = compute_partition(skewed_graph, "metis", 4, tmp_path)
+    assert np.array_equal(np.asarray(made.owner), np.arange(60) % 4) and said.split(" ")[0] in caplog.text
+    assert np.array_equal(np.asarray(load_partition("metis", 4, tmp_path, skewed_graph).owner), np.arange(60) % 4)
