@@ -350,7 +350,12 @@ def grpc_body(model: str, ids: np.ndarray, parameters: dict | None = None) -> by
     return req.SerializeToString()
 
 
-_GRPC_STATUS = {"OK": 200, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503}
+# gRPC status code -> the HTTP status a REST client would have got (the server's GRPC_CODES
+# read backwards; RESOURCE_EXHAUSTED is admission's 429 far more often than a 413); an
+# answer that never came (DEADLINE_EXCEEDED, CANCELLED) counts as -1, as over REST
+_GRPC_STATUS = {"OK": 200, "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403,
+                "NOT_FOUND": 404, "UNIMPLEMENTED": 405, "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429,
+                "UNAVAILABLE": 503, "INTERNAL": 500, "UNKNOWN": 500}
 
 
 async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.ndarray, arrivals: np.ndarray,

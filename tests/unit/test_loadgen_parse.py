@@ -132,3 +132,17 @@ def test_a_connection_reads_a_failing_answers_message_and_counts_it_as_before():
         conn.data_received(answer[20:])
     assert pool.statuses.tolist() == [400, 200] and pool.outstanding == 0
     assert pool.samples.to_dict() == {"400": ["node_ids must be INT64"]}
+
+
+def test_a_grpc_error_counts_as_the_status_a_rest_client_would_have_got():
+    """A gRPC run's errors are counted by the HTTP status the server's error carries (every
+    code but OK and admission's counted as -1, no answer, before: a run of bad requests
+    read as a server that never answered)."""
+    from hybridgnn.bench.loadgen import _GRPC_STATUS
+    from hybridgnn.serving.grpc.service import GRPC_CODES
+
+    for status, code in GRPC_CODES.items():
+        if status in (408, 413):  # their codes are a timeout's (no answer) and admission's (429)
+            continue
+        assert _GRPC_STATUS[code.name] == status, code
+    assert "DEADLINE_EXCEEDED" not in _GRPC_STATUS and _GRPC_STATUS["INTERNAL"] == 500
