@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybridgnn.errors import BadRequest, PayloadTooLarge, brief
+from hybridgnn.errors import BadRequest, PayloadTooLarge, UpdateError, brief
 from hybridgnn.graph.dynamic import UpdateBatch
 from hybridgnn.graph.store import check_claimed_sizes
 
@@ -182,7 +182,9 @@ def _to_internal_ids(tensors: dict[str, np.ndarray], id_map) -> tuple[dict[str, 
 
 def to_batch(requests: list[UpdateRequest], num_nodes: int) -> tuple[UpdateBatch, list[np.ndarray]]:
     """Merge requests into one UpdateBatch against a graph of num_nodes nodes; also returns
-    each request's assigned new-node ids (in request order, after num_nodes)."""
+    each request's assigned new-node ids (in request order, after num_nodes). UpdateError
+    when a request names, by its id, a node a later request adds: alone, in order, it names
+    no node (merged, it would take that one)."""
     parts = {k: [] for k in ("add", "rm", "feat", "rmn", "uid", "uf")}
     assigned, next_id = [], num_nodes
     for r in requests:
@@ -196,11 +198,15 @@ def to_batch(requests: list[UpdateRequest], num_nodes: int) -> tuple[UpdateBatch
             return ids
 
         next_id += r.num_new
-        parts["add"].append(resolve(r.add_edges))
+        add, uid = resolve(r.add_edges), resolve(r.update_ids)
+        if len(requests) > 1 and ((add >= next_id).any() or (uid >= next_id).any()):
+            raise UpdateError(f"node {int(max(add.max(initial=0), uid.max(initial=0)))} is named before the request "
+                              "that adds it")
+        parts["add"].append(add)
         parts["rm"].append(r.remove_edges.astype(np.int64))
         parts["feat"].append(r.add_node_features)
         parts["rmn"].append(r.remove_nodes.astype(np.int64))
-        parts["uid"].append(resolve(r.update_ids))
+        parts["uid"].append(uid)
         parts["uf"].append(r.update_features)
     feats = np.concatenate(parts["feat"]).astype(np.float32)
     uf = np.concatenate(parts["uf"]).astype(np.float32)

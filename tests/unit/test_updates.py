@@ -96,6 +96,22 @@ def test_the_follower_falls_back_per_request_when_a_merged_entry_is_rejected(tmp
     assert dyn.version == 1 and dyn.has_edges(np.array([0]), np.array([59])).all()
 
 
+def test_a_request_naming_a_node_a_later_request_of_its_entry_adds_is_rejected_as_alone(tmp_path):
+    """Merged, the first request's edge to node 60 (no such node) took the node the second
+    request adds, and applied; alone, in order, it is rejected. The entry now applies as
+    its requests alone do."""
+    from hybridgnn.updates.log import MemoryLog
+    from hybridgnn.updates.requests import LoggedRequest
+
+    dyn, inc, _ = _parts(tmp_path)
+    log = MemoryLog()
+    log.append(encode_entry([LoggedRequest({"add_edges": np.array([[4, 60]])}),
+                             LoggedRequest({"add_node_features": np.ones((1, 4), np.float32)})]))
+    [(_, (first, second))] = follower_for(dyn, inc, log).step(block_s=0)
+    assert isinstance(first, UpdateError) and "unknown node 60" in str(first)
+    assert second["new_node_ids"] == [60] and not dyn.has_edges(np.array([4]), np.array([60])).any()
+
+
 def test_the_follower_compacts_in_the_background(tmp_path):
     dyn, inc, tel = _parts(tmp_path)
     req = decode_update_request(body(t("add_edges", [[0, 59], [59, 0]], "INT64")), None, feature_dim=4,
