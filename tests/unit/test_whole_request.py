@@ -231,9 +231,19 @@ def test_a_tracing_clients_heads_are_kept_by_their_form():
         found = requests.parse(data)
         assert found == whole_request(data, 65536, 1 << 20)
         assert found[2]["x-request-id"] == f"r{i:04d}" and found[2]["traceparent"].endswith(f"{i:016x}-01")
-    assert len(requests._kept) == 1
+    assert len(requests._kept_cut) == 1 and not requests._kept
     # an empty value, and one _HEAD would not take, read as the head says (or are llhttp's)
     assert requests.parse(request(fields=["Host: a", "X-Request-Id:", "traceparent: x"]))[2]["x-request-id"] == ""
     assert requests.parse(request(fields=["Host: a", "X-Request-Id: caf\xe9", "traceparent: x"])) is None
     two = request(fields=["Host: a", "X-Request-Id: 1", "X-Request-Id: 2", "traceparent: x"])
     assert [requests.parse(two) for _ in range(3)] == [None] * 3  # a field twice: the Connection's
+
+
+def test_heads_kept_by_their_form_are_bounded(monkeypatch):
+    monkeypatch.setattr(whole, "HEADS_KEPT", 4)
+    monkeypatch.setattr(whole, "HEADS_SEEN", 8)
+    requests = WholeRequests(65536, 1 << 20)
+    for i in range(40):  # forty forms, each twice (with other ids)
+        assert requests.parse(request(fields=[f"Host: {i}", "X-Request-Id: a"])) is None
+        assert requests.parse(request(fields=[f"Host: {i}", "X-Request-Id: b"]))[2]["x-request-id"] == "b"
+        assert len(requests._kept_cut) <= 4 and len(requests._seen) <= 8 and not requests._kept

@@ -125,12 +125,21 @@ class HttpLookups:
             return None  # the general way parses it (once)
         # A body with a request id has a kept form only when the id is a plain string (a
         # hole of the form); no kept body holds '"id"' elsewhere.
-        rid = _RID.search(body) if b'"id"' in body else None
-        ids = _IDS.search(body) if rid is not None or b'"id"' not in body else None
-        if ids is not None:
-            form = self._forms.get((model, version, _form_of(body, ids, rid)))
-            if form is not None:  # None from it: the ids do not fit, and the quick lane would say so too
-                return self._formed(form, ids.group(1), rid)
+        if b'"id"' not in body:
+            rid = None
+            ids = _IDS.search(body)
+            if ids is not None:
+                start, end = ids.span(1)
+                form = self._forms.get((model, version, body[:start] + body[end:]))
+                if form is not None:  # None from it: the ids do not fit, and the quick lane would say so too
+                    return self._formed(form, ids.group(1), None)
+        else:
+            rid = _RID.search(body)
+            ids = _IDS.search(body) if rid is not None else None
+            if ids is not None:
+                form = self._forms.get((model, version, _form_of(body, ids, rid)))
+                if form is not None:
+                    return self._formed(form, ids.group(1), rid)
         if not self.local.may_quick(body, model, version):
             return None
         try:

@@ -151,9 +151,11 @@ class WholeRequests:
     def __init__(self, max_header_bytes: int, max_body_bytes: int):
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
-        # head (without its per-request values) -> plain_head()'s answer, or False for a
-        # head left to llhttp
+        # head -> plain_head()'s answer, or False for a head left to llhttp: heads without
+        # per-request fields by their bytes (a hit is such a head: one lookup, as before
+        # there were others), those with them by their cut (per_request_cut)
         self._kept: dict[bytes, tuple[str, bytes, dict[str, str], int] | bool] = {}
+        self._kept_cut: dict[bytes, tuple[str, bytes, dict[str, str], int] | bool] = {}
         self._seen: set[bytes] = set()
 
     def parse(self, data: bytes) -> tuple[str, bytes, dict[str, str], bytes] | None:
@@ -165,25 +167,44 @@ class WholeRequests:
         if end < 0 or end > HEAD_KEPT_BYTES:
             return None
         head = data[:end]
-        cut = per_request_cut(head)
-        key = head if cut is None else cut[0]
-        kept = self._kept.get(key)
+        kept = self._kept.get(head)
         if kept is None:
-            if key not in self._seen:
-                if len(self._seen) >= HEADS_SEEN:
-                    self._seen.clear()
-                self._seen.add(key)
-                return None
-            self._seen.discard(key)
-            if len(self._kept) >= HEADS_KEPT:
-                self._kept.clear()
-            kept = self._kept[key] = plain_head(head, self.max_header_bytes, self.max_body_bytes) or False
+            cut = per_request_cut(head)
+            if cut is None:
+                kept = self._keep(head, head, self._kept)
+                if kept is None:
+                    return None
+            else:
+                kept = self._kept_cut.get(cut[0])
+                if kept is None:
+                    kept = self._keep(head, cut[0], self._kept_cut)
+                    if kept is None:
+                        return None
+                return self._with_values(kept, cut[1], head, data, end)
         if kept is False or len(data) - end - 4 != kept[3]:
             return None
-        if cut is None:
-            return kept[0], kept[1], kept[2], data[end + 4:]
-        headers = kept[2].copy()  # the kept head's fields with this head's own values
-        for name, value in cut[1]:
+        return kept[0], kept[1], kept[2], data[end + 4:]
+
+    def _keep(self, head: bytes, key: bytes, kept: dict):
+        """plain_head(head) kept under key if key was seen before (None: seen now, the
+        first time; llhttp parses it)."""
+        if key not in self._seen:
+            if len(self._seen) >= HEADS_SEEN:
+                self._seen.clear()
+            self._seen.add(key)
+            return None
+        self._seen.discard(key)
+        if len(kept) >= HEADS_KEPT:
+            kept.clear()
+        found = kept[key] = plain_head(head, self.max_header_bytes, self.max_body_bytes) or False
+        return found
+
+    def _with_values(self, kept, values: list[tuple[str, bytes]], head: bytes, data: bytes, end: int):
+        """The kept head's parse with this head's own per-request values."""
+        if kept is False or len(data) - end - 4 != kept[3]:
+            return None
+        headers = kept[2].copy()
+        for name, value in values:
             if _VALUE.fullmatch(value) is None:
                 return None  # llhttp or the Connection decides what _HEAD would not take
             headers[name] = value.strip(b" \t").decode("ascii")
