@@ -48,10 +48,11 @@ _FIELD = re.compile("(" + _TOKEN.decode() + r"):[ \t]*((?:[!-~]+(?:[ \t]+[!-~]+)
 _LEFT_TO_LLHTTP = frozenset({"transfer-encoding", "expect", "upgrade", "proxy-connection"})
 
 # Fields a client may set anew in every request (a tracing client's request id): a head is
-# kept without their values (lower-case names, each as `\r\n<name>:` in the lowered head).
+# kept without their values. A field line of one, with a value _HEAD takes (one that it
+# would not is left in the head, which plain_head then refuses: llhttp's).
 PER_REQUEST_FIELDS = ("x-request-id", "traceparent")
-_PER_REQUEST_MARKS = tuple((name, b"\r\n" + name.encode() + b":") for name in PER_REQUEST_FIELDS)
-_VALUE = re.compile(rb"[\t -~]*")  # what _HEAD takes as a field's value
+_PER_REQUEST = re.compile(rb"\r\n(" + "|".join(PER_REQUEST_FIELDS).encode() + rb"):([\t -~]*)(?=\r\n|\Z)",
+                          re.IGNORECASE)
 
 # Header field names as sent -> lower-case text, kept: llhttp's (bytes) and _FIELD's (text)
 # apart (b"Host" and "Host" hash alike: one table would compare them, a BytesWarning under -b).
@@ -122,25 +123,23 @@ def whole_request(data: bytes, max_header_bytes: int, max_body_bytes: int
 
 def per_request_cut(head: bytes) -> tuple[bytes, list[tuple[str, bytes]]] | None:
     """(the head without the values of its PER_REQUEST_FIELDS, [(name, value as sent)]), or
-    None when it has none. Each field's first occurrence is cut: a second makes the head
-    one plain_head refuses, so its key is kept as llhttp's."""
-    lowered = head.lower()
-    spans = []
-    for name, mark in _PER_REQUEST_MARKS:
-        at = lowered.find(mark)
-        if at >= 0:
-            start = at + len(mark)
-            end = lowered.find(b"\r\n", start)
-            spans.append((start, len(head) if end < 0 else end, name))
-    if not spans:
+    None when it has none. Every such field is cut: a head with one twice is one that
+    plain_head refuses, so its key is kept as llhttp's."""
+    found = _PER_REQUEST.search(head)
+    if found is None:
         return None
-    spans.sort()
-    pieces, values, last = [], [], 0
-    for start, end, name in spans:
-        pieces.append(head[last:start])
-        values.append((name, head[start:end]))
-        last = end
-    pieces.append(head[last:])
+    start, end = found.span(2)
+    values = [(found.group(1).lower().decode("ascii"), found.group(2))]
+    found = _PER_REQUEST.search(head, end)
+    if found is None:  # one such field (a client sets one)
+        return head[:start] + head[end:], values
+    pieces = [head[:start]]
+    while found is not None:
+        pieces.append(head[end:found.start(2)])
+        values.append((found.group(1).lower().decode("ascii"), found.group(2)))
+        end = found.end(2)
+        found = _PER_REQUEST.search(head, end)
+    pieces.append(head[end:])
     return b"".join(pieces), values
 
 
@@ -204,9 +203,7 @@ class WholeRequests:
         if kept is False or len(data) - end - 4 != kept[3]:
             return None
         headers = kept[2].copy()
-        for name, value in values:
-            if _VALUE.fullmatch(value) is None:
-                return None  # llhttp or the Connection decides what _HEAD would not take
+        for name, value in values:  # values _HEAD takes (per_request_cut's)
             headers[name] = value.strip(b" \t").decode("ascii")
         if len(head) + 4 + len(headers) > self.max_header_bytes:
             return None  # this head's values take it nearer the bound: the Connection decides
