@@ -8,7 +8,6 @@ a batch of one. Demo graph and model by default.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import heavy_setup, machine, strict_json  # noqa: E402
+from bench.common import heavy_setup, machine, progress, strict_json  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.features.store import HostFeatureStore  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
@@ -50,7 +49,7 @@ def main() -> None:
         per_batch = (time.perf_counter() - t0) / args.batches
         rows.append({"batch_seeds": size, "us_per_batch": round(per_batch * 1e6, 1),
                      "us_per_seed": round(per_batch / size * 1e6, 2)})
-        print(json.dumps(rows[-1]), flush=True)
+        progress(rows[-1])
     base = rows[0]["us_per_seed"]
     for row in rows:
         row["per_seed_saving_vs_first"] = round(base / row["us_per_seed"], 1)

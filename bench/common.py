@@ -39,6 +39,11 @@ def machine() -> str:
     return describe_line()
 
 
+def progress(row) -> None:
+    """One progress line of a benchmark: compact strict JSON (a figure with no value is null)."""
+    print(strict_json(row, indent=None), flush=True)
+
+
 def emit_report(report: dict, out: Path | None) -> None:
     """Print a bench's JSON report last (what a device run's output tail carries) and
     write it to `out` when given; strict JSON (strict_json: a figure with no value is

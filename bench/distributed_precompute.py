@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA, emit_report, ensure_graph, machine  # noqa: E402
+from bench.common import DATA, emit_report, ensure_graph, machine, progress  # noqa: E402
 from hybridgnn.distributed.partition import metis_available  # noqa: E402
 from hybridgnn.embeddings.store import EmbeddingStore  # noqa: E402
 from hybridgnn.graph.generate import generate_csbm  # noqa: E402
@@ -166,7 +166,7 @@ def main() -> None:
     table += bytes_table(cruns, f"csbm ({cgraph.num_nodes} nodes, 16 communities)")
     report["bytes_per_layer"] = table
     for row in table:
-        print(json.dumps(row), flush=True)
+        progress(row)
 
     # core-seconds per edge per layer, from the one-process run (2 threads)
     widths = [100, args.hidden, args.hidden]

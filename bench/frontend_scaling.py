@@ -34,7 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench.common import emit_report, machine, process_tree_cpu_seconds, serve_revision  # noqa: E402
+from bench.common import (  # noqa: E402
+    emit_report,
+    machine,
+    process_tree_cpu_seconds,
+    progress,
+    serve_revision,
+)
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.config.settings import parse_cpus  # noqa: E402
@@ -112,7 +118,7 @@ def max_rate(load: Load, url: str, pid: int, args) -> tuple[float, dict | None, 
         for _ in range(2):
             t = load.trial(url, rate, args.trial_s, pid)
             trials.append(t)
-            print(json.dumps(t), flush=True)
+            progress(t)
             if t["ok"] == t["sent"] and t["p99_ms"] is not None and t["p99_ms"] <= args.slo_ms:
                 return t
         return None

@@ -21,7 +21,6 @@ then compare two CPU implementations, not a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PRODUCTS, emit_report, ensure_products, machine  # noqa: E402
+from bench.common import PRODUCTS, emit_report, ensure_products, machine, progress  # noqa: E402
 from hybridgnn.capabilities import CPU_COUNT, HAS_CUDA  # noqa: E402
 from hybridgnn.features.store import CachedFeatureStore  # noqa: E402
 from hybridgnn.graph.store import GraphStore  # noqa: E402
@@ -204,7 +203,7 @@ def main() -> None:
                 crossover = b
             row = {k: (round(v / 1e6, 3) if isinstance(v, float) and "_vs_" not in k else v)
                    for k, v in row.items()}  # rates in M sampled edges/s
-            print(json.dumps(row), flush=True)
+            progress(row)
             report["sampler"].append(row)
         report[f"crossover_batch_{'-'.join(map(str, fanouts))}"] = crossover
     report["gather"] = gather_bandwidth(graph, placements["uva"], args.seconds)

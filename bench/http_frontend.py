@@ -35,6 +35,7 @@ from bench.common import (  # noqa: E402
     machine,
     main_thread_cpu_seconds,
     process_tree_cpu_seconds,
+    progress,
     serve_revision,
     strict_json,
 )
@@ -80,7 +81,7 @@ def measure(dataset, model, rev: str | None, args) -> dict:
            "loop_cores": round(loop_s / args.duration_s, 3),
            "ok": res.ok, "achieved_rps": round(res.achieved_rps), "p50_ms": round(res.p50_ms, 2),
            "p99_ms": round(res.p99_ms, 2), "errors": res.errors, "rejected": res.rejected}
-    print(json.dumps(out), flush=True)
+    progress(out)
     return out
 
 

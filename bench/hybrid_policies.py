@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import emit_report, heavy_setup, machine, serve_revision  # noqa: E402
+from bench.common import emit_report, heavy_setup, machine, progress, serve_revision  # noqa: E402
 from bench.overload import encode, open_loop  # noqa: E402
 from hybridgnn.capabilities import HAS_CUDA  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -273,7 +273,7 @@ def main() -> None:
             except Exception as exc:  # one broken policy must not hide the others' figures
                 res = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             report["results"][f"{mode}/{name}"] = res
-            print(json.dumps({f"{mode}/{name}": res}), flush=True)
+            progress({f"{mode}/{name}": res})
         single = [report["results"].get(f"{mode}/{p}", {}).get("seeds_per_s", 0.0) for p in ("cpu", "gpu")]
         rate = {p: report["results"].get(f"{mode}/{p}", {}).get("seeds_per_s", 0.0) for p in policies}
         hybrid = max(rate.get(p, 0.0) for p in ("hybrid", "hybrid_model", "hybrid_threads", "hybrid_slo"))

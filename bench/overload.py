@@ -100,6 +100,7 @@ from bench.common import (  # noqa: E402
     descendants_cpu_seconds,
     heavy_setup,
     machine,
+    progress,
     serve_revision,
     strict_json,
     thread_cpu_seconds,
@@ -570,7 +571,7 @@ def measured_run(srv, wire: list[bytes], rate: float, args, *, label: str, multi
         # and requests waited in the client for one
         "client_limited": bool(r["send_lag_s"] > max(0.05, 0.02 * dur) or r["client_queued"] > 0),
     }
-    print(json.dumps(out), flush=True)
+    progress(out)
     return out
 
 

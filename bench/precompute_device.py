@@ -8,7 +8,6 @@ thread per core).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import emit_report, heavy_setup, machine  # noqa: E402
+from bench.common import emit_report, heavy_setup, machine, progress  # noqa: E402
 from hybridgnn.capabilities import CPU_COUNT, HAS_CUDA  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.embeddings.precompute import PrecomputeConfig, precompute  # noqa: E402
@@ -53,7 +52,7 @@ def main() -> None:
             report["seconds"][device] = round(time.perf_counter() - t0, 2)
             rows = np.random.default_rng(0).choice(graph.num_nodes, size=min(1000, graph.num_nodes), replace=False)
             outputs[device] = np.asarray(store.layers[-1][np.sort(rows)], dtype=np.float64)
-        print(json.dumps({device: report["seconds"][device]}), flush=True)
+        progress({device: report["seconds"][device]})
     if "cpu" in outputs and len(outputs) > 1:
         ref = outputs["cpu"]
         for device, out in outputs.items():

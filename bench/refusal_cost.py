@@ -32,7 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, model_for_revision, revision_env, strict_json  # noqa: E402
+from bench.common import (  # noqa: E402
+    machine,
+    model_for_revision,
+    progress,
+    revision_env,
+    strict_json,
+)
 from hybridgnn.demo import ensure_demo  # noqa: E402
 
 KINDS = ("standing_queue", "queue_delay", "not_found")
@@ -97,7 +103,7 @@ async def main():
     refused = engine.metadata()["admission"]
     out["refused_standing_queue"], out["refused_by_delay"] = refused["refused_standing_queue"], refused["refused_by_delay"]
     await engine.stop()
-    print(json.dumps(out))
+    progress(out)
 
 
 asyncio.run(main())
@@ -116,7 +122,7 @@ def measure(rev: str | None, dataset: Path, model: Path, requests: int) -> dict:
     if out["refused_standing_queue"] < wanted or out["refused_by_delay"] < 2 * wanted:
         raise RuntimeError(f"not every request was refused: {out}")
     out["server"] = "current" if rev is None else f"baseline {rev}"
-    print(json.dumps(out), flush=True)
+    progress(out)
     return out
 
 

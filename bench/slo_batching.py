@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import heavy_setup, machine, strict_json, thread_cpu_seconds  # noqa: E402
+from bench.common import heavy_setup, machine, progress, strict_json, thread_cpu_seconds  # noqa: E402
 from hybridgnn.bench.loadgen import run_load  # noqa: E402
 from hybridgnn.capabilities import HAS_CUDA, raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
@@ -141,7 +141,7 @@ def main() -> None:
               "service_scale": round(drift, 3),
               "strict_batch_psgs": round(strict.max_batch_psgs), "fixed_batch_seeds": fixed_seeds,
               "strict_predicted_seeds_per_s": round(strict.predicted_seeds_per_s), "results": {}}
-    print(json.dumps({k: v for k, v in report.items() if k != "results"}), flush=True)
+    progress({k: v for k, v in report.items() if k != "results"})
     # Rounds visit the policies in turn, each server warmed at the offered rate first: on
     # this VM a run's speed drifts with what ran before it, so one pass in a fixed order
     # would favour whichever policy comes last.

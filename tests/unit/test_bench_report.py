@@ -38,3 +38,11 @@ def test_the_bench_scripts_report_writer_prints_and_writes_strict_json(tmp_path,
     printed = _strict_loads(capsys.readouterr().out)
     assert printed == _strict_loads((tmp_path / "r.json").read_text())
     assert printed == {"machine": "m", "rows": [{"seeds_per_s": 0.0, "vs_baseline": None}], "p99_ms": None}
+
+
+def test_a_bench_scripts_progress_line_is_one_line_of_strict_json(capsys):
+    from bench.common import progress
+
+    progress({"rate": 100, "p99_ms": float("nan"), "served": [1.0, math.inf]})
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and _strict_loads(out) == {"rate": 100, "p99_ms": None, "served": [1.0, None]}
