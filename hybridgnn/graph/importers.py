@@ -264,7 +264,10 @@ def _map_ids(src: Path, ei: np.ndarray, mode: str, *, has_rows: bool) -> tuple[I
     """(the id map, edge_index in dense ids), or (None, ei) when ids stay as they are."""
     if ei.dtype.kind == "U":
         if mode == "dense":
-            raise DatasetError(f"{src}: node ids are not integers (e.g. {str(ei.flat[0])!r}); use --ids map")
+            flat = ei.reshape(-1)
+            names = flat[~np.char.isdigit(np.char.lstrip(flat, "+-"))]  # the ids that made the rest text
+            example = str(names[0] if names.size else flat[0])
+            raise DatasetError(f"{src}: node ids are not integers (e.g. {example!r}); use --ids map")
         why = "are names, not integers"
     elif mode == "dense" or (mode == "auto" and has_rows):
         return None, ei

@@ -291,6 +291,10 @@ def test_dense_ids_and_ids_with_features_are_kept(tmp_path):
     with pytest.raises(DatasetError, match="not integers"):
         (tmp_path / "n.txt").write_text("a b\n")
         import_graph(tmp_path / "n.txt", tmp_path / "h", ids="dense")
+    # the example is an id that is not an integer (it was the first id, here '0')
+    (tmp_path / "mixed.txt").write_text("0 1\n-2 +3\n1 carol\n")
+    with pytest.raises(DatasetError, match=r"not integers \(e\.g\. 'carol'\)"):
+        import_graph(tmp_path / "mixed.txt", tmp_path / "x", ids="dense")
     import_graph(tmp_path / "e.txt", tmp_path / "m", ids="map")
     assert GraphStore.open(tmp_path / "m").id_map.kind == "int64"
 
