@@ -1,4 +1,4 @@
-"""Import graphs from a PyG `Data` file (loaded with weights_only) or an edge list / .npz."""
+"""Import graphs from a PyG `Data` file (loaded with weights_only) or an edge list / .npz / .npy."""
 
 from __future__ import annotations
 
@@ -99,6 +99,13 @@ def _load_edge_file(path: Path) -> dict:
         if "edge_index" not in out and {"src", "dst"} <= out.keys():
             out["edge_index"] = np.stack([out.pop("src"), out.pop("dst")])
         return out
+    if path.suffix == ".npy":  # one array: the edge_index (PyG's [2, E])
+        edges = load_arrays(path)
+        if not isinstance(edges, np.ndarray) or edges.ndim != 2 or edges.shape[0] != 2:
+            shape = getattr(edges, "shape", None)
+            raise DatasetError(f"{path}: a .npy edge list must be an edge_index of shape [2, E], got shape "
+                               f"{list(shape) if shape is not None else '?'} (an [E, 2] array: save its transpose)")
+        return {"edge_index": edges}
     columns = _first_line_columns(path)
     # 'src dst weight' lines: the columns past two are not served (and as one int64 table a
     # weight such as 0.5 failed to parse, which read every id as a name)
@@ -139,7 +146,7 @@ def import_graph(
     ids: str = "auto",
 ) -> Path:
     """Convert `source` (.pt/.pth PyG Data or HeteroData, .npz with edge_index [and x, y,
-    masks], a text edge list, or a directory of edge lists per edge type) into a dataset
+    masks], .npy of an edge_index [2, E], a text edge list, or a directory of edge lists per edge type) into a dataset
     directory. Edges (s, t) mean t aggregates from s, as in PyG.
     Without features, random Gaussian features of `feature_dim` are made (and recorded).
 

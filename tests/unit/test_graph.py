@@ -428,3 +428,17 @@ def test_features_that_are_not_finite_as_float32_are_refused_naming_the_row(tmp_
     with pytest.raises(DatasetError, match=rf"g\.npz: x: row {bad} is not finite as float32 .*1 of 3 rows"):
         import_graph(tmp_path / "g.npz", tmp_path / "out")
     assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_a_npy_edge_index_imports_as_its_edge_list_does(tmp_path):
+    """A .npy of PyG's edge_index [2, E] is an edge list (it was read as text: an error
+    about UTF-8); any other shape is refused in one line saying what is expected."""
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n3 0\n")
+    np.save(tmp_path / "e.npy", np.array([[0, 1, 3], [1, 2, 0]], dtype=np.int64))
+    a = GraphStore.open(import_graph(tmp_path / "e.txt", tmp_path / "a", feature_dim=4))
+    b = GraphStore.open(import_graph(tmp_path / "e.npy", tmp_path / "b", feature_dim=4))
+    assert a.fingerprint == b.fingerprint
+    np.save(tmp_path / "t.npy", np.array([[0, 1], [1, 2], [3, 0]], dtype=np.int64))
+    with pytest.raises(DatasetError, match=r"t\.npy: a \.npy edge list must be an edge_index of shape \[2, E\], "
+                                           r"got shape \[3, 2\]"):
+        import_graph(tmp_path / "t.npy", tmp_path / "c")
