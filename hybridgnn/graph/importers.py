@@ -235,9 +235,9 @@ def import_graph(
         labels, ignored_extra = None, ["y"]
     elif labels is not None and not _class_numbers(np.asarray(labels)):
         # cast to int64, NaN became -2**63 and 0.5 became 0: classes that were never there
-        log.warning("%s: y holds %s values that are not class numbers (regression targets?); not imported "
-                    "(a dataset stores one class per node, and serving does not read labels)", src,
-                    np.asarray(labels).dtype)
+        log.warning("%s: y holds %s values that are not class numbers 0..%d (regression targets, ids?); not "
+                    "imported (a dataset stores one class per node, and serving does not read labels)", src,
+                    np.asarray(labels).dtype, MAX_CLASSES - 1)
         labels, ignored_extra = None, ["y"]
     if labels is not None:
         labels = np.asarray(labels).reshape(-1)
@@ -259,12 +259,19 @@ def import_graph(
     return path
 
 
+MAX_CLASSES = 1 << 20  # labels past this are ids of something else: num_classes would size a model's output
+
+
 def _class_numbers(y: np.ndarray) -> bool:
-    """Whether y holds whole numbers (class ids, -1 for unlabelled) that int64 keeps."""
-    if y.dtype.kind in "biu":
+    """Whether y holds class numbers: whole numbers in [-1, MAX_CLASSES) (-1 for
+    unlabelled). Labels of 2**40 made num_classes 2**40 + 1, which `train` then tried to
+    allocate an output layer for."""
+    if y.dtype.kind == "b":
         return True
-    return y.dtype.kind == "f" and bool(np.isfinite(y).all()) and bool(np.array_equal(y, np.round(y))) and (
-        not y.size or float(np.abs(y).max()) < 2**62)
+    if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and not (np.isfinite(y).all()
+                                                                   and np.array_equal(y, np.round(y)))):
+        return False
+    return not y.size or (float(y.min()) >= -1 and float(y.max()) < MAX_CLASSES)
 
 
 def _map_ids(src: Path, ei: np.ndarray, mode: str, *, has_rows: bool) -> tuple[IdMap | None, np.ndarray]:

@@ -221,9 +221,11 @@ def test_a_data_file_with_fields_of_the_wrong_kind_is_one_dataset_error_and_writ
     assert not (tmp_path / "out" / "meta.json").exists()  # the mask was refused only once written
 
 
-@pytest.mark.parametrize("y", [torch.tensor([0.0, float("nan"), 1.0]), torch.tensor([0.25, 1.5, 2.0])])
+@pytest.mark.parametrize("y", [torch.tensor([0.0, float("nan"), 1.0]), torch.tensor([0.25, 1.5, 2.0]),
+                               torch.tensor([0, 1, 2**40]), torch.tensor([0, -5, 1])])
 def test_a_y_that_is_not_class_numbers_is_skipped_not_cast(tmp_path, y, caplog):
-    # cast to int64, NaN became -2**63 (and num_classes wrong) and 0.25 became class 0
+    # cast to int64, NaN became -2**63 (and num_classes wrong) and 0.25 became class 0; a
+    # label of 2**40 made num_classes 2**40 + 1, an output layer train could not allocate
     torch.save({"edge_index": torch.tensor([[0, 1], [1, 2]]), "x": torch.zeros(3, 2), "y": y}, tmp_path / "g.pt")
     import_graph(tmp_path / "g.pt", tmp_path / "out")
     g = GraphStore.open(tmp_path / "out")
