@@ -659,3 +659,63 @@ def test_kept_forms_are_bounded(http_lookups, monkeypatch):
         body = infer_body([1], parameters={"mode": "precomputed"}).replace(b"{", b"{" + b" " * spaces, 1)
         assert http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None) is not None
         assert len(http_lookups._forms) <= 4
+
+
+_NO_ID = object()  # a body without an id
+_RIDS = st.one_of(st.just(_NO_ID), st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False),
+                  *[st.text(alphabet="ab7 /<>&{}:,[]id-", max_size=12)] * 6,  # plain: a hole of the form
+                  st.text(alphabet='ab7 "\\/<>&\u00e9\u2028\t\x00\x7f{}:,[]id', max_size=12),
+                  st.text(alphabet="abc", min_size=126, max_size=130))
+
+
+@st.composite
+def _lookup_forms(draw) -> dict:
+    """How a client writes its lookups: the keys' order, blanks, outputs, and where its
+    request id sits (the body's, a parameter, the input's, or the body's twice)."""
+    return {"order": draw(st.permutations(["id", "inputs", "parameters", "outputs"])),
+            "tensor": draw(st.permutations(["name", "shape", "datatype", "data"])),
+            "outputs": draw(st.sampled_from([None, [], [{"name": "logits"}], [{"name": "embeddings"}, {"name": "logits"}],
+                                             [{"name": "predictions"}, {"name": "predictions"}]])),
+            "where": draw(st.sampled_from(["body", "body", "body", "parameters", "input", "twice"])),
+            "blanks": draw(st.sampled_from([(", ", ": "), (",", ":"), (" ,\n", " :\t")])), "n": draw(st.integers(1, 3))}
+
+
+def _lookup_body(form: dict, ids: list[int], rid, second) -> bytes:
+    tensor = {"name": "node_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}
+    parts = {"inputs": [{key: tensor[key] for key in form["tensor"]}], "parameters": {"mode": "precomputed"},
+             "outputs": form["outputs"]}
+    if rid is not _NO_ID:
+        {"body": parts, "twice": parts, "parameters": parts["parameters"], "input": parts["inputs"][0]}[
+            form["where"]]["id"] = rid
+    doc = {key: parts[key] for key in form["order"] if key in parts and parts[key] is not None}
+    sep, colon = form["blanks"]
+    text = json.dumps(doc, separators=(sep, colon), ensure_ascii=False)
+    if form["where"] == "twice" and rid is not _NO_ID:  # the last of two is the one parsed
+        text = text[:-1] + sep + '"id"' + colon + json.dumps(second) + "}"
+    return text.encode()
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(form=_lookup_forms(), rid=_RIDS,
+       others=st.lists(st.tuples(st.lists(st.integers(0, 3005), min_size=1, max_size=3), _RIDS), max_size=5))
+def test_lookups_of_any_form_with_any_request_id_are_answered_as_the_general_lane_answers_them(
+        http_lookups, form, rid, others):
+    """Property: whatever form a client's lookups take (keys in any order, any blanks, any
+    outputs) and whatever its request id is (a plain string, one with quotes, escapes or
+    other characters, too long, a number, null, or none; in the body, in the parameters or
+    the input, or twice, the last as in the first body), once the quick lane kept the form,
+    a body of it with other ids and another request id is answered with the general lane's
+    bytes, or left to it."""
+    http_lookups._forms.clear()
+    first = _lookup_body(form, list(range(form["n"])), rid, rid)
+    http_lookups.quick_reply(Request({}, {}, first), "hybridgnn", None)
+    for ids, other in [(list(range(form["n"])), rid), *others]:
+        body = _lookup_body(form, ids, _NO_ID if rid is _NO_ID else other, rid)
+        answered = http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None)
+        if answered is None:
+            continue
+        try:
+            general = http_lookups.reply(*parse_infer(body, None, "hybridgnn", None))
+        except BadRequest:
+            general = None
+        assert general is not None and _same(answered, general), body
