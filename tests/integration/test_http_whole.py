@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hybridgnn.serving.http.protocol import Connection
 from hybridgnn.serving.http.reply import Reply
 from hybridgnn.serving.http.server import HttpServer
+from hybridgnn.serving.http.whole import whole_request
 
 
 class _Transport:
@@ -161,3 +162,66 @@ def test_a_head_split_over_reads_then_whole_requests_then_blank_lines_are_bounde
     llhttp begins the next message), however the requests before it were parsed."""
     reads = [b"GET /x HTTP/1.1\r\nHo", b"st: a\r\n\r\n", b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"] + [b"\r\n"] * 252
     assert serve(reads, True) == serve(reads, False)
+
+
+def test_a_tracing_clients_request_id_near_the_head_bound_is_answered_as_llhttp_answers_it():
+    """A head kept by its cut (a short request id) stands for a head whose id takes it to
+    the bound only as far as whole.py's own measure allows: ids a byte apart, from well
+    within the bound to past it, are each answered as llhttp answers them (200 up to the
+    Connection's bound, then 431), whether or not the whole lane takes them."""
+    def traced(rid: str) -> bytes:
+        return request(fields=("Host: a", f"X-Request-Id: {rid}", "traceparent: 00-1-2-01"), body=b"{}")
+
+    statuses, taken = [], []
+    for length in range(400, 480):
+        reads = [traced("r0"), traced("r" * length), traced("r1")]  # the first keeps the head's cut
+        out = serve(reads, True)
+        assert out == serve(reads, False), length
+        statuses.append(re.findall(rb"HTTP/1\.1 (\d{3})", out[0])[1])
+        taken.append(whole_request(traced("r" * length), 512, 64) is not None)
+    # the range holds ids the whole lane takes, ids it leaves to llhttp that fit, and ids past the bound
+    assert True in taken and False in taken and statuses.count(b"431") and \
+        b"200" in statuses[taken.index(False):]
+
+
+_TRACE_NAMES = st.tuples(st.sampled_from(["X-Request-Id", "x-request-id", "X-REQUEST-ID", "traceparent", "TraceParent",
+                                          "X-Request-Ids"]), st.sampled_from([": ", ":", ":\t", " : "]))
+_TRACE_VALUES = st.one_of(*[st.text(alphabet="ab1 \t-", max_size=8)] * 4,
+                          st.sampled_from(["", "caf\xe9", "\x01", "a\r", "v" * 300, "v" * 420]))
+
+
+@st.composite
+def tracing_requests(draw) -> list[bytes]:
+    """Requests of one tracing client: one head but for its per-request values (most of
+    them), now and then another request."""
+    shape = draw(st.lists(st.one_of(_TRACE_NAMES, _TRACE_NAMES, st.sampled_from(
+        ["Host: b", "X-Id: 1", "Connection: close", "Connection: keep-alive", "Content-Length: 2"])), max_size=4))
+    method = draw(st.sampled_from(["POST", "POST", "GET", "HEAD"]))
+    length = draw(st.sampled_from(["right"] * 6 + ["none", "100"]))
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        fields = [f if isinstance(f, str) else f"{f[0]}{f[1]}{draw(_TRACE_VALUES)}" for f in shape]
+        if draw(st.integers(0, 5)) == 0:
+            fields = ["X-Id: 2", *fields]  # another head
+        out.append(request(method=method, fields=["Host: a", *fields], body=draw(st.binary(max_size=40)),
+                           length=length))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=tracing_requests(), each=st.booleans(),
+       cuts=st.lists(st.integers(0, 600), max_size=3), pipelined=st.sampled_from([1, 8]))
+def test_a_tracing_clients_stream_in_any_pieces_is_answered_as_when_llhttp_parses_it_all(stream, each, cuts,
+                                                                                          pipelined):
+    """Property: a tracing client's requests (X-Request-Id and traceparent in any case, any
+    order, twice, empty, with blanks, obs-text or control bytes, long enough to pass the
+    head's bound) beside plain ones, one per read or cut anywhere, get the same bytes, closes
+    and lingering as with llhttp alone: a head kept by its cut answers with each request's
+    own values, and never stands for a head the Connection would refuse."""
+    if each:
+        reads = stream
+    else:
+        data = b"".join(stream)
+        points = sorted({min(c, len(data)) for c in cuts})
+        reads = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True) if data[a:b]]
+    assert serve(reads, True, pipelined) == serve(reads, False, pipelined)
