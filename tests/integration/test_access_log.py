@@ -119,3 +119,28 @@ def test_a_client_cannot_split_or_forge_a_line(lines):
     [line] = lines()
     assert line.count('"') == 2 and "\n" not in line
     assert '"GET /ok\\x5cx HTTP/1.1" 404' in line and line.endswith(" a\\x22 200 9 1ms\\x09b")
+
+
+def test_a_tracing_clients_requests_each_log_their_own_request_id_when_their_head_is_kept(lines):
+    """A head kept by its cut (whole.py: a tracing client's heads differ only in their
+    X-Request-Id and traceparent values) is answered with the request's own values: each
+    line names its request's id, never the kept head's or the one before it, and a plain
+    request (no id, or an empty one) on the same connection logs none."""
+    conn, transport = _connection(True)
+    traced = [b"r-%d" % i for i in range(4)] + [b"\t a\tb \t", b"r-4"]
+    reads = []
+    for i, rid in enumerate(traced):
+        reads.append(b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Request-Id: " + rid + b"\r\ntraceparent: 00-%032x-%016x-01\r\n\r\n"
+                     % (i, i))
+        reads.append(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n" if i % 2 else b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Request-Id:"
+                     b"\r\ntraceparent: 00-%032x-%016x-01\r\n\r\n" % (i, i))
+
+    async def feed():  # one whole request per read, as a client that waits for each answer sends them
+        for data in reads:
+            conn.data_received(data)
+
+    asyncio.run(feed())
+    assert conn.server.whole._kept_cut  # the traced heads were parsed here from their second on
+    ids = [line.split(" ")[-1] for line in lines()]
+    assert ids == [x for rid in traced for x in (rid.strip(b" \t").decode().replace("\t", "\\x09"), "-")]
+    assert transport.out.count(b"HTTP/1.1 200 OK") == len(reads)
