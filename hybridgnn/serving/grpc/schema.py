@@ -11,14 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from google.protobuf import descriptor_pb2, descriptor_pool
-
-try:  # protobuf >= 4.22
-    from google.protobuf.message_factory import GetMessageClass as _message_class
-except ImportError:  # pragma: no cover - older protobuf
-    from google.protobuf.message_factory import MessageFactory
-
-    def _message_class(descriptor):
-        return MessageFactory(descriptor.file.pool).GetPrototype(descriptor)
+from google.protobuf.message_factory import GetMessageClass as _message_class
 
 PACKAGE = "inference"
 SERVICE = f"{PACKAGE}.GRPCInferenceService"
