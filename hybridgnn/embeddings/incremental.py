@@ -331,7 +331,6 @@ class IncrementalEmbeddings:
                    if isinstance(self.model.convs[i], GCNConv)}
         for i in range(self.model.num_layers):
             kind = self.kinds[i]
-            new_rows = self._prev(i, changed)
             gcn_deg_changed = np.empty(0, dtype=np.int64)
             if i in old_gcn:  # dead nodes included: their removed edges carry their old message
                 gcn_deg_changed = touched[self._gcn_degree(i, touched) != old_gcn[i]]
@@ -340,7 +339,7 @@ class IncrementalEmbeddings:
                 _, outs = self.graph.out_neighbours(movers)
                 targets = np.concatenate([outs.astype(np.int64), movers, up.added[:, 1], up.removed[:, 1], up.new_nodes])
             else:
-                outs = self._apply_deltas(i, up, changed, old_rows, new_rows, gcn_deg_changed, touched, old_gcn)
+                outs = self._apply_deltas(i, up, changed, old_rows, gcn_deg_changed, touched, old_gcn)
                 targets = np.concatenate([outs, changed, up.added[:, 1], up.removed[:, 1], up.new_nodes,
                                           gcn_deg_changed])
             targets = self._unique(targets)
@@ -376,7 +375,7 @@ class IncrementalEmbeddings:
         return affected_counts, changed_counts
 
     @torch.inference_mode()
-    def _apply_deltas(self, i, up: AppliedUpdate, changed, old_rows, new_rows, gcn_deg_changed, touched, old_gcn):
+    def _apply_deltas(self, i, up: AppliedUpdate, changed, old_rows, gcn_deg_changed, touched, old_gcn):
         """Bring layer i's aggregates up to date; returns the nodes whose aggregate moved."""
         agg = torch.from_numpy(self.aggregates[i])
         is_gcn = i in old_gcn
