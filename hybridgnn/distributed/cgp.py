@@ -285,7 +285,7 @@ class PartitionedEvaluator:
         home = self._home(targets)
         mine = np.flatnonzero(home == rank)
         if edges is None:
-            src, dst, scale = *self._local_edges(targets, home, qsrc, qdst), None
+            src, dst, scale = *self._local_edges(targets, qsrc, qdst), None
         else:
             src, dst, scale = edges
         src, dst, scale = self._self_loops(src, dst, scale, targets, home, split.self_loops)
@@ -319,7 +319,7 @@ class PartitionedEvaluator:
         order = np.argsort(targets[mine], kind="stable")
         return targets[mine][order], y[torch.from_numpy(order)]
 
-    def _local_edges(self, targets, home, qsrc, qdst) -> tuple[np.ndarray, np.ndarray]:
+    def _local_edges(self, targets, qsrc, qdst) -> tuple[np.ndarray, np.ndarray]:
         """(source ids, target positions) of the edges into `targets` held here: graph
         edges from own nodes and request edges from nodes homed here."""
         n, rank = self.part.num_nodes, self.rank

@@ -172,7 +172,7 @@ class HeteroNewNodes:
         edge_dst: dict[EdgeType, np.ndarray] = {}
         for e in self.model.layer_edges[i]:
             s, _, t = e
-            if t not in targets or not self._has(layer - 1, s, node_type):
+            if t not in targets or not self._has(layer - 1, s):
                 continue
             tg = targets[t]
             existing = np.flatnonzero(tg < self.graph.num_nodes(t))
@@ -191,14 +191,14 @@ class HeteroNewNodes:
             sources[s] = unique_ints(np.concatenate([sources[s], src])) if s in sources else unique_ints(src)
         x = {s: self._inputs(layer - 1, s, ids, node_type, n_q, features, computed) for s, ids in sources.items()}
         x_dst = {t: self._inputs(layer - 1, t, ids, node_type, n_q, features, computed)
-                 for t, ids in targets.items() if self._has(layer - 1, t, node_type)}
+                 for t, ids in targets.items() if self._has(layer - 1, t)}
         edge_index = {e: torch.from_numpy(np.stack([np.searchsorted(sources[e[0]], src), edge_dst[e]]))
                       for e, src in edge_src.items()}
         with torch.inference_mode():
             out = self.model.layer(i, x, edge_index, x_dst)
         return {t: (targets[t], rows) for t, rows in out.items()}
 
-    def _has(self, layer: int, t: str, node_type: str) -> bool:
+    def _has(self, layer: int, t: str) -> bool:
         """Whether node type t has rows after `layer` (0: features), as a layer reads them."""
         return layer == 0 or layer in self._rows[t]
 

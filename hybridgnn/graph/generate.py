@@ -83,7 +83,7 @@ def _draw_chunks(num_nodes, draw_pairs, num_pairs, rng, bar):
     return rows, cols
 
 
-def _edges_to_dataset(root, num_nodes, draw_pairs, num_pairs, rng, desc, max_rounds: int = 4):
+def _edges_to_dataset(num_nodes, draw_pairs, num_pairs, rng, desc, max_rounds: int = 4):
     """Draw undirected pairs chunk by chunk, store both directions and build a deduplicated
     CSR; top up with fresh pairs until within 1% of 2·num_pairs directed edges (skewed
     graphs repeat many hub pairs, so the first round falls short)."""
@@ -134,7 +134,7 @@ def generate_powerlaw(
     draw = _endpoint_sampler(weights, perm)
     num_pairs = int(round(num_nodes * avg_degree / 2))
     indptr, indices = _edges_to_dataset(
-        root, num_nodes, lambda r, c: (draw(r, c), draw(r, c)), num_pairs, rng, "powerlaw"
+        num_nodes, lambda r, c: (draw(r, c), draw(r, c)), num_pairs, rng, "powerlaw"
     )
     _write_features_gaussian(root, num_nodes, feature_dim, rng)
     return write_dataset(
@@ -193,7 +193,7 @@ def generate_csbm(
         return src, dst
 
     num_pairs = int(round(num_nodes * avg_degree / 2))
-    indptr, indices = _edges_to_dataset(root, num_nodes, pairs, num_pairs, rng, "csbm")
+    indptr, indices = _edges_to_dataset(num_nodes, pairs, num_pairs, rng, "csbm")
     means = (rng.standard_normal((num_classes, feature_dim)) * feature_signal).astype(np.float32)
     _write_features_gaussian(root, num_nodes, feature_dim, rng, means=means, labels=labels)
     split = rng.random(num_nodes)

@@ -165,7 +165,7 @@ class GraphRequests:
                 "new_nodes", work, self._infer_on_current_graph, features, edge_index,
                 num_nodes if num_nodes is not None else self.num_nodes, kw, waited_s=waited_s)
         else:
-            res = await self.run_in_thread_lane("new_nodes", work, self._new_node_evaluator(mode).infer,
+            res = await self.run_in_thread_lane("new_nodes", work, self._new_node_evaluator().infer,
                                                 features, edge_index, waited_s=waited_s, **kw)
         return RequestResult(res.logits, res.embeddings, res.logits.argmax(axis=1).astype(np.int64),
                              f"newnodes_{mode}", StageTimings(compute_s=time.perf_counter() - t0))
@@ -186,7 +186,7 @@ class GraphRequests:
             self.engine.check_alive(np.unique(existing))
             return self._current_graph_nodes.infer(features, edge_index, **kw)
 
-    def _new_node_evaluator(self, mode: str) -> NewNodeEvaluator:
+    def _new_node_evaluator(self) -> NewNodeEvaluator:
         if self.new_nodes is not None:
             return self.new_nodes
         # `sampled` needs no stored embeddings; an evaluator without them serves only it.
