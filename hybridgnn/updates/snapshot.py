@@ -96,7 +96,6 @@ class Snapshots:
         self.every = every  # log entries between snapshots (0: never write one)
         self.keep = max(1, keep)
         self.last_position = 0
-        self.written = 0
 
     def _mine(self, any_model: bool = False) -> list[tuple[int, Path]]:
         """(position, path) of the complete snapshots of this log and model (any_model: of
@@ -252,7 +251,6 @@ class Snapshots:
             return None
         _fsync(self.root)
         self.last_position = max(self.last_position, c.position)
-        self.written += 1
         log.info("snapshot at log position %d written to %s in %.1fs", c.position, final, time.perf_counter() - t0)
         self.prune()
         return final
