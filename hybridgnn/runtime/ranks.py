@@ -13,7 +13,9 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-ERROR_FILE_ENV = "HYBRIDGNN_RANK_ERROR_FILE"
+# Internal: set only in the environment of ranks this package starts (the --nprocs
+# launcher's and a partitioned server's), never by users, so not in the docs.
+ERROR_FILE_ENV = "HYBRIDGNN_RANK_ERROR_FILE"  # where a rank writes its one-line failure for its starter
 PARENT_ENV = "HYBRIDGNN_RANK_PARENT"  # the server that started a rank: it exits when that one is gone
 PEER_LOST = "peer lost: "  # an error line of a rank that only saw another rank fail
 HOSTED_STORE_ENV = "HYBRIDGNN_HOSTED_STORE"  # set: the store at MASTER_PORT is the starter's (join as a client)
