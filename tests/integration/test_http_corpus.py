@@ -1,5 +1,5 @@
 """Request smuggling and abuse, byte for byte, against the real server: every payload of
-tests/integration/http_corpus.py on a raw socket of its own, checked against what llhttp
+tests/support/http_corpus.py on a raw socket of its own, checked against what llhttp
 (httptools) makes of the same bytes plus the server's own rules (one Host header in
 HTTP/1.1, a 64 KiB head, max_body_bytes): rejected bytes get exactly one HTTP-level error
 (JSON {"error": ...}) after the requests before them, then the connection closes; accepted

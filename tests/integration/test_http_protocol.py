@@ -1,4 +1,4 @@
-"""The built-in HTTP/1.1 server (serving/http.py) over real sockets on 127.0.0.1, with an
+"""The built-in HTTP/1.1 server (serving/http/) over real sockets on 127.0.0.1, with an
 API of test endpoints: framing, keep-alive, pipelining, limits, errors, idle timeout, close."""
 
 from __future__ import annotations
