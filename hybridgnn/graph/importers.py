@@ -178,7 +178,7 @@ def import_graph(
         raise DatasetError(f"{src} has no edge_index (or src and dst arrays){keys}")
     ei = np.asarray(ei)
     if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iuU":
-        raise DatasetError(f"edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
+        raise DatasetError(f"{src}: edge_index must be an integer array [2, E], got {ei.dtype} {list(ei.shape)}")
     check_int64_ids(ei, src)
     x = data.get("x")
     if x is not None:
@@ -194,7 +194,7 @@ def import_graph(
     id_map, ei = _map_ids(src, ei, ids, has_rows=x is not None or given is not None)
     num_nodes = given or (x.shape[0] if x is not None else (int(ei.max()) + 1 if ei.size else 0))
     if ei.size and (ei.min() < 0 or ei.max() >= num_nodes):
-        raise DatasetError(f"edge_index ids must lie in [0, {num_nodes}), found [{ei.min()}, {ei.max()}]")
+        raise DatasetError(f"{src}: edge_index ids must lie in [0, {num_nodes}), found [{ei.min()}, {ei.max()}]")
     for k in MASK_NAMES:
         if data.get(k) is not None and np.shape(data[k]) != (num_nodes,):
             raise DatasetError(f"{src}: {k} must have num_nodes={num_nodes} entries, got shape {np.shape(data[k])}")

@@ -213,6 +213,9 @@ def test_importing_ids_too_many_to_hold_is_one_dataset_error(tmp_path):
     ({"x": "abc"}, "x must be a numeric array"),  # AttributeError traceback
     ({"x": torch.zeros(3, 2, dtype=torch.complex64)}, "x must be a numeric array"),  # imaginary parts dropped
     ({"x": torch.zeros(3, 2), "train_mask": torch.ones(7, dtype=torch.bool)}, "train_mask must have num_nodes=3"),
+    ({"edge_index": torch.tensor([[0.0, 1.0], [1.0, 2.0]])},  # the file was not named
+     r"g\.pt: edge_index must be an integer array \[2, E\], got float32 \[2, 2\]"),
+    ({"edge_index": torch.tensor([[0, 1], [1, 5]]), "num_nodes": 3}, r"g\.pt: edge_index ids must lie in \[0, 3\)"),
 ])
 def test_a_data_file_with_fields_of_the_wrong_kind_is_one_dataset_error_and_writes_nothing(tmp_path, fields, match):
     torch.save({"edge_index": torch.tensor([[0, 1], [1, 2]]), **fields}, tmp_path / "g.pt")
