@@ -461,11 +461,14 @@ class Follower:
         heapq.heappush(self._version_waiters, (position, next(self._seq), fut))
         self._live_version_waiters += 1
         try:
-            await asyncio.wait_for(fut, timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            # asyncio.wait, not wait_for: before Python 3.12, wait_for returns the result of
+            # a future done in the turn its task is cancelled, and the cancellation is lost
+            # (an applier stopped as the swap released its catch-up wait ran on for ever)
+            done, _ = await asyncio.wait([fut], timeout=timeout_s)
+            return bool(done)
         finally:
+            if not fut.done():  # timed out or cancelled: _release_versions skips it, the sweep drops it
+                fut.cancel()
             self._live_version_waiters -= 1
             if len(self._version_waiters) > 2 * self._live_version_waiters + 1024:  # drop the timed-out ones
                 self._version_waiters = [w for w in self._version_waiters if not w[2].done()]

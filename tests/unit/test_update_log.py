@@ -907,3 +907,26 @@ def test_the_memory_log_refuses_a_read_behind_what_its_reader_read_past_and_bloc
     log.append(b"c")
     reader.join(10)
     assert [(e.position, e.body) for e in got[0]] == [(3, b"c")]
+
+
+def test_a_version_wait_cancelled_as_its_version_is_released_is_cancelled(tmp_path):
+    """A task cancelled in the same loop turn as its version wait was released went on as
+    if never cancelled (asyncio.wait_for before 3.12 returns the result then): a partitioned
+    server's swap released the old applier's catch-up wait and stopped it at once, so the
+    old applier ran on, its stop never returned, and the server's shutdown hung."""
+    dyn, inc = dynamic_setup(tmp_path)
+    follower = follower_for(dyn, inc)
+
+    async def scenario():
+        waiting = asyncio.ensure_future(follower.wait_for(2, 5.0))
+        await asyncio.sleep(0)
+        follower.applied = 2
+        follower._release_versions()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert follower._live_version_waiters == 0
+        timed_out = asyncio.ensure_future(follower.wait_for(3, 0.01))  # a timeout is still False
+        assert not await timed_out and all(w[2].done() for w in follower._version_waiters)
+
+    asyncio.run(scenario())
