@@ -150,6 +150,9 @@ def _checked(ev: PartitionedEvaluator, kind: int, payload) -> tuple[dict, list[n
     elif kind == wire.UPDATE:
         ok = (len(arrays) in (6, 7) and all(a.dtype.kind == k for a, k in zip(arrays, "iifiif", strict=False))
               and (len(arrays) == 6 or (arrays[6].dtype.kind in "iU" and arrays[6].ndim == 1)))
+        names = ev.updater.names if ev.updater is not None else None
+        if ok and len(arrays) == 7 and names is not None:  # one name per new node, of the dataset's kind
+            ok = names.same_kind(arrays[6]) and arrays[2].ndim == 2 and len(arrays[6]) == len(arrays[2])
     else:
         ok = kind == wire.RESET
     if not ok:

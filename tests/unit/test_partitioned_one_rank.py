@@ -287,3 +287,32 @@ def test_on_a_dataset_with_names_the_ranks_errors_name_nodes_as_the_client_does(
                                  "(duplicate edges are not allowed)",
                         prefix + "update_features names node 'zed', which an update removed from the graph",
                         f"node '{name(7)}' was removed from the graph"], messages
+
+
+@pytest.mark.parametrize("kind", ["string", "int64"])
+def test_an_update_call_whose_names_do_not_fit_is_refused_on_every_rank_with_nothing_applied(
+        tiny_dataset, tiny_model_pe, tmp_path, kind):
+    """The names of an UPDATE call's new nodes (its 7th array) that are not the dataset's
+    kind, or not one per new node, are refused (400) before anything applies: integers on
+    a dataset named by strings were taken as the strings '5'..., and strings on one named by
+    sparse integers raised ValueError in the id map, so every rank exited and the group
+    restarted (and would again at every replay)."""
+    import shutil
+
+    named = tmp_path / "named"
+    shutil.copytree(tiny_dataset, named)
+    n, f = GraphStore.open(named).num_nodes, GraphStore.open(named).feature_dim
+    ids = np.array([f"n{i:04d}" for i in range(n)]) if kind == "string" else np.arange(n, dtype=np.int64) * 10 + 7
+    IdMap(ids).save(named)
+    ranks = OneRank(named, tiny_model_pe)
+    names = ranks.ev.updater.names
+    batch = UpdateBatch(add_edges=np.array([[n, 3]]), add_node_features=np.ones((1, f), np.float32))
+    right = np.array(["zed"]) if kind == "string" else np.array([5], dtype=np.int64)
+    wrong_kind = np.array([5], dtype=np.int64) if kind == "string" else np.array(["zed"])
+    for bad in (wrong_kind, np.concatenate([right, right + right])):
+        with pytest.raises(ServingError) as caught:
+            ranks._call("update", {"check_only": False}, batch.arrays(f) + (bad,))
+        assert caught.value.status == 400, caught.value.message
+        assert ranks.ev.part.num_nodes == n and len(names) == n and ranks.ev.updater.version == 0
+    out, _ = ranks._call("update", {"check_only": False}, batch.arrays(f) + (right,))
+    assert out["num_nodes"] == n + 1 and names.to_internal(right)[0].tolist() == [n]
