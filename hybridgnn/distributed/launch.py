@@ -70,12 +70,12 @@ def launch(argv: list[str], world: int, threads: int, *, poll_s: float = 0.05) -
     """Run `hybridgnn <argv>` as ranks 0..world-1 and return 0, or 1 with one line on stderr."""
     store = HostedStore()
     try:
-        return _launch(argv, world, threads, store.port, poll_s)
+        return _launch(argv, world, threads, store, poll_s)
     finally:
         store.close()
 
 
-def _launch(argv: list[str], world: int, threads: int, port: int, poll_s: float) -> int:
+def _launch(argv: list[str], world: int, threads: int, store: HostedStore, poll_s: float) -> int:
     parent, c = os.getpid(), libc()  # loaded here: the child only calls it
     with temporary_run_dir("launch") as tmp:
         errors = [Path(tmp) / f"rank-{r}.txt" for r in range(world)]
@@ -84,7 +84,7 @@ def _launch(argv: list[str], world: int, threads: int, port: int, poll_s: float)
             for rank in range(world):
                 quiet = subprocess.DEVNULL if rank else None
                 procs.append(subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", *argv],
-                                              env=rank_environment(rank, world, port, threads, errors[rank]),
+                                              env=rank_environment(rank, world, store.port, threads, errors[rank], store.key),
                                               stdout=quiet, stderr=quiet,
                                               preexec_fn=lambda: _as_rank(parent, c)))
         except OSError as exc:  # out of processes or memory: those started would wait for the rest

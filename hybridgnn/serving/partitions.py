@@ -151,7 +151,8 @@ class RankGroup:
                 "--device", self.cfg.device,
                 "--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel())]
         env = {PARENT_ENV: str(os.getpid())}
-        self._procs = [subprocess.Popen(argv, env={**rank_environment(r, self.world, port, threads, self._errors[r]),
+        self._procs = [subprocess.Popen(argv, env={**rank_environment(r, self.world, port, threads, self._errors[r],
+                                                                   self._store.key),
                                                    **env},
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=None if r == 0 else subprocess.DEVNULL,

@@ -456,3 +456,29 @@ def test_ranks_that_disagree_exit_at_once_in_one_line_naming_what_differs(tmp_pa
                                  "hybridgnn"), said
         assert "\n" not in said
         assert said.split(": ", 1)[1] in procs[r].stderr.read()
+
+
+def test_ranks_of_a_server_killed_as_they_start_stop_within_seconds(tiny_dataset, tiny_model_pe):
+    """A server killed with -9 as its ranks started took their rendezvous store with it; the
+    ranks retried its port for minutes (torch's client retries a refused connection for
+    about twice the 60 s timeout), outliving the server, and might meet whatever bound the
+    port next. A rank now gives up as soon as a try fails with its starter gone."""
+    srv = ServerProcess(tiny_dataset, tiny_model_pe, "--partitions", "2", "--partition", "ranges")
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(ranks) < 2:  # killed before the ranks reach the store (they import torch first)
+            assert srv.proc.poll() is None and time.monotonic() < deadline, srv.output()
+            ranks = children_of(srv.proc.pid)
+            time.sleep(0.02)  # poll interval, bounded by the deadline
+    finally:
+        srv.proc.kill()
+        srv.proc.wait(30)
+    deadline = time.monotonic() + 30
+    while any(process_alive(pid) for pid in ranks):
+        if time.monotonic() > deadline:
+            for pid in ranks:
+                if process_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            raise AssertionError("the ranks of a server killed with -9 were still running 30 s later")
+        time.sleep(0.05)  # poll interval, bounded by the deadline

@@ -1,5 +1,6 @@
 """The launcher's reading of failed ranks, and the driver's per-layer line and report."""
 
+import os
 import signal
 
 from hybridgnn.distributed.driver import DistributedConfig, _layer_line, _summary
@@ -30,7 +31,7 @@ def test_a_rank_the_others_lost_while_it_still_runs_is_the_culprit(tmp_path):
 
 
 class FakeStore:
-    port = 29500
+    port, key = 29500, "k"
 
     def close(self):
         pass
@@ -123,3 +124,53 @@ def test_the_launchers_run_directory_is_removed_and_one_a_killed_launcher_left_i
     monkeypatch.setattr(launch_mod, "HostedStore", FakeStore)
     assert launch_mod.launch(["precompute"], 2, 1) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def _joining(monkeypatch, tmp_path, starter: int, fails: int):
+    """join_group of a rank of a HostedStore's starter `starter`, whose first `fails`
+    connections fail: (the timeouts tried, what init_process_group got)."""
+    import torch.distributed as dist
+
+    from hybridgnn.runtime import ranks
+
+    tries, joined = [], {}
+
+    class Store:
+        def __init__(self, host, port, world, is_master, timeout):
+            tries.append(timeout.total_seconds())
+            if len(tries) <= fails:
+                raise dist.DistNetworkError("The client socket has timed out")
+
+        def set_timeout(self, timeout):
+            joined["timeout"] = timeout.total_seconds()
+
+    env = rank_environment(1, 2, 29500, 1, tmp_path / "e", store_key="abc")
+    env[ranks.HOSTED_STORE_ENV] = env[ranks.HOSTED_STORE_ENV].replace(str(os.getpid()), str(starter), 1)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(dist, "TCPStore", Store)
+    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: (prefix, store))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, store, **kw: joined.update(store=store))
+    return tries, joined, ranks
+
+
+def test_a_rank_whose_starter_is_gone_stops_trying_its_store_at_once(monkeypatch, tmp_path):
+    """A server killed with -9 as its ranks started took its store with it; the ranks tried
+    the port for torch's whole retry (about twice the 60 s timeout, minutes seen), outliving
+    the server, and could meet another server's store there if the port was given out again."""
+    from datetime import timedelta
+
+    import pytest
+
+    tries, joined, ranks = _joining(monkeypatch, tmp_path, starter=os.getppid() + 1, fails=99)
+    with pytest.raises(RuntimeError, match="started this rank is gone"):
+        ranks.join_group("gloo", 1, 2, timedelta(seconds=60))
+    assert len(tries) == 1 and tries[0] <= ranks.CONNECT_ATTEMPT_S and not joined
+
+
+def test_a_rank_tries_its_starters_store_until_it_answers_and_meets_under_its_key(monkeypatch, tmp_path):
+    from datetime import timedelta
+
+    tries, joined, ranks = _joining(monkeypatch, tmp_path, starter=os.getppid(), fails=2)
+    ranks.join_group("gloo", 1, 2, timedelta(seconds=60))
+    assert len(tries) == 3 and joined["timeout"] == 60 and joined["store"][0] == "hybridgnn/hosted/abc"
