@@ -83,7 +83,7 @@ def embeddings_missing(cfg: ServeConfig, graph: GraphStore | None = None) -> boo
 def build_worker_executor(cfg: ServeConfig, worker: int):
     """A worker process's executor (run in the child): its own resources from the same
     configuration, the dataset memory-mapped like the server's."""
-    return Resources.open(cfg).make_executor("cpu", worker)
+    return Resources.open(cfg, in_worker=True).make_executor("cpu", worker)
 
 
 class Resources:
@@ -91,14 +91,16 @@ class Resources:
     dataset, model, plan or device that do not fit together."""
 
     @classmethod
-    def open(cls, cfg: ServeConfig, base: Resources | None = None) -> Resources:
+    def open(cls, cfg: ServeConfig, base: Resources | None = None, *, in_worker: bool = False) -> Resources:
         with DEVICE_GATE.work():  # registers host memory, moves the model: no capture meanwhile
-            return cls(cfg, base)
+            return cls(cfg, base, in_worker=in_worker)
 
-    def __init__(self, cfg: ServeConfig, base: Resources | None = None):
+    def __init__(self, cfg: ServeConfig, base: Resources | None = None, *, in_worker: bool = False):
         """base: the resources of another model served over the same graph; its dataset,
         workload tables (for the same fanouts), placement plan and feature stores are
-        shared, not loaded again (a model repository). Graph updates need their own."""
+        shared, not loaded again (a model repository). Graph updates need their own.
+        in_worker: opened again in a CPU worker process, whose server has already said
+        what there is to say about this dataset and model (each worker repeated it)."""
         self.cfg = cfg
         if base is not None and (cfg.updates.enabled or base.dynamic is not None):
             raise ConfigError("graph updates serve one model; a model repository serves several without updates")
@@ -119,8 +121,9 @@ class Resources:
         cfg = self.cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
             cfg.sampling, fanouts=fanouts_served(cfg.sampling.fanouts, self.model.num_layers)))
         trained_on = self.model_config.get("dataset_fingerprint")
-        if trained_on and trained_on != self.graph.fingerprint:
-            log.warning("model was trained on dataset %s, serving dataset %s", trained_on, self.graph.fingerprint)
+        if trained_on and trained_on != self.graph.fingerprint and not in_worker:
+            log.warning("model %s was trained on another dataset (fingerprint %s) than %s (%s), which it serves",
+                        cfg.model_dir, trained_on, cfg.dataset_dir, self.graph.fingerprint)
         # Requests per node of the stored graph since start (the seed log, the placement
         # refresh): one count over every model served on the graph, whichever version or
         # model a request named, and kept when one is unloaded.

@@ -173,6 +173,32 @@ def test_precompute_warns_about_a_model_trained_on_another_dataset(tmp_path, cap
     assert any("trained on dataset elsewhere" in r.getMessage() for r in caplog.records)
 
 
+def test_serving_a_model_trained_on_another_dataset_warns_once_naming_both(tmp_path, caplog):
+    """serve said "model was trained on dataset X, serving dataset Y" once, then once more,
+    without a timestamp, from each CPU worker process (which opens the same resources
+    again): three lines on 2 cores, nine with 8 workers. Now the server says it once, with
+    the paths; a worker process says nothing."""
+    from hybridgnn.config import ServeConfig
+    from hybridgnn.models.checkpoint import save_model
+    from hybridgnn.models.gnn import GNN, ModelSpec
+    from hybridgnn.runtime.resources import Resources
+
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    assert main(["dataset", "import", str(tmp_path / "e.txt"), "--out", str(tmp_path / "d"), "--feature-dim", "4"]) == 0
+    save_model(GNN(ModelSpec("sage", 4, 8, 3)), tmp_path / "m", extra={"dataset_fingerprint": "elsewhere"})
+    cfg = ServeConfig(dataset_dir=tmp_path / "d", model_dir=tmp_path / "m")
+
+    def warnings(in_worker: bool) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            Resources.open(cfg, in_worker=in_worker).close()
+        return [r.getMessage() for r in caplog.records if "trained on another dataset" in r.getMessage()]
+
+    (said,) = warnings(in_worker=False)
+    assert str(tmp_path / "m") in said and str(tmp_path / "d") in said and "elsewhere" in said
+    assert warnings(in_worker=True) == []
+
+
 def test_serve_flags_come_from_the_config_fields_with_their_defaults():
     """One default per setting: parsing no flags gives back each config's own defaults,
     and a flag in another unit converts both ways."""
