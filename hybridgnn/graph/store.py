@@ -191,6 +191,9 @@ def read_meta(root: Path) -> dict:
     if not meta_path.is_file():
         if not root.exists() and not root.is_symlink():  # a mistyped path, more often than a directory without one
             raise DatasetError(f"dataset directory {root} does not exist")
+        if root.is_file():  # the graph file itself ("graph.pt/meta.json is missing" was the answer)
+            raise DatasetError(f"{root} is a file, not a dataset directory: make one from it with "
+                               f"`hybridgnn dataset import {root} --out DIR`")
         raise DatasetError(f"{root} is not a hybridgnn dataset: {meta_path} is missing")
     try:
         meta = read_json(meta_path)

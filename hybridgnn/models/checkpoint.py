@@ -135,6 +135,9 @@ def read_config(path: str | Path) -> dict:
     if not cfg_path.is_file():
         if not root.exists() and not root.is_symlink():  # a mistyped path, more often than a directory without one
             raise CheckpointError(f"model directory {root} does not exist")
+        if root.is_file():  # a weights file (model.pt, a state_dict) where its directory goes
+            raise CheckpointError(f"{root} is a file, not a model directory (write one with hybridgnn.save_model "
+                                  "or `hybridgnn model export`)")
         raise CheckpointError(not_a_file(cfg_path) or f"model directory {root} lacks {CONFIG} (write one with "
                               "hybridgnn.save_model or `hybridgnn model export`)")
     try:

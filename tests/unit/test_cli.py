@@ -864,6 +864,7 @@ def test_a_mistyped_dataset_or_model_path_is_said_not_to_exist(tmp_path, capsys)
 
     generate_csbm(tmp_path / "d", num_nodes=40, num_classes=2, feature_dim=4, seed=0)
     hybridgnn.save_model(GraphSAGE(4, 8, num_layers=2, out_channels=2), tmp_path / "m")
+    (tmp_path / "g.pt").write_bytes(b"not a dataset")
     capsys.readouterr()
     for argv, said in (
             (["model", "check", str(tmp_path / "nope")], f"model directory {tmp_path / 'nope'} does not exist"),
@@ -875,7 +876,14 @@ def test_a_mistyped_dataset_or_model_path_is_said_not_to_exist(tmp_path, capsys)
              f"dataset directory {tmp_path / 'nope'} does not exist"),
             (["model", "check", str(tmp_path / "d")], "lacks config.json"),
             (["serve", "--dataset", str(tmp_path / "m"), "--model", str(tmp_path / "m")],
-             "is not a hybridgnn dataset")):
+             "is not a hybridgnn dataset"),
+            # a file where a directory goes: was "X is not a hybridgnn dataset: X/meta.json
+            # is missing" and "model directory X lacks config.json"
+            (["dataset", "info", str(tmp_path / "g.pt")],
+             f"{tmp_path / 'g.pt'} is a file, not a dataset directory: make one from it with `hybridgnn dataset "
+             f"import {tmp_path / 'g.pt'} --out DIR`"),
+            (["serve", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m" / "model.pt")],
+             f"{tmp_path / 'm' / 'model.pt'} is a file, not a model directory")):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1, (argv, err)
