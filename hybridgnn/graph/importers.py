@@ -103,8 +103,10 @@ def _load_edge_file(path: Path) -> dict:
         edges = load_arrays(path)
         if not isinstance(edges, np.ndarray) or edges.ndim != 2 or edges.shape[0] != 2:
             shape = getattr(edges, "shape", None)
+            hint = " (an [E, 2] array: save its transpose)" if shape is not None and len(shape) == 2 \
+                and shape[1] == 2 else ""
             raise DatasetError(f"{path}: a .npy edge list must be an edge_index of shape [2, E], got shape "
-                               f"{list(shape) if shape is not None else '?'} (an [E, 2] array: save its transpose)")
+                               f"{list(shape) if shape is not None else '?'}{hint}")
         return {"edge_index": edges}
     columns = _first_line_columns(path)
     # 'src dst weight' lines: the columns past two are not served (and as one int64 table a
@@ -193,6 +195,8 @@ def import_graph(
         given = int(given)
     id_map, ei = _map_ids(src, ei, ids, has_rows=x is not None or given is not None)
     num_nodes = given or (x.shape[0] if x is not None else (int(ei.max()) + 1 if ei.size else 0))
+    if num_nodes == 0:  # an empty .npy/.npz made a dataset of 0 nodes; an empty text list is refused so
+        raise DatasetError(f"{src} holds no edges (and no nodes): there is no graph to import")
     if ei.size and (ei.min() < 0 or ei.max() >= num_nodes):
         raise DatasetError(f"{src}: edge_index ids must lie in [0, {num_nodes}), found [{ei.min()}, {ei.max()}]")
     for k in MASK_NAMES:

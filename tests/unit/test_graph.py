@@ -447,3 +447,26 @@ def test_a_npy_edge_index_imports_as_its_edge_list_does(tmp_path):
     with pytest.raises(DatasetError, match=r"t\.npy: a \.npy edge list must be an edge_index of shape \[2, E\], "
                                            r"got shape \[3, 2\]"):
         import_graph(tmp_path / "t.npy", tmp_path / "c")
+
+
+def test_a_npy_or_npz_edge_index_that_cannot_be_imported_is_refused_saying_why(tmp_path):
+    """A [3, E] or 1-D .npy was told "(an [E, 2] array: save its transpose)", which it is
+    not; a float edge_index was refused without naming its file; and an empty [2, 0]
+    .npy or .npz became a dataset of 0 nodes (an empty text list is refused), which only
+    train, workload build or serve refused later."""
+    for name, array in (("three.npy", np.zeros((3, 5), np.int64)), ("flat.npy", np.arange(6))):
+        np.save(tmp_path / name, array)
+        with pytest.raises(DatasetError, match=r"must be an edge_index of shape \[2, E\], got shape \[[0-9, ]+\]$"):
+            import_graph(tmp_path / name, tmp_path / "c")
+    np.save(tmp_path / "f.npy", np.array([[0.0, 1.0], [1.0, 2.0]]))
+    with pytest.raises(DatasetError, match=r"f\.npy: edge_index must be an integer array \[2, E\], got float64 \[2, 2\]"):
+        import_graph(tmp_path / "f.npy", tmp_path / "c")
+    np.save(tmp_path / "empty.npy", np.zeros((2, 0), np.int64))
+    np.savez(tmp_path / "empty.npz", edge_index=np.zeros((2, 0), np.int64))
+    for name in ("empty.npy", "empty.npz"):
+        with pytest.raises(DatasetError, match=rf"{name.replace('.', '[.]')} holds no edges \(and no nodes\)"):
+            import_graph(tmp_path / name, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+    # nodes without edges are a graph: x gives the rows
+    np.savez(tmp_path / "rows.npz", edge_index=np.zeros((2, 0), np.int64), x=np.ones((3, 2), np.float32))
+    assert GraphStore.open(import_graph(tmp_path / "rows.npz", tmp_path / "r")).num_nodes == 3
