@@ -113,7 +113,10 @@ def seed_distribution(graph: GraphStore, kind: str | Path) -> tuple[np.ndarray, 
         return (deg / total if total > 0 else np.full(n, 1.0 / n)), "degree"
     path = Path(kind)
     if not path.is_file():
-        raise ValueError(f"seed distribution must be one of {SEED_KINDS} or a request-log file; {kind!r} is neither")
+        # a mistyped log path was "... or a request-log file; 'requets.txt' is neither"
+        why = "no such file" if not path.exists() else "a directory" if path.is_dir() else "not a regular file"
+        raise ValueError(f"seed distribution {str(path)!r} is neither one of {SEED_KINDS} nor a request-log file "
+                         f"({why})")
     if path.name.endswith(TYPED_COUNTS_SUFFIX):
         raise ValueError(f"seed counts {path} are a heterogeneous server's (one counts array per node type); "
                          f"{graph.root} is homogeneous: give the {COUNTS_SUFFIX} its server's --seed-log wrote")

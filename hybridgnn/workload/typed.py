@@ -214,6 +214,9 @@ def read_typed_counts(graph: HeteroGraphStore, path: str | Path) -> dict[str, np
         raise ValueError(f"seed counts {path} are a homogeneous server's (one counts array); {graph.root} is "
                          f"heterogeneous: give the {TYPED_COUNTS_SUFFIX} (one counts array per node type) its "
                          "server's --seed-log wrote")
+    if path.name.endswith(TYPED_COUNTS_SUFFIX) and not path.exists():
+        raise ValueError(f"no seed log {str(path)!r} (the seed distribution of a heterogeneous graph is one of "
+                         f"{TYPED_SEED_KINDS} or the {TYPED_COUNTS_SUFFIX} serve --seed-log writes)")
     if not path.name.endswith(TYPED_COUNTS_SUFFIX) or not path.is_file():
         raise ValueError(f"the seed distribution of a heterogeneous graph must be one of {TYPED_SEED_KINDS} or a "
                          f"seed log ({TYPED_COUNTS_SUFFIX}, as serve --seed-log writes); {str(path)!r} is neither")

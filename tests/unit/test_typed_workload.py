@@ -312,7 +312,7 @@ def _typed_counts(path, **arrays):
     (lambda p: np.save(p / "s.counts.npy", np.ones(2)) or p / "s.counts.npy",
      r"are a homogeneous server's \(one counts array\); .* is heterogeneous: give the \.counts\.npz"),
     (lambda p: np.save(p / "ids.npy", np.ones(2, np.int64)) or p / "ids.npy", r"or a seed log \(\.counts\.npz"),
-    (lambda p: p / "missing.counts.npz", "is neither"),
+    (lambda p: p / "missing.counts.npz", r"^no seed log '.*missing\.counts\.npz' \(the seed distribution"),
     (lambda p: np.save(p / "x.npy", np.ones(2)) or (p / "x.npy").rename(p / "x.counts.npz"),
      "an .npz archive of one counts array per node type was expected, not a .npy array"),
     (lambda p: [(p / "g.counts.npz").write_bytes(b"garbage"), p / "g.counts.npz"][1], "no .npy or .npz header"),

@@ -333,6 +333,23 @@ def test_a_dataset_without_nodes_is_one_line_not_a_division_by_zero(tmp_path):
             WorkloadTables.load_or_build(graph, (5, 3), seeds)
 
 
+def test_a_request_log_that_is_not_there_is_said_to_be_missing(tmp_path):
+    """workload build --seeds and place --from-log with a mistyped log path said "seed
+    distribution must be one of ('uniform', 'degree') or a request-log file; 'x' is neither",
+    as if the file were there but not a log."""
+    from hybridgnn.workload.tables import seed_distribution
+    from tests.support.graphs import make_graph
+
+    graph = make_graph(tmp_path / "g", [(0, 1), (1, 0)], 2)
+    with pytest.raises(ValueError, match=r"^seed distribution '.*requets\.txt' is neither one of \('uniform', "
+                                         r"'degree'\) nor a request-log file \(no such file\)$"):
+        seed_distribution(graph, str(tmp_path / "requets.txt"))
+    with pytest.raises(ValueError, match=r"^seed distribution '.*g' is neither .* \(a directory\)$"):
+        seed_distribution(graph, str(tmp_path / "g"))
+    (tmp_path / "requests.txt").write_text("0 1 1\n")
+    assert seed_distribution(graph, str(tmp_path / "requests.txt"))[0].tolist() == pytest.approx([1 / 3, 2 / 3])
+
+
 def test_tables_of_a_hand_computed_graph_hold_the_exact_numbers(tmp_path):
     """Rows (candidates) 0: [1, 2, 3], 1: [2], 2: [] (deg 0), 3: [0, 2]; fanouts 2, 1.
     r_1 = min(deg, 2)/deg = [2/3, 1, 0, 1], r_2 = min(deg, 1)/deg = [1/3, 1, 0, 1/2].
