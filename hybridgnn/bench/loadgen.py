@@ -290,10 +290,21 @@ class _ConnectionPool:
 
 
 async def fetch_metadata(url: str, model: str) -> dict:
-    """The model's metadata (GET /v2/models/{m})."""
+    """The model's metadata (GET /v2/models/{m}); a refusal is a ConfigError saying what
+    the server said (an unknown model was "ClientResponseError: 404, message='Not Found'",
+    not the models the server does serve)."""
+    from hybridgnn.errors import ConfigError
+
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{url}/v2/models/{model}") as r:
-            r.raise_for_status()
+            if r.status >= 400:
+                text = await r.text()
+                try:
+                    said = json.loads(text).get("error") or text
+                except (ValueError, AttributeError):
+                    said = text
+                said = " ".join(str(said).split())[:300] or r.reason
+                raise ConfigError(f"cannot load {url} model {model!r}: the server answered {r.status}: {said}")
             return await r.json()
 
 

@@ -36,9 +36,15 @@ def check_flags(args) -> None:
     or 0 searched for minutes and found nothing (nan was printed as the SLO, invalid JSON),
     --rate nan said "cannot convert float NaN to integer" and --rate inf was a traceback."""
     import math
+    from urllib.parse import urlsplit
 
     from hybridgnn.errors import ConfigError
 
+    # '127.0.0.1:8000' was "NonHttpUrlClientError: 127.0.0.1:8000/v2/..."; the REST load is
+    # plain HTTP (https:// was sent in clear to port 80); under grpc --url only gives the metadata
+    url = urlsplit(args.url)
+    if url.scheme not in (("http", "https") if args.protocol == "grpc" else ("http",)) or not url.hostname:
+        raise ConfigError(f"--url must be a plain http:// URL such as http://127.0.0.1:8000, got {args.url!r}")
     for flag, value in (("--rate", args.rate), ("--duration-s", args.duration_s), ("--slo-ms", args.slo_ms)):
         if value is not None and not 0 < value < math.inf:
             raise ConfigError(f"{flag} must be a positive, finite number, got {value}")

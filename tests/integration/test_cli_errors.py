@@ -63,3 +63,36 @@ def test_a_port_in_use_is_refused_before_anything_slow(capsys, monkeypatch):
             assert main(argv) == 2
             err = capsys.readouterr().err
             assert err == f"hybridgnn serve: error: port {port} on 127.0.0.1 is in use (another server still running?)\n"
+
+
+def test_bench_naming_a_model_the_server_does_not_serve_says_what_the_server_said(capsys):
+    """It was "ClientResponseError: 404, message='Not Found', url=...": the server's own
+    answer, which lists the models it serves, was not shown."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    async def metadata(request: web.Request) -> web.Response:
+        return web.json_response({"error": "unknown model 'foo'; this server serves ['hybridgnn']"}, status=404)
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_get("/v2/models/{m}", metadata)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert main(["bench", "--url", url, "--model", "foo", "--duration-s", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"hybridgnn bench: error: cannot load {url} model 'foo': the server answered 404: unknown "
+                       "model 'foo'; this server serves ['hybridgnn']\n"), err
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)

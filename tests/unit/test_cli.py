@@ -767,6 +767,10 @@ def test_path_flags_expand_a_leading_tilde(monkeypatch, tmp_path):
     (["--duration-s", "0"], "--duration-s must be a positive"),
     (["--rate", "1e12"], "schedules more than 100,000,000 requests"),
     (["--nodes-per-request", "0"], "--nodes-per-request must be at least 1"),
+    # no scheme was "NonHttpUrlClientError: 127.0.0.1:8000/v2/models/hybridgnn"
+    (["--url", "127.0.0.1:8000"], "--url must be a plain http:// URL such as http://127.0.0.1:8000, got "
+                                  "'127.0.0.1:8000'"),
+    (["--url", "https://127.0.0.1:8000"], "--url must be a plain http:// URL"),
 ])
 def test_bench_flags_that_cannot_work_are_refused_before_any_request(flags, said, capsys):
     """--slo-ms nan searched for minutes and printed NaN; --rate inf was a traceback."""
