@@ -57,4 +57,5 @@ def run(args) -> int:
     try:
         return LocalCluster(cfg).run_until_signal()
     except (RuntimeError, TimeoutError) as exc:  # a replica or the balancer failed to start
-        raise ValueError(f"{exc} (logs in {cfg.run_dir})") from exc
+        said = str(exc)  # a replica's failure names its own log
+        raise ValueError(said if str(cfg.run_dir) in said else f"{said} (logs in {cfg.run_dir})") from exc

@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # say it with the subcommand's usage, which lists the flags it does take
-        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = (" (flags for the replicas' `hybridgnn serve` go after `--`: hybridgnn cluster ... -- --dataset D "
+                "--model M)" if getattr(args, "command", None) == "cluster" else "")
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     _check_defaults(parser, args)  # --log-level (HYBRIDGNN_LOG_LEVEL), taken before any command
     _check_defaults(_command_parser(parser, args), args)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what a launcher re-runs as each rank

@@ -182,6 +182,19 @@ class _StopRequested(Exception):
     """SIGTERM or SIGINT arrived while the cluster was starting."""
 
 
+def last_line(path: Path, limit: int = 4096) -> str:
+    """The last non-empty line of a log (what a replica that exited at start said last:
+    its one-line refusal), or '' when there is none to read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 @dataclass
 class LocalCluster:
     cfg: ClusterConfig
@@ -295,8 +308,10 @@ class LocalCluster:
             self._check_stop()
             for i in sorted(pending):
                 if self.replicas[i].poll() is not None:
-                    raise RuntimeError(f"replica {i} exited with {self.replicas[i].returncode} while starting; "
-                                       f"see {self.cfg.run_dir / f'replica-{i}.log'}")
+                    log_path = self.cfg.run_dir / f"replica-{i}.log"
+                    said = last_line(log_path)
+                    raise RuntimeError(f"replica {i} exited with {self.replicas[i].returncode} while starting"
+                                       f"{f': {said}' if said else ''} (its log: {log_path})")
                 if http_ready(self.replica_url(i)):
                     pending.discard(i)
                     log.info("replica %d ready on %s (%.1fs; %d of %d)", i, self.replica_url(i),

@@ -7,6 +7,7 @@ from hybridgnn.deploy.cluster import (
     STABLE_UPTIME_S,
     ClusterConfig,
     LocalCluster,
+    last_line,
     restart_delay,
 )
 
@@ -101,3 +102,31 @@ def test_the_wait_for_replicas_says_each_as_it_becomes_ready(tmp_path, monkeypat
     assert said[0].startswith("starting 2 replicas (their logs: ")
     assert said[1].startswith("replica 0 ready on ") and said[1].endswith("; 1 of 2)")
     assert said[2].startswith("replica 1 ready on ") and said[2].endswith("; 2 of 2)")
+
+
+def test_a_replica_that_exits_while_starting_is_reported_with_what_it_said(tmp_path, monkeypatch):
+    """It was "replica 0 exited with 2 while starting; see run/cluster/replica-0.log": the
+    replica's one-line refusal (a mistyped --dataset, say) was only in that file."""
+    cluster = LocalCluster(ClusterConfig(replicas=1, run_dir=tmp_path, ready_timeout_s=30))
+    cluster.replicas = [FakeProc(11, code=2)]
+    (tmp_path / "replica-0.log").write_text("an older run's line\n2026 INFO starting\n"
+                                             "hybridgnn serve: error: dataset directory data/nope does not exist\n\n")
+    monkeypatch.setattr("hybridgnn.deploy.cluster.http_ready", lambda url: False)
+    with pytest.raises(RuntimeError) as info:
+        cluster._wait_replicas_ready()
+    assert str(info.value) == ("replica 0 exited with 2 while starting: hybridgnn serve: error: dataset directory "
+                               f"data/nope does not exist (its log: {tmp_path / 'replica-0.log'})")
+    assert last_line(tmp_path / "nothing.log") == "" and last_line(tmp_path / "replica-0.log", limit=10).endswith("exist")
+
+
+def test_serve_flags_before_the_separator_are_refused_saying_where_they_go(capsys):
+    """`hybridgnn cluster --replicas 2 --dataset D --model M` said only "unrecognized
+    arguments: --dataset D --model M"."""
+    from hybridgnn.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["cluster", "--replicas", "2", "--dataset", "d", "--model", "m"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("hybridgnn cluster: error: unrecognized arguments: --dataset")
+    assert err.endswith(" (flags for the replicas' `hybridgnn serve` go after `--`: hybridgnn cluster ... -- --dataset D "
+                        "--model M)")
