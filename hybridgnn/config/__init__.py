@@ -313,6 +313,13 @@ class ServerConfig:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be within [0, 65535], got {self.port}")
+        # 99999 served gRPC on 34463 (the port modulo 65536) without a word; the HTTP port
+        # itself was found taken only after the workers had started, as "address already in use"
+        if self.grpc_port is not None and not (0 <= self.grpc_port <= 65535):
+            raise ValueError(f"grpc_port must be within [0, 65535], got {self.grpc_port}")
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(f"grpc_port {self.grpc_port} is the HTTP port too: gRPC needs a port of its own (8001 "
+                             "is the usual one)")
         if self.max_request_nodes < 1:
             raise ValueError(f"max_request_nodes must be >= 1, got {self.max_request_nodes}")
         if not self.model_name or "/" in self.model_name:

@@ -797,6 +797,21 @@ def test_worker_and_profile_ranges_are_refused_in_the_flags_words(argv, said, ca
     assert said in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--grpc-port", "99999"], "--grpc-port must be within [0, 65535], got 99999"),
+    (["--port", "8497", "--grpc-port", "8497"],
+     "--grpc-port 8497 is the HTTP port too: gRPC needs a port of its own (8001 is the usual one)"),
+])
+def test_a_grpc_port_that_cannot_be_served_is_refused_before_anything_loads(flags, said, capsys, tmp_path):
+    """--grpc-port 99999 served gRPC on 34463 (the port modulo 65536) without a word, and
+    --grpc-port equal to --port failed only once the workers had started, as "address
+    already in use"."""
+    argv = ["serve", "--dataset", str(tmp_path / "d"), "--model", str(tmp_path / "m"), *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"hybridgnn serve: error: {said}\n", err
+
+
 def test_serve_refuses_more_local_partition_ranks_than_the_machine_can_run(capsys):
     """--partitions 1000 started a thousand torch processes here; ranks started elsewhere
     (--ranks) are not counted against this machine."""
