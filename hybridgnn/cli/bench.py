@@ -65,6 +65,8 @@ def run(args) -> int:
     check_flags(args)
     try:
         return _run(args)
+    except BrokenPipeError:  # the report's reader closed stdout (`| head`): main ends quietly, 141
+        raise
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         # a server that is down or a model it does not serve: one line, exit 2
         raise ConfigError(f"cannot load {args.url} model {args.model!r}: {type(exc).__name__}: "

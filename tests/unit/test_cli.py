@@ -1097,6 +1097,27 @@ def test_output_into_a_reader_that_has_gone_ends_quietly_with_the_sigpipe_status
     assert capsys.readouterr().err == ""
 
 
+def test_a_bench_report_into_a_reader_that_has_gone_ends_quietly_too(monkeypatch, capsys):
+    """`hybridgnn bench ... | head -5` said "error: cannot load http://... model
+    'hybridgnn': BrokenPipeError: [Errno 32] Broken pipe", exit 2, after a run that had
+    gone well: bench took any OSError for a server it could not reach."""
+    import io
+
+    import hybridgnn.bench.loadgen as loadgen
+
+    async def answered(*_args, rate, duration_s, **_kwargs):
+        return loadgen._result(rate, duration_s, duration_s, 1, np.ones(5), np.full(5, 200), False, np.zeros(5))
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(loadgen, "run_load", answered)
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--duration-s", "1"]) == 141
+    assert capsys.readouterr().err == ""
+
+
 def test_nprocs_on_a_complete_store_reports_it_at_once_without_starting_ranks(tmp_path, capsys, monkeypatch):
     """The launcher looked for a complete store only after waiting for another writer:
     on one already finished it started every rank (10-20 s, silent) for them to find it
