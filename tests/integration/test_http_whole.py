@@ -120,6 +120,16 @@ def requests(draw) -> bytes:
                    body=body, length=draw(st.sampled_from(["right"] * 6 + ["none", "0", "100", "x"])))
 
 
+def reads_of(stream: list[bytes], each: bool, cuts: list[int]) -> list[bytes]:
+    """The reads a client's stream arrives in: one request per read, or the whole stream
+    cut at `cuts`."""
+    if each:
+        return stream
+    data = b"".join(stream)
+    points = sorted({min(c, len(data)) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True) if data[a:b]]
+
+
 @settings(max_examples=400, deadline=None)
 @given(stream=st.lists(requests(), min_size=1, max_size=5), each=st.booleans(),
        cuts=st.lists(st.integers(0, 400), max_size=4), pipelined=st.sampled_from([1, 8]))
@@ -127,12 +137,7 @@ def test_any_stream_in_any_pieces_is_answered_as_when_llhttp_parses_it_all(strea
     """Property: requests good and bad, one per read (as a client that waits for each answer
     sends them) or cut anywhere (partial, pipelined), get the same bytes, the same close and
     the same lingering as with llhttp alone."""
-    if each:
-        reads = stream
-    else:
-        data = b"".join(stream)
-        points = sorted({min(c, len(data)) for c in cuts})
-        reads = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True) if data[a:b]]
+    reads = reads_of(stream, each, cuts)
     assert serve(reads, True, pipelined) == serve(reads, False, pipelined)
 
 
@@ -218,10 +223,5 @@ def test_a_tracing_clients_stream_in_any_pieces_is_answered_as_when_llhttp_parse
     head's bound) beside plain ones, one per read or cut anywhere, get the same bytes, closes
     and lingering as with llhttp alone: a head kept by its cut answers with each request's
     own values, and never stands for a head the Connection would refuse."""
-    if each:
-        reads = stream
-    else:
-        data = b"".join(stream)
-        points = sorted({min(c, len(data)) for c in cuts})
-        reads = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True) if data[a:b]]
+    reads = reads_of(stream, each, cuts)
     assert serve(reads, True, pipelined) == serve(reads, False, pipelined)

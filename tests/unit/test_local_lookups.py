@@ -512,6 +512,18 @@ def test_the_quick_lane_follows_each_models_defaults_and_limits_as_the_general_l
     assert not any(v == "2" for v, _ in answered)  # a version this server does not serve
 
 
+def answered_as_the_general_lane_or_left(http_lookups, body: bytes) -> None:
+    """The quick lane answers `body` with the general lane's bytes, or leaves it (None)."""
+    answered = http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None)
+    if answered is None:
+        return
+    try:
+        general = http_lookups.reply(*parse_infer(body, None, "hybridgnn", None))
+    except BadRequest:
+        general = None
+    assert general is not None and _same(answered, general), body
+
+
 def _same(a: Reply, b: Reply) -> bool:
     return (a.status, a.content_type, a.headers, a.body) == (b.status, b.content_type, b.headers, b.body)
 
@@ -640,14 +652,7 @@ def test_a_kept_form_with_anything_in_its_request_ids_place_answers_as_the_gener
     assert any(form.with_id for form in http_lookups._forms.values())
     start = template.index(b'"id": "') + len(b'"id": "')
     body = template[:start] + text.encode() + template[template.index(b'"', start):]
-    formed = http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None)
-    if formed is None:
-        return
-    try:
-        general = http_lookups.reply(*parse_infer(body, None, "hybridgnn", None))
-    except BadRequest:
-        general = None
-    assert general is not None and _same(formed, general), body
+    answered_as_the_general_lane_or_left(http_lookups, body)
 
 
 def test_kept_forms_are_bounded(http_lookups, monkeypatch):
@@ -711,11 +716,4 @@ def test_lookups_of_any_form_with_any_request_id_are_answered_as_the_general_lan
     http_lookups.quick_reply(Request({}, {}, first), "hybridgnn", None)
     for ids, other in [(list(range(form["n"])), rid), *others]:
         body = _lookup_body(form, ids, _NO_ID if rid is _NO_ID else other, rid)
-        answered = http_lookups.quick_reply(Request({}, {}, body), "hybridgnn", None)
-        if answered is None:
-            continue
-        try:
-            general = http_lookups.reply(*parse_infer(body, None, "hybridgnn", None))
-        except BadRequest:
-            general = None
-        assert general is not None and _same(answered, general), body
+        answered_as_the_general_lane_or_left(http_lookups, body)

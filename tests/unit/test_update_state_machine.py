@@ -593,29 +593,10 @@ class UpdatesMachine(stateful.RuleBasedStateMachine):
                 after = self.live.state()
                 assert after[:-3] == before[:-3] and after[-3] == position and after[-2] == before[-2]
 
-    @stateful.rule(data=st.data(), k=st.integers(2, 3))
-    def entry_of_several(self, data, k):
-        """Requests merged into one entry (the applier's batching), each drawn against the
-        graph before the entry: they may conflict with one another, or be defective."""
-        g0 = self.g
-        reqs = [data.draw(st.one_of(valid_requests(g0, self.counter),
-                                    defective_requests(g0, self.counter).map(lambda x: x[1])))
-                for _ in range(k)]
-        inputs_list = [inputs_of(r, g0) for r in reqs]
-        try:
-            body = encode_entry([LoggedRequest(i) for i in inputs_list])
-        except ValueError:  # feature rows of two widths: no applier logs such an entry
-            return
-        want = self._expect_entry(inputs_list)
-        position = self.live.log.append(body)
-        for got, w in zip(self.live.step()[position], want, strict=True):
-            self._check_outcome(got, w)
-
-    @stateful.rule(data=st.data(), k=st.integers(1, 3), at=st.integers(0, 30))
-    def entry_that_fails_part_way(self, data, k, at):
-        """An entry whose apply fails for a reason of this replica (memory, a bug) at one of
-        its steps: what was applied of it stays applied, the failed request left nothing, and
-        the next step resumes the entry there, applying nothing twice."""
+    def _log_entry(self, data, k: int):
+        """(the outcomes expected, the log position) of an entry of k requests drawn against
+        the graph now, valid or defective, appended to the log; None when they cannot be one
+        entry (feature rows of two widths: no applier logs such an entry)."""
         g0 = self.g
         reqs = [data.draw(st.one_of(valid_requests(g0, self.counter),
                                     defective_requests(g0, self.counter).map(lambda x: x[1])))
@@ -624,9 +605,29 @@ class UpdatesMachine(stateful.RuleBasedStateMachine):
         try:
             body = encode_entry([LoggedRequest(i) for i in inputs_list])
         except ValueError:
+            return None
+        return self._expect_entry(inputs_list), self.live.log.append(body)
+
+    @stateful.rule(data=st.data(), k=st.integers(2, 3))
+    def entry_of_several(self, data, k):
+        """Requests merged into one entry (the applier's batching), each drawn against the
+        graph before the entry: they may conflict with one another, or be defective."""
+        logged = self._log_entry(data, k)
+        if logged is None:
             return
-        want = self._expect_entry(inputs_list)
-        position = self.live.log.append(body)
+        want, position = logged
+        for got, w in zip(self.live.step()[position], want, strict=True):
+            self._check_outcome(got, w)
+
+    @stateful.rule(data=st.data(), k=st.integers(1, 3), at=st.integers(0, 30))
+    def entry_that_fails_part_way(self, data, k, at):
+        """An entry whose apply fails for a reason of this replica (memory, a bug) at one of
+        its steps: what was applied of it stays applied, the failed request left nothing, and
+        the next step resumes the entry there, applying nothing twice."""
+        logged = self._log_entry(data, k)
+        if logged is None:
+            return
+        want, position = logged
         calls = iter(range(10**6))
 
         def fail(step):
