@@ -22,8 +22,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
-import aiohttp
 import numpy as np
+
+from hybridgnn.bench.metadata import fetch_num_nodes
+from hybridgnn.bench.report import MESSAGE_BODY_BYTES, ErrorSamples
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # An open loop wakes at most once per WAKE_S: requests due meanwhile go out together, up to
@@ -119,56 +121,6 @@ def _http_request(host: str, port: int, path: str, body: bytes, headers: dict) -
 
 
 _CONNECT_FAILED = -2  # a request's status when its connection could not be opened
-# The sample of messages a run keeps: so many distinct ones per status, each cut to so many
-# characters, from at most the first so many bytes of a body (a run of millions of
-# failures keeps no more, and parses a body only while its status has room)
-MESSAGES_PER_STATUS = 3
-MESSAGE_CHARS = 200
-MESSAGE_BODY_BYTES = 1 << 16
-
-
-def error_message(body: bytes) -> str:
-    """What a failing answer's body says: its JSON "error" (the server's errors are
-    {"error": "..."}), else its text."""
-    try:
-        said = json.loads(body)
-    except ValueError:  # not JSON (or cut short): its text
-        said = None
-    if isinstance(said, dict) and isinstance(said.get("error"), str):
-        return said["error"]
-    return body.decode("utf-8", "replace")
-
-
-class ErrorSamples:
-    """The first MESSAGES_PER_STATUS distinct messages of each status, each at most
-    MESSAGE_CHARS long: bounded however many answers fail."""
-
-    def __init__(self):
-        self.by_status: dict[int, list[str]] = {}
-        self._last: dict[int, bytes] = {}  # the body last read per status: a repeat is not parsed again
-
-    def wants(self, status: int) -> bool:
-        return len(self.by_status.get(status, ())) < MESSAGES_PER_STATUS
-
-    def add(self, status: int, message: str) -> None:
-        if not self.wants(status):
-            return
-        message = " ".join(message.split())
-        if len(message) > MESSAGE_CHARS:
-            message = message[:MESSAGE_CHARS - 3] + "..."
-        seen = self.by_status.setdefault(status, [])
-        if message not in seen:
-            seen.append(message)
-
-    def add_body(self, status: int, body: bytes) -> None:
-        if self.wants(status) and self._last.get(status) != body:
-            self._last[status] = body
-            self.add(status, error_message(body))
-
-    def to_dict(self) -> dict[str, list[str]]:
-        return {str(status): list(said) for status, said in sorted(self.by_status.items())}
-
-
 class _Connection(asyncio.Protocol):
     """One keep-alive connection with at most one request in flight; responses are read
     by Content-Length straight from the transport's callbacks (no task, future or stream
@@ -287,65 +239,6 @@ class _ConnectionPool:
                 except (AttributeError, OSError):  # closed meanwhile: nothing to reset
                     pass
                 conn.transport.abort()
-
-
-async def fetch_metadata(url: str, model: str) -> dict:
-    """The model's metadata (GET /v2/models/{m}); a refusal is a ConfigError saying what
-    the server said (an unknown model was "ClientResponseError: 404, message='Not Found'",
-    not the models the server does serve)."""
-    from hybridgnn.errors import ConfigError
-
-    async with aiohttp.ClientSession() as s:
-        async with s.get(f"{url}/v2/models/{model}") as r:
-            if r.status >= 400:
-                text = await r.text()
-                try:
-                    said = json.loads(text).get("error") or text
-                except (ValueError, AttributeError):
-                    said = text
-                said = " ".join(str(said).split())[:300] or r.reason
-                raise ConfigError(f"cannot load {url} model {model!r}: the server answered {r.status}: {said}")
-            return await r.json()
-
-
-async def fetch_num_nodes(url: str, model: str, node_type: str | None = None) -> int:
-    """How many nodes (of node_type, on a heterogeneous model) requests may draw ids
-    0..n-1 from (load_size)."""
-    return load_size(await fetch_metadata(url, model), node_type)
-
-
-def load_size(metadata: dict, node_type: str | None = None) -> int:
-    """The node count n in a model's metadata (GET /v2/models/{m}) whose ids 0..n-1 the
-    load sends (of node_type on a heterogeneous model), or a ConfigError in one line for
-    a model that the load cannot serve so: a heterogeneous one without a node type it
-    answers (its metadata has no num_nodes: it was a KeyError), or nodes named by strings
-    or sparse integer ids (every request was refused, and the run reported only an
-    error count)."""
-    from hybridgnn.errors import ConfigError
-
-    params = metadata.get("parameters") or {}
-    name = metadata.get("name", "the model")
-    types = params.get("node_types")
-    if types is None:
-        if node_type is not None:
-            raise ConfigError(f"model {name!r} is homogeneous: it takes no node type (--node-type {node_type!r})")
-        nodes, count, ids = "nodes", params["num_nodes"], params.get("node_ids", "dense")
-    else:
-        answered = [t["name"] for t in types if t.get("output_dim") is not None]
-        if node_type is None:
-            raise ConfigError(f"model {name!r} is heterogeneous: bench loads it with node requests of one type; "
-                              f"give --node-type (one of {answered})")
-        if node_type not in answered:
-            raise ConfigError(f"model {name!r} answers no node requests of type {node_type!r}; --node-type must "
-                              f"be one of {answered}")
-        kind = next(t for t in types if t["name"] == node_type)
-        nodes, count, ids = f"{node_type!r} nodes", kind["num_nodes"], kind.get("node_ids", "dense")
-    if ids != "dense":  # metadata before node_ids was reported said nothing: dense
-        named = "strings" if ids == "string" else "sparse integer ids"
-        raise ConfigError(f"model {name!r} names its {nodes} by {named} (node_ids {ids!r} in its metadata), and "
-                          f"bench sends ids 0..n-1, which it would refuse: bench loads only graphs whose node ids "
-                          f"are 0..n-1 (generated, or imported from ids 0..n-1)")
-    return int(count)
 
 
 def grpc_body(model: str, ids: np.ndarray, parameters: dict | None = None) -> bytes:

@@ -983,12 +983,12 @@ def test_bench_seed_help_says_it_draws_the_arrivals_too(capsys):
 def _serving_metadata(monkeypatch, metadata: dict) -> None:
     """bench reads this as the server's GET /v2/models/{m} (no server: nothing is sent
     before it is read, and each test here ends at a refusal)."""
-    import hybridgnn.bench.loadgen
+    import hybridgnn.bench.metadata
 
     async def fetch_metadata(url, model):
         return metadata
 
-    monkeypatch.setattr(hybridgnn.bench.loadgen, "fetch_metadata", fetch_metadata)
+    monkeypatch.setattr(hybridgnn.bench.metadata, "fetch_metadata", fetch_metadata)
 
 
 def test_bench_against_a_heterogeneous_model_asks_for_a_node_type_in_one_line(monkeypatch, capsys):

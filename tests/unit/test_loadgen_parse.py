@@ -8,17 +8,15 @@ import numpy as np
 import pytest
 
 from hybridgnn.bench.loadgen import (
-    MESSAGE_CHARS,
-    MESSAGES_PER_STATUS,
-    ErrorSamples,
     _result,
     binary_body,
     error_summary,
     grpc_body,
     json_body,
-    load_size,
     parse_response_head,
 )
+from hybridgnn.bench.metadata import load_size
+from hybridgnn.bench.report import MESSAGE_CHARS, MESSAGES_PER_STATUS, ErrorSamples
 from hybridgnn.errors import ConfigError
 
 
