@@ -124,6 +124,8 @@ def import_hetero_data(data, source: Path, out, *, undirected: bool = False, fea
     extra: dict = {"source": str(source)}
     if random_types:
         extra["random_features"] = random_types
+        log.warning("%s: node types %s have no features: each node gets %d random ones (--feature-dim; recorded "
+                    "as random_features in meta.json)", source, random_types, feature_dim)
     if ignored:
         log.warning("%s: not imported (the served models read node features and structure only): %s",
                     source, ", ".join(sorted(ignored)))
@@ -199,6 +201,8 @@ def import_hetero_edge_lists(source: Path, out, *, undirected: bool = False, fea
     extra: dict = {"source": str(source)}
     if random_types:
         extra["random_features"] = random_types
+        log.warning("%s: node types %s have no features: each node gets %d random ones (--feature-dim; recorded "
+                    "as random_features in meta.json)", source, random_types, feature_dim)
     if mapped:
         extra["id_maps"] = mapped
     if ignored:

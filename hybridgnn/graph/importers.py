@@ -228,6 +228,9 @@ def import_graph(
             raise DatasetError(f"{src}: random features for {num_nodes:,} nodes ({feature_dim} each) do not fit in "
                                "memory") from None
         extra["random_features"] = True
+        # said, not only recorded: a model trained on them learns from the graph's structure alone
+        log.warning("%s holds no node features: each node gets %d random ones (--feature-dim; recorded as "
+                    "random_features in meta.json)", src, feature_dim)
     x = float32_features(x, f"{src}: x")
     if x.ndim != 2 or x.shape[0] != num_nodes:
         raise DatasetError(f"x must be [num_nodes={num_nodes}, F], got {x.shape}")

@@ -289,10 +289,12 @@ def test_sparse_and_named_ids_are_mapped_to_dense_ones(tmp_path, caplog, lines, 
     assert sum("stored as dense ids" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_dense_ids_and_ids_with_features_are_kept(tmp_path):
+def test_dense_ids_and_ids_with_features_are_kept(tmp_path, caplog):
     (tmp_path / "e.txt").write_text("0 1\n1 2\n3 0\n")
     import_graph(tmp_path / "e.txt", tmp_path / "g")
     assert GraphStore.open(tmp_path / "g").id_map is None
+    # random features are said, not only recorded (a model trained on them learns structure alone)
+    assert "holds no node features: each node gets 64 random ones" in caplog.text
     with pytest.raises(DatasetError, match="not integers"):
         (tmp_path / "n.txt").write_text("a b\n")
         import_graph(tmp_path / "n.txt", tmp_path / "h", ids="dense")
