@@ -28,10 +28,17 @@ import signal
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 
 from hybridgnn.config import env_default
+from hybridgnn.pipelines.liveness import (
+    LIVENESS_CHECK_S,
+    ChildActivity,
+    Liveness,
+    read_activity,
+)
 from hybridgnn.types import BatchResult, StageTimings
 
 log = logging.getLogger(__name__)
@@ -340,14 +347,33 @@ class ProcessExecutor:
         self.send(seeds)
         # the answer's first bytes, for as long as a batch may take (for ever: None); the rest
         # must then keep coming (the socket's stall limit)
-        if not self._conn.poll(self.batch_timeout_s):
+        hung = self._await_answer()
+        if hung is not None:
             self.kill()
-            raise self.hung()
+            raise hung
         try:
             return self.receive(timings)
         except WorkerProcessExited:  # or stalled mid-answer, its stream out of step: the next run starts another
             self.kill()
             raise
+
+    def _await_answer(self) -> WorkerProcessError | None:
+        """Wait for the answer's first bytes (None once they come), looking at the child as
+        the loop does: the error it is killed with when stopped, deadlocked or past the timeout."""
+        if self.batch_timeout_s is None:
+            self._conn.poll(None)
+            return None
+        deadline = time.monotonic() + self.batch_timeout_s
+        liveness = Liveness()
+        while True:
+            step = min(LIVENESS_CHECK_S, deadline - time.monotonic())
+            if self._conn.poll(max(step, 0.0)):
+                return None
+            if time.monotonic() >= deadline:
+                return self.hung()
+            reason = liveness.observe(self.activity(), step)
+            if reason is not None:
+                return self.stuck(reason)
 
     @property
     def running(self) -> bool:
@@ -431,6 +457,15 @@ class ProcessExecutor:
                 os.kill(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def activity(self) -> ChildActivity | None:
+        """The child's state and CPU time now (None: unknown, or no child)."""
+        proc = self._proc
+        return read_activity(proc.pid) if proc is not None and proc.pid is not None else None
+
+    def stuck(self, reason: str) -> WorkerProcessError:
+        return WorkerProcessExited(f"CPU worker process {self.worker} {reason} and was killed; "
+                                   "it restarts for the next one")
 
     def hung(self) -> WorkerProcessError:
         return WorkerProcessExited(f"CPU worker process {self.worker} answered no batch within "

@@ -21,7 +21,9 @@ kill -9 or the kernel's OOM killer must not fail the requests that happened to b
 child (inference changes nothing, so a second run is safe). A batch whose second child exits
 too fails: it is likely what kills them. A child that answers no batch within the batch
 timeout, or stops in the middle of an answer, is killed and its batch fails (a second wait
-as long is worse than an answer now).
+as long is worse than an answer now). So is one that /proc shows stopped (SIGSTOP) for
+STOPPED_LIMIT_S, or spending no CPU outside disk waits for IDLE_LIMIT_S, while it holds a
+batch: it will not answer, and the batch timeout is minutes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections import deque
 from typing import Callable
 
 from hybridgnn.config import PipelineConfig
+from hybridgnn.pipelines.liveness import LIVENESS_CHECK_S, Liveness
 from hybridgnn.pipelines.process import (
     STALL_S,
     ProcessExecutor,
@@ -62,6 +65,8 @@ class _Child:
     timings: StageTimings | None = None
     timer: asyncio.TimerHandle | None = None  # the batch timeout
     stall: asyncio.TimerHandle | None = None  # an answer begun must go on arriving within STALL_S
+    look: asyncio.TimerHandle | None = None  # the next liveness look (stopped? deadlocked?)
+    liveness: Liveness | None = None
     fd: int | None = None  # watched by the loop (None: not watched)
     resent: bool = False  # the batch held is on its second child
 
@@ -170,6 +175,8 @@ class ProcessPipeline:
         timeout_s = child.executor.batch_timeout_s
         if timeout_s is not None:  # from before the write: a child that stops reading is hung too
             child.timer = self._loop.call_later(timeout_s, self._hung, child)
+            child.liveness = Liveness()
+            child.look = self._loop.call_later(LIVENESS_CHECK_S, self._look, child)
         if batch.seeds.nbytes > INLINE_SEND_BYTES:
             # a write the socket's buffer may not hold waits for the child to read it: on a
             # thread, so a child that stopped never holds the loop (its timer ends it)
@@ -216,6 +223,17 @@ class ProcessPipeline:
     def _hung(self, child: _Child) -> None:
         child.timer = None
         self._kill(child, child.executor.hung())
+
+    def _look(self, child: _Child) -> None:
+        """A child holding a batch, looked at: killed as hung if stopped or deadlocked."""
+        child.look = None
+        # an answer under way is the stall limit's to judge (a child blocked writing it idles)
+        answering = child.executor.answer_started
+        reason = None if answering else child.liveness.observe(child.executor.activity(), LIVENESS_CHECK_S)
+        if reason is not None:
+            self._kill(child, child.executor.stuck(reason))
+        else:
+            child.look = self._loop.call_later(LIVENESS_CHECK_S, self._look, child)
 
     def _stalled(self, child: _Child) -> None:
         child.stall = None
@@ -313,10 +331,11 @@ class ProcessPipeline:
 
     @staticmethod
     def _clear(child: _Child) -> None:
-        for timer in (child.timer, child.stall):
+        for timer in (child.timer, child.stall, child.look):
             if timer is not None:
                 timer.cancel()
-        child.batch = child.plan = child.timings = child.timer = child.stall = None
+        child.batch = child.plan = child.timings = child.timer = child.stall = child.look = None
+        child.liveness = None
         child.resent = False
 
     async def _detach(self) -> None:

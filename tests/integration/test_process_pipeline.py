@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from hybridgnn.config import PipelineConfig
+from hybridgnn.pipelines import liveness, process_pipeline
+from hybridgnn.pipelines.liveness import ChildActivity
 from hybridgnn.pipelines.process_pipeline import (
     ProcessPipeline,
     WorkerProcessError,
@@ -40,6 +42,7 @@ class FakeChild:
     def __init__(self, worker: int, timeout_s: float | None = None):
         self.worker, self.batch_timeout_s = worker, timeout_s
         self.hold = False
+        self.seen = None  # what /proc would say of it (None: unknown)
         self.sent: list[list[int]] = []
         self.restarts = self.kills = 0
         self.restart_gate = threading.Event()
@@ -102,6 +105,12 @@ class FakeChild:
 
     def hung(self):
         return WorkerProcessExited(f"child {self.worker} answered no batch within {self.batch_timeout_s:g} s")
+
+    def activity(self):
+        return self.seen
+
+    def stuck(self, reason):
+        return WorkerProcessExited(f"child {self.worker} {reason}")
 
     def kill(self):
         self.kills += 1
@@ -273,6 +282,29 @@ def test_a_hung_child_fails_its_batch_at_the_timeout_and_is_replaced():
     _, children, done = run_pipeline(scenario, workers=1, timeout_s=0.2)
     assert "answered no batch within 0.2 s" in str(done[0][2]) and children[0].kills == 1
     assert children[0].restarts == 1 and done[1][2] is None
+
+
+def test_a_stopped_child_fails_its_batch_long_before_the_timeout_and_is_replaced(monkeypatch):
+    """A child stopped holding a batch (SIGSTOP) will not answer: it is killed at the
+    stopped limit, not the batch timeout, while a computing one is left to answer."""
+    monkeypatch.setattr(process_pipeline, "LIVENESS_CHECK_S", 0.02)
+    monkeypatch.setattr(liveness, "STOPPED_LIMIT_S", 0.2)
+
+    async def scenario(pipe, children, done):
+        children[0].hold = children[1].hold = True
+        children[0].seen = ChildActivity("T", 10)
+        children[1].seen = ChildActivity("R", 10)
+        pipe.submit(make_batch([1]), PLAN)
+        pipe.submit(make_batch([2]), PLAN)
+        await until(lambda: len(done) == 1, deadline_s=3)
+        assert children[1].kills == 0
+        children[1].answer()
+        await until(lambda: len(done) == 2)
+        await until(lambda: children[0].restarts == 1)
+
+    _, children, done = run_pipeline(scenario, workers=2, timeout_s=300)
+    assert done[0][0] == [1] and "was stopped (SIGSTOP)" in str(done[0][2]) and children[0].kills == 1
+    assert done[1][0] == [2] and done[1][2] is None
 
 
 def test_stop_finishes_what_it_can_and_fails_the_rest_exactly_once():

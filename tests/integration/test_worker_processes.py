@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hybridgnn.config import PipelineConfig, SamplingConfig, ServeConfig, UpdateConfig
+from hybridgnn.pipelines import liveness
 from hybridgnn.pipelines.process import (
     MESSAGE_HEAD,
     STALL_S,
@@ -84,6 +85,26 @@ def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_replaced(tiny_da
             ex.run(seeds)
         assert ex._proc is None and not child.is_alive()
         stalled.close()
+        np.testing.assert_array_equal(ex.run(seeds).logits, expected)
+    finally:
+        ex.close()
+
+
+def test_a_stopped_child_fails_its_batch_at_the_stopped_limit_not_the_timeout(tiny_dataset, tiny_model, monkeypatch):
+    """/proc tells a SIGSTOPped child from a slow one: with the default 300 s timeout, its
+    batch fails within the stopped limit and a new child serves the next."""
+    monkeypatch.setattr(liveness, "STOPPED_LIMIT_S", 2.0)
+    ex = ProcessExecutor(config(tiny_dataset, tiny_model), 0, build_worker_executor)
+    try:
+        assert ex.batch_timeout_s == 300
+        seeds = np.array([3, 17])
+        expected = ex.run(seeds).logits
+        stopped = ex._proc
+        os.kill(stopped.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerProcessExited, match="was stopped"):
+            ex.run(seeds)
+        assert time.monotonic() - t0 < 30 and not stopped.is_alive()
         np.testing.assert_array_equal(ex.run(seeds).logits, expected)
     finally:
         ex.close()
