@@ -40,6 +40,14 @@ def read_activity(pid: int) -> ChildActivity | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Hung:
+    """Why a child will not answer, and whether its batch may go to another child: a stop
+    came from outside (the batch is innocent), a deadlock may be the batch's own doing."""
+    reason: str
+    resend: bool
+
+
 @dataclasses.dataclass
 class Liveness:
     """How long a child holding a batch has been stopped, or without using CPU."""
@@ -47,8 +55,8 @@ class Liveness:
     idle_s: float = 0.0
     cpu_ticks: int | None = None
 
-    def observe(self, now: ChildActivity | None, elapsed_s: float) -> str | None:
-        """Take one look; the reason the child is hung, or None while it may still answer."""
+    def observe(self, now: ChildActivity | None, elapsed_s: float) -> Hung | None:
+        """Take one look: why the child is hung, or None while it may still answer."""
         if now is None:
             return None  # unknown (no /proc): the batch timeout alone decides
         self.stopped_s = self.stopped_s + elapsed_s if now.state == "T" else 0.0
@@ -56,7 +64,7 @@ class Liveness:
         self.idle_s = self.idle_s + elapsed_s if idle else 0.0
         self.cpu_ticks = now.cpu_ticks
         if self.stopped_s >= STOPPED_LIMIT_S:
-            return f"was stopped (SIGSTOP) for {self.stopped_s:.0f} s holding a batch"
+            return Hung(f"was stopped (SIGSTOP) for {self.stopped_s:.0f} s holding a batch", resend=True)
         if self.idle_s >= IDLE_LIMIT_S:
-            return f"used no CPU for {self.idle_s:.0f} s holding a batch (deadlocked)"
+            return Hung(f"used no CPU for {self.idle_s:.0f} s holding a batch (deadlocked)", resend=False)
         return None

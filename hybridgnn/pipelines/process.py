@@ -371,9 +371,9 @@ class ProcessExecutor:
                 return None
             if time.monotonic() >= deadline:
                 return self.hung()
-            reason = liveness.observe(self.activity(), step)
-            if reason is not None:
-                return self.stuck(reason)
+            hung = liveness.observe(self.activity(), step)
+            if hung is not None:  # the profiler's one batch fails either way
+                return self.stuck(hung.reason)
 
     @property
     def running(self) -> bool:

@@ -23,7 +23,8 @@ too fails: it is likely what kills them. A child that answers no batch within th
 timeout, or stops in the middle of an answer, is killed and its batch fails (a second wait
 as long is worse than an answer now). So is one that /proc shows stopped (SIGSTOP) for
 STOPPED_LIMIT_S, or spending no CPU outside disk waits for IDLE_LIMIT_S, while it holds a
-batch: it will not answer, and the batch timeout is minutes.
+batch: it will not answer, and the batch timeout is minutes. A stopped child's batch is sent
+once more, as an exited one's (the stop came from outside); a deadlocked one's fails.
 """
 
 from __future__ import annotations
@@ -229,9 +230,9 @@ class ProcessPipeline:
         child.look = None
         # an answer under way is the stall limit's to judge (a child blocked writing it idles)
         answering = child.executor.answer_started
-        reason = None if answering else child.liveness.observe(child.executor.activity(), LIVENESS_CHECK_S)
-        if reason is not None:
-            self._kill(child, child.executor.stuck(reason))
+        hung = None if answering else child.liveness.observe(child.executor.activity(), LIVENESS_CHECK_S)
+        if hung is not None:  # a stopped child's batch goes to another (once), as an exited one's
+            self._kill(child, child.executor.stuck(hung.reason), resend=hung.resend)
         else:
             child.look = self._loop.call_later(LIVENESS_CHECK_S, self._look, child)
 
@@ -241,10 +242,10 @@ class ProcessPipeline:
             f"CPU worker process {child.executor.worker} stopped in the middle of an answer for {STALL_S:g} s "
             "and was killed; it restarts for the next one"))
 
-    def _kill(self, child: _Child, error: WorkerProcessError) -> None:
+    def _kill(self, child: _Child, error: WorkerProcessError, resend: bool = False) -> None:
         self._unwatch(child)
         child.executor.signal_kill()  # reaped by the restart's close, on its thread: never on the loop
-        self._lost(child, error)
+        self._lost(child, error, resend)
 
     def _lost(self, child: _Child, error: WorkerProcessError, resend: bool = False) -> None:
         """The child is gone: a new child is started off the loop, and its batch is sent

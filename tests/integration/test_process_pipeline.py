@@ -284,27 +284,37 @@ def test_a_hung_child_fails_its_batch_at_the_timeout_and_is_replaced():
     assert children[0].restarts == 1 and done[1][2] is None
 
 
-def test_a_stopped_child_fails_its_batch_long_before_the_timeout_and_is_replaced(monkeypatch):
+def test_a_stopped_child_is_replaced_long_before_the_timeout_and_its_batch_answered_by_another(monkeypatch):
     """A child stopped holding a batch (SIGSTOP) will not answer: it is killed at the
-    stopped limit, not the batch timeout, while a computing one is left to answer."""
+    stopped limit, not the batch timeout, and its batch goes to the next free child; a
+    computing one is left to answer, and a deadlocked one's batch fails."""
     monkeypatch.setattr(process_pipeline, "LIVENESS_CHECK_S", 0.02)
     monkeypatch.setattr(liveness, "STOPPED_LIMIT_S", 0.2)
+    monkeypatch.setattr(liveness, "IDLE_LIMIT_S", 0.2)
 
     async def scenario(pipe, children, done):
         children[0].hold = children[1].hold = True
         children[0].seen = ChildActivity("T", 10)
         children[1].seen = ChildActivity("R", 10)
+        children[0].restart_gate.clear()  # its replacement comes after child 1 took the batch
         pipe.submit(make_batch([1]), PLAN)
         pipe.submit(make_batch([2]), PLAN)
-        await until(lambda: len(done) == 1, deadline_s=3)
-        assert children[1].kills == 0
+        await until(lambda: children[0].kills == 1, deadline_s=3)
+        assert children[1].kills == 0 and not done
+        children[1].answer()  # answers [2], then takes the resent [1]
+        await until(lambda: len(done) == 1)
         children[1].answer()
         await until(lambda: len(done) == 2)
+        children[0].restart_gate.set()
         await until(lambda: children[0].restarts == 1)
+        children[1].seen = ChildActivity("S", 11)  # and now deadlocks on the next
+        pipe.submit(make_batch([3]), PLAN)
+        await until(lambda: len(done) == 3, deadline_s=3)
 
     _, children, done = run_pipeline(scenario, workers=2, timeout_s=300)
-    assert done[0][0] == [1] and "was stopped (SIGSTOP)" in str(done[0][2]) and children[0].kills == 1
-    assert done[1][0] == [2] and done[1][2] is None
+    assert [d[0] for d in done] == [[2], [1], [3]] and done[0][2] is None and done[1][2] is None
+    assert children[1].sent[:2] == [[2], [1]]
+    assert "used no CPU" in str(done[2][2])
 
 
 def test_stop_finishes_what_it_can_and_fails_the_rest_exactly_once():

@@ -129,10 +129,13 @@ def test_engine_serves_through_worker_processes_and_stops_them(tiny_dataset, tin
     assert all(not p.is_alive() for p in children)
 
 
-def test_the_engine_survives_a_child_killed_under_load_and_serves_through_its_replacement(tiny_dataset, tiny_model):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_the_engine_survives_a_child_killed_under_load_and_serves_through_its_replacement(
+        tiny_dataset, tiny_model, monkeypatch, sig):
     """The loop drives the children: a kill -9 fails no request (the batch that child held
     is sent again), the waiting batches go to the other child or the restarted one, and
-    every request is answered once."""
+    every request is answered once. A stopped child is killed at the stopped limit, alike."""
+    monkeypatch.setattr(liveness, "STOPPED_LIMIT_S", 1.0)
     cfg = config(tiny_dataset, tiny_model, fanouts=(5, 3), processes=True, workers=2)
 
     async def scenario():
@@ -142,7 +145,7 @@ def test_the_engine_survives_a_child_killed_under_load_and_serves_through_its_re
         victim = pipe._executors[0]._proc
         try:
             first = [engine.submit(np.array([i, i + 1])) for i in range(60)]
-            os.kill(victim.pid, signal.SIGKILL)
+            os.kill(victim.pid, sig)
             outcomes = await asyncio.gather(*first, return_exceptions=True)
             failed = [o for o in outcomes if isinstance(o, BaseException)]
             assert not failed, failed
