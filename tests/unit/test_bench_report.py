@@ -46,3 +46,39 @@ def test_a_bench_scripts_progress_line_is_one_line_of_strict_json(capsys):
     progress({"rate": 100, "p99_ms": float("nan"), "served": [1.0, math.inf]})
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and _strict_loads(out) == {"rate": 100, "p99_ms": None, "served": [1.0, None]}
+
+
+def _undefined_names(code: str) -> set[str]:
+    """Names a program's code reads as globals but never binds (imports and builtins aside)."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<probe>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    bound |= {c.get_name() for c in top.get_children()}  # functions and classes it defines
+    missing, tables = set(), [top]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for s in table.get_symbols():
+            if s.is_referenced() and (s.is_global() or table is top) and not (s.is_assigned() or s.is_imported()):
+                if s.get_name() not in bound and not hasattr(builtins, s.get_name()):
+                    missing.add(s.get_name())
+    return missing
+
+
+def test_the_programs_bench_scripts_run_in_other_processes_name_only_what_they_define():
+    """A probe runs in a child process, often against a baseline revision: it may use only
+    what it imports itself. One used bench.common's progress() and failed at its end."""
+    import ast
+    from pathlib import Path
+
+    programs = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "bench").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str) and "\nimport " in "\n" + node.value.value):
+                programs.append((f"{path.name}:{node.targets[0].id}", node.value.value))
+    assert any(name == "refusal_cost.py:PROBE" for name, _ in programs)
+    problems = {name: sorted(_undefined_names(code)) for name, code in programs}
+    assert not {k: v for k, v in problems.items() if v}
