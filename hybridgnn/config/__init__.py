@@ -60,17 +60,29 @@ def fanouts_for(saved: dict, *, flag=None, repository=None) -> tuple[int, ...]:
     return (DEFAULT_FANOUT,) * int(saved["num_layers"])
 
 
-def fanouts_served(fanouts, num_layers: int) -> tuple[int, ...]:
+def fanouts_served(fanouts, num_layers: int, *, doing: str = "sampling", logger: str = "hybridgnn.serve"
+                   ) -> tuple[int, ...]:
     """`fanouts` cut to one per layer, with a warning when that drops hops: a hop past the
     last layer cannot change an answer, so sampling it is work for nothing (and the
     workload tables would cost batches by hops never used). Fewer than the layers are the
-    caller's to refuse."""
+    caller's to refuse (fewer_hops). doing: what the warning says is done with the first
+    ones ("sampling" by a server, "writing" by save_model), on `logger`."""
     fanouts = tuple(int(f) for f in fanouts)
     if len(fanouts) > num_layers:
-        logging.getLogger("hybridgnn.serve").warning(
-            "fanouts %s give %d hops but the model has %d %s; sampling the first %d", list(fanouts), len(fanouts),
-            num_layers, "layer" if num_layers == 1 else "layers", num_layers)
+        logging.getLogger(logger).warning(
+            "fanouts %s give %d hops but the model has %d %s; %s the first %d", list(fanouts), len(fanouts),
+            num_layers, "layer" if num_layers == 1 else "layers", doing, num_layers)
     return fanouts[:num_layers]
+
+
+def fewer_hops(fanouts, num_layers: int) -> str | None:
+    """The one-line refusal of fanouts with fewer hops than the model's layers (a layer
+    without its hop would see no neighbours), or None when there are enough."""
+    fanouts = [int(f) for f in fanouts]
+    if len(fanouts) >= num_layers:
+        return None
+    return (f"fanouts {fanouts} give {len(fanouts)} {'hop' if len(fanouts) == 1 else 'hops'} but the model has "
+            f"{num_layers} layers; give one fanout per layer")
 
 
 @config_class

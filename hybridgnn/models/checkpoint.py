@@ -21,7 +21,13 @@ import torch
 from torch import nn
 
 from hybridgnn.capabilities import write_replacing
-from hybridgnn.config import SMALL_JSON_BYTES, parse_fanouts, read_json
+from hybridgnn.config import (
+    SMALL_JSON_BYTES,
+    fanouts_served,
+    fewer_hops,
+    parse_fanouts,
+    read_json,
+)
 from hybridgnn.errors import ConfigError
 from hybridgnn.graph.store import written_by_torch_save
 from hybridgnn.models import golden, zoo
@@ -79,11 +85,15 @@ def save_model(model: nn.Module, path: str | Path, *, fanouts=None, extra: dict 
         model.train(was_training)
     if problems:
         raise zoo.UnsupportedModel(f"{type(model).__name__} cannot be served exactly: " + "; ".join(problems))
+    if fanouts:  # as serve takes them: fewer hops than layers refused, more cut (a warning says so)
+        fanouts = _fanouts(fanouts)
+        refusal = fewer_hops(fanouts, stack.num_layers)
+        if refusal:
+            raise ConfigError(refusal)
+        fanouts = fanouts_served(fanouts, stack.num_layers, doing="writing", logger=__name__)
     config = {"format": FORMAT, "class": name, "args": args, "in_dim": stack.in_dim, "out_dim": stack.out_dim,
-              "num_layers": stack.num_layers, **({"fanouts": list(_fanouts(fanouts))} if fanouts else {}),
+              "num_layers": stack.num_layers, **({"fanouts": list(fanouts)} if fanouts else {}),
               **(extra or {})}
-    if config.get("fanouts") is not None and len(config["fanouts"]) < stack.num_layers:
-        raise ConfigError(f"fanouts {config['fanouts']} give fewer hops than the model's {stack.num_layers} layers")
     root.mkdir(parents=True, exist_ok=True)
     # Weights and golden answers first, config last: a directory with a config.json is complete.
     write_replacing(root / WEIGHTS, lambda p: torch.save(model.state_dict(), p))

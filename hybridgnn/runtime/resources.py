@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hybridgnn.capabilities import DEVICE_GATE, HAS_CUDA
-from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served
+from hybridgnn.config import ServeConfig, fanouts_for, fanouts_served, fewer_hops
 from hybridgnn.embeddings.incremental import (
     IncrementalConfig,
     IncrementalEmbeddings,
@@ -113,11 +113,9 @@ class Resources:
             raise ConfigError(
                 f"model {cfg.model_dir} expects {self.model.in_dim}-dim features but dataset {cfg.dataset_dir} "
                 f"has {self.graph.feature_dim}")
-        if len(cfg.sampling.fanouts) < self.model.num_layers:
-            raise ConfigError(
-                f"fanouts {list(cfg.sampling.fanouts)} give {len(cfg.sampling.fanouts)} "
-                f"{'hop' if len(cfg.sampling.fanouts) == 1 else 'hops'} but the model has {self.model.num_layers} "
-                "layers; give one fanout per layer")
+        refusal = fewer_hops(cfg.sampling.fanouts, self.model.num_layers)
+        if refusal:
+            raise ConfigError(refusal)
         cfg = self.cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(
             cfg.sampling, fanouts=fanouts_served(cfg.sampling.fanouts, self.model.num_layers)))
         trained_on = self.model_config.get("dataset_fingerprint")

@@ -122,6 +122,32 @@ def test_model_export_and_check(tmp_path, capsys, monkeypatch):
         assert said in err and err.count("\n") == 1, err
 
 
+def test_model_export_takes_fanouts_as_serve_does(tmp_path, capsys, monkeypatch, caplog):
+    """More hops than layers were written as given (config.json said 3 hops for a 2-layer
+    model) without a word; fewer were refused in other words than serve's."""
+    import sys
+
+    import torch
+
+    (tmp_path / "my_factory_mod.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_factory_mod", raising=False)
+    import my_factory_mod
+
+    torch.save(my_factory_mod.build().state_dict(), tmp_path / "w.pt")
+    export = ["model", "export", "--factory", "my_factory_mod:build", "--weights", "w.pt", "--out"]
+    with caplog.at_level("WARNING"):
+        assert main(export + ["m", "--fanouts", "4,3,2"]) == 0
+    assert json.loads(capsys.readouterr().out)["fanouts"] == [4, 3]
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["fanouts"] == [4, 3]
+    assert "fanouts [4, 3, 2] give 3 hops but the model has 2 layers; writing the first 2" in caplog.text
+    assert main(export + ["m2", "--fanouts", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "fanouts [4] give 1 hop but the model has 2 layers; give one fanout per layer" in err
+    assert err.count("\n") == 1 and not (tmp_path / "m2").exists()
+
+
 def test_a_policy_without_a_profile_is_refused_in_one_line(capsys):
     assert main(["serve", "--policy", "slo:20"]) == 2
     err = capsys.readouterr().err

@@ -370,9 +370,24 @@ def _edit_config(path, **changes):
 
 
 def test_fanouts_one_short_of_the_layers_are_refused_at_save(tmp_path):
-    with pytest.raises(ConfigError, match=r"fanouts \[5\] give fewer hops than the model's 2 layers"):
+    with pytest.raises(ConfigError, match=r"fanouts \[5\] give 1 hop but the model has 2 layers; give one fanout "
+                                          r"per layer$"):
         save_model(GraphSAGE(F, 8, 2, 3), tmp_path / "m", fanouts=[5])
     assert not (tmp_path / "m" / "config.json").exists()
+
+
+def test_fanouts_past_the_layers_are_cut_at_save_with_a_warning(tmp_path, caplog):
+    """They were written as given: config.json said 3 hops for a 2-layer model, and every
+    serve of it then cut them again with a warning of its own."""
+    import json
+
+    with caplog.at_level("WARNING", logger="hybridgnn.models.checkpoint"):
+        save_model(GraphSAGE(F, 8, 2, 3), tmp_path / "m", fanouts="5,4,3")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["fanouts"] == [5, 4]
+    assert "fanouts [5, 4, 3] give 3 hops but the model has 2 layers; writing the first 2" in caplog.text
+    caplog.clear()
+    save_model(GraphSAGE(F, 8, 2, 3), tmp_path / "m2", fanouts=[5, 4])
+    assert caplog.text == ""
 
 
 @pytest.mark.parametrize("training", [False, True])
