@@ -25,7 +25,7 @@ from torch_geometric.nn import GraphSAGE, to_hetero  # noqa: E402
 
 import hybridgnn  # noqa: E402
 from bench.common import DATA, emit_report, machine  # noqa: E402
-from hybridgnn.bench.loadgen import find_max_rate  # noqa: E402
+from hybridgnn.bench.search import find_max_rate  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.graph.hetero import HeteroGraphStore  # noqa: E402
 from hybridgnn.graph.hetero_generate import generate_hetero  # noqa: E402

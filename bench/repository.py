@@ -33,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import emit_report, machine  # noqa: E402
-from hybridgnn.bench.loadgen import find_max_rate, run_load  # noqa: E402
+from hybridgnn.bench.loadgen import run_load  # noqa: E402
+from hybridgnn.bench.search import find_max_rate  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from tests.support.durability import get_json, post_json  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402

@@ -34,7 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import BASELINE_REV, heavy_setup, machine, serve_revision, strict_json  # noqa: E402
-from hybridgnn.bench.loadgen import find_max_rate, run_load  # noqa: E402
+from hybridgnn.bench.loadgen import run_load  # noqa: E402
+from hybridgnn.bench.search import find_max_rate  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import emit_report, machine  # noqa: E402
-from hybridgnn.bench.loadgen import find_max_rate  # noqa: E402
+from hybridgnn.bench.search import find_max_rate  # noqa: E402
 from hybridgnn.capabilities import raise_open_file_limit, run_async  # noqa: E402
 from hybridgnn.demo import DEMO_FANOUTS, ensure_demo  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402

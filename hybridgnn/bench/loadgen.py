@@ -26,6 +26,7 @@ import numpy as np
 
 from hybridgnn.bench.metadata import fetch_num_nodes
 from hybridgnn.bench.report import MESSAGE_BODY_BYTES, ErrorSamples
+from hybridgnn.bench.stopping import run_until_stopped
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # An open loop wakes at most once per WAKE_S: requests due meanwhile go out together, up to
@@ -72,6 +73,11 @@ class LoadResult:
     # what the failing and refused answers said, by status: the first few distinct messages
     # (a JSON body's "error", else its text; why a connection failed), each cut short
     error_messages: dict[str, list[str]] = field(default_factory=dict)
+    # the signal that stopped the run early ("SIGINT", "SIGTERM"; None: it ran its course):
+    # the figures then cover the requests sent until then (sent), over the time they took,
+    # and those still in flight are counted here, not as errors
+    interrupted: str | None = None
+    unanswered: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -190,11 +196,13 @@ class _ConnectionPool:
         self.idle: list[_Connection] = []
         self.all: list[_Connection] = []
         self.outstanding = 0
+        self.started = 0  # requests sent (or waiting for their connection)
         self.done = asyncio.Event()
         self._opening: set[asyncio.Task] = set()
 
     def start(self, i: int) -> None:
         self.outstanding += 1
+        self.started += 1
         if self.idle:
             self.idle.pop().send(i)
             return
@@ -263,11 +271,12 @@ _GRPC_STATUS = {"OK": 200, "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PER
 
 
 async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.ndarray, arrivals: np.ndarray,
-                     timeout_s: float, parameters: dict | None = None,
-                     samples: ErrorSamples | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(latencies from the scheduled arrival, statuses as HTTP codes) over one gRPC channel
-    (HTTP/2 multiplexes the requests); requests are serialized before the clock starts
-    and answers are not parsed, so the client stays light."""
+                     timeout_s: float, parameters: dict | None = None, samples: ErrorSamples | None = None,
+                     stop: asyncio.Future | None = None) -> tuple[np.ndarray, np.ndarray, int, str | None]:
+    """(latencies from the scheduled arrival, statuses as HTTP codes, requests sent, the
+    signal that stopped it early or None) over one gRPC channel (HTTP/2 multiplexes the
+    requests); requests are serialized before the clock starts and answers are not
+    parsed, so the client stays light."""
     import grpc
 
     from hybridgnn.serving.grpc.schema import SERVICE
@@ -290,30 +299,40 @@ async def _grpc_load(target: str, model: str, scheduled: np.ndarray, ids: np.nda
                     samples.add(int(statuses[i]), f"{exc.code().name}: {exc.details() or ''}")
             latencies[i] = time.perf_counter() - scheduled[i]
 
+        tasks = []
+
+        async def send() -> None:
+            for i, at in enumerate(scheduled.tolist()):
+                await wait_until(at)
+                tasks.append(asyncio.ensure_future(one(i)))
+            await asyncio.gather(*tasks)
+
         gc.collect()
         gc.freeze()
         try:
             start = time.perf_counter()
             scheduled[:] = start + arrivals
-            tasks = []
-            for i, at in enumerate(scheduled.tolist()):
-                await wait_until(at)
-                tasks.append(asyncio.ensure_future(one(i)))
-            await asyncio.gather(*tasks)
+            interrupted = await run_until_stopped(send(), stop)
         finally:
             gc.unfreeze()
-    return latencies, statuses
+            for task in tasks:  # in flight when stopped: left unanswered (status 0)
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return latencies, statuses, len(tasks), interrupted
 
 
 async def run_load(url: str, model: str, *, rate: float, duration_s: float, nodes_per_request: int = 1,
                    binary: bool = True, seed: int = 0, num_nodes: int | None = None,
                    timeout_s: float = 30.0, keep_latencies: bool = False, grpc_target: str | None = None,
-                   make_bodies=None, node_type: str | None = None) -> LoadResult:
+                   make_bodies=None, node_type: str | None = None, stop: asyncio.Future | None = None
+                   ) -> LoadResult:
     """grpc_target (host:port): send KServe v2 gRPC requests there instead of REST to url
     (url still answers the model's metadata when num_nodes is not given). make_bodies(rng,
     count): the REST bodies (bytes, headers) to send instead of node_ids requests (e.g.
     pair requests; nodes_per_request then counts what one body asks for). node_type: on a
-    heterogeneous model, the type of the node ids sent (parameters.node_type)."""
+    heterogeneous model, the type of the node ids sent (parameters.node_type). stop: a
+    future (bench.stopping.stop_signals) that ends the run early once done; the result is
+    then the requests sent until then, marked interrupted."""
     if rate <= 0 or duration_s <= 0:
         raise ValueError(f"rate and duration must be positive, got {rate} and {duration_s}")
     if num_nodes is None and make_bodies is None:
@@ -324,22 +343,24 @@ async def run_load(url: str, model: str, *, rate: float, duration_s: float, node
     arrivals = arrivals[arrivals < duration_s]
     if make_bodies is not None:
         return await _replay(url, model, make_bodies(rng, len(arrivals)), arrivals, rate, duration_s,
-                             nodes_per_request, timeout_s, keep_latencies)
+                             nodes_per_request, timeout_s, keep_latencies, stop)
     ids = rng.integers(0, num_nodes, size=(len(arrivals), nodes_per_request))
     if grpc_target is not None:
         start, samples = time.perf_counter(), ErrorSamples()
-        latencies, statuses = await _grpc_load(grpc_target, model, np.zeros(len(arrivals)), ids, arrivals, timeout_s,
-                                               parameters, samples)
+        latencies, statuses, sent, interrupted = await _grpc_load(
+            grpc_target, model, np.zeros(len(arrivals)), ids, arrivals, timeout_s, parameters, samples, stop)
         return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, latencies, statuses,
-                       keep_latencies, arrivals, samples)
+                       keep_latencies, arrivals, samples, sent=sent, interrupted=interrupted)
     encode = binary_body if binary else json_body
     return await _replay(url, model, [encode(row, parameters) for row in ids], arrivals, rate, duration_s,
-                         nodes_per_request, timeout_s, keep_latencies)
+                         nodes_per_request, timeout_s, keep_latencies, stop)
 
 
 async def _replay(url: str, model: str, bodies: list[tuple[bytes, dict]], arrivals: np.ndarray, rate: float,
-                  duration_s: float, nodes_per_request: int, timeout_s: float, keep_latencies: bool) -> LoadResult:
-    """Send bodies[i] at arrivals[i] seconds from now (open loop) and measure each answer."""
+                  duration_s: float, nodes_per_request: int, timeout_s: float, keep_latencies: bool,
+                  stop: asyncio.Future | None = None) -> LoadResult:
+    """Send bodies[i] at arrivals[i] seconds from now (open loop) and measure each answer;
+    until `stop` is done, if given (run_load's)."""
     parsed = urlsplit(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     path = f"/v2/models/{model}/infer"
@@ -352,7 +373,8 @@ async def _replay(url: str, model: str, bodies: list[tuple[bytes, dict]], arriva
     gc.freeze()
     start = time.perf_counter()
     scheduled[:] = start + arrivals
-    try:
+
+    async def send_and_drain() -> None:
         for i, at in enumerate(scheduled.tolist()):
             await wait_until(at)
             pool.start(i)
@@ -362,94 +384,54 @@ async def _replay(url: str, model: str, bodies: list[tuple[bytes, dict]], arriva
                 await asyncio.wait_for(pool.done.wait(), timeout_s)
             except asyncio.TimeoutError:  # what is still unanswered counts as failed
                 pool.samples.add(-1, f"no answer within {timeout_s:g} s of the last arrival")
+
+    try:
+        interrupted = await run_until_stopped(send_and_drain(), stop)
+        # as they were: closing fails the requests still in flight, which a stopped run
+        # counts as unanswered, not as the server's errors
+        latencies, statuses = pool.latencies.copy(), pool.statuses.copy()
     finally:
         gc.unfreeze()
         pool.close()
-    return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, pool.latencies, pool.statuses,
-                   keep_latencies, arrivals, pool.samples)
+    return _result(rate, duration_s, time.perf_counter() - start, nodes_per_request, latencies, statuses,
+                   keep_latencies, arrivals, pool.samples, sent=pool.started, interrupted=interrupted)
 
 
 def _result(rate: float, duration_s: float, elapsed: float, nodes_per_request: int, latencies: np.ndarray,
             statuses: np.ndarray, keep_latencies: bool, arrivals: np.ndarray,
-            samples: ErrorSamples | None = None) -> LoadResult:
-    statuses[statuses == 0] = -1
+            samples: ErrorSamples | None = None, *, sent: int | None = None,
+            interrupted: str | None = None) -> LoadResult:
+    """The report of a run: statuses (0: never answered) and latencies (s) per scheduled
+    request. A run `interrupted` by a signal reports only the first `sent` requests, those
+    without an answer as unanswered, and its rates over the time it ran."""
+    if interrupted is not None:
+        latencies, statuses, arrivals = latencies[:sent], statuses[:sent], arrivals[:sent]
+        unanswered = statuses == 0  # in flight as the signal came: no verdict on the server
+    else:
+        unanswered = np.zeros(len(statuses), dtype=bool)
+    statuses[statuses == 0] = -1  # a run to its end: no answer within the timeout
     ok = statuses == 200
+    refused = np.isin(statuses, (429, 503))
+    failed = ~ok & ~refused & ~unanswered
     lat_ok = latencies[ok] * 1000.0
     q = np.percentile(lat_ok, [50, 90, 99]) if lat_ok.size else [float("nan")] * 3
-    window = max(duration_s, 1e-9)
+    window = max(min(elapsed, duration_s) if interrupted is not None else duration_s, 1e-9)
     return LoadResult(
         offered_rps=rate, duration_s=elapsed, sent=len(statuses), ok=int(ok.sum()),
-        rejected=int(np.isin(statuses, (429, 503)).sum()),
-        errors=int((~ok & ~np.isin(statuses, (429, 503))).sum()),
+        rejected=int(refused.sum()), errors=int(failed.sum()),
         achieved_rps=float(ok.sum() / window), seeds_per_s=float(ok.sum() * nodes_per_request / window),
         p50_ms=float(q[0]), p90_ms=float(q[1]), p99_ms=float(q[2]),
         max_ms=float(lat_ok.max()) if lat_ok.size else float("nan"),
         latencies_ms=np.where(ok, latencies * 1000.0, np.inf).tolist() if keep_latencies else None,
         arrivals_s=arrivals.tolist() if keep_latencies else None,
         connect_errors=int((statuses == _CONNECT_FAILED).sum()),
-        error_statuses={str(int(c)): int(n) for c, n in zip(*np.unique(
-            statuses[~ok & ~np.isin(statuses, (429, 503))], return_counts=True), strict=True)},
+        error_statuses={str(int(c)): int(n) for c, n in zip(*np.unique(statuses[failed], return_counts=True),
+                                                             strict=True)},
         error_messages=samples.to_dict() if samples is not None else {},
+        interrupted=interrupted, unanswered=int(unanswered.sum()),
     )
 
 
 def error_summary(res: LoadResult) -> str:
     """The first message of each failing status, for a one-line summary ("" if none)."""
     return "; ".join(f"{status}: {messages[0]}" for status, messages in res.error_messages.items() if messages)
-
-
-async def find_max_rate(url: str, model: str, *, slo_ms: float, duration_s: float, nodes_per_request: int,
-                        start_rate: float = 100.0, max_rate: float = 1e6, binary: bool = True,
-                        bisect_steps: int = 4, log=print, grpc_target: str | None = None,
-                        make_bodies=None, node_type: str | None = None, seed: int = 0
-                        ) -> tuple[float, LoadResult | None]:
-    """Highest offered rate whose p99 stays within slo_ms with nothing rejected or failed:
-    double until the SLO breaks, then bisect. Returns (rate, result at that rate).
-    make_bodies, node_type, seed: as run_load's (every trial draws with seed)."""
-    num_nodes = await fetch_num_nodes(url, model, node_type) if make_bodies is None else None
-
-    async def trial(rate: float) -> LoadResult:
-        res = await run_load(url, model, rate=rate, duration_s=duration_s, nodes_per_request=nodes_per_request,
-                             binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies,
-                             node_type=node_type, seed=seed)
-        log(f"  rate {rate:9.1f} req/s -> ok {res.achieved_rps:9.1f} req/s, p99 {res.p99_ms:8.2f} ms, "
-            f"rejected {res.rejected}, errors {res.errors}"
-            + (f" ({res.connect_errors} could not connect)" if res.connect_errors else "")
-            + (f" [{error_summary(res)}]" if error_summary(res) else ""))
-        return res
-
-    def meets(res: LoadResult) -> bool:
-        return res.p99_ms <= slo_ms and res.rejected == 0 and res.errors == 0 and res.ok == res.sent
-
-    async def holds(rate: float) -> LoadResult | None:
-        """A rate holds if a trial meets the SLO; a failed trial is repeated once, so one
-        stall on a shared machine does not end the search."""
-        for _ in range(2):
-            res = await trial(rate)
-            if meets(res):
-                return res
-        return None
-
-    # Warm the server (compiled kernels, first-call allocations) outside the measurement.
-    await run_load(url, model, rate=start_rate, duration_s=1.0, nodes_per_request=nodes_per_request,
-                   binary=binary, num_nodes=num_nodes, grpc_target=grpc_target, make_bodies=make_bodies,
-                   node_type=node_type, seed=seed)
-    good, good_res, bad = 0.0, None, None
-    rate = start_rate
-    while rate <= max_rate:
-        res = await holds(rate)
-        if res is None:
-            bad = rate
-            break
-        good, good_res = rate, res
-        rate *= 2
-    if bad is None:
-        return good, good_res
-    for _ in range(bisect_steps):
-        mid = (good + bad) / 2 if good else bad / 2
-        res = await holds(mid)
-        if res is not None:
-            good, good_res = mid, res
-        else:
-            bad = mid
-    return good, good_res

@@ -74,28 +74,57 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    """The report (JSON) on stdout; the search's progress, one line per trial, on stderr."""
+    """The report (JSON) on stdout; the search's progress, one line per trial, on stderr.
+    SIGINT (Ctrl-C) or SIGTERM ends the load early: the report then covers what was
+    measured until then and says so (interrupted), a line on stderr says it too, and the
+    command exits 128 + the signal's number (130, 143)."""
     import functools
     import sys
 
-    from hybridgnn.bench.loadgen import find_max_rate, run_load
+    from hybridgnn.bench.loadgen import run_load
     from hybridgnn.bench.report import strict_json
+    from hybridgnn.bench.search import find_max_rate
+    from hybridgnn.bench.stopping import exit_code, stop_signals
     from hybridgnn.capabilities import raise_open_file_limit, run_async
 
     raise_open_file_limit()
     grpc = args.grpc_target if args.protocol == "grpc" else None
 
-    if args.slo_ms is not None:
-        rate, res = run_async(find_max_rate(args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
-                                              nodes_per_request=args.nodes_per_request, start_rate=args.rate,
-                                              binary=not args.json_body, grpc_target=grpc,
-                                              node_type=args.node_type, seed=args.seed,
-                                              log=functools.partial(print, file=sys.stderr)))
-        print(strict_json({"max_rate_within_slo": rate, "slo_ms": args.slo_ms,
-                           "result": res.to_dict() if res else None}))
-        return 0
-    res = run_async(run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
-                               nodes_per_request=args.nodes_per_request, binary=not args.json_body,
-                               seed=args.seed, grpc_target=grpc, node_type=args.node_type))
-    print(strict_json(res.to_dict()))
-    return 0
+    async def measure() -> dict:
+        async with stop_signals() as stop:
+            if args.slo_ms is not None:
+                rate, res = await find_max_rate(
+                    args.url, args.model, slo_ms=args.slo_ms, duration_s=args.duration_s,
+                    nodes_per_request=args.nodes_per_request, start_rate=args.rate, binary=not args.json_body,
+                    grpc_target=grpc, node_type=args.node_type, seed=args.seed,
+                    log=functools.partial(print, file=sys.stderr), stop=stop)
+                return search_report(rate, res, args.slo_ms, stop.result() if stop.done() else None)
+            res = await run_load(args.url, args.model, rate=args.rate, duration_s=args.duration_s,
+                                 nodes_per_request=args.nodes_per_request, binary=not args.json_body,
+                                 seed=args.seed, grpc_target=grpc, node_type=args.node_type, stop=stop)
+            return res.to_dict()
+
+    report = run_async(measure())
+    print(strict_json(report))
+    if report["interrupted"]:
+        sys.stdout.flush()  # the report first, then the line that says it is partial
+        print(interrupted_line(report), file=sys.stderr)
+    return exit_code(report["interrupted"])
+
+
+def search_report(rate: float, res, slo_ms: float, interrupted: str | None) -> dict:
+    """`bench --slo-ms`'s report: the highest rate that held and its trial's result;
+    interrupted: the signal that ended the search early (the rate is then the highest
+    that held before it), else None."""
+    return {"max_rate_within_slo": rate, "slo_ms": slo_ms, "result": res.to_dict() if res else None,
+            "interrupted": interrupted}
+
+
+def interrupted_line(report: dict) -> str:
+    """The stderr line of a report a signal cut short (a run's or a search's)."""
+    said = "terminated" if report["interrupted"] == "SIGTERM" else "interrupted"
+    if "max_rate_within_slo" in report:
+        return (f"hybridgnn bench: {said} ({report['interrupted']}): the search ended early; "
+                f"max_rate_within_slo is the highest rate that held before it")
+    return (f"hybridgnn bench: {said} ({report['interrupted']}) after {report['duration_s']:.1f} s: a partial "
+            f"report of the {report['sent']} requests sent ({report['unanswered']} still unanswered)")

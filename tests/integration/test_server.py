@@ -372,6 +372,43 @@ def test_bench_command_drives_the_server(server):
     assert 0 < report["p50_ms"] <= report["p99_ms"] <= report["max_ms"]
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_bench_stopped_by_a_signal_reports_what_it_measured_so_far(server, sig, code):
+    """Ctrl-C during a long bench printed "interrupted" and no report (a SIGTERM killed it
+    without a word): what it had measured was lost."""
+    import subprocess
+    import sys
+
+    def answered() -> int:
+        stats = requests.get(f"{server.url}/v2/models/{MODEL}/stats", timeout=10).json()["model_stats"][0]
+        return stats["inference_stats"]["success"]["count"]
+
+    before = answered()
+    bench = subprocess.Popen([sys.executable, "-m", "hybridgnn.cli.main", "--log-level", "WARNING", "bench", "--url",
+                              server.url, "--rate", "50", "--duration-s", "600", "--nodes-per-request", "3"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while answered() < before + 20:  # the load is under way: the server has answered some of it
+            assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
+            time.sleep(0.05)  # poll interval, bounded by the deadline above
+        bench.send_signal(sig)
+        out, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate()
+    assert bench.returncode == code, err
+    report = json.loads(out)
+    assert report["interrupted"] == sig.name and report["duration_s"] < 600
+    assert report["ok"] >= 20 and report["errors"] == report["rejected"] == 0
+    assert report["ok"] + report["unanswered"] == report["sent"] < 50 * 600
+    assert 0 < report["p50_ms"] <= report["p99_ms"] <= report["max_ms"]
+    said = "terminated" if sig == signal.SIGTERM else "interrupted"
+    assert f"hybridgnn bench: {said} ({sig.name}) after" in err and "a partial report of the" in err, err
+    assert "Traceback" not in err, err
+
+
 def test_a_taken_port_exits_2_with_a_message(tiny_dataset, tiny_model):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

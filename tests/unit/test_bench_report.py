@@ -82,3 +82,46 @@ def test_the_programs_bench_scripts_run_in_other_processes_name_only_what_they_d
     assert any(name == "refusal_cost.py:PROBE" for name, _ in programs)
     problems = {name: sorted(_undefined_names(code)) for name, code in programs}
     assert not {k: v for k, v in problems.items() if v}
+
+
+def test_an_interrupted_run_reports_the_requests_sent_and_those_in_flight_apart():
+    """The partial report of a run a signal stopped: the requests not yet sent are not in
+    it, those still in flight are unanswered (not the server's errors), and its rates run
+    over the time it ran."""
+    from hybridgnn.bench.loadgen import _result
+
+    statuses = np.array([200, 200, 429, 500, -1, 0, 0, 0])  # sent: the first 6; the last 2 never were
+    latencies = np.array([0.002, 0.004, 0.001, 0.001, 0.5, np.nan, np.nan, np.nan])
+    res = _result(100.0, 10.0, 2.0, 3, latencies, statuses.copy(), True, np.arange(8) / 100, sent=6,
+                  interrupted="SIGINT")
+    assert (res.sent, res.ok, res.rejected, res.errors, res.unanswered) == (6, 2, 1, 2, 1)
+    assert res.error_statuses == {"-1": 1, "500": 1} and res.interrupted == "SIGINT"
+    assert res.achieved_rps == pytest.approx(1.0) and res.seeds_per_s == pytest.approx(3.0)  # 2 ok over 2 s
+    assert res.p50_ms == pytest.approx(3.0) and res.max_ms == pytest.approx(4.0)
+    assert len(res.latencies_ms) == len(res.arrivals_s) == 6
+    report = json.loads(strict_json(res.to_dict()))
+    assert report["interrupted"] == "SIGINT" and report["unanswered"] == 1
+    # a run that ran its course: everything scheduled counts, a missing answer is an error
+    whole = _result(100.0, 10.0, 12.0, 3, latencies, statuses.copy(), False, np.arange(8) / 100)
+    assert (whole.sent, whole.errors, whole.unanswered, whole.interrupted) == (8, 5, 0, None)
+    assert whole.achieved_rps == pytest.approx(0.2)  # over the 10 s of arrivals
+    # stopped before anything was sent: an empty report, still strict JSON
+    empty = _result(100.0, 10.0, 0.1, 1, latencies[:0], statuses[:0], False, np.zeros(0), sent=0,
+                    interrupted="SIGTERM")
+    assert (empty.sent, empty.ok, empty.unanswered) == (0, 0, 0)
+    assert json.loads(strict_json(empty.to_dict()))["p99_ms"] is None
+
+
+def test_an_interrupted_reports_line_says_it_is_partial():
+    from hybridgnn.bench.loadgen import _result
+    from hybridgnn.cli.bench import interrupted_line, search_report
+
+    res = _result(50.0, 600.0, 3.24, 1, np.full(4, 0.01), np.array([200, 200, 200, 0]), False, np.zeros(4),
+                  sent=4, interrupted="SIGINT")
+    assert interrupted_line(res.to_dict()) == ("hybridgnn bench: interrupted (SIGINT) after 3.2 s: a partial "
+                                               "report of the 4 requests sent (1 still unanswered)")
+    search = search_report(400.0, res, 50.0, "SIGTERM")
+    assert search["interrupted"] == "SIGTERM" and search["max_rate_within_slo"] == 400.0
+    assert interrupted_line(search).startswith("hybridgnn bench: terminated (SIGTERM): the search ended early")
+    assert search_report(0.0, None, 50.0, None) == {"max_rate_within_slo": 0.0, "slo_ms": 50.0, "result": None,
+                                                     "interrupted": None}

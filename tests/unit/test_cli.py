@@ -1089,6 +1089,59 @@ def test_bench_slo_search_reports_progress_on_stderr_and_only_json_on_stdout(mon
     assert captured.err.count("[503: the partition ranks are down]") == captured.err.count("rejected 4")
 
 
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_bench_stopped_by_a_signal_prints_its_partial_report_and_exits_128_plus_it(sig, code, monkeypatch, capsys):
+    """Ctrl-C printed "interrupted" and no report; SIGTERM ended it without a word."""
+    import asyncio
+    import signal
+
+    import hybridgnn.bench.loadgen as loadgen
+
+    async def stopped_load(*_args, rate, duration_s, stop, **_kwargs):
+        signal.raise_signal(signal.Signals[sig])
+        await asyncio.wait_for(stop, 5)
+        return loadgen._result(rate, duration_s, 1.5, 1, np.full(3, 0.01), np.array([200, 200, 0]), False,
+                               np.zeros(3), sent=3, interrupted=stop.result())
+
+    _serving_metadata(monkeypatch, {"name": "hybridgnn", "parameters": {"num_nodes": 3, "node_ids": "dense"}})
+    monkeypatch.setattr(loadgen, "run_load", stopped_load)
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--duration-s", "60"]) == code
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["interrupted"] == sig and (report["sent"], report["ok"], report["unanswered"]) == (3, 2, 1)
+    assert captured.err.count("\n") == 1 and "a partial report of the 3 requests sent" in captured.err
+
+
+def test_a_bench_slo_search_stopped_by_a_signal_reports_the_highest_rate_that_held(monkeypatch, capsys):
+    import asyncio
+    import signal
+
+    import hybridgnn.bench.loadgen as loadgen
+
+    rates = []
+
+    async def load(*_args, rate, duration_s, stop, **_kwargs):
+        rates.append(rate)
+        if rate >= 800:  # the search's fourth trial: Ctrl-C
+            signal.raise_signal(signal.SIGINT)
+            await asyncio.wait_for(stop, 5)
+            return loadgen._result(rate, duration_s, 0.5, 1, np.full(2, 0.001), np.array([200, 0]), False,
+                                   np.zeros(2), sent=2, interrupted=stop.result())
+        return loadgen._result(rate, duration_s, duration_s, 1, np.full(4, 0.001), np.full(4, 200), False,
+                               np.zeros(4))
+
+    _serving_metadata(monkeypatch, {"name": "hybridgnn", "parameters": {"num_nodes": 3, "node_ids": "dense"}})
+    monkeypatch.setattr(loadgen, "run_load", load)
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--slo-ms", "50", "--rate", "200"]) == 130
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert rates == [200, 200, 400, 800]  # (the warm-up first) nothing after the signal
+    assert report["interrupted"] == "SIGINT" and report["max_rate_within_slo"] == 400
+    assert report["result"]["offered_rps"] == 400 and report["result"]["interrupted"] is None
+    assert "rate     800.0 req/s -> SIGINT after 2 requests: the search ends here" in captured.err
+    assert "the search ended early; max_rate_within_slo is the highest rate that held" in captured.err
+
+
 def test_bench_slo_search_draws_every_trial_with_the_seed_given(monkeypatch, capsys):
     """--seed was dropped with --slo-ms: every trial drew with seed 0."""
     calls = []
