@@ -144,7 +144,7 @@ def test_any_stream_in_any_pieces_is_answered_as_when_llhttp_parses_it_all(strea
 def test_a_client_whose_heads_never_repeat_is_left_to_llhttp_between_tries():
     """After WHOLE_MISSES reads in a row that whole.py could not take, a connection feeds
     the next WHOLE_REST to llhttp without asking it; every request is still answered."""
-    from hybridgnn.serving.http import protocol
+    from hybridgnn.serving.http import reading
 
     async def main():
         server = HttpServer(_EchoApi(), max_body_bytes=64, answers_per_turn=1 << 20)
@@ -153,13 +153,13 @@ def test_a_client_whose_heads_never_repeat_is_left_to_llhttp_between_tries():
         server.whole.parse = lambda data: asked.append(1) or parse(data)
         conn, transport = Connection(server), _Transport()
         conn.connection_made(transport)
-        reads = protocol.WHOLE_MISSES + protocol.WHOLE_REST + 1
+        reads = reading.WHOLE_MISSES + reading.WHOLE_REST + 1
         for i in range(reads):
             conn.data_received(request(fields=("Host: a", f"X-Seq: {i}"), body=b"{}"))
         return len(asked), b"".join(transport.out).count(b"HTTP/1.1 200 OK"), reads
 
     asked, answered, reads = asyncio.run(main())
-    assert answered == reads and asked == protocol.WHOLE_MISSES + 1
+    assert answered == reads and asked == reading.WHOLE_MISSES + 1
 
 
 def test_a_head_split_over_reads_then_whole_requests_then_blank_lines_are_bounded_as_by_llhttp():
