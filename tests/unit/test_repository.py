@@ -812,7 +812,7 @@ def test_an_unload_or_load_that_cannot_be_recorded_changes_nothing(tmp_path, mon
     import asyncio
 
     from hybridgnn.errors import Conflict
-    from hybridgnn.serving.repository import layout, loader
+    from hybridgnn.serving.repository import layout, loader, unloads
 
     repository, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
     asyncio.run(repository.start())
@@ -829,13 +829,13 @@ def test_an_unload_or_load_that_cannot_be_recorded_changes_nothing(tmp_path, mon
     assert repository.models.names() == ["other", "sage"] and not repository.models.unavailable
     assert sorted(p.name for p in (root / "sage").iterdir()) == ["1"]
 
-    (root / loader.UNLOAD_LOCK).unlink()
-    (root / loader.UNLOAD_LOCK).mkdir()  # what no lock opens: the answer names the lock, not the mark
+    (root / unloads.UNLOAD_LOCK).unlink()
+    (root / unloads.UNLOAD_LOCK).mkdir()  # what no lock opens: the answer names the lock, not the mark
     with pytest.raises(Conflict, match=r"model 'sage' is not unloaded: the repository's unload lock .*\.unload\.lock "
                                        r"cannot be opened \(Is a directory\); remove what is at that path"):
         asyncio.run(repository.unload("sage"))
     assert repository.models.names() == ["other", "sage"] and not repository.models.unavailable
-    (root / loader.UNLOAD_LOCK).rmdir()
+    (root / unloads.UNLOAD_LOCK).rmdir()
 
     layout.mark_unloaded(root / "sage", "another replica")
     _polls(repository, 3)
@@ -957,12 +957,12 @@ def test_an_unload_waits_for_a_held_unload_lock_a_bounded_time(tmp_path, monkeyp
     import time
 
     from hybridgnn.errors import ServiceUnavailable
-    from hybridgnn.serving.repository import loader
+    from hybridgnn.serving.repository import loader, unloads
 
     repository, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
     asyncio.run(repository.start())
-    monkeypatch.setattr(loader, "UNLOAD_LOCK_WAIT_S", 0.3)
-    release = _hold(root / loader.UNLOAD_LOCK, release_after_s=5)
+    monkeypatch.setattr(unloads, "UNLOAD_LOCK_WAIT_S", 0.3)
+    release = _hold(root / unloads.UNLOAD_LOCK, release_after_s=5)
     try:
         t0 = time.monotonic()
         with pytest.raises(ServiceUnavailable, match=r"another process holds the repository's unload lock"):
@@ -981,11 +981,11 @@ def test_an_unload_that_waited_for_the_lock_past_the_start_of_shutdown_records_n
     import asyncio
 
     from hybridgnn.errors import Draining
-    from hybridgnn.serving.repository import loader
+    from hybridgnn.serving.repository import loader, unloads
 
     repository, root, _, _ = _fake_loads(tmp_path, monkeypatch, {"sage": True, "other": True})
     asyncio.run(repository.start())
-    release = _hold(root / loader.UNLOAD_LOCK, release_after_s=5)
+    release = _hold(root / unloads.UNLOAD_LOCK, release_after_s=5)
 
     async def run() -> None:
         unload = asyncio.create_task(repository.unload("sage"))
