@@ -86,17 +86,23 @@ def build():
 """
 
 
-def test_model_export_and_check(tmp_path, capsys, monkeypatch):
+def _factory_module(tmp_path, monkeypatch):
+    """FACTORY as the module my_factory_mod in tmp_path, the working directory (imported
+    afresh), as `model export --factory my_factory_mod:build` finds it."""
+    import importlib
     import sys
-
-    import torch
 
     (tmp_path / "my_factory_mod.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_factory_mod", raising=False)
-    import my_factory_mod
+    return importlib.import_module("my_factory_mod")
 
+
+def test_model_export_and_check(tmp_path, capsys, monkeypatch):
+    import torch
+
+    my_factory_mod = _factory_module(tmp_path, monkeypatch)
     torch.save({"state_dict": my_factory_mod.build().state_dict()}, tmp_path / "w.pt")
     assert main(["model", "export", "--factory", "my_factory_mod:build", "--weights", "w.pt", "--out", "m",
                  "--fanouts", "4,3"]) == 0
@@ -125,17 +131,9 @@ def test_model_export_and_check(tmp_path, capsys, monkeypatch):
 def test_model_export_takes_fanouts_as_serve_does(tmp_path, capsys, monkeypatch, caplog):
     """More hops than layers were written as given (config.json said 3 hops for a 2-layer
     model) without a word; fewer were refused in other words than serve's."""
-    import sys
-
     import torch
 
-    (tmp_path / "my_factory_mod.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "my_factory_mod", raising=False)
-    import my_factory_mod
-
-    torch.save(my_factory_mod.build().state_dict(), tmp_path / "w.pt")
+    torch.save(_factory_module(tmp_path, monkeypatch).build().state_dict(), tmp_path / "w.pt")
     export = ["model", "export", "--factory", "my_factory_mod:build", "--weights", "w.pt", "--out"]
     with caplog.at_level("WARNING"):
         assert main(export + ["m", "--fanouts", "4,3,2"]) == 0
