@@ -42,3 +42,17 @@ def test_an_unloaded_model_versions_series_are_dropped_and_come_back_fresh():
     again = t.for_model("m", "2")  # loaded again: new series, counted from zero
     again.answered(200, seeds=5)
     assert versions("hybridgnn_seeds_total") == {("m", "1"): 3.0, ("m", "2"): 5.0}
+
+
+def test_the_quick_stages_are_resolved_by_the_latency_buckets():
+    # a respond stage takes 20-40 µs and an idle server's batching and queue_wait stages
+    # under 50 µs; with 50 µs as the lowest bound nine in ten respond observations fell in
+    # one bucket, and a p50 of them read nothing but that bucket's interpolation
+    t = Telemetry()
+    for seconds in (8e-6, 20e-6, 40e-6):
+        t.stage("respond", "cpu", seconds)
+    text = t.exposition()[0].decode()
+    buckets = [(float(s.labels["le"]), s.value) for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "hybridgnn_stage_seconds_bucket" and s.labels["stage"] == "respond"]
+    filled = sorted({next(le for le, count in sorted(buckets) if count >= n) for n in (1, 2, 3)})
+    assert len(filled) == 3, f"8, 20 and 40 µs share buckets: {filled}"
