@@ -71,6 +71,7 @@ log = logging.getLogger("hybridgnn.frontend")
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _UNANSWERED = "the engine process is gone or not answering; retry (another replica can answer)"
 _GONE = Reply.error(503, _UNANSWERED, RETRY)
+_UNANSWERED_KEYS = 64  # (model, version) pairs of inferences refused while the engine is quiet, kept apart
 
 
 class EngineLink:
@@ -174,12 +175,34 @@ class FrontendApi:
         # (model, version, max_request_nodes) of the engine's one model, whose requests of too
         # many ids are refused here as the engine refuses them (None: a repository, or typed)
         self.id_limit = setup.get("id_limit")
+        # inferences answered 503 here because the engine was quiet (or gone), by (model,
+        # version), until the engine can count them: without this a stalled engine's 503s
+        # reached no counter and the error-ratio alert saw none of them
+        self.unanswered: dict[tuple[str, str | None], int] = {}
         link.on_flush = self.send_counts
 
     def send_counts(self) -> None:
-        """Send the engine every lookup answered here since the last time, to count."""
+        """Send the engine every lookup answered here since the last time, and the
+        inferences refused here for want of it, to count (only while it reads: a quiet
+        engine's link drops what is sent)."""
         if self.local is not None:
             self.local.send_counts()
+        if self.unanswered:
+            taken, self.unanswered = self.unanswered, {}
+            for (model, version), count in taken.items():
+                self.link.note(wire.json_frame(wire.UNPARSED, 0, {"model": model, "version": version,
+                                                                  "status": _GONE.status, "count": count}))
+
+    def not_sent(self, model: str, version: str | None):
+        """The answer to an inference the engine could not be sent (quiet or gone): 503,
+        counted by the engine once it reads again. Model names are the client's: past
+        _UNANSWERED_KEYS of them, the rest are counted as of no model (the engine's first),
+        so a flood of made-up names holds no memory here."""
+        key = (model, version)
+        if key not in self.unanswered and len(self.unanswered) >= _UNANSWERED_KEYS:
+            key = ("", None)
+        self.unanswered[key] = self.unanswered.get(key, 0) + 1
+        return _GONE
 
     def route(self, method: str, path: str):
         """The endpoint for method+path (the HTTP server keeps it per request target)."""
@@ -233,7 +256,7 @@ class FrontendApi:
             return self._unparsed(model, version, BadRequest(
                 "the request is nested too deeply (an input's data is a list of numbers, or one list per row; "
                 "parameters hold plain values)"))
-        return later if sent else _GONE
+        return later if sent else self.not_sent(model, version)
 
     def _unparsed(self, model: str, version: str | None, exc: ServingError) -> Reply:
         """The answer to an inference refused here, counted by the engine as it counts its own."""
@@ -275,11 +298,13 @@ def _open_lookups(specs: list[dict], bound_s: float, link: EngineLink) -> HttpLo
 _GRPC_GONE = ("UNAVAILABLE", _UNANSWERED, (("retry-after", RETRY["Retry-After"]),), b"")
 
 
-async def start_grpc(link: EngineLink, setup: dict, share: int, refused):
+async def start_grpc(link: EngineLink, setup: dict, share: int, refused, not_sent=None):
     """gRPC on setup's port beside the other front ends (SO_REUSEPORT): each call's bytes
     go to the engine's process as received, which decodes, serves and encodes it; its
     answer (the response's bytes, or a status code and message) ends the call here.
-    refused() is called for each call refused past `share` in flight (schema.call_cap)."""
+    refused() is called for each call refused past `share` in flight (schema.call_cap);
+    not_sent(model, version) for each inference that could not be sent to the engine
+    (FrontendApi.not_sent: counted by the engine as an HTTP inference refused so is)."""
     import grpc
 
     from hybridgnn.capabilities import connection_limit
@@ -291,6 +316,7 @@ async def start_grpc(link: EngineLink, setup: dict, share: int, refused):
         call_cap,
         server_options,
     )
+    from hybridgnn.serving.grpc.schema import message as proto
 
     share = connection_limit(share, 2, "gRPC's share of --max-connections")  # beside HTTP, in one process
     capped, backstop = call_cap(share, refused)
@@ -309,6 +335,13 @@ async def start_grpc(link: EngineLink, setup: dict, share: int, refused):
             later = Later()
             if not link.request(lambda rid: wire.encode_grpc(rid, method, auth, request), (later, answer, _GRPC_GONE)):
                 later.set_result(_GRPC_GONE)
+                if method == "ModelInfer" and not_sent is not None:
+                    try:  # decoded only here: the engine decodes what it is sent
+                        infer = proto("ModelInferRequest").FromString(request)
+                        model, version = infer.model_name, infer.model_version or None
+                    except Exception:  # not a request at all: counted as of no model
+                        model, version = "", None
+                    not_sent(model, version)
             code, message, trailing, response = await later
             if code is not None:
                 if trailing:
@@ -377,7 +410,7 @@ async def serve(path: str, index: int) -> int:
         nonlocal grpc_refused
         grpc_refused += 1
 
-    grpc_server = (await start_grpc(link, setup, setup["max_connections"], refused_call)
+    grpc_server = (await start_grpc(link, setup, setup["max_connections"], refused_call, api.not_sent)
                    if setup.get("grpc_port") is not None else None)
     link.note(wire.json_frame(wire.LISTENING, 0, {"port": http.port}))
 

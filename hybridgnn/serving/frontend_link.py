@@ -50,7 +50,8 @@ class FrontendLink:
             self.hub.spawn(self._grpc(rid, *wire.decode_grpc(payload)))
         elif kind == wire.UNPARSED:
             note = wire.loads(payload)
-            self.hub.api.service.count_unparsed(note["model"], note["version"], int(note["status"]))
+            self.hub.api.service.count_unparsed(note["model"], note["version"], int(note["status"]),
+                                                int(note.get("count", 1)))
         elif kind == wire.LOCAL:
             model, version, seconds, respond_s, rows = wire.decode_local(payload)
             self.hub.api.service.count_local(model, version, seconds, respond_s, rows)

@@ -115,6 +115,64 @@ def test_without_an_engine_requests_are_refused_503():
     assert api.forward("GET", "/v2", Request({}, {}, b"")).status == 503
 
 
+
+def test_inferences_refused_while_the_engine_is_quiet_are_counted_by_it_when_it_reads_again():
+    """A front end whose engine was stopped (SIGSTOP, hung) answered inferences 503 that
+    reached no counter: a stalled replica's 503s were missing from
+    hybridgnn_requests_total and its error ratio. They are kept here by model and version
+    (client names past a bound as of no model) and sent once the engine reads again."""
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hybridgnn.errors import NotFound
+    from hybridgnn.serving.v2.service import V2Service
+    from hybridgnn.telemetry.metrics import Telemetry
+
+    link = FakeLink(up=False)
+    api = FrontendApi(link, {})
+    for params in ({"model": "m"}, {"model": "m"}, {"model": "m", "version": "2"}):
+        assert api.infer(Request(params, {}, infer_body([1]))).status == 503
+    for i in range(100):  # made-up model names hold no memory
+        api.infer(Request({"model": f"x{i}"}, {}, infer_body([1])))
+    assert len(api.unanswered) <= 65
+    assert not link.notes  # nothing sent toward an engine that does not read
+    api.send_counts()
+    notes = [wire.loads(memoryview(n)[wire.FRAME.size:]) for n in link.notes]
+    assert {(n["model"], n["version"]): n["count"] for n in notes if n["model"] == "m"} == {("m", None): 2,
+                                                                                          ("m", "2"): 1}
+    assert sum(n["count"] for n in notes) == 103 and {n["status"] for n in notes} == {503}
+    api.send_counts()
+    assert len(link.notes) == len(notes)  # each counted once
+
+    # the engine counts them as it counts an inference answered elsewhere: under the model
+    # and version asked for when it serves them, else its own
+    telemetry = Telemetry(model="m")
+    engine = SimpleNamespace(stats=telemetry.for_model("m", "1"), model_stats=SimpleNamespace(failed=lambda s: None))
+
+    class Models:
+        def get(self, name, version=None):
+            if name == "m" and version in (None, "1"):
+                return engine
+            raise NotFound(f"no model {name} {version}")
+
+        def engines(self):
+            return [engine]
+
+    service = object.__new__(V2Service)
+    service.models, service.engine, service.repository = Models(), engine, object()  # no lookups to hand out
+    hub = Frontends(type("FakeApi", (), {"service": service, "engine": engine})(), cfg=None, count=1)
+
+    async def linked() -> FrontendLink:
+        return FrontendLink(hub)
+
+    engine_side = asyncio.run(linked())
+    for frame in link.notes:
+        engine_side._on_message(wire.UNPARSED, 0, memoryview(frame)[wire.FRAME.size:])
+    text = telemetry.exposition()[0].decode()
+    assert {s.labels["code"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "hybridgnn_requests_total" and s.value} == {"503": 103.0}
+
 def test_front_end_counters_never_go_down_across_its_restarts():
     """A restarted front end reports from zero: /metrics adds up its processes, so its
     requests, CPU and refused connections stay counted while it is down and after."""

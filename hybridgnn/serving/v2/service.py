@@ -349,17 +349,19 @@ class V2Service:
         engine.stats.answered(failure.status)
         return fail(failure)
 
-    def count_unparsed(self, model: str, version: str | None, status: int) -> None:
-        """Count an inference a transport answered itself because its body did not parse
-        (status: its answer), as a failed inference of the model asked for, when this
-        server has it."""
+    def count_unparsed(self, model: str, version: str | None, status: int, count: int = 1) -> None:
+        """Count `count` inferences a transport answered itself (status: their answer),
+        because a body did not parse or the engine could not be reached, as failed
+        inferences of the model asked for, when this server has it."""
         try:
             engine = self.models.get(model, version)
         except NotFound:
             engine = self.counting(model)
         else:
-            engine.model_stats.failed(0.0)
-        engine.stats.answered(status)
+            for _ in range(count):
+                engine.model_stats.failed(0.0)
+        for _ in range(count):
+            engine.stats.answered(status)
 
     def count_local(self, model: str, version: str, seconds: np.ndarray, respond_s: np.ndarray, rows: int) -> None:
         """Count lookups a front-end process answered itself (v2/lookups.py): seconds and
