@@ -339,13 +339,20 @@ def test_front_ends_answer_lookups_themselves_and_every_one_is_counted_at_once(t
 def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(pair):
     """SIGSTOP of the engine's process (alive, silent): a request waiting for it and every
     one after, readiness included, is answered 503 with Retry-After within the quiet
-    limit, never held; after SIGCONT the server serves again on the same processes."""
+    limit, never held; after SIGCONT the server serves again on the same processes, and
+    counts the inferences its front ends refused meanwhile (HTTP and gRPC: they reached
+    no counter, so a stalled replica's error ratio read 0)."""
     grpc = pytest.importorskip("grpc")
+    from hybridgnn.serving.grpc.schema import message
+
     srv, grpc_port, start = pair, pair.grpc_port, len(pair.output())
     pids = wait_for_frontends(srv.proc.pid, 2)
     conn = on(connection_to(srv.port, 0, pids))
     conn.sock.settimeout(wire.QUIET_S + 20)  # longer than the engine's silence takes to be noticed
     assert post(conn, [1])[0] == 200
+    code_503 = ("hybridgnn_requests_total", (("code", "503"), ("model", "hybridgnn"), ("version", "1")))
+    before = samples(srv.url)[code_503]
+    answered_503 = 0  # inferences answered 503 while the engine was silent or resuming
     srv.proc.send_signal(signal.SIGSTOP)
     try:
         started = time.monotonic()
@@ -361,8 +368,16 @@ def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(pair)
             live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
             with pytest.raises(grpc.RpcError) as refused:
                 live(b"", timeout=wire.QUIET_S + 15)
+            # an inference on the same connection: that front end knows the engine is silent
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            with pytest.raises(grpc.RpcError) as refused_call:
+                infer(message("ModelInferRequest")(model_name="hybridgnn").SerializeToString(), timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
         assert dict(refused.value.trailing_metadata() or ()).get("retry-after"), refused.value
+        assert refused_call.value.code() == grpc.StatusCode.UNAVAILABLE, refused_call.value
+        for _ in range(5):
+            assert post(conn, [4])[0] == 503
+        answered_503 += 6
     finally:
         srv.proc.send_signal(signal.SIGCONT)
     deadline = time.monotonic() + 30
@@ -371,6 +386,13 @@ def test_a_stopped_engine_is_answered_for_and_serves_again_when_it_resumes(pair)
         if status == 200:
             break
         assert status == 503 and time.monotonic() < deadline, status
+        answered_503 += 1  # by the front end, or the engine's own: counted either way
+        time.sleep(0.1)  # poll interval, bounded by the deadline
+    # [2] waited for the engine when it stopped: counted as the engine answered it (200),
+    # though its answer went nowhere; the rest once the front ends' next reports arrive
+    deadline = time.monotonic() + 10
+    while samples(srv.url)[code_503] - before != answered_503:
+        assert time.monotonic() < deadline, (samples(srv.url)[code_503] - before, answered_503)
         time.sleep(0.1)  # poll interval, bounded by the deadline
     assert requests.get(f"{srv.url}/v2/health/ready", timeout=5).status_code == 200
     assert wait_for_frontends(srv.proc.pid, 2) == pids  # nothing was restarted
