@@ -51,7 +51,7 @@ PANELS: list[tuple[str, list[tuple]]] = [
     ("Fleet", [
         ("Replicas up / ready", "Scrape targets answering, and replicas accepting requests (0 while draining).",
          "none", [(f"sum(up{{{SEL}}})", "up"), (f"sum(hybridgnn_ready{{{SEL}}})", "ready")], "stat"),
-        ("SLO compliance", "Share of answered requests with end-to-end latency within the $slo s SLO.",
+        ("SLO compliance", "Share of answered requests with server-side latency (stage total) within the $slo s SLO.",
          "percentunit",
          [((f"sum({rate('hybridgnn_stage_seconds_bucket', WITHIN_SLO)}) / "
            f"sum({rate('hybridgnn_stage_seconds_count', TOTAL)})"), "within SLO")], "stat"),
@@ -77,7 +77,7 @@ PANELS: list[tuple[str, list[tuple]]] = [
          [(quantile(0.5, "stage, pipeline"), "{{pipeline}} {{stage}}")], "timeseries"),
         ("Stage latency p99", "99th percentile per serving stage and pipeline.", "s",
          [(quantile(0.99, "stage, pipeline"), "{{pipeline}} {{stage}}")], "timeseries"),
-        ("End-to-end p99 by replica", "Request latency (stage total) per replica against the SLO.", "s",
+        ("Server p99 by replica", "Server-side request latency (stage total: from its turn on the event loop to its answer) per replica against the SLO.", "s",
          [(quantile(0.99, "instance", 'stage="total"'), "{{instance}}"),
           (f"max(hybridgnn_ready{{{SEL}}}) * 0 + $slo", "SLO")], "timeseries"),
     ]),
