@@ -208,6 +208,10 @@ class StoredGraphView:
     def num_nodes(self) -> int:
         return self.graph.num_nodes
 
+    def close(self) -> None:
+        """Let go of the stored layers' memory maps (EmbeddingStore.close): no rows after."""
+        self._layers.clear()
+
     def in_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _gather(self.indptr, self.indices, nodes)
 
@@ -277,6 +281,12 @@ class NewNodeEvaluator:
                                                                   model.gcn_normalised)
         self.graph = view.graph if view is not None else graph
         self.gcn = model.gcn_normalised
+
+    def close(self) -> None:
+        """Let go of the stored rows now (Resources.close): a view of a stored graph holds
+        its layers' memory maps, as tensors."""
+        if isinstance(self.view, StoredGraphView):
+            self.view.close()
 
     def infer(self, features: np.ndarray, edge_index: np.ndarray, *, mode: str = "srpe", gamma: float = 0.1,
               undirected: bool = True, policy: str = "ratio", seed: int = 0,

@@ -132,6 +132,16 @@ class EmbeddingStore:
             return None
         return cls(root=root, layers=layers, state=state, output=output)
 
+    def close(self) -> None:
+        """Let go of the memory-mapped rows now: each map holds an open file (and a store
+        deleted meanwhile, its disk space) for as long as the store lives, and a stopped
+        engine's store lives in its reference cycles until the interpreter's next full
+        collection (a model repository retiring versions held every one it retired). The
+        store has no rows after; the list of layers is emptied in place, as readers of the
+        store's rows (new nodes' StoredGraphView) hold that list."""
+        self.layers.clear()
+        self.output = None
+
     def lookup(self, node_ids: np.ndarray) -> np.ndarray:
         """The model's output rows (logits) as float32 (constant time per id)."""
         # indexed as a plain array: a memmap's own indexing makes a memmap of the rows, at

@@ -383,7 +383,9 @@ class Resources:
         return self._device_degrees
 
     def close(self) -> None:
-        """Release what is not garbage-collected: the pinned host registrations, the log."""
+        """Release what is not garbage-collected, or not soon: the pinned host registrations,
+        the log, the embedding store's memory maps (a stopped engine lives on in its
+        reference cycles until a full collection)."""
         with self._split_stage_lock:
             self._closed = True
             stage, self._split_stage = self._split_stage, None
@@ -392,6 +394,10 @@ class Resources:
         if self.update_log is not None:
             self.update_log.close()
             self.update_log = None
+        if self.new_nodes is not None:
+            self.new_nodes.close()
+        if self.embeddings is not None:
+            self.embeddings.close()
         self._device_users.discard(id(self))
         if self.device_graph is not None and not self._device_users:
             self.device_graph.close()

@@ -1000,3 +1000,40 @@ def test_an_unload_that_waited_for_the_lock_past_the_start_of_shutdown_records_n
     finally:
         release()
     assert not (root / "sage" / loader.UNLOADED).exists() and repository.models.names() == ["other", "sage"]
+
+
+
+def test_a_stopped_versions_embedding_files_are_let_go_at_once_not_at_the_next_full_collection(tiny_dataset,
+                                                                                                 tiny_model_pe):
+    # An engine and its parts refer to one another, so a retired version lived on until the
+    # interpreter's next full collection, and with it its store's memory maps: an open file
+    # each (a removed version's disk space too) and its pages. A server taking a new version
+    # every 20 s held 38 retired stores' files after 9 minutes, and 300 MB more RSS.
+    import gc
+    import os
+
+    from hybridgnn.config import ServeConfig
+    from hybridgnn.runtime.resources import Resources
+
+    store = str(tiny_model_pe / "embeddings") + "/"
+
+    def files_open() -> int:
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}").startswith(store)
+            except OSError:  # closed meanwhile (the listing's own descriptor)
+                pass
+        return n
+
+    gc.collect()
+    gc.disable()  # what a stopped engine's cycles do: the Resources stays referenced
+    try:
+        before = files_open()
+        r = Resources.open(ServeConfig(dataset_dir=tiny_dataset, model_dir=tiny_model_pe))
+        assert r.embeddings is not None and r.new_nodes is not None
+        assert files_open() > before
+        r.close()
+        assert files_open() == before
+    finally:
+        gc.enable()
