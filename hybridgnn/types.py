@@ -294,6 +294,10 @@ class ServingStats:
     def unwatch(self, source: Callable[[], EngineSnapshot]) -> None:
         """Stop mirroring that engine (a model version unloaded)."""
 
+    def ready_from(self, ready: Callable[[], bool]) -> None:
+        """Report readiness as `ready()` says (the serving API's own), not as every watched
+        engine's snapshot does."""
+
     def forget_model(self, name: str, version: str) -> None:
         """Drop what is kept of a model version that is no longer served."""
 

@@ -282,9 +282,11 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     gpu = gpu_pipeline_config(args.device, args.gpu_workers)
     check_cpu_compute_device(args.cpu_compute_device)
-    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, bool(update_token),
+    # a repository's update token guards loading and unloading only: its versions serve a static graph
+    graph_updates = bool(update_token) and args.model_repository is None
+    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, graph_updates,
                            processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))
-    processes = worker_processes(args.worker_processes, args.cpu_compute_device, bool(update_token), split)
+    processes = worker_processes(args.worker_processes, args.cpu_compute_device, graph_updates, split)
     if split and processes:
         raise ConfigError("--cpu-lane split runs its workers as threads (they hand batches to the GPU in this "
                           "process): drop --worker-processes")

@@ -428,6 +428,12 @@ class ServeConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
 
+    @property
+    def graph_updates(self) -> bool:
+        """Whether this server applies graph updates: an update token, but not a model
+        repository's (there it guards loading and unloading versions, which serve a static graph)."""
+        return self.updates.enabled and self.model_repository is None
+
     def __post_init__(self):
         for pipe, expected in ((self.cpu_pipeline, "cpu"), (self.gpu_pipeline, "gpu")):
             if pipe is None:
@@ -436,17 +442,17 @@ class ServeConfig:
                 raise ValueError(f"the {expected} pipeline must be named {expected!r}, got {pipe.name!r}")
             if not (pipe.device == "cpu" or pipe.device == "cuda" or pipe.device.startswith("cuda:")):
                 raise ValueError(f"pipeline device must be cpu, cuda or cuda:N, got {pipe.device!r}")
-        if self.cpu_pipeline.processes and (self.updates.enabled or self.cpu_pipeline.device != "cpu"):
+        if self.cpu_pipeline.processes and (self.graph_updates or self.cpu_pipeline.device != "cpu"):
             raise ValueError("worker processes serve a static graph on the CPU: drop --worker-processes, or the "
                              "update token and --cpu-compute-device")
         if self.cpu_pipeline.split and (self.gpu_pipeline is None or self.cpu_pipeline.processes
-                                        or self.cpu_pipeline.device != "cpu" or self.updates.enabled):
+                                        or self.cpu_pipeline.device != "cpu" or self.graph_updates):
             raise ValueError("the split CPU lane samples on the CPU and computes on the GPU pipeline's device: it "
                              "needs the GPU pipeline, worker threads (not processes), no --cpu-compute-device and no "
                              "graph updates")
         if self.gpu_pipeline is not None and self.gpu_pipeline.processes:
             raise ValueError("worker processes are for the CPU pipeline; GPU workers share one CUDA context")
-        if self.gpu_pipeline is not None and self.updates.enabled:
+        if self.gpu_pipeline is not None and self.graph_updates:
             raise ValueError("graph updates run on the CPU pipeline only; drop the GPU pipeline (--device cpu) "
                              "or the update token")
         if self.partitions.enabled:

@@ -187,8 +187,7 @@ def refuse_unfollowed_updates(cfg: ServeConfig) -> None:
     """ConfigError when the dataset's update log holds acknowledged updates that this
     server, with updates off, would not apply: it would serve the graph as it was before
     them, unlike every replica that follows the log."""
-    applies = cfg.updates.enabled and cfg.model_repository is None  # a repository's token guards loads only
-    if applies or cfg.dataset_dir is None or cfg.updates.log == "off":
+    if cfg.graph_updates or cfg.dataset_dir is None or cfg.updates.log == "off":
         return
     logged = logged_updates(cfg.updates.log, cfg.dataset_dir)
     if logged:

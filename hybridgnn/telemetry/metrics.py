@@ -139,6 +139,7 @@ class Telemetry(ServingStats):
         # labels() hashes and locks on every call; the request path reuses the children.
         self._children: dict[tuple, object] = {}
         self._engines: list = []  # snapshot sources, read at scrape time
+        self._readiness: list = []  # the service's ready(), once it says (ready_from): shared by views
 
     def declare(self, pipelines: tuple[str, ...]) -> None:
         """Create the label sets dashboards and rules select on at zero, so every panel and
@@ -178,6 +179,13 @@ class Telemetry(ServingStats):
         if source in self._engines:
             self._engines.remove(source)
 
+    def ready_from(self, ready) -> None:
+        """Report readiness as ready() says: the server's own /v2/health/ready. Every watched
+        engine's is not it in a model repository, where a version loading in the background
+        or a retired one draining is not ready while the server serves on."""
+        self._readiness[:] = [ready]
+        self.ready.set_function(lambda: 1.0 if ready() else 0.0)
+
     def forget_model(self, name: str, version: str) -> None:
         """Drop the series labelled with this model version (unloaded from a repository):
         a server that polls new versions for months exposed every one it ever served."""
@@ -205,7 +213,8 @@ class Telemetry(ServingStats):
             return sources[0]()
 
         self.pending.set_function(lambda: sum(s().pending for s in sources))
-        self.ready.set_function(lambda: 1.0 if all(s().ready for s in sources) else 0.0)
+        if not self._readiness:
+            self.ready.set_function(lambda: 1.0 if all(s().ready for s in sources) else 0.0)
         self.pending_capacity.set_function(lambda: sum(s().pending_capacity for s in sources))
         self.psgs_threshold.set_function(lambda: first().psgs_threshold)
         self.max_batch_psgs.set_function(lambda: first().max_batch_psgs)

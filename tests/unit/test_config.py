@@ -180,3 +180,23 @@ def test_fanouts_past_a_one_layer_model_are_cut_with_a_warning_in_words(caplog):
     with caplog.at_level("WARNING", logger="hybridgnn.serve"):
         assert fanouts_served([10, 5], 1) == (10,)
     assert "fanouts [10, 5] give 2 hops but the model has 1 layer; sampling the first 1" in caplog.text
+
+
+def test_a_repositorys_update_token_guards_loads_and_turns_no_graph_updates_on(tmp_path):
+    """A model repository's --update-token guards loading and unloading versions, which serve
+    a static graph: worker processes, the GPU pipeline and the split lane stay allowed (they
+    were refused as if the graph took updates)."""
+    from hybridgnn.config import ServeConfig, UpdateConfig
+
+    gpu = PipelineConfig(name="gpu", device="cuda")
+    repo = ServeConfig(None, None, model_repository=tmp_path, updates=UpdateConfig(token="token-123"), gpu_pipeline=gpu,
+                       cpu_pipeline=PipelineConfig(name="cpu", processes=True))
+    assert repo.updates.enabled and not repo.graph_updates
+    ServeConfig(None, None, model_repository=tmp_path, updates=UpdateConfig(token="token-123"), gpu_pipeline=gpu,
+                cpu_pipeline=PipelineConfig(name="cpu", split=True))
+    one = ServeConfig(None, None, updates=UpdateConfig(token="token-123"))
+    assert one.graph_updates
+    with pytest.raises(ValueError, match="worker processes serve a static graph"):
+        ServeConfig(None, None, updates=UpdateConfig(token="token-123"), cpu_pipeline=PipelineConfig(name="cpu", processes=True))
+    with pytest.raises(ValueError, match="graph updates run on the CPU pipeline only"):
+        ServeConfig(None, None, updates=UpdateConfig(token="token-123"), gpu_pipeline=gpu)

@@ -56,3 +56,31 @@ def test_the_quick_stages_are_resolved_by_the_latency_buckets():
                if s.name == "hybridgnn_stage_seconds_bucket" and s.labels["stage"] == "respond"]
     filled = sorted({next(le for le, count in sorted(buckets) if count >= n) for n in (1, 2, 3)})
     assert len(filled) == 3, f"8, 20 and 40 µs share buckets: {filled}"
+
+
+def test_readiness_is_the_services_once_it_says_not_every_watched_engines():
+    """A model repository watches every engine it built: one loading in the background or a
+    retired one draining is not ready while the server serves on. The gauge follows the
+    service's ready() (/v2/health/ready), before and after more engines are watched."""
+    from hybridgnn.types import EngineSnapshot
+
+    t = Telemetry()
+
+    def snap(ready):
+        return lambda: EngineSnapshot(pending=0, pending_capacity=8, ready=ready, queue_depths={"cpu": 0},
+                                      psgs_threshold=0.0, max_batch_psgs=1.0, policy="latency")
+
+    def ready_gauge():
+        return t.registry.get_sample_value("hybridgnn_ready")
+
+    t.watch(snap(True), ("cpu",))
+    assert ready_gauge() == 1.0
+    t.for_model("m", "2").watch(snap(False), ("cpu",))  # a version still loading
+    assert ready_gauge() == 0.0
+    serving = [True]
+    t.ready_from(lambda: serving[0])
+    assert ready_gauge() == 1.0
+    t.for_model("m", "3").watch(snap(False), ("cpu",))  # another, after
+    assert ready_gauge() == 1.0
+    serving[0] = False  # draining
+    assert ready_gauge() == 0.0

@@ -89,6 +89,7 @@ class V2Service:
         # Server-wide settings, stats and drain state come from the first engine: they are
         # the same for every engine of a server.
         self.engine = self.models.engines()[0]
+        self.engine.stats.ready_from(self.ready)  # the gauge says what /v2/health/ready says
         self._standing: dict[float, Failure] = {}  # refuse_standing()'s, by target
         self._refusals: dict[tuple, Failure] = {}  # failure()'s 429s and 503s, shared
         self._uncounted: list[Callable[[], None]] = []  # count_from()'s
