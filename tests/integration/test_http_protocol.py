@@ -628,6 +628,25 @@ def test_past_the_turns_share_requests_wait_for_later_turns_and_all_are_answered
     run(go, answers_per_turn=1)
 
 
+def test_a_body_a_slow_link_brings_in_is_not_counted_as_waiting_for_the_server():
+    """The front end's wait starts when the request has arrived whole: a body that took
+    0.3 s to arrive on an idle server was counted as 0.3 s of waiting, and admission refused
+    it (429) however often it was sent, whenever the upload outlasted the bound."""
+    async def go(server):
+        reader, writer = await connect(server)
+        writer.write(b"POST /waited HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello")
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the client's link, not the server: the rest comes later
+        writer.write(b"world")
+        status, _, raw = await read_response(reader)
+        answer = json.loads(raw)
+        assert status == 200 and answer["body"] == "helloworld"
+        assert answer["waited_s"] < 0.1, answer
+        writer.close()
+
+    run(go)
+
+
 def test_pipelined_requests_answered_at_once_take_turns_too():
     """Requests answered in the call (a lookup, an error) that one client pipelined in one
     read each spend the turn's share: a read of thousands of them was answered in one go

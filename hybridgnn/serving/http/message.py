@@ -24,7 +24,7 @@ class Message:
     """A request being parsed, then waiting for its answer."""
 
     __slots__ = ("url", "headers", "hosts", "body", "body_size", "method", "keep_alive", "http10", "head_size",
-                 "fields", "received")
+                 "fields", "received", "whole")
 
     def __init__(self, received: float):
         self.url = b""
@@ -38,6 +38,7 @@ class Message:
         self.head_size = 0  # the head's fields, as parsed (the feed-level bound catches one never ending)
         self.fields = 0  # header fields parsed (trailers too)
         self.received = received  # its first byte was read (parsed) then (monotonic)
+        self.whole = received  # ... and its last (a request read in one piece: the same)
 
     def add_field(self, name: bytes, value: bytes) -> None:
         """One header field as llhttp parsed it (Reject past MAX_HEADER_FIELDS)."""

@@ -249,11 +249,14 @@ class Connection(RequestReader, asyncio.Protocol):
         endpoint, params = found
         body = msg.body_bytes()
         try:
-            # The front end's wait: from the request's first byte, or from the answer before
-            # it on this connection if that came later. A pipelined request waiting behind the
-            # client's own earlier requests is not waiting for the server (HTTP/1.1 answers
-            # in order), and admission must not refuse it for that on an idle server.
-            waited = time.monotonic() - max(msg.received, self.free_since)
+            # The front end's wait: from the request's arrival whole, or from the answer
+            # before it on this connection if that came later. A pipelined request waiting
+            # behind the client's own earlier requests is not waiting for the server (HTTP/1.1
+            # answers in order), nor is one whose body a slow link brings in over seconds:
+            # admission must not refuse them for that on an idle server (it refused every
+            # body that took longer than the bound to arrive, however often it was retried).
+            # The loop's lag before a read is the admission's own term.
+            waited = time.monotonic() - max(msg.whole, self.free_since)
             reply = endpoint(Request(params, msg.headers, body, waited, server.turns.over_target(waited)))
         except Exception:
             reply = server.api.internal_error(f"{msg.method} {msg.url.split(b'?', 1)[0][:200].decode('latin-1')}")

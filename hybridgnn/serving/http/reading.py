@@ -143,6 +143,7 @@ class RequestReader:
         self.msg.add_body(body, self.server.max_body_bytes)
 
     def on_message_complete(self) -> None:
+        self.msg.whole = time.monotonic()
         self.queue.append(self.msg)
         self.msg = None
         self.started = None
