@@ -36,7 +36,9 @@ async def collect(cfg, sizes, capacity=lambda: True):
 
 
 def test_batches_respect_seed_and_request_limits():
-    cfg = BatcherConfig(max_batch_seeds=10, max_batch_requests=3, max_wait_s=0.01)
+    # every batch here closes at a limit; a wait this long never closes one (at 10 ms, a
+    # loaded machine's pause between two adds closed the first request's batch early)
+    cfg = BatcherConfig(max_batch_seeds=10, max_batch_requests=3, max_wait_s=10.0)
     batches = asyncio.run(collect(cfg, [4, 4, 4, 1, 1, 1, 1, 20]))
     assert [len(b.requests) for b in batches] == [2, 3, 2, 1]
     for b in batches:
