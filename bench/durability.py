@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ensure_graph, machine, strict_json  # noqa: E402
+from bench.common import emit_report, ensure_graph, machine  # noqa: E402
 from bench.incremental import ARXIV, ARXIV_ARGS, build_model, update_stream  # noqa: E402
 from hybridgnn.demo import ensure_demo  # noqa: E402
 from hybridgnn.embeddings.incremental import IncrementalEmbeddings  # noqa: E402
@@ -213,8 +213,7 @@ def main() -> None:
             print(f"restart to ready: {first['ready_s']}s with {first['log_batches']} logged batches, "
                   f"{last['ready_s']}s with {last['log_batches']}")
     print(f"machine: {report['machine']}")
-    if args.json:
-        args.json.write_text(strict_json(report))
+    emit_report(report, args.json)
 
 
 if __name__ == "__main__":

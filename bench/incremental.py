@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (  # noqa: E402
     DATA,
     PRODUCTS,
+    emit_report,
     ensure_graph,
     ensure_products,
     machine,
-    strict_json,
 )
 from hybridgnn.embeddings.incremental import (  # noqa: E402
     IncrementalConfig,
@@ -157,8 +157,7 @@ def main() -> None:
                       f"{full_s:>20.1f} {vs_full:>7,.0f}x", flush=True)
                 results.append({"graph": gname, "agg": agg, "batch": size, "incremental": a, "recompute": r,
                                 "full_precompute_s": full_s, "setup_s": inc["setup_s"]})
-    if args.json:
-        args.json.write_text(strict_json(results))
+    emit_report(results, args.json)
 
 
 if __name__ == "__main__":

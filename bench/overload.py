@@ -98,11 +98,11 @@ from bench.common import (  # noqa: E402
     BASELINE_REV,
     DATA,
     descendants_cpu_seconds,
+    emit_report,
     heavy_setup,
     machine,
     progress,
     serve_revision,
-    strict_json,
     thread_cpu_seconds,
 )
 from hybridgnn.bench.loadgen import (  # noqa: E402
@@ -869,7 +869,6 @@ def main() -> None:
         report["parts"]["precomputed"] = part(
             "precomputed", "precomputed", [float(m) for m in args.precomputed_multiples.split(",")],
             ("--update-token", UPDATE_TOKEN), dataset, model, args, args.precomputed_capacity_rps)
-    print(strict_json(report))
     print(table(report))
     for name, p in report["parts"].items():
         for m, r in p["ratios"].items():
@@ -877,8 +876,7 @@ def main() -> None:
                   f"p99 baseline/current {r['p99_baseline_over_current']}, refused current "
                   f"{r['refused_share_current']:.3f} vs baseline {r['refused_share_baseline']:.3f}")
     print(f"machine: {report['machine']}")
-    if args.json:
-        args.json.write_text(strict_json(report))
+    emit_report(report, args.json)  # last: what a device run's output tail carries
 
 
 if __name__ == "__main__":

@@ -99,6 +99,27 @@ def test_workload_tables_and_placement_report_on_a_tiny_graph(bench_data, tmp_pa
     assert [r["cache_share"] for r in report["cache_hit_ratio"]] == [0.05, 0.1, 0.2]
 
 
+def test_incremental_prints_its_rows_as_json_last_and_writes_the_same(bench_data, tmp_path):
+    """It printed a table only, and wrote JSON only with --json."""
+    proc = _run("incremental.py", "--graphs", "arxiv", "--aggs", "mean", "--batches", "10:1",
+                "--json", str(tmp_path / "r.json"), cwd=tmp_path, data=bench_data)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _last_json(proc.stdout)
+    assert rows == json.loads((tmp_path / "r.json").read_text())
+    assert [(r["graph"], r["agg"], r["batch"]) for r in rows] == [("arxiv", "mean", 10)]
+    assert rows[0]["incremental"]["updates_per_s"] > 0 and rows[0]["recompute"]["updates_per_s"] > 0
+
+
+def test_durability_log_cost_prints_its_report_as_json_last(bench_data, tmp_path):
+    """It printed lines only, and wrote JSON only with --json."""
+    proc = _run("durability.py", "--parts", "cost", "--rounds", "1", "--batches-1000", "1", "--batches-100", "1",
+                "--aggs", "mean", cwd=tmp_path, data=bench_data)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = _last_json(proc.stdout)
+    assert report["cost"]["graph"]["nodes"] == 1500
+    assert {"durable_updates_per_s", "durable_over_memory"} <= set(report["cost"]["aggs"]["mean"]["batch_1000"])
+
+
 def test_partitioned_serving_runs_on_two_ranks_and_refuses_a_run_that_measures_nothing(tmp_path):
     """--requests 3 (all of them warm-up) failed at the end with an IndexError traceback."""
     proc = _run("partitioned_serving.py", "--requests", "3", cwd=tmp_path, data=tmp_path)

@@ -125,3 +125,29 @@ def test_an_interrupted_reports_line_says_it_is_partial():
     assert interrupted_line(search).startswith("hybridgnn bench: terminated (SIGTERM): the search ended early")
     assert search_report(0.0, None, 50.0, None) == {"max_rate_within_slo": 0.0, "slo_ms": 50.0, "result": None,
                                                      "interrupted": None}
+
+
+def test_overload_prints_its_summary_first_and_its_report_as_json_last(tmp_path, monkeypatch, capsys):
+    """It printed the JSON, then its table and summary lines: the output's tail (what a
+    device run brings back) was no report."""
+    import sys
+
+    monkeypatch.setenv("PYTHONPATH", __import__("os").environ.get("PYTHONPATH", ""))  # bench.common sets it
+    import bench.overload as overload
+
+    run = {"server": "current", "multiple": 1.0, "offered_rps": 100.0, "goodput_rps": 99.0, "share_429": 0.0,
+           "share_503": 0.0, "p50_ms": 5.0, "p99_ms": float("nan"), "service_p99_ms": None,
+           "latency_limit_ms": 120.0, "latency_ok": True, "goodput_ok": True}
+    ratios = {"1x": {"goodput_current_over_baseline": 1.0, "p99_baseline_over_current": None,
+                     "refused_share_current": 0.0, "refused_share_baseline": 0.0}}
+    monkeypatch.setattr(overload, "ensure_demo", lambda: (tmp_path / "dataset", tmp_path / "model"))
+    monkeypatch.setattr(overload, "part", lambda name, *a: {"mode": name, "runs": [run], "ratios": ratios})
+    monkeypatch.setattr(sys, "argv", ["overload.py", "--servers", "current", "--parts", "sampled", "--multiples",
+                                      "1", "--json", str(tmp_path / "r.json")])
+    overload.main()
+    out = capsys.readouterr().out
+    head, brace, tail = out.partition("\n{\n")
+    assert "goodput current/baseline 1.0" in head and "machine: " in head
+    report = _strict_loads(brace.strip() + tail)
+    assert report == _strict_loads((tmp_path / "r.json").read_text())
+    assert report["parts"]["sampled"]["runs"][0]["p99_ms"] is None
