@@ -21,7 +21,7 @@ SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name not in ("__i
 # path are reset before each, so a script imports what it needs itself.
 _HELP_ALL = r"""
 import contextlib, io, json, runpy, sys, traceback
-path0, failures = list(sys.path), {}
+path0, failures, helps = list(sys.path), {}, {}
 for script in sys.argv[1:]:
     for name in [m for m in sys.modules if m.split(".")[0] in ("bench", "tests")]:
         del sys.modules[name]
@@ -36,7 +36,8 @@ for script in sys.argv[1:]:
             failures[script] = f"exit {exc.code}: {out.getvalue()[-1500:]}"
     except BaseException:
         failures[script] = traceback.format_exc()[-3000:]
-print(json.dumps(failures))
+    helps[script] = out.getvalue()
+print(json.dumps({"failures": failures, "helps": helps}))
 """
 
 
@@ -64,13 +65,37 @@ def _last_json(stdout: str):
     pytest.fail(f"no JSON report at the end of:\n{stdout[-3000:]}")
 
 
-def test_every_bench_script_answers_help(tmp_path):
-    assert len(SCRIPTS) >= 30
-    proc = subprocess.run([sys.executable, "-c", _HELP_ALL, *map(str, SCRIPTS)], cwd=tmp_path, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def helps(tmp_path_factory) -> dict[str, str]:
+    """Each script's --help (by file name); fails on any that did not answer it."""
+    proc = subprocess.run([sys.executable, "-c", _HELP_ALL, *map(str, SCRIPTS)], env=_env(tmp_path_factory.mktemp("d")),
+                          cwd=tmp_path_factory.mktemp("cwd"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    failures = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert not failures, "\n\n".join(f"{Path(k).name}: {v}" for k, v in failures.items())
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not got["failures"], "\n\n".join(f"{Path(k).name}: {v}" for k, v in got["failures"].items())
+    return {Path(k).name: v for k, v in got["helps"].items()}
+
+
+def test_every_bench_script_answers_help(helps):
+    assert len(helps) == len(SCRIPTS) >= 30
+
+
+def test_the_bench_commands_the_docs_quote_name_only_flags_their_script_takes(helps):
+    """A command quoted in the docs (`bench/x.py --flag ...`) still parses: every flag it
+    names is in that script's --help. Values of --x="..." (flags for the server) are not its own."""
+    import re
+
+    quoted = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for span in re.findall(r"`([^`]+)`", doc.read_text()):
+            span = " ".join(span.split())
+            for script, rest in re.findall(r"bench/(\w+\.py)((?:\s+[^\s]+)*)", span):
+                quoted.append((doc.name, script, re.sub(r"""=("[^"]*"|'[^']*'|\S*)""", "", rest)))
+    assert len(quoted) >= 40
+    unknown = [(doc, script, flag) for doc, script, rest in quoted if script != "common.py"
+               for flag in re.findall(r"(?<![\w-])--[\w-]+", rest)
+               if script not in helps or not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[script])]
+    assert not unknown
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +157,20 @@ def test_partitioned_serving_runs_on_two_ranks_and_refuses_a_run_that_measures_n
     (run,) = _last_json(proc.stdout)["runs"]
     assert run["ranks"] == 2 and [m["mode"] for m in run["modes"]] == ["srpe", "pe", "full", "sampled"]
     assert all(m["requests"] == 1 and m["max_abs_diff_cgp_vs_fetch"] < 1e-4 for m in run["modes"])
+
+
+def test_gpu_all_parses_and_calls_each_script_with_flags_it_takes(helps):
+    """bench/gpu_all.sh runs on a GPU machine only, where a stage that breaks costs device time."""
+    import re
+
+    script = ROOT / "bench" / "gpu_all.sh"
+    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+    text = script.read_text().replace("\\\n", " ")
+    calls = [(name, re.sub(r"""=("[^"]*"|'[^']*'|\S*)""", "", rest))
+             for line in text.splitlines() if not line.lstrip().startswith("#")
+             for name, rest in re.findall(r"bench/(\w+\.py)(.*)", line)]
+    assert {name for name, _ in calls} >= {"gpu_sampler.py", "lane_cost.py", "hybrid_policies.py", "slo_batching.py"}
+    unknown = [(name, flag) for name, rest in calls for flag in re.findall(r"(?<![\w-])--[\w-]+", rest)
+               if name not in helps or not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[name])]
+    assert not unknown
