@@ -120,15 +120,29 @@ def add_worker_processes_flag(p, default: str = "auto") -> None:
                    help="run each CPU worker's batches in a process of its own: no GIL shared with the HTTP "
                         "event loop, so an overloaded front end does not slow the batches; the graph stays "
                         "memory-mapped and shared. auto (default): on for a static graph computed on the CPU, "
-                        "off with graph updates or --cpu-compute-device cuda")
+                        "off with graph updates or --cpu-compute-device cuda (heterogeneous and partitioned servers "
+                        "run none)")
 
 
-def worker_processes(choice: str, compute_device: str, updates: bool, split: bool = False) -> bool:
+def worker_processes(choice: str, compute_device: str, updates: bool, split: bool = False,
+                     threads_only: str | None = None) -> bool:
     """The --worker-processes choice resolved: auto means wherever processes can serve (a
-    split CPU lane's workers hand batches to the device in this process: threads)."""
+    split CPU lane's workers hand batches to the device in this process: threads).
+    threads_only: the engine that serves runs no worker processes (why, in a few words).
+    An `on` that cannot be served is refused in one line naming what stands in its way."""
     if choice == "auto":
-        return compute_device == "cpu" and not updates and not split
-    return choice == "on"
+        return compute_device == "cpu" and not updates and not split and threads_only is None
+    if choice != "on":
+        return False
+    if threads_only is not None:
+        raise ConfigError(f"--worker-processes on: {threads_only}, not worker processes: drop it")
+    if updates:
+        raise ConfigError("--worker-processes on serves a static graph, and the update token turns graph updates "
+                          "on (they run on worker threads): drop one of them")
+    if compute_device != "cpu":
+        raise ConfigError(f"--worker-processes on computes on the CPU: drop it or --cpu-compute-device "
+                          f"{compute_device}")
+    return True
 
 
 def add_cpu_lane_flag(p) -> None:
@@ -147,20 +161,24 @@ def cpu_lane_split(choice: str, gpu: PipelineConfig | None, compute_device: str,
     if choice == "model":
         return False
     if choice == "split":
+        if updates:
+            raise ConfigError("--cpu-lane split computes on the GPU pipeline's device, and graph updates (the "
+                              "update token) run on the CPU pipeline only: drop one of them")
         if gpu is None:
             raise ConfigError("--cpu-lane split hands samples to the GPU pipeline: start with --device cuda (or "
                               "--device emulate to run its code on CPU tensors)")
-        if compute_device != "cpu" or updates:
-            raise ConfigError("--cpu-lane split computes on the GPU pipeline's device: drop --cpu-compute-device "
-                              "and the update token")
+        if compute_device != "cpu":
+            raise ConfigError(f"--cpu-lane split computes on the GPU pipeline's device: drop --cpu-compute-device "
+                              f"{compute_device}")
         return True
     return (gpu is not None and gpu.device.startswith("cuda") and compute_device == "cpu" and not updates
             and not processes_asked)
 
 
-def chosen_worker_cpus(text: str, processes: bool) -> tuple[int, ...]:
+def chosen_worker_cpus(text: str, processes: bool, why_off: str | None = None) -> tuple[int, ...]:
     """--worker-cpus as core numbers, refused in one line when it cannot be honoured: cores
-    this process may not use, or worker threads (only processes can be pinned apart)."""
+    this process may not use, or worker threads (only processes can be pinned apart).
+    why_off: why worker processes are off, in the words of what turned them off."""
     try:
         cpus = parse_cpus(text)
     except ValueError as exc:
@@ -168,8 +186,8 @@ def chosen_worker_cpus(text: str, processes: bool) -> tuple[int, ...]:
     if not cpus:
         return ()
     if not processes:
-        raise ConfigError("--worker-cpus pins worker processes, which are off here (--worker-processes off, graph "
-                          "updates on, or --cpu-compute-device cuda)")
+        raise ConfigError(f"--worker-cpus pins worker processes, which are off here ("
+                          f"{why_off or '--worker-processes off, graph updates on, or --cpu-compute-device cuda'})")
     allowed = allowed_cores()
     outside = sorted(set(cpus) - allowed)
     if outside:
@@ -178,14 +196,19 @@ def chosen_worker_cpus(text: str, processes: bool) -> tuple[int, ...]:
     return cpus
 
 
-def gpu_pipeline_config(device: str, workers: int) -> PipelineConfig | None:
-    """--device → the GPU pipeline's config, or None for a CPU-only server."""
+def gpu_pipeline_config(device: str, workers: int, updates: bool = False) -> PipelineConfig | None:
+    """--device → the GPU pipeline's config, or None for a CPU-only server. updates: graph
+    updates are on; they run on the CPU pipeline only, so auto is then cpu, and a GPU
+    pipeline asked for is refused in one line naming --device."""
     from hybridgnn.capabilities import HAS_CUDA
 
     if device == "auto":
-        device = "cuda" if HAS_CUDA else "cpu"
+        device = "cuda" if HAS_CUDA and not updates else "cpu"
     if device == "cpu":
         return None
+    if updates:
+        raise ConfigError(f"--device {device} adds the GPU pipeline, and graph updates (the update token) run on the "
+                          "CPU pipeline only: drop --device (auto serves updates on the CPU) or the update token")
     if device == "cuda" and not HAS_CUDA:
         raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     return PipelineConfig(name="gpu", device="cuda" if device == "cuda" else "cpu", workers=workers)
@@ -261,6 +284,21 @@ def _unreadable(path: Path) -> str | None:
         return str(exc)
 
 
+def engine_without_worker_processes(args) -> str | None:
+    """What serves, in a few words, when its engine runs no CPU worker processes and no split
+    lane (None for the one that does): partition ranks compute a partitioned server's
+    requests, and a heterogeneous graph's engine runs worker threads of its own. Its
+    --worker-processes auto is then off, and on, --worker-cpus or --cpu-lane split are
+    refused (they were taken and did nothing: --worker-cpus kept every thread off its cores)."""
+    from hybridgnn.graph.store import dataset_kind
+
+    if flag_value(args, PartitionConfig, "partitions"):
+        return "with --partitions, its ranks compute every request"
+    if args.dataset is not None and dataset_kind(args.dataset) == "hetero":
+        return f"the heterogeneous graph {args.dataset} is served by worker threads"
+    return None
+
+
 def check_partition_ranks(partitions: PartitionConfig) -> None:
     """--partitions N ranks started here (not --ranks elsewhere) that this machine can run:
     --partitions 1000 started a thousand torch processes."""
@@ -280,17 +318,27 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
     # None: each model's own (config.fanouts_for), filled in when it is loaded
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else None
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
-    gpu = gpu_pipeline_config(args.device, args.gpu_workers)
-    check_cpu_compute_device(args.cpu_compute_device)
     # a repository's update token guards loading and unloading only: its versions serve a static graph
     graph_updates = bool(update_token) and args.model_repository is None
-    split = cpu_lane_split(args.cpu_lane, gpu, args.cpu_compute_device, graph_updates,
-                           processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))
-    processes = worker_processes(args.worker_processes, args.cpu_compute_device, graph_updates, split)
-    if split and processes:
+    gpu = gpu_pipeline_config(args.device, args.gpu_workers, graph_updates)
+    check_cpu_compute_device(args.cpu_compute_device)
+    threads_only = engine_without_worker_processes(args)
+    if threads_only is not None and args.cpu_lane == "split":
+        raise ConfigError(f"--cpu-lane split: {threads_only}, with no split CPU lane: drop it")
+    split = threads_only is None and cpu_lane_split(
+        args.cpu_lane, gpu, args.cpu_compute_device, graph_updates,
+        processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))
+    if split and args.worker_processes == "on":
         raise ConfigError("--cpu-lane split runs its workers as threads (they hand batches to the GPU in this "
                           "process): drop --worker-processes")
-    worker_cpus = chosen_worker_cpus(args.worker_cpus, processes)
+    processes = worker_processes(args.worker_processes, args.cpu_compute_device, graph_updates, split,
+                                 threads_only)
+    worker_cpus = chosen_worker_cpus(args.worker_cpus, processes, why_off=(
+        threads_only and f"{threads_only}, not worker processes"
+        or args.worker_processes == "off" and "--worker-processes off"
+        or split and "--cpu-lane split runs its workers as threads"
+        or graph_updates and "the update token turns graph updates on, which run on worker threads"
+        or f"--cpu-compute-device {args.cpu_compute_device}"))
     workers = args.workers if args.workers is not None else (len(worker_cpus) or CPU_COUNT)
 
     if args.model_repository is not None:

@@ -458,6 +458,10 @@ class ServeConfig:
         if self.partitions.enabled:
             if self.model_repository is not None:
                 raise ValueError("--partitions serves one model; drop --model-repository")
+            c = self.cpu_pipeline
+            if c.processes or c.cpus or c.split:  # taken and ignored: --worker-cpus kept every thread off its cores
+                raise ValueError("a partitioned server computes on its ranks: it runs no worker processes (nor "
+                                 "--worker-cpus) and no split CPU lane")
             if self.updates.log_retain:
                 raise ValueError("a partitioned server replays the whole update log each time its ranks start, so "
                                  "it keeps every entry: drop --update-log-retain")

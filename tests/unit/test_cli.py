@@ -1231,3 +1231,80 @@ def test_serve_with_fewer_fanouts_than_layers_counts_one_hop_in_words(tmp_path, 
                  "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "fanouts [10] give 1 hop but the model has 2 layers; give one fanout per layer" in err, err
+
+
+def _serve_config(argv):
+    from hybridgnn.cli.serve import build_config
+
+    return build_config(build_parser().parse_args(["serve", "--dataset", "d", "--model", "m", "--fanouts", "5,5"]
+                                                  + argv))
+
+
+def test_graph_updates_on_a_gpu_machine_are_served_on_the_cpu_pipeline_by_default(monkeypatch, capsys):
+    """--device auto is cuda on a GPU machine, and graph updates run on the CPU pipeline only:
+    `serve --update-token T` there was refused ("drop the GPU pipeline"), though no flag asked
+    for a GPU. auto now serves updates on the CPU; a GPU pipeline asked for is refused naming
+    --device."""
+    import hybridgnn.capabilities
+
+    monkeypatch.setattr(hybridgnn.capabilities, "HAS_CUDA", True)
+    token = ["--update-token", "token-123"]
+    assert _serve_config([]).gpu_pipeline.device == "cuda"  # without updates auto is still cuda
+    cfg = _serve_config(token)
+    assert cfg.graph_updates and cfg.gpu_pipeline is None and not cfg.cpu_pipeline.processes
+    assert not cfg.cpu_pipeline.split
+    for device in ("cuda", "emulate"):
+        with pytest.raises(ConfigError, match=f"--device {device} adds the GPU pipeline, and graph updates"):
+            _serve_config(token + ["--device", device])
+
+
+@pytest.mark.parametrize("argv, said, unsaid", [
+    # each named flags that were not given (--cpu-compute-device, the update token) or a wrong reason
+    (["--worker-processes", "on", "--update-token", "token-123"], "--worker-processes on serves a static graph, "
+     "and the update token", "--cpu-compute-device"),
+    (["--device", "emulate", "--cpu-lane", "split", "--update-token", "token-123"], "--device emulate adds the GPU "
+     "pipeline", "--cpu-compute-device"),
+    (["--cpu-lane", "split", "--update-token", "token-123"], "--cpu-lane split computes on the GPU pipeline's "
+     "device, and graph updates", "--cpu-compute-device"),
+    (["--device", "emulate", "--cpu-lane", "split", "--worker-cpus", "1"], "which are off here (--cpu-lane split "
+     "runs its workers as threads)", "graph updates"),
+    (["--update-token", "token-123", "--worker-cpus", "1"], "which are off here (the update token turns graph "
+     "updates on", "--cpu-compute-device"),
+    (["--worker-processes", "off", "--worker-cpus", "1"], "which are off here (--worker-processes off)",
+     "graph updates"),
+])
+def test_a_pipeline_refusal_names_the_flags_given_and_no_other(argv, said, unsaid, monkeypatch, capsys):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    with pytest.raises(ConfigError) as refused:
+        _serve_config(argv)
+    assert said in str(refused.value) and unsaid not in str(refused.value), str(refused.value)
+    assert main(["serve", "--dataset", "d", "--model", "m", *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_servers_without_worker_processes_refuse_what_only_they_would_do(tmp_path, monkeypatch, capsys):
+    """A heterogeneous graph's engine runs worker threads and a partitioned server computes on
+    its ranks: --worker-cpus was taken there ("CPU worker processes on [1]") and kept every
+    thread of the server off that core; --worker-processes on and --cpu-lane split did nothing.
+    auto is off there, and those are refused in one line."""
+    import os
+
+    from hybridgnn.graph.hetero_generate import generate_hetero
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    hetero = generate_hetero(tmp_path / "h", num_nodes=30, avg_degree=2)
+    for where, said in ((["--dataset", str(hetero), "--model", "m"], "the heterogeneous graph"),
+                        (["--dataset", "d", "--model", "m", "--partitions", "2"], "with --partitions")):
+        args = build_parser().parse_args(["serve", *where])
+        from hybridgnn.cli.serve import build_config
+
+        cfg = build_config(args)
+        assert not cfg.cpu_pipeline.processes and not cfg.cpu_pipeline.split  # auto: none
+        for extra in (["--worker-cpus", "1"], ["--worker-processes", "on"], ["--device", "emulate", "--cpu-lane",
+                                                                                "split"]):
+            assert main(["serve", *where, *extra]) == 2, extra
+            err = capsys.readouterr().err
+            assert said in err and extra[-2] in err and len(err.strip().splitlines()) == 1, err
