@@ -323,8 +323,18 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
     gpu = gpu_pipeline_config(args.device, args.gpu_workers, graph_updates)
     check_cpu_compute_device(args.cpu_compute_device)
     threads_only = engine_without_worker_processes(args)
+    if threads_only is not None and args.profile is not None:  # it was taken and never read
+        server = ("a partitioned server" if flag_value(args, PartitionConfig, "partitions")
+                  else "a heterogeneous graph's server")
+        raise ConfigError(f"--profile {args.profile}: {server} serves no profile's policy (it routes by "
+                          "--psgs-threshold alone): drop --profile, --policy and --adapt")
     if threads_only is not None and args.cpu_lane == "split":
         raise ConfigError(f"--cpu-lane split: {threads_only}, with no split CPU lane: drop it")
+    if gpu is None and args.policy in ("latency", "throughput", "cpu", "gpu"):
+        # the engine's refusal of it called a --policy given "the default"
+        raise ConfigError(f"--policy {args.policy} picks a point between the CPU and GPU pipelines, but only the CPU "
+                          "pipeline is served (--device cpu, or auto without a GPU): give --policy slo:<ms> (e.g. "
+                          "slo:50)")
     split = threads_only is None and cpu_lane_split(
         args.cpu_lane, gpu, args.cpu_compute_device, graph_updates,
         processes_asked=args.worker_processes == "on" or bool(args.worker_cpus.strip()))

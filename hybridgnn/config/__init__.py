@@ -462,6 +462,8 @@ class ServeConfig:
             if c.processes or c.cpus or c.split:  # taken and ignored: --worker-cpus kept every thread off its cores
                 raise ValueError("a partitioned server computes on its ranks: it runs no worker processes (nor "
                                  "--worker-cpus) and no split CPU lane")
+            if self.policy.profile is not None:
+                raise ValueError("a partitioned server serves no profile's policy: drop --profile")
             if self.updates.log_retain:
                 raise ValueError("a partitioned server replays the whole update log each time its ranks start, so "
                                  "it keeps every entry: drop --update-log-retain")

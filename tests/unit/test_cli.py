@@ -1308,3 +1308,29 @@ def test_servers_without_worker_processes_refuse_what_only_they_would_do(tmp_pat
             assert main(["serve", *where, *extra]) == 2, extra
             err = capsys.readouterr().err
             assert said in err and extra[-2] in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_profile_is_refused_where_no_engine_reads_it(tmp_path, monkeypatch, capsys):
+    """A heterogeneous graph's server and a partitioned one never read --profile: one made for
+    another dataset was taken with --policy slo:50 --adapt, and the server routed by its default
+    threshold, its metadata's policy null."""
+    from hybridgnn.graph.hetero_generate import generate_hetero
+
+    hetero = generate_hetero(tmp_path / "h", num_nodes=30, avg_degree=2)
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    for where, said in ((["--dataset", str(hetero), "--model", "m"], "a heterogeneous graph's server"),
+                        (["--dataset", "d", "--model", "m", "--partitions", "2"], "a partitioned server")):
+        assert main(["serve", *where, "--profile", str(profile), "--policy", "slo:50"]) == 2
+        err = capsys.readouterr().err
+        assert f"--profile {profile}: {said} serves no profile's policy" in err and err.count("\n") == 1, err
+
+
+def test_an_operating_point_given_on_a_cpu_only_server_is_not_called_the_default(tmp_path, capsys):
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    assert main(["serve", "--dataset", "d", "--model", "m", "--device", "cpu", "--profile", str(profile),
+                 "--policy", "latency"]) == 2
+    err = capsys.readouterr().err
+    assert "--policy latency picks a point between the CPU and GPU pipelines" in err and "(the default)" not in err
+    assert err.count("\n") == 1, err

@@ -480,5 +480,7 @@ async def open_hetero_engine(cfg: ServeConfig, stats: ServingStats | None = None
                           "--model-repository or --partitions)")
     if cfg.updates.enabled:
         raise ConfigError("graph updates are not served for heterogeneous graphs: start without --update-token")
+    if cfg.policy.profile is not None:  # HeteroEngine routes by --psgs-threshold alone: it was never read
+        raise ConfigError("a heterogeneous graph's server serves no profile's policy: drop --profile")
     engine = await asyncio.to_thread(HeteroEngine, cfg, stats, version=version)
     return await started(engine)
