@@ -217,11 +217,24 @@ def gpu_pipeline_config(device: str, workers: int, updates: bool = False) -> Pip
 def check_cpu_compute_device(device: str) -> None:
     """--cpu-compute-device cuda[:i] on a machine without CUDA: one line, before anything
     starts (it failed as a traceback when the first worker moved the model)."""
+    import re
+
     from hybridgnn.capabilities import HAS_CUDA
 
+    # one the config refuses was said without its flag ("pipeline device must be ..."), and
+    # cuda:x or cuda:7 on a one-GPU machine passed it, to fail in the first worker
+    form = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    if form is None:
+        raise ValueError(f"--cpu-compute-device must be cpu, cuda or cuda:N, got {device!r}")
     if device.startswith("cuda") and not HAS_CUDA:
         raise ValueError(f"--cpu-compute-device {device}: no CUDA device is visible "
                          "(torch.cuda.is_available() is False)")
+    if form.group(1) is not None:
+        import torch
+
+        if int(form.group(1)) >= torch.cuda.device_count():
+            raise ValueError(f"--cpu-compute-device {device}: this machine has {torch.cuda.device_count()} CUDA "
+                             "device(s), numbered from 0")
 
 
 def check_workers(args) -> None:

@@ -1334,3 +1334,22 @@ def test_an_operating_point_given_on_a_cpu_only_server_is_not_called_the_default
     err = capsys.readouterr().err
     assert "--policy latency picks a point between the CPU and GPU pipelines" in err and "(the default)" not in err
     assert err.count("\n") == 1, err
+
+
+def test_a_cpu_compute_device_that_cannot_be_is_refused_naming_its_flag(monkeypatch, capsys):
+    """--cpu-compute-device tpu was refused as "pipeline device must be ..." (no flag named), and
+    cuda:x or a GPU the machine lacks passed the check, to fail in the first worker."""
+    import torch
+
+    import hybridgnn.capabilities
+
+    for bad in ("tpu", "CUDA", "cuda:x", "cuda:"):
+        assert main(["serve", "--dataset", "d", "--model", "m", "--cpu-compute-device", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--cpu-compute-device must be cpu, cuda or cuda:N, got {bad!r}" in err and err.count("\n") == 1, err
+    monkeypatch.setattr(hybridgnn.capabilities, "HAS_CUDA", True, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["serve", "--dataset", "d", "--model", "m", "--cpu-compute-device", "cuda:1",
+                 "--worker-processes", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "--cpu-compute-device cuda:1: this machine has 1 CUDA device(s)" in err and err.count("\n") == 1, err
