@@ -43,7 +43,7 @@ def stub_api() -> Api:
     """An Api over a stand-in engine: enough for routing and error answers."""
     server = SimpleNamespace(model_name="m", max_body_bytes=10)
     return Api(SimpleNamespace(cfg=SimpleNamespace(server=server), stats=Telemetry(model="m"), model_version="1",
-                               queue_bound_s=0.1))
+                               queue_bound_s=0.1, ready=True))
 
 
 def answer(reply: Reply) -> tuple[int, dict, dict]:

@@ -127,8 +127,9 @@ def test_typed_contents_are_taken_up_to_the_decoders_own_limits(typed):
     from hybridgnn.serving.grpc.service import GrpcFrontend
     from hybridgnn.serving.v2.service import V2Service
     from hybridgnn.serving.v2.types import InferAnswer
+    from hybridgnn.types import ServingStats
 
-    engine = SimpleNamespace(typed=typed, max_feature_dim=2, model_version="1",
+    engine = SimpleNamespace(typed=typed, max_feature_dim=2, model_version="1", stats=ServingStats(),
                              cfg=SimpleNamespace(server=SimpleNamespace(model_name="m", max_request_nodes=8)))
     service = V2Service(engine)
     taken = []

@@ -550,9 +550,11 @@ def test_a_graph_update_to_a_repository_says_updates_serve_one_model_not_to_set_
     from hybridgnn.errors import Forbidden
     from hybridgnn.serving.repository.loader import Repository
     from hybridgnn.serving.v2.service import V2Service
+    from hybridgnn.types import ServingStats
 
     repository = Repository(SimpleNamespace(updates=SimpleNamespace(token="a-token-1")), stats=None)
-    repository.models.add("sage", "1", SimpleNamespace(cfg=SimpleNamespace(updates=SimpleNamespace(token=None))))
+    repository.models.add("sage", "1", SimpleNamespace(cfg=SimpleNamespace(updates=SimpleNamespace(token=None)),
+                                                       stats=ServingStats()))
     with pytest.raises(Forbidden, match="not a model repository") as refused:
         V2Service(repository).authorize_update("sage", None, "Bearer a-token-1")
     assert "start it with --update-token" not in str(refused.value)
@@ -664,7 +666,8 @@ def test_an_inference_naming_no_served_version_is_counted_under_one_served_never
     telemetry = Telemetry(model="alpha")
 
     def engine(name: str, version: str):
-        return SimpleNamespace(stats=telemetry.for_model(name, version), model_stats=SimpleNamespace(failed=lambda s: None))
+        return SimpleNamespace(stats=telemetry.for_model(name, version), model_stats=SimpleNamespace(failed=lambda s: None),
+                               ready=True)
 
     models = Models()
     for name, version in (("alpha", "1"), ("beta", "1"), ("beta", "2")):
