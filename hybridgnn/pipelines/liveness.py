@@ -8,6 +8,24 @@ pipelines look, this judges.
 from __future__ import annotations
 
 import dataclasses
+import math
+
+from hybridgnn.config import env_default
+
+# A child that answers no batch for this long is hung (stopped, deadlocked): it is killed,
+# its batch fails, and the next batch starts a new one. Far past a batch's time, even a
+# first one paging its rows in from slow storage; HYBRIDGNN_WORKER_BATCH_TIMEOUT_S sets
+# it (0: never).
+DEFAULT_BATCH_TIMEOUT_S = 300.0
+
+
+def batch_timeout_s() -> float | None:
+    """The hung-child timeout from the environment (None: off)."""
+    value = env_default("WORKER_BATCH_TIMEOUT_S", DEFAULT_BATCH_TIMEOUT_S, float)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"HYBRIDGNN_WORKER_BATCH_TIMEOUT_S must be a number of seconds >= 0, got {value}")
+    return value or None
+
 
 # Between answers a child holding a batch is looked at every LIVENESS_CHECK_S: one stopped
 # (SIGSTOP, a terminal's ^Z to its group) for STOPPED_LIMIT_S, or one that spends no CPU for

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import multiprocessing
 import os
 import pickle
@@ -32,11 +31,11 @@ import time
 
 import numpy as np
 
-from hybridgnn.config import env_default
 from hybridgnn.pipelines.liveness import (
     LIVENESS_CHECK_S,
     ChildActivity,
     Liveness,
+    batch_timeout_s,
     read_activity,
 )
 from hybridgnn.types import BatchResult, StageTimings
@@ -44,19 +43,6 @@ from hybridgnn.types import BatchResult, StageTimings
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # building a child's executor opens the dataset and loads the model
-# A child that answers no batch for this long is hung (stopped, deadlocked): it is killed,
-# its batch fails, and the next batch starts a new one. Far past a batch's time, even a
-# first one paging its rows in from slow storage; HYBRIDGNN_WORKER_BATCH_TIMEOUT_S sets
-# it (0: never).
-DEFAULT_BATCH_TIMEOUT_S = 300.0
-
-
-def batch_timeout_s() -> float | None:
-    """The hung-child timeout from the environment (None: off)."""
-    value = env_default("WORKER_BATCH_TIMEOUT_S", DEFAULT_BATCH_TIMEOUT_S, float)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"HYBRIDGNN_WORKER_BATCH_TIMEOUT_S must be a number of seconds >= 0, got {value}")
-    return value or None
 
 
 # A child's message to the server: `<u64 pickle bytes><u32 buffers>`, `<u64>` per buffer,

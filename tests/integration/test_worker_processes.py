@@ -232,20 +232,6 @@ def test_worker_cpus_put_the_batches_and_the_event_loop_on_different_cores(tiny_
         assert srv.stop() == 0
 
 
-def test_the_worker_batch_timeout_comes_from_the_environment(monkeypatch):
-    from hybridgnn.pipelines.process import DEFAULT_BATCH_TIMEOUT_S, batch_timeout_s
-
-    assert batch_timeout_s() == DEFAULT_BATCH_TIMEOUT_S
-    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "0")
-    assert batch_timeout_s() is None  # never
-    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "2.5")
-    assert batch_timeout_s() == 2.5
-    for bad in ("-1", "nan", "soon"):
-        monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", bad)
-        with pytest.raises(ValueError, match="HYBRIDGNN_WORKER_BATCH_TIMEOUT_S"):
-            batch_timeout_s()
-
-
 class _OddExecutor:
     """A worker's executor (built in the child by build_odd_executor): seed 13 answers with
     outputs that cannot be pickled, seed 14 takes 0.6 s, others answer their ids."""

@@ -6,7 +6,13 @@ import os
 import pytest
 
 from hybridgnn.pipelines import liveness
-from hybridgnn.pipelines.liveness import ChildActivity, Liveness, read_activity
+from hybridgnn.pipelines.liveness import (
+    DEFAULT_BATCH_TIMEOUT_S,
+    ChildActivity,
+    Liveness,
+    batch_timeout_s,
+    read_activity,
+)
 
 
 def looks(states_and_ticks, step_s=1.0):
@@ -59,3 +65,15 @@ def test_read_activity_reads_this_process_and_none_for_a_missing_one():
         pytest.skip("no /proc here")
     assert me.state in "RS" and me.cpu_ticks >= 0
     assert read_activity(2**22 + 12345) is None  # past pid_max: no such process
+
+
+def test_the_worker_batch_timeout_comes_from_the_environment(monkeypatch):
+    assert batch_timeout_s() == DEFAULT_BATCH_TIMEOUT_S
+    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "0")
+    assert batch_timeout_s() is None  # never
+    monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", "2.5")
+    assert batch_timeout_s() == 2.5
+    for bad in ("-1", "nan", "soon"):
+        monkeypatch.setenv("HYBRIDGNN_WORKER_BATCH_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match="HYBRIDGNN_WORKER_BATCH_TIMEOUT_S"):
+            batch_timeout_s()
