@@ -141,6 +141,7 @@ def kill_points(args) -> dict:
             want = len(acked) + rng.randrange(1, 41)
             while len(acked) + len(stream.acked) < want and stream.is_alive():
                 stream.join(0.002)
+            stream.killed.set()  # what it is answered from here on is the kill's
             srv.proc.kill()
             srv.proc.wait(30)
             stream.join(30)

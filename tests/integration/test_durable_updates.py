@@ -42,10 +42,11 @@ def test_acknowledged_updates_survive_kill_9_and_none_is_half_applied(tiny_datas
             want = len(acked) + rng.randrange(3, 25)
             while len(acked) + len(stream.acked) < want and stream.is_alive():
                 stream.join(0.01)
+            stream.killed.set()
             srv.proc.kill()  # kill -9 with updates in flight
             srv.proc.wait(30)
             stream.join(30)
-            assert not stream.refused, stream.refused
+            assert not stream.refused, (stream.refused[:3], srv.output()[-3000:])
             acked += stream.acked
             srv = ServerProcess(dataset, tiny_model_pe, *flags, port=srv.port)
             await_ready(srv, "restarted server", 120)

@@ -67,9 +67,10 @@ class UpdateStream(threading.Thread):
         self.url, self.token, self.base_nodes, self.feature_dim = url, token, base_nodes, feature_dim
         self.rng = random.Random(seed)
         self.acked: list[int] = []
-        self.refused: list[int] = []  # statuses other than 200 while the server was up
+        self.refused: list[tuple[int, dict]] = []  # answers other than 200 while the server was up
         self.in_flight: tuple[str, dict] | None = None  # (Idempotency-Key, body) sent but not answered
         self.stop_event = threading.Event()
+        self.killed = threading.Event()  # set just before the server is killed
         self.seed = seed
 
     def run(self) -> None:
@@ -81,11 +82,15 @@ class UpdateStream(threading.Thread):
                 status, out = send_update(self.url, self.token, *self.in_flight)
             except (OSError, http.client.HTTPException):
                 return  # killed: what was in flight is unacknowledged (retry it with its key)
+            if status != 200 and self.killed.is_set():
+                # the kill's own answers: a front end outliving its engine for a moment refuses
+                # what it cannot send (503); what was in flight is retried with its key
+                return
             self.in_flight = None
             if status == 200:
                 self.acked.extend(out["new_node_ids"])
             else:
-                self.refused.append(status)
+                self.refused.append((status, out))
             k += 1
 
 
