@@ -312,6 +312,23 @@ def engine_without_worker_processes(args) -> str | None:
     return None
 
 
+def check_flags_read(args) -> None:
+    """Refuse flags this server would take and never read: each was accepted in silence and
+    did nothing (a poll period with no repository to poll, a model name a repository's
+    directories replace, a GPU for pipelines a partitioned server does not run)."""
+    if args.model_repository is None and flag_value(args, ServerConfig, "repository_poll_s"):
+        raise ConfigError("--repository-poll-s polls a model repository, and none is served: give "
+                          "--model-repository DIR or drop it")
+    name = flag_value(args, ServerConfig, "model_name")
+    if args.model_repository is not None and name != ServerConfig.model_name:
+        raise ConfigError(f"--model-name {name}: a model repository names each model by its directory "
+                          f"({args.model_repository}/<name>/<version>): drop --model-name")
+    if flag_value(args, PartitionConfig, "partitions") and args.device in ("cuda", "emulate"):
+        raise ConfigError(f"--device {args.device} (or HYBRIDGNN_DEVICE): with --partitions, its ranks compute "
+                          "every request and no GPU pipeline runs; --partition-device cuda puts the ranks' "
+                          "exchange on GPUs")
+
+
 def check_partition_ranks(partitions: PartitionConfig) -> None:
     """--partitions N ranks started here (not --ranks elsewhere) that this machine can run:
     --partitions 1000 started a thousand torch processes."""
@@ -333,6 +350,7 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     # a repository's update token guards loading and unloading only: its versions serve a static graph
     graph_updates = bool(update_token) and args.model_repository is None
+    check_flags_read(args)  # before the GPU is looked for: --device cuda is not read with --partitions
     gpu = gpu_pipeline_config(args.device, args.gpu_workers, graph_updates)
     check_cpu_compute_device(args.cpu_compute_device)
     threads_only = engine_without_worker_processes(args)

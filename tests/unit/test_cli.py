@@ -1303,8 +1303,9 @@ def test_servers_without_worker_processes_refuse_what_only_they_would_do(tmp_pat
 
         cfg = build_config(args)
         assert not cfg.cpu_pipeline.processes and not cfg.cpu_pipeline.split  # auto: none
-        for extra in (["--worker-cpus", "1"], ["--worker-processes", "on"], ["--device", "emulate", "--cpu-lane",
-                                                                                "split"]):
+        # (--device emulate is itself refused with --partitions: no GPU pipeline runs there)
+        split = ["--cpu-lane", "split"] if "--partitions" in where else ["--device", "emulate", "--cpu-lane", "split"]
+        for extra in (["--worker-cpus", "1"], ["--worker-processes", "on"], split):
             assert main(["serve", *where, *extra]) == 2, extra
             err = capsys.readouterr().err
             assert said in err and extra[-2] in err and len(err.strip().splitlines()) == 1, err
@@ -1353,3 +1354,25 @@ def test_a_cpu_compute_device_that_cannot_be_is_refused_naming_its_flag(monkeypa
                  "--worker-processes", "off"]) == 2
     err = capsys.readouterr().err
     assert "--cpu-compute-device cuda:1: this machine has 1 CUDA device(s)" in err and err.count("\n") == 1, err
+
+
+def test_flags_the_server_would_never_read_are_refused_in_one_line(tmp_path, capsys):
+    """--repository-poll-s without a repository, --model-name with one, and --device cuda with
+    --partitions were taken in silence and did nothing."""
+    repo = tmp_path / "repo"
+    for flags, said in (
+            (["--repository-poll-s", "5"], "--repository-poll-s polls a model repository, and none is served"),
+            (["--dataset", "d", "--model-repository", str(repo), "--model-name", "m"],
+             "--model-name m: a model repository names each model by its directory"),
+            (["--dataset", "d", "--model", "m", "--partitions", "2", "--device", "cuda"],
+             "--device cuda (or HYBRIDGNN_DEVICE): with --partitions"),
+            (["--dataset", "d", "--model", "m", "--partitions", "2", "--device", "emulate"],
+             "--device emulate (or HYBRIDGNN_DEVICE): with --partitions")):
+        assert main(["serve", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+    from hybridgnn.cli.serve import check_flags_read
+
+    for fine in (["--repository-poll-s", "0"], ["--model-name", "hybridgnn", "--model-repository", str(repo)],
+                 ["--partitions", "2", "--device", "cpu"], ["--partitions", "2"]):
+        check_flags_read(build_parser().parse_args(["serve", *fine]))  # the default, or read
