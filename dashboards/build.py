@@ -145,6 +145,14 @@ PANELS: list[tuple[str, list[tuple]]] = [
         ("Front-end memory", "Resident memory of each front-end process.", "bytes",
          [(f"hybridgnn_frontend_resident_memory_bytes{{{SEL}}}", "{{instance}} #{{frontend}}")], "timeseries"),
     ]),
+    ("Engine process", [
+        ("Engine CPU", "CPU time of each replica's engine process per second (1 = one core busy; its worker "
+         "processes and front ends not included).", "percentunit",
+         [(f"sum by (instance) ({rate('hybridgnn_engine_cpu_seconds_total')})", "{{instance}}")], "timeseries"),
+        ("Engine memory", "Resident memory of each replica's engine process (the pages of the graph it has read "
+         "included): steady once warm; growth under a steady load is a leak.", "bytes",
+         [(f"hybridgnn_engine_resident_memory_bytes{{{SEL}}}", "{{instance}}")], "timeseries"),
+    ]),
 ]
 
 

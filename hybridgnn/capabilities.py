@@ -16,6 +16,20 @@ from pathlib import Path
 HAS_UVLOOP: bool = importlib.util.find_spec("uvloop") is not None
 
 
+def own_usage() -> tuple[float, int]:
+    """This process's CPU time so far (user + system, seconds) and resident memory (bytes;
+    0 where /proc cannot say)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    return ru.ru_utime + ru.ru_stime, rss
+
+
 def allowed_cores() -> set[int]:
     """The cores this process may run on now (its affinity; all of them where it cannot be read)."""
     if hasattr(os, "sched_getaffinity"):

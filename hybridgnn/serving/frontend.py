@@ -41,11 +41,11 @@ import asyncio
 import functools
 import logging
 import os
-import resource
 import sys
 import time
 from urllib.parse import unquote
 
+from hybridgnn.capabilities import own_usage
 from hybridgnn.errors import BadRequest, ServingError
 from hybridgnn.serving.core.eager import Later, together
 from hybridgnn.serving.http.codec import (
@@ -359,14 +359,9 @@ async def start_grpc(link: EngineLink, setup: dict, share: int, refused, not_sen
 
 
 def _report(http: HttpServer, link: EngineLink, grpc_refused: int) -> dict:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    try:
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        rss = 0
+    cpu_s, rss = own_usage()
     return {"pid": os.getpid(), "connections": len(http.connections), "refused_connections": http.refused_connections,
-            "requests": link.sent, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_bytes": rss, wire.GRPC_REFUSED: grpc_refused}
+            "requests": link.sent, "cpu_s": cpu_s, "rss_bytes": rss, wire.GRPC_REFUSED: grpc_refused}
 
 
 async def serve(path: str, index: int) -> int:

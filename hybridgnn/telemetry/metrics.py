@@ -23,6 +23,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from hybridgnn.capabilities import own_usage
 from hybridgnn.telemetry.histogram import LoopCounter, LoopHistogram
 from hybridgnn.types import ServingStats, StageTimings, UpdateStats
 
@@ -54,6 +55,9 @@ class Telemetry(ServingStats):
         self.model = model
         self.version = "1"  # the label set of a single-model server; for_model() gives others
         r = self.registry
+        # the process that renders /metrics holds the graph, the models and every queue: its
+        # own CPU and memory, read at each scrape, as the front ends' are
+        r.register(_EngineCollector())
         # observed three or four times per request on the event loop: the lighter histogram
         self.stage_seconds = LoopHistogram(
             "hybridgnn_stage_seconds", "Time spent per serving stage", ["stage", "pipeline", "model", "version"],
@@ -301,6 +305,23 @@ class Telemetry(ServingStats):
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), self.content_type
+
+
+class _EngineCollector:
+    """The engine process's CPU time and resident memory, read when scraped."""
+
+    def describe(self):
+        return []  # collected at scrape time only
+
+    def collect(self):
+        cpu_s, rss = own_usage()
+        g = GaugeMetricFamily("hybridgnn_engine_resident_memory_bytes",
+                              "Resident memory of the engine process (the pages of the graph it has read included)")
+        g.add_metric([], float(rss))
+        yield g
+        c = CounterMetricFamily("hybridgnn_engine_cpu_seconds", "CPU time (user + system) of the engine process")
+        c.add_metric([], cpu_s)
+        yield c
 
 
 class _FrontendCollector:

@@ -84,3 +84,25 @@ def test_readiness_is_the_services_once_it_says_not_every_watched_engines():
     assert ready_gauge() == 1.0
     serving[0] = False  # draining
     assert ready_gauge() == 0.0
+
+
+def test_the_engine_process_exports_its_own_cpu_and_memory():
+    """Read at each scrape: CPU time only grows, and memory is this process's resident set."""
+    import re
+
+    from hybridgnn.telemetry import Telemetry
+
+    t = Telemetry()
+
+    def read() -> tuple[float, float]:
+        text = t.exposition()[0].decode()
+        cpu = float(re.search(r"^hybridgnn_engine_cpu_seconds_total (\S+)$", text, re.M).group(1))
+        rss = float(re.search(r"^hybridgnn_engine_resident_memory_bytes (\S+)$", text, re.M).group(1))
+        return cpu, rss
+
+    cpu0, rss0 = read()
+    held = bytearray(64 << 20)  # touched: resident
+    sum(range(200_000))
+    cpu1, rss1 = read()
+    assert 0 < cpu0 <= cpu1 and rss1 >= rss0 + (48 << 20), (cpu0, cpu1, rss0, rss1)
+    del held
