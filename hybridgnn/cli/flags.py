@@ -100,6 +100,13 @@ def config_values(args: argparse.Namespace, cls) -> dict:
     return out
 
 
+def flags_given(args: argparse.Namespace, cls) -> list[str]:
+    """The flags of cls's settings whose parsed value is not the setting's default (given on
+    the command line or by a HYBRIDGNN_<FLAG> variable)."""
+    values = config_values(args, cls)
+    return [_flag(f) for f in settings(cls) if values[f.name] != f.default]
+
+
 def flag_value(args: argparse.Namespace, cls, name: str):
     """The parsed value of one setting, in the flag's unit."""
     f = next(f for f in settings(cls) if f.name == name)

@@ -11,6 +11,7 @@ from hybridgnn.cli.flags import (
     add_config_flags,
     config_values,
     flag_value,
+    flags_given,
     user_path,
 )
 from hybridgnn.config import (
@@ -312,10 +313,19 @@ def engine_without_worker_processes(args) -> str | None:
     return None
 
 
-def check_flags_read(args) -> None:
+def check_flags_read(args, graph_updates: bool) -> None:
     """Refuse flags this server would take and never read: each was accepted in silence and
-    did nothing (a poll period with no repository to poll, a model name a repository's
-    directories replace, a GPU for pipelines a partitioned server does not run)."""
+    did nothing (an update log a server without graph updates never follows, so a replica
+    started without the token served a graph its peers had changed; a poll period with no
+    repository to poll; a model name a repository's directories replace; a GPU for
+    pipelines a partitioned server does not run)."""
+    unread = flags_given(args, UpdateConfig)
+    if unread and not graph_updates:
+        why = ("a model repository serves a static graph (its update token guards loading and unloading)"
+               if args.model_repository is not None else
+               "graph updates are off without --update-token (or HYBRIDGNN_UPDATE_TOKEN; every replica of a log "
+               "takes it)")
+        raise ConfigError(f"{', '.join(unread)}: {why}: drop {'it' if len(unread) == 1 else 'them'}")
     if args.model_repository is None and flag_value(args, ServerConfig, "repository_poll_s"):
         raise ConfigError("--repository-poll-s polls a model repository, and none is served: give "
                           "--model-repository DIR or drop it")
@@ -350,7 +360,7 @@ def build_config(args, probe_ports: bool = False) -> ServeConfig:
     update_token = args.update_token or env_default("UPDATE_TOKEN", None)
     # a repository's update token guards loading and unloading only: its versions serve a static graph
     graph_updates = bool(update_token) and args.model_repository is None
-    check_flags_read(args)  # before the GPU is looked for: --device cuda is not read with --partitions
+    check_flags_read(args, graph_updates)  # before the GPU is looked for: --device cuda is not read with --partitions
     gpu = gpu_pipeline_config(args.device, args.gpu_workers, graph_updates)
     check_cpu_compute_device(args.cpu_compute_device)
     threads_only = engine_without_worker_processes(args)

@@ -64,7 +64,8 @@ def test_every_dashboard_and_rule_selector_matches_a_real_servers_series(config,
         for name in models:
             shutil.copytree(tiny_model_pe, tmp_path / "repo" / name / "1")
         model, extra = None, ["--model-repository", str(tmp_path / "repo"), *extra]
-    if "--update-token" in extra:  # the log of its updates is its own, not the shared dataset's
+    if "--update-token" in extra and model is not None:  # its own log, not the shared dataset's (a
+        # repository's token guards loads: no graph updates, and an update log is refused)
         extra += ["--update-log", str(tmp_path / "updates.log")]
     server = ServerProcess(tiny_dataset, model, "--workers", "1", *extra).wait_ready(180)
     try:

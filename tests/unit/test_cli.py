@@ -1367,12 +1367,18 @@ def test_flags_the_server_would_never_read_are_refused_in_one_line(tmp_path, cap
             (["--dataset", "d", "--model", "m", "--partitions", "2", "--device", "cuda"],
              "--device cuda (or HYBRIDGNN_DEVICE): with --partitions"),
             (["--dataset", "d", "--model", "m", "--partitions", "2", "--device", "emulate"],
-             "--device emulate (or HYBRIDGNN_DEVICE): with --partitions")):
+             "--device emulate (or HYBRIDGNN_DEVICE): with --partitions"),
+            (["--update-log", "redis://r:6379/s"], "--update-log: graph updates are off without --update-token"),
+            (["--snapshot-every", "5", "--max-catch-up-ms", "20"],
+             "--snapshot-every, --max-catch-up-ms: graph updates are off"),
+            (["--dataset", "d", "--model-repository", str(repo), "--update-token", "12345678", "--update-log", "x"],
+             "--update-log: a model repository serves a static graph")):
         assert main(["serve", *flags]) == 2, flags
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1, err
     from hybridgnn.cli.serve import check_flags_read
 
     for fine in (["--repository-poll-s", "0"], ["--model-name", "hybridgnn", "--model-repository", str(repo)],
-                 ["--partitions", "2", "--device", "cpu"], ["--partitions", "2"]):
-        check_flags_read(build_parser().parse_args(["serve", *fine]))  # the default, or read
+                 ["--partitions", "2", "--device", "cpu"], ["--partitions", "2"], ["--max-catch-up-ms", "1000"]):
+        check_flags_read(build_parser().parse_args(["serve", *fine]), False)  # the default, or read
+    check_flags_read(build_parser().parse_args(["serve", "--update-log", "off"]), True)
