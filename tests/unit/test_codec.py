@@ -405,3 +405,36 @@ def test_json_outputs_read_back_as_the_same_values_and_float32_in_its_shortest_f
     assert outs["predictions"]["data"] == ids.tolist() and outs["logits"]["datatype"] == "FP32"
     if codec._orjson is not None:  # the standard library's encoder writes each float64's expansion
         assert b"[0.1,0.33333334,3.4e+38," in body
+
+
+@pytest.mark.skipif(orjson is None or not hasattr(orjson, "Fragment"), reason="needs orjson >= 3.9.14")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.bool_])
+def test_a_large_array_is_written_in_pieces_with_the_bytes_of_one_call(dtype, monkeypatch):
+    """Pieces hand the GIL back between them (a large answer is encoded beside the event loop);
+    the body is the one a single call writes, whatever the size against the piece."""
+    from hybridgnn.serving.http.codec import encode_infer_response
+    from hybridgnn.serving.v2.types import InferAnswer
+
+    monkeypatch.setattr(codec, "_orjson", orjson)
+    monkeypatch.setattr(codec, "_PIECE_VALUES", 100)
+    rng = np.random.default_rng(1)
+    for n in (99, 100, 101, 1000, 1234):
+        arr = (rng.standard_normal(n) * 1000).astype(dtype).reshape(n, 1)
+        whole = orjson.dumps({"data": np.ascontiguousarray(arr.reshape(-1))}, option=orjson.OPT_SERIALIZE_NUMPY)
+        assert orjson.dumps({"data": codec._json_values(arr)}, option=orjson.OPT_SERIALIZE_NUMPY) == whole, n
+        body, _ = encode_infer_response(InferAnswer("m", "1", None, [("x", arr)]), False)
+        assert np.array_equal(np.asarray(json.loads(body)["outputs"][0]["data"], dtype), arr.reshape(-1))
+
+
+def test_a_request_id_holding_the_splice_mark_is_written_whole(monkeypatch):
+    """The id is the client's: one that holds the mark a large output's data is spliced at
+    must not move the data into it."""
+    from hybridgnn.serving.http.codec import encode_infer_response
+    from hybridgnn.serving.v2.types import InferAnswer
+
+    monkeypatch.setattr(codec, "_PIECE_VALUES", 10)
+    arr = np.arange(100, dtype=np.int64).reshape(50, 2)
+    for rid in ("\x00hybridgnn-data-0\x00", "x\x00hybridgnn-data-1\x00", None, "plain"):
+        body, _ = encode_infer_response(InferAnswer("m", "1", rid, [("a", arr), ("b", arr[:3])]), False)
+        out = json.loads(body)
+        assert out.get("id") == rid and [o["data"] for o in out["outputs"]] == [list(range(100)), list(range(6))]

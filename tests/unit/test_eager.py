@@ -132,3 +132,45 @@ def test_answers_made_together_leave_together_in_order():
         d.set_result(4)  # outside a block: at once
         assert seen[-1] == ("d", 4)
     _run(go())
+
+
+def test_off_loop_runs_the_work_beside_the_loop_and_hands_back_on_it():
+    """work on the off-loop thread while the loop goes on; on_done and on_error on the loop;
+    an error in either becomes on_error's value, never an unset Later."""
+    import threading
+
+    from hybridgnn.serving.core.eager import off_loop
+
+    async def main():
+        started, release = threading.Event(), threading.Event()
+        seen = {}
+
+        def work():
+            seen["work"] = threading.current_thread().name
+            started.set()
+            release.wait(10)
+            return 41
+
+        def done(value):
+            seen["done"] = threading.current_thread().name
+            return value + 1
+
+        def failed(exc):
+            seen.setdefault("failed", []).append((threading.current_thread().name, str(exc)))
+            return "failed"
+
+        later = off_loop(work, done, failed)
+        while not started.is_set():  # the loop runs while the work waits
+            await asyncio.sleep(0.001)
+        assert not later.done()
+        release.set()
+        assert await later == 42
+        assert await off_loop(lambda: 1 / 0, done, failed) == "failed"
+        assert await off_loop(lambda: None, done, failed) == "failed"  # on_done raised (None + 1)
+        return seen
+
+    seen = asyncio.run(main())
+    loop_thread = threading.current_thread().name
+    assert seen["work"].startswith("hybridgnn-off-loop") and seen["done"] == loop_thread
+    assert [t for t, _ in seen["failed"]] == [loop_thread, loop_thread]
+    assert "division by zero" in seen["failed"][0][1] and "NoneType" in seen["failed"][1][1]

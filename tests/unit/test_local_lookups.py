@@ -17,7 +17,7 @@ from hybridgnn.errors import BadRequest
 from hybridgnn.serving.frontend import FrontendApi
 from hybridgnn.serving.http.api import Api
 from hybridgnn.serving.http.codec import parse_infer
-from hybridgnn.serving.http.lookups import HttpLookups
+from hybridgnn.serving.http.lookups import QUICK_MAX_BODY, HttpLookups
 from hybridgnn.serving.http.reply import Reply, Request
 from hybridgnn.serving.ipc import wire
 from hybridgnn.serving.v2.lookups import (
@@ -717,3 +717,70 @@ def test_lookups_of_any_form_with_any_request_id_are_answered_as_the_general_lan
     for ids, other in [(list(range(form["n"])), rid), *others]:
         body = _lookup_body(form, ids, _NO_ID if rid is _NO_ID else other, rid)
         answered_as_the_general_lane_or_left(http_lookups, body)
+
+
+def test_large_answers_are_encoded_off_the_loop_with_the_bytes_and_counts_of_the_inline_way(pe_cfg, monkeypatch):
+    """An answer of OFF_LOOP_VALUES values or more is encoded on the off-loop thread (one of
+    8192 x 256 embeddings held the loop ~80 ms, every other client waiting): by the engine,
+    by the HTTP server's lookups and by a front end from the engine's frame, each the same
+    bytes as encoded inline, and counted once encoded."""
+    import threading
+
+    import hybridgnn.serving.frontend as frontend
+    import hybridgnn.serving.http.api as http_api
+    import hybridgnn.serving.http.lookups as lookups
+    import hybridgnn.serving.v2.service as service
+
+    threads = []
+    for module in (http_api, lookups, frontend):
+        def recorded(answer, binary, encode=module.infer_reply):
+            threads.append(threading.current_thread().name)
+            return encode(answer, binary)
+
+        monkeypatch.setattr(module, "infer_reply", recorded)
+    # past the quick lane's bodies (whose small answers are spliced into kept forms on the loop)
+    bodies = [body + b" " * QUICK_MAX_BODY for body in (
+        LOOKUPS[0], LOOKUPS[2], infer_body(list(range(40)), parameters={"mode": "precomputed"}))]
+
+    class WaiterLink(RecordingLink):
+        def request(self, make_frame, waiter) -> bool:
+            self.waiter = waiter
+            return super().request(make_frame, waiter)
+
+    async def through_front_end(api, fe, body) -> Reply:
+        """The front end's reply to body from the engine's ANSWER frame."""
+        inp, _ = parse_infer(body, None, "hybridgnn", None, 0.0, False)
+        frame = api.service.infer(inp, lambda answer: wire.encode_answer(7, answer), lambda failure: failure)
+        frame = frame if isinstance(frame, bytes) else await frame
+        later = here(fe, body)
+        reply = fe.link.waiter[1](wire.ANSWER, memoryview(frame)[wire.FRAME.size:])
+        assert not isinstance(later, Reply)
+        return reply if isinstance(reply, Reply) else await reply
+
+    async def replies(api, fe) -> list[tuple[Reply, Reply, Reply]]:
+        return [(await _reply(api, b), await engine_reply(api, b), await through_front_end(api, fe, b))
+                for b in bodies]
+
+    async def scenario(api, engine):
+        link = WaiterLink()
+        fe = FrontendApi(link, {"queue_bound_s": api.engine.queue_bound_s})  # no lookups of its own
+        inline = await replies(api, fe)
+        on_loop = set(threads)
+        threads.clear()
+        for module in (service, lookups, frontend):
+            monkeypatch.setattr(module, "OFF_LOOP_VALUES", 1)
+        api.lookups.send_counts()
+        before = engine.model_stats.report("hybridgnn", "1")["inference_count"]
+        off = await replies(api, fe)
+        api.lookups.send_counts()
+        after = engine.model_stats.report("hybridgnn", "1")["inference_count"]
+        return inline, off, on_loop, after - before
+
+    inline, off, on_loop, counted = run_api(pe_cfg, scenario)
+    assert on_loop == {threading.main_thread().name}
+    assert len(threads) == 3 * len(bodies) and all(t.startswith("hybridgnn-off-loop") for t in threads), threads
+    assert counted == 3 * (3 + 3 + 40)  # each answer counted once, by its rows
+    for row_inline, row_off in zip(inline, off, strict=True):
+        for a, b in zip(row_inline, row_off, strict=True):
+            assert a.status == 200 and (a.status, a.content_type, a.headers, a.body) == \
+                (b.status, b.content_type, b.headers, b.body)

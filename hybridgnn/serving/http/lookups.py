@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hybridgnn.serving.core.eager import OFF_LOOP_VALUES, Later, off_loop
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
     encode_infer_response,
@@ -39,7 +40,7 @@ from hybridgnn.serving.http.codec import (
 )
 from hybridgnn.serving.http.reply import JSON, Reply, Request
 from hybridgnn.serving.v2.lookups import LocalLookups
-from hybridgnn.serving.v2.types import InferAnswer, InferInput
+from hybridgnn.serving.v2.types import InferAnswer, InferInput, internal_failure
 
 log = logging.getLogger("hybridgnn.serve")
 COUNTS_KEPT = 65536  # answers held before they are sent to be counted, at most
@@ -240,12 +241,23 @@ class HttpLookups:
             return None
         return self._answered(found, binary)
 
-    def _answered(self, found, binary: dict[str, bool] | bool) -> Reply | None:
-        """The Reply of a lookup's answer (encoded, then counted), or None without one."""
+    def _answered(self, found, binary: dict[str, bool] | bool) -> Reply | Later | None:
+        """The Reply of a lookup's answer (encoded, then counted; a Later of it when the
+        answer is large enough to be encoded off the loop), or None without one."""
         if found is None:
             return None
         answer, started, rows = found
         encoding = time.perf_counter()
+        if sum(arr.size for _, arr in answer.outputs) >= OFF_LOOP_VALUES:
+            def encoded(reply: Reply) -> Reply:
+                self._count(answer.model, answer.version, started, encoding, rows)
+                return reply
+
+            def failed(exc: Exception) -> Reply:
+                failure = internal_failure(exc, "encoding a lookup's answer", log)
+                return Reply.json({"error": failure.message, "request_id": failure.request_id}, failure.status)
+
+            return off_loop(lambda: infer_reply(answer, binary), encoded, failed)
         reply = infer_reply(answer, binary)
         self._count(answer.model, answer.version, started, encoding, rows)
         return reply

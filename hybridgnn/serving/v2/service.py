@@ -36,7 +36,7 @@ from hybridgnn.errors import (
     Unauthorized,
     brief,
 )
-from hybridgnn.serving.core.eager import Later, when_done
+from hybridgnn.serving.core.eager import OFF_LOOP_VALUES, Later, off_loop, when_done
 from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
@@ -300,10 +300,13 @@ class V2Service:
                     out.set_result(self._failed(error, engine, fail))
                     return
                 try:
-                    reply = self._answered(req, request.model, engine, result, started, encode)
+                    reply = self._answered(req, request.model, engine, result, started, encode, fail)
                 except Exception as exc:
                     reply = self._failed(exc, engine, fail)
-                out.set_result(reply)
+                if isinstance(reply, Later):  # encoded off the loop
+                    reply.add_eager_callback(lambda done: out.set_result(done.result()))
+                else:
+                    out.set_result(reply)
 
             if isinstance(req, TypedInferRequest):
                 pending = engine.infer(req.query, request.waited_s, req.mode, "embeddings" in req.outputs)
@@ -328,20 +331,32 @@ class V2Service:
         when_done(asyncio.ensure_future(pending), done)
         return out
 
-    def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode):
-        """The transport's 200 answer to a decoded inference from its result, counted."""
+    def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode, fail):
+        """The transport's 200 answer to a decoded inference from its result, counted; a
+        Later of it when the answer is large enough to be encoded off the loop."""
         t0 = time.perf_counter()
         outputs = req.answer_outputs(result)
         if req.is_new_nodes:
             refuse_non_finite(result)
-        reply = encode(InferAnswer(model, engine.model_version, req.request_id, outputs))
+        answer = InferAnswer(model, engine.model_version, req.request_id, outputs)
+        if sum(arr.size for _, arr in outputs) >= OFF_LOOP_VALUES:
+            def encoded(reply):
+                self._count_answered(req, engine, result, started, t0)
+                return reply
+
+            return off_loop(lambda: encode(answer), encoded, lambda exc: self._failed(exc, engine, fail))
+        reply = encode(answer)
+        self._count_answered(req, engine, result, started, t0)
+        return reply
+
+    def _count_answered(self, req: InferRequest, engine: Engine, result, started: float, t0: float) -> None:
+        """Count an answer encoded now (t0: when its encoding began)."""
         done = time.perf_counter()
         stats = engine.stats
         stats.stage("respond", result.pipeline, done - t0)
         stats.stage("total", result.pipeline, done - started)
         stats.answered(200, req.num_outputs)
         engine.model_stats.answered(done - started, req.num_outputs, result.timings, done - t0)
-        return reply
 
     def _failed(self, exc: BaseException, engine: Engine, fail):
         """The transport's answer to an inference that failed or was refused, counted by
