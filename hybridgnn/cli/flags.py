@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -31,6 +32,13 @@ def user_path(text: str) -> Path:
     """A path flag's value, with a leading ~ expanded: the shell leaves `--out=~/x` and a
     HYBRIDGNN_* variable's "~/x" as they are, and a directory named "~" is no one's intent."""
     return Path(text).expanduser()
+
+
+def user_path_or_word(text: str) -> str:
+    """The value of a flag that takes a keyword or a path (`--seeds uniform|degree|LOG`): a
+    leading ~ expanded as user_path does (`--seeds=~/requests.txt` was "no such file"),
+    a keyword as it is."""
+    return os.path.expanduser(text)
 
 
 _TYPES = {"int": int, "float": float, "str": str, "Path": user_path}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
+from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path, user_path_or_word
 from hybridgnn.cli.outputs import check_out, staged_directory
 
 
@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop, hop 1 first (the FAP table's)")
     p.add_argument("--topology", type=user_path, default=None,
                    help="JSON or YAML topology file (default: detect this machine)")
-    p.add_argument("--seeds", default="uniform", help="seed distribution: uniform, degree, or a request-log file")
+    p.add_argument("--seeds", type=user_path_or_word, default="uniform", help="seed distribution: uniform, degree, or a request-log file")
     p.add_argument("--from-log", type=user_path, default=None,
                    help="request log: node ids (.npy or text) or per-node counts (.counts.npy, what serve --seed-log "
                         "writes); same as --seeds LOG")

@@ -32,9 +32,9 @@ def add_parser(sub) -> None:
                                    "p99 curves, finds the four operating points, and writes a JSON profile plus a "
                                    "PNG and SVG plot. Serve with it: hybridgnn serve --profile P --policy ...",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=user_path, default=env_default("DATASET", None, Path),
+    p.add_argument("--dataset", type=user_path, default=env_default("DATASET", None, user_path),
                    help="dataset directory (default: the demo)")
-    p.add_argument("--model", type=user_path, default=env_default("MODEL", None, Path),
+    p.add_argument("--model", type=user_path, default=env_default("MODEL", None, user_path),
                    help="model directory (default: the demo)")
     p.add_argument("--fanouts", default=env_default("FANOUTS", None), help="per-hop fanouts (default: the model's)")
     p.add_argument("--out", type=user_path, default=None, help="profile path (default profiles/<dataset>-<model>.json)")

@@ -43,10 +43,10 @@ def add_parser(sub) -> None:
                                    "and model are generated and trained into the cache directory on first run. "
                                    "Every flag can also be set as HYBRIDGNN_<FLAG> (e.g. HYBRIDGNN_PORT=9000).",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--dataset", type=user_path, default=env_default("DATASET", None, Path), help="dataset directory (with --model; neither: the demo)")
-    p.add_argument("--model", type=user_path, default=env_default("MODEL", None, Path),
+    p.add_argument("--dataset", type=user_path, default=env_default("DATASET", None, user_path), help="dataset directory (with --model; neither: the demo)")
+    p.add_argument("--model", type=user_path, default=env_default("MODEL", None, user_path),
                    help="model directory (with --dataset; neither: the demo)")
-    p.add_argument("--model-repository", type=user_path, default=env_default("MODEL_REPOSITORY", None, Path),
+    p.add_argument("--model-repository", type=user_path, default=env_default("MODEL_REPOSITORY", None, user_path),
                    help="instead of --model: a repository of <name>/<version>/ model directories (and optional "
                         "<name>/config.json: version_policy, fanouts), all served over --dataset")
     p.add_argument("--fanouts", default=env_default("FANOUTS", None),
@@ -61,13 +61,14 @@ def add_parser(sub) -> None:
                         "(thousands of refusals a second under overload) never takes CPU from the batches")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "emulate"], default=env_default("DEVICE", "auto"),
                    help="pipelines to run: cpu (CPU only), cuda (CPU and GPU pipelines, hybrid routing), auto "
-                        "(cuda when a GPU is visible), emulate (the GPU pipeline's code on CPU tensors, for "
+                        "(cuda when a GPU is visible, but cpu with graph updates, which run on the CPU pipeline "
+                        "only), emulate (the GPU pipeline's code on CPU tensors, for "
                         "testing and profiling without a GPU)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
                    default=_spill_default(),
                    help="never move a batch to the other pipeline when its own is saturated (with "
                         "--psgs-threshold 0: GPU only, for single-device baselines)")
-    p.add_argument("--profile", type=user_path, default=env_default("PROFILE", None, Path),
+    p.add_argument("--profile", type=user_path, default=env_default("PROFILE", None, user_path),
                    help="a profile from `hybridgnn profile` for this dataset, model and fanouts; its policy sets "
                         "the PSGS threshold (and, for slo:<ms>, the batch PSGS bound)")
     p.add_argument("--policy", default=env_default("POLICY", None),
@@ -121,8 +122,8 @@ def add_worker_processes_flag(p, default: str = "auto") -> None:
                    help="run each CPU worker's batches in a process of its own: no GIL shared with the HTTP "
                         "event loop, so an overloaded front end does not slow the batches; the graph stays "
                         "memory-mapped and shared. auto (default): on for a static graph computed on the CPU, "
-                        "off with graph updates or --cpu-compute-device cuda (heterogeneous and partitioned servers "
-                        "run none)")
+                        "off with graph updates, --cpu-compute-device cuda or a split --cpu-lane (heterogeneous and "
+                        "partitioned servers run none)")
 
 
 def worker_processes(choice: str, compute_device: str, updates: bool, split: bool = False,

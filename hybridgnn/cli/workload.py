@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hybridgnn.cli.flags import user_path
+from hybridgnn.cli.flags import user_path, user_path_or_word
 from hybridgnn.cli.outputs import check_out
 
 
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     b.add_argument("--fanouts", required=True,
                    help="comma-separated, hop 1 first, e.g. 15,10,5; for a heterogeneous dataset also a JSON "
                         "object per edge type, e.g. '{\"user__rates__item\": [10, 5], \"rev_rates\": [5, 5]}'")
-    b.add_argument("--seeds", default="uniform",
+    b.add_argument("--seeds", type=user_path_or_word, default="uniform",
                    help="seed distribution: uniform (default), degree, or a request log: a .npy or text of node "
                         "ids, or a .counts.npy of per-node counts as serve --seed-log writes; for a heterogeneous "
                         "dataset the .counts.npz of counts per node type that its serve --seed-log writes")

@@ -16,8 +16,9 @@ class NewNodeConfig:
 
     default_mode: str = setting("srpe", "mode of new-node requests that name none", flag="--new-node-mode",
                                 choices=("full", "pe", "srpe"))
-    gamma: float = setting(0.1, "default share of the query nodes' direct neighbours that SRPE recomputes",
-                           flag="--srpe-gamma")
+    # (not "default share": a help that says "default" gets no "(default: 0.1)" from --help)
+    gamma: float = setting(0.1, "share of the query nodes' direct neighbours that SRPE recomputes for a request "
+                           "that gives no gamma", flag="--srpe-gamma")
     policy: str = "ratio"
 
     def __post_init__(self):

@@ -109,8 +109,8 @@ def parse_frontends(text: str | int | None) -> int | None:
 
 def default_cache_dir() -> Path:
     base = env_default("CACHE_DIR", None)
-    if base:
-        return Path(base)
+    if base:  # ~ expanded as a path flag's is (a unit file's Environment= has no shell to do it)
+        return Path(base).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "")  # empty or relative: unset, as the XDG spec says
     return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "hybridgnn"
 

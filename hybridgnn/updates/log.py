@@ -279,7 +279,7 @@ def parse_log_url(url: str | None, dataset_dir: Path) -> str:
         return url
     if "://" in url:
         raise ConfigError(f"update log {url!r}: use sqlite:///<path>, a path, redis://host:port/<stream>, or off")
-    return f"sqlite://{Path(url).resolve()}"
+    return f"sqlite://{Path(url).expanduser().resolve()}"  # --update-log=~/u.sqlite was ./~/u.sqlite
 
 
 def logged_updates(url: str | None, dataset_dir: Path) -> int:

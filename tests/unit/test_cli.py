@@ -781,6 +781,29 @@ def test_path_flags_expand_a_leading_tilde(monkeypatch, tmp_path):
     assert flag_value(args, ServerConfig, "seed_log") == tmp_path / "seeds"
 
 
+def test_path_variables_and_path_values_expand_a_leading_tilde(monkeypatch, tmp_path):
+    """cli.md: a path flag expands a leading ~ where the shell does not. HYBRIDGNN_DATASET=~/g
+    (and MODEL, MODEL_REPOSITORY, PROFILE, CACHE_DIR) stayed "~/g", --seeds=~/log was "no
+    such file", and --update-log=~/u.sqlite logged into a folder named ~ in the working directory."""
+    from hybridgnn.config import default_cache_dir
+    from hybridgnn.updates.log import parse_log_url
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("DATASET", "MODEL", "MODEL_REPOSITORY", "PROFILE", "CACHE_DIR"):
+        monkeypatch.setenv(f"HYBRIDGNN_{name}", f"~/{name.lower()}")
+    serve = build_parser().parse_args(["serve"])
+    assert (serve.dataset, serve.model) == (tmp_path / "dataset", tmp_path / "model")
+    assert (serve.model_repository, serve.profile) == (tmp_path / "model_repository", tmp_path / "profile")
+    profile = build_parser().parse_args(["profile"])
+    assert (profile.dataset, profile.model) == (tmp_path / "dataset", tmp_path / "model")
+    assert default_cache_dir() == tmp_path / "cache_dir"
+    workload = build_parser().parse_args(["workload", "build", "--dataset", "d", "--fanouts", "2", "--seeds=~/r.txt"])
+    place = build_parser().parse_args(["place", "--dataset", "d", "--seeds", "~/r.txt"])
+    assert workload.seeds == place.seeds == str(tmp_path / "r.txt")
+    assert build_parser().parse_args(["place", "--dataset", "d", "--seeds", "degree"]).seeds == "degree"
+    assert parse_log_url("~/u.sqlite", tmp_path / "d") == f"sqlite://{tmp_path / 'u.sqlite'}"
+
+
 @pytest.mark.parametrize("flags, said", [
     (["--slo-ms", "nan"], "--slo-ms must be a positive, finite number, got nan"),
     (["--slo-ms", "0"], "--slo-ms must be a positive"),

@@ -263,6 +263,27 @@ def test_cli_md_and_readme_give_every_flag_the_default_its_parser_has(monkeypatc
     assert not wrong, "\n".join(wrong)
 
 
+def test_help_shows_every_flags_default(monkeypatch):
+    """cli.md: `--help` prints every flag with its default. The formatter leaves "(default: X)"
+    off a help that says "default" itself, so such a help must name the value:
+    --srpe-gamma's "default share of ..." showed no 0.1."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("HYBRIDGNN_")]:  # defaults as shipped
+        monkeypatch.delenv(name)
+    silent = []
+    for path, parser in _parsers(build_parser()).items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if (not action.option_strings or action.nargs == 0 or action.help == argparse.SUPPRESS
+                    or action.default in (None, "", argparse.SUPPRESS)):
+                continue  # positionals, switches, and values decided at start (the help says how)
+            text = formatter._get_help_string(action) % {"default": action.default}
+            if str(action.default) not in text.split("default", 1)[-1] and f"{action.default} (default)" not in text:
+                silent.append(f"hybridgnn {' '.join(path)} {action.option_strings[0]}: {text[-80:]!r}")
+    assert not silent, "--help hides these defaults:\n" + "\n".join(silent)
+
+
 def test_a_default_that_drifted_is_caught():
     assert _default_says("1G", 1 << 30) and _default_says("0.5", 0.5) and _default_says("off", False)
     assert _default_says("spill on", True) and _default_says("run/cluster", Path("run/cluster"))
