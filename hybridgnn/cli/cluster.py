@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from hybridgnn.cli.flags import DefaultsHelpFormatter, user_path
@@ -44,18 +45,29 @@ def run(args) -> int:
     serve_args = list(args.serve_args)
     if serve_args[:1] == ["--"]:
         serve_args = serve_args[1:]
-    if not any(a == "--dataset" or a.startswith("--dataset=") for a in serve_args):
-        # Build the demo once here, not in N replicas racing on the same cache directory.
-        from hybridgnn.demo import ensure_demo
-
-        dataset, model = ensure_demo(None)
-        serve_args += ["--dataset", str(dataset), "--model", str(model)]
+    # The cluster's own flags are checked before the demo is made (its first run takes ~30 s).
     cfg = ClusterConfig(replicas=args.replicas, balancer=args.balancer, host=args.host, port=args.port,
                         base_port=args.base_port, run_dir=args.run_dir, serve_args=tuple(serve_args),
                         ready_timeout_s=args.ready_timeout_s, restart=args.restart,
                         restart_backoff_s=args.restart_backoff_s)
+    served = _served(serve_args)
+    if served.dataset is None:
+        # Build the demo once here, not in N replicas racing on the same cache directory:
+        # where the replicas' --cache-dir (or HYBRIDGNN_CACHE_DIR) puts it
+        from hybridgnn.demo import ensure_demo
+
+        dataset, model = ensure_demo(served.cache_dir)
+        cfg = dataclasses.replace(cfg, serve_args=(*serve_args, "--dataset", str(dataset), "--model", str(model)))
     try:
         return LocalCluster(cfg).run_until_signal()
     except (RuntimeError, TimeoutError) as exc:  # a replica or the balancer failed to start
         said = str(exc)  # a replica's failure names its own log
         raise ValueError(said if str(cfg.run_dir) in said else f"{said} (logs in {cfg.run_dir})") from exc
+
+
+def _served(serve_args: list[str]) -> argparse.Namespace:
+    """What the replicas' `hybridgnn serve` reads from these flags and HYBRIDGNN_* variables
+    (the replicas inherit them): a dataset given either way is served, not the demo."""
+    from hybridgnn.cli.main import build_parser
+
+    return build_parser().parse_known_args(["serve", *serve_args])[0]

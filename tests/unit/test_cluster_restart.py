@@ -130,3 +130,61 @@ def test_serve_flags_before_the_separator_are_refused_saying_where_they_go(capsy
     assert err.startswith("hybridgnn cluster: error: unrecognized arguments: --dataset")
     assert err.endswith(" (flags for the replicas' `hybridgnn serve` go after `--`: hybridgnn cluster ... -- --dataset D "
                         "--model M)")
+
+
+class _Started(Exception):
+    """Raised by the stand-in LocalCluster: the configuration it was given is in .cfg."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+
+def _cluster(monkeypatch, argv):
+    """Run `hybridgnn cluster argv` until it would start replicas: (the demo cache dirs
+    ensure_demo was called with, the ClusterConfig, or the exit code)."""
+    import hybridgnn.demo
+    import hybridgnn.deploy.cluster
+    from hybridgnn.cli.main import main
+
+    demos = []
+    monkeypatch.setattr(hybridgnn.demo, "ensure_demo", lambda cache_dir=None: demos.append(cache_dir) or (
+        "demo/dataset", "demo/model"))
+
+    def started(cfg):
+        raise _Started(cfg)
+
+    monkeypatch.setattr(hybridgnn.deploy.cluster, "LocalCluster", started)
+    try:
+        return demos, main(["cluster", *argv])
+    except _Started as s:
+        return demos, s.cfg
+
+
+def test_the_cluster_checks_its_flags_before_making_the_demo(monkeypatch, capsys):
+    """--replicas 0 or a port out of range was refused only after the demo was made (a
+    first run: 30-60 s of generating and training)."""
+    monkeypatch.delenv("HYBRIDGNN_DATASET", raising=False)
+    for argv in (["--replicas", "0"], ["--port", "0"]):
+        demos, code = _cluster(monkeypatch, argv)
+        assert (demos, code) == ([], 2)
+        assert capsys.readouterr().err.startswith("hybridgnn cluster: error: ")
+
+
+def test_the_replicas_demo_is_made_where_their_flags_and_variables_say(monkeypatch, tmp_path):
+    """cli.md: flags after `--` go to every replica, and every serve flag may be a
+    HYBRIDGNN_<FLAG> variable. `-- --cache-dir X` made the demo in the default cache and
+    gave the replicas that, and HYBRIDGNN_DATASET/HYBRIDGNN_MODEL were overridden by the
+    demo's --dataset/--model."""
+    for name in ("HYBRIDGNN_DATASET", "HYBRIDGNN_MODEL", "HYBRIDGNN_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    demos, cfg = _cluster(monkeypatch, ["--", "--cache-dir", str(tmp_path), "--workers", "1"])
+    assert demos == [tmp_path]
+    assert cfg.serve_args == ("--cache-dir", str(tmp_path), "--workers", "1", "--dataset", "demo/dataset",
+                              "--model", "demo/model")
+    monkeypatch.setenv("HYBRIDGNN_DATASET", str(tmp_path / "g"))
+    monkeypatch.setenv("HYBRIDGNN_MODEL", str(tmp_path / "m"))
+    demos, cfg = _cluster(monkeypatch, ["--replicas", "2"])
+    assert demos == [] and cfg.serve_args == ()
+    monkeypatch.delenv("HYBRIDGNN_DATASET")
+    demos, cfg = _cluster(monkeypatch, ["--", "--dataset=d", "--model=m"])
+    assert demos == [] and cfg.serve_args == ("--dataset=d", "--model=m")
