@@ -45,12 +45,16 @@ def run(args) -> int:
     serve_args = list(args.serve_args)
     if serve_args[:1] == ["--"]:
         serve_args = serve_args[1:]
+    served = _served(serve_args)
+    if served.worker_cpus and not any(a == "--worker-cpus" or a.startswith("--worker-cpus=") for a in serve_args):
+        # HYBRIDGNN_WORKER_CPUS, which every replica inherits: split as the flag is, not every
+        # replica's workers on all of them
+        serve_args += ["--worker-cpus", served.worker_cpus]
     # The cluster's own flags are checked before the demo is made (its first run takes ~30 s).
     cfg = ClusterConfig(replicas=args.replicas, balancer=args.balancer, host=args.host, port=args.port,
                         base_port=args.base_port, run_dir=args.run_dir, serve_args=tuple(serve_args),
                         ready_timeout_s=args.ready_timeout_s, restart=args.restart,
                         restart_backoff_s=args.restart_backoff_s)
-    served = _served(serve_args)
     if served.dataset is None:
         # Build the demo once here, not in N replicas racing on the same cache directory:
         # where the replicas' --cache-dir (or HYBRIDGNN_CACHE_DIR) puts it

@@ -188,3 +188,10 @@ def test_the_replicas_demo_is_made_where_their_flags_and_variables_say(monkeypat
     monkeypatch.delenv("HYBRIDGNN_DATASET")
     demos, cfg = _cluster(monkeypatch, ["--", "--dataset=d", "--model=m"])
     assert demos == [] and cfg.serve_args == ("--dataset=d", "--model=m")
+    # HYBRIDGNN_WORKER_CPUS is split over the replicas as the flag is (each had all the cores)
+    monkeypatch.setenv("HYBRIDGNN_WORKER_CPUS", "0-3")
+    demos, cfg = _cluster(monkeypatch, ["--replicas", "2", "--", "--dataset=d", "--model=m"])
+    assert cfg.serve_args == ("--dataset=d", "--model=m", "--worker-cpus", "0-3")
+    assert [cfg.replica_serve_args(i)[-1] for i in range(2)] == ["0,1", "2,3"]
+    demos, code = _cluster(monkeypatch, ["--replicas", "5", "--", "--dataset=d", "--model=m"])
+    assert code == 2
