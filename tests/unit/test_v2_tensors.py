@@ -31,6 +31,29 @@ def test_names_decode_in_order_from_json_and_binary(binary):
 
 
 @pytest.mark.parametrize("binary", [False, True])
+def test_a_name_is_bounded_by_its_utf8_bytes_in_json_as_in_binary(binary):
+    """api.md: names of at most 1,024 bytes. JSON (and gRPC's typed contents) counted
+    characters, so a name of 1,024 two-byte characters was taken there and refused in
+    the binary layout."""
+    def tensor(name):
+        return (Tensor("node_ids", "BYTES", [1], raw=_raw_names([name])) if binary
+                else Tensor("node_ids", "BYTES", [1], data=[name]))
+
+    for name in ("é" * 512, "a" * 1024):
+        assert decode_tensor(tensor(name), ("BYTES",), "ids").tolist() == [name]
+    for name in ("é" * 513, "a" * 1025):
+        with pytest.raises(BadRequest, match="1024 bytes|claims"):
+            decode_tensor(tensor(name), ("BYTES",), "ids")
+
+
+def test_a_json_name_with_a_lone_surrogate_is_measured_not_an_error():
+    # JSON may carry "\ud800", which has no UTF-8 form: counted as 3 bytes, not a 500
+    assert decode_tensor(Tensor("node_ids", "BYTES", [1], data=["\ud800" * 341]), ("BYTES",), "ids").size == 1
+    with pytest.raises(BadRequest, match="1024 bytes"):
+        decode_tensor(Tensor("node_ids", "BYTES", [1], data=["\ud800" * 342]), ("BYTES",), "ids")
+
+
+@pytest.mark.parametrize("binary", [False, True])
 def test_one_long_name_among_many_short_ones_is_refused_before_the_padded_array_is_made(binary, monkeypatch):
     monkeypatch.setattr(tensors, "MAX_NAMES_FIXED_WIDTH_BYTES", 1 << 20)
     names = ["a"] * 20_000 + ["x" * 1000]  # padded: 20,001 x 1,000 x 4 bytes = 80 MB from 40 kB of names

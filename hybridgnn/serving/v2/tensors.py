@@ -227,10 +227,18 @@ def decode_bytes(t: Tensor, count: int) -> np.ndarray:
     if isinstance(data, list) and data and all(isinstance(v, list) for v in data):
         data = [v for row in data for v in row]  # row-major nesting, as for the numeric types (one level)
     if not isinstance(data, list) or len(data) != count or not all(
-            isinstance(v, str) and len(v) <= MAX_NAME_BYTES for v in data):
+            isinstance(v, str) and _name_fits(v) for v in data):
         raise BadRequest(f"input {name!r}: BYTES 'data' must be a list (flat, or one list per row) of {count} strings "
-                         f"(each at most {MAX_NAME_BYTES} characters)")
+                         f"(each at most {MAX_NAME_BYTES} bytes of UTF-8)")
     return _fixed_width(name, data)
+
+
+def _name_fits(text: str) -> bool:
+    """Whether a name holds at most MAX_NAME_BYTES bytes of UTF-8, as in the binary layout
+    (JSON counted characters: up to 4 times as many bytes passed there). Up to a quarter
+    of the bound in characters always fits, so only longer names are encoded; a lone
+    surrogate (JSON "\\ud800") is counted, not an error."""
+    return len(text) <= MAX_NAME_BYTES // 4 or len(text.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
 
 
 def _fixed_width(name: str, names: list[str]) -> np.ndarray:
