@@ -65,8 +65,8 @@ def add_parser(sub) -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="time limit per pipeline")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG/SVG plots")
     p.add_argument("--cache-dir", type=user_path, default=None,
-                   help="the demo graph and model live in <this>/demo (default: $XDG_CACHE_HOME/hybridgnn, else "
-                        "~/.cache/hybridgnn)")
+                   help="the demo graph and model live in <this>/demo (default: HYBRIDGNN_CACHE_DIR, else "
+                        "$XDG_CACHE_HOME/hybridgnn, else ~/.cache/hybridgnn)")
     p.set_defaults(run=run)
 
 

@@ -95,8 +95,8 @@ def add_parser(sub) -> None:
                    help="enable POST /v2/models/{m}/graph for clients sending 'Authorization: Bearer <token>' "
                         "(prefer the HYBRIDGNN_UPDATE_TOKEN environment variable: flags show in ps)")
     p.add_argument("--cache-dir", type=user_path, default=None,
-                   help="the demo graph and model live in <this>/demo (default: $XDG_CACHE_HOME/hybridgnn, else "
-                        "~/.cache/hybridgnn)")
+                   help="the demo graph and model live in <this>/demo (default: HYBRIDGNN_CACHE_DIR, else "
+                        "$XDG_CACHE_HOME/hybridgnn, else ~/.cache/hybridgnn)")
     # The rest come from the config dataclasses' fields (defaults, units and help live there).
     add_config_flags(p, ServerConfig, RouterConfig, BatcherConfig, AdmissionConfig, SamplingConfig, PolicyConfig, NewNodeConfig,
                      UpdateConfig, DeviceMemoryConfig, PartitionConfig)
