@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hybridgnn"
 # bottom to top
 LAYERS = ["types", "errors", "config", "capabilities", "graph", "workload", "sampling", "features", "models",
           "embeddings", "updates", "pipelines", "scheduler", "runtime", "serving", "distributed", "telemetry", "profiling",
-          "deploy", "demo", "bench", "cli"]
+          "deploy", "demo", "bench", "cli", "__main__"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 # (importer's layer, imported layer): why it is still there
