@@ -36,6 +36,9 @@ UPDATE_INPUTS = {
     "update_features": (("FP32",), "matrix"),
 }
 ID_INPUTS = ("add_edges", "remove_edges", "remove_nodes", "update_ids")
+# The inputs whose rows are the request's updates (each node or edge added or removed, each
+# feature row rewritten); update_features and add_node_ids pair with one of them row by row.
+COUNTED_INPUTS = ("add_edges", "remove_edges", "add_node_features", "remove_nodes", "update_ids")
 
 
 @dataclass
@@ -73,8 +76,7 @@ class LoggedRequest:
     @property
     def num_updates(self) -> int:
         rows = {name: len(a) for name, a in self.inputs.items()}
-        return sum(rows.get(n, 0) for n in ("add_edges", "remove_edges", "add_node_features", "remove_nodes",
-                                             "update_ids"))
+        return sum(rows.get(n, 0) for n in COUNTED_INPUTS)
 
 
 # The largest feature value an update may set. Precomputed embeddings follow updates by

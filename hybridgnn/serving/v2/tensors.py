@@ -45,6 +45,12 @@ def _sizes(shape) -> bool:
     return all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
 
 
+def declared_shape(t: Tensor) -> list[int] | None:
+    """t's shape if it is one decode_tensor takes (a list of at most MAX_RANK sizes), else
+    None: what a request declares, read before any element is decoded."""
+    return t.shape if _sizes(t.shape) else None
+
+
 def request_id(rid) -> str | None:
     """The request's 'id', echoed in the answer: a string (a number is taken as its text)."""
     if rid is None:
