@@ -64,6 +64,12 @@ class UpdateConfig:
     def __post_init__(self):
         if self.token is not None and len(self.token) < 8:
             raise ValueError("the update token must be at least 8 characters")
+        if self.token is not None and not _sendable(self.token):
+            # Else the server started and refused every update 401: a client sends the token in
+            # an HTTP header, which carries no control or non-ASCII characters as themselves and
+            # drops blanks around a value (a secret file's trailing newline, read into the variable).
+            raise ValueError("the update token must be printable ASCII (a client sends it in an HTTP header) "
+                             "without blanks around it")
         for name, least in (("max_batch_updates", 1), ("max_request_updates", 1), ("compact_patched_entries", 1),
                             ("snapshot_every", 0), ("snapshot_keep", 1), ("log_retain", 0), ("max_catch_up_s", 0)):
             if getattr(self, name) < least:
@@ -116,3 +122,9 @@ class PartitionConfig:
     @property
     def enabled(self) -> bool:
         return self.partitions > 0
+
+
+def _sendable(token: str) -> bool:
+    """Whether an Authorization header can carry `token` as it is: printable ASCII, with
+    no blank at either end."""
+    return token.isascii() and token.isprintable() and token == token.strip()

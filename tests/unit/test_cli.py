@@ -154,6 +154,9 @@ def test_a_policy_without_a_profile_is_refused_in_one_line(capsys):
 
 @pytest.mark.parametrize("argv", [
     ["serve", "--update-token", "short"], ["serve", "--workers", "0"], ["serve", "--max-batch-seeds", "0"],
+    # tokens no Authorization header carries as they are: every update was then a 401
+    ["serve", "--update-token", "token-123\n"], ["serve", "--update-token", " token-123"],
+    ["serve", "--update-token", "tökén-123"], ["serve", "--update-token", "token\t123"],
     ["serve", "--device", "cpu", "--cpu-lane", "split"], ["profile", "--fanouts", "x,y"], ["profile", "--workers", "0"],
     # arrays of these sizes: a MemoryError traceback; NaN profiled nothing
     ["profile", "--bins", "1000000000"], ["profile", "--max-batch", "1000000000000"], ["profile", "--budget-s", "nan"],

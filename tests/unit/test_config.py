@@ -200,3 +200,19 @@ def test_a_repositorys_update_token_guards_loads_and_turns_no_graph_updates_on(t
         ServeConfig(None, None, updates=UpdateConfig(token="token-123"), cpu_pipeline=PipelineConfig(name="cpu", processes=True))
     with pytest.raises(ValueError, match="graph updates run on the CPU pipeline only"):
         ServeConfig(None, None, updates=UpdateConfig(token="token-123"), gpu_pipeline=gpu)
+
+
+@pytest.mark.parametrize("token, ok", [("token-123", True), ("a token with inner blanks", True),
+                                       ("~!#$%&'*+-.^_`|0=/", True), ("token-123\n", False),
+                                       (" token-123", False), ("token-123 ", False), ("tökén-123", False),
+                                       ("token\t123", False), ("token\x00123", False)])
+def test_an_update_token_must_be_one_an_authorization_header_carries_as_it_is(token, ok):
+    """A token with a trailing newline (a secret file read into the variable), blanks around it,
+    control or non-ASCII characters started a server that refused every update 401."""
+    from hybridgnn.config import UpdateConfig
+
+    if ok:
+        assert UpdateConfig(token=token).enabled
+    else:
+        with pytest.raises(ValueError, match="the update token must be printable ASCII"):
+            UpdateConfig(token=token)

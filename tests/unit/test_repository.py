@@ -560,6 +560,32 @@ def test_a_graph_update_to_a_repository_says_updates_serve_one_model_not_to_set_
     assert "start it with --update-token" not in str(refused.value)
 
 
+@pytest.mark.parametrize("authorization, ok", [
+    ("Bearer a-token-1", True), ("bearer a-token-1", True), ("BEARER a-token-1", True), ("Bearer   a-token-1", True),
+    ("Bearer a-token-1x", False), ("Bearer a-token-", False), ("Basic a-token-1", False), ("Bearera-token-1", False),
+    ("a-token-1", False), ("Bearer", False), ("", False), ("Bearer a-token-1, Bearer a-token-1", False),
+    ("Bearer \udcff", False)])
+def test_the_bearer_scheme_is_case_insensitive_and_the_token_exact(authorization, ok):
+    """RFC 9110 11.1: the scheme is a case-insensitive token, and one or more spaces may follow
+    it; 'bearer <token>' was a 401."""
+    from types import SimpleNamespace
+
+    from hybridgnn.errors import Unauthorized
+    from hybridgnn.serving.repository.loader import Repository
+    from hybridgnn.serving.v2.service import V2Service
+    from hybridgnn.types import ServingStats
+
+    repository = Repository(SimpleNamespace(updates=SimpleNamespace(token=None)), stats=None)
+    repository.models.add("sage", "1", SimpleNamespace(cfg=SimpleNamespace(updates=SimpleNamespace(token="a-token-1")),
+                                                       stats=ServingStats()))
+    service = V2Service(repository)
+    if ok:
+        assert service.authorize_update("sage", None, authorization) is not None
+    else:
+        with pytest.raises(Unauthorized, match="'Authorization: Bearer <token>'"):
+            service.authorize_update("sage", None, authorization)
+
+
 def test_a_load_that_chooses_no_version_says_why_without_an_empty_version():
     # The 409 said "version : no version directory matches the version policy".
     import asyncio

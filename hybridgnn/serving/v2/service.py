@@ -500,6 +500,10 @@ class V2Service:
 
 
 def _authorize(token: str, authorization: str, needs: str) -> None:
-    """Unauthorized unless `authorization` is 'Bearer <token>'."""
-    if not hmac.compare_digest(authorization.encode(errors="replace"), f"Bearer {token}".encode()):
+    """Unauthorized unless `authorization` is 'Bearer <token>': the scheme in any case and
+    one or more spaces after it (RFC 9110 11.1 and 11.4; 'bearer <token>' was refused), the
+    token compared in constant time."""
+    scheme, _, credentials = authorization.partition(" ")
+    matches = hmac.compare_digest(credentials.lstrip(" ").encode(errors="replace"), token.encode())
+    if not (matches and scheme.lower() == "bearer"):
         raise Unauthorized(f"{needs} 'Authorization: Bearer <token>' with the server's update token")
