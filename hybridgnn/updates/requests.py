@@ -129,8 +129,8 @@ def build_request(inputs: dict[str, np.ndarray], *, feature_dim: int, max_update
     for name in ("add_edges", "update_ids"):  # own new nodes: -1 .. -num_new
         arr = getattr(req, name)
         if len(arr) and (arr < -req.num_new).any():
-            raise BadRequest(f"{name}: negative ids name this request's new nodes (-1 .. -{req.num_new}); "
-                             f"found {int(arr.min())}")
+            own = f"-1 .. -{req.num_new}" if req.num_new else "and it adds none in add_node_features"
+            raise BadRequest(f"{name}: negative ids name this request's new nodes ({own}); found {int(arr.min())}")
     for name in ("remove_edges", "remove_nodes"):
         if len(getattr(req, name)) and (getattr(req, name) < 0).any():
             raise BadRequest(f"{name}: ids must be >= 0")

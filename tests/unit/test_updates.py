@@ -50,7 +50,10 @@ def test_decode_and_resolve_own_new_nodes():
 
 @pytest.mark.parametrize("inputs, match, status", [
     ([t("add_edges", [[1, 2, 3]], "INT64")], r"\[m, 2\]", 400),
-    ([t("add_edges", [[-1, 2]], "INT64")], "new nodes", 400),
+    # it said "(-1 .. -0)"
+    ([t("add_edges", [[-1, 2]], "INT64")], r"new nodes \(and it adds none in add_node_features\); found -1", 400),
+    ([t("update_ids", [-3], "INT64"), t("update_features", np.zeros((1, 3)), "FP32"),
+      t("add_node_features", np.zeros((2, 3)), "FP32")], r"new nodes \(-1 \.\. -2\); found -3", 400),
     ([t("remove_nodes", [-3], "INT64")], ">= 0", 400),
     ([t("update_ids", [1, 2], "INT64"), t("update_features", np.zeros((1, 3)), "FP32")], "rows", 400),
     ([t("add_node_features", [[np.nan, 0, 0]], "FP32")], "NaN", 400),
