@@ -9,7 +9,8 @@ request behind it waited).
 The servers run at once and take turns, alone then with the big client, the order
 rotating each round, so drift of the machine's speed falls on all of them alike.
 Reported per server: the small requests' median p50, p99 and max latency over the rounds,
-alone and beside the big client, their ratio, and the big answers served per second; then
+alone and beside the big client, their ratio, and the big answers served per second beside
+them and alone; then
 each server's p99 beside the big client ÷ the working tree's.
 
     .venv/bin/python bench/big_answers.py [--requests 1000] [--rounds 5] [--big-ids 8192]
@@ -87,6 +88,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--big-ids", type=int, default=8192, help="node ids of the big request (the server's "
                     "--max-request-nodes at most)")
+    ap.add_argument("--big-seconds", type=float, default=5.0, help="how long the big client runs alone per round")
     ap.add_argument("--baseline-rev", help="also the defaults of this git revision")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -122,14 +124,25 @@ def main() -> None:
                 client.join(120)
                 if client.error is not None:
                     raise RuntimeError(f"{label}: the big client failed: {client.error}")
+                client = BigClient(servers[label].port, big)  # and alone: what the sharing costs it
+                client.start()
+                while client.answers < 1 and client.is_alive():
+                    time.sleep(0.001)
+                first, t0 = client.answers, time.perf_counter()
+                time.sleep(args.big_seconds)
+                big_alone = (client.answers - first) / (time.perf_counter() - t0)
+                client.stopping.set()
+                client.join(120)
+                if client.error is not None:
+                    raise RuntimeError(f"{label}: the big client failed: {client.error}")
                 row = {"alone_p50_ms": float(np.percentile(alone, 50)), "alone_p99_ms": float(np.percentile(alone, 99)),
                        "alone_max_ms": max(alone), "beside_p50_ms": float(np.percentile(beside, 50)),
                        "beside_p99_ms": float(np.percentile(beside, 99)), "beside_max_ms": max(beside),
-                       "big_answers_per_s": answered / seconds}
+                       "big_answers_per_s": answered / seconds, "big_alone_answers_per_s": big_alone}
                 rounds[label].append(row)
                 print(f"round {r + 1} {label}: p99 alone {row['alone_p99_ms']:.2f} ms, beside the big client "
                       f"{row['beside_p99_ms']:.2f} ms (max {row['beside_max_ms']:.1f}); "
-                      f"{row['big_answers_per_s']:.1f} big answers/s", flush=True)
+                      f"{row['big_answers_per_s']:.1f} big answers/s beside it, {big_alone:.1f} alone", flush=True)
     finally:
         for s in servers.values():
             s.stop()
@@ -144,7 +157,7 @@ def main() -> None:
         "big_answer_bytes": big_bytes,
         "servers": summary,
         "vs_defaults": {label: {k: round(v[k] / ref[k], 2) for k in ("beside_p99_ms", "beside_max_ms",
-                                                                     "big_answers_per_s")}
+                                                                     "big_answers_per_s", "big_alone_answers_per_s")}
                         for label, v in summary.items() if label != "defaults"},
     }, args.out)
 

@@ -47,7 +47,7 @@ from urllib.parse import unquote
 
 from hybridgnn.capabilities import own_usage
 from hybridgnn.errors import BadRequest, ServingError
-from hybridgnn.serving.core.eager import OFF_LOOP_VALUES, Later, off_loop, together
+from hybridgnn.serving.core.eager import Later, together
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
     parse_infer,
@@ -149,7 +149,7 @@ class EngineLink:
             raise wire.WireError(f"an answer to request {rid}, which waits for none")
         later, answer, _ = waiter
         reply = answer(kind, payload)
-        if isinstance(reply, Later):  # a large answer, encoded off the loop
+        if isinstance(reply, Later):  # a large answer, encoded over several turns of the loop
             reply.add_eager_callback(lambda done: later.set_result(done.result()))
             return
         with together():
@@ -247,11 +247,7 @@ class FrontendApi:
         def answer(kind: int, payload: memoryview) -> Reply:
             try:
                 if kind == wire.ANSWER:
-                    decoded = wire.decode_answer(payload, model)
-                    if sum(arr.size for _, arr in decoded.outputs) >= OFF_LOOP_VALUES:
-                        return off_loop(lambda: infer_reply(decoded, binary), _same,
-                                        lambda exc: self.internal_error("infer answer", exc))
-                    return infer_reply(decoded, binary)
+                    return infer_reply(wire.decode_answer(payload, model), binary)  # a Later when large
                 if kind == wire.FAILED:
                     return self.refusals.reply_of(wire.decode_failure(payload))
                 raise wire.WireError(f"message kind {kind} answers an inference")
@@ -289,10 +285,6 @@ class FrontendApi:
                                                                  request.waited_s, request.standing),
                                  (later, answer, gone))
         return later if sent else _GONE
-
-
-def _same(value):
-    return value
 
 
 def _open_lookups(specs: list[dict], bound_s: float, link: EngineLink) -> HttpLookups | None:

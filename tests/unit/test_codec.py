@@ -407,23 +407,37 @@ def test_json_outputs_read_back_as_the_same_values_and_float32_in_its_shortest_f
         assert b"[0.1,0.33333334,3.4e+38," in body
 
 
-@pytest.mark.skipif(orjson is None or not hasattr(orjson, "Fragment"), reason="needs orjson >= 3.9.14")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.bool_])
-def test_a_large_array_is_written_in_pieces_with_the_bytes_of_one_call(dtype, monkeypatch):
-    """Pieces hand the GIL back between them (a large answer is encoded beside the event loop);
-    the body is the one a single call writes, whatever the size against the piece."""
-    from hybridgnn.serving.http.codec import encode_infer_response
+def test_a_large_output_is_written_in_steps_with_the_bytes_of_one_call(json_backend, dtype, monkeypatch):
+    """encode_infer_steps yields between pieces of a large JSON output's data (the loop runs
+    between them); the body is the one a single encoder call writes, whatever the sizes
+    against the piece, binary outputs beside it included."""
+    from hybridgnn.serving.http.codec import (
+        encode_infer_response,
+        encode_infer_steps,
+        takes_turns,
+    )
     from hybridgnn.serving.v2.types import InferAnswer
 
-    monkeypatch.setattr(codec, "_orjson", orjson)
-    monkeypatch.setattr(codec, "_PIECE_VALUES", 100)
     rng = np.random.default_rng(1)
     for n in (99, 100, 101, 1000, 1234):
         arr = (rng.standard_normal(n) * 1000).astype(dtype).reshape(n, 1)
-        whole = orjson.dumps({"data": np.ascontiguousarray(arr.reshape(-1))}, option=orjson.OPT_SERIALIZE_NUMPY)
-        assert orjson.dumps({"data": codec._json_values(arr)}, option=orjson.OPT_SERIALIZE_NUMPY) == whole, n
-        body, _ = encode_infer_response(InferAnswer("m", "1", None, [("x", arr)]), False)
-        assert np.array_equal(np.asarray(json.loads(body)["outputs"][0]["data"], dtype), arr.reshape(-1))
+        for binary in (False, {"y": True}):
+            answer = InferAnswer("m", "1", "rid", [("x", arr), ("y", arr[:7]), ("z", arr[:3])])
+            monkeypatch.setattr(codec, "_PIECE_VALUES", 1 << 40)
+            whole = encode_infer_response(answer, binary)
+            assert not takes_turns(answer, binary)
+            monkeypatch.setattr(codec, "_PIECE_VALUES", 100)
+            assert takes_turns(answer, binary) == (n > 100)
+            steps, turns = encode_infer_steps(answer, binary), 0
+            while True:
+                try:
+                    next(steps)
+                    turns += 1
+                except StopIteration as stop:
+                    got = stop.value
+                    break
+            assert got == whole and turns == (-(-n // 100) + 1 if n > 100 else 0), (n, turns)
 
 
 def test_a_request_id_holding_the_splice_mark_is_written_whole(monkeypatch):

@@ -134,43 +134,33 @@ def test_answers_made_together_leave_together_in_order():
     _run(go())
 
 
-def test_off_loop_runs_the_work_beside_the_loop_and_hands_back_on_it():
-    """work on the off-loop thread while the loop goes on; on_done and on_error on the loop;
-    an error in either becomes on_error's value, never an unset Later."""
-    import threading
-
-    from hybridgnn.serving.core.eager import off_loop
+def test_in_turns_takes_one_step_per_turn_of_the_loop_and_always_sets_its_later():
+    """Between two steps the loop runs what became ready (a callback added meanwhile goes
+    before the next step); on_error's value when a step or on_done raises."""
+    from hybridgnn.serving.core.eager import in_turns
 
     async def main():
-        started, release = threading.Event(), threading.Event()
-        seen = {}
+        order = []
 
-        def work():
-            seen["work"] = threading.current_thread().name
-            started.set()
-            release.wait(10)
+        def steps():
+            for i in range(3):
+                order.append(f"step {i}")
+                asyncio.get_running_loop().call_soon(order.append, f"ready after step {i}")
+                yield
             return 41
 
-        def done(value):
-            seen["done"] = threading.current_thread().name
-            return value + 1
-
-        def failed(exc):
-            seen.setdefault("failed", []).append((threading.current_thread().name, str(exc)))
-            return "failed"
-
-        later = off_loop(work, done, failed)
-        while not started.is_set():  # the loop runs while the work waits
-            await asyncio.sleep(0.001)
+        later = in_turns(steps(), lambda v: v + 1, lambda exc: f"failed: {exc}")
         assert not later.done()
-        release.set()
         assert await later == 42
-        assert await off_loop(lambda: 1 / 0, done, failed) == "failed"
-        assert await off_loop(lambda: None, done, failed) == "failed"  # on_done raised (None + 1)
-        return seen
 
-    seen = asyncio.run(main())
-    loop_thread = threading.current_thread().name
-    assert seen["work"].startswith("hybridgnn-off-loop") and seen["done"] == loop_thread
-    assert [t for t, _ in seen["failed"]] == [loop_thread, loop_thread]
-    assert "division by zero" in seen["failed"][0][1] and "NoneType" in seen["failed"][1][1]
+        def failing():
+            yield
+            raise ValueError("bad step")
+
+        assert await in_turns(failing(), lambda v: v, lambda exc: f"failed: {exc}") == "failed: bad step"
+        none = in_turns(iter(()), lambda v: v + 1, lambda exc: type(exc).__name__)  # on_done raises
+        assert await none == "TypeError"
+        return order
+
+    assert asyncio.run(main()) == ["step 0", "ready after step 0", "step 1", "ready after step 1", "step 2",
+                                   "ready after step 2"]

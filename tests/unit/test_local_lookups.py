@@ -719,26 +719,23 @@ def test_lookups_of_any_form_with_any_request_id_are_answered_as_the_general_lan
         answered_as_the_general_lane_or_left(http_lookups, body)
 
 
-def test_large_answers_are_encoded_off_the_loop_with_the_bytes_and_counts_of_the_inline_way(pe_cfg, monkeypatch):
-    """An answer of OFF_LOOP_VALUES values or more is encoded on the off-loop thread (one of
-    8192 x 256 embeddings held the loop ~80 ms, every other client waiting): by the engine,
-    by the HTTP server's lookups and by a front end from the engine's frame, each the same
-    bytes as encoded inline, and counted once encoded."""
-    import threading
-
-    import hybridgnn.serving.frontend as frontend
-    import hybridgnn.serving.http.api as http_api
+def test_large_answers_are_encoded_in_turns_with_the_bytes_and_counts_of_one_call(pe_cfg, monkeypatch):
+    """An answer whose JSON outputs exceed a piece is encoded over several turns of the loop
+    (one of 8192 x 256 embeddings held it 80-140 ms, every other client waiting): by the
+    engine, by the HTTP server's lookups and by a front end from the engine's frame, each
+    a Later of the bytes one encoder call writes, and counted once encoded."""
+    import hybridgnn.serving.http.codec as codec
     import hybridgnn.serving.http.lookups as lookups
-    import hybridgnn.serving.v2.service as service
 
-    threads = []
-    for module in (http_api, lookups, frontend):
-        def recorded(answer, binary, encode=module.infer_reply):
-            threads.append(threading.current_thread().name)
-            return encode(answer, binary)
+    turned = []
 
-        monkeypatch.setattr(module, "infer_reply", recorded)
-    # past the quick lane's bodies (whose small answers are spliced into kept forms on the loop)
+    def counted_in_turns(*args):
+        turned.append(1)
+        return real_in_turns(*args)
+
+    real_in_turns = lookups.in_turns
+    monkeypatch.setattr(lookups, "in_turns", counted_in_turns)
+    # past the quick lane's bodies (whose small answers are spliced into kept forms at once)
     bodies = [body + b" " * QUICK_MAX_BODY for body in (
         LOOKUPS[0], LOOKUPS[2], infer_body(list(range(40)), parameters={"mode": "precomputed"}))]
 
@@ -747,40 +744,47 @@ def test_large_answers_are_encoded_off_the_loop_with_the_bytes_and_counts_of_the
             self.waiter = waiter
             return super().request(make_frame, waiter)
 
+    async def settled(reply) -> Reply:
+        return reply if isinstance(reply, Reply) else await reply
+
     async def through_front_end(api, fe, body) -> Reply:
         """The front end's reply to body from the engine's ANSWER frame."""
         inp, _ = parse_infer(body, None, "hybridgnn", None, 0.0, False)
         frame = api.service.infer(inp, lambda answer: wire.encode_answer(7, answer), lambda failure: failure)
         frame = frame if isinstance(frame, bytes) else await frame
-        later = here(fe, body)
-        reply = fe.link.waiter[1](wire.ANSWER, memoryview(frame)[wire.FRAME.size:])
-        assert not isinstance(later, Reply)
-        return reply if isinstance(reply, Reply) else await reply
+        assert not isinstance(here(fe, body), Reply)
+        return await settled(fe.link.waiter[1](wire.ANSWER, memoryview(frame)[wire.FRAME.size:]))
 
     async def replies(api, fe) -> list[tuple[Reply, Reply, Reply]]:
-        return [(await _reply(api, b), await engine_reply(api, b), await through_front_end(api, fe, b))
-                for b in bodies]
+        out = []
+        for b in bodies:
+            endpoint, params = api.route("POST", "/v2/models/hybridgnn/infer")
+            mine = await settled(endpoint(Request(params, {}, b)))  # the HTTP server's lookups
+            lookups, api.lookups = api.lookups, None
+            try:
+                theirs = await settled(endpoint(Request(params, {}, b)))  # the engine's
+            finally:
+                api.lookups = lookups
+            out.append((mine, theirs, await through_front_end(api, fe, b)))
+        return out
 
     async def scenario(api, engine):
-        link = WaiterLink()
-        fe = FrontendApi(link, {"queue_bound_s": api.engine.queue_bound_s})  # no lookups of its own
-        inline = await replies(api, fe)
-        on_loop = set(threads)
-        threads.clear()
-        for module in (service, lookups, frontend):
-            monkeypatch.setattr(module, "OFF_LOOP_VALUES", 1)
+        fe = FrontendApi(WaiterLink(), {"queue_bound_s": api.engine.queue_bound_s})  # no lookups of its own
+        whole = await replies(api, fe)
+        assert not turned
+        monkeypatch.setattr(codec, "_PIECE_VALUES", 4)
         api.lookups.send_counts()
         before = engine.model_stats.report("hybridgnn", "1")["inference_count"]
-        off = await replies(api, fe)
+        pieced = await replies(api, fe)
         api.lookups.send_counts()
         after = engine.model_stats.report("hybridgnn", "1")["inference_count"]
-        return inline, off, on_loop, after - before
+        return whole, pieced, after - before
 
-    inline, off, on_loop, counted = run_api(pe_cfg, scenario)
-    assert on_loop == {threading.main_thread().name}
-    assert len(threads) == 3 * len(bodies) and all(t.startswith("hybridgnn-off-loop") for t in threads), threads
-    assert counted == 3 * (3 + 3 + 40)  # each answer counted once, by its rows
-    for row_inline, row_off in zip(inline, off, strict=True):
-        for a, b in zip(row_inline, row_off, strict=True):
+    whole, pieced, counted = run_api(pe_cfg, scenario)
+    # the lookups', the engine's and the front end's, in turns; not the binary one's (a copy)
+    assert len(turned) == 3 * (len(bodies) - 1)
+    assert counted == 3 * (3 + 3 + 40)  # the lookups, the engine and its answer to the front end: once each
+    for row_whole, row_pieced in zip(whole, pieced, strict=True):
+        for a, b in zip(row_whole, row_pieced, strict=True):
             assert a.status == 200 and (a.status, a.content_type, a.headers, a.body) == \
                 (b.status, b.content_type, b.headers, b.body)

@@ -18,8 +18,7 @@ Event loop thread only.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 
 class EagerFuture(asyncio.Future):
@@ -170,41 +169,31 @@ def when_done(fut: asyncio.Future | Later, fn: Callable) -> None:
         fut.add_done_callback(fn)
 
 
-# Answers of at least this many values are encoded off the event loop: a JSON answer of
-# 8192 x 256 embeddings took ~80 ms to encode, and every other client's request waited on
-# the loop meanwhile (binary and smaller answers take well under 5 ms).
-OFF_LOOP_VALUES = 1 << 17
-_off_loop: concurrent.futures.ThreadPoolExecutor | None = None
 
-
-def off_loop(work: Callable[[], object], on_done: Callable[[object], object],
+def in_turns(steps: Generator[None, None, object], on_done: Callable[[object], object],
              on_error: Callable[[Exception], object]) -> Later:
-    """A Later of on_done(work()), work run on the one off-loop thread, on_done on the
-    loop; of on_error(exc), on the loop, if work raises. work must touch nothing the loop
-    owns (it runs beside it) and should hand the GIL back often (encode in pieces): one
-    long C call would hold the loop as before. Event loop thread only."""
-    global _off_loop
-    if _off_loop is None:
-        _off_loop = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hybridgnn-off-loop")
+    """A Later of on_done(what steps returns), or of on_error(exc) if a step raises: one
+    step of the generator per turn of the loop, so that between steps the loop reads its
+    sockets and runs what is ready. For work that would hold the loop for many ms (the
+    JSON of a large answer, written in pieces): a thread would need the GIL back from the
+    loop at every piece, and the pieces ran ~25 % slower there. Event loop thread only."""
     loop = asyncio.get_running_loop()
     later = Later()
 
-    def settle(ok: bool, value) -> None:
+    def step() -> None:
         try:
-            value = on_done(value) if ok else on_error(value)
+            next(steps)
+        except StopIteration as stop:
+            try:
+                value = on_done(stop.value)
+            except Exception as exc:
+                value = on_error(exc)
         except Exception as exc:
             value = on_error(exc)
+        else:
+            loop.call_soon(step)  # after the loop's next poll: callbacks added now wait a turn
+            return
         later.set_result(value)
 
-    def run() -> None:
-        try:
-            ok, value = True, work()
-        except Exception as exc:
-            ok, value = False, exc
-        try:
-            loop.call_soon_threadsafe(settle, ok, value)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
-
-    _off_loop.submit(run)
+    loop.call_soon(step)
     return later

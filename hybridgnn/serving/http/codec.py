@@ -25,8 +25,9 @@ try:  # optional fast path; the stdlib encoder is the fallback
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
-# Values per piece of a large JSON array (~1 ms of encoding): see _json_pieces
-_PIECE_VALUES = 1 << 15
+# Values per piece of a large JSON array, one turn of the event loop each (~2 ms of
+# encoding; smaller pieces cost more in all): see encode_infer_steps
+_PIECE_VALUES = 1 << 16
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # A body past this parses with the collector paused: a parse makes only acyclic objects,
@@ -207,21 +208,6 @@ def _json_values(arr):
     return flat.tolist()
 
 
-def _json_pieces(arr) -> list:
-    """An output's `data` as json_data writes it, in pieces to be joined: each a short
-    encoding call that hands the GIL back after it (a large answer is encoded beside the
-    event loop, core/eager.off_loop, which runs between pieces)."""
-    flat = arr.reshape(-1)
-    out = [b"["]
-    for i in range(0, flat.size, _PIECE_VALUES):
-        if i:
-            out.append(b",")
-        # bytes, not memoryviews: CPython joins bytes past 1 MiB without the GIL, buffers with it
-        out.append(_dumps(_json_values(flat[i:i + _PIECE_VALUES]))[1:-1])
-    out.append(b"]")
-    return out
-
-
 def _output_entry(name: str, arr, binary: bool, data=None) -> tuple[dict, bytes | None]:
     """An output's entry in the answer's JSON header (with `data` in place of the values if
     given), and its raw bytes when sent binary."""
@@ -248,6 +234,28 @@ def _answer_header(answer: InferAnswer, entries: list[dict]) -> dict:
 def encode_infer_response(answer: InferAnswer, binary: dict[str, bool] | bool) -> tuple[bytes, dict[str, str]]:
     """(body, headers) of a 200 answer. binary: per output name, or for all; binary outputs
     follow the JSON header in output order."""
+    steps = encode_infer_steps(answer, binary)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def takes_turns(answer: InferAnswer, binary: dict[str, bool] | bool) -> bool:
+    """Whether encode_infer_steps stops on the way: an output sent as JSON has more than
+    _PIECE_VALUES values."""
+    for name, arr in answer.outputs:
+        if arr.size > _PIECE_VALUES and not (binary if type(binary) is bool else binary.get(name, False)):
+            return True
+    return False
+
+
+def encode_infer_steps(answer: InferAnswer, binary: dict[str, bool] | bool):
+    """encode_infer_response as a generator that yields after each piece of a large JSON
+    output's data and before joining them (core/eager.in_turns runs one step per turn of
+    the loop, ~2 ms each at most), and returns (body, headers): the bytes one encoder call
+    writes."""
     entries, blobs, pieced = [], [], []
     for i, (name, arr) in enumerate(answer.outputs):
         as_binary = binary if type(binary) is bool else binary.get(name, False)
@@ -261,28 +269,28 @@ def encode_infer_response(answer: InferAnswer, binary: dict[str, bool] | bool) -
         if raw is not None:
             blobs.append(raw)
     head = _dumps(_answer_header(answer, entries))
-    if pieced:
-        head = _spliced(head, pieced, answer, entries)
-    if not blobs:
-        return head, {"Content-Type": "application/json"}
-    return head + b"".join(blobs), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
-
-
-def _spliced(head: bytes, pieced: list[tuple[bytes, np.ndarray]], answer: InferAnswer, entries: list[dict]) -> bytes:
-    """head with each marked output's data written in place of its mark, in one join (for
-    a large body CPython joins without the GIL: the loop beside it runs on)."""
-    if any(head.count(mark) != 1 for mark, _ in pieced):  # the request's id holds a mark: whole
+    if pieced and any(head.count(mark) != 1 for mark, _ in pieced):  # the request's id holds a mark
         for entry, (name, arr) in zip(entries, answer.outputs, strict=True):
             if "data" in entry:
                 entry["data"] = _json_values(arr)
-        return _dumps(_answer_header(answer, entries))
-    out = []
-    for mark, arr in pieced:
-        before, head = head.split(mark, 1)
-        out.append(before)
-        out.extend(_json_pieces(arr))
-    out.append(head)
-    return b"".join(out)
+        head, pieced = _dumps(_answer_header(answer, entries)), []
+    if pieced:
+        out = []
+        for mark, arr in pieced:
+            before, head = head.split(mark, 1)
+            out.append(before)
+            flat = arr.reshape(-1)
+            for i in range(0, flat.size, _PIECE_VALUES):
+                yield
+                out.append(b"," if i else b"[")
+                out.append(memoryview(_dumps(_json_values(flat[i:i + _PIECE_VALUES])))[1:-1])
+            out.append(b"]")
+        out.append(head)
+        yield
+        head = b"".join(out)
+    if not blobs:
+        return head, {"Content-Type": "application/json"}
+    return head + b"".join(blobs), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
 
 
 def json_data(arr) -> bytes:

@@ -30,13 +30,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hybridgnn.serving.core.eager import OFF_LOOP_VALUES, Later, off_loop
+from hybridgnn.serving.core.eager import Later, in_turns
 from hybridgnn.serving.http.codec import (
     HEADER_LENGTH,
     encode_infer_response,
+    encode_infer_steps,
     json_answer_parts,
     json_data,
     quick_loads,
+    takes_turns,
 )
 from hybridgnn.serving.http.reply import JSON, Reply, Request
 from hybridgnn.serving.v2.lookups import LocalLookups
@@ -85,11 +87,25 @@ def _form_of(body: bytes, ids: re.Match, rid: re.Match | None) -> bytes:
     return body[:start] + body[end:id_start] + body[id_end:]
 
 
-def infer_reply(answer: InferAnswer, binary: dict[str, bool] | bool) -> Reply:
-    """The 200 Reply of an inference's answer, encoded as the client asked (JSON or binary)."""
-    body, headers = encode_infer_response(answer, binary)
+def infer_reply(answer: InferAnswer, binary: dict[str, bool] | bool) -> Reply | Later:
+    """The 200 Reply of an inference's answer, encoded as the client asked (JSON or binary);
+    a Later of it, encoded over several turns of the loop, for an answer whose JSON would
+    hold the loop for long (one of 8192 x 256 embeddings took 80-140 ms in one call, every
+    other client waiting). Event loop thread only."""
+    if takes_turns(answer, binary):
+        return in_turns(encode_infer_steps(answer, binary), _reply_of, _encoding_failed)
+    return _reply_of(encode_infer_response(answer, binary))
+
+
+def _reply_of(encoded: tuple[bytes, dict[str, str]]) -> Reply:
+    body, headers = encoded
     content_type = headers.pop("Content-Type")
     return Reply(200, body, content_type, headers or None)
+
+
+def _encoding_failed(exc: Exception) -> Reply:
+    failure = internal_failure(exc, "encoding an answer", log)
+    return Reply.json({"error": failure.message, "request_id": failure.request_id}, failure.status)
 
 
 class HttpLookups:
@@ -242,23 +258,20 @@ class HttpLookups:
         return self._answered(found, binary)
 
     def _answered(self, found, binary: dict[str, bool] | bool) -> Reply | Later | None:
-        """The Reply of a lookup's answer (encoded, then counted; a Later of it when the
-        answer is large enough to be encoded off the loop), or None without one."""
+        """The Reply of a lookup's answer (encoded, then counted; a Later of it for one
+        encoded over several turns of the loop), or None without one."""
         if found is None:
             return None
         answer, started, rows = found
         encoding = time.perf_counter()
-        if sum(arr.size for _, arr in answer.outputs) >= OFF_LOOP_VALUES:
-            def encoded(reply: Reply) -> Reply:
-                self._count(answer.model, answer.version, started, encoding, rows)
-                return reply
-
-            def failed(exc: Exception) -> Reply:
-                failure = internal_failure(exc, "encoding a lookup's answer", log)
-                return Reply.json({"error": failure.message, "request_id": failure.request_id}, failure.status)
-
-            return off_loop(lambda: infer_reply(answer, binary), encoded, failed)
         reply = infer_reply(answer, binary)
+        if isinstance(reply, Later):  # encoded over several turns of the loop: counted once it is
+            def encoded(done: Later) -> None:
+                if done.result().status == 200:
+                    self._count(answer.model, answer.version, started, encoding, rows)
+
+            reply.add_eager_callback(encoded)
+            return reply
         self._count(answer.model, answer.version, started, encoding, rows)
         return reply
 

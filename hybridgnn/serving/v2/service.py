@@ -36,7 +36,7 @@ from hybridgnn.errors import (
     Unauthorized,
     brief,
 )
-from hybridgnn.serving.core.eager import OFF_LOOP_VALUES, Later, off_loop, when_done
+from hybridgnn.serving.core.eager import Later, when_done
 from hybridgnn.serving.core.engine import Engine
 from hybridgnn.serving.repository.loader import Repository
 from hybridgnn.serving.repository.models import Models
@@ -300,10 +300,10 @@ class V2Service:
                     out.set_result(self._failed(error, engine, fail))
                     return
                 try:
-                    reply = self._answered(req, request.model, engine, result, started, encode, fail)
+                    reply = self._answered(req, request.model, engine, result, started, encode)
                 except Exception as exc:
                     reply = self._failed(exc, engine, fail)
-                if isinstance(reply, Later):  # encoded off the loop
+                if isinstance(reply, Later):  # encoded over several turns of the loop
                     reply.add_eager_callback(lambda done: out.set_result(done.result()))
                 else:
                     out.set_result(reply)
@@ -331,21 +331,24 @@ class V2Service:
         when_done(asyncio.ensure_future(pending), done)
         return out
 
-    def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode, fail):
-        """The transport's 200 answer to a decoded inference from its result, counted; a
-        Later of it when the answer is large enough to be encoded off the loop."""
+    def _answered(self, req: InferRequest, model: str, engine: Engine, result, started: float, encode):
+        """The transport's 200 answer to a decoded inference from its result, counted once
+        encoded; a Later of it when the transport's encode gives one (a large JSON answer,
+        encoded over several turns of the loop)."""
         t0 = time.perf_counter()
         outputs = req.answer_outputs(result)
         if req.is_new_nodes:
             refuse_non_finite(result)
-        answer = InferAnswer(model, engine.model_version, req.request_id, outputs)
-        if sum(arr.size for _, arr in outputs) >= OFF_LOOP_VALUES:
-            def encoded(reply):
-                self._count_answered(req, engine, result, started, t0)
-                return reply
+        reply = encode(InferAnswer(model, engine.model_version, req.request_id, outputs))
+        if isinstance(reply, Later):  # the transport encodes it over several turns of the loop
+            out = Later()
 
-            return off_loop(lambda: encode(answer), encoded, lambda exc: self._failed(exc, engine, fail))
-        reply = encode(answer)
+            def encoded(done: Later) -> None:
+                self._count_answered(req, engine, result, started, t0)
+                out.set_result(done.result())
+
+            reply.add_eager_callback(encoded)
+            return out
         self._count_answered(req, engine, result, started, t0)
         return reply
 
