@@ -54,6 +54,26 @@ def test_one_batch_size_charges_per_unit():
     assert lane.delay_s() == pytest.approx(0.04)
 
 
+def test_a_merging_lane_of_one_batch_size_charges_per_batch_until_another_size_gives_the_line():
+    """Graph updates merge what waits into one log entry: 40 sent at once to a fresh server
+    were predicted at 40 times one alone, and 38 refused, where merged they took twice one."""
+    lane = Lane("updates", servers=1, full_batch=1000, merges=True)
+    for _ in range(20):
+        lane.observe(1, 0.007)  # one update per entry so far: the entry's fixed cost
+    lane.add(40)
+    assert lane.delay_s() == pytest.approx(0.007)
+    adm = Admission(0.05, [lane])
+    for _ in range(40):
+        adm.admit("updates", 1)  # within the 50 ms bound, merged
+    lane.add(2500 - lane.queued)  # three entries' worth still counts three
+    assert lane.delay_s() == pytest.approx(3 * 0.007)
+    for work in [1, 40, 200, 1000] * 30:
+        lane.observe(work, 0.006 + 1e-5 * work)  # sizes vary: the line
+    fit = lane.describe()
+    assert fit["batch_cost_s"] == pytest.approx(0.006, rel=1e-2) and fit["cost_per_work_s"] == pytest.approx(1e-5,
+                                                                                                             rel=1e-2)
+
+
 def test_removing_work_frees_room_and_never_goes_negative():
     lane = Lane("x", 1)
     for _ in range(MIN_BATCHES):
