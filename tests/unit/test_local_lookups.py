@@ -788,3 +788,31 @@ def test_large_answers_are_encoded_in_turns_with_the_bytes_and_counts_of_one_cal
         for a, b in zip(row_whole, row_pieced, strict=True):
             assert a.status == 200 and (a.status, a.content_type, a.headers, a.body) == \
                 (b.status, b.content_type, b.headers, b.body)
+
+
+def test_an_answer_whose_encoding_fails_in_turns_is_counted_as_failed_not_answered(pe_cfg, monkeypatch):
+    """The engine counts a large answer once its turns are done: one whose encoding raised
+    on the way is the HTTP 500 the client gets (as one that raises at once is), not a 200
+    and its rows (it was counted a 200 with every row, the client holding a 500)."""
+    import hybridgnn.serving.http.codec as codec
+
+    body = infer_body(list(range(40)), parameters={"mode": "precomputed"})
+
+    def failing(arr):
+        raise TypeError("an output the encoder cannot write")
+
+    async def scenario(api, engine):
+        assert (await engine_reply(api, body)).status == 200
+        before = engine.model_stats.report("hybridgnn", "1")
+        monkeypatch.setattr(codec, "_PIECE_VALUES", 4)  # every output in pieces: one turn each
+        monkeypatch.setattr(codec, "_json_values", failing)  # called for the pieces only
+        reply = await engine_reply(api, body)
+        return before, reply, engine.model_stats.report("hybridgnn", "1"), engine.stats.exposition()[0].decode()
+
+    before, reply, after, metrics = run_api(pe_cfg, scenario)
+    assert reply.status == 500 and b"internal server error" in reply.body
+    assert after["inference_count"] == before["inference_count"]
+    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"]
+    assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"] + 1
+    assert counter(metrics, "hybridgnn_requests_total", code="200", model="hybridgnn", version="1") == 1
+    assert counter(metrics, "hybridgnn_requests_total", code="500", model="hybridgnn", version="1") == 1

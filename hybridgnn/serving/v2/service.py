@@ -344,8 +344,18 @@ class V2Service:
             out = Later()
 
             def encoded(done: Later) -> None:
-                self._count_answered(req, engine, result, started, t0)
-                out.set_result(done.result())
+                answer = done.result()
+                try:
+                    # an encoding that failed on the way is the transport's error answer (HTTP's
+                    # 500 Reply): counted as a failure, as one that raises at once is, not a 200
+                    status = getattr(answer, "status", 200)
+                    if status == 200:
+                        self._count_answered(req, engine, result, started, t0)
+                    else:
+                        engine.model_stats.failed(time.perf_counter() - started)
+                        engine.stats.answered(status)
+                finally:  # the answer goes out whatever its counting does
+                    out.set_result(answer)
 
             reply.add_eager_callback(encoded)
             return out
