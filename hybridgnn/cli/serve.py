@@ -320,7 +320,10 @@ def check_flags_read(args, graph_updates: bool) -> None:
     started without the token served a graph its peers had changed; a poll period with no
     repository to poll; a model name a repository's directories replace; a GPU for
     pipelines a partitioned server does not run)."""
-    unread = flags_given(args, UpdateConfig)
+    # --update-log off is read without updates too: the dataset served as stored, whatever
+    # its log holds (what refuse_unfollowed_updates tells a server without the token to pass)
+    unread = [f for f in flags_given(args, UpdateConfig)
+              if not (f == "--update-log" and flag_value(args, UpdateConfig, "log") == "off")]
     if unread and not graph_updates:
         why = ("a model repository serves a static graph (its update token guards loading and unloading)"
                if args.model_repository is not None else

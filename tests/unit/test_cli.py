@@ -1408,3 +1408,6 @@ def test_flags_the_server_would_never_read_are_refused_in_one_line(tmp_path, cap
                  ["--partitions", "2", "--device", "cpu"], ["--partitions", "2"], ["--max-catch-up-ms", "1000"]):
         check_flags_read(build_parser().parse_args(["serve", *fine]), False)  # the default, or read
     check_flags_read(build_parser().parse_args(["serve", "--update-log", "off"]), True)
+    # a server without updates over a dataset whose log holds some is told to pass it
+    for fine in (["--update-log", "off"], ["--model-repository", str(repo), "--update-log", "off"]):
+        check_flags_read(build_parser().parse_args(["serve", *fine]), False)
