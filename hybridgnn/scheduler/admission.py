@@ -253,13 +253,18 @@ class Lane:
         self._xx += d * (work * work - self._xx)
         self._xy += d * (work * seconds - self._xy)
         var = self._xx - self._x * self._x
+        per_batch = self.merges
         if var > 1e-6 * self._x * self._x and self._n >= MIN_BATCHES:
             slope = (self._xy - self._x * self._y) / var
             a = self._y - slope * self._x
             if slope > 0 and a >= 0:
                 self._slope, self._a = slope, a
                 return
-        if self.merges:
+            # Sizes that vary but no line: bigger batches no slower is a batch's cost; time
+            # that grows with the work (a negative intercept) is the work's, and charged per
+            # batch it put a thousand-update entry's time on each single update.
+            per_batch = per_batch and slope <= 0
+        if per_batch:
             # Batches all of one size in a lane that merges what waits: their time is the
             # batch's (a log append and its sync for an update), so charge it per batch. Per
             # unit of work, 40 updates sent at once to a fresh server were predicted at 40

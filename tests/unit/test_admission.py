@@ -74,6 +74,27 @@ def test_a_merging_lane_of_one_batch_size_charges_per_batch_until_another_size_g
                                                                                                              rel=1e-2)
 
 
+def test_a_merging_lane_whose_sizes_vary_without_a_line_charges_time_that_grows_with_work_per_unit():
+    """Per batch only for batches of one size (or bigger ones no slower): entries of 1 and
+    1000 updates whose fit has a negative intercept (the time is the work's) were charged
+    the mean entry's time (about half a second) per single update, and refused behind one."""
+    lane = Lane("updates", servers=1, full_batch=1000, merges=True)
+    for _ in range(30):
+        lane.observe(1, 0.0004)
+        lane.observe(1000, 1.0)
+    fit = lane.describe()
+    assert fit["batch_cost_s"] == 0 and fit["cost_per_work_s"] == pytest.approx(lane._y / lane._x)
+    lane.add(1)
+    assert lane.delay_s(1) < 0.01
+    adm = Admission(0.05, [lane])
+    adm.admit("updates", 1)  # a second single update behind the first
+    flat = Lane("updates", servers=1, full_batch=1000, merges=True)
+    for _ in range(30):
+        flat.observe(1, 0.008)
+        flat.observe(1000, 0.006)  # bigger entries no slower: a batch's cost
+    assert flat.describe()["cost_per_work_s"] == 0 and flat.describe()["batch_cost_s"] == pytest.approx(0.007, rel=0.1)
+
+
 def test_removing_work_frees_room_and_never_goes_negative():
     lane = Lane("x", 1)
     for _ in range(MIN_BATCHES):
