@@ -145,3 +145,18 @@ def refuse_non_finite(result) -> None:
         if arr is not None and arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise BadRequest(f"output {name!r} of these features is not finite (inf or NaN): feature values past "
                              "what the model can compute with")
+
+
+def new_node_parameters(parameters: dict, defaults) -> tuple[str, float, str]:
+    """(mode, gamma, policy) of a new-node request, its parameters over the server's
+    defaults (NewNodeConfig); BadRequest for a value not offered."""
+    mode = parameters.get("mode", defaults.default_mode)
+    if mode not in ("full", "pe", "srpe", "sampled"):
+        raise BadRequest(f"new-node requests take mode full, pe, srpe or sampled, got {brief(mode)}")
+    gamma = parameters.get("gamma", defaults.gamma)
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+        raise BadRequest(f"gamma must be a number within [0, 1], got {brief(gamma)}")
+    policy = parameters.get("policy", defaults.policy)
+    if policy not in ("ratio", "random", "degree"):
+        raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
+    return mode, float(gamma), policy

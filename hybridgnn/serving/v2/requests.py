@@ -1,12 +1,14 @@
 """KServe v2 graph updates decoded and validated, from the Tensor objects any transport
-hands in (serving/v2/types.py); inferences are serving/v2/inference.py's."""
+hands in (serving/v2/types.py), and the token check of every request that changes state;
+inferences are serving/v2/inference.py's."""
 
 from __future__ import annotations
 
+import hmac
 import math
 import time
 
-from hybridgnn.errors import BadRequest, PayloadTooLarge
+from hybridgnn.errors import BadRequest, PayloadTooLarge, Unauthorized
 from hybridgnn.serving.core.updates import PendingUpdate
 from hybridgnn.serving.v2.tensors import declared_shape, decode_inputs
 from hybridgnn.serving.v2.types import Tensor
@@ -80,3 +82,13 @@ def _element_limits(feature_dim: int, max_updates: int) -> dict[str, int]:
     their own, too)."""
     width = {"pairs": 2, "matrix": feature_dim, "ids": 1}
     return {name: max_updates * width[layout] for name, (_, layout) in UPDATE_INPUTS.items()}
+
+
+def authorize(token: str, authorization: str, needs: str) -> None:
+    """Unauthorized unless `authorization` is 'Bearer <token>': the scheme in any case and
+    one or more spaces after it (RFC 9110 11.1 and 11.4; 'bearer <token>' was refused), the
+    token compared in constant time."""
+    scheme, _, credentials = authorization.partition(" ")
+    matches = hmac.compare_digest(credentials.lstrip(" ").encode(errors="replace"), token.encode())
+    if not (matches and scheme.lower() == "bearer"):
+        raise Unauthorized(f"{needs} 'Authorization: Bearer <token>' with the server's update token")

@@ -13,7 +13,6 @@ id). inference answers its own errors, through the transport's `fail`.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import time
@@ -33,7 +32,6 @@ from hybridgnn.errors import (
     Overloaded,
     ServiceUnavailable,
     ServingError,
-    Unauthorized,
     brief,
 )
 from hybridgnn.serving.core.eager import Later, when_done
@@ -47,9 +45,10 @@ from hybridgnn.serving.v2.inference import (
     declared_node_ids,
     decode_infer,
     input_limits,
+    new_node_parameters,
     refuse_non_finite,
 )
-from hybridgnn.serving.v2.requests import decode_update
+from hybridgnn.serving.v2.requests import authorize, decode_update
 from hybridgnn.serving.v2.typed import TypedInferRequest, decode_typed
 from hybridgnn.serving.v2.typed import input_limits as typed_input_limits
 from hybridgnn.serving.v2.types import (
@@ -218,7 +217,7 @@ class V2Service:
                             "loads and unloads versions")
         if self.repository.cfg.updates.token is None:
             raise Forbidden("repository control is disabled on this server (start it with --update-token)")
-        _authorize(self.repository.cfg.updates.token, authorization, "repository control needs")
+        authorize(self.repository.cfg.updates.token, authorization, "repository control needs")
         return self.repository
 
     async def load(self, name: str, authorization: str, parameters: dict | None = None) -> dict:
@@ -341,26 +340,18 @@ class V2Service:
             refuse_non_finite(result)
         reply = encode(InferAnswer(model, engine.model_version, req.request_id, outputs))
         if isinstance(reply, Later):  # the transport encodes it over several turns of the loop
-            out = Later()
-
-            def encoded(done: Later) -> None:
-                answer = done.result()
-                try:
-                    # an encoding that failed on the way is the transport's error answer (HTTP's
-                    # 500 Reply): counted as a failure, as one that raises at once is, not a 200
-                    status = getattr(answer, "status", 200)
-                    if status == 200:
-                        self._count_answered(req, engine, result, started, t0)
-                    else:
-                        engine.model_stats.failed(time.perf_counter() - started)
-                        engine.stats.answered(status)
-                finally:  # the answer goes out whatever its counting does
-                    out.set_result(answer)
-
-            reply.add_eager_callback(encoded)
-            return out
+            # counted before it is written (callbacks run in order); an encoding that failed
+            # on the way is the transport's error answer (HTTP's 500), counted as a failure
+            reply.add_eager_callback(lambda done: self._count_answered(req, engine, result, started, t0)
+                                     if getattr(done.result(), "status", 200) == 200 else
+                                     self._count_failed(engine, started, done.result().status))
+            return reply
         self._count_answered(req, engine, result, started, t0)
         return reply
+
+    def _count_failed(self, engine: Engine, started: float, status: int) -> None:
+        engine.model_stats.failed(time.perf_counter() - started)
+        engine.stats.answered(status)
 
     def _count_answered(self, req: InferRequest, engine: Engine, result, started: float, t0: float) -> None:
         """Count an answer encoded now (t0: when its encoding began)."""
@@ -475,17 +466,8 @@ class V2Service:
 
     def _new_nodes(self, req: InferRequest, engine: Engine, waited_s: float):
         """Validate a new-node request's parameters and return the coroutine that answers it."""
-        nn = engine.cfg.new_nodes
-        mode = req.parameters.get("mode", nn.default_mode)
-        if mode not in ("full", "pe", "srpe", "sampled"):
-            raise BadRequest(f"new-node requests take mode full, pe, srpe or sampled, got {brief(mode)}")
-        gamma = req.parameters.get("gamma", nn.gamma)
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
-            raise BadRequest(f"gamma must be a number within [0, 1], got {brief(gamma)}")
-        policy = req.parameters.get("policy", nn.policy)
-        if policy not in ("ratio", "random", "degree"):
-            raise BadRequest(f"policy must be ratio, random or degree, got {brief(policy)}")
-        return engine.new_nodes(req.features, req.edge_index, mode=mode, gamma=float(gamma), policy=policy,
+        mode, gamma, policy = new_node_parameters(req.parameters, engine.cfg.new_nodes)
+        return engine.new_nodes(req.features, req.edge_index, mode=mode, gamma=gamma, policy=policy,
                                 num_nodes=engine.num_nodes, waited_s=waited_s)
 
     # --- graph updates ----------------------------------------------------------------------
@@ -498,7 +480,7 @@ class V2Service:
                 raise Forbidden("graph updates serve one model (--model), not a model repository; here "
                                 "--update-token guards the repository's load and unload")
             raise Forbidden("graph updates are disabled on this server (start it with --update-token)")
-        _authorize(token, authorization, "graph updates need")
+        authorize(token, authorization, "graph updates need")
         return engine
 
     async def update_graph(self, request: GraphUpdateInput) -> dict:
@@ -511,12 +493,3 @@ class V2Service:
                                idempotency_key=request.idempotency_key, body_sha256=request.body_sha256)
         return await engine.update_graph(update, request.waited_s)
 
-
-def _authorize(token: str, authorization: str, needs: str) -> None:
-    """Unauthorized unless `authorization` is 'Bearer <token>': the scheme in any case and
-    one or more spaces after it (RFC 9110 11.1 and 11.4; 'bearer <token>' was refused), the
-    token compared in constant time."""
-    scheme, _, credentials = authorization.partition(" ")
-    matches = hmac.compare_digest(credentials.lstrip(" ").encode(errors="replace"), token.encode())
-    if not (matches and scheme.lower() == "bearer"):
-        raise Unauthorized(f"{needs} 'Authorization: Bearer <token>' with the server's update token")
